@@ -1,0 +1,73 @@
+"""Typed errors. Every failure a user can cause says what was expected and what was found.
+
+All errors derive from MinferError so callers (CLI, server) can catch one base class and
+report cleanly without a traceback.
+"""
+
+from __future__ import annotations
+
+
+class MinferError(Exception):
+    """Base class of every error minfer raises on purpose."""
+
+
+class GGUFError(MinferError):
+    """A GGUF file is malformed. Carries the field, the byte offset and the reason."""
+
+    def __init__(self, field: str, offset: int, reason: str):
+        self.field = field
+        self.offset = offset
+        self.reason = reason
+        super().__init__(f"GGUF: {field} at byte {offset}: {reason}")
+
+
+class MetadataError(MinferError):
+    """A metadata key is missing or has the wrong value type."""
+
+    def __init__(self, key: str, reason: str):
+        self.key = key
+        self.reason = reason
+        super().__init__(f"metadata {key!r}: {reason}")
+
+
+class UnsupportedError(MinferError):
+    """A valid input that minfer does not support (quant type, architecture, op/dtype/shape)."""
+
+
+class QuantError(MinferError):
+    """Quantized data does not fit its type: byte count not whole blocks, or shape/size mismatch."""
+
+
+class ModelError(MinferError):
+    """A model file has the right format but not the right content (missing/mis-shaped tensor)."""
+
+
+class TokenizerError(MinferError):
+    """The tokenizer section of a model is missing, inconsistent or unsupported."""
+
+
+class TemplateError(MinferError):
+    """A chat template failed to render, or tried something the sandbox forbids."""
+
+
+class ContextOverflowError(MinferError):
+    """A prompt (plus the requested tokens) does not fit the context window."""
+
+
+class ContractError(MinferError):
+    """A kernel contract failed validation. `rule` is the validator rule name."""
+
+    def __init__(self, rule: str, section: str, field: str, reason: str):
+        self.rule = rule
+        self.section = section
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{rule}: [{section}] {field}: {reason}")
+
+
+class NoKernelError(UnsupportedError):
+    """No registered kernel contract accepts an (op, dtypes, shapes) combination."""
+
+
+class DeviceError(MinferError):
+    """The requested device is not available (e.g. cuda without a GPU)."""

