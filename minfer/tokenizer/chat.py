@@ -1,0 +1,493 @@
+"""Chat templates: render a model's `tokenizer.chat_template` (Jinja2) safely.
+
+A chat template comes from the model file, so it is untrusted code. It runs in jinja2's
+`ImmutableSandboxedEnvironment` (no `_private` attributes, no mutation of lists/dicts, no unsafe
+callables) with the HF-transformers conventions (`trim_blocks`, `lstrip_blocks`, loop controls,
+`raise_exception`, `strftime_now`, a `tojson` filter with `indent`/`ensure_ascii`, `tools=None`).
+The sandbox stops code execution but not resource exhaustion, so on top of it:
+
+- the template source is at most 64 KiB;
+- every attribute/item access, call, filter, intercepted operator (`*`, `**`, `%`, `+`), loop
+  iteration and output chunk checks a wall-clock deadline (2 s);
+- `{% for %}` loops are rewritten to iterate through a counter (at most 100 000 iterations per
+  render, which also bounds nested empty loops), `range()` yields at most 10 000 items;
+- values and the output are at most 1 MiB (characters plus elements, nested values included;
+  at most 100 000 items in one list/dict). Everything that can build a bigger string is checked
+  *before* it allocates: `{{ }}` output (jinja's `finalize`), `~` and list/tuple/dict literals
+  (rewritten into guarded calls), the joined output of `{% set %}` blocks and macros (jinja's
+  `concat`), the inputs of every call, filter and operator, and the size-multiplying ones by
+  their predicted result (`'x' * n`, `'%999999999d'`, `'{:>999999999}'.format`, `|center`,
+  `|indent`, `|join`, `|replace`, `str.join`, `str.expandtabs`, `n ** m`, ...); integer
+  arguments above 2^20 are refused;
+- filters and attribute lookups are never constant-folded at compile time (they only run
+  inside a render, under these limits).
+
+Any failure or violation is a TemplateError. A model without a template gets ChatML
+(`<|im_start|>{role}\\n{content}<|im_end|>\\n` per message, then `<|im_start|>assistant\\n`).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import json
+import re
+import string
+import time
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+import jinja2
+import jinja2.ext
+from jinja2 import nodes
+from jinja2.runtime import LoopContext, Namespace
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.visitor import NodeTransformer
+
+from ..errors import TemplateError
+
+MAX_TEMPLATE_BYTES = 64 * 1024
+MAX_SIZE = 1 << 20  # output characters; also any string/list/dict value the template handles
+MAX_INT_ARG = 1 << 20  # integer arguments to calls and filters
+MAX_INT_BITS = 1 << 16  # integers produced by * and **
+MAX_ELEMENTS = 100_000  # items in one list/tuple/dict
+MAX_RANGE = 10_000
+MAX_LOOP_ITERATIONS = 100_000
+MAX_JSON_INDENT = 64
+RENDER_SECONDS = 2.0
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+class _Budget:
+    """Per-render limits: a deadline and the loop-iteration count."""
+
+    def __init__(self, seconds: float):
+        self.deadline = time.monotonic() + seconds
+        self.iterations = 0
+
+
+_BUDGET: contextvars.ContextVar[_Budget | None] = contextvars.ContextVar("minfer_template_budget", default=None)
+
+
+def _budget() -> _Budget:
+    budget = _BUDGET.get()
+    if budget is None:
+        # outside a render (jinja's compile-time constant folding): refuse, so the expression is
+        # evaluated at render time under the limits
+        raise TemplateError("not evaluated outside a render")
+    if time.monotonic() > budget.deadline:
+        raise TemplateError("chat template exceeded its render time limit")
+    return budget
+
+
+_CONTAINERS = (list, tuple, set, frozenset, dict, Namespace)
+_SCALARS = frozenset((int, float, bool, type(None)))
+
+
+def _size(x: Any) -> int:
+    """Characters and elements in `x`, nested containers included and shared parts counted each
+    time they occur (so roughly a lower bound of len(str(x))). Anything above the limits counts
+    as MAX_SIZE + 1, and so does a namespace met twice (only namespaces can form cycles)."""
+    if isinstance(x, (str, bytes)):
+        return len(x)
+    if not isinstance(x, _CONTAINERS):
+        return 0
+    total = 0
+    stack = [x]
+    namespaces: set[int] = set()
+    while stack and total <= MAX_SIZE:
+        v = stack.pop()
+        if isinstance(v, (str, bytes)):
+            total += len(v)
+        elif isinstance(v, _CONTAINERS):
+            if isinstance(v, Namespace):
+                if id(v) in namespaces:
+                    return MAX_SIZE + 1
+                namespaces.add(id(v))
+                v = v._Namespace__attrs  # its attribute dict (no public accessor)
+            if len(v) > MAX_ELEMENTS:
+                return MAX_SIZE + 1
+            total += max(len(v), 1)
+            items = [*v.keys(), *v.values()] if isinstance(v, dict) else v
+            stack.extend(e for e in items if e.__class__ not in _SCALARS)
+    return total
+
+
+def _check_size(x: Any, what: str = "value") -> Any:
+    if _size(x) > MAX_SIZE:
+        raise TemplateError(f"chat template {what} exceeds {MAX_SIZE} characters/elements")
+    return x
+
+
+def _check_ints(args: tuple, kwargs: Mapping[str, Any]) -> None:
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, int) and not isinstance(a, bool) and abs(a) > MAX_INT_ARG:
+            raise TemplateError(f"chat template passed an integer argument above {MAX_INT_ARG}")
+
+
+def _refuse_if(predicted: int, what: str) -> None:
+    if predicted > MAX_SIZE:
+        raise TemplateError(f"chat template {what} would produce more than {MAX_SIZE} characters/elements")
+
+
+_PRINTF_FIELD = re.compile(r"%(?:\([^)]*\))?[#0\- +]*(\*|\d+)?(?:\.(\*|\d+))?")
+
+
+def _check_printf(fmt: str | bytes, args: Any) -> None:
+    """Refuse printf widths/precisions that would allocate more than MAX_SIZE."""
+    text = fmt.decode("latin-1") if isinstance(fmt, bytes) else fmt
+    for m in _PRINTF_FIELD.finditer(text):
+        for g in m.groups():
+            if g and g != "*" and int(g) > MAX_SIZE:
+                raise TemplateError("chat template format width is too large")
+    if "*" in text:
+        _check_ints(args if isinstance(args, tuple) else (args,), {})
+
+
+def _check_format_spec(fmt: str, args: tuple, kwargs: Mapping[str, Any]) -> None:
+    """Refuse str.format widths above MAX_SIZE, including ones supplied through nested fields."""
+    try:
+        fields = list(string.Formatter().parse(fmt))
+    except ValueError as e:
+        raise TemplateError(f"chat template format string: {e}") from None
+    for _, _, spec, _ in fields:
+        if not spec:
+            continue
+        if "{" in spec:
+            _check_ints(args, kwargs)
+        if any(int(d) > MAX_SIZE for d in re.findall(r"\d+", spec)):
+            raise TemplateError("chat template format width is too large")
+
+
+def _predict_replace(s: Any, old: Any, new: Any, count: Any) -> None:
+    if isinstance(s, (str, bytes)) and isinstance(old, type(s)) and isinstance(new, type(s)):
+        hits = s.count(old) if old else len(s) + 1
+        if isinstance(count, int) and count >= 0:
+            hits = min(hits, count)
+        _refuse_if(len(s) + hits * (len(new) - len(old)), "replace()")
+
+
+def _join_items(sep: Any, items: Any) -> list:
+    items = list(items)
+    _check_size(items, "join() input")
+    total = len(sep) * max(len(items) - 1, 0) if isinstance(sep, (str, bytes)) else 0
+    total += sum(len(x) if isinstance(x, (str, bytes)) else len(str(x)) for x in items)
+    _refuse_if(total, "join()")
+    return items
+
+
+# --- guarded string methods and filters -----------------------------------------------------------
+def _guard_str_method(obj: Any, args: tuple, kwargs: dict) -> tuple:
+    """Size pre-checks for bound methods of str/bytes; returns possibly rewritten args."""
+    name = getattr(obj, "__name__", "")
+    s = obj.__self__
+    if name == "replace" and len(args) >= 2:
+        _predict_replace(s, args[0], args[1], args[2] if len(args) > 2 else kwargs.get("count", -1))
+    elif name == "join" and args:
+        args = (_join_items(s, args[0]), *args[1:])
+    elif name == "expandtabs":
+        tab = args[0] if args else kwargs.get("tabsize", 8)
+        if isinstance(tab, int):
+            _refuse_if(len(s) + s.count("\t" if isinstance(s, str) else b"\t") * tab, "expandtabs()")
+    return args
+
+
+def _guard_filter_args(name: str, args: list, kwargs: dict, value_at: int) -> None:
+    """Size pre-checks for the jinja filters that can multiply their input. Mutates args."""
+    value = args[value_at] if len(args) > value_at else None
+    rest = args[value_at + 1:]
+
+    def arg(i: int, key: str, default: Any) -> Any:
+        return rest[i] if len(rest) > i else kwargs.get(key, default)
+
+    if name == "replace":
+        s = str(value) if value is not None else ""
+        _predict_replace(s, str(arg(0, "old", "")), str(arg(1, "new", "")), arg(2, "count", None))
+    elif name == "join" and value is not None:
+        if arg(1, "attribute", None) is None:
+            args[value_at] = _join_items(arg(0, "d", ""), value)
+    elif name == "indent":
+        width = arg(0, "width", 4)
+        pad = len(width) if isinstance(width, str) else width if isinstance(width, int) else 0
+        s = str(value) if value is not None else ""
+        _refuse_if(len(s) + (s.count("\n") + 1) * pad, "indent")
+    elif name == "format" and isinstance(value, str):
+        _check_printf(value, tuple(rest) or kwargs)
+    elif name == "wordwrap":
+        wrap = arg(2, "wrapstring", None)
+        if isinstance(wrap, str):
+            _refuse_if(len(str(value)) * max(len(wrap), 1), "wordwrap")
+    elif name in ("slice", "batch"):
+        n = arg(0, "slices" if name == "slice" else "linecount", 0)
+        if isinstance(n, int) and n > MAX_RANGE:
+            raise TemplateError(f"chat template {name} count above {MAX_RANGE}")
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
+            sort_keys: bool = False) -> str:
+    """HF's tojson: json.dumps with the usual knobs (unicode kept, optional indent)."""
+    if isinstance(indent, int) and not isinstance(indent, bool) and indent > MAX_JSON_INDENT:
+        raise TemplateError(f"tojson indent above {MAX_JSON_INDENT}")
+    if isinstance(indent, str) and len(indent) > MAX_JSON_INDENT:
+        raise TemplateError(f"tojson indent above {MAX_JSON_INDENT}")
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _check_all(values: Any, what: str) -> None:
+    total = 0
+    for v in values:
+        total += _size(v)
+        if total > MAX_SIZE:
+            raise TemplateError(f"chat template {what} exceeds {MAX_SIZE} characters/elements")
+
+
+def _guarded_concat(parts: Any) -> str:
+    """environment.concat: joins the output of {% set %} blocks, macros, {% filter %}/{% call %}."""
+    parts = list(parts)
+    _check_all(parts, "block output")
+    return "".join(parts)
+
+
+def _join_parts(*parts: Any) -> str:
+    """The `~` operator (jinja's Concat node), refused before joining when the result is too big."""
+    _check_all(parts, "~ concatenation")
+    return "".join(map(str, parts))
+
+
+def _checked_output(value: Any) -> Any:
+    """environment.finalize: every {{ expression }} passes here before it becomes text."""
+    return _check_size(value, "output value")
+
+
+def _raise_exception(message: Any = "") -> None:
+    raise TemplateError(f"chat template raised: {message}")
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _range(*args: Any) -> range:
+    r = range(*args)
+    if len(r) > MAX_RANGE:
+        raise TemplateError(f"chat template range() of {len(r)} items (limit {MAX_RANGE})")
+    return r
+
+
+class _CountedIterable:
+    """What a rewritten `{% for %}` iterates: the original iterable, counted against the budget."""
+
+    def __init__(self, inner: Any):
+        self._inner = inner
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+    def __iter__(self):
+        for item in self._inner:
+            budget = _budget()
+            budget.iterations += 1
+            if budget.iterations > MAX_LOOP_ITERATIONS:
+                raise TemplateError(f"chat template ran more than {MAX_LOOP_ITERATIONS} loop iterations")
+            yield item
+
+
+class _Rewrite(NodeTransformer):
+    """Route the constructs that run without any sandbox hook through guarded functions:
+    loop iteration (counted), `~` (size-checked join) and list/tuple/dict literals (size-checked)."""
+
+    @staticmethod
+    def _call(name: str, args: list, lineno: int) -> nodes.Call:
+        return nodes.Call(nodes.EnvironmentAttribute(name), args, [], None, None, lineno=lineno)
+
+    def visit_For(self, node: nodes.For) -> nodes.Node:
+        self.generic_visit(node)
+        node.iter = self._call("count_iterations", [node.iter], node.lineno)
+        return node
+
+    def visit_Concat(self, node: nodes.Concat) -> nodes.Node:
+        self.generic_visit(node)
+        return self._call("join_parts", node.nodes, node.lineno)
+
+    def _literal(self, node: nodes.Expr) -> nodes.Node:
+        self.generic_visit(node)
+        if getattr(node, "ctx", "load") != "load":
+            return node
+        return self._call("literal", [node], node.lineno)
+
+    visit_List = visit_Tuple = visit_Dict = _literal
+
+
+class _GuardedEnvironment(ImmutableSandboxedEnvironment):
+    """ImmutableSandboxedEnvironment plus deadline, loop, size and integer guards."""
+
+    intercepted_binops = frozenset({"*", "**", "%", "+"})
+
+    # called by the rewritten template (see _Rewrite)
+    count_iterations = _CountedIterable
+    join_parts = staticmethod(_join_parts)
+    literal = staticmethod(lambda value: value)  # the call hook checks the size of the result
+
+    def __init__(self):
+        super().__init__(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols],
+                         finalize=_checked_output)
+        self.concat = _guarded_concat
+        self.globals.pop("lipsum", None)  # lipsum(n) is an unbounded text generator
+        self.globals.update(range=_range, raise_exception=_raise_exception, strftime_now=_strftime_now)
+        self.filters["tojson"] = _tojson
+        self.filters = {name: self._guarded_filter(name, f) for name, f in self.filters.items()}
+
+    def _guarded_filter(self, name: str, f: Any) -> Any:
+        value_at = 1 if hasattr(f, "jinja_pass_arg") else 0
+
+        @functools.wraps(f)
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            _budget()
+            args_l = list(args)
+            _check_all((*args_l[value_at:], *kwargs.values()), f"|{name} input")
+            _check_ints(tuple(args_l[value_at + 1:]), kwargs)
+            _guard_filter_args(name, args_l, kwargs, value_at)
+            return _check_size(f(*args_l, **kwargs), f"|{name} result")
+
+        return guarded
+
+    # sandbox hooks
+    def unsafe_undefined(self, obj: Any, attribute: str) -> Any:
+        raise TemplateError(f"chat template tried to access {type(obj).__name__}.{attribute}, which is not allowed")
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        _budget()
+        return _check_size(super().getattr(obj, attribute))
+
+    def getitem(self, obj: Any, argument: Any) -> Any:
+        _budget()
+        return _check_size(super().getitem(obj, argument))
+
+    def call(self, context: Any, obj: Any, /, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        _budget()
+        _check_ints(args, kwargs)
+        if obj is not _CountedIterable:  # iterating a big value is fine; the loop count is limited
+            _check_all((*args, *kwargs.values()), "call arguments")
+        if isinstance(obj, LoopContext) and args:  # recursive loop: count the nested iterable too
+            args = (_CountedIterable(args[0]), *args[1:])
+        if isinstance(getattr(obj, "__self__", None), (str, bytes)):
+            args = _guard_str_method(obj, args, kwargs)
+        return _check_size(super().call(context, obj, *args, **kwargs), "call result")
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        _budget()
+        _check_all((left, right), f"{operator} operands")
+        ints = [isinstance(x, int) and not isinstance(x, bool) for x in (left, right)]
+        if operator == "*":
+            if all(ints):
+                if left.bit_length() + right.bit_length() > MAX_INT_BITS:
+                    raise TemplateError("chat template integer product is too large")
+            elif ints[0] or ints[1]:
+                seq, n = (right, left) if ints[0] else (left, right)
+                if isinstance(seq, (list, tuple)) and len(seq) * n > MAX_ELEMENTS:
+                    raise TemplateError(f"chat template repetition would make more than {MAX_ELEMENTS} items")
+                _refuse_if(_size(seq) * max(n, 0), "repetition")
+        elif operator == "**" and all(ints) and right > 0 and abs(left) > 1:
+            if right * left.bit_length() > MAX_INT_BITS:
+                raise TemplateError("chat template power is too large")
+        elif operator == "%" and isinstance(left, (str, bytes)):
+            _check_printf(left, right)
+        elif operator == "+":
+            _refuse_if(_size(left) + _size(right), "concatenation")
+        return _check_size(super().call_binop(context, operator, left, right), "operator result")
+
+    def wrap_str_format(self, value: Any) -> Any:
+        inner = super().wrap_str_format(value)
+        if inner is None:
+            return None
+        fmt = value.__self__
+        is_map = value.__name__ == "format_map"
+
+        @functools.wraps(inner)
+        def guarded(*args: Any, **kwargs: Any) -> str:
+            _budget()
+            _check_format_spec(fmt, args, args[0] if is_map and args and isinstance(args[0], Mapping) else kwargs)
+            return _check_size(inner(*args, **kwargs), "format() result")
+
+        return guarded
+
+
+class ChatTemplate:
+    """A compiled chat template; `render()` may be called concurrently from several threads."""
+
+    def __init__(self, source: str | None, *, time_limit: float = RENDER_SECONDS):
+        if source is not None and not isinstance(source, str):
+            raise TemplateError(f"chat template must be a string, got {type(source).__name__}")
+        if source is None or not source.strip():
+            source = CHATML_TEMPLATE
+        if len(source.encode("utf-8", "surrogateescape")) > MAX_TEMPLATE_BYTES:
+            raise TemplateError(f"chat template is larger than {MAX_TEMPLATE_BYTES} bytes")
+        self.time_limit = time_limit
+        env = _GuardedEnvironment()
+        try:
+            tree = _Rewrite().visit(env.parse(source))
+            tree.set_environment(env)
+            self._template = env.from_string(tree)
+        except TemplateError:
+            raise
+        except jinja2.TemplateSyntaxError as e:
+            raise TemplateError(f"chat template syntax error (line {e.lineno}): {e.message}") from None
+        except (RecursionError, MemoryError):
+            raise TemplateError("chat template is nested too deeply") from None
+        except Exception as e:
+            raise TemplateError(f"chat template does not compile: {type(e).__name__}: {e}") from None
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = True, bos_token: str = "",
+               eos_token: str = "", **extra: Any) -> str:
+        if not isinstance(messages, list) or not all(isinstance(m, Mapping) for m in messages):
+            raise TemplateError("messages must be a list of dicts (role, content)")
+        context = {"tools": None, **extra, "messages": messages, "add_generation_prompt": add_generation_prompt,
+                   "bos_token": bos_token, "eos_token": eos_token}
+        token = _BUDGET.set(_Budget(self.time_limit))
+        try:
+            parts: list[str] = []
+            size = 0
+            for chunk in self._template.generate(context):
+                _budget()
+                size += len(chunk)
+                if size > MAX_SIZE:
+                    raise TemplateError(f"chat template output exceeds {MAX_SIZE} characters")
+                parts.append(chunk)
+            return "".join(parts)
+        except TemplateError:
+            raise
+        except jinja2.exceptions.SecurityError as e:
+            raise TemplateError(f"chat template blocked by the sandbox: {e}") from None
+        except RecursionError:
+            raise TemplateError("chat template recursed too deeply") from None
+        except MemoryError:
+            raise TemplateError("chat template ran out of memory") from None
+        except Exception as e:
+            raise TemplateError(f"chat template failed: {type(e).__name__}: {e}") from None
+        finally:
+            _BUDGET.reset(token)
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled(source: str | None) -> ChatTemplate:
+    return ChatTemplate(source)
+
+
+def render_chat(template: str | None, messages: list[dict], add_generation_prompt: bool = True,
+                bos_token: str = "", eos_token: str = "", **extra: Any) -> str:
+    """Render `messages` with a chat template (ChatML when `template` is None or empty).
+
+    `extra` becomes template variables (e.g. `tools`, `enable_thinking`). Raises TemplateError
+    for a bad or hostile template, or one that exceeds the limits in this module's docstring.
+    """
+    if template is not None and not isinstance(template, str):
+        raise TemplateError(f"chat template must be a string, got {type(template).__name__}")
+    return _compiled(template).render(messages, add_generation_prompt=add_generation_prompt,
+                                      bos_token=bos_token, eos_token=eos_token, **extra)
