@@ -13,6 +13,7 @@ from .errors import MinferError
 # (module, function adding the subparser(s)); each module owns its subcommand's arguments
 _SUBCOMMANDS = [
     ("minfer.cli", "add_inspect_parser"),
+    ("minfer.gguf.synth", "add_synth_parser"),
 ]
 
 

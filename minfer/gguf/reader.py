@@ -2,8 +2,10 @@
 
 The file is memory-mapped and the whole header (key/values and tensor infos) is parsed and
 validated before any tensor byte is touched. Every bound is checked against the bytes that
-are actually left, so a hostile file can neither make us allocate more than its own size nor
-loop longer than its length allows. Every failure is a GGUFError(field, offset, reason).
+are actually left, and counts are capped far above any real model, so a hostile file can
+neither make us allocate much more than its own size nor loop longer than its length allows.
+Every failure is a GGUFError(field, offset, reason); `field` names the exact field
+("n_kv", "general.name.length", "tokenizer.ggml.tokens[7]", "blk.0.attn_q.weight.ne[1]", ...).
 
 Layout (GGUF v2/v3, little-endian):
     magic "GGUF" | version u32 | n_tensors u64 | n_kv u64
@@ -11,12 +13,17 @@ Layout (GGUF v2/v3, little-endian):
     n_tensors x (name: string, n_dims: u32, ne[n_dims]: u64, type: u32, offset: u64)
     padding to `general.alignment` (default 32) | tensor data
     string = u64 length + UTF-8 bytes; array = elem type u32 + count u64 + elements
+
+Like llama.cpp's gguf.cpp we reject arrays of arrays (no model uses them); unlike it we also
+reject empty keys, empty tensors (a dimension of 0), n_dims 0, bool bytes other than 0/1 and
+tensors whose data overlap, and we do not require tensors to be stored in header order.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
@@ -32,10 +39,20 @@ MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 MAX_ALIGNMENT = 1 << 20
-MAX_STRING_BYTES = 64 << 20
+# One string value: the longest real ones are chat templates of tens of KB. Decoding can cost up
+# to 4x the bytes (one astral character makes a str 4 bytes per char), so 16 MiB keeps one
+# hostile string under ~64 MB. (The spec's optional embedded tokenizer.json is not written by
+# llama.cpp's converters.)
+MAX_STRING_BYTES = 16 << 20
 MAX_DIMS = 4
 MAX_NAME_BYTES = 63  # ggml's GGML_MAX_NAME is 64 including the terminating NUL
 MAX_ELEMS = 1 << 62
+# Counts far above any real model (the largest vocabularies hold ~260k tokens, the largest
+# files a few thousand tensors and ~100 keys). They bound the Python objects a hostile file can
+# make us build, on top of the bound that the bytes left in the file already give.
+MAX_KV = 1 << 16
+MAX_TENSORS = 1 << 16
+MAX_ARRAY_ELEMS = 1 << 22
 
 
 class ValueType(IntEnum):
@@ -55,7 +72,7 @@ class ValueType(IntEnum):
 
 
 # numpy little-endian dtype of each fixed-size scalar type
-_SCALAR = {
+SCALAR_DTYPES = {
     ValueType.UINT8: np.dtype("<u1"),
     ValueType.INT8: np.dtype("<i1"),
     ValueType.UINT16: np.dtype("<u2"),
@@ -72,7 +89,9 @@ _INT_TYPES = {ValueType.UINT8, ValueType.INT8, ValueType.UINT16, ValueType.INT16
               ValueType.INT32, ValueType.UINT64, ValueType.INT64}
 _FLOAT_TYPES = {ValueType.FLOAT32, ValueType.FLOAT64}
 # smallest encoded size of one element of each type (bounds counts by the bytes left)
-_MIN_SIZE = {**{t: d.itemsize for t, d in _SCALAR.items()}, ValueType.STRING: 8, ValueType.ARRAY: 12}
+_MIN_SIZE = {**{t: d.itemsize for t, d in SCALAR_DTYPES.items()}, ValueType.STRING: 8}
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
 
 
 @dataclass(frozen=True)
@@ -117,31 +136,59 @@ class _Cursor:
         if n < 0 or n > self.left():
             raise GGUFError(field, self.pos, f"needs {n} bytes but only {self.left()} remain in the file")
 
-    def unpack(self, fmt: str, field: str):
-        n = struct.calcsize(fmt)
+    def take(self, n: int, field: str) -> bytes:
         self.need(n, field)
-        v = struct.unpack_from(fmt, self.buf, self.pos)
         self.pos += n
-        return v[0] if len(v) == 1 else v
+        return self.buf[self.pos - n:self.pos]
+
+    def _fixed(self, st: struct.Struct, field: str) -> int:
+        self.need(st.size, field)
+        (v,) = st.unpack_from(self.buf, self.pos)
+        self.pos += st.size
+        return v
 
     def u32(self, field: str) -> int:
-        return self.unpack("<I", field)
+        return self._fixed(_U32, field)
 
     def u64(self, field: str) -> int:
-        return self.unpack("<Q", field)
+        return self._fixed(_U64, field)
 
     def string(self, field: str, *, strict: bool) -> str:
         start = self.pos
         n = self.u64(f"{field}.length")
         if n > MAX_STRING_BYTES:
-            raise GGUFError(field, start, f"string length {n} exceeds the {MAX_STRING_BYTES}-byte limit")
+            raise GGUFError(f"{field}.length", start,
+                            f"string length {n} exceeds the {MAX_STRING_BYTES}-byte limit")
         self.need(n, field)
-        raw = bytes(self.buf[self.pos:self.pos + n])
         self.pos += n
         try:
-            return raw.decode("utf-8", errors="strict" if strict else "surrogateescape")
+            # decoded straight from the map: a long string costs its str, not a bytes copy too
+            raw = memoryview(self.buf)[self.pos - n:self.pos]
+            return str(raw, "utf-8", "strict" if strict else "surrogateescape")
         except UnicodeDecodeError as e:
             raise GGUFError(field, start, f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
+
+    def string_array(self, count: int, field: str) -> list[str]:
+        """`count` strings in a row (a vocabulary): the loop of string() with locals hoisted."""
+        buf, size, pos = self.buf, self.size, self.pos
+        unpack = _U64.unpack_from
+        out: list[str] = []
+        append = out.append
+        for i in range(count):
+            if size - pos < 8:
+                self.pos = pos
+                self.need(8, f"{field}[{i}].length")
+            (n,) = unpack(buf, pos)
+            if n > size - pos - 8 or n > MAX_STRING_BYTES:
+                self.pos = pos
+                self.string(f"{field}[{i}]", strict=False)  # raises the precise error
+            a, b = pos + 8, pos + 8 + n
+            # short strings decode fastest from a bytes slice; long ones without that copy
+            append(buf[a:b].decode("utf-8", "surrogateescape") if n < 4096
+                   else str(memoryview(buf)[a:b], "utf-8", "surrogateescape"))
+            pos = b
+        self.pos = pos
+        return out
 
 
 class GGUFReader:
@@ -153,17 +200,24 @@ class GGUFReader:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
+        self._mm = None
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            # O_NONBLOCK: opening a FIFO must not hang; it is rejected just below
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         except OSError as e:
             raise GGUFError("file", 0, f"cannot open {self.path}: {e.strerror}") from None
         try:
-            self.file_size = os.fstat(fd).st_size
-            if self.file_size < 24:
-                raise GGUFError("header", 0, f"file is {self.file_size} bytes; a GGUF header needs at least 24")
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise GGUFError("file", 0, f"{self.path} is not a regular file")
+            self.file_size = st.st_size
+            if self.file_size == 0:
+                raise GGUFError("magic", 0, "the file is empty")
             # ACCESS_COPY: writable copy-on-write pages, so torch/numpy views need no copy and
             # nothing can ever be written back to the file.
             self._mm = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
+        except OSError as e:
+            raise GGUFError("file", 0, f"cannot map {self.path}: {e.strerror}") from None
         finally:
             os.close(fd)
         try:
@@ -175,20 +229,27 @@ class GGUFReader:
     # ------------------------------------------------------------------ parsing
     def _parse(self) -> None:
         c = _Cursor(self._mm, self.file_size)
-        magic = bytes(self._mm[0:4])
+        magic = c.take(min(4, self.file_size), "magic")
         if magic != MAGIC:
             raise GGUFError("magic", 0, f"expected b'GGUF', found {magic!r}")
-        c.pos = 4
         self.version = c.u32("version")
         if self.version not in SUPPORTED_VERSIONS:
-            raise GGUFError("version", 4, f"version {self.version} is not supported (expected 2 or 3)")
+            swapped = int.from_bytes(self.version.to_bytes(4, "little"), "big")
+            big_endian = swapped in SUPPORTED_VERSIONS
+            hint = " (a big-endian file; only little-endian GGUF is supported)" if big_endian else ""
+            raise GGUFError("version", 4, f"version {self.version} is not supported (expected 2 or 3){hint}")
         n_tensors = c.u64("n_tensors")
         n_kv = c.u64("n_kv")
+        if n_tensors > MAX_TENSORS:
+            raise GGUFError("n_tensors", 8, f"{n_tensors} tensors exceeds the limit of {MAX_TENSORS}")
+        if n_kv > MAX_KV:
+            raise GGUFError("n_kv", 16, f"{n_kv} key/values exceeds the limit of {MAX_KV}")
         # each kv needs >= 13 bytes (key length, type, 1-byte value); each tensor info >= 28
         if n_kv * 13 > c.left():
             raise GGUFError("n_kv", 16, f"{n_kv} key/values cannot fit in the {c.left()} bytes left")
         if n_tensors * 28 > c.left():
-            raise GGUFError("n_tensors", 8, f"{n_tensors} tensor infos cannot fit in the {c.left()} bytes left")
+            raise GGUFError("n_tensors", 8,
+                            f"{n_tensors} tensor infos cannot fit in the {c.left()} bytes left")
 
         self.kv: dict[str, KV] = {}
         for i in range(n_kv):
@@ -200,7 +261,7 @@ class GGUFReader:
                 raise GGUFError(f"kv[{i}].key", key_off, f"duplicate key {key!r}")
             vt_off = c.pos
             vtype = self._value_type(c.u32(f"{key}.type"), f"{key}.type", vt_off)
-            value, elem = self._read_value(c, vtype, key, depth=0)
+            value, elem = self._read_value(c, vtype, key)
             self.kv[key] = KV(value, vtype, elem, key_off)
         self.metadata: dict[str, Any] = {k: v.value for k, v in self.kv.items()}
 
@@ -220,7 +281,8 @@ class GGUFReader:
             off = c.pos
             name = c.string(f"tensor[{i}].name", strict=True)
             if not name or len(name.encode()) > MAX_NAME_BYTES:
-                raise GGUFError(f"tensor[{i}].name", off, f"name must be 1..{MAX_NAME_BYTES} bytes")
+                raise GGUFError(f"tensor[{i}].name", off,
+                                f"name is {len(name.encode())} bytes; expected 1..{MAX_NAME_BYTES}")
             if name in names:
                 raise GGUFError(f"tensor[{i}].name", off, f"duplicate tensor name {name!r}")
             names.add(name)
@@ -235,6 +297,9 @@ class GGUFReader:
                 ne = c.u64(f"{name}.ne[{d}]")
                 if ne < 1:
                     raise GGUFError(f"{name}.ne[{d}]", d_off, "dimension is 0")
+                if ne >= 1 << 63:
+                    raise GGUFError(f"{name}.ne[{d}]", d_off,
+                                    f"dimension {ne - (1 << 64)} is negative (as int64)")
                 n_elems *= ne
                 if n_elems > MAX_ELEMS:
                     raise GGUFError(f"{name}.ne[{d}]", d_off, "element count overflows (> 2^62)")
@@ -265,11 +330,12 @@ class GGUFReader:
             nbytes = n_elems // info.block_elems * info.block_bytes
             start = self.data_offset + rel
             if start + nbytes > self.file_size:
-                raise GGUFError(f"{name}.offset", o_off,
-                                f"data [{start}, {start + nbytes}) extends past the file end ({self.file_size})")
+                raise GGUFError(f"{name}.offset", o_off, f"data [{start}, {start + nbytes}) extends past "
+                                                         f"the file end ({self.file_size})")
             spans.append((start, start + nbytes, name, o_off))
             self.tensors[name] = TensorInfo(name, dims, info.type, start, nbytes, n_elems)
         spans.sort()
+        # sorted by start, any overlap shows up between neighbours
         for (s0, e0, n0, _), (s1, _e1, n1, o1) in zip(spans, spans[1:], strict=False):
             if s1 < e0:
                 raise GGUFError(f"{n1}.offset", o1, f"data overlaps tensor {n0!r} ([{s0}, {e0}))")
@@ -281,37 +347,40 @@ class GGUFReader:
         except ValueError:
             raise GGUFError(field, offset, f"unknown value type {raw} (expected 0..12)") from None
 
-    def _read_value(self, c: _Cursor, vtype: ValueType, key: str, depth: int):
+    def _read_value(self, c: _Cursor, vtype: ValueType, key: str):
         if vtype == ValueType.STRING:
             return c.string(key, strict=False), None
         if vtype == ValueType.ARRAY:
             start = c.pos
             et = self._value_type(c.u32(f"{key}.elem_type"), f"{key}.elem_type", start)
-            if et == ValueType.ARRAY and depth >= 1:
-                raise GGUFError(key, start, "arrays nested deeper than one level")
+            if et == ValueType.ARRAY:
+                raise GGUFError(f"{key}.elem_type", start, "arrays of arrays are not supported")
             count = c.u64(f"{key}.count")
+            if count > MAX_ARRAY_ELEMS:
+                raise GGUFError(f"{key}.count", start + 4,
+                                f"{count} elements exceeds the limit of {MAX_ARRAY_ELEMS}")
             if count * _MIN_SIZE[et] > c.left():
                 raise GGUFError(f"{key}.count", start + 4,
                                 f"{count} elements of {et.name} cannot fit in the {c.left()} bytes left")
-            if et in _SCALAR:
-                dt = _SCALAR[et]
-                arr = np.frombuffer(self._mm, dtype=dt, count=count, offset=c.pos)
-                c.pos += count * dt.itemsize
-                if et == ValueType.BOOL:
-                    return [bool(x) for x in arr], et
-                return arr.tolist(), et
-            out = []
-            for i in range(count):
-                v, _ = self._read_value(c, et, f"{key}[{i}]", depth + 1)
-                out.append(v)
-            return out, et
-        dt = _SCALAR[vtype]
+            if et == ValueType.STRING:
+                return c.string_array(count, key), et
+            dt = SCALAR_DTYPES[et]
+            arr = np.frombuffer(self._mm, dtype=dt, count=count, offset=c.pos)
+            if et == ValueType.BOOL and count and arr.max() > 1:
+                bad = int(np.argmax(arr > 1))
+                raise GGUFError(f"{key}[{bad}]", c.pos + bad,
+                                f"bool value {int(arr[bad])} is neither 0 nor 1")
+            c.pos += count * dt.itemsize
+            if et == ValueType.BOOL:
+                return [bool(x) for x in arr], et
+            return arr.tolist(), et
+        dt = SCALAR_DTYPES[vtype]
         c.need(dt.itemsize, key)
         v = np.frombuffer(self._mm, dtype=dt, count=1, offset=c.pos)[0]
+        if vtype == ValueType.BOOL and v > 1:
+            raise GGUFError(key, c.pos, f"bool value {int(v)} is neither 0 nor 1")
         c.pos += dt.itemsize
         if vtype == ValueType.BOOL:
-            if v > 1:
-                raise GGUFError(key, c.pos - 1, f"bool value {int(v)} is neither 0 nor 1")
             return bool(v), None
         return (float(v) if vtype in _FLOAT_TYPES else int(v)), None
 
@@ -378,13 +447,15 @@ class GGUFReader:
     def tensor_bytes(self, name: str) -> np.ndarray:
         """Zero-copy uint8 view of a tensor's raw (possibly quantized) bytes."""
         t = self.tensor_info(name)
+        if self._mm is None:
+            raise GGUFError("file", 0, f"{self.path} is closed; reopen it to read tensor {name!r}")
         return np.frombuffer(self._mm, dtype=np.uint8, count=t.nbytes, offset=t.offset)
 
     def architecture(self) -> str:
         return self.get_str("general.architecture")
 
     def close(self) -> None:
-        mm = getattr(self, "_mm", None)
+        mm = self._mm
         if mm is not None:
             self._mm = None
             try:
