@@ -14,6 +14,7 @@ from .errors import MinferError
 _SUBCOMMANDS = [
     ("minfer.cli", "add_inspect_parser"),
     ("minfer.gguf.synth", "add_synth_parser"),
+    ("minfer.trace.cli", "add_trace_parser"),
 ]
 
 

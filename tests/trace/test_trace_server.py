@@ -1,0 +1,88 @@
+"""`minfer trace view` server (127.0.0.1 only, fixed routes) and the `trace` CLI subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import pytest
+
+from minfer.errors import MinferError
+from minfer.trace.cli import add_trace_parser
+from minfer.trace.format import load_trace
+from minfer.trace.server import VIZ_DIR, TraceServer
+
+
+def _get(url, method="GET"):
+    req = urllib.request.Request(url, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.headers.get("Content-Type"), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("Content-Type"), b""
+
+
+def test_serves_page_and_trace_only(demo_trace):
+    path = demo_trace[0]
+    with TraceServer(path) as srv:
+        base = f"http://127.0.0.1:{srv.port}"
+        assert srv.httpd.server_address[0] == "127.0.0.1"
+        assert srv.url == f"{base}/?trace=trace.json"
+        status, ctype, body = _get(srv.url)
+        assert status == 200 and ctype.startswith("text/html") and b'src="app.js"' in body
+        assert _get(base + "/app.js")[2] == (VIZ_DIR / "app.js").read_bytes()
+        assert _get(base + "/style.css")[1].startswith("text/css")
+        status, ctype, body = _get(base + "/trace.json")
+        assert (status, ctype, body) == (200, "application/json", path.read_bytes())
+        assert _get(base + "/trace.json", "HEAD")[:2] == (200, "application/json")
+        for bad in ("/../../etc/passwd", "/viz/app.js", "/favicon.ico", "/%2e%2e/pyproject.toml", "/trace.json/x"):
+            assert _get(base + bad)[0] == 404, bad
+
+
+def test_rejects_bad_trace_and_busy_port(tmp_path, demo_trace):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": "something-else"}))
+    with pytest.raises(MinferError, match="not a minfer trace"):
+        TraceServer(bad)
+    with pytest.raises(MinferError, match="cannot read"):
+        TraceServer(tmp_path / "missing.json")
+    with TraceServer(demo_trace[0]) as srv:
+        with pytest.raises(MinferError, match="cannot listen"):
+            TraceServer(demo_trace[0], port=srv.port)
+
+
+_CLI = ("import argparse, sys; from minfer.trace.cli import add_trace_parser; p = argparse.ArgumentParser(); "
+        "add_trace_parser(p.add_subparsers()); a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))")
+
+
+def test_trace_view_command_serves_until_stopped(demo_trace):
+    argv = [sys.executable, "-c", _CLI, "trace", "view", str(demo_trace[0]), "--port", "0"]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        line = proc.stdout.readline()
+        try:
+            assert "http://127.0.0.1:" in line, f"no URL printed: {line!r}"
+            url = line.split()[3]
+            status, _, body = _get(url.replace("/?trace=trace.json", "/trace.json"))
+            assert status == 200 and json.loads(body)["format"] == "minfer-trace"
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
+def test_trace_demo_command_and_arg_checks(tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    add_trace_parser(parser.add_subparsers())
+    out = tmp_path / "d.json"
+    args = parser.parse_args(["trace", "demo", str(out), "--layers", "1", "--tokens", "3"])
+    assert args.func(args) == 0
+    doc = load_trace(out)
+    assert [s["kind"] for s in doc["steps"]] == ["prefill", "decode", "decode"]
+    assert "minfer trace view" in capsys.readouterr().out
+    for argv in (["trace", "view", "x.json", "--port", "70000"], ["trace", "demo", "x.json", "--tokens", "0"],
+                 ["trace"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(argv)
