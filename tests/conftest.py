@@ -8,6 +8,12 @@ from pathlib import Path
 
 import pytest
 
+# Triton decides interpreter-or-compiler when a kernel is decorated, so the switch must be in the
+# environment before anything imports triton: here, the first conftest pytest loads. CPU runs
+# (CI) interpret; MINFER_TEST_DEVICE=cuda runs the compiled kernels on the GPU.
+if os.environ.get("MINFER_TEST_DEVICE", "cpu") != "cuda":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 REPO = Path(__file__).resolve().parents[1]
 
 

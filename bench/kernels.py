@@ -1,0 +1,274 @@
+"""Benchmark the Triton kernel launchers of minfer.kernels (a script, not a test).
+
+    python bench/kernels.py                       # CUDA, model-layer sizes (< 3 min on an H200)
+    python bench/kernels.py --only 'gemv|matmul'  # cases whose kernel name matches a regex
+    python bench/kernels.py --interpret --small   # CPU smoke test through the Triton interpreter
+
+Sizes are layer shapes of SmolLM2-135M (d 576, ffn 1536), Qwen2.5-0.5B (d 896, ffn 4864, vocab
+151936) and Qwen2.5-7B (d 3584, ffn 18944, kv 512, vocab 152064); each dequant case moves
+>= 256 MB. The device's copy bandwidth is measured first (a 1 GiB device-to-device copy, read +
+write) and every row reports its achieved GB/s as a share of it. Bytes are the compulsory
+traffic (inputs read once, outputs written once); matmul rows also give TFLOP/s. GEMV and
+matmul autotune on their first call, which do_bench makes before it starts timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, no install needed
+
+SMOLLM2, QWEN05, QWEN7 = "SmolLM2-135M", "Qwen2.5-0.5B", "Qwen2.5-7B"
+GEMV_SHAPES = [  # (model, N = out features, K = in features)
+    (SMOLLM2, 576, 576), (SMOLLM2, 1536, 576), (SMOLLM2, 576, 1536),
+    (QWEN05, 896, 896), (QWEN05, 4864, 896), (QWEN05, 896, 4864), (QWEN05, 151936, 896),
+    (QWEN7, 512, 3584), (QWEN7, 3584, 3584), (QWEN7, 18944, 3584), (QWEN7, 3584, 18944),
+    (QWEN7, 152064, 3584),
+]
+MATMUL_SHAPES = [  # (model, M = tokens, N, K)
+    (QWEN05, 512, 4864, 896), (QWEN05, 512, 896, 4864), (QWEN7, 512, 18944, 3584), (QWEN7, 512, 3584, 18944),
+]
+# the interpreter cannot autotune (no GPU to time on): --small pins one config per kernel
+SMALL_GEMV_CONFIG = {"BLOCK_N": 16, "BLOCK_KB": 4, "num_warps": 4}
+SMALL_MATMUL_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 128, "GROUP_M": 2, "num_warps": 4}
+
+
+@dataclass
+class Case:
+    kernel: str
+    shape: str
+    make: Callable[[], Callable[[], object]]  # allocates the inputs, returns the call to time
+    nbytes: int
+    flops: int = 0
+
+
+class Cases:
+    """The benchmark cases for one device and size class."""
+
+    def __init__(self, torch, device, small: bool):
+        self.torch, self.device, self.small = torch, device, small
+
+    def randn(self, *shape, dtype=None):
+        return self.torch.randn(*shape, device=self.device, dtype=dtype or self.torch.float32)
+
+    def q4_0_bytes(self, n_blocks: int):
+        """Random Q4_0 blocks with finite, model-like scales (0.01)."""
+        torch = self.torch
+        raw = torch.randint(0, 256, (n_blocks, 18), dtype=torch.uint8, device=self.device)
+        raw[:, :2] = torch.tensor([0.01], dtype=torch.float16).view(torch.uint8).to(self.device)
+        return raw.reshape(-1)
+
+    def all(self) -> list[Case]:
+        return self.elementwise() + self.dequant() + self.embed() + self.quantize() + self.qmatmul()
+
+    def elementwise(self) -> list[Case]:
+        from minfer.kernels import elementwise as ew
+
+        torch = self.torch
+        tokens, d, ffn, m_ffn = (4, 64, 96, 16) if self.small else (4096, 3584, 18944, 512)
+
+        def binary(op, n):
+            x, y = self.randn(n), self.randn(n)
+            return lambda: op(x, y, out=x)
+
+        def bias(m):
+            y, b = self.randn(m, d), self.randn(d)
+            return lambda: ew.add_bias_f32(y, b, m)
+
+        def unary(op, n):
+            x = self.randn(n)
+            return lambda: op(x)
+
+        def swiglu(n, dtype):
+            g, u = self.randn(n, dtype=dtype), self.randn(n, dtype=dtype)
+            return lambda: ew.swiglu(g, u, out=g)
+
+        n = tokens * d
+        cases = []
+        for m in (1, tokens):
+            cases.append(Case("add_f32", f"{m}x{d}", lambda m=m: binary(ew.add_f32, m * d), 12 * m * d))
+            cases.append(Case("add_bias_f32", f"{m}x{d}", lambda m=m: bias(m), 8 * m * d + 4 * d))
+        cases += [
+            Case("mul_f32", f"{tokens}x{d}", lambda: binary(ew.mul_f32, n), 12 * n),
+            Case("silu_f32", f"{tokens}x{d}", lambda: unary(ew.silu_f32, n), 8 * n),
+            Case("convert_f32_f16", f"{tokens}x{d}", lambda: unary(ew.convert_f32_f16, n), 6 * n),
+            Case("convert_f32_bf16", f"{tokens}x{d}", lambda: unary(ew.convert_f32_bf16, n), 6 * n),
+        ]
+        n_ffn = m_ffn * ffn
+        for dtype in (torch.float32, torch.bfloat16):
+            size = torch.finfo(dtype).bits // 8
+            name = f"swiglu[{str(dtype).removeprefix('torch.')}]"
+            cases.append(Case(name, f"{m_ffn}x{ffn}", lambda dt=dtype: swiglu(n_ffn, dt), 3 * size * n_ffn))
+        return cases
+
+    def dequant(self) -> list[Case]:
+        from minfer.kernels.dequant import dequant
+        from minfer.quant.types import QUANT_TABLE, GGMLType
+
+        torch = self.torch
+        rows, cols = (8, 512) if self.small else (2 * 18944, 3584)  # a 7B ffn weight, twice
+
+        def run(info, dtype):
+            raw = torch.randint(0, 256, (info.nbytes(rows * cols),), dtype=torch.uint8, device=self.device)
+            out = torch.empty(rows, cols, dtype=dtype, device=self.device)
+            return lambda: dequant(raw, info.type, rows, cols, dtype, out=out)
+
+        cases = []
+        for info in QUANT_TABLE.values():
+            every_dtype = info.type == GGMLType.Q4_0
+            dtypes = (torch.float16, torch.bfloat16, torch.float32) if every_dtype else (torch.float16,)
+            for dtype in dtypes:
+                nbytes = info.nbytes(rows * cols) + rows * cols * torch.finfo(dtype).bits // 8
+                name = f"dequant[{info.name}->{str(dtype).removeprefix('torch.')}]"
+                cases.append(Case(name, f"{rows}x{cols}", lambda i=info, dt=dtype: run(i, dt), nbytes))
+        return cases
+
+    def embed(self) -> list[Case]:
+        from minfer.kernels.embed import embed_rows
+        from minfer.quant.types import QUANT_TABLE, GGMLType
+
+        torch = self.torch
+        vocab, n_embd = (50, 64) if self.small else (152064, 3584)  # Qwen2.5-7B token_embd, Q4_0
+        info = QUANT_TABLE[GGMLType.Q4_0]
+
+        def run(n_ids):
+            table = self.q4_0_bytes(vocab * n_embd // 32)
+            ids = torch.randint(0, vocab, (n_ids,), dtype=torch.int32, device=self.device)
+            out = torch.empty(n_ids, n_embd, device=self.device)
+            return lambda: embed_rows(table, GGMLType.Q4_0, ids, n_embd, out=out, validate=False)
+
+        per_id = info.nbytes(n_embd) + 4 * n_embd
+        return [
+            Case("embed_rows[Q4_0]", f"{n} ids, {vocab}x{n_embd}", lambda n=n: run(n), n * per_id)
+            for n in ((1, 4) if self.small else (1, 512))
+        ]
+
+    def quantize(self) -> list[Case]:
+        from minfer.kernels.quantize import quantize_q8_0
+
+        rows = 8 if self.small else 32768  # 32k positions of a 512-wide 7B K cache
+
+        def run():
+            x = self.randn(rows, 512)
+            return lambda: quantize_q8_0(x)
+
+        return [Case("quantize_q8_0", f"{rows}x512", run, rows * 512 * 4 + rows * 16 * 34)]
+
+    def qmatmul(self) -> list[Case]:
+        from minfer.kernels.qmatmul import q4_0_gemv, q4_0_matmul, repack_q4_0
+
+        torch = self.torch
+        gemv_cfg = SMALL_GEMV_CONFIG if self.small else None
+        mm_cfg = SMALL_MATMUL_CONFIG if self.small else None
+
+        def gemv(n, k):
+            w = repack_q4_0(self.q4_0_bytes(n * k // 32), n, k)
+            x, out = self.randn(k), torch.empty(1, n, device=self.device)
+            return lambda: q4_0_gemv(x, w, n, k, out=out, config=gemv_cfg)
+
+        def matmul(m, n, k):
+            w = repack_q4_0(self.q4_0_bytes(n * k // 32), n, k)
+            x, out = self.randn(m, k), torch.empty(m, n, device=self.device)
+            return lambda: q4_0_matmul(x, w, n, k, out=out, config=mm_cfg)
+
+        gemv_shapes = [("tiny", 48, 64), ("tiny", 64, 160)] if self.small else GEMV_SHAPES
+        mm_shapes = [("tiny", 20, 48, 128)] if self.small else MATMUL_SHAPES
+        cases = [
+            Case(
+                "q4_0_gemv", f"{n}x{k} {model}", lambda n=n, k=k: gemv(n, k),
+                n * k * 9 // 16 + 4 * (n + k), 2 * n * k,
+            )
+            for model, n, k in gemv_shapes
+        ]
+        cases += [
+            Case(
+                "q4_0_matmul[f16]", f"{m}x{n}x{k} {model}", lambda m=m, n=n, k=k: matmul(m, n, k),
+                n * k * 9 // 16 + 4 * m * (n + k), 2 * m * n * k,
+            )
+            for model, m, n, k in mm_shapes
+        ]
+        return cases
+
+
+def timer(interpret: bool) -> Callable[[Callable[[], object]], float]:
+    """Seconds per call: triton.testing.do_bench on CUDA; one timed call after a warm-up on CPU."""
+    if not interpret:
+        from triton.testing import do_bench
+
+        return lambda fn: do_bench(fn, warmup=25, rep=100) * 1e-3
+
+    def once(fn):
+        fn()
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    return once
+
+
+def copy_bandwidth(torch, device, time_fn, small: bool) -> float:
+    """Bytes/s of a large device-to-device copy (read + write)."""
+    n = (1 << 20) if small else (1 << 28)  # 1 GiB of f32
+    src = torch.empty(n, device=device)
+    dst = torch.empty_like(src)
+    return 2 * src.numel() * 4 / time_fn(lambda: dst.copy_(src))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--interpret", action="store_true", help="run through the Triton interpreter on CPU")
+    ap.add_argument("--small", action="store_true", help="tiny shapes and pinned kernel configs")
+    ap.add_argument("--only", default="", help="regex: run only the kernels whose name matches")
+    args = ap.parse_args(argv)
+    if args.interpret:
+        os.environ["TRITON_INTERPRET"] = "1"  # must precede the first import of triton
+        warnings.filterwarnings("ignore", category=RuntimeWarning)  # numpy on random inf/NaN bits
+
+    import torch
+
+    if args.interpret:
+        device = torch.device("cpu")
+    elif torch.cuda.is_available():
+        device = torch.device("cuda")
+    else:
+        print("no CUDA device; for a CPU smoke test use --interpret --small", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    time_fn = timer(args.interpret)
+    torch.manual_seed(0)
+    bandwidth = copy_bandwidth(torch, device, time_fn, args.small)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU, Triton interpreter"
+    print(f"# {name}: copy bandwidth {bandwidth / 1e9:.0f} GB/s")
+    header = f"{'kernel':<24} {'shape':<28} {'us':>10} {'GB/s':>8} {'% copy':>7} {'TFLOP/s':>8}"
+    print(header)
+    print("-" * len(header))
+    count = 0
+    for case in Cases(torch, device, args.small).all():
+        if args.only and not re.search(args.only, case.kernel):
+            continue
+        fn = case.make()
+        seconds = time_fn(fn)
+        del fn
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        count += 1
+        gbs = case.nbytes / seconds / 1e9
+        tflops = f"{case.flops / seconds / 1e12:8.2f}" if case.flops else ""
+        share = 100 * case.nbytes / seconds / bandwidth
+        us = seconds * 1e6
+        row = f"{case.kernel:<24} {case.shape:<28} {us:10.1f} {gbs:8.1f} {share:6.1f}% {tflops:>8}"
+        print(row, flush=True)
+    print(f"# {count} cases in {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

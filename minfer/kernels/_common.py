@@ -1,0 +1,186 @@
+"""Launcher plumbing shared by the Triton kernel families, and the jit helpers they share.
+
+Every launcher does three things in order (Triton-tutorial style, seed 000 §2.2): check its
+invariants, allocate or take `out`, compute the grid and launch. The checks live here so each
+family states *what* it requires in one line and every failure reads the same way: the
+launcher's name, what was expected, what was found. Invariant failures raise
+UnsupportedError (DeviceError for a tensor on the wrong device), never a bare ValueError and
+never a crash inside the kernel.
+
+Grids: totals are computed in Python ints (arbitrary precision, so the 64-bit arithmetic of
+seed 000 §2.2 comes free) and checked against CUDA's grid limits instead of clamped: a grid that
+does not fit is refused, not silently shrunk. Kernels index with int64 wherever
+rows * blocks can pass 2^31.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+from ..errors import DeviceError, UnsupportedError
+
+MAX_GRID_X = 2**31 - 1  # CUDA grid limit on axis 0
+MAX_GRID_YZ = 2**16 - 1  # CUDA grid limit on axes 1 and 2
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for non-negative ints."""
+    return -(-a // b)
+
+
+@triton.jit
+def _probe():
+    pass
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1 at import).
+
+    Decided by what `triton.jit` produced, so this module reads no environment variable.
+    """
+    return not isinstance(_probe, triton.runtime.JITFunction)
+
+
+def _fix_interpreter_index() -> None:
+    """Let the interpreter run loops over runtime bounds (`range(0, K, BLOCK)`) with numpy >= 2.4.
+
+    Triton 3.6's interpreter holds scalar kernel arguments as 1-element arrays and turns them
+    into Python ints with int(array), which numpy 2.4 refuses (triton-lang/triton#9171, fixed
+    upstream after 3.6.0). This re-registers `tensor.__index__` the way the upstream fix does.
+    Interpreter only; compiled kernels are untouched. Remove once triton > 3.6 is the floor.
+    """
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "minfer_index_fix", False):
+        return
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched.minfer_index_fix = True
+    interpreter._patch_lang_tensor = patched
+
+
+if interpreting():
+    _fix_interpreter_index()
+
+
+def check_grid(what: str, grid: Sequence[int]) -> tuple[int, ...]:
+    """The grid as a tuple, refused with UnsupportedError if an axis exceeds CUDA's limits."""
+    limits = (MAX_GRID_X, MAX_GRID_YZ, MAX_GRID_YZ)
+    for axis, (size, limit) in enumerate(zip(grid, limits, strict=False)):
+        if size > limit:
+            raise UnsupportedError(f"{what}: grid axis {axis} needs {size} programs; the limit is {limit}")
+    return tuple(grid)
+
+
+def check_tensor(
+    what: str,
+    name: str,
+    t: object,
+    dtypes: Sequence[torch.dtype],
+    ndim: int | Sequence[int] | None = None,
+) -> torch.Tensor:
+    """`t` must be a contiguous torch tensor of one of `dtypes` (and of rank `ndim` if given)."""
+    if not isinstance(t, torch.Tensor):
+        raise UnsupportedError(f"{what}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        allowed = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        found = str(t.dtype).removeprefix("torch.")
+        raise UnsupportedError(f"{what}: {name} must have dtype {allowed}, got {found}")
+    if ndim is not None:
+        ranks = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if t.dim() not in ranks:
+            wanted = " or ".join(map(str, ranks))
+            raise UnsupportedError(f"{what}: {name} must have rank {wanted}, got {t.dim()}")
+    if not t.is_contiguous():
+        layout = f"shape {tuple(t.shape)}, strides {t.stride()}"
+        raise UnsupportedError(f"{what}: {name} must be contiguous ({layout})")
+    return t
+
+
+def check_int(what: str, name: str, value: object, minimum: int = 0) -> int:
+    """`value` must be a Python int (not a bool) of at least `minimum`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise UnsupportedError(f"{what}: {name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def check_device(what: str, **tensors: torch.Tensor) -> torch.device:
+    """All tensors on one device, and one the kernels can run on; returns that device.
+
+    Compiled kernels need CUDA tensors; the interpreter (CI, no GPU) runs on CPU tensors.
+    """
+    devices = {name: t.device for name, t in tensors.items() if t is not None}
+    first = next(iter(devices.values()))
+    if any(d != first for d in devices.values()):
+        found = ", ".join(f"{name} on {d}" for name, d in devices.items())
+        raise DeviceError(f"{what}: all tensors must be on one device, found {found}")
+    wanted = "cpu" if interpreting() else "cuda"
+    if first.type != wanted:
+        mode = "the Triton interpreter" if wanted == "cpu" else "compiled Triton kernels"
+        raise DeviceError(f"{what}: {mode} need {wanted} tensors, got tensors on {first}")
+    return first
+
+
+def make_out(
+    what: str, out: torch.Tensor | None, shape: Sequence[int], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """`out` checked against (shape, dtype, device, contiguous), or a fresh tensor of that spec."""
+    shape = tuple(int(s) for s in shape)
+    if out is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    check_tensor(what, "out", out, (dtype,))
+    if tuple(out.shape) != shape:
+        raise UnsupportedError(f"{what}: out must have shape {shape}, got {tuple(out.shape)}")
+    if out.device != device:
+        raise DeviceError(f"{what}: out must be on {device}, got {out.device}")
+    return out
+
+
+def view_as(what: str, raw: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The flat bytes of `raw` reinterpreted as `dtype` (no copy); refused if misaligned."""
+    flat = raw.reshape(-1)
+    try:
+        return flat.view(dtype)
+    except RuntimeError as e:
+        raise UnsupportedError(f"{what}: cannot read the bytes as {dtype} in place: {e}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# jit helpers
+
+
+INTERPRETING = tl.constexpr(interpreting())
+
+
+@triton.jit
+def f32_to_bf16_rne(x):
+    """f32 -> bf16 rounding to nearest even, in integer ops; NaN becomes the quiet NaN 0x7FC0."""
+    bits = x.to(tl.uint32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    out = tl.where(x != x, 0x7FC0, rounded)
+    return out.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def cast_for(x, ptr):
+    """f32 values `x` converted to the element type of `ptr`, rounding to nearest even.
+
+    The GPU's f32 -> bf16 cast rounds to nearest even (one cvt per two elements), but the
+    Triton interpreter's truncates; under the interpreter the integer form stands in, so
+    interpreter tests check exactly what the GPU computes.
+    """
+    if ptr.dtype.element_ty == tl.bfloat16:
+        if INTERPRETING:
+            return f32_to_bf16_rne(x)
+        else:
+            return x.to(tl.bfloat16)
+    else:
+        return x.to(ptr.dtype.element_ty)

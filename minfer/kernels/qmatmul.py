@@ -1,0 +1,408 @@
+"""Q4_0 weight x f32 activation matmuls (seed 004 QMATMUL pair): decode GEMV and prefill matmul.
+
+    out[m, n] = sum_k x[m, k] * W[n, k],  W stored as Q4_0 (d:f16 + 16 nibble bytes per 32 values)
+
+Layout. Weights are repacked once at load (`repack_q4_0`) into two aligned arrays: `qs` int32
+[N, K/8] (block b of row n is the 16-byte run of words 4b..4b+3) and `d` f16 [N, K/32]. Same
+byte count as the GGUF blocks (0.5625 per weight), but the file's 18-byte block stride is only
+2-byte aligned, while here every lane fetches a block's nibbles with one 16-byte load. Inside a
+block the nibbles are reordered: bits 4s..4s+3 of word j hold element 4s + j ("slot" s), so the
+four words' slot-s values multiply four consecutive elements of x (one vector load).
+
+Nibble -> float. A plain shift/mask/int-to-float conversion costs ~5 instructions per weight,
+one of them the quarter-rate I2F; at H200 bandwidth (~7.6e12 Q4_0 weights/s) that is
+compute-bound far below the roofline. Both kernels use the magic-number form instead: OR-ing
+a nibble that sits at bit b (b <= 12) into the mantissa of 2^23 gives the f32 2^23 + n * 2^b
+exactly, and subtracting 2^23 + 8 * 2^b leaves (n - 8) * 2^b exactly: one LOP3 and one FADD
+per weight. Slots 4..7 are first moved down by one 16-bit shift per word. The 2^b factor is
+undone for free by scaling the other operand by 2^-b (exact, a power of two).
+
+GEMV (M == 1, decode; memory-bound). A program owns BLOCK_N rows and walks K in BLOCK_KB-block
+steps over a [BLOCK_KB, BLOCK_N, 4] word tile: lanes run along K (a warp reads 512 contiguous
+bytes of a row), rows repeat in a lane's registers, so each x value a lane loads (pre-scaled by
+2^-b per slot) serves all of its rows. Per weight: LOP3 + FADD + FFMA; the f16 scale multiplies
+each block's partial sum once. Rows and K are clamped for loads (the store and the scales are
+masked), so the hot loop has no predicated loads. f32 throughout.
+
+Matmul (M > 1, prefill). Per K step of BLOCK_K values (BW = BLOCK_K / 8 words per row of W),
+each of the 8 slots is one `tl.dot` of depth BW: x[:, slot] [BLOCK_M, BW] (f32 -> f16/bf16) by
+the slot's values (n - 8) * d [BW, BLOCK_N] (same conversion), accumulating in f32. W's words
+are loaded once per step; programs are grouped along M so W tiles are reused from L2.
+
+Configs: both kernels carry a small `@triton.autotune` list pruned by shape; a launcher's
+`config=` pins one (tests pin one so the interpreter runs one small config). Raw GGUF bytes are
+accepted too and repacked on the fly: correct, but an extra pass over W per call, so the
+backend repacks once at load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ..errors import UnsupportedError
+from ..quant.types import QUANT_TABLE, GGMLType
+from ._common import (
+    INTERPRETING,
+    cdiv,
+    check_device,
+    check_grid,
+    check_int,
+    check_tensor,
+    f32_to_bf16_rne,
+    interpreting,
+    make_out,
+)
+
+Q4_0 = QUANT_TABLE[GGMLType.Q4_0]
+_REPACK_CHUNK = 1 << 20  # blocks repacked per step (bounds the int64 temporaries to ~128 MB)
+
+
+@dataclass(frozen=True)
+class Q4_0Packed:
+    """A Q4_0 [n, k] weight in the kernels' layout (see the module doc); made by `repack_q4_0`."""
+
+    qs: torch.Tensor  # int32 [n, k // 8]
+    d: torch.Tensor  # float16 [n, k // 32]
+    n: int
+    k: int
+
+
+def _check_nk(what: str, n: int, k: int) -> None:
+    check_int(what, "n", n, 1)
+    check_int(what, "k", k, 1)
+    if k % Q4_0.block_elems:
+        raise UnsupportedError(f"{what}: k must be a multiple of 32 (Q4_0 blocks), got k={k}")
+
+
+def repack_q4_0(raw: torch.Tensor, n: int, k: int) -> Q4_0Packed:
+    """Split raw GGUF Q4_0 bytes of an [n, k] weight into the kernels' (qs, d) layout, on raw's device."""
+    what = "repack_q4_0"
+    _check_nk(what, n, k)
+    check_tensor(what, "raw", raw, (torch.uint8,))
+    nkb = k // Q4_0.block_elems
+    if raw.numel() != n * nkb * Q4_0.block_bytes:
+        need = n * nkb * Q4_0.block_bytes
+        raise UnsupportedError(f"{what}: Q4_0 [{n}, {k}] needs {need} bytes, got {raw.numel()}")
+    blocks = raw.reshape(n * nkb, Q4_0.block_bytes)
+    d = blocks[:, :2].contiguous().view(torch.float16).reshape(n, nkb)
+    qs = torch.empty(n * nkb, 4, dtype=torch.int32, device=raw.device)
+    shifts = torch.tensor([0, 4, 8, 12], dtype=torch.int64, device=raw.device).view(1, 4, 1)
+    for start in range(0, n * nkb, _REPACK_CHUNK):
+        # b[blk, s, j] = byte 4s + j. Slot s < 4 (element 4s + j) is that byte's low nibble;
+        # slot s + 4 (element 16 + 4s + j) its high nibble.
+        b = blocks[start : start + _REPACK_CHUNK, 2:].to(torch.int64).view(-1, 4, 4)
+        low = ((b & 0xF) << shifts).sum(1)
+        high = ((b >> 4) << shifts).sum(1)
+        word = low | (high << 16)
+        qs[start : start + _REPACK_CHUNK] = (word - ((word >> 31) << 32)).to(torch.int32)
+    return Q4_0Packed(qs=qs.view(n, nkb * 4), d=d, n=n, k=k)
+
+
+def _launch_kwargs(config: triton.Config) -> dict:
+    """A config as launch keyword arguments (what a launcher's `config=` takes)."""
+    return dict(config.kwargs, num_warps=config.num_warps, num_stages=config.num_stages)
+
+
+def _packed(what: str, w: Q4_0Packed | torch.Tensor, n: int, k: int) -> Q4_0Packed:
+    _check_nk(what, n, k)
+    if isinstance(w, torch.Tensor):
+        return repack_q4_0(w, n, k)
+    if not isinstance(w, Q4_0Packed):
+        raise UnsupportedError(f"{what}: w must be a Q4_0Packed or raw Q4_0 bytes, got {type(w).__name__}")
+    if (w.n, w.k) != (n, k):
+        raise UnsupportedError(f"{what}: w is a packed [{w.n}, {w.k}] weight, the call says [{n}, {k}]")
+    check_tensor(what, "w.qs", w.qs, (torch.int32,))
+    check_tensor(what, "w.d", w.d, (torch.float16,))
+    if w.qs.numel() != n * k // 8 or w.d.numel() != n * k // 32:
+        raise UnsupportedError(f"{what}: w.qs/w.d sizes do not match [{n}, {k}]")
+    return w
+
+
+# ---------------------------------------------------------------------------------------------
+# GEMV (M == 1)
+
+
+@triton.jit
+def _slot(w, MASK: tl.constexpr, BIAS: tl.constexpr, magic):
+    """(nibble - 8) * 2^b as exact f32, for the nibble of w under MASK = 0xF << b (b <= 12).
+
+    `magic` is the f32 bit pattern of 2^23 (0x4B000000); BIAS is 2^23 + 8 * 2^b.
+    """
+    return ((w & MASK) | magic).to(tl.float32, bitcast=True) - BIAS
+
+
+@triton.jit
+def _q4_0_gemv_kernel(
+    x_ptr, qs_ptr, d_ptr, out_ptr, N, NKB, magic, half_shift,
+    BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr,
+):
+    # Tile [BLOCK_KB, BLOCK_N, 4]: (block along K, row, word of the block). Each lane holds the 4
+    # words of one block (one 16-byte load); lanes run along K, so a warp reads 512 contiguous
+    # bytes of a row; rows repeat in registers so every x value a lane loads serves all its rows.
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows_ld = tl.minimum(rows, N - 1).to(tl.int64)[None, :, None]
+    kb = tl.arange(0, BLOCK_KB)[:, None, None]
+    j = tl.arange(0, 4)[None, None, :]
+    w_rows = qs_ptr + rows_ld * (NKB * 4) + j
+    d_rows = d_ptr + rows_ld * NKB
+    # x pointers are broadcast over the rows so the x loads take the layout of the weight tile
+    # (no shuffle through shared memory); the compiler loads each x value once per lane.
+    x_base = x_ptr + j + tl.zeros([1, BLOCK_N, 1], tl.int32)
+    acc = tl.zeros([BLOCK_KB, BLOCK_N, 1], dtype=tl.float32)
+    for kb0 in range(0, NKB, BLOCK_KB):
+        # Past the end of K the tile re-reads the last block (in bounds, finite) with scale 0:
+        # only the scale load is masked, so the x loads stay unpredicated and shared by rows.
+        # (The clamp also lets the scales load straight into the tile's layout.)
+        kbs = tl.minimum(kb0 + kb, NKB - 1)
+        if EVEN_K:
+            d = tl.load(d_rows + kbs)
+        else:
+            d = tl.load(d_rows + kbs, mask=kb0 + kb < NKB, other=0.0)
+        w = tl.load(w_rows + kbs * 4)
+        d = d.to(tl.float32)
+        xp = x_base + kbs * 32  # slot s of word j of block kb multiplies x[32 kb + 4 s + j]
+        x0 = tl.load(xp)
+        x1 = tl.load(xp + 4) * 0.0625
+        x2 = tl.load(xp + 8) * 0.00390625
+        x3 = tl.load(xp + 12) * 0.000244140625
+        x4 = tl.load(xp + 16)
+        x5 = tl.load(xp + 20) * 0.0625
+        x6 = tl.load(xp + 24) * 0.00390625
+        x7 = tl.load(xp + 28) * 0.000244140625
+        h = w >> half_shift  # slots 4..7 moved to bits 0..15
+        part = _slot(w, 0xF, 8388616.0, magic) * x0
+        part += _slot(w, 0xF0, 8388736.0, magic) * x1
+        part += _slot(w, 0xF00, 8390656.0, magic) * x2
+        part += _slot(w, 0xF000, 8421376.0, magic) * x3
+        part += _slot(h, 0xF, 8388616.0, magic) * x4
+        part += _slot(h, 0xF0, 8388736.0, magic) * x5
+        part += _slot(h, 0xF00, 8390656.0, magic) * x6
+        part += _slot(h, 0xF000, 8421376.0, magic) * x7
+        acc += tl.sum(part, axis=2, keep_dims=True) * d
+    tl.store(out_ptr + rows, tl.sum(tl.sum(acc, axis=2), axis=0), mask=rows < N)
+
+
+# The 2^23 bit pattern and the 16-bit shift reach the kernel as run-time arguments on purpose:
+# as immediates, the compiler cannot fuse `(w & mask) | magic` into one LOP3 (one immediate per
+# instruction) and rewrites `(w >> 16) & mask` into a two-instruction bitfield extract.
+_MAGIC_BITS = 0x4B000000
+_HALF_SHIFT = 16
+
+_GEMV_CONFIGS = [
+    triton.Config({"BLOCK_N": bn, "BLOCK_KB": bkb}, num_warps=nw, num_stages=ns)
+    for bn, bkb, nw, ns in [
+        (4, 32, 4, 1),  # 1 (row, block) pair per lane per step: small N
+        (8, 32, 4, 1),  # 2
+        (8, 64, 4, 1),  # 4
+        (16, 32, 4, 1),  # 4
+        (16, 64, 4, 1),  # 8 (128 registers)
+        (32, 32, 8, 1),  # 4
+    ]
+]
+MIN_PROGRAMS = 264  # 2 per SM on an H200 (132 SMs): fewer leaves SMs idle
+
+
+def _prune_gemv(configs, named_args, **kwargs):
+    """Drop configs whose grid cannot fill the GPU, unless none can; drop K steps far past K."""
+    n, nkb = named_args["N"], named_args["NKB"]
+    fit = [c for c in configs if c.kwargs["BLOCK_KB"] <= max(32, triton.next_power_of_2(nkb))] or configs
+    full = [c for c in fit if cdiv(n, c.kwargs["BLOCK_N"]) >= MIN_PROGRAMS]
+    return full or [min(fit, key=lambda c: c.kwargs["BLOCK_N"])]
+
+
+_gemv = triton.heuristics({"EVEN_K": lambda a: a["NKB"] % a["BLOCK_KB"] == 0})(_q4_0_gemv_kernel)
+_gemv_tuned = triton.autotune(
+    _GEMV_CONFIGS, key=["N", "NKB"], prune_configs_by={"early_config_prune": _prune_gemv}
+)(_gemv)
+
+
+def q4_0_gemv(
+    x: torch.Tensor,
+    w: Q4_0Packed | torch.Tensor,
+    n: int,
+    k: int,
+    out: torch.Tensor | None = None,
+    config: dict | None = None,
+) -> torch.Tensor:
+    """out [1, n] f32 = x @ W^T for one token: x f32 [k] or [1, k], W a Q4_0 [n, k] weight.
+
+    `w`: a `Q4_0Packed` (fast path) or raw GGUF Q4_0 bytes (repacked per call). `config`:
+    {"BLOCK_N", "BLOCK_KB", "num_warps"[, "num_stages"]} pins one config instead of autotuning
+    (under the Triton interpreter, which cannot time configs, the first config pruning keeps).
+    """
+    what = "q4_0_gemv"
+    w = _packed(what, w, n, k)
+    check_tensor(what, "x", x, (torch.float32,), ndim=(1, 2))
+    if x.numel() != k or (x.dim() == 2 and x.shape[0] != 1):
+        raise UnsupportedError(f"{what}: x must be [{k}] or [1, {k}] (M == 1), got {tuple(x.shape)}")
+    device = check_device(what, x=x, qs=w.qs, d=w.d, out=out)
+    out = make_out(what, out, (1, n), torch.float32, device)
+    nkb = k // Q4_0.block_elems
+    args = (x, w.qs, w.d, out, n, nkb, _MAGIC_BITS, _HALF_SHIFT)
+    if config is None and interpreting():  # nothing to time configs on: the first one pruning keeps
+        config = _launch_kwargs(_prune_gemv(_GEMV_CONFIGS, {"N": n, "NKB": nkb})[0])
+    if config is None:
+        _gemv_tuned[lambda meta: check_grid(what, (cdiv(n, meta["BLOCK_N"]),))](*args)
+    else:
+        _gemv[check_grid(what, (cdiv(n, config["BLOCK_N"]),))](*args, **config)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# tiled matmul (M > 1)
+
+
+@triton.jit
+def _mma_operand(v, COMPUTE: tl.constexpr):
+    """f32 tile `v` rounded to the tensor-core input type COMPUTE.
+
+    The interpreter's dot multiplies bf16 tiles as their raw 16-bit patterns, so there a bf16
+    operand is rounded to bf16 and kept in f32: the same products, exact in f32.
+    """
+    if COMPUTE == tl.bfloat16:
+        if INTERPRETING:
+            return f32_to_bf16_rne(v).to(tl.float32)
+        else:
+            return v.to(tl.bfloat16)
+    else:
+        return v.to(COMPUTE)
+
+
+@triton.jit
+def _dot_slot(acc, xp, xmask, w, MASK: tl.constexpr, BIAS: tl.constexpr, magic, d, COMPUTE: tl.constexpr):
+    """acc + x[:, slot] @ W[slot, :] for one nibble slot: x tile [BM, BW] at xp, words w [BW, BN],
+    `d` the block scales times 2^-b for the slot's bit position b."""
+    a = tl.load(xp, mask=xmask, other=0.0)
+    b = _slot(w, MASK, BIAS, magic) * d
+    return tl.dot(_mma_operand(a, COMPUTE), _mma_operand(b, COMPUTE), acc)
+
+
+@triton.jit
+def _q4_0_matmul_kernel(
+    x_ptr, qs_ptr, d_ptr, out_ptr, M, N, K, NKB, M_BUCKET, magic, half_shift,
+    COMPUTE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
+):
+    # program -> (pid_m, pid_n), GROUP_M row tiles at a time so their W tiles stay in L2
+    pid = tl.program_id(0)
+    grid_m = tl.cdiv(M, BLOCK_M)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * grid_n
+    first_m = (pid // per_group) * GROUP_M
+    group_size = tl.minimum(grid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_size
+    pid_n = (pid % per_group) // group_size
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows_m = tl.minimum(offs_m, M - 1).to(tl.int64)  # clamped loads, masked store
+    cols_n = tl.minimum(offs_n, N - 1).to(tl.int64)
+    # A K step of BLOCK_K values is BW = BLOCK_K / 8 packed words per row of W (word i: block
+    # i // 4, word i % 4). Its 8 nibble slots are 8 dots of depth BW: slot s of word i holds
+    # k = 32 (i // 4) + 4 s + i % 4, so each dot reads W's words once and x 4 values at a time.
+    i = tl.arange(0, BLOCK_K // 8)
+    w_tile = qs_ptr + cols_n[None, :] * (NKB * 4) + i[:, None]
+    d_tile = d_ptr + cols_n[None, :] * NKB + (i // 4)[:, None]
+    x_tile = x_ptr + rows_m[:, None] * K + ((i // 4) * 32 + i % 4)[None, :]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN_K:
+            imask = tl.full([BLOCK_K // 8], 1, tl.int1)
+        else:
+            imask = k0 + (i // 4) * 32 < K
+        w = tl.load(w_tile + k0 // 8, mask=imask[:, None], other=0)
+        d = tl.load(d_tile + k0 // 32, mask=imask[:, None], other=0.0).to(tl.float32)
+        d1 = d * 0.0625
+        d2 = d * 0.00390625
+        d3 = d * 0.000244140625
+        h = w >> half_shift
+        xp = x_tile + k0
+        xm = imask[None, :]
+        acc = _dot_slot(acc, xp, xm, w, 0xF, 8388616.0, magic, d, COMPUTE)
+        acc = _dot_slot(acc, xp + 4, xm, w, 0xF0, 8388736.0, magic, d1, COMPUTE)
+        acc = _dot_slot(acc, xp + 8, xm, w, 0xF00, 8390656.0, magic, d2, COMPUTE)
+        acc = _dot_slot(acc, xp + 12, xm, w, 0xF000, 8421376.0, magic, d3, COMPUTE)
+        acc = _dot_slot(acc, xp + 16, xm, h, 0xF, 8388616.0, magic, d, COMPUTE)
+        acc = _dot_slot(acc, xp + 20, xm, h, 0xF0, 8388736.0, magic, d1, COMPUTE)
+        acc = _dot_slot(acc, xp + 24, xm, h, 0xF00, 8390656.0, magic, d2, COMPUTE)
+        acc = _dot_slot(acc, xp + 28, xm, h, 0xF000, 8421376.0, magic, d3, COMPUTE)
+    out = out_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    tl.store(out, acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+_MATMUL_CONFIGS = [
+    triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128, "GROUP_M": 8}, num_warps=nw, num_stages=ns)
+    for bm, bn, nw, ns in [
+        (16, 64, 4, 3),
+        (32, 64, 4, 3),
+        (64, 64, 4, 3),
+        (64, 128, 8, 3),
+        (128, 64, 8, 2),
+        (128, 128, 8, 2),
+    ]
+]
+
+
+def _prune_matmul(configs, named_args, **kwargs):
+    """Keep tiles no taller than M needs (M rounded up to a power of two, at least 16)."""
+    m_cap = max(16, named_args["M_BUCKET"])
+    fit = [c for c in configs if c.kwargs["BLOCK_M"] <= m_cap]
+    return fit or [min(configs, key=lambda c: c.kwargs["BLOCK_M"])]
+
+
+_matmul = triton.heuristics({"EVEN_K": lambda a: a["K"] % a["BLOCK_K"] == 0})(_q4_0_matmul_kernel)
+_matmul_tuned = triton.autotune(
+    _MATMUL_CONFIGS,
+    key=["M_BUCKET", "N", "K", "COMPUTE"],
+    prune_configs_by={"early_config_prune": _prune_matmul},
+)(_matmul)
+
+_COMPUTE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+
+def q4_0_matmul(
+    x: torch.Tensor,
+    w: Q4_0Packed | torch.Tensor,
+    n: int,
+    k: int,
+    out: torch.Tensor | None = None,
+    config: dict | None = None,
+    compute_dtype: torch.dtype = torch.float16,
+) -> torch.Tensor:
+    """out [m, n] f32 = x @ W^T for m tokens: x f32 [m, k], W a Q4_0 [n, k] weight.
+
+    Products run on tensor cores in `compute_dtype` (float16: 11-bit mantissa, |x| < 65504;
+    bfloat16: f32 range, 8-bit mantissa) with f32 accumulation. `w` and `config` as in
+    `q4_0_gemv` (config keys BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages).
+    """
+    what = "q4_0_matmul"
+    w = _packed(what, w, n, k)
+    check_tensor(what, "x", x, (torch.float32,), ndim=2)
+    if x.shape[1] != k:
+        raise UnsupportedError(f"{what}: x must be [m, {k}], got {tuple(x.shape)}")
+    if compute_dtype not in _COMPUTE:
+        raise UnsupportedError(f"{what}: compute_dtype must be float16 or bfloat16, got {compute_dtype}")
+    device = check_device(what, x=x, qs=w.qs, d=w.d, out=out)
+    m = x.shape[0]
+    out = make_out(what, out, (m, n), torch.float32, device)
+    if m == 0:
+        return out
+    nkb = k // Q4_0.block_elems
+    m_bucket = triton.next_power_of_2(m)  # autotune per power-of-two M, not per prompt length
+    args = (x, w.qs, w.d, out, m, n, k, nkb, m_bucket, _MAGIC_BITS, _HALF_SHIFT)
+    compute = _COMPUTE[compute_dtype]
+    if config is None and interpreting():  # nothing to time configs on: the first one pruning keeps
+        config = _launch_kwargs(_prune_matmul(_MATMUL_CONFIGS, {"M_BUCKET": m_bucket})[0])
+
+    def grid(meta):
+        return check_grid(what, (cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]),))
+
+    if config is None:
+        _matmul_tuned[grid](*args, COMPUTE=compute)
+    else:
+        _matmul[grid](*args, COMPUTE=compute, **config)
+    return out

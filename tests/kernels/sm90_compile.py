@@ -1,0 +1,127 @@
+"""Compile every kernel family for Hopper (sm_90) without a GPU, and report its resources.
+
+The interpreter checks what a kernel computes, not whether the compiler accepts it: a construct
+the interpreter runs can still fail to lower, and a config can spill registers. Triton compiles
+for any target on a machine without a GPU (its wheel ships ptxas), so this module compiles one
+variant per kernel family / type / config and checks the cubin: no local-memory spills.
+
+Run as a script (test_compile_sm90.py does, in a subprocess, because the kernel tests import the
+kernels in interpreter mode): prints one line per variant, exits 1 on a compile error or spill.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+TARGET = ("cuda", 90, 32)
+
+
+def variants():
+    """(name, jit function, signature, constexprs, options) for each variant to compile."""
+    import triton.language as tl
+
+    from minfer.kernels import dequant, elementwise, embed, qmatmul, quantize
+    from minfer.quant.types import QUANT_TABLE
+
+    c = "constexpr"
+    out = []
+    for op, z in [("silu", "*fp32"), ("copy", "*fp16"), ("copy", "*bf16")]:
+        sig = {"x_ptr": "*fp32", "z_ptr": z, "n": "i64", "OP": c, "BLOCK": c}
+        consts = {"OP": op, "BLOCK": elementwise.BLOCK}
+        out.append((f"map1[{op}->{z}]", elementwise._map1_kernel, sig, consts, {}))
+    for op, t in [("add", "*fp32"), ("mul", "*fp32"), ("swiglu", "*fp32"), ("swiglu", "*bf16")]:
+        sig = {"x_ptr": t, "y_ptr": t, "z_ptr": t, "n": "i32", "OP": c, "BLOCK": c}
+        consts = {"OP": op, "BLOCK": elementwise.BLOCK}
+        out.append((f"map2[{op} {t}]", elementwise._map2_kernel, sig, consts, {}))
+    sig = {"y_ptr": "*fp32", "b_ptr": "*fp32", "d": "i32", "BLOCK_D": c}
+    out.append(("add_bias", elementwise._add_bias_kernel, sig, {"BLOCK_D": elementwise.BIAS_BLOCK}, {}))
+
+    storage = {"F32": "*fp32", "F16": "*fp16", "BF16": "*i16"}
+    no_fma = {"enable_fp_fusion": False}
+    for info in QUANT_TABLE.values():
+        src = storage.get(info.name, "*u8")
+        meta = dict(dequant.tile_meta(info), BLOCK_BYTES=info.block_bytes if src == "*u8" else 1)
+        for dst in ("*fp16", "*bf16", "*fp32") if info.name == "Q4_0" else ("*fp16",):
+            sig = {"src_ptr": src, "out_ptr": dst, "n_blocks": "i64", "QTYPE": c, "BLOCK_BYTES": c,
+                   "NSUB": c, "SUBLEN": c, "BLOCK": c, "EVEN": c}
+            consts = dict(meta, BLOCK=dequant.blocks_per_program(info), EVEN=False)
+            out.append((f"dequant[{info.name}->{dst}]", dequant._dequant_kernel, sig, consts, no_fma))
+        if info.name in ("F16", "Q8_0", "Q4_K"):
+            sig = {"w_ptr": src, "ids_ptr": "*i32", "out_ptr": "*fp32", "n_vocab": "i32",
+                   "blocks_per_row": "i32", "QTYPE": c, "BLOCK_BYTES": c, "NSUB": c, "SUBLEN": c, "BLOCK": c}
+            consts = dict(meta, BLOCK=dequant.blocks_per_program(info))
+            out.append((f"embed[{info.name}]", embed._embed_kernel, sig, consts, no_fma))
+
+    sig = {"x_ptr": "*fp32", "out_ptr": "*u8", "n_blocks": "i64", "BLOCK": c}
+    out.append(("quantize_q8_0", quantize._quantize_q8_0_kernel, sig, {"BLOCK": quantize.BLOCK}, no_fma))
+
+    sig = {"x_ptr": "*fp32", "qs_ptr": "*i32", "d_ptr": "*fp16", "out_ptr": "*fp32", "N": "i32", "NKB": "i32",
+           "magic": "i32", "half_shift": "i32", "BLOCK_N": c, "BLOCK_KB": c, "EVEN_K": c}
+    for i, cfg in enumerate(qmatmul._GEMV_CONFIGS):
+        for even in (True, False) if i == 0 else (True,):
+            name = f"q4_0_gemv[{cfg.kwargs['BLOCK_N']}x{cfg.kwargs['BLOCK_KB']} w{cfg.num_warps} even={even}]"
+            opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+            out.append((name, qmatmul._q4_0_gemv_kernel, sig, dict(cfg.kwargs, EVEN_K=even), opts))
+    sig = {"x_ptr": "*fp32", "qs_ptr": "*i32", "d_ptr": "*fp16", "out_ptr": "*fp32", "M": "i32", "N": "i32",
+           "K": "i32", "NKB": "i32", "M_BUCKET": "i32", "magic": "i32", "half_shift": "i32", "COMPUTE": c,
+           "BLOCK_M": c, "BLOCK_N": c, "BLOCK_K": c, "GROUP_M": c, "EVEN_K": c}
+    for i, cfg in enumerate(qmatmul._MATMUL_CONFIGS):
+        for compute in (tl.float16, tl.bfloat16) if i == 0 else (tl.float16,):
+            kw = cfg.kwargs
+            name = f"q4_0_matmul[{kw['BLOCK_M']}x{kw['BLOCK_N']}x{kw['BLOCK_K']} w{cfg.num_warps} {compute}]"
+            opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+            out.append((name, qmatmul._q4_0_matmul_kernel, sig, dict(kw, COMPUTE=compute, EVEN_K=True), opts))
+    return out
+
+
+def resources(cubin: bytes) -> dict[str, int]:
+    """REG / STACK / SHARED / LOCAL of the cubin's kernel, from the cuobjdump Triton ships."""
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        run = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True, check=True)
+    text = run.stdout
+    return {k: int(v) for k, v in re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", text)}
+
+
+def aligned(fn, sig: dict[str, str]) -> dict:
+    """Pointer arguments 16-byte aligned, as Triton specializes them for torch allocations."""
+    return {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k, v in sig.items() if v.startswith("*")}
+
+
+def main() -> int:
+    if os.environ.get("TRITON_INTERPRET"):
+        print("unset TRITON_INTERPRET: this compiles the real kernels", file=sys.stderr)
+        return 2
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    failed = 0
+    for name, fn, sig, consts, opts in variants():
+        try:
+            src = ASTSource(fn, sig, consts, aligned(fn, sig))
+            kernel = triton.compile(src, target=GPUTarget(*TARGET), options=opts)
+            res = resources(kernel.asm["cubin"])
+        except Exception as e:  # report every failing variant, not just the first
+            failed += 1
+            print(f"FAIL {name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            continue
+        spills = res.get("LOCAL", 0) + res.get("STACK", 0)
+        failed += bool(spills)
+        status = "SPILL" if spills else "ok"
+        print(f"{status:5} {name:48} regs {res.get('REG'):3} smem {kernel.metadata.shared:6} spill {spills}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    raise SystemExit(main())

@@ -1,0 +1,135 @@
+"""Q4_0 GEMV and tiled matmul against float64 math on the reference-decoded weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+
+from minfer.errors import UnsupportedError
+from minfer.kernels import qmatmul
+from minfer.kernels.qmatmul import Q4_0Packed, q4_0_gemv, q4_0_matmul, repack_q4_0
+from minfer.quant import reference
+from minfer.quant.types import GGMLType
+
+GEMV_CONFIG = {"BLOCK_N": 16, "BLOCK_KB": 4, "num_warps": 4}
+MATMUL_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 128, "GROUP_M": 2, "num_warps": 4}
+
+
+def _weight(n, k, gen):
+    """Q4_0 bytes of normal weights [n, k] (scaled per row, as real layers are) and their float64 value."""
+    w = torch.randn(n, k, generator=gen) * torch.rand(n, 1, generator=gen)
+    raw = reference.quantize(w, GGMLType.Q4_0).reshape(-1)
+    return raw, reference.dequantize(raw, GGMLType.Q4_0, (n, k)).double()
+
+
+# (n, k): one row and one block; odd n with K not a multiple of the K step; whole K steps
+@pytest.mark.parametrize("n, k", [(1, 32), (37, 160), (24, 256)])
+def test_gemv(n, k, device, gen, check):
+    raw, w = _weight(n, k, gen)
+    x = torch.randn(k, generator=gen)
+    packed = repack_q4_0(raw.to(device), n, k)
+    ref = (w @ x.double())[None, :]
+    for xs in (x, x[None, :]):  # [k] and [1, k]
+        out = check.poisoned((1, n), torch.float32, device)
+        q4_0_gemv(xs.to(device), packed, n, k, out=out, config=GEMV_CONFIG)
+        assert check.rel_err(out, ref) < 1e-5  # f32 accumulation over k <= 256 terms
+
+
+def test_gemv_raw_bytes_and_whole_k_steps(device, gen, check):
+    n, k = 20, 32 * 8
+    raw, w = _weight(n, k, gen)
+    x = torch.randn(1, k, generator=gen)
+    config = {"BLOCK_N": 8, "BLOCK_KB": 8, "num_warps": 2}  # 8 blocks per row: one K step, no tail
+    out = q4_0_gemv(x.to(device), raw.to(device), n, k, config=config)  # raw GGUF bytes: repacked per call
+    assert check.rel_err(out, x.double() @ w.T) < 1e-5
+
+
+@pytest.mark.parametrize("compute, tol", [(torch.float16, 2e-3), (torch.bfloat16, 1.5e-2)])
+@pytest.mark.parametrize("m, n, k", [(2, 16, 128), (5, 37, 160), (33, 24, 256)])
+def test_matmul(m, n, k, compute, tol, device, gen, check):
+    raw, w = _weight(n, k, gen)
+    x = torch.randn(m, k, generator=gen)
+    out = q4_0_matmul(
+        x.to(device), repack_q4_0(raw.to(device), n, k), n, k,
+        out=check.poisoned((m, n), torch.float32, device), config=MATMUL_CONFIG, compute_dtype=compute,
+    )
+    # x and W are rounded to the compute type (2^-11 / 2^-8 relative), products summed in f32
+    assert check.rel_err(out, x.double() @ w.T) < tol
+
+
+@pytest.mark.parametrize("index", [0, -1])
+def test_production_configs(index, device, gen, check):
+    """The first and last autotune configs of each kernel, on a K with a partial last step."""
+    n, k, m = 70, 960, 40
+    raw, w = _weight(n, k, gen)
+    packed = repack_q4_0(raw.to(device), n, k)
+    x = torch.randn(m, k, generator=gen)
+    for kernel, launch, xs, ref, tol in [
+        (qmatmul._gemv_tuned, q4_0_gemv, x[:1], x[:1].double() @ w.T, 1e-5),
+        (qmatmul._matmul_tuned, q4_0_matmul, x, x.double() @ w.T, 2e-3),
+    ]:
+        cfg = kernel.configs[index]
+        config = dict(cfg.kwargs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        out = check.poisoned(ref.shape, torch.float32, device)
+        launch(xs.to(device), packed, n, k, out=out, config=config)
+        assert check.rel_err(out, ref) < tol, config
+
+
+def test_repack_keeps_the_scales(device, gen):
+    raw, _ = _weight(3, 64, gen)
+    packed = repack_q4_0(raw.to(device), 3, 64)
+    assert packed.qs.shape == (3, 8) and packed.qs.dtype == torch.int32
+    assert torch.equal(packed.d.cpu().view(torch.uint8).reshape(-1, 2), raw.reshape(-1, 18)[:, :2])
+
+
+def test_invariants(device, gen):
+    raw, _ = _weight(4, 64, gen)
+    raw = raw.to(device)
+    x = torch.zeros(64, device=device)
+    with pytest.raises(UnsupportedError, match="multiple of 32"):
+        q4_0_gemv(x[:48].contiguous(), raw, 4, 48)
+    with pytest.raises(UnsupportedError, match="needs 144 bytes"):
+        q4_0_gemv(x, raw[:-1], 4, 64)
+    with pytest.raises(UnsupportedError, match="dtype float32"):
+        q4_0_gemv(x.half(), raw, 4, 64)
+    with pytest.raises(UnsupportedError, match="M == 1"):
+        q4_0_gemv(torch.zeros(2, 64, device=device), raw, 4, 64)
+    with pytest.raises(UnsupportedError, match="x must be"):
+        q4_0_gemv(torch.zeros(32, device=device), raw, 4, 64)
+    packed = repack_q4_0(raw, 4, 64)
+    with pytest.raises(UnsupportedError, match=r"packed \[4, 64\] weight, the call says \[8, 32\]"):
+        q4_0_matmul(torch.zeros(3, 32, device=device), packed, 8, 32)
+    with pytest.raises(UnsupportedError, match=r"x must be \[m, 64\]"):
+        q4_0_matmul(torch.zeros(3, 32, device=device), packed, 4, 64)
+    with pytest.raises(UnsupportedError, match="compute_dtype"):
+        q4_0_matmul(torch.zeros(3, 64, device=device), packed, 4, 64, compute_dtype=torch.float32)
+    with pytest.raises(UnsupportedError, match="Q4_0Packed"):
+        q4_0_gemv(x, "weights", 4, 64)
+    bad = Q4_0Packed(qs=packed.qs.float(), d=packed.d, n=4, k=64)
+    with pytest.raises(UnsupportedError, match="dtype int32"):
+        q4_0_gemv(x, bad, 4, 64)
+
+
+def _configs(kernel):
+    return [triton.Config(dict(c.kwargs), num_warps=c.num_warps) for c in kernel.configs]
+
+
+def test_gemv_config_pruning():
+    """Autotuning only tries configs that can fill an H200 (>= 264 programs) when any can."""
+    configs = _configs(qmatmul._gemv_tuned)
+    for n, nkb in [(3584, 592), (18944, 112), (896, 28)]:
+        kept = qmatmul._prune_gemv(configs, {"N": n, "NKB": nkb})
+        assert kept
+        if any(-(-n // c.kwargs["BLOCK_N"]) >= qmatmul.MIN_PROGRAMS for c in configs):
+            assert all(-(-n // c.kwargs["BLOCK_N"]) >= qmatmul.MIN_PROGRAMS for c in kept)
+        else:  # small N: the config with the most programs
+            assert [c.kwargs["BLOCK_N"] for c in kept] == [min(c.kwargs["BLOCK_N"] for c in configs)]
+    assert all(c.kwargs["BLOCK_KB"] <= 32 for c in qmatmul._prune_gemv(configs, {"N": 18944, "NKB": 18}))
+
+
+def test_matmul_config_pruning():
+    configs = _configs(qmatmul._matmul_tuned)
+    assert {c.kwargs["BLOCK_M"] for c in qmatmul._prune_matmul(configs, {"M_BUCKET": 8})} == {16}
+    assert max(c.kwargs["BLOCK_M"] for c in qmatmul._prune_matmul(configs, {"M_BUCKET": 64})) == 64
+    assert len(qmatmul._prune_matmul(configs, {"M_BUCKET": 4096})) == len(configs)
