@@ -15,6 +15,8 @@ _SUBCOMMANDS = [
     ("minfer.cli", "add_inspect_parser"),
     ("minfer.gguf.synth", "add_synth_parser"),
     ("minfer.trace.cli", "add_trace_parser"),
+    ("minfer.contracts.cli", "add_kernels_parser"),
+    ("minfer.contracts.cli", "add_judge_parser"),
 ]
 
 

@@ -1,0 +1,144 @@
+"""The closed vocabulary registrable contracts speak: op kinds, their interfaces, and dtype names.
+
+An op kind fixes the *interface* every kernel implementing it shares: the names of its tensor
+inputs and launch parameters (the launcher is called with exactly these keywords, plus
+`out=` when it takes one), and the dimension symbols its contracts may use in cost formulas
+and predicates, with how to compute them from real shapes and params. Two kernels of one op
+kind are therefore interchangeable to the caller, and the picker can choose between them.
+
+Describe-only sections (`registrable: false`, e.g. the seed's Vulkan kernels) may name op
+kinds outside this vocabulary; their formulas may use the conventional symbols `CONVENTIONAL_DIMS`.
+
+Dtype names are the contracts' spelling (`F32`, `U8`...); a quantized byte stream is declared
+as `U8` plus an `fdx.quant` block naming its ggml storage type.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..quant.types import QUANT_TABLE, by_name, quant_info
+
+DTYPES = ("F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U32", "U8", "BOOL")
+STORAGE_TYPES = tuple(q.contract_name for q in QUANT_TABLE.values())
+CONVENTIONAL_DIMS = frozenset({"m", "n", "k", "n_blocks", "n_elements", "rows", "cols"})
+
+Shapes = Mapping[str, tuple[int, ...]]
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One op kind: interface names, dimension symbols and how to derive them."""
+
+    name: str
+    fused: bool  # True: a fused op (contracts name it with `fused_op:`), else `op_kind:`
+    inputs: tuple[str, ...]  # tensor keyword arguments, in order
+    params: tuple[str, ...]  # non-tensor keyword arguments
+    dims: tuple[str, ...]  # symbols its contracts' formulas and predicates may use
+    summary: str
+    derive: Callable[[Shapes, Mapping[str, Any]], dict[str, int]]
+
+    def dims_of(self, shapes: Shapes, params: Mapping[str, Any]) -> dict[str, int]:
+        """Dimension values for concrete input shapes and params (KeyError/ValueError if malformed)."""
+        return {k: int(v) for k, v in self.derive(shapes, params).items()}
+
+
+def _elementwise(first: str) -> Callable[[Shapes, Mapping[str, Any]], dict[str, int]]:
+    return lambda s, p: {"n": _numel(s[first])}
+
+
+def _qmatmul(s: Shapes, p: Mapping[str, Any]) -> dict[str, int]:
+    x = s["x"]
+    return {"m": _numel(x[:-1]) if len(x) > 1 else 1, "n": p["n"], "k": p["k"]}
+
+
+def _dequant(s: Shapes, p: Mapping[str, Any]) -> dict[str, int]:
+    n = p["rows"] * p["cols"]
+    return {"rows": p["rows"], "cols": p["cols"], "n": n, "src_bytes": _numel(s["raw_u8"]),
+            "out_bytes": n * p["out_dtype"].itemsize}
+
+
+def _get_rows(s: Shapes, p: Mapping[str, Any]) -> dict[str, int]:
+    return {"n_ids": _numel(s["ids"]), "n_embd": p["n_embd"],
+            "row_bytes": _quant(p["qtype"]).nbytes(p["n_embd"])}
+
+
+def _quant(qtype: Any):
+    """Quant table row of a qtype given as GGMLType, ggml id or name."""
+    return by_name(qtype) if isinstance(qtype, str) else quant_info(qtype)
+
+
+def _add_bias(s: Shapes, p: Mapping[str, Any]) -> dict[str, int]:
+    return {"rows": p["n_rows"], "n": _numel(s["b"])}
+
+
+OPS: dict[str, OpSpec] = {
+    o.name: o
+    for o in [
+        OpSpec("Add", False, ("x", "y"), (), ("n",), "out = x + y (same shapes)", _elementwise("x")),
+        OpSpec("Mul", False, ("x", "y"), (), ("n",), "out = x * y (same shapes)", _elementwise("x")),
+        OpSpec(
+            "AddBias", False, ("y", "b"), ("n_rows",), ("rows", "n"),
+            "y[r, :] += b for every row r (in place)", _add_bias,
+        ),
+        OpSpec("Silu", False, ("x",), (), ("n",), "out = x * sigmoid(x)", _elementwise("x")),
+        OpSpec(
+            "SwiGLU", True, ("gate", "up"), (), ("n",), "out = silu(gate) * up (fused)", _elementwise("gate"),
+        ),
+        OpSpec("Convert", False, ("x",), (), ("n",), "out = x rounded to another float dtype",
+               _elementwise("x")),
+        OpSpec(
+            "Dequantize", False, ("raw_u8",), ("qtype", "rows", "cols", "out_dtype"),
+            ("rows", "cols", "n", "src_bytes", "out_bytes"),
+            "[rows, cols] ggml block stream -> dense float", _dequant,
+        ),
+        OpSpec(
+            "GetRows", False, ("weight_u8", "ids"), ("qtype", "n_embd"), ("n_ids", "n_embd", "row_bytes"),
+            "out[i] = dequant(weight row ids[i]) (embedding gather)", _get_rows,
+        ),
+        OpSpec(
+            "QuantizeQ8_0", False, ("x_f32",), (), ("n", "cols"), "f32 rows -> Q8_0 blocks (d = max|x|/127)",
+            lambda s, p: {"n": _numel(s["x_f32"]), "cols": s["x_f32"][-1] if s["x_f32"] else 1},
+        ),
+        OpSpec(
+            "QMatMul", False, ("x", "w"), ("n", "k"), ("m", "n", "k"),
+            "out[m, n] = x[m, k] @ dequant(w)[n, k]^T", _qmatmul,
+        ),
+    ]
+}
+
+
+def op_spec(name: str) -> OpSpec | None:
+    """The op kind or fused op called `name`, or None."""
+    return OPS.get(name)
+
+
+def torch_dtype(name: str):
+    """torch dtype for a contract dtype name (KeyError if it has none)."""
+    import torch
+
+    return {
+        "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+        "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+        "U32": torch.uint32, "U8": torch.uint8, "BOOL": torch.bool,
+    }[name]
+
+
+def dtype_name(dtype: Any) -> str:
+    """Contract dtype name of a torch dtype or a name string (KeyError if unknown)."""
+    if isinstance(dtype, str):
+        key = dtype.upper()
+        if key in DTYPES:
+            return key
+        raise KeyError(dtype)
+    for name in DTYPES:
+        if torch_dtype(name) == dtype:
+            return name
+    raise KeyError(str(dtype))

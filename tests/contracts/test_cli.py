@@ -1,0 +1,47 @@
+"""`minfer kernels` (listing, --json, --check) through the parsers minfer/contracts/cli.py adds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from minfer.contracts import cli
+
+SEED = Path(__file__).parent / "data" / "seed004.fkc.md"
+
+
+def test_listing_shows_every_section(capsys):
+    assert cli.main(["kernels"]) == 0
+    out = capsys.readouterr().out
+    for name in ("add_f32", "dequant", "embed_rows", "quantize_q8_0", "q4_0_gemv", "q4_0_matmul"):
+        assert name in out
+    assert "minfer.kernels.qmatmul:q4_0_gemv" in out and "12 sections, 12 bound, 0 with errors" in out
+
+
+def test_listing_json(capsys):
+    assert cli.main(["kernels", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    gemv = next(r for r in rows if r["kernel"] == "q4_0_gemv")
+    assert gemv["op"] == "QMatMul" and gemv["valid"] and gemv["registrable"]
+    assert gemv["file"] == "qmatmul.fkc.md"
+    assert gemv["launcher"] == "minfer.kernels.qmatmul:q4_0_gemv" and len(gemv["revision"]) == 16
+
+
+def test_check_clean_seed(capsys):
+    assert cli.main(["kernels", "--check", str(SEED)]) == 0
+    assert "6 section(s), ok" in capsys.readouterr().out
+
+
+def test_check_prints_rule_section_field_and_fails(tmp_path, capsys):
+    bad = tmp_path / "bad.fkc.md"
+    text = SEED.read_text().replace("ggml_dtype: Q4K ", "ggml_dtype: Q4_K_M ")
+    bad.write_text(text.replace('flops: "n"', 'flops: "n **"'))
+    assert cli.main(["kernels", "--check", str(SEED), str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert "QuantIncoherent" in out and "[dequant_q4_km] accept.inputs[0].fdx.quant.ggml_dtype" in out
+    assert "CostExprInvalid" in out and "cost.flops" in out
+    assert cli.main(["kernels", "--check", str(bad), "--json"]) == 1
+    (report,) = json.loads(capsys.readouterr().out)
+    rules = {(e["rule"], e["section"], e["field"]) for e in report["errors"]}
+    assert ("QuantIncoherent", "dequant_q4_km", "accept.inputs[0].fdx.quant.ggml_dtype") in rules
+    assert all(e["line"] > 0 for e in report["errors"])

@@ -1,0 +1,106 @@
+"""The conformance harness: every registrable kernel against the torch reference under its own
+contract (Triton interpreter on CPU; the GPU with MINFER_TEST_DEVICE=cuda), and proof that the
+harness catches broken launchers."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from minfer.contracts.conformance import dtype_combinations, format_results, run_conformance
+from minfer.contracts.parser import parse_file
+from minfer.contracts.registry import CONTRACTS_DIR, load_registry
+
+KERNELS = sorted(
+    s.kernel for f in CONTRACTS_DIR.glob("*.fkc.md") for s in parse_file(f).sections if s.registrable
+)
+NUMPY_NOISE = "ignore:(invalid value|overflow|divide by zero) encountered:RuntimeWarning"
+
+
+@pytest.mark.filterwarnings(NUMPY_NOISE)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_kernel_conforms_to_its_contract(kernel, registry, device):
+    results, seed = run_conformance(registry, kernels=[kernel], device=device)
+    assert results, f"no case was generated for {kernel}"
+    failed = [r for r in results if not r.passed]
+    assert not failed, f"seed {seed}\n" + format_results(failed)
+    sizes = {r.size for r in results}
+    assert sizes == {"tiny", "odd", "boundary"}
+
+
+def test_cases_cover_every_declared_dtype(registry):
+    combos = dtype_combinations(registry.kernels["dequant"])
+    assert len(combos) == 13 * 3  # every storage type x every output dtype with a tolerance
+    swiglu = dtype_combinations(registry.kernels["swiglu"])
+    assert [c[0] for c in swiglu] == [{"gate": d, "up": d} for d in ("F32", "F16", "BF16")]
+
+
+BROKEN = '''
+import torch
+
+def add_wrong(x, y, out=None):
+    out = torch.empty_like(x) if out is None else out
+    return torch.sub(x, y, out=out)
+
+def add_ignores_out(x, y, out=None):
+    return x + y
+
+def add_half_written(x, y, out=None):
+    out = torch.empty_like(x) if out is None else out
+    flat = out.view(-1)
+    flat[: flat.numel() // 2] = (x + y).view(-1)[: flat.numel() // 2]
+    return out
+
+def add_wrong_dtype(x, y):  # no out= parameter: the harness checks the returned tensor
+    return torch.add(x, y).double()
+
+_calls = [0]
+
+def add_noisy(x, y, out=None):
+    """Correct values, but every other call bumps one element by one ulp: not bit-stable."""
+    out = torch.empty_like(x) if out is None else out
+    torch.add(x, y, out=out)
+    _calls[0] += 1
+    if _calls[0] % 2 == 0:
+        flat = out.view(-1)
+        flat[0] = torch.nextafter(flat[0], torch.tensor(float("inf")))
+    return out
+'''
+
+
+@pytest.fixture
+def broken_registry(tmp_path, monkeypatch):
+    (tmp_path / "broken_kernels.py").write_text(textwrap.dedent(BROKEN))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    text = (CONTRACTS_DIR / "elementwise.fkc.md").read_text()
+    head, rest = text.split("## add_f32", 1)
+    section = "## add_f32" + rest.split("## mul_f32", 1)[0]
+    sections = [
+        section.replace("kernel: add_f32", f"kernel: {name}")
+        .replace("minfer.kernels.elementwise:add_f32", f"broken_kernels:{name}")
+        .replace('kernel_source: "triton"', 'kernel_source: "torch"')
+        for name in ("add_wrong", "add_ignores_out", "add_half_written", "add_wrong_dtype", "add_noisy")
+    ]
+    path = tmp_path / "broken.fkc.md"
+    path.write_text(head.replace('kernel_source: "triton"', 'kernel_source: "torch"') + "".join(sections))
+    reg = load_registry([path])
+    assert not any(reg.errors.values()), reg.errors
+    return reg
+
+
+@pytest.mark.parametrize(
+    "kernel, message",
+    [
+        ("add_wrong", "relative error"),
+        ("add_ignores_out", "ignored out="),
+        ("add_half_written", "non-finite values"),
+        ("add_wrong_dtype", "output dtype"),
+        ("add_noisy", "declared bitwise but two runs differ"),
+    ],
+)
+def test_harness_catches_broken_launchers(broken_registry, kernel, message):
+    results, _ = run_conformance(broken_registry, kernels=[kernel], device="cpu")
+    assert any(message in r.message for r in results), format_results(results)
+    if kernel != "add_noisy":  # (on cpu only the odd cases run twice)
+        assert not any(r.passed for r in results), format_results(results)

@@ -1,0 +1,168 @@
+"""The registry binds every contract of the package; the picker chooses through the contracts
+(GEMV for one token, the tiled matmul for many, cost ranking with judge measurements) and says
+why nothing fits when nothing does."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from minfer.contracts.parser import parse_file
+from minfer.contracts.picker import candidates, layout_of, pick
+from minfer.contracts.registry import CONTRACTS_DIR, load_registry
+from minfer.errors import NoKernelError
+from minfer.kernels import dequant, elementwise, embed, qmatmul, quantize
+
+LAUNCHERS = {
+    "dequant": dequant.dequant,
+    "add_f32": elementwise.add_f32,
+    "add_bias_f32": elementwise.add_bias_f32,
+    "mul_f32": elementwise.mul_f32,
+    "silu_f32": elementwise.silu_f32,
+    "swiglu": elementwise.swiglu,
+    "convert_f32_f16": elementwise.convert_f32_f16,
+    "convert_f32_bf16": elementwise.convert_f32_bf16,
+    "embed_rows": embed.embed_rows,
+    "quantize_q8_0": quantize.quantize_q8_0,
+    "q4_0_gemv": qmatmul.q4_0_gemv,
+    "q4_0_matmul": qmatmul.q4_0_matmul,
+}
+
+
+def _qmatmul_call(m: int, k: int = 576, n: int = 1536, qtype: str = "Q4_0"):
+    return {"x": "F32", "w": qtype}, {"x": (m, k), "w": (n, k // 32 * 18)}, {"n": n, "k": k}
+
+
+def test_registry_binds_every_launcher(registry):
+    assert all(not errs for errs in registry.errors.values()), registry.errors
+    assert {name: k.launcher for name, k in registry.kernels.items()} == LAUNCHERS
+    sections = [s.kernel for f in sorted(CONTRACTS_DIR.glob("*.fkc.md")) for s in parse_file(f).sections]
+    assert sorted(sections) == sorted(LAUNCHERS)  # one registrable section per launcher, all bound
+    gemv = registry.kernels["q4_0_gemv"]
+    assert gemv.load_layouts == {"w": qmatmul.repack_q4_0} and gemv.takes_out
+    assert not registry.kernels["add_bias_f32"].takes_out  # in place
+    assert len(gemv.revision) == 16
+    assert gemv.revision == registry.kernels["q4_0_matmul"].revision  # one module, one revision
+
+
+@pytest.mark.parametrize("m, expected", [(1, "q4_0_gemv"), (2, "q4_0_matmul"), (512, "q4_0_matmul")])
+def test_qmatmul_routing(registry, m, expected):
+    assert pick("QMatMul", *_qmatmul_call(m), registry=registry).name == expected
+
+
+def test_gemv_wins_m1_by_fast_path_though_both_admissible(registry):
+    ok, rejected = candidates("QMatMul", *_qmatmul_call(1), registry=registry)
+    assert [(c.kernel.name, c.fast_path) for c in ok] == [("q4_0_gemv", "m == 1"), ("q4_0_matmul", None)]
+    assert rejected == []
+    ok, rejected = candidates("QMatMul", *_qmatmul_call(8), registry=registry)
+    assert [c.kernel.name for c in ok] == ["q4_0_matmul"]
+    why = ["shape_constraint 'm == 1' is false (m=8)"]
+    assert [(k.name, reasons) for k, reasons in rejected] == [("q4_0_gemv", why)]
+
+
+def test_positional_dtypes_and_rank_1_activation(registry):
+    k = pick("QMatMul", ["F32", "Q4_0"], [(576,), (1536, 324)], {"n": 1536, "k": 576}, registry=registry)
+    assert k.name == "q4_0_gemv"
+
+
+def test_no_kernel_names_op_dtypes_shapes_and_nearest(registry):
+    with pytest.raises(NoKernelError) as e:
+        pick("QMatMul", *_qmatmul_call(8, qtype="Q4K"), registry=registry)
+    msg = str(e.value)
+    assert "QMatMul" in msg and "'w': 'Q4K'" in msg and "(8, 576)" in msg
+    assert "q4_0_matmul: w: storage type Q4K not in ['Q4_0']" in msg
+    assert "q4_0_gemv:" in msg and "'m == 1' is false (m=8)" in msg
+    with pytest.raises(NoKernelError, match=r"divisible\(k, 32\)' is false \(k=100\)"):
+        pick("QMatMul", *_qmatmul_call(4, k=100), registry=registry)
+    with pytest.raises(NoKernelError, match="backend CUDA, not CPU"):
+        pick("QMatMul", *_qmatmul_call(4), backend="CPU", registry=registry)
+    with pytest.raises(NoKernelError, match="unknown op 'Conv2d'"):
+        pick("Conv2d", {}, {}, registry=registry)
+
+
+def test_output_dtype_and_tied_input_dtypes(registry):
+    k = pick("Convert", ["F32"], [(7,)], out_dtype=torch.bfloat16, registry=registry)
+    assert k.name == "convert_f32_bf16"
+    assert pick("Convert", ["F32"], [(7,)], out_dtype="F16", registry=registry).name == "convert_f32_f16"
+    with pytest.raises(NoKernelError, match="output dtype"):
+        pick("Convert", ["F32"], [(7,)], out_dtype="F64", registry=registry)
+    assert pick("SwiGLU", ["BF16", "BF16"], [(2, 8), (2, 8)], registry=registry).name == "swiglu"
+    with pytest.raises(NoKernelError, match="up: dtype F32 not in"):
+        pick("SwiGLU", ["BF16", "F32"], [(2, 8), (2, 8)], registry=registry)  # up must have gate's dtype
+    params = {"qtype": 12, "rows": 3, "cols": 256, "out_dtype": torch.bfloat16}
+    k = pick("Dequantize", ["Q4K"], [(3, 144)], params, out_dtype="BF16", registry=registry)
+    assert k.name == "dequant"
+
+
+def test_layout_rejection(registry):
+    x = torch.zeros(4, 6)[:, ::2]  # strided view
+    lay = {"x": layout_of(x), "y": layout_of(torch.zeros(4, 3))}
+    assert lay["x"]["strided"] and not lay["x"]["contiguous"]
+    with pytest.raises(NoKernelError, match="x: not contiguous"):
+        pick("Add", ["F32", "F32"], [(4, 3), (4, 3)], layouts=lay, registry=registry)
+    offset = torch.zeros(10)[2:]  # contiguous view with a storage offset: accepted
+    assert layout_of(offset)["start_offset"] and layout_of(offset)["contiguous"]
+    lay = {"x": layout_of(offset), "y": layout_of(offset)}
+    assert pick("Add", ["F32", "F32"], [(8,), (8,)], layouts=lay, registry=registry).name == "add_f32"
+
+
+def _two_adds(tmp_path):
+    """A contract file with two interchangeable Add kernels (same launcher, different names)."""
+    text = (CONTRACTS_DIR / "elementwise.fkc.md").read_text()
+    head, rest = text.split("## add_f32", 1)
+    first = "## add_f32" + rest.split("## mul_f32", 1)[0]
+    second = first.replace("kernel: add_f32", "kernel: add_f32_b")
+    path = tmp_path / "adds.fkc.md"
+    path.write_text(head + first + second)
+    return path
+
+
+def test_cost_ranking_reads_judge_measurements(tmp_path):
+    path = _two_adds(tmp_path)
+    reg = load_registry([path])
+    assert set(reg.kernels) == {"add_f32", "add_f32_b"}
+    call = (["F32", "F32"], [(1, 576), (1, 576)])
+    assert pick("Add", *call, registry=reg).name == "add_f32"  # equal costs: file order
+    rev = reg.kernels["add_f32"].revision
+    report = {
+        "minfer_judge": 1, "backend": "CUDA", "device": "test GPU", "copy_bandwidth_gbs": 4000.0,
+        "kernels": {
+            "add_f32": {"revision": rev, "overhead_ns": 9000.0, "results": []},
+            "add_f32_b": {"revision": rev, "overhead_ns": 2500.0, "results": []},
+        },
+    }
+    judge = tmp_path / "judge.json"
+    judge.write_text(json.dumps(report))
+    reg = load_registry([path], judge_report=judge)
+    ok, _ = candidates("Add", *call, registry=reg)
+    assert [c.kernel.name for c in ok] == ["add_f32_b", "add_f32"]
+    n = 576  # cost = measured overhead + bytes / measured copy bandwidth + flops / rate
+    assert ok[0].cost_ns == pytest.approx(2500.0 + 12 * n / 4000e9 * 1e9 + n / 60e12 * 1e9)
+    # a measurement of another revision of the kernel is ignored
+    report["kernels"]["add_f32"]["revision"] = "0" * 16
+    report["kernels"]["add_f32_b"]["revision"] = "0" * 16
+    judge.write_text(json.dumps(report))
+    reg = load_registry([path], judge_report=judge)
+    assert reg.measured_overhead_ns(reg.kernels["add_f32_b"]) is None
+    assert pick("Add", *call, registry=reg).name == "add_f32"
+
+
+def test_malformed_judge_report_is_a_typed_error(tmp_path):
+    from minfer.errors import MinferError
+
+    bad = tmp_path / "judge.json"
+    bad.write_text('{"kernels": 3}')
+    with pytest.raises(MinferError, match="judge report"):
+        load_registry([_two_adds(tmp_path)], judge_report=bad)
+
+
+def test_invalid_section_is_listed_not_bound(tmp_path):
+    path = _two_adds(tmp_path)
+    path.write_text(path.read_text().replace("kernel: add_f32_b", "kernel: add_f32_b\ncolour: red"))
+    reg = load_registry([path])
+    assert "add_f32_b" not in reg.kernels and "add_f32" in reg.kernels
+    assert [e.rule for e in reg.errors["add_f32_b"]] == ["UnknownField"]
+    with pytest.raises(Exception, match="UnknownField"):
+        reg.check()
