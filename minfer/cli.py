@@ -12,6 +12,9 @@ from .errors import MinferError
 
 # (module, function adding the subparser(s)); each module owns its subcommand's arguments
 _SUBCOMMANDS = [
+    ("minfer.engine.commands", "add_run_parser"),
+    ("minfer.engine.commands", "add_chat_parser"),
+    ("minfer.engine.commands", "add_perplexity_parser"),
     ("minfer.cli", "add_inspect_parser"),
     ("minfer.gguf.synth", "add_synth_parser"),
     ("minfer.trace.cli", "add_trace_parser"),

@@ -1,0 +1,121 @@
+"""GraphBuilder: appends nodes with shape checks, so a model file reads like its math.
+
+Each method returns the new node's id. Shapes are inferred from the inputs and weights; a
+mismatch (e.g. metadata that makes the heads not add up to the embedding) is a ModelError naming
+the node, raised when the graph is built, not when it first runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ModelError
+from .ir import Dim, Graph, Node, Op, WeightRef
+
+
+class GraphBuilder:
+    def __init__(self, meta: dict[str, Any] | None = None):
+        self._nodes: list[Node] = []
+        self._inputs: dict[str, int] = {}
+        self._weights: dict[str, WeightRef] = {}
+        self._meta = dict(meta or {})
+
+    # ------------------------------------------------------------------ helpers
+    def _add(self, name: str, op: Op, inputs: tuple[int, ...], shape: tuple[Dim, ...], *,
+             dtype: str = "F32", layer: int | None = None, weights: dict[str, WeightRef] | None = None,
+             **params: Any) -> int:
+        node = Node(len(self._nodes), name, op, inputs, shape, dtype, layer, weights or {}, params)
+        self._nodes.append(node)
+        return node.id
+
+    def shape(self, node_id: int) -> tuple[Dim, ...]:
+        return self._nodes[node_id].shape
+
+    def weight(self, name: str, shape: tuple[int, ...]) -> WeightRef:
+        """Register a weight; using one tensor twice (tied embeddings) needs the same shape."""
+        ref = WeightRef(name, tuple(shape))
+        old = self._weights.setdefault(name, ref)
+        if old.shape != ref.shape:
+            raise ModelError(f"weight {name!r} is used with shapes {old.shape} and {ref.shape}")
+        return ref
+
+    def _check(self, cond: bool, name: str, what: str) -> None:
+        if not cond:
+            raise ModelError(f"graph node {name!r}: {what}")
+
+    # ------------------------------------------------------------------ ops
+    def input(self, name: str, shape: tuple[Dim, ...], dtype: str) -> int:
+        nid = self._add(name, Op.INPUT, (), shape, dtype=dtype)
+        self._inputs[name] = nid
+        return nid
+
+    def embed(self, table: WeightRef, ids: int, name: str) -> int:
+        """GetRows from a weight table [n_embd, n_vocab] (GGUF order): one row per token id."""
+        return self._add(name, Op.GET_ROWS, (ids,), (self.shape(ids)[0], table.shape[0]),
+                         weights={"w": table})
+
+    def get_rows(self, x: int, rows: int, name: str) -> int:
+        """GetRows from an activation: out[i] = x[rows[i]] (selects the rows that need logits)."""
+        return self._add(name, Op.GET_ROWS, (x, rows), (self.shape(rows)[0], *self.shape(x)[1:]))
+
+    def rms_norm(self, x: int, w: WeightRef, eps: float, name: str, layer: int | None = None) -> int:
+        d = self.shape(x)[-1]
+        self._check(w.shape == (d,), name, f"norm weight {w.shape} does not match width {d}")
+        return self._add(name, Op.RMS_NORM, (x,), self.shape(x), layer=layer, weights={"w": w},
+                         eps=float(eps))
+
+    def matmul(self, x: int, w: WeightRef, name: str, layer: int | None = None,
+               bias: WeightRef | None = None) -> int:
+        k, n = w.shape
+        self._check(self.shape(x)[-1] == k, name, f"input width {self.shape(x)[-1]} != weight in-dim {k}")
+        weights = {"w": w}
+        if bias is not None:
+            self._check(bias.shape == (n,), name, f"bias shape {bias.shape} != ({n},)")
+            weights["b"] = bias
+        return self._add(name, Op.MATMUL, (x,), (*self.shape(x)[:-1], n), layer=layer, weights=weights)
+
+    def add(self, a: int, b: int, name: str, layer: int | None = None) -> int:
+        self._check(self.shape(a) == self.shape(b), name,
+                    f"shapes {self.shape(a)} and {self.shape(b)} differ")
+        return self._add(name, Op.ADD, (a, b), self.shape(a), layer=layer)
+
+    def rope(self, x: int, positions: int, *, n_heads: int, head_dim: int, n_rot: int, style: str,
+             base: float, freq_scale: float, freq_factors: WeightRef | None, name: str,
+             layer: int | None = None) -> int:
+        """Rotate the first n_rot dims of every head by angle pos * freq_scale * base^(-2i/n_rot)
+        (divided by freq_factors[i] when given). style "normal": adjacent pairs (2i, 2i+1), as
+        llama.cpp's mode 0; "neox": pairs (i, i + n_rot/2)."""
+        self._check(self.shape(x)[-1] == n_heads * head_dim, name,
+                    f"width {self.shape(x)[-1]} != {n_heads} heads x {head_dim}")
+        self._check(style in ("normal", "neox"), name, f"unknown rope style {style!r}")
+        self._check(0 < n_rot <= head_dim and n_rot % 2 == 0, name,
+                    f"n_rot {n_rot} not even in 1..{head_dim}")
+        self._check(base > 0 and freq_scale > 0, name, f"rope base {base} / freq scale {freq_scale} not > 0")
+        weights = {}
+        if freq_factors is not None:
+            self._check(freq_factors.shape == (n_rot // 2,), name, f"rope factors {freq_factors.shape} "
+                        f"!= ({n_rot // 2},)")
+            weights["freq_factors"] = freq_factors
+        return self._add(name, Op.ROPE, (x, positions), self.shape(x), layer=layer, weights=weights,
+                         n_heads=n_heads, head_dim=head_dim, n_rot=n_rot, style=style, base=float(base),
+                         freq_scale=float(freq_scale))
+
+    def attention(self, q: int, k: int, v: int, positions: int, *, n_head: int, n_head_kv: int, head_dim: int,
+                  kv_layer: int, name: str, layer: int | None = None) -> int:
+        """Causal attention with the KV cache: k, v of this step go to cache layer `kv_layer` at
+        `positions`; each query attends its own sequence's cache up to its position."""
+        self._check(n_head % n_head_kv == 0, name, f"{n_head} heads not a multiple of {n_head_kv} kv heads")
+        self._check(self.shape(q)[-1] == n_head * head_dim, name, "q width != n_head * head_dim")
+        for t in (k, v):
+            self._check(self.shape(t)[-1] == n_head_kv * head_dim, name, "k/v width != n_head_kv * head_dim")
+        return self._add(name, Op.ATTENTION, (q, k, v, positions), self.shape(q), layer=layer, n_head=n_head,
+                         n_head_kv=n_head_kv, head_dim=head_dim, kv_layer=kv_layer, scale=head_dim ** -0.5)
+
+    def swiglu(self, gate: int, up: int, name: str, layer: int | None = None) -> int:
+        self._check(self.shape(gate) == self.shape(up), name, "gate and up shapes differ")
+        return self._add(name, Op.SWIGLU, (gate, up), self.shape(gate), layer=layer)
+
+    # ------------------------------------------------------------------ result
+    def build(self, output: int) -> Graph:
+        return Graph(tuple(self._nodes), dict(self._inputs), output, dict(self._weights), self._meta)
+

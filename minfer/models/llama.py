@@ -1,0 +1,142 @@
+"""The llama family (Llama 2/3, SmolLM2, Mistral-style): pre-norm decoder, GQA, SwiGLU, RoPE.
+
+Per layer:  h = x + W_o · attn(rope(W_q·n), rope(W_k·n), W_v·n)   with n = rmsnorm(x)
+            x' = h + W_down · (silu(W_gate·m) * W_up·m)            with m = rmsnorm(h)
+then logits = W_out · rmsnorm(x_last), W_out = output.weight or (tied) token_embd.weight.
+
+RoPE style: llama.cpp's converter permutes the Q/K rows of llama checkpoints so that rotating
+*adjacent* pairs (llama.cpp rope mode 0, our "normal") equals the original rotate-half; so GGUF
+llama files use "normal". Families whose converter keeps rows as they are (qwen2) use "neox".
+Frequencies: base `rope.freq_base`, linear scaling `rope.scaling.factor` (type "linear"), and
+Llama-3 style per-frequency factors from the optional `rope_freqs.weight` tensor.
+
+qwen2.py reuses this file: the same Args with `qkv_bias` and the neox rope style.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import MetadataError, UnsupportedError
+from ..gguf.reader import GGUFReader
+from ..graph.builder import GraphBuilder
+from ..graph.ir import ROWS, TOKENS, Graph
+
+
+@dataclass(frozen=True)
+class LlamaArgs:
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_rot: int
+    n_vocab: int
+    n_ctx_train: int
+    rms_eps: float
+    rope_base: float
+    rope_freq_scale: float
+    rope_freqs: bool  # the file has rope_freqs.weight (per-frequency divisors)
+    tied_output: bool  # no output.weight: logits use token_embd.weight
+    qkv_bias: bool = False
+    rope_style: str = "normal"
+
+    @classmethod
+    def from_gguf(cls, r: GGUFReader, **family) -> LlamaArgs:
+        """Fill from `{arch}.*` metadata; shapes of the embedding decide n_vocab."""
+        arch = r.get_str("general.architecture")
+        k = f"{arch}."
+        n_embd = r.get_int(k + "embedding_length")
+        n_head = r.get_int(k + "attention.head_count")
+        n_head_kv = r.get_int(k + "attention.head_count_kv", n_head)
+        for key, v in (("embedding_length", n_embd), ("attention.head_count", n_head),
+                       ("attention.head_count_kv", n_head_kv)):
+            if v < 1:
+                raise MetadataError(k + key, f"must be >= 1, found {v}")
+        if n_head % n_head_kv:
+            raise MetadataError(k + "attention.head_count_kv",
+                                f"{n_head_kv} does not divide head_count {n_head}")
+        head_dim = r.get_int(k + "attention.key_length", n_embd // n_head)
+        if r.get_int(k + "attention.value_length", head_dim) != head_dim:
+            raise UnsupportedError(f"{arch}: value_length != key_length is not supported")
+        embd = r.tensors.get("token_embd.weight")  # absent: registry.check_tensors names it
+        n_vocab = embd.shape[-1] if embd is not None else r.get_int(k + "vocab_size", 0)
+        return cls(
+            arch=arch,
+            n_layer=r.get_int(k + "block_count"),
+            n_embd=n_embd,
+            n_ff=r.get_int(k + "feed_forward_length"),
+            n_head=n_head,
+            n_head_kv=n_head_kv,
+            head_dim=head_dim,
+            n_rot=r.get_int(k + "rope.dimension_count", head_dim),
+            n_vocab=n_vocab,
+            n_ctx_train=r.get_int(k + "context_length", 2048),
+            rms_eps=r.get_float(k + "attention.layer_norm_rms_epsilon", 1e-5),
+            rope_base=r.get_float(k + "rope.freq_base", 10000.0),
+            rope_freq_scale=_rope_freq_scale(r, k),
+            rope_freqs="rope_freqs.weight" in r.tensors,
+            tied_output="output.weight" not in r.tensors,
+            **family,
+        )
+
+
+def _rope_freq_scale(r: GGUFReader, k: str) -> float:
+    """1 / linear scaling factor; other scaling types are refused rather than run wrong."""
+    kind = r.get_str(k + "rope.scaling.type", "none")
+    factor = r.get_float(k + "rope.scaling.factor", 0.0) or r.get_float(k + "rope.scale_linear", 0.0)
+    if kind == "none" or (kind == "linear" and factor in (0.0, 1.0)):
+        return 1.0
+    if kind == "linear":
+        if factor <= 0:
+            raise MetadataError(k + "rope.scaling.factor", f"must be > 0, found {factor}")
+        return 1.0 / factor
+    raise UnsupportedError(f"rope scaling type {kind!r} is not supported (supported: none, linear)")
+
+
+def build_graph(a: LlamaArgs) -> Graph:
+    """The forward pass of a llama-family model. Inputs: tokens [T], positions [T], out_rows [R]."""
+    b = GraphBuilder(meta={"arch": a.arch, "n_vocab": a.n_vocab, "n_layer": a.n_layer,
+                           "n_head_kv": a.n_head_kv, "head_dim": a.head_dim, "n_ctx_train": a.n_ctx_train})
+    d, hd, nq, nkv = a.n_embd, a.head_dim, a.n_head * a.head_dim, a.n_head_kv * a.head_dim
+    tokens = b.input("tokens", (TOKENS,), "I32")
+    positions = b.input("positions", (TOKENS,), "I32")
+    out_rows = b.input("out_rows", (ROWS,), "I32")
+    embd = b.weight("token_embd.weight", (d, a.n_vocab))
+    freqs = b.weight("rope_freqs.weight", (a.n_rot // 2,)) if a.rope_freqs else None
+    rope = dict(head_dim=hd, n_rot=a.n_rot, style=a.rope_style, base=a.rope_base,
+                freq_scale=a.rope_freq_scale, freq_factors=freqs)
+
+    x = b.embed(embd, tokens, "token_embd")
+    for i in range(a.n_layer):
+        p = f"blk.{i}."
+
+        def w(name: str, *shape: int, p: str = p):
+            return b.weight(p + name, shape)
+
+        def bias(name: str, n: int, p: str = p):
+            return b.weight(p + name + ".bias", (n,)) if a.qkv_bias else None
+
+        n = b.rms_norm(x, w("attn_norm.weight", d), a.rms_eps, p + "attn_norm", i)
+        q = b.matmul(n, w("attn_q.weight", d, nq), p + "attn_q", i, bias("attn_q", nq))
+        k = b.matmul(n, w("attn_k.weight", d, nkv), p + "attn_k", i, bias("attn_k", nkv))
+        v = b.matmul(n, w("attn_v.weight", d, nkv), p + "attn_v", i, bias("attn_v", nkv))
+        q = b.rope(q, positions, n_heads=a.n_head, name=p + "rope_q", layer=i, **rope)
+        k = b.rope(k, positions, n_heads=a.n_head_kv, name=p + "rope_k", layer=i, **rope)
+        att = b.attention(q, k, v, positions, n_head=a.n_head, n_head_kv=a.n_head_kv, head_dim=hd,
+                          kv_layer=i, name=p + "attn", layer=i)
+        o = b.matmul(att, w("attn_output.weight", nq, d), p + "attn_output", i)
+        h = b.add(x, o, p + "attn_residual", i)
+        m = b.rms_norm(h, w("ffn_norm.weight", d), a.rms_eps, p + "ffn_norm", i)
+        gate = b.matmul(m, w("ffn_gate.weight", d, a.n_ff), p + "ffn_gate", i)
+        up = b.matmul(m, w("ffn_up.weight", d, a.n_ff), p + "ffn_up", i)
+        act = b.swiglu(gate, up, p + "ffn_swiglu", i)
+        down = b.matmul(act, w("ffn_down.weight", a.n_ff, d), p + "ffn_down", i)
+        x = b.add(h, down, p + "ffn_residual", i)
+
+    last = b.get_rows(x, out_rows, "select_rows")
+    n = b.rms_norm(last, b.weight("output_norm.weight", (d,)), a.rms_eps, "output_norm")
+    out_w = embd if a.tied_output else b.weight("output.weight", (d, a.n_vocab))
+    return b.build(b.matmul(n, out_w, "output"))

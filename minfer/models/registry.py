@@ -1,0 +1,68 @@
+"""Architectures by `general.architecture`, and the check that a file holds what a graph reads.
+
+Adding an architecture: one model file with `from_gguf(reader) -> Args` and
+`build_graph(args) -> Graph`, one row in ARCHITECTURES, one parity test case.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ModelError, UnsupportedError
+from ..gguf.reader import GGUFReader
+from ..graph.ir import Graph
+from . import llama, qwen2
+
+
+@dataclass(frozen=True)
+class Architecture:
+    name: str
+    from_gguf: Callable[[GGUFReader], Any]
+    build_graph: Callable[[Any], Graph]
+
+
+ARCHITECTURES: dict[str, Architecture] = {
+    a.name: a
+    for a in [
+        Architecture("llama", llama.LlamaArgs.from_gguf, llama.build_graph),
+        Architecture("qwen2", qwen2.from_gguf, qwen2.build_graph),
+    ]
+}
+
+
+def architecture(name: str) -> Architecture:
+    try:
+        return ARCHITECTURES[name]
+    except KeyError:
+        raise UnsupportedError(
+            f"architecture {name!r} is not supported; supported: {', '.join(sorted(ARCHITECTURES))}"
+        ) from None
+
+
+def build(reader: GGUFReader) -> tuple[Any, Graph]:
+    """Args and graph of the model in `reader`, after checking every tensor the graph reads."""
+    arch = architecture(reader.get_str("general.architecture"))
+    args = arch.from_gguf(reader)
+    graph = arch.build_graph(args)
+    check_tensors(graph, reader, arch.name)
+    return args, graph
+
+
+def _pattern(names) -> list[str]:
+    """Weight names with layer numbers folded: blk.0.attn_q.weight, blk.1... -> blk.N.attn_q.weight."""
+    return sorted({re.sub(r"^blk\.\d+\.", "blk.N.", n) for n in names})
+
+
+def check_tensors(graph: Graph, reader: GGUFReader, arch: str) -> None:
+    """ModelError naming the first missing or mis-shaped tensor and listing what `arch` needs."""
+    for ref in graph.weights.values():
+        info = reader.tensors.get(ref.name)
+        if info is None:
+            raise ModelError(f"tensor {ref.name!r} is missing from {reader.path.name}; the {arch} "
+                             f"architecture needs: {', '.join(_pattern(graph.weights))}")
+        if tuple(info.shape) != ref.shape:
+            raise ModelError(f"tensor {ref.name!r} has shape {list(info.shape)} (GGUF order), but the "
+                             f"metadata makes {arch} expect {list(ref.shape)}")

@@ -1,0 +1,73 @@
+"""The Python API on SmolLM2: tokens, logits, generation (streaming, seeds, stops, chat turns)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import minfer.api
+
+
+def test_tokenize_matches_llamacpp(smollm2_model, llamacpp_ref):
+    for case in llamacpp_ref["tokenize"]:
+        assert smollm2_model.tokenize(case["text"], parse_special=True) == case["ids"], case["text"]
+    text = "The quick brown fox jumps over the lazy dog."
+    assert smollm2_model.detokenize(smollm2_model.tokenize(text)) == text
+
+
+def test_logits_shape_and_dtype(smollm2_model, llamacpp_ref):
+    ids = llamacpp_ref["greedy"][0]["prompt_ids"]
+    out = smollm2_model.logits(ids)
+    assert out.dtype == torch.float32 and out.shape == (len(ids), smollm2_model.n_vocab)
+    assert int(out[-1].argmax()) == llamacpp_ref["greedy"][0]["steps"][0]["token"]
+
+
+def test_streaming_equals_whole_text(smollm2_model, llamacpp_ref):
+    prompt = llamacpp_ref["greedy"][0]["prompt"]
+    whole = smollm2_model.generate(prompt, max_tokens=12, temperature=0)
+    pieces = list(smollm2_model.generate(prompt, max_tokens=12, temperature=0, stream=True))
+    assert len(pieces) > 1 and "".join(pieces) == whole
+    assert whole.startswith(" Paris")
+    s = smollm2_model.last_stats
+    assert s.generated_tokens == 12 and s.finish_reason == "length"
+
+
+def test_seed_reproduces_sampled_text(smollm2_model):
+    kw = dict(max_tokens=16, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    a = smollm2_model.generate("Once upon a time", seed=11, **kw)
+    b = smollm2_model.generate("Once upon a time", seed=11, **kw)
+    c = smollm2_model.generate("Once upon a time", seed=12, **kw)
+    assert a == b and a != c
+
+
+def test_stop_string_cuts_the_text(smollm2_model, llamacpp_ref):
+    prompt = llamacpp_ref["greedy"][0]["prompt"]
+    whole = smollm2_model.generate(prompt, max_tokens=12, temperature=0)
+    stop = whole[4:9]
+    cut = smollm2_model.generate(prompt, max_tokens=12, temperature=0, stop=[stop])
+    assert cut == whole[:whole.index(stop)]
+    assert smollm2_model.last_stats.finish_reason == "stop"
+
+
+def test_chat_turn_reuses_the_cached_prefix(smollm2_model):
+    messages = [{"role": "user", "content": "What is 2 + 2?"}]
+    reply = smollm2_model.generate(messages, max_tokens=24, temperature=0)
+    assert reply and smollm2_model.last_stats.finish_reason in ("stop", "length")
+    first = smollm2_model.last_stats
+    messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "And 3 + 3?"}]
+    smollm2_model.generate(messages, max_tokens=4, temperature=0)
+    second = smollm2_model.last_stats
+    assert second.prompt_tokens > first.prompt_tokens
+    assert second.prefilled_tokens < second.prompt_tokens - first.prompt_tokens + 8
+
+
+def test_chat_stops_at_end_of_turn(smollm2_model):
+    reply = smollm2_model.generate([{"role": "user", "content": "Say hello."}], max_tokens=200, temperature=0)
+    assert smollm2_model.last_stats.finish_reason == "stop"
+    assert "<|im_end|>" not in reply
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=-1.0), dict(top_p=0.0), dict(nonsense=1)])
+def test_bad_sampling_arguments(smollm2_model, bad):
+    with pytest.raises((minfer.errors.MinferError, TypeError)):
+        smollm2_model.generate("hi", **bad)

@@ -1,0 +1,74 @@
+"""`minfer run`, `chat` and `perplexity` through their argparse parsers (as cli.py wires them)."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import re
+
+import pytest
+
+from minfer.engine.commands import add_chat_parser, add_perplexity_parser, add_run_parser
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="minfer")
+    sub = ap.add_subparsers(dest="command", required=True)
+    for add in (add_run_parser, add_chat_parser, add_perplexity_parser):
+        add(sub)
+    return ap.parse_args(argv)
+
+
+def _run(argv, capsys, stdin: str | None = None, monkeypatch=None):
+    if stdin is not None:
+        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+    args = _parse(argv)
+    rc = args.func(args)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_run_default_model_streams_text_and_reports_speed(capsys):
+    rc, out, err = _run(["run", "-n", "6", "--temp", "0", "The capital of France is"], capsys)
+    assert rc == 0 and out.startswith(" Paris")
+    assert re.search(r"prefill: \d+ tokens .* tok/s\) \| decode: 6 tokens .* tok/s\)", err)
+
+
+def test_run_with_trace(tiny_gguf, capsys, tmp_path):
+    trace = tmp_path / "t.json"
+    rc, out, _ = _run(["run", "-m", str(tiny_gguf()), "-n", "3", "--seed", "1", "--trace", str(trace), "hi"],
+                      capsys)
+    assert rc == 0 and trace.stat().st_size > 0
+
+
+def test_chat_keeps_history_and_handles_commands(tiny_gguf, capsys, monkeypatch):
+    rc, out, err = _run(["chat", "-m", str(tiny_gguf()), "-n", "4", "--temp", "0", "--stats"], capsys,
+                        stdin="hello\n\n/reset\nagain\n/exit\nnever read\n", monkeypatch=monkeypatch)
+    assert rc == 0
+    assert "(history cleared)" in err
+    assert err.count("decode:") == 2  # one stats line per reply: the empty line and /exit's tail got none
+
+
+def test_chat_reports_overflow_and_continues(tiny_gguf, capsys, monkeypatch):
+    argv = ["chat", "-m", str(tiny_gguf()), "-c", "24", "-n", "2", "--temp", "0", "--stats"]
+    rc, out, err = _run(argv, capsys, stdin="word " * 40 + "\nhi\n", monkeypatch=monkeypatch)
+    assert rc == 0 and "error:" in err and "/reset" in err
+    assert err.count("decode:") == 1  # the second message still got its reply
+
+
+def test_perplexity_prints_chunks_and_final(tiny_gguf, capsys, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 40)
+    rc, out, _ = _run(["perplexity", "-m", str(tiny_gguf()), "--chunk", "64", str(text)], capsys)
+    assert rc == 0
+    assert re.search(r"\[1/\d+\] running PPL = [\d.]+", out)
+    m = re.search(r"PPL = ([\d.]+) \+/- ([\d.]+)", out)
+    assert m and float(m.group(1)) > 1
+
+
+def test_perplexity_unreadable_file(tiny_gguf, tmp_path):
+    from minfer.errors import MinferError
+
+    args = _parse(["perplexity", "-m", str(tiny_gguf()), str(tmp_path / "missing.txt")])
+    with pytest.raises(MinferError, match="cannot read"):
+        args.func(args)

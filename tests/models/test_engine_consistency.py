@@ -1,0 +1,130 @@
+"""The engine's ways of computing the same logits agree (tiny synthetic f32 models, float64-level
+tolerances): fused vs plain graph, one batch of two sequences vs two runs, chunked vs whole
+prefill, token-by-token decode vs prefill. Plus the trace a run records."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from minfer.backends.base import Batch, SeqSpan
+from minfer.backends.cpu import CPUBackend
+from minfer.config import EngineConfig
+from minfer.engine.engine import Engine
+from minfer.gguf.reader import GGUFReader
+from minfer.graph.ir import Op
+from minfer.models import registry
+
+A = [5, 9, 200, 31, 7, 64, 3, 17, 90, 11]
+B = [44, 2, 130, 6, 8, 250]
+
+
+def _close(a, b, tol=1e-5):
+    return float((a - b).abs().max()) <= tol * float(b.abs().max())
+
+
+@pytest.fixture(scope="module", params=["tiny-llama", "tiny-qwen2"])
+def model_path(request, tiny_gguf):
+    return tiny_gguf(request.param)
+
+
+@pytest.fixture(scope="module")
+def engine(model_path):
+    return Engine(GGUFReader(model_path), n_slots=2, progress=False)
+
+
+def test_fused_graph_equals_the_plain_graph(engine, model_path):
+    reader = GGUFReader(model_path)
+    _, plain = registry.build(reader)
+    be = CPUBackend()
+    be.load(plain, reader, progress=False)
+    cache = be.new_cache(1, 64)
+    want = be.forward(Batch.single(A, 0, rows=range(len(A))), cache)
+    got = engine.prefill(0, A, rows=range(len(A)))
+    assert _close(got, want)
+    ops = [n.op for n in engine.graph.nodes]
+    assert len(engine.graph.nodes) != len(plain.nodes) and Op.SLICE in ops
+    fused = {t.name for n in engine.graph.nodes for w in n.weights.values() for t in w.tensors}
+    assert fused == set(plain.weights)  # the passes read exactly the file's tensors
+
+
+def test_two_sequences_in_one_batch(engine):
+    want_a = engine.prefill(0, A, rows=range(len(A)))
+    want_b = engine.prefill(1, B, rows=range(len(B)))
+    # continue both: 2 more tokens of A (slot 0) and 1 of B (slot 1) in one step
+    nxt_a, nxt_b = [12, 13], [14]
+    solo_a = engine.prefill(0, A + nxt_a, rows=range(len(A), len(A) + 2))
+    solo_b = engine.prefill(1, B + nxt_b, rows=range(len(B), len(B) + 1))
+    engine.prefill(0, A, rows=range(len(A)))
+    engine.prefill(1, B, rows=range(len(B)))
+    batch = Batch(tokens=torch.tensor(nxt_a + nxt_b, dtype=torch.int32),
+                  positions=torch.tensor([len(A), len(A) + 1, len(B)], dtype=torch.int32),
+                  spans=(SeqSpan(0, len(A), 0, 2), SeqSpan(1, len(B), 2, 1)),
+                  out_rows=torch.tensor([0, 1, 2], dtype=torch.int32))
+    got = engine.backend.forward(batch, engine.cache)
+    assert _close(got[:2], solo_a) and _close(got[2:], solo_b)
+    assert want_a.shape == (len(A), engine.n_vocab) and want_b.shape == (len(B), engine.n_vocab)
+
+
+def test_chunked_prefill_equals_whole(engine):
+    whole = engine.prefill(0, A, rows=range(len(A)))
+    engine.n_batch = 3
+    try:
+        chunked = engine.prefill(0, A, rows=range(len(A)))
+        middle = engine.prefill(0, A, rows=range(4, 7))
+    finally:
+        engine.n_batch = 512
+    assert _close(chunked, whole) and _close(middle, whole[4:7])
+
+
+def test_decode_steps_equal_prefill(engine):
+    whole = engine.prefill(0, A, rows=range(len(A)))
+    steps = [engine.prefill(0, A[:1])[0]] + [engine.decode(0, t, p) for p, t in enumerate(A[1:], start=1)]
+    assert _close(torch.stack(steps), whole)
+
+
+def test_trace_records_every_node_of_every_step(tiny_gguf, tmp_path):
+    from minfer.api import load
+
+    path = tmp_path / "trace.json"
+    with load(tiny_gguf(), progress=False, trace=str(path)) as m:
+        m.generate("hello there", max_tokens=3, temperature=0)
+        n_nodes = len(m.engine.graph.nodes)
+    doc = json.loads(path.read_text())
+    assert len(doc["graph"]) == n_nodes
+    kinds = [s["kind"] for s in doc["steps"]]
+    assert kinds == ["prefill", "decode", "decode"]
+    assert all(len(s["nodes"]["id"]) == n_nodes for s in doc["steps"])
+    assert all(s["token"] is not None for s in doc["steps"])
+    mm = [g for g in doc["graph"] if g["op"] == "MatMul"]
+    assert {g["kernel"] for g in mm} == {"torch.linear_f32"}  # an f32 model has no compact path
+
+
+def test_no_trace_without_a_path(tiny_gguf):
+    eng = Engine(GGUFReader(tiny_gguf()), config=EngineConfig(), progress=False)
+    assert eng.recorder is None
+
+
+def test_rope_frequency_factors_and_linear_scaling_agree(tiny_gguf, rewrite_gguf, tmp_path):
+    """Llama-3 style rope_freqs.weight of all 2.0 divides every frequency by 2: the same rotation as
+    linear scaling with factor 2 (rope.scaling.*), which must differ from no scaling at all."""
+    import numpy as np
+
+    from minfer.gguf.reader import ValueType
+    from minfer.quant.types import GGMLType
+
+    base = tiny_gguf()
+    half_rot = GGUFReader(base).get_int("llama.rope.dimension_count") // 2
+    factors = ("rope_freqs.weight", (half_rot,), GGMLType.F32, np.full(half_rot, 2.0, np.float32).tobytes())
+    with_factors = rewrite_gguf(base, tmp_path / "f.gguf", add=[factors])
+    linear = rewrite_gguf(base, tmp_path / "l.gguf", meta={
+        "llama.rope.scaling.type": (ValueType.STRING, "linear"),
+        "llama.rope.scaling.factor": (ValueType.FLOAT32, 2.0)})
+    out = {}
+    for name, path in (("none", base), ("factors", with_factors), ("linear", linear)):
+        eng = Engine(GGUFReader(path), progress=False)
+        out[name] = eng.prefill(0, A, rows=range(len(A)))
+    assert _close(out["factors"], out["linear"])
+    assert not _close(out["none"], out["linear"], tol=1e-3)

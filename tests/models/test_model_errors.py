@@ -1,0 +1,89 @@
+"""Bad input gives typed errors with clear messages: wrong files, too-long prompts, bad templates."""
+
+from __future__ import annotations
+
+import pytest
+
+from minfer.api import load
+from minfer.errors import (
+    ContextOverflowError,
+    DeviceError,
+    MinferError,
+    ModelError,
+    TemplateError,
+    UnsupportedError,
+)
+
+
+def test_unknown_architecture_names_it_and_lists_supported(tiny_gguf, rewrite_gguf, tmp_path):
+    path = rewrite_gguf(tiny_gguf(), tmp_path / "a.gguf", meta={"general.architecture": "mamba"})
+    with pytest.raises(UnsupportedError, match=r"'mamba'.*supported: llama, qwen2"):
+        load(path, progress=False)
+
+
+def test_missing_tensor_is_named(tiny_gguf, rewrite_gguf, tmp_path):
+    path = rewrite_gguf(tiny_gguf(), tmp_path / "m.gguf", drop=("blk.1.ffn_up.weight",))
+    with pytest.raises(ModelError, match=r"'blk\.1\.ffn_up\.weight' is missing.*blk\.N\.ffn_up\.weight"):
+        load(path, progress=False)
+
+
+def test_missing_qwen2_bias_is_named(tiny_gguf, rewrite_gguf, tmp_path):
+    path = rewrite_gguf(tiny_gguf("tiny-qwen2"), tmp_path / "b.gguf", drop=("blk.0.attn_k.bias",))
+    with pytest.raises(ModelError, match=r"'blk\.0\.attn_k\.bias' is missing"):
+        load(path, progress=False)
+
+
+def test_misshaped_tensor_is_named(tiny_gguf, rewrite_gguf, tmp_path):
+    # ffn_up is [256, 512]; declare it [512, 256] (same bytes): the graph expects [256, 512]
+    path = rewrite_gguf(tiny_gguf(), tmp_path / "s.gguf", shapes={"blk.0.ffn_up.weight": (512, 256)})
+    with pytest.raises(ModelError, match=r"'blk\.0\.ffn_up\.weight' has shape \[512, 256\].*"
+                                         r"expect \[256, 512\]"):
+        load(path, progress=False)
+
+
+def test_inconsistent_head_metadata(tiny_gguf, rewrite_gguf, tmp_path):
+    path = rewrite_gguf(tiny_gguf(), tmp_path / "h.gguf", meta={"llama.attention.head_count_kv": 3})
+    with pytest.raises(MinferError, match="head_count_kv"):
+        load(path, progress=False)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_gguf):
+    with load(tiny_gguf(), n_ctx=32, progress=False) as m:
+        yield m
+
+
+def test_prompt_longer_than_context(tiny_model):
+    ids = tiny_model.tokenize("the " * 40)
+    assert len(ids) > 32
+    with pytest.raises(ContextOverflowError, match="context"):
+        tiny_model.generate("the " * 40, max_tokens=4)
+    with pytest.raises(ContextOverflowError):
+        tiny_model.generate("the " * 40, max_tokens=4, stream=True)  # raised before the first piece
+    with pytest.raises(ContextOverflowError):
+        tiny_model.logits(ids)
+
+
+def test_token_ids_outside_the_vocabulary(tiny_model):
+    with pytest.raises(MinferError, match="outside the vocabulary"):
+        tiny_model.logits([1, tiny_model.n_vocab])
+
+
+def test_hostile_template_surfaces_template_error(tiny_gguf, rewrite_gguf, tmp_path):
+    hostile = "{{ ().__class__.__base__.__subclasses__() }}"
+    path = rewrite_gguf(tiny_gguf(), tmp_path / "t.gguf", meta={"tokenizer.chat_template": hostile})
+    with load(path, progress=False) as m:
+        with pytest.raises(TemplateError):
+            m.generate([{"role": "user", "content": "hi"}], max_tokens=2)
+
+
+def test_cuda_without_backend_is_a_device_error(tiny_gguf):
+    with pytest.raises(DeviceError, match="cuda"):
+        load(tiny_gguf(), device="cuda", progress=False)
+    with pytest.raises(DeviceError, match="unknown device"):
+        load(tiny_gguf(), device="tpu", progress=False)
+
+
+def test_context_too_large_for_memory_is_refused(tiny_gguf):
+    with pytest.raises(MinferError, match="KV cache"):
+        load(tiny_gguf(), n_ctx=10**12, progress=False)
