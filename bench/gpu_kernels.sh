@@ -12,7 +12,7 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
 echo "== conformance (full sizes)"
-timeout 120 python3 -m minfer.contracts.conformance --full --device cuda --failures 2>&1 | tee "$OUT/conformance.log" | tail -8
+timeout 240 python3 -m minfer.contracts.conformance --full --device cuda --failures 2>&1 | tee "$OUT/conformance.log" | tail -8
 echo "== judge"
 timeout 240 python3 -m minfer.contracts.judge --out "$OUT" 2>&1 | tail -3
 echo "== bench/kernels.py"
@@ -20,6 +20,6 @@ timeout 150 python3 bench/kernels.py ${BENCH_ARGS:-} 2>&1 > "$OUT/bench_kernels.
 echo "== pytest (cuda)"
 timeout ${PYTEST_TIMEOUT:-150} python3 -m pytest -q -x -p no:cacheprovider tests/kernels tests/contracts 2>&1 | tail -6
 echo "== bench table"
-cat "$OUT/bench_kernels.log" | tail -45
+cat "$OUT/bench_kernels.log" | tail -80
 echo "== judge table"
 cat "$OUT/judge.md" 2>/dev/null | head -60

@@ -2,9 +2,10 @@
 
 For every op kind of ops.py: the sizes to exercise (CI size classes `tiny` / `odd` / `boundary`,
 and the layer sizes of real models), an input builder drawing fresh random tensors on the
-generator's device, and ONE float64 reference function built from minfer.quant.reference and
-plain torch ops. Quantized inputs are random valid blocks: every bit pattern of the quants, finite
-f16 scales.
+generator's device, ONE float64 reference function built from minfer.quant.reference and plain
+torch ops, and the op's compulsory memory traffic for the judge (`traffic`: every operand byte
+read once, the output written once, counted from the real tensors, so it follows their dtypes).
+Quantized inputs are random valid blocks: every bit pattern of the quants, finite f16 scales.
 """
 
 from __future__ import annotations
@@ -53,6 +54,14 @@ Builder = Callable[[Setting, dict[str, str], "str | None", torch.Generator], tup
 Reference = Callable[[Mapping[str, torch.Tensor], Mapping[str, Any], Mapping[str, str]], torch.Tensor]
 
 
+Reads = Callable[[Mapping[str, torch.Tensor], Mapping[str, Any]], int]
+
+
+def _whole_inputs(inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any]) -> int:
+    """Bytes read when every input is read once, whole."""
+    return sum(t.numel() * t.element_size() for t in inputs.values())
+
+
 @dataclass(frozen=True)
 class OpHarness:
     """How to exercise one op kind."""
@@ -61,6 +70,12 @@ class OpHarness:
     model: Callable[[str, ModelDims, QuantInfo | None], list[Setting]]  # model layer sizes -> settings
     build: Builder  # (setting, input dtypes, output dtype choice, generator) -> (inputs, params)
     reference: Reference  # (inputs, params, input dtypes) -> float64 expected output
+    reads: Reads = _whole_inputs  # (inputs, params) -> bytes the op must read
+
+
+def traffic(op: str, inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any], out_bytes: int) -> int:
+    """Compulsory bytes of one call of `op`: its reads plus its `out_bytes` output written once."""
+    return HARNESS[op].reads(inputs, params) + out_bytes
 
 
 # ---- random inputs ----------------------------------------------------------------------------
@@ -208,6 +223,12 @@ def _build_get_rows(s: Setting, dtypes: dict[str, str], out_dtype: str | None, g
     return {"weight_u8": weight, "ids": ids}, {"qtype": info.type, "n_embd": n_embd}
 
 
+def _get_rows_reads(i: Mapping[str, torch.Tensor], p: Mapping[str, Any]) -> int:
+    """The ids and one encoded table row per id (the rest of the table is never touched)."""
+    ids = i["ids"]
+    return ids.numel() * ids.element_size() + ids.numel() * _info(p["qtype"]).nbytes(p["n_embd"])
+
+
 def _ref_get_rows(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[str, str]) -> torch.Tensor:
     row_bytes = _info(p["qtype"]).nbytes(p["n_embd"])
     rows = i["weight_u8"].reshape(-1, row_bytes)[i["ids"].long()]  # gather the bytes, decode only those
@@ -283,7 +304,9 @@ HARNESS: dict[str, OpHarness] = {
         _bias_settings, _bias_model, _build_floats, lambda i, p, d: i["y"].double() + i["b"].double()
     ),
     "Dequantize": OpHarness(_dequant_settings, _dequant_model, _build_dequant, _ref_dequant),
-    "GetRows": OpHarness(_get_rows_settings, _get_rows_model, _build_get_rows, _ref_get_rows),
+    "GetRows": OpHarness(
+        _get_rows_settings, _get_rows_model, _build_get_rows, _ref_get_rows, _get_rows_reads
+    ),
     "QuantizeQ8_0": OpHarness(_quantize_settings, _quantize_model, _build_floats, _ref_quantize),
     "QMatMul": OpHarness(
         lambda size, q: _mnk_settings(size, _MNK[size]), _qmatmul_model, _build_qmatmul, _ref_qmatmul

@@ -70,6 +70,8 @@ def _fix_interpreter_index() -> None:
 if interpreting():
     _fix_interpreter_index()
 
+_WANTED_DEVICE = "cpu" if interpreting() else "cuda"
+
 
 def check_grid(what: str, grid: Sequence[int]) -> tuple[int, ...]:
     """The grid as a tuple, refused with UnsupportedError if an axis exceeds CUDA's limits."""
@@ -112,20 +114,23 @@ def check_int(what: str, name: str, value: object, minimum: int = 0) -> int:
     return value
 
 
-def check_device(what: str, **tensors: torch.Tensor) -> torch.device:
+def check_device(what: str, **tensors: torch.Tensor | None) -> torch.device:
     """All tensors on one device, and one the kernels can run on; returns that device.
 
     Compiled kernels need CUDA tensors; the interpreter (CI, no GPU) runs on CPU tensors.
     """
-    devices = {name: t.device for name, t in tensors.items() if t is not None}
-    first = next(iter(devices.values()))
-    if any(d != first for d in devices.values()):
-        found = ", ".join(f"{name} on {d}" for name, d in devices.items())
-        raise DeviceError(f"{what}: all tensors must be on one device, found {found}")
-    wanted = "cpu" if interpreting() else "cuda"
-    if first.type != wanted:
-        mode = "the Triton interpreter" if wanted == "cpu" else "compiled Triton kernels"
-        raise DeviceError(f"{what}: {mode} need {wanted} tensors, got tensors on {first}")
+    first = None
+    for t in tensors.values():
+        if t is None:
+            continue
+        if first is None:
+            first = t.device
+        elif t.device != first:
+            found = ", ".join(f"{name} on {t.device}" for name, t in tensors.items() if t is not None)
+            raise DeviceError(f"{what}: all tensors must be on one device, found {found}")
+    if first.type != _WANTED_DEVICE:
+        mode = "the Triton interpreter" if _WANTED_DEVICE == "cpu" else "compiled Triton kernels"
+        raise DeviceError(f"{what}: {mode} need {_WANTED_DEVICE} tensors, got tensors on {first}")
     return first
 
 

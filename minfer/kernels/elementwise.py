@@ -24,16 +24,27 @@ from ._common import cast_for, cdiv, check_device, check_grid, check_int, check_
 F32 = (torch.float32,)
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
-BLOCK = 4096  # elements per program of the flat kernels: 32 per lane at 4 warps
+BLOCK = 2048  # elements per program of the flat kernels: 16 per lane at 4 warps (H200: the f32 ->
+# f16 convert at 264 MB ran at 99% of copy bandwidth, against 96% with 4096)
 NUM_WARPS = 4
 BIAS_BLOCK = 1024  # columns per program of the bias add
 
 
 @triton.jit
-def _map1_kernel(x_ptr, z_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr):
-    """z = op(x) over n elements; OP is "silu" or "copy" (a dtype conversion through f32)."""
+def _offsets(n, BLOCK: tl.constexpr, EVEN: tl.constexpr):
+    """This program's BLOCK element offsets and their mask (constant true, so it folds away, when n
+    is a multiple of BLOCK)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
+    if EVEN:
+        return offs, tl.full([BLOCK], 1, tl.int1)
+    else:
+        return offs, offs < n
+
+
+@triton.jit
+def _map1_kernel(x_ptr, z_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr):
+    """z = op(x) over n elements; OP is "silu" or "copy" (a dtype conversion through f32)."""
+    offs, mask = _offsets(n, BLOCK, EVEN)
     x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
     if OP == "silu":
         x = x * tl.sigmoid(x)
@@ -41,10 +52,9 @@ def _map1_kernel(x_ptr, z_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _map2_kernel(x_ptr, y_ptr, z_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr):
+def _map2_kernel(x_ptr, y_ptr, z_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr):
     """z = op(x, y) over n elements; OP is "add", "mul" or "swiglu" (silu(x) * y)."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
+    offs, mask = _offsets(n, BLOCK, EVEN)
     x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
     y = tl.load(y_ptr + offs, mask=mask).to(tl.float32)
     if OP == "add":
@@ -72,7 +82,7 @@ def _flat_launch(what: str, kernel, tensors: tuple, out: torch.Tensor, op: str) 
     n = out.numel()
     if n:
         grid = check_grid(what, (cdiv(n, BLOCK),))
-        kernel[grid](*tensors, out, n, OP=op, BLOCK=BLOCK, num_warps=NUM_WARPS)
+        kernel[grid](*tensors, out, n, OP=op, BLOCK=BLOCK, EVEN=n % BLOCK == 0, num_warps=NUM_WARPS)
     return out
 
 

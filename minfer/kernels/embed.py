@@ -5,60 +5,44 @@ GGUF blocks: n_vocab rows of n_embd elements, row-major, each row a run of quant
 `id` starts at byte id * row_bytes. Token ids are int32 on the device, so a decode step needs no
 host round trip and can be captured in a CUDA graph.
 
-Grid: axis 0 is the token (one id load per program), axis 1 walks the row's quant blocks in
-chunks of BLOCK; each program decodes a [BLOCK, NSUB, SUBLEN] tile with the shared per-type
-decoder `decode_block` of dequant.py (no copy of the block layouts here). Offsets are int64.
+The kernel is dequant's (`_dequant_kernel` with GATHER on, so both share every decoder): its
+programs walk the flat output blocks of all rows (full programs whatever the row length), and each
+block finds its token as block // blocks_per_row; offsets are int64.
 
 Out-of-range ids: the kernel never reads outside the table. A program whose id is outside
 [0, n_vocab) reads row 0 instead (an in-bounds address) and writes NaN for the whole output row:
-the bad token is visible downstream, never silently replaced by another token's vector (which
-is what clamping would do). With `validate=True` (the default) the launcher also checks the ids
-with one torch reduction and raises UnsupportedError naming the first bad id; that costs a
-device-to-host sync, so the decode loop (CUDA-graph capture) passes validate=False.
+the bad token is visible downstream, never silently replaced by another token's vector (which is
+what clamping would do). That device-side guard is the default and costs nothing. With
+`validate=True` the launcher also checks the ids on the host first (one min/max reduction and a
+device-to-host sync) and raises UnsupportedError naming the first bad id: for callers outside the
+hot loop (tests, tools), never for a decode step.
 """
 
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from ..errors import UnsupportedError
 from ..quant.types import GGMLType
 from ._common import cdiv, check_device, check_grid, check_int, check_tensor, make_out
-from .dequant import blocks_per_program, decode_block, kernel_source, resolve_qtype, tile_meta
+from .dequant import (
+    MAGIC,
+    NUM_WARPS,
+    _dequant_kernel,
+    blocks_per_program,
+    gather_tile,
+    kernel_source,
+    resolve_qtype,
+)
 
-NUM_WARPS = 4
 
-
-@triton.jit
-def _embed_kernel(
-    w_ptr,
-    ids_ptr,
-    out_ptr,
-    n_vocab,
-    blocks_per_row,
-    QTYPE: tl.constexpr,
-    BLOCK_BYTES: tl.constexpr,
-    NSUB: tl.constexpr,
-    SUBLEN: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    t = tl.program_id(0).to(tl.int64)
-    tok = tl.load(ids_ptr + t).to(tl.int64)
-    valid = (tok >= 0) & (tok < n_vocab)
-    tok = tl.where(valid, tok, 0)
-    b = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    b3 = b[:, None, None]
-    mask = b3 < blocks_per_row
-    sub = tl.arange(0, NSUB)[None, :, None]
-    l = tl.arange(0, SUBLEN)[None, None, :]
-    src = w_ptr + (tok * blocks_per_row + b3) * BLOCK_BYTES
-    vals = decode_block(src, sub, l, mask, QTYPE)
-    vals = tl.where(valid, vals, float("nan"))
-    row_elems = blocks_per_row * (NSUB * SUBLEN)
-    dst = out_ptr + t * row_elems + b3 * (NSUB * SUBLEN) + sub * SUBLEN + l
-    tl.store(dst, vals, mask=mask)
+def _check_ids(what: str, ids: torch.Tensor, n_vocab: int) -> None:
+    """Raise UnsupportedError naming the first id outside [0, n_vocab) (one reduction + sync)."""
+    lo, hi = (int(v) for v in torch.aminmax(ids.reshape(-1)))
+    if lo < 0 or hi >= n_vocab:
+        flat = ids.reshape(-1)
+        first = int(flat[(flat < 0) | (flat >= n_vocab)][0])
+        raise UnsupportedError(f"{what}: token id {first} is outside the vocabulary [0, {n_vocab})")
 
 
 def embed_rows(
@@ -67,14 +51,14 @@ def embed_rows(
     ids: torch.Tensor,
     n_embd: int,
     out: torch.Tensor | None = None,
-    validate: bool = True,
+    validate: bool = False,
 ) -> torch.Tensor:
     """Rows `ids` of the [n_vocab, n_embd] table stored as GGUF blocks of `qtype`, as f32 [n_ids, n_embd].
 
-    `weight_u8`: contiguous uint8 tensor, a whole number of rows (n_vocab = bytes / row_bytes).
-    `ids`: contiguous int32 tensor of token ids (any shape; flattened) on the same device.
-    `validate`: check ids on the host (one reduction + sync); see the module doc for what an
-    out-of-range id does without it.
+    `weight_u8`: contiguous uint8 tensor, a whole number of rows (n_vocab = bytes / row_bytes),
+    4-byte aligned. `ids`: contiguous int32 tensor of token ids (any shape; flattened) on the same
+    device. `validate`: also check the ids on the host and raise on a bad one (a device sync; see
+    the module doc); by default a bad id yields a NaN row and no sync.
     """
     what = "embed_rows"
     info = resolve_qtype(what, qtype)
@@ -98,16 +82,20 @@ def embed_rows(
     n_ids = ids.numel()
     out = make_out(what, out, (n_ids, n_embd), torch.float32, device)
     if validate and n_ids:
-        bad = (ids < 0) | (ids >= n_vocab)
-        if bool(bad.any()):
-            first = int(ids.reshape(-1)[bad.reshape(-1)][0])
-            raise UnsupportedError(f"{what}: token id {first} is outside the vocabulary [0, {n_vocab})")
+        _check_ids(what, ids, n_vocab)
     if n_ids:
         src, block_stride = kernel_source(what, weight_u8, info)
-        block = min(blocks_per_program(info), triton.next_power_of_2(blocks_per_row))
-        grid = check_grid(what, (n_ids, cdiv(blocks_per_row, block)))
-        _embed_kernel[grid](
-            src, ids, out, n_vocab, blocks_per_row, BLOCK_BYTES=block_stride, BLOCK=block,
-            **tile_meta(info), num_warps=NUM_WARPS, enable_fp_fusion=False,
+        run, meta = gather_tile(info, n_embd)
+        bpr = n_embd // run  # gather blocks per row
+        n_blocks = n_ids * bpr
+        if n_blocks >= 2**31:
+            raise UnsupportedError(f"{what}: {n_ids} ids x {bpr} blocks per row is past the 2^31 block limit")
+        block = blocks_per_program(info) * info.block_elems // run  # dequant's elements per program
+        grid = check_grid(what, (cdiv(n_blocks, block),))
+        _dequant_kernel[grid](
+            src, out, ids, n_blocks, bpr, n_vocab, MAGIC,
+            BLOCK_BYTES=block_stride * (run // info.block_elems),
+            BLOCK=block, EVEN=n_blocks % block == 0, GATHER=True, **meta, num_warps=NUM_WARPS,
+            enable_fp_fusion=False,
         )
     return out

@@ -17,26 +17,33 @@ exactly, and subtracting 2^23 + 8 * 2^b leaves (n - 8) * 2^b exactly: one LOP3 a
 per weight. Slots 4..7 are first moved down by one 16-bit shift per word. The 2^b factor is
 undone for free by scaling the other operand by 2^-b (exact, a power of two).
 
-GEMV (M == 1, decode; memory-bound). A program owns BLOCK_N rows and walks K in BLOCK_KB-block
-steps over a [BLOCK_KB, BLOCK_N, 4] word tile: lanes run along K (a warp reads 512 contiguous
-bytes of a row), rows repeat in a lane's registers, so each x value a lane loads (pre-scaled by
-2^-b per slot) serves all of its rows. Per weight: LOP3 + FADD + FFMA; the f16 scale multiplies
-each block's partial sum once. Rows and K are clamped for loads (the store and the scales are
-masked), so the hot loop has no predicated loads. f32 throughout.
+GEMV (M == 1, decode; memory-bound). A program owns BLOCK_N = R * LR rows and walks K in steps of
+BLOCK_KB = LK * WK blocks over a [LK, LR, WK, R, 4] word tile: a warp's 32 lanes are LK blocks
+along K by LR rows, its WK warps take further K blocks, and each lane holds R rows, so each x
+value a lane loads serves R rows and lanes of other rows read the same x addresses. The nibble
+at bit b is ORed into 2^(23 - b) (a per-slot magic number whose mantissa unit at bit b is 1), so
+no per-slot x scaling is needed: per weight LOP3 + FADD + FFMA; the f16 scale multiplies each
+block's partial sum once. Rows and K are clamped for loads (the store and the scales are
+masked), so the hot loop has no predicated loads. f32 throughout. Down projections (few rows,
+long K) split K across programs; the last program of a row tile to finish adds the partial
+sums in a fixed order (deterministic). The default tile (32 rows x 16 blocks per step, 4 warps)
+is the best an H200 measured (bench/NOTES.md); `gemv_config` picks the split.
 
 Matmul (M > 1, prefill). Per K step of BLOCK_K values (BW = BLOCK_K / 8 words per row of W),
 each of the 8 slots is one `tl.dot` of depth BW: x[:, slot] [BLOCK_M, BW] (f32 -> f16/bf16) by
 the slot's values (n - 8) * d [BW, BLOCK_N] (same conversion), accumulating in f32. W's words
 are loaded once per step; programs are grouped along M so W tiles are reused from L2.
 
-Configs: both kernels carry a small `@triton.autotune` list pruned by shape; a launcher's
-`config=` pins one (tests pin one so the interpreter runs one small config). Raw GGUF bytes are
-accepted too and repacked on the fly: correct, but an extra pass over W per call, so the
-backend repacks once at load.
+Configs: the GEMV's comes from `gemv_config(n, k)` (cached: the launcher's host time matters at
+decode sizes); the matmul carries a small `@triton.autotune` list pruned by shape; a
+launcher's `config=` pins one (tests pin one so the interpreter runs one small config). Raw GGUF
+bytes are accepted too and repacked on the fly: correct, but an extra pass over W per call, so
+the backend repacks once at load.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -63,12 +70,39 @@ _REPACK_CHUNK = 1 << 20  # blocks repacked per step (bounds the int64 temporarie
 
 @dataclass(frozen=True)
 class Q4_0Packed:
-    """A Q4_0 [n, k] weight in the kernels' layout (see the module doc); made by `repack_q4_0`."""
+    """A Q4_0 [n, k] weight in the kernels' layout (see the module doc); made by `repack_q4_0`.
+
+    Checked once, here, so the per-call launcher path stays short. `counters` (int32 [n], zero)
+    and `partials` (f32, or empty) are the split-K GEMV's scratch (`scratch`)."""
 
     qs: torch.Tensor  # int32 [n, k // 8]
     d: torch.Tensor  # float16 [n, k // 32]
     n: int
     k: int
+    counters: torch.Tensor | None = None  # int32 [n], zero: split-K arrival counters (self-resetting)
+    partials: torch.Tensor | None = None  # f32 [splits * n]: split-K partial sums of the default config
+
+    def __post_init__(self):
+        what = "Q4_0Packed"
+        _check_nk(what, self.n, self.k)
+        check_tensor(what, "qs", self.qs, (torch.int32,))
+        check_tensor(what, "d", self.d, (torch.float16,))
+        if self.qs.numel() != self.n * self.k // 8 or self.d.numel() != self.n * self.k // 32:
+            raise UnsupportedError(f"{what}: qs/d sizes do not match [{self.n}, {self.k}]")
+        if self.qs.device != self.d.device:
+            found = f"{self.qs.device} and {self.d.device}"
+            raise UnsupportedError(f"{what}: qs and d must be on one device, got {found}")
+
+    def scratch(self, splits: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(partial sums f32 [splits * n], zeroed arrival counters >= tiles) for a split-K launch:
+        the weight's own when they fit, else fresh ones."""
+        partials = self.partials
+        if partials is None or partials.numel() < splits * self.n:
+            partials = torch.empty(splits * self.n, dtype=torch.float32, device=self.qs.device)
+        counters = self.counters
+        if counters is None or counters.numel() < tiles:
+            counters = torch.zeros(tiles, dtype=torch.int32, device=self.qs.device)
+        return partials, counters
 
 
 def _check_nk(what: str, n: int, k: int) -> None:
@@ -99,7 +133,10 @@ def repack_q4_0(raw: torch.Tensor, n: int, k: int) -> Q4_0Packed:
         high = ((b >> 4) << shifts).sum(1)
         word = low | (high << 16)
         qs[start : start + _REPACK_CHUNK] = (word - ((word >> 31) << 32)).to(torch.int32)
-    return Q4_0Packed(qs=qs.view(n, nkb * 4), d=d, n=n, k=k)
+    split = gemv_config(n, k).split  # the default GEMV config's scratch, allocated once here
+    partials = torch.empty(split * n if split > 1 else 0, dtype=torch.float32, device=raw.device)
+    counters = torch.zeros(n, dtype=torch.int32, device=raw.device)
+    return Q4_0Packed(qs=qs.view(n, nkb * 4), d=d, n=n, k=k, counters=counters, partials=partials)
 
 
 def _launch_kwargs(config: triton.Config) -> dict:
@@ -108,18 +145,13 @@ def _launch_kwargs(config: triton.Config) -> dict:
 
 
 def _packed(what: str, w: Q4_0Packed | torch.Tensor, n: int, k: int) -> Q4_0Packed:
-    _check_nk(what, n, k)
+    if isinstance(w, Q4_0Packed):
+        if (w.n, w.k) != (n, k):
+            raise UnsupportedError(f"{what}: w is a packed [{w.n}, {w.k}] weight, the call says [{n}, {k}]")
+        return w
     if isinstance(w, torch.Tensor):
         return repack_q4_0(w, n, k)
-    if not isinstance(w, Q4_0Packed):
-        raise UnsupportedError(f"{what}: w must be a Q4_0Packed or raw Q4_0 bytes, got {type(w).__name__}")
-    if (w.n, w.k) != (n, k):
-        raise UnsupportedError(f"{what}: w is a packed [{w.n}, {w.k}] weight, the call says [{n}, {k}]")
-    check_tensor(what, "w.qs", w.qs, (torch.int32,))
-    check_tensor(what, "w.d", w.d, (torch.float16,))
-    if w.qs.numel() != n * k // 8 or w.d.numel() != n * k // 32:
-        raise UnsupportedError(f"{what}: w.qs/w.d sizes do not match [{n}, {k}]")
-    return w
+    raise UnsupportedError(f"{what}: w must be a Q4_0Packed or raw Q4_0 bytes, got {type(w).__name__}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -136,54 +168,99 @@ def _slot(w, MASK: tl.constexpr, BIAS: tl.constexpr, magic):
 
 
 @triton.jit
+def _nibble(w, MASK: tl.constexpr, magic_b, BIAS: tl.constexpr):
+    """(nibble - 8) as exact f32 for the nibble of w under MASK = 0xF << b: `magic_b` is the bit
+    pattern of 2^(23 - b), whose mantissa unit at bit b is 1, and BIAS = 2^(23 - b) + 8."""
+    return ((w & MASK) | magic_b).to(tl.float32, bitcast=True) - BIAS
+
+
+@triton.jit
+def _scales(d_rows, kbs, first, kb_hi, EVEN_K: tl.constexpr):
+    """The f16 scales of blocks kbs; 0 for the blocks past the end (first + lane offset >= kb_hi)."""
+    if EVEN_K:
+        return tl.load(d_rows + kbs)
+    else:
+        return tl.load(d_rows + kbs, mask=first < kb_hi, other=0.0)
+
+
+@triton.jit
+def _gemv_block(acc, w, d, xp, half_shift, m0, m4, m8, m12):
+    """acc + (W block . x block) * d for one block per (lane, row): words w [.., 4], f16 scales d,
+    x pointers xp (x[32 kb + j]); slot s of word j multiplies x[32 kb + 4 s + j]."""
+    h = w >> half_shift  # slots 4..7 moved to bits 0..15
+    part = _nibble(w, 0xF, m0, 8388616.0) * tl.load(xp)
+    part += _nibble(w, 0xF0, m4, 524296.0) * tl.load(xp + 4)
+    part += _nibble(w, 0xF00, m8, 32776.0) * tl.load(xp + 8)
+    part += _nibble(w, 0xF000, m12, 2056.0) * tl.load(xp + 12)
+    part += _nibble(h, 0xF, m0, 8388616.0) * tl.load(xp + 16)
+    part += _nibble(h, 0xF0, m4, 524296.0) * tl.load(xp + 20)
+    part += _nibble(h, 0xF00, m8, 32776.0) * tl.load(xp + 24)
+    part += _nibble(h, 0xF000, m12, 2056.0) * tl.load(xp + 28)
+    return acc + tl.sum(part, axis=4, keep_dims=True) * d.to(tl.float32)
+
+
+@triton.jit
 def _q4_0_gemv_kernel(
-    x_ptr, qs_ptr, d_ptr, out_ptr, N, NKB, magic, half_shift,
-    BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr,
+    x_ptr, qs_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, N, NKB, KB_SPLIT, NSPLIT, magic, half_shift,
+    R: tl.constexpr, LR: tl.constexpr, LK: tl.constexpr, WK: tl.constexpr, SPLIT: tl.constexpr,
+    EVEN_K: tl.constexpr,
 ):
-    # Tile [BLOCK_KB, BLOCK_N, 4]: (block along K, row, word of the block). Each lane holds the 4
-    # words of one block (one 16-byte load); lanes run along K, so a warp reads 512 contiguous
-    # bytes of a row; rows repeat in registers so every x value a lane loads serves all its rows.
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows_ld = tl.minimum(rows, N - 1).to(tl.int64)[None, :, None]
-    kb = tl.arange(0, BLOCK_KB)[:, None, None]
-    j = tl.arange(0, 4)[None, None, :]
+    # Tile [LK, LR, WK, R, 4]: a warp's lanes are LK blocks along K x LR rows; its WK warps take
+    # further blocks along K; each lane holds R rows (spaced LR apart) and the 4 words of a block
+    # (one 16-byte load). Lanes of one row read LK * 16 contiguous bytes; the x values a lane
+    # loads serve its R rows, and lanes of other rows load the same addresses (one L1 wavefront).
+    # The axis order (the contiguous one last, K-lanes first) is what makes Triton lay the lanes
+    # out this way: ties in contiguity go to the lower axis first.
+    BLOCK_N: tl.constexpr = R * LR
+    BLOCK_KB: tl.constexpr = LK * WK
+    pid_n = tl.program_id(0)
+    lk = tl.arange(0, LK)[:, None, None, None, None]
+    lr = tl.arange(0, LR)[None, :, None, None, None]
+    wk = tl.arange(0, WK)[None, None, :, None, None]
+    r = tl.arange(0, R)[None, None, None, :, None]
+    j = tl.arange(0, 4)[None, None, None, None, :]
+    rows_ld = tl.minimum(pid_n * BLOCK_N + r * LR + lr, N - 1).to(tl.int64)  # clamped loads, masked store
+    kb = wk * LK + lk
     w_rows = qs_ptr + rows_ld * (NKB * 4) + j
     d_rows = d_ptr + rows_ld * NKB
     # x pointers are broadcast over the rows so the x loads take the layout of the weight tile
     # (no shuffle through shared memory); the compiler loads each x value once per lane.
-    x_base = x_ptr + j + tl.zeros([1, BLOCK_N, 1], tl.int32)
-    acc = tl.zeros([BLOCK_KB, BLOCK_N, 1], dtype=tl.float32)
-    for kb0 in range(0, NKB, BLOCK_KB):
+    x_base = x_ptr + j + tl.zeros([1, LR, 1, R, 1], tl.int32)
+    # per-slot magic numbers 2^(23 - b) for nibbles at bit b = 0, 4, 8, 12 (see _nibble)
+    m4 = magic - 0x2000000
+    m8 = magic - 0x4000000
+    m12 = magic - 0x6000000
+    if SPLIT:
+        kb_lo = tl.program_id(1) * KB_SPLIT
+        kb_hi = tl.minimum(kb_lo + KB_SPLIT, NKB)
+    else:
+        kb_lo = 0
+        kb_hi = NKB
+    acc = tl.zeros([LK, LR, WK, R, 1], dtype=tl.float32)
+    for kb0 in range(kb_lo, kb_hi, BLOCK_KB):
         # Past the end of K the tile re-reads the last block (in bounds, finite) with scale 0:
         # only the scale load is masked, so the x loads stay unpredicated and shared by rows.
-        # (The clamp also lets the scales load straight into the tile's layout.)
-        kbs = tl.minimum(kb0 + kb, NKB - 1)
-        if EVEN_K:
-            d = tl.load(d_rows + kbs)
-        else:
-            d = tl.load(d_rows + kbs, mask=kb0 + kb < NKB, other=0.0)
+        kbs = tl.minimum(kb0 + kb, kb_hi - 1)
+        d = _scales(d_rows, kbs, kb0 + kb, kb_hi, EVEN_K)
         w = tl.load(w_rows + kbs * 4)
-        d = d.to(tl.float32)
-        xp = x_base + kbs * 32  # slot s of word j of block kb multiplies x[32 kb + 4 s + j]
-        x0 = tl.load(xp)
-        x1 = tl.load(xp + 4) * 0.0625
-        x2 = tl.load(xp + 8) * 0.00390625
-        x3 = tl.load(xp + 12) * 0.000244140625
-        x4 = tl.load(xp + 16)
-        x5 = tl.load(xp + 20) * 0.0625
-        x6 = tl.load(xp + 24) * 0.00390625
-        x7 = tl.load(xp + 28) * 0.000244140625
-        h = w >> half_shift  # slots 4..7 moved to bits 0..15
-        part = _slot(w, 0xF, 8388616.0, magic) * x0
-        part += _slot(w, 0xF0, 8388736.0, magic) * x1
-        part += _slot(w, 0xF00, 8390656.0, magic) * x2
-        part += _slot(w, 0xF000, 8421376.0, magic) * x3
-        part += _slot(h, 0xF, 8388616.0, magic) * x4
-        part += _slot(h, 0xF0, 8388736.0, magic) * x5
-        part += _slot(h, 0xF00, 8390656.0, magic) * x6
-        part += _slot(h, 0xF000, 8421376.0, magic) * x7
-        acc += tl.sum(part, axis=2, keep_dims=True) * d
-    tl.store(out_ptr + rows, tl.sum(tl.sum(acc, axis=2), axis=0), mask=rows < N)
+        acc = _gemv_block(acc, w, d, x_base + kbs * 32, half_shift, magic, m4, m8, m12)
+    tot = tl.sum(tl.sum(tl.sum(acc, axis=4), axis=2), axis=0)  # [LR, R]
+    rows = pid_n * BLOCK_N + tl.arange(0, R)[None, :] * LR + tl.arange(0, LR)[:, None]
+    if SPLIT:
+        # Split K: each program stores its partial sums; the last of the row tile's NSPLIT programs
+        # to arrive (one acq_rel atomic per program, after a barrier) adds them in split order
+        # (deterministic) and resets the counter for the next call.
+        tl.store(part_ptr + tl.program_id(1) * N + rows, tot, mask=rows < N)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if arrived == NSPLIT - 1:
+            total = tl.zeros([LR, R], dtype=tl.float32)
+            for s in range(0, NSPLIT):  # L2 reads (.cg): other SMs wrote these
+                total += tl.load(part_ptr + s * N + rows, mask=rows < N, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptr + rows, total, mask=rows < N)
+            tl.atomic_xchg(cnt_ptr + pid_n, 0, sem="relaxed", scope="gpu")
+    else:
+        tl.store(out_ptr + rows, tot, mask=rows < N)
 
 
 # The 2^23 bit pattern and the 16-bit shift reach the kernel as run-time arguments on purpose:
@@ -192,32 +269,52 @@ def _q4_0_gemv_kernel(
 _MAGIC_BITS = 0x4B000000
 _HALF_SHIFT = 16
 
-_GEMV_CONFIGS = [
-    triton.Config({"BLOCK_N": bn, "BLOCK_KB": bkb}, num_warps=nw, num_stages=ns)
-    for bn, bkb, nw, ns in [
-        (4, 32, 4, 1),  # 1 (row, block) pair per lane per step: small N
-        (8, 32, 4, 1),  # 2
-        (8, 64, 4, 1),  # 4
-        (16, 32, 4, 1),  # 4
-        (16, 64, 4, 1),  # 8 (128 registers)
-        (32, 32, 8, 1),  # 4
-    ]
-]
-MIN_PROGRAMS = 264  # 2 per SM on an H200 (132 SMs): fewer leaves SMs idle
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """One launch shape of the GEMV kernel (see its tile comment).
+
+    r: rows per lane; lr: lanes along rows (32 / lr along K); wk: warps, all along K; split:
+    programs along K per row tile (1: none); maxnreg: the register cap (the default tile needs
+    95; left alone, ptxas chose 80 and spilled into the loop for a larger variant).
+    """
+
+    r: int = 4
+    lr: int = 8
+    wk: int = 4
+    split: int = 1
+    maxnreg: int | None = 96
+
+    @property
+    def block_n(self) -> int:
+        return self.r * self.lr
+
+    @property
+    def block_kb(self) -> int:
+        return (32 // self.lr) * self.wk
 
 
-def _prune_gemv(configs, named_args, **kwargs):
-    """Drop configs whose grid cannot fill the GPU, unless none can; drop K steps far past K."""
-    n, nkb = named_args["N"], named_args["NKB"]
-    fit = [c for c in configs if c.kwargs["BLOCK_KB"] <= max(32, triton.next_power_of_2(nkb))] or configs
-    full = [c for c in fit if cdiv(n, c.kwargs["BLOCK_N"]) >= MIN_PROGRAMS]
-    return full or [min(fit, key=lambda c: c.kwargs["BLOCK_N"])]
+MIN_PROGRAMS = 528  # 4 per H200 SM: fewer row tiles than this and K is split across programs
 
 
-_gemv = triton.heuristics({"EVEN_K": lambda a: a["NKB"] % a["BLOCK_KB"] == 0})(_q4_0_gemv_kernel)
-_gemv_tuned = triton.autotune(
-    _GEMV_CONFIGS, key=["N", "NKB"], prune_configs_by={"early_config_prune": _prune_gemv}
-)(_gemv)
+@functools.lru_cache(maxsize=256)
+def gemv_config(n: int, k: int) -> GemvConfig:
+    """The config for an [n, k] weight (measured on an H200, bench/NOTES.md): 32 rows per program;
+    when the row tiles cannot give every SM 4 programs (down projections: few rows, long K), K
+    is split across programs, about MIN_PROGRAMS in all (more splits cost more than they give)."""
+    cfg = GemvConfig()
+    tiles = cdiv(n, cfg.block_n)
+    max_split = (k // Q4_0.block_elems) // (2 * cfg.block_kb)  # each split >= 2 K steps
+    if tiles < MIN_PROGRAMS and max_split >= 2:
+        return GemvConfig(split=max(2, min(MIN_PROGRAMS // tiles, max_split)))
+    return cfg
+
+
+def _split_plan(cfg: GemvConfig, n: int, k: int) -> tuple[int, int, int]:
+    """(K blocks per split, number of splits, row tiles) of `cfg` on an [n, k] weight."""
+    nkb = k // Q4_0.block_elems
+    kb_split = cdiv(cdiv(nkb, cfg.split), cfg.block_kb) * cfg.block_kb
+    return kb_split, cdiv(nkb, kb_split), cdiv(n, cfg.block_n)
 
 
 def q4_0_gemv(
@@ -226,29 +323,36 @@ def q4_0_gemv(
     n: int,
     k: int,
     out: torch.Tensor | None = None,
-    config: dict | None = None,
+    config: GemvConfig | dict | None = None,
 ) -> torch.Tensor:
     """out [1, n] f32 = x @ W^T for one token: x f32 [k] or [1, k], W a Q4_0 [n, k] weight.
 
-    `w`: a `Q4_0Packed` (fast path) or raw GGUF Q4_0 bytes (repacked per call). `config`:
-    {"BLOCK_N", "BLOCK_KB", "num_warps"[, "num_stages"]} pins one config instead of autotuning
-    (under the Triton interpreter, which cannot time configs, the first config pruning keeps).
+    `w`: a `Q4_0Packed` (fast path) or raw GGUF Q4_0 bytes (repacked per call). `config`: a
+    `GemvConfig` (or its fields as a dict) instead of the shape's default (`gemv_config`).
+    Split-K configs use the packed weight's scratch (partial sums, arrival counters): one call
+    per weight at a time (calls on one stream are).
     """
     what = "q4_0_gemv"
     w = _packed(what, w, n, k)
     check_tensor(what, "x", x, (torch.float32,), ndim=(1, 2))
     if x.numel() != k or (x.dim() == 2 and x.shape[0] != 1):
         raise UnsupportedError(f"{what}: x must be [{k}] or [1, {k}] (M == 1), got {tuple(x.shape)}")
-    device = check_device(what, x=x, qs=w.qs, d=w.d, out=out)
+    device = check_device(what, x=x, qs=w.qs, out=out)
     out = make_out(what, out, (1, n), torch.float32, device)
-    nkb = k // Q4_0.block_elems
-    args = (x, w.qs, w.d, out, n, nkb, _MAGIC_BITS, _HALF_SHIFT)
-    if config is None and interpreting():  # nothing to time configs on: the first one pruning keeps
-        config = _launch_kwargs(_prune_gemv(_GEMV_CONFIGS, {"N": n, "NKB": nkb})[0])
     if config is None:
-        _gemv_tuned[lambda meta: check_grid(what, (cdiv(n, meta["BLOCK_N"]),))](*args)
+        cfg = gemv_config(n, k)
     else:
-        _gemv[check_grid(what, (cdiv(n, config["BLOCK_N"]),))](*args, **config)
+        cfg = GemvConfig(**config) if isinstance(config, dict) else config
+    kb_split, nsplit, tiles = _split_plan(cfg, n, k)
+    part, counters = out, out  # unused without a split
+    if nsplit > 1:
+        part, counters = w.scratch(nsplit, tiles)
+    nkb = k // Q4_0.block_elems
+    _q4_0_gemv_kernel[check_grid(what, (tiles, nsplit))](
+        x, w.qs, w.d, out, part, counters, n, nkb, kb_split, nsplit, _MAGIC_BITS, _HALF_SHIFT,
+        R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=nsplit > 1,
+        EVEN_K=nkb % cfg.block_kb == 0 and nkb % kb_split == 0, num_warps=cfg.wk, maxnreg=cfg.maxnreg,
+    )
     return out
 
 

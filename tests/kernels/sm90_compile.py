@@ -25,48 +25,54 @@ def variants():
     """(name, jit function, signature, constexprs, options) for each variant to compile."""
     import triton.language as tl
 
-    from minfer.kernels import dequant, elementwise, embed, qmatmul, quantize
+    from minfer.kernels import dequant, elementwise, qmatmul, quantize
     from minfer.quant.types import QUANT_TABLE
 
     c = "constexpr"
     out = []
     for op, z in [("silu", "*fp32"), ("copy", "*fp16"), ("copy", "*bf16")]:
-        sig = {"x_ptr": "*fp32", "z_ptr": z, "n": "i64", "OP": c, "BLOCK": c}
-        consts = {"OP": op, "BLOCK": elementwise.BLOCK}
+        sig = {"x_ptr": "*fp32", "z_ptr": z, "n": "i64", "OP": c, "BLOCK": c, "EVEN": c}
+        consts = {"OP": op, "BLOCK": elementwise.BLOCK, "EVEN": op == "copy"}
         out.append((f"map1[{op}->{z}]", elementwise._map1_kernel, sig, consts, {}))
     for op, t in [("add", "*fp32"), ("mul", "*fp32"), ("swiglu", "*fp32"), ("swiglu", "*bf16")]:
-        sig = {"x_ptr": t, "y_ptr": t, "z_ptr": t, "n": "i32", "OP": c, "BLOCK": c}
-        consts = {"OP": op, "BLOCK": elementwise.BLOCK}
+        sig = {"x_ptr": t, "y_ptr": t, "z_ptr": t, "n": "i32", "OP": c, "BLOCK": c, "EVEN": c}
+        consts = {"OP": op, "BLOCK": elementwise.BLOCK, "EVEN": False}
         out.append((f"map2[{op} {t}]", elementwise._map2_kernel, sig, consts, {}))
     sig = {"y_ptr": "*fp32", "b_ptr": "*fp32", "d": "i32", "BLOCK_D": c}
     out.append(("add_bias", elementwise._add_bias_kernel, sig, {"BLOCK_D": elementwise.BIAS_BLOCK}, {}))
 
     storage = {"F32": "*fp32", "F16": "*fp16", "BF16": "*i16"}
     no_fma = {"enable_fp_fusion": False}
+    sig_base = {"src_ptr": None, "out_ptr": None, "ids_ptr": "*i32", "n_blocks": "i64",
+                "blocks_per_row": "i32", "n_vocab": "i32", "magic": "i32", "QTYPE": c, "BLOCK_BYTES": c,
+                "NSUB": c, "SUBLEN": c, "BLOCK": c, "EVEN": c, "GATHER": c}
     for info in QUANT_TABLE.values():
         src = storage.get(info.name, "*u8")
         meta = dict(dequant.tile_meta(info), BLOCK_BYTES=info.block_bytes if src == "*u8" else 1)
-        for dst in ("*fp16", "*bf16", "*fp32") if info.name == "Q4_0" else ("*fp16",):
-            sig = {"src_ptr": src, "out_ptr": dst, "n_blocks": "i64", "QTYPE": c, "BLOCK_BYTES": c,
-                   "NSUB": c, "SUBLEN": c, "BLOCK": c, "EVEN": c}
-            consts = dict(meta, BLOCK=dequant.blocks_per_program(info), EVEN=False)
+        # every type to f16; f32 (the most registers) for the quant types; bf16 once per decoder family
+        dsts = ["*fp16"] + ["*fp32"] * (src == "*u8") + ["*bf16"] * (info.name in ("F16", "Q4_0", "Q6_K"))
+        for dst in dsts:
+            sig = dict(sig_base, src_ptr=src, out_ptr=dst)
+            consts = dict(meta, BLOCK=dequant.blocks_per_program(info), EVEN=False, GATHER=False)
             out.append((f"dequant[{info.name}->{dst}]", dequant._dequant_kernel, sig, consts, no_fma))
-        if info.name in ("F16", "Q8_0", "Q4_K"):
-            sig = {"w_ptr": src, "ids_ptr": "*i32", "out_ptr": "*fp32", "n_vocab": "i32",
-                   "blocks_per_row": "i32", "QTYPE": c, "BLOCK_BYTES": c, "NSUB": c, "SUBLEN": c, "BLOCK": c}
-            consts = dict(meta, BLOCK=dequant.blocks_per_program(info))
-            out.append((f"embed[{info.name}]", embed._embed_kernel, sig, consts, no_fma))
+        if info.name in ("F16", "Q8_0", "Q4_K", "Q6_K"):  # the embedding gather: the same kernel, GATHER on
+            sig = dict(sig_base, src_ptr=src, out_ptr="*fp32")
+            consts = dict(meta, BLOCK=dequant.blocks_per_program(info), EVEN=False, GATHER=True)
+            out.append((f"embed[{info.name}]", dequant._dequant_kernel, sig, consts, no_fma))
 
     sig = {"x_ptr": "*fp32", "out_ptr": "*u8", "n_blocks": "i64", "BLOCK": c}
     out.append(("quantize_q8_0", quantize._quantize_q8_0_kernel, sig, {"BLOCK": quantize.BLOCK}, no_fma))
 
-    sig = {"x_ptr": "*fp32", "qs_ptr": "*i32", "d_ptr": "*fp16", "out_ptr": "*fp32", "N": "i32", "NKB": "i32",
-           "magic": "i32", "half_shift": "i32", "BLOCK_N": c, "BLOCK_KB": c, "EVEN_K": c}
-    for i, cfg in enumerate(qmatmul._GEMV_CONFIGS):
-        for even in (True, False) if i == 0 else (True,):
-            name = f"q4_0_gemv[{cfg.kwargs['BLOCK_N']}x{cfg.kwargs['BLOCK_KB']} w{cfg.num_warps} even={even}]"
-            opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-            out.append((name, qmatmul._q4_0_gemv_kernel, sig, dict(cfg.kwargs, EVEN_K=even), opts))
+    sig = {"x_ptr": "*fp32", "qs_ptr": "*i32", "d_ptr": "*fp16", "out_ptr": "*fp32", "part_ptr": "*fp32",
+           "cnt_ptr": "*i32", "N": "i32", "NKB": "i32", "KB_SPLIT": "i32", "NSPLIT": "i32", "magic": "i32",
+           "half_shift": "i32", "R": c, "LR": c, "LK": c, "WK": c, "SPLIT": c, "EVEN_K": c}
+    for n, k in [(18944, 3584), (3584, 18944)]:  # the configs gemv_config picks: no split, split
+        cfg = qmatmul.gemv_config(n, k)
+        for even in (True, False):
+            name = f"q4_0_gemv[r{cfg.r} lr{cfg.lr} wk{cfg.wk} split={cfg.split} even={even}]"
+            consts = dict(R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=cfg.split > 1, EVEN_K=even)
+            opts = {"num_warps": cfg.wk, "maxnreg": cfg.maxnreg}
+            out.append((name, qmatmul._q4_0_gemv_kernel, sig, consts, opts))
     sig = {"x_ptr": "*fp32", "qs_ptr": "*i32", "d_ptr": "*fp16", "out_ptr": "*fp32", "M": "i32", "N": "i32",
            "K": "i32", "NKB": "i32", "M_BUCKET": "i32", "magic": "i32", "half_shift": "i32", "COMPUTE": c,
            "BLOCK_M": c, "BLOCK_N": c, "BLOCK_K": c, "GROUP_M": c, "EVEN_K": c}
@@ -93,33 +99,41 @@ def resources(cubin: bytes) -> dict[str, int]:
 
 
 def aligned(fn, sig: dict[str, str]) -> dict:
-    """Pointer arguments 16-byte aligned, as Triton specializes them for torch allocations."""
-    return {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k, v in sig.items() if v.startswith("*")}
+    """Pointer arguments 16-byte aligned, as Triton specializes them for torch allocations, and an
+    element count `n` divisible by 16, as it specializes the flat kernels' usual sizes."""
+    hinted = [k for k, v in sig.items() if v.startswith("*") or k == "n"]
+    return {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in hinted}
+
+
+def compile_one(index: int) -> tuple[bool, str]:
+    """Compile variant `index`: (failed, report line)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    name, fn, sig, consts, opts = variants()[index]
+    try:
+        src = ASTSource(fn, sig, consts, aligned(fn, sig))
+        kernel = triton.compile(src, target=GPUTarget(*TARGET), options=opts)
+        res = resources(kernel.asm["cubin"])
+    except Exception as e:  # report every failing variant, not just the first
+        return True, f"FAIL {name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    spills = res.get("LOCAL", 0) + res.get("STACK", 0)
+    status = "SPILL" if spills else "ok"
+    return bool(spills), f"{status:5} {name:48} regs {res.get('REG'):3} smem {kernel.metadata.shared:6} spill {spills}"
 
 
 def main() -> int:
     if os.environ.get("TRITON_INTERPRET"):
         print("unset TRITON_INTERPRET: this compiles the real kernels", file=sys.stderr)
         return 2
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from concurrent.futures import ProcessPoolExecutor
 
-    failed = 0
-    for name, fn, sig, consts, opts in variants():
-        try:
-            src = ASTSource(fn, sig, consts, aligned(fn, sig))
-            kernel = triton.compile(src, target=GPUTarget(*TARGET), options=opts)
-            res = resources(kernel.asm["cubin"])
-        except Exception as e:  # report every failing variant, not just the first
-            failed += 1
-            print(f"FAIL {name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-            continue
-        spills = res.get("LOCAL", 0) + res.get("STACK", 0)
-        failed += bool(spills)
-        status = "SPILL" if spills else "ok"
-        print(f"{status:5} {name:48} regs {res.get('REG'):3} smem {kernel.metadata.shared:6} spill {spills}")
-    return 1 if failed else 0
+    with ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # compiles are CPU-bound
+        results = list(pool.map(compile_one, range(len(variants()))))
+    for _, line in results:
+        print(line)
+    return 1 if any(failed for failed, _ in results) else 0
 
 
 if __name__ == "__main__":

@@ -48,8 +48,10 @@ def test_out_of_range_ids(device, gen, check):
     raw, table = _table(info, 64, gen)
     ids = torch.tensor([2, -1, N_VOCAB, 5], dtype=torch.int32, device=device)
     with pytest.raises(UnsupportedError, match=f"token id -1 is outside the vocabulary \\[0, {N_VOCAB}\\)"):
-        embed_rows(raw.to(device), GGMLType.Q8_0, ids, 64)
-    out = embed_rows(raw.to(device), GGMLType.Q8_0, ids, 64, validate=False)  # no host sync: NaN rows
+        embed_rows(raw.to(device), GGMLType.Q8_0, ids, 64, validate=True)
+    with pytest.raises(UnsupportedError, match=f"token id {N_VOCAB} is outside"):
+        embed_rows(raw.to(device), GGMLType.Q8_0, ids[2:], 64, validate=True)
+    out = embed_rows(raw.to(device), GGMLType.Q8_0, ids, 64)  # the default: no host sync, NaN rows
     check.same_values(out[[0, 3]], table[[2, 5]])
     assert torch.isnan(out[[1, 2]]).all()
 
@@ -71,3 +73,6 @@ def test_invariants(device):
         embed_rows(w, GGMLType.Q4_0, ids, 96)
     with pytest.raises(UnsupportedError, match="shape"):
         embed_rows(w, GGMLType.Q4_0, ids, 64, out=torch.empty(3, 32, device=device))
+    k_table = torch.zeros(2 * 144 + 2, dtype=torch.uint8, device=device)[2:]  # Q4_K rows, 2-byte aligned
+    with pytest.raises(UnsupportedError, match="4-byte aligned"):
+        embed_rows(k_table, GGMLType.Q4_K, ids, 256)

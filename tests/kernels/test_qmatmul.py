@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import triton
 
 from minfer.errors import UnsupportedError
 from minfer.kernels import qmatmul
@@ -12,7 +11,7 @@ from minfer.kernels.qmatmul import Q4_0Packed, q4_0_gemv, q4_0_matmul, repack_q4
 from minfer.quant import reference
 from minfer.quant.types import GGMLType
 
-GEMV_CONFIG = {"BLOCK_N": 16, "BLOCK_KB": 4, "num_warps": 4}
+GEMV_CONFIG = qmatmul.GemvConfig(r=2, lr=8, wk=1)  # 16 rows x 4 blocks per step: small for the interpreter
 MATMUL_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 128, "GROUP_M": 2, "num_warps": 4}
 
 
@@ -40,7 +39,7 @@ def test_gemv_raw_bytes_and_whole_k_steps(device, gen, check):
     n, k = 20, 32 * 8
     raw, w = _weight(n, k, gen)
     x = torch.randn(1, k, generator=gen)
-    config = {"BLOCK_N": 8, "BLOCK_KB": 8, "num_warps": 2}  # 8 blocks per row: one K step, no tail
+    config = {"r": 2, "lr": 4, "wk": 1}  # 8 blocks per row: one K step, no tail
     out = q4_0_gemv(x.to(device), raw.to(device), n, k, config=config)  # raw GGUF bytes: repacked per call
     assert check.rel_err(out, x.double() @ w.T) < 1e-5
 
@@ -58,22 +57,37 @@ def test_matmul(m, n, k, compute, tol, device, gen, check):
     assert check.rel_err(out, x.double() @ w.T) < tol
 
 
-@pytest.mark.parametrize("index", [0, -1])
-def test_production_configs(index, device, gen, check):
-    """The first and last autotune configs of each kernel, on a K with a partial last step."""
-    n, k, m = 70, 960, 40
+@pytest.mark.parametrize(
+    "config",
+    [qmatmul.GemvConfig(), qmatmul.GemvConfig(split=2), qmatmul.GemvConfig(split=3)],
+    ids=["default", "split2", "split3"],
+)
+def test_gemv_production_configs(config, device, gen, check):
+    """The production tile (32 rows x 16 blocks per step), alone and with K split across programs
+    (uneven splits, a partial last step): one launch, then a second one that reuses the self-reset
+    arrival counters."""
+    n, k = 70, 32 * 72
     raw, w = _weight(n, k, gen)
     packed = repack_q4_0(raw.to(device), n, k)
+    for _ in range(2 if config.split > 1 else 1):
+        x = torch.randn(1, k, generator=gen)
+        out = check.poisoned((1, n), torch.float32, device)
+        q4_0_gemv(x.to(device), packed, n, k, out=out, config=config)
+        assert check.rel_err(out, x.double() @ w.T) < 1e-5
+    assert not packed.counters.any()
+
+
+@pytest.mark.parametrize("index", [0, -1])
+def test_matmul_production_configs(index, device, gen, check):
+    """The first and last autotune configs of the matmul, on a K with a partial last step."""
+    n, k, m = 70, 960, 40
+    raw, w = _weight(n, k, gen)
     x = torch.randn(m, k, generator=gen)
-    for kernel, launch, xs, ref, tol in [
-        (qmatmul._gemv_tuned, q4_0_gemv, x[:1], x[:1].double() @ w.T, 1e-5),
-        (qmatmul._matmul_tuned, q4_0_matmul, x, x.double() @ w.T, 2e-3),
-    ]:
-        cfg = kernel.configs[index]
-        config = dict(cfg.kwargs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-        out = check.poisoned(ref.shape, torch.float32, device)
-        launch(xs.to(device), packed, n, k, out=out, config=config)
-        assert check.rel_err(out, ref) < tol, config
+    cfg = qmatmul._matmul_tuned.configs[index]
+    config = dict(cfg.kwargs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    out = check.poisoned((m, n), torch.float32, device)
+    q4_0_matmul(x.to(device), repack_q4_0(raw.to(device), n, k), n, k, out=out, config=config)
+    assert check.rel_err(out, x.double() @ w.T) < 2e-3, config
 
 
 def test_repack_keeps_the_scales(device, gen):
@@ -106,30 +120,27 @@ def test_invariants(device, gen):
         q4_0_matmul(torch.zeros(3, 64, device=device), packed, 4, 64, compute_dtype=torch.float32)
     with pytest.raises(UnsupportedError, match="Q4_0Packed"):
         q4_0_gemv(x, "weights", 4, 64)
-    bad = Q4_0Packed(qs=packed.qs.float(), d=packed.d, n=4, k=64)
-    with pytest.raises(UnsupportedError, match="dtype int32"):
-        q4_0_gemv(x, bad, 4, 64)
+    with pytest.raises(UnsupportedError, match="dtype int32"):  # checked once, when made
+        Q4_0Packed(qs=packed.qs.float(), d=packed.d, n=4, k=64)
+    with pytest.raises(UnsupportedError, match="sizes do not match"):
+        Q4_0Packed(qs=packed.qs, d=packed.d, n=4, k=96)
 
 
-def _configs(kernel):
-    return [triton.Config(dict(c.kwargs), num_warps=c.num_warps) for c in kernel.configs]
-
-
-def test_gemv_config_pruning():
-    """Autotuning only tries configs that can fill an H200 (>= 264 programs) when any can."""
-    configs = _configs(qmatmul._gemv_tuned)
-    for n, nkb in [(3584, 592), (18944, 112), (896, 28)]:
-        kept = qmatmul._prune_gemv(configs, {"N": n, "NKB": nkb})
-        assert kept
-        if any(-(-n // c.kwargs["BLOCK_N"]) >= qmatmul.MIN_PROGRAMS for c in configs):
-            assert all(-(-n // c.kwargs["BLOCK_N"]) >= qmatmul.MIN_PROGRAMS for c in kept)
-        else:  # small N: the config with the most programs
-            assert [c.kwargs["BLOCK_N"] for c in kept] == [min(c.kwargs["BLOCK_N"] for c in configs)]
-    assert all(c.kwargs["BLOCK_KB"] <= 32 for c in qmatmul._prune_gemv(configs, {"N": 18944, "NKB": 18}))
+def test_gemv_config_choice():
+    """Rows fill the GPU for up / gate / vocab projections; long-K down projections split K into
+    about MIN_PROGRAMS programs; short K is never split."""
+    for n, k in [(18944, 3584), (152064, 3584), (4864, 896)]:
+        assert qmatmul.gemv_config(n, k).split == 1
+    cfg = qmatmul.gemv_config(3584, 18944)  # 112 row tiles of 32 rows
+    assert cfg.block_n == 32 and cfg.split == qmatmul.MIN_PROGRAMS // 112
+    assert qmatmul.gemv_config(576, 1536).split == 1  # 48 blocks: too few K steps to split
+    small = qmatmul.gemv_config(64, 2048)  # 2 row tiles, 64 blocks: 2 splits of 2 K steps each
+    packed = repack_q4_0(torch.zeros(64 * 2048 // 32 * 18, dtype=torch.uint8), 64, 2048)
+    assert small.split == 2 and packed.partials.numel() == 2 * 64 and packed.counters.numel() == 64
 
 
 def test_matmul_config_pruning():
-    configs = _configs(qmatmul._matmul_tuned)
+    configs = qmatmul._matmul_tuned.configs
     assert {c.kwargs["BLOCK_M"] for c in qmatmul._prune_matmul(configs, {"M_BUCKET": 8})} == {16}
     assert max(c.kwargs["BLOCK_M"] for c in qmatmul._prune_matmul(configs, {"M_BUCKET": 64})) == 64
     assert len(qmatmul._prune_matmul(configs, {"M_BUCKET": 4096})) == len(configs)
