@@ -249,8 +249,12 @@ def _quantize_model(name: str, m: ModelDims, q) -> list[Setting]:
 
 
 def _ref_quantize(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[str, str]) -> torch.Tensor:
+    # On the CPU: torch's CUDA elementwise kernels may contract x * (1/d) into an FMA, which moves
+    # a code at a rounding boundary (seen on an H200: 2-3 codes in 10M); ggml's quantizer is f32
+    # with no fusion, which the CPU reference reproduces bit for bit.
     x = i["x_f32"]
-    return reference.dequantize(reference.quantize(x, GGMLType.Q8_0), GGMLType.Q8_0, x.shape).double()
+    ref = reference.dequantize(reference.quantize(x.cpu(), GGMLType.Q8_0), GGMLType.Q8_0, x.shape)
+    return ref.double().to(x.device)
 
 
 # ---- quantized matmul -------------------------------------------------------------------------
