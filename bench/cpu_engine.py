@@ -1,6 +1,6 @@
 """Benchmark: the cpu engine on SmolLM2 — load time, decode tok/s, pp512 tok/s, Python overhead.
 
-Not a test. Usage:  python bench/cpu_engine.py [MODEL.gguf] [--threads 2] [--decode 128] [--repeats 3]
+Not a test. Usage:  python bench/cpu_engine.py [MODEL.gguf] [--threads 2] [--decode 128] [--repeats 5]
 
 - load: GGUF open + graph build + weight preparation (float32 copies, int4 packing).
 - decode: tokens/s of single-token steps after a 16-token prompt (greedy, logits of each step),
@@ -9,7 +9,8 @@ Not a test. Usage:  python bench/cpu_engine.py [MODEL.gguf] [--threads 2] [--dec
 - overhead: a decode step of a "skeleton" model with SmolLM2's graph (30 layers, same node
   count) but widths of 64, whose compute is negligible: what graph walking, Python closures
   and torch dispatch cost per step and per node.
-Each figure is the best of --repeats runs (the machine may be shared). Reference points on a
+Each figure is the median of --repeats runs, with their range (the machine may be shared: quote
+the median of >= 5 runs, and compare variants A B A B). Reference points on a
 2-core AVX2 machine: llama.cpp ~71 tok/s decode, ~165 tok/s pp512; HF transformers f32 ~21 / ~428.
 """
 
@@ -29,14 +30,10 @@ from minfer.engine.engine import Engine
 from minfer.gguf.reader import GGUFReader
 
 
-def best(fn, repeats: int) -> float:
-    """Fastest wall time of `repeats` calls of fn()."""
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+def timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 def tokens(engine: Engine, first: int, n: int) -> list[int]:
@@ -54,13 +51,22 @@ def decode_steps(engine: Engine, n: int) -> list[float]:
     return times
 
 
-def measure(engine: Engine, n_decode: int, repeats: int) -> dict[str, float]:
-    """Decode: the median step of a run, best run; pp512: best run (a shared machine's bursts
-    of load only ever slow a run down)."""
+def measure(engine: Engine, n_decode: int, repeats: int) -> dict[str, list[float]]:
+    """Per run (decode then pp512, alternating): decode tok/s from the run's median step, and
+    pp512 tok/s."""
     decode_steps(engine, 4)  # warm-up
-    step = min(statistics.median(decode_steps(engine, n_decode)) for _ in range(repeats))
-    t_pp = best(lambda: engine.prefill(0, tokens(engine, 2000, 512)), repeats)
-    return {"decode_tps": 1 / step, "pp512_tps": 512 / t_pp, "step_ms": step * 1e3}
+    r = {"decode_tps": [], "pp512_tps": [], "step_ms": []}
+    for _ in range(repeats):
+        step = statistics.median(decode_steps(engine, n_decode))
+        r["decode_tps"].append(1 / step)
+        r["step_ms"].append(step * 1e3)
+        r["pp512_tps"].append(512 / timed(lambda: engine.prefill(0, tokens(engine, 2000, 512))))
+    return r
+
+
+def med(xs: list[float]) -> str:
+    """'median (min-max)'."""
+    return f"{statistics.median(xs):.1f} ({min(xs):.1f}-{max(xs):.1f})"
 
 
 def skeleton_model(model: Path, out: Path) -> Path:
@@ -82,7 +88,7 @@ def main() -> None:
     ap.add_argument("model", nargs="?", type=Path, default=None)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--decode", type=int, default=128, help="decode steps per run")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     path = a.model or default_model_path()
@@ -100,13 +106,13 @@ def main() -> None:
 
     print(f"model: {path.name}  threads: {a.threads}  graph nodes: {n_nodes}")
     print(f"load (graph + weight preparation): {load_s:.2f} s")
-    print(f"decode: {r['decode_tps']:.1f} tok/s ({r['step_ms']:.2f} ms/step)")
-    print(f"pp512: {r['pp512_tps']:.1f} tok/s")
-    print(f"overhead (skeleton decode step): {s['step_ms']:.2f} ms/step = "
-          f"{s['step_ms'] * 1e3 / len(skel.graph.nodes):.1f} us/node = "
-          f"{100 * s['step_ms'] / r['step_ms']:.0f}% of a SmolLM2 step")
-    print(f"RESULT decode_tps={r['decode_tps']:.1f} pp512_tps={r['pp512_tps']:.1f} load_s={load_s:.2f} "
-          f"overhead_ms={s['step_ms']:.2f}")
+    step, skel_step = statistics.median(r["step_ms"]), statistics.median(s["step_ms"])
+    print(f"decode: {med(r['decode_tps'])} tok/s ({step:.2f} ms/step, median of {a.repeats} runs)")
+    print(f"pp512: {med(r['pp512_tps'])} tok/s")
+    print(f"overhead (skeleton decode step): {skel_step:.2f} ms/step = "
+          f"{skel_step * 1e3 / len(skel.graph.nodes):.1f} us/node = {100 * skel_step / step:.0f}% of a SmolLM2 step")
+    print(f"RESULT decode_tps={statistics.median(r['decode_tps']):.1f} "
+          f"pp512_tps={statistics.median(r['pp512_tps']):.1f} load_s={load_s:.2f} overhead_ms={skel_step:.2f}")
 
 
 if __name__ == "__main__":

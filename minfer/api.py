@@ -114,8 +114,13 @@ class Model:
         Sampling keywords: see engine.sampler.SamplingParams (max_tokens, temperature, top_k,
         top_p, min_p, repeat_penalty, repeat_last_n, seed, stop, ignore_eos); temperature=0 is
         greedy. Returns the text, or with stream=True an iterator of text pieces.
-        `last_stats` holds the token counts, timings and finish reason of the latest call."""
+        `last_stats` holds the token counts, timings and finish reason of the latest call.
+        With an explicit `seed` the call starts from an empty cache, so the same seed always gives
+        the same text (a reused prefix would run the prompt's last token as a one-row step, whose
+        logits differ from a many-row prefill's by rounding)."""
         params = SamplingParams(**sampling)
+        if params.seed is not None:
+            self.reset()
         if isinstance(prompt, list):
             ids = self.chat_tokens(prompt)
         else:

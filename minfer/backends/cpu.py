@@ -48,8 +48,9 @@ def _dense_bytes(graph: Graph) -> int:
 
 class _Step:
     """What one forward pass's nodes share: the batch, the cache, per-step rope matrices, and for
-    a one-token step of one sequence (plain decode) views of its cache made once for all layers:
-    where this token's k/v go [n_layer, n_kv, hd] and the keys/values it attends [n_layer, n_kv, L, hd]."""
+    a one-token step of one sequence (plain decode) views of its cache made once for all layers
+    (unbound per layer: a tuple lookup per node instead of a tensor select): where this token's
+    k/v go, n_layer x [n_kv, hd], and the keys/values it attends, n_layer x [n_kv, L, hd]."""
 
     __slots__ = ("batch", "cache", "rope", "one")
 
@@ -59,7 +60,7 @@ class _Step:
         if len(batch.spans) == 1 and batch.spans[0].n_tokens == 1:
             slot, pos = batch.spans[0].slot, batch.spans[0].start
             k, v = cache.k[:, slot], cache.v[:, slot]
-            self.one = (k[:, :, pos], v[:, :, pos], k[:, :, :pos + 1], v[:, :, :pos + 1])
+            self.one = tuple(t.unbind(0) for t in (k[:, :, pos], v[:, :, pos], k[:, :, :pos + 1], v[:, :, :pos + 1]))
 
 
 Values = list
@@ -87,6 +88,7 @@ class CPUBackend:
         self._ropes: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self._n_ctx_rope = int(graph.meta.get("n_ctx_train", 4096))
         self._keep_dense = _dense_bytes(graph) <= DENSE_BUDGET * _physical_memory()
+        self._matmul_weights = {n.weights["w"] for n in graph.nodes if n.op == Op.MATMUL and "b" not in n.weights}
         fns = []
         with tqdm(total=sum(1 for n in graph.nodes if n.weights), desc="preparing weights", unit="node",
                   delay=0.5, disable=not progress, leave=False) as bar:
@@ -135,9 +137,11 @@ class CPUBackend:
             return lambda vals, st: getattr(st.batch, name)
         if op == Op.GET_ROWS:
             if "w" in node.weights:
-                w = node.weights["w"].name
-                table = self._tables.setdefault(w, EmbeddingTable(self._reader, self._reader.tensors[w]))
-                (i,) = ins
+                (i,), w = ins, node.weights["w"]
+                if self._keep_dense and w in self._matmul_weights:  # tied: the output's exact float32 copy
+                    dense = self._matrix(w, None).dense
+                    return lambda vals, st: dense.index_select(0, vals[i])
+                table = self._tables.setdefault(w.name, EmbeddingTable(self._reader, self._reader.tensors[w.name]))
                 return lambda vals, st: table(vals[i])
             i, r = ins
             return lambda vals, st: vals[i].index_select(0, vals[r])
@@ -148,6 +152,8 @@ class CPUBackend:
             m = self._matrix(node.weights["w"], node.weights.get("b"))
             self._kernels[node.id] = m.kernel
             (i,) = ins
+            if node.id == self.graph.output:  # logits are float32 whatever the weight's path
+                return lambda vals, st: m(vals[i]).float()
             return lambda vals, st: m(vals[i])
         if op == Op.ADD:
             i, j = ins

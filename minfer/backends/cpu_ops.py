@@ -33,7 +33,7 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up."""
+    """silu(gate) * up, in the inputs' dtype (bfloat16 on the decode path: the next int4 matmul's input)."""
     return F.silu(gate).mul_(up)
 
 
@@ -78,12 +78,12 @@ def rope_matrix(cos: torch.Tensor, sin: torch.Tensor, head_dim: int, n_rot: int,
 
 
 def apply_rope(x: torch.Tensor, rot: torch.Tensor, n_heads: int, head_dim: int) -> torch.Tensor:
-    """Rotate [T, n_heads * head_dim] (a column view is fine) by rope_matrix's R [T, hd, hd], or
-    for one token by its R [hd, hd] (a plain 2-D matmul: the row is contiguous even in a view);
-    returns a new contiguous [T, n_heads * head_dim]."""
+    """Rotate [T, n_heads * head_dim] (a column view is fine; bfloat16 is promoted) by
+    rope_matrix's R [T, hd, hd], or for one token by its R [hd, hd] (a plain 2-D matmul: the row
+    is contiguous even in a view); returns a new contiguous float32 [T, n_heads * head_dim]."""
     if rot.dim() == 2:
-        return torch.mm(x.view(n_heads, head_dim), rot).view(1, n_heads * head_dim)
-    return torch.matmul(x.unflatten(-1, (n_heads, head_dim)), rot).flatten(-2)
+        return torch.mm(x.view(n_heads, head_dim).float(), rot).view(1, n_heads * head_dim)
+    return torch.matmul(x.unflatten(-1, (n_heads, head_dim)).float(), rot).flatten(-2)
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int, head_dim: int, n_rot: int,
@@ -96,13 +96,12 @@ def attention_one(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, sca
     """attention() for one query that sees every cached position: q [n_head, hd] against
     keys/values [n_head_kv, L, hd]. Returns [1, n_head * hd].
 
-    With one query the causal mask is empty, so each kv head's group of query heads is a small
-    batch of queries against the same keys: three batched ops, no mask, no repeated keys."""
+    With one query there is no causal mask: one SDPA call on views, no repeated keys (measured
+    on 2 AVX2 cores: ~25% faster than baddbmm + softmax + bmm at L = 32..512)."""
     n_head, hd = q.shape
-    n_kv, length, _ = keys.shape
-    scores = torch.baddbmm(torch.empty(n_kv, n_head // n_kv, length), q.view(n_kv, n_head // n_kv, hd),
-                           keys.transpose(1, 2), beta=0.0, alpha=scale)
-    return torch.bmm(torch.softmax(scores, -1), values).view(1, n_head * hd)
+    out = F.scaled_dot_product_attention(q.view(1, n_head, 1, hd), keys.unsqueeze(0), values.unsqueeze(0),
+                                         scale=scale, enable_gqa=keys.shape[0] != n_head)
+    return out.view(1, n_head * hd)
 
 
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int,

@@ -6,6 +6,10 @@ A MatMul weight becomes a `Matrix` with two paths, chosen per call by the number
   the exact dequantized weight, so this path is the numerical reference.
 - few rows (decode): Q4_0/Q4_1 run torch's int4 packed matmul (group size 32, bfloat16
   activations), Q8_0 a float16 copy (half the bytes of float32); other types use float32.
+  The int4 path returns the kernel's own bfloat16 result and takes bfloat16 input as it is:
+  a decode step's activations stay bfloat16 from one int4 matmul to the next (SwiGLU between
+  gate/up and down), and float32 consumers promote them (the residual Add, the KV cache copy,
+  RoPE). Converting back and forth would add no precision, only ops.
 
 torch's int4 kernel computes w = (q - 8) * scale + zero per group of 32. ggml's blocks are
 Q4_0: w = d * (q - 8) -> scale = d, zero = 0; Q4_1: w = d * q + m -> scale = d, zero = m + 8 d.
@@ -111,7 +115,7 @@ class Matrix:
         mm = torch.ops.aten._weight_int4pack_mm_for_cpu
 
         def run(x: torch.Tensor) -> torch.Tensor:
-            return mm(x.to(torch.bfloat16), packed, INT4_GROUP, sz).to(torch.float32)
+            return mm(x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16), packed, INT4_GROUP, sz)
 
         self._small, self.small_kernel = run, "torch.int4pack_mm_bf16"
 
@@ -122,10 +126,11 @@ class Matrix:
         self.small_kernel = "torch.linear_f16"
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """float32 [T, n], or for few rows on the int4 path bfloat16 (a bias promotes it to float32)."""
         if self._small is not None and x.shape[0] <= SMALL_ROWS:
             y = self._small(x)
-            return y if self.bias is None else y.add_(self.bias)
-        return F.linear(x, self.dense, self.bias)
+            return y if self.bias is None else y + self.bias
+        return F.linear(x.float(), self.dense, self.bias)
 
     def kernel(self, rows: int) -> str:
         return self.small_kernel if self._small is not None and rows <= SMALL_ROWS else "torch.linear_f32"
