@@ -80,20 +80,6 @@ def traffic(op: str, inputs: Mapping[str, torch.Tensor], params: Mapping[str, An
 
 # ---- random inputs ----------------------------------------------------------------------------
 
-# byte offsets of the f16 scale fields in one block (the layouts of minfer.quant.types); random
-# bytes there could spell inf/NaN, so they get finite random scales instead
-F16_FIELDS = {
-    GGMLType.Q4_0: (0,),
-    GGMLType.Q4_1: (0, 2),
-    GGMLType.Q5_0: (0,),
-    GGMLType.Q5_1: (0, 2),
-    GGMLType.Q8_0: (0,),
-    GGMLType.Q2_K: (80, 82),
-    GGMLType.Q3_K: (108,),
-    GGMLType.Q4_K: (0, 2),
-    GGMLType.Q5_K: (0, 2),
-    GGMLType.Q6_K: (208,),
-}
 FLOAT_STORAGE = {GGMLType.F32: torch.float32, GGMLType.F16: torch.float16, GGMLType.BF16: torch.bfloat16}
 
 
@@ -107,7 +93,7 @@ def random_blocks(info: QuantInfo, rows: int, cols: int, gen: torch.Generator) -
         return vals.view(torch.uint8).reshape(rows, row_bytes)
     n_blocks = rows * cols // info.block_elems
     blocks = torch.randint(0, 256, (n_blocks, info.block_bytes), generator=gen, dtype=torch.uint8, device=dev)
-    for off in F16_FIELDS[info.type]:
+    for off in info.f16_offsets:  # finite random scales (random bytes could spell inf/NaN)
         scales = (torch.randn(n_blocks, generator=gen, device=dev) * 0.05).to(torch.float16)
         blocks[:, off : off + 2] = scales.view(torch.uint8).reshape(n_blocks, 2)
     return blocks.reshape(rows, row_bytes)

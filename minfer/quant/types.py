@@ -58,6 +58,7 @@ class QuantInfo:
     block_elems: int
     block_bytes: int
     contract_name: str  # the storage-type spelling kernel contracts use (seed 004: "Q4K", never "Q4_K_M")
+    f16_offsets: tuple[int, ...] = ()  # byte offsets of the block's f16 scale fields (d, and m/dmin)
 
     @property
     def name(self) -> str:
@@ -80,16 +81,16 @@ QUANT_TABLE: dict[GGMLType, QuantInfo] = {
         QuantInfo(GGMLType.F32, 1, 4, "F32"),
         QuantInfo(GGMLType.F16, 1, 2, "F16"),
         QuantInfo(GGMLType.BF16, 1, 2, "BF16"),
-        QuantInfo(GGMLType.Q4_0, 32, 18, "Q4_0"),
-        QuantInfo(GGMLType.Q4_1, 32, 20, "Q4_1"),
-        QuantInfo(GGMLType.Q5_0, 32, 22, "Q5_0"),
-        QuantInfo(GGMLType.Q5_1, 32, 24, "Q5_1"),
-        QuantInfo(GGMLType.Q8_0, 32, 34, "Q8_0"),
-        QuantInfo(GGMLType.Q2_K, 256, 84, "Q2K"),
-        QuantInfo(GGMLType.Q3_K, 256, 110, "Q3K"),
-        QuantInfo(GGMLType.Q4_K, 256, 144, "Q4K"),
-        QuantInfo(GGMLType.Q5_K, 256, 176, "Q5K"),
-        QuantInfo(GGMLType.Q6_K, 256, 210, "Q6K"),
+        QuantInfo(GGMLType.Q4_0, 32, 18, "Q4_0", (0,)),
+        QuantInfo(GGMLType.Q4_1, 32, 20, "Q4_1", (0, 2)),
+        QuantInfo(GGMLType.Q5_0, 32, 22, "Q5_0", (0,)),
+        QuantInfo(GGMLType.Q5_1, 32, 24, "Q5_1", (0, 2)),
+        QuantInfo(GGMLType.Q8_0, 32, 34, "Q8_0", (0,)),
+        QuantInfo(GGMLType.Q2_K, 256, 84, "Q2K", (80, 82)),
+        QuantInfo(GGMLType.Q3_K, 256, 110, "Q3K", (108,)),
+        QuantInfo(GGMLType.Q4_K, 256, 144, "Q4K", (0, 2)),
+        QuantInfo(GGMLType.Q5_K, 256, 176, "Q5K", (0, 2)),
+        QuantInfo(GGMLType.Q6_K, 256, 210, "Q6K", (208,)),
     ]
 }
 

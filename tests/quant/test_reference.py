@@ -16,26 +16,14 @@ import torch
 from gguf.constants import GGMLQuantizationType
 
 from minfer.errors import QuantError, UnsupportedError
-from minfer.quant import GGMLType, quant_info
+from minfer.quant import QUANT_TABLE, GGMLType, quant_info
 from minfer.quant.reference import dequantize, quantize
 
 N_BLOCKS = 640
 
-# Byte offsets of each type's f16 scale fields (d, and dmin/m where present), per ggml's block structs.
-SCALE_OFFSETS = {
-    GGMLType.Q4_0: (0,),
-    GGMLType.Q4_1: (0, 2),
-    GGMLType.Q5_0: (0,),
-    GGMLType.Q5_1: (0, 2),
-    GGMLType.Q8_0: (0,),
-    GGMLType.Q2_K: (80, 82),
-    GGMLType.Q3_K: (108,),
-    GGMLType.Q4_K: (0, 2),
-    GGMLType.Q5_K: (0, 2),
-    GGMLType.Q6_K: (208,),
-}
 FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
-ALL_TYPES = FLOAT_TYPES + tuple(SCALE_OFFSETS)
+BLOCK_TYPES = tuple(t for t, q in QUANT_TABLE.items() if q.f16_offsets)
+ALL_TYPES = FLOAT_TYPES + BLOCK_TYPES
 assert len(ALL_TYPES) == 13
 
 # f16 bit patterns of scales worth hitting on purpose
@@ -59,7 +47,7 @@ def random_blocks(qtype: GGMLType, seed: int) -> np.ndarray:
     raw = rng.integers(0, 256, size=(N_BLOCKS, info.block_bytes), dtype=np.uint8)
     raw[:8] = 0  # all-zero blocks
     raw[8:16] = 0xFF  # every quant at its maximum (scales are set below)
-    for off in SCALE_OFFSETS.get(qtype, ()):
+    for off in QUANT_TABLE[qtype].f16_offsets:
         raw[:, off : off + 2] = _finite_f16_bits(rng, N_BLOCKS).view(np.uint8).reshape(-1, 2)
         raw[:8, off : off + 2] = 0
         raw[8:12, off : off + 2] = np.array([0x7BFF], dtype=np.uint16).view(np.uint8)  # +65504
@@ -89,7 +77,7 @@ def test_dequantize_bit_exact_vs_gguf(qtype):
     raw = random_blocks(qtype, seed=int(qtype))
     out = dequantize(raw, qtype)
     assert_bit_equal(out, gguf_dequant(raw, qtype))
-    if qtype in SCALE_OFFSETS:  # the blocks with scales of +-65504 reach large finite values
+    if qtype in BLOCK_TYPES:  # the blocks with scales of +-65504 reach large finite values
         assert torch.isfinite(out).all() and out.abs().max() > 1e5
 
 
