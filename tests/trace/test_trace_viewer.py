@@ -12,6 +12,7 @@ import re
 
 import pytest
 import torch
+from playwright.sync_api import expect
 
 from minfer.trace import TraceRecorder
 from minfer.trace.server import TraceServer
@@ -171,7 +172,9 @@ def test_file_picker_hostile_text_and_bad_file(page, served, tmp_path):
         rec.set_graph([{"id": 3, "name": "only", "op": "Add", "inputs": [], "shape": [1], "dtype": "f32",
                         "layer": 0, "kernel": None}])
     page.set_input_files("#file-input", str(empty))
-    page.wait_for_function("document.querySelector('#node-title').textContent === 'only'", timeout=5_000)
+    # expect() polls from the driver: the page's CSP (script-src 'self') forbids the string eval
+    # that wait_for_function needs when the condition is not already true
+    expect(page.locator("#node-title")).to_have_text("only", timeout=5_000)
 
     bad = tmp_path / "bad.json"
     bad.write_text('{"format": "minfer-trace", "version": 7, "graph": [], "steps": []}')
