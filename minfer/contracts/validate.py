@@ -449,7 +449,10 @@ def resolve_entry_point(entry: str) -> Callable:
     try:
         obj: Any = importlib.import_module(module)
     except Exception as e:  # noqa: BLE001 - any import failure is the contract's problem to report
-        raise ValueError(f"importing {module!r} failed: {type(e).__name__}: {e}") from None
+        hint = ""
+        if isinstance(e, ImportError) and (e.name or "").split(".")[0] == "triton":
+            hint = " (the Triton kernels need triton: pip install 'minfer[gpu]')"
+        raise ValueError(f"importing {module!r} failed: {type(e).__name__}: {e}{hint}") from None
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ValueError(f"{module!r} has no attribute {attr!r}")

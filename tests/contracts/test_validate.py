@@ -4,6 +4,7 @@ its section and field; the seed's contracts and ours validate clean."""
 from __future__ import annotations
 
 import copy
+import sys
 from pathlib import Path
 
 import pytest
@@ -242,3 +243,13 @@ def test_docs_worked_example_is_valid_but_for_its_launcher(tmp_path, monkeypatch
     monkeypatch.setitem(ops.OPS, "RmsNorm", spec)
     errors = _errors(tmp_path, example)
     assert [(e.rule, e.field) for e in errors] == [("EntryPointUnresolved", "entry_point")]
+
+
+def test_entry_point_without_triton_says_how_to_install(tmp_path, monkeypatch):
+    from minfer.contracts.validate import resolve_entry_point
+
+    (tmp_path / "kernel_needing_triton.py").write_text("import triton\n\ndef launch():\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(sys.modules, "triton", None)  # as on a machine without triton
+    with pytest.raises(ValueError, match=r"pip install 'minfer\[gpu\]'"):
+        resolve_entry_point("kernel_needing_triton:launch")
