@@ -1,6 +1,6 @@
 """cpu weight preparation against the `gguf` package's codecs (an oracle we did not write).
 
-The fast unpackers must give the exact dequantized values; the int4 and f16 decode paths must
+The float32 weight copies must equal the exact dequantized values; the int4 and f16 decode paths must
 agree with float64 x @ W^T to their documented precision (bfloat16 activations and scales for
 int4: ~2^-8 relative; f16 weights: ~2^-11).
 """
