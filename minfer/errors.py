@@ -30,6 +30,16 @@ class MetadataError(MinferError):
         super().__init__(f"metadata {key!r}: {reason}")
 
 
+class ParamError(MinferError):
+    """A setting or request parameter has a bad value. `param` is its name as the API spells it
+    (the CLI re-labels it with its flag), `reason` what is wrong with the value."""
+
+    def __init__(self, param: str, reason: str):
+        self.param = param
+        self.reason = reason
+        super().__init__(f"{param} {reason}")
+
+
 class UnsupportedError(MinferError):
     """A valid input that minfer does not support (quant type, architecture, op/dtype/shape)."""
 

@@ -19,9 +19,9 @@ Each case runs in-process: write the mutant, GGUFReader(path), and for an accept
 every tensor view (all bytes for the tiny seed). A GGUFError/MinferError is a typed rejection;
 any other exception (or a view whose bounds disagree with the header) is a crash.
 
-RSS rule: peak RSS (ru_maxrss, the whole run) minus the resident size once the interpreter,
-the imports (torch included) and the seeds are loaded must stay below 2x the largest input
-file's logical size. Conservative: a peak while building the seeds counts as growth too.
+RSS rule: the peak RSS of the fuzzing loop (Linux VmHWM, restarted once the interpreter, the
+imports and the seeds are loaded; ru_maxrss of the whole run where /proc is missing) minus the
+resident size at that point must stay below 2x the largest input file's logical size.
 
 Usage:  python scripts/fuzz_gguf.py [--cases N] [--seed S] [--only I] [--crash-dir DIR]
 Prints one result line; exits 1 on a crash, a case over 1 s or RSS over the limit.
@@ -252,7 +252,25 @@ def run_case(i: int, base_seed: int, seeds: list[Seed], path: Path, st: Stats,
         print(f"SLOW case {i} seed {seed.name} op {op}: {dt:.2f} s", file=sys.stderr)
 
 
+def _reset_peak_rss() -> bool:
+    """Restart the kernel's peak-RSS count (VmHWM) from now. ru_maxrss cannot be used alone: it
+    carries over fork + exec, so a child of a big process (pytest with models loaded) would start
+    at its parent's size."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
 def _peak_rss() -> int:
+    """Peak resident bytes since _reset_peak_rss (Linux VmHWM), else the process's ru_maxrss."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
@@ -278,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         seeds = build_seeds(workdir, args.smollm2 or default_model_path())
         baseline = _current_rss()
+        _reset_peak_rss()
         largest = max(s.size for s in seeds)
         st = Stats()
         path = workdir / "mutant.gguf"

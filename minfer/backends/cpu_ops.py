@@ -15,17 +15,16 @@ import torch.nn.functional as F
 class RMSNorm:
     """x / sqrt(mean(x^2) + eps) * w over the last dimension of [T, d].
 
-    The mean of squares is one matmul with a column of 1/d, eps added by the same addmm: four
-    ops, about half the cost of F.rms_norm on a decode step's single row."""
+    Each row's mean is its own reduction over d (not a matmul over the rows, whose kernel and
+    rounding change with the row count), so a row's result is the same whatever else is in the
+    batch."""
 
     def __init__(self, w: torch.Tensor, eps: float):
-        d = w.shape[0]
         self.w = w
-        self.eps = torch.full((1, 1), float(eps))
-        self.inv_d = torch.full((d, 1), 1.0 / d)
+        self.eps = float(eps)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.addmm(self.eps, x * x, self.inv_d).rsqrt_().mul(x).mul_(self.w)
+        return (x * x).mean(-1, keepdim=True).add_(self.eps).rsqrt_().mul(x).mul_(self.w)
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -51,45 +50,42 @@ def rope_table(n_ctx: int, n_rot: int, base: float, freq_scale: float,
     return torch.cos(ang).to(torch.float32), torch.sin(ang).to(torch.float32)
 
 
-def rope_pairs(head_dim: int, n_rot: int, style: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Indices (a_i, b_i) of the pairs RoPE rotates by angle i: "normal": (2i, 2i+1) as llama.cpp's
-    rope mode 0; "neox": (i, i + n_rot/2) as its NEOX mode. Dims from n_rot on are not rotated."""
-    i = torch.arange(n_rot // 2)
+def rope_rotation(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The complex rotations cos + i sin [T, 1, n_rot/2] of a step's tokens, shared by every layer
+    and head (the 1 broadcasts over heads)."""
+    return torch.complex(cos, sin).unsqueeze(1)
+
+
+def apply_rope(x: torch.Tensor, rot: torch.Tensor, n_heads: int, head_dim: int, n_rot: int,
+               style: str) -> torch.Tensor:
+    """Rotate [T, n_heads * head_dim] (a column view or bfloat16 is fine) by rope_rotation's
+    [T, 1, n_rot/2]; returns a new contiguous float32 [T, n_heads * head_dim].
+
+    Pair i of a head, (a_i, b_i), turns by angle i: y_a = x_a cos - x_b sin, y_b = x_a sin + x_b cos,
+    one complex multiply per pair. "normal" pairs adjacent dims (2i, 2i+1), llama.cpp's rope mode 0;
+    "neox" pairs (i, i + n_rot/2), its NEOX mode. Dims from n_rot on pass through. Elementwise, so a
+    row's result does not depend on the other rows."""
+    t = x.shape[0]
+    h = x.reshape(t, n_heads, head_dim).float()  # every op below makes a new tensor: x is not touched
+    half = n_rot // 2
     if style == "normal":
-        return 2 * i, 2 * i + 1
-    return i, i + n_rot // 2
-
-
-def rope_matrix(cos: torch.Tensor, sin: torch.Tensor, head_dim: int, n_rot: int, style: str) -> torch.Tensor:
-    """Per-token rotation matrices R [T, head_dim, head_dim] from cos/sin [T, n_rot/2], so that a
-    head row x becomes x @ R: y[a] = x[a] cos - x[b] sin, y[b] = x[a] sin + x[b] cos; identity
-    on the dims past n_rot. Built once per step and shared by every layer; one batched matmul
-    then rotates all heads of a layer."""
-    t = cos.shape[0]
-    a, b = rope_pairs(head_dim, n_rot, style)
-    r = torch.zeros(t, head_dim, head_dim)
-    r[:, a, a] = cos
-    r[:, b, b] = cos
-    r[:, a, b] = sin
-    r[:, b, a] = -sin
-    rest = torch.arange(n_rot, head_dim)
-    r[:, rest, rest] = 1.0
-    return r
-
-
-def apply_rope(x: torch.Tensor, rot: torch.Tensor, n_heads: int, head_dim: int) -> torch.Tensor:
-    """Rotate [T, n_heads * head_dim] (a column view is fine; bfloat16 is promoted) by
-    rope_matrix's R [T, hd, hd], or for one token by its R [hd, hd] (a plain 2-D matmul: the row
-    is contiguous even in a view); returns a new contiguous float32 [T, n_heads * head_dim]."""
-    if rot.dim() == 2:
-        return torch.mm(x.view(n_heads, head_dim).float(), rot).view(1, n_heads * head_dim)
-    return torch.matmul(x.unflatten(-1, (n_heads, head_dim)).float(), rot).flatten(-2)
+        part = h[..., :n_rot]
+        if not part.is_contiguous():
+            part = part.contiguous()
+        z = torch.view_as_complex(part.view(t, n_heads, half, 2)) * rot
+        out = torch.view_as_real(z).flatten(-2)
+    else:
+        z = torch.complex(h[..., :half], h[..., half:n_rot]) * rot
+        out = torch.cat([z.real, z.imag], -1)
+    if n_rot < head_dim:
+        out = torch.cat([out, h[..., n_rot:]], -1)
+    return out.reshape(t, n_heads * head_dim)
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int, head_dim: int, n_rot: int,
          style: str) -> torch.Tensor:
-    """Rotate [T, n_heads * head_dim] by per-token cos/sin [T, n_rot/2] (see rope_matrix)."""
-    return apply_rope(x, rope_matrix(cos, sin, head_dim, n_rot, style), n_heads, head_dim)
+    """Rotate [T, n_heads * head_dim] by per-token cos/sin [T, n_rot/2] (see apply_rope)."""
+    return apply_rope(x, rope_rotation(cos, sin), n_heads, head_dim, n_rot, style)
 
 
 def attention_one(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:

@@ -1,11 +1,12 @@
 """Weight preparation for the cpu backend: GGUF tensor bytes -> the forms torch computes with fast.
 
-A MatMul weight becomes a `Matrix` with two paths, chosen per call by the number of rows:
+A MatMul weight becomes a `Matrix` with two paths, chosen per call by the kind of rows:
 
-- many rows (prefill, perplexity): `F.linear` on a float32 copy, i.e. MKL sgemm. float32 is
-  the exact dequantized weight, so this path is the numerical reference.
-- few rows (decode): Q4_0/Q4_1 run torch's int4 packed matmul (group size 32, bfloat16
-  activations), Q8_0 a float16 copy (half the bytes of float32); other types use float32.
+- prefill rows (prompts, perplexity, any number): `F.linear` on a float32 copy, i.e. MKL sgemm.
+  float32 is the exact dequantized weight: the numerical reference. A prompt's logits are thus
+  the same however it is cut into chunks or how much of it a reused prefix covers.
+- decode rows (any number): Q4_0/Q4_1 run torch's int4 packed matmul (group size 32, bfloat16
+  activations), Q8_0 a 16-bit copy (half the bytes of float32); other types use float32.
   The int4 path returns the kernel's own bfloat16 result and takes bfloat16 input as it is:
   a decode step's activations stay bfloat16 from one int4 matmul to the next (SwiGLU between
   gate/up and down), and float32 consumers promote them (the residual Add, the KV cache copy,
@@ -23,6 +24,10 @@ for all of SmolLM2's matrices on 2 cores).
 
 from __future__ import annotations
 
+import functools
+import re
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 
@@ -31,10 +36,20 @@ from ..quant.reference import dequantize
 from ..quant.types import GGMLType
 
 INT4_GROUP = 32
-# Up to this many rows a Matrix takes its compact path. torch's int4 kernel costs about one
-# GEMV per row while sgemm amortizes; on a 2-core AVX2 machine (weights [3072, 576]) the int4
-# path stays ahead up to ~32 rows. 16 covers decode of a batch of sequences and short prompts.
-SMALL_ROWS = 16
+# Below 8 rows sgemm (MKL / oneDNN) takes GEMV-like kernels that round differently from its GEMM;
+# prefill calls with fewer rows are padded to this many. (Above it, rows agree bit for bit at
+# model shapes but not at every shape, so decode rows do not rely on it.)
+MIN_GEMM_ROWS = 8
+
+
+@functools.cache
+def native_bf16() -> bool:
+    """Whether this CPU has bfloat16 dot-product instructions (AVX512-BF16 or AMX)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return bool(re.search(r"\b(avx512_bf16|amx_bf16)\b", flags))
 
 
 def raw_rows(reader: GGUFReader, info: TensorInfo) -> torch.Tensor:
@@ -120,20 +135,36 @@ class Matrix:
         self._small, self.small_kernel = run, "torch.int4pack_mm_bf16"
 
     def _set_half(self) -> None:
-        """A float16 copy for few rows (Q8_0: d * q rounded to f16, relative error < 2^-11)."""
-        half = self.dense.to(torch.float16)
-        self._small = lambda x: F.linear(x.to(torch.float16), half).to(torch.float32)
-        self.small_kernel = "torch.linear_f16"
+        """A 16-bit copy for decode (Q8_0): bfloat16 where the CPU multiplies bfloat16 natively
+        (d * q rounded to 8 mantissa bits, the precision of the int4 path's activations; its GEMM
+        costs about the same for 1 row or 16), else float16 (relative error < 2^-11; on AVX2 its
+        GEMM is a GEMV per row)."""
+        dt = torch.bfloat16 if native_bf16() else torch.float16
+        half = self.dense.to(dt)
+        self._small = lambda x: F.linear(x.to(dt), half).to(torch.float32)
+        self.small_kernel = "torch.linear_bf16" if dt == torch.bfloat16 else "torch.linear_f16"
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """float32 [T, n], or for few rows on the int4 path bfloat16 (a bias promotes it to float32)."""
-        if self._small is not None and x.shape[0] <= SMALL_ROWS:
+    def __call__(self, x: torch.Tensor, decode: bool = False) -> torch.Tensor:
+        """float32 [T, n]; on the compact int4 path bfloat16 (a bias promotes it to float32).
+
+        Decode rows take the compact path where the type has one (its kernels compute each row on
+        its own, so a row's result is the same for 1 sequence or 64), else the float32 weight one
+        row at a time. Prefill rows take the exact float32 weight; fewer than MIN_GEMM_ROWS rows
+        are padded, so a prompt's logits barely depend on how it is chunked."""
+        if decode and self._small is not None:
             y = self._small(x)
             return y if self.bias is None else y + self.bias
+        rows = x.shape[0]
+        if decode:  # sgemm's kernel and rounding depend on the row count: one row at a time
+            ys = [F.linear(x[i:i + 1].float().clone(), self.dense, self.bias) for i in range(rows)]
+            return ys[0] if rows == 1 else torch.cat(ys)
+        if rows < MIN_GEMM_ROWS:
+            x = torch.cat([x.float(), x.new_zeros(MIN_GEMM_ROWS - rows, x.shape[1], dtype=torch.float32)])
+            return F.linear(x, self.dense, self.bias)[:rows]
         return F.linear(x.float(), self.dense, self.bias)
 
-    def kernel(self, rows: int) -> str:
-        return self.small_kernel if self._small is not None and rows <= SMALL_ROWS else "torch.linear_f32"
+    def kernel(self, decode: bool = False) -> str:
+        return self.small_kernel if decode and self._small is not None else "torch.linear_f32"
 
 
 class EmbeddingTable:

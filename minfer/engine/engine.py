@@ -1,103 +1,164 @@
-"""Engine: one loaded model on one backend — graph, prepared weights, KV cache slots, trace.
+"""The engine: one loaded model on one backend, and the loop that steps many sequences at once.
 
-The engine runs steps: `prefill` (a sequence's prompt, in chunks of n_batch tokens) and
-`decode` (one token). Both go through `step`, which brackets the backend's forward with the
-trace recorder when MINFER_TRACE / EngineConfig.trace_path asks for one. Generation loops and
-text handling live in generate.py; this file knows tokens only.
+    engine = Engine.load(reader, config, tokenizer=tok)
+    seq = engine.add(prompt_ids, SamplingParams(max_tokens=32))
+    for piece in engine.stream(seq): ...        # or engine.run([seq, ...])
+
+`step()` is the whole runtime: the scheduler forms one batch (every generating sequence's next
+token and at most one prompt chunk), the backend runs it, the scheduler hands each sequence its
+logits row to sample from. One sequence or a hundred take the same path. With a trace recorder
+(MINFER_TRACE / EngineConfig.trace_path) each step is recorded node by node, with one token per
+sequence.
 """
 
 from __future__ import annotations
 
-import torch
+import itertools
+import numbers
+from collections.abc import Iterable, Iterator
 
-from ..backends.base import Batch, create_backend
+from ..backends import Backend, create_backend
+from ..backends.kv_cache import kv_bytes
 from ..config import EngineConfig
 from ..errors import ContextOverflowError, MinferError
 from ..gguf.reader import GGUFReader
 from ..graph.passes import optimize
 from ..models import registry
+from .params import SamplingParams
+from .scheduler import Scheduler
+from .sequence import Sequence, TextStream
 
 DEFAULT_N_CTX = 4096  # context when the caller does not choose one (capped by the training context)
-DEFAULT_N_BATCH = 512  # prefill chunk: bounds activation memory of long prompts
+AUTO_SLOTS = 4  # sequences in flight when the caller does not choose (fewer if the KV budget is smaller)
 
 
 class Engine:
-    def __init__(self, reader: GGUFReader, *, config: EngineConfig | None = None, n_ctx: int | None = None,
-                 n_slots: int = 1, n_batch: int = DEFAULT_N_BATCH, progress: bool = True, token_text=None):
-        """`token_text(id) -> str` labels tokens in traces (optional)."""
-        self.config = config or EngineConfig.from_env()
-        self.args, graph = registry.build(reader)
-        self.graph = optimize(graph)
-        self.n_vocab = self.args.n_vocab
-        self.n_ctx = int(n_ctx or min(self.args.n_ctx_train, DEFAULT_N_CTX))
-        if self.n_ctx < 1 or n_batch < 1:
-            raise MinferError(f"n_ctx ({self.n_ctx}) and n_batch ({n_batch}) must be >= 1")
-        self.n_batch = n_batch
-        self.backend = create_backend(self.config.device, self.config)
-        self.backend.load(self.graph, reader, progress=progress)
-        self.cache = self.backend.new_cache(n_slots, self.n_ctx)
-        self.recorder = None
-        self._step = 0
-        if self.config.trace_path:
+    def __init__(self, backend: Backend, *, n_vocab: int, n_ctx: int, n_slots: int,
+                 config: EngineConfig | None = None, tokenizer=None, recorder=None, args=None, graph=None):
+        """An engine over a backend that is loaded and allocated for n_slots x n_ctx (see `load`)."""
+        self.config = config or EngineConfig()
+        self.backend = backend
+        self.args, self.graph = args, graph
+        self.n_vocab, self.n_ctx, self.n_slots = n_vocab, n_ctx, n_slots
+        self.tokenizer = tokenizer
+        self.eog_ids = frozenset(tokenizer.eot_ids) if tokenizer is not None else frozenset()
+        max_batch = self.config.max_batch_tokens or n_slots + self.config.prefill_chunk
+        self.scheduler = Scheduler(n_slots, n_ctx, self.config.prefill_chunk, max_batch)
+        self.recorder = recorder
+        self.steps = 0
+        self._ids = itertools.count()
+
+    @classmethod
+    def load(cls, reader: GGUFReader, config: EngineConfig | None = None, *, tokenizer=None,
+             progress: bool = True) -> Engine:
+        """Build the model's graph, prepare its weights on the configured backend, allocate the
+        KV cache, and (when tracing) open the trace recorder."""
+        config = config or EngineConfig.from_env()
+        args, graph = registry.build(reader)
+        graph = optimize(graph)
+        n_ctx = config.n_ctx or min(args.n_ctx_train, DEFAULT_N_CTX)
+        backend = create_backend(config)
+        backend.load(graph, reader, progress=progress)
+        n_slots = config.n_slots or _auto_slots(backend, graph.meta, n_ctx)
+        backend.allocate(n_slots, n_ctx)
+        recorder = None
+        if config.trace_path:
             from ..trace.recorder import TraceRecorder
 
-            info = {"path": str(reader.path), "arch": self.args.arch, "n_layer": self.args.n_layer,
-                    "n_embd": self.args.n_embd, "n_vocab": self.n_vocab, "device": self.backend.name}
-            self.recorder = TraceRecorder(self.config.trace_path, model_info=info, detokenize=token_text)
-            self.recorder.set_graph(self.backend.trace_graph())
-        self._token_text = token_text
+            info = {"path": str(reader.path), "arch": args.arch, "n_layer": args.n_layer, "n_embd": args.n_embd,
+                    "n_vocab": args.n_vocab, "device": backend.name}
+            text = (lambda t: tokenizer.decode([t])) if tokenizer is not None else None
+            recorder = TraceRecorder(config.trace_path, model_info=info, detokenize=text)
+            recorder.set_graph(backend.trace_graph())
+        return cls(backend, n_vocab=args.n_vocab, n_ctx=n_ctx, n_slots=n_slots, config=config, tokenizer=tokenizer,
+                   recorder=recorder, args=args, graph=graph)
 
-    # ------------------------------------------------------------------ steps
-    def check_tokens(self, tokens: list[int], start: int = 0) -> None:
-        """Typed errors for ids outside the vocabulary or positions past the context."""
-        bad = [t for t in tokens if not isinstance(t, int) or not 0 <= t < self.n_vocab]
+    # ------------------------------------------------------------------ requests
+    def check_tokens(self, tokens: list[int]) -> None:
+        """Typed errors for an empty prompt, ids outside the vocabulary, or a prompt past the context."""
+        if not tokens:
+            raise MinferError("the prompt is empty: nothing to generate from")
+        bad = [t for t in tokens if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.n_vocab]
         if bad:
             raise MinferError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.n_vocab})")
-        if start + len(tokens) > self.n_ctx:
-            raise ContextOverflowError(f"{start + len(tokens)} tokens do not fit the context of {self.n_ctx} "
+        if len(tokens) > self.n_ctx:
+            raise ContextOverflowError(f"the prompt has {len(tokens)} tokens but the context holds {self.n_ctx} "
                                        "(load the model with a larger n_ctx, or shorten the input)")
 
-    def step(self, batch: Batch, kind: str) -> torch.Tensor:
-        """Run one batch; logits [R, n_vocab]. With a recorder, the step stays open for `finish`."""
-        if self.recorder is not None:
-            self.recorder.begin_step(self._step, kind, batch.n_tokens)
-            self._step += 1
-        return self.backend.forward(batch, self.cache, self.recorder)
+    def add(self, prompt: list[int], params: SamplingParams | None = None, *, logit_rows: range | None = None,
+            reuse_prefix: bool = True) -> Sequence:
+        """Queue a sequence. `logit_rows`: prompt positions whose logits to keep (a contiguous range);
+        `reuse_prefix`: may start from the tokens a free slot holds (chat turns)."""
+        prompt = [int(t) if isinstance(t, numbers.Integral) and not isinstance(t, bool) else t for t in prompt]
+        self.check_tokens(prompt)
+        params = params or SamplingParams()
+        if logit_rows is not None and (logit_rows.step != 1 or (
+                len(logit_rows) and not 0 <= logit_rows.start < logit_rows.stop <= len(prompt))):
+            raise MinferError(f"logit rows {logit_rows} are not a contiguous range inside 0..{len(prompt)}")
+        text = TextStream(self.tokenizer, params.stop) if self.tokenizer is not None else None
+        if text is None and params.stop:
+            raise MinferError("stop strings need a tokenizer to turn tokens into text")
+        seq = Sequence(next(self._ids), prompt, params, eog_ids=self.eog_ids, text=text, logit_rows=logit_rows,
+                       reuse_prefix=reuse_prefix)
+        self.scheduler.add(seq)
+        return seq
 
-    def finish(self, token: int | None, logits: torch.Tensor | None) -> None:
-        """Close the traced step with the token chosen from it (no-op without a recorder)."""
-        if self.recorder is not None:
-            text = self._token_text(token) if (token is not None and self._token_text) else ""
-            self.recorder.end_step(token, logits, text)
+    def abort(self, seq: Sequence) -> None:
+        """Stop a sequence now; its slot is free for the next step."""
+        self.scheduler.abort(seq)
 
-    def prefill(self, slot: int, tokens: list[int], start: int = 0,
-                rows: range | None = None) -> torch.Tensor:
-        """Feed a sequence's tokens at positions start..; logits [len(rows), V] of the token indices
-        in `rows` (default: the last token only). Runs in chunks of n_batch tokens; the trace step
-        of the last chunk stays open for `finish`."""
-        if not tokens:
-            raise MinferError("prefill needs at least one token")
-        rows = range(len(tokens) - 1, len(tokens)) if rows is None else rows
-        if rows.step != 1 or (len(rows) and not 0 <= rows.start < rows.stop <= len(tokens)):
-            raise MinferError(f"logit rows {rows} are not a contiguous range inside 0..{len(tokens)}")
-        self.check_tokens(tokens, start)
-        outs = []
-        for off in range(0, len(tokens), self.n_batch):
-            chunk = tokens[off:off + self.n_batch]
-            want = range(max(rows.start, off) - off, min(rows.stop, off + len(chunk)) - off)
-            logits = self.step(Batch.single(chunk, start + off, slot, want), "prefill")
-            if len(want):
-                outs.append(logits)
-            if off + len(chunk) < len(tokens):
-                self.finish(None, None)
-        return torch.cat(outs) if outs else torch.empty(0, self.n_vocab)
+    def reset(self) -> None:
+        """Forget the prefixes free slots hold."""
+        self.scheduler.forget()
 
-    def decode(self, slot: int, token: int, pos: int) -> torch.Tensor:
-        """Feed one token at `pos`; its logits [n_vocab]."""
-        self.check_tokens([token], pos)
-        return self.step(Batch.single([token], pos, slot), "decode")[0]
+    # ------------------------------------------------------------------ the loop
+    def step(self) -> list[tuple[Sequence, int]]:
+        """Run one batch; (sequence, token) for every token sampled. Nothing to do: []."""
+        plan = self.scheduler.schedule()
+        if plan is None:
+            return []
+        rec = self.recorder
+        if rec is not None:
+            rec.begin_step(self.steps, plan.batch.kind, plan.batch.n_tokens)
+        self.steps += 1
+        logits = self.backend.forward(plan.batch, rec)
+        sampled = self.scheduler.postprocess(plan, logits)
+        if rec is not None:
+            for seq, tok, row in sampled:
+                rec.step_token(seq.id, tok, logits[row], self.tokenizer.decode([tok]) if self.tokenizer else "")
+            rec.end_step()
+        return [(seq, tok) for seq, tok, _ in sampled]
+
+    def run(self, seqs: Iterable[Sequence] | None = None) -> None:
+        """Step until `seqs` (default: every queued sequence) are finished."""
+        seqs = list(seqs) if seqs is not None else None
+        while (any(not s.finished for s in seqs) if seqs is not None else self.scheduler.has_work()):
+            if not self.step() and not self.scheduler.has_work():
+                break
+
+    def stream(self, seq: Sequence) -> Iterator[str]:
+        """Step until `seq` finishes, yielding its text as it grows. Closing the iterator early
+        aborts the sequence (its slot is free at once)."""
+        try:
+            while not seq.finished:
+                self.step()
+                piece = seq.take_text()
+                if piece:
+                    yield piece
+            piece = seq.take_text()
+            if piece:
+                yield piece
+        finally:
+            if not seq.finished:
+                self.abort(seq)
 
     def close(self) -> None:
         """Write the trace, if any. Idempotent."""
         if self.recorder is not None:
             self.recorder.close()
+
+
+def _auto_slots(backend: Backend, meta: dict, n_ctx: int) -> int:
+    """Up to AUTO_SLOTS sequences, as many as the backend's KV-cache budget holds (at least one)."""
+    per_slot = kv_bytes(meta["n_layer"], 1, n_ctx, meta["n_head_kv"], meta["head_dim"], backend.kv_itemsize)
+    return max(1, min(AUTO_SLOTS, backend.kv_budget() // max(per_slot, 1)))

@@ -6,6 +6,9 @@ token is replaced by BOS; only the second half is scored: positions n_ctx/2 .. n
 tokens n_ctx/2+1 .. n_ctx-1. A chunk's NLL is the mean over its scored tokens, and
 PPL = exp(mean of all scored NLLs) (= exp(mean of chunk NLLs): chunks score equally many).
 The ± is llama.cpp's: PPL * sqrt(var(nll) / (N - 1)) over all N scored tokens.
+
+Each chunk runs through the engine like any request: a sequence that generates nothing
+(max_tokens 0) and keeps the logits of its scored positions.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 
 from ..errors import ContextOverflowError, MinferError
 from .engine import Engine
+from .params import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -35,10 +39,10 @@ class PerplexityResult:
         return len(self.nll_per_chunk)
 
 
-def perplexity(engine: Engine, tokenizer, text: str, n_ctx: int = 512, slot: int = 0,
+def perplexity(engine: Engine, tokenizer, text: str, n_ctx: int = 512,
                on_chunk: Callable[[int, int, float], None] | None = None) -> PerplexityResult:
     """Score `text`; `on_chunk(index, n_chunks, running_ppl)` is called after each chunk."""
-    if n_ctx < 4 or n_ctx % 2:
+    if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 4 or n_ctx % 2:
         raise MinferError(f"perplexity context must be an even number >= 4, got {n_ctx}")
     if n_ctx > engine.n_ctx:
         raise ContextOverflowError(f"perplexity chunks of {n_ctx} tokens need a context of {n_ctx}; "
@@ -56,11 +60,13 @@ def perplexity(engine: Engine, tokenizer, text: str, n_ctx: int = 512, slot: int
     chunk_nll: list[float] = []
     total = total_sq = 0.0
     count = 0
+    score = SamplingParams(max_tokens=0)
     for c in range(n_chunks):
         chunk = tokens[c * n_ctx:(c + 1) * n_ctx]
         chunk[0] = bos
-        logits = engine.prefill(slot, chunk, rows=range(first, n_ctx - 1))
-        engine.finish(None, None)
+        seq = engine.add(chunk, score, logit_rows=range(first, n_ctx - 1), reuse_prefix=False)
+        engine.run([seq])
+        logits = torch.cat(seq.prompt_logits)
         targets = torch.tensor(chunk[first + 1:], dtype=torch.long)
         # float32 log-softmax (error ~1e-6 per token), float64 sums across tokens and chunks
         nll = -torch.log_softmax(logits, dim=-1).gather(1, targets[:, None])[:, 0].to(torch.float64)

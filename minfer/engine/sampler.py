@@ -1,70 +1,30 @@
-"""Sampling: turn one row of logits into the next token id.
+"""Sampling: turn one row of logits into the next token id (parameters: engine/params.py).
 
-The chain follows llama.cpp's default order: repetition penalty, top-k, top-p, min-p,
-temperature, then a draw from the remaining distribution. temperature == 0 is greedy (argmax
-after the penalty). A seed makes the draws reproducible: each Sampler owns its own
-torch.Generator, so two generations never share random state.
+Each Sampler owns its own torch.Generator, seeded from the request's seed (or a fresh random
+one), so a sequence draws the same tokens whatever else runs beside it.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
 
 import torch
 
-from ..errors import MinferError
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    max_tokens: int = 256
-    temperature: float = 0.8
-    top_k: int = 40  # 0: no limit
-    top_p: float = 0.95  # 1.0: off
-    min_p: float = 0.05  # 0.0: off
-    repeat_penalty: float = 1.0  # 1.0: off; > 1 discourages tokens seen in the last repeat_last_n
-    repeat_last_n: int = 64
-    seed: int | None = None  # None: a fresh random seed
-    stop: tuple[str, ...] = field(default=())
-    ignore_eos: bool = False
-
-    def __post_init__(self):
-        checks = [
-            (self.max_tokens >= 0, f"max_tokens must be >= 0, got {self.max_tokens}"),
-            (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
-            (self.top_k >= 0, f"top_k must be >= 0, got {self.top_k}"),
-            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
-            (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
-            (self.repeat_penalty > 0, f"repeat_penalty must be > 0, got {self.repeat_penalty}"),
-            (self.repeat_last_n >= 0, f"repeat_last_n must be >= 0, got {self.repeat_last_n}"),
-        ]
-        for ok, msg in checks:
-            if not ok:
-                raise MinferError(f"sampling: {msg}")
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise MinferError("sampling: stop strings must be non-empty strings")
-        object.__setattr__(self, "stop", tuple(self.stop))
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
+from .params import SamplingParams
 
 
 class Sampler:
     def __init__(self, params: SamplingParams):
         self.params = params
         self.seed = params.seed if params.seed is not None else random.SystemRandom().randrange(2**63)
-        self.generator = torch.Generator().manual_seed(self.seed)
+        self.generator = torch.Generator().manual_seed(self.seed % 2**64)
 
     def __call__(self, logits: torch.Tensor, history: list[int]) -> int:
-        """Next token from logits [n_vocab]; `history` is the sequence so far (for the penalty)."""
+        """Next token from logits [n_vocab]; `history` is the sequence so far (for the penalties)."""
         p = self.params
         logits = logits.to(torch.float32)
-        if p.repeat_penalty != 1.0 and p.repeat_last_n > 0 and history:
-            logits = apply_repeat_penalty(logits, history[-p.repeat_last_n:], p.repeat_penalty)
+        if p.penalized and history:
+            logits = apply_penalties(logits, history[-p.repeat_last_n:], p)
         if p.greedy:
             return int(torch.argmax(logits))
         k = p.top_k if 0 < p.top_k < logits.shape[0] else logits.shape[0]
@@ -85,8 +45,16 @@ class Sampler:
 def apply_repeat_penalty(logits: torch.Tensor, recent: list[int], penalty: float) -> torch.Tensor:
     """llama.cpp's repetition penalty: a seen token's logit is divided by `penalty` when positive,
     multiplied when negative. Returns a new tensor."""
+    return apply_penalties(logits, recent, SamplingParams(repeat_penalty=penalty))
+
+
+def apply_penalties(logits: torch.Tensor, recent: list[int], p: SamplingParams) -> torch.Tensor:
+    """Repetition, frequency and presence penalties over the tokens in `recent`. A new tensor."""
     out = logits.clone()
-    ids = torch.tensor(sorted(set(recent)), dtype=torch.long)
+    ids, counts = torch.tensor(recent, dtype=torch.long).unique(return_counts=True)
     seen = out[ids]
-    out[ids] = torch.where(seen > 0, seen / penalty, seen * penalty)
+    if p.repeat_penalty != 1.0:
+        seen = torch.where(seen > 0, seen / p.repeat_penalty, seen * p.repeat_penalty)
+    seen = seen - p.frequency_penalty * counts.to(seen.dtype) - p.presence_penalty
+    out[ids] = seen
     return out

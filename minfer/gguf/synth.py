@@ -1,4 +1,4 @@
-"""`minfer synth`: random-weight GGUF files in the exact shapes of real models.
+"""Synthetic models (`minfer synth`): random-weight GGUF files in the exact shapes of real models.
 
 Speed and memory traffic do not depend on weight values, so benchmarks and the GPU machine
 (where real models cannot travel) use these files. Each file carries what llama.cpp and HF
@@ -23,12 +23,10 @@ Quant mixes (norms and biases are always F32):
 
 from __future__ import annotations
 
-import argparse
 import functools
 import math
 import random
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -376,28 +374,4 @@ def synth(preset: str, quant: str, out: str | Path, *, seed: int = 0, vocab: int
 
     with tqdm(total=total, unit="B", unit_scale=True, file=sys.stderr, desc=f"synth {preset} {quant}") as bar:
         return write_gguf(out, metadata, tensors, progress=bar.update)
-
-
-# ------------------------------------------------------------------------------ CLI
-def add_synth_parser(subparsers) -> argparse.ArgumentParser:
-    """Register `minfer synth PRESET QUANT OUT.gguf [--seed S] [--vocab N]`."""
-    sp = subparsers.add_parser("synth", help="write a random-weight GGUF in the exact shapes of a real model",
-                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sp.add_argument("preset", choices=list(PRESETS))
-    sp.add_argument("quant", choices=QUANTS)
-    sp.add_argument("out", type=Path, help="output .gguf path")
-    sp.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
-    sp.add_argument("--vocab", type=int, default=None, help="vocabulary size (default: the preset's)")
-    sp.set_defaults(func=run_synth)
-    return sp
-
-
-def run_synth(args: argparse.Namespace) -> int:
-    """CLI entry: write the file, print one summary line; typed errors propagate to the CLI."""
-    t0 = time.perf_counter()
-    path = synth(args.preset, args.quant, args.out, seed=args.seed, vocab=args.vocab)
-    size = path.stat().st_size
-    secs = time.perf_counter() - t0
-    print(f"wrote {path}: {args.preset} {args.quant}, {size / 1e6:.1f} MB in {secs:.1f} s")
-    return 0
 

@@ -25,7 +25,7 @@ from typing import Any
 from ..errors import TokenizerError
 from ..gguf.reader import GGUFReader
 from .bpe import BytePairEncoder, SentencePieceEncoder
-from .chat import render_chat
+from .chat import ChatTemplate, render_chat
 from .unicode import CHAR_TO_BYTE
 from .vocab import (
     ATTR_BYTE,
@@ -51,6 +51,7 @@ class Tokenizer:
         else:
             self._spm = SentencePieceEncoder(vocab.token_to_id, vocab.scores, self._spm_byte_ids())
         self._pieces: dict[tuple[int, bool], bytes] = {}
+        self._template = vocab.chat_template
 
     @classmethod
     def from_metadata(cls, meta: Mapping[str, Any]) -> Tokenizer:
@@ -106,7 +107,13 @@ class Tokenizer:
 
     @property
     def chat_template(self) -> str | None:
-        return self._v.chat_template
+        return self._template
+
+    def set_chat_template(self, source: str) -> None:
+        """Use `source` (Jinja) instead of the file's chat template; compiled now, so a bad one is
+        a TemplateError here rather than at the first chat."""
+        ChatTemplate(source)
+        self._template = source
 
     def is_eog(self, token_id: int) -> bool:
         return token_id in self._v.eog_ids
@@ -254,7 +261,7 @@ class Tokenizer:
         def text_of(tid: int | None) -> str:
             return self._v.texts[tid] if tid is not None else ""
 
-        return render_chat(self._v.chat_template, messages, add_generation_prompt=add_generation_prompt,
+        return render_chat(self._template, messages, add_generation_prompt=add_generation_prompt,
                            bos_token=text_of(self.bos_id), eos_token=text_of(self.eos_id), **extra)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from ..errors import MinferError
 
 FORMAT = "minfer-trace"
-VERSION = 1
+VERSION = 2
 
 _NUM = {"type": ["number", "null"]}
 _INT = {"type": "integer", "minimum": 0}
@@ -52,14 +52,39 @@ HEATMAP_SCHEMA = {
     },
 }
 
+_TOKEN = {
+    "oneOf": [
+        {"type": "null"},
+        {
+            "type": "object",
+            "required": ["id", "text", "prob", "logit", "rank"],
+            "additionalProperties": False,
+            "properties": {"id": _INT, "text": {"type": "string"}, "prob": _NUM, "logit": _NUM,
+                           "rank": {"type": ["integer", "null"], "minimum": 0}},
+        },
+    ]
+}
+_TOP = {
+    "oneOf": [
+        {"type": "null"},
+        {
+            "type": "object",
+            "required": ["ids", "probs", "logits", "texts"],
+            "additionalProperties": False,
+            "properties": {"ids": _column(_INT), "probs": _column(_NUM), "logits": _column(_NUM),
+                           "texts": {"type": ["array", "null"], "items": {"type": "string"}}},
+        },
+    ]
+}
+
 STEP_SCHEMA = {
     "type": "object",
     "required": ["step", "kind", "n_tokens", "seconds", "nodes", "kernels", "heatmap_step", "heatmaps",
-                 "token", "entropy", "top"],
+                 "token", "entropy", "top", "tokens"],
     "additionalProperties": False,
     "properties": {
         "step": _INT,
-        "kind": {"enum": ["prefill", "decode"]},
+        "kind": {"enum": ["prefill", "decode", "mixed"]},
         "n_tokens": _INT,
         "seconds": {"type": "number", "minimum": 0},
         "nodes": {
@@ -84,31 +109,15 @@ STEP_SCHEMA = {
         "heatmap_step": {"type": "boolean"},
         "heatmaps": {"type": "object", "patternProperties": {"^[0-9]+$": HEATMAP_SCHEMA},
                      "additionalProperties": False},
-        "token": {
-            "oneOf": [
-                {"type": "null"},
-                {
-                    "type": "object",
-                    "required": ["id", "text", "prob", "logit", "rank"],
-                    "additionalProperties": False,
-                    "properties": {"id": _INT, "text": {"type": "string"}, "prob": _NUM, "logit": _NUM,
-                                   "rank": {"type": ["integer", "null"], "minimum": 0}},
-                },
-            ]
-        },
+        "token": _TOKEN,
         "entropy": _NUM,
-        "top": {
-            "oneOf": [
-                {"type": "null"},
-                {
-                    "type": "object",
-                    "required": ["ids", "probs", "logits", "texts"],
-                    "additionalProperties": False,
-                    "properties": {"ids": _column(_INT), "probs": _column(_NUM), "logits": _column(_NUM),
-                                   "texts": {"type": ["array", "null"], "items": {"type": "string"}}},
-                },
-            ]
-        },
+        "top": _TOP,
+        "tokens": _column({
+            "type": "object",
+            "required": ["seq", "token", "entropy", "top"],
+            "additionalProperties": False,
+            "properties": {"seq": _INT, "token": _TOKEN, "entropy": _NUM, "top": _TOP},
+        }),
     },
 }
 

@@ -68,6 +68,7 @@ class _Step:
         self.cols: dict[str, list] = {k: [] for k in _COLUMNS}
         self.kernels: dict[str, str] = {}
         self.heatmaps: dict[str, dict] = {}
+        self.tokens: list[dict] = []  # one {seq, token, entropy, top} per sequence that sampled
 
     def finish(self, token: dict | None, entropy: float | None, top: dict | None) -> dict:
         return {
@@ -75,7 +76,7 @@ class _Step:
             "seconds": time.perf_counter() - self.t0,
             "nodes": self.cols, "kernels": self.kernels,
             "heatmap_step": self.heatmap_step, "heatmaps": self.heatmaps,
-            "token": token, "entropy": entropy, "top": top,
+            "token": token, "entropy": entropy, "top": top, "tokens": self.tokens,
         }
 
 
@@ -131,8 +132,8 @@ class TraceRecorder:
     def begin_step(self, step: int, kind: str, n_tokens: int) -> None:
         """Start a forward pass. An unfinished previous step is closed without a token."""
         self._check_open()
-        if kind not in ("prefill", "decode"):
-            raise MinferError(f"trace: step kind {kind!r}, expected 'prefill' or 'decode'")
+        if kind not in ("prefill", "decode", "mixed"):
+            raise MinferError(f"trace: step kind {kind!r}, expected 'prefill', 'decode' or 'mixed'")
         if step < 0 or n_tokens < 0:
             raise MinferError(f"trace: step {step} / n_tokens {n_tokens} must be >= 0")
         if self._cur is not None:
@@ -168,11 +169,13 @@ class TraceRecorder:
         if cur.heatmap_step:
             self._heatmap(cur, node_id, arr, st.nan + st.inf == 0)
 
-    def end_step(self, token_id: int | None, logits: torch.Tensor | None, token_text: str = "") -> None:
-        """Finish the step: chosen token, and (given logits) top-k probabilities and entropy."""
+    def step_token(self, seq: int, token_id: int | None, logits: torch.Tensor | None,
+                   token_text: str = "") -> None:
+        """Record the token sequence `seq` chose in the open step, and (given the logits row it was
+        drawn from) the top-k probabilities and entropy. Once per sequence that sampled."""
         cur = self._cur
         if cur is None:
-            raise MinferError("trace: end_step() called without begin_step()")
+            raise MinferError("trace: step_token() called without begin_step()")
         token_id = None if token_id is None else int(token_id)
         if token_id is not None and token_id < 0:
             raise MinferError(f"trace: token id {token_id} is negative")
@@ -189,7 +192,18 @@ class TraceRecorder:
                          "logit": _num(d.token_logit), "rank": d.token_rank}
         elif token_id is not None:
             token = {"id": token_id, "text": token_text, "prob": None, "logit": None, "rank": None}
-        self.steps.append(cur.finish(token, entropy, top))
+        cur.tokens.append({"seq": int(seq), "token": token, "entropy": entropy, "top": top})
+
+    def end_step(self, token_id: int | None = None, logits: torch.Tensor | None = None, token_text: str = "") -> None:
+        """Finish the step. A token or logits given here are recorded as sequence 0's (the
+        one-sequence shorthand of step_token)."""
+        if self._cur is None:
+            raise MinferError("trace: end_step() called without begin_step()")
+        if token_id is not None or logits is not None:
+            self.step_token(0, token_id, logits, token_text)
+        cur = self._cur
+        first = cur.tokens[0] if cur.tokens else {"token": None, "entropy": None, "top": None}
+        self.steps.append(cur.finish(first["token"], first["entropy"], first["top"]))
         self._cur = None
 
     def close(self) -> None:

@@ -7,7 +7,6 @@ GPT-2's byte alphabet) and, where installed, HF `transformers` loading the files
 
 from __future__ import annotations
 
-import argparse
 import math
 
 import gguf
@@ -15,13 +14,13 @@ import numpy as np
 import pytest
 from gguf.quants import dequantize
 
+from minfer.cli import main
 from minfer.errors import UnsupportedError
 from minfer.gguf import synth as synth_mod
 from minfer.gguf.reader import GGUFReader
 from minfer.gguf.synth import (
     PRESETS,
     QUANTS,
-    add_synth_parser,
     byte_to_unicode,
     model_metadata,
     plan_tensors,
@@ -208,11 +207,8 @@ def test_hf_transformers_loads_tiny_f32(tiny_file):
 
 
 def test_cli(tmp_path, capsys):
-    parser = argparse.ArgumentParser(prog="minfer")
-    add_synth_parser(parser.add_subparsers())
     out = tmp_path / "m.gguf"
-    args = parser.parse_args(["synth", "tiny-llama", "q8_0", str(out), "--seed", "3", "--vocab", "300"])
-    assert args.func(args) == 0
+    assert main(["synth", "tiny-llama", "q8_0", str(out), "--seed", "3", "--vocab", "300"]) == 0
     assert f"wrote {out}" in capsys.readouterr().out
     r = GGUFReader(out)
     assert len(r.metadata["tokenizer.ggml.tokens"]) == 300 and "seed 3" in r.get_str("general.name")

@@ -14,11 +14,10 @@ import os
 import pytest
 import torch
 
-from minfer.backends.cpu_weights import SMALL_ROWS
+from minfer.config import EngineConfig
 from minfer.engine.engine import Engine
 from minfer.gguf.reader import GGUFReader
 
-# more tokens than SMALL_ROWS, so the quantized files run the exact float32 path in one prefill
 IDS = [3, 17, 42, 99, 5, 250, 7, 311, 64, 128, 2, 77, 400, 9, 33, 180, 21, 8, 305, 150, 6, 44, 97, 260]
 
 
@@ -42,15 +41,14 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2"])
 @pytest.mark.parametrize("quant", ["f32", "f16", "q8_0", "q4_1"])
-def test_logits_match_transformers(tiny_gguf, hf_logits, preset, quant):
+def test_logits_match_transformers(tiny_gguf, hf_logits, raw, preset, quant):
     path = tiny_gguf(preset, quant)
     ref = hf_logits(path)
-    eng = Engine(GGUFReader(path), progress=False)
-    assert len(IDS) > SMALL_ROWS
-    ours = eng.prefill(0, IDS, rows=range(len(IDS)))
+    eng = Engine.load(GGUFReader(path), EngineConfig(n_slots=1, n_ctx=64), progress=False)
+    ours = raw.prefill(eng, 0, IDS)
     rel = _rel(ours, ref)
     print(f"{preset} {quant}: relative error {rel:.2e}")
     assert rel < 1e-4
     # generation's token-by-token path agrees too (to its bf16/f16 precision where quantized)
-    steps = [eng.prefill(0, IDS[:4])[0]] + [eng.decode(0, t, p) for p, t in enumerate(IDS[4:], start=4)]
+    steps = [raw.prefill(eng, 0, IDS[:4])[-1]] + [raw.decode(eng, 0, t, p) for p, t in enumerate(IDS[4:], start=4)]
     assert _rel(torch.stack(steps), ref[3:]) < (1e-4 if quant in ("f32", "f16") else 2e-2)

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from minfer.backends.base import Batch, SeqSpan
+from minfer.backends.base import Batch
 from minfer.backends.cpu import CPUBackend
 from minfer.config import EngineConfig
 from minfer.engine.engine import Engine
@@ -32,17 +32,17 @@ def model_path(request, tiny_gguf):
 
 @pytest.fixture(scope="module")
 def engine(model_path):
-    return Engine(GGUFReader(model_path), n_slots=2, progress=False)
+    return Engine.load(GGUFReader(model_path), EngineConfig(n_slots=2), progress=False)
 
 
-def test_fused_graph_equals_the_plain_graph(engine, model_path):
+def test_fused_graph_equals_the_plain_graph(engine, model_path, raw):
     reader = GGUFReader(model_path)
     _, plain = registry.build(reader)
     be = CPUBackend()
     be.load(plain, reader, progress=False)
-    cache = be.new_cache(1, 64)
-    want = be.forward(Batch.single(A, 0, rows=range(len(A))), cache)
-    got = engine.prefill(0, A, rows=range(len(A)))
+    be.allocate(1, 64)
+    want = be.forward(Batch.single(A, 0, rows=range(len(A))))
+    got = raw.prefill(engine, 0, A)
     assert _close(got, want)
     ops = [n.op for n in engine.graph.nodes]
     assert len(engine.graph.nodes) != len(plain.nodes) and Op.SLICE in ops
@@ -50,38 +50,32 @@ def test_fused_graph_equals_the_plain_graph(engine, model_path):
     assert fused == set(plain.weights)  # the passes read exactly the file's tensors
 
 
-def test_two_sequences_in_one_batch(engine):
-    want_a = engine.prefill(0, A, rows=range(len(A)))
-    want_b = engine.prefill(1, B, rows=range(len(B)))
+def test_two_sequences_in_one_batch(engine, raw):
+    want_a = raw.prefill(engine, 0, A)
+    want_b = raw.prefill(engine, 1, B)
     # continue both: 2 more tokens of A (slot 0) and 1 of B (slot 1) in one step
     nxt_a, nxt_b = [12, 13], [14]
-    solo_a = engine.prefill(0, A + nxt_a, rows=range(len(A), len(A) + 2))
-    solo_b = engine.prefill(1, B + nxt_b, rows=range(len(B), len(B) + 1))
-    engine.prefill(0, A, rows=range(len(A)))
-    engine.prefill(1, B, rows=range(len(B)))
-    batch = Batch(tokens=torch.tensor(nxt_a + nxt_b, dtype=torch.int32),
-                  positions=torch.tensor([len(A), len(A) + 1, len(B)], dtype=torch.int32),
-                  spans=(SeqSpan(0, len(A), 0, 2), SeqSpan(1, len(B), 2, 1)),
-                  out_rows=torch.tensor([0, 1, 2], dtype=torch.int32))
-    got = engine.backend.forward(batch, engine.cache)
+    solo_a = raw.prefill(engine, 0, A + nxt_a, rows=range(len(A), len(A) + 2))
+    solo_b = raw.prefill(engine, 1, B + nxt_b, rows=range(len(B), len(B) + 1))
+    raw.prefill(engine, 0, A)
+    raw.prefill(engine, 1, B)
+    batch = Batch.build([(0, len(A), nxt_a), (1, len(B), nxt_b)], [0, 1, 2])
+    assert batch.positions.tolist() == [len(A), len(A) + 1, len(B)] and batch.row_slots.tolist() == [0, 0, 1]
+    got = engine.backend.forward(batch)
     assert _close(got[:2], solo_a) and _close(got[2:], solo_b)
     assert want_a.shape == (len(A), engine.n_vocab) and want_b.shape == (len(B), engine.n_vocab)
 
 
-def test_chunked_prefill_equals_whole(engine):
-    whole = engine.prefill(0, A, rows=range(len(A)))
-    engine.n_batch = 3
-    try:
-        chunked = engine.prefill(0, A, rows=range(len(A)))
-        middle = engine.prefill(0, A, rows=range(4, 7))
-    finally:
-        engine.n_batch = 512
+def test_chunked_prefill_equals_whole(engine, raw):
+    whole = raw.prefill(engine, 0, A)
+    chunked = torch.cat([raw.prefill(engine, 0, A[i:i + 3], start=i) for i in range(0, len(A), 3)])
+    middle = raw.prefill(engine, 0, A[4:7], start=4)
     assert _close(chunked, whole) and _close(middle, whole[4:7])
 
 
-def test_decode_steps_equal_prefill(engine):
-    whole = engine.prefill(0, A, rows=range(len(A)))
-    steps = [engine.prefill(0, A[:1])[0]] + [engine.decode(0, t, p) for p, t in enumerate(A[1:], start=1)]
+def test_decode_steps_equal_prefill(engine, raw):
+    whole = raw.prefill(engine, 0, A)
+    steps = [raw.prefill(engine, 0, A[:1])[0]] + [raw.decode(engine, 0, t, p) for p, t in enumerate(A[1:], start=1)]
     assert _close(torch.stack(steps), whole)
 
 
@@ -103,11 +97,11 @@ def test_trace_records_every_node_of_every_step(tiny_gguf, tmp_path):
 
 
 def test_no_trace_without_a_path(tiny_gguf):
-    eng = Engine(GGUFReader(tiny_gguf()), config=EngineConfig(), progress=False)
+    eng = Engine.load(GGUFReader(tiny_gguf()), EngineConfig(), progress=False)
     assert eng.recorder is None
 
 
-def test_rope_frequency_factors_and_linear_scaling_agree(tiny_gguf, rewrite_gguf, tmp_path):
+def test_rope_frequency_factors_and_linear_scaling_agree(tiny_gguf, rewrite_gguf, tmp_path, raw):
     """Llama-3 style rope_freqs.weight of all 2.0 divides every frequency by 2: the same rotation as
     linear scaling with factor 2 (rope.scaling.*), which must differ from no scaling at all."""
     import numpy as np
@@ -124,7 +118,7 @@ def test_rope_frequency_factors_and_linear_scaling_agree(tiny_gguf, rewrite_gguf
         "llama.rope.scaling.factor": (ValueType.FLOAT32, 2.0)})
     out = {}
     for name, path in (("none", base), ("factors", with_factors), ("linear", linear)):
-        eng = Engine(GGUFReader(path), progress=False)
-        out[name] = eng.prefill(0, A, rows=range(len(A)))
+        eng = Engine.load(GGUFReader(path), EngineConfig(n_slots=1), progress=False)
+        out[name] = raw.prefill(eng, 0, A)
     assert _close(out["factors"], out["linear"])
     assert not _close(out["none"], out["linear"], tol=1e-3)

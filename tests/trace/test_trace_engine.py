@@ -9,8 +9,7 @@ import pytest
 
 from minfer.config import EngineConfig
 from minfer.engine.engine import Engine
-from minfer.engine.generate import SlotState, generate_tokens
-from minfer.engine.sampler import SamplingParams
+from minfer.engine.params import SamplingParams
 from minfer.gguf.reader import GGUFReader
 from minfer.tokenizer.tokenizer import Tokenizer
 from minfer.trace.format import TRACE_SCHEMA
@@ -22,10 +21,12 @@ def test_traced_smollm2_run(tmp_path, smollm2_path, llamacpp_ref):
     case = llamacpp_ref["greedy"][0]
     path = tmp_path / "t.json"
     tok = Tokenizer.from_gguf(smollm2_path)
-    engine = Engine(GGUFReader(smollm2_path), config=EngineConfig(device="cpu", trace_path=str(path)), n_ctx=64,
-                    progress=False, token_text=tok.token_text)
+    engine = Engine.load(GGUFReader(smollm2_path), EngineConfig(device="cpu", trace_path=str(path), n_ctx=64),
+                         tokenizer=tok, progress=False)
     params = SamplingParams(max_tokens=STEPS, temperature=0.0, ignore_eos=True, seed=0)
-    ids = list(generate_tokens(engine, case["prompt_ids"], params, SlotState(0)))
+    seq = engine.add(case["prompt_ids"], params)
+    engine.run([seq])
+    ids = seq.generated
     engine.close()
 
     doc = json.loads(path.read_text())

@@ -250,7 +250,7 @@ def test_unwritable_path_is_a_typed_error(tmp_path):
     ("{not json", "not valid JSON"),
     ('{"format": "other"}', "not a minfer trace"),
     ('{"format": "minfer-trace", "version": 99}', "version 99"),
-    ('{"format": "minfer-trace", "version": 1}', "lacks"),
+    ('{"format": "minfer-trace", "version": 2}', "lacks"),
 ])
 def test_load_trace_errors(tmp_path, content, match):
     p = tmp_path / "x.json"

@@ -11,8 +11,8 @@ import urllib.request
 
 import pytest
 
+from minfer.commands.trace import add_parser as add_trace_parser
 from minfer.errors import MinferError
-from minfer.trace.cli import add_trace_parser
 from minfer.trace.format import load_trace
 from minfer.trace.server import VIZ_DIR, TraceServer
 
@@ -55,8 +55,7 @@ def test_rejects_bad_trace_and_busy_port(tmp_path, demo_trace):
             TraceServer(demo_trace[0], port=srv.port)
 
 
-_CLI = ("import argparse, sys; from minfer.trace.cli import add_trace_parser; p = argparse.ArgumentParser(); "
-        "add_trace_parser(p.add_subparsers()); a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))")
+_CLI = "import sys; from minfer.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 def test_trace_view_command_serves_until_stopped(demo_trace):

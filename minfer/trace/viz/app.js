@@ -1,11 +1,11 @@
-// minfer trace viewer. Reads a trace (docs/TRACE-FORMAT.md, version 1) and shows: the graph grouped by
+// minfer trace viewer. Reads a trace (docs/TRACE-FORMAT.md, version 2) and shows: the graph grouped by
 // layer, a node inspector (stats, heatmap, history), a step slider, the next-token distribution, the
 // entropy curve and the time per op. Plain DOM + canvas, no dependencies, no network beyond the trace.
 // Every string from the trace goes through textContent, never innerHTML.
 "use strict";
 (() => {
   const FORMAT = "minfer-trace";
-  const VERSION = 1;
+  const VERSION = 2;
   const LEVELS = 254;        // heatmap codes 0..254 are values, 255 marks a cell with NaN/Inf
   const NONFINITE = 255;
   const $ = (id) => document.getElementById(id);

@@ -1,4 +1,4 @@
-"""`minfer trace ...` subcommands; minfer/cli.py mounts them with `add_trace_parser(subparsers)`.
+"""`minfer trace ...` subcommands.
 
 - `minfer trace view FILE [--port P] [--open]`: serve the viewer and FILE on 127.0.0.1 until Ctrl-C.
 - `minfer trace demo OUT [--layers N] [--tokens N] [--seed S]`: record a synthetic run to OUT,
@@ -13,13 +13,13 @@ import argparse
 import threading
 import webbrowser
 
-from .server import TraceServer
-
 DEFAULT_PORT = 8765
 
 
 def cmd_trace_view(args: argparse.Namespace) -> int:
     """Serve the viewer with `args.file` preloaded; block until interrupted."""
+    from ..trace.server import TraceServer
+
     server = TraceServer(args.file, port=args.port).start()
     print(f"minfer trace view: {server.url}  (serving {args.file}; Ctrl-C stops)", flush=True)
     if args.open:
@@ -35,7 +35,7 @@ def cmd_trace_view(args: argparse.Namespace) -> int:
 
 def cmd_trace_demo(args: argparse.Namespace) -> int:
     """Record the synthetic demo run to `args.out`."""
-    from .demo import DemoShape, run_demo  # torch: imported only for this command
+    from ..trace.demo import DemoShape, run_demo  # torch: imported only for this command
 
     path = run_demo(args.out, shape=DemoShape(layers=args.layers), new_tokens=args.tokens, seed=args.seed)
     print(f"wrote {path}; view it with: minfer trace view {path}")
@@ -56,7 +56,7 @@ def _port(text: str) -> int:
     return v
 
 
-def add_trace_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add `trace` (with `view` and `demo`) to a CLI's subparsers; handlers are set as `func`."""
     trace = subparsers.add_parser("trace", help="record/view traces (MINFER_TRACE=path.json records a run)",
                                   description="Trace tools. Record a run with MINFER_TRACE=path.json.")

@@ -1,29 +1,17 @@
-"""`minfer run`, `chat` and `perplexity` through their argparse parsers (as cli.py wires them)."""
+"""`minfer run`, `chat` and `perplexity` through the command line (minfer.cli.main)."""
 
 from __future__ import annotations
 
-import argparse
 import io
 import re
 
-import pytest
-
-from minfer.engine.commands import add_chat_parser, add_perplexity_parser, add_run_parser
-
-
-def _parse(argv: list[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="minfer")
-    sub = ap.add_subparsers(dest="command", required=True)
-    for add in (add_run_parser, add_chat_parser, add_perplexity_parser):
-        add(sub)
-    return ap.parse_args(argv)
+from minfer.cli import main
 
 
 def _run(argv, capsys, stdin: str | None = None, monkeypatch=None):
     if stdin is not None:
         monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
-    args = _parse(argv)
-    rc = args.func(args)
+    rc = main(argv)
     out, err = capsys.readouterr()
     return rc, out, err
 
@@ -66,9 +54,6 @@ def test_perplexity_prints_chunks_and_final(tiny_gguf, capsys, tmp_path):
     assert m and float(m.group(1)) > 1
 
 
-def test_perplexity_unreadable_file(tiny_gguf, tmp_path):
-    from minfer.errors import MinferError
-
-    args = _parse(["perplexity", "-m", str(tiny_gguf()), str(tmp_path / "missing.txt")])
-    with pytest.raises(MinferError, match="cannot read"):
-        args.func(args)
+def test_perplexity_unreadable_file(tiny_gguf, tmp_path, capsys):
+    rc, _, err = _run(["perplexity", "-m", str(tiny_gguf()), str(tmp_path / "missing.txt")], capsys)
+    assert rc == 2 and "cannot read" in err

@@ -1,55 +1,18 @@
-"""`minfer kernels` and `minfer judge`: the parsers (added by minfer/cli.py) and what they run.
+"""What `minfer kernels` prints: the contract listing and the check of outside contract files.
 
-- `minfer kernels`: every contract section of the package (registrable or not): file:line,
-  kernel, op, backend, validation result, bound launcher; `--json` for machines.
-- `minfer kernels --check FILE.fkc.md ...`: validate any contract files; one line per error
-  (rule, section, field, reason); exit status 1 when there is any error.
-- `minfer judge --out DIR`: measure the kernels on the GPU (judge.py).
+- `listing(registry)`: every contract section of the package (registrable or not): file:line,
+  kernel, op, backend, validation result, bound launcher; `format_listing` as a table.
+- `check_files(paths)`: validate any contract files; one line per error (rule, section, field,
+  reason); exit status 1 when there is any error.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
 
-from .registry import Registry, load_registry
+from .registry import Registry
 from .validate import check_file
-
-
-def add_kernels_parser(sub) -> None:
-    p = sub.add_parser("kernels", help="list kernel contracts and their validation; --check validates files")
-    p.add_argument("--check", nargs="+", metavar="FILE", help="validate these .fkc.md files, do not list")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--judge-report", metavar="JSON", help="read measured overheads from this judge report")
-    p.set_defaults(func=cmd_kernels)
-
-
-def add_judge_parser(sub) -> None:
-    from . import judge
-
-    p = sub.add_parser("judge", help="measure every registrable kernel on the GPU (µs, GB/s, error, bits)")
-    judge.add_arguments(p)
-    p.set_defaults(func=cmd_judge)
-
-
-def cmd_judge(args: argparse.Namespace) -> int:
-    from . import judge
-
-    return judge.run_cli(args)
-
-
-def cmd_kernels(args: argparse.Namespace) -> int:
-    if args.check:
-        return check_files(args.check, as_json=args.json)
-    reg = load_registry(judge_report=args.judge_report)
-    rows = listing(reg)
-    if args.json:
-        print(json.dumps(rows, indent=1))
-    else:
-        print(format_listing(rows))
-    return 0
 
 
 def listing(reg: Registry) -> list[dict]:
@@ -129,17 +92,3 @@ def check_files(paths: list[str], as_json: bool = False) -> int:
             for e in f["errors"]:
                 print(f"  {e['rule']:<22} [{e['section']}] {e['field']}: {e['reason']}")
     return 1 if any(f["errors"] for f in report) else 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m minfer.contracts.cli [kernels|judge] ...` (the same as the `minfer` subcommands)."""
-    ap = argparse.ArgumentParser(prog="python -m minfer.contracts.cli")
-    sub = ap.add_subparsers(dest="command", required=True)
-    add_kernels_parser(sub)
-    add_judge_parser(sub)
-    args = ap.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

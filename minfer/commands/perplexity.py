@@ -1,0 +1,44 @@
+"""`minfer perplexity`: llama-perplexity's measure of a text file."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+from ..errors import MinferError
+from . import common
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("perplexity", help="perplexity of a text file (llama-perplexity's method)",
+                       description="Chunks of --chunk tokens, BOS first, second half of each chunk scored; "
+                                   "prints each chunk's running PPL and the final PPL +/- error.")
+    common.add_model_args(p)
+    p.add_argument("--chunk", type=int, default=512, help="tokens per chunk (llama.cpp's n_ctx; default 512)")
+    p.add_argument("file", type=Path, help="UTF-8 text file")
+    p.set_defaults(func=perplexity)
+
+
+def perplexity(a: argparse.Namespace) -> int:
+    if a.chunk < 4 or a.chunk % 2:
+        raise MinferError(f"--chunk must be an even number >= 4, got {a.chunk}")
+    config = common.engine_config(a, n_slots=1)
+    if config.n_ctx is None or config.n_ctx < a.chunk:
+        config = dataclasses.replace(config, n_ctx=max(config.n_ctx or 0, a.chunk))
+    try:
+        text = a.file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise MinferError(f"cannot read {a.file}: {e}") from None
+    m = common.load_model(a, config)
+    try:
+        def on_chunk(i: int, n: int, running: float) -> None:
+            print(f"[{i + 1}/{n}] running PPL = {running:.4f}", flush=True)
+
+        r = m.perplexity(text, n_ctx=a.chunk, on_chunk=on_chunk)
+    finally:
+        common.close_model(m, config)
+    print("chunk NLLs: " + " ".join(f"{x:.4f}" for x in r.nll_per_chunk))
+    print(f"PPL = {r.ppl:.4f} +/- {r.ppl_error:.5f}  ({r.chunks} chunks of {r.n_ctx}, {r.n_scored} tokens scored, "
+          f"{r.seconds:.1f} s, {r.chunks * r.n_ctx / r.seconds:.0f} tok/s)")
+    return 0

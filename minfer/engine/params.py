@@ -1,0 +1,87 @@
+"""Sampling parameters of one request, validated when made. No torch here: the CLI checks its
+flags with these before loading a model.
+
+The chain follows llama.cpp's default order (engine/sampler.py): penalties, top-k, top-p,
+min-p, temperature, then a draw. temperature == 0 is greedy. The penalties look at the last
+`repeat_last_n` tokens of the sequence (prompt included), as llama.cpp's do:
+`repeat_penalty` divides a seen token's positive logit (multiplies a negative one);
+`frequency_penalty` subtracts penalty x count and `presence_penalty` subtracts penalty once
+for every seen token (OpenAI's definitions, over that window).
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass, field, fields
+
+from ..errors import ParamError
+
+MAX_STOPS = 16
+MAX_STOP_CHARS = 512
+
+
+def _num(name: str, v, lo: float | None = None, hi: float | None = None, lo_open: bool = False) -> None:
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or v != v:
+        raise ParamError(name, f"must be a number, got {v!r}")
+    if lo is not None and (v <= lo if lo_open else v < lo):
+        raise ParamError(name, f"must be {'>' if lo_open else '>='} {lo}, got {v}")
+    if hi is not None and v > hi:
+        raise ParamError(name, f"must be <= {hi}, got {v}")
+
+
+def _int(name: str, v, lo: int, hi: int | None = None) -> None:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise ParamError(name, f"must be an integer, got {v!r}")
+    if v < lo or (hi is not None and v > hi):
+        raise ParamError(name, f"must be >= {lo}" + (f" and <= {hi}" if hi is not None else "") + f", got {v}")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int | None = 256  # None: until an end token, a stop string or the end of the context
+    temperature: float = 0.8
+    top_k: int = 40  # 0: no limit
+    top_p: float = 0.95  # 1.0: off
+    min_p: float = 0.05  # 0.0: off
+    repeat_penalty: float = 1.0  # 1.0: off
+    repeat_last_n: int = 64  # window of the three penalties
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int | None = None  # None: a fresh random seed
+    stop: tuple[str, ...] = field(default=())
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        if self.max_tokens is not None:
+            _int("max_tokens", self.max_tokens, 0)
+        _num("temperature", self.temperature, 0.0)
+        _int("top_k", self.top_k, 0)
+        _num("top_p", self.top_p, 0.0, 1.0, lo_open=True)
+        _num("min_p", self.min_p, 0.0, 1.0)
+        _num("repeat_penalty", self.repeat_penalty, 0.0, lo_open=True)
+        _int("repeat_last_n", self.repeat_last_n, 0)
+        _num("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        _num("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        if self.seed is not None:
+            _int("seed", self.seed, 0, 2**64 - 1)
+        if not isinstance(self.ignore_eos, bool):
+            raise ParamError("ignore_eos", f"must be true or false, got {self.ignore_eos!r}")
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if not isinstance(stop, list | tuple) or any(not isinstance(s, str) or not s for s in stop):
+            raise ParamError("stop", "must be a non-empty string or a list of non-empty strings")
+        if len(stop) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in stop):
+            raise ParamError("stop", f"allows at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters")
+        object.__setattr__(self, "stop", tuple(stop))
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def penalized(self) -> bool:
+        return self.repeat_last_n > 0 and (self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0
+                                           or self.presence_penalty != 0.0)

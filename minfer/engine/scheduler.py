@@ -1,0 +1,186 @@
+"""The scheduler: which sequences run in the next step, in which KV-cache slot, with which tokens.
+
+Sequences wait in arrival order and are admitted when a slot is free (first come, first
+served). Each step is ONE batch: the next token of every sequence that is generating, plus at
+most one chunk of one sequence's prompt (`prefill_chunk` tokens, fewer at the prompt's end or
+when `max_batch_tokens` binds). A long prompt therefore never stalls the running sequences for
+longer than one chunk.
+
+A new sequence goes to the free slot whose cached tokens its prompt continues (the longest
+such; ties and no match: the least recently used slot), and only the rest of its prompt is run:
+a chat's next turn pays only for the new turn. At least the prompt's last token always runs,
+since its logits give the first new token. A slot is reused only when the prompt extends ALL
+its tokens, never for a partial match such as a shared system prompt: a partial match would let
+one request's numbers depend on which request ran before it (the cached rows were computed in
+other chunks, and the decode path's bfloat16 rounding turns such differences into different
+tokens), while a continuation only depends on the conversation itself.
+
+The scheduler owns slots and queues; it never touches tensors except to hand logits rows to the
+sequences' samplers (`postprocess`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from ..backends.base import Batch
+from ..errors import MinferError
+from .sequence import Sequence, Status
+
+
+@dataclass
+class ScheduledStep:
+    """One step: the batch, and what its logits rows mean."""
+
+    batch: Batch
+    decode: list[Sequence]  # rows 0..len-1, one token each
+    prefill: Sequence | None  # the sequence whose prompt chunk follows, if any
+    chunk: int  # tokens of that chunk
+    samples: list[tuple[Sequence, int]]  # (sequence, logits row) to sample a token from
+    keep: list[tuple[Sequence, list[int]]]  # (sequence, logits rows) of prompt positions to store
+
+
+def _continued(cached: list[int], prompt: list[int]) -> int:
+    """len(cached) when `prompt` starts with every cached token, else 0."""
+    n = len(cached)
+    return n if n and n <= len(prompt) and prompt[:n] == cached else 0
+
+
+class Scheduler:
+    def __init__(self, n_slots: int, n_ctx: int, prefill_chunk: int, max_batch_tokens: int,
+                 device: str | torch.device = "cpu"):
+        if min(n_slots, n_ctx, prefill_chunk) < 1 or max_batch_tokens < n_slots + 1:
+            raise MinferError(f"scheduler: slots {n_slots}, context {n_ctx} and prefill chunk {prefill_chunk} must "
+                              f"be >= 1 and max_batch_tokens ({max_batch_tokens}) >= slots + 1")
+        self.n_slots, self.n_ctx = n_slots, n_ctx
+        self.prefill_chunk, self.max_batch_tokens = prefill_chunk, max_batch_tokens
+        self.device = device
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.free: set[int] = set(range(n_slots))
+        self.slot_tokens: list[list[int]] = [[] for _ in range(n_slots)]  # what a free slot's cache holds
+        self._last_used = [0] * n_slots
+        self._clock = 0
+
+    # ------------------------------------------------------------------ queue
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def abort(self, seq: Sequence) -> None:
+        """End `seq` now ("abort"); a running one gives its slot back (its cached tokens stay
+        reusable)."""
+        if seq.finished:
+            return
+        if seq.status is Status.WAITING:
+            try:
+                self.waiting.remove(seq)
+            except ValueError:
+                pass
+        seq.finish("abort")
+        self._release(seq)
+
+    def forget(self) -> None:
+        """Drop what free slots remember: the next sequences run their whole prompts."""
+        for slot in self.free:
+            self.slot_tokens[slot] = []
+
+    @property
+    def slots_in_use(self) -> int:
+        return self.n_slots - len(self.free)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ------------------------------------------------------------------ slots
+    def _admit(self, seq: Sequence) -> None:
+        def score(slot: int) -> tuple[int, int]:
+            shared = _continued(self.slot_tokens[slot], seq.prompt) if seq.reuse_prefix else 0
+            return shared, -self._last_used[slot]
+
+        slot = max(sorted(self.free), key=score)
+        keep = score(slot)[0]
+        keep = min(keep, seq.n_prompt - 1)
+        if seq.logit_rows is not None and len(seq.logit_rows):
+            keep = min(keep, seq.logit_rows.start)
+        self.free.discard(slot)
+        self.slot_tokens[slot] = []
+        seq.slot, seq.n_cached, seq.status = slot, keep, Status.RUNNING
+        seq.stats.cached_tokens = keep
+        self.running.append(seq)
+
+    def _release(self, seq: Sequence) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        if seq.slot is not None and seq.slot not in self.free:
+            self.slot_tokens[seq.slot] = seq.tokens[:seq.n_cached]
+            self._clock += 1
+            self._last_used[seq.slot] = self._clock
+            self.free.add(seq.slot)
+
+    # ------------------------------------------------------------------ steps
+    def schedule(self) -> ScheduledStep | None:
+        """The next step, or None when nothing is waiting or running."""
+        decode = [s for s in self.running if not s.prefilling]
+        pre = next((s for s in self.running if s.prefilling), None)
+        if pre is None and self.waiting and self.free:
+            self._admit(self.waiting.popleft())
+            pre = self.running[-1]
+        if not decode and pre is None:
+            return None
+        spans = [(s.slot, s.n_cached, [s.tokens[-1]]) for s in decode]
+        rows: dict[int, int] = {}  # batch row -> index in out_rows
+
+        def out(row: int) -> int:
+            return rows.setdefault(row, len(rows))
+
+        samples = [(s, out(i)) for i, s in enumerate(decode)]
+        keep: list[tuple[Sequence, list[int]]] = []
+        chunk = 0
+        budget = self.max_batch_tokens - len(decode)
+        if pre is not None and budget > 0:
+            start = pre.n_cached
+            chunk = min(self.prefill_chunk, budget, pre.n_prompt - start)
+            offset = len(decode)
+            spans.append((pre.slot, start, pre.tokens[start:start + chunk]))
+            if pre.logit_rows is not None:
+                want = [p for p in range(start, start + chunk) if p in pre.logit_rows]
+                if want:
+                    keep.append((pre, [out(offset + p - start) for p in want]))
+            if start + chunk == pre.n_prompt and pre.params.max_tokens != 0:
+                samples.append((pre, out(offset + chunk - 1)))
+            if pre.stats.first_scheduled is None:
+                pre.stats.first_scheduled = time.perf_counter()
+        else:
+            pre = None
+        batch = Batch.build(spans, list(rows), n_decode=len(decode), device=self.device)
+        return ScheduledStep(batch, decode, pre, chunk, samples, keep)
+
+    def postprocess(self, step: ScheduledStep, logits: torch.Tensor) -> list[tuple[Sequence, int, int]]:
+        """Advance the step's sequences: cached counts, stored prompt logits, one sampled token
+        each; release the slots of those that finished. Returns (sequence, token, logits row)
+        for every token sampled."""
+        now = time.perf_counter()
+        for s in step.decode:
+            s.n_cached += 1
+        if step.prefill is not None:
+            step.prefill.n_cached += step.chunk
+        for seq, idx in step.keep:
+            seq.prompt_logits.append(logits[idx].clone())
+        sampled = []
+        for seq, row in step.samples:
+            if seq.finished:  # aborted while the step ran
+                continue
+            tok = seq.sampler(logits[row], seq.tokens)
+            seq.append(tok, self.n_ctx, now)
+            sampled.append((seq, tok, row))
+        pre = step.prefill
+        if pre is not None and not pre.prefilling and pre.params.max_tokens == 0:
+            pre.finish("length")
+        for seq in [*step.decode, *([pre] if pre is not None else [])]:
+            if seq.finished:
+                self._release(seq)
+        return sampled

@@ -1,0 +1,249 @@
+"""The engine loop and the scheduler on a scripted backend (no model): batches, admission, chunked
+prefill, prefix reuse, stops, aborts, and per-sequence sampling that ignores the rest of the batch.
+
+The scripted backend's logits for a row depend only on that row's token and position: greedy
+decoding follows `NEXT` (token t is followed by NEXT[t]), and a sampled draw sees a fixed random
+distribution per (token, position). What the loop does is then checked exactly.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minfer.backends.base import Batch
+from minfer.config import EngineConfig
+from minfer.engine.engine import Engine
+from minfer.engine.params import SamplingParams
+from minfer.errors import ContextOverflowError, MinferError
+
+V = 32
+EOS = 0
+PIECES = ["<eos>"] + [f"w{i} " for i in range(1, V)]
+NEXT = {t: (t + 1) % V or 1 for t in range(V)}  # greedy successor; EOS only where a test asks
+GREEDY = dict(temperature=0)
+
+
+class ScriptedBackend:
+    name = "scripted"
+    kv_itemsize = 4
+
+    def __init__(self, eos_after: int | None = None):
+        self.batches: list[Batch] = []
+        self.eos_after = eos_after  # token after which EOS is the greedy choice
+
+    def kv_budget(self) -> int:
+        return 1 << 30
+
+    def forward(self, batch: Batch, recorder=None) -> torch.Tensor:
+        self.batches.append(batch)
+        rows = batch.out_rows.tolist()
+        out = torch.empty(len(rows), V)
+        for i, r in enumerate(rows):
+            t, p = int(batch.tokens[r]), int(batch.positions[r])
+            g = torch.Generator().manual_seed(1000 * t + p)
+            out[i] = torch.randn(V, generator=g)
+            out[i, NEXT[t] if t != self.eos_after else EOS] += 8.0
+        return out
+
+
+class PieceTokenizer:
+    eot_ids = frozenset({EOS})
+
+    def decode(self, ids):
+        return "".join(PIECES[i] for i in ids)
+
+    def stream_decoder(self):
+        class D:
+            def feed(self, t):
+                return PIECES[t] if t != EOS else ""
+
+            def flush(self):
+                return ""
+
+        return D()
+
+
+def make(n_slots=2, n_ctx=64, chunk=8, eos_after=None, **cfg) -> tuple[Engine, ScriptedBackend]:
+    be = ScriptedBackend(eos_after)
+    config = EngineConfig(n_slots=n_slots, n_ctx=n_ctx, prefill_chunk=chunk, **cfg)
+    return Engine(be, n_vocab=V, n_ctx=n_ctx, n_slots=n_slots, config=config, tokenizer=PieceTokenizer()), be
+
+
+def test_greedy_follows_the_logits_and_stops_at_max_tokens():
+    eng, be = make()
+    seq = eng.add([3, 4], SamplingParams(max_tokens=4, **GREEDY))
+    eng.run([seq])
+    assert seq.generated == [5, 6, 7, 8] and seq.finish_reason == "length"
+    assert seq.take_text() == "w5 w6 w7 w8 "
+    kinds = [b.kind for b in be.batches]
+    assert kinds == ["prefill", "decode", "decode", "decode"]  # the last token is never fed
+    assert [b.positions.tolist() for b in be.batches[1:]] == [[2], [3], [4]]
+
+
+def test_eos_stops_and_is_not_rendered_but_ignore_eos_goes_on():
+    eng, _ = make(eos_after=5)
+    seq = eng.add([3, 4], SamplingParams(max_tokens=10, **GREEDY))
+    eng.run([seq])
+    assert seq.generated == [5, EOS] and seq.finish_reason == "stop" and seq.take_text() == "w5 "
+    seq = eng.add([3, 4], SamplingParams(max_tokens=4, ignore_eos=True, **GREEDY))
+    eng.run([seq])
+    assert seq.generated == [5, EOS, 1, 2] and seq.finish_reason == "length"
+
+
+def test_stop_string_ends_and_never_leaks_partially():
+    eng, _ = make()
+    seq = eng.add([3], SamplingParams(max_tokens=10, stop=("w6 w",), **GREEDY))
+    pieces = []
+    while not seq.finished:
+        eng.step()
+        pieces.append(seq.take_text())
+    assert "".join(pieces) == "w4 w5 " and seq.finish_reason == "stop"
+    assert all("w6" not in p for p in pieces)  # held back until the stop string could not complete
+
+
+def test_context_end_is_length():
+    eng, _ = make(n_ctx=6)
+    seq = eng.add([3, 4, 5], SamplingParams(max_tokens=None, **GREEDY))
+    eng.run([seq])
+    assert len(seq.tokens) == 6 and seq.finish_reason == "length"
+    with pytest.raises(ContextOverflowError, match="7 tokens but the context holds 6"):
+        eng.add(list(range(1, 8)))
+
+
+def test_bad_prompts_are_typed_errors():
+    eng, _ = make()
+    with pytest.raises(MinferError, match="empty"):
+        eng.add([])
+    with pytest.raises(MinferError, match="outside the vocabulary"):
+        eng.add([1, V])
+    with pytest.raises(MinferError, match="not a contiguous range"):
+        eng.add([1, 2, 3], logit_rows=range(2, 5))
+
+
+def test_every_step_is_one_batch_of_all_decodes_and_one_prefill_chunk():
+    eng, be = make(n_slots=3, chunk=4)
+    a = eng.add([1, 2], SamplingParams(max_tokens=20, **GREEDY))
+    b = eng.add([5, 6], SamplingParams(max_tokens=20, **GREEDY))
+    eng.step()  # a's prompt
+    eng.step()  # a decodes, b's prompt
+    long = eng.add(list(range(1, 12)) + [3] * 3, SamplingParams(max_tokens=2, **GREEDY))  # 14 tokens: 4 chunks
+    for _ in range(5):
+        eng.step()
+    shapes = [([s.n_tokens for s in x.spans], x.n_decode) for x in be.batches]
+    assert shapes == [([2], 0), ([1, 2], 1), ([1, 1, 4], 2), ([1, 1, 4], 2), ([1, 1, 4], 2), ([1, 1, 2], 2),
+                      ([1, 1, 1], 3)]
+    assert a.slot != b.slot != long.slot and not long.prefilling and len(long.generated) == 2
+
+
+def test_max_batch_tokens_bounds_the_chunk():
+    eng, be = make(n_slots=2, chunk=8, max_batch_tokens=5)
+    eng.add([1, 2], SamplingParams(max_tokens=10, **GREEDY))
+    eng.step()
+    eng.add(list(range(1, 11)), SamplingParams(max_tokens=1, **GREEDY))
+    eng.step()
+    assert [s.n_tokens for s in be.batches[-1].spans] == [1, 4]
+
+
+def test_waiting_sequences_are_admitted_in_order_as_slots_free():
+    eng, _ = make(n_slots=2)
+    seqs = [eng.add([i + 1], SamplingParams(max_tokens=2 + i, **GREEDY)) for i in range(5)]
+    order = []
+    while any(not s.finished for s in seqs):
+        eng.step()
+        for s in seqs:
+            if s.slot is not None and s not in order:
+                order.append(s)
+        assert eng.scheduler.slots_in_use <= 2
+    assert order == seqs
+    assert [len(s.generated) for s in seqs] == [2, 3, 4, 5, 6]
+
+
+def test_a_new_prompt_goes_to_the_slot_it_continues():
+    eng, be = make(n_slots=2)
+    a = eng.add([1, 2, 3, 4, 5, 6], SamplingParams(max_tokens=2, **GREEDY))
+    b = eng.add([9, 9, 9], SamplingParams(max_tokens=2, **GREEDY))
+    eng.run([a, b])
+    follow = eng.add([9, 9, 9, 10, 11, 12, 13], SamplingParams(max_tokens=1, **GREEDY))
+    eng.run([follow])
+    assert follow.slot == b.slot and follow.stats.cached_tokens == 4  # b's prompt + its first fed token
+    last = be.batches[-1]
+    assert last.spans[0].start == 4 and last.tokens.tolist() == [11, 12, 13]
+    eng.reset()
+    again = eng.add([9, 9, 9, 10, 11, 12, 13], SamplingParams(max_tokens=1, **GREEDY))
+    eng.run([again])
+    assert again.stats.cached_tokens == 0
+
+
+def test_reuse_runs_at_least_the_last_prompt_token_and_can_be_refused():
+    eng, be = make(n_slots=1)
+    eng.run([eng.add([1, 2, 3], SamplingParams(max_tokens=3, **GREEDY))])  # caches 1 2 3 4 5
+    same = eng.add([1, 2, 3, 4, 5], SamplingParams(max_tokens=1, **GREEDY))
+    eng.run([same])
+    assert same.stats.cached_tokens == 4 and be.batches[-1].tokens.tolist() == [5]
+    fresh = eng.add([1, 2, 3, 4, 5], SamplingParams(max_tokens=1, **GREEDY), reuse_prefix=False)
+    eng.run([fresh])
+    assert fresh.stats.cached_tokens == 0 and be.batches[-1].tokens.tolist() == [1, 2, 3, 4, 5]
+    assert same.generated == fresh.generated == [6]
+
+
+def test_a_partial_match_is_not_reused():
+    """Prompts that only share a beginning (a system prompt) never share cache rows: a request's
+    numbers must not depend on which request ran before it."""
+    eng, be = make(n_slots=1)
+    eng.run([eng.add([1, 2, 3, 4], SamplingParams(max_tokens=2, **GREEDY))])
+    other = eng.add([1, 2, 3, 9, 9], SamplingParams(max_tokens=1, **GREEDY))
+    eng.run([other])
+    assert other.stats.cached_tokens == 0 and be.batches[-1].tokens.tolist() == [1, 2, 3, 9, 9]
+    shorter = eng.add([1, 2, 3], SamplingParams(max_tokens=1, **GREEDY))  # the slot holds more than it
+    eng.run([shorter])
+    assert shorter.stats.cached_tokens == 0
+
+
+def test_abort_frees_slots_and_the_engine_goes_on():
+    eng, _ = make(n_slots=4)
+    seqs = [eng.add([1 + i % 7, 2], SamplingParams(max_tokens=50, **GREEDY)) for i in range(50)]
+    for _ in range(6):
+        eng.step()
+    for s in seqs:
+        eng.abort(s)
+    assert eng.scheduler.slots_in_use == 0 and not eng.scheduler.has_work()
+    assert all(s.finish_reason == "abort" for s in seqs)
+    ok = eng.add([3], SamplingParams(max_tokens=3, **GREEDY))
+    eng.run([ok])
+    assert ok.generated == [4, 5, 6]
+
+
+def test_closing_a_stream_aborts_its_sequence():
+    eng, _ = make(n_slots=1)
+    seq = eng.add([3], SamplingParams(max_tokens=30, **GREEDY))
+    it = eng.stream(seq)
+    next(it)
+    it.close()
+    assert seq.finish_reason == "abort" and eng.scheduler.slots_in_use == 0
+
+
+def test_seeded_sampling_is_the_same_alone_and_in_a_batch():
+    params = [SamplingParams(max_tokens=12, temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, seed=s) for s in (1, 2, 3)]
+    prompts = [[3, 4], [7], [1, 2, 3, 4, 5]]
+    alone = []
+    for p, sp in zip(prompts, params, strict=True):
+        eng, _ = make(n_slots=1)
+        seq = eng.add(p, sp)
+        eng.run([seq])
+        alone.append(seq.generated)
+    eng, be = make(n_slots=3)
+    seqs = [eng.add(p, sp) for p, sp in zip(prompts, params, strict=True)]
+    eng.run(seqs)
+    assert [s.generated for s in seqs] == alone
+    assert len({tuple(a) for a in alone}) == 3 and max(b.n_decode for b in be.batches) == 3
+
+
+def test_prompt_logits_are_kept_across_chunks():
+    eng, _ = make(chunk=3)
+    prompt = [5, 6, 7, 8, 9, 10, 11]
+    seq = eng.add(prompt, SamplingParams(max_tokens=0), logit_rows=range(1, 6))
+    eng.run([seq])
+    got = torch.cat(seq.prompt_logits)
+    assert got.shape == (5, V) and seq.generated == [] and seq.finish_reason == "length"
+    assert got.argmax(-1).tolist() == [NEXT[t] for t in prompt[1:6]]
