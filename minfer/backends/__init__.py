@@ -1,6 +1,8 @@
 """Backends: where a compiled graph runs. `create_backend(config)` is the one factory.
 
 - `cpu`: torch on the host, the numerical reference (cpu.py, cpu_ops.py, cpu_weights.py).
+- `cuda`: the contracts' kernels on an NVIDIA GPU, CUDA-graph decode (cuda.py); under the Triton
+  interpreter (TRITON_INTERPRET=1) the same backend runs on CPU tensors, for tests.
 
 Every backend shares the compiled plan (plan.py) and owns its KV cache (kv_cache.py).
 """
@@ -25,7 +27,11 @@ def create_backend(config: EngineConfig) -> Backend:
     if config.device == "cuda":
         import torch
 
-        if not torch.cuda.is_available():
+        from ..kernels._common import interpreting
+
+        if not torch.cuda.is_available() and not interpreting():
             raise DeviceError("device 'cuda' requested but no CUDA GPU is visible to torch; use --device cpu")
-        raise DeviceError("device 'cuda': the cuda backend is not part of this build yet; use --device cpu")
+        from .cuda import CUDABackend
+
+        return CUDABackend(config)
     raise DeviceError(f"unknown device {config.device!r}; available: {', '.join(DEVICES)}")

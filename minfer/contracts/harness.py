@@ -252,6 +252,12 @@ _MNK = {
 }
 
 
+def _mnk_for(size: str, q: QuantInfo | None) -> list[tuple[int, int, int]]:
+    """The size class's (m, n, k), k scaled to whole blocks of q (K-quants: 256 per block)."""
+    scale = max(1, (q.block_elems if q else 32) // 32)
+    return [(m, n, k * scale) for m, n, k in _MNK[size]]
+
+
 def _mnk_settings(size: str, mnk: list[tuple[int, int, int]]) -> list[Setting]:
     out = []
     for m, n, k in mnk:
@@ -275,11 +281,178 @@ def _build_qmatmul(s: Setting, dtypes: dict[str, str], out_dtype: str | None, ge
     info = by_name(dtypes["w"])
     n, k = s.shapes["w"]
     inputs = {"x": _randn(s.shapes["x"], dtypes["x"], gen), "w": random_blocks(info, n, k, gen)}
-    return inputs, {"n": n, "k": k}
+    return inputs, {"n": n, "k": k, "qtype": info.type}
 
 
 def _ref_qmatmul(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[str, str]) -> torch.Tensor:
     return i["x"].reshape(-1, p["k"]).double() @ _decode(i["w"], d["w"], p["k"]).T  # [m, n]; x [k] is m = 1
+
+
+# ---- RMSNorm / RoPE / row select -----------------------------------------------------------------
+
+_NORM = {"tiny": [(1, 8)], "odd": [(3, 37)], "boundary": [(2, 4097), (5, 576)]}
+
+
+def _norm_settings(size: str, q) -> list[Setting]:
+    return [Setting(size, {"x": (r, d), "w": (d,)}, {"eps": 1e-5}) for r, d in _NORM[size]]
+
+
+def _norm_model(name: str, m: ModelDims, q) -> list[Setting]:
+    return [Setting(name, {"x": (t, m.d), "w": (m.d,)}, {"eps": 1e-6}) for t in (1, PREFILL_TOKENS)]
+
+
+def _ref_norm(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[str, str]) -> torch.Tensor:
+    x = i["x"].double()
+    return x / torch.sqrt((x * x).mean(-1, keepdim=True) + p["eps"]) * i["w"].double()
+
+
+# (rows, n_heads, head_dim, n_rot, neox)
+_ROPE = {"tiny": [(1, 1, 8, 8, False)], "odd": [(3, 3, 16, 12, True)], "boundary": [(17, 5, 64, 64, True),
+                                                                                   (9, 2, 128, 96, False)]}
+ROPE_CTX = 4096
+
+
+def _rope_setting(size: str, rows: int, heads: int, hd: int, n_rot: int, neox: bool) -> Setting:
+    return Setting(size, {"x": (rows, heads * hd), "positions": (rows,), "cos": (ROPE_CTX, n_rot // 2),
+                          "sin": (ROPE_CTX, n_rot // 2)},
+                   {"n_heads": heads, "head_dim": hd, "n_rot": n_rot, "neox": neox})
+
+
+def _rope_settings(size: str, q) -> list[Setting]:
+    return [_rope_setting(size, *c) for c in _ROPE[size]]
+
+
+def _rope_model(name: str, m: ModelDims, q) -> list[Setting]:
+    hd = 64 if m.d < 1024 else 128
+    return [_rope_setting(name, t, m.d // hd, hd, hd, True) for t in (1, PREFILL_TOKENS)]
+
+
+def _build_rope(s: Setting, dtypes: dict[str, str], out_dtype: str | None, gen) -> tuple[dict, dict]:
+    rows = s.shapes["x"][0]
+    n_ctx, half = s.shapes["cos"]
+    x = _randn(s.shapes["x"], "F32", gen)
+    positions = torch.randint(0, n_ctx, (rows,), generator=gen, dtype=torch.int32, device=gen.device)
+    positions[0] = n_ctx - 1  # the table's last row, every time
+    inv = 10000.0 ** (-torch.arange(half, dtype=torch.float64) / half)
+    ang = torch.arange(n_ctx, dtype=torch.float64)[:, None] * inv[None, :]
+    cos, sin = torch.cos(ang).float().to(gen.device), torch.sin(ang).float().to(gen.device)
+    return {"x": x, "positions": positions, "cos": cos, "sin": sin}, dict(s.params)
+
+
+def _ref_rope(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[str, str]) -> torch.Tensor:
+    x = i["x"].double()
+    rows, hd, n_rot = x.shape[0], p["head_dim"], p["n_rot"]
+    h = x.view(rows, p["n_heads"], hd).clone()
+    pos = i["positions"].long()
+    c = i["cos"].double()[pos][:, None, :]
+    s = i["sin"].double()[pos][:, None, :]
+    half = n_rot // 2
+    ia = torch.arange(half) if p["neox"] else 2 * torch.arange(half)
+    ib = ia + half if p["neox"] else ia + 1
+    a, b = h[..., ia].clone(), h[..., ib].clone()
+    h[..., ia] = a * c - b * s
+    h[..., ib] = a * s + b * c
+    return h.reshape(rows, -1)
+
+
+_SELECT = {"tiny": [(1, 1, 4)], "odd": [(7, 3, 37)], "boundary": [(600, 17, 1025)]}
+
+
+def _select_settings(size: str, q) -> list[Setting]:
+    return [Setting(size, {"x": (t, w), "rows": (r,)}) for t, r, w in _SELECT[size]]
+
+
+def _select_model(name: str, m: ModelDims, q) -> list[Setting]:
+    return [Setting(name, {"x": (PREFILL_TOKENS, m.d), "rows": (r,)}) for r in (1, 64)]
+
+
+def _build_select(s: Setting, dtypes: dict[str, str], out_dtype: str | None, gen) -> tuple[dict, dict]:
+    t = s.shapes["x"][0]
+    rows = torch.randint(0, t, s.shapes["rows"], generator=gen, dtype=torch.int32, device=gen.device)
+    rows[-1] = t - 1
+    return {"x": _randn(s.shapes["x"], "F32", gen), "rows": rows}, {}
+
+
+# ---- attention over the KV cache ----------------------------------------------------------------
+
+# (span lengths, n_head, n_head_kv, head_dim, n_ctx); each span is one sequence in its own slot
+_ATTN = {
+    "tiny": [((1,), 2, 1, 16, 32)],
+    "odd": [((1, 1, 1), 3, 1, 16, 40), ((5,), 4, 2, 32, 24)],
+    "boundary": [((1, 1), 8, 2, 64, 1100), ((65, 1), 4, 4, 64, 130)],
+}
+
+
+def _attn_setting(size: str, spans, n_head: int, n_kv: int, hd: int, n_ctx: int) -> Setting:
+    rows, slots = sum(spans), len(spans) + 1  # one extra slot, never attended: must stay untouched
+    shapes = {"q": (rows, n_head * hd), "k": (rows, n_kv * hd), "v": (rows, n_kv * hd),
+              "cache_k": (2, slots, n_kv, n_ctx, hd), "cache_v": (2, slots, n_kv, n_ctx, hd),
+              "row_slots": (rows,), "positions": (rows,)}
+    return Setting(size, shapes, {"layer": 1, "n_head": n_head, "n_head_kv": n_kv, "head_dim": hd,
+                                  "scale": hd ** -0.5, "spans": spans})
+
+
+def _attn_settings(size: str, q) -> list[Setting]:
+    return [_attn_setting(size, *c) for c in _ATTN[size]]
+
+
+def _attn_model(name: str, m: ModelDims, q) -> list[Setting]:
+    hd = 64 if m.d < 1024 else 128
+    n_head = m.d // hd
+    n_kv = max(1, n_head // 7) if m.d > 1024 else 3 if m.d == 576 else 2
+    if n_head % n_kv:
+        n_kv = 1
+    return [_attn_setting(name, (1,) * 4, n_head, n_kv, hd, 1024),
+            _attn_setting(name, (PREFILL_TOKENS,), n_head, n_kv, hd, 1024)]
+
+
+def _build_attn(s: Setting, dtypes: dict[str, str], out_dtype: str | None, gen) -> tuple[dict, dict]:
+    dev = gen.device
+    p = dict(s.params)
+    spans = p.pop("spans")
+    n_ctx = s.shapes["cache_k"][3]
+    cache_dt = torch_dtype(dtypes["cache_k"])
+    inputs = {n: _randn(s.shapes[n], "F32", gen) for n in ("q", "k", "v")}
+    for n in ("cache_k", "cache_v"):  # random history in every slot (what a step must not disturb)
+        inputs[n] = torch.randn(s.shapes[n], generator=gen, device=dev).to(cache_dt)
+    slots, positions = [], []
+    for i, n in enumerate(spans):  # span i: slot i, positions start..start+n-1, start random
+        start = int(torch.randint(0, n_ctx - n + 1, (1,), generator=gen, device=dev))
+        if i == 0:
+            start = n_ctx - n  # up to the cache's last position
+        slots += [i] * n
+        positions += range(start, start + n)
+    inputs["row_slots"] = torch.tensor(slots, dtype=torch.int32, device=dev)
+    inputs["positions"] = torch.tensor(positions, dtype=torch.int32, device=dev)
+    return inputs, p
+
+
+def _ref_attn(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[str, str]) -> torch.Tensor:
+    """k/v written (rounded to the cache dtype), then each row over 0..its position, float64."""
+    layer, nh, nkv, hd = p["layer"], p["n_head"], p["n_head_kv"], p["head_dim"]
+    ck = i["cache_k"][layer].clone()
+    cv = i["cache_v"][layer].clone()
+    rows = i["q"].shape[0]
+    slots, pos = i["row_slots"].long(), i["positions"].long()
+    ck[slots, :, pos] = i["k"].view(rows, nkv, hd).to(ck.dtype)
+    cv[slots, :, pos] = i["v"].view(rows, nkv, hd).to(cv.dtype)
+    q = i["q"].double().view(rows, nh, hd)
+    out = torch.empty(rows, nh, hd, dtype=torch.float64, device=q.device)
+    g = nh // nkv
+    for r in range(rows):
+        keys = ck[slots[r], :, : pos[r] + 1].double().repeat_interleave(g, 0)  # [nh, L, hd]
+        vals = cv[slots[r], :, : pos[r] + 1].double().repeat_interleave(g, 0)
+        att = torch.softmax((keys @ q[r][:, :, None])[..., 0] * p["scale"], -1)  # [nh, L]
+        out[r] = (att[:, None, :] @ vals)[:, 0]
+    return out.reshape(rows, nh * hd)
+
+
+def _attn_reads(i: Mapping[str, torch.Tensor], p: Mapping[str, Any]) -> int:
+    """q, k, v once; each row's cached keys and values up to its position."""
+    cache = i["cache_k"]
+    per_pos = 2 * p["n_head_kv"] * p["head_dim"] * cache.element_size()
+    qkv = sum(i[n].numel() * 4 for n in ("q", "k", "v"))
+    return qkv + int((i["positions"].long() + 1).sum()) * per_pos
 
 
 HARNESS: dict[str, OpHarness] = {
@@ -299,6 +472,11 @@ HARNESS: dict[str, OpHarness] = {
     ),
     "QuantizeQ8_0": OpHarness(_quantize_settings, _quantize_model, _build_floats, _ref_quantize),
     "QMatMul": OpHarness(
-        lambda size, q: _mnk_settings(size, _MNK[size]), _qmatmul_model, _build_qmatmul, _ref_qmatmul
+        lambda size, q: _mnk_settings(size, _mnk_for(size, q)), _qmatmul_model, _build_qmatmul, _ref_qmatmul
     ),
+    "RMSNorm": OpHarness(_norm_settings, _norm_model, _build_floats, _ref_norm),
+    "RoPE": OpHarness(_rope_settings, _rope_model, _build_rope, _ref_rope),
+    "RowSelect": OpHarness(_select_settings, _select_model, _build_select,
+                           lambda i, p, d: i["x"].double()[i["rows"].long()]),
+    "Attention": OpHarness(_attn_settings, _attn_model, _build_attn, _ref_attn, _attn_reads),
 }

@@ -79,6 +79,16 @@ def _add_bias(s: Shapes, p: Mapping[str, Any]) -> dict[str, int]:
     return {"rows": p["n_rows"], "n": _numel(s["b"])}
 
 
+def _rows_of(x: tuple[int, ...]) -> int:
+    return _numel(x[:-1]) if len(x) > 1 else 1
+
+
+def _attention(s: Shapes, p: Mapping[str, Any]) -> dict[str, int]:
+    ck = s["cache_k"]  # [layers, slots, kv heads, ctx, head_dim]
+    return {"rows": _rows_of(s["q"]), "ctx": ck[3], "n_head": p["n_head"], "n_head_kv": p["n_head_kv"],
+            "head_dim": p["head_dim"], "cache_item": 2}
+
+
 OPS: dict[str, OpSpec] = {
     o.name: o
     for o in [
@@ -108,8 +118,30 @@ OPS: dict[str, OpSpec] = {
             lambda s, p: {"n": _numel(s["x_f32"]), "cols": s["x_f32"][-1] if s["x_f32"] else 1},
         ),
         OpSpec(
-            "QMatMul", False, ("x", "w"), ("n", "k"), ("m", "n", "k"),
-            "out[m, n] = x[m, k] @ dequant(w)[n, k]^T", _qmatmul,
+            "QMatMul", False, ("x", "w"), ("n", "k", "qtype"), ("m", "n", "k"),
+            "out[m, n] = x[m, k] @ dequant(w)[n, k]^T (w's storage type: qtype)", _qmatmul,
+        ),
+        OpSpec(
+            "RMSNorm", False, ("x", "w"), ("eps",), ("rows", "d"),
+            "out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w", lambda s, p: {"rows": _rows_of(s["x"]),
+                                                                                 "d": s["x"][-1]},
+        ),
+        OpSpec(
+            "RoPE", False, ("x", "positions", "cos", "sin"), ("n_heads", "head_dim", "n_rot", "neox"),
+            ("rows", "n"), "rotary position embedding of [rows, n_heads * head_dim] at positions (cos/sin tables)",
+            lambda s, p: {"rows": s["x"][0], "n": p["n_heads"] * p["head_dim"]},
+        ),
+        OpSpec(
+            "Attention", False, ("q", "k", "v", "cache_k", "cache_v", "row_slots", "positions"),
+            ("layer", "n_head", "n_head_kv", "head_dim", "scale", "spans"),
+            ("rows", "ctx", "n_head", "n_head_kv", "head_dim", "cache_item"),
+            "write each row's k, v at (slot, position) of the layer's cache, then causal GQA attention of "
+            "its q over positions 0..position of its slot (`spans`: the host's (first row, slot, start, rows) "
+            "of each sequence, or None)", _attention,
+        ),
+        OpSpec(
+            "RowSelect", False, ("x", "rows"), (), ("n_rows", "width"), "out[i, :] = x[rows[i], :]",
+            lambda s, p: {"n_rows": _numel(s["rows"]), "width": s["x"][-1]},
         ),
     ]
 }

@@ -7,7 +7,8 @@
 2. prefer: kernels with a `caps.fast_paths[].when` predicate that holds for the call
    (`m == 1` -> the GEMV, `m > 1` -> the tiled matmul) rank ahead of those without;
 3. rank by cost: overhead_ns (the judge's measurement for this revision, else the contract's
-   analytic number, else the device's launch overhead) + bytes_moved / bandwidth + flops / rate.
+   analytic number, else the device's launch overhead) + bytes_moved / bandwidth + flops / rate,
+   the rate being the contract's `cost.flop_rate` (tensor-core kernels) or the device's default.
 
 No admissible kernel raises `NoKernelError` naming the op, dtypes, shapes and the nearest
 contracts with every reason each was rejected. Device constants live in `DEVICES`.
@@ -33,7 +34,7 @@ class DeviceModel:
 
     name: str
     bandwidth: float  # bytes / s (the judge's measured copy bandwidth replaces it when present)
-    flop_rate: float  # flop / s for the f32 CUDA-core / vector path kernels use
+    flop_rate: float  # flop / s for the f32 CUDA-core / vector path kernels use (a contract's cost.flop_rate overrides)
     launch_overhead_ns: float  # default per-launch overhead when nothing was measured
 
 
@@ -135,7 +136,8 @@ def _cost_ns(reg: Registry, k: BoundKernel, env: Mapping[str, float]) -> float:
         flops = float(parse_arith(k.contract.cost.flops).evaluate(env))
     except ExprError:
         return math.inf
-    return overhead + nbytes / bandwidth * 1e9 + flops / dev.flop_rate * 1e9
+    rate = k.contract.cost.flop_rate or dev.flop_rate
+    return overhead + nbytes / bandwidth * 1e9 + flops / rate * 1e9
 
 
 def candidates(

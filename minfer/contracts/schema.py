@@ -128,6 +128,7 @@ SECTION = Spec(
                 "flops": _req("expr"),
                 "bytes_moved": _req("expr"),
                 "overhead_ns": Spec("number?"),
+                "flop_rate": Spec("number?"),
                 "memory": Spec(
                     "map", fields={k: Spec("expr") for k in ("device_bytes", "host_bytes", "disk_bytes")}
                 ),
@@ -248,6 +249,7 @@ class Cost:
     bytes_moved: Any
     overhead_ns: float | None
     memory: dict[str, Any]
+    flop_rate: float | None = None  # flop/s this kernel sustains (tensor cores, cuBLAS); None: the device's default
 
 
 @dataclass(frozen=True)
@@ -455,6 +457,7 @@ def build_section(raw: dict, location: Location, lines: dict[str, int]) -> Kerne
             cost.get("bytes_moved"),
             _num(cost.get("overhead_ns")),
             _map(cost.get("memory")),
+            _num(cost.get("flop_rate")),
         ),
         precision=Precision(
             prec.get("bit_stable_on_same_hardware") is True,

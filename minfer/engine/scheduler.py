@@ -168,13 +168,24 @@ class Scheduler:
             s.n_cached += 1
         if step.prefill is not None:
             step.prefill.n_cached += step.chunk
-        for seq, idx in step.keep:
-            seq.prompt_logits.append(logits[idx].clone())
+        for seq, idx in step.keep:  # (indexing copies; host tensors whatever the backend)
+            seq.prompt_logits.append(logits[idx].cpu())
+        live = [(seq, row) for seq, row in step.samples if not seq.finished]  # (aborted ones are skipped)
+        # plain greedy rows: one argmax over all of them (one device read on a GPU); the rest go
+        # through their own samplers, on host copies of their rows
+        greedy = [(s, r) for s, r in live if s.params.greedy and not s.params.penalized]
+        other = [(s, r) for s, r in live if not (s.params.greedy and not s.params.penalized)]
+        tokens: dict[int, int] = {}
+        if greedy:
+            rows = [r for _, r in greedy]
+            picked = (logits if rows == list(range(logits.shape[0])) else logits[rows]).argmax(-1).tolist()
+            tokens.update((id(s), t) for (s, _), t in zip(greedy, picked, strict=True))
+        if other:
+            rows = logits[[r for _, r in other]].float().cpu()
+            tokens.update((id(s), s.sampler(rows[i], s.tokens)) for i, (s, _) in enumerate(other))
         sampled = []
-        for seq, row in step.samples:
-            if seq.finished:  # aborted while the step ran
-                continue
-            tok = seq.sampler(logits[row], seq.tokens)
+        for seq, row in live:
+            tok = tokens[id(seq)]
             seq.append(tok, self.n_ctx, now)
             sampled.append((seq, tok, row))
         pre = step.prefill

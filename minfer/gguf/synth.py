@@ -351,11 +351,13 @@ def _tensor_data(seed: int, index: int, shape, qtype: GGMLType, role: str,
 
 
 def synth(preset: str, quant: str, out: str | Path, *, seed: int = 0, vocab: int | None = None,
-          progress: bool | None = None) -> Path:
+          progress: bool | None = None, header_only: bool = False) -> Path:
     """Write a random-weight GGUF of `preset`'s shapes in quant mix `quant`; returns its path.
 
     `vocab` overrides the preset's vocabulary size (smaller files); `progress` shows a tqdm bar
-    on stderr (default: for files of 256 MiB or more).
+    on stderr (default: for files of 256 MiB or more). `header_only`: the metadata and tensor
+    table, the data a sparse hole of zeros (a 7B file in no disk space and no time: for plans and
+    shape checks; its weights are all zero).
     """
     if preset not in PRESETS:
         raise UnsupportedError(f"unknown synth preset {preset!r}; choose one of {', '.join(PRESETS)}")
@@ -366,6 +368,8 @@ def synth(preset: str, quant: str, out: str | Path, *, seed: int = 0, vocab: int
     metadata = model_metadata(p, quant, seed)
     tensors = [TensorSpec(name, shape, qtype, _tensor_data(seed, i, shape, qtype, role, p.tiny))
                for i, (name, shape, qtype, role) in enumerate(plan)]
+    if header_only:
+        return write_gguf(out, metadata, tensors, sparse=True)
     total = sum(quant_info(t).nbytes(math.prod(s)) for _, s, t, _ in plan)
     show = total >= PROGRESS_MIN_BYTES if progress is None else progress
     if not show:

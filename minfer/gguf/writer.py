@@ -359,7 +359,8 @@ def build_header(metadata: Metadata, tensors: Sequence[TensorSpec], alignment: i
 
 
 def write_gguf(path: str | os.PathLike, metadata: Metadata, tensors: Sequence[TensorSpec | tuple],
-               alignment: int = DEFAULT_ALIGNMENT, progress: Callable[[int], None] | None = None) -> Path:
+               alignment: int = DEFAULT_ALIGNMENT, progress: Callable[[int], None] | None = None,
+               sparse: bool = False) -> Path:
     """Write a GGUF v3 file; returns its path.
 
     `tensors`: (name, shape in ne order, GGMLType, data) where data is the tensor's raw bytes
@@ -367,6 +368,8 @@ def write_gguf(path: str | os.PathLike, metadata: Metadata, tensors: Sequence[Te
     or a callable returning one (called only when that tensor is written). The byte count must
     be exactly the type's size for the shape (QuantError otherwise). `progress(n)` is called
     with each chunk's byte count. An unwritable path or a full disk is a GGUFError("file").
+    `sparse`: write the header only and leave the data a hole of zero bytes (the tensors' data is
+    never asked for): a file of the real size in no disk space, for shape and plan checks.
     """
     path = Path(path)
     specs = [TensorSpec(name, shape, quant_info(qtype).type, data) for name, shape, qtype, data in tensors]
@@ -375,7 +378,9 @@ def write_gguf(path: str | os.PathLike, metadata: Metadata, tensors: Sequence[Te
     try:
         with open(tmp, "wb") as f:
             f.write(hb.bytes())
-            for t, (_, nbytes) in zip(specs, layout, strict=True):
+            if sparse:
+                f.truncate(f.tell() + sum(nbytes + (-nbytes) % alignment for _, nbytes in layout))
+            for t, (_, nbytes) in zip([] if sparse else specs, [] if sparse else layout, strict=True):
                 written = 0
                 for chunk in _chunks(t.data):
                     mv = _as_bytes(chunk)

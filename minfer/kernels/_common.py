@@ -107,6 +107,21 @@ def check_tensor(
     return t
 
 
+def rows_view(what: str, name: str, x: torch.Tensor, width: int | None = None) -> torch.Tensor:
+    """`x` as [rows, width] with contiguous rows (any row stride): a 2-D tensor whose last dim has
+    stride 1, e.g. a column slice of a wider activation."""
+    if not isinstance(x, torch.Tensor):
+        raise UnsupportedError(f"{what}: {name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() == 1:
+        x = x.view(1, -1)
+    if x.dim() != 2 or (x.shape[1] > 1 and x.stride(1) != 1) or (x.shape[0] > 1 and x.stride(0) < x.shape[1]):
+        raise UnsupportedError(f"{what}: {name} must be [rows, width] with contiguous rows, got shape "
+                               f"{tuple(x.shape)} strides {x.stride()}")
+    if width is not None and x.shape[1] != width:
+        raise UnsupportedError(f"{what}: {name} must have {width} columns, got {x.shape[1]}")
+    return x
+
+
 def check_int(what: str, name: str, value: object, minimum: int = 0) -> int:
     """`value` must be a Python int (not a bool) of at least `minimum`."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:

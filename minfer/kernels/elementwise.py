@@ -1,4 +1,5 @@
-"""Elementwise kernels: residual add, bias add, mul, SiLU, SwiGLU and the f32 -> f16/bf16 converts.
+"""Elementwise kernels: residual add, bias add, mul, SiLU, SwiGLU (flat, and over row-strided
+halves of a fused gate/up output) and the f32 -> f16/bf16 converts.
 
 Thread-to-data mapping (seed 000 §2.2): flat kernels give each program BLOCK consecutive
 elements, so each lane handles BLOCK / (32 * num_warps) contiguous elements and the compiler
@@ -19,7 +20,7 @@ import triton
 import triton.language as tl
 
 from ..errors import UnsupportedError
-from ._common import cast_for, cdiv, check_device, check_grid, check_int, check_tensor, make_out
+from ._common import cast_for, cdiv, check_device, check_grid, check_int, check_tensor, make_out, rows_view
 
 F32 = (torch.float32,)
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
@@ -78,6 +79,18 @@ def _add_bias_kernel(y_ptr, b_ptr, d, BLOCK_D: tl.constexpr):
     tl.store(ptrs, y + b, mask=mask)
 
 
+@triton.jit
+def _swiglu_rows_kernel(g_ptr, u_ptr, z_ptr, d, stride_g, stride_u, BLOCK_D: tl.constexpr):
+    """z[row, :] = silu(g[row, :]) * u[row, :]: rows of program axis 0, columns in BLOCK_D chunks on axis 1;
+    g and u may be row-strided views (the two halves of a fused gate/up output)."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask = cols < d
+    g = tl.load(g_ptr + row * stride_g + cols, mask=mask).to(tl.float32)
+    u = tl.load(u_ptr + row * stride_u + cols, mask=mask).to(tl.float32)
+    tl.store(z_ptr + row * d + cols, g * tl.sigmoid(g) * u, mask=mask)
+
+
 def _flat_launch(what: str, kernel, tensors: tuple, out: torch.Tensor, op: str) -> torch.Tensor:
     n = out.numel()
     if n:
@@ -117,6 +130,26 @@ def mul_f32(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = None) -
 def swiglu(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """out = silu(gate) * up, computed in f32; f32, f16 or bf16 storage (gate, up, out alike)."""
     return _binary("swiglu", gate, up, out, "swiglu", FLOATS)
+
+
+def swiglu_rows(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """out [rows, d] f32 = silu(gate) * up for f32 [rows, d] inputs whose rows may be strided (the
+    gate and up column halves of a fused projection's output); out is contiguous."""
+    what = "swiglu_rows"
+    g = rows_view(what, "gate", gate)
+    u = rows_view(what, "up", up, g.shape[1])
+    for name, t in (("gate", g), ("up", u)):
+        if t.dtype != torch.float32:
+            raise UnsupportedError(f"{what}: {name} must be float32, got {t.dtype}")
+    if g.shape != u.shape:
+        raise UnsupportedError(f"{what}: gate and up must have one shape, got {tuple(g.shape)} and {tuple(u.shape)}")
+    device = check_device(what, gate=g, up=u, out=out)
+    out = make_out(what, out, gate.shape, torch.float32, device)  # the shape of gate ([d] stays [d])
+    rows, d = g.shape
+    if rows and d:
+        grid = check_grid(what, (rows, cdiv(d, BIAS_BLOCK)))
+        _swiglu_rows_kernel[grid](g, u, out, d, g.stride(0), u.stride(0), BLOCK_D=BIAS_BLOCK, num_warps=NUM_WARPS)
+    return out
 
 
 def silu_f32(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -51,7 +51,7 @@ import triton
 import triton.language as tl
 
 from ..errors import UnsupportedError
-from ..quant.types import QUANT_TABLE, GGMLType
+from ..quant.types import QUANT_TABLE, GGMLType, by_name
 from ._common import (
     INTERPRETING,
     cdiv,
@@ -96,13 +96,18 @@ class Q4_0Packed:
     def scratch(self, splits: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(partial sums f32 [splits * n], zeroed arrival counters >= tiles) for a split-K launch:
         the weight's own when they fit, else fresh ones."""
-        partials = self.partials
-        if partials is None or partials.numel() < splits * self.n:
-            partials = torch.empty(splits * self.n, dtype=torch.float32, device=self.qs.device)
-        counters = self.counters
-        if counters is None or counters.numel() < tiles:
-            counters = torch.zeros(tiles, dtype=torch.int32, device=self.qs.device)
-        return partials, counters
+        return _split_scratch(self, splits, tiles)
+
+
+def _split_scratch(w, splits: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A packed weight's split-K scratch (see Q4_0Packed.scratch)."""
+    partials = w.partials
+    if partials is None or partials.numel() < splits * w.n:
+        partials = torch.empty(splits * w.n, dtype=torch.float32, device=w.qs.device)
+    counters = w.counters
+    if counters is None or counters.numel() < tiles:
+        counters = torch.zeros(tiles, dtype=torch.int32, device=w.qs.device)
+    return partials, counters
 
 
 def _check_nk(what: str, n: int, k: int) -> None:
@@ -110,6 +115,16 @@ def _check_nk(what: str, n: int, k: int) -> None:
     check_int(what, "k", k, 1)
     if k % Q4_0.block_elems:
         raise UnsupportedError(f"{what}: k must be a multiple of 32 (Q4_0 blocks), got k={k}")
+
+
+def _check_q4_0(what: str, qtype) -> None:
+    """These kernels read Q4_0 only: a weight of another type is a typed error, never misread."""
+    try:
+        t = by_name(qtype).type if isinstance(qtype, str) else GGMLType(qtype)
+    except (UnsupportedError, ValueError):
+        t = None
+    if t != GGMLType.Q4_0:
+        raise UnsupportedError(f"{what}: reads Q4_0 weights, got qtype {qtype!r}")
 
 
 def repack_q4_0(raw: torch.Tensor, n: int, k: int) -> Q4_0Packed:
@@ -123,20 +138,33 @@ def repack_q4_0(raw: torch.Tensor, n: int, k: int) -> Q4_0Packed:
         raise UnsupportedError(f"{what}: Q4_0 [{n}, {k}] needs {need} bytes, got {raw.numel()}")
     blocks = raw.reshape(n * nkb, Q4_0.block_bytes)
     d = blocks[:, :2].contiguous().view(torch.float16).reshape(n, nkb)
-    qs = torch.empty(n * nkb, 4, dtype=torch.int32, device=raw.device)
-    shifts = torch.tensor([0, 4, 8, 12], dtype=torch.int64, device=raw.device).view(1, 4, 1)
-    for start in range(0, n * nkb, _REPACK_CHUNK):
+    qs = _pack_words(lambda a, b: blocks[a:b, 2:], n * nkb, raw.device)
+    counters, partials = _gemv_scratch(n, k, raw.device)
+    return Q4_0Packed(qs=qs.view(n, nkb * 4), d=d, n=n, k=k, counters=counters, partials=partials)
+
+
+def _pack_words(nibble_bytes, n_blocks: int, device) -> torch.Tensor:
+    """int32 [n_blocks, 4]: the kernels' word layout of 32-element blocks whose 16 nibble bytes
+    `nibble_bytes(a, b)` gives for blocks a..b (byte j: element j low, element j + 16 high)."""
+    qs = torch.empty(n_blocks, 4, dtype=torch.int32, device=device)
+    shifts = torch.tensor([0, 4, 8, 12], dtype=torch.int64, device=device).view(1, 4, 1)
+    for start in range(0, n_blocks, _REPACK_CHUNK):
         # b[blk, s, j] = byte 4s + j. Slot s < 4 (element 4s + j) is that byte's low nibble;
         # slot s + 4 (element 16 + 4s + j) its high nibble.
-        b = blocks[start : start + _REPACK_CHUNK, 2:].to(torch.int64).view(-1, 4, 4)
+        stop = min(start + _REPACK_CHUNK, n_blocks)
+        b = nibble_bytes(start, stop).to(torch.int64).view(-1, 4, 4)
         low = ((b & 0xF) << shifts).sum(1)
         high = ((b >> 4) << shifts).sum(1)
         word = low | (high << 16)
-        qs[start : start + _REPACK_CHUNK] = (word - ((word >> 31) << 32)).to(torch.int32)
-    split = gemv_config(n, k).split  # the default GEMV config's scratch, allocated once here
-    partials = torch.empty(split * n if split > 1 else 0, dtype=torch.float32, device=raw.device)
-    counters = torch.zeros(n, dtype=torch.int32, device=raw.device)
-    return Q4_0Packed(qs=qs.view(n, nkb * 4), d=d, n=n, k=k, counters=counters, partials=partials)
+        qs[start:stop] = (word - ((word >> 31) << 32)).to(torch.int32)
+    return qs
+
+
+def _gemv_scratch(n: int, k: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(arrival counters, partial sums) of the default GEMV config's split K, allocated once."""
+    split = gemv_config(n, k).split
+    partials = torch.empty(split * n if split > 1 else 0, dtype=torch.float32, device=device)
+    return torch.zeros(n, dtype=torch.int32, device=device), partials
 
 
 def _launch_kwargs(config: triton.Config) -> dict:
@@ -200,10 +228,47 @@ def _gemv_block(acc, w, d, xp, half_shift, m0, m4, m8, m12):
 
 
 @triton.jit
+def _gemv_block_affine(acc, w, a, c, xp, half_shift, m0, m4, m8, m12):
+    """acc + a * (nibbles . x) + c * sum(x) for one block per (lane, row): the affine form
+    w = a * n + c of Q4_1 (a = d, c = m) and Q4_K (a = d * sc, c = -dmin * m); nibbles exact."""
+    h = w >> half_shift
+    x0, x4, x8, x12 = tl.load(xp), tl.load(xp + 4), tl.load(xp + 8), tl.load(xp + 12)
+    x16, x20, x24, x28 = tl.load(xp + 16), tl.load(xp + 20), tl.load(xp + 24), tl.load(xp + 28)
+    part = _nibble(w, 0xF, m0, 8388608.0) * x0
+    part += _nibble(w, 0xF0, m4, 524288.0) * x4
+    part += _nibble(w, 0xF00, m8, 32768.0) * x8
+    part += _nibble(w, 0xF000, m12, 2048.0) * x12
+    part += _nibble(h, 0xF, m0, 8388608.0) * x16
+    part += _nibble(h, 0xF0, m4, 524288.0) * x20
+    part += _nibble(h, 0xF00, m8, 32768.0) * x24
+    part += _nibble(h, 0xF000, m12, 2048.0) * x28
+    xs = ((x0 + x4) + (x8 + x12)) + ((x16 + x20) + (x24 + x28))
+    return acc + tl.sum(part, axis=4, keep_dims=True) * a + tl.sum(xs, axis=4, keep_dims=True) * c
+
+
+@triton.jit
+def _affine_scales(d_rows, m_rows, kbs, first, kb_hi, MODE: tl.constexpr, EVEN_K: tl.constexpr):
+    """(a, c) of blocks kbs (0 past the end): Q4_1 (MODE 1): f16 d and m planes per block; Q4_K
+    (MODE 2): d_rows holds sc | m << 8 per block, m_rows the super-block's (d, dmin) f16 pair."""
+    ok = first < kb_hi
+    if MODE == 1:
+        a = tl.load(d_rows + kbs, mask=ok, other=0.0).to(tl.float32)
+        c = tl.load(m_rows + kbs, mask=ok, other=0.0).to(tl.float32)
+    else:
+        scm = tl.load(d_rows + kbs, mask=ok, other=0).to(tl.int32)
+        dd = tl.load(m_rows + kbs // 8, mask=ok, other=0)
+        d = (dd & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+        dmin = ((dd >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+        a = d * (scm & 0xFF).to(tl.float32)
+        c = -(dmin * ((scm >> 8) & 0xFF).to(tl.float32))
+    return a, c
+
+
+@triton.jit
 def _q4_0_gemv_kernel(
-    x_ptr, qs_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, N, NKB, KB_SPLIT, NSPLIT, magic, half_shift,
+    x_ptr, qs_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, N, NKB, KB_SPLIT, NSPLIT, magic, half_shift, m_ptr, M_STRIDE,
     R: tl.constexpr, LR: tl.constexpr, LK: tl.constexpr, WK: tl.constexpr, SPLIT: tl.constexpr,
-    EVEN_K: tl.constexpr,
+    EVEN_K: tl.constexpr, MODE: tl.constexpr,
 ):
     # Tile [LK, LR, WK, R, 4]: a warp's lanes are LK blocks along K x LR rows; its WK warps take
     # further blocks along K; each lane holds R rows (spaced LR apart) and the 4 words of a block
@@ -223,6 +288,7 @@ def _q4_0_gemv_kernel(
     kb = wk * LK + lk
     w_rows = qs_ptr + rows_ld * (NKB * 4) + j
     d_rows = d_ptr + rows_ld * NKB
+    m_rows = m_ptr + rows_ld * M_STRIDE
     # x pointers are broadcast over the rows so the x loads take the layout of the weight tile
     # (no shuffle through shared memory); the compiler loads each x value once per lane.
     x_base = x_ptr + j + tl.zeros([1, LR, 1, R, 1], tl.int32)
@@ -241,9 +307,13 @@ def _q4_0_gemv_kernel(
         # Past the end of K the tile re-reads the last block (in bounds, finite) with scale 0:
         # only the scale load is masked, so the x loads stay unpredicated and shared by rows.
         kbs = tl.minimum(kb0 + kb, kb_hi - 1)
-        d = _scales(d_rows, kbs, kb0 + kb, kb_hi, EVEN_K)
         w = tl.load(w_rows + kbs * 4)
-        acc = _gemv_block(acc, w, d, x_base + kbs * 32, half_shift, magic, m4, m8, m12)
+        if MODE == 0:
+            d = _scales(d_rows, kbs, kb0 + kb, kb_hi, EVEN_K)
+            acc = _gemv_block(acc, w, d, x_base + kbs * 32, half_shift, magic, m4, m8, m12)
+        else:
+            a, c = _affine_scales(d_rows, m_rows, kbs, kb0 + kb, kb_hi, MODE, EVEN_K)
+            acc = _gemv_block_affine(acc, w, a, c, x_base + kbs * 32, half_shift, magic, m4, m8, m12)
     tot = tl.sum(tl.sum(tl.sum(acc, axis=4), axis=2), axis=0)  # [LR, R]
     rows = pid_n * BLOCK_N + tl.arange(0, R)[None, :] * LR + tl.arange(0, LR)[:, None]
     if SPLIT:
@@ -322,6 +392,7 @@ def q4_0_gemv(
     w: Q4_0Packed | torch.Tensor,
     n: int,
     k: int,
+    qtype: GGMLType | int | str = GGMLType.Q4_0,
     out: torch.Tensor | None = None,
     config: GemvConfig | dict | None = None,
 ) -> torch.Tensor:
@@ -333,6 +404,7 @@ def q4_0_gemv(
     per weight at a time (calls on one stream are).
     """
     what = "q4_0_gemv"
+    _check_q4_0(what, qtype)
     w = _packed(what, w, n, k)
     check_tensor(what, "x", x, (torch.float32,), ndim=(1, 2))
     if x.numel() != k or (x.dim() == 2 and x.shape[0] != 1):
@@ -343,16 +415,125 @@ def q4_0_gemv(
         cfg = gemv_config(n, k)
     else:
         cfg = GemvConfig(**config) if isinstance(config, dict) else config
+    _launch_gemv(what, x, w, w.d, w.d, 0, 0, out, n, k, cfg)
+    return out
+
+
+def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n: int, k: int, cfg: GemvConfig):
     kb_split, nsplit, tiles = _split_plan(cfg, n, k)
     part, counters = out, out  # unused without a split
     if nsplit > 1:
         part, counters = w.scratch(nsplit, tiles)
     nkb = k // Q4_0.block_elems
     _q4_0_gemv_kernel[check_grid(what, (tiles, nsplit))](
-        x, w.qs, w.d, out, part, counters, n, nkb, kb_split, nsplit, _MAGIC_BITS, _HALF_SHIFT,
+        x, w.qs, d_plane, out, part, counters, n, nkb, kb_split, nsplit, _MAGIC_BITS, _HALF_SHIFT, m_plane, m_stride,
         R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=nsplit > 1,
-        EVEN_K=nkb % cfg.block_kb == 0 and nkb % kb_split == 0, num_warps=cfg.wk, maxnreg=cfg.maxnreg,
+        EVEN_K=nkb % cfg.block_kb == 0 and nkb % kb_split == 0, MODE=mode, num_warps=cfg.wk, maxnreg=cfg.maxnreg,
     )
+
+
+@dataclass(frozen=True)
+class Int4Packed:
+    """A Q4_1 or Q4_K [n, k] weight in the GEMV's layout (`repack_int4`): the nibble words of
+    Q4_0Packed, 32-element blocks in element order, plus the affine form w = a * n + c per
+    block as planes. Q4_1: `d` f16 [n, k/32] (a) and `m` f16 [n, k/32] (c). Q4_K: `d` int16
+    [n, k/32] = sc | m << 8 (6-bit scale and min of each 32-element sub-block) and `m` int32
+    [n, k/256] = the super-block's f16 d | f16 dmin << 16; a = d * sc, c = -dmin * m, computed in
+    the kernel (about the file's bytes per weight: 0.625 for Q4_1, 0.57 for Q4_K against 0.5625:
+    the 6-bit scales take a byte each)."""
+
+    qtype: GGMLType
+    qs: torch.Tensor
+    d: torch.Tensor
+    m: torch.Tensor
+    n: int
+    k: int
+    counters: torch.Tensor
+    partials: torch.Tensor
+
+    def scratch(self, splits: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return _split_scratch(self, splits, tiles)
+
+    @property
+    def mode(self) -> int:
+        return 1 if self.qtype == GGMLType.Q4_1 else 2
+
+
+INT4_TYPES = (GGMLType.Q4_1, GGMLType.Q4_K)
+
+
+def _int4_type(what: str, qtype) -> GGMLType:
+    try:
+        t = by_name(qtype).type if isinstance(qtype, str) else GGMLType(qtype)
+    except (UnsupportedError, ValueError):
+        t = None
+    if t not in INT4_TYPES:
+        raise UnsupportedError(f"{what}: reads Q4_1 or Q4_K weights, got qtype {qtype!r}")
+    return t
+
+
+def repack_int4(raw: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str) -> Int4Packed:
+    """Raw GGUF Q4_1 / Q4_K bytes of an [n, k] weight -> the GEMV's Int4Packed, on raw's device."""
+    from ..quant.reference import nibbles, scale_min_k4  # the reference codec's field unpackers
+
+    what = "repack_int4"
+    t = _int4_type(what, qtype)
+    info = QUANT_TABLE[t]
+    _check_nk(what, n, k)
+    if k % info.block_elems:
+        raise UnsupportedError(f"{what}: {info.name} needs k a multiple of {info.block_elems}, got {k}")
+    check_tensor(what, "raw", raw, (torch.uint8,))
+    need = n * k // info.block_elems * info.block_bytes
+    if raw.numel() != need:
+        raise UnsupportedError(f"{what}: {info.name} [{n}, {k}] needs {need} bytes, got {raw.numel()}")
+    nkb = k // 32
+    blocks = raw.reshape(-1, info.block_bytes)
+    if t == GGMLType.Q4_1:
+        d = blocks[:, 0:2].contiguous().view(torch.float16).reshape(n, nkb)
+        m = blocks[:, 2:4].contiguous().view(torch.float16).reshape(n, nkb)
+        qs = _pack_words(lambda a, b: blocks[a:b, 4:20], n * nkb, raw.device)
+    else:
+        sc, mn = scale_min_k4(blocks[:, 4:16])  # [n * k/256, 8] 6-bit values
+        d = (sc.to(torch.int16) | (mn.to(torch.int16) << 8)).reshape(n, nkb)
+        m = blocks[:, 0:4].contiguous().view(torch.int32).reshape(n, k // 256)
+
+        def bytes16(a: int, b: int) -> torch.Tensor:
+            # 32-element sub-blocks a..b: sub-block j of super-block s is nibble half j % 2 of
+            # bytes 16 + 32 (j // 2) ..; regrouped as Q4_0's bytes (element i low, i + 16 high)
+            sb = blocks[a // 8:(b + 7) // 8, 16:144].reshape(-1, 4, 32)
+            q = nibbles(sb).reshape(-1, 32)[a % 8:a % 8 + (b - a)]
+            return q[:, :16] | (q[:, 16:] << 4)
+
+        qs = _pack_words(bytes16, n * nkb, raw.device)
+    counters, partials = _gemv_scratch(n, k, raw.device)
+    return Int4Packed(t, qs.view(n, nkb * 4), d, m, n, k, counters, partials)
+
+
+def int4_gemv(
+    x: torch.Tensor,
+    w: Int4Packed | torch.Tensor,
+    n: int,
+    k: int,
+    qtype: GGMLType | int | str,
+    out: torch.Tensor | None = None,
+    config: GemvConfig | dict | None = None,
+) -> torch.Tensor:
+    """out [1, n] f32 = x @ W^T for one token, W a Q4_1 or Q4_K [n, k] weight: q4_0_gemv's tile
+    and loop with the block's affine scale (w = a * nibble + c); `w` an Int4Packed or raw bytes."""
+    what = "int4_gemv"
+    t = _int4_type(what, qtype)
+    if not isinstance(w, Int4Packed):
+        w = repack_int4(w, n, k, t)
+    if (w.n, w.k, w.qtype) != (n, k, t):
+        raise UnsupportedError(f"{what}: w is a packed {w.qtype.name} [{w.n}, {w.k}], the call says {t.name} "
+                               f"[{n}, {k}]")
+    check_tensor(what, "x", x, (torch.float32,), ndim=(1, 2))
+    if x.numel() != k or (x.dim() == 2 and x.shape[0] != 1):
+        raise UnsupportedError(f"{what}: x must be [{k}] or [1, {k}] (M == 1), got {tuple(x.shape)}")
+    device = check_device(what, x=x, qs=w.qs, out=out)
+    out = make_out(what, out, (1, n), torch.float32, device)
+    cfg = gemv_config(n, k) if config is None else (GemvConfig(**config) if isinstance(config, dict) else config)
+    _launch_gemv(what, x, w, w.d, w.m, w.m.shape[1], w.mode, out, n, k, cfg)
     return out
 
 
@@ -473,6 +654,7 @@ def q4_0_matmul(
     w: Q4_0Packed | torch.Tensor,
     n: int,
     k: int,
+    qtype: GGMLType | int | str = GGMLType.Q4_0,
     out: torch.Tensor | None = None,
     config: dict | None = None,
     compute_dtype: torch.dtype = torch.float16,
@@ -484,6 +666,7 @@ def q4_0_matmul(
     `q4_0_gemv` (config keys BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages).
     """
     what = "q4_0_matmul"
+    _check_q4_0(what, qtype)
     w = _packed(what, w, n, k)
     check_tensor(what, "x", x, (torch.float32,), ndim=2)
     if x.shape[1] != k:

@@ -48,12 +48,12 @@ def _bits(x: torch.Tensor, shifts: Sequence[int], mask: int) -> torch.Tensor:
     return torch.stack([(x >> s) & mask for s in shifts], dim=-2)
 
 
-def _nibbles(x: torch.Tensor) -> torch.Tensor:
+def nibbles(x: torch.Tensor) -> torch.Tensor:
     """Low nibbles, then high nibbles, of each run of bytes along the last axis (uint8)."""
     return _bits(x, (0, 4), 0xF)
 
 
-def _scale_min_k4(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def scale_min_k4(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The 8 six-bit (scale, min) pairs of a Q4_K/Q5_K block from its 12 packed bytes.
 
     Bytes 0-3 hold scales 0-3 (low 6 bits) and the top 2 bits of scales 4-7; bytes 4-7 the
@@ -87,22 +87,22 @@ def _dequant_bf16(b: torch.Tensor) -> torch.Tensor:
 
 
 def _dequant_q4_0(b: torch.Tensor) -> torch.Tensor:
-    q = _nibbles(b[:, 2:18]).reshape(-1, 32).view(torch.int8) - 8
+    q = nibbles(b[:, 2:18]).reshape(-1, 32).view(torch.int8) - 8
     return q.to(torch.float32).mul_(_f16(b, 0))
 
 
 def _dequant_q4_1(b: torch.Tensor) -> torch.Tensor:
-    q = _nibbles(b[:, 4:20]).reshape(-1, 32)
+    q = nibbles(b[:, 4:20]).reshape(-1, 32)
     return q.to(torch.float32).mul_(_f16(b, 0)).add_(_f16(b, 2))
 
 
 def _dequant_q5_0(b: torch.Tensor) -> torch.Tensor:
-    q = (_nibbles(b[:, 6:22]).reshape(-1, 32) | (_qh_bits(b[:, 2:6]) << 4)).view(torch.int8) - 16
+    q = (nibbles(b[:, 6:22]).reshape(-1, 32) | (_qh_bits(b[:, 2:6]) << 4)).view(torch.int8) - 16
     return q.to(torch.float32).mul_(_f16(b, 0))
 
 
 def _dequant_q5_1(b: torch.Tensor) -> torch.Tensor:
-    q = _nibbles(b[:, 8:24]).reshape(-1, 32) | (_qh_bits(b[:, 4:8]) << 4)
+    q = nibbles(b[:, 8:24]).reshape(-1, 32) | (_qh_bits(b[:, 4:8]) << 4)
     return q.to(torch.float32).mul_(_f16(b, 0)).add_(_f16(b, 2))
 
 
@@ -122,7 +122,7 @@ def _dequant_q2_k(b: torch.Tensor) -> torch.Tensor:
 def _dequant_q3_k(b: torch.Tensor) -> torch.Tensor:
     n = b.shape[0]
     packed = b[:, 96:108]
-    low4 = _nibbles(packed[:, 0:8]).reshape(n, 16)
+    low4 = nibbles(packed[:, 0:8]).reshape(n, 16)
     high2 = _bits(packed[:, 8:12], (0, 2, 4, 6), 3).reshape(n, 16)
     scales = ((low4 | (high2 << 4)).view(torch.int8) - 32).to(torch.float32)
     dl = (_f16(b, 108) * scales).view(n, 16, 1)
@@ -134,26 +134,26 @@ def _dequant_q3_k(b: torch.Tensor) -> torch.Tensor:
 
 def _dequant_q4_k(b: torch.Tensor) -> torch.Tensor:
     n = b.shape[0]
-    sc, mn = _scale_min_k4(b[:, 4:16])
+    sc, mn = scale_min_k4(b[:, 4:16])
     dl = (_f16(b, 0) * sc.to(torch.float32)).view(n, 8, 1)
     ml = (_f16(b, 2) * mn.to(torch.float32)).view(n, 8, 1)
-    q = _nibbles(b[:, 16:144].reshape(n, 4, 32)).reshape(n, 8, 32)
+    q = nibbles(b[:, 16:144].reshape(n, 4, 32)).reshape(n, 8, 32)
     return q.to(torch.float32).mul_(dl).sub_(ml).view(n, 256)
 
 
 def _dequant_q5_k(b: torch.Tensor) -> torch.Tensor:
     n = b.shape[0]
-    sc, mn = _scale_min_k4(b[:, 4:16])
+    sc, mn = scale_min_k4(b[:, 4:16])
     dl = (_f16(b, 0) * sc.to(torch.float32)).view(n, 8, 1)
     ml = (_f16(b, 2) * mn.to(torch.float32)).view(n, 8, 1)
-    q = _nibbles(b[:, 48:176].reshape(n, 4, 32)).reshape(n, 8, 32) | (_bits(b[:, 16:48], range(8), 1) << 4)
+    q = nibbles(b[:, 48:176].reshape(n, 4, 32)).reshape(n, 8, 32) | (_bits(b[:, 16:48], range(8), 1) << 4)
     return q.to(torch.float32).mul_(dl).sub_(ml).view(n, 256)
 
 
 def _dequant_q6_k(b: torch.Tensor) -> torch.Tensor:
     n = b.shape[0]
     dl = (_f16(b, 208) * b[:, 192:208].view(torch.int8).to(torch.float32)).view(n, 16, 1)
-    low4 = _nibbles(b[:, 0:128].reshape(n, 2, 64)).reshape(n, 256)
+    low4 = nibbles(b[:, 0:128].reshape(n, 2, 64)).reshape(n, 256)
     high2 = _bits(b[:, 128:192].reshape(n, 2, 32), (0, 2, 4, 6), 3).reshape(n, 256)
     q = (low4 | (high2 << 4)).view(torch.int8) - 32
     return q.to(torch.float32).view(n, 16, 16).mul_(dl).view(n, 256)

@@ -13,7 +13,7 @@ from minfer.contracts.parser import parse_file
 from minfer.contracts.picker import candidates, layout_of, pick
 from minfer.contracts.registry import CONTRACTS_DIR, load_registry
 from minfer.errors import NoKernelError
-from minfer.kernels import dequant, elementwise, embed, qmatmul, quantize
+from minfer.kernels import attention, dequant, elementwise, embed, norm, qmatmul, quantize, rope, torch_ops
 
 LAUNCHERS = {
     "dequant": dequant.dequant,
@@ -28,11 +28,19 @@ LAUNCHERS = {
     "quantize_q8_0": quantize.quantize_q8_0,
     "q4_0_gemv": qmatmul.q4_0_gemv,
     "q4_0_matmul": qmatmul.q4_0_matmul,
+    "int4_gemv": qmatmul.int4_gemv,
+    "swiglu_rows": elementwise.swiglu_rows,
+    "rms_norm": norm.rms_norm,
+    "rope": rope.rope,
+    "attention_rows": attention.attention_rows,
+    "attention_sdpa": torch_ops.attention_sdpa,
+    "linear_f16": torch_ops.linear_f16,
+    "row_select": torch_ops.row_select,
 }
 
 
 def _qmatmul_call(m: int, k: int = 576, n: int = 1536, qtype: str = "Q4_0"):
-    return {"x": "F32", "w": qtype}, {"x": (m, k), "w": (n, k // 32 * 18)}, {"n": n, "k": k}
+    return {"x": "F32", "w": qtype}, {"x": (m, k), "w": (n, k // 32 * 18)}, {"n": n, "k": k, "qtype": qtype}
 
 
 def test_registry_binds_every_launcher(registry):
@@ -47,33 +55,44 @@ def test_registry_binds_every_launcher(registry):
     assert gemv.revision == registry.kernels["q4_0_matmul"].revision  # one module, one revision
 
 
-@pytest.mark.parametrize("m, expected", [(1, "q4_0_gemv"), (2, "q4_0_matmul"), (512, "q4_0_matmul")])
+@pytest.mark.parametrize("m, expected", [(1, "q4_0_gemv"), (2, "q4_0_matmul"), (512, "linear_f16")])
 def test_qmatmul_routing(registry, m, expected):
+    """One token: the GEMV (fast path). A few: the quantized tiled matmul (fewer bytes). Many: the
+    bf16 copy on cuBLAS, whose tensor-core rate (cost.flop_rate) outweighs its 2-byte weight."""
     assert pick("QMatMul", *_qmatmul_call(m), registry=registry).name == expected
 
 
-def test_gemv_wins_m1_by_fast_path_though_both_admissible(registry):
+def test_gemv_wins_m1_by_fast_path_though_others_are_admissible(registry):
     ok, rejected = candidates("QMatMul", *_qmatmul_call(1), registry=registry)
-    assert [(c.kernel.name, c.fast_path) for c in ok] == [("q4_0_gemv", "m == 1"), ("q4_0_matmul", None)]
-    assert rejected == []
+    assert [(c.kernel.name, c.fast_path) for c in ok] == [("q4_0_gemv", "m == 1"), ("q4_0_matmul", None),
+                                                          ("linear_f16", None)]
+    assert [k.name for k, _ in rejected] == ["int4_gemv"]  # Q4_1 / Q4_K only
     ok, rejected = candidates("QMatMul", *_qmatmul_call(8), registry=registry)
-    assert [c.kernel.name for c in ok] == ["q4_0_matmul"]
+    assert [c.kernel.name for c in ok] == ["q4_0_matmul", "linear_f16"]
     why = ["shape_constraint 'm == 1' is false (m=8)"]
-    assert [(k.name, reasons) for k, reasons in rejected] == [("q4_0_gemv", why)]
+    assert ("q4_0_gemv", why) in [(k.name, reasons) for k, reasons in rejected]
+
+
+def test_k_quants_route_to_their_gemv_then_the_bf16_copy(registry):
+    assert pick("QMatMul", *_qmatmul_call(1, k=1024, qtype="Q4K"), registry=registry).name == "int4_gemv"
+    assert pick("QMatMul", *_qmatmul_call(8, k=1024, qtype="Q4K"), registry=registry).name == "linear_f16"
+    assert pick("QMatMul", *_qmatmul_call(1, k=1024, qtype="Q6K"), registry=registry).name == "linear_f16"
 
 
 def test_positional_dtypes_and_rank_1_activation(registry):
-    k = pick("QMatMul", ["F32", "Q4_0"], [(576,), (1536, 324)], {"n": 1536, "k": 576}, registry=registry)
+    k = pick("QMatMul", ["F32", "Q4_0"], [(576,), (1536, 324)], {"n": 1536, "k": 576, "qtype": "Q4_0"},
+             registry=registry)
     assert k.name == "q4_0_gemv"
 
 
 def test_no_kernel_names_op_dtypes_shapes_and_nearest(registry):
     with pytest.raises(NoKernelError) as e:
-        pick("QMatMul", *_qmatmul_call(8, qtype="Q4K"), registry=registry)
+        pick("QMatMul", {"x": "F16", "w": "Q4K"}, {"x": (8, 576), "w": (1536, 324)},
+             {"n": 1536, "k": 576, "qtype": "Q4K"}, registry=registry)
     msg = str(e.value)
     assert "QMatMul" in msg and "'w': 'Q4K'" in msg and "(8, 576)" in msg
-    assert "q4_0_matmul: w: storage type Q4K not in ['Q4_0']" in msg
-    assert "q4_0_gemv:" in msg and "'m == 1' is false (m=8)" in msg
+    assert "linear_f16: x: dtype F16 not in ['F32']" in msg
+    assert "int4_gemv:" in msg and "'m == 1' is false (m=8)" in msg
     with pytest.raises(NoKernelError, match=r"divisible\(k, 32\)' is false \(k=100\)"):
         pick("QMatMul", *_qmatmul_call(4, k=100), registry=registry)
     with pytest.raises(NoKernelError, match="backend CUDA, not CPU"):

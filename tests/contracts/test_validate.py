@@ -238,9 +238,9 @@ def test_docs_worked_example_is_valid_but_for_its_launcher(tmp_path, monkeypatch
 
     example = DOC.read_text().split("````\n", 2)[1]
     assert [e.rule for e in _errors(tmp_path, example) if e.field == "op_kind"] == ["UnknownOpKind"]
-    spec = ops.OpSpec("RmsNorm", False, ("x", "w"), ("eps",), ("rows", "n"), "rms norm",
+    spec = ops.OpSpec("LayerNorm", False, ("x", "w"), ("eps",), ("rows", "n"), "layer norm",
                       lambda s, p: {"rows": 1, "n": s["x"][-1]})
-    monkeypatch.setitem(ops.OPS, "RmsNorm", spec)
+    monkeypatch.setitem(ops.OPS, "LayerNorm", spec)
     errors = _errors(tmp_path, example)
     assert [(e.rule, e.field) for e in errors] == [("EntryPointUnresolved", "entry_point")]
 

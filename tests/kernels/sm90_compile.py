@@ -25,7 +25,7 @@ def variants():
     """(name, jit function, signature, constexprs, options) for each variant to compile."""
     import triton.language as tl
 
-    from minfer.kernels import dequant, elementwise, qmatmul, quantize
+    from minfer.kernels import attention, dequant, elementwise, norm, qmatmul, quantize, rope
     from minfer.quant.types import QUANT_TABLE
 
     c = "constexpr"
@@ -65,14 +65,18 @@ def variants():
 
     sig = {"x_ptr": "*fp32", "qs_ptr": "*i32", "d_ptr": "*fp16", "out_ptr": "*fp32", "part_ptr": "*fp32",
            "cnt_ptr": "*i32", "N": "i32", "NKB": "i32", "KB_SPLIT": "i32", "NSPLIT": "i32", "magic": "i32",
-           "half_shift": "i32", "R": c, "LR": c, "LK": c, "WK": c, "SPLIT": c, "EVEN_K": c}
-    for n, k in [(18944, 3584), (3584, 18944)]:  # the configs gemv_config picks: no split, split
-        cfg = qmatmul.gemv_config(n, k)
-        for even in (True, False):
-            name = f"q4_0_gemv[r{cfg.r} lr{cfg.lr} wk{cfg.wk} split={cfg.split} even={even}]"
-            consts = dict(R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=cfg.split > 1, EVEN_K=even)
-            opts = {"num_warps": cfg.wk, "maxnreg": cfg.maxnreg}
-            out.append((name, qmatmul._q4_0_gemv_kernel, sig, consts, opts))
+           "half_shift": "i32", "m_ptr": "*fp16", "M_STRIDE": "i32", "R": c, "LR": c, "LK": c, "WK": c,
+           "SPLIT": c, "EVEN_K": c, "MODE": c}
+    planes = {0: ("*fp16", "*fp16"), 1: ("*fp16", "*fp16"), 2: ("*i16", "*i32")}  # Q4_0, Q4_1, Q4_K
+    for mode, (d_t, m_t) in planes.items():
+        for n, k in [(18944, 3584), (3584, 18944)]:  # the configs gemv_config picks: no split, split
+            cfg = qmatmul.gemv_config(n, k)
+            for even in (True, False) if mode == 0 else (False,):
+                name = f"gemv[mode {mode} r{cfg.r} lr{cfg.lr} wk{cfg.wk} split={cfg.split} even={even}]"
+                consts = dict(R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=cfg.split > 1, EVEN_K=even,
+                              MODE=mode)
+                opts = {"num_warps": cfg.wk, "maxnreg": cfg.maxnreg}
+                out.append((name, qmatmul._q4_0_gemv_kernel, dict(sig, d_ptr=d_t, m_ptr=m_t), consts, opts))
     sig = {"x_ptr": "*fp32", "qs_ptr": "*i32", "d_ptr": "*fp16", "out_ptr": "*fp32", "M": "i32", "N": "i32",
            "K": "i32", "NKB": "i32", "M_BUCKET": "i32", "magic": "i32", "half_shift": "i32", "COMPUTE": c,
            "BLOCK_M": c, "BLOCK_N": c, "BLOCK_K": c, "GROUP_M": c, "EVEN_K": c}
@@ -82,6 +86,35 @@ def variants():
             name = f"q4_0_matmul[{kw['BLOCK_M']}x{kw['BLOCK_N']}x{kw['BLOCK_K']} w{cfg.num_warps} {compute}]"
             opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
             out.append((name, qmatmul._q4_0_matmul_kernel, sig, dict(kw, COMPUTE=compute, EVEN_K=True), opts))
+
+    sig = {"x_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32", "D": "i32", "stride_x": "i32", "eps": "fp32",
+           "BLOCK_D": c}
+    for d in (576, 3584, 8192):
+        block = 1 << (d - 1).bit_length()
+        out.append((f"rms_norm[{d}]", norm._rms_norm_kernel, sig, {"BLOCK_D": block},
+                    {"num_warps": 4 if block <= 2048 else 8}))
+    sig = {"x_ptr": "*fp32", "pos_ptr": "*i32", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "out_ptr": "*fp32",
+           "stride_x": "i32", "N": "i32", "HD": "i32", "HALF": "i32", "NEOX": c, "BLOCK_HALF": c, "BLOCK_HD": c}
+    for neox, hd in ((False, 64), (True, 128)):
+        out.append((f"rope[neox={neox} hd{hd}]", rope._rope_kernel, sig,
+                    {"NEOX": neox, "BLOCK_HALF": hd // 2, "BLOCK_HD": hd}, {"num_warps": 1}))
+    sig = {"k_ptr": "*fp32", "v_ptr": "*fp32", "ck_ptr": "*fp16", "cv_ptr": "*fp16", "slot_ptr": "*i32",
+           "pos_ptr": "*i32", "stride_k": "i32", "stride_v": "i32", "layer_off": "i64", "S_STRIDE": "i64",
+           "H_STRIDE": "i64", "HD": "i32", "BLOCK_D": c}
+    out.append(("kv_write", attention._kv_write_kernel, sig, {"BLOCK_D": 128}, {"num_warps": 1}))
+    sig = {"q_ptr": "*fp32", "ck_ptr": "*fp16", "cv_ptr": "*fp16", "slot_ptr": "*i32", "pos_ptr": "*i32",
+           "out_ptr": "*fp32", "po_ptr": "*fp32", "pml_ptr": "*fp32", "stride_q": "i32", "layer_off": "i64",
+           "S_STRIDE": "i64", "H_STRIDE": "i64", "scale": "fp32", "G": "i32", "N_HEAD": "i32", "HD": "i32",
+           "SPLIT_LEN": "i32", "NSPLIT": "i32", "GP": c, "BLOCK_D": c, "BLOCK_N": c, "SPLIT": c}
+    for hd, split in ((64, False), (128, True)):
+        out.append((f"attention_rows[hd{hd} split={split}]", attention._attn_rows_kernel, sig,
+                    {"GP": 16, "BLOCK_D": hd, "BLOCK_N": attention.block_n(hd), "SPLIT": split}, {"num_warps": 4}))
+    sig = {"po_ptr": "*fp32", "pml_ptr": "*fp32", "out_ptr": "*fp32", "N_HEAD": "i32", "HD": "i32", "NSPLIT": "i32",
+           "SP": c, "BLOCK_D": c}
+    out.append(("attention_combine", attention._attn_combine_kernel, sig, {"SP": 8, "BLOCK_D": 128}, {"num_warps": 1}))
+    sig = {"g_ptr": "*fp32", "u_ptr": "*fp32", "z_ptr": "*fp32", "d": "i32", "stride_g": "i32", "stride_u": "i32",
+           "BLOCK_D": c}
+    out.append(("swiglu_rows", elementwise._swiglu_rows_kernel, sig, {"BLOCK_D": elementwise.BIAS_BLOCK}, {}))
     return out
 
 

@@ -144,3 +144,45 @@ def test_matmul_config_pruning():
     assert {c.kwargs["BLOCK_M"] for c in qmatmul._prune_matmul(configs, {"M_BUCKET": 8})} == {16}
     assert max(c.kwargs["BLOCK_M"] for c in qmatmul._prune_matmul(configs, {"M_BUCKET": 64})) == 64
     assert len(qmatmul._prune_matmul(configs, {"M_BUCKET": 4096})) == len(configs)
+
+
+# ---- int4_gemv: Q4_1 and Q4_K on the same tile ------------------------------------------------
+
+
+def _int4_weight(qtype, n, k, gen):
+    """Random valid blocks of qtype (every nibble and 6-bit scale pattern) and their float64 value."""
+    from minfer.contracts.harness import random_blocks
+    from minfer.quant.types import QUANT_TABLE
+
+    raw = random_blocks(QUANT_TABLE[qtype], n, k, gen).reshape(-1)
+    return raw, reference.dequantize(raw, qtype, (n, k)).double()
+
+
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_1, GGMLType.Q4_K])
+@pytest.mark.parametrize("n, k, config", [(5, 256, GEMV_CONFIG), (37, 768, GEMV_CONFIG),
+                                          (24, 1024, qmatmul.GemvConfig(r=2, lr=8, wk=1, split=3))])
+def test_int4_gemv(qtype, n, k, config, device, gen, check):
+    raw, w = _int4_weight(qtype, n, k, gen)
+    x = torch.randn(k, generator=gen)
+    packed = qmatmul.repack_int4(raw.to(device), n, k, qtype)
+    laid = sum(t.numel() * t.element_size() for t in (packed.qs, packed.d, packed.m))
+    assert raw.numel() <= laid <= 1.03 * raw.numel()  # about the file's bytes, re-laid
+    out = check.poisoned((1, n), torch.float32, device)
+    qmatmul.int4_gemv(x.to(device), packed, n, k, qtype, out=out, config=config)
+    assert check.rel_err(out, (w @ x.double())[None, :]) < 1e-5
+    again = qmatmul.int4_gemv(x.to(device), raw.to(device), n, k, qtype, config=config)  # raw bytes, repacked
+    assert torch.equal(again, out)
+
+
+def test_int4_gemv_refuses_what_it_cannot_read(device, gen):
+    raw, _ = _int4_weight(GGMLType.Q4_K, 4, 256, gen)
+    packed = qmatmul.repack_int4(raw.to(device), 4, 256, GGMLType.Q4_K)
+    x = torch.randn(256, device=device)
+    with pytest.raises(UnsupportedError, match="reads Q4_1 or Q4_K weights"):
+        qmatmul.int4_gemv(x, packed, 4, 256, GGMLType.Q4_0)
+    with pytest.raises(UnsupportedError, match="packed Q4_K \\[4, 256\\], the call says Q4_1"):
+        qmatmul.int4_gemv(x, packed, 4, 256, GGMLType.Q4_1)
+    with pytest.raises(UnsupportedError, match="multiple of 256"):
+        qmatmul.repack_int4(raw.to(device)[:72], 2, 128, GGMLType.Q4_K)
+    with pytest.raises(UnsupportedError, match="M == 1"):
+        qmatmul.int4_gemv(torch.randn(2, 256, device=device), packed, 4, 256, GGMLType.Q4_K)

@@ -1,0 +1,109 @@
+"""Sweep the decode GEMV's launch configs on a model's real matmul shapes. Not a test.
+
+Usage: python bench/gemv_sweep.py MODEL.gguf [MODEL.gguf ...]
+
+For every matmul role of a model (q+k+v, o, gate+up, down, output), every config below is timed
+as one CUDA graph of one call per layer (all layers' weights: more than the L2 holds, as in a real
+step); device µs per call and % of the copy bandwidth. Prints the best config per shape, then a
+line per shape for gemv_config's table.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+
+import torch
+
+from minfer.api import load
+from minfer.commands.bench import copy_bandwidth
+from minfer.kernels.qmatmul import GemvConfig, Int4Packed, int4_gemv, q4_0_gemv
+
+CONFIGS = [GemvConfig(r=r, lr=lr, wk=wk, split=s)
+           for r, lr, wk in [(4, 8, 4), (2, 8, 4), (4, 8, 2), (2, 8, 2), (1, 8, 4), (4, 4, 4), (2, 4, 4), (2, 16, 4),
+                             (4, 8, 8), (1, 16, 2)]
+           for s in (1, 2, 3, 4, 6, 8)]
+
+
+def time_calls(calls, cfg, x) -> float:
+    def run():
+        for _kern, w, n, k, qtype in calls:
+            if isinstance(w, Int4Packed):
+                int4_gemv(x, w, n, k, qtype, config=cfg)
+            else:
+                q4_0_gemv(x, w, n, k, config=cfg)
+
+    run()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        run()
+    g.replay()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = float("inf")
+    for _ in range(3):
+        e0.record()
+        g.replay()
+        e1.record()
+        torch.cuda.synchronize()
+        best = min(best, e0.elapsed_time(e1) * 1e3 / len(calls))
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("models", nargs="+")
+    a = ap.parse_args()
+    bw = copy_bandwidth("cuda")
+    table = []
+    for path in a.models:
+        m = load(path, "cuda", n_ctx=64, n_slots=1, progress=False)
+        be = m.engine.backend
+        roles = defaultdict(list)
+        for node in m.engine.graph.nodes:
+            if str(node.op) == "MatMul":
+                kern = be.choices[node.id]["row"].kernel
+                if kern.name in ("q4_0_gemv", "int4_gemv"):
+                    roles[node.name.split(".")[-1]].append(node)
+        for role, nodes in roles.items():
+            calls = []
+            for node in nodes:
+                w = node.weights["w"]
+                k, n = w.shape
+                kern = be.choices[node.id]["row"].kernel
+                calls.append((kern, be._laid_out(kern, w, n, k), n, k, be._types(w)))
+            n, k = calls[0][2], calls[0][3]
+            wbytes = sum(m.reader.tensors[t.name].nbytes for t in nodes[0].weights["w"].tensors)
+            x = torch.randn(1, k, device="cuda")
+            results = []
+            for cfg in CONFIGS:
+                if cfg.split > 1 and (k // 32) // (cfg.split * cfg.block_kb) < 1:
+                    continue
+                try:
+                    us = time_calls(calls, cfg, x)
+                except Exception as e:  # noqa: BLE001 (a config the shape cannot take)
+                    print(f"  {cfg}: {type(e).__name__}")
+                    continue
+                results.append((us, cfg))
+            results.sort(key=lambda r: r[0])
+            default = next((us for us, c in results if c == _default_for(n, k)), float("nan"))
+            print(f"{path.split('/')[-1]} {role} [{n}x{k}] {calls[0][0].name}: default {default:.1f} µs "
+                  f"({100 * wbytes / (default * 1e-6) / bw:.1f} %)")
+            for us, cfg in results[:5]:
+                print(f"    {us:7.1f} µs {100 * wbytes / (us * 1e-6) / bw:5.1f} %  r={cfg.r} lr={cfg.lr} wk={cfg.wk} "
+                      f"split={cfg.split}")
+            best = results[0][1]
+            table.append((n, k, best, results[0][0], default))
+    print("TABLE (n, k): r, lr, wk, split -> best µs vs default µs")
+    for n, k, c, us, d in table:
+        print(f"    ({n}, {k}): ({c.r}, {c.lr}, {c.wk}, {c.split}),  # {us:.1f} vs {d:.1f} µs")
+
+
+def _default_for(n, k):
+    from minfer.kernels.qmatmul import gemv_config
+
+    return gemv_config(n, k)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,489 @@
+"""The cuda backend: the graph on the GPU, every node's kernel chosen through the contracts.
+
+`load` uploads each weight's GGUF bytes once and compiles the graph into the shared plan
+(plan.py). For every node it asks the picker (contracts/picker.py) which registered kernel
+accepts the node's op, dtypes, shapes and layouts, for each way the node runs: a decode step of
+one row, a decode batch (up to 64 rows), a prompt chunk. A kernel's load layout (repacked
+nibbles, an f16 copy) is made once per (layout, weight) at load. This file never names a kernel;
+a node nothing accepts is a NoKernelError at load naming the op, the dtypes and the shape.
+
+`allocate` makes the KV cache (f16, one extra slot that padded graph rows write into) and the
+RoPE tables. `forward` runs a batch: decode steps replay a CUDA graph captured once per batch
+bucket (1, 2, 4, ..., 64; rows padded up to the bucket), everything else runs the plan eagerly.
+A step that mixes decode rows with a prompt chunk runs the two parts separately.
+
+Under the Triton interpreter (TRITON_INTERPRET=1, CI) the same backend runs on CPU tensors,
+without graphs: every GPU code path of it is exercised at small sizes without a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..config import EngineConfig
+from ..contracts.picker import candidates
+from ..contracts.registry import BoundKernel, Registry, default_registry
+from ..errors import ContextOverflowError, MinferError, ModelError, NoKernelError, UnsupportedError
+from ..gguf.reader import GGUFReader
+from ..graph.ir import Graph, Node, Op, WeightRef
+from ..kernels._common import interpreting
+from ..quant.types import GGMLType, quant_info
+from . import cpu_ops
+from .base import Batch
+from .kv_cache import KVCache, kv_bytes
+from .plan import Plan, Step
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # decode batch sizes captured as CUDA graphs
+KV_DTYPES = {"auto": torch.float16, "f16": torch.float16}
+STRIDED = {"contiguous": False, "strided": True}
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The kernel a node runs for one way of running (decode row, decode batch, prompt chunk)."""
+
+    kernel: BoundKernel
+    cost_ns: float
+
+
+@dataclass(frozen=True)
+class Call:
+    """How a node calls its op: everything the picker needs, as a function of the row count."""
+
+    op: str
+    dtypes: dict[str, str]
+    shapes_of: Callable[[int], dict[str, tuple[int, ...]]]
+    params: dict
+    fixed_layouts: dict | None = None
+    prefer_quantized: bool | None = None  # many-row matmuls: MINFER_MMQ's choice, None = by cost
+    layouts_of: Callable[[int], dict | None] | None = None
+
+    def shapes(self, rows: int) -> dict[str, tuple[int, ...]]:
+        return self.shapes_of(rows)
+
+    def layouts(self, rows: int) -> dict | None:
+        return self.layouts_of(rows) if self.layouts_of is not None else self.fixed_layouts
+
+
+KINDS = {"row": 1, "batch": 16, "chunk": 512}  # ways of running -> the row count kernels are picked for
+PLAN_CTX = 1024  # the context attention costs are predicted for
+
+
+class _State:
+    """One pass: the batch's device tensors, whether it is a decode step, and its row count."""
+
+    __slots__ = ("inputs", "decode", "rows", "kind", "spans")
+
+    def __init__(self, inputs: dict[str, torch.Tensor], decode: bool, rows: int, spans=None):
+        self.inputs, self.decode, self.rows = inputs, decode, rows
+        self.kind = ("row" if rows == 1 else "batch") if decode else "chunk"
+        self.spans = spans  # host (first row, slot, start, rows) per sequence; None in graphs
+
+
+class _Describe:
+    """A stand-in state for naming kernels outside a step (one decode row)."""
+
+    kind = "row"
+
+
+def _contract_name(t: GGMLType) -> str:
+    return quant_info(t).contract_name
+
+
+def _not_loaded(vals, st):
+    raise ModelError("cuda backend: this plan was compiled without weights (minfer plan); it cannot run")
+
+
+class CUDABackend:
+    name = "cuda"
+    kv_itemsize = 2
+
+    def __init__(self, config: EngineConfig | None = None, registry: Registry | None = None, plan_only: bool = False):
+        """`plan_only`: only pick kernels (`load(..., upload=False)`), on a machine with no GPU."""
+        self.config = config or EngineConfig(device="cuda")
+        if self.config.kv_dtype not in KV_DTYPES:
+            raise UnsupportedError(f"cuda backend: KV cache dtype {self.config.kv_dtype!r} is not supported yet "
+                                   f"(supported: {', '.join(KV_DTYPES)})")
+        self.interpreted = interpreting()
+        if not self.interpreted and not plan_only and not torch.cuda.is_available():
+            raise MinferError("cuda backend: no CUDA GPU is visible to torch")
+        self.on_gpu = not self.interpreted and torch.cuda.is_available()
+        self.device = torch.device("cuda" if self.on_gpu else "cpu")
+        self.registry = registry or default_registry()
+        self.graph: Graph | None = None
+        self.plan: Plan | None = None
+        self.cache: KVCache | None = None
+        self.choices: dict[int, dict[str, Choice]] = {}  # node id -> way of running -> kernel
+        self.calls: dict[int, Call] = {}  # node id -> how it calls its op (to re-cost any batch size)
+        self.extra: dict[int, tuple[Call, Choice]] = {}  # node id -> a second kernel it runs (bias add)
+        self.upload = True
+        self._reader: GGUFReader | None = None
+        self._bytes: dict[str, torch.Tensor] = {}  # tensor name -> its GGUF bytes on the device
+        self._laid: dict[tuple[str, WeightRef], object] = {}  # (kernel, weight) -> its load layout
+        self._vectors: dict[str, torch.Tensor] = {}
+        self._ropes: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._graphs: dict[int, tuple] = {}
+        self._pool = None
+        self.use_graphs = self.config.cuda_graph and self.on_gpu
+
+    # ------------------------------------------------------------------ load
+    def load(self, graph: Graph, reader: GGUFReader, progress: bool = True, upload: bool = True) -> None:
+        """Pick every node's kernels and (upload=True) put the weights on the device in their
+        kernels' layouts. upload=False only picks: what `minfer plan` shows, with no GPU needed."""
+        self.graph, self._reader, self.upload = graph, reader, upload
+        sync = torch.cuda.synchronize if self.on_gpu else None
+        with torch.inference_mode():
+            self.plan = Plan(graph, self._compile, progress=progress, sync=sync)
+        if self.on_gpu:
+            torch.cuda.synchronize()
+
+    def _raw(self, name: str) -> torch.Tensor:
+        """The tensor's GGUF bytes on the device, uint8 [rows, row_bytes] (uploaded once)."""
+        if name not in self._bytes:
+            info = self._reader.tensors[name]
+            host = torch.from_numpy(self._reader.tensor_bytes(name))
+            rows = info.torch_shape[0] if len(info.shape) > 1 else 1
+            self._bytes[name] = host.view(rows, -1).to(self.device)
+        return self._bytes[name]
+
+    def _vector(self, name: str) -> torch.Tensor:
+        if name not in self._vectors:
+            from ..quant.reference import dequantize
+
+            info = self._reader.tensors[name]
+            host = torch.from_numpy(self._reader.tensor_bytes(name))
+            self._vectors[name] = dequantize(host, info.ggml_type, (info.shape[0],)).float().to(self.device)
+        return self._vectors[name]
+
+    def _types(self, w: WeightRef) -> GGMLType | None:
+        """The storage type of a (fused) weight; None when its parts differ in type."""
+        types = {self._reader.tensors[t.name].ggml_type for t in w.tensors}
+        return types.pop() if len(types) == 1 else None
+
+    def _matrix_bytes(self, w: WeightRef):
+        """The bytes of W on the device, [n, row_bytes], a fused weight's parts stacked (a list of
+        the parts when they differ in type: only a kernel that takes a dense copy can run them)."""
+        parts = [self._raw(t.name) for t in w.tensors]
+        if self._types(w) is None:
+            return parts
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def _choose(self, node: Node, call: Call, rows: int) -> Choice:
+        ok, rejected = candidates(call.op, call.dtypes, call.shapes(rows), call.params, "CUDA",
+                                  layouts=call.layouts(rows), registry=self.registry)
+        if call.prefer_quantized is not None and rows > 1 and len(ok) > 1:
+            ok = [c for c in ok if _reads_quantized(c.kernel) == call.prefer_quantized] or ok
+        if not ok:
+            near = "; ".join(f"{k.name}: {', '.join(why)}" for k, why in rejected[:3]) or "no contract implements it"
+            raise NoKernelError(f"cuda backend: node {node.name!r} ({call.op}): no kernel accepts dtypes "
+                                f"{call.dtypes}, shapes {call.shapes(rows)}, params {call.params}. "
+                                f"Nearest contracts: {near}")
+        return Choice(ok[0].kernel, ok[0].cost_ns)
+
+    def _picks(self, node: Node, call: Call) -> dict[str, BoundKernel]:
+        """The kernel for each way of running (kept, with the call, for `minfer plan`)."""
+        self.calls[node.id] = call
+        picks = {kind: self._choose(node, call, rows) for kind, rows in KINDS.items()}
+        self.choices[node.id] = picks
+        return {kind: c.kernel for kind, c in picks.items()}
+
+    def _laid_out(self, kernel: BoundKernel, w: WeightRef, n: int, k: int):
+        """The weight in `kernel`'s load layout, made once per (layout, weight): kernels that share
+        a layout (the Q4_0 GEMV and matmul) share the copy."""
+        key = (tuple(c.load_layout for c in kernel.contract.inputs if c.load_layout), w)
+        if key not in self._laid:
+            raw, qtype = self._matrix_bytes(w), self._types(w)
+            if qtype is None:  # parts of different types: one dense f16 copy of the stacked rows
+                from ..kernels.torch_ops import f16_weight
+
+                raw = torch.cat([f16_weight(r, part.shape[1], k, self._reader.tensors[part.name].ggml_type)
+                                 for r, part in zip(raw, w.tensors, strict=True)])
+                qtype = GGMLType.F16
+            params = {"n": n, "k": k, "qtype": qtype}
+            self._laid[key] = kernel.apply_load_layouts({"w": raw}, params)["w"] if kernel.load_layouts else raw
+        return self._laid[key]
+
+    # ------------------------------------------------------------------ compile
+    def _compile(self, node: Node) -> Step:
+        op, ins, p = node.op, node.inputs, node.params
+        if op == Op.INPUT:
+            name = node.name
+            return Step(lambda vals, st: st.inputs[name], "input")
+        if op == Op.SLICE:
+            (i,), a, b = ins, p["start"], p["stop"]
+            return Step(lambda vals, st: vals[i][..., a:b], "view")
+        handler = {Op.GET_ROWS: self._compile_get_rows, Op.RMS_NORM: self._compile_norm,
+                   Op.MATMUL: self._compile_matmul, Op.ADD: self._compile_add, Op.SWIGLU: self._compile_swiglu,
+                   Op.ROPE: self._compile_rope,
+                   Op.ATTENTION: self._compile_attention}.get(op)
+        if handler is None:
+            raise UnsupportedError(f"cuda backend: op {op} (node {node.name!r}) is not implemented")
+        fn, run = handler(node)
+        return Step(fn if self.upload else _not_loaded, lambda st, r=run: r[st.kind].name)
+
+    def _compile_norm(self, node: Node):
+        d, eps = node.shape[-1], node.params["eps"]
+        run = self._picks(node, Call("RMSNorm", {"x": "F32", "w": "F32"}, lambda r: {"x": (r, d), "w": (d,)},
+                                     {"eps": eps}, {"x": STRIDED}))
+        w = self._vector(node.weights["w"].name) if self.upload else None
+        (i,) = node.inputs
+        return (lambda vals, st: run[st.kind](x=vals[i], w=w, eps=eps)), run
+
+    def _compile_add(self, node: Node):
+        d = node.shape[-1]
+        run = self._picks(node, Call("Add", {"x": "F32", "y": "F32"}, lambda r: {"x": (r, d), "y": (r, d)}, {}))
+        i, j = node.inputs
+        return (lambda vals, st: run[st.kind](x=vals[i], y=vals[j])), run
+
+    def _compile_get_rows(self, node: Node):
+        if "w" not in node.weights:  # the rows whose logits the step returns
+            i, r = node.inputs
+            d = node.shape[-1]
+            run = self._picks(node, Call("RowSelect", {"x": "F32", "rows": "I32"},
+                                         lambda n: {"x": (max(n, 1), d), "rows": (1,)}, {}, {"x": STRIDED}))
+            return (lambda vals, st: run[st.kind](x=vals[i], rows=vals[r])), run
+        (i,), w = node.inputs, node.weights["w"]
+        info = self._reader.tensors[w.name]
+        params = {"qtype": info.ggml_type, "n_embd": info.shape[0]}
+        table_shape = (info.torch_shape[0], info.nbytes // info.torch_shape[0])
+        run = self._picks(node, Call("GetRows", {"weight_u8": _contract_name(info.ggml_type), "ids": "I32"},
+                                     lambda r: {"weight_u8": table_shape, "ids": (r,)}, params))
+        table = self._raw(w.name) if self.upload else None
+        return (lambda vals, st: run[st.kind](weight_u8=table, ids=vals[i], **params)), run
+
+    def _compile_matmul(self, node: Node):
+        w = node.weights["w"]
+        k, n = w.shape
+        qtype = self._types(w)
+        wq = qtype if qtype is not None else GGMLType.F16  # mixed parts: their dense f16 copy
+        run = self._picks(node, Call("QMatMul", {"x": "F32", "w": _contract_name(wq)},
+                                     lambda m: {"x": (m, k), "w": (n, k)}, {"n": n, "k": k, "qtype": wq},
+                                     prefer_quantized=self.config.mmq))
+        bias = add_bias = None
+        if "b" in node.weights:
+            add_bias = self._picks_aside(node, Call("AddBias", {"y": "F32", "b": "F32"},
+                                                    lambda m: {"y": (m, n), "b": (n,)}, {"n_rows": 2}))
+            if self.upload:
+                bias = torch.cat([self._vector(t.name) for t in node.weights["b"].tensors])
+        laid = {kind: self._laid_out(kernel, w, n, k) for kind, kernel in run.items()} if self.upload else {}
+        (i,) = node.inputs
+
+        def fn(vals, st):
+            y = run[st.kind](x=vals[i], w=laid[st.kind], n=n, k=k, qtype=wq)
+            if bias is not None:
+                add_bias(y=y, b=bias, n_rows=y.shape[0])
+            return y
+
+        return fn, run
+
+    def _picks_aside(self, node: Node, call: Call) -> BoundKernel:
+        """A second kernel a node runs (its bias add), costed into the plan under the node."""
+        c = self._choose(node, call, 1)
+        self.extra[node.id] = (call, c)
+        return c.kernel
+
+    def _compile_swiglu(self, node: Node):
+        i, j = node.inputs
+        d = node.shape[-1]
+        # the gate and up columns of a fused matmul: contiguous for one row, row-strided for more
+        call = Call("SwiGLU", {"gate": "F32", "up": "F32"}, lambda r: {"gate": (r, d), "up": (r, d)}, {},
+                    layouts_of=lambda r: {"gate": STRIDED, "up": STRIDED} if r > 1 else None)
+        run = self._picks(node, call)
+        return (lambda vals, st: run[st.kind](gate=vals[i], up=vals[j])), run
+
+    def _rope_key(self, node: Node) -> tuple:
+        p, ff = node.params, node.weights.get("freq_factors")
+        return (p["n_rot"], p["base"], p["freq_scale"], ff.name if ff else None)
+
+    def _compile_rope(self, node: Node):
+        p = node.params
+        i, pos = node.inputs
+        key = self._rope_key(node)
+        n_heads, hd, n_rot, neox = p["n_heads"], p["head_dim"], p["n_rot"], p["style"] == "neox"
+        call = Call("RoPE", {"x": "F32", "positions": "I32", "cos": "F32", "sin": "F32"},
+                    lambda r: {"x": (r, n_heads * hd), "positions": (r,), "cos": (16, n_rot // 2),
+                               "sin": (16, n_rot // 2)},
+                    {"n_heads": n_heads, "head_dim": hd, "n_rot": n_rot, "neox": neox}, {"x": STRIDED})
+        run = self._picks(node, call)
+        ropes = self._ropes
+
+        def fn(vals, st):
+            cos, sin = ropes[key]
+            return run[st.kind](x=vals[i], positions=vals[pos], cos=cos, sin=sin, n_heads=n_heads, head_dim=hd,
+                                n_rot=n_rot, neox=neox)
+
+        return fn, run
+
+    def _compile_attention(self, node: Node):
+        p = node.params
+        q_i, k_i, v_i, pos = node.inputs
+        nh, nkv, hd = p["n_head"], p["n_head_kv"], p["head_dim"]
+        params = {"layer": p["kv_layer"], "n_head": nh, "n_head_kv": nkv, "head_dim": hd, "scale": p["scale"]}
+        dtypes = {"q": "F32", "k": "F32", "v": "F32", "cache_k": "F16", "cache_v": "F16", "row_slots": "I32",
+                  "positions": "I32"}
+        cache = (self.graph.meta["n_layer"], 2, nkv, PLAN_CTX, hd)
+
+        def shapes(rows):
+            return {"q": (rows, nh * hd), "k": (rows, nkv * hd), "v": (rows, nkv * hd), "cache_k": cache,
+                    "cache_v": cache, "row_slots": (rows,), "positions": (rows,)}
+
+        run = self._picks(node, Call("Attention", dtypes, shapes, params, {"q": STRIDED, "k": STRIDED, "v": STRIDED}))
+
+        def fn(vals, st):
+            kc = self.cache
+            return run[st.kind](q=vals[q_i], k=vals[k_i], v=vals[v_i], cache_k=kc.k, cache_v=kc.v,
+                                row_slots=st.inputs["row_slots"], positions=vals[pos], spans=st.spans, **params)
+
+        return fn, run
+
+    # ------------------------------------------------------------------ memory
+    def kv_budget(self) -> int:
+        """Half the GPU's free memory (after the weights) for a cache whose size the engine chooses."""
+        if not self.on_gpu:
+            return 1 << 30
+        free, _ = torch.cuda.mem_get_info()
+        return free // 2
+
+    def allocate(self, n_slots: int, n_ctx: int) -> None:
+        """The KV cache (n_slots + 1 slots: the last takes the padded rows of graph buckets) and the
+        RoPE tables for n_ctx positions, on the device."""
+        if self.graph is None:
+            raise ModelError("cuda backend: load() a graph before allocating its cache")
+        m = self.graph.meta
+        need = kv_bytes(m["n_layer"], n_slots + 1, n_ctx, m["n_head_kv"], m["head_dim"], self.kv_itemsize)
+        if self.on_gpu:
+            free, total = torch.cuda.mem_get_info()
+            if need > free * 0.9:
+                raise MinferError(f"a KV cache of {n_slots} x {n_ctx} tokens needs {need / 2**30:.1f} GiB; the GPU has "
+                                  f"{free / 2**30:.1f} GiB free of {total / 2**30:.1f}; use a smaller context or fewer "
+                                  "slots")
+        self._graphs.clear()
+        self.cache = None
+        self.cache = KVCache(m["n_layer"], n_slots + 1, n_ctx, m["n_head_kv"], m["head_dim"], KV_DTYPES[
+            self.config.kv_dtype], self.device)
+        self.n_slots, self.pad_slot = n_slots, n_slots
+        for node in self.graph.nodes:
+            if node.op == Op.ROPE:
+                key = self._rope_key(node)
+                p, ff = node.params, node.weights.get("freq_factors")
+                factors = self._vector(ff.name).cpu() if ff else None
+                cos, sin = cpu_ops.rope_table(n_ctx, p["n_rot"], p["base"], p["freq_scale"], factors)
+                self._ropes[key] = (cos.to(self.device), sin.to(self.device))
+
+    # ------------------------------------------------------------------ run
+    def _device_inputs(self, batch: Batch) -> dict[str, torch.Tensor]:
+        return {name: getattr(batch, name).to(self.device, non_blocking=True)
+                for name in ("tokens", "positions", "row_slots", "out_rows")}
+
+    def forward(self, batch: Batch, recorder=None) -> torch.Tensor:
+        """float32 logits [R, n_vocab] (on the device) of the batch's out_rows."""
+        cache = self.cache
+        if cache is None:
+            raise ModelError("cuda backend: allocate() the KV cache before running a step")
+        for s in batch.spans:
+            if not 0 <= s.slot < self.n_slots:
+                raise MinferError(f"batch: slot {s.slot} outside 0..{self.n_slots - 1}")
+            if s.start < 0 or s.end > cache.n_ctx:
+                raise ContextOverflowError(f"positions {s.start}..{s.end - 1} do not fit the context of "
+                                           f"{cache.n_ctx} tokens")
+        with torch.inference_mode():
+            parts = batch.split()
+            if len(parts) == 1:
+                return self._run(batch, recorder)
+            out = torch.empty(len(batch.out_rows), self.graph.meta["n_vocab"], device=self.device)
+            for part, idx in parts:
+                out[torch.tensor(idx, device=self.device)] = self._run(part, recorder)
+            return out
+
+    def _run(self, batch: Batch, recorder) -> torch.Tensor:
+        decode = batch.kind == "decode"
+        rows = batch.n_tokens
+        if decode and self.use_graphs and recorder is None and rows <= BUCKETS[-1]:
+            return self._replay(batch)
+        spans = [(s.offset, s.slot, s.start, s.n_tokens) for s in batch.spans]
+        return self.plan.run(_State(self._device_inputs(batch), decode, rows, spans), recorder)
+
+    def _replay(self, batch: Batch) -> torch.Tensor:
+        b = batch.n_tokens
+        bucket = next(x for x in BUCKETS if x >= b)
+        if bucket not in self._graphs:
+            self._graphs[bucket] = self._capture(bucket)
+        graph, io, stage, copied, out, _ = self._graphs[bucket]
+        copied.synchronize()  # the previous step's copy has left the staging buffer
+        stage[0, :b].copy_(batch.tokens)
+        stage[1, :b].copy_(batch.positions)
+        stage[2, :b].copy_(batch.row_slots)
+        if b < bucket:  # padded rows: token 0 at position 0 of the spare slot
+            stage[:2, b:].zero_()
+            stage[2, b:].fill_(self.pad_slot)
+        io.copy_(stage, non_blocking=True)  # one host-to-device copy of the step's inputs
+        copied.record()
+        graph.replay()
+        return out[:b]
+
+    def _capture(self, bucket: int):
+        """Capture the decode step of `bucket` rows once (eager warm-up first: Triton compiles and
+        autotunes outside the capture). Inputs: one int32 [3, bucket] device buffer (tokens,
+        positions, slots) filled from a pinned staging buffer by one copy per step."""
+        dev = self.device
+        io = torch.zeros(3, bucket, dtype=torch.int32, device=dev)
+        io[2].fill_(self.pad_slot)
+        stage = torch.zeros(3, bucket, dtype=torch.int32, pin_memory=True)
+        static = {"tokens": io[0], "positions": io[1], "row_slots": io[2],
+                  "out_rows": torch.arange(bucket, dtype=torch.int32, device=dev)}
+        state = _State(static, True, bucket)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self.plan.run(state)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = self.plan.run(state)
+        copied = torch.cuda.Event()
+        copied.record()
+        return graph, io, stage, copied, out, static  # static: every input the graph reads stays alive
+
+    def trace_graph(self) -> list[dict]:
+        nodes = self.plan.trace_nodes(_Describe())
+        for n in nodes:
+            picks = self.choices.get(n["id"])
+            if picks:
+                n["contract"] = {kind: c.kernel.name for kind, c in picks.items()}
+        return nodes
+
+    def plan_rows(self, rows: int = 1, prefill: bool = False) -> list[dict]:
+        """Per node with a kernel: what it runs for a step of `rows` rows (a decode batch, or a
+        prompt chunk when `prefill`) and the cost the picker predicts for it, in ns."""
+        out = []
+        for node in self.graph.nodes:
+            call = self.calls.get(node.id)
+            if call is None:
+                continue
+            kind = "chunk" if prefill else ("row" if rows == 1 else "batch")
+            chosen = self.choices[node.id][kind].kernel
+            ok, _ = candidates(call.op, call.dtypes, call.shapes(rows), call.params, "CUDA",
+                               layouts=call.layouts(rows), registry=self.registry)
+            cost = next((c.cost_ns for c in ok if c.kernel is chosen), ok[0].cost_ns if ok else float("nan"))
+            names = [chosen.name]
+            if node.id in self.extra:
+                xcall, xc = self.extra[node.id]
+                xok, _ = candidates(xcall.op, xcall.dtypes, xcall.shapes(rows), {**xcall.params, "n_rows": rows},
+                                    "CUDA", registry=self.registry)
+                cost += xok[0].cost_ns if xok else 0.0
+                names.append(xc.kernel.name)
+            out.append({"id": node.id, "name": node.name, "op": str(node.op), "layer": node.layer,
+                        "kernel": "+".join(names), "cost_ns": cost,
+                        "measured": self.registry.measured_overhead_ns(chosen) is not None})
+        return out
+
+
+def _reads_quantized(k: BoundKernel) -> bool:
+    """Whether a matmul kernel reads the weight in its quantized form (not a dense copy)."""
+    return not any(layout.__name__ == "f16_weight" for layout in k.load_layouts.values())

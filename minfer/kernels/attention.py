@@ -1,0 +1,215 @@
+"""Attention over the KV cache: write each row's k/v, then causal GQA attention of its q.
+
+The cache is the backend's: k and v each [layers, slots, kv_heads, n_ctx, head_dim] f16. A batch
+row carries its slot and position on the device (`row_slots`, `positions`), so the kernels need
+no host data and replay in a CUDA graph: row r writes its k/v at (slot_r, position_r) and attends
+positions 0..position_r of slot_r. Decode rows, a batch of them, and a prompt chunk all fit this
+form (a chunk's rows are consecutive positions of one slot).
+
+`attention_rows` (flash-decoding, Dao et al. 2023): programs (row, kv head, split) walk BLOCK_N
+keys at a time over their split of 0..position; the query heads of one kv head (the GQA group)
+are one [G, head_dim] tile padded to 16 rows, so q.K^T and p.V are tensor-core dots on f16
+inputs with f32 accumulation and an online softmax in f32. With more than one split, a second
+kernel combines the splits' partial sums by log-sum-exp; with one split the first kernel writes
+the output itself. The split count comes from the cache's n_ctx (a graph's grid is fixed), and
+splits past a row's position exit at once.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ..errors import UnsupportedError
+from ._common import cdiv, check_device, check_grid, check_int, check_tensor, make_out, rows_view
+
+SPLIT_LEN = 512  # keys per split: one split (no combine kernel) for contexts up to 512
+BLOCK_N = 64  # keys per inner step (32 for head_dim > 64: the tile then fits the registers, sm_90 compile check)
+MAX_SPLITS = 64
+
+
+@triton.jit
+def _kv_write_kernel(k_ptr, v_ptr, ck_ptr, cv_ptr, slot_ptr, pos_ptr, stride_k, stride_v, layer_off,
+                     S_STRIDE, H_STRIDE, HD, BLOCK_D: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1).to(tl.int64)
+    slot = tl.load(slot_ptr + row).to(tl.int64)
+    p = tl.load(pos_ptr + row).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    m = d < HD
+    dst = layer_off + slot * S_STRIDE + head * H_STRIDE + p * HD + d
+    k = tl.load(k_ptr + row * stride_k + head * HD + d, mask=m)
+    v = tl.load(v_ptr + row * stride_v + head * HD + d, mask=m)
+    tl.store(ck_ptr + dst, k.to(ck_ptr.dtype.element_ty), mask=m)
+    tl.store(cv_ptr + dst, v.to(cv_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _attn_rows_kernel(q_ptr, ck_ptr, cv_ptr, slot_ptr, pos_ptr, out_ptr, po_ptr, pml_ptr, stride_q, layer_off,
+                      S_STRIDE, H_STRIDE, scale, G, N_HEAD, HD, SPLIT_LEN, NSPLIT,
+                      GP: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1)
+    sp = tl.program_id(2)
+    slot = tl.load(slot_ptr + row).to(tl.int64)
+    last = tl.load(pos_ptr + row)  # attends keys 0..last
+    lo = sp * SPLIT_LEN
+    hi = tl.minimum(lo + SPLIT_LEN, last + 1)
+    g = tl.arange(0, GP)
+    d = tl.arange(0, BLOCK_D)
+    gm = g < G
+    dm = d < HD
+    heads = kvh * G + g
+    q = tl.load(q_ptr + row * stride_q + heads[:, None] * HD + d[None, :], mask=gm[:, None] & dm[None, :],
+                other=0.0)
+    q = (q.to(tl.float32) * scale).to(tl.float16)
+    base = layer_off + slot * S_STRIDE + kvh.to(tl.int64) * H_STRIDE
+    m_i = tl.full([GP], float("-inf"), tl.float32)
+    l_i = tl.zeros([GP], tl.float32)
+    acc = tl.zeros([GP, BLOCK_D], tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        nm = n < hi
+        kv_off = base + n.to(tl.int64)[:, None] * HD + d[None, :]
+        kv_m = nm[:, None] & dm[None, :]
+        k = tl.load(ck_ptr + kv_off, mask=kv_m, other=0.0)
+        s = tl.dot(q, tl.trans(k))
+        s = tl.where(nm[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(cv_ptr + kv_off, mask=kv_m, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
+        m_i = m_new
+    if SPLIT:  # partial sums and (max, sum) per split; the combine kernel finishes
+        part = (row * N_HEAD + heads).to(tl.int64) * NSPLIT + sp
+        tl.store(po_ptr + part[:, None] * HD + d[None, :], acc, mask=gm[:, None] & dm[None, :])
+        tl.store(pml_ptr + part * 2, m_i, mask=gm)
+        tl.store(pml_ptr + part * 2 + 1, l_i, mask=gm)
+    else:
+        o = acc / l_i[:, None]
+        tl.store(out_ptr + row * N_HEAD * HD + heads[:, None] * HD + d[None, :], o, mask=gm[:, None] & dm[None, :])
+
+
+@triton.jit
+def _attn_combine_kernel(po_ptr, pml_ptr, out_ptr, N_HEAD, HD, NSPLIT, SP: tl.constexpr, BLOCK_D: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    s = tl.arange(0, SP)
+    sm = s < NSPLIT
+    d = tl.arange(0, BLOCK_D)
+    dm = d < HD
+    part = (row * N_HEAD + head) * NSPLIT + s
+    m = tl.load(pml_ptr + part * 2, mask=sm, other=float("-inf"))
+    l_s = tl.load(pml_ptr + part * 2 + 1, mask=sm, other=0.0)
+    mx = tl.max(m, axis=0)  # split 0 always holds key 0: finite
+    w = tl.exp(m - mx)
+    o = tl.load(po_ptr + part[:, None] * HD + d[None, :], mask=sm[:, None] & dm[None, :], other=0.0)
+    num = tl.sum(o * w[:, None], axis=0)
+    den = tl.sum(l_s * w, axis=0)
+    tl.store(out_ptr + row * N_HEAD * HD + head * HD + d, num / den, mask=dm)
+
+
+def check_cache(what: str, cache_k: torch.Tensor, cache_v: torch.Tensor, layer: int, n_head_kv: int,
+                head_dim: int) -> tuple[int, ...]:
+    for name, c in (("cache_k", cache_k), ("cache_v", cache_v)):
+        check_tensor(what, name, c, (torch.float16, torch.bfloat16, torch.float32), ndim=5)
+    if cache_k.shape != cache_v.shape or cache_k.dtype != cache_v.dtype:
+        raise UnsupportedError(f"{what}: cache_k and cache_v differ: {tuple(cache_k.shape)} {cache_k.dtype} vs "
+                               f"{tuple(cache_v.shape)} {cache_v.dtype}")
+    n_layer, _, nkv, _, hd = cache_k.shape
+    if (nkv, hd) != (n_head_kv, head_dim):
+        raise UnsupportedError(f"{what}: the cache holds {nkv} kv heads of {hd}, the call says {n_head_kv} of "
+                               f"{head_dim}")
+    if not 0 <= layer < n_layer:
+        raise UnsupportedError(f"{what}: layer {layer} outside the cache's 0..{n_layer - 1}")
+    return tuple(cache_k.shape)
+
+
+def check_attention_call(what, q, k, v, cache_k, cache_v, row_slots, positions, layer, n_head, n_head_kv, head_dim):
+    for name, val in (("n_head", n_head), ("n_head_kv", n_head_kv), ("head_dim", head_dim), ("layer", layer)):
+        check_int(what, name, val, 0 if name == "layer" else 1)
+    if n_head % n_head_kv:
+        raise UnsupportedError(f"{what}: n_head_kv {n_head_kv} does not divide n_head {n_head}")
+    q2 = rows_view(what, "q", q, n_head * head_dim)
+    k2 = rows_view(what, "k", k, n_head_kv * head_dim)
+    v2 = rows_view(what, "v", v, n_head_kv * head_dim)
+    for name, t in (("q", q2), ("k", k2), ("v", v2)):
+        if t.dtype != torch.float32:
+            raise UnsupportedError(f"{what}: {name} must be float32, got {t.dtype}")
+    rows = q2.shape[0]
+    if k2.shape[0] != rows or v2.shape[0] != rows:
+        raise UnsupportedError(f"{what}: q, k, v have {rows}, {k2.shape[0]}, {v2.shape[0]} rows")
+    for name, t in (("row_slots", row_slots), ("positions", positions)):
+        check_tensor(what, name, t, (torch.int32,), ndim=1)
+        if t.numel() != rows:
+            raise UnsupportedError(f"{what}: {rows} rows but {t.numel()} {name}")
+    shape = check_cache(what, cache_k, cache_v, layer, n_head_kv, head_dim)
+    device = check_device(what, q=q2, k=k2, v=v2, cache_k=cache_k, cache_v=cache_v, row_slots=row_slots,
+                          positions=positions)
+    return q2, k2, v2, shape, device
+
+
+def kv_write(k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
+             row_slots: torch.Tensor, positions: torch.Tensor, layer: int) -> None:
+    """cache[layer, slot_r, :, position_r] = k[r], v[r] for every row r (rounded to the cache dtype).
+    Slots and positions are the caller's to keep in range: the backend checks each batch once."""
+    n_layer, n_slots, nkv, n_ctx, hd = cache_k.shape
+    if k.shape[0]:
+        _kv_write_kernel[check_grid("kv_write", (k.shape[0], nkv))](
+            k, v, cache_k, cache_v, row_slots, positions, k.stride(0), v.stride(0), layer * n_slots * nkv * n_ctx * hd,
+            nkv * n_ctx * hd, n_ctx * hd, hd, BLOCK_D=triton.next_power_of_2(hd), num_warps=1)
+
+
+def block_n(head_dim: int) -> int:
+    return BLOCK_N if head_dim <= 64 else BLOCK_N // 2
+
+
+def split_plan(n_ctx: int) -> tuple[int, int]:
+    """(keys per split, splits) for a cache of n_ctx positions."""
+    split_len = max(SPLIT_LEN, cdiv(n_ctx, MAX_SPLITS))
+    return split_len, cdiv(n_ctx, split_len)
+
+
+def attention_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
+                   row_slots: torch.Tensor, positions: torch.Tensor, layer: int, n_head: int, n_head_kv: int,
+                   head_dim: int, scale: float, spans=None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Write k/v into the cache at (row_slots, positions), then out [rows, n_head * head_dim] f32 =
+    softmax(q K^T * scale) V over positions 0..position of each row's slot. q/k/v: f32 rows
+    (row-strided views are fine), cache f16 [layers, slots, n_head_kv, n_ctx, head_dim]. `spans`
+    is not needed (every row reads its own slot and position on the device)."""
+    what = "attention_rows"
+    q2, k2, v2, shape, device = check_attention_call(what, q, k, v, cache_k, cache_v, row_slots, positions, layer,
+                                                     n_head, n_head_kv, head_dim)
+    if cache_k.dtype != torch.float16:
+        raise UnsupportedError(f"{what}: the cache must be float16, got {cache_k.dtype}")
+    rows = q2.shape[0]
+    out = make_out(what, out, (rows, n_head * head_dim), torch.float32, device)
+    if not rows:
+        return out
+    kv_write(k2, v2, cache_k, cache_v, row_slots, positions, layer)
+    n_layer, n_slots, nkv, n_ctx, hd = shape
+    split_len, nsplit = split_plan(n_ctx)
+    g = n_head // n_head_kv
+    gp = max(16, triton.next_power_of_2(g))
+    block_d = max(16, triton.next_power_of_2(hd))
+    po = pml = out  # unused with one split
+    if nsplit > 1:
+        po = torch.empty(rows * n_head * nsplit * hd, dtype=torch.float32, device=device)
+        pml = torch.empty(rows * n_head * nsplit * 2, dtype=torch.float32, device=device)
+    _attn_rows_kernel[check_grid(what, (rows, nkv, nsplit))](
+        q2, cache_k, cache_v, row_slots, positions, out, po, pml, q2.stride(0), layer * n_slots * nkv * n_ctx * hd,
+        nkv * n_ctx * hd, n_ctx * hd, float(scale), g, n_head, hd, split_len, nsplit,
+        GP=gp, BLOCK_D=block_d, BLOCK_N=block_n(hd), SPLIT=nsplit > 1, num_warps=4)
+    if nsplit > 1:
+        _attn_combine_kernel[check_grid(what, (rows, n_head))](
+            po, pml, out, n_head, hd, nsplit, SP=triton.next_power_of_2(nsplit), BLOCK_D=block_d, num_warps=1)
+    return out
+
+
+def default_scale(head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim)

@@ -1,0 +1,121 @@
+"""The cuda backend against the cpu reference, end to end, on tiny synthetic models of every quant
+mix: logits of prompts and of decode steps, greedy tokens, batched decode, CUDA-graph buckets.
+
+In CI the backend runs under the Triton interpreter (CPU tensors, no graphs); with
+MINFER_TEST_DEVICE=cuda the same tests run the compiled kernels on the GPU, graphs included.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minfer.api import load
+from minfer.backends.base import Batch
+from minfer.errors import NoKernelError
+
+PROMPT = [3, 17, 42, 99, 5, 250, 7, 311, 64, 128, 2, 77]
+TOL = 1.2e-2  # bf16 matmul operands / f16 KV cache vs the cpu's exact float32 path (contracts: 1e-2, 5e-3)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float().cpu() - b.float().cpu()).norm() / b.float().norm())
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_gguf, request):
+    made = {}
+
+    def get(preset: str, quant: str):
+        if (preset, quant) not in made:
+            path = tiny_gguf(preset, quant)
+            made[preset, quant] = (load(path, "cpu", n_ctx=64, n_slots=4, progress=False),
+                                   load(path, "cuda", n_ctx=64, n_slots=4, progress=False))
+        return made[preset, quant]
+
+    return get
+
+
+@pytest.mark.parametrize("quant", ["f32", "f16", "q8_0", "q4_0", "q4_1", "q4_k"])
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2"])
+def test_prompt_and_decode_logits_match_cpu(pair, raw, preset, quant):
+    cpu, gpu = pair(preset, quant)
+    want = raw.prefill(cpu.engine, 0, PROMPT)
+    got = raw.prefill(gpu.engine, 0, PROMPT)
+    assert got.shape == want.shape and _rel(got, want) < TOL
+    # decode steps (the graph-replayed path on a GPU) after a 4-token prompt
+    raw.prefill(cpu.engine, 1, PROMPT[:4])
+    raw.prefill(gpu.engine, 1, PROMPT[:4])
+    steps_c = torch.stack([raw.decode(cpu.engine, 1, t, p) for p, t in enumerate(PROMPT[4:], start=4)])
+    steps_g = torch.stack([raw.decode(gpu.engine, 1, t, p).cpu() for p, t in enumerate(PROMPT[4:], start=4)])
+    assert _rel(steps_g, steps_c) < TOL
+    assert _rel(steps_g, want[4:]) < TOL
+
+
+@pytest.mark.parametrize("quant", ["q4_0", "q8_0"])
+def test_greedy_generation_matches_cpu_where_decisive(pair, quant):
+    cpu, gpu = pair("tiny-llama", quant)
+    prompts = ["hello there", "the cat", "one two three four"]
+    a = cpu.generate_batch(prompts, max_tokens=8, temperature=0)
+    b = gpu.generate_batch(prompts, max_tokens=8, temperature=0)
+    for ra, rb, p in zip(a, b, prompts, strict=True):
+        ids = cpu.prompt_ids(p) + ra.token_ids
+        logits = cpu.logits(ids)[len(ids) - len(ra.token_ids) - 1:-1]
+        top2 = logits.topk(2, dim=-1).values
+        firm = next((j for j, m in enumerate((top2[:, 0] - top2[:, 1]).tolist()) if m < 0.5), len(ra.token_ids))
+        assert rb.token_ids[:firm] == ra.token_ids[:firm]
+
+
+def test_batched_decode_rows_match_each_alone(pair):
+    """Decode rows of several sequences in one step (a graph bucket on a GPU) against each alone."""
+    _, gpu = pair("tiny-qwen2", "q4_0")
+    be = gpu.engine.backend
+    seqs = [(0, PROMPT[:5]), (1, PROMPT[2:9]), (2, PROMPT[1:4])]
+    for slot, toks in seqs:
+        be.forward(Batch.single(toks, 0, slot=slot))
+    together = be.forward(Batch.build([(s, len(t), [11 + s]) for s, t in seqs], [0, 1, 2], n_decode=3)).cpu()
+    for i, (s, t) in enumerate(seqs):
+        alone = be.forward(Batch.build([(s, len(t), [11 + s])], [0], n_decode=1)).cpu()[0]
+        assert _rel(together[i], alone) < TOL  # batch rows may take another matmul kernel than one row
+
+
+def test_a_mixed_step_equals_its_parts(pair):
+    _, gpu = pair("tiny-llama", "q4_1")
+    be = gpu.engine.backend
+    be.forward(Batch.single(PROMPT[:6], 0, slot=0))
+    mixed = be.forward(Batch.build([(0, 6, [9]), (1, 0, PROMPT)], [0, 12], n_decode=1)).cpu()
+    be.forward(Batch.single(PROMPT[:6], 0, slot=0))
+    dec = be.forward(Batch.build([(0, 6, [9])], [0], n_decode=1)).cpu()
+    pre = be.forward(Batch.single(PROMPT, 0, slot=1)).cpu()
+    assert torch.allclose(mixed[0], dec[0], rtol=1e-5, atol=1e-5)
+    assert torch.allclose(mixed[1], pre[0], rtol=1e-5, atol=1e-5)
+
+
+def test_every_node_is_picked_through_a_contract(pair):
+    _, gpu = pair("tiny-qwen2", "q4_k")
+    be = gpu.engine.backend
+    kernels = {r["kernel"] for r in be.plan_rows()}
+    registered = set(be.registry.kernels)
+    assert all(set(k.split("+")) <= registered for k in kernels)
+    ops = {r["op"] for r in be.plan_rows()}
+    assert ops == {"GetRows", "RMSNorm", "MatMul", "RoPE", "Attention", "Add", "SwiGLU"}
+
+
+def test_a_node_no_contract_accepts_is_a_load_error(tiny_gguf):
+    from dataclasses import replace
+
+    from minfer.contracts.registry import default_registry
+
+    reg = default_registry()
+    crippled = replace(reg, kernels={k: v for k, v in reg.kernels.items() if v.contract.op != "RMSNorm"})
+    from minfer.backends.cuda import CUDABackend
+    from minfer.config import EngineConfig
+    from minfer.gguf.reader import GGUFReader
+    from minfer.graph.passes import optimize
+    from minfer.models import registry as models
+
+    reader = GGUFReader(tiny_gguf("tiny-llama", "q4_0"))
+    _, graph = models.build(reader)
+    be = CUDABackend(EngineConfig(device="cuda"), registry=crippled)
+    with pytest.raises(NoKernelError, match=r"node 'blk.0.attn_norm' \(RMSNorm\).*dtypes .*'x': 'F32'"):
+        be.load(optimize(graph), reader, progress=False)
