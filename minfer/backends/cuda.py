@@ -134,6 +134,7 @@ class CUDABackend:
         """Pick every node's kernels and (upload=True) put the weights on the device in their
         kernels' layouts. upload=False only picks: what `minfer plan` shows, with no GPU needed."""
         self.graph, self._reader, self.upload = graph, reader, upload
+        self._fused_norms = self._add_norm_pairs(graph)
         sync = torch.cuda.synchronize if self.on_gpu else None
         with torch.inference_mode():
             self.plan = Plan(graph, self._compile, progress=progress, sync=sync)
@@ -224,8 +225,29 @@ class CUDABackend:
         fn, run = handler(node)
         return Step(fn if self.upload else _not_loaded, lambda st, r=run: r[st.kind].name)
 
+    @staticmethod
+    def _add_norm_pairs(graph: Graph) -> dict[int, int]:
+        """add node id -> the RMSNorm node it feeds, where the two can run as one fused kernel: the
+        norm reads the add's output, and the add's first operand (the residual) is read by nothing
+        after the add, so the fused kernel may write the sum over it."""
+        last = graph.consumers_last_use()
+        by_id = {n.id: n for n in graph.nodes}
+        pairs = {}
+        for n in graph.nodes:
+            if n.op == Op.RMS_NORM:
+                (src,) = n.inputs
+                add = by_id[src]
+                if add.op == Op.ADD and last[add.inputs[0]] == add.id and by_id[add.inputs[0]].op in (
+                        Op.ADD, Op.GET_ROWS) and add.inputs[0] != add.inputs[1]:
+                    pairs[add.id] = n.id
+        return pairs
+
     def _compile_norm(self, node: Node):
         d, eps = node.shape[-1], node.params["eps"]
+        fused_by = next((a for a, nid in self._fused_norms.items() if nid == node.id), None)
+        if fused_by is not None and fused_by in self.choices:  # the add before it computed it
+            self.choices[node.id] = self.choices[fused_by]
+            return (lambda vals, st: vals[node.id]), {k: c.kernel for k, c in self.choices[fused_by].items()}
         run = self._picks(node, Call("RMSNorm", {"x": "F32", "w": "F32"}, lambda r: {"x": (r, d), "w": (d,)},
                                      {"eps": eps}, {"x": STRIDED}))
         w = self._vector(node.weights["w"].name) if self.upload else None
@@ -234,8 +256,26 @@ class CUDABackend:
 
     def _compile_add(self, node: Node):
         d = node.shape[-1]
-        run = self._picks(node, Call("Add", {"x": "F32", "y": "F32"}, lambda r: {"x": (r, d), "y": (r, d)}, {}))
         i, j = node.inputs
+        norm_id = self._fused_norms.get(node.id)
+        if norm_id is not None:
+            norm = self.graph.nodes[norm_id]
+            eps = norm.params["eps"]
+            call = Call("AddRMSNorm", {"x": "F32", "y": "F32", "w": "F32"},
+                        lambda r: {"x": (r, d), "y": (r, d), "w": (d,)}, {"eps": eps})
+            ok, _ = candidates(call.op, call.dtypes, call.shapes(1), call.params, "CUDA", registry=self.registry)
+            if ok:  # the fused contract: h written over the residual x, the norm stashed for its node
+                run = self._picks(node, call)
+                w = self._vector(norm.weights["w"].name) if self.upload else None
+
+                def fused(vals, st):
+                    x = vals[i]
+                    vals[norm_id] = run[st.kind](x=x, y=vals[j], w=w, eps=eps, sum_out=x)
+                    return x
+
+                return fused, run
+            del self._fused_norms[node.id]
+        run = self._picks(node, Call("Add", {"x": "F32", "y": "F32"}, lambda r: {"x": (r, d), "y": (r, d)}, {}))
         return (lambda vals, st: run[st.kind](x=vals[i], y=vals[j])), run
 
     def _compile_get_rows(self, node: Node):

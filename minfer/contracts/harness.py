@@ -301,6 +301,11 @@ def _norm_model(name: str, m: ModelDims, q) -> list[Setting]:
     return [Setting(name, {"x": (t, m.d), "w": (m.d,)}, {"eps": 1e-6}) for t in (1, PREFILL_TOKENS)]
 
 
+def _with_y(s: Setting) -> Setting:
+    """A norm setting with a second operand y of x's shape (the fused residual add)."""
+    return Setting(s.size, {**s.shapes, "y": s.shapes["x"]}, s.params)
+
+
 def _ref_norm(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[str, str]) -> torch.Tensor:
     x = i["x"].double()
     return x / torch.sqrt((x * x).mean(-1, keepdim=True) + p["eps"]) * i["w"].double()
@@ -475,6 +480,10 @@ HARNESS: dict[str, OpHarness] = {
         lambda size, q: _mnk_settings(size, _mnk_for(size, q)), _qmatmul_model, _build_qmatmul, _ref_qmatmul
     ),
     "RMSNorm": OpHarness(_norm_settings, _norm_model, _build_floats, _ref_norm),
+    "AddRMSNorm": OpHarness(
+        lambda size, q: [_with_y(x) for x in _norm_settings(size, q)],
+        lambda name, m, q: [_with_y(x) for x in _norm_model(name, m, q)],
+        _build_floats, lambda i, p, d: _ref_norm({"x": i["x"].double() + i["y"].double(), "w": i["w"]}, p, d)),
     "RoPE": OpHarness(_rope_settings, _rope_model, _build_rope, _ref_rope),
     "RowSelect": OpHarness(_select_settings, _select_model, _build_select,
                            lambda i, p, d: i["x"].double()[i["rows"].long()]),

@@ -127,6 +127,11 @@ OPS: dict[str, OpSpec] = {
                                                                                  "d": s["x"][-1]},
         ),
         OpSpec(
+            "AddRMSNorm", True, ("x", "y", "w"), ("eps",), ("rows", "d"),
+            "out = RMSNorm(x + y) (the residual add and the next norm, fused)",
+            lambda s, p: {"rows": _rows_of(s["x"]), "d": s["x"][-1]},
+        ),
+        OpSpec(
             "RoPE", False, ("x", "positions", "cos", "sin"), ("n_heads", "head_dim", "n_rot", "neox"),
             ("rows", "n"), "rotary position embedding of [rows, n_heads * head_dim] at positions (cos/sin tables)",
             lambda s, p: {"rows": s["x"][0], "n": p["n_heads"] * p["head_dim"]},

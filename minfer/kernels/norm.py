@@ -1,4 +1,6 @@
-"""RMSNorm: out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w.
+"""RMSNorm: out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w, alone or fused with the
+residual add before it (`add_rms_norm`: h = x + y, out = RMSNorm(h), and h written back where
+the caller asks, e.g. into x: one pass instead of an add kernel and a norm kernel).
 
 One program per row (a transformer row is at most a few thousand floats: it fits one program's
 registers), the whole row loaded once, the mean of squares reduced in f32 in the program, the
@@ -27,6 +29,47 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, D, stride_x, eps, BLOCK_D: tl.conste
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0)
     tl.store(out_ptr + row * D + cols, x * rstd * w, mask=mask)
+
+
+@triton.jit
+def _add_rms_norm_kernel(x_ptr, y_ptr, w_ptr, out_ptr, sum_ptr, D, eps, BLOCK_D: tl.constexpr, WRITE_SUM: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_D)
+    mask = cols < D
+    h = tl.load(x_ptr + row * D + cols, mask=mask, other=0.0) + tl.load(y_ptr + row * D + cols, mask=mask, other=0.0)
+    if WRITE_SUM:
+        tl.store(sum_ptr + row * D + cols, h, mask=mask)
+    rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / D + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+    tl.store(out_ptr + row * D + cols, h * rstd * w, mask=mask)
+
+
+def add_rms_norm(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor | None = None,
+                 sum_out: torch.Tensor | None = None) -> torch.Tensor:
+    """out [rows, d] f32 = RMSNorm(x + y) for contiguous f32 x, y [rows, d] (or [d]); with
+    `sum_out` (which may be x itself: the residual updated in place) x + y is stored there too."""
+    what = "add_rms_norm"
+    check_tensor(what, "w", w, (torch.float32,), ndim=1)
+    d = w.numel()
+    if not 1 <= d <= MAX_D:
+        raise UnsupportedError(f"{what}: d must be in 1..{MAX_D}, got {d}")
+    check_tensor(what, "x", x, (torch.float32,), ndim=(1, 2))
+    check_tensor(what, "y", y, (torch.float32,), ndim=(1, 2))
+    if x.shape != y.shape or x.shape[-1] != d:
+        raise UnsupportedError(f"{what}: x and y must both be [rows, {d}], got {tuple(x.shape)} and {tuple(y.shape)}")
+    if not (isinstance(eps, float | int) and eps >= 0):
+        raise UnsupportedError(f"{what}: eps must be a number >= 0, got {eps!r}")
+    device = check_device(what, x=x, y=y, w=w, out=out, sum_out=sum_out)
+    out = make_out(what, out, x.shape, torch.float32, device)
+    if sum_out is not None:
+        make_out(what, sum_out, x.shape, torch.float32, device)
+    rows = x.numel() // d
+    if rows:
+        block = triton.next_power_of_2(d)
+        _add_rms_norm_kernel[check_grid(what, (rows,))](
+            x, y, w, out, sum_out if sum_out is not None else out, d, float(eps), BLOCK_D=block,
+            WRITE_SUM=sum_out is not None, num_warps=4 if block <= 2048 else 8)
+    return out
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:

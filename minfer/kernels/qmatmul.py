@@ -365,19 +365,29 @@ class GemvConfig:
 
 
 MIN_PROGRAMS = 528  # 4 per H200 SM: fewer row tiles than this and K is split across programs
+SMALL_WEIGHTS = 1 << 22  # n * k at or below which a GEMV is latency-bound (SmolLM2, 0.5B attention)
+WIDE_ROWS = 16384  # rows from which the row tiles alone fill the GPU (gate+up, vocab projections)
 
 
 @functools.lru_cache(maxsize=256)
 def gemv_config(n: int, k: int) -> GemvConfig:
-    """The config for an [n, k] weight (measured on an H200, bench/NOTES.md): 32 rows per program;
-    when the row tiles cannot give every SM 4 programs (down projections: few rows, long K), K
-    is split across programs, about MIN_PROGRAMS in all (more splits cost more than they give)."""
-    cfg = GemvConfig()
+    """The config for an [n, k] weight, from the H200 sweep of bench/gemv_sweep.py (bench/NOTES.md,
+    2026-12-01): small weights take smaller, more numerous programs (16 rows, 8 lanes along K);
+    wide ones (>= 16384 rows) 2 warps per program and no split; the rest split K across programs
+    so the row tiles x splits reach about 2 (k <= 4096: 2 warps, up to 8 splits) or 1.5 (long K:
+    4 warps, up to 6 splits) times MIN_PROGRAMS."""
+    if n * k <= SMALL_WEIGHTS:
+        return GemvConfig(r=2, lr=4, wk=4)
+    if n >= WIDE_ROWS:
+        return GemvConfig(wk=2)
+    long_k = k > 4096
+    wk = 2 if 2048 <= k <= 4096 else 4
+    cfg = GemvConfig(wk=wk)
     tiles = cdiv(n, cfg.block_n)
     max_split = (k // Q4_0.block_elems) // (2 * cfg.block_kb)  # each split >= 2 K steps
-    if tiles < MIN_PROGRAMS and max_split >= 2:
-        return GemvConfig(split=max(2, min(MIN_PROGRAMS // tiles, max_split)))
-    return cfg
+    target = (3 * MIN_PROGRAMS // 2 if long_k else 2 * MIN_PROGRAMS) // tiles
+    split = min(6 if long_k else 8, target, max_split if long_k else max_split + 1)
+    return GemvConfig(wk=wk, split=split) if split >= 2 else cfg
 
 
 def _split_plan(cfg: GemvConfig, n: int, k: int) -> tuple[int, int, int]:

@@ -99,6 +99,11 @@ def test_every_node_is_picked_through_a_contract(pair):
     assert all(set(k.split("+")) <= registered for k in kernels)
     ops = {r["op"] for r in be.plan_rows()}
     assert ops == {"GetRows", "RMSNorm", "MatMul", "RoPE", "Attention", "Add", "SwiGLU"}
+    # every residual add that feeds a norm runs fused with it (one kernel), the last one alone
+    adds = [r for r in be.plan_rows() if r["op"] == "Add"]
+    assert [r["kernel"] for r in adds] == ["add_rms_norm"] * (len(adds) - 1) + ["add_f32"]
+    norms = [r for r in be.plan_rows() if r["op"] == "RMSNorm"]
+    assert len(norms) == 2  # the first layer's (after the embedding) and the output norm
 
 
 def test_a_node_no_contract_accepts_is_a_load_error(tiny_gguf):

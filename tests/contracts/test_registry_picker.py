@@ -31,6 +31,7 @@ LAUNCHERS = {
     "int4_gemv": qmatmul.int4_gemv,
     "swiglu_rows": elementwise.swiglu_rows,
     "rms_norm": norm.rms_norm,
+    "add_rms_norm": norm.add_rms_norm,
     "rope": rope.rope,
     "attention_rows": attention.attention_rows,
     "attention_sdpa": torch_ops.attention_sdpa,

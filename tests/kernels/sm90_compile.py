@@ -93,6 +93,10 @@ def variants():
         block = 1 << (d - 1).bit_length()
         out.append((f"rms_norm[{d}]", norm._rms_norm_kernel, sig, {"BLOCK_D": block},
                     {"num_warps": 4 if block <= 2048 else 8}))
+    sig = {"x_ptr": "*fp32", "y_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32", "sum_ptr": "*fp32", "D": "i32",
+           "eps": "fp32", "BLOCK_D": c, "WRITE_SUM": c}
+    out.append(("add_rms_norm[3584]", norm._add_rms_norm_kernel, sig, {"BLOCK_D": 4096, "WRITE_SUM": True},
+                {"num_warps": 8}))
     sig = {"x_ptr": "*fp32", "pos_ptr": "*i32", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "out_ptr": "*fp32",
            "stride_x": "i32", "N": "i32", "HD": "i32", "HALF": "i32", "NEOX": c, "BLOCK_HALF": c, "BLOCK_HD": c}
     for neox, hd in ((False, 64), (True, 128)):

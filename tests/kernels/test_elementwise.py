@@ -102,3 +102,18 @@ def test_invariants(device, gen):
 def test_empty(device):
     x = torch.empty(0, 5, device=device)
     assert ew.add_f32(x, x).shape == (0, 5)
+
+
+def test_add_rms_norm_writes_the_sum_where_asked(device, gen, check):
+    from minfer.kernels.norm import add_rms_norm, rms_norm
+
+    x, y = torch.randn(3, 40, generator=gen).to(device), torch.randn(3, 40, generator=gen).to(device)
+    w = torch.randn(40, generator=gen).to(device)
+    want_sum = x.double() + y.double()
+    want = want_sum / torch.sqrt((want_sum ** 2).mean(-1, keepdim=True) + 1e-5) * w.double()
+    x0 = x.clone()
+    pure = add_rms_norm(x, y, w, 1e-5)
+    assert check.rel_err(pure, want) < 1e-6 and torch.equal(x, x0)  # without sum_out, x is not touched
+    out = add_rms_norm(x, y, w, 1e-5, sum_out=x)  # the residual updated in place
+    assert torch.equal(out, pure) and torch.equal(x, x0 + y)
+    assert torch.equal(rms_norm(x, w, 1e-5), out)  # the same as the two kernels one after the other
