@@ -57,3 +57,19 @@ def test_perplexity_prints_chunks_and_final(tiny_gguf, capsys, tmp_path):
 def test_perplexity_unreadable_file(tiny_gguf, tmp_path, capsys):
     rc, _, err = _run(["perplexity", "-m", str(tiny_gguf()), str(tmp_path / "missing.txt")], capsys)
     assert rc == 2 and "cannot read" in err
+
+
+def test_bench_reports_the_table_and_json(tiny_gguf, capsys):
+    import json
+
+    rc, out, err = _run(["bench", "-m", str(tiny_gguf()), "-p", "32", "-n", "6", "-b", "1,3", "-r", "1"], capsys)
+    assert rc == 0
+    for test in ("pp32", "tg6", "b1", "b3"):
+        assert re.search(rf"\b{test}\s+[\d.]+ ±", out), out
+    assert "copy bandwidth" in err
+    rc, out, _ = _run(["bench", "-m", str(tiny_gguf()), "-p", "16", "-n", "4", "-r", "2", "--json"], capsys)
+    doc = json.loads(out)
+    tg = next(r for r in doc["results"] if r["test"] == "tg4")
+    assert rc == 0 and len(tg["runs"]) == 2 and tg["tok_s"] > 0 and tg["gbs"] > 0 and doc["weight_bytes_per_token"] > 0
+    rc, _, err = _run(["bench", "-m", str(tiny_gguf()), "-r", "0"], capsys)
+    assert rc == 2 and "-r must be >= 1" in err

@@ -127,16 +127,22 @@ def test_invariants(device, gen):
 
 
 def test_gemv_config_choice():
-    """Rows fill the GPU for up / gate / vocab projections; long-K down projections split K into
-    about MIN_PROGRAMS programs; short K is never split."""
-    for n, k in [(18944, 3584), (152064, 3584), (4864, 896)]:
-        assert qmatmul.gemv_config(n, k).split == 1
-    cfg = qmatmul.gemv_config(3584, 18944)  # 112 row tiles of 32 rows
-    assert cfg.block_n == 32 and cfg.split == qmatmul.MIN_PROGRAMS // 112
-    assert qmatmul.gemv_config(576, 1536).split == 1  # 48 blocks: too few K steps to split
-    small = qmatmul.gemv_config(64, 2048)  # 2 row tiles, 64 blocks: 2 splits of 2 K steps each
-    packed = repack_q4_0(torch.zeros(64 * 2048 // 32 * 18, dtype=torch.uint8), 64, 2048)
-    assert small.split == 2 and packed.partials.numel() == 2 * 64 and packed.counters.numel() == 64
+    """The H200 sweep's rules (bench/NOTES.md): wide weights (>= 16384 rows) fill the GPU with row
+    tiles alone, 2 warps, no split; mid-size ones with k <= 4096 split K up to 8 ways at 2 warps;
+    long-K down projections up to 6 ways at 4 warps; small (latency-bound) ones take 16-row tiles."""
+    for n, k in [(18944, 3584), (152064, 3584), (37888, 3584)]:
+        cfg = qmatmul.gemv_config(n, k)
+        assert (cfg.wk, cfg.split) == (2, 1)
+    down = qmatmul.gemv_config(3584, 18944)  # 112 row tiles of 32 rows
+    assert (down.block_n, down.wk, down.split) == (32, 4, 6)
+    qkv = qmatmul.gemv_config(4608, 3584)
+    assert (qkv.wk, qkv.split) == (2, 7)
+    small = qmatmul.gemv_config(576, 1536)
+    assert (small.r, small.lr, small.split, small.block_n) == (2, 4, 1, 8)
+    mid = qmatmul.gemv_config(2048, 4096)  # 64 row tiles, 128 blocks: 8 splits of 2 K steps
+    packed = repack_q4_0(torch.zeros(2048 * 4096 // 32 * 18, dtype=torch.uint8), 2048, 4096)
+    assert mid.split == 8 and qmatmul._split_plan(mid, 2048, 4096)[1] == 8
+    assert packed.partials.numel() == 8 * 2048 and packed.counters.numel() == 2048
 
 
 def test_matmul_config_pruning():

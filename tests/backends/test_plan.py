@@ -1,0 +1,56 @@
+"""`minfer plan`: every node of every preset's graph resolves to a contract on cuda, from the
+header alone (no weights read, no GPU), and the command prints the prediction."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from minfer.backends.cuda import CUDABackend
+from minfer.cli import main
+from minfer.config import EngineConfig
+from minfer.gguf.reader import GGUFReader
+from minfer.gguf.synth import PRESETS, QUANTS, synth
+from minfer.graph.passes import optimize
+from minfer.models import registry as models
+
+BIG = {"qwen2.5-7b", "llama3-8b"}  # f16 / f32 files of these (15-32 GB) are more than a CI machine can map
+CASES = [(p, q) for p in sorted(PRESETS) for q in QUANTS if not (p in BIG and q in ("f16", "f32"))]
+
+
+@pytest.fixture(scope="module")
+def headers(tmp_path_factory):
+    root = tmp_path_factory.mktemp("headers")
+    return {(p, q): synth(p, q, root / f"{p}-{q}.gguf", header_only=True) for p, q in CASES}
+
+
+@pytest.mark.parametrize("preset, quant", CASES)
+def test_every_node_of_every_preset_resolves(headers, preset, quant):
+    with GGUFReader(headers[preset, quant]) as reader:
+        _, graph = models.build(reader)
+        graph = optimize(graph)
+        be = CUDABackend(EngineConfig(device="cuda"), plan_only=True)
+        be.load(graph, reader, progress=False, upload=False)
+    for rows, prefill in ((1, False), (16, False), (512, True)):
+        plan = be.plan_rows(rows, prefill)
+        assert plan and all(math.isfinite(r["cost_ns"]) and r["cost_ns"] > 0 for r in plan)
+    kernels = {r["kernel"] for r in be.plan_rows(1)}
+    if quant == "q4_0":
+        assert "q4_0_gemv" in kernels
+    if quant in ("q4_1", "q4_k"):
+        assert "int4_gemv" in kernels
+
+
+def test_plan_command_prints_kernels_and_prediction(headers, capsys):
+    path = headers["qwen2.5-7b", "q4_0"]
+    assert main(["plan", "-m", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "q4_0_gemv" in out and "attention_rows" in out and "add_rms_norm" in out
+    assert "predicted:" in out and "tok/s" in out
+    assert main(["plan", "-m", str(path), "--prefill", "512", "--json"]) == 0
+    import json
+
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["predicted_tok_s"] > 0 and {n["kernel"] for n in doc["nodes"]} >= {"linear_f16", "attention_sdpa"}
+    assert main(["plan", "-m", str(path), "-b", "0"]) == 2
