@@ -62,7 +62,8 @@ MAX_CTX = 1 << 20  # a context beyond a million tokens per sequence is refused b
 MAX_SLOTS = 1024
 
 
-def _int(name: str, v, lo: int, hi: int | None = None, none_ok: bool = True) -> None:
+def check_int(name: str, v, lo: int, hi: int | None = None, none_ok: bool = False) -> None:
+    """ParamError unless v is an integer in [lo, hi] (or None, when none_ok)."""
     if v is None and none_ok:
         return
     if isinstance(v, bool) or not isinstance(v, numbers.Integral):
@@ -96,11 +97,11 @@ class EngineConfig:
     def __post_init__(self):
         if not isinstance(self.device, str) or not self.device:
             raise ParamError("device", f"must be a device name such as 'cpu' or 'cuda', got {self.device!r}")
-        _int("n_ctx", self.n_ctx, 1, MAX_CTX)
-        _int("n_slots", self.n_slots, 1, MAX_SLOTS)
-        _int("prefill_chunk", self.prefill_chunk, 1, MAX_CTX, none_ok=False)
-        _int("max_batch_tokens", self.max_batch_tokens, 1, MAX_CTX + MAX_SLOTS)
-        _int("threads", self.threads, 1, 4096)
+        check_int("n_ctx", self.n_ctx, 1, MAX_CTX, none_ok=True)
+        check_int("n_slots", self.n_slots, 1, MAX_SLOTS, none_ok=True)
+        check_int("prefill_chunk", self.prefill_chunk, 1, MAX_CTX)
+        check_int("max_batch_tokens", self.max_batch_tokens, 1, MAX_CTX + MAX_SLOTS, none_ok=True)
+        check_int("threads", self.threads, 1, 4096, none_ok=True)
         if self.kv_dtype not in KV_DTYPES:
             raise ParamError("kv_dtype", f"must be one of {', '.join(KV_DTYPES)}, got {self.kv_dtype!r}")
         if self.trace_path is not None and not isinstance(self.trace_path, str | os.PathLike):

@@ -20,7 +20,7 @@ from typing import Protocol
 
 import torch
 
-from ..errors import MinferError
+from ..errors import ContextOverflowError, MinferError
 from ..gguf.reader import GGUFReader
 from ..graph.ir import Graph
 
@@ -85,6 +85,15 @@ class Batch:
         """One sequence's `tokens` at positions start..; logits of `rows` (default: the last)."""
         rows = range(len(tokens) - 1, len(tokens)) if rows is None else rows
         return cls.build([(slot, start, list(tokens))], list(rows), device=device)
+
+    def check(self, n_slots: int, n_ctx: int) -> None:
+        """Typed errors for a span outside the cache: a slot past n_slots, positions past n_ctx."""
+        for s in self.spans:
+            if not 0 <= s.slot < n_slots:
+                raise MinferError(f"batch: slot {s.slot} outside 0..{n_slots - 1}")
+            if s.start < 0 or s.end > n_ctx:
+                raise ContextOverflowError(f"positions {s.start}..{s.end - 1} do not fit the context of {n_ctx} "
+                                           "tokens")
 
     @property
     def n_tokens(self) -> int:

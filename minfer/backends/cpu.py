@@ -18,7 +18,7 @@ import os
 import torch
 
 from ..config import EngineConfig
-from ..errors import ContextOverflowError, MinferError, ModelError, UnsupportedError
+from ..errors import MinferError, ModelError, UnsupportedError
 from ..gguf.reader import GGUFReader
 from ..graph.ir import Graph, Node, Op, WeightRef
 from . import cpu_ops
@@ -245,12 +245,7 @@ class CPUBackend:
         cache = self.cache
         if cache is None:
             raise ModelError("cpu backend: allocate() the KV cache before running a step")
-        for s in batch.spans:
-            if not 0 <= s.slot < cache.n_slots:
-                raise MinferError(f"batch: slot {s.slot} outside 0..{cache.n_slots - 1}")
-            if s.start < 0 or s.end > cache.n_ctx:
-                raise ContextOverflowError(f"positions {s.start}..{s.end - 1} do not fit the context of "
-                                           f"{cache.n_ctx} tokens")
+        batch.check(cache.n_slots, cache.n_ctx)
         with torch.inference_mode():  # no autograd bookkeeping: a third less per-op overhead
             parts = batch.split()
             if len(parts) == 1:

@@ -26,7 +26,7 @@ import torch
 from ..config import EngineConfig
 from ..contracts.picker import candidates
 from ..contracts.registry import BoundKernel, Registry, default_registry
-from ..errors import ContextOverflowError, MinferError, ModelError, NoKernelError, UnsupportedError
+from ..errors import MinferError, ModelError, NoKernelError, UnsupportedError
 from ..gguf.reader import GGUFReader
 from ..graph.ir import Graph, Node, Op, WeightRef
 from ..kernels._common import interpreting
@@ -423,12 +423,7 @@ class CUDABackend:
         cache = self.cache
         if cache is None:
             raise ModelError("cuda backend: allocate() the KV cache before running a step")
-        for s in batch.spans:
-            if not 0 <= s.slot < self.n_slots:
-                raise MinferError(f"batch: slot {s.slot} outside 0..{self.n_slots - 1}")
-            if s.start < 0 or s.end > cache.n_ctx:
-                raise ContextOverflowError(f"positions {s.start}..{s.end - 1} do not fit the context of "
-                                           f"{cache.n_ctx} tokens")
+        batch.check(self.n_slots, cache.n_ctx)
         with torch.inference_mode():
             parts = batch.split()
             if len(parts) == 1:

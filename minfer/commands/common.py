@@ -55,6 +55,8 @@ def add_model_args(p: argparse.ArgumentParser, *, slots: bool = False) -> None:
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: the physical cores)")
     p.add_argument("--prefill-chunk", type=int, default=_EC["prefill_chunk"],
                    help=f"prompt tokens per step (default {_EC['prefill_chunk']})")
+    p.add_argument("--kv-cache", default=_EC["kv_dtype"], metavar="TYPE",
+                   help="KV cache type: auto (cpu f32, cuda f16), f32, f16 (default auto)")
     if slots:
         p.add_argument("-np", "--parallel", dest="parallel", type=int, default=None,
                        help="sequences decoded at once (default: up to 4, as memory allows)")
@@ -96,7 +98,7 @@ def sampling(a: argparse.Namespace) -> SamplingParams:
 def engine_config(a: argparse.Namespace, **extra) -> EngineConfig:
     """The flags (and MINFER_* switches) as the EngineConfig the model will load with."""
     settings = dict(device=a.device, n_ctx=a.ctx, threads=a.threads, prefill_chunk=a.prefill_chunk,
-                    n_slots=getattr(a, "parallel", None))
+                    n_slots=getattr(a, "parallel", None), kv_dtype=a.kv_cache)
     settings.update(extra)
     with flag_errors():
         return EngineConfig.from_env(**settings)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass, field, fields
 
+from ..config import check_int
 from ..errors import ParamError
 
 MAX_STOPS = 16
@@ -27,13 +28,6 @@ def _num(name: str, v, lo: float | None = None, hi: float | None = None, lo_open
         raise ParamError(name, f"must be {'>' if lo_open else '>='} {lo}, got {v}")
     if hi is not None and v > hi:
         raise ParamError(name, f"must be <= {hi}, got {v}")
-
-
-def _int(name: str, v, lo: int, hi: int | None = None) -> None:
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-        raise ParamError(name, f"must be an integer, got {v!r}")
-    if v < lo or (hi is not None and v > hi):
-        raise ParamError(name, f"must be >= {lo}" + (f" and <= {hi}" if hi is not None else "") + f", got {v}")
 
 
 @dataclass(frozen=True)
@@ -53,17 +47,17 @@ class SamplingParams:
 
     def __post_init__(self):
         if self.max_tokens is not None:
-            _int("max_tokens", self.max_tokens, 0)
+            check_int("max_tokens", self.max_tokens, 0)
         _num("temperature", self.temperature, 0.0)
-        _int("top_k", self.top_k, 0)
+        check_int("top_k", self.top_k, 0)
         _num("top_p", self.top_p, 0.0, 1.0, lo_open=True)
         _num("min_p", self.min_p, 0.0, 1.0)
         _num("repeat_penalty", self.repeat_penalty, 0.0, lo_open=True)
-        _int("repeat_last_n", self.repeat_last_n, 0)
+        check_int("repeat_last_n", self.repeat_last_n, 0)
         _num("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
         _num("presence_penalty", self.presence_penalty, -2.0, 2.0)
         if self.seed is not None:
-            _int("seed", self.seed, 0, 2**64 - 1)
+            check_int("seed", self.seed, 0, 2**64 - 1)
         if not isinstance(self.ignore_eos, bool):
             raise ParamError("ignore_eos", f"must be true or false, got {self.ignore_eos!r}")
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
