@@ -17,8 +17,6 @@ splits past a row's position exit at once.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
@@ -209,7 +207,3 @@ def attention_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: t
         _attn_combine_kernel[check_grid(what, (rows, n_head))](
             po, pml, out, n_head, hd, nsplit, SP=triton.next_power_of_2(nsplit), BLOCK_D=block_d, num_warps=1)
     return out
-
-
-def default_scale(head_dim: int) -> float:
-    return 1.0 / math.sqrt(head_dim)

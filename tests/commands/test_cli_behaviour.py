@@ -3,21 +3,12 @@ loads and named in errors, prompts from -p / -f / stdin, warnings, Ctrl-C in cha
 
 from __future__ import annotations
 
-import io
 import subprocess
 import sys
 
 import pytest
 
-from minfer.cli import main
-
-
-def _run(argv, capsys, stdin: str | None = None, monkeypatch=None):
-    if stdin is not None:
-        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
-    rc = main(argv)
-    out, err = capsys.readouterr()
-    return rc, out, err
+from minfer.cli import main  # noqa: F401  (some tests call it directly)
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["inspect"], ["run", "--help"], ["kernels", "--help"]])
@@ -43,48 +34,48 @@ def test_help_and_inspect_do_not_import_torch(argv, smollm2_path):
     (["--repeat-penalty", "0"], "--repeat-penalty must be > 0.0"),
     (["--presence-penalty", "9"], "--presence-penalty must be <= 2.0"),
 ])
-def test_bad_flags_fail_before_the_model_loads_and_name_the_flag(flags, message, tmp_path, capsys):
+def test_bad_flags_fail_before_the_model_loads_and_name_the_flag(run_cli, flags, message, tmp_path):
     missing = tmp_path / "no-such-model.gguf"  # never opened: the flags are checked first
-    rc, out, err = _run(["run", "-m", str(missing), *flags, "hello"], capsys)
+    rc, out, err = run_cli(["run", "-m", str(missing), *flags, "hello"])
     assert rc == 2 and message in err and "no-such-model" not in err, err
 
 
-def test_prompt_from_file_flag_and_stdin_agree(tiny_gguf, tmp_path, capsys, monkeypatch):
+def test_prompt_from_file_flag_and_stdin_agree(tiny_gguf, tmp_path, run_cli):
     model = str(tiny_gguf())
     common = ["run", "-m", model, "-n", "5", "--temp", "0"]
     f = tmp_path / "p.txt"
     f.write_text("hello there")
-    outs = [_run(common + ["hello there"], capsys)[1], _run(common + ["-p", "hello there"], capsys)[1],
-            _run(common + ["-f", str(f)], capsys)[1],
-            _run(common + ["-"], capsys, stdin="hello there", monkeypatch=monkeypatch)[1]]
+    outs = [run_cli(common + ["hello there"])[1], run_cli(common + ["-p", "hello there"])[1],
+            run_cli(common + ["-f", str(f)])[1],
+            run_cli(common + ["-"], stdin="hello there")[1]]
     assert len(set(outs)) == 1 and outs[0].strip()
-    rc, _, err = _run(common + ["-p", "a", "b"], capsys)
+    rc, _, err = run_cli(common + ["-p", "a", "b"])
     assert rc == 2 and "give the prompt once" in err
-    rc, _, err = _run(common + ["-f", str(tmp_path / "nope.txt")], capsys)
+    rc, _, err = run_cli(common + ["-f", str(tmp_path / "nope.txt")])
     assert rc == 2 and "-f/--file" in err
 
 
-def test_context_past_training_warns(tiny_gguf, capsys):
-    rc, _, err = _run(["run", "-m", str(tiny_gguf()), "-c", "1024", "-n", "2", "--temp", "0", "hi"], capsys)
+def test_context_past_training_warns(run_cli, tiny_gguf):
+    rc, _, err = run_cli(["run", "-m", str(tiny_gguf()), "-c", "1024", "-n", "2", "--temp", "0", "hi"])
     assert rc == 0 and "warning: -c/--ctx-size 1024 is past the model's training context (512)" in err
-    rc, _, err = _run(["run", "-m", str(tiny_gguf()), "-c", "256", "-n", "2", "--temp", "0", "hi"], capsys)
+    rc, _, err = run_cli(["run", "-m", str(tiny_gguf()), "-c", "256", "-n", "2", "--temp", "0", "hi"])
     assert rc == 0 and "warning" not in err
 
 
-def test_ignore_eos_and_unlimited_tokens(tiny_gguf, capsys):
-    rc, _, err = _run(["run", "-m", str(tiny_gguf()), "-c", "24", "-n", "-1", "--ignore-eos", "--temp", "0",
-                       "hi"], capsys)
+def test_ignore_eos_and_unlimited_tokens(run_cli, tiny_gguf):
+    rc, _, err = run_cli(["run", "-m", str(tiny_gguf()), "-c", "24", "-n", "-1", "--ignore-eos", "--temp", "0",
+                       "hi"])
     assert rc == 0 and "stop: length" in err  # ran to the end of the 24-token context
 
 
-def test_minfer_trace_says_where_the_trace_went(tiny_gguf, tmp_path, capsys, monkeypatch):
+def test_minfer_trace_says_where_the_trace_went(tiny_gguf, tmp_path, run_cli, monkeypatch):
     path = tmp_path / "t.json"
     monkeypatch.setenv("MINFER_TRACE", str(path))
-    rc, _, err = _run(["run", "-m", str(tiny_gguf()), "-n", "2", "--temp", "0", "hi"], capsys)
+    rc, _, err = run_cli(["run", "-m", str(tiny_gguf()), "-n", "2", "--temp", "0", "hi"])
     assert rc == 0 and f"trace written to {path}" in err and path.stat().st_size > 0
 
 
-def test_chat_template_file_replaces_the_models(tiny_gguf, tmp_path, capsys, monkeypatch):
+def test_chat_template_file_replaces_the_models(tiny_gguf, tmp_path, run_cli, monkeypatch):
     import minfer.api
 
     seen = []
@@ -97,17 +88,16 @@ def test_chat_template_file_replaces_the_models(tiny_gguf, tmp_path, capsys, mon
     monkeypatch.setattr(minfer.api.Model, "chat_tokens", spy)
     tpl = tmp_path / "t.jinja"
     tpl.write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}ASSISTANT:")
-    rc, _, _ = _run(["chat", "-m", str(tiny_gguf()), "-n", "2", "--temp", "0", "--chat-template", str(tpl)],
-                    capsys, stdin="hello\n", monkeypatch=monkeypatch)
+    rc, _, _ = run_cli(["chat", "-m", str(tiny_gguf()), "-n", "2", "--temp", "0", "--chat-template", str(tpl)],
+                       stdin="hello\n")
     assert rc == 0 and seen == ["[user] hello\nASSISTANT:"]
     bad = tmp_path / "bad.jinja"
     bad.write_text("{% for %}")
-    rc, _, err = _run(["chat", "-m", str(tiny_gguf()), "--chat-template", str(bad)], capsys, stdin="",
-                      monkeypatch=monkeypatch)
+    rc, _, err = run_cli(["chat", "-m", str(tiny_gguf()), "--chat-template", str(bad)], stdin="")
     assert rc == 2 and "chat template syntax error" in err
 
 
-def test_ctrl_c_in_chat_stops_the_reply_not_the_session(tiny_gguf, capsys, monkeypatch):
+def test_ctrl_c_in_chat_stops_the_reply_not_the_session(tiny_gguf, run_cli, monkeypatch):
     import minfer.api
 
     real = minfer.api.Model.generate
@@ -125,7 +115,6 @@ def test_ctrl_c_in_chat_stops_the_reply_not_the_session(tiny_gguf, capsys, monke
         return pieces()
 
     monkeypatch.setattr(minfer.api.Model, "generate", interrupted)
-    rc, out, err = _run(["chat", "-m", str(tiny_gguf()), "-n", "3", "--temp", "0"], capsys,
-                        stdin="first\nsecond\n", monkeypatch=monkeypatch)
+    rc, out, err = run_cli(["chat", "-m", str(tiny_gguf()), "-n", "3", "--temp", "0"], stdin="first\nsecond\n")
     assert rc == 0 and "[stopped]" in err and len(calls) == 2
     assert calls[1][-2] == {"role": "assistant", "content": "partial"}  # the stopped reply stays in the history

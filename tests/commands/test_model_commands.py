@@ -2,74 +2,62 @@
 
 from __future__ import annotations
 
-import io
 import re
 
-from minfer.cli import main
 
-
-def _run(argv, capsys, stdin: str | None = None, monkeypatch=None):
-    if stdin is not None:
-        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
-    rc = main(argv)
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def test_run_default_model_streams_text_and_reports_speed(capsys):
-    rc, out, err = _run(["run", "-n", "6", "--temp", "0", "The capital of France is"], capsys)
+def test_run_default_model_streams_text_and_reports_speed(run_cli):
+    rc, out, err = run_cli(["run", "-n", "6", "--temp", "0", "The capital of France is"])
     assert rc == 0 and out.startswith(" Paris")
     assert re.search(r"prefill: \d+ tokens .* tok/s\) \| decode: 6 tokens .* tok/s\)", err)
 
 
-def test_run_with_trace(tiny_gguf, capsys, tmp_path):
+def test_run_with_trace(tiny_gguf, run_cli, tmp_path):
     trace = tmp_path / "t.json"
-    rc, out, _ = _run(["run", "-m", str(tiny_gguf()), "-n", "3", "--seed", "1", "--trace", str(trace), "hi"],
-                      capsys)
+    rc, out, _ = run_cli(["run", "-m", str(tiny_gguf()), "-n", "3", "--seed", "1", "--trace", str(trace), "hi"])
     assert rc == 0 and trace.stat().st_size > 0
 
 
-def test_chat_keeps_history_and_handles_commands(tiny_gguf, capsys, monkeypatch):
-    rc, out, err = _run(["chat", "-m", str(tiny_gguf()), "-n", "4", "--temp", "0", "--stats"], capsys,
-                        stdin="hello\n\n/reset\nagain\n/exit\nnever read\n", monkeypatch=monkeypatch)
+def test_chat_keeps_history_and_handles_commands(tiny_gguf, run_cli):
+    rc, out, err = run_cli(["chat", "-m", str(tiny_gguf()), "-n", "4", "--temp", "0", "--stats"],
+                             stdin="hello\n\n/reset\nagain\n/exit\nnever read\n")
     assert rc == 0
     assert "(history cleared)" in err
     assert err.count("decode:") == 2  # one stats line per reply: the empty line and /exit's tail got none
 
 
-def test_chat_reports_overflow_and_continues(tiny_gguf, capsys, monkeypatch):
+def test_chat_reports_overflow_and_continues(tiny_gguf, run_cli):
     argv = ["chat", "-m", str(tiny_gguf()), "-c", "24", "-n", "2", "--temp", "0", "--stats"]
-    rc, out, err = _run(argv, capsys, stdin="word " * 40 + "\nhi\n", monkeypatch=monkeypatch)
+    rc, out, err = run_cli(argv, stdin="word " * 40 + "\nhi\n")
     assert rc == 0 and "error:" in err and "/reset" in err
     assert err.count("decode:") == 1  # the second message still got its reply
 
 
-def test_perplexity_prints_chunks_and_final(tiny_gguf, capsys, tmp_path):
+def test_perplexity_prints_chunks_and_final(tiny_gguf, run_cli, tmp_path):
     text = tmp_path / "t.txt"
     text.write_text("the quick brown fox jumps over the lazy dog. " * 40)
-    rc, out, _ = _run(["perplexity", "-m", str(tiny_gguf()), "--chunk", "64", str(text)], capsys)
+    rc, out, _ = run_cli(["perplexity", "-m", str(tiny_gguf()), "--chunk", "64", str(text)])
     assert rc == 0
     assert re.search(r"\[1/\d+\] running PPL = [\d.]+", out)
     m = re.search(r"PPL = ([\d.]+) \+/- ([\d.]+)", out)
     assert m and float(m.group(1)) > 1
 
 
-def test_perplexity_unreadable_file(tiny_gguf, tmp_path, capsys):
-    rc, _, err = _run(["perplexity", "-m", str(tiny_gguf()), str(tmp_path / "missing.txt")], capsys)
+def test_perplexity_unreadable_file(run_cli, tiny_gguf, tmp_path):
+    rc, _, err = run_cli(["perplexity", "-m", str(tiny_gguf()), str(tmp_path / "missing.txt")])
     assert rc == 2 and "cannot read" in err
 
 
-def test_bench_reports_the_table_and_json(tiny_gguf, capsys):
+def test_bench_reports_the_table_and_json(run_cli, tiny_gguf):
     import json
 
-    rc, out, err = _run(["bench", "-m", str(tiny_gguf()), "-p", "32", "-n", "6", "-b", "1,3", "-r", "1"], capsys)
+    rc, out, err = run_cli(["bench", "-m", str(tiny_gguf()), "-p", "32", "-n", "6", "-b", "1,3", "-r", "1"])
     assert rc == 0
     for test in ("pp32", "tg6", "b1", "b3"):
         assert re.search(rf"\b{test}\s+[\d.]+ ±", out), out
     assert "copy bandwidth" in err
-    rc, out, _ = _run(["bench", "-m", str(tiny_gguf()), "-p", "16", "-n", "4", "-r", "2", "--json"], capsys)
+    rc, out, _ = run_cli(["bench", "-m", str(tiny_gguf()), "-p", "16", "-n", "4", "-r", "2", "--json"])
     doc = json.loads(out)
     tg = next(r for r in doc["results"] if r["test"] == "tg4")
     assert rc == 0 and len(tg["runs"]) == 2 and tg["tok_s"] > 0 and tg["gbs"] > 0 and doc["weight_bytes_per_token"] > 0
-    rc, _, err = _run(["bench", "-m", str(tiny_gguf()), "-r", "0"], capsys)
+    rc, _, err = run_cli(["bench", "-m", str(tiny_gguf()), "-r", "0"])
     assert rc == 2 and "-r must be >= 1" in err
