@@ -111,21 +111,17 @@ def main() -> None:
         if str(node.op) == "MatMul":
             roles[node.name.split(".")[-1]].append(node)
     for role, nodes in roles.items():
-        calls = []
-        for node in nodes:
-            w = node.weights["w"]
-            k, n = w.shape
-            kern = be.choices[node.id]["row"].kernel
-            calls.append((kern, be._laid_out(kern, w, n, k), n, k, be._types(w)))
-        kern, _, n, k, qtype = calls[0]
+        calls = [be.matmul_args(node) for node in nodes]
+        kern, args = calls[0]
+        n, k = args["n"], args["k"]
         x = torch.randn(1, k, device="cuda")
-        for c in calls[:2]:
-            c[0](x=x, w=c[1], n=c[2], k=c[3], qtype=c[4])
+        for kn, a in calls[:2]:
+            kn(x=x, **a)
         torch.cuda.synchronize()
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
-            for c in calls:
-                c[0](x=x, w=c[1], n=c[2], k=c[3], qtype=c[4])
+            for kn, a in calls:
+                kn(x=x, **a)
         g.replay()
         torch.cuda.synchronize()
         e0.record()

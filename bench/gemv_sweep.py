@@ -27,11 +27,11 @@ CONFIGS = [GemvConfig(r=r, lr=lr, wk=wk, split=s)
 
 def time_calls(calls, cfg, x) -> float:
     def run():
-        for _kern, w, n, k, qtype in calls:
-            if isinstance(w, Int4Packed):
-                int4_gemv(x, w, n, k, qtype, config=cfg)
+        for _kern, a in calls:
+            if isinstance(a["w"], Int4Packed):
+                int4_gemv(x, a["w"], a["n"], a["k"], a["qtype"], config=cfg)
             else:
-                q4_0_gemv(x, w, n, k, config=cfg)
+                q4_0_gemv(x, a["w"], a["n"], a["k"], config=cfg)
 
     run()
     torch.cuda.synchronize()
@@ -66,13 +66,8 @@ def main() -> None:
                 if kern.name in ("q4_0_gemv", "int4_gemv"):
                     roles[node.name.split(".")[-1]].append(node)
         for role, nodes in roles.items():
-            calls = []
-            for node in nodes:
-                w = node.weights["w"]
-                k, n = w.shape
-                kern = be.choices[node.id]["row"].kernel
-                calls.append((kern, be._laid_out(kern, w, n, k), n, k, be._types(w)))
-            n, k = calls[0][2], calls[0][3]
+            calls = [be.matmul_args(node) for node in nodes]
+            n, k = calls[0][1]["n"], calls[0][1]["k"]
             wbytes = sum(m.reader.tensors[t.name].nbytes for t in nodes[0].weights["w"].tensors)
             x = torch.randn(1, k, device="cuda")
             results = []

@@ -294,11 +294,25 @@ class CUDABackend:
         table = self._raw(w.name) if self.upload else None
         return (lambda vals, st: run[st.kind](weight_u8=table, ids=vals[i], **params)), run
 
+    def _matmul_type(self, w: WeightRef) -> GGMLType:
+        """The type a matmul kernel reads W as: its storage type, or F16 for mixed parts (their
+        dense f16 copy)."""
+        qtype = self._types(w)
+        return qtype if qtype is not None else GGMLType.F16
+
+    def matmul_args(self, node: Node, kind: str = "row") -> tuple[BoundKernel, dict]:
+        """The kernel a MatMul node runs for `kind` and its arguments but x, the weight in the
+        kernel's layout: `kernel(x=x, **args)` is the compiled step's call (for benchmarks that
+        time one projection alone)."""
+        w = node.weights["w"]
+        k, n = w.shape
+        kernel = self.choices[node.id][kind].kernel
+        return kernel, {"w": self._laid_out(kernel, w, n, k), "n": n, "k": k, "qtype": self._matmul_type(w)}
+
     def _compile_matmul(self, node: Node):
         w = node.weights["w"]
         k, n = w.shape
-        qtype = self._types(w)
-        wq = qtype if qtype is not None else GGMLType.F16  # mixed parts: their dense f16 copy
+        wq = self._matmul_type(w)
         run = self._picks(node, Call("QMatMul", {"x": "F32", "w": _contract_name(wq)},
                                      lambda m: {"x": (m, k), "w": (n, k)}, {"n": n, "k": k, "qtype": wq},
                                      prefer_quantized=self.config.mmq))

@@ -129,3 +129,23 @@ def test_a_node_no_contract_accepts_is_a_load_error(tiny_gguf):
     be = CUDABackend(EngineConfig(device="cuda"), registry=crippled)
     with pytest.raises(NoKernelError, match=r"node 'blk.0.attn_norm' \(RMSNorm\).*dtypes .*'x': 'F32'"):
         be.load(optimize(graph), reader, progress=False)
+
+
+def test_a_projection_alone_is_the_compiled_steps_matmul(pair):
+    """`matmul_args` (what the GEMV benchmarks time) computes x @ W.T for a fused and a plain weight."""
+    from minfer.quant.reference import dequantize
+
+    cpu, gpu = pair("tiny-qwen2", "q4_k")
+    be, reader = gpu.engine.backend, gpu.reader
+    nodes = [n for n in gpu.engine.graph.nodes if str(n.op) == "MatMul"]
+    picked = [n for n in nodes if len(n.weights["w"].tensors) > 1][:1] + [nodes[-1]]
+    assert len(picked) == 2
+    for node in picked:
+        kernel, args = be.matmul_args(node)
+        parts = [dequantize(torch.from_numpy(reader.tensor_bytes(t.name)), reader.tensors[t.name].ggml_type,
+                            tuple(reader.tensors[t.name].torch_shape)).float() for t in node.weights["w"].tensors]
+        w = torch.cat(parts)
+        assert tuple(w.shape) == (args["n"], args["k"])
+        x = torch.randn(1, args["k"], generator=torch.Generator().manual_seed(node.id))
+        got = kernel(x=x.to(be.device), **args)
+        assert _rel(got, x @ w.T) < TOL
