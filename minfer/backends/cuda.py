@@ -12,6 +12,11 @@ RoPE tables. `forward` runs a batch: decode steps replay a CUDA graph captured o
 bucket (1, 2, 4, ..., 64; rows padded up to the bucket), everything else runs the plan eagerly.
 A step that mixes decode rows with a prompt chunk runs the two parts separately.
 
+`decode_greedy` launches a decode step whose tokens are picked on the device (the Argmax
+contract, inside the captured graph) and returns at once; given the step before it, it reads
+that step's picked tokens on the device, so the engine can queue step N+1 before it has read
+step N's tokens: the GPU never waits for the host between greedy decode steps.
+
 Under the Triton interpreter (TRITON_INTERPRET=1, CI) the same backend runs on CPU tensors,
 without graphs: every GPU code path of it is exercised at small sizes without a GPU.
 """
@@ -89,6 +94,87 @@ class _Describe:
     kind = "row"
 
 
+class GreedyStep:
+    """A launched greedy decode step (`CUDABackend.decode_greedy`): its picked tokens, on the
+    device, and (graphs) their pinned host copy with the event that says it has landed."""
+
+    __slots__ = ("rows", "picked", "host", "done")
+
+    def __init__(self, rows: int, picked: torch.Tensor, host: torch.Tensor | None = None, done=None):
+        self.rows, self.picked, self.host, self.done = rows, picked, host, done
+
+    def tokens(self) -> list[int]:
+        """The picked token of every row, in row order (waits for the step)."""
+        if self.done is None:
+            return self.picked[:self.rows].tolist()
+        self.done.synchronize()
+        return self.host[:self.rows].tolist()
+
+
+class _DecodeGraph:
+    """The decode step of `bucket` rows, captured once. Inputs: one int32 [3, bucket] device
+    buffer (tokens, positions, slots), filled from one of two pinned staging buffers by one copy
+    per step (two, so the host stages step N+1 while step N's copy may still be queued); outputs:
+    the logits and the picked tokens, copied to one of two pinned host buffers per step."""
+
+    def __init__(self, backend: CUDABackend, bucket: int):
+        dev = backend.device
+        self.bucket = bucket
+        self.io = torch.zeros(3, bucket, dtype=torch.int32, device=dev)
+        self.io[2].fill_(backend.pad_slot)
+        self.stages = [torch.zeros(3, bucket, dtype=torch.int32, pin_memory=True) for _ in range(2)]
+        self.hosts = [torch.zeros(bucket, dtype=torch.int32, pin_memory=True) for _ in range(2)]
+        self.copied = [torch.cuda.Event() for _ in range(2)]
+        self.turn = 0
+        self.static = {"tokens": self.io[0], "positions": self.io[1], "row_slots": self.io[2],
+                       "out_rows": torch.arange(bucket, dtype=torch.int32, device=dev)}
+        state = _State(self.static, True, bucket)
+        stream = torch.cuda.Stream()  # eager warm-up first: Triton compiles and autotunes outside the capture
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                backend._pick(x=backend.plan.run(state))
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        if backend._pool is None:
+            backend._pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(self.graph, pool=backend._pool):
+            self.out = backend.plan.run(state)
+            self.picked = backend._pick(x=self.out)
+        for e in self.copied:
+            e.record()
+
+    def launch(self, batch: Batch, pad_slot: int, after: GreedyStep | None = None) -> int:
+        """Stage the batch's inputs (tokens from `after`'s picked tokens, on the device, when
+        given), replay; returns the turn whose host buffer `pick_to_host` fills."""
+        b, turn = batch.n_tokens, self.turn
+        self.turn ^= 1
+        stage, copied = self.stages[turn], self.copied[turn]
+        copied.synchronize()  # this buffer's previous copy has left it
+        if after is None:
+            stage[0, :b].copy_(batch.tokens)
+        stage[1, :b].copy_(batch.positions)
+        stage[2, :b].copy_(batch.row_slots)
+        if b < self.bucket:  # padded rows: token 0 at position 0 of the spare slot
+            stage[:2, b:].zero_()
+            stage[2, b:].fill_(pad_slot)
+        if after is None:
+            self.io.copy_(stage, non_blocking=True)  # one host-to-device copy of the step's inputs
+        else:
+            self.io[1:].copy_(stage[1:], non_blocking=True)
+            self.io[0, :b].copy_(after.picked[:b])  # device to device: the host never saw them
+        copied.record()
+        self.graph.replay()
+        return turn
+
+    def pick_to_host(self, turn: int, rows: int) -> GreedyStep:
+        host = self.hosts[turn]
+        host.copy_(self.picked, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return GreedyStep(rows, self.picked, host, done)
+
+
 def _contract_name(t: GGMLType) -> str:
     return quant_info(t).contract_name
 
@@ -138,6 +224,9 @@ class CUDABackend:
         sync = torch.cuda.synchronize if self.on_gpu else None
         with torch.inference_mode():
             self.plan = Plan(graph, self._compile, progress=progress, sync=sync)
+        n_vocab = graph.meta["n_vocab"]
+        self.pick_call = Call("Argmax", {"x": "F32"}, lambda r: {"x": (r, n_vocab)}, {})
+        self._pick = self._choose(graph.nodes[-1], self.pick_call, 1).kernel
         if self.on_gpu:
             torch.cuda.synchronize()
 
@@ -455,49 +544,42 @@ class CUDABackend:
         spans = [(s.offset, s.slot, s.start, s.n_tokens) for s in batch.spans]
         return self.plan.run(_State(self._device_inputs(batch), decode, rows, spans), recorder)
 
-    def _replay(self, batch: Batch) -> torch.Tensor:
-        b = batch.n_tokens
-        bucket = next(x for x in BUCKETS if x >= b)
+    def _graph(self, rows: int) -> _DecodeGraph:
+        bucket = next(x for x in BUCKETS if x >= rows)
         if bucket not in self._graphs:
-            self._graphs[bucket] = self._capture(bucket)
-        graph, io, stage, copied, out, _ = self._graphs[bucket]
-        copied.synchronize()  # the previous step's copy has left the staging buffer
-        stage[0, :b].copy_(batch.tokens)
-        stage[1, :b].copy_(batch.positions)
-        stage[2, :b].copy_(batch.row_slots)
-        if b < bucket:  # padded rows: token 0 at position 0 of the spare slot
-            stage[:2, b:].zero_()
-            stage[2, b:].fill_(self.pad_slot)
-        io.copy_(stage, non_blocking=True)  # one host-to-device copy of the step's inputs
-        copied.record()
-        graph.replay()
-        return out[:b]
+            self._graphs[bucket] = _DecodeGraph(self, bucket)
+        return self._graphs[bucket]
 
-    def _capture(self, bucket: int):
-        """Capture the decode step of `bucket` rows once (eager warm-up first: Triton compiles and
-        autotunes outside the capture). Inputs: one int32 [3, bucket] device buffer (tokens,
-        positions, slots) filled from a pinned staging buffer by one copy per step."""
-        dev = self.device
-        io = torch.zeros(3, bucket, dtype=torch.int32, device=dev)
-        io[2].fill_(self.pad_slot)
-        stage = torch.zeros(3, bucket, dtype=torch.int32, pin_memory=True)
-        static = {"tokens": io[0], "positions": io[1], "row_slots": io[2],
-                  "out_rows": torch.arange(bucket, dtype=torch.int32, device=dev)}
-        state = _State(static, True, bucket)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self.plan.run(state)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self._pool):
-            out = self.plan.run(state)
-        copied = torch.cuda.Event()
-        copied.record()
-        return graph, io, stage, copied, out, static  # static: every input the graph reads stays alive
+    def _replay(self, batch: Batch) -> torch.Tensor:
+        g = self._graph(batch.n_tokens)
+        g.launch(batch, self.pad_slot)
+        return g.out[:batch.n_tokens]
+
+    def decode_greedy(self, batch: Batch, after: GreedyStep | None = None) -> GreedyStep:
+        """Launch a decode step of `batch` (one token per sequence, out_rows 0..B-1 in order) whose
+        next tokens are the argmax of its logits, picked on the device; return without waiting.
+        `after`: the launched step before it, of the same sequences in the same rows: this step's
+        input tokens are that step's picked tokens, read on the device (batch.tokens is ignored)."""
+        cache = self.cache
+        if cache is None:
+            raise ModelError("cuda backend: allocate() the KV cache before running a step")
+        batch.check(self.n_slots, cache.n_ctx)
+        b = batch.n_tokens
+        if batch.kind != "decode" or not torch.equal(batch.out_rows, torch.arange(b, dtype=torch.int32,
+                                                                                   device=batch.out_rows.device)):
+            raise MinferError("decode_greedy: the batch must be decode rows only, returning rows 0..B-1 in order")
+        if after is not None and after.rows != b:
+            raise MinferError(f"decode_greedy: the step before had {after.rows} rows, this one {b}")
+        with torch.inference_mode():
+            if self.use_graphs and b <= BUCKETS[-1]:
+                g = self._graph(b)
+                return g.pick_to_host(g.launch(batch, self.pad_slot, after), b)
+            inputs = self._device_inputs(batch)
+            if after is not None:
+                inputs["tokens"] = after.picked[:b]
+            spans = [(s.offset, s.slot, s.start, s.n_tokens) for s in batch.spans]
+            logits = self.plan.run(_State(inputs, True, b, spans))
+            return GreedyStep(b, self._pick(x=logits))
 
     def trace_graph(self) -> list[dict]:
         nodes = self.plan.trace_nodes(_Describe())

@@ -378,6 +378,25 @@ def _build_select(s: Setting, dtypes: dict[str, str], out_dtype: str | None, gen
     return {"x": _randn(s.shapes["x"], "F32", gen), "rows": rows}, {}
 
 
+_ARGMAX = {"tiny": [(1, 4)], "odd": [(3, 37)], "boundary": [(64, 1025), (2, 49153)]}
+
+
+def _argmax_settings(size: str, q) -> list[Setting]:
+    return [Setting(size, {"x": s}) for s in _ARGMAX[size]]
+
+
+def _argmax_model(name: str, m: ModelDims, q) -> list[Setting]:
+    return [Setting(name, {"x": (r, m.vocab)}) for r in (1, 16, 64)]
+
+
+def _build_argmax(s: Setting, dtypes: dict[str, str], out_dtype: str | None, gen) -> tuple[dict, dict]:
+    x = _randn(s.shapes["x"], "F32", gen)
+    x[0, -1] = x.max() + 1.0  # row 0's largest value last (the edge of the last tile)
+    if x.shape[1] > 1:
+        x[-1, :2] = x.max() + 2.0  # a tie: the first index of equal values wins
+    return {"x": x}, {}
+
+
 # ---- attention over the KV cache ----------------------------------------------------------------
 
 # (span lengths, n_head, n_head_kv, head_dim, n_ctx); each span is one sequence in its own slot
@@ -488,4 +507,6 @@ HARNESS: dict[str, OpHarness] = {
     "RowSelect": OpHarness(_select_settings, _select_model, _build_select,
                            lambda i, p, d: i["x"].double()[i["rows"].long()]),
     "Attention": OpHarness(_attn_settings, _attn_model, _build_attn, _ref_attn, _attn_reads),
+    "Argmax": OpHarness(_argmax_settings, _argmax_model, _build_argmax,
+                        lambda i, p, d: i["x"].double().argmax(-1).double()),
 }

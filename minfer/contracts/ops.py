@@ -148,6 +148,11 @@ OPS: dict[str, OpSpec] = {
             "RowSelect", False, ("x", "rows"), (), ("n_rows", "width"), "out[i, :] = x[rows[i], :]",
             lambda s, p: {"n_rows": _numel(s["rows"]), "width": s["x"][-1]},
         ),
+        OpSpec(
+            "Argmax", False, ("x",), (), ("rows", "width"),
+            "out[r] = the index of row r's largest value (the first of equal ones): greedy decoding's token",
+            lambda s, p: {"rows": _rows_of(s["x"]), "width": s["x"][-1]},
+        ),
     ]
 }
 

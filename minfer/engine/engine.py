@@ -6,7 +6,15 @@
 
 `step()` is the whole runtime: the scheduler forms one batch (every generating sequence's next
 token and at most one prompt chunk), the backend runs it, the scheduler hands each sequence its
-logits row to sample from. One sequence or a hundred take the same path. With a trace recorder
+logits row to sample from. One sequence or a hundred take the same path.
+
+Overlap (a backend with `decode_greedy`, EngineConfig.overlap): when every sequence of a decode
+step decodes greedily, the backend picks the tokens on the device, and before reading them the
+engine queues the next step, whose input tokens the device takes from the step before. The
+host's work on step N (reading its tokens, stop strings, text) then runs while the GPU computes
+step N+1, and the GPU does not wait for the host between steps. At most one step is in flight
+after `step()` returns; it is read by the next call. A sequence that ends by an end token or a
+stop string has run one speculative row past its end, which changes nothing it returns. With a trace recorder
 (MINFER_TRACE / EngineConfig.trace_path) each step is recorded node by node, with one token per
 sequence.
 """
@@ -47,6 +55,8 @@ class Engine:
         self.recorder = recorder
         self.steps = 0
         self._ids = itertools.count()
+        self._launch = getattr(backend, "decode_greedy", None) if self.config.overlap and recorder is None else None
+        self._inflight = None  # (ScheduledStep, the backend's launched step) queued but not read yet
 
     @classmethod
     def load(cls, reader: GGUFReader, config: EngineConfig | None = None, *, tokenizer=None,
@@ -114,9 +124,29 @@ class Engine:
     # ------------------------------------------------------------------ the loop
     def step(self) -> list[tuple[Sequence, int]]:
         """Run one batch; (sequence, token) for every token sampled. Nothing to do: []."""
-        plan = self.scheduler.schedule()
-        if plan is None:
-            return []
+        if self._inflight is not None:
+            plan, launched = self._inflight
+            self._inflight = None
+        else:
+            plan = self.scheduler.schedule()
+            if plan is None:
+                return []
+            if self._launch is None or plan.batch.kind != "decode" or not all(
+                    s.params.greedy and not s.params.penalized for s in plan.decode):
+                return self._run(plan)
+            launched = self._launch(plan.batch)
+            self.steps += 1
+        nxt = self.scheduler.continue_decode(plan)
+        if nxt is not None:  # queued behind `plan` on the device before its tokens are read
+            self._inflight = (nxt, self._launch(nxt.batch, after=launched))
+            self.steps += 1
+        sampled = [(seq, tok) for seq, tok, _ in self.scheduler.postprocess(plan, picked=launched.tokens())]
+        if not sampled and self._inflight is None:  # every row of it had ended: run what is next
+            return self.step()
+        return sampled
+
+    def _run(self, plan) -> list[tuple[Sequence, int]]:
+        """One step the host samples from: the backend's logits, read before the next step."""
         rec = self.recorder
         if rec is not None:
             rec.begin_step(self.steps, plan.batch.kind, plan.batch.n_tokens)

@@ -159,13 +159,34 @@ class Scheduler:
         batch = Batch.build(spans, list(rows), n_decode=len(decode), device=self.device)
         return ScheduledStep(batch, decode, pre, chunk, samples, keep)
 
-    def postprocess(self, step: ScheduledStep, logits: torch.Tensor) -> list[tuple[Sequence, int, int]]:
+    def continue_decode(self, step: ScheduledStep) -> ScheduledStep | None:
+        """The decode step that follows `step` (launched, its tokens not read yet) when nothing can
+        change it: the same sequences in the same rows, each one position further, none of which
+        ends at `step` by its length, with no prompt to run and no one waiting for a free slot.
+        None otherwise. Its input tokens are `step`'s, which only the device knows yet
+        (batch.tokens holds placeholders); a sequence that ends at `step` by an end token or a
+        stop string wastes its row of the next step, whose token postprocess drops."""
+        seqs = step.decode
+        if step.prefill is not None or not seqs or len(self.running) != len(seqs) or (self.waiting and self.free):
+            return None
+        for s in seqs:
+            if s.finished or s.prefilling or len(s.tokens) + 1 >= self.n_ctx or (
+                    s.params.max_tokens is not None and len(s.generated) + 1 >= s.params.max_tokens):
+                return None
+        spans = [(s.slot, s.n_cached + 1, [0]) for s in seqs]
+        batch = Batch.build(spans, list(range(len(seqs))), n_decode=len(seqs), device=self.device)
+        return ScheduledStep(batch, list(seqs), None, 0, [(s, i) for i, s in enumerate(seqs)], [])
+
+    def postprocess(self, step: ScheduledStep, logits: torch.Tensor | None = None,
+                    picked: list[int] | None = None) -> list[tuple[Sequence, int, int]]:
         """Advance the step's sequences: cached counts, stored prompt logits, one sampled token
-        each; release the slots of those that finished. Returns (sequence, token, logits row)
-        for every token sampled."""
+        each; release the slots of those that finished. `picked`: the token of every row, picked
+        greedily on the device, instead of logits. Returns (sequence, token, logits row) for
+        every token sampled."""
         now = time.perf_counter()
         for s in step.decode:
-            s.n_cached += 1
+            if not s.finished:  # (a sequence that ended at the step before keeps its count)
+                s.n_cached += 1
         if step.prefill is not None:
             step.prefill.n_cached += step.chunk
         for seq, idx in step.keep:  # (indexing copies; host tensors whatever the backend)
@@ -176,7 +197,11 @@ class Scheduler:
         greedy = [(s, r) for s, r in live if s.params.greedy and not s.params.penalized]
         other = [(s, r) for s, r in live if not (s.params.greedy and not s.params.penalized)]
         tokens: dict[int, int] = {}
-        if greedy:
+        if picked is not None:
+            if other:
+                raise MinferError("scheduler: tokens picked on the device need greedy rows without penalties")
+            tokens.update((id(s), picked[r]) for s, r in greedy)
+        elif greedy:
             rows = [r for _, r in greedy]
             picked = (logits if rows == list(range(logits.shape[0])) else logits[rows]).argmax(-1).tolist()
             tokens.update((id(s), t) for (s, _), t in zip(greedy, picked, strict=True))

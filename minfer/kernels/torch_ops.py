@@ -11,6 +11,8 @@
   `kv_write` kernel, then torch's scaled_dot_product_attention (flash / memory-efficient
   backends) per sequence span over its cached positions, causal.
 - `row_select`: out = x[rows] (the rows whose logits a step returns).
+- `argmax_rows`: out[r] = argmax of row r (greedy decoding's token, picked on the device so that
+  only the token ids cross to the host; the first index of equal values, as torch.argmax).
 
 On the CPU (the Triton interpreter in CI) the same functions run with the same roundings in
 float32 arithmetic, so their tests check the semantics the GPU path has.
@@ -121,4 +123,16 @@ def row_select(x: torch.Tensor, rows: torch.Tensor, out: torch.Tensor | None = N
     device = check_device(what, x=x2, rows=rows, out=out)
     out = make_out(what, out, (rows.numel(), x2.shape[1]), x2.dtype, device)
     torch.index_select(x2, 0, rows, out=out)
+    return out
+
+
+def argmax_rows(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """out int32 [rows] = the index of each row's largest value (the first of equal ones)."""
+    what = "argmax_rows"
+    x2 = rows_view(what, "x", x)
+    if x2.shape[1] < 1:
+        raise UnsupportedError(f"{what}: rows of width 0 have no largest value")
+    device = check_device(what, x=x2, out=out)
+    out = make_out(what, out, (x2.shape[0],), torch.int32, device)
+    out.copy_(torch.argmax(x2, dim=-1))
     return out

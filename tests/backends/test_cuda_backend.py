@@ -149,3 +149,29 @@ def test_a_projection_alone_is_the_compiled_steps_matmul(pair):
         x = torch.randn(1, args["k"], generator=torch.Generator().manual_seed(node.id))
         got = kernel(x=x.to(be.device), **args)
         assert _rel(got, x @ w.T) < TOL
+
+
+def test_overlapped_greedy_decode_equals_reading_every_step(tiny_gguf):
+    """Tokens picked on the device, each step queued before the one ahead of it is read (CUDA
+    graphs chained through their picked tokens on a GPU), against the same backend stepping one
+    read at a time: the same tokens for sequences of different lengths decoding together."""
+    path = tiny_gguf("tiny-llama", "q4_0")
+    prompts = ["hello there", "the cat", "one two three four"]
+    runs = []
+    for overlap in (True, False):
+        m = load(path, "cuda", n_ctx=64, n_slots=3, progress=False, overlap=overlap)
+        launches = []
+        real = m.engine.backend.decode_greedy
+
+        def counting(batch, after=None, real=real, launches=launches):
+            launches.append(after is not None)
+            return real(batch, after=after)
+
+        m.engine.backend.decode_greedy = counting
+        if m.engine._launch is not None:
+            m.engine._launch = counting
+        out = m.generate_batch(prompts, max_tokens=9, temperature=0, ignore_eos=True)
+        runs.append(([r.token_ids for r in out], launches))
+    (over, chained), (plain, none) = runs
+    assert over == plain and all(len(t) == 9 for t in over)
+    assert not none and sum(chained) >= 3  # decode steps launched behind the step before them

@@ -37,6 +37,7 @@ LAUNCHERS = {
     "attention_sdpa": torch_ops.attention_sdpa,
     "linear_f16": torch_ops.linear_f16,
     "row_select": torch_ops.row_select,
+    "argmax_rows": torch_ops.argmax_rows,
 }
 
 

@@ -247,3 +247,121 @@ def test_prompt_logits_are_kept_across_chunks():
     got = torch.cat(seq.prompt_logits)
     assert got.shape == (5, V) and seq.generated == [] and seq.finish_reason == "length"
     assert got.argmax(-1).tolist() == [NEXT[t] for t in prompt[1:6]]
+
+
+# ---- overlap: step N+1 queued before step N's tokens are read ---------------------------------
+
+
+class Launched:
+    def __init__(self, picked: list[int], log: list, n: int):
+        self.picked, self.log, self.n = picked, log, n
+
+    def tokens(self) -> list[int]:
+        self.log.append(("read", self.n))
+        return self.picked
+
+
+class OverlapBackend(ScriptedBackend):
+    """The scripted backend with `decode_greedy`: tokens picked "on the device"; a step launched
+    after another takes that step's picked tokens, never the batch's placeholders."""
+
+    def __init__(self, eos_after: int | None = None):
+        super().__init__(eos_after)
+        self.log: list[tuple[str, int]] = []
+
+    def decode_greedy(self, batch: Batch, after: Launched | None = None) -> Launched:
+        assert batch.kind == "decode" and batch.out_rows.tolist() == list(range(batch.n_tokens))
+        toks = after.picked if after is not None else batch.tokens.tolist()
+        fed = Batch.build([(s.slot, s.start, [t]) for s, t in zip(batch.spans, toks, strict=True)],
+                          list(range(batch.n_tokens)), n_decode=batch.n_tokens)
+        n = sum(1 for e in self.log if e[0] == "launch") + 1
+        self.log.append(("launch", n))
+        return Launched(self.forward(fed).argmax(-1).tolist(), self.log, n)
+
+    def ahead(self) -> int:
+        """How many steps were launched before the step ahead of them had been read."""
+        read, count = 0, 0
+        for kind, n in self.log:
+            if kind == "launch":
+                count += n - 1 > read
+            else:
+                read = n
+        return count
+
+
+def run_both(script, eos_after=None, **cfg):
+    """Run `script(engine)` on the plain loop and on the overlapped one; both engines' sequences."""
+    out = []
+    for backend in (ScriptedBackend(eos_after), OverlapBackend(eos_after)):
+        config = EngineConfig(n_slots=cfg.get("n_slots", 3), n_ctx=cfg.get("n_ctx", 64), prefill_chunk=8)
+        eng = Engine(backend, n_vocab=V, n_ctx=config.n_ctx, n_slots=config.n_slots, config=config,
+                     tokenizer=PieceTokenizer())
+        out.append((eng, backend, script(eng)))
+    return out
+
+
+def _summary(seqs):
+    return [(s.generated, s.finish_reason, s.take_text(), s.slot) for s in seqs]
+
+
+def test_overlapped_greedy_decoding_equals_the_plain_loop():
+    """Ends by length, by an end token (one speculative row past it) and by a stop string; more
+    sequences than slots (admissions break the chain); a later prompt continuing a slot."""
+    def script(eng):
+        ps = [([3, 4], dict(max_tokens=9)), ([5], dict(max_tokens=12)), ([1, 2], dict(max_tokens=7, stop=("w6 w",))),
+              ([9], dict(max_tokens=5)), ([2], dict(max_tokens=None))]
+        seqs = [eng.add(p, SamplingParams(**kw, **GREEDY)) for p, kw in ps]
+        eng.run(seqs)
+        follow = eng.add(seqs[3].tokens + [20, 21], SamplingParams(max_tokens=6, **GREEDY))
+        eng.run([follow])
+        return [*seqs, follow]
+
+    (_, _, plain), (eng, be, over) = run_both(script, eos_after=7)
+    assert _summary(over) == _summary(plain)
+    assert {s.finish_reason for s in plain} == {"length", "stop"} and plain[1].generated[-1] == EOS
+    assert over[-1].stats.cached_tokens == len(plain[3].tokens) - 1  # the slot's cache is what it says
+    assert be.ahead() >= 8  # most decode steps were queued before the one ahead of them was read
+    assert eng._inflight is None or all(s.finished for s in eng._inflight[0].decode)
+    assert eng.scheduler.slots_in_use == 0
+
+
+def test_a_step_in_flight_past_an_abort_changes_nothing():
+    def script(eng):
+        a = eng.add([3], SamplingParams(max_tokens=20, **GREEDY))
+        b = eng.add([10], SamplingParams(max_tokens=20, **GREEDY))
+        for _ in range(4):
+            eng.step()
+        assert not isinstance(eng.backend, OverlapBackend) or eng._inflight is not None
+        eng.abort(a)  # a step with a's row is in flight: its token is dropped
+        eng.run([b])
+        c = eng.add([3], SamplingParams(max_tokens=4, **GREEDY))
+        eng.run([c])
+        return [a, b, c]
+
+    (_, _, plain), (eng, be, over) = run_both(script)
+    assert [s.generated for s in over] == [s.generated for s in plain]
+    assert over[0].finish_reason == "abort" and len(over[0].generated) == 4
+    assert be.ahead() > 0 and eng.scheduler.slots_in_use == 0
+
+
+def test_sampled_or_penalized_rows_are_not_overlapped():
+    for params in (SamplingParams(max_tokens=6, temperature=1.0, seed=5),
+                   SamplingParams(max_tokens=6, temperature=0, repeat_penalty=1.3)):
+        def script(eng, params=params):
+            seqs = [eng.add([3, 4], SamplingParams(max_tokens=6, **GREEDY)), eng.add([8], params)]
+            eng.run(seqs)
+            return seqs
+
+        (_, _, plain), (_, be, over) = run_both(script)
+        assert [s.generated for s in over] == [s.generated for s in plain]
+        decode_launches = [e for e in be.log if e[0] == "launch"]
+        assert not decode_launches  # every decode step carried the sampled row: host sampling
+
+
+def test_overlap_can_be_turned_off():
+    be = OverlapBackend()
+    config = EngineConfig(n_slots=1, n_ctx=32, overlap=False)
+    eng = Engine(be, n_vocab=V, n_ctx=32, n_slots=1, config=config, tokenizer=PieceTokenizer())
+    seq = eng.add([3], SamplingParams(max_tokens=5, **GREEDY))
+    eng.run([seq])
+    assert seq.generated == [4, 5, 6, 7, 8] and not be.log
