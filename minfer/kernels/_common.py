@@ -7,6 +7,15 @@ launcher's name, what was expected, what was found. Invariant failures raise
 UnsupportedError (DeviceError for a tensor on the wrong device), never a bare ValueError and
 never a crash inside the kernel.
 
+Programmatic dependent launch (PDL, Hopper and later): every kernel of a step is launched with
+`**pdl_args()`, which lets the GPU start it while the kernel before it is still running. Each
+kernel calls `release_next(PDL)` first (its dependents may start as soon as all its programs
+have) and `wait_prior(PDL)` before it reads anything an earlier kernel wrote and before its
+first store (a reused buffer may still be read by the kernel before it); only reads of weights
+may come before the wait. Every kernel of the chain waits, so a kernel whose wait returned
+sees the results of all kernels before it. Off under the interpreter, before sm_90, and with
+MINFER_NO_PDL=1.
+
 Grids: totals are computed in Python ints (arbitrary precision, so the 64-bit arithmetic of
 seed 000 §2.2 comes free) and checked against CUDA's grid limits instead of clamped: a grid that
 does not fit is refused, not silently shrunk. Kernels index with int64 wherever
@@ -21,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..config import env
 from ..errors import DeviceError, UnsupportedError
 
 MAX_GRID_X = 2**31 - 1  # CUDA grid limit on axis 0
@@ -71,6 +81,21 @@ if interpreting():
     _fix_interpreter_index()
 
 _WANTED_DEVICE = "cpu" if interpreting() else "cuda"
+_PDL: dict | None = None
+
+
+def pdl_args() -> dict:
+    """Launch keywords of programmatic dependent launch: {PDL: True, launch_pdl: True} on an
+    sm_90+ GPU (with a Triton that has the option), else {PDL: False}. Decided once."""
+    global _PDL
+    if _PDL is None:
+        on = False
+        if not interpreting() and not env("MINFER_NO_PDL", False) and torch.cuda.is_available():
+            from triton.backends.nvidia.compiler import CUDAOptions
+
+            on = torch.cuda.get_device_capability()[0] >= 9 and "launch_pdl" in CUDAOptions.__dataclass_fields__
+        _PDL = {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
+    return _PDL
 
 
 def check_grid(what: str, grid: Sequence[int]) -> tuple[int, ...]:
@@ -178,6 +203,20 @@ def view_as(what: str, raw: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 INTERPRETING = tl.constexpr(interpreting())
+
+
+@triton.jit
+def wait_prior(PDL: tl.constexpr):
+    """PDL: wait until the kernel before this one has finished and its writes are visible."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def release_next(PDL: tl.constexpr):
+    """PDL: let the next kernel start (its programs wait in `wait_prior` for this one)."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit

@@ -22,7 +22,18 @@ import triton
 import triton.language as tl
 
 from ..errors import UnsupportedError
-from ._common import cdiv, check_device, check_grid, check_int, check_tensor, make_out, rows_view
+from ._common import (
+    cdiv,
+    check_device,
+    check_grid,
+    check_int,
+    check_tensor,
+    make_out,
+    pdl_args,
+    release_next,
+    rows_view,
+    wait_prior,
+)
 
 SPLIT_LEN = 512  # keys per split: one split (no combine kernel) for contexts up to 512
 BLOCK_N = 64  # keys per inner step (32 for head_dim > 64: the tile then fits the registers, sm_90 compile check)
@@ -31,7 +42,9 @@ MAX_SPLITS = 64
 
 @triton.jit
 def _kv_write_kernel(k_ptr, v_ptr, ck_ptr, cv_ptr, slot_ptr, pos_ptr, stride_k, stride_v, layer_off,
-                     S_STRIDE, H_STRIDE, HD, BLOCK_D: tl.constexpr):
+                     S_STRIDE, H_STRIDE, HD, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    release_next(PDL)
+    wait_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1).to(tl.int64)
     slot = tl.load(slot_ptr + row).to(tl.int64)
@@ -48,7 +61,10 @@ def _kv_write_kernel(k_ptr, v_ptr, ck_ptr, cv_ptr, slot_ptr, pos_ptr, stride_k, 
 @triton.jit
 def _attn_rows_kernel(q_ptr, ck_ptr, cv_ptr, slot_ptr, pos_ptr, out_ptr, po_ptr, pml_ptr, stride_q, layer_off,
                       S_STRIDE, H_STRIDE, scale, G, N_HEAD, HD, SPLIT_LEN, NSPLIT,
-                      GP: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr):
+                      GP: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+                      PDL: tl.constexpr):
+    release_next(PDL)
+    wait_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
@@ -94,7 +110,10 @@ def _attn_rows_kernel(q_ptr, ck_ptr, cv_ptr, slot_ptr, pos_ptr, out_ptr, po_ptr,
 
 
 @triton.jit
-def _attn_combine_kernel(po_ptr, pml_ptr, out_ptr, N_HEAD, HD, NSPLIT, SP: tl.constexpr, BLOCK_D: tl.constexpr):
+def _attn_combine_kernel(po_ptr, pml_ptr, out_ptr, N_HEAD, HD, NSPLIT, SP: tl.constexpr, BLOCK_D: tl.constexpr,
+                         PDL: tl.constexpr):
+    release_next(PDL)
+    wait_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     s = tl.arange(0, SP)
@@ -160,7 +179,7 @@ def kv_write(k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor, cache_v: t
     if k.shape[0]:
         _kv_write_kernel[check_grid("kv_write", (k.shape[0], nkv))](
             k, v, cache_k, cache_v, row_slots, positions, k.stride(0), v.stride(0), layer * n_slots * nkv * n_ctx * hd,
-            nkv * n_ctx * hd, n_ctx * hd, hd, BLOCK_D=triton.next_power_of_2(hd), num_warps=1)
+            nkv * n_ctx * hd, n_ctx * hd, hd, BLOCK_D=triton.next_power_of_2(hd), num_warps=1, **pdl_args())
 
 
 def block_n(head_dim: int) -> int:
@@ -202,8 +221,9 @@ def attention_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: t
     _attn_rows_kernel[check_grid(what, (rows, nkv, nsplit))](
         q2, cache_k, cache_v, row_slots, positions, out, po, pml, q2.stride(0), layer * n_slots * nkv * n_ctx * hd,
         nkv * n_ctx * hd, n_ctx * hd, float(scale), g, n_head, hd, split_len, nsplit,
-        GP=gp, BLOCK_D=block_d, BLOCK_N=block_n(hd), SPLIT=nsplit > 1, num_warps=4)
+        GP=gp, BLOCK_D=block_d, BLOCK_N=block_n(hd), SPLIT=nsplit > 1, num_warps=4, **pdl_args())
     if nsplit > 1:
         _attn_combine_kernel[check_grid(what, (rows, n_head))](
-            po, pml, out, n_head, hd, nsplit, SP=triton.next_power_of_2(nsplit), BLOCK_D=block_d, num_warps=1)
+            po, pml, out, n_head, hd, nsplit, SP=triton.next_power_of_2(nsplit), BLOCK_D=block_d, num_warps=1,
+            **pdl_args())
     return out

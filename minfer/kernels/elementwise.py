@@ -20,7 +20,19 @@ import triton
 import triton.language as tl
 
 from ..errors import UnsupportedError
-from ._common import cast_for, cdiv, check_device, check_grid, check_int, check_tensor, make_out, rows_view
+from ._common import (
+    cast_for,
+    cdiv,
+    check_device,
+    check_grid,
+    check_int,
+    check_tensor,
+    make_out,
+    pdl_args,
+    release_next,
+    rows_view,
+    wait_prior,
+)
 
 F32 = (torch.float32,)
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
@@ -68,7 +80,9 @@ def _map2_kernel(x_ptr, y_ptr, z_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr, 
 
 
 @triton.jit
-def _add_bias_kernel(y_ptr, b_ptr, d, BLOCK_D: tl.constexpr):
+def _add_bias_kernel(y_ptr, b_ptr, d, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    release_next(PDL)
+    wait_prior(PDL)
     """y[row, :] += b for the row of program axis 0; axis 1 walks the columns in BLOCK_D chunks."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -80,7 +94,9 @@ def _add_bias_kernel(y_ptr, b_ptr, d, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
-def _swiglu_rows_kernel(g_ptr, u_ptr, z_ptr, d, stride_g, stride_u, BLOCK_D: tl.constexpr):
+def _swiglu_rows_kernel(g_ptr, u_ptr, z_ptr, d, stride_g, stride_u, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    release_next(PDL)
+    wait_prior(PDL)
     """z[row, :] = silu(g[row, :]) * u[row, :]: rows of program axis 0, columns in BLOCK_D chunks on axis 1;
     g and u may be row-strided views (the two halves of a fused gate/up output)."""
     row = tl.program_id(0).to(tl.int64)
@@ -148,7 +164,8 @@ def swiglu_rows(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None =
     rows, d = g.shape
     if rows and d:
         grid = check_grid(what, (rows, cdiv(d, BIAS_BLOCK)))
-        _swiglu_rows_kernel[grid](g, u, out, d, g.stride(0), u.stride(0), BLOCK_D=BIAS_BLOCK, num_warps=NUM_WARPS)
+        _swiglu_rows_kernel[grid](g, u, out, d, g.stride(0), u.stride(0), BLOCK_D=BIAS_BLOCK, num_warps=NUM_WARPS,
+                                  **pdl_args())
     return out
 
 
@@ -186,5 +203,5 @@ def add_bias_f32(y: torch.Tensor, b: torch.Tensor, n_rows: int) -> torch.Tensor:
         )
     if y.numel():
         grid = check_grid(what, (n_rows, cdiv(d, BIAS_BLOCK)))
-        _add_bias_kernel[grid](y, b, d, BLOCK_D=BIAS_BLOCK, num_warps=NUM_WARPS)
+        _add_bias_kernel[grid](y, b, d, BLOCK_D=BIAS_BLOCK, num_warps=NUM_WARPS, **pdl_args())
     return y

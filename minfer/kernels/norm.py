@@ -15,13 +15,15 @@ import triton
 import triton.language as tl
 
 from ..errors import UnsupportedError
-from ._common import check_device, check_grid, check_tensor, make_out, rows_view
+from ._common import check_device, check_grid, check_tensor, make_out, pdl_args, release_next, rows_view, wait_prior
 
 MAX_D = 1 << 16  # one program holds a row
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, D, stride_x, eps, BLOCK_D: tl.constexpr):
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, D, stride_x, eps, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    release_next(PDL)
+    wait_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
     mask = cols < D
@@ -32,7 +34,10 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, D, stride_x, eps, BLOCK_D: tl.conste
 
 
 @triton.jit
-def _add_rms_norm_kernel(x_ptr, y_ptr, w_ptr, out_ptr, sum_ptr, D, eps, BLOCK_D: tl.constexpr, WRITE_SUM: tl.constexpr):
+def _add_rms_norm_kernel(x_ptr, y_ptr, w_ptr, out_ptr, sum_ptr, D, eps,
+                         BLOCK_D: tl.constexpr, WRITE_SUM: tl.constexpr, PDL: tl.constexpr):
+    release_next(PDL)
+    wait_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
     mask = cols < D
@@ -68,7 +73,7 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, eps: float, 
         block = triton.next_power_of_2(d)
         _add_rms_norm_kernel[check_grid(what, (rows,))](
             x, y, w, out, sum_out if sum_out is not None else out, d, float(eps), BLOCK_D=block,
-            WRITE_SUM=sum_out is not None, num_warps=4 if block <= 2048 else 8)
+            WRITE_SUM=sum_out is not None, num_warps=4 if block <= 2048 else 8, **pdl_args())
     return out
 
 
@@ -90,5 +95,5 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor | N
     if rows:
         block = triton.next_power_of_2(d)
         _rms_norm_kernel[check_grid(what, (rows,))](x2, w, out, d, x2.stride(0), float(eps), BLOCK_D=block,
-                                                    num_warps=4 if block <= 2048 else 8)
+                                                    num_warps=4 if block <= 2048 else 8, **pdl_args())
     return out

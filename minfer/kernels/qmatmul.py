@@ -62,6 +62,9 @@ from ._common import (
     f32_to_bf16_rne,
     interpreting,
     make_out,
+    pdl_args,
+    release_next,
+    wait_prior,
 )
 
 Q4_0 = QUANT_TABLE[GGMLType.Q4_0]
@@ -110,6 +113,15 @@ def _split_scratch(w, splits: int, tiles: int) -> tuple[torch.Tensor, torch.Tens
     return partials, counters
 
 
+def _settled(packed):
+    """The packed weight once the kernels that wrote it have finished: a GEMV launched with PDL
+    loads its first weight tile before waiting for the kernel before it (weights are no step's
+    output), so a weight must be complete before any GEMV reads it. Load time only."""
+    if packed.qs.device.type == "cuda":
+        torch.cuda.current_stream().synchronize()
+    return packed
+
+
 def _check_nk(what: str, n: int, k: int) -> None:
     check_int(what, "n", n, 1)
     check_int(what, "k", k, 1)
@@ -140,7 +152,7 @@ def repack_q4_0(raw: torch.Tensor, n: int, k: int) -> Q4_0Packed:
     d = blocks[:, :2].contiguous().view(torch.float16).reshape(n, nkb)
     qs = _pack_words(lambda a, b: blocks[a:b, 2:], n * nkb, raw.device)
     counters, partials = _gemv_scratch(n, k, raw.device)
-    return Q4_0Packed(qs=qs.view(n, nkb * 4), d=d, n=n, k=k, counters=counters, partials=partials)
+    return _settled(Q4_0Packed(qs=qs.view(n, nkb * 4), d=d, n=n, k=k, counters=counters, partials=partials))
 
 
 def _pack_words(nibble_bytes, n_blocks: int, device) -> torch.Tensor:
@@ -265,10 +277,22 @@ def _affine_scales(d_rows, m_rows, kbs, first, kb_hi, MODE: tl.constexpr, EVEN_K
 
 
 @triton.jit
+def _gemv_accumulate(acc, w, kbs, first, kb_hi, d_rows, m_rows, x_base, half_shift, magic, m4, m8, m12,
+                     MODE: tl.constexpr, EVEN_K: tl.constexpr):
+    """acc + one K step of the tile: the words w of blocks kbs (first = unclamped block index)."""
+    if MODE == 0:
+        d = _scales(d_rows, kbs, first, kb_hi, EVEN_K)
+        return _gemv_block(acc, w, d, x_base + kbs * 32, half_shift, magic, m4, m8, m12)
+    else:
+        a, c = _affine_scales(d_rows, m_rows, kbs, first, kb_hi, MODE, EVEN_K)
+        return _gemv_block_affine(acc, w, a, c, x_base + kbs * 32, half_shift, magic, m4, m8, m12)
+
+
+@triton.jit
 def _q4_0_gemv_kernel(
     x_ptr, qs_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, N, NKB, KB_SPLIT, NSPLIT, magic, half_shift, m_ptr, M_STRIDE,
     R: tl.constexpr, LR: tl.constexpr, LK: tl.constexpr, WK: tl.constexpr, SPLIT: tl.constexpr,
-    EVEN_K: tl.constexpr, MODE: tl.constexpr,
+    EVEN_K: tl.constexpr, MODE: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
 ):
     # Tile [LK, LR, WK, R, 4]: a warp's lanes are LK blocks along K x LR rows; its WK warps take
     # further blocks along K; each lane holds R rows (spaced LR apart) and the 4 words of a block
@@ -302,18 +326,31 @@ def _q4_0_gemv_kernel(
     else:
         kb_lo = 0
         kb_hi = NKB
+    release_next(PDL)
     acc = tl.zeros([LK, LR, WK, R, 1], dtype=tl.float32)
-    for kb0 in range(kb_lo, kb_hi, BLOCK_KB):
-        # Past the end of K the tile re-reads the last block (in bounds, finite) with scale 0:
-        # only the scale load is masked, so the x loads stay unpredicated and shared by rows.
-        kbs = tl.minimum(kb0 + kb, kb_hi - 1)
+    # Past the end of K the tile re-reads the last block (in bounds, finite) with scale 0: only
+    # the scale load is masked, so the x loads stay unpredicated and shared by rows.
+    if PREFETCH:
+        # Software-pipelined: the words of step i + 1 are loaded before step i is computed (twice
+        # the bytes in flight per lane), and the first step's are loaded before waiting for the
+        # kernel before this one (weights are no kernel's output), overlapping its tail.
+        kbs = tl.minimum(kb_lo + kb, kb_hi - 1)
         w = tl.load(w_rows + kbs * 4)
-        if MODE == 0:
-            d = _scales(d_rows, kbs, kb0 + kb, kb_hi, EVEN_K)
-            acc = _gemv_block(acc, w, d, x_base + kbs * 32, half_shift, magic, m4, m8, m12)
-        else:
-            a, c = _affine_scales(d_rows, m_rows, kbs, kb0 + kb, kb_hi, MODE, EVEN_K)
-            acc = _gemv_block_affine(acc, w, a, c, x_base + kbs * 32, half_shift, magic, m4, m8, m12)
+        wait_prior(PDL)
+        for kb0 in range(kb_lo, kb_hi, BLOCK_KB):
+            kbs_next = tl.minimum(kb0 + BLOCK_KB + kb, kb_hi - 1)
+            w_next = tl.load(w_rows + kbs_next * 4)
+            acc = _gemv_accumulate(acc, w, kbs, kb0 + kb, kb_hi, d_rows, m_rows, x_base, half_shift, magic, m4, m8,
+                                   m12, MODE, EVEN_K)
+            w = w_next
+            kbs = kbs_next
+    else:
+        wait_prior(PDL)
+        for kb0 in range(kb_lo, kb_hi, BLOCK_KB):
+            kbs = tl.minimum(kb0 + kb, kb_hi - 1)
+            w = tl.load(w_rows + kbs * 4)
+            acc = _gemv_accumulate(acc, w, kbs, kb0 + kb, kb_hi, d_rows, m_rows, x_base, half_shift, magic, m4, m8,
+                                   m12, MODE, EVEN_K)
     tot = tl.sum(tl.sum(tl.sum(acc, axis=4), axis=2), axis=0)  # [LR, R]
     rows = pid_n * BLOCK_N + tl.arange(0, R)[None, :] * LR + tl.arange(0, LR)[:, None]
     if SPLIT:
@@ -354,6 +391,7 @@ class GemvConfig:
     wk: int = 4
     split: int = 1
     maxnreg: int | None = 96
+    prefetch: bool = False  # load step i + 1's words before computing step i (needs ~16 more registers)
 
     @property
     def block_n(self) -> int:
@@ -364,6 +402,7 @@ class GemvConfig:
         return (32 // self.lr) * self.wk
 
 
+PREFETCH_REGS = {0: 128, 1: 168, 2: 168}  # register caps of prefetching tiles without spills (sm_90 compile check)
 MIN_PROGRAMS = 528  # 4 per H200 SM: fewer row tiles than this and K is split across programs
 SMALL_WEIGHTS = 1 << 22  # n * k at or below which a GEMV is latency-bound (SmolLM2, 0.5B attention)
 WIDE_ROWS = 16384  # rows from which the row tiles alone fill the GPU (gate+up, vocab projections)
@@ -438,7 +477,8 @@ def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n:
     _q4_0_gemv_kernel[check_grid(what, (tiles, nsplit))](
         x, w.qs, d_plane, out, part, counters, n, nkb, kb_split, nsplit, _MAGIC_BITS, _HALF_SHIFT, m_plane, m_stride,
         R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=nsplit > 1,
-        EVEN_K=nkb % cfg.block_kb == 0 and nkb % kb_split == 0, MODE=mode, num_warps=cfg.wk, maxnreg=cfg.maxnreg,
+        EVEN_K=nkb % cfg.block_kb == 0 and nkb % kb_split == 0, MODE=mode, PREFETCH=cfg.prefetch, num_warps=cfg.wk,
+        maxnreg=cfg.maxnreg, **pdl_args(),
     )
 
 
@@ -516,7 +556,7 @@ def repack_int4(raw: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str) 
 
         qs = _pack_words(bytes16, n * nkb, raw.device)
     counters, partials = _gemv_scratch(n, k, raw.device)
-    return Int4Packed(t, qs.view(n, nkb * 4), d, m, n, k, counters, partials)
+    return _settled(Int4Packed(t, qs.view(n, nkb * 4), d, m, n, k, counters, partials))
 
 
 def int4_gemv(

@@ -15,12 +15,24 @@ import triton
 import triton.language as tl
 
 from ..errors import UnsupportedError
-from ._common import check_device, check_grid, check_int, check_tensor, make_out, rows_view
+from ._common import (
+    check_device,
+    check_grid,
+    check_int,
+    check_tensor,
+    make_out,
+    pdl_args,
+    release_next,
+    rows_view,
+    wait_prior,
+)
 
 
 @triton.jit
 def _rope_kernel(x_ptr, pos_ptr, cos_ptr, sin_ptr, out_ptr, stride_x, N, HD, HALF, NEOX: tl.constexpr,
-                 BLOCK_HALF: tl.constexpr, BLOCK_HD: tl.constexpr):
+                 BLOCK_HALF: tl.constexpr, BLOCK_HD: tl.constexpr, PDL: tl.constexpr):
+    release_next(PDL)
+    wait_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     p = tl.load(pos_ptr + row).to(tl.int64)
@@ -74,5 +86,6 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch
         half = n_rot // 2
         _rope_kernel[check_grid(what, (rows, n_heads))](
             x2, positions, cos, sin, out, x2.stride(0), n, head_dim, half, NEOX=bool(neox),
-            BLOCK_HALF=triton.next_power_of_2(half), BLOCK_HD=triton.next_power_of_2(head_dim), num_warps=1)
+            BLOCK_HALF=triton.next_power_of_2(half), BLOCK_HD=triton.next_power_of_2(head_dim), num_warps=1,
+            **pdl_args())
     return out

@@ -38,8 +38,8 @@ def variants():
         sig = {"x_ptr": t, "y_ptr": t, "z_ptr": t, "n": "i32", "OP": c, "BLOCK": c, "EVEN": c}
         consts = {"OP": op, "BLOCK": elementwise.BLOCK, "EVEN": False}
         out.append((f"map2[{op} {t}]", elementwise._map2_kernel, sig, consts, {}))
-    sig = {"y_ptr": "*fp32", "b_ptr": "*fp32", "d": "i32", "BLOCK_D": c}
-    out.append(("add_bias", elementwise._add_bias_kernel, sig, {"BLOCK_D": elementwise.BIAS_BLOCK}, {}))
+    sig = {"y_ptr": "*fp32", "b_ptr": "*fp32", "d": "i32", "BLOCK_D": c, "PDL": c}
+    out.append(("add_bias", elementwise._add_bias_kernel, sig, {"BLOCK_D": elementwise.BIAS_BLOCK, "PDL": True}, {}))
 
     storage = {"F32": "*fp32", "F16": "*fp16", "BF16": "*i16"}
     no_fma = {"enable_fp_fusion": False}
@@ -66,15 +66,18 @@ def variants():
     sig = {"x_ptr": "*fp32", "qs_ptr": "*i32", "d_ptr": "*fp16", "out_ptr": "*fp32", "part_ptr": "*fp32",
            "cnt_ptr": "*i32", "N": "i32", "NKB": "i32", "KB_SPLIT": "i32", "NSPLIT": "i32", "magic": "i32",
            "half_shift": "i32", "m_ptr": "*fp16", "M_STRIDE": "i32", "R": c, "LR": c, "LK": c, "WK": c,
-           "SPLIT": c, "EVEN_K": c, "MODE": c}
+           "SPLIT": c, "EVEN_K": c, "MODE": c, "PREFETCH": c, "PDL": c}
     planes = {0: ("*fp16", "*fp16"), 1: ("*fp16", "*fp16"), 2: ("*i16", "*i32")}  # Q4_0, Q4_1, Q4_K
     for mode, (d_t, m_t) in planes.items():
         for n, k in [(18944, 3584), (3584, 18944)]:  # the configs gemv_config picks: no split, split
-            cfg = qmatmul.gemv_config(n, k)
-            for even in (True, False) if mode == 0 else (False,):
-                name = f"gemv[mode {mode} r{cfg.r} lr{cfg.lr} wk{cfg.wk} split={cfg.split} even={even}]"
+            base = qmatmul.gemv_config(n, k)
+            for cfg, even in [(base, e) for e in ((True, False) if mode == 0 else (False,))] + [
+                    (qmatmul.GemvConfig(r=base.r, lr=base.lr, wk=base.wk, split=base.split, prefetch=True,
+                                        maxnreg=qmatmul.PREFETCH_REGS[mode]), False)]:
+                name = (f"gemv[mode {mode} r{cfg.r} lr{cfg.lr} wk{cfg.wk} split={cfg.split} even={even} "
+                        f"prefetch={cfg.prefetch}]")
                 consts = dict(R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=cfg.split > 1, EVEN_K=even,
-                              MODE=mode)
+                              MODE=mode, PREFETCH=cfg.prefetch, PDL=True)
                 opts = {"num_warps": cfg.wk, "maxnreg": cfg.maxnreg}
                 out.append((name, qmatmul._q4_0_gemv_kernel, dict(sig, d_ptr=d_t, m_ptr=m_t), consts, opts))
     sig = {"x_ptr": "*fp32", "qs_ptr": "*i32", "d_ptr": "*fp16", "out_ptr": "*fp32", "M": "i32", "N": "i32",
@@ -88,37 +91,41 @@ def variants():
             out.append((name, qmatmul._q4_0_matmul_kernel, sig, dict(kw, COMPUTE=compute, EVEN_K=True), opts))
 
     sig = {"x_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32", "D": "i32", "stride_x": "i32", "eps": "fp32",
-           "BLOCK_D": c}
+           "BLOCK_D": c, "PDL": c}
     for d in (576, 3584, 8192):
         block = 1 << (d - 1).bit_length()
-        out.append((f"rms_norm[{d}]", norm._rms_norm_kernel, sig, {"BLOCK_D": block},
+        out.append((f"rms_norm[{d}]", norm._rms_norm_kernel, sig, {"BLOCK_D": block, "PDL": True},
                     {"num_warps": 4 if block <= 2048 else 8}))
     sig = {"x_ptr": "*fp32", "y_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32", "sum_ptr": "*fp32", "D": "i32",
-           "eps": "fp32", "BLOCK_D": c, "WRITE_SUM": c}
-    out.append(("add_rms_norm[3584]", norm._add_rms_norm_kernel, sig, {"BLOCK_D": 4096, "WRITE_SUM": True},
+           "eps": "fp32", "BLOCK_D": c, "WRITE_SUM": c, "PDL": c}
+    out.append(("add_rms_norm[3584]", norm._add_rms_norm_kernel, sig, {"BLOCK_D": 4096, "WRITE_SUM": True, "PDL": True},
                 {"num_warps": 8}))
     sig = {"x_ptr": "*fp32", "pos_ptr": "*i32", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "out_ptr": "*fp32",
-           "stride_x": "i32", "N": "i32", "HD": "i32", "HALF": "i32", "NEOX": c, "BLOCK_HALF": c, "BLOCK_HD": c}
+           "stride_x": "i32", "N": "i32", "HD": "i32", "HALF": "i32", "NEOX": c, "BLOCK_HALF": c, "BLOCK_HD": c,
+           "PDL": c}
     for neox, hd in ((False, 64), (True, 128)):
         out.append((f"rope[neox={neox} hd{hd}]", rope._rope_kernel, sig,
-                    {"NEOX": neox, "BLOCK_HALF": hd // 2, "BLOCK_HD": hd}, {"num_warps": 1}))
+                    {"NEOX": neox, "BLOCK_HALF": hd // 2, "BLOCK_HD": hd, "PDL": True}, {"num_warps": 1}))
     sig = {"k_ptr": "*fp32", "v_ptr": "*fp32", "ck_ptr": "*fp16", "cv_ptr": "*fp16", "slot_ptr": "*i32",
            "pos_ptr": "*i32", "stride_k": "i32", "stride_v": "i32", "layer_off": "i64", "S_STRIDE": "i64",
-           "H_STRIDE": "i64", "HD": "i32", "BLOCK_D": c}
-    out.append(("kv_write", attention._kv_write_kernel, sig, {"BLOCK_D": 128}, {"num_warps": 1}))
+           "H_STRIDE": "i64", "HD": "i32", "BLOCK_D": c, "PDL": c}
+    out.append(("kv_write", attention._kv_write_kernel, sig, {"BLOCK_D": 128, "PDL": True}, {"num_warps": 1}))
     sig = {"q_ptr": "*fp32", "ck_ptr": "*fp16", "cv_ptr": "*fp16", "slot_ptr": "*i32", "pos_ptr": "*i32",
            "out_ptr": "*fp32", "po_ptr": "*fp32", "pml_ptr": "*fp32", "stride_q": "i32", "layer_off": "i64",
            "S_STRIDE": "i64", "H_STRIDE": "i64", "scale": "fp32", "G": "i32", "N_HEAD": "i32", "HD": "i32",
-           "SPLIT_LEN": "i32", "NSPLIT": "i32", "GP": c, "BLOCK_D": c, "BLOCK_N": c, "SPLIT": c}
+           "SPLIT_LEN": "i32", "NSPLIT": "i32", "GP": c, "BLOCK_D": c, "BLOCK_N": c, "SPLIT": c, "PDL": c}
     for hd, split in ((64, False), (128, True)):
         out.append((f"attention_rows[hd{hd} split={split}]", attention._attn_rows_kernel, sig,
-                    {"GP": 16, "BLOCK_D": hd, "BLOCK_N": attention.block_n(hd), "SPLIT": split}, {"num_warps": 4}))
+                    {"GP": 16, "BLOCK_D": hd, "BLOCK_N": attention.block_n(hd), "SPLIT": split, "PDL": True},
+                    {"num_warps": 4}))
     sig = {"po_ptr": "*fp32", "pml_ptr": "*fp32", "out_ptr": "*fp32", "N_HEAD": "i32", "HD": "i32", "NSPLIT": "i32",
-           "SP": c, "BLOCK_D": c}
-    out.append(("attention_combine", attention._attn_combine_kernel, sig, {"SP": 8, "BLOCK_D": 128}, {"num_warps": 1}))
+           "SP": c, "BLOCK_D": c, "PDL": c}
+    out.append(("attention_combine", attention._attn_combine_kernel, sig, {"SP": 8, "BLOCK_D": 128, "PDL": True},
+                {"num_warps": 1}))
     sig = {"g_ptr": "*fp32", "u_ptr": "*fp32", "z_ptr": "*fp32", "d": "i32", "stride_g": "i32", "stride_u": "i32",
-           "BLOCK_D": c}
-    out.append(("swiglu_rows", elementwise._swiglu_rows_kernel, sig, {"BLOCK_D": elementwise.BIAS_BLOCK}, {}))
+           "BLOCK_D": c, "PDL": c}
+    out.append(("swiglu_rows", elementwise._swiglu_rows_kernel, sig, {"BLOCK_D": elementwise.BIAS_BLOCK, "PDL": True},
+                {}))
     return out
 
 

@@ -59,8 +59,9 @@ def test_matmul(m, n, k, compute, tol, device, gen, check):
 
 @pytest.mark.parametrize(
     "config",
-    [qmatmul.GemvConfig(), qmatmul.GemvConfig(split=2), qmatmul.GemvConfig(split=3)],
-    ids=["default", "split2", "split3"],
+    [qmatmul.GemvConfig(), qmatmul.GemvConfig(split=2), qmatmul.GemvConfig(split=3),
+     qmatmul.GemvConfig(split=3, prefetch=True, maxnreg=128), qmatmul.GemvConfig(wk=2, prefetch=True, maxnreg=128)],
+    ids=["default", "split2", "split3", "split3-prefetch", "prefetch"],
 )
 def test_gemv_production_configs(config, device, gen, check):
     """The production tile (32 rows x 16 blocks per step), alone and with K split across programs
@@ -166,7 +167,8 @@ def _int4_weight(qtype, n, k, gen):
 
 @pytest.mark.parametrize("qtype", [GGMLType.Q4_1, GGMLType.Q4_K])
 @pytest.mark.parametrize("n, k, config", [(5, 256, GEMV_CONFIG), (37, 768, GEMV_CONFIG),
-                                          (24, 1024, qmatmul.GemvConfig(r=2, lr=8, wk=1, split=3))])
+                                          (24, 1024, qmatmul.GemvConfig(r=2, lr=8, wk=1, split=3)),
+                                          (40, 768, qmatmul.GemvConfig(r=2, lr=8, wk=1, split=2, prefetch=True))])
 def test_int4_gemv(qtype, n, k, config, device, gen, check):
     raw, w = _int4_weight(qtype, n, k, gen)
     x = torch.randn(k, generator=gen)
