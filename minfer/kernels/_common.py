@@ -9,12 +9,12 @@ never a crash inside the kernel.
 
 Programmatic dependent launch (PDL, Hopper and later): every kernel of a step is launched with
 `**pdl_args()`, which lets the GPU start it while the kernel before it is still running. Each
-kernel calls `release_next(PDL)` first (its dependents may start as soon as all its programs
-have) and `wait_prior(PDL)` before it reads anything an earlier kernel wrote and before its
-first store (a reused buffer may still be read by the kernel before it); only reads of weights
-may come before the wait. Every kernel of the chain waits, so a kernel whose wait returned
-sees the results of all kernels before it. Off under the interpreter, before sm_90, and with
-MINFER_NO_PDL=1.
+kernel calls `release_next(PDL)` first and `release_late(PDL)` before its stores (the mode
+picks which one lets its dependents start once all its programs reach it), and `wait_prior(PDL)`
+before it reads anything an earlier kernel wrote and before its first store (a reused buffer
+may still be read by the kernel before it); only reads of weights may come before the wait.
+Every kernel of the chain waits, so a kernel whose wait returned sees the results of all
+kernels before it. Off under the interpreter, before sm_90, and with MINFER_NO_PDL=1.
 
 Grids: totals are computed in Python ints (arbitrary precision, so the 64-bit arithmetic of
 seed 000 §2.2 comes free) and checked against CUDA's grid limits instead of clamped: a grid that
@@ -81,21 +81,28 @@ if interpreting():
     _fix_interpreter_index()
 
 _WANTED_DEVICE = "cpu" if interpreting() else "cuda"
-_PDL: dict | None = None
+_PDL_ON: bool | None = None
+PDL_MODES = {"gemv": 2, "other": 2}  # kernel kind -> 0 off, 1 release the next kernel late, 2 early
+PDL_GRAPH_ONLY = False  # True: only kernels captured into a CUDA graph take PDL
+_PDL_ARGS = {0: {"PDL": 0}, 1: {"PDL": 1, "launch_pdl": True}, 2: {"PDL": 2, "launch_pdl": True}}
 
 
-def pdl_args() -> dict:
-    """Launch keywords of programmatic dependent launch: {PDL: True, launch_pdl: True} on an
-    sm_90+ GPU (with a Triton that has the option), else {PDL: False}. Decided once."""
-    global _PDL
-    if _PDL is None:
+def pdl_args(kind: str = "other") -> dict:
+    """Launch keywords of programmatic dependent launch for a kernel of `kind` ("gemv" or
+    "other"): {PDL: mode, launch_pdl: True} on an sm_90+ GPU with a Triton that has the option,
+    else {PDL: 0}. Mode 2 releases the next kernel when this one starts, mode 1 when its main
+    work is done (before its stores). Availability is decided once."""
+    global _PDL_ON
+    if _PDL_ON is None:
         on = False
         if not interpreting() and not env("MINFER_NO_PDL", False) and torch.cuda.is_available():
             from triton.backends.nvidia.compiler import CUDAOptions
 
             on = torch.cuda.get_device_capability()[0] >= 9 and "launch_pdl" in CUDAOptions.__dataclass_fields__
-        _PDL = {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
-    return _PDL
+        _PDL_ON = on
+    if not _PDL_ON or (PDL_GRAPH_ONLY and not torch.cuda.is_current_stream_capturing()):
+        return _PDL_ARGS[0]
+    return _PDL_ARGS[PDL_MODES[kind]]
 
 
 def check_grid(what: str, grid: Sequence[int]) -> tuple[int, ...]:
@@ -208,14 +215,21 @@ INTERPRETING = tl.constexpr(interpreting())
 @triton.jit
 def wait_prior(PDL: tl.constexpr):
     """PDL: wait until the kernel before this one has finished and its writes are visible."""
-    if PDL:
+    if PDL > 0:
         tl.extra.cuda.gdc_wait()
 
 
 @triton.jit
 def release_next(PDL: tl.constexpr):
-    """PDL: let the next kernel start (its programs wait in `wait_prior` for this one)."""
-    if PDL:
+    """PDL mode 2, at a kernel's start: let the next kernel start (it waits in `wait_prior`)."""
+    if PDL == 2:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def release_late(PDL: tl.constexpr):
+    """PDL mode 1, when a kernel's main work is done (before its stores): let the next start."""
+    if PDL == 1:
         tl.extra.cuda.gdc_launch_dependents()
 
 

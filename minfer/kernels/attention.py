@@ -30,6 +30,7 @@ from ._common import (
     check_tensor,
     make_out,
     pdl_args,
+    release_late,
     release_next,
     rows_view,
     wait_prior,
@@ -54,6 +55,7 @@ def _kv_write_kernel(k_ptr, v_ptr, ck_ptr, cv_ptr, slot_ptr, pos_ptr, stride_k, 
     dst = layer_off + slot * S_STRIDE + head * H_STRIDE + p * HD + d
     k = tl.load(k_ptr + row * stride_k + head * HD + d, mask=m)
     v = tl.load(v_ptr + row * stride_v + head * HD + d, mask=m)
+    release_late(PDL)
     tl.store(ck_ptr + dst, k.to(ck_ptr.dtype.element_ty), mask=m)
     tl.store(cv_ptr + dst, v.to(cv_ptr.dtype.element_ty), mask=m)
 
@@ -99,6 +101,7 @@ def _attn_rows_kernel(q_ptr, ck_ptr, cv_ptr, slot_ptr, pos_ptr, out_ptr, po_ptr,
         v = tl.load(cv_ptr + kv_off, mask=kv_m, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
         m_i = m_new
+    release_late(PDL)
     if SPLIT:  # partial sums and (max, sum) per split; the combine kernel finishes
         part = (row * N_HEAD + heads).to(tl.int64) * NSPLIT + sp
         tl.store(po_ptr + part[:, None] * HD + d[None, :], acc, mask=gm[:, None] & dm[None, :])
@@ -128,6 +131,7 @@ def _attn_combine_kernel(po_ptr, pml_ptr, out_ptr, N_HEAD, HD, NSPLIT, SP: tl.co
     o = tl.load(po_ptr + part[:, None] * HD + d[None, :], mask=sm[:, None] & dm[None, :], other=0.0)
     num = tl.sum(o * w[:, None], axis=0)
     den = tl.sum(l_s * w, axis=0)
+    release_late(PDL)
     tl.store(out_ptr + row * N_HEAD * HD + head * HD + d, num / den, mask=dm)
 
 

@@ -29,6 +29,7 @@ from ._common import (
     check_tensor,
     make_out,
     pdl_args,
+    release_late,
     release_next,
     rows_view,
     wait_prior,
@@ -90,6 +91,7 @@ def _add_bias_kernel(y_ptr, b_ptr, d, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
     ptrs = y_ptr + row * d + cols
     y = tl.load(ptrs, mask=mask)
     b = tl.load(b_ptr + cols, mask=mask)
+    release_late(PDL)
     tl.store(ptrs, y + b, mask=mask)
 
 
@@ -104,6 +106,7 @@ def _swiglu_rows_kernel(g_ptr, u_ptr, z_ptr, d, stride_g, stride_u, BLOCK_D: tl.
     mask = cols < d
     g = tl.load(g_ptr + row * stride_g + cols, mask=mask).to(tl.float32)
     u = tl.load(u_ptr + row * stride_u + cols, mask=mask).to(tl.float32)
+    release_late(PDL)
     tl.store(z_ptr + row * d + cols, g * tl.sigmoid(g) * u, mask=mask)
 
 

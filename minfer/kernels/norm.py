@@ -15,7 +15,17 @@ import triton
 import triton.language as tl
 
 from ..errors import UnsupportedError
-from ._common import check_device, check_grid, check_tensor, make_out, pdl_args, release_next, rows_view, wait_prior
+from ._common import (
+    check_device,
+    check_grid,
+    check_tensor,
+    make_out,
+    pdl_args,
+    release_late,
+    release_next,
+    rows_view,
+    wait_prior,
+)
 
 MAX_D = 1 << 16  # one program holds a row
 
@@ -30,6 +40,7 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, D, stride_x, eps, BLOCK_D: tl.conste
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+    release_late(PDL)
     tl.store(out_ptr + row * D + cols, x * rstd * w, mask=mask)
 
 
@@ -42,6 +53,7 @@ def _add_rms_norm_kernel(x_ptr, y_ptr, w_ptr, out_ptr, sum_ptr, D, eps,
     cols = tl.arange(0, BLOCK_D)
     mask = cols < D
     h = tl.load(x_ptr + row * D + cols, mask=mask, other=0.0) + tl.load(y_ptr + row * D + cols, mask=mask, other=0.0)
+    release_late(PDL)
     if WRITE_SUM:
         tl.store(sum_ptr + row * D + cols, h, mask=mask)
     rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / D + eps)

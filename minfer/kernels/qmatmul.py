@@ -63,6 +63,7 @@ from ._common import (
     interpreting,
     make_out,
     pdl_args,
+    release_late,
     release_next,
     wait_prior,
 )
@@ -172,9 +173,9 @@ def _pack_words(nibble_bytes, n_blocks: int, device) -> torch.Tensor:
     return qs
 
 
-def _gemv_scratch(n: int, k: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+def _gemv_scratch(n: int, k: int, device, affine: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(arrival counters, partial sums) of the default GEMV config's split K, allocated once."""
-    split = gemv_config(n, k).split
+    split = gemv_config(n, k, affine).split
     partials = torch.empty(split * n if split > 1 else 0, dtype=torch.float32, device=device)
     return torch.zeros(n, dtype=torch.int32, device=device), partials
 
@@ -351,6 +352,7 @@ def _q4_0_gemv_kernel(
             w = tl.load(w_rows + kbs * 4)
             acc = _gemv_accumulate(acc, w, kbs, kb0 + kb, kb_hi, d_rows, m_rows, x_base, half_shift, magic, m4, m8,
                                    m12, MODE, EVEN_K)
+    release_late(PDL)
     tot = tl.sum(tl.sum(tl.sum(acc, axis=4), axis=2), axis=0)  # [LR, R]
     rows = pid_n * BLOCK_N + tl.arange(0, R)[None, :] * LR + tl.arange(0, LR)[:, None]
     if SPLIT:
@@ -409,24 +411,31 @@ WIDE_ROWS = 16384  # rows from which the row tiles alone fill the GPU (gate+up, 
 
 
 @functools.lru_cache(maxsize=256)
-def gemv_config(n: int, k: int) -> GemvConfig:
-    """The config for an [n, k] weight, from the H200 sweep of bench/gemv_sweep.py (bench/NOTES.md,
-    2026-12-01): small weights take smaller, more numerous programs (16 rows, 8 lanes along K);
-    wide ones (>= 16384 rows) 2 warps per program and no split; the rest split K across programs
-    so the row tiles x splits reach about 2 (k <= 4096: 2 warps, up to 8 splits) or 1.5 (long K:
-    4 warps, up to 6 splits) times MIN_PROGRAMS."""
+def gemv_config(n: int, k: int, affine: bool = False) -> GemvConfig:
+    """The config for an [n, k] weight (`affine`: Q4_1 / Q4_K's scale and offset per block), from
+    the H200 sweeps of bench/gemv_sweep.py (bench/NOTES.md, 2026-12-01): small weights take
+    smaller, more numerous programs (16 rows, 8 lanes along K); wide ones (>= 16384 rows) 2 warps
+    per program and no split; the rest split K across programs so the row tiles x splits reach
+    about 2 (k <= 4096: 2 warps, up to 8 splits) or 1.5 (long K: 4 warps, up to 6 splits) times
+    MIN_PROGRAMS. Prefetching (run 13, with PDL) pays where a program has few K steps (k <= 4096:
+    the attention projections, 7.5-7.0 vs 8.6-8.3 µs at 7B) and everywhere for the affine types
+    (Q4_K at 8B: gate+up 33.5 vs 41.6 µs, down 18.0 vs 23.6 with 2 warps and 8 splits)."""
     if n * k <= SMALL_WEIGHTS:
         return GemvConfig(r=2, lr=4, wk=4)
+    pf = {"prefetch": True, "maxnreg": PREFETCH_REGS[1 if affine else 0]}
     if n >= WIDE_ROWS:
-        return GemvConfig(wk=2)
+        return GemvConfig(wk=2, **pf) if affine else GemvConfig(wk=2)
     long_k = k > 4096
-    wk = 2 if 2048 <= k <= 4096 else 4
+    wk = 2 if 2048 <= k <= 4096 or (affine and long_k) else 4
     cfg = GemvConfig(wk=wk)
     tiles = cdiv(n, cfg.block_n)
     max_split = (k // Q4_0.block_elems) // (2 * cfg.block_kb)  # each split >= 2 K steps
+    if affine and long_k:
+        return GemvConfig(wk=wk, split=max(1, min(8, max_split)), **pf)
     target = (3 * MIN_PROGRAMS // 2 if long_k else 2 * MIN_PROGRAMS) // tiles
     split = min(6 if long_k else 8, target, max_split if long_k else max_split + 1)
-    return GemvConfig(wk=wk, split=split) if split >= 2 else cfg
+    extra = pf if (affine or not long_k) else {}
+    return GemvConfig(wk=wk, split=split, **extra) if split >= 2 else GemvConfig(wk=wk, **extra)
 
 
 def _split_plan(cfg: GemvConfig, n: int, k: int) -> tuple[int, int, int]:
@@ -478,7 +487,7 @@ def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n:
         x, w.qs, d_plane, out, part, counters, n, nkb, kb_split, nsplit, _MAGIC_BITS, _HALF_SHIFT, m_plane, m_stride,
         R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=nsplit > 1,
         EVEN_K=nkb % cfg.block_kb == 0 and nkb % kb_split == 0, MODE=mode, PREFETCH=cfg.prefetch, num_warps=cfg.wk,
-        maxnreg=cfg.maxnreg, **pdl_args(),
+        maxnreg=cfg.maxnreg, **pdl_args("gemv"),
     )
 
 
@@ -555,7 +564,7 @@ def repack_int4(raw: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str) 
             return q[:, :16] | (q[:, 16:] << 4)
 
         qs = _pack_words(bytes16, n * nkb, raw.device)
-    counters, partials = _gemv_scratch(n, k, raw.device)
+    counters, partials = _gemv_scratch(n, k, raw.device, affine=True)
     return _settled(Int4Packed(t, qs.view(n, nkb * 4), d, m, n, k, counters, partials))
 
 
@@ -582,7 +591,8 @@ def int4_gemv(
         raise UnsupportedError(f"{what}: x must be [{k}] or [1, {k}] (M == 1), got {tuple(x.shape)}")
     device = check_device(what, x=x, qs=w.qs, out=out)
     out = make_out(what, out, (1, n), torch.float32, device)
-    cfg = gemv_config(n, k) if config is None else (GemvConfig(**config) if isinstance(config, dict) else config)
+    cfg = gemv_config(n, k, True) if config is None else (GemvConfig(**config) if isinstance(config, dict)
+                                                          else config)
     _launch_gemv(what, x, w, w.d, w.m, w.m.shape[1], w.mode, out, n, k, cfg)
     return out
 

@@ -22,6 +22,7 @@ from ._common import (
     check_tensor,
     make_out,
     pdl_args,
+    release_late,
     release_next,
     rows_view,
     wait_prior,
@@ -50,6 +51,7 @@ def _rope_kernel(x_ptr, pos_ptr, cos_ptr, sin_ptr, out_ptr, stride_x, N, HD, HAL
         ib = 2 * i + 1
     a = tl.load(src + ia, mask=mi, other=0.0).to(tl.float32)
     b = tl.load(src + ib, mask=mi, other=0.0).to(tl.float32)
+    release_late(PDL)
     tl.store(dst + ia, a * c - b * s, mask=mi)
     tl.store(dst + ib, a * s + b * c, mask=mi)
     j = tl.arange(0, BLOCK_HD)

@@ -39,7 +39,7 @@ def variants():
         consts = {"OP": op, "BLOCK": elementwise.BLOCK, "EVEN": False}
         out.append((f"map2[{op} {t}]", elementwise._map2_kernel, sig, consts, {}))
     sig = {"y_ptr": "*fp32", "b_ptr": "*fp32", "d": "i32", "BLOCK_D": c, "PDL": c}
-    out.append(("add_bias", elementwise._add_bias_kernel, sig, {"BLOCK_D": elementwise.BIAS_BLOCK, "PDL": True}, {}))
+    out.append(("add_bias", elementwise._add_bias_kernel, sig, {"BLOCK_D": elementwise.BIAS_BLOCK, "PDL": 2}, {}))
 
     storage = {"F32": "*fp32", "F16": "*fp16", "BF16": "*i16"}
     no_fma = {"enable_fp_fusion": False}
@@ -94,37 +94,37 @@ def variants():
            "BLOCK_D": c, "PDL": c}
     for d in (576, 3584, 8192):
         block = 1 << (d - 1).bit_length()
-        out.append((f"rms_norm[{d}]", norm._rms_norm_kernel, sig, {"BLOCK_D": block, "PDL": True},
+        out.append((f"rms_norm[{d}]", norm._rms_norm_kernel, sig, {"BLOCK_D": block, "PDL": 2},
                     {"num_warps": 4 if block <= 2048 else 8}))
     sig = {"x_ptr": "*fp32", "y_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32", "sum_ptr": "*fp32", "D": "i32",
            "eps": "fp32", "BLOCK_D": c, "WRITE_SUM": c, "PDL": c}
-    out.append(("add_rms_norm[3584]", norm._add_rms_norm_kernel, sig, {"BLOCK_D": 4096, "WRITE_SUM": True, "PDL": True},
+    out.append(("add_rms_norm[3584]", norm._add_rms_norm_kernel, sig, {"BLOCK_D": 4096, "WRITE_SUM": True, "PDL": 2},
                 {"num_warps": 8}))
     sig = {"x_ptr": "*fp32", "pos_ptr": "*i32", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "out_ptr": "*fp32",
            "stride_x": "i32", "N": "i32", "HD": "i32", "HALF": "i32", "NEOX": c, "BLOCK_HALF": c, "BLOCK_HD": c,
            "PDL": c}
     for neox, hd in ((False, 64), (True, 128)):
         out.append((f"rope[neox={neox} hd{hd}]", rope._rope_kernel, sig,
-                    {"NEOX": neox, "BLOCK_HALF": hd // 2, "BLOCK_HD": hd, "PDL": True}, {"num_warps": 1}))
+                    {"NEOX": neox, "BLOCK_HALF": hd // 2, "BLOCK_HD": hd, "PDL": 2}, {"num_warps": 1}))
     sig = {"k_ptr": "*fp32", "v_ptr": "*fp32", "ck_ptr": "*fp16", "cv_ptr": "*fp16", "slot_ptr": "*i32",
            "pos_ptr": "*i32", "stride_k": "i32", "stride_v": "i32", "layer_off": "i64", "S_STRIDE": "i64",
            "H_STRIDE": "i64", "HD": "i32", "BLOCK_D": c, "PDL": c}
-    out.append(("kv_write", attention._kv_write_kernel, sig, {"BLOCK_D": 128, "PDL": True}, {"num_warps": 1}))
+    out.append(("kv_write", attention._kv_write_kernel, sig, {"BLOCK_D": 128, "PDL": 2}, {"num_warps": 1}))
     sig = {"q_ptr": "*fp32", "ck_ptr": "*fp16", "cv_ptr": "*fp16", "slot_ptr": "*i32", "pos_ptr": "*i32",
            "out_ptr": "*fp32", "po_ptr": "*fp32", "pml_ptr": "*fp32", "stride_q": "i32", "layer_off": "i64",
            "S_STRIDE": "i64", "H_STRIDE": "i64", "scale": "fp32", "G": "i32", "N_HEAD": "i32", "HD": "i32",
            "SPLIT_LEN": "i32", "NSPLIT": "i32", "GP": c, "BLOCK_D": c, "BLOCK_N": c, "SPLIT": c, "PDL": c}
     for hd, split in ((64, False), (128, True)):
         out.append((f"attention_rows[hd{hd} split={split}]", attention._attn_rows_kernel, sig,
-                    {"GP": 16, "BLOCK_D": hd, "BLOCK_N": attention.block_n(hd), "SPLIT": split, "PDL": True},
+                    {"GP": 16, "BLOCK_D": hd, "BLOCK_N": attention.block_n(hd), "SPLIT": split, "PDL": 2},
                     {"num_warps": 4}))
     sig = {"po_ptr": "*fp32", "pml_ptr": "*fp32", "out_ptr": "*fp32", "N_HEAD": "i32", "HD": "i32", "NSPLIT": "i32",
            "SP": c, "BLOCK_D": c, "PDL": c}
-    out.append(("attention_combine", attention._attn_combine_kernel, sig, {"SP": 8, "BLOCK_D": 128, "PDL": True},
+    out.append(("attention_combine", attention._attn_combine_kernel, sig, {"SP": 8, "BLOCK_D": 128, "PDL": 2},
                 {"num_warps": 1}))
     sig = {"g_ptr": "*fp32", "u_ptr": "*fp32", "z_ptr": "*fp32", "d": "i32", "stride_g": "i32", "stride_u": "i32",
            "BLOCK_D": c, "PDL": c}
-    out.append(("swiglu_rows", elementwise._swiglu_rows_kernel, sig, {"BLOCK_D": elementwise.BIAS_BLOCK, "PDL": True},
+    out.append(("swiglu_rows", elementwise._swiglu_rows_kernel, sig, {"BLOCK_D": elementwise.BIAS_BLOCK, "PDL": 2},
                 {}))
     return out
 

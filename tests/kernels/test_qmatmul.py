@@ -144,6 +144,12 @@ def test_gemv_config_choice():
     packed = repack_q4_0(torch.zeros(2048 * 4096 // 32 * 18, dtype=torch.uint8), 2048, 4096)
     assert mid.split == 8 and qmatmul._split_plan(mid, 2048, 4096)[1] == 8
     assert packed.partials.numel() == 8 * 2048 and packed.counters.numel() == 2048
+    # prefetching: the attention projections (few K steps per program) and every affine (Q4_1 / Q4_K) shape
+    assert qkv.prefetch and qmatmul.gemv_config(3584, 3584).prefetch
+    assert not any(qmatmul.gemv_config(n, k).prefetch for n, k in [(37888, 3584), (3584, 18944), (152064, 3584)])
+    q4k_down = qmatmul.gemv_config(4096, 14336, affine=True)
+    assert (q4k_down.wk, q4k_down.split, q4k_down.prefetch, q4k_down.maxnreg) == (2, 8, True, 168)
+    assert qmatmul.gemv_config(28672, 4096, affine=True).prefetch
 
 
 def test_matmul_config_pruning():
