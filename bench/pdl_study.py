@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import statistics
 
+import torch
+
 from minfer.api import load
 from minfer.commands.bench import run_pp, run_tg
 from minfer.kernels import _common
@@ -34,7 +36,10 @@ def main() -> None:
         for name, g, o, graphs in VARIANTS:
             _common.PDL_MODES.update(gemv=g, other=o)
             _common.PDL_GRAPH_ONLY = graphs
-            m.engine.backend._graphs.clear()
+            be = m.engine.backend
+            be._graphs.clear()  # captured again, into a fresh memory pool
+            be._pool = None
+            torch.cuda.synchronize()
             tg = statistics.mean(run_tg(m, a.n, 2))
             pp = statistics.mean(run_pp(m, 512, 2))
             rows.append((path.split("/")[-1], name, tg, pp))
