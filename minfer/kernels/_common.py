@@ -82,8 +82,12 @@ if interpreting():
 
 _WANTED_DEVICE = "cpu" if interpreting() else "cuda"
 _PDL_ON: bool | None = None
-PDL_MODES = {"gemv": 2, "other": 2}  # kernel kind -> 0 off, 1 release the next kernel late, 2 early
-PDL_GRAPH_ONLY = False  # True: only kernels captured into a CUDA graph take PDL
+# kernel kind -> 0 off, 1 release the next kernel late, 2 early; only kernels captured into a CUDA
+# graph take PDL (eager prompt chunks are bound by the host's launches, not by gaps on the GPU).
+# H200, bench/pdl_study.py (bench/NOTES.md run 14), tg64 tok/s off / all early / all late / this:
+# SmolLM2 1,212 / 1,489 / 1,367 / 1,467; Qwen2.5-7B 381 / 345 / 403 / 413; Llama-3-8B 243 / 305 / 332 / 338.
+PDL_MODES = {"gemv": 1, "other": 2}
+PDL_GRAPH_ONLY = True
 _PDL_ARGS = {0: {"PDL": 0}, 1: {"PDL": 1, "launch_pdl": True}, 2: {"PDL": 2, "launch_pdl": True}}
 
 
