@@ -34,7 +34,7 @@ from ..contracts.registry import BoundKernel, Registry, default_registry
 from ..errors import MinferError, ModelError, NoKernelError, UnsupportedError
 from ..gguf.reader import GGUFReader
 from ..graph.ir import Graph, Node, Op, WeightRef
-from ..kernels._common import interpreting
+from ..kernels._common import as_in_graphs, interpreting
 from ..quant.types import GGMLType, quant_info
 from . import cpu_ops
 from .base import Batch
@@ -131,7 +131,7 @@ class _DecodeGraph:
         state = _State(self.static, True, bucket)
         stream = torch.cuda.Stream()  # eager warm-up first: Triton compiles and autotunes outside the capture
         stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
+        with torch.cuda.stream(stream), as_in_graphs():
             for _ in range(2):
                 backend._pick(x=backend.plan.run(state))
         torch.cuda.current_stream().wait_stream(stream)

@@ -24,6 +24,7 @@ rows * blocks can pass 2^31.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import torch
@@ -104,9 +105,23 @@ def pdl_args(kind: str = "other") -> dict:
 
             on = torch.cuda.get_device_capability()[0] >= 9 and "launch_pdl" in CUDAOptions.__dataclass_fields__
         _PDL_ON = on
-    if not _PDL_ON or (PDL_GRAPH_ONLY and not torch.cuda.is_current_stream_capturing()):
+    if not _PDL_ON or (PDL_GRAPH_ONLY and not _AS_IN_GRAPHS[0] and not torch.cuda.is_current_stream_capturing()):
         return _PDL_ARGS[0]
     return _PDL_ARGS[PDL_MODES[kind]]
+
+
+_AS_IN_GRAPHS = [False]
+
+
+@contextlib.contextmanager
+def as_in_graphs():
+    """Launch as inside a CUDA graph capture: the warm-up runs before a capture compile the
+    kernel variants the capture launches (nothing compiles while a stream is captured)."""
+    _AS_IN_GRAPHS[0] = True
+    try:
+        yield
+    finally:
+        _AS_IN_GRAPHS[0] = False
 
 
 def check_grid(what: str, grid: Sequence[int]) -> tuple[int, ...]:
