@@ -12,6 +12,7 @@ one JSON answer, or streamed as server-sent events. A client that goes away (a f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import time
@@ -59,7 +60,12 @@ class EventStream(StreamingResponse):
 def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_key: str | None = None,
                max_body: int = MAX_BODY_BYTES, max_pending: int = 1024) -> FastAPI:
     """`max_pending`: requests admitted at once (running + waiting); beyond it a 503."""
-    app = FastAPI(title="minfer", docs_url=None, redoc_url=None, openapi_url=None)
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        await run_in_threadpool(engine_loop.stop)  # uvicorn's shutdown (SIGINT/SIGTERM): end the loop cleanly
+
+    app = FastAPI(title="minfer", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     page = resources.files(__package__).joinpath("static/index.html").read_bytes()
     created = int(time.time())
     pending: set[Job] = set()
@@ -188,9 +194,10 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
             metrics.request(endpoint, status or 200)
 
     async def collect(job: Job, request: Request, out: Output, endpoint: str):
+        events = Events(job, request)
         try:
             while True:
-                ev = await next_event(job, request)
+                ev = await events.next()
                 if ev[0] == "delta":
                     out.add(ev[1], ev[2], ev[3])
                 elif ev[0] == "done":
@@ -211,13 +218,9 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
     async def stream(job: Job, request: Request, out: Output, usage: bool, endpoint: str) -> AsyncIterator[bytes]:
         try:
             yield sse(out.first_chunk(usage))
-            last_check = time.monotonic()
+            events = Events(job, request)
             while True:
-                ev = await next_event(job, request)
-                if time.monotonic() - last_check > DISCONNECT_POLL_S:  # tokens keep coming: check now and then
-                    last_check = time.monotonic()
-                    if await request.is_disconnected():
-                        raise Disconnected
+                ev = await events.next()
                 if ev[0] == "delta":
                     chunk = out.delta_chunk(ev[1], ev[2], ev[3], usage)
                     if chunk is not None:
@@ -242,19 +245,28 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
 
 
 # ---------------------------------------------------------------------- helpers
-async def next_event(job: Job, request: Request) -> tuple:
-    """The job's next event; Disconnected when the client is gone while we wait."""
-    getter = asyncio.ensure_future(job.events.get())
-    try:
-        while True:
-            done, _ = await asyncio.wait({getter}, timeout=DISCONNECT_POLL_S)
-            if done:
-                return getter.result()
-            if await request.is_disconnected():
-                raise Disconnected
-    finally:
-        if not getter.done():
-            getter.cancel()
+class Events:
+    """A job's events, with the client watched: Disconnected when it is gone (checked at least
+    every DISCONNECT_POLL_S, whether or not tokens keep coming)."""
+
+    def __init__(self, job: Job, request: Request):
+        self.job, self.request = job, request
+        self.checked = time.monotonic()
+
+    async def next(self) -> tuple:
+        getter = asyncio.ensure_future(self.job.events.get())
+        try:
+            while True:
+                done, _ = await asyncio.wait({getter}, timeout=DISCONNECT_POLL_S)
+                if time.monotonic() - self.checked >= DISCONNECT_POLL_S or not done:
+                    self.checked = time.monotonic()
+                    if await self.request.is_disconnected():
+                        raise Disconnected
+                if done:
+                    return getter.result()
+        finally:
+            if not getter.done():
+                getter.cancel()
 
 
 async def read_json(request: Request, limit: int) -> dict:
