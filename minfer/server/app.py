@@ -94,6 +94,15 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
             raise APIError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
                            code="invalid_api_key")
 
+    piece: list[int] = []
+
+    def max_piece(m) -> int:
+        """The most characters one token can stand for (its piece's bytes), at least 1."""
+        if not piece:
+            tok = m.tokenizer
+            piece.append(max(1, max(len(tok.token_to_piece(i, special=True)) for i in range(tok.n_vocab))))
+        return piece[0]
+
     def ready_model():
         if engine_loop.state == "loading":
             raise APIError(503, "the model is still loading; try again shortly", code="loading")
@@ -160,8 +169,15 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
             params = schema.sampling_params(req, max_tokens)
             if kind == "chat":
                 messages = schema.messages_of(req)
+                chars = sum(len(x["content"]) for x in messages)
+                if chars > m.n_ctx * max_piece(m):  # surely over the context: refuse without tokenizing
+                    raise APIError(400, f"the messages hold {chars} characters: more than the context of "
+                                   f"{m.n_ctx} tokens can hold", param="messages", code="context_length_exceeded")
                 ids = await run_in_threadpool(_tokens, m.chat_tokens, messages)
             else:
+                if isinstance(req.prompt, str) and len(req.prompt) > m.n_ctx * max_piece(m):
+                    raise APIError(400, f"the prompt holds {len(req.prompt)} characters: more than the context of "
+                                   f"{m.n_ctx} tokens can hold", param="prompt", code="context_length_exceeded")
                 ids = await run_in_threadpool(_completion_ids, m, req.prompt)
             check_context(len(ids), max_tokens, m.n_ctx)
             if len(pending) >= max_pending:

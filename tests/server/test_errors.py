@@ -54,6 +54,8 @@ CASES = [
     ("max_tokens string", "POST", CHAT, chat(max_tokens="10"), 400, "max_tokens"),
     ("over the context", "POST", CHAT, chat(max_tokens=100_000), 400, "100000"),
     ("prompt over the context", "POST", COMP, {"prompt": LONG}, 400, "context holds 512"),
+    ("huge prompt", "POST", COMP, {"prompt": "a" * (3 << 20)}, 400, "characters"),
+    ("huge message", "POST", CHAT, {"messages": [{"role": "user", "content": "b" * (3 << 20)}]}, 400, "characters"),
     ("prompt + max_tokens", "POST", COMP, {"prompt": "hello " * 300, "max_tokens": 300}, 400, "over the context"),
     ("stop wrong type", "POST", CHAT, chat(stop=5), 400, "stop"),
     ("stop empty string", "POST", CHAT, chat(stop=[""]), 400, "stop"),
