@@ -11,7 +11,8 @@ boundary. Idle, the thread blocks on the inbox: no polling, no CPU.
 Events a job receives, in order: ("delta", text, token_ids, logprobs)*, then exactly one of
 ("done", finish_reason, usage) or ("error", message). A step that raises fails the jobs then
 running with an error event (their streams end with an error event and [DONE]) and the loop
-goes on serving.
+goes on serving. A failure of the loop itself (a bug) tells every job it holds or has queued,
+and sets `state` to "error": /health and new requests then answer 503.
 """
 
 from __future__ import annotations
@@ -97,52 +98,72 @@ class EngineLoop:
         engine = self.model.engine
         jobs: list[Job] = []
         try:
-            while True:
-                busy = engine.scheduler.has_work()
+            self._serve(engine, jobs)
+        except BaseException as e:  # noqa: BLE001 (a bug in the loop itself: say so to every waiting client)
+            log.error("engine loop failed:\n%s", traceback.format_exc())
+            self.state = "error"
+            for j in jobs:
+                j.push(("error", f"the engine loop failed: {type(e).__name__}: {e}"))
+            self._fail_inbox(f"the engine loop failed: {type(e).__name__}")
+        finally:
+            if self.state != "error":
+                self.state = "stopped"
+            self.model.close()
+
+    def _fail_inbox(self, message: str) -> None:
+        while True:
+            try:
+                cmd, job = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            if cmd == "add":
+                job.push(("error", message))
+
+    def _serve(self, engine, jobs: list[Job]) -> None:
+        while True:
+            busy = engine.scheduler.has_work()
+            try:
+                cmd, job = self.inbox.get(block=not busy)
+            except queue.Empty:
+                cmd = None
+            while cmd is not None:
+                if cmd == "stop":
+                    for j in jobs:
+                        engine.abort(j.seq)
+                        j.push(("error", "the server is shutting down"))
+                    self._fail_inbox("the server is shutting down")
+                    return
+                if cmd == "add":
+                    self._add(engine, job, jobs)
+                elif cmd == "abort" and job.seq is not None:
+                    engine.abort(job.seq)
+                    self._flush(job, jobs)
                 try:
-                    cmd, job = self.inbox.get(block=not busy)
+                    cmd, job = self.inbox.get_nowait()
                 except queue.Empty:
                     cmd = None
-                while cmd is not None:
-                    if cmd == "stop":
-                        for j in jobs:
-                            engine.abort(j.seq)
-                            j.push(("error", "the server is shutting down"))
-                        return
-                    if cmd == "add":
-                        self._add(engine, job, jobs)
-                    elif cmd == "abort" and job.seq is not None:
-                        engine.abort(job.seq)
-                        self._flush(job, jobs)
-                    try:
-                        cmd, job = self.inbox.get_nowait()
-                    except queue.Empty:
-                        cmd = None
-                if engine.scheduler.has_work():
-                    try:
-                        engine.step()
-                    except Exception as e:  # noqa: BLE001 (a backend failure: fail the running jobs, go on)
-                        log.error("engine step failed:\n%s", traceback.format_exc())
-                        for j in list(jobs):
-                            engine.abort(j.seq)
-                            jobs.remove(j)
-                            self._end(j)
-                            j.push(("error", f"the engine failed while generating: {type(e).__name__}: {e}"))
-                for j in list(jobs):
-                    self._flush(j, jobs)
-                self.metrics.active.set(len(engine.scheduler.running))
-                self.metrics.queued.set(len(engine.scheduler.waiting))
-        finally:
-            self.state = "stopped"
-            self.model.close()
+            if engine.scheduler.has_work():
+                try:
+                    engine.step()
+                except Exception as e:  # noqa: BLE001 (a backend failure: fail the running jobs, go on)
+                    log.error("engine step failed:\n%s", traceback.format_exc())
+                    for j in list(jobs):
+                        engine.abort(j.seq)
+                        jobs.remove(j)
+                        self._end(j)
+                        j.push(("error", f"the engine failed while generating: {type(e).__name__}: {e}"))
+            for j in list(jobs):
+                self._flush(j, jobs)
+            self.metrics.active.set(len(engine.scheduler.running))
+            self.metrics.queued.set(len(engine.scheduler.waiting))
 
     def _add(self, engine, job: Job, jobs: list[Job]) -> None:
         if job.done:  # cancelled before it reached the loop
             return
         try:
             seq = engine.add(job.ids, job.params, reuse_prefix=job.params.seed is None)
-        except MinferError as e:  # the handler validated the request; this is a late surprise
-            job.push(("error", str(e)))
+        except Exception as e:  # noqa: BLE001 (the handler validated the request; this is a late surprise)
+            job.push(("error", str(e) if isinstance(e, MinferError) else f"{type(e).__name__}: {e}"))
             return
         seq.logprobs_n = job.logprobs_n
         job.seq = seq

@@ -109,24 +109,3 @@ def client(server):
 
     with OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60) as c:
         yield c
-
-
-@pytest.fixture(scope="session")
-def chromium():
-    """A headless system Chromium via Playwright (as the trace viewer's tests); missing = failure."""
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.fail("playwright is not installed: pip install playwright (never `playwright install`)")
-    from minfer.errors import MinferError
-    from minfer.trace.browser import launch
-
-    pw = sync_playwright().start()
-    try:
-        browser = launch(pw)
-    except MinferError as e:
-        pw.stop()
-        pytest.fail(str(e))
-    yield browser
-    browser.close()
-    pw.stop()

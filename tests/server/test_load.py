@@ -84,7 +84,7 @@ def test_dropped_non_streaming_request_is_aborted(server, model_id):
         raise AssertionError("400 tokens in 0.5 s: the test needs a longer request")
     except httpx.TimeoutException:
         pass
-    server.wait_idle(1.5)  # the poll notices within 0.25 s; the loop aborts at the next step
+    server.wait_idle(1.0)  # the poll notices within 0.25 s; the loop aborts at the next step
 
 
 def test_soak(server, client, model_id):
