@@ -1,6 +1,6 @@
-"""A failure inside the engine after a stream started: an error event, then [DONE]; the loop
-goes on serving. In-process (a tiny synthetic model, httpx's ASGI transport), with the engine's
-step made to fail once."""
+"""The engine loop in-process (tiny synthetic model, httpx's ASGI transport): a failure inside
+the engine after a stream started is an error event then [DONE] and the loop goes on serving;
+/health and requests say "loading" until the model is loaded."""
 
 from __future__ import annotations
 
@@ -54,3 +54,42 @@ def test_error_after_stream_started(tiny_gguf):
     assert not any(json.loads(e).get("choices", [{}])[0].get("finish_reason") for e in events[:-2])
     assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 20
     assert loop.metrics.active._value.get() == 0
+
+
+def test_health_says_loading_until_the_model_is_loaded(tiny_gguf):
+    import threading
+
+    from minfer.api import Model
+
+    gate = threading.Event()
+
+    def load():
+        assert gate.wait(30)
+        return Model(tiny_gguf("tiny-llama", "f32"), n_ctx=64, n_slots=1, progress=False)
+
+    loop = EngineLoop(load, Metrics())
+    app = create_app(loop, model_id="tiny", metrics=loop.metrics)
+    loop.start()
+
+    async def get(c, path):
+        return await c.get(path) if path != "chat" else await c.post(
+            "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            before = [await get(c, "/health"), await get(c, "chat")]
+            gate.set()
+            assert await asyncio.to_thread(loop.ready.wait, 30)
+            after = [await get(c, "/health"), await get(c, "chat")]
+            return before, after
+
+    try:
+        with ThreadPoolExecutor(1) as ex:
+            before, after = ex.submit(asyncio.run, go()).result(60)
+    finally:
+        gate.set()
+        loop.stop()
+    assert before[0].status_code == 503 and before[0].json() == {"status": "loading"}
+    assert before[1].status_code == 503 and before[1].json()["error"]["code"] == "loading"
+    assert after[0].status_code == 200 and after[0].json() == {"status": "ok"}
+    assert after[1].status_code == 200 and after[1].json()["usage"]["completion_tokens"] >= 1
