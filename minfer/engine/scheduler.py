@@ -29,6 +29,7 @@ import torch
 
 from ..backends.base import Batch
 from ..errors import MinferError
+from .logprobs import token_logprobs
 from .sequence import Sequence, Status
 
 
@@ -211,6 +212,8 @@ class Scheduler:
         sampled = []
         for seq, row in live:
             tok = tokens[id(seq)]
+            if seq.logprobs_n is not None:
+                seq.logprobs.append(token_logprobs(logits[row], tok, seq.logprobs_n))
             seq.append(tok, self.n_ctx, now)
             sampled.append((seq, tok, row))
         pre = step.prefill

@@ -115,6 +115,8 @@ class Sequence:
         self.finish_reason: str | None = None
         self.abort_requested = False
         self.error: Exception | None = None
+        self.logprobs_n: int | None = None  # set: record (logprob, top-n) of each sampled token (engine/logprobs.py)
+        self.logprobs: list[tuple[float, list[tuple[int, float]]]] = []
         self.stats = SequenceStats()
         self._text_out: list[str] = []
         self._stopped = False

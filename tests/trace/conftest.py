@@ -1,4 +1,4 @@
-"""Fixtures for the trace tests: a synthetic traced run and a headless system Chromium."""
+"""Fixtures for the trace tests: a synthetic traced run (the headless Chromium is in tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -18,24 +18,3 @@ def demo_trace(tmp_path_factory):
     path = run_demo(tmp_path_factory.mktemp("trace") / "demo.json", shape=DEMO_SHAPE, prompt_len=12,
                     new_tokens=DEMO_STEPS, seed=3)
     return path, json.loads(path.read_text()), DEMO_SHAPE
-
-
-@pytest.fixture(scope="session")
-def chromium():
-    """A headless system Chromium via Playwright. Missing pieces FAIL the tests (CI must install them)."""
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.fail("playwright is not installed: pip install playwright (never `playwright install`)")
-    from minfer.errors import MinferError
-    from minfer.trace.browser import launch
-
-    pw = sync_playwright().start()
-    try:
-        browser = launch(pw)
-    except MinferError as e:
-        pw.stop()
-        pytest.fail(str(e))
-    yield browser
-    browser.close()
-    pw.stop()

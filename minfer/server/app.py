@@ -1,0 +1,441 @@
+"""The FastAPI app: OpenAI's /v1/chat/completions, /v1/completions and /v1/models, plus /health,
+/metrics and the chat page at /.
+
+A request is checked completely before anything is sent (body size, JSON, schema, model name,
+sampling values, chat template, token ids, prompt + max_tokens against the context): every
+client mistake is OpenAI's error JSON with a 4xx status before any SSE byte. Then it becomes a
+Job for the engine loop (loop.py) and its events come back on an asyncio queue: collected into
+one JSON answer, or streamed as server-sent events. A client that goes away (a failed send, or
+`is_disconnected` polled while no token arrives) cancels its job; the loop frees the slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from importlib import resources
+
+from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..errors import MinferError
+from . import schema
+from .errors import APIError, error_body
+from .loop import EngineLoop, Job
+from .metrics import CONTENT_TYPE, Metrics
+
+MAX_BODY_BYTES = 4 << 20  # a request body beyond this is a 413
+DISCONNECT_POLL_S = 0.25  # how often a request with no new token checks that its client is still there
+CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
+       "img-src data:; base-uri 'none'; form-action 'none'")
+
+
+class Disconnected(Exception):
+    pass
+
+
+class EventStream(StreamingResponse):
+    """A StreamingResponse whose `on_close` runs however the response ends (finished, failed send,
+    cancelled): the job is cancelled at once, not when the generator is garbage-collected."""
+
+    def __init__(self, content, on_close: Callable[[], None], **kw):
+        super().__init__(content, media_type="text/event-stream", **kw)
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
+            await self.body_iterator.aclose()
+
+
+def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_key: str | None = None,
+               max_body: int = MAX_BODY_BYTES, max_pending: int = 1024) -> FastAPI:
+    """`max_pending`: requests admitted at once (running + waiting); beyond it a 503."""
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        await run_in_threadpool(engine_loop.stop)  # uvicorn's shutdown (SIGINT/SIGTERM): end the loop cleanly
+
+    app = FastAPI(title="minfer", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    page = resources.files(__package__).joinpath("static/index.html").read_bytes()
+    created = int(time.time())
+    pending: set[Job] = set()
+    key = api_key.encode() if api_key else None
+
+    # ------------------------------------------------------------------ errors
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, e: APIError):
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, e: StarletteHTTPException):
+        msg = f"no route {request.method} {request.url.path}" if e.status_code == 404 else str(e.detail)
+        return JSONResponse(error_body(e.status_code, msg), status_code=e.status_code)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, e: Exception):  # the server's own fault, never the client's
+        return JSONResponse(error_body(500, f"internal error: {type(e).__name__}"), status_code=500)
+
+    def authorize(request: Request) -> None:
+        if key is None:
+            return
+        auth = request.headers.get("authorization", "")
+        given = auth[7:].strip().encode() if auth[:7].lower() == "bearer " else b""
+        if not hmac.compare_digest(given, key):
+            raise APIError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
+                           code="invalid_api_key")
+
+    piece: list[int] = []
+
+    def max_piece(m) -> int:
+        """The most characters one token can stand for (its piece's bytes), at least 1."""
+        if not piece:
+            tok = m.tokenizer
+            piece.append(max(1, max(len(tok.token_to_piece(i, special=True)) for i in range(tok.n_vocab))))
+        return piece[0]
+
+    def ready_model():
+        if engine_loop.state == "loading":
+            raise APIError(503, "the model is still loading; try again shortly", code="loading")
+        if engine_loop.state != "ok":
+            raise APIError(503, f"the model is not available ({engine_loop.state})")
+        return engine_loop.model
+
+    # ------------------------------------------------------------------ plain routes
+    @app.get("/", include_in_schema=False)
+    async def index():
+        return HTMLResponse(page, headers={"Content-Security-Policy": CSP, "Cache-Control": "no-store",
+                                           "X-Content-Type-Options": "nosniff"})
+
+    @app.get("/health")
+    async def health():
+        state = engine_loop.state
+        return JSONResponse({"status": state}, status_code=200 if state == "ok" else 503)
+
+    @app.get("/metrics")
+    async def metrics_route(request: Request):
+        authorize(request)
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    def model_card() -> dict:
+        card = {"id": model_id, "object": "model", "created": created, "owned_by": "minfer"}
+        if engine_loop.state == "ok":
+            card["meta"] = {"n_ctx": engine_loop.model.n_ctx, "n_slots": engine_loop.model.n_slots,
+                            "n_vocab": engine_loop.model.n_vocab}
+        return card
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        authorize(request)
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str, request: Request):
+        authorize(request)
+        if name != model_id:
+            raise APIError(404, f"model {name!r} does not exist; this server serves {model_id!r}",
+                           param="model", code="model_not_found")
+        return model_card()
+
+    # ------------------------------------------------------------------ generation
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await generate(request, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await generate(request, "completion")
+
+    async def generate(request: Request, kind: str):
+        endpoint = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
+        try:
+            authorize(request)
+            body = await read_json(request, max_body)
+            req = schema.parse(schema.ChatRequest if kind == "chat" else schema.CompletionRequest, body)
+            if req.model is not None and req.model != model_id:
+                raise APIError(404, f"model {req.model!r} does not exist; this server serves {model_id!r}",
+                               param="model", code="model_not_found")
+            m = ready_model()
+            max_tokens = schema.max_tokens_of(req)
+            params = schema.sampling_params(req, max_tokens)
+            if kind == "chat":
+                messages = schema.messages_of(req)
+                chars = sum(len(x["content"]) for x in messages)
+                if chars > m.n_ctx * max_piece(m):  # surely over the context: refuse without tokenizing
+                    raise APIError(400, f"the messages hold {chars} characters: more than the context of "
+                                   f"{m.n_ctx} tokens can hold", param="messages", code="context_length_exceeded")
+                ids = await run_in_threadpool(_tokens, m.chat_tokens, messages)
+            else:
+                if isinstance(req.prompt, str) and len(req.prompt) > m.n_ctx * max_piece(m):
+                    raise APIError(400, f"the prompt holds {len(req.prompt)} characters: more than the context of "
+                                   f"{m.n_ctx} tokens can hold", param="prompt", code="context_length_exceeded")
+                ids = await run_in_threadpool(_completion_ids, m, req.prompt)
+            check_context(len(ids), max_tokens, m.n_ctx)
+            if len(pending) >= max_pending:
+                raise APIError(503, f"the server is at its limit of {max_pending} requests in flight; retry later",
+                               code="overloaded")
+        except APIError as e:
+            metrics.request(endpoint, e.status)
+            return JSONResponse(e.body(), status_code=e.status)
+        job = Job(ids, params, schema.logprobs_n(req), asyncio.get_running_loop())
+        pending.add(job)
+        engine_loop.submit(job)
+        out = Output(kind, model_id, m.tokenizer, m.engine.eog_ids, params.ignore_eos)
+        if req.stream:
+            usage = req.stream_options is not None and req.stream_options.include_usage
+            return EventStream(stream(job, request, out, usage, endpoint),
+                               on_close=lambda: finish(job, endpoint, None),
+                               headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        try:
+            return await collect(job, request, out, endpoint)
+        finally:
+            finish(job, endpoint, None)
+
+    def finish(job: Job, endpoint: str, status: int | None) -> None:
+        """The job's end, once: cancel it in the loop if it has not finished; count it."""
+        if job in pending:
+            pending.discard(job)
+            if not job.done:
+                engine_loop.cancel(job)
+                status = status or 499
+            metrics.request(endpoint, status or 200)
+
+    async def collect(job: Job, request: Request, out: Output, endpoint: str):
+        events = Events(job, request)
+        try:
+            while True:
+                ev = await events.next()
+                if ev[0] == "delta":
+                    out.add(ev[1], ev[2], ev[3])
+                elif ev[0] == "done":
+                    job.done = True
+                    if ev[1] not in ("stop", "length"):
+                        finish(job, endpoint, 500)
+                        return JSONResponse(error_body(500, f"the request ended early ({ev[1]})"), status_code=500)
+                    finish(job, endpoint, 200)
+                    return JSONResponse(out.whole(ev[1], ev[2]))
+                else:
+                    job.done = True
+                    finish(job, endpoint, 500)
+                    return JSONResponse(error_body(500, ev[1]), status_code=500)
+        except Disconnected:
+            finish(job, endpoint, 499)
+            return Response(status_code=499)
+
+    async def stream(job: Job, request: Request, out: Output, usage: bool, endpoint: str) -> AsyncIterator[bytes]:
+        try:
+            yield sse(out.first_chunk(usage))
+            events = Events(job, request)
+            while True:
+                ev = await events.next()
+                if ev[0] == "delta":
+                    chunk = out.delta_chunk(ev[1], ev[2], ev[3], usage)
+                    if chunk is not None:
+                        yield sse(chunk)
+                    continue
+                job.done = True
+                if ev[0] == "done" and ev[1] in ("stop", "length"):
+                    yield sse(out.final_chunk(ev[1], usage))
+                    if usage:
+                        yield sse(out.usage_chunk(ev[2]))
+                    finish(job, endpoint, 200)
+                else:
+                    msg = ev[1] if ev[0] == "error" else f"the request ended early ({ev[1]})"
+                    yield sse(error_body(500, msg))
+                    finish(job, endpoint, 500)
+                yield b"data: [DONE]\n\n"
+                return
+        except Disconnected:
+            finish(job, endpoint, 499)
+
+    return app
+
+
+# ---------------------------------------------------------------------- helpers
+class Events:
+    """A job's events, with the client watched: Disconnected when it is gone (checked at least
+    every DISCONNECT_POLL_S, whether or not tokens keep coming)."""
+
+    def __init__(self, job: Job, request: Request):
+        self.job, self.request = job, request
+        self.checked = time.monotonic()
+
+    async def next(self) -> tuple:
+        getter = asyncio.ensure_future(self.job.events.get())
+        try:
+            while True:
+                done, _ = await asyncio.wait({getter}, timeout=DISCONNECT_POLL_S)
+                if time.monotonic() - self.checked >= DISCONNECT_POLL_S or not done:
+                    self.checked = time.monotonic()
+                    if await self.request.is_disconnected():
+                        raise Disconnected
+                if done:
+                    return getter.result()
+        finally:
+            if not getter.done():
+                getter.cancel()
+
+
+async def read_json(request: Request, limit: int) -> dict:
+    length = request.headers.get("content-length")
+    if length is not None and (not length.isdigit() or int(length) > limit):
+        raise APIError(413, f"the request body is over the limit of {limit} bytes", code="body_too_large")
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > limit:
+            raise APIError(413, f"the request body is over the limit of {limit} bytes", code="body_too_large")
+    try:
+        body = json.loads(bytes(data))
+    except (ValueError, RecursionError) as e:
+        raise APIError(400, f"the body is not valid JSON: {str(e)[:200]}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise APIError(400, f"the body must be a JSON object, got {type(body).__name__}", code="invalid_json")
+    return body
+
+
+def _tokens(fn, *args) -> list[int]:
+    try:
+        return fn(*args)
+    except MinferError as e:
+        raise APIError(400, str(e), param="messages") from None
+
+
+def _completion_ids(m, prompt) -> list[int]:
+    """Token ids of a completion prompt: a string (special tokens parsed, as llama.cpp does),
+    a list of token ids, or a list holding one string."""
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        if len(prompt) != 1:
+            raise APIError(400, f"one prompt per request (got a list of {len(prompt)})", param="prompt")
+        prompt = prompt[0]
+    try:
+        ids = m.prompt_ids(prompt) if isinstance(prompt, str) else list(prompt)
+        m.engine.check_tokens(ids)
+    except MinferError as e:
+        raise APIError(400, f"prompt: {e}", param="prompt") from None
+    return ids
+
+
+def check_context(n_prompt: int, max_tokens: int | None, n_ctx: int) -> None:
+    if max_tokens is None:
+        if n_prompt >= n_ctx:
+            raise APIError(400, f"the prompt has {n_prompt} tokens and the context holds {n_ctx}: no room to "
+                           "generate (shorten the prompt)", param="messages", code="context_length_exceeded")
+    elif n_prompt + max_tokens > n_ctx:
+        raise APIError(400, f"the prompt has {n_prompt} tokens and max_tokens asks for {max_tokens}: "
+                       f"{n_prompt + max_tokens} in all, over the context of {n_ctx} tokens",
+                       param="max_tokens", code="context_length_exceeded")
+
+
+def sse(obj: dict) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
+
+
+class Output:
+    """OpenAI's response shapes for one request (chat or completion), streamed or whole."""
+
+    def __init__(self, kind: str, model_id: str, tokenizer, eog_ids, ignore_eos: bool):
+        self.kind, self.model = kind, model_id
+        self.tok, self.eog, self.ignore_eos = tokenizer, eog_ids, ignore_eos
+        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+        self.text: list[str] = []
+        self.lps: list[tuple] = []  # (token id, logprob, top list) of reported tokens
+        self.with_logprobs = False
+        self.offset = 0  # characters so far (completion logprobs' text_offset)
+
+    # --- accumulation
+    def _reported(self, tokens, lps) -> list[tuple]:
+        if lps is None:
+            return []
+        self.with_logprobs = True
+        return [(t, lp, top) for t, (lp, top) in zip(tokens, lps, strict=True)
+                if self.ignore_eos or t not in self.eog]
+
+    def add(self, text: str, tokens, lps) -> None:
+        self.text.append(text)
+        self.lps += self._reported(tokens, lps)
+
+    # --- logprobs shapes
+    def _piece(self, t: int) -> bytes:
+        return self.tok.token_to_piece(t, special=True)
+
+    def _logprobs(self, items: list[tuple]) -> dict | None:
+        if not self.with_logprobs:
+            return None
+        if self.kind == "chat":
+            def one(t, lp):
+                b = self._piece(t)
+                return {"token": b.decode("utf-8", "replace"), "logprob": lp, "bytes": list(b)}
+            return {"content": [{**one(t, lp), "top_logprobs": [one(i, v) for i, v in top]} for t, lp, top in items]}
+        tokens, offsets = [], []
+        for t, _, _ in items:
+            s = self._piece(t).decode("utf-8", "replace")
+            tokens.append(s)
+            offsets.append(self.offset)
+            self.offset += len(s)
+        return {"tokens": tokens, "token_logprobs": [lp for _, lp, _ in items],
+                "top_logprobs": [{self._piece(i).decode("utf-8", "replace"): v for i, v in top} for _, _, top in items],
+                "text_offset": offsets}
+
+    # --- whole answers
+    def whole(self, finish_reason: str, usage: dict) -> dict:
+        text = "".join(self.text)
+        lps = self._logprobs(self.lps)
+        if self.kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": lps,
+                      "finish_reason": finish_reason}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": lps, "finish_reason": finish_reason}
+            obj = "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [choice],
+                "usage": _usage(usage)}
+
+    # --- stream chunks
+    def _chunk(self, choice: dict | None, usage: bool) -> dict:
+        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+        out = {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+               "choices": [choice] if choice is not None else []}
+        if usage:
+            out["usage"] = None
+        return out
+
+    def first_chunk(self, usage: bool) -> dict:
+        if self.kind == "chat":
+            return self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                "finish_reason": None}, usage)
+        return self._chunk({"index": 0, "text": "", "logprobs": None, "finish_reason": None}, usage)
+
+    def delta_chunk(self, text: str, tokens, lps, usage: bool) -> dict | None:
+        items = self._reported(tokens, lps)
+        if not text and not items:
+            return None
+        lp = self._logprobs(items)
+        if self.kind == "chat":
+            return self._chunk({"index": 0, "delta": {"content": text}, "logprobs": lp, "finish_reason": None}, usage)
+        return self._chunk({"index": 0, "text": text, "logprobs": lp, "finish_reason": None}, usage)
+
+    def final_chunk(self, finish_reason: str, usage: bool) -> dict:
+        if self.kind == "chat":
+            return self._chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason}, usage)
+        return self._chunk({"index": 0, "text": "", "logprobs": None, "finish_reason": finish_reason}, usage)
+
+    def usage_chunk(self, usage: dict) -> dict:
+        out = self._chunk(None, False)
+        out["usage"] = _usage(usage)
+        return out
+
+
+def _usage(u: dict) -> dict:
+    return {"prompt_tokens": u["prompt_tokens"], "completion_tokens": u["completion_tokens"],
+            "total_tokens": u["total_tokens"], "prompt_tokens_details": {"cached_tokens": u["cached_tokens"]}}

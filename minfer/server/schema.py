@@ -1,0 +1,205 @@
+"""The request schema (pydantic, strict types) and its mapping onto SamplingParams.
+
+Types are strict: `"temperature": "0.5"` is a 400, not a coercion (an integer is a valid
+number). Fields the server does not know are ignored, as OpenAI's own API ignores them; fields
+it knows but cannot honour (n > 1, tools, logit_bias, echo, suffix, best_of > 1, a
+response_format other than text) are a 400 that says so, never silently dropped.
+
+Field mapping (docs/SERVER.md has the table): max_completion_tokens (or max_tokens) ->
+max_tokens (absent: until an end token or the end of the context); temperature, top_p, top_k,
+min_p, seed, stop, frequency_penalty, presence_penalty as named; repetition_penalty (also spelled
+repeat_penalty) -> repeat_penalty; repeat_last_n (the window of all three penalties, prompt
+included, default 64). An absent sampling field takes SamplingParams' default (llama.cpp's:
+temperature 0.8, top_k 40, top_p 0.95, min_p 0.05); temperature 0 is greedy.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ..engine.logprobs import MAX_TOP_LOGPROBS
+from ..engine.params import SamplingParams
+from ..errors import ParamError
+from .errors import APIError
+
+MAX_MESSAGES = 2048
+ROLES = ("system", "developer", "user", "assistant")  # developer is rendered as system
+MAX_TEMPERATURE = 2.0  # OpenAI's range
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class ContentPart(_Strict):
+    type: str
+    text: str | None = None
+
+
+class Message(_Strict):
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class _Common(_Strict):
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
+    ignore_eos: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+
+
+class ChatRequest(_Common):
+    messages: list[Message]
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list | None = None
+    tool_choice: str | dict | None = None
+    response_format: dict | None = None
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[int] | list[str]
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+def parse(cls: type[_Common], body: dict) -> _Common:
+    """The request model, or a 400 naming the first bad field."""
+    try:
+        req = cls.model_validate(body)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = _where(err["loc"])
+        raise APIError(400, f"{loc or 'body'}: {err['msg']}", param=loc or None) from None
+    _unsupported(req)
+    return req
+
+
+def _unsupported(req: _Common) -> None:
+    if req.n != 1:
+        raise APIError(400, f"n must be 1: this server returns one choice per request (got n={req.n})", param="n")
+    if req.logit_bias:
+        raise APIError(400, "logit_bias is not supported", param="logit_bias")
+    if req.stream_options is not None and not req.stream:
+        raise APIError(400, "stream_options is only allowed with stream=true", param="stream_options")
+    if isinstance(req, ChatRequest):
+        if req.tools:
+            raise APIError(400, "tools are not supported", param="tools")
+        if req.response_format is not None and req.response_format.get("type", "text") != "text":
+            raise APIError(400, "only response_format {'type': 'text'} is supported", param="response_format")
+        if req.top_logprobs is not None:
+            if not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
+                raise APIError(400, f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {req.top_logprobs}",
+                               param="top_logprobs")
+            if not req.logprobs:
+                raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
+    else:
+        if req.echo:
+            raise APIError(400, "echo is not supported", param="echo")
+        if req.suffix:
+            raise APIError(400, "suffix is not supported", param="suffix")
+        if req.best_of not in (None, 1):
+            raise APIError(400, f"best_of must be 1, got {req.best_of}", param="best_of")
+        if req.logprobs is not None and not 0 <= req.logprobs <= MAX_TOP_LOGPROBS:
+            raise APIError(400, f"logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {req.logprobs}", param="logprobs")
+
+
+def messages_of(req: ChatRequest) -> list[dict]:
+    """The messages as the chat template sees them: {"role", "content"} with string content."""
+    if not req.messages:
+        raise APIError(400, "messages must hold at least one message", param="messages")
+    if len(req.messages) > MAX_MESSAGES:
+        raise APIError(400, f"at most {MAX_MESSAGES} messages, got {len(req.messages)}", param="messages")
+    out = []
+    for i, m in enumerate(req.messages):
+        if m.role not in ROLES:
+            raise APIError(400, f"messages[{i}].role {m.role!r} is not one of {', '.join(ROLES)}",
+                           param=f"messages[{i}].role")
+        content = m.content
+        if isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                if part.type != "text" or part.text is None:
+                    raise APIError(400, f"messages[{i}].content[{j}]: only text parts are supported "
+                                   f"(got type {part.type!r})", param=f"messages[{i}].content")
+                texts.append(part.text)
+            content = "".join(texts)
+        if content is None:
+            raise APIError(400, f"messages[{i}].content is missing", param=f"messages[{i}].content")
+        out.append({"role": "system" if m.role == "developer" else m.role, "content": content})
+    return out
+
+
+def max_tokens_of(req: _Common) -> int | None:
+    mt = req.max_completion_tokens if isinstance(req, ChatRequest) and req.max_completion_tokens is not None \
+        else req.max_tokens
+    name = "max_completion_tokens" if isinstance(req, ChatRequest) and req.max_completion_tokens is not None \
+        else "max_tokens"
+    if mt is not None and mt < 1:
+        raise APIError(400, f"{name} must be >= 1, got {mt}", param=name)
+    return mt
+
+
+def logprobs_n(req: _Common) -> int | None:
+    """Top alternatives per token to report, or None when logprobs are not asked for."""
+    if isinstance(req, ChatRequest):
+        return (req.top_logprobs or 0) if req.logprobs else None
+    return req.logprobs
+
+
+def sampling_params(req: _Common, max_tokens: int | None) -> SamplingParams:
+    """The request as SamplingParams (absent fields: SamplingParams' defaults); a 400 names the field."""
+    if req.repetition_penalty is not None and req.repeat_penalty is not None \
+            and req.repetition_penalty != req.repeat_penalty:
+        raise APIError(400, "repetition_penalty and repeat_penalty disagree (they are the same setting)",
+                       param="repetition_penalty")
+    if req.temperature is not None and req.temperature > MAX_TEMPERATURE:
+        raise APIError(400, f"temperature must be <= {MAX_TEMPERATURE}, got {req.temperature}", param="temperature")
+    given = dict(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p, seed=req.seed,
+                 frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty,
+                 repeat_penalty=req.repetition_penalty if req.repetition_penalty is not None else req.repeat_penalty,
+                 repeat_last_n=req.repeat_last_n)
+    names = {"repeat_penalty": "repetition_penalty"}
+    try:
+        return SamplingParams(max_tokens=max_tokens, stop=req.stop or (), ignore_eos=req.ignore_eos,
+                              **{k: v for k, v in given.items() if v is not None})
+    except ParamError as e:
+        raise APIError(400, f"{names.get(e.param, e.param)} {e.reason}", param=names.get(e.param, e.param)) from None
+
+
+_FIELDS = {f for cls in (ChatRequest, CompletionRequest, Message, ContentPart, StreamOptions) for f in cls.model_fields}
+
+
+def _where(loc: tuple) -> str:
+    """A validation error's location as a client spells it ("messages[0].role"), without
+    pydantic's union-member tags ("str", "list[int]")."""
+    out = ""
+    for x in loc:
+        if isinstance(x, int):
+            out += f"[{x}]"
+        elif x in _FIELDS:
+            out += f".{x}" if out else x
+    return out

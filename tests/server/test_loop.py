@@ -1,0 +1,95 @@
+"""The engine loop in-process (tiny synthetic model, httpx's ASGI transport): a failure inside
+the engine after a stream started is an error event then [DONE] and the loop goes on serving;
+/health and requests say "loading" until the model is loaded."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+from minfer.server.app import create_app
+from minfer.server.loop import EngineLoop
+from minfer.server.metrics import Metrics
+
+
+def test_error_after_stream_started(tiny_gguf):
+    from minfer.api import Model
+
+    model = Model(tiny_gguf("tiny-llama", "f32"), n_ctx=128, n_slots=2, progress=False)
+    real_step, calls = model.engine.step, {"n": 0}
+
+    def step():
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise RuntimeError("simulated backend failure")
+        return real_step()
+
+    model.engine.step = step
+    loop = EngineLoop(lambda: model, Metrics())
+    app = create_app(loop, model_id="tiny", metrics=loop.metrics)
+    loop.start()
+    assert loop.ready.wait(30) and loop.state == "ok"
+
+    async def go():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            body = {"prompt": [1, 2, 3], "max_tokens": 20, "temperature": 0, "ignore_eos": True, "stream": True}
+            failed = await c.post("/v1/completions", json=body)
+            after = await c.post("/v1/completions", json={**body, "stream": False})
+            return failed, after
+
+    try:
+        with ThreadPoolExecutor(1) as ex:  # its own thread: playwright's sync API may hold this one's loop
+            failed, after = ex.submit(asyncio.run, go()).result(60)
+    finally:
+        loop.stop()
+    assert failed.status_code == 200  # the stream had started
+    events = [e[6:] for e in failed.text.split("\n\n") if e]
+    assert events[-1] == "[DONE]"
+    err = json.loads(events[-2])["error"]
+    assert "simulated backend failure" in err["message"] and err["type"] == "server_error"
+    assert not any(json.loads(e).get("choices", [{}])[0].get("finish_reason") for e in events[:-2])
+    assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 20
+    assert loop.metrics.active._value.get() == 0
+
+
+def test_health_says_loading_until_the_model_is_loaded(tiny_gguf):
+    import threading
+
+    from minfer.api import Model
+
+    gate = threading.Event()
+
+    def load():
+        assert gate.wait(30)
+        return Model(tiny_gguf("tiny-llama", "f32"), n_ctx=64, n_slots=1, progress=False)
+
+    loop = EngineLoop(load, Metrics())
+    app = create_app(loop, model_id="tiny", metrics=loop.metrics)
+    loop.start()
+
+    async def get(c, path):
+        return await c.get(path) if path != "chat" else await c.post(
+            "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            before = [await get(c, "/health"), await get(c, "chat")]
+            gate.set()
+            assert await asyncio.to_thread(loop.ready.wait, 30)
+            after = [await get(c, "/health"), await get(c, "chat")]
+            return before, after
+
+    try:
+        with ThreadPoolExecutor(1) as ex:
+            before, after = ex.submit(asyncio.run, go()).result(60)
+    finally:
+        gate.set()
+        loop.stop()
+    assert before[0].status_code == 503 and before[0].json() == {"status": "loading"}
+    assert before[1].status_code == 503 and before[1].json()["error"]["code"] == "loading"
+    assert after[0].status_code == 200 and after[0].json() == {"status": "ok"}
+    assert after[1].status_code == 200 and after[1].json()["usage"]["completion_tokens"] >= 1
