@@ -131,8 +131,7 @@ class Engine:
             plan = self.scheduler.schedule()
             if plan is None:
                 return []
-            if self._launch is None or plan.batch.kind != "decode" or not all(
-                    s.params.greedy and not s.params.penalized for s in plan.decode):
+            if self._launch is None or plan.batch.kind != "decode" or not all(s.device_pickable for s in plan.decode):
                 return self._run(plan)
             launched = self._launch(plan.batch)
             self.steps += 1

@@ -199,8 +199,9 @@ class Scheduler:
         other = [(s, r) for s, r in live if not (s.params.greedy and not s.params.penalized)]
         tokens: dict[int, int] = {}
         if picked is not None:
-            if other:
-                raise MinferError("scheduler: tokens picked on the device need greedy rows without penalties")
+            if not all(s.device_pickable for s, _ in live):
+                raise MinferError("scheduler: tokens picked on the device need greedy rows without penalties or "
+                                  "logprobs")
             tokens.update((id(s), picked[r]) for s, r in greedy)
         elif greedy:
             rows = [r for _, r in greedy]

@@ -138,6 +138,12 @@ class Sequence:
     def prefilling(self) -> bool:
         return self.n_cached < self.n_prompt
 
+    @property
+    def device_pickable(self) -> bool:
+        """Its next token is the plain argmax of its logits and nothing else of them is kept
+        (greedy, no penalties, no logprobs): a backend may pick it on the device."""
+        return self.params.greedy and not self.params.penalized and self.logprobs_n is None
+
     def take_text(self) -> str:
         """The text generated since the last call."""
         out = "".join(self._text_out)

@@ -365,3 +365,15 @@ def test_overlap_can_be_turned_off():
     seq = eng.add([3], SamplingParams(max_tokens=5, **GREEDY))
     eng.run([seq])
     assert seq.generated == [4, 5, 6, 7, 8] and not be.log
+
+
+def test_rows_that_want_logprobs_are_not_overlapped():
+    def script(eng):
+        seq = eng.add([3, 4], SamplingParams(max_tokens=5, **GREEDY))
+        seq.logprobs_n = 2  # (what the server sets for a request with logprobs)
+        eng.run([seq])
+        return [seq]
+
+    (_, _, plain), (_, be, over) = run_both(script)
+    assert over[0].generated == plain[0].generated == [5, 6, 7, 8, 9]
+    assert len(over[0].logprobs) == 5 and not be.log
