@@ -126,6 +126,7 @@ class Batch:
 class Backend(Protocol):
     name: str
     kv_itemsize: int  # bytes per cached key/value element
+    prefill_seqs: int  # prompts the scheduler may chunk into one step (1: rows independent of the batch)
 
     def kv_budget(self) -> int:
         """Bytes the KV cache may take when the caller lets the engine choose the slot count."""

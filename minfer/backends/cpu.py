@@ -81,6 +81,7 @@ KV_DTYPES = {"auto": torch.float32, "f32": torch.float32}
 class CPUBackend:
     name = "cpu"
     kv_itemsize = 4
+    prefill_seqs = 1  # one prompt per step: every row's numbers independent of the other requests
 
     def __init__(self, config: EngineConfig | None = None):
         self.config = config or EngineConfig()

@@ -12,10 +12,11 @@ RoPE tables. `forward` runs a batch: decode steps replay a CUDA graph captured o
 bucket (1, 2, 4, ..., 64; rows padded up to the bucket), everything else runs the plan eagerly.
 A step that mixes decode rows with a prompt chunk runs the two parts separately.
 
-`decode_greedy` launches a decode step whose tokens are picked on the device (the Argmax
-contract, inside the captured graph) and returns at once; given the step before it, it reads
-that step's picked tokens on the device, so the engine can queue step N+1 before it has read
-step N's tokens: the GPU never waits for the host between greedy decode steps.
+`decode_pick` launches a decode step whose tokens are picked on the device (the Argmax
+contract, or the Sample contract for rows that sample, inside the captured graph) and returns at
+once; given the step before it, it reads that step's picked tokens on the device, so the engine
+can queue step N+1 before it has read step N's tokens: the GPU never waits for the host between
+decode steps.
 
 Under the Triton interpreter (TRITON_INTERPRET=1, CI) the same backend runs on CPU tensors,
 without graphs: every GPU code path of it is exercised at small sizes without a GPU.
@@ -35,6 +36,7 @@ from ..errors import MinferError, ModelError, NoKernelError, UnsupportedError
 from ..gguf.reader import GGUFReader
 from ..graph.ir import Graph, Node, Op, WeightRef
 from ..kernels._common import as_in_graphs, interpreting
+from ..kernels.sample import KMAX, PARAM_ROWS
 from ..quant.types import GGMLType, quant_info
 from . import cpu_ops
 from .base import Batch
@@ -94,9 +96,9 @@ class _Describe:
     kind = "row"
 
 
-class GreedyStep:
-    """A launched greedy decode step (`CUDABackend.decode_greedy`): its picked tokens, on the
-    device, and (graphs) their pinned host copy with the event that says it has landed."""
+class PickedStep:
+    """A launched decode step (`CUDABackend.decode_pick`): its picked tokens, on the device, and
+    (graphs) their pinned host copy with the event that says it has landed."""
 
     __slots__ = ("rows", "picked", "host", "done")
 
@@ -112,17 +114,20 @@ class GreedyStep:
 
 
 class _DecodeGraph:
-    """The decode step of `bucket` rows, captured once. Inputs: one int32 [3, bucket] device
-    buffer (tokens, positions, slots), filled from one of two pinned staging buffers by one copy
-    per step (two, so the host stages step N+1 while step N's copy may still be queued); outputs:
-    the logits and the picked tokens, copied to one of two pinned host buffers per step."""
+    """The decode step of `bucket` rows, captured once, picking tokens by argmax or (`sampling`)
+    by the Sample contract. Inputs: one int32 [3, bucket] device buffer (tokens, positions, slots;
+    [3 + 7, bucket] with each row's packed sampling parameters), filled from one of two pinned
+    staging buffers by one copy per step (two, so the host stages step N+1 while step N's copy may
+    still be queued); outputs: the logits and the picked tokens, copied to one of two pinned host
+    buffers per step. Padded rows sample at temperature 0 (parameters all zero): the argmax."""
 
-    def __init__(self, backend: CUDABackend, bucket: int):
+    def __init__(self, backend: CUDABackend, bucket: int, sampling: bool = False):
         dev = backend.device
-        self.bucket = bucket
-        self.io = torch.zeros(3, bucket, dtype=torch.int32, device=dev)
+        self.bucket, self.sampling = bucket, sampling
+        width = 3 + (PARAM_ROWS if sampling else 0)
+        self.io = torch.zeros(width, bucket, dtype=torch.int32, device=dev)
         self.io[2].fill_(backend.pad_slot)
-        self.stages = [torch.zeros(3, bucket, dtype=torch.int32, pin_memory=True) for _ in range(2)]
+        self.stages = [torch.zeros(width, bucket, dtype=torch.int32, pin_memory=True) for _ in range(2)]
         self.hosts = [torch.zeros(bucket, dtype=torch.int32, pin_memory=True) for _ in range(2)]
         self.copied = [torch.cuda.Event() for _ in range(2)]
         self.turn = 0
@@ -133,20 +138,27 @@ class _DecodeGraph:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream), as_in_graphs():
             for _ in range(2):
-                backend._pick(x=backend.plan.run(state))
+                self._picker(backend, backend.plan.run(state))
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
         if backend._pool is None:
             backend._pool = torch.cuda.graph_pool_handle()
         with torch.cuda.graph(self.graph, pool=backend._pool):
             self.out = backend.plan.run(state)
-            self.picked = backend._pick(x=self.out)
+            self.picked = self._picker(backend, self.out)
         for e in self.copied:
             e.record()
 
-    def launch(self, batch: Batch, pad_slot: int, after: GreedyStep | None = None) -> int:
+    def _picker(self, backend: CUDABackend, logits: torch.Tensor) -> torch.Tensor:
+        if self.sampling:
+            return backend._sample(x=logits, params=self.io[3:])
+        return backend._pick(x=logits)
+
+    def launch(self, batch: Batch, pad_slot: int, after: PickedStep | None = None,
+               params: torch.Tensor | None = None) -> int:
         """Stage the batch's inputs (tokens from `after`'s picked tokens, on the device, when
-        given), replay; returns the turn whose host buffer `pick_to_host` fills."""
+        given; `params`, int32 [7, B], the rows' sampling parameters for a sampling graph), replay;
+        returns the turn whose host buffer `pick_to_host` fills."""
         b, turn = batch.n_tokens, self.turn
         self.turn ^= 1
         stage, copied = self.stages[turn], self.copied[turn]
@@ -155,9 +167,12 @@ class _DecodeGraph:
             stage[0, :b].copy_(batch.tokens)
         stage[1, :b].copy_(batch.positions)
         stage[2, :b].copy_(batch.row_slots)
+        if self.sampling:
+            stage[3:, :b].copy_(params)
         if b < self.bucket:  # padded rows: token 0 at position 0 of the spare slot
             stage[:2, b:].zero_()
             stage[2, b:].fill_(pad_slot)
+            stage[3:, b:].zero_()
         if after is None:
             self.io.copy_(stage, non_blocking=True)  # one host-to-device copy of the step's inputs
         else:
@@ -167,12 +182,12 @@ class _DecodeGraph:
         self.graph.replay()
         return turn
 
-    def pick_to_host(self, turn: int, rows: int) -> GreedyStep:
+    def pick_to_host(self, turn: int, rows: int) -> PickedStep:
         host = self.hosts[turn]
         host.copy_(self.picked, non_blocking=True)
         done = torch.cuda.Event()
         done.record()
-        return GreedyStep(rows, self.picked, host, done)
+        return PickedStep(rows, self.picked, host, done)
 
 
 def _contract_name(t: GGMLType) -> str:
@@ -186,6 +201,7 @@ def _not_loaded(vals, st):
 class CUDABackend:
     name = "cuda"
     kv_itemsize = 2
+    prefill_seqs = 8  # prompts per step when many arrive at once (rows' numbers then depend on the batch)
 
     def __init__(self, config: EngineConfig | None = None, registry: Registry | None = None, plan_only: bool = False):
         """`plan_only`: only pick kernels (`load(..., upload=False)`), on a machine with no GPU."""
@@ -227,6 +243,9 @@ class CUDABackend:
         n_vocab = graph.meta["n_vocab"]
         self.pick_call = Call("Argmax", {"x": "F32"}, lambda r: {"x": (r, n_vocab)}, {})
         self._pick = self._choose(graph.nodes[-1], self.pick_call, 1).kernel
+        self.sample_call = Call("Sample", {"x": "F32", "params": "I32"},
+                                lambda r: {"x": (r, n_vocab), "params": (PARAM_ROWS, r)}, {})
+        self._sample = self._choose(graph.nodes[-1], self.sample_call, 1).kernel
         if self.on_gpu:
             torch.cuda.synchronize()
 
@@ -544,22 +563,25 @@ class CUDABackend:
         spans = [(s.offset, s.slot, s.start, s.n_tokens) for s in batch.spans]
         return self.plan.run(_State(self._device_inputs(batch), decode, rows, spans), recorder)
 
-    def _graph(self, rows: int) -> _DecodeGraph:
+    def _graph(self, rows: int, sampling: bool = False) -> _DecodeGraph:
         bucket = next(x for x in BUCKETS if x >= rows)
-        if bucket not in self._graphs:
-            self._graphs[bucket] = _DecodeGraph(self, bucket)
-        return self._graphs[bucket]
+        if (bucket, sampling) not in self._graphs:
+            self._graphs[bucket, sampling] = _DecodeGraph(self, bucket, sampling)
+        return self._graphs[bucket, sampling]
 
     def _replay(self, batch: Batch) -> torch.Tensor:
         g = self._graph(batch.n_tokens)
         g.launch(batch, self.pad_slot)
         return g.out[:batch.n_tokens]
 
-    def decode_greedy(self, batch: Batch, after: GreedyStep | None = None) -> GreedyStep:
+    def decode_pick(self, batch: Batch, after: PickedStep | None = None,
+                    params: torch.Tensor | None = None) -> PickedStep:
         """Launch a decode step of `batch` (one token per sequence, out_rows 0..B-1 in order) whose
-        next tokens are the argmax of its logits, picked on the device; return without waiting.
-        `after`: the launched step before it, of the same sequences in the same rows: this step's
-        input tokens are that step's picked tokens, read on the device (batch.tokens is ignored)."""
+        next tokens are picked on the device: the argmax of each row's logits, or with `params`
+        (int32 [7, B], kernels.sample.pack_params; rows with top_k in 1..KMAX) each row's draw
+        under its sampling parameters; return without waiting. `after`: the launched step before
+        it, of the same sequences in the same rows: this step's input tokens are that step's
+        picked tokens, read on the device (batch.tokens is ignored)."""
         cache = self.cache
         if cache is None:
             raise ModelError("cuda backend: allocate() the KV cache before running a step")
@@ -567,19 +589,24 @@ class CUDABackend:
         b = batch.n_tokens
         if batch.kind != "decode" or not torch.equal(batch.out_rows, torch.arange(b, dtype=torch.int32,
                                                                                    device=batch.out_rows.device)):
-            raise MinferError("decode_greedy: the batch must be decode rows only, returning rows 0..B-1 in order")
+            raise MinferError("decode_pick: the batch must be decode rows only, returning rows 0..B-1 in order")
         if after is not None and after.rows != b:
-            raise MinferError(f"decode_greedy: the step before had {after.rows} rows, this one {b}")
+            raise MinferError(f"decode_pick: the step before had {after.rows} rows, this one {b}")
+        if params is not None and (params.dtype != torch.int32 or tuple(params.shape) != (PARAM_ROWS, b)
+                                   or not bool(((params[0] >= 1) & (params[0] <= KMAX)).all())):
+            raise MinferError(f"decode_pick: params must be int32 [{PARAM_ROWS}, {b}] with top_k in 1..{KMAX}")
         with torch.inference_mode():
             if self.use_graphs and b <= BUCKETS[-1]:
-                g = self._graph(b)
-                return g.pick_to_host(g.launch(batch, self.pad_slot, after), b)
+                g = self._graph(b, params is not None)
+                return g.pick_to_host(g.launch(batch, self.pad_slot, after, params), b)
             inputs = self._device_inputs(batch)
             if after is not None:
                 inputs["tokens"] = after.picked[:b]
             spans = [(s.offset, s.slot, s.start, s.n_tokens) for s in batch.spans]
             logits = self.plan.run(_State(inputs, True, b, spans))
-            return GreedyStep(b, self._pick(x=logits))
+            if params is not None:
+                return PickedStep(b, self._sample(x=logits, params=params.to(self.device)))
+            return PickedStep(b, self._pick(x=logits))
 
     def trace_graph(self) -> list[dict]:
         nodes = self.plan.trace_nodes(_Describe())

@@ -5,6 +5,7 @@
 - pp{p}: one prompt of p tokens (random ids) in one forward pass, from an empty cache; tok/s.
 - tg{n}: one sequence generating n tokens greedily (prompt of 16), through the engine's loop
   (scheduler, greedy argmax, CUDA-graph replay on cuda): (n - 1) decode steps / their time.
+  `--temperature T` samples instead (top-k 40, top-p 0.95, min-p 0.05, seeded), as `minfer run`.
 - b{B}: llama-batched-bench's test: B sequences, 128 prompt + 128 generated tokens each, all
   decoding together; aggregate generated tok/s over the decode phase.
 Each test runs -r times (after one warm-up): mean ± sd. Decode rows also give the effective
@@ -31,6 +32,8 @@ def add_parser(sub) -> None:
     p.add_argument("-n", "--n-gen", type=int, default=128, help="generated tokens of the tg test (0: skip)")
     p.add_argument("-b", "--batch", default="", help="batched-decode sizes, e.g. 1,4,16,64 (default: none)")
     p.add_argument("-r", "--repetitions", type=int, default=5, help="runs per test (default 5)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sample the tg and batched tests at this temperature (default 0: greedy)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=bench)
 
@@ -106,12 +109,12 @@ def run_pp(m, n_prompt: int, reps: int) -> list[float]:
     return out
 
 
-def _decode_phase(m, prompts: list[list[int]], n_gen: int) -> float:
+def _decode_phase(m, prompts: list[list[int]], n_gen: int, temperature: float = 0.0) -> float:
     """Generated tok/s of the decode phase of these prompts (all prefilled first)."""
     from ..engine.params import SamplingParams
 
     eng = m.engine
-    params = SamplingParams(max_tokens=n_gen, temperature=0, ignore_eos=True)
+    params = SamplingParams(max_tokens=n_gen, temperature=temperature, seed=1, ignore_eos=True)
     seqs = [eng.add(p, params, reuse_prefix=False) for p in prompts]
     while any(s.prefilling or s.status.value == "waiting" for s in seqs):
         eng.step()
@@ -123,14 +126,14 @@ def _decode_phase(m, prompts: list[list[int]], n_gen: int) -> float:
     return (sum(len(s.generated) for s in seqs) - start) / (time.perf_counter() - t0)
 
 
-def run_tg(m, n_gen: int, reps: int) -> list[float]:
+def run_tg(m, n_gen: int, reps: int, temperature: float = 0.0) -> list[float]:
     prompt = [(5 * i + 3) % m.n_vocab for i in range(16)]
-    return [_decode_phase(m, [prompt], n_gen) for r in range(reps + 1)][1:]
+    return [_decode_phase(m, [prompt], n_gen, temperature) for r in range(reps + 1)][1:]
 
 
-def run_batched(m, b: int, reps: int) -> list[float]:
+def run_batched(m, b: int, reps: int, temperature: float = 0.0) -> list[float]:
     prompts = [[(13 * i + 7 * j + 1) % m.n_vocab for i in range(128)] for j in range(b)]
-    return [_decode_phase(m, prompts, 128) for r in range(reps + 1)][1:]
+    return [_decode_phase(m, prompts, 128, temperature) for r in range(reps + 1)][1:]
 
 
 def bench(a: argparse.Namespace) -> int:
@@ -139,6 +142,8 @@ def bench(a: argparse.Namespace) -> int:
     sizes = [int(x) for x in a.batch.split(",") if x.strip()] if a.batch else []
     if a.repetitions < 1 or a.n_prompt < 0 or a.n_gen < 0 or any(b < 1 for b in sizes):
         raise MinferError("-r must be >= 1, -p and -n >= 0, and -b sizes >= 1")
+    if not 0.0 <= a.temperature <= 100.0:
+        raise MinferError(f"--temperature must be in 0..100, got {a.temperature}")
     n_ctx = max(a.n_prompt, 16 + a.n_gen, 256 if sizes else 0, 64)
     config = common.engine_config(a, n_ctx=a.ctx or n_ctx, n_slots=max(sizes + [1]))
     m = common.load_model(a, config)
@@ -166,10 +171,10 @@ def bench(a: argparse.Namespace) -> int:
         if a.n_prompt:
             row(f"pp{a.n_prompt}", run_pp(m, a.n_prompt, a.repetitions))
         if a.n_gen:
-            runs = run_tg(m, a.n_gen, a.repetitions)
+            runs = run_tg(m, a.n_gen, a.repetitions, a.temperature)
             row(f"tg{a.n_gen}", runs, statistics.mean(runs))
         for b in sizes:
-            runs = run_batched(m, b, a.repetitions)
+            runs = run_batched(m, b, a.repetitions, a.temperature)
             row(f"b{b}", runs, statistics.mean(runs) / b)
         if not a.json:
             print(f"copy bandwidth {bw / 1e9:.0f} GB/s; weights read per decode step {wbytes / 1e9:.3f} GB",

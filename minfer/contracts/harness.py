@@ -397,6 +397,65 @@ def _build_argmax(s: Setting, dtypes: dict[str, str], out_dtype: str | None, gen
     return {"x": x}, {}
 
 
+_SAMPLE = {"tiny": [(1, 8)], "odd": [(5, 37)], "boundary": [(64, 1025), (3, 49153)]}
+_SAMPLE_PARAM_ROWS = 7
+
+
+def _sample_settings(size: str, q) -> list[Setting]:
+    return [Setting(size, {"x": s, "params": (_SAMPLE_PARAM_ROWS, s[0])}) for s in _SAMPLE[size]]
+
+
+def _sample_model(name: str, m: ModelDims, q) -> list[Setting]:
+    return [Setting(name, {"x": (r, m.vocab), "params": (_SAMPLE_PARAM_ROWS, r)}) for r in (1, 16)]
+
+
+def _build_sample(s: Setting, dtypes: dict[str, str], out_dtype: str | None, gen) -> tuple[dict, dict]:
+    rows, width = s.shapes["x"]
+    x = _randn(s.shapes["x"], "F32", gen) * 3.0
+    pick = torch.randint(0, 1 << 30, (rows, 6), generator=gen, device=gen.device).tolist()
+    k = [1 + a % min(64, width) for a, *_ in pick]
+    temp = [0.0 if b % 4 == 0 else 0.4 + (b % 100) / 80 for _, b, *_ in pick]
+    top_p = [1.0 if c % 2 else 0.5 + (c % 50) / 100 for _, _, c, *_ in pick]
+    min_p = [0.0 if d % 2 else (d % 20) / 100 for *_, d, _, _ in pick]
+    seed = [(e << 34) ^ f for *_, e, f in pick]
+    p = torch.zeros(_SAMPLE_PARAM_ROWS, rows, dtype=torch.int32)
+    p[0] = torch.tensor(k, dtype=torch.int32)
+    p[1:4] = torch.tensor([temp, top_p, min_p], dtype=torch.float32).view(torch.int32)
+    p[4] = torch.tensor([z & 0x7FFFFFFF for z in seed], dtype=torch.int32)
+    p[5] = torch.tensor([(z >> 32) & 0x7FFFFFFF for z in seed], dtype=torch.int32)
+    p[6] = torch.tensor([a % 5000 for a, *_ in pick], dtype=torch.int32)
+    return {"x": x, "params": p.to(gen.device)}, {}
+
+
+def _ref_sample(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[str, str]) -> torch.Tensor:
+    """Row by row in float64: the argmax at temperature 0; else sort, keep the top-k, the smallest
+    prefix reaching top_p, those at least min_p times the best, soften by the temperature, and take
+    the first candidate whose cumulative probability passes u * total."""
+    from ..rng import uniform
+
+    x, prm = i["x"].double().cpu(), i["params"].cpu()
+    fl = prm[1:4].contiguous().view(torch.float32).double()
+    out = []
+    for r in range(x.shape[0]):
+        temp, top_p, min_p = (float(fl[j, r]) for j in range(3))
+        if temp == 0.0:
+            out.append(float(torch.argmax(x[r])))
+            continue
+        vals, ids = torch.sort(x[r], descending=True, stable=True)
+        keep = min(int(prm[0, r]), vals.numel())
+        if top_p < 1.0:
+            cum = torch.softmax(vals[:keep], 0).cumsum(0)
+            keep = min(keep, int((cum < top_p).sum()) + 1)
+        if min_p > 0.0:
+            pr = torch.softmax(vals[:keep], 0)
+            keep = max(1, int((pr >= min_p * pr[0]).sum()))
+        cdf = torch.softmax(vals[:keep] / temp, 0).cumsum(0)
+        seed = (int(prm[5, r]) & 0xFFFFFFFF) << 32 | (int(prm[4, r]) & 0xFFFFFFFF)
+        u = uniform(seed, int(prm[6, r]))
+        out.append(float(ids[min(int((cdf <= u * cdf[-1]).sum()), keep - 1)]))
+    return torch.tensor(out, dtype=torch.float64)
+
+
 # ---- attention over the KV cache ----------------------------------------------------------------
 
 # (span lengths, n_head, n_head_kv, head_dim, n_ctx); each span is one sequence in its own slot
@@ -507,6 +566,7 @@ HARNESS: dict[str, OpHarness] = {
     "RowSelect": OpHarness(_select_settings, _select_model, _build_select,
                            lambda i, p, d: i["x"].double()[i["rows"].long()]),
     "Attention": OpHarness(_attn_settings, _attn_model, _build_attn, _ref_attn, _attn_reads),
+    "Sample": OpHarness(_sample_settings, _sample_model, _build_sample, _ref_sample),
     "Argmax": OpHarness(_argmax_settings, _argmax_model, _build_argmax,
                         lambda i, p, d: i["x"].double().argmax(-1).double()),
 }

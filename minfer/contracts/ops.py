@@ -149,6 +149,12 @@ OPS: dict[str, OpSpec] = {
             lambda s, p: {"n_rows": _numel(s["rows"]), "width": s["x"][-1]},
         ),
         OpSpec(
+            "Sample", False, ("x", "params"), (), ("rows", "width"),
+            "out[r] = the token drawn from row r's logits under its packed sampling parameters (top-k, top-p, "
+            "min-p, temperature, the counter-based uniform of minfer.rng; the argmax at temperature 0)",
+            lambda s, p: {"rows": _rows_of(s["x"]), "width": s["x"][-1]},
+        ),
+        OpSpec(
             "Argmax", False, ("x",), (), ("rows", "width"),
             "out[r] = the index of row r's largest value (the first of equal ones): greedy decoding's token",
             lambda s, p: {"rows": _rows_of(s["x"]), "width": s["x"][-1]},

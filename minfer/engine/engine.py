@@ -8,9 +8,10 @@
 token and at most one prompt chunk), the backend runs it, the scheduler hands each sequence its
 logits row to sample from. One sequence or a hundred take the same path.
 
-Overlap (a backend with `decode_greedy`, EngineConfig.overlap): when every sequence of a decode
-step decodes greedily, the backend picks the tokens on the device, and before reading them the
-engine queues the next step, whose input tokens the device takes from the step before. The
+Overlap (a backend with `decode_pick`, EngineConfig.overlap): when every sequence of a decode
+step picks its token from its logits alone (greedy, or sampling without penalties from at most
+64 candidates; no logprobs), the backend picks the tokens on the device, and before reading them
+the engine queues the next step, whose input tokens the device takes from the step before. The
 host's work on step N (reading its tokens, stop strings, text) then runs while the GPU computes
 step N+1, and the GPU does not wait for the host between steps. At most one step is in flight
 after `step()` returns; it is read by the next call. A sequence that ends by an end token or a
@@ -31,6 +32,7 @@ from ..config import EngineConfig
 from ..errors import ContextOverflowError, MinferError
 from ..gguf.reader import GGUFReader
 from ..graph.passes import optimize
+from ..kernels.sample import pack_params
 from ..models import registry
 from .params import SamplingParams
 from .scheduler import Scheduler
@@ -51,11 +53,12 @@ class Engine:
         self.tokenizer = tokenizer
         self.eog_ids = frozenset(tokenizer.eot_ids) if tokenizer is not None else frozenset()
         max_batch = self.config.max_batch_tokens or n_slots + self.config.prefill_chunk
-        self.scheduler = Scheduler(n_slots, n_ctx, self.config.prefill_chunk, max_batch)
+        prefill_seqs = self.config.prefill_seqs or getattr(backend, "prefill_seqs", 1)
+        self.scheduler = Scheduler(n_slots, n_ctx, self.config.prefill_chunk, max_batch, prefill_seqs=prefill_seqs)
         self.recorder = recorder
         self.steps = 0
         self._ids = itertools.count()
-        self._launch = getattr(backend, "decode_greedy", None) if self.config.overlap and recorder is None else None
+        self._launch = getattr(backend, "decode_pick", None) if self.config.overlap and recorder is None else None
         self._inflight = None  # (ScheduledStep, the backend's launched step) queued but not read yet
 
     @classmethod
@@ -133,11 +136,11 @@ class Engine:
                 return []
             if self._launch is None or plan.batch.kind != "decode" or not all(s.device_pickable for s in plan.decode):
                 return self._run(plan)
-            launched = self._launch(plan.batch)
+            launched = self._launch(plan.batch, params=_sampling(plan.decode, 0))
             self.steps += 1
         nxt = self.scheduler.continue_decode(plan)
         if nxt is not None:  # queued behind `plan` on the device before its tokens are read
-            self._inflight = (nxt, self._launch(nxt.batch, after=launched))
+            self._inflight = (nxt, self._launch(nxt.batch, after=launched, params=_sampling(nxt.decode, 1)))
             self.steps += 1
         sampled = [(seq, tok) for seq, tok, _ in self.scheduler.postprocess(plan, picked=launched.tokens())]
         if not sampled and self._inflight is None:  # every row of it had ended: run what is next
@@ -185,6 +188,13 @@ class Engine:
         """Write the trace, if any. Idempotent."""
         if self.recorder is not None:
             self.recorder.close()
+
+
+def _sampling(seqs: list[Sequence], ahead: int):
+    """The rows' packed sampling parameters for a device pick, or None when every row is greedy."""
+    if all(s.params.greedy for s in seqs):
+        return None
+    return pack_params([s.sampling_row(ahead) for s in seqs])
 
 
 def _auto_slots(backend: Backend, meta: dict, n_ctx: int) -> int:

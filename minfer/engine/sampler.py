@@ -1,7 +1,9 @@
 """Sampling: turn one row of logits into the next token id (parameters: engine/params.py).
 
-Each Sampler owns its own torch.Generator, seeded from the request's seed (or a fresh random
-one), so a sequence draws the same tokens whatever else runs beside it.
+The chain and the draw are kernels/sample.py's, shared with the device: token i of a sequence
+is drawn with the counter-based uniform number uniform(seed, i), from the request's seed (or a
+fresh random one). So a sequence draws the same tokens whatever else runs beside it, and a
+backend that samples on the device (cuda) picks what the host would from the same logits.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import random
 
 import torch
 
+from ..kernels.sample import pick_from_top
+from ..rng import uniform
 from .params import SamplingParams
 
 
@@ -17,10 +21,10 @@ class Sampler:
     def __init__(self, params: SamplingParams):
         self.params = params
         self.seed = params.seed if params.seed is not None else random.SystemRandom().randrange(2**63)
-        self.generator = torch.Generator().manual_seed(self.seed % 2**64)
 
-    def __call__(self, logits: torch.Tensor, history: list[int]) -> int:
-        """Next token from logits [n_vocab]; `history` is the sequence so far (for the penalties)."""
+    def __call__(self, logits: torch.Tensor, history: list[int], index: int = 0) -> int:
+        """Token `index` of the generation from logits [n_vocab]; `history` is the sequence so far
+        (for the penalties)."""
         p = self.params
         logits = logits.to(torch.float32)
         if p.penalized and history:
@@ -29,17 +33,14 @@ class Sampler:
             return int(torch.argmax(logits))
         k = p.top_k if 0 < p.top_k < logits.shape[0] else logits.shape[0]
         values, ids = torch.topk(logits, k)  # sorted, largest first
-        keep = k
-        if p.top_p < 1.0:
-            cum = torch.softmax(values, 0).cumsum(0)
-            # the smallest prefix whose mass reaches top_p (at least one token)
-            keep = min(keep, int((cum < p.top_p).sum()) + 1)
-        if p.min_p > 0.0:
-            probs = torch.softmax(values[:keep], 0)
-            keep = max(1, int((probs >= p.min_p * probs[0]).sum()))
-        probs = torch.softmax(values[:keep] / p.temperature, 0)
-        choice = torch.multinomial(probs, 1, generator=self.generator)
-        return int(ids[choice])
+
+        def row(v: float) -> torch.Tensor:
+            return torch.tensor([v], dtype=torch.float32)
+
+        u = row(uniform(self.seed, index))
+        choice = pick_from_top(values[None], ids[None], torch.tensor([k]), row(p.temperature), row(p.top_p),
+                               row(p.min_p), u)
+        return int(choice[0])
 
 
 def apply_repeat_penalty(logits: torch.Tensor, recent: list[int], penalty: float) -> torch.Tensor:

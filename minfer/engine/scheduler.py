@@ -1,10 +1,12 @@
 """The scheduler: which sequences run in the next step, in which KV-cache slot, with which tokens.
 
 Sequences wait in arrival order and are admitted when a slot is free (first come, first
-served). Each step is ONE batch: the next token of every sequence that is generating, plus at
-most one chunk of one sequence's prompt (`prefill_chunk` tokens, fewer at the prompt's end or
-when `max_batch_tokens` binds). A long prompt therefore never stalls the running sequences for
-longer than one chunk.
+served). Each step is ONE batch: the next token of every sequence that is generating, plus
+chunks of at most `prefill_seqs` sequences' prompts (`prefill_chunk` tokens each, fewer at a
+prompt's end or when `max_batch_tokens` binds), in admission order. A long prompt therefore
+never stalls the running sequences for longer than one chunk. One prompt per step (the cpu
+backend's default) keeps every row's numbers independent of the other requests; several (the
+cuda default) fill the GPU when many requests arrive at once.
 
 A new sequence goes to the free slot whose cached tokens its prompt continues (the longest
 such; ties and no match: the least recently used slot), and only the rest of its prompt is run:
@@ -39,8 +41,7 @@ class ScheduledStep:
 
     batch: Batch
     decode: list[Sequence]  # rows 0..len-1, one token each
-    prefill: Sequence | None  # the sequence whose prompt chunk follows, if any
-    chunk: int  # tokens of that chunk
+    prefills: list[tuple[Sequence, int]]  # (sequence, tokens of its prompt chunk), in row order after decode
     samples: list[tuple[Sequence, int]]  # (sequence, logits row) to sample a token from
     keep: list[tuple[Sequence, list[int]]]  # (sequence, logits rows) of prompt positions to store
 
@@ -53,12 +54,13 @@ def _continued(cached: list[int], prompt: list[int]) -> int:
 
 class Scheduler:
     def __init__(self, n_slots: int, n_ctx: int, prefill_chunk: int, max_batch_tokens: int,
-                 device: str | torch.device = "cpu"):
+                 device: str | torch.device = "cpu", prefill_seqs: int = 1):
         if min(n_slots, n_ctx, prefill_chunk) < 1 or max_batch_tokens < n_slots + 1:
             raise MinferError(f"scheduler: slots {n_slots}, context {n_ctx} and prefill chunk {prefill_chunk} must "
                               f"be >= 1 and max_batch_tokens ({max_batch_tokens}) >= slots + 1")
         self.n_slots, self.n_ctx = n_slots, n_ctx
         self.prefill_chunk, self.max_batch_tokens = prefill_chunk, max_batch_tokens
+        self.prefill_seqs = max(1, prefill_seqs)
         self.device = device
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -126,12 +128,6 @@ class Scheduler:
     def schedule(self) -> ScheduledStep | None:
         """The next step, or None when nothing is waiting or running."""
         decode = [s for s in self.running if not s.prefilling]
-        pre = next((s for s in self.running if s.prefilling), None)
-        if pre is None and self.waiting and self.free:
-            self._admit(self.waiting.popleft())
-            pre = self.running[-1]
-        if not decode and pre is None:
-            return None
         spans = [(s.slot, s.n_cached, [s.tokens[-1]]) for s in decode]
         rows: dict[int, int] = {}  # batch row -> index in out_rows
 
@@ -140,12 +136,19 @@ class Scheduler:
 
         samples = [(s, out(i)) for i, s in enumerate(decode)]
         keep: list[tuple[Sequence, list[int]]] = []
-        chunk = 0
+        prefills: list[tuple[Sequence, int]] = []
         budget = self.max_batch_tokens - len(decode)
-        if pre is not None and budget > 0:
+        offset = len(decode)
+        waiting = [s for s in self.running if s.prefilling]  # admitted, prompt not done (admission order)
+        while budget > 0 and len(prefills) < self.prefill_seqs:
+            if len(prefills) == len(waiting):
+                if not (self.waiting and self.free):
+                    break
+                self._admit(self.waiting.popleft())
+                waiting.append(self.running[-1])
+            pre = waiting[len(prefills)]
             start = pre.n_cached
             chunk = min(self.prefill_chunk, budget, pre.n_prompt - start)
-            offset = len(decode)
             spans.append((pre.slot, start, pre.tokens[start:start + chunk]))
             if pre.logit_rows is not None:
                 want = [p for p in range(start, start + chunk) if p in pre.logit_rows]
@@ -155,10 +158,13 @@ class Scheduler:
                 samples.append((pre, out(offset + chunk - 1)))
             if pre.stats.first_scheduled is None:
                 pre.stats.first_scheduled = time.perf_counter()
-        else:
-            pre = None
+            prefills.append((pre, chunk))
+            budget -= chunk
+            offset += chunk
+        if not decode and not prefills:
+            return None
         batch = Batch.build(spans, list(rows), n_decode=len(decode), device=self.device)
-        return ScheduledStep(batch, decode, pre, chunk, samples, keep)
+        return ScheduledStep(batch, decode, prefills, samples, keep)
 
     def continue_decode(self, step: ScheduledStep) -> ScheduledStep | None:
         """The decode step that follows `step` (launched, its tokens not read yet) when nothing can
@@ -168,7 +174,7 @@ class Scheduler:
         (batch.tokens holds placeholders); a sequence that ends at `step` by an end token or a
         stop string wastes its row of the next step, whose token postprocess drops."""
         seqs = step.decode
-        if step.prefill is not None or not seqs or len(self.running) != len(seqs) or (self.waiting and self.free):
+        if step.prefills or not seqs or len(self.running) != len(seqs) or (self.waiting and self.free):
             return None
         for s in seqs:
             if s.finished or s.prefilling or len(s.tokens) + 1 >= self.n_ctx or (
@@ -176,7 +182,7 @@ class Scheduler:
                 return None
         spans = [(s.slot, s.n_cached + 1, [0]) for s in seqs]
         batch = Batch.build(spans, list(range(len(seqs))), n_decode=len(seqs), device=self.device)
-        return ScheduledStep(batch, list(seqs), None, 0, [(s, i) for i, s in enumerate(seqs)], [])
+        return ScheduledStep(batch, list(seqs), [], [(s, i) for i, s in enumerate(seqs)], [])
 
     def postprocess(self, step: ScheduledStep, logits: torch.Tensor | None = None,
                     picked: list[int] | None = None) -> list[tuple[Sequence, int, int]]:
@@ -188,8 +194,8 @@ class Scheduler:
         for s in step.decode:
             if not s.finished:  # (a sequence that ended at the step before keeps its count)
                 s.n_cached += 1
-        if step.prefill is not None:
-            step.prefill.n_cached += step.chunk
+        for pre, chunk in step.prefills:
+            pre.n_cached += chunk
         for seq, idx in step.keep:  # (indexing copies; host tensors whatever the backend)
             seq.prompt_logits.append(logits[idx].cpu())
         live = [(seq, row) for seq, row in step.samples if not seq.finished]  # (aborted ones are skipped)
@@ -200,16 +206,16 @@ class Scheduler:
         tokens: dict[int, int] = {}
         if picked is not None:
             if not all(s.device_pickable for s, _ in live):
-                raise MinferError("scheduler: tokens picked on the device need greedy rows without penalties or "
-                                  "logprobs")
-            tokens.update((id(s), picked[r]) for s, r in greedy)
+                raise MinferError("scheduler: tokens picked on the device need rows without penalties or logprobs")
+            tokens.update((id(s), picked[r]) for s, r in live)
+            greedy = other = []
         elif greedy:
             rows = [r for _, r in greedy]
             picked = (logits if rows == list(range(logits.shape[0])) else logits[rows]).argmax(-1).tolist()
             tokens.update((id(s), t) for (s, _), t in zip(greedy, picked, strict=True))
         if other:
             rows = logits[[r for _, r in other]].float().cpu()
-            tokens.update((id(s), s.sampler(rows[i], s.tokens)) for i, (s, _) in enumerate(other))
+            tokens.update((id(s), s.sampler(rows[i], s.tokens, len(s.generated))) for i, (s, _) in enumerate(other))
         sampled = []
         for seq, row in live:
             tok = tokens[id(seq)]
@@ -217,10 +223,11 @@ class Scheduler:
                 seq.logprobs.append(token_logprobs(logits[row], tok, seq.logprobs_n))
             seq.append(tok, self.n_ctx, now)
             sampled.append((seq, tok, row))
-        pre = step.prefill
-        if pre is not None and not pre.prefilling and pre.params.max_tokens == 0:
-            pre.finish("length")
-        for seq in [*step.decode, *([pre] if pre is not None else [])]:
+        pres = [pre for pre, _ in step.prefills]
+        for pre in pres:
+            if not pre.prefilling and pre.params.max_tokens == 0:
+                pre.finish("length")
+        for seq in [*step.decode, *pres]:
             if seq.finished:
                 self._release(seq)
         return sampled

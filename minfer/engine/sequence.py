@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..kernels.sample import KMAX
 from .params import SamplingParams
 from .sampler import Sampler
 
@@ -140,9 +141,17 @@ class Sequence:
 
     @property
     def device_pickable(self) -> bool:
-        """Its next token is the plain argmax of its logits and nothing else of them is kept
-        (greedy, no penalties, no logprobs): a backend may pick it on the device."""
-        return self.params.greedy and not self.params.penalized and self.logprobs_n is None
+        """Its next token depends on its logits row alone and nothing else of them is kept (no
+        penalties, no logprobs; greedy, or sampling from at most KMAX candidates): a backend may
+        pick it on the device."""
+        p = self.params
+        return not p.penalized and self.logprobs_n is None and (p.greedy or 1 <= p.top_k <= KMAX)
+
+    def sampling_row(self, ahead: int = 0) -> tuple[int, float, float, float, int, int]:
+        """(top_k, temperature, top_p, min_p, seed, index) of the token `ahead` steps after the
+        next one to sample (kernels.sample.pack_params's row)."""
+        p = self.params
+        return (p.top_k, p.temperature, p.top_p, p.min_p, self.sampler.seed, len(self.generated) + ahead)
 
     def take_text(self) -> str:
         """The text generated since the last call."""

@@ -270,6 +270,8 @@ class Events:
         self.checked = time.monotonic()
 
     async def next(self) -> tuple:
+        if not self.job.events.empty() and time.monotonic() - self.checked < DISCONNECT_POLL_S:
+            return self.job.events.get_nowait()  # (the common case while tokens flow: no future, no timer)
         getter = asyncio.ensure_future(self.job.events.get())
         try:
             while True:

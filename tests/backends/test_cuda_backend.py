@@ -161,17 +161,19 @@ def test_overlapped_greedy_decode_equals_reading_every_step(tiny_gguf):
     for overlap in (True, False):
         m = load(path, "cuda", n_ctx=64, n_slots=3, progress=False, overlap=overlap)
         launches = []
-        real = m.engine.backend.decode_greedy
+        real = m.engine.backend.decode_pick
 
-        def counting(batch, after=None, real=real, launches=launches):
+        def counting(batch, after=None, params=None, real=real, launches=launches):
             launches.append(after is not None)
-            return real(batch, after=after)
+            return real(batch, after=after, params=params)
 
-        m.engine.backend.decode_greedy = counting
+        m.engine.backend.decode_pick = counting
         if m.engine._launch is not None:
             m.engine._launch = counting
         out = m.generate_batch(prompts, max_tokens=9, temperature=0, ignore_eos=True)
-        runs.append(([r.token_ids for r in out], launches))
-    (over, chained), (plain, none) = runs
+        sampled = m.generate_batch(prompts, max_tokens=9, temperature=0.9, top_k=30, seed=11, ignore_eos=True)
+        runs.append(([r.token_ids for r in out], [r.token_ids for r in sampled], launches))
+    (over, over_s, chained), (plain, plain_s, none) = runs
     assert over == plain and all(len(t) == 9 for t in over)
-    assert not none and sum(chained) >= 3  # decode steps launched behind the step before them
+    assert over_s == plain_s and over_s != over  # sampled on the device = sampled on the host
+    assert not none and sum(chained) >= 6  # decode steps launched behind the step before them

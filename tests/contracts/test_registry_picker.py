@@ -13,7 +13,7 @@ from minfer.contracts.parser import parse_file
 from minfer.contracts.picker import candidates, layout_of, pick
 from minfer.contracts.registry import CONTRACTS_DIR, load_registry
 from minfer.errors import NoKernelError
-from minfer.kernels import attention, dequant, elementwise, embed, norm, qmatmul, quantize, rope, torch_ops
+from minfer.kernels import attention, dequant, elementwise, embed, norm, qmatmul, quantize, rope, sample, torch_ops
 
 LAUNCHERS = {
     "dequant": dequant.dequant,
@@ -38,6 +38,7 @@ LAUNCHERS = {
     "linear_f16": torch_ops.linear_f16,
     "row_select": torch_ops.row_select,
     "argmax_rows": torch_ops.argmax_rows,
+    "sample_rows": sample.sample_rows,
 }
 
 

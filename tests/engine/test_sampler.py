@@ -18,7 +18,7 @@ LOGITS = torch.tensor([math.log(p) for p in PROBS] + [-30.0, -31.0])
 
 def _draws(params: SamplingParams, n: int, logits=LOGITS) -> Counter:
     s = Sampler(params)
-    return Counter(s(logits, []) for _ in range(n))
+    return Counter(s(logits, [], i) for i in range(n))  # token i of one sequence: its own uniform draw
 
 
 def test_greedy_is_argmax():
@@ -61,9 +61,9 @@ def test_seed_reproduces_and_differs():
     p = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
     flat = torch.zeros(1000)
     s1, s2, s3 = (Sampler(SamplingParams(seed=s, **p)) for s in (7, 7, 8))
-    seq1 = [s1(flat, []) for _ in range(20)]
-    seq2 = [s2(flat, []) for _ in range(20)]
-    seq3 = [s3(flat, []) for _ in range(20)]
+    seq1 = [s1(flat, [], i) for i in range(20)]
+    seq2 = [s2(flat, [], i) for i in range(20)]
+    seq3 = [s3(flat, [], i) for i in range(20)]
     assert seq1 == seq2
     assert seq1 != seq3
 
@@ -90,3 +90,35 @@ def test_bad_parameters_are_typed_errors(bad):
 
 def test_single_stop_string_is_accepted():
     assert SamplingParams(stop="END").stop == ("END",)
+
+
+def test_the_uniform_draw_is_one_hash_on_host_and_device():
+    """uniform_py (Python ints) and uniform (int64 tensors, what the device runs) agree bit for bit,
+    seeds up to 2^64 - 1; the draws are spread over [0, 1)."""
+    from minfer.kernels.sample import uniform
+    from minfer.rng import uniform as uniform_py
+
+    seeds = [0, 1, 7, 2**31 - 1, 2**32 + 5, 2**63 - 1, 2**63 + 11, 2**64 - 1]
+    idx = list(range(0, 4000, 97))
+    pairs = [(s, i) for s in seeds for i in idx]
+    host = [uniform_py(s, i) for s, i in pairs]
+    signed = [s - 2**64 if s >= 2**63 else s for s, _ in pairs]
+    dev = uniform(torch.tensor(signed, dtype=torch.int64), torch.tensor([i for _, i in pairs], dtype=torch.int64))
+    assert dev.tolist() == host
+    assert 0.0 <= min(host) and max(host) < 1.0 and abs(sum(host) / len(host) - 0.5) < 0.05
+
+
+@pytest.mark.parametrize("params", [dict(temperature=0.8), dict(temperature=1.3, top_k=5, top_p=0.9, min_p=0.0),
+                                    dict(temperature=0.5, top_k=64, top_p=1.0, min_p=0.1), dict(temperature=0)])
+def test_sample_rows_picks_what_the_host_sampler_picks(params):
+    """The device's Sample kernel (here on CPU tensors) against the host Sampler, row by row, for
+    rows of mixed parameters in one call."""
+    from minfer.kernels.sample import pack_params, sample_rows
+
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(12, 500, generator=gen) * 3
+    samplers = [Sampler(SamplingParams(seed=100 + r, **params)) for r in range(12)]
+    rows = [(sp.params.top_k, sp.params.temperature, sp.params.top_p, sp.params.min_p, sp.seed, 5 + r)
+            for r, sp in enumerate(samplers)]
+    got = sample_rows(logits, pack_params(rows)).tolist()
+    assert got == [sp(logits[r], [], 5 + r) for r, sp in enumerate(samplers)]

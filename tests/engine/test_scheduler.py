@@ -16,6 +16,7 @@ from minfer.config import EngineConfig
 from minfer.engine.engine import Engine
 from minfer.engine.params import SamplingParams
 from minfer.errors import ContextOverflowError, MinferError
+from minfer.kernels.sample import sample_rows
 
 V = 32
 EOS = 0
@@ -224,7 +225,8 @@ def test_closing_a_stream_aborts_its_sequence():
 
 
 def test_seeded_sampling_is_the_same_alone_and_in_a_batch():
-    params = [SamplingParams(max_tokens=12, temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, seed=s) for s in (1, 2, 3)]
+    params = [SamplingParams(max_tokens=12, temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, seed=s, ignore_eos=True)
+              for s in (1, 2, 3)]
     prompts = [[3, 4], [7], [1, 2, 3, 4, 5]]
     alone = []
     for p, sp in zip(prompts, params, strict=True):
@@ -269,14 +271,16 @@ class OverlapBackend(ScriptedBackend):
         super().__init__(eos_after)
         self.log: list[tuple[str, int]] = []
 
-    def decode_greedy(self, batch: Batch, after: Launched | None = None) -> Launched:
+    def decode_pick(self, batch: Batch, after: Launched | None = None, params=None) -> Launched:
         assert batch.kind == "decode" and batch.out_rows.tolist() == list(range(batch.n_tokens))
         toks = after.picked if after is not None else batch.tokens.tolist()
         fed = Batch.build([(s.slot, s.start, [t]) for s, t in zip(batch.spans, toks, strict=True)],
                           list(range(batch.n_tokens)), n_decode=batch.n_tokens)
         n = sum(1 for e in self.log if e[0] == "launch") + 1
         self.log.append(("launch", n))
-        return Launched(self.forward(fed).argmax(-1).tolist(), self.log, n)
+        logits = self.forward(fed)
+        picked = logits.argmax(-1) if params is None else sample_rows(logits, params)
+        return Launched(picked.tolist(), self.log, n)
 
     def ahead(self) -> int:
         """How many steps were launched before the step ahead of them had been read."""
@@ -344,8 +348,24 @@ def test_a_step_in_flight_past_an_abort_changes_nothing():
     assert be.ahead() > 0 and eng.scheduler.slots_in_use == 0
 
 
-def test_sampled_or_penalized_rows_are_not_overlapped():
-    for params in (SamplingParams(max_tokens=6, temperature=1.0, seed=5),
+def test_sampled_rows_are_overlapped_and_draw_what_the_host_draws():
+    """Seeded sampling (top-k within the device's 64 candidates), sampled on the device step after
+    step, against the host sampler of the plain loop: the same tokens, greedy rows beside them."""
+    def script(eng):
+        seqs = [eng.add([3, 4], SamplingParams(max_tokens=9, temperature=1.2, top_k=20, seed=5, ignore_eos=True)),
+                eng.add([8], SamplingParams(max_tokens=9, temperature=0.7, top_p=0.8, min_p=0.1, seed=9,
+                                            ignore_eos=True)),
+                eng.add([1], SamplingParams(max_tokens=9, **GREEDY))]
+        eng.run(seqs)
+        return seqs
+
+    (_, _, plain), (_, be, over) = run_both(script)
+    assert [s.generated for s in over] == [s.generated for s in plain]
+    assert len({tuple(s.generated) for s in plain}) == 3 and be.ahead() >= 4
+
+
+def test_penalized_or_unbounded_top_k_rows_are_not_overlapped():
+    for params in (SamplingParams(max_tokens=6, temperature=1.0, top_k=0, seed=5),
                    SamplingParams(max_tokens=6, temperature=0, repeat_penalty=1.3)):
         def script(eng, params=params):
             seqs = [eng.add([3, 4], SamplingParams(max_tokens=6, **GREEDY)), eng.add([8], params)]
@@ -355,7 +375,7 @@ def test_sampled_or_penalized_rows_are_not_overlapped():
         (_, _, plain), (_, be, over) = run_both(script)
         assert [s.generated for s in over] == [s.generated for s in plain]
         decode_launches = [e for e in be.log if e[0] == "launch"]
-        assert not decode_launches  # every decode step carried the sampled row: host sampling
+        assert not decode_launches  # every decode step carried that row: sampled on the host
 
 
 def test_overlap_can_be_turned_off():
@@ -377,3 +397,23 @@ def test_rows_that_want_logprobs_are_not_overlapped():
     (_, _, plain), (_, be, over) = run_both(script)
     assert over[0].generated == plain[0].generated == [5, 6, 7, 8, 9]
     assert len(over[0].logprobs) == 5 and not be.log
+
+
+def test_several_prompts_share_a_step_within_the_token_budget():
+    """prefill_seqs = 3: waiting prompts are admitted and chunked together, in arrival order, never
+    past max_batch_tokens; the tokens are those of one prompt per step."""
+    outs = []
+    for seqs_per_step in (1, 3):
+        eng, be = make(n_slots=4, chunk=4, max_batch_tokens=10, prefill_seqs=seqs_per_step)
+        prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16]]
+        seqs = [eng.add(p, SamplingParams(max_tokens=3, **GREEDY)) for p in prompts]
+        eng.run(seqs)
+        outs.append([s.generated for s in seqs])
+        shapes = [[sp.n_tokens for sp in b.spans[b.n_decode:]] for b in be.batches]
+        assert all(b.n_tokens <= 10 for b in be.batches)
+        if seqs_per_step == 3:
+            assert shapes[0] == [3, 4, 2]  # three prompts in the first step: 3 + 4 (a chunk) + 2 tokens
+            assert max(len(x) for x in shapes) == 3
+        else:
+            assert max(len(x) for x in shapes) == 1
+    assert outs[0] == outs[1]
