@@ -55,7 +55,7 @@ def pick_from_top(values: torch.Tensor, ids: torch.Tensor, top_k: torch.Tensor, 
     temperature (> 0), top_p (1: off), min_p (0: off) and the uniform draw u."""
     rows, k_all = values.shape
     rank = torch.arange(k_all, device=values.device)[None, :]
-    ninf = torch.tensor(float("-inf"), device=values.device)
+    ninf = values.new_full((1, 1), float("-inf"), dtype=torch.float32)  # (a fill, not a host copy: graph-safe)
     v = values.float()
     k = top_k.clamp(1, k_all)[:, None]
     # top-p: the smallest prefix of the top-k whose probability mass reaches top_p (at least one)
