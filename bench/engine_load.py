@@ -30,7 +30,8 @@ def main() -> None:
     m = load(a.model, a.device, n_ctx=a.p + a.n + 8, n_slots=max(sizes), progress=False)
     eng, rnd = m.engine, random.Random(0)
     params = SamplingParams(max_tokens=a.n, temperature=0, ignore_eos=True)
-    for c in [1] + sizes:  # (the first round warms up)
+    for c in [1] + [x for x in sizes for _ in range(2)]:  # (the first round warms up; each size twice: the
+        # first of them compiles the Triton variants its row counts specialize to)
         seqs = [eng.add([rnd.randrange(m.n_vocab) for _ in range(a.p)], params, reuse_prefix=False) for _ in range(c)]
         t_pre = t_dec = 0.0
         n_pre = n_dec = 0

@@ -12,7 +12,7 @@ import random
 
 import torch
 
-from ..kernels.sample import pick_from_top
+from ..kernels.sample import KMAX, pick_from_top
 from ..rng import uniform
 from .params import SamplingParams
 
@@ -32,7 +32,9 @@ class Sampler:
         if p.greedy:
             return int(torch.argmax(logits))
         k = p.top_k if 0 < p.top_k < logits.shape[0] else logits.shape[0]
-        values, ids = torch.topk(logits, k)  # sorted, largest first
+        # sorted, largest first; at least the device's KMAX candidates, so that the arithmetic over
+        # them is the device's (kernels.sample.sample_rows) and both pick the same token
+        values, ids = torch.topk(logits, max(k, min(KMAX, logits.shape[0])))
 
         def row(v: float) -> torch.Tensor:
             return torch.tensor([v], dtype=torch.float32)
