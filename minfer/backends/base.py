@@ -125,7 +125,7 @@ class Batch:
 
 class Backend(Protocol):
     name: str
-    kv_itemsize: int  # bytes per cached key/value element
+    kv_itemsize: float  # bytes per cached key/value element (17/16 for a Q8_0 cache)
     prefill_seqs: int  # prompts the scheduler may chunk into one step (1: rows independent of the batch)
 
     def kv_budget(self) -> int:

@@ -36,6 +36,7 @@ from ..errors import MinferError, ModelError, NoKernelError, UnsupportedError
 from ..gguf.reader import GGUFReader
 from ..graph.ir import Graph, Node, Op, WeightRef
 from ..kernels._common import as_in_graphs, interpreting
+from ..kernels.attention import q8_row_bytes
 from ..kernels.sample import KMAX, PARAM_ROWS
 from ..quant.types import GGMLType, quant_info
 from . import cpu_ops
@@ -44,7 +45,7 @@ from .kv_cache import KVCache, kv_bytes
 from .plan import Plan, Step
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # decode batch sizes captured as CUDA graphs
-KV_DTYPES = {"auto": torch.float16, "f16": torch.float16}
+KV_DTYPES = {"auto": torch.float16, "f16": torch.float16, "q8_0": torch.int8}  # int8: the Q8_0 layout
 STRIDED = {"contiguous": False, "strided": True}
 
 
@@ -200,7 +201,6 @@ def _not_loaded(vals, st):
 
 class CUDABackend:
     name = "cuda"
-    kv_itemsize = 2
     prefill_seqs = 8  # prompts per step when many arrive at once (rows' numbers then depend on the batch)
 
     def __init__(self, config: EngineConfig | None = None, registry: Registry | None = None, plan_only: bool = False):
@@ -230,6 +230,8 @@ class CUDABackend:
         self._graphs: dict[int, tuple] = {}
         self._pool = None
         self.use_graphs = self.config.cuda_graph and self.on_gpu
+        self.kv_q8 = KV_DTYPES[self.config.kv_dtype] == torch.int8
+        self.kv_itemsize = 17 / 16 if self.kv_q8 else 2  # bytes per cached element
 
     # ------------------------------------------------------------------ load
     def load(self, graph: Graph, reader: GGUFReader, progress: bool = True, upload: bool = True) -> None:
@@ -484,9 +486,10 @@ class CUDABackend:
         q_i, k_i, v_i, pos = node.inputs
         nh, nkv, hd = p["n_head"], p["n_head_kv"], p["head_dim"]
         params = {"layer": p["kv_layer"], "n_head": nh, "n_head_kv": nkv, "head_dim": hd, "scale": p["scale"]}
-        dtypes = {"q": "F32", "k": "F32", "v": "F32", "cache_k": "F16", "cache_v": "F16", "row_slots": "I32",
-                  "positions": "I32"}
-        cache = (self.graph.meta["n_layer"], 2, nkv, PLAN_CTX, hd)
+        cache_dtype = "I8" if self.kv_q8 else "F16"
+        dtypes = {"q": "F32", "k": "F32", "v": "F32", "cache_k": cache_dtype, "cache_v": cache_dtype,
+                  "row_slots": "I32", "positions": "I32"}
+        cache = (self.graph.meta["n_layer"], 2, nkv, PLAN_CTX, q8_row_bytes(hd) if self.kv_q8 else hd)
 
         def shapes(rows):
             return {"q": (rows, nh * hd), "k": (rows, nkv * hd), "v": (rows, nkv * hd), "cache_k": cache,
@@ -525,7 +528,7 @@ class CUDABackend:
         self._graphs.clear()
         self.cache = None
         self.cache = KVCache(m["n_layer"], n_slots + 1, n_ctx, m["n_head_kv"], m["head_dim"], KV_DTYPES[
-            self.config.kv_dtype], self.device)
+            self.config.kv_dtype], self.device, row_width=q8_row_bytes(m["head_dim"]) if self.kv_q8 else None)
         self.n_slots, self.pad_slot = n_slots, n_slots
         for node in self.graph.nodes:
             if node.op == Op.ROPE:

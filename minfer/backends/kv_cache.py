@@ -1,6 +1,7 @@
 """The KV cache: per-layer key/value buffers, one region per slot, allocated once by a backend.
 
-`k` and `v` are each one tensor [n_layer, n_slots, n_head_kv, n_ctx, head_dim]: k[layer] is a
+`k` and `v` are each one tensor [n_layer, n_slots, n_head_kv, n_ctx, head_dim] (a quantized
+cache: [..., row_width] bytes per position, kernels/attention.py's Q8_0 layout): k[layer] is a
 layer's buffer, k[:, slot] a sequence's keys in every layer, and within a head the keys are
 contiguous rows, the layout attention kernels read. The buffers never move after allocation
 (a CUDA graph captures their addresses).
@@ -17,19 +18,19 @@ import torch
 from ..errors import MinferError
 
 
-def kv_bytes(n_layer: int, n_slots: int, n_ctx: int, n_head_kv: int, head_dim: int, itemsize: int) -> int:
-    """Bytes of keys plus values for these sizes."""
-    return 2 * n_layer * n_slots * n_ctx * n_head_kv * head_dim * itemsize
+def kv_bytes(n_layer: int, n_slots: int, n_ctx: int, n_head_kv: int, head_dim: int, itemsize: float) -> int:
+    """Bytes of keys plus values for these sizes (`itemsize`: bytes per element, 17/16 for Q8_0)."""
+    return int(2 * n_layer * n_slots * n_ctx * n_head_kv * head_dim * itemsize)
 
 
 class KVCache:
     def __init__(self, n_layer: int, n_slots: int, n_ctx: int, n_head_kv: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", row_width: int | None = None):
         if min(n_layer, n_slots, n_ctx, n_head_kv, head_dim) < 1:
             raise MinferError(f"KV cache sizes must be >= 1 (layers {n_layer}, slots {n_slots}, ctx {n_ctx}, "
                               f"kv heads {n_head_kv}, head dim {head_dim})")
         self.n_layer, self.n_slots, self.n_ctx = n_layer, n_slots, n_ctx
-        shape = (n_layer, n_slots, n_head_kv, n_ctx, head_dim)
+        shape = (n_layer, n_slots, n_head_kv, n_ctx, row_width or head_dim)
         # uninitialised: attention reads only positions a step has written
         self.k = torch.empty(shape, dtype=dtype, device=device)
         self.v = torch.empty(shape, dtype=dtype, device=device)

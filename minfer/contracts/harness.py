@@ -460,7 +460,7 @@ def _ref_sample(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[
 
 # (span lengths, n_head, n_head_kv, head_dim, n_ctx); each span is one sequence in its own slot
 _ATTN = {
-    "tiny": [((1,), 2, 1, 16, 32)],
+    "tiny": [((1,), 2, 1, 16, 32), ((1,), 2, 1, 32, 8)],
     "odd": [((1, 1, 1), 3, 1, 16, 40), ((5,), 4, 2, 32, 24)],
     "boundary": [((1, 1), 8, 2, 64, 1100), ((65, 1), 4, 4, 64, 130)],
 }
@@ -497,7 +497,12 @@ def _build_attn(s: Setting, dtypes: dict[str, str], out_dtype: str | None, gen) 
     cache_dt = torch_dtype(dtypes["cache_k"])
     inputs = {n: _randn(s.shapes[n], "F32", gen) for n in ("q", "k", "v")}
     for n in ("cache_k", "cache_v"):  # random history in every slot (what a step must not disturb)
-        inputs[n] = torch.randn(s.shapes[n], generator=gen, device=dev).to(cache_dt)
+        if cache_dt == torch.int8 and s.shapes[n][-1] % 32 == 0:  # the Q8_0 layout: random rows, quantized
+            inputs[n] = _q8_rows(torch.randn(s.shapes[n], generator=gen, device=dev))
+        elif cache_dt == torch.int8:  # (no Q8_0 rows of this width: the contract refuses the case)
+            inputs[n] = torch.zeros(s.shapes[n], dtype=torch.int8, device=dev)
+        else:
+            inputs[n] = torch.randn(s.shapes[n], generator=gen, device=dev).to(cache_dt)
     slots, positions = [], []
     for i, n in enumerate(spans):  # span i: slot i, positions start..start+n-1, start random
         start = int(torch.randint(0, n_ctx - n + 1, (1,), generator=gen, device=dev))
@@ -510,15 +515,37 @@ def _build_attn(s: Setting, dtypes: dict[str, str], out_dtype: str | None, gen) 
     return inputs, p
 
 
+def _q8_rows(x: torch.Tensor) -> torch.Tensor:
+    """f32 rows [..., hd] -> the Q8_0 cache layout [..., hd + hd / 16] int8 (the codes, then the
+    f16 scales' bytes), by the reference quantizer."""
+    hd = x.shape[-1]
+    blocks = reference.quantize(x.float().cpu(), GGMLType.Q8_0).view(*x.shape[:-1], hd // 32, 34)
+    codes = blocks[..., 2:].reshape(*x.shape[:-1], hd)
+    scales = blocks[..., :2].reshape(*x.shape[:-1], hd // 16)
+    return torch.cat([codes, scales], -1).view(torch.int8).to(x.device)
+
+
+def _q8_values(c: torch.Tensor, hd: int) -> torch.Tensor:
+    """The Q8_0 cache layout back to float64 values [..., hd]."""
+    scales = c[..., hd:].contiguous().view(torch.float16).double()
+    return c[..., :hd].double() * scales.repeat_interleave(32, dim=-1)
+
+
 def _ref_attn(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[str, str]) -> torch.Tensor:
-    """k/v written (rounded to the cache dtype), then each row over 0..its position, float64."""
+    """k/v written (rounded to the cache dtype, or quantized to Q8_0), then each row over 0..its
+    position, float64."""
     layer, nh, nkv, hd = p["layer"], p["n_head"], p["n_head_kv"], p["head_dim"]
     ck = i["cache_k"][layer].clone()
     cv = i["cache_v"][layer].clone()
     rows = i["q"].shape[0]
     slots, pos = i["row_slots"].long(), i["positions"].long()
-    ck[slots, :, pos] = i["k"].view(rows, nkv, hd).to(ck.dtype)
-    cv[slots, :, pos] = i["v"].view(rows, nkv, hd).to(cv.dtype)
+    if ck.dtype == torch.int8:
+        ck[slots, :, pos] = _q8_rows(i["k"].view(rows, nkv, hd))
+        cv[slots, :, pos] = _q8_rows(i["v"].view(rows, nkv, hd))
+        ck, cv = _q8_values(ck, hd), _q8_values(cv, hd)
+    else:
+        ck[slots, :, pos] = i["k"].view(rows, nkv, hd).to(ck.dtype)
+        cv[slots, :, pos] = i["v"].view(rows, nkv, hd).to(cv.dtype)
     q = i["q"].double().view(rows, nh, hd)
     out = torch.empty(rows, nh, hd, dtype=torch.float64, device=q.device)
     g = nh // nkv
@@ -533,7 +560,7 @@ def _ref_attn(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[st
 def _attn_reads(i: Mapping[str, torch.Tensor], p: Mapping[str, Any]) -> int:
     """q, k, v once; each row's cached keys and values up to its position."""
     cache = i["cache_k"]
-    per_pos = 2 * p["n_head_kv"] * p["head_dim"] * cache.element_size()
+    per_pos = 2 * p["n_head_kv"] * cache.shape[-1] * cache.element_size()  # (a Q8_0 row: codes + scales)
     qkv = sum(i[n].numel() * 4 for n in ("q", "k", "v"))
     return qkv + int((i["positions"].long() + 1).sum()) * per_pos
 

@@ -13,6 +13,12 @@ inputs with f32 accumulation and an online softmax in f32. With more than one sp
 kernel combines the splits' partial sums by log-sum-exp; with one split the first kernel writes
 the output itself. The split count comes from the cache's n_ctx (a graph's grid is fixed), and
 splits past a row's position exit at once.
+
+Q8_0 cache (`--kv-cache q8_0`, the `*_q8` launchers): int8 [layers, slots, kv_heads, n_ctx,
+head_dim + head_dim / 16], each position's row its head_dim int8 codes, then one f16 scale per
+32 of them (little-endian bytes): seed 004's Q8_0 values (d = max|x| / 127, codes rounded half
+away from zero, as kernels/quantize.py), laid out so a row's codes load as one run and a key
+tile dequantizes with one multiply. 1.06 bytes per element instead of 2.
 """
 
 from __future__ import annotations
@@ -42,8 +48,24 @@ MAX_SPLITS = 64
 
 
 @triton.jit
+def _store_q8_row(x, ptr, row, d, m, HD, BLOCK_D: tl.constexpr):
+    """One cache row in the Q8_0 layout: the codes of x [BLOCK_D] (0 past HD) at row + d, then
+    the f16 scale of every 32 of them at row + HD + 2 b."""
+    NB: tl.constexpr = BLOCK_D // 32
+    xb = tl.reshape(x, [NB, 32])
+    dsc = tl.math.div_rn(tl.max(tl.abs(xb), axis=1), 127.0)
+    inv = tl.where(dsc == 0.0, 0.0, tl.math.div_rn(tl.full(dsc.shape, 1.0, tl.float32), dsc))
+    v = xb * inv[:, None]
+    whole = v.to(tl.int32)  # truncates toward zero; + trunc(2 frac): round half away from zero
+    q = tl.reshape(whole + ((v - whole.to(tl.float32)) * 2.0).to(tl.int32), [BLOCK_D])
+    tl.store(ptr + row + d, q.to(tl.int8), mask=m)
+    b = tl.arange(0, NB)
+    tl.store((ptr + row + HD).to(tl.pointer_type(tl.float16)) + b, dsc.to(tl.float16), mask=b * 32 < HD)
+
+
+@triton.jit
 def _kv_write_kernel(k_ptr, v_ptr, ck_ptr, cv_ptr, slot_ptr, pos_ptr, stride_k, stride_v, layer_off,
-                     S_STRIDE, H_STRIDE, HD, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+                     S_STRIDE, H_STRIDE, HD, RS, BLOCK_D: tl.constexpr, Q8: tl.constexpr, PDL: tl.constexpr):
     release_next(PDL)
     wait_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -52,19 +74,35 @@ def _kv_write_kernel(k_ptr, v_ptr, ck_ptr, cv_ptr, slot_ptr, pos_ptr, stride_k, 
     p = tl.load(pos_ptr + row).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
     m = d < HD
-    dst = layer_off + slot * S_STRIDE + head * H_STRIDE + p * HD + d
-    k = tl.load(k_ptr + row * stride_k + head * HD + d, mask=m)
-    v = tl.load(v_ptr + row * stride_v + head * HD + d, mask=m)
+    base = layer_off + slot * S_STRIDE + head * H_STRIDE + p * RS
+    k = tl.load(k_ptr + row * stride_k + head * HD + d, mask=m, other=0.0)
+    v = tl.load(v_ptr + row * stride_v + head * HD + d, mask=m, other=0.0)
     release_late(PDL)
-    tl.store(ck_ptr + dst, k.to(ck_ptr.dtype.element_ty), mask=m)
-    tl.store(cv_ptr + dst, v.to(cv_ptr.dtype.element_ty), mask=m)
+    if Q8:
+        _store_q8_row(k, ck_ptr, base, d, m, HD, BLOCK_D)
+        _store_q8_row(v, cv_ptr, base, d, m, HD, BLOCK_D)
+    else:
+        tl.store(ck_ptr + base + d, k.to(ck_ptr.dtype.element_ty), mask=m)
+        tl.store(cv_ptr + base + d, v.to(cv_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _load_kv(ptr, rows, d, mask, HD, Q8: tl.constexpr):
+    """A [BLOCK_N, BLOCK_D] f16 tile of cached keys or values at row offsets `rows` [BLOCK_N, 1]."""
+    if Q8:
+        codes = tl.load(ptr + rows + d[None, :], mask=mask, other=0)
+        scales = tl.load((ptr + rows + HD).to(tl.pointer_type(tl.float16)) + (d // 32)[None, :], mask=mask,
+                         other=0.0)
+        return (codes.to(tl.float32) * scales.to(tl.float32)).to(tl.float16)
+    else:
+        return tl.load(ptr + rows + d[None, :], mask=mask, other=0.0)
 
 
 @triton.jit
 def _attn_rows_kernel(q_ptr, ck_ptr, cv_ptr, slot_ptr, pos_ptr, out_ptr, po_ptr, pml_ptr, stride_q, layer_off,
-                      S_STRIDE, H_STRIDE, scale, G, N_HEAD, HD, SPLIT_LEN, NSPLIT,
+                      S_STRIDE, H_STRIDE, scale, G, N_HEAD, HD, RS, SPLIT_LEN, NSPLIT,
                       GP: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                      PDL: tl.constexpr):
+                      Q8: tl.constexpr, PDL: tl.constexpr):
     release_next(PDL)
     wait_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -89,16 +127,16 @@ def _attn_rows_kernel(q_ptr, ck_ptr, cv_ptr, slot_ptr, pos_ptr, out_ptr, po_ptr,
     for start in range(lo, hi, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         nm = n < hi
-        kv_off = base + n.to(tl.int64)[:, None] * HD + d[None, :]
+        kv_rows = base + n.to(tl.int64)[:, None] * RS
         kv_m = nm[:, None] & dm[None, :]
-        k = tl.load(ck_ptr + kv_off, mask=kv_m, other=0.0)
+        k = _load_kv(ck_ptr, kv_rows, d, kv_m, HD, Q8)
         s = tl.dot(q, tl.trans(k))
         s = tl.where(nm[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(cv_ptr + kv_off, mask=kv_m, other=0.0)
+        v = _load_kv(cv_ptr, kv_rows, d, kv_m, HD, Q8)
         acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
         m_i = m_new
     release_late(PDL)
@@ -135,20 +173,31 @@ def _attn_combine_kernel(po_ptr, pml_ptr, out_ptr, N_HEAD, HD, NSPLIT, SP: tl.co
     tl.store(out_ptr + row * N_HEAD * HD + head * HD + d, num / den, mask=dm)
 
 
+def q8_row_bytes(head_dim: int) -> int:
+    """Bytes of one position's row of one head in the Q8_0 cache: the codes, then f16 scales."""
+    return head_dim + head_dim // 16
+
+
 def check_cache(what: str, cache_k: torch.Tensor, cache_v: torch.Tensor, layer: int, n_head_kv: int,
                 head_dim: int) -> tuple[int, ...]:
+    """[layers, slots, kv heads, n_ctx, head_dim] of the cache (f16/bf16/f32, or the int8 Q8_0
+    layout whose rows are q8_row_bytes(head_dim) wide)."""
     for name, c in (("cache_k", cache_k), ("cache_v", cache_v)):
-        check_tensor(what, name, c, (torch.float16, torch.bfloat16, torch.float32), ndim=5)
+        check_tensor(what, name, c, (torch.float16, torch.bfloat16, torch.float32, torch.int8), ndim=5)
     if cache_k.shape != cache_v.shape or cache_k.dtype != cache_v.dtype:
         raise UnsupportedError(f"{what}: cache_k and cache_v differ: {tuple(cache_k.shape)} {cache_k.dtype} vs "
                                f"{tuple(cache_v.shape)} {cache_v.dtype}")
-    n_layer, _, nkv, _, hd = cache_k.shape
-    if (nkv, hd) != (n_head_kv, head_dim):
-        raise UnsupportedError(f"{what}: the cache holds {nkv} kv heads of {hd}, the call says {n_head_kv} of "
-                               f"{head_dim}")
+    n_layer, n_slots, nkv, n_ctx, width = cache_k.shape
+    q8 = cache_k.dtype == torch.int8
+    if q8 and head_dim % 32:
+        raise UnsupportedError(f"{what}: a Q8_0 cache needs head_dim a multiple of 32, got {head_dim}")
+    want = q8_row_bytes(head_dim) if q8 else head_dim
+    if (nkv, width) != (n_head_kv, want):
+        raise UnsupportedError(f"{what}: the cache holds {nkv} kv heads of row width {width}, the call needs "
+                               f"{n_head_kv} of {want}")
     if not 0 <= layer < n_layer:
         raise UnsupportedError(f"{what}: layer {layer} outside the cache's 0..{n_layer - 1}")
-    return tuple(cache_k.shape)
+    return (n_layer, n_slots, nkv, n_ctx, head_dim)
 
 
 def check_attention_call(what, q, k, v, cache_k, cache_v, row_slots, positions, layer, n_head, n_head_kv, head_dim):
@@ -177,13 +226,16 @@ def check_attention_call(what, q, k, v, cache_k, cache_v, row_slots, positions, 
 
 def kv_write(k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
              row_slots: torch.Tensor, positions: torch.Tensor, layer: int) -> None:
-    """cache[layer, slot_r, :, position_r] = k[r], v[r] for every row r (rounded to the cache dtype).
-    Slots and positions are the caller's to keep in range: the backend checks each batch once."""
-    n_layer, n_slots, nkv, n_ctx, hd = cache_k.shape
+    """cache[layer, slot_r, :, position_r] = k[r], v[r] for every row r (rounded to the cache dtype,
+    or quantized to the Q8_0 layout for an int8 cache). Slots and positions are the caller's to keep
+    in range: the backend checks each batch once."""
+    n_layer, n_slots, nkv, n_ctx, rs = cache_k.shape
+    hd = k.shape[1] // nkv
     if k.shape[0]:
         _kv_write_kernel[check_grid("kv_write", (k.shape[0], nkv))](
-            k, v, cache_k, cache_v, row_slots, positions, k.stride(0), v.stride(0), layer * n_slots * nkv * n_ctx * hd,
-            nkv * n_ctx * hd, n_ctx * hd, hd, BLOCK_D=triton.next_power_of_2(hd), num_warps=1, **pdl_args())
+            k, v, cache_k, cache_v, row_slots, positions, k.stride(0), v.stride(0), layer * n_slots * nkv * n_ctx * rs,
+            nkv * n_ctx * rs, n_ctx * rs, hd, rs, BLOCK_D=max(32, triton.next_power_of_2(hd)),
+            Q8=cache_k.dtype == torch.int8, num_warps=1, **pdl_args())
 
 
 def block_n(head_dim: int) -> int:
@@ -203,17 +255,34 @@ def attention_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: t
     softmax(q K^T * scale) V over positions 0..position of each row's slot. q/k/v: f32 rows
     (row-strided views are fine), cache f16 [layers, slots, n_head_kv, n_ctx, head_dim]. `spans`
     is not needed (every row reads its own slot and position on the device)."""
-    what = "attention_rows"
+    return _attention_rows("attention_rows", torch.float16, q, k, v, cache_k, cache_v, row_slots, positions, layer,
+                           n_head, n_head_kv, head_dim, scale, out)
+
+
+def attention_rows_q8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor,
+                      cache_v: torch.Tensor, row_slots: torch.Tensor, positions: torch.Tensor, layer: int, n_head: int,
+                      n_head_kv: int, head_dim: int, scale: float, spans=None,
+                      out: torch.Tensor | None = None) -> torch.Tensor:
+    """`attention_rows` over a Q8_0 cache (int8, rows of q8_row_bytes(head_dim)): k/v quantized as
+    they are written, keys and values dequantized to f16 tiles as they are read."""
+    return _attention_rows("attention_rows_q8", torch.int8, q, k, v, cache_k, cache_v, row_slots, positions, layer,
+                           n_head, n_head_kv, head_dim, scale, out)
+
+
+def _attention_rows(what, cache_dtype, q, k, v, cache_k, cache_v, row_slots, positions, layer, n_head, n_head_kv,
+                    head_dim, scale, out):
     q2, k2, v2, shape, device = check_attention_call(what, q, k, v, cache_k, cache_v, row_slots, positions, layer,
                                                      n_head, n_head_kv, head_dim)
-    if cache_k.dtype != torch.float16:
-        raise UnsupportedError(f"{what}: the cache must be float16, got {cache_k.dtype}")
+    if cache_k.dtype != cache_dtype:
+        raise UnsupportedError(f"{what}: the cache must be {str(cache_dtype).removeprefix('torch.')}, got "
+                               f"{str(cache_k.dtype).removeprefix('torch.')}")
     rows = q2.shape[0]
     out = make_out(what, out, (rows, n_head * head_dim), torch.float32, device)
     if not rows:
         return out
     kv_write(k2, v2, cache_k, cache_v, row_slots, positions, layer)
     n_layer, n_slots, nkv, n_ctx, hd = shape
+    rs = cache_k.shape[4]  # elements (bytes for Q8_0) from one position's row to the next
     split_len, nsplit = split_plan(n_ctx)
     g = n_head // n_head_kv
     gp = max(16, triton.next_power_of_2(g))
@@ -223,9 +292,10 @@ def attention_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: t
         po = torch.empty(rows * n_head * nsplit * hd, dtype=torch.float32, device=device)
         pml = torch.empty(rows * n_head * nsplit * 2, dtype=torch.float32, device=device)
     _attn_rows_kernel[check_grid(what, (rows, nkv, nsplit))](
-        q2, cache_k, cache_v, row_slots, positions, out, po, pml, q2.stride(0), layer * n_slots * nkv * n_ctx * hd,
-        nkv * n_ctx * hd, n_ctx * hd, float(scale), g, n_head, hd, split_len, nsplit,
-        GP=gp, BLOCK_D=block_d, BLOCK_N=block_n(hd), SPLIT=nsplit > 1, num_warps=4, **pdl_args())
+        q2, cache_k, cache_v, row_slots, positions, out, po, pml, q2.stride(0), layer * n_slots * nkv * n_ctx * rs,
+        nkv * n_ctx * rs, n_ctx * rs, float(scale), g, n_head, hd, rs, split_len, nsplit,
+        GP=gp, BLOCK_D=block_d, BLOCK_N=block_n(hd), SPLIT=nsplit > 1, Q8=cache_dtype == torch.int8, num_warps=4,
+        **pdl_args())
     if nsplit > 1:
         _attn_combine_kernel[check_grid(what, (rows, n_head))](
             po, pml, out, n_head, hd, nsplit, SP=triton.next_power_of_2(nsplit), BLOCK_D=block_d, num_warps=1,

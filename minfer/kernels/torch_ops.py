@@ -91,21 +91,49 @@ def attention_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: t
     of consecutive positions of one slot (prompt chunks). `spans`: [(first row, slot, start,
     rows)] from the host's batch, or None to read them from row_slots/positions (a device sync,
     which every layer of a step would pay)."""
-    what = "attention_sdpa"
+    return _attention_sdpa("attention_sdpa", False, q, k, v, cache_k, cache_v, row_slots, positions, layer, n_head,
+                           n_head_kv, head_dim, scale, spans, out)
+
+
+def attention_sdpa_q8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor,
+                      cache_v: torch.Tensor, row_slots: torch.Tensor, positions: torch.Tensor, layer: int, n_head: int,
+                      n_head_kv: int, head_dim: int, scale: float, spans=None,
+                      out: torch.Tensor | None = None) -> torch.Tensor:
+    """`attention_sdpa` over a Q8_0 cache (attention.py's layout): the k/v written quantized, each
+    span's cached keys and values dequantized to f16 for SDPA."""
+    return _attention_sdpa("attention_sdpa_q8", True, q, k, v, cache_k, cache_v, row_slots, positions, layer, n_head,
+                           n_head_kv, head_dim, scale, spans, out)
+
+
+def dequant_q8_rows(c: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Q8_0 cache rows [..., q8_row_bytes(head_dim)] int8 -> f32 [..., head_dim]."""
+    scales = c[..., head_dim:].contiguous().view(torch.float16).float()
+    return c[..., :head_dim].float() * scales.repeat_interleave(32, dim=-1)
+
+
+def _attention_sdpa(what, q8, q, k, v, cache_k, cache_v, row_slots, positions, layer, n_head, n_head_kv, head_dim,
+                    scale, spans, out):
     q2, k2, v2, shape, device = check_attention_call(what, q, k, v, cache_k, cache_v, row_slots, positions, layer,
                                                      n_head, n_head_kv, head_dim)
+    if (cache_k.dtype == torch.int8) != q8:
+        raise UnsupportedError(f"{what}: the cache must be {'int8 (Q8_0)' if q8 else 'a float type'}, got "
+                               f"{str(cache_k.dtype).removeprefix('torch.')}")
     rows = q2.shape[0]
     out = make_out(what, out, (rows, n_head * head_dim), torch.float32, device)
     if not rows:
         return out
     kv_write(k2, v2, cache_k, cache_v, row_slots, positions, layer)
     ck, cv = cache_k[layer], cache_v[layer]
-    dt = cache_k.dtype if device.type == "cuda" else torch.float32
+    dt = (torch.float16 if q8 else cache_k.dtype) if device.type == "cuda" else torch.float32
     for r0, slot, start, n in (spans if spans is not None else spans_of(row_slots, positions)):
         end = start + n
         qs = q2[r0:r0 + n].view(n, n_head, head_dim).transpose(0, 1).unsqueeze(0).to(dt)
-        ks = ck[slot, :, :end].unsqueeze(0).to(dt)
-        vs = cv[slot, :, :end].unsqueeze(0).to(dt)
+        if q8:
+            ks = dequant_q8_rows(ck[slot, :, :end], head_dim).unsqueeze(0).to(dt)
+            vs = dequant_q8_rows(cv[slot, :, :end], head_dim).unsqueeze(0).to(dt)
+        else:
+            ks = ck[slot, :, :end].unsqueeze(0).to(dt)
+            vs = cv[slot, :, :end].unsqueeze(0).to(dt)
         mask = None
         if start > 0 and n > 1:  # query i sees keys 0..start+i
             mask = torch.ones(n, end, dtype=torch.bool, device=device).tril_(diagonal=start)

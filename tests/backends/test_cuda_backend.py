@@ -177,3 +177,23 @@ def test_overlapped_greedy_decode_equals_reading_every_step(tiny_gguf):
     assert over == plain and all(len(t) == 9 for t in over)
     assert over_s == plain_s and over_s != over  # sampled on the device = sampled on the host
     assert not none and sum(chained) >= 6  # decode steps launched behind the step before them
+
+
+def test_a_q8_0_kv_cache_runs_the_q8_kernels_close_to_the_f16_cache(tiny_gguf, raw):
+    """--kv-cache q8_0: an int8 cache of Q8_0 rows (17/32 of the f16 cache's bytes), written
+    quantized and read dequantized by the *_q8 attention contracts, for prompts and decode steps."""
+    path = tiny_gguf("tiny-llama", "q4_0")
+    f16 = load(path, "cuda", n_ctx=64, n_slots=2, progress=False)
+    q8 = load(path, "cuda", n_ctx=64, n_slots=2, progress=False, kv_dtype="q8_0")
+    be = q8.engine.backend
+    assert be.cache.k.dtype == torch.int8 and be.cache.k.shape[-1] == 64 + 4
+    assert be.cache.nbytes * 32 == f16.engine.backend.cache.nbytes * 17
+    attn = {r["kernel"] for r in be.plan_rows() if r["op"] == "Attention"}
+    assert attn == {"attention_rows_q8"} and {r["kernel"] for r in be.plan_rows(prefill=True)
+                                               if r["op"] == "Attention"} == {"attention_sdpa_q8"}
+    want = raw.prefill(f16.engine, 0, PROMPT)
+    got = raw.prefill(q8.engine, 0, PROMPT)
+    assert 0 < _rel(got, want) < 3e-2  # the codes' rounding, no more
+    steps_f = torch.stack([raw.decode(f16.engine, 0, t, p).cpu() for p, t in enumerate([5, 9, 300], start=12)])
+    steps_q = torch.stack([raw.decode(q8.engine, 0, t, p).cpu() for p, t in enumerate([5, 9, 300], start=12)])
+    assert 0 < _rel(steps_q, steps_f) < 3e-2
