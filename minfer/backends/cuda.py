@@ -37,7 +37,7 @@ from ..gguf.reader import GGUFReader
 from ..graph.ir import Graph, Node, Op, WeightRef
 from ..kernels._common import as_in_graphs, interpreting
 from ..kernels.attention import q8_row_bytes
-from ..kernels.sample import KMAX, PARAM_ROWS
+from ..kernels.sample import KMAX, PARAM_ROWS, pack_params
 from ..quant.types import GGMLType, quant_info
 from . import cpu_ops
 from .base import Batch
@@ -610,6 +610,28 @@ class CUDABackend:
             if params is not None:
                 return PickedStep(b, self._sample(x=logits, params=params.to(self.device)))
             return PickedStep(b, self._pick(x=logits))
+
+    def warmup(self) -> None:
+        """Compile and capture now what the first requests would otherwise wait for: the decode
+        graph of every bucket the slots can fill (greedy and sampling), and the Triton variants of
+        prompt chunks (row counts specialize kernels: 1, a multiple of 16, any other). Writes only
+        into the free cache (slot contents are the scheduler's: nothing is cached yet)."""
+        if self.cache is None:
+            raise ModelError("cuda backend: allocate() the KV cache before warming up")
+        with torch.inference_mode():
+            for rows in (1, 16, 17):
+                if rows <= self.cache.n_ctx:
+                    self.forward(Batch.single([0] * rows, 0, slot=0))
+            for bucket in BUCKETS:
+                b = min(bucket, self.n_slots)
+                batch = Batch.build([(s, 0, [0]) for s in range(b)], list(range(b)), n_decode=b)
+                self.decode_pick(batch).tokens()
+                params = pack_params([(40, 0.8, 0.95, 0.05, 1, 0)] * b)
+                self.decode_pick(batch, params=params).tokens()
+                if b < bucket:
+                    break
+        if self.on_gpu:
+            torch.cuda.synchronize()
 
     def trace_graph(self) -> list[dict]:
         nodes = self.plan.trace_nodes(_Describe())

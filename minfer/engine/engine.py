@@ -184,6 +184,13 @@ class Engine:
             if not seq.finished:
                 self.abort(seq)
 
+    def warmup(self) -> None:
+        """Let the backend compile and capture what the first steps would wait for (a server calls
+        this before it says it is ready); nothing for a backend that needs none."""
+        warm = getattr(self.backend, "warmup", None)
+        if warm is not None:
+            warm()
+
     def close(self) -> None:
         """Write the trace, if any. Idempotent."""
         if self.recorder is not None:

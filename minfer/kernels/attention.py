@@ -238,8 +238,12 @@ def kv_write(k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor, cache_v: t
             Q8=cache_k.dtype == torch.int8, num_warps=1, **pdl_args())
 
 
-def block_n(head_dim: int) -> int:
-    return BLOCK_N if head_dim <= 64 else BLOCK_N // 2
+def block_n(head_dim: int, q8: bool = False) -> int:
+    """Keys per inner step: 64, 32 past head_dim 64 (the tile then fits the registers), 16 for a
+    Q8_0 cache past head_dim 64 (its dequantized tiles need more: sm_90 compile check)."""
+    if head_dim <= 64:
+        return BLOCK_N
+    return BLOCK_N // 4 if q8 else BLOCK_N // 2
 
 
 def split_plan(n_ctx: int) -> tuple[int, int]:
@@ -294,7 +298,8 @@ def _attention_rows(what, cache_dtype, q, k, v, cache_k, cache_v, row_slots, pos
     _attn_rows_kernel[check_grid(what, (rows, nkv, nsplit))](
         q2, cache_k, cache_v, row_slots, positions, out, po, pml, q2.stride(0), layer * n_slots * nkv * n_ctx * rs,
         nkv * n_ctx * rs, n_ctx * rs, float(scale), g, n_head, hd, rs, split_len, nsplit,
-        GP=gp, BLOCK_D=block_d, BLOCK_N=block_n(hd), SPLIT=nsplit > 1, Q8=cache_dtype == torch.int8, num_warps=4,
+        GP=gp, BLOCK_D=block_d, BLOCK_N=block_n(hd, cache_dtype == torch.int8), SPLIT=nsplit > 1,
+        Q8=cache_dtype == torch.int8, num_warps=4,
         **pdl_args())
     if nsplit > 1:
         _attn_combine_kernel[check_grid(what, (rows, n_head))](

@@ -87,6 +87,9 @@ class EngineLoop:
     def _run(self) -> None:
         try:
             self.model = self._load()
+            engine = getattr(self.model, "engine", None)
+            if engine is not None and hasattr(engine, "warmup"):
+                engine.warmup()  # graphs and kernel variants ready before /health says ok
         except BaseException as e:  # noqa: BLE001 (reported to the command, which exits with it)
             self.state, self.load_error = "error", e
             self.ready.set()

@@ -197,3 +197,16 @@ def test_a_q8_0_kv_cache_runs_the_q8_kernels_close_to_the_f16_cache(tiny_gguf, r
     steps_f = torch.stack([raw.decode(f16.engine, 0, t, p).cpu() for p, t in enumerate([5, 9, 300], start=12)])
     steps_q = torch.stack([raw.decode(q8.engine, 0, t, p).cpu() for p, t in enumerate([5, 9, 300], start=12)])
     assert 0 < _rel(steps_q, steps_f) < 3e-2
+
+
+def test_warmup_leaves_generation_unchanged(pair):
+    """Engine.warmup (what `minfer serve` runs before it says ready): on a GPU every decode bucket the
+    slots fill is captured, greedy and sampling; the cache it wrote into is free space."""
+    _, gpu = pair("tiny-llama", "q4_1")
+    before = gpu.generate_batch(["hello there", "the cat"], max_tokens=5, temperature=0)
+    gpu.engine.warmup()
+    be = gpu.engine.backend
+    if be.use_graphs:
+        assert set(be._graphs) == {(b, s) for b in (1, 2, 4) for s in (False, True)}
+    after = gpu.generate_batch(["hello there", "the cat"], max_tokens=5, temperature=0)
+    assert [r.token_ids for r in after] == [r.token_ids for r in before]

@@ -108,15 +108,21 @@ def variants():
                     {"NEOX": neox, "BLOCK_HALF": hd // 2, "BLOCK_HD": hd, "PDL": 2}, {"num_warps": 1}))
     sig = {"k_ptr": "*fp32", "v_ptr": "*fp32", "ck_ptr": "*fp16", "cv_ptr": "*fp16", "slot_ptr": "*i32",
            "pos_ptr": "*i32", "stride_k": "i32", "stride_v": "i32", "layer_off": "i64", "S_STRIDE": "i64",
-           "H_STRIDE": "i64", "HD": "i32", "BLOCK_D": c, "PDL": c}
-    out.append(("kv_write", attention._kv_write_kernel, sig, {"BLOCK_D": 128, "PDL": 2}, {"num_warps": 1}))
+           "H_STRIDE": "i64", "HD": "i32", "RS": "i32", "BLOCK_D": c, "Q8": c, "PDL": c}
+    out.append(("kv_write", attention._kv_write_kernel, sig, {"BLOCK_D": 128, "Q8": False, "PDL": 2}, {"num_warps": 1}))
+    out.append(("kv_write[q8_0]", attention._kv_write_kernel, dict(sig, ck_ptr="*i8", cv_ptr="*i8"),
+                {"BLOCK_D": 128, "Q8": True, "PDL": 2}, {"num_warps": 1}))
     sig = {"q_ptr": "*fp32", "ck_ptr": "*fp16", "cv_ptr": "*fp16", "slot_ptr": "*i32", "pos_ptr": "*i32",
            "out_ptr": "*fp32", "po_ptr": "*fp32", "pml_ptr": "*fp32", "stride_q": "i32", "layer_off": "i64",
            "S_STRIDE": "i64", "H_STRIDE": "i64", "scale": "fp32", "G": "i32", "N_HEAD": "i32", "HD": "i32",
-           "SPLIT_LEN": "i32", "NSPLIT": "i32", "GP": c, "BLOCK_D": c, "BLOCK_N": c, "SPLIT": c, "PDL": c}
-    for hd, split in ((64, False), (128, True)):
-        out.append((f"attention_rows[hd{hd} split={split}]", attention._attn_rows_kernel, sig,
-                    {"GP": 16, "BLOCK_D": hd, "BLOCK_N": attention.block_n(hd), "SPLIT": split, "PDL": 2},
+           "RS": "i32", "SPLIT_LEN": "i32", "NSPLIT": "i32", "GP": c, "BLOCK_D": c, "BLOCK_N": c, "SPLIT": c, "Q8": c,
+           "PDL": c}
+    for hd, split, q8 in ((64, False, False), (128, True, False), (128, False, True)):
+        cache = "*i8" if q8 else "*fp16"
+        out.append((f"attention_rows[hd{hd} split={split} q8={q8}]", attention._attn_rows_kernel,
+                    dict(sig, ck_ptr=cache, cv_ptr=cache),
+                    {"GP": 16, "BLOCK_D": hd, "BLOCK_N": attention.block_n(hd, q8), "SPLIT": split, "Q8": q8,
+                     "PDL": 2},
                     {"num_warps": 4}))
     sig = {"po_ptr": "*fp32", "pml_ptr": "*fp32", "out_ptr": "*fp32", "N_HEAD": "i32", "HD": "i32", "NSPLIT": "i32",
            "SP": c, "BLOCK_D": c, "PDL": c}
