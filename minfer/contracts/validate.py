@@ -83,8 +83,8 @@ RULES: dict[str, str] = {
     "UnknownOpKind": "a registrable section's op_kind / fused_op is in minfer.contracts.ops",
     "OpSignatureMismatch": "a registrable section's inputs are the op's inputs, in order, and its "
     "op_params fields are among the op's params",
-    "EntryPointUnresolved": "a registrable entry_point (and every load_layout) is 'module:attr', imports, "
-    "and is callable",
+    "EntryPointUnresolved": "a registrable entry_point (and every load_layout) is 'module:attr' of a module of "
+    "minfer.kernels, imports, and is callable",
     "EntryPointSignature": "the launcher accepts every input and param of the op as a keyword",
     "ToleranceMissing": "a registrable section declares max_relative or max_absolute "
     "(the conformance harness and the judge compare with it)",
@@ -441,11 +441,29 @@ def _check_cost_precision(sec: KernelContract, report: _Report) -> None:
         report("AlignmentInvalid", "caps.access_granularity_bits", f"{g} is not 8, 16, 32, 64 or 128")
 
 
+KERNEL_PACKAGE = "minfer.kernels"  # the only package entry points and load layouts may name
+_KERNELS_DIR = Path(__file__).resolve().parents[1] / "kernels"
+_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
 def resolve_entry_point(entry: str) -> Callable:
-    """Import `module:attr` (attr may be dotted) and return the callable; ValueError says why not."""
+    """Import `module:attr` (attr may be dotted) and return the callable; ValueError says why not.
+
+    A contract file is data: its entry points resolve only to modules of minfer's own kernel
+    package, found as files there before anything is imported, so a file from anywhere cannot
+    make validation import (and run) another module."""
     module, sep, attr = entry.partition(":")
     if not sep or not module or not attr:
         raise ValueError(f"{entry!r} is not of the form 'package.module:function'")
+    if not _DOTTED.fullmatch(module) or not _DOTTED.fullmatch(attr):
+        raise ValueError(f"{entry!r}: module and function must be dotted Python names")
+    if module != KERNEL_PACKAGE and not module.startswith(KERNEL_PACKAGE + "."):
+        raise ValueError(f"{module!r} is outside minfer's kernel package {KERNEL_PACKAGE!r}: entry points resolve "
+                         "only there (nothing else is imported)")
+    rel = module[len(KERNEL_PACKAGE) + 1:].split(".") if module != KERNEL_PACKAGE else []
+    source = _KERNELS_DIR.joinpath(*rel[:-1], rel[-1] + ".py") if rel else _KERNELS_DIR / "__init__.py"
+    if not source.is_file():
+        raise ValueError(f"{module!r}: no such module in {KERNEL_PACKAGE!r}")
     try:
         obj: Any = importlib.import_module(module)
     except Exception as e:  # noqa: BLE001 - any import failure is the contract's problem to report

@@ -245,11 +245,37 @@ def test_docs_worked_example_is_valid_but_for_its_launcher(tmp_path, monkeypatch
     assert [(e.rule, e.field) for e in errors] == [("EntryPointUnresolved", "entry_point")]
 
 
-def test_entry_point_without_triton_says_how_to_install(tmp_path, monkeypatch):
+def test_entry_point_without_triton_says_how_to_install(monkeypatch):
     from minfer.contracts.validate import resolve_entry_point
 
-    (tmp_path / "kernel_needing_triton.py").write_text("import triton\n\ndef launch():\n    pass\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "minfer.kernels.rope", raising=False)  # imported again, without triton
     monkeypatch.setitem(sys.modules, "triton", None)  # as on a machine without triton
     with pytest.raises(ValueError, match=r"pip install 'minfer\[gpu\]'"):
-        resolve_entry_point("kernel_needing_triton:launch")
+        resolve_entry_point("minfer.kernels.rope:rope")
+
+
+@pytest.mark.parametrize("entry, why", [
+    ("this:s", "outside minfer's kernel package"),  # (importing it prints the Zen of Python)
+    ("os:system", "outside minfer's kernel package"),
+    ("minfer.api:load", "outside minfer's kernel package"),
+    ("minfer.kernels.nothing_here:fn", "no such module"),
+    ("minfer.kernels..rope:rope", "dotted Python names"),
+    ("minfer.kernels.rope:rope; import os", "dotted Python names"),
+])
+def test_a_contract_file_cannot_import_outside_the_kernel_package(tmp_path, entry, why, capsys):
+    """`minfer kernels --check FILE` on a contract naming another module: a validation error
+    saying why, and the module is never imported."""
+    from minfer.cli import main
+
+    module = entry.partition(":")[0]
+    was = module in sys.modules
+    ours = _ours()
+    for sec in (_set(ours, "entry_point", entry),
+                _set(ours, "accept.inputs.0", {**ours["accept"]["inputs"][0], "load_layout": entry})):
+        path = tmp_path / "outside.fkc.md"
+        path.write_text(_text([sec]))
+        assert main(["kernels", "--check", str(path)]) == 1
+        out = capsys.readouterr().out
+        assert "EntryPointUnresolved" in out and why in out
+    assert (module in sys.modules) == was  # nothing imported
+    assert "Beautiful is better than ugly" not in out
