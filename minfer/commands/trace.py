@@ -13,7 +13,7 @@ import argparse
 import threading
 import webbrowser
 
-DEFAULT_PORT = 8765
+DEFAULT_PORT = 0  # a free port (printed), unless --port names one
 
 
 def cmd_trace_view(args: argparse.Namespace) -> int:
@@ -64,7 +64,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
     view = sub.add_parser("view", help="open a trace in the viewer web page (127.0.0.1 only)")
     view.add_argument("file", help="trace JSON written by MINFER_TRACE=... or `minfer trace demo`")
-    view.add_argument("--port", type=_port, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = any)")
+    view.add_argument("--port", type=_port, default=DEFAULT_PORT, help="port (default: a free one, printed)")
     view.add_argument("--open", action="store_true", help="open the page in a browser")
     view.set_defaults(func=cmd_trace_view)
 

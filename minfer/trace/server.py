@@ -1,7 +1,10 @@
 """A local-only HTTP server for the trace viewer: the static page in viz/ plus one trace file.
 
 It binds 127.0.0.1 only and serves a fixed set of paths (the page's three files and /trace.json);
-everything else is 404, so nothing else on disk is reachable. The trace is re-read on each request,
+everything else is 404, so nothing else on disk is reachable. A request whose Host header is not
+this server's own address (127.0.0.1 or localhost, with its port) is refused (403): a page from
+another site that rebinds its DNS name to 127.0.0.1 cannot read the trace (prompts and outputs)
+through the browser. The trace is re-read on each request,
 so re-recording the same path and reloading the page shows the new run.
 """
 
@@ -38,6 +41,11 @@ def _handler(trace_path: Path) -> type[BaseHTTPRequestHandler]:
             self._serve(send_body=False)
 
         def _serve(self, send_body: bool) -> None:
+            host = (self.headers.get("Host") or "").strip().lower()
+            port = self.server.server_address[1]
+            if host not in {f"127.0.0.1:{port}", f"localhost:{port}"}:
+                self.send_error(HTTPStatus.FORBIDDEN, "this server answers only to 127.0.0.1 and localhost")
+                return
             route = urlsplit(self.path).path
             if route == TRACE_ROUTE:
                 source, ctype = trace_path, "application/json"

@@ -17,8 +17,8 @@ from minfer.trace.format import load_trace
 from minfer.trace.server import VIZ_DIR, TraceServer
 
 
-def _get(url, method="GET"):
-    req = urllib.request.Request(url, method=method)
+def _get(url, method="GET", host=None):
+    req = urllib.request.Request(url, method=method, headers={"Host": host} if host else {})
     try:
         with urllib.request.urlopen(req, timeout=10) as r:
             return r.status, r.headers.get("Content-Type"), r.read()
@@ -41,6 +41,25 @@ def test_serves_page_and_trace_only(demo_trace):
         assert _get(base + "/trace.json", "HEAD")[:2] == (200, "application/json")
         for bad in ("/../../etc/passwd", "/viz/app.js", "/favicon.ico", "/%2e%2e/pyproject.toml", "/trace.json/x"):
             assert _get(base + bad)[0] == 404, bad
+
+
+def test_only_its_own_host_names_are_answered(demo_trace):
+    """DNS rebinding: a page on evil.example whose name now points at 127.0.0.1 sends Host:
+    evil.example; the server answers 403 to that and to a wrong port, 200 to its own names."""
+    with TraceServer(demo_trace[0]) as srv:
+        url = f"http://127.0.0.1:{srv.port}/trace.json"
+        assert _get(url)[0] == 200
+        assert _get(url, host=f"localhost:{srv.port}")[0] == 200
+        for host in ("evil.example", f"evil.example:{srv.port}", f"127.0.0.1:{srv.port + 1}", "127.0.0.1",
+                     f"127.0.0.1.evil.example:{srv.port}"):
+            assert _get(url, host=host)[0] == 403, host
+            assert _get(url.replace("/trace.json", "/"), host=host)[0] == 403, host
+
+
+def test_the_view_command_picks_a_free_port_by_default():
+    parser = argparse.ArgumentParser()
+    add_trace_parser(parser.add_subparsers())
+    assert parser.parse_args(["trace", "view", "t.json"]).port == 0
 
 
 def test_rejects_bad_trace_and_busy_port(tmp_path, demo_trace):
