@@ -15,6 +15,8 @@ qwen2.py reuses this file: the same Args with `qkv_bias` and the neox rope style
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 
 from ..errors import MetadataError, UnsupportedError
@@ -81,6 +83,58 @@ class LlamaArgs:
             tied_output="output.weight" not in r.tensors,
             **family,
         )
+
+
+# Bounds on hyperparameters, far past any released model, checked before anything is built or
+# allocated: a file cannot ask for a graph of a billion layers or a table of 2^34 positions.
+MAX_LAYERS = 1024
+MAX_DIM = 1 << 17  # embedding / FFN width
+MAX_HEADS = 4096
+MAX_HEAD_DIM = 1024
+MAX_CONTEXT = 1 << 30  # the training context the file declares (allocations follow the context asked)
+
+
+def check_args(a: LlamaArgs, r: GGUFReader) -> None:
+    """MetadataError for a hyperparameter out of bounds or disagreeing with the tensors the file
+    holds, before the graph is built: the layer count against the blk.N tensors, the widths against
+    the embedding and the first layer's weights, the RoPE and norm constants finite and sane."""
+    k = f"{a.arch}."
+
+    def bound(key: str, v: int, hi: int, lo: int = 1) -> None:
+        if not lo <= v <= hi:
+            raise MetadataError(k + key, f"must be in {lo}..{hi}, found {v}")
+
+    bound("block_count", a.n_layer, MAX_LAYERS)
+    bound("embedding_length", a.n_embd, MAX_DIM)
+    embd = r.tensors.get("token_embd.weight")
+    if embd is not None and (len(embd.shape) != 2 or embd.shape[0] != a.n_embd):
+        raise MetadataError(k + "embedding_length", f"is {a.n_embd}, token_embd.weight has shape {list(embd.shape)}")
+    bound("feed_forward_length", a.n_ff, MAX_DIM)
+    bound("attention.head_count", a.n_head, MAX_HEADS)
+    bound("attention.head_count_kv", a.n_head_kv, a.n_head)
+    bound("attention.key_length", a.head_dim, MAX_HEAD_DIM)
+    bound("rope.dimension_count", a.n_rot, a.head_dim, lo=2)
+    if a.n_rot % 2:
+        raise MetadataError(k + "rope.dimension_count", f"must be even, found {a.n_rot}")
+    bound("context_length", a.n_ctx_train, MAX_CONTEXT)
+    sane = (("rope.freq_base", a.rope_base, a.rope_base > 0),
+            ("attention.layer_norm_rms_epsilon", a.rms_eps, 0 <= a.rms_eps < 1),
+            ("rope.scaling.factor", a.rope_freq_scale, a.rope_freq_scale > 0))
+    for key, v, ok in sane:
+        if not (math.isfinite(v) and ok):
+            raise MetadataError(k + key, f"is not a sane value: {v}")
+    layers = {int(m.group(1)) for m in (_BLOCK.match(n) for n in r.tensors) if m}
+    if layers != set(range(a.n_layer)):
+        found = f"blk.0..blk.{max(layers)}" if layers else "no blk.N tensors"
+        raise MetadataError(k + "block_count", f"says {a.n_layer} layers, the file holds {found} "
+                            f"({len(layers)} distinct)")
+    q = r.tensors.get("blk.0.attn_q.weight")
+    if q is not None and (len(q.shape) != 2 or q.shape[-1] != a.n_head * a.head_dim):
+        raise MetadataError(k + "attention.head_count", f"{a.n_head} heads of {a.head_dim} do not match "
+                            f"blk.0.attn_q.weight's shape {list(q.shape)}")
+
+
+_BLOCK = re.compile(r"blk\.(\d{1,9})\.")
 
 
 def _rope_freq_scale(r: GGUFReader, k: str) -> float:

@@ -1,6 +1,7 @@
 """Architectures by `general.architecture`, and the check that a file holds what a graph reads.
 
-Adding an architecture: one model file with `from_gguf(reader) -> Args` and
+Adding an architecture: one model file with `from_gguf(reader) -> Args`, `check_args(args, reader)`
+(hyperparameters bounded and matched against the tensors, before anything is built) and
 `build_graph(args) -> Graph`, one row in ARCHITECTURES, one parity test case.
 """
 
@@ -21,14 +22,15 @@ from . import llama, qwen2
 class Architecture:
     name: str
     from_gguf: Callable[[GGUFReader], Any]
+    check_args: Callable[[Any, GGUFReader], None]
     build_graph: Callable[[Any], Graph]
 
 
 ARCHITECTURES: dict[str, Architecture] = {
     a.name: a
     for a in [
-        Architecture("llama", llama.LlamaArgs.from_gguf, llama.build_graph),
-        Architecture("qwen2", qwen2.from_gguf, qwen2.build_graph),
+        Architecture("llama", llama.LlamaArgs.from_gguf, llama.check_args, llama.build_graph),
+        Architecture("qwen2", qwen2.from_gguf, llama.check_args, qwen2.build_graph),
     ]
 }
 
@@ -46,6 +48,7 @@ def build(reader: GGUFReader) -> tuple[Any, Graph]:
     """Args and graph of the model in `reader`, after checking every tensor the graph reads."""
     arch = architecture(reader.get_str("general.architecture"))
     args = arch.from_gguf(reader)
+    arch.check_args(args, reader)  # bounded and consistent with the tensors before anything is built
     graph = arch.build_graph(args)
     check_tensors(graph, reader, arch.name)
     return args, graph

@@ -102,3 +102,53 @@ def test_context_too_large_for_memory_is_refused(tiny_gguf):
         load(tiny_gguf(), n_ctx=2**20, n_slots=1024, progress=False)
     with pytest.raises(ParamError, match=r"n_ctx must be >= 1 and <= 1048576, got 1000000000000"):
         load(tiny_gguf(), n_ctx=10**12, progress=False)
+
+
+def _value(kind: str, v):
+    from minfer.gguf.reader import ValueType
+
+    return (getattr(ValueType, kind), v)
+
+
+@pytest.mark.parametrize("key, value, why", [
+    ("llama.block_count", 2_591_894_889, r"block_count.*must be in 1\.\.1024, found 2591894889"),
+    ("llama.block_count", 3, r"says 3 layers, the file holds blk\.0\.\.blk\.1"),
+    ("llama.block_count", 1, r"says 1 layers, the file holds blk\.0\.\.blk\.1"),
+    ("llama.context_length", _value("UINT64", 2**34), r"context_length.*must be in 1\.\.1073741824"),
+    ("llama.context_length", 0, r"context_length.*must be in 1\.\."),
+    ("llama.embedding_length", 252, r"embedding_length.*is 252, token_embd\.weight has shape \[256, "),
+    ("llama.feed_forward_length", _value("UINT64", 1 << 40), r"feed_forward_length.*must be in 1\.\."),
+    ("llama.attention.head_count", 100_000, r"head_count.*must be in 1\.\.4096"),
+    ("llama.rope.dimension_count", 63, r"rope\.dimension_count.*must be even"),
+    ("llama.rope.dimension_count", 1 << 20, r"rope\.dimension_count.*must be in 2\.\.64"),
+    ("llama.rope.freq_base", _value("FLOAT32", float("nan")), r"rope\.freq_base.*not a sane value"),
+    ("llama.rope.freq_base", _value("FLOAT32", -5.0), r"rope\.freq_base.*not a sane value"),
+    ("llama.attention.layer_norm_rms_epsilon", _value("FLOAT32", float("inf")), r"epsilon.*not a sane value"),
+])
+def test_hyperparameters_are_checked_against_the_tensors_before_anything_is_built(
+        tiny_gguf, rewrite_gguf, tmp_path, key, value, why):
+    """A file whose metadata asks for a billion layers (the 32 KB mutant that built a graph for 74 s
+    and died with MemoryError) or an absurd context is refused with a MetadataError naming the key,
+    before a graph is built or a byte allocated (the bound is loose: CI machines are shared)."""
+    import time
+
+    from minfer.errors import MetadataError
+
+    path = rewrite_gguf(tiny_gguf(), tmp_path / "hp.gguf", meta={key: value})
+    t0 = time.perf_counter()
+    with pytest.raises(MetadataError, match=why):
+        load(path, progress=False)
+    assert time.perf_counter() - t0 < 10.0
+
+
+def test_a_huge_training_context_does_not_size_the_allocations(tiny_gguf, rewrite_gguf, tmp_path):
+    """context_length 2^24 (2-layer model): tables and cache follow the context asked for (or the
+    4096 default), not the file's training context."""
+    path = rewrite_gguf(tiny_gguf(), tmp_path / "ctx.gguf", meta={"llama.context_length": 1 << 24})
+    with load(path, progress=False) as m:
+        assert m.args.n_ctx_train == 1 << 24 and m.n_ctx == 4096
+        assert all(t.shape[0] == 4096 for pair in m.engine.backend._ropes.values() for t in
+                   (pair if isinstance(pair, tuple) else (pair,)))
+        assert m.engine.backend.cache.n_ctx == 4096
+    with load(path, n_ctx=64, progress=False) as m:
+        assert m.n_ctx == 64 and m.engine.backend.cache.k.shape[3] == 64
