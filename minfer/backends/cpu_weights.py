@@ -35,6 +35,7 @@ from ..gguf.reader import GGUFReader, TensorInfo
 from ..quant.reference import dequantize
 from ..quant.types import GGMLType
 
+INT4_ROWS = 16  # torch's int4 packing takes rows in multiples of this (other shapes: the f32 GEMV)
 INT4_GROUP = 32
 # Below 8 rows sgemm (MKL / oneDNN) takes GEMV-like kernels that round differently from its GEMM;
 # prefill calls with fewer rows are padded to this many. (Above it, rows agree bit for bit at
@@ -53,8 +54,10 @@ def native_bf16() -> bool:
 
 
 def raw_rows(reader: GGUFReader, info: TensorInfo) -> torch.Tensor:
-    """The tensor's bytes as uint8 [rows, row_bytes] (zero-copy view of the file)."""
-    return torch.from_numpy(reader.tensor_bytes(info.name)).view(info.torch_shape[0], -1)
+    """The tensor's bytes as uint8 [rows, row_bytes] (zero-copy view of the file; a vector is one
+    row, whatever its type)."""
+    rows = info.torch_shape[0] if len(info.shape) > 1 else 1
+    return torch.from_numpy(reader.tensor_bytes(info.name)).view(rows, -1)
 
 
 def _f16_field(b: torch.Tensor, offset: int) -> torch.Tensor:
@@ -106,7 +109,7 @@ class Matrix:
         self._small = None  # x -> y for few rows, where the type has a compact path
         self.small_kernel = "torch.linear_f32"
         types = {i.ggml_type for i in infos}
-        if types <= {GGMLType.Q4_0, GGMLType.Q4_1}:
+        if types <= {GGMLType.Q4_0, GGMLType.Q4_1} and self.n % INT4_ROWS == 0:  # (torch packs 16 rows at a time)
             self._set_int4(*(torch.cat(t) for t in zip(*(unpack_q4(raw_rows(reader, i), i.ggml_type)
                                                               for i in infos), strict=True)))
         elif types == {GGMLType.Q8_0}:

@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""Whole-load mutation fuzzer: hostile GGUF files past the reader (runs in CI through
+tests/gguf/test_fuzz_load.py).
+
+Seeds: two `minfer synth` files with their real data (tiny-llama Q4_0 and tiny-qwen2 Q4_K, small
+vocabularies), mutated by scripts/fuzz_gguf.py's field-aware mutator with the metadata values
+(scalars: the hyperparameters, the tokenizer's counts and strings) drawn most often. Every case is
+taken as far as it goes in-process: the reader, the tokenizer, the graph, the cpu backend's load
+and allocation, the chat template, one prompt and two greedy decode steps. Plus fixed cases: the
+32 KB mutant's block_count = 2,591,894,889 and context_length 2^34 (typed rejections), and
+context_length 2^24 (loads; allocations follow the context asked for).
+
+Outcomes: a MinferError anywhere is a typed rejection; any other exception is an untyped failure;
+a case over 2 s is slow. The loop runs under an address-space cap (RLIMIT_AS: the size after
+imports and seeds + 3 GiB), so a runaway allocation fails as a MemoryError (untyped) instead of
+taking the machine down. A crash of the process itself shows as a missing result line.
+
+Usage:  python scripts/fuzz_load.py [--cases N] [--seed S] [--only I]
+Prints one result line; exits 1 on any untyped failure, slow case or failed fixed case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import resource
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fuzz_gguf as fz  # noqa: E402 (the reader fuzzer's mutator and seeds)
+
+from minfer.api import load  # noqa: E402
+from minfer.errors import MinferError  # noqa: E402
+from minfer.gguf.reader import GGUFReader, ValueType  # noqa: E402
+from minfer.gguf.synth import synth  # noqa: E402
+from minfer.gguf.writer import write_gguf  # noqa: E402
+
+CASE_LIMIT_S = 2.0
+AS_HEADROOM = 3 << 30
+N_CTX = 32
+
+
+@dataclass
+class Stats:
+    cases: int = 0
+    rejected: int = 0
+    loaded: int = 0
+    generated: int = 0
+    untyped: int = 0
+    slow: int = 0
+    max_case_s: float = 0.0
+    stages: dict[str, int] = field(default_factory=dict)  # how far the typed rejections got
+
+
+def run_model(path: Path, st: Stats) -> None:
+    """Load, render a chat, decode two tokens."""
+    with load(path, "cpu", n_ctx=N_CTX, n_slots=1, progress=False) as m:
+        st.loaded += 1
+        ids = m.chat_tokens([{"role": "user", "content": "hi"}])
+        if len(ids) < N_CTX - 2:
+            m.generate(m.detokenize(ids[:8]) or "hi", max_tokens=2, temperature=0, ignore_eos=True)
+            st.generated += 1
+
+
+def run_case(path: Path, label: str, st: Stats) -> tuple[str, float]:
+    st.cases += 1
+    t0 = time.perf_counter()
+    outcome = "ok"
+    try:
+        run_model(path, st)
+    except MinferError as e:
+        st.rejected += 1
+        kind = type(e).__name__
+        st.stages[kind] = st.stages.get(kind, 0) + 1
+        outcome = f"rejected: {kind}: {e}"
+    except Exception:  # noqa: BLE001 (anything untyped, MemoryError included, is what this fuzzer hunts)
+        st.untyped += 1
+        outcome = "untyped"
+        print(f"UNTYPED {label}:\n{traceback.format_exc()}", file=sys.stderr)
+    dt = time.perf_counter() - t0
+    st.max_case_s = max(st.max_case_s, dt)
+    if dt > CASE_LIMIT_S:
+        st.slow += 1
+        print(f"SLOW {label}: {dt:.2f} s", file=sys.stderr)
+    return outcome, dt
+
+
+def _with_meta(src: Path, dst: Path, key: str, vtype: ValueType, value) -> Path:
+    with GGUFReader(src) as r:
+        md = []
+        for k, kv in r.kv.items():
+            if k == key:
+                md.append((k, vtype, value))
+            elif kv.type == ValueType.ARRAY:
+                md.append((k, kv.type, (kv.elem_type, kv.value)))
+            else:
+                md.append((k, kv.type, kv.value))
+        tensors = [(n, t.shape, t.ggml_type, bytes(r.tensor_bytes(n))) for n, t in r.tensors.items()]
+    return write_gguf(dst, md, tensors)
+
+
+def fixed_cases(workdir: Path, llama: Path, st: Stats) -> list[str]:
+    """The review's mutants: the outcome each must have."""
+    failures = []
+    cases = [("llama.block_count", ValueType.UINT32, 2_591_894_889, "rejected: MetadataError"),
+             ("llama.context_length", ValueType.UINT64, 2**34, "rejected: MetadataError"),
+             ("llama.context_length", ValueType.UINT32, 2**24, "ok")]
+    for key, vt, value, want in cases:
+        path = _with_meta(llama, workdir / "fixed.gguf", key, vt, value)
+        outcome, dt = run_case(path, f"fixed {key}={value}", st)
+        ok = outcome.startswith(want) and dt < 1.0
+        print(f"fixed {key}={value}: {outcome[:100]} ({dt * 1e3:.0f} ms){'' if ok else '  <-- FAILED'}")
+        if not ok:
+            failures.append(key)
+    return failures
+
+
+def _value_mutation(rng: random.Random, seed, m, kind: str) -> str:
+    """One field of `kind` set to a special value (numbers) or a same-length run of random bytes
+    (strings: vocabulary entries, the chat template, names), leaving the file's structure intact."""
+    f = rng.choice(seed.by_kind[kind])
+    width = f.end - f.start
+    if kind == "string":
+        n = min(width, rng.randint(1, 8))
+        at = f.start + rng.randrange(width - n + 1)
+        m.head[at:at + n] = rng.randbytes(n)
+    elif width in (1, 2, 4, 8):
+        old = int.from_bytes(m.head[f.start:f.end], "little")
+        m.head[f.start:f.end] = fz._special(rng, old, width).to_bytes(width, "little")
+    return f"value:{kind}"
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", type=int, default=2000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--only", type=int, default=None, help="run only this case number (to reproduce it)")
+    args = ap.parse_args(argv)
+
+    shm = Path("/dev/shm")
+    workdir = Path(tempfile.mkdtemp(prefix="fuzz_load_", dir=shm if shm.is_dir() else None))
+    try:
+        llama = synth("tiny-llama", "q4_0", workdir / "llama.gguf", vocab=300, progress=False)
+        qwen2 = synth("tiny-qwen2", "q4_k", workdir / "qwen2.gguf", vocab=300, progress=False)
+        seeds = [fz._seed_from("tiny-llama", llama, None, 0.5, keep_data=True),
+                 fz._seed_from("tiny-qwen2", qwen2, None, 0.5, keep_data=True)]
+        run_case(llama, "warm-up", Stats())  # imports and first compilations outside the cap and the clock
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        vm = int(Path("/proc/self/statm").read_text().split()[0]) * resource.getpagesize()
+        cap = vm + AS_HEADROOM
+        resource.setrlimit(resource.RLIMIT_AS, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard))
+        st = Stats()
+        failed_fixed = fixed_cases(workdir, llama, st)
+        path = workdir / "mutant.gguf"
+        t0 = time.perf_counter()
+        for i in [args.only] if args.only is not None else range(args.cases):
+            rng = random.Random(f"load-{args.seed}-{i}")
+            seed = rng.choice(seeds)
+            u = rng.random()
+            if u < 0.7:  # what the reader accepts and the loader must judge: values, dims, types
+                m = fz.Mutant(bytearray(seed.header), seed.size)
+                op = _value_mutation(rng, seed, m, "scalar" if u < 0.45 else rng.choice(["dim", "ggml_type",
+                                                                                          "string"]))
+            else:
+                m, op = fz.mutate(rng, seed)
+            fz.write_mutant(path, seed, m)
+            run_case(path, f"case {i} seed {seed.name} op {op}", st)
+        wall = time.perf_counter() - t0
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    stages = ",".join(f"{k}={v}" for k, v in sorted(st.stages.items()))
+    print(f"fuzz_load: cases={st.cases} rejected={st.rejected} loaded={st.loaded} generated={st.generated} "
+          f"untyped={st.untyped} crashes=0 over_2s={st.slow} max_case_ms={st.max_case_s * 1e3:.0f} "
+          f"fixed_failed={len(failed_fixed)} peak_rss_mb={_peak_rss_mb():.0f} as_cap_gb={cap / 2**30:.1f} "
+          f"seed={args.seed} wall_s={wall:.1f} rejections[{stages}]")
+    return 1 if st.untyped or st.slow or failed_fixed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
