@@ -17,8 +17,10 @@ The sandbox stops code execution but not resource exhaustion, so on top of it:
   (rewritten into guarded calls), the joined output of `{% set %}` blocks and macros (jinja's
   `concat`), the inputs of every call, filter and operator, and the size-multiplying ones by
   their predicted result (`'x' * n`, `'%999999999d'`, `'{:>999999999}'.format`, `|center`,
-  `|indent`, `|join`, `|replace`, `str.join`, `str.expandtabs`, `n ** m`, ...); integer
-  arguments above 2^20 are refused;
+  `|indent`, `|join` (with `attribute=` too), `|replace`, `|wordwrap`, `|sum`, `|tojson` (its
+  separators at most 64 characters, the output estimated from the items, indent and depth),
+  `str.join`, `str.expandtabs`, `str.translate` (each character's replacement counted),
+  `n ** m`, ...); integer arguments above 2^20 are refused;
 - filters and attribute lookups are never constant-folded at compile time (they only run
   inside a render, under these limits).
 
@@ -196,7 +198,26 @@ def _guard_str_method(obj: Any, args: tuple, kwargs: dict) -> tuple:
         tab = args[0] if args else kwargs.get("tabsize", 8)
         if isinstance(tab, int):
             _refuse_if(len(s) + s.count("\t" if isinstance(s, str) else b"\t") * tab, "expandtabs()")
+    elif name == "translate" and args:
+        _predict_translate(s, args[0])
     return args
+
+
+def _predict_translate(s: Any, table: Any) -> None:
+    """str.translate maps each character to a string of any length: the result's length, before."""
+    if not isinstance(s, str) or not isinstance(table, Mapping):
+        return
+    lengths: dict[int, int] = {}
+    total = 0
+    for ch in s:
+        c = ord(ch)
+        if c not in lengths:
+            out = table.get(c, ch)
+            lengths[c] = len(out) if isinstance(out, str) else 1
+        total += lengths[c]
+        if total > MAX_SIZE:
+            break
+    _refuse_if(total, "translate()")
 
 
 def _guard_filter_args(name: str, args: list, kwargs: dict, value_at: int) -> None:
@@ -213,6 +234,17 @@ def _guard_filter_args(name: str, args: list, kwargs: dict, value_at: int) -> No
     elif name == "join" and value is not None:
         if arg(1, "attribute", None) is None:
             args[value_at] = _join_items(arg(0, "d", ""), value)
+        else:  # the items' attributes are joined: the separators alone must fit
+            items = list(value)
+            args[value_at] = items
+            sep = arg(0, "d", "")
+            _refuse_if(len(sep) * max(len(items) - 1, 0) if isinstance(sep, str) else 0, "join()")
+    elif name == "sum" and value is not None:  # sum of lists or strings concatenates them
+        items = list(value)
+        args[value_at] = items
+        start = arg(1, "start", 0)
+        if isinstance(start, (list, tuple, str)) or any(isinstance(x, (list, tuple, str)) for x in items[:1]):
+            _refuse_if(_size(start) + sum(_size(x) for x in items), "sum")
     elif name == "indent":
         width = arg(0, "width", 4)
         pad = len(width) if isinstance(width, str) else width if isinstance(width, int) else 0
@@ -232,12 +264,38 @@ def _guard_filter_args(name: str, args: list, kwargs: dict, value_at: int) -> No
 
 def _tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
             sort_keys: bool = False) -> str:
-    """HF's tojson: json.dumps with the usual knobs (unicode kept, optional indent)."""
+    """HF's tojson: json.dumps with the usual knobs (unicode kept, optional indent); the output's
+    length is predicted (separators and indentation repeat per item and nesting level) and refused
+    before json.dumps builds it."""
     if isinstance(indent, int) and not isinstance(indent, bool) and indent > MAX_JSON_INDENT:
         raise TemplateError(f"tojson indent above {MAX_JSON_INDENT}")
     if isinstance(indent, str) and len(indent) > MAX_JSON_INDENT:
         raise TemplateError(f"tojson indent above {MAX_JSON_INDENT}")
+    if separators is not None:
+        if (not isinstance(separators, (list, tuple)) or len(separators) != 2
+                or not all(isinstance(x, str) and len(x) <= MAX_JSON_INDENT for x in separators)):
+            raise TemplateError(f"tojson separators must be two strings of at most {MAX_JSON_INDENT} characters")
+    pad = (indent if isinstance(indent, int) else len(indent)) if indent is not None else 0
+    seps = sum(len(x) for x in separators) if separators is not None else 3
+    _refuse_if(_json_estimate(value, pad, seps), "tojson")
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _json_estimate(value: Any, pad: int, seps: int) -> int:
+    """A lower bound of json.dumps(value)'s length: every string (escapes counted as one), every
+    item's separators and, with an indent, its newline and pad * depth."""
+    total, stack = 0, [(value, 1)]
+    while stack and total <= MAX_SIZE:
+        v, depth = stack.pop()
+        if isinstance(v, str):
+            total += len(v) + 2
+        elif isinstance(v, (list, tuple, dict)):
+            items = [*v.keys(), *v.values()] if isinstance(v, dict) else list(v)
+            total += 2 + len(items) * (seps + (1 + pad * depth if pad else 0))
+            stack.extend((e, depth + 1) for e in items)
+        else:
+            total += 1
+    return total
 
 
 def _check_all(values: Any, what: str) -> None:
