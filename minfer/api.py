@@ -199,7 +199,7 @@ class Model:
         counts, timings and finish reason of the latest call. `params` replaces the keywords."""
         if params is not None and sampling:
             raise MinferError("generate: pass either params= or sampling keywords, not both")
-        params = params or SamplingParams(**sampling)
+        params = params or SamplingParams.of(**sampling)
         ids = self.prompt_ids(prompt)
         self.engine.check_tokens(ids)  # errors now, not at the first piece
 
@@ -220,7 +220,7 @@ class Model:
         A request's output is the same as when it runs alone (batch invariance; seeded requests
         included)."""
         if params is None:
-            params = [SamplingParams(**sampling)] * len(prompts)
+            params = [SamplingParams.of(**sampling)] * len(prompts)
         elif sampling or len(params) != len(prompts):
             raise MinferError("generate_batch: pass either sampling keywords or one SamplingParams per prompt")
         ids = []

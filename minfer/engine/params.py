@@ -71,6 +71,14 @@ class SamplingParams:
     def names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in fields(cls))
 
+    @classmethod
+    def of(cls, **settings) -> SamplingParams:
+        """From keywords, an unknown one a ParamError naming it (not a TypeError)."""
+        unknown = sorted(set(settings) - set(cls.names()))
+        if unknown:
+            raise ParamError(unknown[0], f"is not a sampling parameter; known: {', '.join(cls.names())}")
+        return cls(**settings)
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0

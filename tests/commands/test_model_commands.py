@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 
 def test_run_default_model_streams_text_and_reports_speed(run_cli):
     rc, out, err = run_cli(["run", "-n", "6", "--temp", "0", "The capital of France is"])
@@ -25,6 +27,19 @@ def test_chat_keeps_history_and_handles_commands(tiny_gguf, run_cli):
     assert err.count("decode:") == 2  # one stats line per reply: the empty line and /exit's tail got none
 
 
+def test_chat_replies_are_the_models_replies(tiny_gguf, run_cli):
+    """Two turns through `minfer chat` print what Model.generate gives for the same conversation."""
+    from minfer.api import load
+
+    rc, out, _ = run_cli(["chat", "-m", str(tiny_gguf()), "-n", "5", "--temp", "0"], stdin="hello\nthe cat\n/exit\n")
+    with load(tiny_gguf(), progress=False) as m:
+        msgs = [{"role": "user", "content": "hello"}]
+        first = m.generate(msgs, max_tokens=5, temperature=0)
+        msgs += [{"role": "assistant", "content": first}, {"role": "user", "content": "the cat"}]
+        second = m.generate(msgs, max_tokens=5, temperature=0)
+    assert rc == 0 and out == first + "\n" + second + "\n"
+
+
 def test_chat_reports_overflow_and_continues(tiny_gguf, run_cli):
     argv = ["chat", "-m", str(tiny_gguf()), "-c", "24", "-n", "2", "--temp", "0", "--stats"]
     rc, out, err = run_cli(argv, stdin="word " * 40 + "\nhi\n")
@@ -39,7 +54,12 @@ def test_perplexity_prints_chunks_and_final(tiny_gguf, run_cli, tmp_path):
     assert rc == 0
     assert re.search(r"\[1/\d+\] running PPL = [\d.]+", out)
     m = re.search(r"PPL = ([\d.]+) \+/- ([\d.]+)", out)
-    assert m and float(m.group(1)) > 1
+    from minfer.api import load
+
+    with load(tiny_gguf(), n_ctx=64, progress=False) as model:  # the same computation through the API
+        want = model.perplexity(text.read_text(), n_ctx=64)
+    assert m and float(m.group(1)) == pytest.approx(want.ppl, rel=1e-3)
+    assert float(m.group(2)) == pytest.approx(want.ppl_error, rel=1e-2, abs=1e-3)
 
 
 def test_perplexity_unreadable_file(run_cli, tiny_gguf, tmp_path):

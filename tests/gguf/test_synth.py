@@ -154,7 +154,7 @@ def test_same_seed_same_bytes_other_seed_other_weights(tmp_path, tiny_file):
 
 
 def test_vocab_is_a_valid_byte_level_bpe():
-    tokenizers = pytest.importorskip("tokenizers")
+    import tokenizers  # (the test extra installs it with transformers: missing is a failure, not a skip)
     from tokenizers import decoders, models, pre_tokenizers
 
     b2u = byte_to_unicode()
@@ -180,9 +180,9 @@ def test_vocab_is_a_valid_byte_level_bpe():
 
 
 def test_hf_transformers_loads_tiny_f32(tiny_file):
-    transformers = pytest.importorskip("transformers")
-    pytest.importorskip("accelerate")  # transformers needs it for gguf_file=
+    import accelerate  # noqa: F401 (transformers needs it for gguf_file=; both are in the test extra)
     import torch
+    import transformers
 
     for preset in ("tiny-llama", "tiny-qwen2"):
         p = PRESETS[preset]

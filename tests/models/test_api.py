@@ -52,8 +52,10 @@ def test_stop_string_cuts_the_text(smollm2_model, llamacpp_ref):
 def test_chat_turn_reuses_the_cached_prefix(smollm2_model):
     messages = [{"role": "user", "content": "What is 2 + 2?"}]
     reply = smollm2_model.generate(messages, max_tokens=24, temperature=0)
-    assert reply and smollm2_model.last_stats.finish_reason in ("stop", "length")
     first = smollm2_model.last_stats
+    # the reason agrees with what happened: 24 tokens is "length", fewer ended at <|im_end|>
+    assert reply and (first.finish_reason == "length") == (first.generated_tokens == 24)
+    assert first.finish_reason in ("stop", "length")
     messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "And 3 + 3?"}]
     smollm2_model.generate(messages, max_tokens=4, temperature=0)
     second = smollm2_model.last_stats
@@ -67,7 +69,13 @@ def test_chat_stops_at_end_of_turn(smollm2_model):
     assert "<|im_end|>" not in reply
 
 
-@pytest.mark.parametrize("bad", [dict(temperature=-1.0), dict(top_p=0.0), dict(nonsense=1)])
-def test_bad_sampling_arguments(smollm2_model, bad):
-    with pytest.raises((minfer.errors.MinferError, TypeError)):
+@pytest.mark.parametrize("bad, param, why", [(dict(temperature=-1.0), "temperature", "must be >= 0.0"),
+                                             (dict(top_p=0.0), "top_p", "must be > 0.0"),
+                                             (dict(nonsense=1), "nonsense", "is not a sampling parameter")])
+def test_bad_sampling_arguments(smollm2_model, bad, param, why):
+    """A typed ParamError naming the parameter and the reason, before anything runs."""
+    with pytest.raises(minfer.errors.ParamError, match=why) as e:
         smollm2_model.generate("hi", **bad)
+    assert e.value.param == param
+    with pytest.raises(minfer.errors.ParamError, match=why):
+        smollm2_model.generate_batch(["hi"], **bad)

@@ -212,6 +212,7 @@ REASONS = {
     'namespace_subclasses': 'tried to access type\\.__class__',
     'filter_chain': 'is nested too deeply',
 }
+assert len(HOSTILE) >= 70 and set(REASONS) == set(HOSTILE)  # (a collection error, not a test)
 RSS_GROWTH_LIMIT = 256 << 20  # bytes one render may add to the process's peak resident size
 
 
@@ -226,10 +227,6 @@ def _reset_peak() -> bool:
 def _kb(field: str) -> int:
     return int(re.search(rf"^{field}:\s+(\d+)", Path("/proc/self/status").read_text(), re.M).group(1)) << 10
 
-
-
-def test_corpus_size():
-    assert len(HOSTILE) >= 70 and set(REASONS) == set(HOSTILE)
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))

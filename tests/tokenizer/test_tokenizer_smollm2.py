@@ -92,7 +92,7 @@ def test_gpl3_speed(smollm2_meta, fixtures_dir):
     ids = fresh.encode(text, add_special=False)
     dt = time.perf_counter() - t0
     print(f"\nGPL-3 ({len(text)} chars) -> {len(ids)} tokens in {dt * 1000:.0f} ms")
-    assert dt < 2.0
+    assert dt < 30.0  # a hang guard (~0.3 s here), not a benchmark: CI machines are shared
     assert fresh.decode(ids) == text
 
 
