@@ -1,20 +1,22 @@
-"""Fixtures for the trace tests: a synthetic traced run (the headless Chromium is in tests/conftest.py)."""
+"""Fixtures for the trace tests: a traced run of the real engine on a synthetic model (the headless
+Chromium is in tests/conftest.py)."""
 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
-from minfer.trace.demo import DemoShape, run_demo
+from minfer.commands.trace import run_demo
 
-DEMO_SHAPE = DemoShape(layers=3, dim=48, heads=4, kv_heads=2, ffn=96, vocab=300)
 DEMO_STEPS = 10
 
 
 @pytest.fixture(scope="session")
 def demo_trace(tmp_path_factory):
-    """(path, parsed JSON, DemoShape) of a 10-step synthetic run: 1 prefill of 12 tokens + 9 decodes."""
-    path = run_demo(tmp_path_factory.mktemp("trace") / "demo.json", shape=DEMO_SHAPE, prompt_len=12,
-                    new_tokens=DEMO_STEPS, seed=3)
-    return path, json.loads(path.read_text()), DEMO_SHAPE
+    """(path, parsed JSON, shape) of a 10-step run of a synthetic tiny-llama (2 layers, Q4_1) on the
+    cpu backend: 1 prefill step + 9 decode steps, recorded by the engine's TraceRecorder."""
+    path = run_demo(tmp_path_factory.mktemp("trace") / "demo.json", new_tokens=DEMO_STEPS, seed=3)
+    doc = json.loads(path.read_text())
+    return path, doc, SimpleNamespace(layers=doc["model"]["n_layer"])

@@ -95,10 +95,11 @@ def test_trace_demo_command_and_arg_checks(tmp_path, capsys):
     parser = argparse.ArgumentParser()
     add_trace_parser(parser.add_subparsers())
     out = tmp_path / "d.json"
-    args = parser.parse_args(["trace", "demo", str(out), "--layers", "1", "--tokens", "3"])
+    args = parser.parse_args(["trace", "demo", str(out), "--preset", "tiny-qwen2", "--quant", "q8_0", "--tokens", "3"])
     assert args.func(args) == 0
     doc = load_trace(out)
     assert [s["kind"] for s in doc["steps"]] == ["prefill", "decode", "decode"]
+    assert doc["model"]["arch"] == "qwen2" and any(n["name"] == "blk.0.attn_q+k+v" for n in doc["graph"])
     assert "minfer trace view" in capsys.readouterr().out
     for argv in (["trace", "view", "x.json", "--port", "70000"], ["trace", "demo", "x.json", "--tokens", "0"],
                  ["trace"]):
