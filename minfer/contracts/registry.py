@@ -124,16 +124,17 @@ def _takes_out(fn: Callable) -> bool:
 
 
 def load_registry(
-    paths: Iterable[str | Path] | None = None, judge_report: str | Path | None = None
+    paths: Iterable[str | Path] | None = None, judge_report: str | Path | None = None, trusted: tuple[str, ...] = ()
 ) -> Registry:
-    """Load, validate and bind contract files (default: every .fkc.md of the package)."""
+    """Load, validate and bind contract files (default: every .fkc.md of the package). Entry
+    points resolve inside minfer.kernels only, plus the top-level modules in `trusted` (tests)."""
     files = [parse_file(p) for p in (sorted(CONTRACTS_DIR.glob("*.fkc.md")) if paths is None else paths)]
     errors: dict[str, list[ContractError]] = {}
     kernels: dict[str, BoundKernel] = {}
     seen: dict[str, str] = {}
     for cf in files:
         names = {s.kernel for s in cf.sections}
-        for e in validate_file(cf):
+        for e in validate_file(cf, trusted=trusted):
             errors.setdefault(e.section if e.section in names else cf.path, []).append(e)
         for sec in cf.sections:
             if sec.kernel in seen and seen[sec.kernel] != cf.path:
@@ -143,9 +144,9 @@ def load_registry(
             seen.setdefault(sec.kernel, cf.path)
             if not sec.registrable or errors.get(sec.kernel):
                 continue
-            fn = resolve_entry_point(sec.entry_point)  # validated above, so it resolves
+            fn = resolve_entry_point(sec.entry_point, trusted)  # validated above, so it resolves
             base = cf.provider.revision_base if cf.provider else None
-            layouts = {i.name: resolve_entry_point(i.load_layout) for i in sec.inputs if i.load_layout}
+            layouts = {i.name: resolve_entry_point(i.load_layout, trusted) for i in sec.inputs if i.load_layout}
             kernels[sec.kernel] = BoundKernel(sec, fn, revision_of(sec, fn, base), _takes_out(fn), layouts)
     reg = Registry(files, errors, kernels)
     report = Path(judge_report) if judge_report else (JUDGE_REPORT if JUDGE_REPORT.is_file() else None)

@@ -446,24 +446,27 @@ _KERNELS_DIR = Path(__file__).resolve().parents[1] / "kernels"
 _DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
-def resolve_entry_point(entry: str) -> Callable:
+def resolve_entry_point(entry: str, trusted: tuple[str, ...] = ()) -> Callable:
     """Import `module:attr` (attr may be dotted) and return the callable; ValueError says why not.
 
     A contract file is data: its entry points resolve only to modules of minfer's own kernel
     package, found as files there before anything is imported, so a file from anywhere cannot
-    make validation import (and run) another module."""
+    make validation import (and run) another module. `trusted`: further top-level modules a
+    caller vouches for (a test's kernels); `minfer kernels --check` passes none."""
     module, sep, attr = entry.partition(":")
     if not sep or not module or not attr:
         raise ValueError(f"{entry!r} is not of the form 'package.module:function'")
     if not _DOTTED.fullmatch(module) or not _DOTTED.fullmatch(attr):
         raise ValueError(f"{entry!r}: module and function must be dotted Python names")
-    if module != KERNEL_PACKAGE and not module.startswith(KERNEL_PACKAGE + "."):
+    if module.split(".")[0] in trusted:
+        pass
+    elif module != KERNEL_PACKAGE and not module.startswith(KERNEL_PACKAGE + "."):
         raise ValueError(f"{module!r} is outside minfer's kernel package {KERNEL_PACKAGE!r}: entry points resolve "
                          "only there (nothing else is imported)")
-    rel = module[len(KERNEL_PACKAGE) + 1:].split(".") if module != KERNEL_PACKAGE else []
-    source = _KERNELS_DIR.joinpath(*rel[:-1], rel[-1] + ".py") if rel else _KERNELS_DIR / "__init__.py"
-    if not source.is_file():
-        raise ValueError(f"{module!r}: no such module in {KERNEL_PACKAGE!r}")
+    elif module != KERNEL_PACKAGE:  # (minfer.kernels itself: its __init__)
+        rel = module[len(KERNEL_PACKAGE) + 1:].split(".")
+        if not _KERNELS_DIR.joinpath(*rel[:-1], rel[-1] + ".py").is_file():
+            raise ValueError(f"{module!r}: no such module in {KERNEL_PACKAGE!r}")
     try:
         obj: Any = importlib.import_module(module)
     except Exception as e:  # noqa: BLE001 - any import failure is the contract's problem to report
@@ -480,7 +483,7 @@ def resolve_entry_point(entry: str) -> Callable:
     return obj
 
 
-def _check_registrable(sec: KernelContract, report: _Report, bind: bool) -> None:
+def _check_registrable(sec: KernelContract, report: _Report, bind: bool, trusted: tuple[str, ...] = ()) -> None:
     sources = REGISTRABLE_BACKENDS.get(sec.backend)
     if sources is None:
         report("BackendUnsupported", "backend", f"{sec.backend!r}: registrable kernels run on CUDA or CPU")
@@ -516,11 +519,11 @@ def _check_registrable(sec: KernelContract, report: _Report, bind: bool) -> None
     for i, inp in enumerate(sec.inputs):
         if inp.load_layout:
             try:
-                resolve_entry_point(inp.load_layout)
+                resolve_entry_point(inp.load_layout, trusted)
             except ValueError as e:
                 report("EntryPointUnresolved", f"accept.inputs[{i}].load_layout", str(e))
     try:
-        fn = resolve_entry_point(sec.entry_point)
+        fn = resolve_entry_point(sec.entry_point, trusted)
     except ValueError as e:
         report("EntryPointUnresolved", "entry_point", str(e))
         return
@@ -545,7 +548,7 @@ def _check_signature(fn: Callable, names: tuple[str, ...], report: _Report) -> N
 
 
 def validate_section(
-    sec: KernelContract, provider=None, *, path: str = "", bind: bool = True
+    sec: KernelContract, provider=None, *, path: str = "", bind: bool = True, trusted: tuple[str, ...] = ()
 ) -> list[ContractError]:
     """All errors of one section. `bind=False` skips importing registrable entry points."""
     errors: list[ContractError] = []
@@ -557,11 +560,11 @@ def validate_section(
     _check_rules(sec, report)
     _check_cost_precision(sec, report)
     if sec.registrable:
-        _check_registrable(sec, report, bind)
+        _check_registrable(sec, report, bind, trusted)
     return errors
 
 
-def validate_file(cf: ContractFile, *, bind: bool = True) -> list[ContractError]:
+def validate_file(cf: ContractFile, *, bind: bool = True, trusted: tuple[str, ...] = ()) -> list[ContractError]:
     """Every error of a parsed file: parse errors, front matter, each section, duplicates."""
     errors = list(cf.parse_errors)
     header = _Report(HEADER_SECTION, lambda f: cf.header_lines.get(f, 1), cf.path, errors)
@@ -572,7 +575,7 @@ def validate_file(cf: ContractFile, *, bind: bool = True) -> list[ContractError]
             header("VersionUnsupported", "fkc_version", why)
     seen: dict[str, int] = {}
     for sec in cf.sections:
-        errors += validate_section(sec, cf.provider, path=cf.path, bind=bind)
+        errors += validate_section(sec, cf.provider, path=cf.path, bind=bind, trusted=trusted)
         if sec.kernel in seen:
             rep = _Report(sec.kernel, sec.line_of, cf.path, errors)
             rep("DuplicateKernel", "kernel", f"also defined at line {seen[sec.kernel]}")
