@@ -37,9 +37,9 @@ import fuzz_gguf as fz  # noqa: E402 (the reader fuzzer's mutator and seeds)
 
 from minfer.api import load  # noqa: E402
 from minfer.errors import MinferError  # noqa: E402
-from minfer.gguf.reader import GGUFReader, ValueType  # noqa: E402
+from minfer.gguf.reader import ValueType  # noqa: E402
 from minfer.gguf.synth import synth  # noqa: E402
-from minfer.gguf.writer import write_gguf  # noqa: E402
+from minfer.gguf.writer import rewrite_gguf  # noqa: E402
 
 CASE_LIMIT_S = 2.0
 AS_HEADROOM = 3 << 30
@@ -91,20 +91,6 @@ def run_case(path: Path, label: str, st: Stats) -> tuple[str, float]:
     return outcome, dt
 
 
-def _with_meta(src: Path, dst: Path, key: str, vtype: ValueType, value) -> Path:
-    with GGUFReader(src) as r:
-        md = []
-        for k, kv in r.kv.items():
-            if k == key:
-                md.append((k, vtype, value))
-            elif kv.type == ValueType.ARRAY:
-                md.append((k, kv.type, (kv.elem_type, kv.value)))
-            else:
-                md.append((k, kv.type, kv.value))
-        tensors = [(n, t.shape, t.ggml_type, bytes(r.tensor_bytes(n))) for n, t in r.tensors.items()]
-    return write_gguf(dst, md, tensors)
-
-
 def fixed_cases(workdir: Path, llama: Path, st: Stats) -> list[str]:
     """The review's mutants: the outcome each must have."""
     failures = []
@@ -112,7 +98,7 @@ def fixed_cases(workdir: Path, llama: Path, st: Stats) -> list[str]:
              ("llama.context_length", ValueType.UINT64, 2**34, "rejected: MetadataError"),
              ("llama.context_length", ValueType.UINT32, 2**24, "ok")]
     for key, vt, value, want in cases:
-        path = _with_meta(llama, workdir / "fixed.gguf", key, vt, value)
+        path = rewrite_gguf(llama, workdir / "fixed.gguf", meta={key: (vt, value)})
         outcome, dt = run_case(path, f"fixed {key}={value}", st)
         limit = 1.0 if want.startswith("rejected") else CASE_LIMIT_S  # a typed rejection within 1 s
         ok = outcome.startswith(want) and dt < limit

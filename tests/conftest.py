@@ -62,30 +62,11 @@ def tiny_gguf(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def rewrite_gguf():
-    """rewrite_gguf(src, dst, drop=(), meta={}, shapes={}, add=()) -> dst: a copy of a GGUF with
-    tensors dropped, metadata values replaced or added (key -> (ValueType, value)), tensors
-    re-declared with another shape of the same size, or tensors added ((name, shape, type, bytes))."""
-    from minfer.gguf.reader import GGUFReader, ValueType
-    from minfer.gguf.writer import write_gguf
+    """rewrite_gguf(src, dst, drop=(), meta={}, shapes={}, add=()) -> dst (minfer.gguf.writer.rewrite_gguf):
+    a copy of a GGUF with tensors dropped, metadata replaced or added, tensors re-shaped or added."""
+    from minfer.gguf.writer import rewrite_gguf
 
-    def rewrite(src, dst, *, drop=(), meta=None, shapes=None, add=()):
-        meta, shapes = dict(meta or {}), shapes or {}
-        with GGUFReader(src) as r:
-            md = []
-            for k, kv in r.kv.items():
-                if k in meta:
-                    new = meta.pop(k)
-                    md.append((k, *new) if isinstance(new, tuple) else (k, kv.type, new))
-                elif kv.type == ValueType.ARRAY:
-                    md.append((k, kv.type, (kv.elem_type, kv.value)))
-                else:
-                    md.append((k, kv.type, kv.value))
-            md += [(k, *v) for k, v in meta.items()]
-            tensors = [(n, shapes.get(n, t.shape), t.ggml_type, bytes(r.tensor_bytes(n)))
-                       for n, t in r.tensors.items() if n not in drop]
-        return write_gguf(dst, md, tensors + list(add))
-
-    return rewrite
+    return rewrite_gguf
 
 
 class RawSteps:

@@ -405,3 +405,29 @@ def write_gguf(path: str | os.PathLike, metadata: Metadata, tensors: Sequence[Te
             raise GGUFError("file", 0, f"cannot write {path}: {e.strerror or e}") from None
         raise
     return path
+
+
+def rewrite_gguf(src: str | os.PathLike, dst: str | os.PathLike, *, drop: Sequence[str] = (),
+                 meta: Mapping[str, Any] | None = None, shapes: Mapping[str, tuple] | None = None,
+                 add: Sequence[tuple] = ()) -> Path:
+    """A copy of the GGUF file `src` at `dst` with tensors dropped, metadata values replaced or
+    added (key -> value, kept in the key's type, or key -> (ValueType, value)), tensors declared
+    with another shape of the same size, or tensors added ((name, shape, type, bytes)): hostile
+    variants of a valid file, for the tests and the fuzzers."""
+    from .reader import GGUFReader
+
+    meta, shapes = dict(meta or {}), dict(shapes or {})
+    with GGUFReader(src) as r:
+        md = []
+        for k, kv in r.kv.items():
+            if k in meta:
+                new = meta.pop(k)
+                md.append((k, *new) if isinstance(new, tuple) else (k, kv.type, new))
+            elif kv.type == ValueType.ARRAY:
+                md.append((k, kv.type, (kv.elem_type, kv.value)))
+            else:
+                md.append((k, kv.type, kv.value))
+        md += [(k, *v) for k, v in meta.items()]
+        tensors = [(n, shapes.get(n, t.shape), t.ggml_type, bytes(r.tensor_bytes(n)))
+                   for n, t in r.tensors.items() if n not in drop]
+    return write_gguf(dst, md, tensors + list(add))
