@@ -102,7 +102,40 @@ def result_of(seq: Sequence) -> GenerationResult:
                             st.cached_tokens, end - st.arrival)
 
 
-class Model:
+class Prompting:
+    """Prompts to token ids with the model's tokenizer and chat template: what needs no weights
+    (a Model is one; so is the server's front end, whose engine runs in another process)."""
+
+    tokenizer: Tokenizer
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    def chat_tokens(self, messages: Messages, add_generation_prompt: bool = True) -> list[int]:
+        """Render messages with the model's chat template and tokenize (special tokens parsed).
+        A template that already writes BOS does not get a second one."""
+        if not isinstance(messages, list):
+            raise TemplateError("messages must be a list of {'role': ..., 'content': ...} dicts")
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        ids = self.tokenizer.encode(text, add_special=True, parse_special=True)
+        bos = self.tokenizer.bos_id
+        if len(ids) >= 2 and ids[0] == ids[1] == bos:
+            ids = ids[1:]
+        return ids
+
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
+        """Token ids of a prompt string (special tokens parsed) or a message list (chat template)."""
+        if isinstance(prompt, list):
+            return self.chat_tokens(prompt)
+        if not isinstance(prompt, str):
+            raise MinferError(f"a prompt is a string or a list of messages, got {type(prompt).__name__}")
+        return self.tokenize(prompt, parse_special=True)
+
+
+class Model(Prompting):
     def __init__(self, path: str | os.PathLike | None = None, device: str = "cpu", *, progress: bool = True,
                  trace: str | os.PathLike | None = None, chat_template: str | None = None,
                  config: EngineConfig | None = None, **settings):
@@ -144,32 +177,14 @@ class Model:
         """Forget cached prefixes: the next call runs its whole prompt."""
         self.engine.reset()
 
-    # ------------------------------------------------------------------ tokens
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
+    @property
+    def eog_ids(self) -> frozenset[int]:
+        """Token ids that end a generation (unless ignore_eos)."""
+        return self.engine.eog_ids
 
-    def detokenize(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids)
-
-    def chat_tokens(self, messages: Messages, add_generation_prompt: bool = True) -> list[int]:
-        """Render messages with the model's chat template and tokenize (special tokens parsed).
-        A template that already writes BOS does not get a second one."""
-        if not isinstance(messages, list):
-            raise TemplateError("messages must be a list of {'role': ..., 'content': ...} dicts")
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
-        ids = self.tokenizer.encode(text, add_special=True, parse_special=True)
-        bos = self.tokenizer.bos_id
-        if len(ids) >= 2 and ids[0] == ids[1] == bos:
-            ids = ids[1:]
-        return ids
-
-    def prompt_ids(self, prompt: Prompt) -> list[int]:
-        """Token ids of a prompt string (special tokens parsed) or a message list (chat template)."""
-        if isinstance(prompt, list):
-            return self.chat_tokens(prompt)
-        if not isinstance(prompt, str):
-            raise MinferError(f"a prompt is a string or a list of messages, got {type(prompt).__name__}")
-        return self.tokenize(prompt, parse_special=True)
+    def check_tokens(self, ids: list[int]) -> None:
+        """Typed errors for an empty prompt, ids outside the vocabulary, or a prompt past the context."""
+        self.engine.check_tokens(ids)
 
     # ------------------------------------------------------------------ compute
     def logits(self, token_ids: list[int]) -> torch.Tensor:

@@ -42,6 +42,18 @@ DEFAULT_N_CTX = 4096  # context when the caller does not choose one (capped by t
 AUTO_SLOTS = 4  # sequences in flight when the caller does not choose (fewer if the KV budget is smaller)
 
 
+def check_tokens(tokens: list[int], n_vocab: int, n_ctx: int) -> None:
+    """Typed errors for an empty prompt, ids outside [0, n_vocab), or a prompt past n_ctx tokens."""
+    if not tokens:
+        raise MinferError("the prompt is empty: nothing to generate from")
+    bad = [t for t in tokens if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < n_vocab]
+    if bad:
+        raise MinferError(f"token ids {bad[:5]} are outside the vocabulary [0, {n_vocab})")
+    if len(tokens) > n_ctx:
+        raise ContextOverflowError(f"the prompt has {len(tokens)} tokens but the context holds {n_ctx} "
+                                   "(load the model with a larger n_ctx, or shorten the input)")
+
+
 class Engine:
     def __init__(self, backend: Backend, *, n_vocab: int, n_ctx: int, n_slots: int,
                  config: EngineConfig | None = None, tokenizer=None, recorder=None, args=None, graph=None):
@@ -89,14 +101,7 @@ class Engine:
     # ------------------------------------------------------------------ requests
     def check_tokens(self, tokens: list[int]) -> None:
         """Typed errors for an empty prompt, ids outside the vocabulary, or a prompt past the context."""
-        if not tokens:
-            raise MinferError("the prompt is empty: nothing to generate from")
-        bad = [t for t in tokens if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.n_vocab]
-        if bad:
-            raise MinferError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.n_vocab})")
-        if len(tokens) > self.n_ctx:
-            raise ContextOverflowError(f"the prompt has {len(tokens)} tokens but the context holds {self.n_ctx} "
-                                       "(load the model with a larger n_ctx, or shorten the input)")
+        check_tokens(tokens, self.n_vocab, self.n_ctx)
 
     def add(self, prompt: list[int], params: SamplingParams | None = None, *, logit_rows: range | None = None,
             reuse_prefix: bool = True) -> Sequence:

@@ -189,7 +189,7 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
         job = Job(ids, params, schema.logprobs_n(req), asyncio.get_running_loop())
         pending.add(job)
         engine_loop.submit(job)
-        out = Output(kind, model_id, m.tokenizer, m.engine.eog_ids, params.ignore_eos)
+        out = Output(kind, model_id, m.tokenizer, m.eog_ids, params.ignore_eos)
         if req.stream:
             usage = req.stream_options is not None and req.stream_options.include_usage
             return EventStream(stream(job, request, out, usage, endpoint),
@@ -321,7 +321,7 @@ def _completion_ids(m, prompt) -> list[int]:
         prompt = prompt[0]
     try:
         ids = m.prompt_ids(prompt) if isinstance(prompt, str) else list(prompt)
-        m.engine.check_tokens(ids)
+        m.check_tokens(ids)
     except MinferError as e:
         raise APIError(400, f"prompt: {e}", param="prompt") from None
     return ids
