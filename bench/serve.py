@@ -50,6 +50,7 @@ def start_server(a) -> tuple[subprocess.Popen, str]:
         argv += ["-m", a.model]
     if a.threads:
         argv += ["-t", str(a.threads)]
+    argv += a.serve_arg
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, text=True)
     line = proc.stderr.readline()
@@ -124,6 +125,8 @@ def main() -> int:
     p.add_argument("--url", default=None, help="a running server instead of starting one")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--serve-arg", action="append", default=[],
+                   help="pass this argument on to minfer serve (repeatable), e.g. --serve-arg=--no-engine-process")
     a = p.parse_args()
     a.concurrency = [int(x) for x in a.concurrency.split(",") if x]
     proc, url = (None, a.url.rstrip("/")) if a.url else start_server(a)

@@ -9,8 +9,11 @@ a node nothing accepts is a NoKernelError at load naming the op, the dtypes and 
 
 `allocate` makes the KV cache (f16, one extra slot that padded graph rows write into) and the
 RoPE tables. `forward` runs a batch: decode steps replay a CUDA graph captured once per batch
-bucket (1, 2, 4, ..., 64; rows padded up to the bucket), everything else runs the plan eagerly.
-A step that mixes decode rows with a prompt chunk runs the two parts separately.
+bucket (1, 2, 4, ..., 64; rows padded up to the bucket); prompt chunks (every span of the step
+at once, up to PREFILL_SPANS of them) replay a graph captured once per row bucket (64 ... 1024),
+their spans read on the device from a tile table (`attention_prefill`); what fits neither (more
+rows or spans, every row's logits, tracing) runs the plan eagerly. A step that mixes decode rows
+with a prompt chunk runs the two parts separately.
 
 `decode_pick` launches a decode step whose tokens are picked on the device (the Argmax
 contract, or the Sample contract for rows that sample, inside the captured graph) and returns at
@@ -36,7 +39,7 @@ from ..errors import MinferError, ModelError, NoKernelError, UnsupportedError
 from ..gguf.reader import GGUFReader
 from ..graph.ir import Graph, Node, Op, WeightRef
 from ..kernels._common import as_in_graphs, interpreting
-from ..kernels.attention import q8_row_bytes
+from ..kernels.attention import max_prefill_tiles, prefill_tiles, q8_row_bytes
 from ..kernels.sample import KMAX, PARAM_ROWS, pack_params
 from ..quant.types import GGMLType, quant_info
 from . import cpu_ops
@@ -45,6 +48,9 @@ from .kv_cache import KVCache, kv_bytes
 from .plan import Plan, Step
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # decode batch sizes captured as CUDA graphs
+PREFILL_BUCKETS = (64, 128, 192, 256, 384, 512, 768, 1024)  # prompt-chunk row counts captured as graphs
+PREFILL_SPANS = 8  # prompts one captured prompt-chunk pass holds (the tile table's capacity)
+PREFILL_OUT = 16  # logits rows one captured prompt-chunk pass returns
 KV_DTYPES = {"auto": torch.float16, "f16": torch.float16, "q8_0": torch.int8}  # int8: the Q8_0 layout
 STRIDED = {"contiguous": False, "strided": True}
 
@@ -191,6 +197,69 @@ class _DecodeGraph:
         return PickedStep(rows, self.picked, host, done)
 
 
+class _PrefillGraph:
+    """A prompt-chunk pass of `bucket` rows, captured once: up to PREFILL_SPANS spans, up to
+    PREFILL_OUT logits rows. Its inputs are one int32 device buffer (tokens, positions, slots,
+    the attention tile table, the output rows) filled from a pinned staging copy by one copy per
+    step. Padded rows are token 0 at position 0 of the spare slot and in no tile; unused tiles
+    hold 0 rows; padded output rows repeat row 0."""
+
+    def __init__(self, backend: CUDABackend, bucket: int):
+        dev = backend.device
+        self.bucket = bucket
+        self.n_tiles = max_prefill_tiles(bucket, PREFILL_SPANS)
+        b, t = bucket, self.n_tiles
+        self.io = torch.zeros(3 * b + 4 * t + PREFILL_OUT, dtype=torch.int32, device=dev)
+        self.stage = torch.zeros(self.io.shape, dtype=torch.int32, pin_memory=True)
+        self.stage[2 * b:3 * b] = backend.pad_slot
+        self.io.copy_(self.stage)
+        self.copied = torch.cuda.Event()
+        self.static = {"tokens": self.io[:b], "positions": self.io[b:2 * b], "row_slots": self.io[2 * b:3 * b],
+                       "tiles": self.io[3 * b:3 * b + 4 * t].view(t, 4), "out_rows": self.io[3 * b + 4 * t:]}
+        state = _State(self.static, False, bucket)
+        stream = torch.cuda.Stream()  # eager warm-up first: Triton compiles and autotunes outside the capture
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream), as_in_graphs():
+            for _ in range(2):
+                backend.plan.run(state)
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        if backend._pool is None:
+            backend._pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(self.graph, pool=backend._pool):
+            self.out = backend.plan.run(state)
+        self.copied.record()
+
+    @staticmethod
+    def fits(batch: Batch) -> bool:
+        return (batch.kind == "prefill" and batch.n_tokens <= PREFILL_BUCKETS[-1] and len(batch.spans) <= PREFILL_SPANS
+                and len(batch.out_rows) <= PREFILL_OUT)
+
+    def launch(self, batch: Batch, pad_slot: int) -> torch.Tensor:
+        """Stage the batch, replay; the logits of its out_rows (the graph's own buffer: read it
+        before this graph replays again)."""
+        n, b, t, st = batch.n_tokens, self.bucket, self.n_tiles, self.stage
+        self.copied.synchronize()  # the staging buffer's previous copy has left it
+        st[:n].copy_(batch.tokens)
+        st[n:b].zero_()
+        st[b:b + n].copy_(batch.positions)
+        st[b + n:2 * b].zero_()
+        st[2 * b:2 * b + n].copy_(batch.row_slots)
+        st[2 * b + n:3 * b].fill_(pad_slot)
+        tiles = prefill_tiles([(s.offset, s.slot, s.start, s.n_tokens) for s in batch.spans])
+        table = st[3 * b:3 * b + 4 * t].view(t, 4)
+        table.zero_()
+        table[:len(tiles)] = torch.tensor(tiles, dtype=torch.int32)
+        rows = st[3 * b + 4 * t:]
+        r = len(batch.out_rows)
+        rows[:r].copy_(batch.out_rows)
+        rows[r:].zero_()
+        self.io.copy_(st, non_blocking=True)
+        self.copied.record()
+        self.graph.replay()
+        return self.out[:r]
+
+
 def _contract_name(t: GGMLType) -> str:
     return quant_info(t).contract_name
 
@@ -227,7 +296,7 @@ class CUDABackend:
         self._laid: dict[tuple[str, WeightRef], object] = {}  # (kernel, weight) -> its load layout
         self._vectors: dict[str, torch.Tensor] = {}
         self._ropes: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._graphs: dict[int, tuple] = {}
+        self._graphs: dict[tuple, object] = {}  # (decode bucket, sampling) / ("prefill", bucket) -> its graph
         self._pool = None
         self.use_graphs = self.config.cuda_graph and self.on_gpu
         self.kv_q8 = KV_DTYPES[self.config.kv_dtype] == torch.int8
@@ -500,7 +569,8 @@ class CUDABackend:
         def fn(vals, st):
             kc = self.cache
             return run[st.kind](q=vals[q_i], k=vals[k_i], v=vals[v_i], cache_k=kc.k, cache_v=kc.v,
-                                row_slots=st.inputs["row_slots"], positions=vals[pos], spans=st.spans, **params)
+                                row_slots=st.inputs["row_slots"], positions=vals[pos], spans=st.spans,
+                                tiles=st.inputs.get("tiles"), **params)
 
         return fn, run
 
@@ -563,8 +633,19 @@ class CUDABackend:
         rows = batch.n_tokens
         if decode and self.use_graphs and recorder is None and rows <= BUCKETS[-1]:
             return self._replay(batch)
+        if not decode and self.use_graphs and recorder is None and _PrefillGraph.fits(batch):
+            return self._prefill_graph(rows).launch(batch, self.pad_slot)
         spans = [(s.offset, s.slot, s.start, s.n_tokens) for s in batch.spans]
-        return self.plan.run(_State(self._device_inputs(batch), decode, rows, spans), recorder)
+        inputs = self._device_inputs(batch)
+        if not decode:  # the attention tile table, built once for every layer
+            inputs["tiles"] = torch.tensor(prefill_tiles(spans), dtype=torch.int32).to(self.device, non_blocking=True)
+        return self.plan.run(_State(inputs, decode, rows, spans), recorder)
+
+    def _prefill_graph(self, rows: int) -> _PrefillGraph:
+        bucket = next(x for x in PREFILL_BUCKETS if x >= rows)
+        if ("prefill", bucket) not in self._graphs:
+            self._graphs["prefill", bucket] = _PrefillGraph(self, bucket)
+        return self._graphs["prefill", bucket]
 
     def _graph(self, rows: int, sampling: bool = False) -> _DecodeGraph:
         bucket = next(x for x in BUCKETS if x >= rows)
@@ -613,15 +694,23 @@ class CUDABackend:
 
     def warmup(self) -> None:
         """Compile and capture now what the first requests would otherwise wait for: the decode
-        graph of every bucket the slots can fill (greedy and sampling), and the Triton variants of
-        prompt chunks (row counts specialize kernels: 1, a multiple of 16, any other). Writes only
-        into the free cache (slot contents are the scheduler's: nothing is cached yet)."""
+        graph of every bucket the slots can fill (greedy and sampling), the prompt-chunk graph of
+        every row bucket a step can fill (n_slots + prefill_chunk rows, or max_batch_tokens), and
+        the Triton variants of eager prompt chunks (row counts specialize kernels: 1, a multiple
+        of 16, any other). Writes only into the free cache (slot contents are the scheduler's:
+        nothing is cached yet) and the spare slot."""
         if self.cache is None:
             raise ModelError("cuda backend: allocate() the KV cache before warming up")
         with torch.inference_mode():
             for rows in (1, 16, 17):
                 if rows <= self.cache.n_ctx:
                     self.forward(Batch.single([0] * rows, 0, slot=0))
+            if self.use_graphs:
+                most = self.config.max_batch_tokens or self.n_slots + self.config.prefill_chunk
+                for bucket in PREFILL_BUCKETS:
+                    self._prefill_graph(bucket)
+                    if bucket >= most:
+                        break
             for bucket in BUCKETS:
                 b = min(bucket, self.n_slots)
                 batch = Batch.build([(s, 0, [0]) for s in range(b)], list(range(b)), n_decode=b)

@@ -8,6 +8,8 @@
   `--temperature T` samples instead (top-k 40, top-p 0.95, min-p 0.05, seeded), as `minfer run`.
 - b{B}: llama-batched-bench's test: B sequences, 128 prompt + 128 generated tokens each, all
   decoding together; aggregate generated tok/s over the decode phase.
+- b{B}e2e: the same runs, generated tok/s over the whole request (prompts queued at once, then
+  prefill and decode): the engine's side of `bench/serve.py`'s aggregate at concurrency B.
 Each test runs -r times (after one warm-up): mean ± sd. Decode rows also give the effective
 bandwidth: bytes of weights one decode step reads (every matmul weight in its stored form and
 one embedding row) x steps/s, and its share of the copy bandwidth measured in the same run.
@@ -109,12 +111,16 @@ def run_pp(m, n_prompt: int, reps: int) -> list[float]:
     return out
 
 
-def _decode_phase(m, prompts: list[list[int]], n_gen: int, temperature: float = 0.0) -> float:
-    """Generated tok/s of the decode phase of these prompts (all prefilled first)."""
+def _decode_phase(m, prompts: list[list[int]], n_gen: int, temperature: float = 0.0,
+                  whole: list[float] | None = None) -> float:
+    """Generated tok/s of the decode phase of these prompts (all prefilled first). `whole`: gets
+    the generated tok/s from the moment the prompts were queued (prefill included)."""
     from ..engine.params import SamplingParams
 
     eng = m.engine
     params = SamplingParams(max_tokens=n_gen, temperature=temperature, seed=1, ignore_eos=True)
+    _sync(m.config.device)
+    queued = time.perf_counter()
     seqs = [eng.add(p, params, reuse_prefix=False) for p in prompts]
     while any(s.prefilling or s.status.value == "waiting" for s in seqs):
         eng.step()
@@ -123,7 +129,11 @@ def _decode_phase(m, prompts: list[list[int]], n_gen: int, temperature: float = 
     t0 = time.perf_counter()
     eng.run(seqs)
     _sync(m.config.device)
-    return (sum(len(s.generated) for s in seqs) - start) / (time.perf_counter() - t0)
+    end = time.perf_counter()
+    total = sum(len(s.generated) for s in seqs)
+    if whole is not None:
+        whole.append(total / (end - queued))
+    return (total - start) / (end - t0)
 
 
 def run_tg(m, n_gen: int, reps: int, temperature: float = 0.0) -> list[float]:
@@ -131,9 +141,12 @@ def run_tg(m, n_gen: int, reps: int, temperature: float = 0.0) -> list[float]:
     return [_decode_phase(m, [prompt], n_gen, temperature) for r in range(reps + 1)][1:]
 
 
-def run_batched(m, b: int, reps: int, temperature: float = 0.0) -> list[float]:
+def run_batched(m, b: int, reps: int, temperature: float = 0.0) -> tuple[list[float], list[float]]:
+    """(decode-phase tok/s, whole-request tok/s) of each repetition."""
     prompts = [[(13 * i + 7 * j + 1) % m.n_vocab for i in range(128)] for j in range(b)]
-    return [_decode_phase(m, prompts, 128, temperature) for r in range(reps + 1)][1:]
+    whole: list[float] = []
+    decode = [_decode_phase(m, prompts, 128, temperature, whole) for r in range(reps + 1)]
+    return decode[1:], whole[1:]
 
 
 def bench(a: argparse.Namespace) -> int:
@@ -174,8 +187,9 @@ def bench(a: argparse.Namespace) -> int:
             runs = run_tg(m, a.n_gen, a.repetitions, a.temperature)
             row(f"tg{a.n_gen}", runs, statistics.mean(runs))
         for b in sizes:
-            runs = run_batched(m, b, a.repetitions, a.temperature)
+            runs, whole = run_batched(m, b, a.repetitions, a.temperature)
             row(f"b{b}", runs, statistics.mean(runs) / b)
+            row(f"b{b}e2e", whole)
         if not a.json:
             print(f"copy bandwidth {bw / 1e9:.0f} GB/s; weights read per decode step {wbytes / 1e9:.3f} GB",
                   file=sys.stderr)

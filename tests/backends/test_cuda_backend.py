@@ -190,7 +190,7 @@ def test_a_q8_0_kv_cache_runs_the_q8_kernels_close_to_the_f16_cache(tiny_gguf, r
     assert be.cache.nbytes * 32 == f16.engine.backend.cache.nbytes * 17
     attn = {r["kernel"] for r in be.plan_rows() if r["op"] == "Attention"}
     assert attn == {"attention_rows_q8"} and {r["kernel"] for r in be.plan_rows(prefill=True)
-                                               if r["op"] == "Attention"} == {"attention_sdpa_q8"}
+                                               if r["op"] == "Attention"} == {"attention_prefill_q8"}
     want = raw.prefill(f16.engine, 0, PROMPT)
     got = raw.prefill(q8.engine, 0, PROMPT)
     assert 0 < _rel(got, want) < 3e-2  # the codes' rounding, no more
@@ -206,7 +206,32 @@ def test_warmup_leaves_generation_unchanged(pair):
     before = gpu.generate_batch(["hello there", "the cat"], max_tokens=5, temperature=0)
     gpu.engine.warmup()
     be = gpu.engine.backend
-    if be.use_graphs:
-        assert set(be._graphs) == {(b, s) for b in (1, 2, 4) for s in (False, True)}
+    if be.use_graphs:  # 4 slots + 512-token chunks: prompt-chunk buckets up to 768 rows
+        assert set(be._graphs) == {(b, s) for b in (1, 2, 4) for s in (False, True)} | {
+            ("prefill", b) for b in (64, 128, 192, 256, 384, 512, 768)}
     after = gpu.generate_batch(["hello there", "the cat"], max_tokens=5, temperature=0)
     assert [r.token_ids for r in after] == [r.token_ids for r in before]
+
+
+def test_prompt_chunks_of_several_spans_replay_as_their_eager_pass(pair):
+    """A prefill step of several prompts (one continuing its slot) and a few logits rows: on a GPU
+    a captured prompt-chunk graph (the tile table read on the device), against the same step run
+    eagerly; under the interpreter the eager pass against each prompt alone."""
+    _, gpu = pair("tiny-qwen2", "f16")
+    be = gpu.engine.backend
+    be.forward(Batch.single(PROMPT[:5], 0, slot=1))
+    spans = [(0, 0, PROMPT), (1, 5, PROMPT[5:]), (2, 0, PROMPT[:3] * 20)]  # 12 + 7 + 60 rows
+    batch = Batch.build(spans, [11, 18, 19, 78])
+    got = be.forward(batch).cpu()
+    if be.use_graphs:
+        assert ("prefill", 128) in be._graphs
+        be.use_graphs = False
+        try:
+            want = be.forward(batch).cpu()
+        finally:
+            be.use_graphs = True
+        assert _rel(got, want) < 1e-3  # cuBLAS may pick another algorithm for 79 rows than for 128
+    alone = [be.forward(Batch.single(PROMPT, 0, slot=0)).cpu()[0],
+             be.forward(Batch.build([(1, 5, PROMPT[5:])], [6])).cpu()[0],
+             be.forward(Batch.build([(2, 0, PROMPT[:3] * 20)], [0, 59])).cpu()]
+    assert _rel(got[0], alone[0]) < 1e-3 and _rel(got[1], alone[1]) < 1e-3 and _rel(got[2:], alone[2]) < 1e-3

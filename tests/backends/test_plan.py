@@ -52,5 +52,5 @@ def test_plan_command_prints_kernels_and_prediction(headers, capsys):
     import json
 
     doc = json.loads(capsys.readouterr().out)
-    assert doc["predicted_tok_s"] > 0 and {n["kernel"] for n in doc["nodes"]} >= {"linear_f16", "attention_sdpa"}
+    assert doc["predicted_tok_s"] > 0 and {n["kernel"] for n in doc["nodes"]} >= {"linear_f16", "attention_prefill"}
     assert main(["plan", "-m", str(path), "-b", "0"]) == 2

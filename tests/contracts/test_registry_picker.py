@@ -35,6 +35,8 @@ LAUNCHERS = {
     "rope": rope.rope,
     "attention_rows": attention.attention_rows,
     "attention_rows_q8": attention.attention_rows_q8,
+    "attention_prefill": attention.attention_prefill,
+    "attention_prefill_q8": attention.attention_prefill_q8,
     "attention_sdpa": torch_ops.attention_sdpa,
     "attention_sdpa_q8": torch_ops.attention_sdpa_q8,
     "linear_f16": torch_ops.linear_f16,

@@ -124,6 +124,15 @@ def variants():
                     {"GP": 16, "BLOCK_D": hd, "BLOCK_N": attention.block_n(hd, q8), "SPLIT": split, "Q8": q8,
                      "PDL": 2},
                     {"num_warps": 4}))
+    sig = {"q_ptr": "*fp32", "ck_ptr": "*fp16", "cv_ptr": "*fp16", "tiles_ptr": "*i32", "out_ptr": "*fp32",
+           "stride_q": "i32", "layer_off": "i64", "S_STRIDE": "i64", "H_STRIDE": "i64", "scale": "fp32", "G": "i32",
+           "N_HEAD": "i32", "HD": "i32", "RS": "i32", "BLOCK_M": c, "BLOCK_D": c, "BLOCK_N": c, "Q8": c, "PDL": c}
+    for hd, q8 in ((64, False), (128, False), (64, True), (128, True)):
+        cache = "*i8" if q8 else "*fp16"
+        out.append((f"attention_prefill[hd{hd} q8={q8}]", attention._attn_prefill_kernel,
+                    dict(sig, ck_ptr=cache, cv_ptr=cache),
+                    {"BLOCK_M": attention.PREFILL_BLOCK_M, "BLOCK_D": hd, "BLOCK_N": attention.prefill_block_n(hd, q8),
+                     "Q8": q8, "PDL": 2}, {"num_warps": 4}))
     sig = {"po_ptr": "*fp32", "pml_ptr": "*fp32", "out_ptr": "*fp32", "N_HEAD": "i32", "HD": "i32", "NSPLIT": "i32",
            "SP": c, "BLOCK_D": c, "PDL": c}
     out.append(("attention_combine", attention._attn_combine_kernel, sig, {"SP": 8, "BLOCK_D": 128, "PDL": 2},
