@@ -12,7 +12,10 @@ The wire is one `multiprocessing` pipe, pickled tuples both ways:
   parent -> child  ("add", key, ids, params, logprobs_n) | ("abort", key) | ("stop",)
   child -> parent  ("ready", facts) | ("load_error", message, is_minfer_error)
                    | ("events", [(key, event), ...], running, waiting)   one message per step
-A reader thread in the parent hands each event to its job (`loop.deliver`). The child ignores
+The parent reads the pipe on its event loop (`attach`, at the app's startup: `loop.add_reader`
+on the pipe), so events reach each job's queue with no thread and no lock in between: a thread
+would trade the interpreter lock with the event loop for every step's message. Until attached
+(or in a process without an event loop), a reader thread does it. The child ignores
 SIGINT (the terminal's Ctrl-C reaches the whole process group: the parent decides when the
 engine stops) and exits when the pipe closes, so a parent that dies takes its engine with it.
 If the child dies, every job it held gets an error event, `state` becomes "error", and /health
@@ -24,6 +27,7 @@ from __future__ import annotations
 import itertools
 import logging
 import multiprocessing
+import queue
 import signal
 import threading
 import traceback
@@ -56,11 +60,15 @@ class LoadSpec:
 class Frontend(Prompting):
     """The model as the HTTP side sees it: tokenizer, chat template and sizes, no weights."""
 
-    def __init__(self, path: Path, chat_template: str | None, facts: dict):
+    def __init__(self, path: Path, chat_template: str | None):
         self.reader = GGUFReader(path)
         self.tokenizer = Tokenizer.from_metadata(self.reader.metadata)
         if chat_template is not None:
             self.tokenizer.set_chat_template(chat_template)
+        self.n_ctx = self.n_slots = self.n_vocab = 0  # what the engine reports when it is ready
+        self.eog_ids: frozenset[int] = frozenset()
+
+    def set_facts(self, facts: dict) -> None:
         self.n_ctx, self.n_slots, self.n_vocab = facts["n_ctx"], facts["n_slots"], facts["n_vocab"]
         self.eog_ids = frozenset(facts["eog_ids"])
 
@@ -80,18 +88,33 @@ class EngineProcess:
         self.ready = threading.Event()
         self.jobs: dict[int, Job] = {}
         self._keys = itertools.count(1)
-        self._send_lock = threading.Lock()
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()  # to the child, through the sender thread
+        self._sender = threading.Thread(target=self._send_loop, name="minfer-engine-sender", daemon=True)
+        self._front: list = []  # the Frontend (or what building it raised), built while the child loads
+        self._front_thread = threading.Thread(target=self._build_front, name="minfer-frontend", daemon=True)
         self._stopping = False
         ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited CUDA or threads
         self._conn, child_conn = ctx.Pipe()
         self.proc = ctx.Process(target=_child_main, args=(child_conn, spec), name="minfer-engine", daemon=True)
         self._child_conn = child_conn
-        self.reader = threading.Thread(target=self._read, name="minfer-engine-reader", daemon=True)
+        self.reader: threading.Thread | None = None
+        self._loop = None  # the event loop reading the pipe, once attached
 
     # ------------------------------------------------------------------ the event loop's side
     def start(self) -> None:
         self.proc.start()
         self._child_conn.close()  # the child holds its end; EOF reaches us when it exits
+        self._sender.start()
+        self._front_thread.start()
+
+    def attach(self, loop) -> None:
+        """Read the pipe on `loop` (call from it, before serving)."""
+        self._loop = loop
+        loop.add_reader(self._conn.fileno(), self._readable)
+
+    def start_reader_thread(self) -> None:
+        """Read the pipe in a thread of its own (no event loop to attach to)."""
+        self.reader = threading.Thread(target=self._read, name="minfer-engine-reader", daemon=True)
         self.reader.start()
 
     def submit(self, job: Job) -> None:
@@ -108,48 +131,95 @@ class EngineProcess:
     def stop(self, timeout: float = 10.0) -> None:
         self._stopping = True
         self._send(("stop",))
+        self._outbox.put(None)
         self.proc.join(timeout)
         if self.proc.is_alive():
             log.error("the engine process did not stop in %.0f s; killing it", timeout)
             self.proc.kill()
             self.proc.join(5)
-        self.reader.join(timeout)
+        if self.reader is not None:
+            self.reader.join(timeout)
+        elif self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._readable)  # take the last events (and the EOF) on the loop
         if self.state in ("ok", "loading"):
             self.state = "stopped"
 
     def _send(self, msg: tuple) -> bool:
-        with self._send_lock:
+        """Queue a message for the child. The event loop never writes the pipe itself: a long
+        prompt can fill it while the child is inside a step, and the loop must keep reading the
+        child's events meanwhile (or both ends would wait on each other)."""
+        if self._conn.closed:
+            return False
+        self._outbox.put(msg)
+        return True
+
+    def _send_loop(self) -> None:
+        while (msg := self._outbox.get()) is not None:
             try:
                 self._conn.send(msg)
-                return True
-            except (OSError, ValueError):  # the child is gone (its error reaches the jobs through the reader)
-                return False
+            except (OSError, ValueError):  # the child is gone: its end reaches the jobs through the reader
+                return
 
-    # ------------------------------------------------------------------ the reader thread
-    def _read(self) -> None:
+    def _build_front(self) -> None:
         try:
-            while True:
-                msg = self._conn.recv()
-                if msg[0] == "events":
-                    _, events, running, waiting = msg
-                    for key, ev in events:
-                        job = self.jobs.get(key)
-                        if job is None:
-                            continue
-                        if ev[0] in ("done", "error"):
-                            del self.jobs[key]
-                        deliver(job, ev, self.metrics)
-                    self.metrics.active.set(running)
-                    self.metrics.queued.set(waiting)
-                elif msg[0] == "ready":
-                    self._ready(msg[1])
-                elif msg[0] == "load_error":
-                    _, message, typed = msg
-                    self._load_failed(MinferError(message) if typed else RuntimeError(message))
-                    return
+            self._front.append(Frontend(self.spec.path, self.spec.chat_template))
+        except BaseException as e:  # noqa: BLE001 (reported when the engine says it is ready)
+            self._front.append(e)
+
+    # ------------------------------------------------------------------ reading the pipe
+    def _readable(self) -> None:
+        """The pipe has data (on the event loop): take every whole message waiting."""
+        if self._conn.closed:
+            return
+        try:
+            while self._conn.poll():
+                if not self._handle(self._conn.recv(), local=True):
+                    break
+            else:
+                return
         except (EOFError, OSError):
             pass
-        self.proc.join(5)  # the pipe closed: the child is on its way out
+        self._loop.remove_reader(self._conn.fileno())
+        self._closed()
+
+    def _read(self) -> None:
+        try:
+            while self._handle(self._conn.recv(), local=False):
+                pass
+        except (EOFError, OSError):
+            pass
+        self._closed()
+
+    def _handle(self, msg: tuple, local: bool) -> bool:
+        """One message from the child; False when nothing more will come."""
+        if msg[0] == "events":
+            _, events, running, waiting = msg
+            for key, ev in events:
+                job = self.jobs.get(key)
+                if job is None:
+                    continue
+                if ev[0] in ("done", "error"):
+                    del self.jobs[key]
+                if local and ev[0] != "end":
+                    job.events.put_nowait(ev)  # (on the job's own loop: no hop)
+                else:
+                    deliver(job, ev, self.metrics)
+            self.metrics.active.set(running)
+            self.metrics.queued.set(waiting)
+        elif msg[0] == "ready":
+            self._ready(msg[1])
+        elif msg[0] == "load_error":
+            _, message, typed = msg
+            self._load_failed(MinferError(message) if typed else RuntimeError(message))
+            return False
+        return True
+
+    def _closed(self) -> None:
+        """The pipe closed (or the load failed): the child is on its way out."""
+        if self._conn.closed:
+            return
+        self._conn.close()
+        self.proc.join(5)
         code = self.proc.exitcode
         if self._stopping:
             self.state = "stopped"
@@ -163,12 +233,14 @@ class EngineProcess:
         self.jobs.clear()
 
     def _ready(self, facts: dict) -> None:
-        try:
-            self.model = Frontend(self.spec.path, self.spec.chat_template, facts)
-        except BaseException as e:  # noqa: BLE001 (the child loaded the file; this side could not)
+        self._front_thread.join()  # (done long before the engine: a tokenizer, not the weights)
+        front = self._front[0]
+        if isinstance(front, BaseException):  # the child loaded the file; this side could not
             self._send(("stop",))
-            self._load_failed(e)
+            self._load_failed(front)
             return
+        front.set_facts(facts)
+        self.model = front
         self.state = "ok"
         self.ready.set()
 
