@@ -83,8 +83,9 @@ class CPUBackend:
     kv_itemsize = 4
     prefill_seqs = 1  # one prompt per step: every row's numbers independent of the other requests
 
-    def __init__(self, config: EngineConfig | None = None):
+    def __init__(self, config: EngineConfig | None = None, comm=None):
         self.config = config or EngineConfig()
+        self.comm = comm  # parallel/comm.py: the collectives of a tensor-parallel graph
         if self.config.threads:
             torch.set_num_threads(self.config.threads)  # torch's setting is per process
         if self.config.kv_dtype not in KV_DTYPES:
@@ -107,7 +108,7 @@ class CPUBackend:
         self.graph, self._reader = graph, reader
         self._keep_dense = _dense_bytes(graph) <= DENSE_BUDGET * physical_memory()
         self._matmul_weights = {n.weights["w"] for n in graph.nodes if n.op == Op.MATMUL and "b" not in n.weights}
-        self.plan = Plan(graph, self._compile, progress=progress)
+        self.plan = Plan(graph, self._compile, progress=progress, comm=self.comm)
 
     def _vector(self, name: str) -> torch.Tensor:
         if name not in self._vectors:

@@ -26,14 +26,13 @@ import itertools
 import numbers
 from collections.abc import Iterable, Iterator
 
-from ..backends import Backend, create_backend
+from ..backends import Backend
 from ..backends.kv_cache import kv_bytes
 from ..config import EngineConfig
 from ..errors import ContextOverflowError, MinferError
 from ..gguf.reader import GGUFReader
-from ..graph.passes import optimize
 from ..kernels.sample import pack_params
-from ..models import registry
+from . import tp
 from .params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence, TextStream
@@ -63,15 +62,21 @@ class Engine:
 
     @classmethod
     def load(cls, reader: GGUFReader, config: EngineConfig | None = None, *, tokenizer=None,
-             progress: bool = True) -> Engine:
+             progress: bool = True, comm=None) -> Engine:
         """Build the model's graph, prepare its weights on the configured backend, allocate the
-        KV cache, and (when tracing) open the trace recorder."""
+        KV cache, and (when tracing) open the trace recorder. `comm`: rank 0's communicator of
+        a tensor-parallel group (engine/tp.py): this rank's part of the model, on a backend
+        that drives the other ranks."""
         config = config or EngineConfig.from_env()
-        args, graph = registry.build(reader)
-        graph = optimize(graph)
+        if comm is None or comm.world == 1:
+            args, graph, backend = tp.load_backend(reader, config, comm, progress)
+        else:
+            loaded = []
+            tp.agreed(comm, lambda: loaded.append(tp.load_backend(reader, config, comm, progress)),
+                      "loading the model")
+            args, graph, backend = loaded[0]
+            backend = tp.Driver(backend, comm)
         n_ctx = config.n_ctx or min(args.n_ctx_train, DEFAULT_N_CTX)
-        backend = create_backend(config)
-        backend.load(graph, reader, progress=progress)
         n_slots = config.n_slots or _auto_slots(backend, graph.meta, n_ctx)
         backend.allocate(n_slots, n_ctx)
         recorder = None
@@ -192,9 +197,12 @@ class Engine:
             warm()
 
     def close(self) -> None:
-        """Write the trace, if any. Idempotent."""
+        """Write the trace, if any; stop the other ranks of a tensor-parallel group. Idempotent."""
         if self.recorder is not None:
             self.recorder.close()
+        close = getattr(self.backend, "close", None)
+        if close is not None:
+            close()
 
 
 def _sampling(seqs: list[Sequence], ahead: int):
