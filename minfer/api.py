@@ -136,11 +136,13 @@ class Model:
             self.tokenizer.set_chat_template(chat_template)
         env = dist_env()
         if config.tp > 1 or (env is not None and env.world > 1):
+            from .models.registry import check_split
             from .parallel.launch import join
 
             if env is not None and env.rank != 0:
                 raise ParallelError(f"this process is rank {env.rank} of a torchrun group: only rank 0 builds a "
                                     "Model; the other ranks call minfer.api.follow(path, config)")
+            check_split(self.reader, env.world if env is not None else config.tp)  # before any rank starts
             self.group = join(config, self.path)
         try:
             self.engine = Engine.load(self.reader, config, tokenizer=self.tokenizer, progress=progress,

@@ -48,6 +48,7 @@ class Engine:
         self.config = config or EngineConfig()
         self.backend = backend
         self.args, self.graph = args, graph
+        self.weights = None  # set by load: the GGUF view whose tensors the backend holds
         self.n_vocab, self.n_ctx, self.n_slots = n_vocab, n_ctx, n_slots
         self.tokenizer = tokenizer
         self.eog_ids = frozenset(tokenizer.eot_ids) if tokenizer is not None else frozenset()
@@ -69,12 +70,12 @@ class Engine:
         that drives the other ranks."""
         config = config or EngineConfig.from_env()
         if comm is None or comm.world == 1:
-            args, graph, backend = tp.load_backend(reader, config, comm, progress)
+            args, graph, backend, view = tp.load_backend(reader, config, comm, progress)
         else:
             loaded = []
             tp.agreed(comm, lambda: loaded.append(tp.load_backend(reader, config, comm, progress)),
                       "loading the model")
-            args, graph, backend = loaded[0]
+            args, graph, backend, view = loaded[0]
             backend = tp.Driver(backend, comm)
         n_ctx = config.n_ctx or min(args.n_ctx_train, DEFAULT_N_CTX)
         n_slots = config.n_slots or _auto_slots(backend, graph.meta, n_ctx)
@@ -88,8 +89,10 @@ class Engine:
             text = (lambda t: tokenizer.decode([t])) if tokenizer is not None else None
             recorder = TraceRecorder(config.trace_path, model_info=info, detokenize=text)
             recorder.set_graph(backend.trace_graph())
-        return cls(backend, n_vocab=args.n_vocab, n_ctx=n_ctx, n_slots=n_slots, config=config, tokenizer=tokenizer,
-                   recorder=recorder, args=args, graph=graph)
+        engine = cls(backend, n_vocab=args.n_vocab, n_ctx=n_ctx, n_slots=n_slots, config=config,
+                     tokenizer=tokenizer, recorder=recorder, args=args, graph=graph)
+        engine.weights = view  # the file as this rank's backend read it (its part, when split)
+        return engine
 
     # ------------------------------------------------------------------ requests
     def check_tokens(self, tokens: list[int]) -> None:

@@ -32,8 +32,9 @@ KEEP_LAUNCHED = 4  # launched decode steps a follower remembers (a step names th
 
 
 def load_backend(reader: GGUFReader, config: EngineConfig, comm=None, progress: bool = True):
-    """(args, graph, backend) of this process's model: the whole model, or with `comm` of more
-    than one rank, this rank's part (models: build_shard), its weights prepared on the backend."""
+    """(args, graph, backend, view) of this process's model: the whole model, or with `comm` of
+    more than one rank, this rank's part (models: build_shard), its weights prepared on the
+    backend; `view` is the file as the backend read it (gguf/shard.py: this rank's tensors)."""
     if comm is None or comm.world == 1:
         args, graph = registry.build(reader)
         view = reader
@@ -42,7 +43,7 @@ def load_backend(reader: GGUFReader, config: EngineConfig, comm=None, progress: 
     graph = optimize(graph)
     backend = create_backend(config, comm)
     backend.load(graph, view, progress=progress)
-    return args, graph, backend
+    return args, graph, backend, view
 
 
 def _wire(batch: Batch) -> tuple:

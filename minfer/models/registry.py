@@ -75,6 +75,18 @@ def build_shard(reader: GGUFReader, rank: int, world: int) -> tuple[Any, Graph, 
     return args, graph, view
 
 
+def check_split(reader: GGUFReader, world: int) -> None:
+    """ParallelError (or the model's own error) now, before any rank starts, when the model in
+    `reader` cannot be split over `world` ranks: every rank's partition and tensor slices."""
+    arch = architecture(reader.get_str("general.architecture"))
+    if arch.partition is None or arch.tensor_slices is None:
+        raise UnsupportedError(f"architecture {arch.name!r} has no tensor-parallel split")
+    args = arch.from_gguf(reader)
+    arch.check_args(args, reader)
+    for rank in range(world):
+        ShardedReader(reader, arch.tensor_slices(args, arch.partition(args, rank, world)))
+
+
 def _pattern(names) -> list[str]:
     """Weight names with layer numbers folded: blk.0.attn_q.weight, blk.1... -> blk.N.attn_q.weight."""
     return sorted({re.sub(r"^blk\.\d+\.", "blk.N.", n) for n in names})
