@@ -26,6 +26,13 @@ from ..errors import ParallelError
 TIMEOUT_S = 600  # a collective that waits longer for a rank than this fails (a rank died or hung)
 
 
+def _interpreting() -> bool:
+    """Whether the cuda backend runs under the Triton interpreter (host tensors)."""
+    from ..kernels._common import interpreting  # triton: only for device "cuda"
+
+    return interpreting()
+
+
 class Communicator:
     """This process's place among `world` ranks, and the collectives between them."""
 
@@ -35,13 +42,15 @@ class Communicator:
             raise ParallelError(f"rank {rank} of {world}: expected 0 <= rank < world")
         self.rank, self.world, self.device = rank, world, device
         self.local_rank = rank if local_rank is None else local_rank
-        if device == "cuda":
+        # NCCL between GPUs; gloo between CPU processes, which includes the cuda backend under
+        # the Triton interpreter (its tensors live on the host)
+        self._nccl = device == "cuda" and not _interpreting()
+        if self._nccl:
             n = torch.cuda.device_count()
             if self.local_rank >= n:
                 raise ParallelError(f"rank {rank} needs GPU {self.local_rank}, but this host shows {n} GPU(s); "
                                     f"--tp must be <= {n}")
             torch.cuda.set_device(self.local_rank)
-        self._nccl = device == "cuda"
         if dist.is_initialized():
             raise ParallelError("torch.distributed is already initialized in this process")
         timeout = datetime.timedelta(seconds=timeout_s)

@@ -96,3 +96,23 @@ def test_a_split_that_cannot_be_made_fails_before_any_rank_starts(models):
     assert p.returncode != 0
     assert "--tp 3 does not divide the model's 4 attention heads" in p.stderr
     assert "rank 1" not in p.stderr  # refused on rank 0 before it started the others
+
+
+@pytest.mark.slow
+def test_the_cuda_backend_split_under_the_triton_interpreter(models, tmp_path):
+    """cuda.py's code path with a tensor-parallel graph (its kernels picked for a rank's shapes,
+    the vocab-parallel GetRows, AddRMSNorm after an AllReduce, decode_pick chained on the
+    device), on host tensors over gloo. Not run here: CUDA graphs and NCCL (no GPU)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    runs = {}
+    for tp in (1, 2):
+        out = tmp_path / f"cuda-{tp}.pt"
+        p = subprocess.run([sys.executable, str(SCENARIO.with_name("tp_cuda_scenario.py")), str(models["llama-f16"]),
+                            str(tp), str(out)], capture_output=True, text=True, timeout=300, env=env)
+        assert p.returncode == 0, p.stderr[-3000:]
+        runs[tp] = torch.load(out)
+    one, two = runs[1], runs[2]
+    assert two["tp_world"] == 2
+    for key in ("prefill", "decode"):
+        assert _rel(two[key], one[key]) < 1e-4, key
+    assert two["picked"] == one["picked"] and two["greedy"] == one["greedy"]
