@@ -23,7 +23,11 @@ import torch.distributed as dist
 
 from ..errors import ParallelError
 
-TIMEOUT_S = 600  # a collective that waits longer for a rank than this fails (a rank died or hung)
+TIMEOUT_S = 600  # a data collective that waits longer for a rank than this fails (a rank died or hung)
+# A follower waits for rank 0's next command as long as rank 0 has nothing to do (an idle server):
+# the control group's timeout is practically none. A rank that dies closes its sockets, which
+# fails the others' gloo operations at once, so this does not make a dead peer hang anyone.
+CONTROL_TIMEOUT_S = 365 * 24 * 3600
 
 
 def _interpreting() -> bool:
@@ -37,7 +41,8 @@ class Communicator:
     """This process's place among `world` ranks, and the collectives between them."""
 
     def __init__(self, rank: int, world: int, *, device: str = "cpu", local_rank: int | None = None,
-                 addr: str = "127.0.0.1", port: int = 29500, timeout_s: float = TIMEOUT_S):
+                 addr: str = "127.0.0.1", port: int = 29500, timeout_s: float = TIMEOUT_S,
+                 control_timeout_s: float = CONTROL_TIMEOUT_S):
         if world < 1 or not 0 <= rank < world:
             raise ParallelError(f"rank {rank} of {world}: expected 0 <= rank < world")
         self.rank, self.world, self.device = rank, world, device
@@ -57,7 +62,7 @@ class Communicator:
         dist.init_process_group("nccl" if self._nccl else "gloo", init_method=f"tcp://{addr}:{port}", rank=rank,
                                 world_size=world, timeout=timeout,
                                 **({"device_id": torch.device("cuda", self.local_rank)} if self._nccl else {}))
-        self.control = dist.new_group(backend="gloo", timeout=timeout)
+        self.control = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=control_timeout_s))
         self._gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
     # ------------------------------------------------------------------ data (the graph's ops)

@@ -116,3 +116,15 @@ def test_the_cuda_backend_split_under_the_triton_interpreter(models, tmp_path):
     for key in ("prefill", "decode"):
         assert _rel(two[key], one[key]) < 1e-4, key
     assert two["picked"] == one["picked"] and two["greedy"] == one["greedy"]
+
+
+def test_communicator_collectives_and_a_follower_that_waits_longer_than_the_data_timeout():
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, str(SCENARIO.with_name("comm_pair.py")), str(r), port],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=TIMEOUT) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+    gathered = [[0.0, 1.0, 2.0, 10.0, 11.0], [3.0, 4.0, 5.0, 13.0, 14.0]]  # rank 1 holds 2 of the 5 columns
+    for rank, (out, _) in enumerate(outs):
+        assert out.strip() == f"{rank} ('forward', [1, 2, 3]) {gathered} torch.float32 [3.0, 3.0, 3.0, 3.0] 4"
