@@ -43,12 +43,13 @@ AUTO_SLOTS = 4  # sequences in flight when the caller does not choose (fewer if 
 
 class Engine:
     def __init__(self, backend: Backend, *, n_vocab: int, n_ctx: int, n_slots: int,
-                 config: EngineConfig | None = None, tokenizer=None, recorder=None, args=None, graph=None):
-        """An engine over a backend that is loaded and allocated for n_slots x n_ctx (see `load`)."""
+                 config: EngineConfig | None = None, tokenizer=None, recorder=None, args=None, graph=None,
+                 weights=None):
+        """An engine over a backend that is loaded and allocated for n_slots x n_ctx (see `load`).
+        `weights`: the file as the backend read it (split over ranks: this rank's part)."""
         self.config = config or EngineConfig()
         self.backend = backend
-        self.args, self.graph = args, graph
-        self.weights = None  # set by load: the GGUF view whose tensors the backend holds
+        self.args, self.graph, self.weights = args, graph, weights
         self.n_vocab, self.n_ctx, self.n_slots = n_vocab, n_ctx, n_slots
         self.tokenizer = tokenizer
         self.eog_ids = frozenset(tokenizer.eot_ids) if tokenizer is not None else frozenset()
@@ -78,8 +79,14 @@ class Engine:
             args, graph, backend, view = loaded[0]
             backend = tp.Driver(backend, comm)
         n_ctx = config.n_ctx or min(args.n_ctx_train, DEFAULT_N_CTX)
-        n_slots = config.n_slots or _auto_slots(backend, graph.meta, n_ctx)
-        backend.allocate(n_slots, n_ctx)
+        try:
+            n_slots = config.n_slots or _auto_slots(backend, graph.meta, n_ctx)
+            backend.allocate(n_slots, n_ctx)
+        except BaseException:
+            close = getattr(backend, "close", None)  # the other ranks of a split stop too
+            if close is not None:
+                close()
+            raise
         recorder = None
         if config.trace_path:
             from ..trace.recorder import TraceRecorder
@@ -89,10 +96,8 @@ class Engine:
             text = (lambda t: tokenizer.decode([t])) if tokenizer is not None else None
             recorder = TraceRecorder(config.trace_path, model_info=info, detokenize=text)
             recorder.set_graph(backend.trace_graph())
-        engine = cls(backend, n_vocab=args.n_vocab, n_ctx=n_ctx, n_slots=n_slots, config=config,
-                     tokenizer=tokenizer, recorder=recorder, args=args, graph=graph)
-        engine.weights = view  # the file as this rank's backend read it (its part, when split)
-        return engine
+        return cls(backend, n_vocab=args.n_vocab, n_ctx=n_ctx, n_slots=n_slots, config=config, tokenizer=tokenizer,
+                   recorder=recorder, args=args, graph=graph, weights=view)
 
     # ------------------------------------------------------------------ requests
     def check_tokens(self, tokens: list[int]) -> None:

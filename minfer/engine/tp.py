@@ -141,7 +141,8 @@ def agreed(comm, fn, what: str) -> None:
 
 def follow(backend: Backend, comm) -> None:
     """Repeat rank 0's calls on this rank's backend until it says stop. An input error (a
-    MinferError: rank 0 checks the same input the same way and raises it too) skips the call."""
+    MinferError: rank 0 checks the same input the same way and raises it too) skips the call; a
+    ParallelError (this rank out of step with rank 0) ends the loop with it."""
     import torch
 
     launched: dict[int, object] = {}
@@ -156,6 +157,9 @@ def follow(backend: Backend, comm) -> None:
             elif op == "pick":
                 sid, wire, after, params = cmd[1:]
                 p = None if params is None else torch.tensor(params, dtype=torch.int32)
+                if after is not None and after not in launched:  # its input tokens are gone: never guess
+                    raise ParallelError(f"rank {comm.rank}: decode step {sid} follows step {after}, which this "
+                                        f"rank no longer holds (it keeps the last {KEEP_LAUNCHED})")
                 launched[sid] = backend.decode_pick(_unwire(wire), after=launched.get(after), params=p)
                 for old in [k for k in launched if k <= sid - KEEP_LAUNCHED]:
                     del launched[old]
@@ -172,6 +176,8 @@ def follow(backend: Backend, comm) -> None:
         except MinferError as e:
             if op == "allocate":
                 continue  # every rank already knows (agreed)
+            if isinstance(e, ParallelError):  # this rank can no longer run what rank 0 runs: leave
+                raise
             print(f"minfer: rank {comm.rank}: {e}", file=sys.stderr)
 
 

@@ -93,8 +93,8 @@ def _sliced_info(info: TensorInfo, s: TensorSlice) -> TensorInfo:
     if s.axis == IN_ROW:
         if s.start % q.block_elems or s.stop % q.block_elems:
             raise ParallelError(
-                f"tensor {info.name!r} ({info.ggml_type.name}, blocks of {q.block_elems}): splitting its rows at "
-                f"{s.start}..{s.stop} would cut a quant block; this --tp does not divide the model into whole "
+                f"tensor {info.name!r} ({info.ggml_type.name}, blocks of {q.block_elems}): cutting each row to "
+                f"columns {s.start}..{s.stop} would cut a quant block; this --tp does not divide the model into whole "
                 "blocks (use a smaller --tp)")
         offset = info.offset + q.nbytes(s.start)  # where the first row's part starts
     else:
