@@ -131,7 +131,7 @@ def agreed(comm, fn, what: str) -> None:
     err = None
     try:
         fn()
-    except MinferError as e:
+    except Exception as e:  # noqa: BLE001 (any failure: out of memory too; raised below once all know)
         err = e
     if comm.min_int(0 if err else 1) == 0:
         if err is not None:

@@ -128,3 +128,59 @@ def test_communicator_collectives_and_a_follower_that_waits_longer_than_the_data
     gathered = [[0.0, 1.0, 2.0, 10.0, 11.0], [3.0, 4.0, 5.0, 13.0, 14.0]]  # rank 1 holds 2 of the 5 columns
     for rank, (out, _) in enumerate(outs):
         assert out.strip() == f"{rank} ('forward', [1, 2, 3]) {gathered} torch.float32 [3.0, 3.0, 3.0, 3.0] 4"
+
+
+def _processes_with(text: str) -> list[int]:
+    """Pids whose command line mentions `text` (Linux /proc)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and text in (d / "cmdline").read_bytes().decode(errors="replace"):
+                pids.append(int(d.name))
+        except OSError:
+            pass
+    return pids
+
+
+def test_serve_tp2_answers_as_one_process_and_its_ranks_leave_with_it(models, tmp_path):
+    import re
+    import time
+
+    import httpx
+
+    import minfer
+
+    path = models["llama-f16"]
+    body = {"prompt": "the cat", "max_tokens": 10, "temperature": 0}
+    with minfer.load(path, n_ctx=64, progress=False) as m:
+        want = m.generate("the cat", max_tokens=10, temperature=0)
+    log = tmp_path / "serve.log"
+    with log.open("w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "minfer", "serve", "-m", str(path), "--tp", "2", "--port", "0",
+                                 "-c", "64", "-np", "2"], stdout=f, stderr=subprocess.STDOUT)
+    try:
+        deadline, url = time.monotonic() + TIMEOUT, None
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()
+            found = re.search(r"on (http://127\.0\.0\.1:\d+)", log.read_text())
+            if found:
+                url = found.group(1)
+                try:
+                    if httpx.get(url + "/health", timeout=5).json().get("status") == "ok":
+                        break
+                except httpx.HTTPError:
+                    pass
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"not ready:\n{log.read_text()}")
+        assert len(_processes_with("minfer.engine.tp")) >= 1  # rank 1 runs beside the server
+        r = httpx.post(url + "/v1/completions", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == want
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    deadline = time.monotonic() + 30
+    while [p for p in _processes_with(str(path)) if p != proc.pid] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in _processes_with(str(path)) if p != proc.pid], "a rank outlived the server"
