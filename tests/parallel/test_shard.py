@@ -126,3 +126,15 @@ def test_a_rank_of_the_70b_shape_plans_on_cuda_from_the_header(tmp_path, monkeyp
         assert abs(per_rank / sum(i.nbytes for i in r.tensors.values()) - 0.5) < 0.01
         attn = next(n for n in graph.nodes if n.op == Op.ATTENTION)
         assert (attn.params["n_head"], attn.params["n_head_kv"]) == (32, 4)
+
+
+def test_more_ranks_than_gpus_is_a_typed_error(monkeypatch):
+    from minfer.config import EngineConfig
+    from minfer.parallel import comm
+    from minfer.parallel.launch import check_devices
+
+    monkeypatch.setattr(comm, "_interpreting", lambda: False)  # (the test session may set TRITON_INTERPRET)
+    n = torch.cuda.device_count()
+    with pytest.raises(ParallelError, match=f"--tp {n + 1} needs {n + 1} GPUs .* this host shows {n}"):
+        check_devices(EngineConfig(device="cuda"), n + 1)
+    check_devices(EngineConfig(device="cpu"), 4)  # cpu ranks share the cores
