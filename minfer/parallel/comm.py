@@ -9,13 +9,18 @@ to learn what to run, and data collectives never interleave with control message
 CUDA graphs: `dist.all_reduce` / `all_gather` on the NCCL group are captured like kernels when
 they are issued during a capture on a side stream (ProcessGroupNCCL skips its watchdog
 bookkeeping while the stream captures; NCCL >= 2.9.6). cuda.py captures on a side stream, so
-the decode graph holds its all-reduces and replays them. Nothing here sets NCCL variables:
-the machine's environment (e.g. NCCL_NVLS_ENABLE=0) is inherited as it is.
+the decode graph holds its all-reduces and replays them. The NCCL communicator is created at
+`init_process_group` (device_id given), not lazily inside a capture, and torch is asked to keep
+a collective's tensors alive by reference rather than `record_stream` them
+(TORCH_NCCL_AVOID_RECORD_STREAMS=1 unless the environment says otherwise: vLLM found
+record_stream on graph-pool tensors to break capture). Nothing here sets an NCCL variable: the
+machine's environment (e.g. NCCL_NVLS_ENABLE=0) is inherited as it is.
 """
 
 from __future__ import annotations
 
 import datetime
+import os
 from typing import Any
 
 import torch
@@ -59,6 +64,8 @@ class Communicator:
         if dist.is_initialized():
             raise ParallelError("torch.distributed is already initialized in this process")
         timeout = datetime.timedelta(seconds=timeout_s)
+        if self._nccl:  # a torch setting (not NCCL's), read when the process group is made
+            os.environ.setdefault("TORCH_NCCL_AVOID_RECORD_STREAMS", "1")
         dist.init_process_group("nccl" if self._nccl else "gloo", init_method=f"tcp://{addr}:{port}", rank=rank,
                                 world_size=world, timeout=timeout,
                                 **({"device_id": torch.device("cuda", self.local_rank)} if self._nccl else {}))
