@@ -115,7 +115,7 @@ def test_the_cuda_backend_split_under_the_triton_interpreter(models, tmp_path):
     assert two["tp_world"] == 2
     for key in ("prefill", "decode"):
         assert _rel(two[key], one[key]) < 1e-4, key
-    assert two["picked"] == one["picked"] and two["greedy"] == one["greedy"]
+    assert two["picked"] == one["picked"] and two["greedy"] == one["greedy"] and two["sampled"] == one["sampled"]
 
 
 def test_communicator_collectives_and_a_follower_that_waits_longer_than_the_data_timeout():

@@ -1,7 +1,8 @@
 """tests/parallel/test_tp_gloo.py's run of the cuda backend split over `tp` ranks under the
 Triton interpreter (TRITON_INTERPRET=1: host tensors, gloo between the ranks): a prompt, a
 decode batch, two decode steps picked on the device (the second reading the first's tokens on
-the device), a greedy generation. Saved to OUT.
+the device), a greedy and a seeded sampled generation (tokens picked on the device).
+Saved to OUT.
 
     TRITON_INTERPRET=1 python tp_cuda_scenario.py MODEL TP OUT
 """
@@ -23,6 +24,9 @@ def main(path: str, tp: int, out: str) -> None:
         second = be.decode_pick(Batch.build([(0, 7, [0]), (1, 2, [0])], [0, 1], n_decode=2), after=first)
         res["picked"] = [first.tokens(), second.tokens()]
         res["greedy"] = m.generate_batch(["Once upon"], max_tokens=6, temperature=0, ignore_eos=True)[0].token_ids
+        # sampled on the device (the Sample contract), the parameters sent to every rank
+        res["sampled"] = m.generate_batch(["Once upon"], max_tokens=6, temperature=0.9, top_k=40, seed=3,
+                                          ignore_eos=True)[0].token_ids
         res["tp_world"] = m.engine.graph.meta.get("tp_world", 1)
     torch.save(res, out)
 
