@@ -22,6 +22,7 @@ sequence.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import numbers
 from collections.abc import Iterable, Iterator
@@ -85,7 +86,8 @@ class Engine:
         except BaseException:
             close = getattr(backend, "close", None)  # the other ranks of a split stop too
             if close is not None:
-                close()
+                with contextlib.suppress(Exception):  # (a rank that is gone already: the first error counts)
+                    close()
             raise
         recorder = None
         if config.trace_path:

@@ -173,11 +173,11 @@ def follow(backend: Backend, comm) -> None:
                     warm()
             else:
                 raise ParallelError(f"rank {comm.rank}: unknown command {op!r} from rank 0")
-        except MinferError as e:
+        except Exception as e:
             if op == "allocate":
-                continue  # every rank already knows (agreed)
-            if isinstance(e, ParallelError):  # this rank can no longer run what rank 0 runs: leave
-                raise
+                continue  # every rank already knows (agreed): rank 0 raises it and stops us
+            if not isinstance(e, MinferError) or isinstance(e, ParallelError):
+                raise  # this rank can no longer run what rank 0 runs: leave (rank 0's collectives fail)
             print(f"minfer: rank {comm.rank}: {e}", file=sys.stderr)
 
 

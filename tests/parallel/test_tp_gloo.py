@@ -184,3 +184,15 @@ def test_serve_tp2_answers_as_one_process_and_its_ranks_leave_with_it(models, tm
     while [p for p in _processes_with(str(path)) if p != proc.pid] and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [p for p in _processes_with(str(path)) if p != proc.pid], "a rank outlived the server"
+
+
+def test_a_cache_no_rank_can_hold_fails_every_rank_without_a_hang(models):
+    code = ("import minfer, sys\n"
+            "try:\n"
+            f"    minfer.load({str(models['llama-f16'])!r}, tp=2, n_ctx=1 << 20, n_slots=64, progress=False)\n"
+            "except minfer.errors.MinferError as e:\n"
+            "    print('refused:', e); sys.exit(3)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT)
+    assert p.returncode == 3, p.stderr[-3000:]
+    assert "refused: a KV cache of 64 x 1048576 tokens needs" in p.stdout
+    assert not [q for q in _processes_with(str(models["llama-f16"])) if q != os.getpid()], "a rank is left"
