@@ -13,6 +13,11 @@ Every call goes through the engine's one loop (engine/engine.py): a Model has n_
 KV-cache slots (default: up to 4, as memory allows) and runs that many sequences per step;
 more wait their turn. A later prompt that starts with tokens a free slot still holds (the next
 chat turn) only runs the new part. A Model is not thread-safe: the server drives its own loop.
+
+Tensor parallelism: `minfer.load(path, device="cuda", tp=2)` splits the model over 2 ranks
+(processes; one GPU each on cuda, gloo between CPU processes): this process is rank 0 and
+starts the other ranks, which follow it until `close()`. Under torchrun (RANK / WORLD_SIZE
+set) rank 0 builds the Model and the other ranks call `follow(path, config)`.
 """
 
 from __future__ import annotations
@@ -24,13 +29,13 @@ from pathlib import Path
 
 import torch
 
-from .config import EngineConfig
+from .config import EngineConfig, dist_env
 from .default_model import default_model_path
 from .engine.engine import Engine
 from .engine.params import SamplingParams
 from .engine.perplexity import PerplexityResult, perplexity
 from .engine.sequence import Sequence
-from .errors import MinferError, TemplateError
+from .errors import MinferError, ParallelError, TemplateError
 from .gguf.reader import GGUFReader
 from .tokenizer import Tokenizer
 
@@ -49,6 +54,19 @@ def load(path: str | os.PathLike | None = None, device: str = "cpu", *, progress
     and settings."""
     return Model(path, device, progress=progress, trace=trace, chat_template=chat_template, config=config,
                  **settings)
+
+
+def follow(path: str | os.PathLike, config: EngineConfig) -> None:
+    """A rank other than 0 of a torchrun group: load this rank's part of the model and repeat
+    rank 0's steps until rank 0 closes its Model. `config` as rank 0's (its tp = the group size)."""
+    from .engine.tp import run_follower
+    from .parallel.launch import join
+
+    group = join(config, Path(path))
+    if group.rank == 0:
+        group.close()
+        raise ParallelError("follow() is for the ranks other than 0; rank 0 builds a Model")
+    run_follower(Path(path), config, group)
 
 
 @dataclass(frozen=True)
@@ -144,11 +162,28 @@ class Model(Prompting):
             config = EngineConfig.from_env(device=device, trace_path=trace, **settings)
         elif settings or trace is not None:
             raise MinferError("pass either config= or device/trace/settings keywords, not both")
+        self.group = None  # parallel/launch.py Group: the tensor-parallel ranks, when split
         self.reader = GGUFReader(self.path)
         self.tokenizer = Tokenizer.from_metadata(self.reader.metadata)
         if chat_template is not None:
             self.tokenizer.set_chat_template(chat_template)
-        self.engine = Engine.load(self.reader, config, tokenizer=self.tokenizer, progress=progress)
+        env = dist_env()
+        if config.tp > 1 or (env is not None and env.world > 1):
+            from .models.registry import check_split
+            from .parallel.launch import join
+
+            if env is not None and env.rank != 0:
+                raise ParallelError(f"this process is rank {env.rank} of a torchrun group: only rank 0 builds a "
+                                    "Model; the other ranks call minfer.api.follow(path, config)")
+            check_split(self.reader, env.world if env is not None else config.tp)  # before any rank starts
+            self.group = join(config, self.path)
+        try:
+            self.engine = Engine.load(self.reader, config, tokenizer=self.tokenizer, progress=progress,
+                                      comm=self.group.comm if self.group is not None else None)
+        except BaseException:
+            if self.group is not None:
+                self.group.close()
+            raise
         self.last_stats: GenerationStats | None = None
 
     # ------------------------------------------------------------------ properties
@@ -272,8 +307,11 @@ class Model(Prompting):
         return perplexity(self.engine, self.tokenizer, text, n_ctx, on_chunk)
 
     def close(self) -> None:
-        """Write the trace (if recording) and release the file."""
+        """Write the trace (if recording) and release the file; stop the other ranks, if any."""
         self.engine.close()
+        if self.group is not None:
+            self.group.close()
+            self.group = None
 
     def __enter__(self) -> Model:
         return self

@@ -83,8 +83,10 @@ class CPUBackend:
     kv_itemsize = 4
     prefill_seqs = 1  # one prompt per step: every row's numbers independent of the other requests
 
-    def __init__(self, config: EngineConfig | None = None):
+    def __init__(self, config: EngineConfig | None = None, comm=None):
         self.config = config or EngineConfig()
+        self.comm = comm  # parallel/comm.py: the collectives of a tensor-parallel graph
+        self._memory = physical_memory() // (comm.world if comm is not None else 1)  # ranks share the host's
         if self.config.threads:
             torch.set_num_threads(self.config.threads)  # torch's setting is per process
         if self.config.kv_dtype not in KV_DTYPES:
@@ -105,9 +107,9 @@ class CPUBackend:
     def load(self, graph: Graph, reader: GGUFReader, progress: bool = True) -> None:
         """Prepare the weights the graph reads and compile the plan (tqdm bar if it takes > 0.5 s)."""
         self.graph, self._reader = graph, reader
-        self._keep_dense = _dense_bytes(graph) <= DENSE_BUDGET * physical_memory()
+        self._keep_dense = _dense_bytes(graph) <= DENSE_BUDGET * self._memory
         self._matmul_weights = {n.weights["w"] for n in graph.nodes if n.op == Op.MATMUL and "b" not in n.weights}
-        self.plan = Plan(graph, self._compile, progress=progress)
+        self.plan = Plan(graph, self._compile, progress=progress, comm=self.comm)
 
     def _vector(self, name: str) -> torch.Tensor:
         if name not in self._vectors:
@@ -216,8 +218,9 @@ class CPUBackend:
 
     # ------------------------------------------------------------------ memory
     def kv_budget(self) -> int:
-        """An eighth of physical memory for a cache whose size the engine chooses."""
-        return physical_memory() // 8
+        """An eighth of physical memory (split over ranks: of this rank's share) for a cache whose
+        size the engine chooses."""
+        return self._memory // 8
 
     def allocate(self, n_slots: int, n_ctx: int) -> None:
         """The KV cache for n_slots sequences of n_ctx tokens, and RoPE tables for n_ctx positions."""
@@ -225,9 +228,9 @@ class CPUBackend:
             raise ModelError("cpu backend: load() a graph before allocating its cache")
         m = self.graph.meta
         need = kv_bytes(m["n_layer"], n_slots, n_ctx, m["n_head_kv"], m["head_dim"], 4)
-        if need > DENSE_BUDGET * physical_memory():
+        if need > DENSE_BUDGET * self._memory:
             raise MinferError(f"a KV cache of {n_slots} x {n_ctx} tokens needs {need / 2**30:.1f} GiB, more than "
-                              f"{DENSE_BUDGET:.0%} of this machine's {physical_memory() / 2**30:.1f} GiB; "
+                              f"{DENSE_BUDGET:.0%} of the {self._memory / 2**30:.1f} GiB this process may use; "
                               "use a smaller context or fewer slots")
         self.cache = None  # free the old cache before the new one is made
         self.cache = KVCache(m["n_layer"], n_slots, n_ctx, m["n_head_kv"], m["head_dim"])

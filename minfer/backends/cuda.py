@@ -272,9 +272,13 @@ class CUDABackend:
     name = "cuda"
     prefill_seqs = 8  # prompts per step when many arrive at once (rows' numbers then depend on the batch)
 
-    def __init__(self, config: EngineConfig | None = None, registry: Registry | None = None, plan_only: bool = False):
-        """`plan_only`: only pick kernels (`load(..., upload=False)`), on a machine with no GPU."""
+    def __init__(self, config: EngineConfig | None = None, registry: Registry | None = None, plan_only: bool = False,
+                 comm=None):
+        """`plan_only`: only pick kernels (`load(..., upload=False)`), on a machine with no GPU.
+        `comm` (parallel/comm.py): this rank's communicator, for a tensor-parallel graph (its
+        all-reduces run on this process's GPU, inside the decode graphs)."""
         self.config = config or EngineConfig(device="cuda")
+        self.comm = comm
         if self.config.kv_dtype not in KV_DTYPES:
             raise UnsupportedError(f"cuda backend: KV cache dtype {self.config.kv_dtype!r} is not supported yet "
                                    f"(supported: {', '.join(KV_DTYPES)})")
@@ -310,7 +314,7 @@ class CUDABackend:
         self._fused_norms = self._add_norm_pairs(graph)
         sync = torch.cuda.synchronize if self.on_gpu else None
         with torch.inference_mode():
-            self.plan = Plan(graph, self._compile, progress=progress, sync=sync)
+            self.plan = Plan(graph, self._compile, progress=progress, sync=sync, comm=self.comm)
         n_vocab = graph.meta["n_vocab"]
         self.pick_call = Call("Argmax", {"x": "F32"}, lambda r: {"x": (r, n_vocab)}, {})
         self._pick = self._choose(graph.nodes[-1], self.pick_call, 1).kernel
@@ -417,7 +421,7 @@ class CUDABackend:
                 (src,) = n.inputs
                 add = by_id[src]
                 if add.op == Op.ADD and last[add.inputs[0]] == add.id and by_id[add.inputs[0]].op in (
-                        Op.ADD, Op.GET_ROWS) and add.inputs[0] != add.inputs[1]:
+                        Op.ADD, Op.GET_ROWS, Op.ALL_REDUCE) and add.inputs[0] != add.inputs[1]:
                     pairs[add.id] = n.id
         return pairs
 

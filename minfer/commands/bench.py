@@ -1,6 +1,6 @@
 """`minfer bench`: llama-bench's table for minfer: prompt processing, generation, batched decode.
 
-    minfer bench -m MODEL [-p 512] [-n 128] [-b 1,4,16,64] [-r 5] [--device cuda|cpu] [--json]
+    minfer bench -m MODEL [-p 512] [-n 128] [-b 1,4,16,64] [-r 5] [--device cuda|cpu] [--tp N] [--json]
 
 - pp{p}: one prompt of p tokens (random ids) in one forward pass, from an empty cache; tok/s.
 - tg{n}: one sequence generating n tokens greedily (prompt of 16), through the engine's loop
@@ -70,10 +70,11 @@ def copy_bandwidth(device: str) -> float:
 
 def decode_bytes(model) -> int:
     """Weight bytes one decode row reads: each matmul weight once, in its stored size, plus one
-    embedding row (norm weights and biases are negligible)."""
+    embedding row (norm weights and biases are negligible). Split over ranks (--tp): what one
+    rank reads, its part of each tensor (GB/s and % copy bandwidth are then per GPU)."""
     from ..graph.ir import Op
 
-    reader = model.reader
+    reader = model.engine.weights or model.reader
     seen, total = set(), 0
     for node in model.engine.graph.nodes:
         for role, w in node.weights.items():
@@ -159,13 +160,15 @@ def bench(a: argparse.Namespace) -> int:
         raise MinferError(f"--temperature must be in 0..100, got {a.temperature}")
     n_ctx = max(a.n_prompt, 16 + a.n_gen, 256 if sizes else 0, 64)
     config = common.engine_config(a, n_ctx=a.ctx or n_ctx, n_slots=max(sizes + [1]))
+    if common.follower(a, config):
+        return 0
     m = common.load_model(a, config)
     rows = []
     try:
         wbytes = decode_bytes(m)
         bw = copy_bandwidth(config.device)
         info = {"model": m.path.name, "size_gb": m.path.stat().st_size / 1e9, "backend": config.device,
-                "copy_gbs": bw / 1e9, "weight_bytes_per_token": wbytes}
+                "tp": m.engine.graph.meta.get("tp_world", 1), "copy_gbs": bw / 1e9, "weight_bytes_per_token": wbytes}
 
         def row(test: str, runs: list[float], steps_per_s: float | None = None) -> None:
             mean, sd = _mean_sd(runs)
@@ -191,7 +194,8 @@ def bench(a: argparse.Namespace) -> int:
             row(f"b{b}", runs, statistics.mean(runs) / b)
             row(f"b{b}e2e", whole)
         if not a.json:
-            print(f"copy bandwidth {bw / 1e9:.0f} GB/s; weights read per decode step {wbytes / 1e9:.3f} GB",
+            per = f" per rank (--tp {info['tp']})" if info["tp"] > 1 else ""
+            print(f"copy bandwidth {bw / 1e9:.0f} GB/s; weights read per decode step {wbytes / 1e9:.3f} GB{per}",
                   file=sys.stderr)
         else:
             print(json.dumps({**info, "results": rows}, indent=1))

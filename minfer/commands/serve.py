@@ -1,11 +1,12 @@
 """`minfer serve`: the OpenAI-compatible HTTP server (docs/SERVER.md).
 
     minfer serve [-m MODEL] [--host 127.0.0.1] [--port 8080] [-np/--parallel N] [-c/--ctx-size C]
-                 [--device cpu|cuda] [--api-key KEY]
+                 [--device cpu|cuda] [--tp N] [--api-key KEY]
 
 It binds the socket first (so --port 0 picks a free port, printed on stderr), then loads the
 model in the engine's own process (server/process.py; `--no-engine-process`: a thread of this
-one) while /health says "loading".
+one) while /health says "loading". With --tp N the engine's process is rank 0: it starts the
+other ranks and drives them (engine/tp.py); under torchrun the ranks other than 0 only follow.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def serve(a: argparse.Namespace) -> int:
     if a.max_pending < 1 or a.max_body_mb < 1:
         raise MinferError("--max-pending and --max-body-mb must be >= 1")
     config = common.engine_config(a)
+    if common.follower(a, config):  # torchrun's ranks other than 0: rank 0 serves
+        return 0
     from pathlib import Path
 
     from ..default_model import default_model_path

@@ -74,6 +74,8 @@ PRESETS: dict[str, Preset] = {
         Preset("qwen2.5-0.5b", "qwen2", 24, 896, 4864, 14, 2, 151936, True, 1e6, 32768, 1e-6, True),
         Preset("qwen2.5-7b", "qwen2", 28, 3584, 18944, 28, 4, 152064, False, 1e6, 32768, 1e-6, True),
         Preset("llama3-8b", "llama", 32, 4096, 14336, 32, 8, 128256, False, 500000.0, 8192, 1e-5, False),
+        # the tensor-parallel acceptance shape (`minfer synth llama3-70b q4_k`: ~40 GB, Q6_K output)
+        Preset("llama3-70b", "llama", 80, 8192, 28672, 64, 8, 128256, False, 500000.0, 8192, 1e-5, False),
         # d and ff multiples of 256 so every quant type (K-quants too) applies without fallback;
         # one tied and one untied output so parity tests cover both
         Preset("tiny-llama", "llama", 2, 256, 512, 4, 2, 512, True, 10000.0, 512, 1e-5, False, tiny=True),

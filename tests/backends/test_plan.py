@@ -16,7 +16,9 @@ from minfer.graph.passes import optimize
 from minfer.models import registry as models
 
 BIG = {"qwen2.5-7b", "llama3-8b"}  # f16 / f32 files of these (15-32 GB) are more than a CI machine can map
-CASES = [(p, q) for p in sorted(PRESETS) for q in QUANTS if not (p in BIG and q in ("f16", "f32"))]
+# llama3-70b: even its Q4_K header-only file (40 GB mapped) is; tests/parallel/test_shard.py plans 2 of its layers
+CASES = [(p, q) for p in sorted(PRESETS) if p != "llama3-70b" for q in QUANTS
+         if not (p in BIG and q in ("f16", "f32"))]
 
 
 @pytest.fixture(scope="module")
