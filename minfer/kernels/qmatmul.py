@@ -760,6 +760,29 @@ class PlanesPacked:
     counters: torch.Tensor
     partials: torch.Tensor
 
+    def __post_init__(self):
+        """Checked once, when made: a plane of the wrong dtype or size would be misread, not refused."""
+        what = f"PlanesPacked[{self.qtype.name}]"
+        pt, info = PLANE_TYPES.get(self.qtype), QUANT_TABLE[self.qtype]
+        if pt is None:
+            raise UnsupportedError(f"{what}: not a planes type")
+        _check_nk(what, self.n, self.k)
+        if self.k % info.block_elems:
+            raise UnsupportedError(f"{what}: k must be a multiple of {info.block_elems}, got {self.k}")
+        check_tensor(what, "lo", self.lo, (_WORD_DTYPES[pt.lb],))
+        if pt.hb:
+            check_tensor(what, "hi", self.hi, (_WORD_DTYPES[pt.hb],))
+        elif self.hi is not None:
+            raise UnsupportedError(f"{what}: has no high plane, got one")
+        words = self.n * self.k // 8
+        if self.lo.numel() != words or (self.hi is not None and self.hi.numel() != words):
+            raise UnsupportedError(f"{what}: planes must hold {words} words for [{self.n}, {self.k}]")
+        if self.d.numel() != self.n * self.k // 32:
+            raise UnsupportedError(f"{what}: d must hold {self.n * self.k // 32} scales, got {self.d.numel()}")
+        planes = [t for t in (self.lo, self.hi, self.d, self.m) if t is not None]
+        if len({t.device for t in planes}) != 1:
+            raise UnsupportedError(f"{what}: planes must be on one device")
+
     @property
     def qs(self) -> torch.Tensor:  # the low plane, where the shared launcher looks for the words
         return self.lo

@@ -269,6 +269,12 @@ def test_planes_gemv_refuses_what_it_cannot_read(device, gen):
         qmatmul.q6_k_gemv(x, "weights", 4, 256)
     with pytest.raises(UnsupportedError, match="reads Q8_0, Q5_0"):
         qmatmul.repack_planes(raw.to(device), 4, 256, GGMLType.Q4_K)
+    from dataclasses import replace
+
+    with pytest.raises(UnsupportedError, match="lo must have dtype int32"):  # checked once, when made
+        replace(packed, lo=packed.lo.to(torch.int16))
+    with pytest.raises(UnsupportedError, match="planes must hold 128 words"):
+        replace(packed, hi=packed.hi[:2])
 
 
 def test_planes_config_register_caps():
