@@ -38,8 +38,9 @@ are loaded once per step; programs are grouped along M so W tiles are reused fro
 The other types (Q8_0, Q5_0, Q5_1, Q5_K, Q6_K, Q3_K, Q2_K) run the same GEMV kernel on a second
 layout, `repack_planes` ("planes", PLANES=True): each weight's unsigned code split into a low
 plane (these nibble words, or int16 words of eight 2-bit slots) and a high plane of its other
-bits (int8 / int16 / int32 words of eight slots, indexed like the nibble words), scales in planes
-of their own: about the file's bytes per weight. `_code` assembles a code exactly in f32 from its
+bits (int8 / int16 words of eight slots, indexed like the nibble words; Q8_0: whole byte codes,
+a block's first and last 16 in the two planes), scales in planes of their own: about the file's
+bytes per weight. `_code` assembles a code exactly in f32 from its
 two fields with two magic numbers (2 LOP3 + 2 FADD per weight); `_planes_block` applies the
 scale of each 16-element half-block (Q6_K / Q3_K / Q2_K sub-blocks) or of the whole block.
 
@@ -309,18 +310,32 @@ def _planes_block(acc, w, hw, a0, a1, c0, c1, xp, half_shift, hi_shift, magic, L
     """acc + one 32-element block per (lane, row) of a planes type: slot s of lane word j is
     element 4 s + j (as for the nibble words); slots 0..3 (elements 0..15) take scale a0 (and
     offset c0), slots 4..7 a1 (c1): Q6_K / Q3_K / Q2_K sub-blocks of 16, one value otherwise."""
-    h = w >> half_shift  # slots 4..7 moved to slots 0..3 (half_shift = 4 LB)
-    hh = hw >> hi_shift  # and their high fields (hi_shift = 4 HB)
     x0, x4, x8, x12 = tl.load(xp), tl.load(xp + 4), tl.load(xp + 8), tl.load(xp + 12)
     x16, x20, x24, x28 = tl.load(xp + 16), tl.load(xp + 20), tl.load(xp + 24), tl.load(xp + 28)
-    low = _code(w, hw, 0, magic, LB, HB, CENTER) * x0
-    low += _code(w, hw, 1, magic, LB, HB, CENTER) * x4
-    low += _code(w, hw, 2, magic, LB, HB, CENTER) * x8
-    low += _code(w, hw, 3, magic, LB, HB, CENTER) * x12
-    up = _code(h, hh, 0, magic, LB, HB, CENTER) * x16
-    up += _code(h, hh, 1, magic, LB, HB, CENTER) * x20
-    up += _code(h, hh, 2, magic, LB, HB, CENTER) * x24
-    up += _code(h, hh, 3, magic, LB, HB, CENTER) * x28
+    if LB == 8:
+        # byte codes (Q8_0): w holds elements 0..15 (slot s of word j = element 4 s + j at bit 8 s),
+        # hw elements 16..31; slots 2, 3 are shifted down (a byte field must end below bit 23)
+        h = w >> half_shift
+        hh = hw >> half_shift
+        low = _code(w, w, 0, magic, 8, 0, CENTER) * x0
+        low += _code(w, w, 1, magic, 8, 0, CENTER) * x4
+        low += _code(h, h, 0, magic, 8, 0, CENTER) * x8
+        low += _code(h, h, 1, magic, 8, 0, CENTER) * x12
+        up = _code(hw, hw, 0, magic, 8, 0, CENTER) * x16
+        up += _code(hw, hw, 1, magic, 8, 0, CENTER) * x20
+        up += _code(hh, hh, 0, magic, 8, 0, CENTER) * x24
+        up += _code(hh, hh, 1, magic, 8, 0, CENTER) * x28
+    else:
+        h = w >> half_shift  # slots 4..7 moved to slots 0..3 (half_shift = 4 LB)
+        hh = hw >> hi_shift  # and their high fields (hi_shift = 4 HB)
+        low = _code(w, hw, 0, magic, LB, HB, CENTER) * x0
+        low += _code(w, hw, 1, magic, LB, HB, CENTER) * x4
+        low += _code(w, hw, 2, magic, LB, HB, CENTER) * x8
+        low += _code(w, hw, 3, magic, LB, HB, CENTER) * x12
+        up = _code(h, hh, 0, magic, LB, HB, CENTER) * x16
+        up += _code(h, hh, 1, magic, LB, HB, CENTER) * x20
+        up += _code(h, hh, 2, magic, LB, HB, CENTER) * x24
+        up += _code(h, hh, 3, magic, LB, HB, CENTER) * x28
     acc += tl.sum(low, axis=4, keep_dims=True) * a0 + tl.sum(up, axis=4, keep_dims=True) * a1
     if AFFINE:
         xs_low = (x0 + x4) + (x8 + x12)
@@ -595,8 +610,8 @@ def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n:
     nkb = k // Q4_0.block_elems
     hi, lb, hb, center = planes if planes is not None else (w.qs, 4, 0, 0)
     _q4_0_gemv_kernel[check_grid(what, (tiles, nsplit))](
-        x, w.qs, d_plane, out, part, counters, n, nkb, kb_split, nsplit, _MAGIC_BITS, 4 * lb, m_plane, m_stride,
-        hi, 4 * hb,
+        x, w.qs, d_plane, out, part, counters, n, nkb, kb_split, nsplit, _MAGIC_BITS, min(4 * lb, 16), m_plane,
+        m_stride, hi, min(4 * hb, 16),  # the shifts to a word's upper slots (byte codes: to slots 2, 3)
         R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=nsplit > 1,
         EVEN_K=nkb % cfg.block_kb == 0 and nkb % kb_split == 0, MODE=mode, PREFETCH=cfg.prefetch, num_warps=cfg.wk,
         maxnreg=cfg.maxnreg, PLANES=planes is not None, LB=lb, HB=hb, CENTER=center, **pdl_args("gemv"),
@@ -717,14 +732,15 @@ def int4_gemv(
 class PlaneType:
     """How a ggml type's codes and scales sit in the planes layout (see `PlanesPacked`)."""
 
-    lb: int  # bits of each code in the low plane: 4 (nibble words, int32) or 2 (int16 words)
-    hb: int  # bits in the high plane: 0 (none), 1 (int8 words), 2 (int16), 4 (int32)
+    lb: int  # bits of each code in the low plane: 4 (nibble words, int32), 2 (int16 words), 8 (see hb)
+    hb: int  # bits in the high plane: 0 (none), 1 (int8 words), 2 (int16), 4 (int32); lb = hb = 8 (Q8_0):
+    # whole byte codes, the "low" plane elements 0..15 of each block, the "high" plane elements 16..31
     center: int  # subtracted from the code (symmetric types), 0 for the affine ones
     mode: int  # the scale form (_planes_scales): 0 d, 1 d + m, 2 K-quant 6-bit sc/m, 3 two int8 sc, 4 Q2_K
 
 
 PLANE_TYPES = {
-    GGMLType.Q8_0: PlaneType(4, 4, 128, 0),  # codes q + 128 (unsigned), d per 32
+    GGMLType.Q8_0: PlaneType(8, 8, 128, 0),  # byte codes q + 128 (unsigned), d per 32
     GGMLType.Q5_0: PlaneType(4, 1, 16, 0),
     GGMLType.Q5_1: PlaneType(4, 1, 0, 1),
     GGMLType.Q5_K: PlaneType(4, 1, 0, 2),
@@ -732,7 +748,7 @@ PLANE_TYPES = {
     GGMLType.Q3_K: PlaneType(2, 1, 4, 3),
     GGMLType.Q2_K: PlaneType(2, 0, 0, 4),
 }
-_WORD_DTYPES = {1: torch.int8, 2: torch.int16, 4: torch.int32}  # bits per slot -> the dtype of 8 slots
+_WORD_DTYPES = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int32}  # bits per slot -> word dtype
 
 
 @dataclass(frozen=True)
@@ -740,11 +756,13 @@ class PlanesPacked:
     """A Q8_0 / Q5_0 / Q5_1 / Q5_K / Q6_K / Q3_K / Q2_K [n, k] weight in the GEMV's planes layout
     (`repack_planes`), about the file's bytes per weight, every plane aligned for wide loads.
 
-    Each weight's unsigned code (Q8_0: q + 128; Q6_K: its 6 bits; ...) is lo | hi << lb. Per
+    Each weight's unsigned code (Q6_K: its 6 bits; Q5_x: 5; ...) is lo | hi << lb. Per
     32-element block and lane word j (j = 0..3), slot s (0..7) holds element 4 s + j: `lo` is
     [n, k/8] of 8 lb-bit slots (lb = 4: int32, the nibble words of Q4_0Packed; lb = 2: int16),
-    `hi` [n, k/8] of 8 hb-bit slots (int8 / int16 / int32; absent when hb = 0), slot s at bit
-    bits * s. Scales (`d`, `m`) per PlaneType.mode: 0: d f16 [n, k/32]; 1: d, m f16 [n, k/32];
+    `hi` [n, k/8] of 8 hb-bit slots (int8 / int16; absent when hb = 0), slot s at bit bits * s.
+    Q8_0 (lb = hb = 8): its byte codes q + 128, `lo` word j = elements 4 s + j (s = 0..3) at
+    bit 8 s, `hi` the same for elements 16 + 4 s + j.
+    Scales (`d`, `m`) per PlaneType.mode: 0: d f16 [n, k/32]; 1: d, m f16 [n, k/32];
     2: d int16 [n, k/32] = sc | m << 8 and m int32 [n, k/256] = f16 d | f16 dmin << 16 (Q4_K's
     planes); 3: d int16 [n, k/32] = sc0 | sc1 << 8 (the signed scales of the block's two 16-element
     sub-blocks) and m f16 [n, k/256] (the super-block's d); 4: d int16 [n, k/32] = the file's two
@@ -803,6 +821,13 @@ def _plane_words(fields: torch.Tensor, bits: int) -> torch.Tensor:
     shifts = torch.arange(8, dtype=torch.int64, device=fields.device).view(1, 8, 1) * bits
     word = (fields.view(-1, 8, 4) << shifts).sum(1)
     return (word - ((word >> (width - 1)) << width)).to(_WORD_DTYPES[bits])
+
+
+def _byte_words(codes: torch.Tensor) -> torch.Tensor:
+    """[blocks, 16] byte codes (int64) -> [blocks, 4] int32 words, word j = codes 4 s + j at bit 8 s."""
+    shifts = torch.arange(4, dtype=torch.int64, device=codes.device).view(1, 4, 1) * 8
+    word = (codes.view(-1, 4, 4) << shifts).sum(1)
+    return (word - ((word >> 31) << 32)).to(torch.int32)
 
 
 def _pair16(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
@@ -889,9 +914,12 @@ def repack_planes(raw: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str
         stop = min(start + step, n_blocks)
         q, d, m = _codes_and_scales(t, blocks[start:stop])
         rows = slice(start * per, stop * per)
-        lo[rows] = _plane_words(q & ((1 << pt.lb) - 1), pt.lb)
-        if hi is not None:
-            hi[rows] = _plane_words(q >> pt.lb, pt.hb)
+        if pt.lb == 8:  # byte codes: elements 0..15 of each block in `lo`, 16..31 in `hi`, 4 per word
+            lo[rows], hi[rows] = _byte_words(q[:, :16]), _byte_words(q[:, 16:])
+        else:
+            lo[rows] = _plane_words(q & ((1 << pt.lb) - 1), pt.lb)
+            if hi is not None:
+                hi[rows] = _plane_words(q >> pt.lb, pt.hb)
         d_parts.append(d.reshape(-1))
         if m is not None:
             m_parts.append(m.reshape(-1))
