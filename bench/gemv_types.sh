@@ -7,7 +7,8 @@
 #      (linear_f16, what one decode row of these types ran before), µs, GB/s, % of copy bandwidth;
 #   3. `minfer bench` decode (tg128) on synthetic Llama-3-8B Q4_K (Q6_K output), Llama-3-8B Q4_K_M
 #      (Q6_K attn_v / ffn_down in a third of the layers: mixed q+k+v) and Qwen2.5-7B Q8_0;
-#   then a short table. Run from the repo root on the GPU machine: `bash bench/gemv_types.sh`.
+#   then a short table. Run from the repo root on the GPU machine: `bash bench/gemv_types.sh` (about
+#   5-6 minutes; the timeouts bound it at ~8.5: pytest 120 s, kernels 110 s, 3 x tg 90 s).
 # Knobs: MODELS="preset:quant ...", SKIP_TESTS=1, ONLY (bench/kernels.py regex), REPS, OUT, M, SWEEP (model
 # names for bench/gemv_sweep.py: the planes types' configs, best in a second call).
 set -uo pipefail
@@ -36,7 +37,7 @@ done
 
 if [ -z "${SKIP_TESTS:-}" ]; then
   echo "== GPU tests $(since)"
-  MINFER_TEST_DEVICE=cuda timeout ${PYTEST_TIMEOUT:-110} python3 -m pytest -q -x -p no:cacheprovider \
+  MINFER_TEST_DEVICE=cuda timeout ${PYTEST_TIMEOUT:-120} python3 -m pytest -q -x -p no:cacheprovider \
     tests/kernels/test_qmatmul.py tests/contracts/test_conformance.py tests/backends/test_cuda_backend.py \
     -k "${TESTS:-planes or mixed or q8_0_gemv or q6_k_gemv or q5_gemv or q3_k_gemv or q2_k_gemv}" 2>&1 \
     | tee "$OUT/pytest.log" | tail -8
@@ -51,7 +52,7 @@ for spec in $MODELS; do
   f="$M/${spec/:/-}.gguf"
   [ -n "${SYNTH[$spec]:-}" ] && wait "${SYNTH[$spec]}"
   ls -la "$f" 2>/dev/null | awk '{print $5, $9}' || tail -3 "$OUT/synth-${spec/:/-}.log"
-  timeout ${TG_TIMEOUT:-80} python3 -m minfer.cli bench -m "$f" --device cuda -p 0 -n 128 -r ${REPS:-2} 2>&1 \
+  timeout ${TG_TIMEOUT:-90} python3 -m minfer.cli bench -m "$f" --device cuda -p 0 -n 128 -r ${REPS:-2} 2>&1 \
     | tee "$OUT/bench-${spec/:/-}.log" | tail -4
 done
 

@@ -49,7 +49,7 @@ DECODE_7B_8B = [  # (model, role, N, K): every decode projection of the two 7B/8
     (LLAMA8, "qkv", 6144, 4096), (LLAMA8, "o", 4096, 4096), (LLAMA8, "gate+up", 28672, 4096),
     (LLAMA8, "down", 4096, 14336), (LLAMA8, "vocab", 128256, 4096),
 ]
-# the planes GEMVs: what real files contain at every decode shape, the rest at three
+# the planes GEMVs: what real files contain at every decode shape, the rest at two
 PLANES_ALL_SHAPES = ("Q8_0", "Q6_K", "Q5_K")
 PLANES_FEW_SHAPES = ("Q5_0", "Q5_1", "Q3_K", "Q2_K")
 MATMUL_SHAPES = [  # (model, M = tokens, N, K)
@@ -110,7 +110,7 @@ class Cases:
         torch = self.torch
         cfg = SMALL_GEMV_CONFIG if self.small else None
         shapes = [("tiny", "t", 24, 512)] if self.small else DECODE_7B_8B
-        few = {"gate+up", "down", "qkv"}
+        few = {(LLAMA8, "gate+up"), (LLAMA8, "down")}  # the rarer types: the two biggest 8B projections
 
         def planes(info, n, k):
             w = repack_planes(self.quant_bytes(info, n * k // info.block_elems), n, k, info.type)
@@ -134,8 +134,10 @@ class Cases:
             io = 4 * (n + k)
             cases.append(Case("linear_f16[m=1]", shape, lambda n=n, k=k: cublas(n, k), 2 * n * k + io, 2 * n * k))
             q4 = QUANT_TABLE[by_name("Q4_K").type]
-            cases.append(Case("int4_gemv[Q4_K]", shape, lambda n=n, k=k: q4k(n, k), q4.nbytes(n * k) + io, 2 * n * k))
-            for name in PLANES_ALL_SHAPES + (PLANES_FEW_SHAPES if role in few or self.small else ()):
+            if model != QWEN7:  # Q4_K for reference at the 8B shapes (where llama.cpp's Q4_K figures are)
+                cases.append(Case("int4_gemv[Q4_K]", shape, lambda n=n, k=k: q4k(n, k), q4.nbytes(n * k) + io,
+                                  2 * n * k))
+            for name in PLANES_ALL_SHAPES + (PLANES_FEW_SHAPES if (model, role) in few or self.small else ()):
                 info = QUANT_TABLE[by_name(name).type]
                 cases.append(Case(f"planes_gemv[{name}]", shape, lambda i=info, n=n, k=k: planes(i, n, k),
                                   info.nbytes(n * k) + io, 2 * n * k, host=role == "qkv"))
