@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# One device call for the decode GEMVs of every weight type (issue 9, build item 3), < 8 minutes:
+# One device call for the decode GEMVs of every weight type (issue 9, build item 3):
 #   1. GPU conformance of the planes GEMVs (Q8_0, Q6_K, Q5_0/Q5_1/Q5_K, Q3_K, Q2_K) under
 #      MINFER_TEST_DEVICE=cuda: their kernel tests (tests/kernels/test_qmatmul.py), their contracts'
 #      conformance cases, the cuda backend's mixed-type fused q+k+v test;
 #   2. bench/kernels.py: each GEMV at the 7B/8B decode shapes against cuBLAS on the f16 copy
 #      (linear_f16, what one decode row of these types ran before), µs, GB/s, % of copy bandwidth;
 #   3. `minfer bench` decode (tg128) on synthetic Llama-3-8B Q4_K (Q6_K output), Llama-3-8B Q4_K_M
-#      (Q6_K attn_v / ffn_down in a third of the layers: mixed q+k+v) and Qwen2.5-7B Q8_0;
+#      (Q6_K attn_v / ffn_down in 16 of 32 layers: mixed q+k+v) and Qwen2.5-7B Q8_0;
 #   then a short table. Run from the repo root on the GPU machine: `bash bench/gemv_types.sh` (about
 #   5-6 minutes; the timeouts bound it at ~8.5: pytest 120 s, kernels 110 s, 3 x tg 90 s).
 # Knobs: MODELS="preset:quant ...", SKIP_TESTS=1, ONLY (bench/kernels.py regex), REPS, OUT, M, SWEEP (model
