@@ -7,6 +7,11 @@ one row, a decode batch (up to 64 rows), a prompt chunk. A kernel's load layout 
 nibbles, an f16 copy) is made once per (layout, weight) at load. This file never names a kernel;
 a node nothing accepts is a NoKernelError at load naming the op, the dtypes and the shape.
 
+A fused weight whose parts differ in type (a Q4_K_M file's Q4_K q, k and Q6_K v) has no one
+quantized layout: batches and prompt chunks multiply by the f16 copy of its stacked rows, and a
+decode row runs, for each run of parts of one type, the kernel the picker chooses for that run
+(its own GEMV), each writing its columns of the one [1, n] output (`_mixed_row_parts`).
+
 `allocate` makes the KV cache (f16, one extra slot that padded graph rows write into) and the
 RoPE tables. `forward` runs a batch: decode steps replay a CUDA graph captured once per batch
 bucket (1, 2, 4, ..., 64; rows padded up to the bucket); prompt chunks (every span of the step
@@ -294,6 +299,8 @@ class CUDABackend:
         self.choices: dict[int, dict[str, Choice]] = {}  # node id -> way of running -> kernel
         self.calls: dict[int, Call] = {}  # node id -> how it calls its op (to re-cost any batch size)
         self.extra: dict[int, tuple[Call, Choice]] = {}  # node id -> a second kernel it runs (bias add)
+        # node id -> the decode row's (call, kernel) per run of one type of a fused weight whose parts differ
+        self.parts: dict[int, list[tuple[Call, Choice]]] = {}
         self.upload = True
         self._reader: GGUFReader | None = None
         self._bytes: dict[str, torch.Tensor] = {}  # tensor name -> its GGUF bytes on the device
@@ -406,7 +413,15 @@ class CUDABackend:
         if handler is None:
             raise UnsupportedError(f"cuda backend: op {op} (node {node.name!r}) is not implemented")
         fn, run = handler(node)
-        return Step(fn if self.upload else _not_loaded, lambda st, r=run: r[st.kind].name)
+        return Step(fn if self.upload else _not_loaded,
+                    lambda st, nid=node.id, r=run: self._kernel_name(nid, st.kind, r))
+
+    def _kernel_name(self, node_id: int, kind: str, run: dict | None = None) -> str:
+        """What a node runs for `kind`: its kernel's name, or the per-type kernels of a mixed
+        fused weight's decode row joined by '+'."""
+        if kind == "row" and node_id in self.parts:
+            return "+".join(c.kernel.name for _, c in self.parts[node_id])
+        return (run[kind] if run is not None else self.choices[node_id][kind].kernel).name
 
     @staticmethod
     def _add_norm_pairs(graph: Graph) -> dict[int, int]:
@@ -489,16 +504,44 @@ class CUDABackend:
         time one projection alone)."""
         w = node.weights["w"]
         k, n = w.shape
+        if kind == "row" and node.id in self.parts:
+            raise UnsupportedError(f"matmul_args: node {node.name!r} runs one kernel per type of its parts for a "
+                                   "decode row; time the parts alone")
         kernel = self.choices[node.id][kind].kernel
         return kernel, {"w": self._laid_out(kernel, w, n, k), "n": n, "k": k, "qtype": self._matmul_type(w)}
+
+    def _type_runs(self, w: WeightRef) -> list[tuple[WeightRef, int, int]]:
+        """A fused weight's parts grouped into runs of one storage type, as (weight of the run,
+        first row, end row): one run unless the parts differ in type (a Q4_K_M file's Q4_K q, k
+        and Q6_K v)."""
+        runs: list[list] = []
+        row = 0
+        for part in w.tensors:
+            t = self._reader.tensors[part.name].ggml_type
+            if runs and runs[-1][0] == t:
+                runs[-1][1].append(part)
+            else:
+                runs.append([t, [part], row])
+            row += part.shape[1]
+        out = []
+        for _, parts, start in runs:
+            rows = sum(p.shape[1] for p in parts)
+            ref = parts[0] if len(parts) == 1 else WeightRef("+".join(p.name for p in parts), (w.shape[0], rows),
+                                                             tuple(parts))
+            out.append((ref, start, start + rows))
+        return out
+
+    def _matmul_call(self, w: WeightRef) -> Call:
+        k, n = w.shape
+        wq = self._matmul_type(w)
+        return Call("QMatMul", {"x": "F32", "w": _contract_name(wq)}, lambda m: {"x": (m, k), "w": (n, k)},
+                    {"n": n, "k": k, "qtype": wq}, prefer_quantized=self.config.mmq)
 
     def _compile_matmul(self, node: Node):
         w = node.weights["w"]
         k, n = w.shape
         wq = self._matmul_type(w)
-        run = self._picks(node, Call("QMatMul", {"x": "F32", "w": _contract_name(wq)},
-                                     lambda m: {"x": (m, k), "w": (n, k)}, {"n": n, "k": k, "qtype": wq},
-                                     prefer_quantized=self.config.mmq))
+        run = self._picks(node, self._matmul_call(w))
         bias = add_bias = None
         if "b" in node.weights:
             add_bias = self._picks_aside(node, Call("AddBias", {"y": "F32", "b": "F32"},
@@ -507,14 +550,41 @@ class CUDABackend:
                 bias = torch.cat([self._vector(t.name) for t in node.weights["b"].tensors])
         laid = {kind: self._laid_out(kernel, w, n, k) for kind, kernel in run.items()} if self.upload else {}
         (i,) = node.inputs
+        parts = self._mixed_row_parts(node, w) if wq == GGMLType.F16 and len(w.tensors) > 1 else None
+        if parts is not None:
+            laid.pop("row", None)  # one decode row runs the parts' own kernels, never the f16 copy
 
         def fn(vals, st):
-            y = run[st.kind](x=vals[i], w=laid[st.kind], n=n, k=k, qtype=wq)
+            if parts is not None and st.kind == "row":
+                x = vals[i]
+                y = torch.empty(1, n, dtype=torch.float32, device=x.device)
+                for kernel, wp, a, b, t in parts:  # each writes its columns: [1, n] slices are contiguous
+                    kernel(x=x, w=wp, n=b - a, k=k, qtype=t, out=y[:, a:b])
+            else:
+                y = run[st.kind](x=vals[i], w=laid[st.kind], n=n, k=k, qtype=wq)
             if bias is not None:
                 add_bias(y=y, b=bias, n_rows=y.shape[0])
             return y
 
         return fn, run
+
+    def _mixed_row_parts(self, node: Node, w: WeightRef) -> list[tuple] | None:
+        """For a fused weight whose parts differ in type: the decode row's kernel of each run of
+        one type (picked like any matmul's), with the run's weight in that kernel's layout and its
+        output columns; kept in `self.parts` for `minfer plan`. None when every part has one type."""
+        runs = self._type_runs(w)
+        if len(runs) < 2:
+            return None
+        k = w.shape[0]
+        out, picked = [], []
+        for ref, a, b in runs:
+            call = self._matmul_call(ref)
+            choice = self._choose(node, call, KINDS["row"])
+            picked.append((call, choice))
+            laid = self._laid_out(choice.kernel, ref, b - a, k) if self.upload else None
+            out.append((choice.kernel, laid, a, b, call.params["qtype"]))
+        self.parts[node.id] = picked
+        return out
 
     def _picks_aside(self, node: Node, call: Call) -> BoundKernel:
         """A second kernel a node runs (its bias add), costed into the plan under the node."""
@@ -731,7 +801,7 @@ class CUDABackend:
         for n in nodes:
             picks = self.choices.get(n["id"])
             if picks:
-                n["contract"] = {kind: c.kernel.name for kind, c in picks.items()}
+                n["contract"] = {kind: self._kernel_name(n["id"], kind) for kind in picks}
         return nodes
 
     def plan_rows(self, rows: int = 1, prefill: bool = False) -> list[dict]:
@@ -744,10 +814,14 @@ class CUDABackend:
                 continue
             kind = "chunk" if prefill else ("row" if rows == 1 else "batch")
             chosen = self.choices[node.id][kind].kernel
-            ok, _ = candidates(call.op, call.dtypes, call.shapes(rows), call.params, "CUDA",
-                               layouts=call.layouts(rows), registry=self.registry)
-            cost = next((c.cost_ns for c in ok if c.kernel is chosen), ok[0].cost_ns if ok else float("nan"))
-            names = [chosen.name]
+            if kind == "row" and node.id in self.parts:  # a mixed fused weight: one kernel per type run
+                cost = sum(c.cost_ns for _, c in self.parts[node.id])
+                chosen = self.parts[node.id][0][1].kernel
+            else:
+                ok, _ = candidates(call.op, call.dtypes, call.shapes(rows), call.params, "CUDA",
+                                   layouts=call.layouts(rows), registry=self.registry)
+                cost = next((c.cost_ns for c in ok if c.kernel is chosen), ok[0].cost_ns if ok else float("nan"))
+            names = [self._kernel_name(node.id, kind)]
             if node.id in self.extra:
                 xcall, xc = self.extra[node.id]
                 xok, _ = candidates(xcall.op, xcall.dtypes, xcall.shapes(rows), {**xcall.params, "n_rows": rows},

@@ -71,6 +71,35 @@ def test_greedy_generation_matches_cpu_where_decisive(pair, quant):
         assert rb.token_ids[:firm] == ra.token_ids[:firm]
 
 
+def test_mixed_type_fused_weights_run_a_gemv_per_type(pair, raw):
+    """A Q4_K_M-like file (synth q4_k_m): layer 1 fuses Q4_K q, k with a Q6_K v. A decode row runs
+    one GEMV per run of one type, each writing its columns of the fused output (never the f16
+    copy: its f16 rounding alone would cost ~1e-3), and matches the cpu's exact float32 path."""
+    cpu, gpu = pair("tiny-llama", "q4_k_m")
+    kernels = {r["name"]: r["kernel"] for r in gpu.engine.backend.plan_rows(1)}
+    assert kernels["blk.1.attn_q+k+v"] == "int4_gemv+q6_k_gemv"
+    assert kernels["blk.0.attn_q+k+v"] == "int4_gemv" and kernels["blk.1.ffn_down"] == "q6_k_gemv"
+    assert "linear_f16" not in set(kernels.values())
+    # the compiled step of the mixed node alone, for one row, against float64 math on the parts
+    from minfer.backends.cuda import _Describe
+    from minfer.quant.reference import dequantize
+
+    be, reader = gpu.engine.backend, gpu.reader
+    node = next(n for n in gpu.engine.graph.nodes if n.name == "blk.1.attn_q+k+v")
+    k = node.weights["w"].shape[0]
+    w = torch.cat([dequantize(reader.tensor_bytes(t.name), reader.tensors[t.name].ggml_type,
+                              (t.shape[1], k)).double() for t in node.weights["w"].tensors])
+    vals = [None] * len(be.plan.steps)
+    vals[node.inputs[0]] = x = torch.randn(1, k).to(be.device)
+    y = be.plan.steps[node.id].fn(vals, _Describe())
+    assert _rel(y, x.double().cpu() @ w.T) < 1e-5  # f32 GEMVs, not the f16 copy (~1e-3)
+    raw.prefill(cpu.engine, 1, PROMPT[:9])
+    raw.prefill(gpu.engine, 1, PROMPT[:9])
+    steps_c = torch.stack([raw.decode(cpu.engine, 1, t, p) for p, t in enumerate(PROMPT[9:11], start=9)])
+    steps_g = torch.stack([raw.decode(gpu.engine, 1, t, p).cpu() for p, t in enumerate(PROMPT[9:11], start=9)])
+    assert _rel(steps_g, steps_c) < TOL
+
+
 def test_batched_decode_rows_match_each_alone(pair):
     """Decode rows of several sequences in one step (a graph bucket on a GPU) against each alone."""
     _, gpu = pair("tiny-qwen2", "q4_0")

@@ -42,6 +42,10 @@ def test_every_node_of_every_preset_resolves(headers, preset, quant):
         assert "q4_0_gemv" in kernels
     if quant in ("q4_1", "q4_k"):
         assert "int4_gemv" in kernels
+    if quant == "q8_0":
+        assert "q8_0_gemv" in kernels and "linear_f16" not in kernels
+    if quant == "q4_k" and preset in BIG:  # their Q6_K output (tied small models: the Q6_K embedding)
+        assert "q6_k_gemv" in kernels and "linear_f16" not in kernels
 
 
 def test_plan_command_prints_kernels_and_prediction(headers, capsys):
