@@ -104,7 +104,7 @@ class WGPUBackend:
         self.graph: Graph | None = None
         self.plan: Plan | None = None
         self.cache: tuple[list[VkTensor], list[VkTensor]] | None = None
-        self.choices: dict[int, dict[str, BoundKernel]] = {}  # node id -> way of running -> kernel
+        self.choices: dict[int, dict[str, BoundKernel | str]] = {}  # node id -> way of running -> kernel (name)
         self._reader: GGUFReader | None = None
         self._bytes: dict[str, VkTensor] = {}  # weight name -> its GGUF bytes on the device
         self._vectors: dict[str, VkTensor] = {}
@@ -170,7 +170,7 @@ class WGPUBackend:
         if handler is None:
             raise UnsupportedError(f"vulkan backend: op {op} (node {node.name!r}) is not implemented")
         fn, run = handler(node)
-        return Step(fn, lambda st, r=run: r[st.kind].name)
+        return Step(fn, lambda st, r=run: _name(r[st.kind]))
 
     def _compile_get_rows(self, node: Node):
         if "w" not in node.weights:  # the rows whose logits the step returns
@@ -209,25 +209,62 @@ class WGPUBackend:
                                      {}, {"gate": STRIDED, "up": STRIDED}))
         return (lambda vals, st: run[st.kind](gate=vals[i], up=vals[j])), run
 
-    def _weight_type(self, w: WeightRef) -> GGMLType:
-        types = {self._reader.tensors[t.name].ggml_type for t in w.tensors}
-        if len(types) != 1:
-            raise UnsupportedError(f"vulkan backend: fused weight {w.name!r} mixes storage types "
-                                   f"{sorted(t.name for t in types)}; not supported yet")
-        return types.pop()
+    def _type_runs(self, w: WeightRef) -> list[tuple[WeightRef, GGMLType, int, int]]:
+        """A (fused) weight's parts grouped into runs of one storage type, as (weight of the run,
+        its type, first output column, end column): one run unless the parts differ in type (a
+        Q4_K_M file's Q4_K q, k and Q6_K v), each run then multiplied into its columns."""
+        runs: list[list] = []
+        col = 0
+        for part in w.tensors:
+            t = self._reader.tensors[part.name].ggml_type
+            if runs and runs[-1][0] == t:
+                runs[-1][1].append(part)
+            else:
+                runs.append([t, [part], col])
+            col += part.shape[1]
+        out = []
+        for t, parts, start in runs:
+            cols = sum(p.shape[1] for p in parts)
+            ref = parts[0] if len(parts) == 1 else WeightRef("+".join(p.name for p in parts), (w.shape[0], cols),
+                                                             tuple(parts))
+            out.append((ref, t, start, start + cols))
+        return out
 
     def _compile_matmul(self, node: Node):
         w = node.weights["w"]
         k, n = w.shape
-        qtype = self._weight_type(w)
-        call = Call("QMatMul", {"x": "F32", "w": quant_info(qtype).contract_name},
-                    lambda m: {"x": (m, k), "w": (n, k)}, {"n": n, "k": k, "qtype": qtype}, {"x": STRIDED})
-        run = self._picks(node, call)
+        parts, names = [], []
+        for ref, qtype, a, b in self._type_runs(w):
+            call = Call("QMatMul", {"x": "F32", "w": quant_info(qtype).contract_name},
+                        lambda m, cols=b - a: {"x": (m, k), "w": (cols, k)}, {"n": b - a, "k": k, "qtype": qtype},
+                        {"x": STRIDED})
+            run = {kind: self._choose(node, call, rows) for kind, rows in KINDS.items()}
+            parts.append((run, self._matrix(ref), a, b, qtype))
+            names.append(run)
+        picks = {kind: "+".join(r[kind].name for r in names) for kind in KINDS}
+        self.choices[node.id] = picks
+        add_bias = bias = None
         if "b" in node.weights:
-            raise UnsupportedError(f"vulkan backend: node {node.name!r} has a bias (AddBias is not implemented yet)")
-        laid = self._matrix(w)
+            add_bias = self._choose(node, Call("AddBias", {"y": "F32", "b": "F32"},
+                                               lambda m: {"y": (m, n), "b": (n,)}, {"n_rows": 1}), 1)
+            bias = self.dev.upload(torch.cat([self._vector(t.name).cpu() for t in node.weights["b"].tensors]))
+            self.choices[node.id] = {kind: f"{name}+{add_bias.name}" for kind, name in picks.items()}
         (i,) = node.inputs
-        return (lambda vals, st: run[st.kind](x=vals[i], w=laid, n=n, k=k, qtype=qtype)), run
+
+        def fn(vals, st):
+            x = vals[i]
+            if len(parts) == 1:
+                run, wt, _, _, qtype = parts[0]
+                y = run[st.kind](x=x, w=wt, n=n, k=k, qtype=qtype)
+            else:  # one kernel per run of one type, each writing its columns of the one output
+                y = self.dev.empty((x.shape[0], n))
+                for run, wt, a, b, qtype in parts:
+                    run[st.kind](x=x, w=wt, n=b - a, k=k, qtype=qtype, out=y.cols(a, b))
+            if bias is not None:
+                add_bias(y=y, b=bias, n_rows=y.shape[0])
+            return y
+
+        return fn, self.choices[node.id]
 
     def _rope_key(self, node: Node) -> tuple:
         p, ff = node.params, node.weights.get("freq_factors")
@@ -351,5 +388,10 @@ class WGPUBackend:
     def plan_rows(self, rows: int = 1, prefill: bool = False) -> list[dict]:
         """Per node with a kernel: what it runs for a step of `rows` rows."""
         kind = "row" if rows == 1 and not prefill else "chunk"
-        return [{"id": n.id, "name": n.name, "op": str(n.op), "layer": n.layer, "kernel": self.choices[n.id][kind].name}
-                for n in self.graph.nodes if n.id in self.choices]
+        return [{"id": n.id, "name": n.name, "op": str(n.op), "layer": n.layer,
+                 "kernel": _name(self.choices[n.id][kind])} for n in self.graph.nodes if n.id in self.choices]
+
+
+def _name(k: BoundKernel | str) -> str:
+    """A kernel's name; a matmul of several kernels (one per weight type, a bias add) joins them with '+'."""
+    return k if isinstance(k, str) else k.name

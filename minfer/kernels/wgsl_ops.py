@@ -149,14 +149,22 @@ def _qmatmul(what: str, cfg: dict, x: VkTensor, w: VkTensor, n: int, k: int, qty
     if w.numel != n * row_bytes or w.offset:
         raise UnsupportedError(f"{what}: w must be {n} rows of {row_bytes} bytes ({q.name}) from byte 0")
     m = _rows(x)
-    out = _out(what, out, x, (m, n) if len(x.shape) == 2 else (n,))
+    shape = (m, n) if len(x.shape) == 2 else (n,)
+    if out is None:
+        out = x.dev.empty(shape)
+    else:  # a contiguous [m, n], or the columns of a wider [m, n_total] output (one type's part of a fused weight)
+        _check(what, "out", out, "F32")
+        if out.numel != m * n:
+            raise UnsupportedError(f"{what}: out must hold {shape}, got {out.shape}")
     cols_per_group = cfg["WG"] // cfg["TPR"]
     gx, gz = _grid_2d(n, cols_per_group)
     gy = -(-m // cfg["TM"])
     if gy > MAX_GROUPS:
         raise UnsupportedError(f"{what}: {m} rows exceed one dispatch ({MAX_GROUPS * cfg['TM']})")
     pipe = x.dev.pipeline("qmatmul", cfg, q.name, dot=True)
-    x.dev.dispatch(pipe, [w, x, out], [m, n, k, x.offset, x.stride, out.offset, row_bytes, gx], (gx, gy, gz))
+    out_stride = out.stride if len(out.shape) == 2 else n
+    x.dev.dispatch(pipe, [w, x, out], [m, n, k, x.offset, x.stride, out.offset, out_stride, row_bytes, gx],
+                   (gx, gy, gz))
     return out
 
 
@@ -212,6 +220,19 @@ def add(x: VkTensor, y: VkTensor, out: VkTensor | None = None) -> VkTensor:
     gx, gy = _grid_2d(x.numel, WG)
     x.dev.dispatch(x.dev.pipeline("add", {"WG": WG}), [x, y, _at(out)], [x.numel, x.offset, y.offset], (gx, gy))
     return out
+
+
+@_host_bridge(mutates=("y",))
+def add_bias(y: VkTensor, b: VkTensor, n_rows: int) -> VkTensor:
+    """y[r, :] += b for the first n_rows rows of y (in place; returns y)."""
+    what = "vk add_bias"
+    _check(what, "y", y, "F32", (1, 2))
+    _check(what, "b", b, "F32", (1,), contiguous=True)
+    n = b.numel
+    if y.shape[-1] != n or not 0 <= n_rows <= _rows(y):
+        raise UnsupportedError(f"{what}: y must be [>= {n_rows}, {n}], got {y.shape}")
+    y.dev.dispatch(y.dev.pipeline("add_bias", {"WG": WG}), [y, b], [n, y.offset, y.stride], (-(-n // WG), n_rows))
+    return y
 
 
 @_host_bridge()
@@ -338,5 +359,5 @@ def quantize_q8_0(x_f32: VkTensor, out: VkTensor | None = None) -> VkTensor:
     return out
 
 
-__all__ = ["ITEMSIZE", "add", "argmax", "attention", "dequant", "get_rows", "qmatmul_tiled", "qmatvec",
+__all__ = ["ITEMSIZE", "add", "add_bias", "argmax", "attention", "dequant", "get_rows", "qmatmul_tiled", "qmatvec",
            "quantize_q8_0", "rms_norm", "rope", "row_select", "swiglu"]

@@ -145,11 +145,16 @@ def test_decode_pick_reads_back_only_tokens_and_chains_on_the_device(smollm2):
     assert t1 == l1.argmax(-1).tolist() and t2 == l2.argmax(-1).tolist()
 
 
-@pytest.mark.parametrize("quant", ["q4_0", "q8_0", "q4_k", "f16"])
-def test_tiny_models_of_other_weight_types_match_cpu(tiny_gguf, raw, quant):
+# llama: Q4_0, Q8_0, F16 weights, a Q4_K_M mix (fused q/k/v of Q4_K and Q6_K: one GEMV per type);
+# qwen2: q/k/v biases, NEOX RoPE, untied output, K-quants
+CASES = [("tiny-llama", q) for q in ("q4_0", "q8_0", "f16", "q4_k_m")] + [("tiny-qwen2", "q4_k")]
+
+
+@pytest.mark.parametrize("preset, quant", CASES)
+def test_tiny_models_of_other_weight_types_match_cpu(tiny_gguf, raw, preset, quant):
     from minfer.api import load
 
-    path = tiny_gguf("tiny-llama", quant)
+    path = tiny_gguf(preset, quant)
     cpu = load(path, "cpu", n_ctx=64, n_slots=2, progress=False)
     vk = load(path, "vulkan", n_ctx=64, n_slots=2, progress=False)
     want = raw.prefill(cpu.engine, 0, PROMPT)

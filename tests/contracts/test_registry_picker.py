@@ -71,6 +71,7 @@ LAUNCHERS = {
     "vk_matmul_tiled": wgsl_ops.qmatmul_tiled,
     "vk_rms_norm": wgsl_ops.rms_norm,
     "vk_add": wgsl_ops.add,
+    "vk_add_bias": wgsl_ops.add_bias,
     "vk_swiglu": wgsl_ops.swiglu,
     "vk_rope": wgsl_ops.rope,
     "vk_attention": wgsl_ops.attention,

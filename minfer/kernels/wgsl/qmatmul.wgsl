@@ -7,7 +7,8 @@
 struct Params {
     m: u32, n: u32, k: u32,
     x_off: u32, x_stride: u32,  // x[m, :] starts at x_off + m * x_stride
-    out_off: u32, row_bytes: u32,
+    out_off: u32, out_stride: u32,  // out[m, n] at out_off + m * out_stride + n (a column slice of a wider output)
+    row_bytes: u32,
     groups_x: u32,  // workgroups along x (columns beyond 65535 workgroups wrap into z)
 }
 @group(0) @binding(0) var<uniform> P: Params;
@@ -32,6 +33,6 @@ fn main(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
     }
     for (var i = 0u; i < TM; i++) {
         let s = seg_sum(acc[i], TPR, lane);
-        if (t == 0u && col < P.n && m0 + i < P.m) { out[P.out_off + (m0 + i) * P.n + col] = s; }
+        if (t == 0u && col < P.n && m0 + i < P.m) { out[P.out_off + (m0 + i) * P.out_stride + col] = s; }
     }
 }
