@@ -14,7 +14,10 @@ a layer's cache is one binding whatever the model's size) and the RoPE tables on
 `forward` uploads the step's token ids, positions, slots and output rows, records every node's
 dispatches into one compute pass (wgpu_device.py) and reads back only the logits rows asked for;
 `decode_pick` reads back only the picked tokens (argmax on the device; sampling rows are drawn
-on the host from their logits by the Sample op's torch code). Every row is computed independently
+on the host from their logits by the Sample op's torch code). A decode step of B rows is captured
+once (the dispatches recorded with their buffers and params) and replayed every step after: the
+host writes positions and slots, the tokens come from the step before on the device, and no
+Python runs per kernel (MINFER_NO_CUDA_GRAPH=1 records every step again). Every row is computed independently
 of the others (the tiled matmul accumulates a row exactly as the GEMV does), so a sequence's
 numbers do not depend on the batch.
 """
@@ -44,6 +47,7 @@ from .plan import Plan, Step
 BACKEND = "Vulkan"  # the contracts' backend name
 KINDS = {"row": 1, "chunk": 64}  # ways of running -> the row count kernels are picked for
 PLAN_CTX = 1024  # the context attention costs are predicted for
+MAX_REPLAY_ROWS = 64  # decode steps of up to this many rows are captured once and replayed
 KV_DTYPES = ("auto", "f32")
 STRIDED = {"contiguous": False, "strided": True}
 
@@ -87,6 +91,43 @@ class PickedStep:
         return self.host
 
 
+class _Replay:
+    """The decode step of `rows` rows, captured once (wgpu_device.Device.capture) and replayed:
+    the host writes the step's positions and slots (and tokens, unless they come on the device
+    from the step before), and the recorded dispatches are submitted as they are. The picked
+    tokens are copied out to one of two staging buffers, so the step after may run before the
+    host reads them (the engine keeps at most one step in flight)."""
+
+    def __init__(self, be: WGPUBackend, rows: int):
+        dev = self.dev = be.dev
+        self.rows = rows
+        self.io = {n: dev.empty((rows,), "I32") for n in ("tokens", "positions", "row_slots", "out_rows")}
+        dev.write(self.io["out_rows"], torch.arange(rows, dtype=torch.int32))
+
+        def step():
+            logits = be.plan.run(_State(self.io, rows))
+            return logits, be._pick(x=logits)
+
+        self.rec, (self.logits, self.picked) = dev.capture(step)
+        self.stages = [dev.empty((rows,), "I32") for _ in range(2)]
+        self.turn = 0
+
+    def launch(self, batch: Batch, after: PickedStep | None = None) -> PickedStep:
+        dev, io = self.dev, self.io
+        dev.write(io["positions"], batch.positions.to(torch.int32))
+        dev.write(io["row_slots"], batch.row_slots.to(torch.int32))
+        before = ()
+        if after is None or after.picked is None:
+            toks = batch.tokens if after is None else torch.tensor(after.host, dtype=torch.int32)
+            dev.write(io["tokens"], toks.to(torch.int32))
+        else:
+            before = ((after.picked, io["tokens"]),)  # device to device: the host never saw them
+        stage = self.stages[self.turn]
+        self.turn ^= 1
+        dev.replay(self.rec, before, ((self.picked, stage),))
+        return PickedStep(self.rows, stage)
+
+
 class WGPUBackend:
     prefill_seqs = 4  # prompts per step: a row's numbers do not depend on the rest of the batch
     kv_itemsize = 4
@@ -110,6 +151,8 @@ class WGPUBackend:
         self._vectors: dict[str, VkTensor] = {}
         self._ropes: dict[tuple, tuple[VkTensor, VkTensor]] = {}
         self.n_slots = self.n_ctx = 0
+        self.use_replay = self.config.cuda_graph  # MINFER_NO_CUDA_GRAPH=1: decode steps recorded every time
+        self._replays: dict[int, _Replay] = {}  # decode rows -> the captured step
 
     # ------------------------------------------------------------------ load
     def load(self, graph: Graph, reader: GGUFReader, progress: bool = True) -> None:
@@ -329,6 +372,7 @@ class WGPUBackend:
                               f"for keys, more than the adapter binds at once ({self.dev.max_binding / 2**20:.0f} "
                               "MiB); use a smaller context or fewer slots")
         self.cache = None
+        self._replays.clear()
         shape = (1, n_slots, m["n_head_kv"], n_ctx, m["head_dim"])
         self.cache = ([self.dev.empty(shape) for _ in range(m["n_layer"])],
                       [self.dev.empty(shape) for _ in range(m["n_layer"])])
@@ -355,8 +399,27 @@ class WGPUBackend:
         batch.check(self.n_slots, self.n_ctx)
         return self.plan.run(_State(self._inputs(batch, tokens), batch.n_tokens), recorder)
 
+    def _replay(self, batch: Batch, recorder=None) -> _Replay | None:
+        """The captured step for this batch, when it is a decode step returning rows 0..B-1 in order
+        (what the engine's decode steps are) and nothing traces it; None: run the plan eagerly."""
+        b = batch.n_tokens
+        if not self.use_replay or recorder is not None or batch.kind != "decode" or b > MAX_REPLAY_ROWS:
+            return None
+        if batch.out_rows.tolist() != list(range(b)):
+            return None
+        if self.cache is None:
+            raise ModelError("vulkan backend: allocate() the KV cache before running a step")
+        batch.check(self.n_slots, self.n_ctx)
+        if b not in self._replays:
+            self._replays[b] = _Replay(self, b)
+        return self._replays[b]
+
     def forward(self, batch: Batch, recorder=None) -> torch.Tensor:
         """float32 logits [R, n_vocab] (on the host) of the batch's out_rows."""
+        rep = self._replay(batch, recorder)
+        if rep is not None:
+            rep.launch(batch)
+            return rep.logits.cpu()
         return self._logits(batch, recorder=recorder).cpu()
 
     def decode_pick(self, batch: Batch, after: PickedStep | None = None,
@@ -370,6 +433,9 @@ class WGPUBackend:
             raise MinferError("decode_pick: the batch must be decode rows only, returning rows 0..B-1 in order")
         if after is not None and after.rows != b:
             raise MinferError(f"decode_pick: the step before had {after.rows} rows, this one {b}")
+        rep = self._replay(batch) if params is None else None
+        if rep is not None:
+            return rep.launch(batch, after)
         tokens = None
         if after is not None:
             tokens = after.picked if after.host is None else self.dev.upload(torch.tensor(after.host,

@@ -121,6 +121,7 @@ class Device:
         self._arena_slots = 0
         self._keep: list = []  # buffers a pending dispatch reads that the host has let go of
         self._fence = self.buffer(4)
+        self._capturing = False
 
     # ---- buffers
     def buffer(self, nbytes: int):
@@ -224,26 +225,28 @@ class Device:
         self._keep.append(tuple(t.storage for t in tensors))
         self._pending.append((pipeline, bgl, bufs, offset, groups))
 
-    def _bind_group(self, bgl, bufs: tuple):
-        key = (id(bgl), id(self._arena), *(id(b) for b in bufs))
+    def _bind_group(self, bgl, bufs: tuple, arena=None):
+        arena = arena or self._arena
+        key = (id(bgl), id(arena), *(id(b) for b in bufs))
         bg = self._bind_groups.get(key)
         if bg is None:
-            entries = [{"binding": 0, "resource": {"buffer": self._arena, "offset": 0, "size": SLOT}}]
+            entries = [{"binding": 0, "resource": {"buffer": arena, "offset": 0, "size": SLOT}}]
             entries += [{"binding": i + 1, "resource": {"buffer": b, "offset": 0, "size": b.size}}
                         for i, b in enumerate(bufs)]
-            bg = self._bind_groups[key] = (self.device.create_bind_group(layout=bgl, entries=entries), bufs)
+            bg = self._bind_groups[key] = (self.device.create_bind_group(layout=bgl, entries=entries), bufs, arena)
         return bg[0]
 
     def flush(self) -> None:
         """Submit every recorded dispatch in one command encoder (one compute pass)."""
         if not self._pending:
             return
+        if self._capturing:
+            raise UnsupportedError("wgpu: a captured step may not upload or read back (it would submit the capture)")
         slots = len(self._params) // SLOT
         if slots > self._arena_slots:
             u = self.wgpu.BufferUsage
             self._arena_slots = max(ARENA_SLOTS, slots)
             self._arena = self.device.create_buffer(size=self._arena_slots * SLOT, usage=u.UNIFORM | u.COPY_DST)
-            self._bind_groups.clear()
         self.queue.write_buffer(self._arena, 0, bytes(self._params))
         enc = self.device.create_command_encoder()
         cp = enc.begin_compute_pass()
@@ -256,6 +259,43 @@ class Device:
         self._pending.clear()
         self._params.clear()
         self._keep.clear()
+
+    # ---- captured steps (the CUDA-graph analogue: record once, replay every step)
+    def capture(self, fn):
+        """(Recording, fn()): fn's dispatches recorded, not run. A recording keeps every buffer its
+        dispatches bind (none returns to the pool) and its params in its own uniform buffer, so a
+        replay re-encodes the same dispatches with no Python work per kernel but three calls."""
+        self.flush()
+        self._capturing = True
+        try:
+            result = fn()
+        finally:
+            self._capturing = False
+        pending, params, keep = self._pending, bytes(self._params), self._keep
+        self._pending, self._params, self._keep = [], bytearray(), []
+        u = self.wgpu.BufferUsage
+        arena = self.device.create_buffer(size=max(len(params), SLOT), usage=u.UNIFORM | u.COPY_DST)
+        if params:
+            self.queue.write_buffer(arena, 0, params)
+        entries = [(pipeline, self._bind_group(bgl, bufs, arena), offset, groups)
+                   for pipeline, bgl, bufs, offset, groups in pending]
+        return Recording(entries, arena, keep), result
+
+    def replay(self, rec: Recording, before: tuple = (), after: tuple = ()) -> None:
+        """Submit a recording, with device copies (src, dst VkTensors of int32/f32) before and after it."""
+        self.flush()
+        enc = self.device.create_command_encoder()
+        for src, dst in before:
+            enc.copy_buffer_to_buffer(src.storage.buf, src.offset * 4, dst.storage.buf, dst.offset * 4, src.numel * 4)
+        cp = enc.begin_compute_pass()
+        for pipeline, bg, offset, groups in rec.entries:
+            cp.set_pipeline(pipeline)
+            cp.set_bind_group(0, bg, [offset])
+            cp.dispatch_workgroups(*groups)
+        cp.end()
+        for src, dst in after:
+            enc.copy_buffer_to_buffer(src.storage.buf, src.offset * 4, dst.storage.buf, dst.offset * 4, src.numel * 4)
+        self.queue.submit([enc.finish()])
 
     def copy_bandwidth(self, nbytes: int = 1 << 28) -> float:
         """Bytes/s (read + write) of a buffer-to-buffer copy on the device, best of 5."""
@@ -280,6 +320,16 @@ class Device:
         """Wait until the device has run everything submitted."""
         self.flush()
         self.queue.read_buffer(self._fence, 0, 4)  # a read waits for the work submitted before it
+
+
+@dataclass
+class Recording:
+    """A captured step: (pipeline, bind group, params offset, workgroups) per dispatch, its uniform
+    buffer, and the storages it binds (kept alive: none returns to the pool while it lives)."""
+
+    entries: list
+    arena: object
+    keep: list
 
 
 class _Storage:

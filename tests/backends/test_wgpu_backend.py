@@ -150,6 +150,27 @@ def test_decode_pick_reads_back_only_tokens_and_chains_on_the_device(smollm2):
 CASES = [("tiny-llama", q) for q in ("q4_0", "q8_0", "f16", "q4_k_m")] + [("tiny-qwen2", "q4_k")]
 
 
+def test_a_replayed_decode_step_equals_its_eager_run(smollm2):
+    """Decode steps are captured once per row count and replayed; a replay computes exactly what
+    recording the step again computes (same kernels, same buffers, same order)."""
+    from minfer.backends.base import Batch
+
+    _, vk = smollm2
+    be = vk.engine.backend
+    be.forward(Batch.build([(0, 0, PROMPT[:4]), (1, 0, PROMPT[4:8])], [3, 7]))
+    out = {}
+    for replay in (False, True, True):  # eager, the capture's first replay, a second replay
+        be.use_replay = replay
+        try:
+            for pos in (4, 5):  # (each rewrites the same keys at the same positions)
+                step = Batch.build([(0, pos, [PROMPT[pos]]), (1, pos, [PROMPT[pos + 4]])], [0, 1], n_decode=2)
+                out.setdefault(replay, []).append(be.forward(step))
+        finally:
+            be.use_replay = True
+    assert 2 in be._replays
+    assert all(torch.equal(a, b) for a, b in zip(out[False], out[True][-2:], strict=True))
+
+
 @pytest.mark.parametrize("preset, quant", CASES)
 def test_tiny_models_of_other_weight_types_match_cpu(tiny_gguf, raw, preset, quant):
     from minfer.api import load
