@@ -19,8 +19,9 @@ import torch
 
 from ..errors import UnsupportedError
 from ..quant.types import GGMLType, by_name, quant_info
-from .wgpu_device import ITEMSIZE, VkTensor, default_device
+from .wgpu_device import ITEMSIZE, WGSL_DIR, VkTensor, default_device
 
+REVISION_SOURCES = tuple(sorted(WGSL_DIR.glob("*.wgsl")))  # the shaders: editing one retires its judge numbers
 WG = 64  # invocations per workgroup of the elementwise kernels
 NORM_WG = 128
 GEMV = {"WG": 128, "TPR": 16, "TM": 1}  # decode: 8 output columns per workgroup, 16 invocations each
