@@ -197,6 +197,8 @@ def run_judge(
     for name, k in reg.kernels.items():
         if (kernels and name not in kernels) or k.op.name not in HARNESS:
             continue
+        if k.contract.backend == "Vulkan":  # WGSL kernels run on a wgpu adapter, not on torch's device
+            continue
         t0 = time.perf_counter()
         rows, tiny = [], None
         seen: set[tuple] = set()

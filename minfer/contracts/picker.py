@@ -175,7 +175,7 @@ def candidates(
         fast = next((fp.when for fp in k.contract.caps.fast_paths if _holds(fp.when, env)), None)
         ok.append(Candidate(k, fast, _cost_ns(reg, k, env)))
     ok.sort(key=lambda c: (c.fast_path is None, c.cost_ns))
-    rejected.sort(key=lambda r: len(r[1]))
+    rejected.sort(key=lambda r: (r[0].contract.backend != backend, len(r[1])))  # this backend's nearest first
     return ok, rejected
 
 
