@@ -18,7 +18,7 @@
 #   .whl/wgpu-0.32.0-py3-none-manylinux_2_28_x86_64.whl  .whl/rendercanvas-2.7.2-py3-none-any.whl
 #   .whl/pycparser-3.12-py3-none-any.whl  .whl/cffi-1.17.1-cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64.whl
 #
-# Then one device run: carry [".gl", ".whl"], command `bash bench/vulkan_h200.sh` (~6-8 minutes; logs in $OUT).
+# Then one device run: carry [".gl", ".whl"], command `bash bench/vulkan_h200.sh` (~8-9 minutes; logs in $OUT).
 # The Vulkan tests run with MINFER_MODEL set to a synthetic SmolLM2 (the real 94 MB file does not travel):
 # the greedy-vs-cpu test needs the real weights' decisive steps, so it is deselected there; bench/cuda_parity.py
 # --device vulkan reports the same comparison (logits error, greedy agreement on decisive steps) instead.
@@ -56,6 +56,9 @@ echo "== parity"
 timeout 200 python3 bench/cuda_parity.py "$M/smollm2-135m-q4_1.gguf" --device vulkan 2>&1 | grep RESULT | tee "$OUT/parity.txt"
 echo "== GEMV"
 timeout 150 python3 bench/vulkan_gemv.py 2>&1 | grep -v XDG_RUNTIME_DIR | tee "$OUT/gemv.txt"
+echo "== judge (the WGSL kernels at the models' layer sizes; judge.json feeds the picker's overheads)"
+timeout 240 python3 -m minfer.contracts.judge --device vulkan --out "$OUT/judge-vk" 2>&1 | grep -v XDG_RUNTIME_DIR \
+  | grep -E "^\| vk_(qmatvec|matmul|attention|rms)" | head -30
 echo "== bench"
 for f in smollm2-135m-q4_1 qwen2.5-7b-q4_0; do
   timeout ${BENCH_TIMEOUT:-150} python3 -m minfer.cli bench -m "$M/$f.gguf" --device vulkan -p 512 -n 128 -r ${REPS:-3} \
