@@ -57,7 +57,7 @@ timeout 200 python3 bench/cuda_parity.py "$M/smollm2-135m-q4_1.gguf" --device vu
 echo "== GEMV"
 timeout 150 python3 bench/vulkan_gemv.py 2>&1 | grep -v XDG_RUNTIME_DIR | tee "$OUT/gemv.txt"
 echo "== judge (the WGSL kernels at the models' layer sizes; judge.json feeds the picker's overheads)"
-timeout 240 python3 -m minfer.contracts.judge --device vulkan --out "$OUT/judge-vk" 2>&1 | grep -v XDG_RUNTIME_DIR \
+timeout 180 python3 -m minfer.contracts.judge --device vulkan --model SmolLM2-135M --model Qwen2.5-7B --out "$OUT/judge-vk" 2>&1 | grep -v XDG_RUNTIME_DIR \
   | grep -E "^\| vk_(qmatvec|matmul|attention|rms)" | head -30
 echo "== bench"
 for f in smollm2-135m-q4_1 qwen2.5-7b-q4_0; do
