@@ -407,7 +407,7 @@ def kernel_source(shader: str, consts: dict, qtype: str | None, subgroups: bool,
         if dot:
             name = f"dot_{qtype.lower()}.wgsl"
             parts.append(_read(name if (WGSL_DIR / name).is_file() else "dot_generic.wgsl"))
-    parts.append(_read(f"{shader}.wgsl"))
+    parts += [_read(f"{name}.wgsl") for name in shader.split("+")]  # "a+b": the kernel from files a and b
     return "".join(parts)
 
 

@@ -163,7 +163,8 @@ def _qmatmul(what: str, cfg: dict, x: VkTensor, w: VkTensor, n: int, k: int, qty
     gy = -(-m // cfg["TM"])
     if gy > MAX_GROUPS:
         raise UnsupportedError(f"{what}: {m} rows exceed one dispatch ({MAX_GROUPS * cfg['TM']})")
-    pipe = x.dev.pipeline("qmatmul", cfg, q.name, dot=True)
+    aligned = x.offset % 4 == 0 and x.stride % 4 == 0  # rows of x start on 16 bytes: vec4 loads of x
+    pipe = x.dev.pipeline("qmatmul_x4+qmatmul" if aligned else "qmatmul_x+qmatmul", cfg, q.name, dot=True)
     out_stride = out.stride if len(out.shape) == 2 else n
     x.dev.dispatch(pipe, [w, x, out], [m, n, k, x.offset, x.stride, out.offset, out_stride, row_bytes, gx],
                    (gx, gy, gz))

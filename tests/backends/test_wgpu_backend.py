@@ -65,6 +65,28 @@ def test_the_shared_memory_reductions_conform_too():
     assert " 0 failed" in done.stdout
 
 
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"])
+def test_the_matmuls_read_a_strided_unaligned_x(qtype):
+    """A column slice of x at an odd offset takes the scalar-load path (the harness's contiguous x
+    takes the vec4 one): both launch configs, against the reference decode."""
+    from minfer.contracts.harness import random_blocks
+    from minfer.kernels import wgsl_ops
+    from minfer.kernels.wgpu_device import default_device
+    from minfer.quant.reference import dequantize
+    from minfer.quant.types import by_name
+
+    q, dev = by_name(qtype), default_device()
+    n, k, m = 9, 2 * q.block_elems * (2 if q.block_elems == 32 else 1), 3
+    gen = torch.Generator().manual_seed(3)
+    wide = torch.randn(m, k + 3, generator=gen)
+    raw = random_blocks(q, n, k, gen)
+    want = wide[:, 1:k + 1].double() @ dequantize(raw, q.type, (n, k)).double().T
+    x, w = dev.upload(wide).cols(1, k + 1), dev.upload(raw)
+    for launch in (wgsl_ops.qmatvec, wgsl_ops.qmatmul_tiled):
+        got = launch(x=x, w=w, n=n, k=k, qtype=q.type).cpu().double()
+        assert _rel(got, want) < 1e-5, launch.__name__
+
+
 def test_the_subgroup_switch_reaches_the_device(monkeypatch):
     from minfer.kernels.wgpu_device import Device
 

@@ -3,7 +3,9 @@
 // its blocks (b = t, t + TPR, ...), each block decoded once per m row from the byte stream, and
 // the column's partial sums are reduced with seg_sum (subgroups where the adapter has them).
 // TM = 1 is the decode GEMV (the weight streamed once per token); TM > 1 the tiled prefill matmul
-// (each weight block read once for TM rows of x). f32 accumulation.
+// (each weight block read once for TM rows of x). f32 accumulation. x is bound by qmatmul_x.wgsl
+// (scalar loads: any offset) or qmatmul_x4.wgsl (vec4 loads: rows of x 16-byte aligned), which give
+// the block dots xq(i) (x[i .. i + 3], i % 4 == 0) and xs(i) (x[i]).
 struct Params {
     m: u32, n: u32, k: u32,
     x_off: u32, x_stride: u32,  // x[m, :] starts at x_off + m * x_stride
@@ -13,7 +15,6 @@ struct Params {
 }
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read> wq: array<u32>;
-@group(0) @binding(2) var<storage, read> x: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 
 @compute @workgroup_size(WG)
