@@ -87,6 +87,27 @@ def test_the_matmuls_read_a_strided_unaligned_x(qtype):
         assert _rel(got, want) < 1e-5, launch.__name__
 
 
+@pytest.mark.parametrize("cfg", [{"WG": 64, "TPR": 2, "TM": 1}, {"WG": 128, "TPR": 4, "TM": 1},
+                                 {"WG": 256, "TPR": 32, "TM": 1}, {"WG": 256, "TPR": 128, "TM": 1}])
+def test_every_reduction_branch_of_the_gemv_is_right(cfg, monkeypatch):
+    """The GEMV's per-column sums over TPR invocations: shuffles inside a subgroup, subgroupAdd
+    over whole subgroups, the tree otherwise; which one runs depends on TPR and the adapter's
+    subgroup size, so a spread of TPR reaches each on any adapter."""
+    from minfer.contracts.harness import random_blocks
+    from minfer.kernels import wgsl_ops
+    from minfer.kernels.wgpu_device import default_device
+    from minfer.quant.reference import dequantize
+    from minfer.quant.types import by_name
+
+    monkeypatch.setattr(wgsl_ops, "GEMV", cfg)
+    q, dev = by_name("Q4_0"), default_device()
+    n, k = 37, 32 * 45
+    gen = torch.Generator().manual_seed(5)
+    x, raw = torch.randn(1, k, generator=gen), random_blocks(q, n, k, gen)
+    got = wgsl_ops.qmatvec(x=dev.upload(x), w=dev.upload(raw), n=n, k=k, qtype=q.type).cpu().double()
+    assert _rel(got, x.double() @ dequantize(raw, q.type, (n, k)).double().T) < 1e-5
+
+
 def test_the_subgroup_switch_reaches_the_device(monkeypatch):
     from minfer.kernels.wgpu_device import Device
 
