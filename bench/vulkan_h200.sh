@@ -34,7 +34,7 @@ if ! ls /usr/share/vulkan/icd.d/nvidia_icd*.json /etc/vulkan/icd.d/nvidia_icd*.j
   export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
 fi
 # 2. wgpu (its native library ships in the wheel) and its pure-Python dependencies
-python3 -m pip install -q --no-index --no-deps --target /tmp/pylib .whl/*.whl 2>&1 | tail -2
+for w in .whl/*.whl; do python3 -m zipfile -e "$w" /tmp/pylib; done   # (a wheel is a zip: no pip, no network)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -m minfer.cli devices 2>&1 | grep -v XDG_RUNTIME_DIR | tee "$OUT/devices.txt"
 grep -q '^vulkan .*NVIDIA' "$OUT/devices.txt" || echo "!! no NVIDIA Vulkan adapter: the runs below use whatever adapter is listed"

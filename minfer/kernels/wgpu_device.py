@@ -46,6 +46,7 @@ ARENA_SLOTS = 4096  # dispatches per flush before the arena grows (a SmolLM2 ste
 DTYPES = {torch.float32: "F32", torch.int32: "I32", torch.uint8: "U8"}
 ITEMSIZE = {"F32": 4, "I32": 4, "U8": 1}
 ADAPTER_ORDER = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "CPU": 3, "Unknown": 4}
+API_ORDER = {"Vulkan": 0, "Metal": 0, "D3D12": 1, "OpenGL": 2}  # of one adapter, the native compute API first
 
 
 def _llvm_order() -> None:
@@ -60,7 +61,8 @@ def _llvm_order() -> None:
 
 def adapters(backend: str | None = None) -> list:
     """wgpu adapters visible to this process (`backend`: "Vulkan", "Metal"... or None for any),
-    best first: discrete GPUs, integrated, virtual, then software (lavapipe). [] without wgpu."""
+    best first: discrete GPUs, integrated, virtual, then software (lavapipe); Vulkan / Metal before
+    OpenGL. [] without wgpu."""
     try:
         import wgpu
     except ImportError:
@@ -68,7 +70,8 @@ def adapters(backend: str | None = None) -> list:
     _llvm_order()
     found = [a for a in wgpu.gpu.enumerate_adapters_sync()
              if backend is None or a.info.get("backend_type") == backend]
-    return sorted(found, key=lambda a: ADAPTER_ORDER.get(a.info.get("adapter_type", "Unknown"), 4))
+    return sorted(found, key=lambda a: (ADAPTER_ORDER.get(a.info.get("adapter_type", "Unknown"), 4),
+                                        API_ORDER.get(a.info.get("backend_type", ""), 3)))
 
 
 def describe(adapter) -> str:
