@@ -448,6 +448,16 @@ class WGPUBackend:
             raise MinferError(f"decode_pick: params must be int32 [{PARAM_ROWS}, {b}] with top_k in 1..{KMAX}")
         return PickedStep(b, None, sample_rows(x=logits.cpu(), params=params.cpu()).tolist())
 
+    def warmup(self) -> None:
+        """Compile now what the first requests would otherwise wait for: the pipelines of a prompt
+        chunk, and the captured decode step of every row count the slots can fill. Writes only
+        into the free cache (nothing is cached yet)."""
+        if self.cache is None:
+            raise ModelError("vulkan backend: allocate() the KV cache before warming up")
+        self.forward(Batch.single([0] * min(17, self.n_ctx), 0, slot=0))
+        for b in range(1, min(self.n_slots, MAX_REPLAY_ROWS) + 1):
+            self.decode_pick(Batch.build([(s, 0, [0]) for s in range(b)], list(range(b)), n_decode=b)).tokens()
+
     def trace_graph(self) -> list[dict]:
         return self.plan.trace_nodes(_Describe())
 

@@ -226,6 +226,8 @@ def test_a_replayed_decode_step_equals_its_eager_run(smollm2):
             be.use_replay = True
     assert 2 in be._replays
     assert all(torch.equal(a, b) for a, b in zip(out[False], out[True][-2:], strict=True))
+    be.warmup()  # (what `minfer serve` runs before it is ready): every row count the slots can fill
+    assert set(be._replays) == {1, 2}
 
 
 @pytest.mark.parametrize("preset, quant", CASES)
