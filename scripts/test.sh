@@ -10,6 +10,13 @@ if ! command -v chromium >/dev/null 2>&1; then
   else sudo apt-get update -qq && sudo apt-get install -y -qq chromium >/dev/null; fi
 fi
 
+# Mesa's software Vulkan driver (lavapipe) and the Vulkan loader: the vulkan backend's WGSL kernels run for
+# real on it (tests/backends/test_wgpu_backend.py fails, never skips, when wgpu finds no Vulkan adapter)
+if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq mesa-vulkan-drivers >/dev/null
+  else sudo apt-get update -qq && sudo apt-get install -y -qq mesa-vulkan-drivers >/dev/null; fi
+fi
+
 python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip

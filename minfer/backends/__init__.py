@@ -3,6 +3,8 @@
 - `cpu`: torch on the host, the numerical reference (cpu.py, cpu_ops.py, cpu_weights.py).
 - `cuda`: the contracts' kernels on an NVIDIA GPU, CUDA-graph decode (cuda.py); under the Triton
   interpreter (TRITON_INTERPRET=1) the same backend runs on CPU tensors, for tests.
+- `vulkan` / `gpu`: the contracts' WGSL kernels through wgpu (wgpu.py): a Vulkan adapter, or
+  whatever adapter wgpu finds (Metal on macOS); Mesa's lavapipe on a machine with no GPU.
 
 Every backend shares the compiled plan (plan.py) and owns its KV cache (kv_cache.py).
 """
@@ -15,7 +17,7 @@ from .base import Backend, Batch, SeqSpan
 
 __all__ = ["Backend", "Batch", "SeqSpan", "create_backend", "DEVICES"]
 
-DEVICES = ("cpu", "cuda")
+DEVICES = ("cpu", "cuda", "vulkan", "gpu")
 
 
 def create_backend(config: EngineConfig, comm=None) -> Backend:
@@ -35,4 +37,8 @@ def create_backend(config: EngineConfig, comm=None) -> Backend:
         from .cuda import CUDABackend
 
         return CUDABackend(config, comm=comm)
+    if config.device in ("vulkan", "gpu"):
+        from .wgpu import WGPUBackend  # DeviceError when wgpu or an adapter is missing
+
+        return WGPUBackend(config, comm=comm)
     raise DeviceError(f"unknown device {config.device!r}; available: {', '.join(DEVICES)}")

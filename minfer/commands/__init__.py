@@ -4,4 +4,5 @@ Modules import only argparse and torch-free parts of minfer at import time; a co
 what it runs (torch, the engine) when it runs, so `minfer --help` and `minfer inspect` start fast.
 """
 
-MODULES = ("run", "chat", "batch", "serve", "perplexity", "bench", "plan", "inspect", "synth", "kernels", "trace")
+MODULES = ("run", "chat", "batch", "serve", "perplexity", "bench", "plan", "inspect", "synth", "kernels", "trace",
+           "devices")

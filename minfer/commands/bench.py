@@ -1,6 +1,6 @@
 """`minfer bench`: llama-bench's table for minfer: prompt processing, generation, batched decode.
 
-    minfer bench -m MODEL [-p 512] [-n 128] [-b 1,4,16,64] [-r 5] [--device cuda|cpu] [--tp N] [--json]
+    minfer bench -m MODEL [-p 512] [-n 128] [-b 1,4,16,64] [-r 5] [--device cuda|cpu|vulkan] [--tp N] [--json]
 
 - pp{p}: one prompt of p tokens (random ids) in one forward pass, from an empty cache; tok/s.
 - tg{n}: one sequence generating n tokens greedily (prompt of 16), through the engine's loop
@@ -48,9 +48,13 @@ def _sync(device: str) -> None:
             torch.cuda.synchronize()
 
 
-def copy_bandwidth(device: str) -> float:
-    """Bytes/s of a large device-to-device copy (read + write), best of 5."""
+def copy_bandwidth(device: str, backend=None) -> float:
+    """Bytes/s of a large device-to-device copy (read + write), best of 5 (a wgpu backend: a
+    buffer-to-buffer copy on its adapter)."""
     import torch
+
+    if hasattr(backend, "dev") and hasattr(backend.dev, "copy_bandwidth"):
+        return backend.dev.copy_bandwidth()
 
     if device != "cuda" or not torch.cuda.is_available():
         n = 1 << 26
@@ -166,7 +170,7 @@ def bench(a: argparse.Namespace) -> int:
     rows = []
     try:
         wbytes = decode_bytes(m)
-        bw = copy_bandwidth(config.device)
+        bw = copy_bandwidth(config.device, m.engine.backend)
         info = {"model": m.path.name, "size_gb": m.path.stat().st_size / 1e9, "backend": config.device,
                 "tp": m.engine.graph.meta.get("tp_world", 1), "copy_gbs": bw / 1e9, "weight_bytes_per_token": wbytes}
 

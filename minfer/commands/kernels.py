@@ -19,6 +19,8 @@ def add_parser(sub) -> None:
     j.add_argument("--out", required=True, help="directory for judge.json and judge.md")
     j.add_argument("--kernel", action="append", help="only this kernel (repeatable)")
     j.add_argument("--model", action="append", help="only these model sizes (repeatable)")
+    j.add_argument("--device", choices=("cuda", "vulkan", "gpu"), default="cuda",
+                   help="cuda: the Triton / torch kernels; vulkan or gpu: the WGSL kernels on wgpu's adapter")
     j.set_defaults(func=judge)
 
 

@@ -151,9 +151,17 @@ def poisoned(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | 
     return t.fill_(math.nan) if dtype.is_floating_point else t.view(torch.uint8).fill_(0xFF).view(dtype)
 
 
+WGPU_DEVICES = ("vulkan", "gpu")  # the wgpu kernels take host tensors and run on the process's adapter
+
+
+def torch_device(device: str) -> str:
+    """Where a case's torch tensors live: the device itself, or the host for a wgpu device."""
+    return "cpu" if device in WGPU_DEVICES else device
+
+
 def device_args(k: BoundKernel, p: Prepared, device) -> dict:
     """Fresh device copies of the inputs, in their load layout if the case asks for it."""
-    args = {n: t.clone().to(device) for n, t in p.inputs.items()}
+    args = {n: t.clone().to(torch_device(device)) for n, t in p.inputs.items()}
     return k.apply_load_layouts(args, p.params) if p.laid_out else args
 
 
@@ -165,7 +173,7 @@ def launch(k: BoundKernel, p: Prepared, device) -> tuple[torch.Tensor, torch.Ten
     if spec.aliasing == "in_place":
         k(**args, **p.params)
         return args[in_place_target(spec.shape_rule)], None
-    out = poisoned(p.out_shape, torch_dtype(p.out_dtype), device) if k.takes_out else None
+    out = poisoned(p.out_shape, torch_dtype(p.out_dtype), torch_device(device)) if k.takes_out else None
     result = k(**args, **p.params, out=out) if out is not None else k(**args, **p.params)
     return (result if isinstance(result, torch.Tensor) else out), out
 
@@ -245,7 +253,8 @@ def run_conformance(
     seed: int | None = None,
     sizes: tuple[str, ...] | None = None,
 ) -> tuple[list[CaseResult], int]:
-    """Run every case of every registrable kernel (or those named); (results, seed used)."""
+    """Run every case of every registrable kernel of the device's backend (or those named):
+    Vulkan contracts on a wgpu device, the others on cpu / cuda; (results, seed used)."""
     reg = registry or load_registry()
     seed = secrets.randbits(31) if seed is None else seed
     gen = torch.Generator().manual_seed(seed)  # inputs are drawn on cpu, then copied to `device`
@@ -253,6 +262,8 @@ def run_conformance(
     results = []
     for name, k in reg.kernels.items():
         if kernels and name not in kernels:
+            continue
+        if (k.contract.backend == "Vulkan") != (device in WGPU_DEVICES):
             continue
         if k.op.name not in HARNESS:
             results.append(CaseResult(name, "-", "-", "-", False, message=f"no harness for op {k.op.name}"))
@@ -289,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m minfer.contracts.conformance", description=__doc__.split("\n")[0]
     )
     ap.add_argument("--full", action="store_true", help=f"add {FULL_MODEL}'s layer sizes (slow on cpu)")
-    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu: the Triton interpreter")
+    ap.add_argument("--device", choices=("cpu", "cuda", *WGPU_DEVICES), default="cpu",
+                    help="cpu: the Triton interpreter; vulkan: the WGSL kernels on wgpu's Vulkan adapter")
     ap.add_argument("--kernel", action="append", help="only this kernel (repeatable)")
     ap.add_argument("--seed", type=int, help="random seed (default: fresh; printed for replay)")
     ap.add_argument("--failures", action="store_true", help="list failing cases only")
@@ -298,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["TRITON_INTERPRET"] = "1"  # before the registry imports the triton kernels
         # the interpreter computes with numpy, which warns on the inf/NaN arithmetic of random bits
         warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
-    elif not torch.cuda.is_available():
+    elif args.device == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda but no CUDA device is available", file=sys.stderr)
         return 2
     t0 = time.perf_counter()

@@ -1,4 +1,5 @@
-"""The judge: measure every registrable kernel so contract costs are measured, not guessed (CUDA).
+"""The judge: measure every registrable kernel so contract costs are measured, not guessed (CUDA,
+or the WGSL kernels on a wgpu adapter with `--device vulkan`).
 
 For each bound kernel at the layer sizes of SmolLM2-135M, Qwen2.5-0.5B and Qwen2.5-7B
 (harness.MODELS; decode and 512-token prefill shapes), with operands in their load layout:
@@ -39,7 +40,18 @@ from pathlib import Path
 import torch
 
 from ..errors import DeviceError, MinferError
-from .conformance import Case, Prepared, cases, compare, device_args, launch, poisoned, prepare
+from .conformance import (
+    WGPU_DEVICES,
+    Case,
+    Prepared,
+    cases,
+    compare,
+    device_args,
+    launch,
+    poisoned,
+    prepare,
+    torch_device,
+)
 from .expr import parse_arith
 from .harness import HARNESS, MODELS, traffic
 from .ops import torch_dtype
@@ -121,8 +133,63 @@ def copy_bandwidth(device: str, timer: Timer, nbytes: int = COPY_BYTES) -> float
     return 2 * nbytes / (us * 1e-6)
 
 
+# ---- a wgpu device (the Vulkan contracts): its launchers name their device (`launcher.wgpu_device`);
+# operands are uploaded once, a "graph" is a captured recording of GRAPH_CALLS dispatches
+
+
+def wgpu_device_of(reg: Registry):
+    """The wgpu device the registry's Vulkan launchers run on (DeviceError without one)."""
+    k = next((k for k in reg.kernels.values() if k.contract.backend == "Vulkan"), None)
+    if k is None or not hasattr(k.launcher, "wgpu_device"):
+        raise DeviceError("no Vulkan kernel is registered: nothing to judge on a wgpu device")
+    return k.launcher.wgpu_device()
+
+
+def wgpu_timers(dev, reps: int = 20) -> tuple[Timer, GraphTimer]:
+    """(host-launched µs: record, submit and wait per call, median; device µs per call: a
+    captured recording of GRAPH_CALLS calls rotating over operand copies, replayed, median)."""
+
+    def timer(fn: Callable[[], object]) -> float:
+        for _ in range(3):
+            fn()
+        dev.sync()
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            dev.sync()
+            times.append(1e6 * (time.perf_counter() - t0))
+        return statistics.median(times)
+
+    def graph_timer(make_call: Callable[[], Callable[[], object]], copies: int) -> float:
+        calls = [make_call() for _ in range(max(1, min(copies, GRAPH_CALLS)))]
+        for call in calls:  # pipelines compiled outside the capture
+            call()
+        dev.sync()
+        rec, _ = dev.capture(lambda: [calls[i % len(calls)]() for i in range(GRAPH_CALLS)])
+        dev.replay(rec)
+        dev.sync()
+        times = []
+        for _ in range(max(3, reps // 4)):
+            t0 = time.perf_counter()
+            dev.replay(rec)
+            dev.sync()
+            times.append(1e6 * (time.perf_counter() - t0) / GRAPH_CALLS)
+        return statistics.median(times)
+
+    return timer, graph_timer
+
+
 def _timed_call(k: BoundKernel, p: Prepared, device: str) -> Callable[[], object]:
-    """A zero-argument launch of the prepared case with its buffers allocated once."""
+    """A zero-argument launch of the prepared case with its buffers allocated once (on a wgpu
+    device: uploaded once, so a call is the kernel alone, not the host bridge's copies)."""
+    if device in WGPU_DEVICES:
+        dev = k.launcher.wgpu_device()
+        args = {n: dev.upload(t) for n, t in p.inputs.items()}
+        if k.takes_out and k.contract.outputs[0].aliasing != "in_place":
+            out = dev.empty(p.out_shape, p.out_dtype)
+            return lambda: k(**args, **p.params, out=out)
+        return lambda: k(**args, **p.params)
     args = device_args(k, p, device)
     if k.takes_out and k.contract.outputs[0].aliasing != "in_place":
         out = poisoned(p.out_shape, torch_dtype(p.out_dtype), device)
@@ -181,14 +248,24 @@ def run_judge(
     if device == "cuda" and not torch.cuda.is_available():
         raise DeviceError("the judge measures CUDA kernels and no CUDA device is available")
     reg = registry or load_registry()
-    if timer is None:
-        timer, graph_timer = do_bench_us, graph_timer or graph_replay_us
-    bandwidth = bandwidth or copy_bandwidth(device, timer)
-    gen = torch.Generator(device=device).manual_seed(seed)
+    wgpu = device in WGPU_DEVICES
+    if wgpu:
+        dev = wgpu_device_of(reg)
+        if timer is None:
+            timer, graph_timer = wgpu_timers(dev)
+        bandwidth = bandwidth or dev.copy_bandwidth()
+        backend, device_name = "Vulkan", dev.name
+    else:
+        if timer is None:
+            timer, graph_timer = do_bench_us, graph_timer or graph_replay_us
+        bandwidth = bandwidth or copy_bandwidth(device, timer)
+        backend = "CUDA" if device == "cuda" else "CPU"
+        device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    gen = torch.Generator(device=torch_device(device)).manual_seed(seed)
     report: dict = {
         "minfer_judge": REPORT_VERSION,
-        "backend": "CUDA" if device == "cuda" else "CPU",
-        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "backend": backend,
+        "device": device_name,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "torch": torch.__version__,
         "copy_bandwidth_gbs": bandwidth / 1e9,
@@ -196,6 +273,8 @@ def run_judge(
     }
     for name, k in reg.kernels.items():
         if (kernels and name not in kernels) or k.op.name not in HARNESS:
+            continue
+        if (k.contract.backend == "Vulkan") != wgpu:  # WGSL kernels on a wgpu adapter, the others on torch's device
             continue
         t0 = time.perf_counter()
         rows, tiny = [], None
@@ -246,7 +325,10 @@ def markdown(report: dict) -> str:
         f"# minfer judge — {report['device']}, {report['date']}",
         "",
         f"Copy bandwidth (measured): {report['copy_bandwidth_gbs']:.0f} GB/s. µs: host-launched "
-        "(do_bench); graph µs: device time per call in a CUDA-graph replay (GB/s and % use it). "
+        + ("(record, submit, wait); graph µs: device time per call in a replayed recording (GB/s and % use it). "
+           if report.get("backend") == "Vulkan" else
+           "(do_bench); graph µs: device time per call in a CUDA-graph replay (GB/s and % use it). ")
+        +
         "Error: ||out - ref|| / ||ref|| against the float64 reference. bytes: the contract's "
         "bytes_moved against the real traffic.",
         "",
@@ -285,12 +367,15 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", required=True, help="directory for judge.json and judge.md")
     ap.add_argument("--kernel", action="append", help="only this kernel (repeatable)")
     ap.add_argument("--model", action="append", choices=list(MODELS), help="only these sizes (repeatable)")
+    ap.add_argument("--device", choices=("cuda", *WGPU_DEVICES), default="cuda",
+                    help="cuda: the Triton / torch kernels; vulkan: the WGSL kernels on wgpu's adapter")
 
 
 def run_cli(args: argparse.Namespace) -> int:
     """Run the judge for parsed arguments; prints the table; exit status."""
     try:
         report = run_judge(
+            device=getattr(args, "device", "cuda"),
             kernels=args.kernel,
             models=tuple(args.model or MODELS),
             progress=lambda s: print(s, file=sys.stderr),

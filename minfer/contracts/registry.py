@@ -105,12 +105,16 @@ class Registry:
 
 def revision_of(contract: KernelContract, launcher: Callable, revision_base: str | None) -> str:
     """The kernel revision: the contract's explicit hash, else a hash of the launcher's module
-    source and the provider's revision_base, so editing a kernel invalidates its measurements."""
+    source (and of the files its REVISION_SOURCES names) and the provider's revision_base, so
+    editing a kernel invalidates its measurements."""
     if contract.kernel_revision_hash != "auto":
         return contract.kernel_revision_hash
     h = hashlib.sha256((revision_base or "").encode())
     try:
         h.update(Path(inspect.getsourcefile(launcher) or "").read_bytes())
+        # a module whose kernels live in other files (the WGSL shaders) names them in REVISION_SOURCES
+        for extra in getattr(inspect.getmodule(inspect.unwrap(launcher)), "REVISION_SOURCES", ()):
+            h.update(Path(extra).read_bytes())
     except (OSError, TypeError):
         h.update(contract.entry_point.encode())
     return h.hexdigest()[:16]

@@ -32,7 +32,7 @@ from .rules import same_as_target, split_call
 from .schema import HEADER, LAYOUT_KEYS, SECTION, ContractFile, KernelContract, Spec
 
 FKC_VERSION = 1
-REGISTRABLE_BACKENDS = {"CUDA": ("triton", "torch"), "CPU": ("torch",)}
+REGISTRABLE_BACKENDS = {"CUDA": ("triton", "torch"), "CPU": ("torch",), "Vulkan": ("wgsl",)}
 
 RULES: dict[str, str] = {
     # parse
@@ -79,7 +79,7 @@ RULES: dict[str, str] = {
     "AliasingIncoherent": "an output with aliasing in_place goes with caps.in_place: true and back",
     "AlignmentInvalid": "alignment_bytes is a power of two; access_granularity_bits is 8, 16, 32, 64 or 128",
     # semantic, registrable sections only
-    "BackendUnsupported": "a registrable section's backend is CUDA (triton or torch) or CPU (torch)",
+    "BackendUnsupported": "a registrable section's backend is CUDA (triton or torch), CPU (torch) or Vulkan (wgsl)",
     "UnknownOpKind": "a registrable section's op_kind / fused_op is in minfer.contracts.ops",
     "OpSignatureMismatch": "a registrable section's inputs are the op's inputs, in order, and its "
     "op_params fields are among the op's params",
@@ -486,7 +486,8 @@ def resolve_entry_point(entry: str, trusted: tuple[str, ...] = ()) -> Callable:
 def _check_registrable(sec: KernelContract, report: _Report, bind: bool, trusted: tuple[str, ...] = ()) -> None:
     sources = REGISTRABLE_BACKENDS.get(sec.backend)
     if sources is None:
-        report("BackendUnsupported", "backend", f"{sec.backend!r}: registrable kernels run on CUDA or CPU")
+        report("BackendUnsupported", "backend",
+               f"{sec.backend!r}: registrable kernels run on {', '.join(REGISTRABLE_BACKENDS)}")
     elif sec.kernel_source not in sources:
         report(
             "BackendUnsupported",

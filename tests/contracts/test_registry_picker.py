@@ -13,7 +13,19 @@ from minfer.contracts.parser import parse_file
 from minfer.contracts.picker import candidates, layout_of, pick
 from minfer.contracts.registry import CONTRACTS_DIR, load_registry
 from minfer.errors import NoKernelError
-from minfer.kernels import attention, dequant, elementwise, embed, norm, qmatmul, quantize, rope, sample, torch_ops
+from minfer.kernels import (
+    attention,
+    dequant,
+    elementwise,
+    embed,
+    norm,
+    qmatmul,
+    quantize,
+    rope,
+    sample,
+    torch_ops,
+    wgsl_ops,
+)
 
 LAUNCHERS = {
     "dequant": dequant.dequant,
@@ -48,6 +60,24 @@ LAUNCHERS = {
     "row_select": torch_ops.row_select,
     "argmax_rows": torch_ops.argmax_rows,
     "sample_rows": sample.sample_rows,
+    # the WGSL kernels (backend Vulkan; one launcher serves the seed's per-type contracts)
+    "vk_get_rows": wgsl_ops.get_rows,
+    "vk_dequant_q4_0": wgsl_ops.dequant,
+    "vk_dequant_q8_0": wgsl_ops.dequant,
+    "vk_dequant_q4_k": wgsl_ops.dequant,
+    "vk_qmatvec_q4_0": wgsl_ops.qmatvec,
+    "vk_matmul_q4_0_tiled": wgsl_ops.qmatmul_tiled,
+    "vk_qmatvec": wgsl_ops.qmatvec,
+    "vk_matmul_tiled": wgsl_ops.qmatmul_tiled,
+    "vk_rms_norm": wgsl_ops.rms_norm,
+    "vk_add": wgsl_ops.add,
+    "vk_add_bias": wgsl_ops.add_bias,
+    "vk_swiglu": wgsl_ops.swiglu,
+    "vk_rope": wgsl_ops.rope,
+    "vk_attention": wgsl_ops.attention,
+    "vk_row_select": wgsl_ops.row_select,
+    "vk_argmax": wgsl_ops.argmax,
+    "vk_quantize_q8_0": wgsl_ops.quantize_q8_0,
 }
 
 
@@ -79,8 +109,8 @@ def test_gemv_wins_m1_by_fast_path_though_others_are_admissible(registry):
     ok, rejected = candidates("QMatMul", *_qmatmul_call(1), registry=registry)
     assert [(c.kernel.name, c.fast_path) for c in ok] == [("q4_0_gemv", "m == 1"), ("q4_0_matmul", None),
                                                           ("linear_f16", None)]
-    assert [k.name for k, _ in rejected] == ["int4_gemv", "q8_0_gemv", "q6_k_gemv", "q5_gemv", "q3_k_gemv",
-                                             "q2_k_gemv"]  # the other types' GEMVs
+    assert [k.name for k, _ in rejected if k.contract.backend == "CUDA"] == [
+        "int4_gemv", "q8_0_gemv", "q6_k_gemv", "q5_gemv", "q3_k_gemv", "q2_k_gemv"]  # the other types' GEMVs
     ok, rejected = candidates("QMatMul", *_qmatmul_call(8), registry=registry)
     assert [c.kernel.name for c in ok] == ["linear_f16", "q4_0_matmul"]  # only linear_f16 has a fast path at 8
     why = ["shape_constraint 'm == 1' is false (m=8)"]

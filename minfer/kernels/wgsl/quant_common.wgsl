@@ -1,0 +1,13 @@
+// ---- byte loads from a GGUF block stream bound as `wq: array<u32>` ----
+// Every block field of the supported types starts at an even byte (18-, 34-, 210-byte strides
+// are 2-aligned, not 4-aligned), so 16- and 32-bit loads take at most two words.
+fn ld8(b: u32) -> u32 { return (wq[b >> 2u] >> ((b & 3u) * 8u)) & 0xffu; }
+fn ld16(b: u32) -> u32 { return (wq[b >> 2u] >> ((b & 2u) * 8u)) & 0xffffu; }
+fn ld32(b: u32) -> u32 {
+    let i = b >> 2u;
+    if ((b & 2u) == 0u) { return wq[i]; }
+    return (wq[i] >> 16u) | (wq[i + 1u] << 16u);
+}
+fn ldf16(b: u32) -> f32 { return f16_bits(ld16(b)); }
+// byte e (0..3) of word w as a signed 8-bit value
+fn i8_of(w: u32, e: u32) -> f32 { return f32(bitcast<i32>(w << (24u - 8u * e)) >> 24u); }

@@ -1,0 +1,366 @@
+"""Launchers of the WGSL kernels (`wgsl/*.wgsl`), one per contract of `contracts/vulkan*.fkc.md`.
+
+Each launcher, like the Triton ones: (1) checks its invariants, (2) allocates or takes `out`,
+(3) computes the workgroup grid and records the dispatch on the tensors' device (wgpu_device.py;
+it runs at the next flush). Tensors are `VkTensor`s, device buffers the backend owns.
+
+Given torch tensors instead (the conformance harness, tests), a launcher runs on the process's
+default Vulkan device: the inputs are uploaded, the kernel runs, the result comes back as a torch
+tensor (into `out=` when given), and the caches an attention call writes are copied back too.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+
+import torch
+
+from ..errors import UnsupportedError
+from ..quant.types import GGMLType, by_name, quant_info
+from .wgpu_device import ITEMSIZE, WGSL_DIR, VkTensor, default_device
+
+REVISION_SOURCES = tuple(sorted(WGSL_DIR.glob("*.wgsl")))  # the shaders: editing one retires its judge numbers
+WG = 64  # invocations per workgroup of the elementwise kernels
+NORM_WG = 128
+GEMV = {"WG": 128, "TPR": 16, "TM": 1}  # decode: 8 output columns per workgroup, 16 invocations each
+TILED = {"WG": 128, "TPR": 16, "TM": 8}  # prefill: 8 rows of x per workgroup, each weight block read once for them
+ATTN_WG = 64
+MAX_GROUPS = 65535
+QTYPES = {GGMLType.F32, GGMLType.F16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K}
+
+
+def _host_bridge(mutates: tuple[str, ...] = ()) -> Callable:
+    """Launchers also take torch tensors: upload them, run, download the result (into `out`); the
+    inputs named in `mutates` are copied back into the caller's tensors."""
+
+    def wrap(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def launch(**kw):
+            if not any(isinstance(v, torch.Tensor) for v in kw.values()):
+                return fn(**kw)
+            dev = default_device()
+            out = kw.pop("out", None)
+            dkw = {k: dev.upload(v) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+            res = dev.download(fn(**dkw))
+            for name in mutates:
+                if isinstance(kw.get(name), torch.Tensor):
+                    kw[name].copy_(dev.download(dkw[name]).view(kw[name].dtype).view(kw[name].shape))
+            if out is None:
+                return res
+            out.copy_(res.view(out.shape))
+            return out
+
+        launch.wgpu_device = default_device  # what the judge times this launcher's device calls on
+        return launch
+
+    return wrap
+
+
+def _check(what: str, name: str, t, dtype: str, ndim: tuple[int, ...] | None = None, contiguous: bool = False) -> None:
+    if not isinstance(t, VkTensor):
+        raise UnsupportedError(f"{what}: {name} must be a device tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise UnsupportedError(f"{what}: {name} must be {dtype}, got {t.dtype}")
+    if ndim is not None and len(t.shape) not in ndim:
+        raise UnsupportedError(f"{what}: {name} must have rank {' or '.join(map(str, ndim))}, got {t.shape}")
+    if contiguous and not t.contiguous:
+        raise UnsupportedError(f"{what}: {name} must be contiguous")
+
+
+def _out(what: str, out, like: VkTensor, shape: tuple[int, ...], dtype: str = "F32") -> VkTensor:
+    if out is None:
+        return like.dev.empty(shape, dtype)
+    _check(what, "out", out, dtype, contiguous=True)
+    if out.numel != math.prod(shape):
+        raise UnsupportedError(f"{what}: out must hold {shape}, got {out.shape}")
+    return out
+
+
+def _rows(t: VkTensor) -> int:
+    return t.shape[0] if len(t.shape) == 2 else 1
+
+
+def _grid_2d(n: int, per_group: int) -> tuple[int, int]:
+    """Workgroups (x, y) covering n items of per_group each, x below the 65535 limit."""
+    groups = -(-n // per_group)
+    y = -(-groups // MAX_GROUPS)
+    return -(-groups // y), y
+
+
+def _qinfo(what: str, qtype):
+    q = by_name(qtype) if isinstance(qtype, str) else quant_info(qtype)
+    if q.type not in QTYPES:
+        raise UnsupportedError(f"{what}: storage type {q.name} has no WGSL decoder (have: "
+                               f"{', '.join(sorted(t.name for t in QTYPES))})")
+    return q
+
+
+# ---- embedding gather / dequant -------------------------------------------------------------------
+
+
+@_host_bridge()
+def get_rows(weight_u8: VkTensor, ids: VkTensor, qtype, n_embd: int, out: VkTensor | None = None) -> VkTensor:
+    """out [n_ids, n_embd] f32 = the table rows `ids` decoded (the embedding gather)."""
+    what = "vk get_rows"
+    q = _qinfo(what, qtype)
+    _check(what, "weight_u8", weight_u8, "U8", contiguous=True)
+    _check(what, "ids", ids, "I32", (1,), contiguous=True)
+    row_bytes = q.nbytes(n_embd)
+    n_rows = weight_u8.numel // row_bytes
+    if n_rows * row_bytes != weight_u8.numel or weight_u8.offset:
+        raise UnsupportedError(f"{what}: the table must be whole rows of {row_bytes} bytes from byte 0")
+    n_ids = ids.numel
+    out = _out(what, out, ids, (n_ids, n_embd))
+    pipe = ids.dev.pipeline("get_rows", {"WG": WG}, q.name)
+    ids.dev.dispatch(pipe, [weight_u8, ids, out], [n_embd, row_bytes, n_rows, out.offset],
+                     (-(-n_embd // WG), n_ids))
+    return out
+
+
+@_host_bridge()
+def dequant(raw_u8: VkTensor, qtype, rows: int, cols: int, out_dtype=torch.float32,
+            out: VkTensor | None = None) -> VkTensor:
+    """out [rows, cols] f32 = the GGUF blocks of raw_u8 decoded (seed 004's dequantizers)."""
+    what = "vk dequant"
+    q = _qinfo(what, qtype)
+    if out_dtype != torch.float32:
+        raise UnsupportedError(f"{what}: the WGSL dequantizer writes float32, not {out_dtype}")
+    _check(what, "raw_u8", raw_u8, "U8", contiguous=True)
+    row_bytes = q.nbytes(cols)
+    if raw_u8.numel != rows * row_bytes or raw_u8.offset:
+        raise UnsupportedError(f"{what}: raw_u8 must be exactly {rows} x {row_bytes} bytes from byte 0")
+    out = _out(what, out, raw_u8, (rows, cols))
+    y_rows, z = min(rows, MAX_GROUPS), -(-rows // MAX_GROUPS)
+    pipe = raw_u8.dev.pipeline("dequant", {"WG": WG}, q.name)
+    raw_u8.dev.dispatch(pipe, [raw_u8, out], [cols, row_bytes, rows, out.offset, 0], (-(-cols // WG), y_rows, z))
+    return out
+
+
+# ---- matmul ---------------------------------------------------------------------------------------
+
+
+def _qmatmul(what: str, cfg: dict, x: VkTensor, w: VkTensor, n: int, k: int, qtype, out) -> VkTensor:
+    q = _qinfo(what, qtype)
+    _check(what, "x", x, "F32", (1, 2))
+    _check(what, "w", w, "U8", contiguous=True)
+    if x.shape[-1] != k or k % q.block_elems:
+        raise UnsupportedError(f"{what}: x must be [m, {k}] with k a multiple of {q.block_elems}, got {x.shape}")
+    row_bytes = q.nbytes(k)
+    if w.numel != n * row_bytes or w.offset:
+        raise UnsupportedError(f"{what}: w must be {n} rows of {row_bytes} bytes ({q.name}) from byte 0")
+    m = _rows(x)
+    shape = (m, n) if len(x.shape) == 2 else (n,)
+    if out is None:
+        out = x.dev.empty(shape)
+    else:  # a contiguous [m, n], or the columns of a wider [m, n_total] output (one type's part of a fused weight)
+        _check(what, "out", out, "F32")
+        if out.numel != m * n:
+            raise UnsupportedError(f"{what}: out must hold {shape}, got {out.shape}")
+    cols_per_group = cfg["WG"] // cfg["TPR"]
+    gx, gz = _grid_2d(n, cols_per_group)
+    gy = -(-m // cfg["TM"])
+    if gy > MAX_GROUPS:
+        raise UnsupportedError(f"{what}: {m} rows exceed one dispatch ({MAX_GROUPS * cfg['TM']})")
+    aligned = x.offset % 4 == 0 and x.stride % 4 == 0  # rows of x start on 16 bytes: vec4 loads of x
+    pipe = x.dev.pipeline("qmatmul_x4+qmatmul" if aligned else "qmatmul_x+qmatmul", cfg, q.name, dot=True)
+    out_stride = out.stride if len(out.shape) == 2 else n
+    x.dev.dispatch(pipe, [w, x, out], [m, n, k, x.offset, x.stride, out.offset, out_stride, row_bytes, gx],
+                   (gx, gy, gz))
+    return out
+
+
+@_host_bridge()
+def qmatvec(x: VkTensor, w: VkTensor, n: int, k: int, qtype, out: VkTensor | None = None) -> VkTensor:
+    """out [m, n] = x [m, k] @ dequant(w [n, k])^T, the decode GEMV (one pass over x per row of x)."""
+    return _qmatmul("vk qmatvec", GEMV, x, w, n, k, qtype, out)
+
+
+@_host_bridge()
+def qmatmul_tiled(x: VkTensor, w: VkTensor, n: int, k: int, qtype, out: VkTensor | None = None) -> VkTensor:
+    """out [m, n] = x [m, k] @ dequant(w [n, k])^T, tiled over 8 rows of x (prefill)."""
+    return _qmatmul("vk qmatmul_tiled", TILED, x, w, n, k, qtype, out)
+
+
+# ---- norm, elementwise ----------------------------------------------------------------------------
+
+
+@_host_bridge()
+def rms_norm(x: VkTensor, w: VkTensor, eps: float, out: VkTensor | None = None) -> VkTensor:
+    """out [rows, d] = x * rsqrt(mean(x^2) + eps) * w per row; x may be row-strided."""
+    what = "vk rms_norm"
+    _check(what, "x", x, "F32", (1, 2))
+    _check(what, "w", w, "F32", (1,), contiguous=True)
+    d = x.shape[-1]
+    if w.numel != d:
+        raise UnsupportedError(f"{what}: w must be [{d}], got {w.shape}")
+    rows = _rows(x)
+    if rows > MAX_GROUPS:
+        raise UnsupportedError(f"{what}: {rows} rows exceed one dispatch")
+    out = _out(what, out, x, x.shape)
+    pipe = x.dev.pipeline("rms_norm", {"WG": NORM_WG})
+    x.dev.dispatch(pipe, [x, w, _at(out)], [d, x.offset, x.stride, float(eps)], (rows,))
+    return out
+
+
+def _at(out: VkTensor) -> VkTensor:
+    """Kernels that write from element 0 of their output binding need an unshifted buffer."""
+    if out.offset:
+        raise UnsupportedError("vk: this kernel writes its output from element 0 (out= must not be a shifted view)")
+    return out
+
+
+@_host_bridge()
+def add(x: VkTensor, y: VkTensor, out: VkTensor | None = None) -> VkTensor:
+    """out = x + y, contiguous f32 of one shape."""
+    what = "vk add"
+    _check(what, "x", x, "F32", contiguous=True)
+    _check(what, "y", y, "F32", contiguous=True)
+    if x.shape != y.shape:
+        raise UnsupportedError(f"{what}: x and y differ in shape: {x.shape} and {y.shape}")
+    out = _out(what, out, x, x.shape)
+    gx, gy = _grid_2d(x.numel, WG)
+    x.dev.dispatch(x.dev.pipeline("add", {"WG": WG}), [x, y, _at(out)], [x.numel, x.offset, y.offset], (gx, gy))
+    return out
+
+
+@_host_bridge(mutates=("y",))
+def add_bias(y: VkTensor, b: VkTensor, n_rows: int) -> VkTensor:
+    """y[r, :] += b for the first n_rows rows of y (in place; returns y)."""
+    what = "vk add_bias"
+    _check(what, "y", y, "F32", (1, 2))
+    _check(what, "b", b, "F32", (1,), contiguous=True)
+    n = b.numel
+    if y.shape[-1] != n or not 0 <= n_rows <= _rows(y):
+        raise UnsupportedError(f"{what}: y must be [>= {n_rows}, {n}], got {y.shape}")
+    y.dev.dispatch(y.dev.pipeline("add_bias", {"WG": WG}), [y, b], [n, y.offset, y.stride], (-(-n // WG), n_rows))
+    return y
+
+
+@_host_bridge()
+def swiglu(gate: VkTensor, up: VkTensor, out: VkTensor | None = None) -> VkTensor:
+    """out [rows, d] = silu(gate) * up; gate and up may be column slices of one matmul output."""
+    what = "vk swiglu"
+    _check(what, "gate", gate, "F32", (1, 2))
+    _check(what, "up", up, "F32", (1, 2))
+    if gate.shape != up.shape:
+        raise UnsupportedError(f"{what}: gate and up differ in shape: {gate.shape} and {up.shape}")
+    d, rows = gate.shape[-1], _rows(gate)
+    out = _out(what, out, gate, gate.shape)
+    gate.dev.dispatch(gate.dev.pipeline("swiglu", {"WG": WG}), [gate, up, _at(out)],
+                      [d, rows, gate.offset, gate.stride, up.offset, up.stride], (-(-d // WG), rows))
+    return out
+
+
+@_host_bridge()
+def row_select(x: VkTensor, rows: VkTensor, out: VkTensor | None = None) -> VkTensor:
+    """out [n, width] = x[rows, :]; x may be row-strided."""
+    what = "vk row_select"
+    _check(what, "x", x, "F32", (2,))
+    _check(what, "rows", rows, "I32", (1,), contiguous=True)
+    width = x.shape[-1]
+    out = _out(what, out, x, (rows.numel, width))
+    x.dev.dispatch(x.dev.pipeline("row_select", {"WG": WG}), [x, rows, _at(out)], [width, x.offset, x.stride],
+                   (-(-width // WG), rows.numel))
+    return out
+
+
+@_host_bridge()
+def argmax(x: VkTensor, out: VkTensor | None = None) -> VkTensor:
+    """out [rows] int32 = the index of each row's largest value (the first of equal ones)."""
+    what = "vk argmax"
+    _check(what, "x", x, "F32", (2,))
+    rows = x.shape[0]
+    out = _out(what, out, x, (rows,), "I32")
+    x.dev.dispatch(x.dev.pipeline("argmax", {"WG": 256}), [x, _at(out)], [x.shape[1], x.offset, x.stride], (rows,))
+    return out
+
+
+# ---- RoPE, attention ------------------------------------------------------------------------------
+
+
+@_host_bridge()
+def rope(x: VkTensor, positions: VkTensor, cos: VkTensor, sin: VkTensor, n_heads: int, head_dim: int, n_rot: int,
+         neox: bool, out: VkTensor | None = None) -> VkTensor:
+    """out [rows, n_heads * head_dim] = x rotated at `positions` by the cos/sin [n_ctx, n_rot/2] tables."""
+    what = "vk rope"
+    _check(what, "x", x, "F32", (2,))
+    _check(what, "positions", positions, "I32", (1,), contiguous=True)
+    for name, t in (("cos", cos), ("sin", sin)):
+        _check(what, name, t, "F32", (2,), contiguous=True)
+        if t.shape[1] != n_rot // 2:
+            raise UnsupportedError(f"{what}: {name} must be [n_ctx, {n_rot // 2}], got {t.shape}")
+    if x.shape[1] != n_heads * head_dim or head_dim % 2 or n_rot % 2 or n_rot > head_dim:
+        raise UnsupportedError(f"{what}: x [rows, {n_heads} x {head_dim}] with an even n_rot <= head_dim, got "
+                               f"{x.shape}, n_rot {n_rot}")
+    rows = x.shape[0]
+    out = _out(what, out, x, x.shape)
+    pairs = n_heads * head_dim // 2
+    x.dev.dispatch(x.dev.pipeline("rope", {"WG": WG}), [x, positions, cos, sin, _at(out)],
+                   [n_heads, head_dim, n_rot, int(bool(neox)), x.offset, x.stride, rows], (-(-pairs // WG), rows))
+    return out
+
+
+@_host_bridge(mutates=("cache_k", "cache_v"))
+def attention(q: VkTensor, k: VkTensor, v: VkTensor, cache_k: VkTensor, cache_v: VkTensor, row_slots: VkTensor,
+              positions: VkTensor, layer: int, n_head: int, n_head_kv: int, head_dim: int, scale: float,
+              spans=None, out: VkTensor | None = None) -> VkTensor:
+    """Write each row's k, v at (its slot, its position) of layer `layer` of the f32 cache
+    [layers, slots, n_kv, ctx, head_dim], then each row's causal GQA attention over positions
+    0..its position of its slot. Two dispatches: every row's keys are written before any is read."""
+    what = "vk attention"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check(what, name, t, "F32", (2,))
+    for name, t in (("cache_k", cache_k), ("cache_v", cache_v)):
+        _check(what, name, t, "F32", (5,), contiguous=True)
+    for name, t in (("row_slots", row_slots), ("positions", positions)):
+        _check(what, name, t, "I32", (1,), contiguous=True)
+    layers, slots, nkv, ctx, hd = cache_k.shape
+    rows = q.shape[0]
+    if (nkv, hd) != (n_head_kv, head_dim) or cache_v.shape != cache_k.shape or not 0 <= layer < layers:
+        raise UnsupportedError(f"{what}: caches {cache_k.shape} / {cache_v.shape} do not hold layer {layer} of "
+                               f"{n_head_kv} x {head_dim}")
+    if q.shape[1] != n_head * hd or k.shape != (rows, nkv * hd) or v.shape != (rows, nkv * hd):
+        raise UnsupportedError(f"{what}: q {q.shape}, k {k.shape}, v {v.shape} are not [{rows}, heads x {hd}]")
+    if n_head % n_head_kv or hd > 4 * ATTN_WG or row_slots.numel != rows or positions.numel != rows:
+        raise UnsupportedError(f"{what}: {n_head} heads over {n_head_kv} kv heads, head_dim {hd} <= {4 * ATTN_WG}, "
+                               "one slot and one position per row")
+    base = cache_k.offset + layer * slots * nkv * ctx * hd
+    if cache_v.offset != cache_k.offset:
+        raise UnsupportedError(f"{what}: cache_k and cache_v must start at the same element")
+    dev = q.dev
+    dev.dispatch(dev.pipeline("kv_store", {"WG": WG}), [k, v, row_slots, positions, cache_k, cache_v],
+                 [nkv, hd, ctx, base, k.offset, k.stride, v.offset, v.stride], (-(-(nkv * hd) // WG), rows))
+    out = _out(what, out, q, (rows, n_head * hd))
+    dev.dispatch(dev.pipeline("attention", {"WG": ATTN_WG}), [q, cache_k, cache_v, row_slots, positions, _at(out)],
+                 [n_head, nkv, hd, ctx, base, q.offset, q.stride, float(scale)], (n_head, rows))
+    return out
+
+
+# ---- quantize -------------------------------------------------------------------------------------
+
+
+@_host_bridge()
+def quantize_q8_0(x_f32: VkTensor, out: VkTensor | None = None) -> VkTensor:
+    """out: the GGML Q8_0 blocks of contiguous f32 x (34 bytes per 32 values), [.., cols / 32 * 34] bytes."""
+    what = "vk quantize_q8_0"
+    _check(what, "x_f32", x_f32, "F32", contiguous=True)
+    n = x_f32.numel
+    if n % 32 or not x_f32.shape:
+        raise UnsupportedError(f"{what}: the element count must be a multiple of 32, got {x_f32.shape}")
+    n_blocks = n // 32
+    shape = (*x_f32.shape[:-1], x_f32.shape[-1] // 32 * 34)
+    if out is None:
+        out = x_f32.dev.empty(shape, "U8")
+    _check(what, "out", out, "U8", contiguous=True)
+    if out.numel != n_blocks * 34 or out.offset:
+        raise UnsupportedError(f"{what}: out must be {n_blocks * 34} bytes from byte 0")
+    gx, gy = _grid_2d(-(-n_blocks // 2), WG)
+    x_f32.dev.dispatch(x_f32.dev.pipeline("quantize_q8_0", {"WG": WG}), [x_f32, out], [n_blocks, x_f32.offset],
+                       (gx, gy))
+    return out
+
+
+__all__ = ["ITEMSIZE", "add", "add_bias", "argmax", "attention", "dequant", "get_rows", "qmatmul_tiled", "qmatvec",
+           "quantize_q8_0", "rms_norm", "rope", "row_select", "swiglu"]

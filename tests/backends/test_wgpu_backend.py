@@ -1,0 +1,245 @@
+"""The vulkan backend (WGSL kernels through wgpu) against the cpu reference: every Vulkan kernel
+under its contract (with subgroup reductions and with the shared-memory path), SmolLM2 end to
+end, tiny synthetic models of other weight types.
+
+CI runs these on Mesa's lavapipe (scripts/test.sh installs mesa-vulkan-drivers); on a GPU host
+(bench/vulkan_h200.sh) they run on its Vulkan driver. A machine where wgpu finds no Vulkan
+adapter FAILS these tests with what to install: they are never skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from minfer.contracts.conformance import format_results, run_conformance
+from minfer.contracts.parser import parse_file
+from minfer.contracts.registry import CONTRACTS_DIR
+
+VULKAN_KERNELS = sorted(s.kernel for f in CONTRACTS_DIR.glob("*.fkc.md") for s in parse_file(f).sections
+                        if s.registrable and s.backend == "Vulkan")
+PROMPT = [3, 17, 42, 99, 5, 250, 7, 311, 64, 128, 2, 77]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def adapter():
+    """The Vulkan adapter these tests run on; a clear failure (not a skip) when there is none."""
+    from minfer.contracts.registry import default_registry
+    from minfer.kernels.wgpu_device import adapters, describe
+
+    default_registry()  # (binds every kernel first: triton must load before a lavapipe device, wgpu_device.py)
+    found = adapters("Vulkan")
+    if not found:
+        pytest.fail("wgpu finds no Vulkan adapter: install wgpu (pip install 'minfer[vulkan]') and a Vulkan driver "
+                    "(no GPU: apt-get install mesa-vulkan-drivers, Mesa's lavapipe)")
+    return describe(found[0])
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+@pytest.mark.parametrize("kernel", VULKAN_KERNELS)
+def test_kernel_conforms_to_its_contract(kernel):
+    results, seed = run_conformance(kernels=[kernel], device="vulkan")
+    assert results, f"no case was generated for {kernel}"
+    failed = [r for r in results if not r.passed]
+    assert not failed, f"seed {seed}\n" + format_results(failed)
+    assert {r.size for r in results} == {"tiny", "odd", "boundary"}
+
+
+def test_the_shared_memory_reductions_conform_too():
+    """MINFER_WGPU_SUBGROUPS=0: the kernels that reduce, with the shared-memory tree instead of
+    subgroup operations (what an adapter without subgroups runs), through the conformance CLI."""
+    reducing = ["vk_qmatvec_q4_0", "vk_matmul_q4_0_tiled", "vk_qmatvec", "vk_rms_norm"]
+    env = {**os.environ, "MINFER_WGPU_SUBGROUPS": "0"}
+    args = [sys.executable, "-m", "minfer.contracts.conformance", "--device", "vulkan", "--failures"]
+    for k in reducing:
+        args += ["--kernel", k]
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert " 0 failed" in done.stdout
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"])
+def test_the_matmuls_read_a_strided_unaligned_x(qtype):
+    """A column slice of x at an odd offset takes the scalar-load path (the harness's contiguous x
+    takes the vec4 one): both launch configs, against the reference decode."""
+    from minfer.contracts.harness import random_blocks
+    from minfer.kernels import wgsl_ops
+    from minfer.kernels.wgpu_device import default_device
+    from minfer.quant.reference import dequantize
+    from minfer.quant.types import by_name
+
+    q, dev = by_name(qtype), default_device()
+    n, k, m = 9, 2 * q.block_elems * (2 if q.block_elems == 32 else 1), 3
+    gen = torch.Generator().manual_seed(3)
+    wide = torch.randn(m, k + 3, generator=gen)
+    raw = random_blocks(q, n, k, gen)
+    want = wide[:, 1:k + 1].double() @ dequantize(raw, q.type, (n, k)).double().T
+    x, w = dev.upload(wide).cols(1, k + 1), dev.upload(raw)
+    for launch in (wgsl_ops.qmatvec, wgsl_ops.qmatmul_tiled):
+        got = launch(x=x, w=w, n=n, k=k, qtype=q.type).cpu().double()
+        assert _rel(got, want) < 1e-5, launch.__name__
+
+
+@pytest.mark.parametrize("cfg", [{"WG": 64, "TPR": 2, "TM": 1}, {"WG": 128, "TPR": 4, "TM": 1},
+                                 {"WG": 256, "TPR": 32, "TM": 1}, {"WG": 256, "TPR": 128, "TM": 1}])
+def test_every_reduction_branch_of_the_gemv_is_right(cfg, monkeypatch):
+    """The GEMV's per-column sums over TPR invocations: shuffles inside a subgroup, subgroupAdd
+    over whole subgroups, the tree otherwise; which one runs depends on TPR and the adapter's
+    subgroup size, so a spread of TPR reaches each on any adapter."""
+    from minfer.contracts.harness import random_blocks
+    from minfer.kernels import wgsl_ops
+    from minfer.kernels.wgpu_device import default_device
+    from minfer.quant.reference import dequantize
+    from minfer.quant.types import by_name
+
+    monkeypatch.setattr(wgsl_ops, "GEMV", cfg)
+    q, dev = by_name("Q4_0"), default_device()
+    n, k = 37, 32 * 45
+    gen = torch.Generator().manual_seed(5)
+    x, raw = torch.randn(1, k, generator=gen), random_blocks(q, n, k, gen)
+    got = wgsl_ops.qmatvec(x=dev.upload(x), w=dev.upload(raw), n=n, k=k, qtype=q.type).cpu().double()
+    assert _rel(got, x.double() @ dequantize(raw, q.type, (n, k)).double().T) < 1e-5
+
+
+def test_the_subgroup_switch_reaches_the_device(monkeypatch):
+    from minfer.kernels.wgpu_device import Device
+
+    monkeypatch.setenv("MINFER_WGPU_SUBGROUPS", "0")
+    assert Device("vulkan").subgroups is False
+
+
+def test_the_judge_measures_the_vulkan_kernels_on_the_adapter():
+    """`minfer judge --device vulkan`: the WGSL kernels timed on the adapter (operands uploaded
+    once, a recording replayed for device time), the overhead the picker reads back per kernel."""
+    from minfer.contracts.judge import markdown, run_judge
+
+    report = run_judge(device="vulkan", kernels=["vk_add", "vk_rms_norm", "add_f32"], models=("SmolLM2-135M",))
+    assert report["backend"] == "Vulkan" and report["copy_bandwidth_gbs"] > 0
+    assert set(report["kernels"]) == {"vk_add", "vk_rms_norm"}  # (add_f32 is a CUDA kernel)
+    for k in report["kernels"].values():
+        assert k["overhead_ns"] > 0 and k["results"]
+        assert all(r["within_tolerance"] and r["graph_us"] > 0 and not r["error"] for r in k["results"])
+    assert "replayed recording" in markdown(report)
+
+
+def test_no_matching_adapter_is_a_device_error(monkeypatch):
+    from minfer.errors import DeviceError
+    from minfer.kernels.wgpu_device import Device
+
+    monkeypatch.setenv("MINFER_WGPU_ADAPTER", "no-such-adapter")
+    with pytest.raises(DeviceError, match="no Vulkan adapter matching 'no-such-adapter'"):
+        Device("vulkan")
+
+
+# ---- end to end -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_path):
+    from minfer.api import load
+
+    cpu = load(smollm2_path, "cpu", n_ctx=256, n_slots=2, progress=False)
+    vk = load(smollm2_path, "vulkan", n_ctx=256, n_slots=2, progress=False)
+    yield cpu, vk
+    cpu.close()
+    vk.close()
+
+
+def test_smollm2_prompt_logits_match_cpu(smollm2, raw):
+    cpu, vk = smollm2
+    want = raw.prefill(cpu.engine, 0, PROMPT)  # the cpu's exact float32 path (a prompt chunk)
+    got = raw.prefill(vk.engine, 0, PROMPT)
+    assert got.shape == want.shape and _rel(got, want) < 1e-4
+
+
+def test_smollm2_greedy_tokens_equal_cpu_where_decisive(smollm2):
+    """Greedy generation on vulkan equals the cpu backend's at every step whose top-1 / top-2
+    margin (cpu exact logits) is >= 0.5, up to the first step that is not."""
+    cpu, vk = smollm2
+    prompts = ["The capital of France is", "def fibonacci(n):"]
+    a = cpu.generate_batch(prompts, max_tokens=12, temperature=0)
+    b = vk.generate_batch(prompts, max_tokens=12, temperature=0)
+    checked = 0
+    for ra, rb, p in zip(a, b, prompts, strict=True):
+        ids = cpu.prompt_ids(p) + ra.token_ids
+        logits = cpu.logits(ids)[len(ids) - len(ra.token_ids) - 1:-1]
+        top2 = logits.topk(2, dim=-1).values
+        firm = next((j for j, m in enumerate((top2[:, 0] - top2[:, 1]).tolist()) if m < 0.5), len(ra.token_ids))
+        assert rb.token_ids[:firm] == ra.token_ids[:firm]
+        checked += firm
+    assert checked >= 6, "too few decisive steps to say anything"
+
+
+def test_every_node_runs_a_vulkan_contract(smollm2):
+    _, vk = smollm2
+    be = vk.engine.backend
+    rows = be.plan_rows() + be.plan_rows(8, prefill=True)
+    assert {r["kernel"] for r in rows} <= set(VULKAN_KERNELS)
+    by_op = {(r["op"], r["kernel"]) for r in rows if r["op"] == "MatMul"}
+    assert {k for _, k in by_op} == {"vk_qmatvec", "vk_matmul_tiled"}  # Q4_1 / Q8_0: GEMV for a row, tiled for more
+    assert {r["op"] for r in rows} == {"GetRows", "RMSNorm", "MatMul", "RoPE", "Attention", "Add", "SwiGLU"}
+
+
+def test_decode_pick_reads_back_only_tokens_and_chains_on_the_device(smollm2):
+    from minfer.backends.base import Batch
+
+    _, vk = smollm2
+    be = vk.engine.backend
+    be.forward(Batch.single(PROMPT[:5], 0, slot=1))
+    first = be.decode_pick(Batch.build([(1, 5, [PROMPT[5]])], [0], n_decode=1))
+    second = be.decode_pick(Batch.build([(1, 6, [0])], [0], n_decode=1), after=first)  # tokens from `first`
+    t1, t2 = first.tokens(), second.tokens()
+    be.forward(Batch.single(PROMPT[:5], 0, slot=1))
+    l1 = be.forward(Batch.build([(1, 5, [PROMPT[5]])], [0], n_decode=1))
+    l2 = be.forward(Batch.build([(1, 6, t1)], [0], n_decode=1))
+    assert t1 == l1.argmax(-1).tolist() and t2 == l2.argmax(-1).tolist()
+
+
+# llama: Q4_0, Q8_0, F16 weights, a Q4_K_M mix (fused q/k/v of Q4_K and Q6_K: one GEMV per type);
+# qwen2: q/k/v biases, NEOX RoPE, untied output, K-quants
+CASES = [("tiny-llama", q) for q in ("q4_0", "q8_0", "f16", "q4_k_m")] + [("tiny-qwen2", "q4_k")]
+
+
+def test_a_replayed_decode_step_equals_its_eager_run(smollm2):
+    """Decode steps are captured once per row count and replayed; a replay computes exactly what
+    recording the step again computes (same kernels, same buffers, same order)."""
+    from minfer.backends.base import Batch
+
+    _, vk = smollm2
+    be = vk.engine.backend
+    be.forward(Batch.build([(0, 0, PROMPT[:4]), (1, 0, PROMPT[4:8])], [3, 7]))
+    out = {}
+    for replay in (False, True, True):  # eager, the capture's first replay, a second replay
+        be.use_replay = replay
+        try:
+            for pos in (4, 5):  # (each rewrites the same keys at the same positions)
+                step = Batch.build([(0, pos, [PROMPT[pos]]), (1, pos, [PROMPT[pos + 4]])], [0, 1], n_decode=2)
+                out.setdefault(replay, []).append(be.forward(step))
+        finally:
+            be.use_replay = True
+    assert 2 in be._replays
+    assert all(torch.equal(a, b) for a, b in zip(out[False], out[True][-2:], strict=True))
+    be.warmup()  # (what `minfer serve` runs before it is ready): every row count the slots can fill
+    assert set(be._replays) == {1, 2}
+
+
+@pytest.mark.parametrize("preset, quant", CASES)
+def test_tiny_models_of_other_weight_types_match_cpu(tiny_gguf, raw, preset, quant):
+    from minfer.api import load
+
+    path = tiny_gguf(preset, quant)
+    cpu = load(path, "cpu", n_ctx=64, n_slots=2, progress=False)
+    vk = load(path, "vulkan", n_ctx=64, n_slots=2, progress=False)
+    want = raw.prefill(cpu.engine, 0, PROMPT)
+    got = raw.prefill(vk.engine, 0, PROMPT)
+    assert _rel(got, want) < 1e-4
+    raw.prefill(vk.engine, 1, PROMPT[:9])
+    steps = torch.stack([raw.decode(vk.engine, 1, t, p) for p, t in enumerate(PROMPT[9:], start=9)])
+    assert _rel(steps, want[9:]) < 1e-4  # decode rows (the GEMVs) = the prompt's rows (the tiled matmuls)
