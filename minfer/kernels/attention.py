@@ -412,9 +412,15 @@ def attention_prefill_q8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cach
 
 
 def prefill_block_n(head_dim: int, q8: bool = False) -> int:
-    """Keys per inner step of a prefill tile: 32, 16 dequantizing Q8_0 (a 64-row tile then fits
-    the registers without spilling: sm_90 compile check)."""
-    return 16 if q8 else 32
+    """Keys per inner step of a prefill tile: 32 up to head_dim 64, else 16 (a [64, head_dim]
+    tile of 4 warps then fits the registers without spilling, on triton 3.6 and 3.7: sm_90 compile
+    check; 8 warps instead were 1.6-1.9x slower on the H200, bench/NOTES.md run 28)."""
+    return 32 if head_dim <= 64 and not q8 else 16
+
+
+def prefill_warps(head_dim: int) -> int:
+    """Warps per prefill program."""
+    return 4
 
 
 def _attention_prefill(what, cache_dtype, q, k, v, cache_k, cache_v, row_slots, positions, layer, n_head, n_head_kv,
@@ -444,6 +450,7 @@ def _attention_prefill(what, cache_dtype, q, k, v, cache_k, cache_v, row_slots, 
     _attn_prefill_kernel[check_grid(what, (tiles.shape[0], n_head))](
         q2, cache_k, cache_v, tiles, out, q2.stride(0), layer * n_slots * nkv * n_ctx * rs, nkv * n_ctx * rs,
         n_ctx * rs, float(scale), n_head // n_head_kv, n_head, hd, rs, BLOCK_M=PREFILL_BLOCK_M,
-        BLOCK_D=max(16, triton.next_power_of_2(hd)), BLOCK_N=prefill_block_n(hd, q8), Q8=q8, num_warps=4,
+        BLOCK_D=max(16, triton.next_power_of_2(hd)), BLOCK_N=prefill_block_n(hd, q8), Q8=q8,
+        num_warps=prefill_warps(hd),
         **pdl_args())
     return out

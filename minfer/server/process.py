@@ -12,6 +12,8 @@ The wire is one `multiprocessing` pipe, pickled tuples both ways:
   parent -> child  ("add", key, ids, params, logprobs_n) | ("abort", key) | ("stop",)
   child -> parent  ("ready", facts) | ("load_error", message, is_minfer_error)
                    | ("events", [(key, event), ...], running, waiting)   one message per step
+Each side writes from a sender thread of its own: the engine never waits for a parent slow to
+read, and the event loop never blocks on a pipe the child has not drained (a long prompt).
 The parent reads the pipe on its event loop (`attach`, at the app's startup: `loop.add_reader`
 on the pipe), so events reach each job's queue with no thread and no lock in between: a thread
 would trade the interpreter lock with the event loop for every step's message. Until attached
@@ -263,24 +265,36 @@ def _child_main(conn, spec: LoadSpec) -> None:
         return
     conn.send(("ready", {"n_ctx": model.n_ctx, "n_slots": model.n_slots, "n_vocab": model.n_vocab,
                          "eog_ids": sorted(model.eog_ids)}))
+    outbox: queue.SimpleQueue = queue.SimpleQueue()  # each step's message, sent by a thread of its own
+    sender = threading.Thread(target=_send_all, args=(conn, outbox), name="minfer-engine-sender", daemon=True)
+    sender.start()
     out: list = []
     driver = Driver(model.engine, lambda key, ev: out.append((key, ev)))
     try:
-        _serve(conn, driver, out)
+        _serve(conn, driver, out, outbox)
     except (EOFError, OSError):  # the parent is gone
         pass
     except BaseException as e:  # noqa: BLE001 (a bug in the loop itself: say so to every waiting client)
         log.error("engine loop failed:\n%s", traceback.format_exc())
         driver.fail_all(f"the engine loop failed: {type(e).__name__}: {e}")
-        try:
-            conn.send(("events", out, 0, 0))
-        except (OSError, ValueError):
-            pass
+        outbox.put(("events", list(out), 0, 0))
     finally:
+        outbox.put(None)
+        sender.join(10)  # the last events reach the parent before this process ends
         model.close()
 
 
-def _serve(conn, driver: Driver, out: list) -> None:
+def _send_all(conn, outbox: queue.SimpleQueue) -> None:
+    """Write the engine's messages to the parent: the engine never waits for a parent that is
+    slow to read (a busy event loop); it only queues."""
+    while (msg := outbox.get()) is not None:
+        try:
+            conn.send(msg)
+        except (OSError, ValueError):  # the parent is gone: the engine loop sees EOF on its next poll
+            return
+
+
+def _serve(conn, driver: Driver, out: list, outbox: queue.SimpleQueue) -> None:
     counts = None
     while True:
         if not driver.busy():
@@ -293,12 +307,12 @@ def _serve(conn, driver: Driver, out: list) -> None:
                 driver.abort(msg[1])
             elif msg[0] == "stop":
                 driver.fail_all("the server is shutting down")
-                conn.send(("events", out, 0, 0))
+                outbox.put(("events", list(out), 0, 0))
                 return
         if driver.busy():
             driver.step()
         now = driver.counts()
         if out or now != counts:
-            conn.send(("events", out, *now))
+            outbox.put(("events", list(out), *now))
             out.clear()
             counts = now

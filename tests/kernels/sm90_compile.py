@@ -73,10 +73,11 @@ def variants():
     planes = {0: ("*fp16", "*fp16"), 1: ("*fp16", "*fp16"), 2: ("*i16", "*i32")}  # Q4_0, Q4_1, Q4_K
     for mode, (d_t, m_t) in planes.items():
         for n, k in [(18944, 3584), (3584, 18944)]:  # the configs gemv_config picks: no split, split
-            base = qmatmul.gemv_config(n, k)
-            for cfg, even in [(base, e) for e in ((True, False) if mode == 0 else (False,))] + [
-                    (qmatmul.GemvConfig(r=base.r, lr=base.lr, wk=base.wk, split=base.split, prefetch=True,
-                                        maxnreg=qmatmul.PREFETCH_REGS[mode]), False)]:
+            base = qmatmul.gemv_config(n, k, affine=mode > 0)
+            prefetching = [] if base.prefetch else [
+                (qmatmul.GemvConfig(r=base.r, lr=base.lr, wk=base.wk, split=base.split, prefetch=True,
+                                    maxnreg=qmatmul.PREFETCH_REGS[mode]), False)]
+            for cfg, even in [(base, e) for e in ((True, False) if mode == 0 else (False,))] + prefetching:
                 name = (f"gemv[mode {mode} r{cfg.r} lr{cfg.lr} wk{cfg.wk} split={cfg.split} even={even} "
                         f"prefetch={cfg.prefetch}]")
                 consts = dict(R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=cfg.split > 1, EVEN_K=even,
@@ -151,7 +152,7 @@ def variants():
         out.append((f"attention_prefill[hd{hd} q8={q8}]", attention._attn_prefill_kernel,
                     dict(sig, ck_ptr=cache, cv_ptr=cache),
                     {"BLOCK_M": attention.PREFILL_BLOCK_M, "BLOCK_D": hd, "BLOCK_N": attention.prefill_block_n(hd, q8),
-                     "Q8": q8, "PDL": 2}, {"num_warps": 4}))
+                     "Q8": q8, "PDL": 2}, {"num_warps": attention.prefill_warps(hd)}))
     sig = {"po_ptr": "*fp32", "pml_ptr": "*fp32", "out_ptr": "*fp32", "N_HEAD": "i32", "HD": "i32", "NSPLIT": "i32",
            "SP": c, "BLOCK_D": c, "PDL": c}
     out.append(("attention_combine", attention._attn_combine_kernel, sig, {"SP": 8, "BLOCK_D": 128, "PDL": 2},
