@@ -202,6 +202,21 @@ def test_decode_pick_reads_back_only_tokens_and_chains_on_the_device(smollm2):
     assert t1 == l1.argmax(-1).tolist() and t2 == l2.argmax(-1).tolist()
 
 
+def test_a_rows_numbers_do_not_depend_on_the_batch(tiny_gguf):
+    """Batch invariance: a decode row alone (the GEMVs), the same row beside a prompt chunk (the
+    tiled matmuls: a row accumulated exactly as the GEMV does), bit for bit."""
+    from minfer.api import load
+    from minfer.backends.base import Batch
+
+    vk = load(tiny_gguf("tiny-llama", "q4_k_m"), "vulkan", n_ctx=64, n_slots=3, progress=False)
+    be = vk.engine.backend
+    be.forward(Batch.single(PROMPT[:6], 0, slot=0))
+    alone = be.forward(Batch.build([(0, 6, [PROMPT[6]])], [0], n_decode=1))
+    mixed = be.forward(Batch.build([(0, 6, [PROMPT[6]]), (1, 0, PROMPT[:9])], [0, 9], n_decode=1))
+    prompt_alone = be.forward(Batch.single(PROMPT[:9], 0, slot=2))
+    assert torch.equal(mixed[0], alone[0]) and torch.equal(mixed[1], prompt_alone[0])
+
+
 # llama: Q4_0, Q8_0, F16 weights, a Q4_K_M mix (fused q/k/v of Q4_K and Q6_K: one GEMV per type);
 # qwen2: q/k/v biases, NEOX RoPE, untied output, K-quants
 CASES = [("tiny-llama", q) for q in ("q4_0", "q8_0", "f16", "q4_k_m")] + [("tiny-qwen2", "q4_k")]
