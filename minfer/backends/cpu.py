@@ -18,19 +18,19 @@ import os
 import torch
 
 from ..config import EngineConfig
-from ..errors import MinferError, ModelError, UnsupportedError
+from ..errors import InsufficientMemoryError, ModelError, UnsupportedError
 from ..gguf.reader import GGUFReader
 from ..graph.ir import Graph, Node, Op, WeightRef
 from . import cpu_ops
 from .base import Batch
-from .cpu_weights import EmbeddingTable, Matrix, dense_f32
+from .cpu_weights import EmbeddingTable, Matrix, dense_f32, prepared_bytes
 from .kv_cache import KVCache, kv_bytes
 from .plan import Plan, Step
 
-# Float32 copies of the matrices (the exact, fast GEMM path) are kept while they take at most
-# this fraction of physical memory; beyond it each prefill matmul decodes its weight again.
-# A KV cache larger than this fraction is refused.
-DENSE_BUDGET = 0.5
+# A KV cache larger than this fraction of physical memory is refused.
+KV_BUDGET = 0.5
+# Memory left free beyond the weights: activations, the RoPE tables, torch and Python themselves.
+HEADROOM = 512 << 20
 
 
 def physical_memory() -> int:
@@ -40,10 +40,16 @@ def physical_memory() -> int:
         return 8 << 30
 
 
-def _dense_bytes(graph: Graph) -> int:
-    """Bytes of float32 copies of every matrix the graph multiplies by."""
-    refs = {n.weights["w"] for n in graph.nodes if n.op == Op.MATMUL}
-    return sum(4 * r.shape[0] * r.shape[1] for r in refs)
+def available_memory() -> int:
+    """MemAvailable of /proc/meminfo (what can be allocated without swapping), else physical memory."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return physical_memory()
 
 
 class _State:
@@ -98,15 +104,12 @@ class CPUBackend:
         self._matrices: dict[tuple[WeightRef, WeightRef | None], Matrix] = {}
         self._tables: dict[str, EmbeddingTable] = {}
         self._ropes: dict[tuple, torch.Tensor] = {}  # rope setting -> (cos, sin) [n_ctx, n_rot/2]
-        self._keep_dense = True
-        self._matmul_weights: set[WeightRef] = set()
 
     # ------------------------------------------------------------------ load
     def load(self, graph: Graph, reader: GGUFReader, progress: bool = True) -> None:
         """Prepare the weights the graph reads and compile the plan (tqdm bar if it takes > 0.5 s)."""
         self.graph, self._reader = graph, reader
-        self._keep_dense = _dense_bytes(graph) <= DENSE_BUDGET * physical_memory()
-        self._matmul_weights = {n.weights["w"] for n in graph.nodes if n.op == Op.MATMUL and "b" not in n.weights}
+        self.check_memory(graph, reader)
         self.plan = Plan(graph, self._compile, progress=progress)
 
     def _vector(self, name: str) -> torch.Tensor:
@@ -119,8 +122,21 @@ class CPUBackend:
         if key not in self._matrices:
             bias = torch.cat([self._vector(t.name) for t in b.tensors]) if b else None
             infos = [self._reader.tensors[t.name] for t in w.tensors]
-            self._matrices[key] = Matrix(self._reader, infos, bias, self._keep_dense)
+            self._matrices[key] = Matrix(self._reader, infos, bias)
         return self._matrices[key]
+
+    @staticmethod
+    def weight_bytes(graph: Graph, reader: GGUFReader) -> int:
+        """Bytes the prepared matrices will take (the packed int4 forms, float copies of F16)."""
+        return sum(prepared_bytes(reader.tensors[t.name]) for t in
+                   {t for n in graph.nodes if n.op == Op.MATMUL for t in n.weights["w"].tensors})
+
+    def check_memory(self, graph: Graph, reader: GGUFReader) -> None:
+        """Refuse, before anything is prepared, a model whose weights do not fit the memory available."""
+        need, have = self.weight_bytes(graph, reader) + HEADROOM, available_memory()
+        if need > have:
+            raise InsufficientMemoryError(f"the cpu backend's weights of {reader.path.name}", need, have,
+                                          "close other programs or use a smaller quantization")
 
     @staticmethod
     def _rope_key(node: Node) -> tuple:
@@ -137,9 +153,6 @@ class CPUBackend:
         if op == Op.GET_ROWS:
             if "w" in node.weights:
                 (i,), w = ins, node.weights["w"]
-                if self._keep_dense and w in self._matmul_weights:  # tied: the output's exact float32 copy
-                    dense = self._matrix(w, None).dense
-                    return Step(lambda vals, st: dense.index_select(0, vals[i]), label)
                 table = self._tables.setdefault(w.name, EmbeddingTable(self._reader, self._reader.tensors[w.name]))
                 return Step(lambda vals, st: table(vals[i]), label)
             i, r = ins
@@ -225,10 +238,11 @@ class CPUBackend:
             raise ModelError("cpu backend: load() a graph before allocating its cache")
         m = self.graph.meta
         need = kv_bytes(m["n_layer"], n_slots, n_ctx, m["n_head_kv"], m["head_dim"], 4)
-        if need > DENSE_BUDGET * physical_memory():
-            raise MinferError(f"a KV cache of {n_slots} x {n_ctx} tokens needs {need / 2**30:.1f} GiB, more than "
-                              f"{DENSE_BUDGET:.0%} of this machine's {physical_memory() / 2**30:.1f} GiB; "
-                              "use a smaller context or fewer slots")
+        old = self.cache.k.numel() * 8 if self.cache is not None else 0  # freed before the new one is made
+        have = min(int(KV_BUDGET * physical_memory()), available_memory() + old - HEADROOM)
+        if need > have:
+            raise InsufficientMemoryError(f"a KV cache of {n_slots} x {n_ctx} tokens", need, max(have, 0),
+                                          "use a smaller context (-c) or fewer slots")
         self.cache = None  # free the old cache before the new one is made
         self.cache = KVCache(m["n_layer"], n_slots, n_ctx, m["n_head_kv"], m["head_dim"])
         self._ropes.clear()
