@@ -23,7 +23,7 @@ from ..gguf.reader import GGUFReader
 from ..graph.ir import Graph, Node, Op, WeightRef
 from . import cpu_ops
 from .base import Batch
-from .cpu_weights import EmbeddingTable, Matrix, dense_f32, prepared_bytes
+from .cpu_weights import EmbeddingTable, Matrix, dense_f32, pick_kernel, prepared_bytes
 from .kv_cache import KVCache, kv_bytes
 from .plan import Plan, Step
 
@@ -40,6 +40,29 @@ def physical_memory() -> int:
         return 8 << 30
 
 
+def physical_cores() -> int:
+    """Cores this process may run on, hyper-threads counted once (/proc/cpuinfo's core ids)."""
+    try:
+        allowed = os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        allowed = set(range(os.cpu_count() or 1))
+    try:
+        cores, cpu, phys = set(), None, None
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, val = line.partition(":")
+                key = key.strip()
+                if key == "processor":
+                    cpu = int(val)
+                elif key == "physical id":
+                    phys = val.strip()
+                elif key == "core id" and cpu in allowed:
+                    cores.add((phys, val.strip()))
+        return max(1, len(cores)) if cores else max(1, len(allowed))
+    except (OSError, ValueError):
+        return max(1, len(allowed))
+
+
 def available_memory() -> int:
     """MemAvailable of /proc/meminfo (what can be allocated without swapping), else physical memory."""
     try:
@@ -50,6 +73,27 @@ def available_memory() -> int:
     except (OSError, ValueError, IndexError):
         pass
     return physical_memory()
+
+
+def plan_rows(graph: Graph, reader: GGUFReader, rows: int = 1) -> list[dict]:
+    """Per matmul node: the cpu kernel contract(s) its weight parts run on for a step of `rows`
+    rows (one kernel serves decode rows and prompt chunks alike; the output projection gets
+    one row, the last token's) and the cost the picker predicts, in ns. Reads the header only:
+    nothing is packed. The other ops run as plain torch calls with no contract: not listed."""
+    out = []
+    for node in graph.nodes:
+        if node.op != Op.MATMUL:
+            continue
+        names, cost = [], 0.0
+        n_rows = 1 if node.id == graph.output else rows  # logits: the last token's row only
+        for t in node.weights["w"].tensors:
+            info = reader.tensors[t.name]
+            c = pick_kernel(info.ggml_type, *info.torch_shape, rows=n_rows)
+            names.append(c.kernel.name)
+            cost += c.cost_ns
+        out.append({"id": node.id, "name": node.name, "op": str(node.op), "layer": node.layer,
+                    "kernel": "+".join(dict.fromkeys(names)), "cost_ns": cost, "measured": False})
+    return out
 
 
 class _State:
@@ -91,8 +135,8 @@ class CPUBackend:
 
     def __init__(self, config: EngineConfig | None = None):
         self.config = config or EngineConfig()
-        if self.config.threads:
-            torch.set_num_threads(self.config.threads)  # torch's setting is per process
+        self.threads = self.config.threads or physical_cores()
+        torch.set_num_threads(self.threads)  # torch's setting is per process
         if self.config.kv_dtype not in KV_DTYPES:
             raise UnsupportedError(f"cpu backend: KV cache dtype {self.config.kv_dtype!r} is not supported "
                                    f"(supported: {', '.join(KV_DTYPES)})")

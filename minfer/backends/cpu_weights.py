@@ -3,7 +3,7 @@
 A MatMul weight becomes a `Matrix`, prepared once at load, that prefill and decode rows share:
 
 - every quantized type (Q4_0 ... Q6_K) runs torch's int4 packed matmul (group size 32, bfloat16
-  activations and scales) on the type's int4 digits (cpu_int4.py): 4-bit types as they are
+  activations and scales) on the type's int4 digits (minfer/kernels/cpu_matmul.py): 4-bit types as they are
   (0.63 bytes per weight), the others as lo/hi digit pairs (1.25 bytes per weight). No float
   copy of a quantized weight is made; the file's pages of a packed tensor are released.
 - F32 and BF16 weights are the file's bytes (float32 / bfloat16 GEMM); F16 gets a float32 copy.
@@ -26,17 +26,13 @@ import re
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
+from ..contracts.picker import Candidate, candidates
+from ..errors import NoKernelError
 from ..gguf.reader import GGUFReader, TensorInfo
+from ..kernels.cpu_matmul import INT4_TYPES, Int4Matmul, _Linear, float_weight, pack_weight, packed_bytes
 from ..quant.reference import dequantize
-from ..quant.types import GGMLType
-from .cpu_int4 import INT4_TYPES, Int4Matmul, pack_weight, packed_bytes, paired
-
-# Below 8 rows sgemm (MKL / oneDNN) takes GEMV-like kernels that round differently from its GEMM;
-# prefill calls with fewer rows are padded to this many. (Above it, rows agree bit for bit at
-# model shapes but not at every shape, so decode rows do not rely on it.)
-MIN_GEMM_ROWS = 8
+from ..quant.types import QUANT_TABLE, GGMLType
 
 
 @functools.cache
@@ -68,44 +64,17 @@ def dense_f32(reader: GGUFReader, info: TensorInfo) -> torch.Tensor:
     return decode_rows(raw_rows(reader, info), info.ggml_type, info.torch_shape[-1]).view(info.torch_shape)
 
 
-class _Linear:
-    """y = x @ W^T on a float weight (F32: the file's bytes; BF16: the file's bytes, bfloat16
-    activations; F16: an exact float32 copy, as torch's f16 GEMM on CPU is ~10x slower than bf16).
-
-    sgemm's kernel and rounding depend on the row count, so decode rows run one at a time and
-    prefill calls of fewer than MIN_GEMM_ROWS rows are padded to that many."""
-
-    def __init__(self, reader: GGUFReader, infos: list[TensorInfo]):
-        ws = []
-        for i in infos:
-            if i.ggml_type == GGMLType.F32:
-                ws.append(torch.from_numpy(reader.tensor_bytes(i.name)).view(torch.float32).view(i.torch_shape))
-            elif i.ggml_type == GGMLType.BF16:
-                ws.append(torch.from_numpy(reader.tensor_bytes(i.name)).view(torch.bfloat16).view(i.torch_shape))
-            else:
-                ws.append(dense_f32(reader, i))
-        self.w = ws[0] if len(ws) == 1 else torch.cat(ws)
-        self.dtype = self.w.dtype
-        self.name = "torch.linear_bf16" if self.dtype == torch.bfloat16 else "torch.linear_f32"
-        self.nbytes = self.w.numel() * self.w.element_size()
-
-    def __call__(self, x: torch.Tensor, decode: bool) -> torch.Tensor:
-        x = x.to(self.dtype)
-        rows = x.shape[0]
-        if decode:  # one GEMV per row, whatever the batch holds
-            ys = [F.linear(x[i:i + 1].clone(), self.w) for i in range(rows)]
-            return ys[0] if rows == 1 else torch.cat(ys)
-        if rows < MIN_GEMM_ROWS:
-            x = torch.cat([x, x.new_zeros(MIN_GEMM_ROWS - rows, x.shape[1])])
-            return F.linear(x, self.w)[:rows]
-        return F.linear(x, self.w)
-
-
-def _form(qtype: GGMLType) -> str:
-    """Which kernel family a weight type runs on: int4 digits (pair 0/32/16) or a float GEMM."""
-    if qtype in INT4_TYPES:
-        return f"int4x{paired(qtype)}"
-    return "linear"
+def pick_kernel(qtype: GGMLType, n: int, k: int, rows: int = 1) -> Candidate:
+    """The cpu kernel contract for a matmul by an [n, k] weight of this type over `rows` rows,
+    as the picker ranks them (minfer/kernels/contracts/cpu_matmul.fkc.md)."""
+    info = QUANT_TABLE[qtype]
+    ok, rejected = candidates("QMatMul", {"x": "F32", "w": info.contract_name},
+                              {"x": (rows, k), "w": (n, k // info.block_elems * info.block_bytes)},
+                              {"n": n, "k": k, "qtype": qtype}, "CPU")
+    if not ok:
+        raise NoKernelError(f"cpu backend: no kernel contract multiplies by a {qtype.name} [{n}, {k}] weight; "
+                            f"nearest: " + "; ".join(f"{r.name}: {', '.join(why)}" for r, why in rejected[:3]))
+    return ok[0]
 
 
 def prepared_bytes(info: TensorInfo) -> int:
@@ -116,17 +85,15 @@ def prepared_bytes(info: TensorInfo) -> int:
     return n * k * (4 if info.ggml_type == GGMLType.F16 else info.nbytes // (n * k))
 
 
-def kernel_name(qtype: GGMLType) -> str:
-    """The kernel a weight of this type runs on (prefill and decode alike)."""
-    return {"int4x0": "torch.int4pack_mm_bf16", "int4x32": "torch.int4pack_mm_bf16_pair32",
-            "int4x16": "torch.int4pack_mm_bf16_pair16"}.get(_form(qtype)) or (
-        "torch.linear_bf16" if qtype == GGMLType.BF16 else "torch.linear_f32")
+def kernel_name(qtype: GGMLType, n: int = 64, k: int = 256) -> str:
+    """The kernel contract a weight of this type runs on (prefill and decode alike)."""
+    return pick_kernel(qtype, n, k).kernel.name
 
 
 class Matrix:
     """y = x @ W^T (+ b) for one prepared weight W [n, k] (a fused weight: its parts' rows stacked).
 
-    Every quantized type runs torch's int4 packed matmul on the type's int4 digits (cpu_int4.py),
+    Every quantized type runs torch's int4 packed matmul on the type's int4 digits (minfer/kernels/cpu_matmul.py),
     prefill and decode rows alike: no float copy of a quantized weight exists. Stacked parts of
     different families (a Q4_K_M file's Q4_K q/k with a Q6_K v) run one kernel per run of parts
     and their columns are concatenated. Every output row depends on its input row alone."""
@@ -136,19 +103,23 @@ class Matrix:
         self.bias = bias
         self.n, self.k = sum(i.torch_shape[0] for i in infos), infos[0].torch_shape[1]
         self._runs: list[tuple[str, object]] = []
+        # each part's kernel, as the contracts choose it; consecutive parts on the same kernel
+        # are packed together (one call)
+        names = [pick_kernel(i.ggml_type, *i.torch_shape).kernel.name for i in infos]
         run: list[TensorInfo] = []
-        for info in infos + [None]:
-            if run and (info is None or _form(info.ggml_type) != _form(run[0].ggml_type)):
+        for j, info in enumerate(infos + [None]):
+            if run and (info is None or names[j] != names[j - 1]):
                 self._runs.append(self._prepare(reader, run))
                 run = []
             if info is not None:
                 run.append(info)
-        self.kernels = tuple(dict.fromkeys(kernel_name(i.ggml_type) for i in infos))
+        self.kernels = tuple(dict.fromkeys(names))
         self.nbytes = sum(fn.nbytes for _, fn in self._runs)
 
     def _prepare(self, reader: GGUFReader, infos: list[TensorInfo]) -> tuple[str, object]:
-        if _form(infos[0].ggml_type) == "linear":
-            return "linear", _Linear(reader, infos)
+        if infos[0].ggml_type not in INT4_TYPES:
+            ws = [float_weight(raw_rows(reader, i), *i.torch_shape, i.ggml_type) for i in infos]
+            return "linear", _Linear(ws[0] if len(ws) == 1 else torch.cat(ws))
         parts = []
         for i in infos:
             parts.append(pack_weight(raw_rows(reader, i), i.ggml_type, i.torch_shape[1]))

@@ -13,7 +13,19 @@ from minfer.contracts.parser import parse_file
 from minfer.contracts.picker import candidates, layout_of, pick
 from minfer.contracts.registry import CONTRACTS_DIR, load_registry
 from minfer.errors import NoKernelError
-from minfer.kernels import attention, dequant, elementwise, embed, norm, qmatmul, quantize, rope, sample, torch_ops
+from minfer.kernels import (
+    attention,
+    cpu_matmul,
+    dequant,
+    elementwise,
+    embed,
+    norm,
+    qmatmul,
+    quantize,
+    rope,
+    sample,
+    torch_ops,
+)
 
 LAUNCHERS = {
     "dequant": dequant.dequant,
@@ -41,6 +53,11 @@ LAUNCHERS = {
     "row_select": torch_ops.row_select,
     "argmax_rows": torch_ops.argmax_rows,
     "sample_rows": sample.sample_rows,
+    "cpu_int4pack_mm": cpu_matmul.int4pack_mm,
+    "cpu_int4pack_mm_pair32": cpu_matmul.int4pack_mm,
+    "cpu_int4pack_mm_pair16": cpu_matmul.int4pack_mm,
+    "cpu_linear_f32": cpu_matmul.linear,
+    "cpu_linear_bf16": cpu_matmul.linear,
 }
 
 
@@ -72,7 +89,7 @@ def test_gemv_wins_m1_by_fast_path_though_others_are_admissible(registry):
     ok, rejected = candidates("QMatMul", *_qmatmul_call(1), registry=registry)
     assert [(c.kernel.name, c.fast_path) for c in ok] == [("q4_0_gemv", "m == 1"), ("q4_0_matmul", None),
                                                           ("linear_f16", None)]
-    assert [k.name for k, _ in rejected] == ["int4_gemv"]  # Q4_1 / Q4_K only
+    assert [k.name for k, _ in rejected if k.contract.backend == "CUDA"] == ["int4_gemv"]  # Q4_1 / Q4_K only
     ok, rejected = candidates("QMatMul", *_qmatmul_call(8), registry=registry)
     assert [c.kernel.name for c in ok] == ["linear_f16", "q4_0_matmul"]  # only linear_f16 has a fast path at 8
     why = ["shape_constraint 'm == 1' is false (m=8)"]
@@ -101,8 +118,9 @@ def test_no_kernel_names_op_dtypes_shapes_and_nearest(registry):
     assert "int4_gemv:" in msg and "'m == 1' is false (m=8)" in msg
     with pytest.raises(NoKernelError, match=r"divisible\(k, 32\)' is false \(k=100\)"):
         pick("QMatMul", *_qmatmul_call(4, k=100), registry=registry)
-    with pytest.raises(NoKernelError, match="backend CUDA, not CPU"):
-        pick("QMatMul", *_qmatmul_call(4), backend="CPU", registry=registry)
+    with pytest.raises(NoKernelError, match="backend CUDA, not CPU"):  # no cpu contract for RMSNorm
+        pick("RMSNorm", ["F32", "F32"], [(4, 576), (576,)], {"eps": 1e-5}, backend="CPU", registry=registry)
+    assert pick("QMatMul", *_qmatmul_call(4), backend="CPU", registry=registry).name == "cpu_int4pack_mm"
     with pytest.raises(NoKernelError, match="unknown op 'Conv2d'"):
         pick("Conv2d", {}, {}, registry=registry)
 

@@ -1,6 +1,6 @@
 """cpu weight preparation against the `gguf` package's codecs (an oracle we did not write).
 
-Every quantized type runs torch's int4 packed matmul on its int4 digits (cpu_int4.py): the
+Every quantized type runs torch's int4 packed matmul on its int4 digits (minfer/kernels/cpu_matmul.py): the
 digits must encode the exact dequantized values, the packing must equal torch's own, and the
 matmul must agree with float64 x @ W^T to its documented precision (bfloat16 activations and
 scales: ~2^-8 relative), the same for prefill and decode rows, each row independent of the others.
@@ -14,10 +14,10 @@ import pytest
 import torch
 from gguf import quants
 
-from minfer.backends.cpu_int4 import PLAIN, int4_codes, int_form, pack_int4, pack_plain
 from minfer.backends.cpu_weights import EmbeddingTable, Matrix, dense_f32, kernel_name, prepared_bytes
 from minfer.gguf.reader import GGUFReader
 from minfer.gguf.writer import write_gguf
+from minfer.kernels.cpu_matmul import PLAIN, int4_codes, int_form, pack_int4, pack_plain
 from minfer.quant.types import QUANT_TABLE, GGMLType
 
 N, K = 48, 512  # 48 rows: not a whole int4 tile of 64 (the padding path)

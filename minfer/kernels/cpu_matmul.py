@@ -1,5 +1,5 @@
-"""Every quantized ggml type as int4 digits of torch's packed int4 matmul (the cpu backend's
-compact weights).
+"""The cpu backend's matmul kernels: every quantized ggml type as int4 digits of torch's packed
+int4 matmul, and float32 / bfloat16 GEMMs for float weights (contracts: contracts/cpu_matmul.fkc.md).
 
 torch's CPU int4 kernel (`_weight_int4pack_mm_for_cpu`, group size 32, bfloat16 activations
 and (scale, zero) pairs) computes, for every group of 32 columns, w = (c - 8) * scale + zero
@@ -30,10 +30,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
+from ..errors import UnsupportedError
 from ..quant.reference import nibbles, scale_min_k4
-from ..quant.types import QUANT_TABLE, GGMLType
+from ..quant.types import QUANT_TABLE, GGMLType, by_name
 
+# Below 8 rows sgemm (MKL / oneDNN) takes GEMV-like kernels that round differently from its GEMM;
+# prefill calls with fewer rows are padded to this many. (Above it, rows agree bit for bit at
+# model shapes but not at every shape, so decode rows do not rely on it.)
+MIN_GEMM_ROWS = 8
 GROUP = 32  # torch's int4 group size used here (the smallest it takes)
 ROWS = 64  # rows are packed in tiles of this many (torch's CPU layout); others are padded with zero rows
 
@@ -271,3 +277,92 @@ class Int4Matmul:
         if self._slices is None:
             return y
         return torch.cat([y[:, a:b] for a, b in self._slices], dim=1)
+
+
+# ---- the launchers the kernel contracts bind (minfer/kernels/contracts/cpu_matmul.fkc.md) ----
+
+
+def int4_weight(w: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str) -> Int4Matmul:
+    """Load layout: a GGUF weight's raw bytes (any quantized type) -> its packed int4 form."""
+    if isinstance(w, Int4Matmul):
+        return w
+    info = _qinfo(qtype)
+    if info.type not in INT4_TYPES:
+        raise UnsupportedError(f"int4_weight: {info.name} is not a quantized type (int4 forms: "
+                               f"{', '.join(sorted(t.name for t in INT4_TYPES))})")
+    if k % info.block_elems or w.dtype != torch.uint8 or w.numel() != info.nbytes(n * k):
+        raise UnsupportedError(f"int4_weight: expected {info.nbytes(n * k) if k % info.block_elems == 0 else '?'} "
+                               f"uint8 bytes of a [{n}, {k}] {info.name} weight (k a multiple of "
+                               f"{info.block_elems}), got {w.dtype} x {w.numel()}")
+    return Int4Matmul([pack_weight(w.reshape(n, -1), info.type, k)])
+
+
+def int4pack_mm(x: torch.Tensor, w, n: int, k: int, qtype: GGMLType | int | str,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """out [m, n] bfloat16 = x [m, k] @ W^T on W's int4 form (`int4_weight`; raw bytes are packed
+    on every call: correct, but a full pass over W each time)."""
+    mm = int4_weight(w, n, k, qtype)
+    x2 = x.reshape(1, -1) if x.dim() == 1 else x
+    if x2.dim() != 2 or x2.shape[1] != k:
+        raise UnsupportedError(f"int4pack_mm: x must be [m, {k}], got {tuple(x.shape)}")
+    y = mm(x2)
+    if out is None:
+        return y
+    if out.shape != y.shape or out.dtype != y.dtype:
+        raise UnsupportedError(f"int4pack_mm: out must be {tuple(y.shape)} {y.dtype}, "
+                               f"got {tuple(out.shape)} {out.dtype}")
+    return out.copy_(y)
+
+
+def _qinfo(qtype: GGMLType | int | str):
+    if isinstance(qtype, str):
+        return by_name(qtype)
+    return QUANT_TABLE[GGMLType(int(qtype))]
+
+
+def float_weight(w: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str) -> torch.Tensor:
+    """Load layout of the float kernels: a float weight's raw bytes -> float32 [n, k] (F32: a view
+    of the bytes; F16: an exact float32 copy) or bfloat16 [n, k] (BF16: a view)."""
+    if isinstance(w, torch.Tensor) and w.dtype in (torch.float32, torch.bfloat16):
+        return w.view(n, k)
+    t = _qinfo(qtype).type
+    if t == GGMLType.F32:
+        return w.reshape(-1).view(torch.float32).view(n, k)
+    if t == GGMLType.BF16:
+        return w.reshape(-1).view(torch.bfloat16).view(n, k)
+    if t == GGMLType.F16:
+        return w.reshape(-1).view(torch.float16).view(n, k).to(torch.float32)
+    raise UnsupportedError(f"float_weight: {t.name} is not a float type (F32, F16, BF16)")
+
+
+class _Linear:
+    """y = x @ W^T on a float weight (float32 or bfloat16, see float_weight).
+
+    sgemm's kernel and rounding depend on the row count, so decode rows run one at a time and
+    prefill calls of fewer than MIN_GEMM_ROWS rows are padded to that many."""
+
+    def __init__(self, w: torch.Tensor):
+        self.w = w
+        self.dtype = w.dtype
+        self.nbytes = w.numel() * w.element_size()
+
+    def __call__(self, x: torch.Tensor, decode: bool) -> torch.Tensor:
+        x = x.to(self.dtype)
+        rows = x.shape[0]
+        if decode:  # one GEMV per row, whatever the batch holds
+            ys = [F.linear(x[i:i + 1].clone(), self.w) for i in range(rows)]
+            return ys[0] if rows == 1 else torch.cat(ys)
+        if rows < MIN_GEMM_ROWS:
+            x = torch.cat([x, x.new_zeros(MIN_GEMM_ROWS - rows, x.shape[1])])
+            return F.linear(x, self.w)[:rows]
+        return F.linear(x, self.w)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """out [m, n] float32 = x [m, k] @ W^T for a float weight (`float_weight`'s layout, or raw bytes)."""
+    x2 = x.reshape(1, -1) if x.dim() == 1 else x
+    if x2.dim() != 2 or x2.shape[1] != k:
+        raise UnsupportedError(f"linear: x must be [m, {k}], got {tuple(x.shape)}")
+    y = _Linear(float_weight(w, n, k, qtype))(x2, decode=False).float()
+    return y if out is None else out.copy_(y)
