@@ -271,6 +271,12 @@ class CPUBackend:
 
         return run
 
+    def decode_weight_bytes(self) -> int:
+        """Bytes of weights one decode row reads: every prepared matrix once (its packed form)
+        and one row of each embedding table."""
+        rows = sum(t.raw.shape[1] for t in self._tables.values())
+        return sum(m.nbytes for m in self._matrices.values()) + rows
+
     # ------------------------------------------------------------------ memory
     def kv_budget(self) -> int:
         """An eighth of physical memory for a cache whose size the engine chooses."""

@@ -18,7 +18,9 @@ Quant mixes (norms and biases are always F32):
   q4_k                   matrices Q4_K, output Q6_K (token_embd Q6_K when tied, as it is the
                          output), like llama.cpp's Q4_K_M for the output. A row length that is
                          not a multiple of 256 falls back as llama.cpp does: Q4_K -> Q5_0,
-                         Q6_K -> Q8_0.
+                         Q5_K -> Q5_1, Q6_K -> Q8_0.
+  q5_k                   matrices Q5_K, output Q6_K (as q4_k: llama.cpp's Q5_K_M for the output)
+  q6_k                   every matrix Q6_K, token_embd too
 """
 
 from __future__ import annotations
@@ -81,13 +83,14 @@ PRESETS: dict[str, Preset] = {
     ]
 }
 
-QUANTS = ("q4_0", "q4_1", "q8_0", "q4_k", "f16", "f32")
+QUANTS = ("q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k", "f16", "f32")
 _MATRIX_TYPE = {"q4_0": GGMLType.Q4_0, "q4_1": GGMLType.Q4_1, "q8_0": GGMLType.Q8_0, "q4_k": GGMLType.Q4_K,
+                "q5_k": GGMLType.Q5_K, "q6_k": GGMLType.Q6_K,
                 "f16": GGMLType.F16, "f32": GGMLType.F32}
 # llama.cpp's llama_ftype of each mix (general.file_type); q4_k is MOSTLY_Q4_K_M
-_FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q4_k": 15}
+_FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q4_k": 15, "q5_k": 17, "q6_k": 18}
 # llama.cpp's replacement when a row is not a whole number of 256-element super-blocks
-_K_FALLBACK = {GGMLType.Q4_K: GGMLType.Q5_0, GGMLType.Q6_K: GGMLType.Q8_0}
+_K_FALLBACK = {GGMLType.Q4_K: GGMLType.Q5_0, GGMLType.Q5_K: GGMLType.Q5_1, GGMLType.Q6_K: GGMLType.Q8_0}
 
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHATML_TEMPLATE = (
@@ -105,11 +108,11 @@ COMMON_BIGRAMS = ("th he in er an re on at en nd ti es or te of ed is it al ar s
 # ------------------------------------------------------------------------------ tensor plan
 def _matrix_type(quant: str, role: str, ne0: int, tied: bool) -> GGMLType:
     t = _MATRIX_TYPE[quant]
-    if role == "output" and quant == "q4_k":
+    if role == "output" and quant in ("q4_k", "q5_k"):
         t = GGMLType.Q6_K
     elif role == "token_embd" and quant == "q4_1":
         t = GGMLType.Q8_0
-    elif role == "token_embd" and quant == "q4_k" and tied:
+    elif role == "token_embd" and quant in ("q4_k", "q5_k") and tied:
         t = GGMLType.Q6_K
     if ne0 % quant_info(t).block_elems:
         t = _K_FALLBACK[t]
@@ -276,8 +279,10 @@ _RANDOM_FIELDS: dict[GGMLType, tuple[tuple[int, int, str, float], ...]] = {
     GGMLType.Q4_0: ((0, 1, "f16", SIGMA / _Q4),),
     GGMLType.Q4_1: ((0, 1, "f16", SIGMA / _Q4), (2, 1, "f16", -7.5 * SIGMA / _Q4)),
     GGMLType.Q5_0: ((0, 1, "f16", SIGMA / _Q5),),
+    GGMLType.Q5_1: ((0, 1, "f16", SIGMA / _Q5), (2, 1, "f16", -15.5 * SIGMA / _Q5)),
     GGMLType.Q8_0: ((0, 1, "f16", SIGMA / _Q8),),
     GGMLType.Q4_K: ((0, 1, "f16", SIGMA / (63 * _Q4)), (2, 1, "f16", 7.5 * SIGMA / (63 * _Q4))),
+    GGMLType.Q5_K: ((0, 1, "f16", SIGMA / (63 * _Q5)), (2, 1, "f16", 15.5 * SIGMA / (63 * _Q5))),
     GGMLType.Q6_K: ((192, 16, "i8", 0.0), (208, 1, "f16", SIGMA / (32 * _Q6))),
 }
 

@@ -69,9 +69,10 @@ def test_every_cpu_matmul_resolves_to_a_cpu_contract(headers, preset, quant, cap
     assert one and all(math.isfinite(r["cost_ns"]) and r["cost_ns"] > 0 for r in one + chunk)
     assert [r["kernel"] for r in one] == [r["kernel"] for r in chunk]
     want = {"q4_0": "cpu_int4pack_mm", "q4_1": "cpu_int4pack_mm", "q4_k": "cpu_int4pack_mm",
-            "q8_0": "cpu_int4pack_mm_pair32", "f32": "cpu_linear_f32"}[quant]
+            "q8_0": "cpu_int4pack_mm_pair32", "q5_k": "cpu_int4pack_mm_pair32",
+            "q6_k": "cpu_int4pack_mm_pair16", "f32": "cpu_linear_f32"}[quant]
     assert want in {r["kernel"] for r in one}
-    if preset in BIG and quant == "q4_k":  # Q6_K output
+    if preset in BIG and quant in ("q4_k", "q5_k"):  # Q6_K output
         assert one[-1]["kernel"] == "cpu_int4pack_mm_pair16"
     assert main(["plan", "--device", "cpu", "-m", str(headers[preset, quant])]) == 0
     assert "predicted:" in capsys.readouterr().out

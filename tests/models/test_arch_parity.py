@@ -41,7 +41,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2"])
-@pytest.mark.parametrize("quant", ["f32", "f16", "q8_0", "q4_1"])
+@pytest.mark.parametrize("quant", ["f32", "f16", "q8_0", "q4_1", "q4_k", "q5_k", "q6_k"])
 def test_logits_match_transformers(tiny_gguf, hf_logits, raw, preset, quant):
     path = tiny_gguf(preset, quant)
     ref = hf_logits(path)
