@@ -174,7 +174,14 @@ class CPUBackend:
         """Prepare the weights the graph reads and compile the plan (tqdm bar if it takes > 0.5 s)."""
         self.graph, self._reader = graph, reader
         self.check_memory(graph, reader)
-        self.plan = Plan(graph, self._compile, progress=progress)
+        # Packing is byte shuffling bound by memory, and one thread does it about as fast as two on
+        # a quiet machine; on a busy one every 2-thread region waits for a descheduled thread
+        # (8B: 26 s with 1 thread, 159 s with 2, bench/NOTES.md). So weights are packed on one.
+        torch.set_num_threads(1)
+        try:
+            self.plan = Plan(graph, self._compile, progress=progress)
+        finally:
+            torch.set_num_threads(self.threads)
         trim_heap()
 
     def _vector(self, name: str) -> torch.Tensor:
