@@ -112,8 +112,8 @@ def main() -> None:
     print(f"== decode matmuls, one row (copy bandwidth {bw / 1e9:.0f} GB/s)")
     roles = defaultdict(list)
     for node in m.engine.graph.nodes:
-        if str(node.op) == "MatMul":
-            roles[node.name.split(".")[-1]].append(node)
+        if str(node.op) == "MatMul" and node.id not in be.parts:  # mixed-type fused weights: per-type kernels
+            roles[node.name.split(".")[-1] + " " + be.choices[node.id]["row"].kernel.name].append(node)
     for role, nodes in roles.items():
         calls = [be.matmul_args(node) for node in nodes]
         kern, args = calls[0]

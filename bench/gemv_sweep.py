@@ -18,7 +18,16 @@ import torch
 
 from minfer.api import load
 from minfer.commands.bench import copy_bandwidth
-from minfer.kernels.qmatmul import PREFETCH_REGS, GemvConfig, Int4Packed, int4_gemv, q4_0_gemv
+from minfer.kernels.qmatmul import (
+    PLANES_REGS,
+    PREFETCH_REGS,
+    GemvConfig,
+    Int4Packed,
+    PlanesPacked,
+    int4_gemv,
+    planes_gemv,
+    q4_0_gemv,
+)
 
 CONFIGS = [GemvConfig(r=r, lr=lr, wk=wk, split=s, prefetch=pf, maxnreg=128 if pf else 96)
            for r, lr, wk in [(4, 8, 4), (4, 8, 2), (2, 8, 2), (2, 4, 4), (2, 8, 4)]
@@ -27,13 +36,18 @@ CONFIGS = [GemvConfig(r=r, lr=lr, wk=wk, split=s, prefetch=pf, maxnreg=128 if pf
 
 
 def time_calls(calls, cfg, x) -> float:
-    if cfg.prefetch:  # the register cap the tile compiles without spills for its mode
-        mode = calls[0][1]["w"].mode if isinstance(calls[0][1]["w"], Int4Packed) else 0
-        cfg = replace(cfg, maxnreg=PREFETCH_REGS[mode])
+    w0 = calls[0][1]["w"]
+    if cfg.prefetch:  # the register cap the tile compiles without spills for its mode (planes: Q5_1/Q5_K spill)
+        mode = w0.mode if isinstance(w0, Int4Packed) else 0
+        cfg = replace(cfg, maxnreg=PLANES_REGS if isinstance(w0, PlanesPacked) else PREFETCH_REGS[mode])
+    elif isinstance(w0, PlanesPacked):
+        cfg = replace(cfg, maxnreg=128)
 
     def run():
         for _kern, a in calls:
-            if isinstance(a["w"], Int4Packed):
+            if isinstance(a["w"], PlanesPacked):
+                planes_gemv(x, a["w"], a["n"], a["k"], a["qtype"], config=cfg)
+            elif isinstance(a["w"], Int4Packed):
                 int4_gemv(x, a["w"], a["n"], a["k"], a["qtype"], config=cfg)
             else:
                 q4_0_gemv(x, a["w"], a["n"], a["k"], config=cfg)
@@ -68,8 +82,9 @@ def main() -> None:
         for node in m.engine.graph.nodes:
             if str(node.op) == "MatMul":
                 kern = be.choices[node.id]["row"].kernel
-                if kern.name in ("q4_0_gemv", "int4_gemv"):
-                    roles[node.name.split(".")[-1]].append(node)
+                if kern.name in ("q4_0_gemv", "int4_gemv", "q8_0_gemv", "q6_k_gemv", "q5_gemv", "q3_k_gemv",
+                                 "q2_k_gemv") and node.id not in be.parts:
+                    roles[(node.name.split(".")[-1], kern.name)].append(node)
         for role, nodes in roles.items():
             calls = [be.matmul_args(node) for node in nodes]
             n, k = calls[0][1]["n"], calls[0][1]["k"]
@@ -86,7 +101,7 @@ def main() -> None:
                     continue
                 results.append((us, cfg))
             results.sort(key=lambda r: r[0])
-            default = next((us for us, c in results if c == _default_for(n, k)), float("nan"))
+            default = next((us for us, c in results if _same_tile(c, _default_for(n, k, calls[0][1]))), float("nan"))
             print(f"{path.split('/')[-1]} {role} [{n}x{k}] {calls[0][0].name}: default {default:.1f} µs "
                   f"({100 * wbytes / (default * 1e-6) / bw:.1f} %)")
             for us, cfg in results[:5]:
@@ -99,10 +114,18 @@ def main() -> None:
         print(f"    ({n}, {k}): ({c.r}, {c.lr}, {c.wk}, {c.split}, {c.prefetch}),  # {us:.1f} vs {d:.1f} µs")
 
 
-def _default_for(n, k):
-    from minfer.kernels.qmatmul import gemv_config
+def _default_for(n, k, args):
+    """The config the launcher picks for this weight (its type's rule)."""
+    from minfer.kernels.qmatmul import gemv_config, planes_config
 
-    return gemv_config(n, k)
+    w = args["w"]
+    if isinstance(w, PlanesPacked):
+        return planes_config(n, k, w.qtype)
+    return gemv_config(n, k, isinstance(w, Int4Packed))
+
+
+def _same_tile(a, b) -> bool:
+    return (a.r, a.lr, a.wk, a.split, a.prefetch) == (b.r, b.lr, b.wk, b.split, b.prefetch)
 
 
 if __name__ == "__main__":

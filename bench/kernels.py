@@ -17,6 +17,7 @@ outputs written once); matmul rows also give TFLOP/s. Three times per row (CUDA)
 - host µs: the launcher's CPU time per call (200 calls issued back to back, no sync inside).
 
 GEMV and matmul configs are chosen (or autotuned) on the first call, before any timing.
+`--only 'planes|linear_f16|int4'` is the decode-GEMV comparison at 7B/8B shapes (bench/gemv_types.sh).
 """
 
 from __future__ import annotations
@@ -41,6 +42,16 @@ GEMV_SHAPES = [  # (model, N = out features, K = in features)
     (QWEN7, 512, 3584), (QWEN7, 3584, 3584), (QWEN7, 18944, 3584), (QWEN7, 3584, 18944),
     (QWEN7, 152064, 3584),
 ]
+LLAMA8 = "Llama-3-8B"
+DECODE_7B_8B = [  # (model, role, N, K): every decode projection of the two 7B/8B shapes (q+k+v and gate+up fused)
+    (QWEN7, "qkv", 4608, 3584), (QWEN7, "o", 3584, 3584), (QWEN7, "gate+up", 37888, 3584),
+    (QWEN7, "down", 3584, 18944), (QWEN7, "vocab", 152064, 3584),
+    (LLAMA8, "qkv", 6144, 4096), (LLAMA8, "o", 4096, 4096), (LLAMA8, "gate+up", 28672, 4096),
+    (LLAMA8, "down", 4096, 14336), (LLAMA8, "vocab", 128256, 4096),
+]
+# the planes GEMVs: what real files contain at every decode shape, the rest at two
+PLANES_ALL_SHAPES = ("Q8_0", "Q6_K", "Q5_K")
+PLANES_FEW_SHAPES = ("Q5_0", "Q5_1", "Q3_K", "Q2_K")
 MATMUL_SHAPES = [  # (model, M = tokens, N, K)
     (QWEN05, 512, 4864, 896), (QWEN05, 512, 896, 4864), (QWEN7, 512, 18944, 3584), (QWEN7, 512, 3584, 18944),
 ]
@@ -75,8 +86,62 @@ class Cases:
         raw[:, :2] = torch.tensor([0.01], dtype=torch.float16).view(torch.uint8).to(self.device)
         return raw.reshape(-1)
 
+    def quant_bytes(self, info, n_blocks: int):
+        """Random blocks of a ggml type with finite, model-like f16 scales (0.001-0.002)."""
+        torch = self.torch
+        raw = torch.randint(0, 256, (n_blocks, info.block_bytes), dtype=torch.uint8, device=self.device)
+        for off in info.f16_offsets:
+            half = (torch.rand(n_blocks, device=self.device) * 1e-3 + 1e-3).half()
+            raw[:, off:off + 2] = half.view(torch.uint8).view(n_blocks, 2)
+        return raw.reshape(-1)
+
     def all(self) -> list[Case]:
-        return self.elementwise() + self.dequant() + self.embed() + self.quantize() + self.qmatmul()
+        return self.elementwise() + self.dequant() + self.embed() + self.quantize() + self.qmatmul() + self.planes()
+
+    def planes(self) -> list[Case]:
+        """The planes GEMVs (Q8_0, Q6_K, Q5_x, Q3_K, Q2_K) at 7B/8B decode shapes, each shape also
+        as cuBLAS on the f16 copy (`linear_f16`, what one decode row ran before them) and, for
+        reference, int4_gemv on Q4_K. Bytes: the file's bytes of W (the planes layout is within
+        4 % of them) + x + out; linear_f16: its 2 bytes per weight."""
+        from minfer.kernels.qmatmul import int4_gemv, planes_gemv, repack_int4, repack_planes
+        from minfer.kernels.torch_ops import f16_weight, linear_f16
+        from minfer.quant.types import QUANT_TABLE, by_name
+
+        torch = self.torch
+        cfg = SMALL_GEMV_CONFIG if self.small else None
+        shapes = [("tiny", "t", 24, 512)] if self.small else DECODE_7B_8B
+        few = {(LLAMA8, "gate+up"), (LLAMA8, "down")}  # the rarer types: the two biggest 8B projections
+
+        def planes(info, n, k):
+            w = repack_planes(self.quant_bytes(info, n * k // info.block_elems), n, k, info.type)
+            x, out = self.randn(k), torch.empty(1, n, device=self.device)
+            return lambda: planes_gemv(x, w, n, k, info.type, out=out, config=cfg)
+
+        def q4k(n, k):
+            info = QUANT_TABLE[by_name("Q4_K").type]
+            w = repack_int4(self.quant_bytes(info, n * k // 256), n, k, info.type)
+            x, out = self.randn(k), torch.empty(1, n, device=self.device)
+            return lambda: int4_gemv(x, w, n, k, info.type, out=out, config=cfg)
+
+        def cublas(n, k):
+            w = f16_weight(self.randn(n, k).half(), n, k, "F16")
+            x = self.randn(1, k)
+            return lambda: linear_f16(x, w, n, k, "F16")
+
+        cases = []
+        for model, role, n, k in shapes:
+            shape = f"{n}x{k} {model} {role}"
+            io = 4 * (n + k)
+            cases.append(Case("linear_f16[m=1]", shape, lambda n=n, k=k: cublas(n, k), 2 * n * k + io, 2 * n * k))
+            q4 = QUANT_TABLE[by_name("Q4_K").type]
+            if model != QWEN7:  # Q4_K for reference at the 8B shapes (where llama.cpp's Q4_K figures are)
+                cases.append(Case("int4_gemv[Q4_K]", shape, lambda n=n, k=k: q4k(n, k), q4.nbytes(n * k) + io,
+                                  2 * n * k))
+            for name in PLANES_ALL_SHAPES + (PLANES_FEW_SHAPES if (model, role) in few or self.small else ()):
+                info = QUANT_TABLE[by_name(name).type]
+                cases.append(Case(f"planes_gemv[{name}]", shape, lambda i=info, n=n, k=k: planes(i, n, k),
+                                  info.nbytes(n * k) + io, 2 * n * k, host=role == "qkv"))
+        return cases
 
     def elementwise(self) -> list[Case]:
         from minfer.kernels import elementwise as ew

@@ -11,17 +11,23 @@ reports:
 - aggregate generated tok/s: every request's completion tokens / wall time of the round
   (first request sent -> last [DONE]); the median round;
 - TTFT per request (request sent -> first text chunk) and inter-token latency (time between
-  successive text chunks; one chunk per generated token, pieces of UTF-8 characters merged),
-  p50 and p99 over every request of every round.
-One warm-up request first. Needs only httpx (and minfer for the server it starts). Prints a
-short table last (and a JSON document before it with --json).
+  successive text chunks: one per generated token while the stream keeps up; a stream that
+  fell behind gets the tokens queued for it in one chunk), p50 and p99 over every request of
+  every round.
+The clients run in `--client-procs` processes (default: one per 8 streams, at most 8), started
+before the first round and released together at each round's start, so the measuring side is
+not the bottleneck (one Python process parsing 64 streams of SSE is). One warm-up request
+first. Needs only httpx (and minfer for the server it starts). Prints a short table last (and a
+JSON document before it with --json).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import json
+import multiprocessing
 import os
 import random
 import re
@@ -50,6 +56,7 @@ def start_server(a) -> tuple[subprocess.Popen, str]:
         argv += ["-m", a.model]
     if a.threads:
         argv += ["-t", str(a.threads)]
+    argv += a.serve_arg
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, text=True)
     line = proc.stderr.readline()
@@ -95,15 +102,34 @@ async def one(client: httpx.AsyncClient, url: str, model: str, prompt: list[int]
     return {"ttft": times[0] - t0 if times else float("nan"), "itl": gaps, "tokens": tokens, "seconds": end - t0}
 
 
-async def level(url: str, model: str, c: int, a, vocab: int, rng: random.Random) -> dict:
-    limits = httpx.Limits(max_connections=c + 4, max_keepalive_connections=c + 4)
+async def streams(url: str, model: str, prompts: list[list[int]], gen: int, start_at: float) -> list[dict]:
+    """Every prompt as one stream, all sent at `start_at` (time.perf_counter, shared by the
+    processes of this machine)."""
+    limits = httpx.Limits(max_connections=len(prompts) + 4, max_keepalive_connections=len(prompts) + 4)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600), limits=limits) as client:
+        await asyncio.sleep(max(0.0, start_at - time.perf_counter()))
+        res = await asyncio.gather(*(one(client, url, model, p, gen) for p in prompts))
+    end = time.perf_counter()
+    return [dict(r, end=end) for r in res]
+
+
+def client_proc(url: str, model: str, prompts: list[list[int]], gen: int, start_at: float) -> list[dict]:
+    return asyncio.run(streams(url, model, prompts, gen, start_at))
+
+
+def level(url: str, model: str, c: int, a, vocab: int, rng: random.Random) -> dict:
+    procs = max(1, min(c, a.client_procs or min(8, -(-c // 8))))
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(procs, mp_context=ctx) as pool:
+        list(pool.map(time.sleep, [0.0] * procs))  # every client process started before the first round
         rounds, ttft, itl = [], [], []
         for _ in range(a.rounds):
             prompts = [[rng.randrange(vocab) for _ in range(a.prompt_tokens)] for _ in range(c)]
-            t0 = time.perf_counter()
-            res = await asyncio.gather(*(one(client, url, model, p, a.gen_tokens) for p in prompts))
-            wall = time.perf_counter() - t0
+            t0 = time.perf_counter() + 0.1
+            parts = [prompts[i::procs] for i in range(procs)]
+            res = [r for part in pool.map(client_proc, [url] * procs, [model] * procs, parts, [a.gen_tokens] * procs,
+                                          [t0] * procs) for r in part]
+            wall = max(r["end"] for r in res) - t0
             rounds.append(sum(r["tokens"] for r in res) / wall)
             ttft += [r["ttft"] for r in res]
             itl += [x for r in res for x in r["itl"]]
@@ -124,6 +150,10 @@ def main() -> int:
     p.add_argument("--url", default=None, help="a running server instead of starting one")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--client-procs", type=int, default=0,
+                   help="client processes (default: one per 8 streams, at most 8)")
+    p.add_argument("--serve-arg", action="append", default=[],
+                   help="pass this argument on to minfer serve (repeatable), e.g. --serve-arg=--no-engine-process")
     a = p.parse_args()
     a.concurrency = [int(x) for x in a.concurrency.split(",") if x]
     proc, url = (None, a.url.rstrip("/")) if a.url else start_server(a)
@@ -131,8 +161,8 @@ def main() -> int:
         card = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]
         model, vocab = card["id"], card.get("meta", {}).get("n_vocab", 32000)
         rng = random.Random(a.seed)
-        asyncio.run(level(url, model, 1, argparse.Namespace(**{**vars(a), "rounds": 1}), vocab, rng))  # warm-up
-        rows = [asyncio.run(level(url, model, c, a, vocab, rng)) for c in a.concurrency]
+        level(url, model, 1, argparse.Namespace(**{**vars(a), "rounds": 1}), vocab, rng)  # warm-up
+        rows = [level(url, model, c, a, vocab, rng) for c in a.concurrency]
     finally:
         if proc is not None:
             proc.terminate()

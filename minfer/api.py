@@ -13,6 +13,11 @@ Every call goes through the engine's one loop (engine/engine.py): a Model has n_
 KV-cache slots (default: up to 4, as memory allows) and runs that many sequences per step;
 more wait their turn. A later prompt that starts with tokens a free slot still holds (the next
 chat turn) only runs the new part. A Model is not thread-safe: the server drives its own loop.
+
+Tensor parallelism: `minfer.load(path, device="cuda", tp=2)` splits the model over 2 ranks
+(processes; one GPU each on cuda, gloo between CPU processes): this process is rank 0 and
+starts the other ranks, which follow it until `close()`. Under torchrun (RANK / WORLD_SIZE
+set) rank 0 builds the Model and the other ranks call `follow(path, config)`.
 """
 
 from __future__ import annotations
@@ -24,13 +29,13 @@ from pathlib import Path
 
 import torch
 
-from .config import EngineConfig
+from .config import EngineConfig, dist_env
 from .default_model import default_model_path
 from .engine.engine import Engine
 from .engine.params import SamplingParams
 from .engine.perplexity import PerplexityResult, perplexity
 from .engine.sequence import Sequence
-from .errors import MinferError, TemplateError
+from .errors import MinferError, ParallelError, TemplateError
 from .gguf.reader import GGUFReader
 from .tokenizer import Tokenizer
 
@@ -49,6 +54,19 @@ def load(path: str | os.PathLike | None = None, device: str = "cpu", *, progress
     and settings."""
     return Model(path, device, progress=progress, trace=trace, chat_template=chat_template, config=config,
                  **settings)
+
+
+def follow(path: str | os.PathLike, config: EngineConfig) -> None:
+    """A rank other than 0 of a torchrun group: load this rank's part of the model and repeat
+    rank 0's steps until rank 0 closes its Model. `config` as rank 0's (its tp = the group size)."""
+    from .engine.tp import run_follower
+    from .parallel.launch import join
+
+    group = join(config, Path(path))
+    if group.rank == 0:
+        group.close()
+        raise ParallelError("follow() is for the ranks other than 0; rank 0 builds a Model")
+    run_follower(Path(path), config, group)
 
 
 @dataclass(frozen=True)
@@ -102,7 +120,40 @@ def result_of(seq: Sequence) -> GenerationResult:
                             st.cached_tokens, end - st.arrival)
 
 
-class Model:
+class Prompting:
+    """Prompts to token ids with the model's tokenizer and chat template: what needs no weights
+    (a Model is one; so is the server's front end, whose engine runs in another process)."""
+
+    tokenizer: Tokenizer
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    def chat_tokens(self, messages: Messages, add_generation_prompt: bool = True) -> list[int]:
+        """Render messages with the model's chat template and tokenize (special tokens parsed).
+        A template that already writes BOS does not get a second one."""
+        if not isinstance(messages, list):
+            raise TemplateError("messages must be a list of {'role': ..., 'content': ...} dicts")
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        ids = self.tokenizer.encode(text, add_special=True, parse_special=True)
+        bos = self.tokenizer.bos_id
+        if len(ids) >= 2 and ids[0] == ids[1] == bos:
+            ids = ids[1:]
+        return ids
+
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
+        """Token ids of a prompt string (special tokens parsed) or a message list (chat template)."""
+        if isinstance(prompt, list):
+            return self.chat_tokens(prompt)
+        if not isinstance(prompt, str):
+            raise MinferError(f"a prompt is a string or a list of messages, got {type(prompt).__name__}")
+        return self.tokenize(prompt, parse_special=True)
+
+
+class Model(Prompting):
     def __init__(self, path: str | os.PathLike | None = None, device: str = "cpu", *, progress: bool = True,
                  trace: str | os.PathLike | None = None, chat_template: str | None = None,
                  config: EngineConfig | None = None, **settings):
@@ -111,11 +162,28 @@ class Model:
             config = EngineConfig.from_env(device=device, trace_path=trace, **settings)
         elif settings or trace is not None:
             raise MinferError("pass either config= or device/trace/settings keywords, not both")
+        self.group = None  # parallel/launch.py Group: the tensor-parallel ranks, when split
         self.reader = GGUFReader(self.path)
         self.tokenizer = Tokenizer.from_metadata(self.reader.metadata)
         if chat_template is not None:
             self.tokenizer.set_chat_template(chat_template)
-        self.engine = Engine.load(self.reader, config, tokenizer=self.tokenizer, progress=progress)
+        env = dist_env()
+        if config.tp > 1 or (env is not None and env.world > 1):
+            from .models.registry import check_split
+            from .parallel.launch import join
+
+            if env is not None and env.rank != 0:
+                raise ParallelError(f"this process is rank {env.rank} of a torchrun group: only rank 0 builds a "
+                                    "Model; the other ranks call minfer.api.follow(path, config)")
+            check_split(self.reader, env.world if env is not None else config.tp)  # before any rank starts
+            self.group = join(config, self.path)
+        try:
+            self.engine = Engine.load(self.reader, config, tokenizer=self.tokenizer, progress=progress,
+                                      comm=self.group.comm if self.group is not None else None)
+        except BaseException:
+            if self.group is not None:
+                self.group.close()
+            raise
         self.last_stats: GenerationStats | None = None
 
     # ------------------------------------------------------------------ properties
@@ -144,32 +212,14 @@ class Model:
         """Forget cached prefixes: the next call runs its whole prompt."""
         self.engine.reset()
 
-    # ------------------------------------------------------------------ tokens
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
+    @property
+    def eog_ids(self) -> frozenset[int]:
+        """Token ids that end a generation (unless ignore_eos)."""
+        return self.engine.eog_ids
 
-    def detokenize(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids)
-
-    def chat_tokens(self, messages: Messages, add_generation_prompt: bool = True) -> list[int]:
-        """Render messages with the model's chat template and tokenize (special tokens parsed).
-        A template that already writes BOS does not get a second one."""
-        if not isinstance(messages, list):
-            raise TemplateError("messages must be a list of {'role': ..., 'content': ...} dicts")
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
-        ids = self.tokenizer.encode(text, add_special=True, parse_special=True)
-        bos = self.tokenizer.bos_id
-        if len(ids) >= 2 and ids[0] == ids[1] == bos:
-            ids = ids[1:]
-        return ids
-
-    def prompt_ids(self, prompt: Prompt) -> list[int]:
-        """Token ids of a prompt string (special tokens parsed) or a message list (chat template)."""
-        if isinstance(prompt, list):
-            return self.chat_tokens(prompt)
-        if not isinstance(prompt, str):
-            raise MinferError(f"a prompt is a string or a list of messages, got {type(prompt).__name__}")
-        return self.tokenize(prompt, parse_special=True)
+    def check_tokens(self, ids: list[int]) -> None:
+        """Typed errors for an empty prompt, ids outside the vocabulary, or a prompt past the context."""
+        self.engine.check_tokens(ids)
 
     # ------------------------------------------------------------------ compute
     def logits(self, token_ids: list[int]) -> torch.Tensor:
@@ -257,8 +307,11 @@ class Model:
         return perplexity(self.engine, self.tokenizer, text, n_ctx, on_chunk)
 
     def close(self) -> None:
-        """Write the trace (if recording) and release the file."""
+        """Write the trace (if recording) and release the file; stop the other ranks, if any."""
         self.engine.close()
+        if self.group is not None:
+            self.group.close()
+            self.group = None
 
     def __enter__(self) -> Model:
         return self

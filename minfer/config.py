@@ -13,6 +13,9 @@ package calls os.environ. Switches:
 - MINFER_TEST_DEVICE=cpu|cuda   device the kernel tests run on
 - MINFER_API_KEY=KEY       the key `minfer serve` requires when --api-key is not given
 
+Tensor parallelism also reads torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+MASTER_PORT: `dist_env()`), which minfer sets itself for the ranks it starts.
+
 `EngineConfig` is everything one load needs. The API's keyword arguments and the CLI's flags
 both become one EngineConfig (`EngineConfig.from_env(**settings)`: the env switches first, the
 caller's explicit values over them); the engine reads nothing else. This module imports no torch.
@@ -66,6 +69,7 @@ def env(name: str, default: T) -> T:
 KV_DTYPES = ("auto", "f32", "f16", "bf16", "q8_0")
 MAX_CTX = 1 << 20  # a context beyond a million tokens per sequence is refused before any allocation
 MAX_SLOTS = 1024
+MAX_TP = 64
 
 
 def check_int(name: str, v, lo: int, hi: int | None = None, none_ok: bool = False) -> None:
@@ -101,6 +105,7 @@ class EngineConfig:
     cuda_graph: bool = True
     overlap: bool = True  # greedy decode: queue step N+1 (tokens picked on the device) before reading step N
     mmq: bool | None = None  # many-row matmuls on cuda: True quantized kernels, False bf16 + cuBLAS, None by cost
+    tp: int = 1  # tensor-parallel ranks (processes) the model is split over
 
     def __post_init__(self):
         if not isinstance(self.device, str) or not self.device:
@@ -111,6 +116,7 @@ class EngineConfig:
         check_int("prefill_seqs", self.prefill_seqs, 1, MAX_SLOTS, none_ok=True)
         check_int("max_batch_tokens", self.max_batch_tokens, 1, MAX_CTX + MAX_SLOTS, none_ok=True)
         check_int("threads", self.threads, 1, 4096, none_ok=True)
+        check_int("tp", self.tp, 1, MAX_TP)
         if self.kv_dtype not in KV_DTYPES:
             raise ParamError("kv_dtype", f"must be one of {', '.join(KV_DTYPES)}, got {self.kv_dtype!r}")
         if self.trace_path is not None and not isinstance(self.trace_path, str | os.PathLike):
@@ -139,3 +145,36 @@ class EngineConfig:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """This process's place in a group of ranks, as torchrun describes it in the environment."""
+
+    rank: int
+    world: int
+    local_rank: int
+    addr: str
+    port: int
+
+
+def dist_env() -> DistEnv | None:
+    """torchrun's RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT, or None when RANK or
+    WORLD_SIZE is unset (a process nobody started as a rank). Bad values are typed errors."""
+    if os.environ.get("RANK") is None or os.environ.get("WORLD_SIZE") is None:
+        return None
+    vals = {}
+    for name, default in (("RANK", None), ("WORLD_SIZE", None), ("LOCAL_RANK", os.environ["RANK"]),
+                          ("MASTER_PORT", "29500")):
+        raw = os.environ.get(name, default)
+        try:
+            vals[name] = int(raw)
+        except ValueError:
+            raise MinferError(f"{name}={raw!r}: expected an integer") from None
+    e = DistEnv(vals["RANK"], vals["WORLD_SIZE"], vals["LOCAL_RANK"], os.environ.get("MASTER_ADDR", "127.0.0.1"),
+                vals["MASTER_PORT"])
+    if not (1 <= e.world <= MAX_TP and 0 <= e.rank < e.world and 0 <= e.local_rank < e.world
+            and 0 < e.port < 65536):
+        raise MinferError(f"RANK={e.rank} WORLD_SIZE={e.world} LOCAL_RANK={e.local_rank} MASTER_PORT={e.port}: "
+                          f"expected 0 <= RANK, LOCAL_RANK < WORLD_SIZE <= {MAX_TP} and a port in 1..65535")
+    return e

@@ -91,3 +91,8 @@ class NoKernelError(UnsupportedError):
 
 class DeviceError(MinferError):
     """The requested device is not available (e.g. cuda without a GPU)."""
+
+
+class ParallelError(MinferError):
+    """A model cannot be split the way tensor parallelism asks (a width the ranks do not divide,
+    a quant block cut in two, more ranks than devices), or the ranks disagree."""

@@ -18,12 +18,13 @@ __all__ = ["Backend", "Batch", "SeqSpan", "create_backend", "DEVICES"]
 DEVICES = ("cpu", "cuda")
 
 
-def create_backend(config: EngineConfig) -> Backend:
-    """The backend for `config.device`. No fallback: an unavailable device is a DeviceError."""
+def create_backend(config: EngineConfig, comm=None) -> Backend:
+    """The backend for `config.device`. No fallback: an unavailable device is a DeviceError.
+    `comm` (parallel/comm.py): this rank's communicator, for a tensor-parallel graph."""
     if config.device == "cpu":
         from .cpu import CPUBackend
 
-        return CPUBackend(config)
+        return CPUBackend(config, comm=comm)
     if config.device == "cuda":
         import torch
 
@@ -33,5 +34,5 @@ def create_backend(config: EngineConfig) -> Backend:
             raise DeviceError("device 'cuda' requested but no CUDA GPU is visible to torch; use --device cpu")
         from .cuda import CUDABackend
 
-        return CUDABackend(config)
+        return CUDABackend(config, comm=comm)
     raise DeviceError(f"unknown device {config.device!r}; available: {', '.join(DEVICES)}")

@@ -153,8 +153,11 @@ class CPUBackend:
     kv_itemsize = 4
     prefill_seqs = 1  # one prompt per step: every row's numbers independent of the other requests
 
-    def __init__(self, config: EngineConfig | None = None):
+    def __init__(self, config: EngineConfig | None = None, comm=None):
         self.config = config or EngineConfig()
+        self.comm = comm  # parallel/comm.py: the collectives of a tensor-parallel graph
+        self._world = comm.world if comm is not None else 1  # ranks share the host's memory
+        self._memory = physical_memory() // self._world
         self.threads = self.config.threads or physical_cores()
         torch.set_num_threads(self.threads)  # torch's setting is per process
         if self.config.kv_dtype not in KV_DTYPES:
@@ -179,7 +182,7 @@ class CPUBackend:
         # (8B: 26 s with 1 thread, 159 s with 2, bench/NOTES.md). So weights are packed on one.
         torch.set_num_threads(1)
         try:
-            self.plan = Plan(graph, self._compile, progress=progress)
+            self.plan = Plan(graph, self._compile, progress=progress, comm=self.comm)
         finally:
             torch.set_num_threads(self.threads)
         trim_heap()
@@ -207,7 +210,7 @@ class CPUBackend:
 
     def check_memory(self, graph: Graph, reader: GGUFReader) -> None:
         """Refuse, before anything is prepared, a model whose weights do not fit the memory available."""
-        need, have = self.weight_bytes(graph, reader) + HEADROOM, available_memory()
+        need, have = self.weight_bytes(graph, reader) + HEADROOM, available_memory() // self._world
         if need > have:
             raise InsufficientMemoryError(f"the cpu backend's weights of {reader.path.name}", need, have,
                                           "close other programs or use a smaller quantization")
@@ -309,8 +312,9 @@ class CPUBackend:
 
     # ------------------------------------------------------------------ memory
     def kv_budget(self) -> int:
-        """An eighth of physical memory for a cache whose size the engine chooses."""
-        return physical_memory() // 8
+        """An eighth of physical memory (split over ranks: of this rank's share) for a cache whose
+        size the engine chooses."""
+        return self._memory // 8
 
     def allocate(self, n_slots: int, n_ctx: int) -> None:
         """The KV cache for n_slots sequences of n_ctx tokens, and RoPE tables for n_ctx positions."""
@@ -319,7 +323,7 @@ class CPUBackend:
         m = self.graph.meta
         need = kv_bytes(m["n_layer"], n_slots, n_ctx, m["n_head_kv"], m["head_dim"], 4)
         old = self.cache.k.numel() * 8 if self.cache is not None else 0  # freed before the new one is made
-        have = min(int(KV_BUDGET * physical_memory()), available_memory() + old - HEADROOM)
+        have = min(int(KV_BUDGET * self._memory), available_memory() // self._world + old - HEADROOM)
         if need > have:
             raise InsufficientMemoryError(f"a KV cache of {n_slots} x {n_ctx} tokens", need, max(have, 0),
                                           "use a smaller context (-c) or fewer slots")

@@ -7,10 +7,18 @@ one row, a decode batch (up to 64 rows), a prompt chunk. A kernel's load layout 
 nibbles, an f16 copy) is made once per (layout, weight) at load. This file never names a kernel;
 a node nothing accepts is a NoKernelError at load naming the op, the dtypes and the shape.
 
+A fused weight whose parts differ in type (a Q4_K_M file's Q4_K q, k and Q6_K v) has no one
+quantized layout: batches and prompt chunks multiply by the f16 copy of its stacked rows, and a
+decode row runs, for each run of parts of one type, the kernel the picker chooses for that run
+(its own GEMV), each writing its columns of the one [1, n] output (`_mixed_row_parts`).
+
 `allocate` makes the KV cache (f16, one extra slot that padded graph rows write into) and the
 RoPE tables. `forward` runs a batch: decode steps replay a CUDA graph captured once per batch
-bucket (1, 2, 4, ..., 64; rows padded up to the bucket), everything else runs the plan eagerly.
-A step that mixes decode rows with a prompt chunk runs the two parts separately.
+bucket (1, 2, 4, ..., 64; rows padded up to the bucket); prompt chunks (every span of the step
+at once, up to PREFILL_SPANS of them) replay a graph captured once per row bucket (64 ... 1024),
+their spans read on the device from a tile table (`attention_prefill`); what fits neither (more
+rows or spans, every row's logits, tracing) runs the plan eagerly. A step that mixes decode rows
+with a prompt chunk runs the two parts separately.
 
 `decode_pick` launches a decode step whose tokens are picked on the device (the Argmax
 contract, or the Sample contract for rows that sample, inside the captured graph) and returns at
@@ -36,7 +44,7 @@ from ..errors import MinferError, ModelError, NoKernelError, UnsupportedError
 from ..gguf.reader import GGUFReader
 from ..graph.ir import Graph, Node, Op, WeightRef
 from ..kernels._common import as_in_graphs, interpreting
-from ..kernels.attention import q8_row_bytes
+from ..kernels.attention import max_prefill_tiles, prefill_tiles, q8_row_bytes
 from ..kernels.sample import KMAX, PARAM_ROWS, pack_params
 from ..quant.types import GGMLType, quant_info
 from . import cpu_ops
@@ -45,6 +53,9 @@ from .kv_cache import KVCache, kv_bytes
 from .plan import Plan, Step
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # decode batch sizes captured as CUDA graphs
+PREFILL_BUCKETS = (64, 128, 192, 256, 384, 512, 768, 1024)  # prompt-chunk row counts captured as graphs
+PREFILL_SPANS = 8  # prompts one captured prompt-chunk pass holds (the tile table's capacity)
+PREFILL_OUT = 16  # logits rows one captured prompt-chunk pass returns
 KV_DTYPES = {"auto": torch.float16, "f16": torch.float16, "q8_0": torch.int8}  # int8: the Q8_0 layout
 STRIDED = {"contiguous": False, "strided": True}
 
@@ -191,6 +202,69 @@ class _DecodeGraph:
         return PickedStep(rows, self.picked, host, done)
 
 
+class _PrefillGraph:
+    """A prompt-chunk pass of `bucket` rows, captured once: up to PREFILL_SPANS spans, up to
+    PREFILL_OUT logits rows. Its inputs are one int32 device buffer (tokens, positions, slots,
+    the attention tile table, the output rows) filled from a pinned staging copy by one copy per
+    step. Padded rows are token 0 at position 0 of the spare slot and in no tile; unused tiles
+    hold 0 rows; padded output rows repeat row 0."""
+
+    def __init__(self, backend: CUDABackend, bucket: int):
+        dev = backend.device
+        self.bucket = bucket
+        self.n_tiles = max_prefill_tiles(bucket, PREFILL_SPANS)
+        b, t = bucket, self.n_tiles
+        self.io = torch.zeros(3 * b + 4 * t + PREFILL_OUT, dtype=torch.int32, device=dev)
+        self.stage = torch.zeros(self.io.shape, dtype=torch.int32, pin_memory=True)
+        self.stage[2 * b:3 * b] = backend.pad_slot
+        self.io.copy_(self.stage)
+        self.copied = torch.cuda.Event()
+        self.static = {"tokens": self.io[:b], "positions": self.io[b:2 * b], "row_slots": self.io[2 * b:3 * b],
+                       "tiles": self.io[3 * b:3 * b + 4 * t].view(t, 4), "out_rows": self.io[3 * b + 4 * t:]}
+        state = _State(self.static, False, bucket)
+        stream = torch.cuda.Stream()  # eager warm-up first: Triton compiles and autotunes outside the capture
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream), as_in_graphs():
+            for _ in range(2):
+                backend.plan.run(state)
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        if backend._pool is None:
+            backend._pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(self.graph, pool=backend._pool):
+            self.out = backend.plan.run(state)
+        self.copied.record()
+
+    @staticmethod
+    def fits(batch: Batch) -> bool:
+        return (batch.kind == "prefill" and batch.n_tokens <= PREFILL_BUCKETS[-1] and len(batch.spans) <= PREFILL_SPANS
+                and len(batch.out_rows) <= PREFILL_OUT)
+
+    def launch(self, batch: Batch, pad_slot: int) -> torch.Tensor:
+        """Stage the batch, replay; the logits of its out_rows (the graph's own buffer: read it
+        before this graph replays again)."""
+        n, b, t, st = batch.n_tokens, self.bucket, self.n_tiles, self.stage
+        self.copied.synchronize()  # the staging buffer's previous copy has left it
+        st[:n].copy_(batch.tokens)
+        st[n:b].zero_()
+        st[b:b + n].copy_(batch.positions)
+        st[b + n:2 * b].zero_()
+        st[2 * b:2 * b + n].copy_(batch.row_slots)
+        st[2 * b + n:3 * b].fill_(pad_slot)
+        tiles = prefill_tiles([(s.offset, s.slot, s.start, s.n_tokens) for s in batch.spans])
+        table = st[3 * b:3 * b + 4 * t].view(t, 4)
+        table.zero_()
+        table[:len(tiles)] = torch.tensor(tiles, dtype=torch.int32)
+        rows = st[3 * b + 4 * t:]
+        r = len(batch.out_rows)
+        rows[:r].copy_(batch.out_rows)
+        rows[r:].zero_()
+        self.io.copy_(st, non_blocking=True)
+        self.copied.record()
+        self.graph.replay()
+        return self.out[:r]
+
+
 def _contract_name(t: GGMLType) -> str:
     return quant_info(t).contract_name
 
@@ -203,9 +277,13 @@ class CUDABackend:
     name = "cuda"
     prefill_seqs = 8  # prompts per step when many arrive at once (rows' numbers then depend on the batch)
 
-    def __init__(self, config: EngineConfig | None = None, registry: Registry | None = None, plan_only: bool = False):
-        """`plan_only`: only pick kernels (`load(..., upload=False)`), on a machine with no GPU."""
+    def __init__(self, config: EngineConfig | None = None, registry: Registry | None = None, plan_only: bool = False,
+                 comm=None):
+        """`plan_only`: only pick kernels (`load(..., upload=False)`), on a machine with no GPU.
+        `comm` (parallel/comm.py): this rank's communicator, for a tensor-parallel graph (its
+        all-reduces run on this process's GPU, inside the decode graphs)."""
         self.config = config or EngineConfig(device="cuda")
+        self.comm = comm
         if self.config.kv_dtype not in KV_DTYPES:
             raise UnsupportedError(f"cuda backend: KV cache dtype {self.config.kv_dtype!r} is not supported yet "
                                    f"(supported: {', '.join(KV_DTYPES)})")
@@ -221,13 +299,15 @@ class CUDABackend:
         self.choices: dict[int, dict[str, Choice]] = {}  # node id -> way of running -> kernel
         self.calls: dict[int, Call] = {}  # node id -> how it calls its op (to re-cost any batch size)
         self.extra: dict[int, tuple[Call, Choice]] = {}  # node id -> a second kernel it runs (bias add)
+        # node id -> the decode row's (call, kernel) per run of one type of a fused weight whose parts differ
+        self.parts: dict[int, list[tuple[Call, Choice]]] = {}
         self.upload = True
         self._reader: GGUFReader | None = None
         self._bytes: dict[str, torch.Tensor] = {}  # tensor name -> its GGUF bytes on the device
         self._laid: dict[tuple[str, WeightRef], object] = {}  # (kernel, weight) -> its load layout
         self._vectors: dict[str, torch.Tensor] = {}
         self._ropes: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._graphs: dict[int, tuple] = {}
+        self._graphs: dict[tuple, object] = {}  # (decode bucket, sampling) / ("prefill", bucket) -> its graph
         self._pool = None
         self.use_graphs = self.config.cuda_graph and self.on_gpu
         self.kv_q8 = KV_DTYPES[self.config.kv_dtype] == torch.int8
@@ -241,7 +321,7 @@ class CUDABackend:
         self._fused_norms = self._add_norm_pairs(graph)
         sync = torch.cuda.synchronize if self.on_gpu else None
         with torch.inference_mode():
-            self.plan = Plan(graph, self._compile, progress=progress, sync=sync)
+            self.plan = Plan(graph, self._compile, progress=progress, sync=sync, comm=self.comm)
         n_vocab = graph.meta["n_vocab"]
         self.pick_call = Call("Argmax", {"x": "F32"}, lambda r: {"x": (r, n_vocab)}, {})
         self._pick = self._choose(graph.nodes[-1], self.pick_call, 1).kernel
@@ -333,7 +413,15 @@ class CUDABackend:
         if handler is None:
             raise UnsupportedError(f"cuda backend: op {op} (node {node.name!r}) is not implemented")
         fn, run = handler(node)
-        return Step(fn if self.upload else _not_loaded, lambda st, r=run: r[st.kind].name)
+        return Step(fn if self.upload else _not_loaded,
+                    lambda st, nid=node.id, r=run: self._kernel_name(nid, st.kind, r))
+
+    def _kernel_name(self, node_id: int, kind: str, run: dict | None = None) -> str:
+        """What a node runs for `kind`: its kernel's name, or the per-type kernels of a mixed
+        fused weight's decode row joined by '+'."""
+        if kind == "row" and node_id in self.parts:
+            return "+".join(c.kernel.name for _, c in self.parts[node_id])
+        return (run[kind] if run is not None else self.choices[node_id][kind].kernel).name
 
     @staticmethod
     def _add_norm_pairs(graph: Graph) -> dict[int, int]:
@@ -348,7 +436,7 @@ class CUDABackend:
                 (src,) = n.inputs
                 add = by_id[src]
                 if add.op == Op.ADD and last[add.inputs[0]] == add.id and by_id[add.inputs[0]].op in (
-                        Op.ADD, Op.GET_ROWS) and add.inputs[0] != add.inputs[1]:
+                        Op.ADD, Op.GET_ROWS, Op.ALL_REDUCE) and add.inputs[0] != add.inputs[1]:
                     pairs[add.id] = n.id
         return pairs
 
@@ -416,16 +504,44 @@ class CUDABackend:
         time one projection alone)."""
         w = node.weights["w"]
         k, n = w.shape
+        if kind == "row" and node.id in self.parts:
+            raise UnsupportedError(f"matmul_args: node {node.name!r} runs one kernel per type of its parts for a "
+                                   "decode row; time the parts alone")
         kernel = self.choices[node.id][kind].kernel
         return kernel, {"w": self._laid_out(kernel, w, n, k), "n": n, "k": k, "qtype": self._matmul_type(w)}
+
+    def _type_runs(self, w: WeightRef) -> list[tuple[WeightRef, int, int]]:
+        """A fused weight's parts grouped into runs of one storage type, as (weight of the run,
+        first row, end row): one run unless the parts differ in type (a Q4_K_M file's Q4_K q, k
+        and Q6_K v)."""
+        runs: list[list] = []
+        row = 0
+        for part in w.tensors:
+            t = self._reader.tensors[part.name].ggml_type
+            if runs and runs[-1][0] == t:
+                runs[-1][1].append(part)
+            else:
+                runs.append([t, [part], row])
+            row += part.shape[1]
+        out = []
+        for _, parts, start in runs:
+            rows = sum(p.shape[1] for p in parts)
+            ref = parts[0] if len(parts) == 1 else WeightRef("+".join(p.name for p in parts), (w.shape[0], rows),
+                                                             tuple(parts))
+            out.append((ref, start, start + rows))
+        return out
+
+    def _matmul_call(self, w: WeightRef) -> Call:
+        k, n = w.shape
+        wq = self._matmul_type(w)
+        return Call("QMatMul", {"x": "F32", "w": _contract_name(wq)}, lambda m: {"x": (m, k), "w": (n, k)},
+                    {"n": n, "k": k, "qtype": wq}, prefer_quantized=self.config.mmq)
 
     def _compile_matmul(self, node: Node):
         w = node.weights["w"]
         k, n = w.shape
         wq = self._matmul_type(w)
-        run = self._picks(node, Call("QMatMul", {"x": "F32", "w": _contract_name(wq)},
-                                     lambda m: {"x": (m, k), "w": (n, k)}, {"n": n, "k": k, "qtype": wq},
-                                     prefer_quantized=self.config.mmq))
+        run = self._picks(node, self._matmul_call(w))
         bias = add_bias = None
         if "b" in node.weights:
             add_bias = self._picks_aside(node, Call("AddBias", {"y": "F32", "b": "F32"},
@@ -434,14 +550,41 @@ class CUDABackend:
                 bias = torch.cat([self._vector(t.name) for t in node.weights["b"].tensors])
         laid = {kind: self._laid_out(kernel, w, n, k) for kind, kernel in run.items()} if self.upload else {}
         (i,) = node.inputs
+        parts = self._mixed_row_parts(node, w) if wq == GGMLType.F16 and len(w.tensors) > 1 else None
+        if parts is not None:
+            laid.pop("row", None)  # one decode row runs the parts' own kernels, never the f16 copy
 
         def fn(vals, st):
-            y = run[st.kind](x=vals[i], w=laid[st.kind], n=n, k=k, qtype=wq)
+            if parts is not None and st.kind == "row":
+                x = vals[i]
+                y = torch.empty(1, n, dtype=torch.float32, device=x.device)
+                for kernel, wp, a, b, t in parts:  # each writes its columns: [1, n] slices are contiguous
+                    kernel(x=x, w=wp, n=b - a, k=k, qtype=t, out=y[:, a:b])
+            else:
+                y = run[st.kind](x=vals[i], w=laid[st.kind], n=n, k=k, qtype=wq)
             if bias is not None:
                 add_bias(y=y, b=bias, n_rows=y.shape[0])
             return y
 
         return fn, run
+
+    def _mixed_row_parts(self, node: Node, w: WeightRef) -> list[tuple] | None:
+        """For a fused weight whose parts differ in type: the decode row's kernel of each run of
+        one type (picked like any matmul's), with the run's weight in that kernel's layout and its
+        output columns; kept in `self.parts` for `minfer plan`. None when every part has one type."""
+        runs = self._type_runs(w)
+        if len(runs) < 2:
+            return None
+        k = w.shape[0]
+        out, picked = [], []
+        for ref, a, b in runs:
+            call = self._matmul_call(ref)
+            choice = self._choose(node, call, KINDS["row"])
+            picked.append((call, choice))
+            laid = self._laid_out(choice.kernel, ref, b - a, k) if self.upload else None
+            out.append((choice.kernel, laid, a, b, call.params["qtype"]))
+        self.parts[node.id] = picked
+        return out
 
     def _picks_aside(self, node: Node, call: Call) -> BoundKernel:
         """A second kernel a node runs (its bias add), costed into the plan under the node."""
@@ -500,7 +643,8 @@ class CUDABackend:
         def fn(vals, st):
             kc = self.cache
             return run[st.kind](q=vals[q_i], k=vals[k_i], v=vals[v_i], cache_k=kc.k, cache_v=kc.v,
-                                row_slots=st.inputs["row_slots"], positions=vals[pos], spans=st.spans, **params)
+                                row_slots=st.inputs["row_slots"], positions=vals[pos], spans=st.spans,
+                                tiles=st.inputs.get("tiles"), **params)
 
         return fn, run
 
@@ -563,8 +707,19 @@ class CUDABackend:
         rows = batch.n_tokens
         if decode and self.use_graphs and recorder is None and rows <= BUCKETS[-1]:
             return self._replay(batch)
+        if not decode and self.use_graphs and recorder is None and _PrefillGraph.fits(batch):
+            return self._prefill_graph(rows).launch(batch, self.pad_slot)
         spans = [(s.offset, s.slot, s.start, s.n_tokens) for s in batch.spans]
-        return self.plan.run(_State(self._device_inputs(batch), decode, rows, spans), recorder)
+        inputs = self._device_inputs(batch)
+        if not decode:  # the attention tile table, built once for every layer
+            inputs["tiles"] = torch.tensor(prefill_tiles(spans), dtype=torch.int32).to(self.device, non_blocking=True)
+        return self.plan.run(_State(inputs, decode, rows, spans), recorder)
+
+    def _prefill_graph(self, rows: int) -> _PrefillGraph:
+        bucket = next(x for x in PREFILL_BUCKETS if x >= rows)
+        if ("prefill", bucket) not in self._graphs:
+            self._graphs["prefill", bucket] = _PrefillGraph(self, bucket)
+        return self._graphs["prefill", bucket]
 
     def _graph(self, rows: int, sampling: bool = False) -> _DecodeGraph:
         bucket = next(x for x in BUCKETS if x >= rows)
@@ -613,15 +768,23 @@ class CUDABackend:
 
     def warmup(self) -> None:
         """Compile and capture now what the first requests would otherwise wait for: the decode
-        graph of every bucket the slots can fill (greedy and sampling), and the Triton variants of
-        prompt chunks (row counts specialize kernels: 1, a multiple of 16, any other). Writes only
-        into the free cache (slot contents are the scheduler's: nothing is cached yet)."""
+        graph of every bucket the slots can fill (greedy and sampling), the prompt-chunk graph of
+        every row bucket a step can fill (n_slots + prefill_chunk rows, or max_batch_tokens), and
+        the Triton variants of eager prompt chunks (row counts specialize kernels: 1, a multiple
+        of 16, any other). Writes only into the free cache (slot contents are the scheduler's:
+        nothing is cached yet) and the spare slot."""
         if self.cache is None:
             raise ModelError("cuda backend: allocate() the KV cache before warming up")
         with torch.inference_mode():
             for rows in (1, 16, 17):
                 if rows <= self.cache.n_ctx:
                     self.forward(Batch.single([0] * rows, 0, slot=0))
+            if self.use_graphs:
+                most = self.config.max_batch_tokens or self.n_slots + self.config.prefill_chunk
+                for bucket in PREFILL_BUCKETS:
+                    self._prefill_graph(bucket)
+                    if bucket >= most:
+                        break
             for bucket in BUCKETS:
                 b = min(bucket, self.n_slots)
                 batch = Batch.build([(s, 0, [0]) for s in range(b)], list(range(b)), n_decode=b)
@@ -638,7 +801,7 @@ class CUDABackend:
         for n in nodes:
             picks = self.choices.get(n["id"])
             if picks:
-                n["contract"] = {kind: c.kernel.name for kind, c in picks.items()}
+                n["contract"] = {kind: self._kernel_name(n["id"], kind) for kind in picks}
         return nodes
 
     def plan_rows(self, rows: int = 1, prefill: bool = False) -> list[dict]:
@@ -651,10 +814,14 @@ class CUDABackend:
                 continue
             kind = "chunk" if prefill else ("row" if rows == 1 else "batch")
             chosen = self.choices[node.id][kind].kernel
-            ok, _ = candidates(call.op, call.dtypes, call.shapes(rows), call.params, "CUDA",
-                               layouts=call.layouts(rows), registry=self.registry)
-            cost = next((c.cost_ns for c in ok if c.kernel is chosen), ok[0].cost_ns if ok else float("nan"))
-            names = [chosen.name]
+            if kind == "row" and node.id in self.parts:  # a mixed fused weight: one kernel per type run
+                cost = sum(c.cost_ns for _, c in self.parts[node.id])
+                chosen = self.parts[node.id][0][1].kernel
+            else:
+                ok, _ = candidates(call.op, call.dtypes, call.shapes(rows), call.params, "CUDA",
+                                   layouts=call.layouts(rows), registry=self.registry)
+                cost = next((c.cost_ns for c in ok if c.kernel is chosen), ok[0].cost_ns if ok else float("nan"))
+            names = [self._kernel_name(node.id, kind)]
             if node.id in self.extra:
                 xcall, xc = self.extra[node.id]
                 xok, _ = candidates(xcall.op, xcall.dtypes, xcall.shapes(rows), {**xcall.params, "n_rows": rows},

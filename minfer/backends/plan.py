@@ -5,7 +5,8 @@ reads its inputs from the list of computed values by node id and returns the nod
 the name of the kernel that runs it. The plan adds what is generic: the execution order, which
 values die after which node (a long prefill does not keep every intermediate), and the traced
 run that times each node for the trace recorder. `state` is the backend's own per-step object
-(the batch, its cache views...). The plan knows no device and no op.
+(the batch, its cache views...). The plan knows no device, and no op but the tensor-parallel
+ones (AllReduce, AllGather, LocalIds, MaskRows: parallel/steps.py), which every backend shares.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from ..graph.ir import Graph, Node, Op
+from ..graph.ir import PARALLEL_OPS, Graph, Node, Op
+from ..parallel.steps import compile_parallel
 
 StepFn = Callable[[list, Any], torch.Tensor]
 
@@ -31,16 +33,19 @@ class Step:
 
 class Plan:
     def __init__(self, graph: Graph, compile_node: Callable[[Node], Step], progress: bool = False,
-                 sync: Callable[[], None] | None = None):
+                 sync: Callable[[], None] | None = None, comm=None):
         """Compile every node (a progress bar over the nodes with weights when `progress` and it
-        takes more than half a second). `sync` waits for the device before a node's time is read."""
+        takes more than half a second). `sync` waits for the device before a node's time is read.
+        Tensor-parallel ops (one rank's graph) compile here, the same for every backend, through
+        `comm` (parallel/comm.py); the backend compiles the others."""
         self.graph = graph
         self.sync = sync
         steps = []
         with tqdm(total=sum(1 for n in graph.nodes if n.weights), desc="preparing weights", unit="node",
                   delay=0.5, disable=not progress, leave=False) as bar:
             for node in graph.nodes:
-                steps.append(compile_node(node))
+                steps.append(Step(*compile_parallel(node, graph, comm)) if node.op in PARALLEL_OPS
+                             else compile_node(node))
                 bar.update(bool(node.weights))
         last = graph.consumers_last_use()
         frees: dict[int, list[int]] = {}

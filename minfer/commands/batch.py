@@ -87,6 +87,8 @@ def batch(a: argparse.Namespace) -> int:
 
     defaults = common.sampling(a)
     config = common.engine_config(a)
+    if common.follower(a, config):
+        return 0
     template = common.read_template(a.chat_template)
     src = _open_in(a.input)
     m = common.load_model(a, config, chat_template=template)

@@ -1,6 +1,6 @@
 """`minfer bench`: llama-bench's table for minfer: prompt processing, generation, batched decode.
 
-    minfer bench -m MODEL [-p 512] [-n 128] [-b 1,4,16,64] [-r 5] [--device cuda|cpu] [--json]
+    minfer bench -m MODEL [-p 512] [-n 128] [-b 1,4,16,64] [-r 5] [--device cuda|cpu] [--tp N] [--json]
 
 - pp{p}: one prompt of p tokens (random ids) in one forward pass, from an empty cache; tok/s.
 - tg{n}: one sequence generating n tokens greedily (prompt of 16), through the engine's loop
@@ -8,6 +8,8 @@
   `--temperature T` samples instead (top-k 40, top-p 0.95, min-p 0.05, seeded), as `minfer run`.
 - b{B}: llama-batched-bench's test: B sequences, 128 prompt + 128 generated tokens each, all
   decoding together; aggregate generated tok/s over the decode phase.
+- b{B}e2e: the same runs, generated tok/s over the whole request (prompts queued at once, then
+  prefill and decode): the engine's side of `bench/serve.py`'s aggregate at concurrency B.
 Each test runs -r times (after one warm-up): mean ± sd. Decode rows also give the effective
 bandwidth: bytes of weights one decode step reads (every matmul weight in its stored form, on
 cpu in its packed int4 form, and one embedding row) x steps/s, and its share of the copy
@@ -70,13 +72,14 @@ def copy_bandwidth(device: str) -> float:
 def decode_bytes(model) -> int:
     """Weight bytes one decode row reads: each matmul weight once, in its stored size (on cpu: in
     the packed form the backend multiplies by, `decode_weight_bytes`), plus one embedding row
-    (norm weights and biases are negligible)."""
+    (norm weights and biases are negligible). Split over ranks (--tp): what one rank reads, its
+    part of each tensor (GB/s and % copy bandwidth are then per GPU)."""
     from ..graph.ir import Op
 
-    own = getattr(model.engine.backend, "decode_weight_bytes", None)
+    own = getattr(getattr(model.engine, "backend", None), "decode_weight_bytes", None)
     if own is not None:
         return own()
-    reader = model.reader
+    reader = model.engine.weights or model.reader
     seen, total = set(), 0
     for node in model.engine.graph.nodes:
         for role, w in node.weights.items():
@@ -114,12 +117,16 @@ def run_pp(m, n_prompt: int, reps: int) -> list[float]:
     return out
 
 
-def _decode_phase(m, prompts: list[list[int]], n_gen: int, temperature: float = 0.0) -> float:
-    """Generated tok/s of the decode phase of these prompts (all prefilled first)."""
+def _decode_phase(m, prompts: list[list[int]], n_gen: int, temperature: float = 0.0,
+                  whole: list[float] | None = None) -> float:
+    """Generated tok/s of the decode phase of these prompts (all prefilled first). `whole`: gets
+    the generated tok/s from the moment the prompts were queued (prefill included)."""
     from ..engine.params import SamplingParams
 
     eng = m.engine
     params = SamplingParams(max_tokens=n_gen, temperature=temperature, seed=1, ignore_eos=True)
+    _sync(m.config.device)
+    queued = time.perf_counter()
     seqs = [eng.add(p, params, reuse_prefix=False) for p in prompts]
     while any(s.prefilling or s.status.value == "waiting" for s in seqs):
         eng.step()
@@ -128,7 +135,11 @@ def _decode_phase(m, prompts: list[list[int]], n_gen: int, temperature: float = 
     t0 = time.perf_counter()
     eng.run(seqs)
     _sync(m.config.device)
-    return (sum(len(s.generated) for s in seqs) - start) / (time.perf_counter() - t0)
+    end = time.perf_counter()
+    total = sum(len(s.generated) for s in seqs)
+    if whole is not None:
+        whole.append(total / (end - queued))
+    return (total - start) / (end - t0)
 
 
 def run_tg(m, n_gen: int, reps: int, temperature: float = 0.0) -> list[float]:
@@ -136,9 +147,12 @@ def run_tg(m, n_gen: int, reps: int, temperature: float = 0.0) -> list[float]:
     return [_decode_phase(m, [prompt], n_gen, temperature) for r in range(reps + 1)][1:]
 
 
-def run_batched(m, b: int, reps: int, temperature: float = 0.0) -> list[float]:
+def run_batched(m, b: int, reps: int, temperature: float = 0.0) -> tuple[list[float], list[float]]:
+    """(decode-phase tok/s, whole-request tok/s) of each repetition."""
     prompts = [[(13 * i + 7 * j + 1) % m.n_vocab for i in range(128)] for j in range(b)]
-    return [_decode_phase(m, prompts, 128, temperature) for r in range(reps + 1)][1:]
+    whole: list[float] = []
+    decode = [_decode_phase(m, prompts, 128, temperature, whole) for r in range(reps + 1)]
+    return decode[1:], whole[1:]
 
 
 def bench(a: argparse.Namespace) -> int:
@@ -151,13 +165,15 @@ def bench(a: argparse.Namespace) -> int:
         raise MinferError(f"--temperature must be in 0..100, got {a.temperature}")
     n_ctx = max(a.n_prompt, 16 + a.n_gen, 256 if sizes else 0, 64)
     config = common.engine_config(a, n_ctx=a.ctx or n_ctx, n_slots=max(sizes + [1]))
+    if common.follower(a, config):
+        return 0
     m = common.load_model(a, config)
     rows = []
     try:
         wbytes = decode_bytes(m)
         bw = copy_bandwidth(config.device)
         info = {"model": m.path.name, "size_gb": m.path.stat().st_size / 1e9, "backend": config.device,
-                "copy_gbs": bw / 1e9, "weight_bytes_per_token": wbytes}
+                "tp": m.engine.graph.meta.get("tp_world", 1), "copy_gbs": bw / 1e9, "weight_bytes_per_token": wbytes}
 
         def row(test: str, runs: list[float], steps_per_s: float | None = None) -> None:
             mean, sd = _mean_sd(runs)
@@ -179,10 +195,12 @@ def bench(a: argparse.Namespace) -> int:
             runs = run_tg(m, a.n_gen, a.repetitions, a.temperature)
             row(f"tg{a.n_gen}", runs, statistics.mean(runs))
         for b in sizes:
-            runs = run_batched(m, b, a.repetitions, a.temperature)
+            runs, whole = run_batched(m, b, a.repetitions, a.temperature)
             row(f"b{b}", runs, statistics.mean(runs) / b)
+            row(f"b{b}e2e", whole)
         if not a.json:
-            print(f"copy bandwidth {bw / 1e9:.0f} GB/s; weights read per decode step {wbytes / 1e9:.3f} GB",
+            per = f" per rank (--tp {info['tp']})" if info["tp"] > 1 else ""
+            print(f"copy bandwidth {bw / 1e9:.0f} GB/s; weights read per decode step {wbytes / 1e9:.3f} GB{per}",
                   file=sys.stderr)
         else:
             print(json.dumps({**info, "results": rows}, indent=1))

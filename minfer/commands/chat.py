@@ -29,6 +29,8 @@ def add_parser(sub) -> None:
 def chat(a: argparse.Namespace) -> int:
     params = common.sampling(a)
     config = common.engine_config(a, n_slots=1)
+    if common.follower(a, config):
+        return 0
     template = common.read_template(a.chat_template)
     m = common.load_model(a, config, chat_template=template)
     interactive = sys.stdin.isatty()

@@ -28,7 +28,7 @@ FLAGS = {
     "kv_dtype": "--kv-cache", "max_tokens": "-n/--n-predict", "temperature": "--temp", "top_k": "--top-k",
     "top_p": "--top-p", "min_p": "--min-p", "repeat_penalty": "--repeat-penalty",
     "repeat_last_n": "--repeat-last-n", "frequency_penalty": "--frequency-penalty",
-    "presence_penalty": "--presence-penalty", "seed": "-s/--seed", "stop": "--stop",
+    "presence_penalty": "--presence-penalty", "seed": "-s/--seed", "stop": "--stop", "tp": "--tp",
 }
 
 
@@ -57,6 +57,9 @@ def add_model_args(p: argparse.ArgumentParser, *, slots: bool = False) -> None:
                    help=f"prompt tokens per step (default {_EC['prefill_chunk']})")
     p.add_argument("--kv-cache", default=_EC["kv_dtype"], metavar="TYPE",
                    help="KV cache type: auto (cpu f32, cuda f16), f32, f16 (default auto)")
+    p.add_argument("--tp", type=int, default=None, metavar="N",
+                   help="tensor parallelism: split the model over N ranks (processes; cuda: one GPU each), "
+                        "started by this command, or by torchrun (default: torchrun's WORLD_SIZE, else 1)")
     if slots:
         p.add_argument("-np", "--parallel", dest="parallel", type=int, default=None,
                        help="sequences decoded at once (default: up to 4, as memory allows)")
@@ -98,10 +101,25 @@ def sampling(a: argparse.Namespace) -> SamplingParams:
 def engine_config(a: argparse.Namespace, **extra) -> EngineConfig:
     """The flags (and MINFER_* switches) as the EngineConfig the model will load with."""
     settings = dict(device=a.device, n_ctx=a.ctx, threads=a.threads, prefill_chunk=a.prefill_chunk,
-                    n_slots=getattr(a, "parallel", None), kv_dtype=a.kv_cache)
+                    n_slots=getattr(a, "parallel", None), kv_dtype=a.kv_cache, tp=getattr(a, "tp", None))
     settings.update(extra)
     with flag_errors():
         return EngineConfig.from_env(**settings)
+
+
+def follower(a: argparse.Namespace, config: EngineConfig) -> bool:
+    """Under torchrun, on a rank other than 0: follow rank 0 (which runs the command) until it
+    stops, and return True: the command then does nothing else (reads no prompt, binds no port)."""
+    from ..config import dist_env
+
+    env = dist_env()
+    if env is None or env.rank == 0:
+        return False
+    from ..api import follow
+    from ..default_model import default_model_path
+
+    follow(a.model if a.model is not None else default_model_path(), config)
+    return True
 
 
 def read_prompt(a: argparse.Namespace) -> str:

@@ -24,6 +24,8 @@ def perplexity(a: argparse.Namespace) -> int:
     if a.chunk < 4 or a.chunk % 2:
         raise MinferError(f"--chunk must be an even number >= 4, got {a.chunk}")
     config = common.engine_config(a, n_slots=1)
+    if common.follower(a, config):
+        return 0
     if config.n_ctx is None or config.n_ctx < a.chunk:
         config = dataclasses.replace(config, n_ctx=max(config.n_ctx or 0, a.chunk))
     try:

@@ -71,7 +71,8 @@ def plan(a: argparse.Namespace) -> int:
         print(json.dumps({"model": path.name, "step": what, "nodes": rows, "step_us": total_ns / 1e3,
                           "predicted_tok_s": tok_s}, indent=1))
         return 0
-    print(f"{path.name}: {what}, {len(rows)} kernel launches")
+    launches = sum(len(r["kernel"].split("+")) for r in rows)  # "a+b": a node that runs two kernels
+    print(f"{path.name}: {what}, {launches} kernel launches")
     shown = rows if a.by_node else [r for r in rows if r["layer"] in (None, 0)]
     for r in shown:
         layer = "-" if r["layer"] is None else r["layer"]

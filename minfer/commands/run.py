@@ -25,6 +25,8 @@ def add_parser(sub) -> None:
 def run(a: argparse.Namespace) -> int:
     params = common.sampling(a)
     config = common.engine_config(a, trace_path=a.trace, n_slots=1)
+    if common.follower(a, config):
+        return 0
     prompt = common.read_prompt(a)
     m = common.load_model(a, config)
     try:

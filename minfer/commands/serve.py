@@ -1,10 +1,12 @@
 """`minfer serve`: the OpenAI-compatible HTTP server (docs/SERVER.md).
 
     minfer serve [-m MODEL] [--host 127.0.0.1] [--port 8080] [-np/--parallel N] [-c/--ctx-size C]
-                 [--device cpu|cuda] [--api-key KEY]
+                 [--device cpu|cuda] [--tp N] [--api-key KEY]
 
 It binds the socket first (so --port 0 picks a free port, printed on stderr), then loads the
-model in the engine thread while /health says "loading".
+model in the engine's own process (server/process.py; `--no-engine-process`: a thread of this
+one) while /health says "loading". With --tp N the engine's process is rank 0: it starts the
+other ranks and drives them (engine/tp.py); under torchrun the ranks other than 0 only follow.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ def add_parser(sub) -> None:
     p.add_argument("--alias", default=None, help="model id clients use (default: the file name without .gguf)")
     p.add_argument("--max-pending", type=int, default=1024,
                    help="requests admitted at once, running + waiting; beyond it a 503 (default 1024)")
+    p.add_argument("--no-engine-process", dest="engine_process", action="store_false",
+                   help="run the engine in a thread of the server's process instead of a child process of its "
+                        "own (one interpreter lock for HTTP and engine: slower under load; for debugging)")
     p.add_argument("--max-body-mb", type=int, default=MAX_BODY_MB,
                    help=f"largest request body in MiB; beyond it a 413 (default {MAX_BODY_MB})")
     p.set_defaults(func=serve)
@@ -45,6 +50,8 @@ def serve(a: argparse.Namespace) -> int:
     if a.max_pending < 1 or a.max_body_mb < 1:
         raise MinferError("--max-pending and --max-body-mb must be >= 1")
     config = common.engine_config(a)
+    if common.follower(a, config):  # torchrun's ranks other than 0: rank 0 serves
+        return 0
     from pathlib import Path
 
     from ..default_model import default_model_path
@@ -66,10 +73,9 @@ def serve(a: argparse.Namespace) -> int:
     from ..server.app import create_app
     from ..server.loop import EngineLoop
     from ..server.metrics import Metrics
+    from ..server.process import EngineProcess, LoadSpec
 
-    def load():
-        a.model = path
-        return common.load_model(a, config)
+    a.model = path
 
     server: uvicorn.Server | None = None
 
@@ -78,7 +84,12 @@ def serve(a: argparse.Namespace) -> int:
             server.should_exit = True
 
     metrics = Metrics()
-    engine_loop = EngineLoop(load, metrics, on_load_error=load_failed)
+    if a.engine_process:
+        spec_args = argparse.Namespace(**{k: v for k, v in vars(a).items() if k != "func"})
+        spec = LoadSpec(common.load_model, spec_args, config, path)
+        engine_loop = EngineProcess(spec, metrics, on_load_error=load_failed)
+    else:
+        engine_loop = EngineLoop(lambda: common.load_model(a, config), metrics, on_load_error=load_failed)
     app = create_app(engine_loop, model_id=model_id, metrics=metrics, api_key=api_key,
                      max_body=a.max_body_mb << 20, max_pending=a.max_pending)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2))

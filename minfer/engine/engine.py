@@ -22,18 +22,18 @@ sequence.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import numbers
 from collections.abc import Iterable, Iterator
 
-from ..backends import Backend, create_backend
+from ..backends import Backend
 from ..backends.kv_cache import kv_bytes
 from ..config import EngineConfig
 from ..errors import ContextOverflowError, MinferError
 from ..gguf.reader import GGUFReader
-from ..graph.passes import optimize
 from ..kernels.sample import pack_params
-from ..models import registry
+from . import tp
 from .params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence, TextStream
@@ -42,13 +42,27 @@ DEFAULT_N_CTX = 4096  # context when the caller does not choose one (capped by t
 AUTO_SLOTS = 4  # sequences in flight when the caller does not choose (fewer if the KV budget is smaller)
 
 
+def check_tokens(tokens: list[int], n_vocab: int, n_ctx: int) -> None:
+    """Typed errors for an empty prompt, ids outside [0, n_vocab), or a prompt past n_ctx tokens."""
+    if not tokens:
+        raise MinferError("the prompt is empty: nothing to generate from")
+    bad = [t for t in tokens if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < n_vocab]
+    if bad:
+        raise MinferError(f"token ids {bad[:5]} are outside the vocabulary [0, {n_vocab})")
+    if len(tokens) > n_ctx:
+        raise ContextOverflowError(f"the prompt has {len(tokens)} tokens but the context holds {n_ctx} "
+                                   "(load the model with a larger n_ctx, or shorten the input)")
+
+
 class Engine:
     def __init__(self, backend: Backend, *, n_vocab: int, n_ctx: int, n_slots: int,
-                 config: EngineConfig | None = None, tokenizer=None, recorder=None, args=None, graph=None):
-        """An engine over a backend that is loaded and allocated for n_slots x n_ctx (see `load`)."""
+                 config: EngineConfig | None = None, tokenizer=None, recorder=None, args=None, graph=None,
+                 weights=None):
+        """An engine over a backend that is loaded and allocated for n_slots x n_ctx (see `load`).
+        `weights`: the file as the backend read it (split over ranks: this rank's part)."""
         self.config = config or EngineConfig()
         self.backend = backend
-        self.args, self.graph = args, graph
+        self.args, self.graph, self.weights = args, graph, weights
         self.n_vocab, self.n_ctx, self.n_slots = n_vocab, n_ctx, n_slots
         self.tokenizer = tokenizer
         self.eog_ids = frozenset(tokenizer.eot_ids) if tokenizer is not None else frozenset()
@@ -63,17 +77,30 @@ class Engine:
 
     @classmethod
     def load(cls, reader: GGUFReader, config: EngineConfig | None = None, *, tokenizer=None,
-             progress: bool = True) -> Engine:
+             progress: bool = True, comm=None) -> Engine:
         """Build the model's graph, prepare its weights on the configured backend, allocate the
-        KV cache, and (when tracing) open the trace recorder."""
+        KV cache, and (when tracing) open the trace recorder. `comm`: rank 0's communicator of
+        a tensor-parallel group (engine/tp.py): this rank's part of the model, on a backend
+        that drives the other ranks."""
         config = config or EngineConfig.from_env()
-        args, graph = registry.build(reader)
-        graph = optimize(graph)
+        if comm is None or comm.world == 1:
+            args, graph, backend, view = tp.load_backend(reader, config, comm, progress)
+        else:
+            loaded = []
+            tp.agreed(comm, lambda: loaded.append(tp.load_backend(reader, config, comm, progress)),
+                      "loading the model")
+            args, graph, backend, view = loaded[0]
+            backend = tp.Driver(backend, comm)
         n_ctx = config.n_ctx or min(args.n_ctx_train, DEFAULT_N_CTX)
-        backend = create_backend(config)
-        backend.load(graph, reader, progress=progress)
-        n_slots = config.n_slots or _auto_slots(backend, graph.meta, n_ctx)
-        backend.allocate(n_slots, n_ctx)
+        try:
+            n_slots = config.n_slots or _auto_slots(backend, graph.meta, n_ctx)
+            backend.allocate(n_slots, n_ctx)
+        except BaseException:
+            close = getattr(backend, "close", None)  # the other ranks of a split stop too
+            if close is not None:
+                with contextlib.suppress(Exception):  # (a rank that is gone already: the first error counts)
+                    close()
+            raise
         recorder = None
         if config.trace_path:
             from ..trace.recorder import TraceRecorder
@@ -84,19 +111,12 @@ class Engine:
             recorder = TraceRecorder(config.trace_path, model_info=info, detokenize=text)
             recorder.set_graph(backend.trace_graph())
         return cls(backend, n_vocab=args.n_vocab, n_ctx=n_ctx, n_slots=n_slots, config=config, tokenizer=tokenizer,
-                   recorder=recorder, args=args, graph=graph)
+                   recorder=recorder, args=args, graph=graph, weights=view)
 
     # ------------------------------------------------------------------ requests
     def check_tokens(self, tokens: list[int]) -> None:
         """Typed errors for an empty prompt, ids outside the vocabulary, or a prompt past the context."""
-        if not tokens:
-            raise MinferError("the prompt is empty: nothing to generate from")
-        bad = [t for t in tokens if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.n_vocab]
-        if bad:
-            raise MinferError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.n_vocab})")
-        if len(tokens) > self.n_ctx:
-            raise ContextOverflowError(f"the prompt has {len(tokens)} tokens but the context holds {self.n_ctx} "
-                                       "(load the model with a larger n_ctx, or shorten the input)")
+        check_tokens(tokens, self.n_vocab, self.n_ctx)
 
     def add(self, prompt: list[int], params: SamplingParams | None = None, *, logit_rows: range | None = None,
             reuse_prefix: bool = True) -> Sequence:
@@ -192,9 +212,12 @@ class Engine:
             warm()
 
     def close(self) -> None:
-        """Write the trace, if any. Idempotent."""
+        """Write the trace, if any; stop the other ranks of a tensor-parallel group. Idempotent."""
         if self.recorder is not None:
             self.recorder.close()
+        close = getattr(self.backend, "close", None)
+        if close is not None:
+            close()
 
 
 def _sampling(seqs: list[Sequence], ahead: int):

@@ -18,9 +18,12 @@ Quant mixes (norms and biases are always F32):
   q4_k                   matrices Q4_K, output Q6_K (token_embd Q6_K when tied, as it is the
                          output), like llama.cpp's Q4_K_M for the output. A row length that is
                          not a multiple of 256 falls back as llama.cpp does: Q4_K -> Q5_0,
-                         Q5_K -> Q5_1, Q6_K -> Q8_0.
-  q5_k                   matrices Q5_K, output Q6_K (as q4_k: llama.cpp's Q5_K_M for the output)
-  q6_k                   every matrix Q6_K, token_embd too
+                         Q6_K -> Q8_0 (Q5_K -> Q5_1, Q3_K and Q2_K -> Q4_0).
+  q4_k_m, q5_k_m         llama.cpp's Q4_K_M / Q5_K_M mix: q4_k (Q5_K matrices for q5_k_m) with
+                         attn_v and ffn_down Q6_K in the `use_more_bits` layers (the first and
+                         last eighth, every third between): fused q+k+v of mixed types.
+  q6_k, q5_0, q5_1       every matrix of that type, token_embd too
+  q3_k, q2_k             matrices Q3_K / Q2_K, output (and a tied token_embd) Q6_K
 """
 
 from __future__ import annotations
@@ -76,6 +79,8 @@ PRESETS: dict[str, Preset] = {
         Preset("qwen2.5-0.5b", "qwen2", 24, 896, 4864, 14, 2, 151936, True, 1e6, 32768, 1e-6, True),
         Preset("qwen2.5-7b", "qwen2", 28, 3584, 18944, 28, 4, 152064, False, 1e6, 32768, 1e-6, True),
         Preset("llama3-8b", "llama", 32, 4096, 14336, 32, 8, 128256, False, 500000.0, 8192, 1e-5, False),
+        # the tensor-parallel acceptance shape (`minfer synth llama3-70b q4_k`: ~40 GB, Q6_K output)
+        Preset("llama3-70b", "llama", 80, 8192, 28672, 64, 8, 128256, False, 500000.0, 8192, 1e-5, False),
         # d and ff multiples of 256 so every quant type (K-quants too) applies without fallback;
         # one tied and one untied output so parity tests cover both
         Preset("tiny-llama", "llama", 2, 256, 512, 4, 2, 512, True, 10000.0, 512, 1e-5, False, tiny=True),
@@ -83,14 +88,20 @@ PRESETS: dict[str, Preset] = {
     ]
 }
 
-QUANTS = ("q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k", "f16", "f32")
+QUANTS = ("q4_0", "q4_1", "q8_0", "q4_k", "q4_k_m", "q5_k_m", "q6_k", "q5_0", "q5_1", "q3_k", "q2_k", "f16", "f32")
 _MATRIX_TYPE = {"q4_0": GGMLType.Q4_0, "q4_1": GGMLType.Q4_1, "q8_0": GGMLType.Q8_0, "q4_k": GGMLType.Q4_K,
-                "q5_k": GGMLType.Q5_K, "q6_k": GGMLType.Q6_K,
-                "f16": GGMLType.F16, "f32": GGMLType.F32}
-# llama.cpp's llama_ftype of each mix (general.file_type); q4_k is MOSTLY_Q4_K_M
-_FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q4_k": 15, "q5_k": 17, "q6_k": 18}
+                "q4_k_m": GGMLType.Q4_K, "q5_k_m": GGMLType.Q5_K, "q6_k": GGMLType.Q6_K, "q5_0": GGMLType.Q5_0,
+                "q5_1": GGMLType.Q5_1, "q3_k": GGMLType.Q3_K, "q2_k": GGMLType.Q2_K, "f16": GGMLType.F16,
+                "f32": GGMLType.F32}
+# llama.cpp's llama_ftype of each mix (general.file_type); q4_k is MOSTLY_Q4_K_M (its output), q3_k
+# MOSTLY_Q3_K_S (mostly Q3_K)
+_FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9, "q2_k": 10, "q3_k": 11,
+              "q4_k": 15, "q4_k_m": 15, "q5_k_m": 17, "q6_k": 18}
+_K_MIXES = ("q4_k", "q4_k_m", "q5_k_m", "q3_k", "q2_k")  # output (and tied token_embd) Q6_K
+_MORE_BITS = ("q4_k_m", "q5_k_m")  # attn_v / ffn_down Q6_K in llama.cpp's use_more_bits layers
 # llama.cpp's replacement when a row is not a whole number of 256-element super-blocks
-_K_FALLBACK = {GGMLType.Q4_K: GGMLType.Q5_0, GGMLType.Q5_K: GGMLType.Q5_1, GGMLType.Q6_K: GGMLType.Q8_0}
+_K_FALLBACK = {GGMLType.Q4_K: GGMLType.Q5_0, GGMLType.Q6_K: GGMLType.Q8_0, GGMLType.Q5_K: GGMLType.Q5_1,
+               GGMLType.Q3_K: GGMLType.Q4_0, GGMLType.Q2_K: GGMLType.Q4_0}
 
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHATML_TEMPLATE = (
@@ -106,13 +117,21 @@ COMMON_BIGRAMS = ("th he in er an re on at en nd ti es or te of ed is it al ar s
 
 
 # ------------------------------------------------------------------------------ tensor plan
+def use_more_bits(layer: int, n_layers: int) -> bool:
+    """llama.cpp's choice of the layers whose attn_v / ffn_down a _M mix stores with more bits:
+    the first and last eighth and every third layer between."""
+    return layer < n_layers // 8 or layer >= 7 * n_layers // 8 or (layer - n_layers // 8) % 3 == 2
+
+
 def _matrix_type(quant: str, role: str, ne0: int, tied: bool) -> GGMLType:
     t = _MATRIX_TYPE[quant]
-    if role == "output" and quant in ("q4_k", "q5_k"):
+    if role == "output" and quant in _K_MIXES:
         t = GGMLType.Q6_K
     elif role == "token_embd" and quant == "q4_1":
         t = GGMLType.Q8_0
-    elif role == "token_embd" and quant in ("q4_k", "q5_k") and tied:
+    elif role == "token_embd" and quant in _K_MIXES and tied:
+        t = GGMLType.Q6_K
+    elif role == "more_bits":
         t = GGMLType.Q6_K
     if ne0 % quant_info(t).block_elems:
         t = _K_FALLBACK[t]
@@ -129,21 +148,23 @@ def plan_tensors(p: Preset, quant: str) -> list[tuple[str, tuple[int, ...], GGML
     d, q_dim, kv_dim = p.d_model, p.n_head * p.head_dim, p.n_kv_head * p.head_dim
     out = [("token_embd.weight", (d, p.vocab), _matrix_type(quant, "token_embd", d, p.tied), "token_embd")]
 
-    def mat(name: str, ne0: int, ne1: int) -> None:
-        out.append((name, (ne0, ne1), _matrix_type(quant, "matrix", ne0, p.tied), "matrix"))
+    def mat(name: str, ne0: int, ne1: int, more_bits: bool = False) -> None:
+        kind = "more_bits" if more_bits and quant in _MORE_BITS else "matrix"
+        out.append((name, (ne0, ne1), _matrix_type(quant, kind, ne0, p.tied), "matrix"))
 
     for i in range(p.n_layers):
         b = f"blk.{i}"
+        more = use_more_bits(i, p.n_layers)
         out.append((f"{b}.attn_norm.weight", (d,), GGMLType.F32, "norm"))
         for proj, dim in (("q", q_dim), ("k", kv_dim), ("v", kv_dim)):
-            mat(f"{b}.attn_{proj}.weight", d, dim)
+            mat(f"{b}.attn_{proj}.weight", d, dim, more and proj == "v")
             if p.qkv_bias:
                 out.append((f"{b}.attn_{proj}.bias", (dim,), GGMLType.F32, "bias"))
         mat(f"{b}.attn_output.weight", q_dim, d)
         out.append((f"{b}.ffn_norm.weight", (d,), GGMLType.F32, "norm"))
         mat(f"{b}.ffn_gate.weight", d, p.d_ff)
         mat(f"{b}.ffn_up.weight", d, p.d_ff)
-        mat(f"{b}.ffn_down.weight", p.d_ff, d)
+        mat(f"{b}.ffn_down.weight", p.d_ff, d, more)
     out.append(("output_norm.weight", (d,), GGMLType.F32, "norm"))
     if not p.tied:
         out.append(("output.weight", (d, p.vocab), _matrix_type(quant, "output", d, p.tied), "output"))
@@ -279,11 +300,15 @@ _RANDOM_FIELDS: dict[GGMLType, tuple[tuple[int, int, str, float], ...]] = {
     GGMLType.Q4_0: ((0, 1, "f16", SIGMA / _Q4),),
     GGMLType.Q4_1: ((0, 1, "f16", SIGMA / _Q4), (2, 1, "f16", -7.5 * SIGMA / _Q4)),
     GGMLType.Q5_0: ((0, 1, "f16", SIGMA / _Q5),),
-    GGMLType.Q5_1: ((0, 1, "f16", SIGMA / _Q5), (2, 1, "f16", -15.5 * SIGMA / _Q5)),
     GGMLType.Q8_0: ((0, 1, "f16", SIGMA / _Q8),),
     GGMLType.Q4_K: ((0, 1, "f16", SIGMA / (63 * _Q4)), (2, 1, "f16", 7.5 * SIGMA / (63 * _Q4))),
-    GGMLType.Q5_K: ((0, 1, "f16", SIGMA / (63 * _Q5)), (2, 1, "f16", 15.5 * SIGMA / (63 * _Q5))),
     GGMLType.Q6_K: ((192, 16, "i8", 0.0), (208, 1, "f16", SIGMA / (32 * _Q6))),
+    # the rest calibrated by measuring the std of 4096 random blocks with d = 1 (their scale and min
+    # fields stay uniformly random): Q5_1 11.4, Q5_K 584, Q2_K 15.1, Q3_K 45.4
+    GGMLType.Q5_1: ((0, 1, "f16", SIGMA / 11.4), (2, 1, "f16", -15.5 * SIGMA / 11.4)),
+    GGMLType.Q5_K: ((0, 1, "f16", SIGMA / 584), (2, 1, "f16", 15.5 * SIGMA / 584)),
+    GGMLType.Q2_K: ((80, 1, "f16", SIGMA / 15.1), (82, 1, "f16", 1.5 * SIGMA / 15.1)),
+    GGMLType.Q3_K: ((108, 1, "f16", SIGMA / 45.4),),
 }
 
 

@@ -115,6 +115,27 @@ class GraphBuilder:
         self._check(self.shape(gate) == self.shape(up), name, "gate and up shapes differ")
         return self._add(name, Op.SWIGLU, (gate, up), self.shape(gate), layer=layer)
 
+    # ------------------------------------------------------------------ tensor parallelism
+    def all_reduce(self, x: int, name: str, layer: int | None = None) -> int:
+        """The sum of x over the ranks (the partial outputs of a row-parallel matmul)."""
+        return self._add(name, Op.ALL_REDUCE, (x,), self.shape(x), layer=layer)
+
+    def all_gather(self, x: int, widths: tuple[int, ...], rank: int, name: str) -> int:
+        """Every rank's x side by side in the last dim: rank r holds `widths[r]` columns."""
+        self._check(self.shape(x)[-1] == widths[rank], name, f"width {self.shape(x)[-1]} != this rank's "
+                    f"{widths[rank]} of {widths}")
+        return self._add(name, Op.ALL_GATHER, (x,), (*self.shape(x)[:-1], sum(widths)), widths=tuple(widths))
+
+    def local_ids(self, ids: int, lo: int, hi: int, name: str) -> int:
+        """Indices into this rank's rows [lo, hi) of a vocab-parallel table (0 for the others)."""
+        self._check(0 <= lo < hi, name, f"row range {lo}..{hi} is empty")
+        return self._add(name, Op.LOCAL_IDS, (ids,), self.shape(ids), dtype="I32", lo=lo, hi=hi)
+
+    def mask_rows(self, x: int, ids: int, lo: int, hi: int, name: str) -> int:
+        """x with the rows whose id is outside [lo, hi) zeroed (another rank holds them)."""
+        self._check(self.shape(x)[0] == self.shape(ids)[0], name, "rows of x and ids differ")
+        return self._add(name, Op.MASK_ROWS, (x, ids), self.shape(x), lo=lo, hi=hi)
+
     # ------------------------------------------------------------------ result
     def build(self, output: int) -> Graph:
         return Graph(tuple(self._nodes), dict(self._inputs), output, dict(self._weights), self._meta)

@@ -38,6 +38,14 @@ class Op(StrEnum):
     ATTENTION = "Attention"  # write k, v into the layer's KV cache, causal GQA attention of q
     SWIGLU = "SwiGLU"  # out = silu(gate) * up
     SLICE = "Slice"  # out = x[..., start:stop] (a view: splits a fused MatMul's output)
+    # tensor parallelism (parallel/, one graph per rank): run by the plan through a communicator
+    ALL_REDUCE = "AllReduce"  # out = the sum of x over the ranks (float32)
+    ALL_GATHER = "AllGather"  # out = the ranks' x side by side in the last dim (float32)
+    LOCAL_IDS = "LocalIds"  # ids in [lo, hi) -> id - lo, others -> 0 (this rank's rows of a table)
+    MASK_ROWS = "MaskRows"  # out[i] = x[i] where lo <= ids[i] < hi, else 0
+
+
+PARALLEL_OPS = frozenset({Op.ALL_REDUCE, Op.ALL_GATHER, Op.LOCAL_IDS, Op.MASK_ROWS})
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,15 @@ kernel combines the splits' partial sums by log-sum-exp; with one split the firs
 the output itself. The split count comes from the cache's n_ctx (a graph's grid is fixed), and
 splits past a row's position exit at once.
 
+`attention_prefill` (flash-attention 2, Dao 2023, over the cache): prompt chunks. The rows come
+as spans (consecutive positions of one slot), cut into tiles of up to BLOCK_M rows by
+`prefill_tiles`; a program (tile, query head) loads its [BLOCK_M, head_dim] queries once and
+walks the slot's keys 0..its last position BLOCK_N at a time (causal mask inside the tile), so a
+chunk of n rows reads its keys n / BLOCK_M times instead of n times. The tile table is an int32
+device tensor [tiles, 4] (first row, slot, first position, rows; rows 0 = an unused tile), so a
+step of every span in one launch replays in a CUDA graph; without one the launcher builds it
+from the slots and positions on the host.
+
 Q8_0 cache (`--kv-cache q8_0`, the `*_q8` launchers): int8 [layers, slots, kv_heads, n_ctx,
 head_dim + head_dim / 16], each position's row its head_dim int8 codes, then one f16 scale per
 32 of them (little-endian bytes): seed 004's Q8_0 values (d = max|x| / 127, codes rounded half
@@ -45,6 +54,7 @@ from ._common import (
 SPLIT_LEN = 512  # keys per split: one split (no combine kernel) for contexts up to 512
 BLOCK_N = 64  # keys per inner step (32 for head_dim > 64: the tile then fits the registers, sm_90 compile check)
 MAX_SPLITS = 64
+PREFILL_BLOCK_M = 64  # query rows per prefill tile
 
 
 @triton.jit
@@ -173,6 +183,51 @@ def _attn_combine_kernel(po_ptr, pml_ptr, out_ptr, N_HEAD, HD, NSPLIT, SP: tl.co
     tl.store(out_ptr + row * N_HEAD * HD + head * HD + d, num / den, mask=dm)
 
 
+@triton.jit
+def _attn_prefill_kernel(q_ptr, ck_ptr, cv_ptr, tiles_ptr, out_ptr, stride_q, layer_off, S_STRIDE, H_STRIDE, scale,
+                         G, N_HEAD, HD, RS, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                         Q8: tl.constexpr, PDL: tl.constexpr):
+    release_next(PDL)
+    wait_prior(PDL)
+    t = tl.program_id(0)
+    head = tl.program_id(1)
+    row0 = tl.load(tiles_ptr + t * 4).to(tl.int64)
+    slot = tl.load(tiles_ptr + t * 4 + 1).to(tl.int64)
+    start = tl.load(tiles_ptr + t * 4 + 2)
+    n = tl.load(tiles_ptr + t * 4 + 3)  # 0: an unused tile (its loop is empty, its stores masked)
+    m = tl.arange(0, BLOCK_M)
+    d = tl.arange(0, BLOCK_D)
+    mm = m < n
+    dm = d < HD
+    qpos = start + m
+    rows = row0 + m.to(tl.int64)
+    q = tl.load(q_ptr + rows[:, None] * stride_q + head * HD + d[None, :], mask=mm[:, None] & dm[None, :], other=0.0)
+    q = (q.to(tl.float32) * scale).to(tl.float16)
+    base = layer_off + slot * S_STRIDE + (head // G).to(tl.int64) * H_STRIDE
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    hi = tl.where(n > 0, start + n, 0)  # keys 0..the tile's last position
+    for k0 in range(0, hi, BLOCK_N):
+        kk = k0 + tl.arange(0, BLOCK_N)
+        km = kk < hi
+        kv_rows = base + kk.to(tl.int64)[:, None] * RS
+        kv_m = km[:, None] & dm[None, :]
+        k = _load_kv(ck_ptr, kv_rows, d, kv_m, HD, Q8)
+        s = tl.dot(q, tl.trans(k))
+        s = tl.where(km[None, :] & (kk[None, :] <= qpos[:, None]), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = _load_kv(cv_ptr, kv_rows, d, kv_m, HD, Q8)
+        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
+        m_i = m_new
+    release_late(PDL)
+    o = acc / tl.where(mm, l_i, 1.0)[:, None]  # (a row of the tile holds key 0 at least: l_i > 0)
+    tl.store(out_ptr + rows[:, None] * (N_HEAD * HD) + head * HD + d[None, :], o, mask=mm[:, None] & dm[None, :])
+
+
 def q8_row_bytes(head_dim: int) -> int:
     """Bytes of one position's row of one head in the Q8_0 cache: the codes, then f16 scales."""
     return head_dim + head_dim // 16
@@ -254,18 +309,19 @@ def split_plan(n_ctx: int) -> tuple[int, int]:
 
 def attention_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
                    row_slots: torch.Tensor, positions: torch.Tensor, layer: int, n_head: int, n_head_kv: int,
-                   head_dim: int, scale: float, spans=None, out: torch.Tensor | None = None) -> torch.Tensor:
+                   head_dim: int, scale: float, spans=None, tiles=None,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
     """Write k/v into the cache at (row_slots, positions), then out [rows, n_head * head_dim] f32 =
     softmax(q K^T * scale) V over positions 0..position of each row's slot. q/k/v: f32 rows
     (row-strided views are fine), cache f16 [layers, slots, n_head_kv, n_ctx, head_dim]. `spans`
-    is not needed (every row reads its own slot and position on the device)."""
+    and `tiles` are not needed (every row reads its own slot and position on the device)."""
     return _attention_rows("attention_rows", torch.float16, q, k, v, cache_k, cache_v, row_slots, positions, layer,
                            n_head, n_head_kv, head_dim, scale, out)
 
 
 def attention_rows_q8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor,
                       cache_v: torch.Tensor, row_slots: torch.Tensor, positions: torch.Tensor, layer: int, n_head: int,
-                      n_head_kv: int, head_dim: int, scale: float, spans=None,
+                      n_head_kv: int, head_dim: int, scale: float, spans=None, tiles=None,
                       out: torch.Tensor | None = None) -> torch.Tensor:
     """`attention_rows` over a Q8_0 cache (int8, rows of q8_row_bytes(head_dim)): k/v quantized as
     they are written, keys and values dequantized to f16 tiles as they are read."""
@@ -305,4 +361,96 @@ def _attention_rows(what, cache_dtype, q, k, v, cache_k, cache_v, row_slots, pos
         _attn_combine_kernel[check_grid(what, (rows, n_head))](
             po, pml, out, n_head, hd, nsplit, SP=triton.next_power_of_2(nsplit), BLOCK_D=block_d, num_warps=1,
             **pdl_args())
+    return out
+
+
+# ---------------------------------------------------------------------- prompt chunks
+def spans_of(row_slots: torch.Tensor, positions: torch.Tensor) -> list[tuple[int, int, int, int]]:
+    """(first row, slot, first position, rows) of each run of rows with one slot and consecutive
+    positions: the sequences of a prefill batch (one host read of the two small tensors)."""
+    slots, pos = row_slots.tolist(), positions.tolist()
+    spans: list[list[int]] = []
+    for r, (s, p) in enumerate(zip(slots, pos, strict=True)):
+        if spans and spans[-1][1] == s and spans[-1][2] + spans[-1][3] == p:
+            spans[-1][3] += 1
+        else:
+            spans.append([r, s, p, 1])
+    return [tuple(x) for x in spans]
+
+
+def prefill_tiles(spans, block_m: int = PREFILL_BLOCK_M) -> list[tuple[int, int, int, int]]:
+    """(first row, slot, first position, rows) tiles of up to block_m rows covering `spans`
+    [(first row, slot, start, rows)]: the tile table `attention_prefill` reads."""
+    return [(r0 + t, slot, start + t, min(block_m, n - t))
+            for r0, slot, start, n in spans for t in range(0, n, block_m)]
+
+
+def max_prefill_tiles(rows: int, spans: int, block_m: int = PREFILL_BLOCK_M) -> int:
+    """Tiles `prefill_tiles` makes at most for `rows` rows in up to `spans` spans."""
+    return rows // block_m + spans
+
+
+def attention_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor,
+                      cache_v: torch.Tensor, row_slots: torch.Tensor, positions: torch.Tensor, layer: int, n_head: int,
+                      n_head_kv: int, head_dim: int, scale: float, spans=None, tiles: torch.Tensor | None = None,
+                      out: torch.Tensor | None = None) -> torch.Tensor:
+    """`attention_rows` for prompt chunks: k/v written, then flash-attention per tile of up to
+    PREFILL_BLOCK_M rows of one span. `tiles`: the int32 [T, 4] device tile table (CUDA graphs;
+    rows not in a tile are left unwritten); else it is built from `spans` or, without them, from
+    the slots and positions (host reads)."""
+    return _attention_prefill("attention_prefill", torch.float16, q, k, v, cache_k, cache_v, row_slots, positions,
+                              layer, n_head, n_head_kv, head_dim, scale, spans, tiles, out)
+
+
+def attention_prefill_q8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor,
+                         cache_v: torch.Tensor, row_slots: torch.Tensor, positions: torch.Tensor, layer: int,
+                         n_head: int, n_head_kv: int, head_dim: int, scale: float, spans=None,
+                         tiles: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """`attention_prefill` over a Q8_0 cache (k/v quantized as written, tiles dequantized as read)."""
+    return _attention_prefill("attention_prefill_q8", torch.int8, q, k, v, cache_k, cache_v, row_slots, positions,
+                              layer, n_head, n_head_kv, head_dim, scale, spans, tiles, out)
+
+
+def prefill_block_n(head_dim: int, q8: bool = False) -> int:
+    """Keys per inner step of a prefill tile: 32 up to head_dim 64, else 16 (a [64, head_dim]
+    tile of 4 warps then fits the registers without spilling, on triton 3.6 and 3.7: sm_90 compile
+    check; 8 warps instead were 1.6-1.9x slower on the H200, bench/NOTES.md run 28)."""
+    return 32 if head_dim <= 64 and not q8 else 16
+
+
+def prefill_warps(head_dim: int) -> int:
+    """Warps per prefill program."""
+    return 4
+
+
+def _attention_prefill(what, cache_dtype, q, k, v, cache_k, cache_v, row_slots, positions, layer, n_head, n_head_kv,
+                       head_dim, scale, spans, tiles, out):
+    q2, k2, v2, shape, device = check_attention_call(what, q, k, v, cache_k, cache_v, row_slots, positions, layer,
+                                                     n_head, n_head_kv, head_dim)
+    if cache_k.dtype != cache_dtype:
+        raise UnsupportedError(f"{what}: the cache must be {str(cache_dtype).removeprefix('torch.')}, got "
+                               f"{str(cache_k.dtype).removeprefix('torch.')}")
+    rows = q2.shape[0]
+    out = make_out(what, out, (rows, n_head * head_dim), torch.float32, device)
+    if not rows:
+        return out
+    if tiles is None:
+        if spans is None:
+            spans = spans_of(row_slots, positions)  # (host reads: outside graphs only)
+        tiles = torch.tensor(prefill_tiles(spans) or [(0, 0, 0, 0)], dtype=torch.int32).to(device)
+    else:
+        check_tensor(what, "tiles", tiles, (torch.int32,), ndim=2)
+        if tiles.shape[1] != 4 or not tiles.is_contiguous():
+            raise UnsupportedError(f"{what}: tiles must be contiguous int32 [T, 4], got {tuple(tiles.shape)}")
+        check_device(what, q=q2, tiles=tiles)
+    kv_write(k2, v2, cache_k, cache_v, row_slots, positions, layer)
+    n_layer, n_slots, nkv, n_ctx, hd = shape
+    rs = cache_k.shape[4]
+    q8 = cache_dtype == torch.int8
+    _attn_prefill_kernel[check_grid(what, (tiles.shape[0], n_head))](
+        q2, cache_k, cache_v, tiles, out, q2.stride(0), layer * n_slots * nkv * n_ctx * rs, nkv * n_ctx * rs,
+        n_ctx * rs, float(scale), n_head // n_head_kv, n_head, hd, rs, BLOCK_M=PREFILL_BLOCK_M,
+        BLOCK_D=max(16, triton.next_power_of_2(hd)), BLOCK_N=prefill_block_n(hd, q8), Q8=q8,
+        num_warps=prefill_warps(hd),
+        **pdl_args())
     return out

@@ -1,4 +1,5 @@
-"""Q4_0 weight x f32 activation matmuls (seed 004 QMATMUL pair): decode GEMV and prefill matmul.
+"""Quantized weight x f32 activation matmuls (seed 004 QMATMUL pair): decode GEMVs for every
+quant type and the Q4_0 prefill matmul.
 
     out[m, n] = sum_k x[m, k] * W[n, k],  W stored as Q4_0 (d:f16 + 16 nibble bytes per 32 values)
 
@@ -34,6 +35,15 @@ each of the 8 slots is one `tl.dot` of depth BW: x[:, slot] [BLOCK_M, BW] (f32 -
 the slot's values (n - 8) * d [BW, BLOCK_N] (same conversion), accumulating in f32. W's words
 are loaded once per step; programs are grouped along M so W tiles are reused from L2.
 
+The other types (Q8_0, Q5_0, Q5_1, Q5_K, Q6_K, Q3_K, Q2_K) run the same GEMV kernel on a second
+layout, `repack_planes` ("planes", PLANES=True): each weight's unsigned code split into a low
+plane (these nibble words, or int16 words of eight 2-bit slots) and a high plane of its other
+bits (int8 / int16 words of eight slots, indexed like the nibble words; Q8_0: whole byte codes,
+a block's first and last 16 in the two planes), scales in planes of their own: about the file's
+bytes per weight. `_code` assembles a code exactly in f32 from its
+two fields with two magic numbers (2 LOP3 + 2 FADD per weight); `_planes_block` applies the
+scale of each 16-element half-block (Q6_K / Q3_K / Q2_K sub-blocks) or of the whole block.
+
 Configs: the GEMV's comes from `gemv_config(n, k)` (cached: the launcher's host time matters at
 decode sizes); the matmul carries a small `@triton.autotune` list pruned by shape; a
 launcher's `config=` pins one (tests pin one so the interpreter runs one small config). Raw GGUF
@@ -44,7 +54,7 @@ the backend repacks once at load.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -278,10 +288,109 @@ def _affine_scales(d_rows, m_rows, kbs, first, kb_hi, MODE: tl.constexpr, EVEN_K
 
 
 @triton.jit
-def _gemv_accumulate(acc, w, kbs, first, kb_hi, d_rows, m_rows, x_base, half_shift, magic, m4, m8, m12,
-                     MODE: tl.constexpr, EVEN_K: tl.constexpr):
-    """acc + one K step of the tile: the words w of blocks kbs (first = unclamped block index)."""
+def _code(lo, hi, S: tl.constexpr, magic, LB: tl.constexpr, HB: tl.constexpr, CENTER: tl.constexpr):
+    """code - CENTER of slot S (0..3) as exact f32, for the planes types: code = lo | hi << LB with
+    the LB-bit field of `lo` at bit LB * S and the HB-bit field of `hi` (HB = 0: none) at HB * S.
+
+    Each field is ORed into the mantissa of a power of two whose unit at its bit position is its
+    weight in the code (1 for lo, 2^LB for hi): f = 2^(23 - LB S) + lo, g = 2^(23 + LB - HB S) +
+    2^LB hi. g - C and f + (g - C), with C = both powers + CENTER, are exact (Sterbenz: the
+    operands are within a factor of 2), so the code costs 2 LOP3 + 2 FADD (HB = 0: 1 + 1)."""
+    f = ((lo & (((1 << LB) - 1) << (LB * S))) | (magic - ((LB * S) << 23))).to(tl.float32, bitcast=True)
+    if HB > 0:
+        g = ((hi & (((1 << HB) - 1) << (HB * S))) | (magic + ((LB - HB * S) << 23))).to(tl.float32, bitcast=True)
+        return f + (g - ((1 << (23 + LB - HB * S)) + (1 << (23 - LB * S)) + CENTER))
+    else:
+        return f - ((1 << (23 - LB * S)) + CENTER)
+
+
+@triton.jit
+def _planes_block(acc, w, hw, a0, a1, c0, c1, xp, half_shift, hi_shift, magic, LB: tl.constexpr,
+                  HB: tl.constexpr, CENTER: tl.constexpr, AFFINE: tl.constexpr):
+    """acc + one 32-element block per (lane, row) of a planes type: slot s of lane word j is
+    element 4 s + j (as for the nibble words); slots 0..3 (elements 0..15) take scale a0 (and
+    offset c0), slots 4..7 a1 (c1): Q6_K / Q3_K / Q2_K sub-blocks of 16, one value otherwise."""
+    x0, x4, x8, x12 = tl.load(xp), tl.load(xp + 4), tl.load(xp + 8), tl.load(xp + 12)
+    x16, x20, x24, x28 = tl.load(xp + 16), tl.load(xp + 20), tl.load(xp + 24), tl.load(xp + 28)
+    if LB == 8:
+        # byte codes (Q8_0): w holds elements 0..15 (slot s of word j = element 4 s + j at bit 8 s),
+        # hw elements 16..31; slots 2, 3 are shifted down (a byte field must end below bit 23)
+        h = w >> half_shift
+        hh = hw >> half_shift
+        low = _code(w, w, 0, magic, 8, 0, CENTER) * x0
+        low += _code(w, w, 1, magic, 8, 0, CENTER) * x4
+        low += _code(h, h, 0, magic, 8, 0, CENTER) * x8
+        low += _code(h, h, 1, magic, 8, 0, CENTER) * x12
+        up = _code(hw, hw, 0, magic, 8, 0, CENTER) * x16
+        up += _code(hw, hw, 1, magic, 8, 0, CENTER) * x20
+        up += _code(hh, hh, 0, magic, 8, 0, CENTER) * x24
+        up += _code(hh, hh, 1, magic, 8, 0, CENTER) * x28
+    else:
+        h = w >> half_shift  # slots 4..7 moved to slots 0..3 (half_shift = 4 LB)
+        hh = hw >> hi_shift  # and their high fields (hi_shift = 4 HB)
+        low = _code(w, hw, 0, magic, LB, HB, CENTER) * x0
+        low += _code(w, hw, 1, magic, LB, HB, CENTER) * x4
+        low += _code(w, hw, 2, magic, LB, HB, CENTER) * x8
+        low += _code(w, hw, 3, magic, LB, HB, CENTER) * x12
+        up = _code(h, hh, 0, magic, LB, HB, CENTER) * x16
+        up += _code(h, hh, 1, magic, LB, HB, CENTER) * x20
+        up += _code(h, hh, 2, magic, LB, HB, CENTER) * x24
+        up += _code(h, hh, 3, magic, LB, HB, CENTER) * x28
+    acc += tl.sum(low, axis=4, keep_dims=True) * a0 + tl.sum(up, axis=4, keep_dims=True) * a1
+    if AFFINE:
+        xs_low = (x0 + x4) + (x8 + x12)
+        xs_up = (x16 + x20) + (x24 + x28)
+        acc += tl.sum(xs_low, axis=4, keep_dims=True) * c0 + tl.sum(xs_up, axis=4, keep_dims=True) * c1
+    return acc
+
+
+@triton.jit
+def _half_f16(bits):
+    """The f16 whose bit pattern is the low 16 bits of int32 `bits`, as f32."""
+    return (bits & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _planes_scales(d_rows, m_rows, kbs, first, kb_hi, MODE: tl.constexpr):
+    """(a0, a1, c0, c1) of blocks kbs (all 0 past the end) for a planes type's MODE:
+    0 (Q8_0, Q5_0): f16 d per block; 1 (Q5_1), 2 (Q5_K): as _affine_scales; 3 (Q6_K, Q3_K): two
+    signed 8-bit sub-block scales per block (sc0 | sc1 << 8) and the super-block's f16 d;
+    4 (Q2_K): the file's two scale bytes per block (4-bit scale | 4-bit min << 4 each) and the
+    super-block's f16 d | dmin << 16."""
+    ok = first < kb_hi
     if MODE == 0:
+        a0 = tl.load(d_rows + kbs, mask=ok, other=0.0).to(tl.float32)
+        return a0, a0, a0, a0
+    elif MODE == 3:
+        scs = tl.load(d_rows + kbs, mask=ok, other=0).to(tl.int32)
+        d = tl.load(m_rows + kbs // 8, mask=ok, other=0.0).to(tl.float32)
+        return d * ((scs << 24) >> 24).to(tl.float32), d * ((scs << 16) >> 24).to(tl.float32), d, d
+    elif MODE == 4:
+        scs = tl.load(d_rows + kbs, mask=ok, other=0).to(tl.int32)
+        dd = tl.load(m_rows + kbs // 8, mask=ok, other=0)
+        d = _half_f16(dd)
+        dmin = _half_f16(dd >> 16)
+        a0 = d * (scs & 0xF).to(tl.float32)
+        c0 = -(dmin * ((scs >> 4) & 0xF).to(tl.float32))
+        a1 = d * ((scs >> 8) & 0xF).to(tl.float32)
+        c1 = -(dmin * ((scs >> 12) & 0xF).to(tl.float32))
+        return a0, a1, c0, c1
+    else:
+        a, c = _affine_scales(d_rows, m_rows, kbs, first, kb_hi, MODE, False)
+        return a, a, c, c
+
+
+@triton.jit
+def _gemv_accumulate(acc, w, hw, kbs, first, kb_hi, d_rows, m_rows, x_base, half_shift, hi_shift, magic, m4, m8,
+                     m12, MODE: tl.constexpr, EVEN_K: tl.constexpr, PLANES: tl.constexpr, LB: tl.constexpr,
+                     HB: tl.constexpr, CENTER: tl.constexpr):
+    """acc + one K step of the tile: the words w (high-bit words hw) of blocks kbs (first =
+    unclamped block index)."""
+    if PLANES:
+        a0, a1, c0, c1 = _planes_scales(d_rows, m_rows, kbs, first, kb_hi, MODE)
+        return _planes_block(acc, w, hw, a0, a1, c0, c1, x_base + kbs * 32, half_shift, hi_shift, magic, LB, HB,
+                             CENTER, MODE == 1 or MODE == 2 or MODE == 4)
+    elif MODE == 0:
         d = _scales(d_rows, kbs, first, kb_hi, EVEN_K)
         return _gemv_block(acc, w, d, x_base + kbs * 32, half_shift, magic, m4, m8, m12)
     else:
@@ -290,17 +399,26 @@ def _gemv_accumulate(acc, w, kbs, first, kb_hi, d_rows, m_rows, x_base, half_shi
 
 
 @triton.jit
+def _load_words(rows, kbs, PLANES: tl.constexpr):
+    """A tile's words at block indices kbs (int32; the planes' int16 / int8 words widened)."""
+    if PLANES:
+        return tl.load(rows + kbs * 4).to(tl.int32)
+    else:
+        return tl.load(rows + kbs * 4)
+
+
+@triton.jit
 def _q4_0_gemv_kernel(
     x_ptr, qs_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, N, NKB, KB_SPLIT, NSPLIT, magic, half_shift, m_ptr, M_STRIDE,
+    h_ptr, hi_shift,
     R: tl.constexpr, LR: tl.constexpr, LK: tl.constexpr, WK: tl.constexpr, SPLIT: tl.constexpr,
     EVEN_K: tl.constexpr, MODE: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
+    PLANES: tl.constexpr, LB: tl.constexpr, HB: tl.constexpr, CENTER: tl.constexpr,
 ):
-    # Tile [LK, LR, WK, R, 4]: a warp's lanes are LK blocks along K x LR rows; its WK warps take
-    # further blocks along K; each lane holds R rows (spaced LR apart) and the 4 words of a block
-    # (one 16-byte load). Lanes of one row read LK * 16 contiguous bytes; the x values a lane
-    # loads serve its R rows, and lanes of other rows load the same addresses (one L1 wavefront).
-    # The axis order (the contiguous one last, K-lanes first) is what makes Triton lay the lanes
-    # out this way: ties in contiguity go to the lower axis first.
+    # PLANES (the 5/6/8-bit and 2/3-bit types, `repack_planes`): qs_ptr holds the codes' low LB
+    # bits (LB = 4: the nibble words; LB = 2: int16 words of 8 two-bit slots), h_ptr their high
+    # HB bits (int8 / int16 / int32 words of 8 slots), both indexed like the nibble words.
+    # Otherwise (Q4_0, Q4_1, Q4_K) h_ptr, hi_shift, LB, HB and CENTER are unused.
     BLOCK_N: tl.constexpr = R * LR
     BLOCK_KB: tl.constexpr = LK * WK
     pid_n = tl.program_id(0)
@@ -312,6 +430,7 @@ def _q4_0_gemv_kernel(
     rows_ld = tl.minimum(pid_n * BLOCK_N + r * LR + lr, N - 1).to(tl.int64)  # clamped loads, masked store
     kb = wk * LK + lk
     w_rows = qs_ptr + rows_ld * (NKB * 4) + j
+    h_rows = h_ptr + rows_ld * (NKB * 4) + j
     d_rows = d_ptr + rows_ld * NKB
     m_rows = m_ptr + rows_ld * M_STRIDE
     # x pointers are broadcast over the rows so the x loads take the layout of the weight tile
@@ -336,22 +455,26 @@ def _q4_0_gemv_kernel(
         # the bytes in flight per lane), and the first step's are loaded before waiting for the
         # kernel before this one (weights are no kernel's output), overlapping its tail.
         kbs = tl.minimum(kb_lo + kb, kb_hi - 1)
-        w = tl.load(w_rows + kbs * 4)
+        w = _load_words(w_rows, kbs, PLANES)
+        hw = _load_words(h_rows, kbs, PLANES) if HB > 0 else w
         wait_prior(PDL)
         for kb0 in range(kb_lo, kb_hi, BLOCK_KB):
             kbs_next = tl.minimum(kb0 + BLOCK_KB + kb, kb_hi - 1)
-            w_next = tl.load(w_rows + kbs_next * 4)
-            acc = _gemv_accumulate(acc, w, kbs, kb0 + kb, kb_hi, d_rows, m_rows, x_base, half_shift, magic, m4, m8,
-                                   m12, MODE, EVEN_K)
+            w_next = _load_words(w_rows, kbs_next, PLANES)
+            hw_next = _load_words(h_rows, kbs_next, PLANES) if HB > 0 else w_next
+            acc = _gemv_accumulate(acc, w, hw, kbs, kb0 + kb, kb_hi, d_rows, m_rows, x_base, half_shift, hi_shift,
+                                   magic, m4, m8, m12, MODE, EVEN_K, PLANES, LB, HB, CENTER)
             w = w_next
+            hw = hw_next
             kbs = kbs_next
     else:
         wait_prior(PDL)
         for kb0 in range(kb_lo, kb_hi, BLOCK_KB):
             kbs = tl.minimum(kb0 + kb, kb_hi - 1)
-            w = tl.load(w_rows + kbs * 4)
-            acc = _gemv_accumulate(acc, w, kbs, kb0 + kb, kb_hi, d_rows, m_rows, x_base, half_shift, magic, m4, m8,
-                                   m12, MODE, EVEN_K)
+            w = _load_words(w_rows, kbs, PLANES)
+            hw = _load_words(h_rows, kbs, PLANES) if HB > 0 else w
+            acc = _gemv_accumulate(acc, w, hw, kbs, kb0 + kb, kb_hi, d_rows, m_rows, x_base, half_shift, hi_shift,
+                                   magic, m4, m8, m12, MODE, EVEN_K, PLANES, LB, HB, CENTER)
     release_late(PDL)
     tot = tl.sum(tl.sum(tl.sum(acc, axis=4), axis=2), axis=0)  # [LR, R]
     rows = pid_n * BLOCK_N + tl.arange(0, R)[None, :] * LR + tl.arange(0, LR)[:, None]
@@ -477,17 +600,21 @@ def q4_0_gemv(
     return out
 
 
-def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n: int, k: int, cfg: GemvConfig):
+def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n: int, k: int, cfg: GemvConfig,
+                 planes: tuple | None = None):
+    """Launch the GEMV kernel; `planes` = (hi plane, LB, HB, CENTER) for the planes types."""
     kb_split, nsplit, tiles = _split_plan(cfg, n, k)
     part, counters = out, out  # unused without a split
     if nsplit > 1:
         part, counters = w.scratch(nsplit, tiles)
     nkb = k // Q4_0.block_elems
+    hi, lb, hb, center = planes if planes is not None else (w.qs, 4, 0, 0)
     _q4_0_gemv_kernel[check_grid(what, (tiles, nsplit))](
-        x, w.qs, d_plane, out, part, counters, n, nkb, kb_split, nsplit, _MAGIC_BITS, _HALF_SHIFT, m_plane, m_stride,
+        x, w.qs, d_plane, out, part, counters, n, nkb, kb_split, nsplit, _MAGIC_BITS, min(4 * lb, 16), m_plane,
+        m_stride, hi, min(4 * hb, 16),  # the shifts to a word's upper slots (byte codes: to slots 2, 3)
         R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=nsplit > 1,
         EVEN_K=nkb % cfg.block_kb == 0 and nkb % kb_split == 0, MODE=mode, PREFETCH=cfg.prefetch, num_warps=cfg.wk,
-        maxnreg=cfg.maxnreg, **pdl_args("gemv"),
+        maxnreg=cfg.maxnreg, PLANES=planes is not None, LB=lb, HB=hb, CENTER=center, **pdl_args("gemv"),
     )
 
 
@@ -595,6 +722,292 @@ def int4_gemv(
                                                           else config)
     _launch_gemv(what, x, w, w.d, w.m, w.m.shape[1], w.mode, out, n, k, cfg)
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# planes GEMV (M == 1): the 8-, 6-, 5-, 3- and 2-bit types on the same tile
+
+
+@dataclass(frozen=True)
+class PlaneType:
+    """How a ggml type's codes and scales sit in the planes layout (see `PlanesPacked`)."""
+
+    lb: int  # bits of each code in the low plane: 4 (nibble words, int32), 2 (int16 words), 8 (see hb)
+    hb: int  # bits in the high plane: 0 (none), 1 (int8 words), 2 (int16), 4 (int32); lb = hb = 8 (Q8_0):
+    # whole byte codes, the "low" plane elements 0..15 of each block, the "high" plane elements 16..31
+    center: int  # subtracted from the code (symmetric types), 0 for the affine ones
+    mode: int  # the scale form (_planes_scales): 0 d, 1 d + m, 2 K-quant 6-bit sc/m, 3 two int8 sc, 4 Q2_K
+
+
+PLANE_TYPES = {
+    GGMLType.Q8_0: PlaneType(8, 8, 128, 0),  # byte codes q + 128 (unsigned), d per 32
+    GGMLType.Q5_0: PlaneType(4, 1, 16, 0),
+    GGMLType.Q5_1: PlaneType(4, 1, 0, 1),
+    GGMLType.Q5_K: PlaneType(4, 1, 0, 2),
+    GGMLType.Q6_K: PlaneType(4, 2, 32, 3),
+    GGMLType.Q3_K: PlaneType(2, 1, 4, 3),
+    GGMLType.Q2_K: PlaneType(2, 0, 0, 4),
+}
+_WORD_DTYPES = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int32}  # bits per slot -> word dtype
+
+
+@dataclass(frozen=True)
+class PlanesPacked:
+    """A Q8_0 / Q5_0 / Q5_1 / Q5_K / Q6_K / Q3_K / Q2_K [n, k] weight in the GEMV's planes layout
+    (`repack_planes`), about the file's bytes per weight, every plane aligned for wide loads.
+
+    Each weight's unsigned code (Q6_K: its 6 bits; Q5_x: 5; ...) is lo | hi << lb. Per
+    32-element block and lane word j (j = 0..3), slot s (0..7) holds element 4 s + j: `lo` is
+    [n, k/8] of 8 lb-bit slots (lb = 4: int32, the nibble words of Q4_0Packed; lb = 2: int16),
+    `hi` [n, k/8] of 8 hb-bit slots (int8 / int16; absent when hb = 0), slot s at bit bits * s.
+    Q8_0 (lb = hb = 8): its byte codes q + 128, `lo` word j = elements 4 s + j (s = 0..3) at
+    bit 8 s, `hi` the same for elements 16 + 4 s + j.
+    Scales (`d`, `m`) per PlaneType.mode: 0: d f16 [n, k/32]; 1: d, m f16 [n, k/32];
+    2: d int16 [n, k/32] = sc | m << 8 and m int32 [n, k/256] = f16 d | f16 dmin << 16 (Q4_K's
+    planes); 3: d int16 [n, k/32] = sc0 | sc1 << 8 (the signed scales of the block's two 16-element
+    sub-blocks) and m f16 [n, k/256] (the super-block's d); 4: d int16 [n, k/32] = the file's two
+    scale bytes of the block's sub-blocks, m int32 [n, k/256] = d | dmin << 16."""
+
+    qtype: GGMLType
+    lo: torch.Tensor
+    hi: torch.Tensor | None
+    d: torch.Tensor
+    m: torch.Tensor
+    n: int
+    k: int
+    counters: torch.Tensor
+    partials: torch.Tensor
+
+    def __post_init__(self):
+        """Checked once, when made: a plane of the wrong dtype or size would be misread, not refused."""
+        what = f"PlanesPacked[{self.qtype.name}]"
+        pt, info = PLANE_TYPES.get(self.qtype), QUANT_TABLE[self.qtype]
+        if pt is None:
+            raise UnsupportedError(f"{what}: not a planes type")
+        _check_nk(what, self.n, self.k)
+        if self.k % info.block_elems:
+            raise UnsupportedError(f"{what}: k must be a multiple of {info.block_elems}, got {self.k}")
+        check_tensor(what, "lo", self.lo, (_WORD_DTYPES[pt.lb],))
+        if pt.hb:
+            check_tensor(what, "hi", self.hi, (_WORD_DTYPES[pt.hb],))
+        elif self.hi is not None:
+            raise UnsupportedError(f"{what}: has no high plane, got one")
+        words = self.n * self.k // 8
+        if self.lo.numel() != words or (self.hi is not None and self.hi.numel() != words):
+            raise UnsupportedError(f"{what}: planes must hold {words} words for [{self.n}, {self.k}]")
+        if self.d.numel() != self.n * self.k // 32:
+            raise UnsupportedError(f"{what}: d must hold {self.n * self.k // 32} scales, got {self.d.numel()}")
+        planes = [t for t in (self.lo, self.hi, self.d, self.m) if t is not None]
+        if len({t.device for t in planes}) != 1:
+            raise UnsupportedError(f"{what}: planes must be on one device")
+
+    @property
+    def qs(self) -> torch.Tensor:  # the low plane, where the shared launcher looks for the words
+        return self.lo
+
+    @property
+    def nbytes(self) -> int:
+        planes = (self.lo, self.hi, self.d, None if self.m is self.d else self.m)
+        return sum(t.numel() * t.element_size() for t in planes if t is not None)
+
+    def scratch(self, splits: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return _split_scratch(self, splits, tiles)
+
+
+def _plane_words(fields: torch.Tensor, bits: int) -> torch.Tensor:
+    """[blocks, 32] codes' fields (int64, < 2^bits) -> [blocks, 4] words of `bits` * 8 bits, slot s
+    of word j = element 4 s + j at bit bits * s, as the signed dtype of that width."""
+    width = 8 * bits
+    shifts = torch.arange(8, dtype=torch.int64, device=fields.device).view(1, 8, 1) * bits
+    word = (fields.view(-1, 8, 4) << shifts).sum(1)
+    return (word - ((word >> (width - 1)) << width)).to(_WORD_DTYPES[bits])
+
+
+def _byte_words(codes: torch.Tensor) -> torch.Tensor:
+    """[blocks, 16] byte codes (int64) -> [blocks, 4] int32 words, word j = codes 4 s + j at bit 8 s."""
+    shifts = torch.arange(4, dtype=torch.int64, device=codes.device).view(1, 4, 1) * 8
+    word = (codes.view(-1, 4, 4) << shifts).sum(1)
+    return (word - ((word >> 31) << 32)).to(torch.int32)
+
+
+def _pair16(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """int16 lo | hi << 8 of two byte values (0..255) each."""
+    v = lo.to(torch.int32) | (hi.to(torch.int32) << 8)
+    return (v - ((v >> 15) << 16)).to(torch.int16)
+
+
+def _codes_and_scales(t: GGMLType, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """For `b` [blocks, block_bytes] of type t: (codes [blocks * block_elems / 32, 32] int64 in
+    element order, the d plane's values per 32-element block, the m plane's values (per block
+    for Q5_1, per super-block for the K-quants)). The fields are unpacked as the reference
+    decoders (minfer.quant.reference) unpack them."""
+    from ..quant.reference import _bits, _qh_bits, nibbles, scale_min_k4
+
+    n = b.shape[0]
+    if t == GGMLType.Q8_0:
+        q = b[:, 2:34].view(torch.int8).to(torch.int64) + 128
+        return q, b[:, 0:2].contiguous().view(torch.float16), None
+    if t in (GGMLType.Q5_0, GGMLType.Q5_1):
+        off = 2 if t == GGMLType.Q5_0 else 4  # qh after d (and m)
+        q = nibbles(b[:, off + 4:off + 20]).reshape(n, 32) | (_qh_bits(b[:, off:off + 4]) << 4)
+        m = b[:, 2:4].contiguous().view(torch.float16) if t == GGMLType.Q5_1 else None
+        return q.to(torch.int64), b[:, 0:2].contiguous().view(torch.float16), m
+    if t == GGMLType.Q5_K:
+        sc, mn = scale_min_k4(b[:, 4:16])
+        q = nibbles(b[:, 48:176].reshape(n, 4, 32)).reshape(n, 8, 32) | (_bits(b[:, 16:48], range(8), 1) << 4)
+        d = (sc.to(torch.int16) | (mn.to(torch.int16) << 8)).reshape(n * 8)
+        return q.reshape(n * 8, 32).to(torch.int64), d, b[:, 0:4].contiguous().view(torch.int32)
+    if t == GGMLType.Q6_K:
+        low4 = nibbles(b[:, 0:128].reshape(n, 2, 64)).reshape(n, 256)
+        high2 = _bits(b[:, 128:192].reshape(n, 2, 32), (0, 2, 4, 6), 3).reshape(n, 256)
+        sc = b[:, 192:208].reshape(n * 8, 2)  # the int8 scales' bits
+        return (low4 | (high2 << 4)).reshape(n * 8, 32).to(torch.int64), _pair16(sc[:, 0], sc[:, 1]), \
+            b[:, 208:210].contiguous().view(torch.float16)
+    if t == GGMLType.Q3_K:
+        packed = b[:, 96:108]
+        low4 = nibbles(packed[:, 0:8]).reshape(n, 16)
+        high2 = _bits(packed[:, 8:12], (0, 2, 4, 6), 3).reshape(n, 16)
+        sc = ((low4 | (high2 << 4)).to(torch.int16) - 32) & 0xFF  # the bits of the signed scales (6 bits - 32)
+        low2 = _bits(b[:, 32:96].reshape(n, 2, 32), (0, 2, 4, 6), 3).reshape(n, 256)
+        hbit = _bits(b[:, 0:32], range(8), 1).reshape(n, 256)
+        sc = sc.view(n * 8, 2)
+        return (low2 | (hbit << 2)).reshape(n * 8, 32).to(torch.int64), _pair16(sc[:, 0], sc[:, 1]), \
+            b[:, 108:110].contiguous().view(torch.float16)
+    if t == GGMLType.Q2_K:
+        q = _bits(b[:, 16:80].reshape(n, 2, 32), (0, 2, 4, 6), 3).reshape(n * 8, 32)
+        sc = b[:, 0:16].reshape(n * 8, 2)
+        return q.to(torch.int64), _pair16(sc[:, 0], sc[:, 1]), b[:, 80:84].contiguous().view(torch.int32)
+    raise UnsupportedError(f"repack_planes: no planes layout for {t.name}")
+
+
+def _plane_type(what: str, qtype, allowed=tuple(PLANE_TYPES)) -> GGMLType:
+    try:
+        t = by_name(qtype).type if isinstance(qtype, str) else GGMLType(qtype)
+    except (UnsupportedError, ValueError):
+        t = None
+    if t not in allowed:
+        names = ", ".join(a.name for a in allowed)
+        raise UnsupportedError(f"{what}: reads {names} weights, got qtype {qtype!r}")
+    return t
+
+
+def repack_planes(raw: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str) -> PlanesPacked:
+    """Raw GGUF bytes of a planes-type [n, k] weight -> the GEMV's PlanesPacked, on raw's device
+    (in chunks of blocks, so the int64 temporaries stay bounded)."""
+    what = "repack_planes"
+    t = _plane_type(what, qtype)
+    info, pt = QUANT_TABLE[t], PLANE_TYPES[t]
+    _check_nk(what, n, k)
+    if k % info.block_elems:
+        raise UnsupportedError(f"{what}: {info.name} needs k a multiple of {info.block_elems}, got {k}")
+    check_tensor(what, "raw", raw, (torch.uint8,))
+    n_blocks = n * k // info.block_elems
+    if raw.numel() != n_blocks * info.block_bytes:
+        need = n_blocks * info.block_bytes
+        raise UnsupportedError(f"{what}: {info.name} [{n}, {k}] needs {need} bytes, got {raw.numel()}")
+    blocks, dev, per = raw.reshape(n_blocks, info.block_bytes), raw.device, info.block_elems // 32
+    lo = torch.empty(n * k // 32, 4, dtype=_WORD_DTYPES[pt.lb], device=dev)
+    hi = torch.empty(n * k // 32, 4, dtype=_WORD_DTYPES[pt.hb], device=dev) if pt.hb else None
+    d_parts, m_parts = [], []
+    step = max(1, _REPACK_CHUNK // per)
+    for start in range(0, n_blocks, step):
+        stop = min(start + step, n_blocks)
+        q, d, m = _codes_and_scales(t, blocks[start:stop])
+        rows = slice(start * per, stop * per)
+        if pt.lb == 8:  # byte codes: elements 0..15 of each block in `lo`, 16..31 in `hi`, 4 per word
+            lo[rows], hi[rows] = _byte_words(q[:, :16]), _byte_words(q[:, 16:])
+        else:
+            lo[rows] = _plane_words(q & ((1 << pt.lb) - 1), pt.lb)
+            if hi is not None:
+                hi[rows] = _plane_words(q >> pt.lb, pt.hb)
+        d_parts.append(d.reshape(-1))
+        if m is not None:
+            m_parts.append(m.reshape(-1))
+    d = torch.cat(d_parts).reshape(n, k // 32)
+    m = torch.cat(m_parts).reshape(n, -1) if m_parts else d  # Q8_0 / Q5_0: no m plane (d stands in)
+    counters, partials = _gemv_scratch(n, k, dev, affine=True)
+    hi = hi.view(n, k // 8) if hi is not None else None
+    return _settled(PlanesPacked(t, lo.view(n, k // 8), hi, d, m, n, k, counters, partials))
+
+
+def planes_gemv(
+    x: torch.Tensor,
+    w: PlanesPacked | torch.Tensor,
+    n: int,
+    k: int,
+    qtype: GGMLType | int | str,
+    out: torch.Tensor | None = None,
+    config: GemvConfig | dict | None = None,
+    *,
+    what: str = "planes_gemv",
+    allowed: tuple[GGMLType, ...] = tuple(PLANE_TYPES),
+) -> torch.Tensor:
+    """out [1, n] f32 = x @ W^T for one token, W a planes-type [n, k] weight (`PLANE_TYPES`):
+    q4_0_gemv's tile, loop and split K, each code assembled from its planes exactly in f32 and
+    the block's scales (and offsets) applied once per 16- or 32-element sub-block; `w` a
+    PlanesPacked or raw GGUF bytes (repacked per call)."""
+    t = _plane_type(what, qtype, allowed)
+    if not isinstance(w, PlanesPacked):
+        if not isinstance(w, torch.Tensor):
+            raise UnsupportedError(f"{what}: w must be a PlanesPacked or raw GGUF bytes, got {type(w).__name__}")
+        w = repack_planes(w, n, k, t)
+    if (w.n, w.k, w.qtype) != (n, k, t):
+        raise UnsupportedError(f"{what}: w is a packed {w.qtype.name} [{w.n}, {w.k}], the call says {t.name} "
+                               f"[{n}, {k}]")
+    check_tensor(what, "x", x, (torch.float32,), ndim=(1, 2))
+    if x.numel() != k or (x.dim() == 2 and x.shape[0] != 1):
+        raise UnsupportedError(f"{what}: x must be [{k}] or [1, {k}] (M == 1), got {tuple(x.shape)}")
+    device = check_device(what, x=x, lo=w.lo, out=out)
+    out = make_out(what, out, (1, n), torch.float32, device)
+    cfg = planes_config(n, k, t) if config is None else (GemvConfig(**config) if isinstance(config, dict) else config)
+    pt = PLANE_TYPES[t]
+    hi = w.hi if w.hi is not None else w.lo
+    _launch_gemv(what, x, w, w.d, w.m, w.m.shape[1], pt.mode, out, n, k, cfg, (hi, pt.lb, pt.hb, pt.center))
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def planes_config(n: int, k: int, qtype: GGMLType) -> GemvConfig:
+    """A planes type's config: the affine Q4 types' (`gemv_config(n, k, affine=True)`: the same
+    tile, with more work per weight), at the register caps the sm_90 compile check finds free of
+    spills: prefetching tiles 168 registers, except Q5_1 / Q5_K (the high words and the offsets
+    do not fit beside the prefetched words: 48-96 bytes of spills at 168-232), which load each
+    step's words in the step (128 registers). Not yet swept on the H200 (bench/gemv_types.sh)."""
+    cfg = gemv_config(n, k, True)
+    if not cfg.prefetch:
+        return cfg
+    if PLANE_TYPES[qtype].mode in (1, 2):
+        return replace(cfg, prefetch=False, maxnreg=128)
+    return replace(cfg, maxnreg=PLANES_REGS)
+
+
+PLANES_REGS = 168
+
+
+def q8_0_gemv(x, w, n, k, qtype=GGMLType.Q8_0, out=None, config=None):
+    """planes_gemv for Q8_0 weights (its contract: 1.0625 bytes per weight)."""
+    return planes_gemv(x, w, n, k, qtype, out, config, what="q8_0_gemv", allowed=(GGMLType.Q8_0,))
+
+
+def q6_k_gemv(x, w, n, k, qtype=GGMLType.Q6_K, out=None, config=None):
+    """planes_gemv for Q6_K weights (0.82 bytes per weight)."""
+    return planes_gemv(x, w, n, k, qtype, out, config, what="q6_k_gemv", allowed=(GGMLType.Q6_K,))
+
+
+def q5_gemv(x, w, n, k, qtype, out=None, config=None):
+    """planes_gemv for the 5-bit types Q5_0, Q5_1, Q5_K (0.69-0.75 bytes per weight)."""
+    return planes_gemv(x, w, n, k, qtype, out, config, what="q5_gemv",
+                       allowed=(GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q5_K))
+
+
+def q3_k_gemv(x, w, n, k, qtype=GGMLType.Q3_K, out=None, config=None):
+    """planes_gemv for Q3_K weights (0.43 bytes per weight in the file, 0.45 repacked)."""
+    return planes_gemv(x, w, n, k, qtype, out, config, what="q3_k_gemv", allowed=(GGMLType.Q3_K,))
+
+
+def q2_k_gemv(x, w, n, k, qtype=GGMLType.Q2_K, out=None, config=None):
+    """planes_gemv for Q2_K weights (0.33 bytes per weight)."""
+    return planes_gemv(x, w, n, k, qtype, out, config, what="q2_k_gemv", allowed=(GGMLType.Q2_K,))
 
 
 # ---------------------------------------------------------------------------------------------

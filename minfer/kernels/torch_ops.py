@@ -27,7 +27,7 @@ from ..errors import UnsupportedError
 from ..quant import reference
 from ..quant.types import GGMLType
 from ._common import check_device, check_int, check_tensor, make_out, rows_view
-from .attention import check_attention_call, kv_write
+from .attention import check_attention_call, kv_write, spans_of
 from .dequant import dequant, resolve_qtype
 
 
@@ -70,34 +70,21 @@ def linear_f16(x: torch.Tensor, w: torch.Tensor, n: int, k: int, qtype: GGMLType
     return out
 
 
-def spans_of(row_slots: torch.Tensor, positions: torch.Tensor) -> list[tuple[int, int, int, int]]:
-    """(first row, slot, first position, rows) of each run of rows with one slot and consecutive
-    positions: the sequences of a prefill batch (one host read of the two small tensors)."""
-    slots, pos = row_slots.tolist(), positions.tolist()
-    spans: list[list[int]] = []
-    for r, (s, p) in enumerate(zip(slots, pos, strict=True)):
-        if spans and spans[-1][1] == s and spans[-1][2] + spans[-1][3] == p:
-            spans[-1][3] += 1
-        else:
-            spans.append([r, s, p, 1])
-    return [tuple(x) for x in spans]
-
-
 def attention_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor,
                    cache_v: torch.Tensor, row_slots: torch.Tensor, positions: torch.Tensor, layer: int, n_head: int,
-                   n_head_kv: int, head_dim: int, scale: float, spans=None,
+                   n_head_kv: int, head_dim: int, scale: float, spans=None, tiles=None,
                    out: torch.Tensor | None = None) -> torch.Tensor:
     """The Attention op by torch SDPA: as `attention.attention_rows`, for rows that come in spans
     of consecutive positions of one slot (prompt chunks). `spans`: [(first row, slot, start,
     rows)] from the host's batch, or None to read them from row_slots/positions (a device sync,
-    which every layer of a step would pay)."""
+    which every layer of a step would pay). `tiles` (attention_prefill's table) is not used."""
     return _attention_sdpa("attention_sdpa", False, q, k, v, cache_k, cache_v, row_slots, positions, layer, n_head,
                            n_head_kv, head_dim, scale, spans, out)
 
 
 def attention_sdpa_q8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor,
                       cache_v: torch.Tensor, row_slots: torch.Tensor, positions: torch.Tensor, layer: int, n_head: int,
-                      n_head_kv: int, head_dim: int, scale: float, spans=None,
+                      n_head_kv: int, head_dim: int, scale: float, spans=None, tiles=None,
                       out: torch.Tensor | None = None) -> torch.Tensor:
     """`attention_sdpa` over a Q8_0 cache (attention.py's layout): the k/v written quantized, each
     span's cached keys and values dequantized to f16 for SDPA."""

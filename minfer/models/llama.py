@@ -19,8 +19,9 @@ import math
 import re
 from dataclasses import dataclass
 
-from ..errors import MetadataError, UnsupportedError
+from ..errors import MetadataError, ParallelError, UnsupportedError
 from ..gguf.reader import GGUFReader
+from ..gguf.shard import BY_ROWS, IN_ROW, TensorSlice
 from ..graph.builder import GraphBuilder
 from ..graph.ir import ROWS, TOKENS, Graph
 
@@ -150,20 +151,106 @@ def _rope_freq_scale(r: GGUFReader, k: str) -> float:
     raise UnsupportedError(f"rope scaling type {kind!r} is not supported (supported: none, linear)")
 
 
-def build_graph(a: LlamaArgs) -> Graph:
-    """The forward pass of a llama-family model. Inputs: tokens [T], positions [T], out_rows [R]."""
-    b = GraphBuilder(meta={"arch": a.arch, "n_vocab": a.n_vocab, "n_layer": a.n_layer,
-                           "n_head_kv": a.n_head_kv, "head_dim": a.head_dim, "n_ctx_train": a.n_ctx_train})
-    d, hd, nq, nkv = a.n_embd, a.head_dim, a.n_head * a.head_dim, a.n_head_kv * a.head_dim
+@dataclass(frozen=True)
+class Partition:
+    """Rank `rank`'s part of the model split `world` ways, Megatron style: query heads, KV heads
+    (replicated when there are fewer than ranks), FFN columns and vocabulary rows, each [lo, hi)."""
+
+    rank: int
+    world: int
+    heads: tuple[int, int]
+    kv_heads: tuple[int, int]
+    ff: tuple[int, int]
+    vocab: tuple[int, int]
+    vocab_widths: tuple[int, ...]  # vocabulary rows of every rank (the last may hold fewer)
+
+
+def partition(a: LlamaArgs, rank: int, world: int) -> Partition:
+    """The split of `a` for one rank; ParallelError when `world` does not divide the model."""
+    if not 0 <= rank < world:
+        raise ParallelError(f"rank {rank} is outside 0..{world - 1}")
+    if a.n_head % world:
+        raise ParallelError(f"--tp {world} does not divide the model's {a.n_head} attention heads")
+    if a.n_head_kv % world and world % a.n_head_kv:
+        raise ParallelError(f"--tp {world} and the model's {a.n_head_kv} KV heads: one must divide the other "
+                            "(KV heads are split across ranks, or replicated when there are fewer than ranks)")
+    if a.n_ff % world:
+        raise ParallelError(f"--tp {world} does not divide the model's FFN width {a.n_ff}")
+    hq = a.n_head // world
+    if a.n_head_kv % world == 0:
+        kv = a.n_head_kv // world
+        kv_heads = (rank * kv, (rank + 1) * kv)
+    else:  # fewer KV heads than ranks: world / n_head_kv ranks share (replicate) each KV head
+        k = rank // (world // a.n_head_kv)
+        kv_heads = (k, k + 1)
+    per = -(-a.n_vocab // world)
+    widths = tuple(max(0, min(a.n_vocab, (r + 1) * per) - r * per) for r in range(world))
+    if min(widths) < 1:
+        raise ParallelError(f"--tp {world} is more ranks than the vocabulary of {a.n_vocab} can be split over")
+    ff = a.n_ff // world
+    return Partition(rank, world, (rank * hq, (rank + 1) * hq), kv_heads, (rank * ff, (rank + 1) * ff),
+                     (rank * per, rank * per + widths[rank]), widths)
+
+
+def tensor_slices(a: LlamaArgs, part: Partition) -> dict[str, TensorSlice]:
+    """The part of every split tensor this rank holds (gguf/shard.py): q/k/v and gate/up rows
+    (column-parallel) and their biases, attn_output and ffn_down inside each row (row-parallel),
+    token_embd and output rows (vocab-parallel). Norms and rope_freqs are whole on every rank."""
+    hd = a.head_dim
+    q = (part.heads[0] * hd, part.heads[1] * hd)
+    kv = (part.kv_heads[0] * hd, part.kv_heads[1] * hd)
+    out = {"token_embd.weight": TensorSlice(BY_ROWS, *part.vocab)}
+    if not a.tied_output:
+        out["output.weight"] = TensorSlice(BY_ROWS, *part.vocab)
+    for i in range(a.n_layer):
+        p = f"blk.{i}."
+        for name, rows in (("attn_q", q), ("attn_k", kv), ("attn_v", kv)):
+            out[p + name + ".weight"] = TensorSlice(BY_ROWS, *rows)
+            if a.qkv_bias:
+                out[p + name + ".bias"] = TensorSlice(IN_ROW, *rows)
+        out[p + "attn_output.weight"] = TensorSlice(IN_ROW, *q)
+        out[p + "ffn_gate.weight"] = TensorSlice(BY_ROWS, *part.ff)
+        out[p + "ffn_up.weight"] = TensorSlice(BY_ROWS, *part.ff)
+        out[p + "ffn_down.weight"] = TensorSlice(IN_ROW, *part.ff)
+    return out
+
+
+def build_graph(a: LlamaArgs, part: Partition | None = None) -> Graph:
+    """The forward pass of a llama-family model. Inputs: tokens [T], positions [T], out_rows [R].
+
+    With a `part` (tensor parallelism) the graph is one rank's: its heads, FFN columns and
+    vocabulary rows (weights of those shapes: tensor_slices), an AllReduce after the embedding
+    (each rank looks up the tokens in its vocabulary rows, the others' rows are zero), after
+    attn_output and after ffn_down, and an AllGather of the logits, so every rank ends the step
+    with the same full logits."""
+    tp = part is not None and part.world > 1
+    n_head, n_head_kv, n_ff, n_vocab = a.n_head, a.n_head_kv, a.n_ff, a.n_vocab
+    if tp:
+        n_head, n_head_kv = part.heads[1] - part.heads[0], part.kv_heads[1] - part.kv_heads[0]
+        n_ff, n_vocab = part.ff[1] - part.ff[0], part.vocab[1] - part.vocab[0]
+    meta = {"arch": a.arch, "n_vocab": a.n_vocab, "n_layer": a.n_layer, "n_head_kv": n_head_kv,
+            "head_dim": a.head_dim, "n_ctx_train": a.n_ctx_train}
+    if tp:
+        meta.update(tp_rank=part.rank, tp_world=part.world)
+    b = GraphBuilder(meta=meta)
+    d, hd, nq, nkv = a.n_embd, a.head_dim, n_head * a.head_dim, n_head_kv * a.head_dim
     tokens = b.input("tokens", (TOKENS,), "I32")
     positions = b.input("positions", (TOKENS,), "I32")
     out_rows = b.input("out_rows", (ROWS,), "I32")
-    embd = b.weight("token_embd.weight", (d, a.n_vocab))
+    embd = b.weight("token_embd.weight", (d, n_vocab))
     freqs = b.weight("rope_freqs.weight", (a.n_rot // 2,)) if a.rope_freqs else None
     rope = dict(head_dim=hd, n_rot=a.n_rot, style=a.rope_style, base=a.rope_base,
                 freq_scale=a.rope_freq_scale, freq_factors=freqs)
 
-    x = b.embed(embd, tokens, "token_embd")
+    def reduced(x: int, name: str, layer: int | None = None) -> int:
+        return b.all_reduce(x, name + "_allreduce", layer) if tp else x
+
+    if tp:
+        lo, hi = part.vocab
+        x = b.embed(embd, b.local_ids(tokens, lo, hi, "token_embd_ids"), "token_embd")
+        x = reduced(b.mask_rows(x, tokens, lo, hi, "token_embd_mask"), "token_embd")
+    else:
+        x = b.embed(embd, tokens, "token_embd")
     for i in range(a.n_layer):
         p = f"blk.{i}."
 
@@ -177,20 +264,23 @@ def build_graph(a: LlamaArgs) -> Graph:
         q = b.matmul(n, w("attn_q.weight", d, nq), p + "attn_q", i, bias("attn_q", nq))
         k = b.matmul(n, w("attn_k.weight", d, nkv), p + "attn_k", i, bias("attn_k", nkv))
         v = b.matmul(n, w("attn_v.weight", d, nkv), p + "attn_v", i, bias("attn_v", nkv))
-        q = b.rope(q, positions, n_heads=a.n_head, name=p + "rope_q", layer=i, **rope)
-        k = b.rope(k, positions, n_heads=a.n_head_kv, name=p + "rope_k", layer=i, **rope)
-        att = b.attention(q, k, v, positions, n_head=a.n_head, n_head_kv=a.n_head_kv, head_dim=hd,
+        q = b.rope(q, positions, n_heads=n_head, name=p + "rope_q", layer=i, **rope)
+        k = b.rope(k, positions, n_heads=n_head_kv, name=p + "rope_k", layer=i, **rope)
+        att = b.attention(q, k, v, positions, n_head=n_head, n_head_kv=n_head_kv, head_dim=hd,
                           kv_layer=i, name=p + "attn", layer=i)
-        o = b.matmul(att, w("attn_output.weight", nq, d), p + "attn_output", i)
+        o = reduced(b.matmul(att, w("attn_output.weight", nq, d), p + "attn_output", i), p + "attn_output", i)
         h = b.add(x, o, p + "attn_residual", i)
         m = b.rms_norm(h, w("ffn_norm.weight", d), a.rms_eps, p + "ffn_norm", i)
-        gate = b.matmul(m, w("ffn_gate.weight", d, a.n_ff), p + "ffn_gate", i)
-        up = b.matmul(m, w("ffn_up.weight", d, a.n_ff), p + "ffn_up", i)
+        gate = b.matmul(m, w("ffn_gate.weight", d, n_ff), p + "ffn_gate", i)
+        up = b.matmul(m, w("ffn_up.weight", d, n_ff), p + "ffn_up", i)
         act = b.swiglu(gate, up, p + "ffn_swiglu", i)
-        down = b.matmul(act, w("ffn_down.weight", a.n_ff, d), p + "ffn_down", i)
+        down = reduced(b.matmul(act, w("ffn_down.weight", n_ff, d), p + "ffn_down", i), p + "ffn_down", i)
         x = b.add(h, down, p + "ffn_residual", i)
 
     last = b.get_rows(x, out_rows, "select_rows")
     n = b.rms_norm(last, b.weight("output_norm.weight", (d,)), a.rms_eps, "output_norm")
-    out_w = embd if a.tied_output else b.weight("output.weight", (d, a.n_vocab))
-    return b.build(b.matmul(n, out_w, "output"))
+    out_w = embd if a.tied_output else b.weight("output.weight", (d, n_vocab))
+    logits = b.matmul(n, out_w, "output")
+    if tp:
+        logits = b.all_gather(logits, part.vocab_widths, part.rank, "output_allgather")
+    return b.build(logits)

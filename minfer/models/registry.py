@@ -2,7 +2,8 @@
 
 Adding an architecture: one model file with `from_gguf(reader) -> Args`, `check_args(args, reader)`
 (hyperparameters bounded and matched against the tensors, before anything is built) and
-`build_graph(args) -> Graph`, one row in ARCHITECTURES, one parity test case.
+`build_graph(args, part=None) -> Graph`, one row in ARCHITECTURES, one parity test case. Tensor
+parallelism adds `partition(args, rank, world)` and `tensor_slices(args, part)` (`build_shard`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from ..errors import ModelError, UnsupportedError
 from ..gguf.reader import GGUFReader
+from ..gguf.shard import ShardedReader
 from ..graph.ir import Graph
 from . import llama, qwen2
 
@@ -23,14 +25,18 @@ class Architecture:
     name: str
     from_gguf: Callable[[GGUFReader], Any]
     check_args: Callable[[Any, GGUFReader], None]
-    build_graph: Callable[[Any], Graph]
+    build_graph: Callable[..., Graph]  # (args, part=None)
+    partition: Callable[[Any, int, int], Any] | None = None  # (args, rank, world) -> a Partition
+    tensor_slices: Callable[[Any, Any], dict] | None = None  # (args, part) -> name -> TensorSlice
 
 
 ARCHITECTURES: dict[str, Architecture] = {
     a.name: a
     for a in [
-        Architecture("llama", llama.LlamaArgs.from_gguf, llama.check_args, llama.build_graph),
-        Architecture("qwen2", qwen2.from_gguf, llama.check_args, qwen2.build_graph),
+        Architecture("llama", llama.LlamaArgs.from_gguf, llama.check_args, llama.build_graph,
+                     llama.partition, llama.tensor_slices),
+        Architecture("qwen2", qwen2.from_gguf, llama.check_args, qwen2.build_graph,
+                     llama.partition, llama.tensor_slices),
     ]
 }
 
@@ -52,6 +58,33 @@ def build(reader: GGUFReader) -> tuple[Any, Graph]:
     graph = arch.build_graph(args)
     check_tensors(graph, reader, arch.name)
     return args, graph
+
+
+def build_shard(reader: GGUFReader, rank: int, world: int) -> tuple[Any, Graph, ShardedReader]:
+    """Rank `rank` of `world` (tensor parallelism): the whole model's Args, this rank's graph, and
+    the view of the file that holds this rank's part of every split tensor (gguf/shard.py)."""
+    arch = architecture(reader.get_str("general.architecture"))
+    if arch.partition is None or arch.tensor_slices is None:
+        raise UnsupportedError(f"architecture {arch.name!r} has no tensor-parallel split")
+    args = arch.from_gguf(reader)
+    arch.check_args(args, reader)
+    part = arch.partition(args, rank, world)
+    view = ShardedReader(reader, arch.tensor_slices(args, part))
+    graph = arch.build_graph(args, part)
+    check_tensors(graph, view, arch.name)
+    return args, graph, view
+
+
+def check_split(reader: GGUFReader, world: int) -> None:
+    """ParallelError (or the model's own error) now, before any rank starts, when the model in
+    `reader` cannot be split over `world` ranks: every rank's partition and tensor slices."""
+    arch = architecture(reader.get_str("general.architecture"))
+    if arch.partition is None or arch.tensor_slices is None:
+        raise UnsupportedError(f"architecture {arch.name!r} has no tensor-parallel split")
+    args = arch.from_gguf(reader)
+    arch.check_args(args, reader)
+    for rank in range(world):
+        ShardedReader(reader, arch.tensor_slices(args, arch.partition(args, rank, world)))
 
 
 def _pattern(names) -> list[str]:

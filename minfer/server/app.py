@@ -62,6 +62,8 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
     """`max_pending`: requests admitted at once (running + waiting); beyond it a 503."""
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        if hasattr(engine_loop, "attach"):  # an engine in another process: read its pipe on this loop
+            engine_loop.attach(asyncio.get_running_loop())
         yield
         await run_in_threadpool(engine_loop.stop)  # uvicorn's shutdown (SIGINT/SIGTERM): end the loop cleanly
 
@@ -189,7 +191,7 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
         job = Job(ids, params, schema.logprobs_n(req), asyncio.get_running_loop())
         pending.add(job)
         engine_loop.submit(job)
-        out = Output(kind, model_id, m.tokenizer, m.engine.eog_ids, params.ignore_eos)
+        out = Output(kind, model_id, m.tokenizer, m.eog_ids, params.ignore_eos)
         if req.stream:
             usage = req.stream_options is not None and req.stream_options.include_usage
             return EventStream(stream(job, request, out, usage, endpoint),
@@ -236,7 +238,7 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
             yield sse(out.first_chunk(usage))
             events = Events(job, request)
             while True:
-                ev = await events.next()
+                ev = events.merged(await events.next())
                 if ev[0] == "delta":
                     chunk = out.delta_chunk(ev[1], ev[2], ev[3], usage)
                     if chunk is not None:
@@ -268,8 +270,29 @@ class Events:
     def __init__(self, job: Job, request: Request):
         self.job, self.request = job, request
         self.checked = time.monotonic()
+        self.held: tuple | None = None  # an event taken while merging deltas, next in line
+
+    def merged(self, ev: tuple) -> tuple:
+        """A delta with the deltas queued right behind it (a stream that fell behind the engine
+        catches up in one chunk instead of one per token); other events keep their order."""
+        if ev[0] != "delta" or self.job.events.empty():
+            return ev
+        text, ids, lps = ev[1], list(ev[2]), None if ev[3] is None else list(ev[3])
+        while not self.job.events.empty():
+            nxt = self.job.events.get_nowait()
+            if nxt[0] != "delta":
+                self.held = nxt
+                break
+            text += nxt[1]
+            ids += nxt[2]
+            if lps is not None:
+                lps += nxt[3]
+        return ("delta", text, ids, lps)
 
     async def next(self) -> tuple:
+        if self.held is not None:
+            ev, self.held = self.held, None
+            return ev
         if not self.job.events.empty() and time.monotonic() - self.checked < DISCONNECT_POLL_S:
             return self.job.events.get_nowait()  # (the common case while tokens flow: no future, no timer)
         getter = asyncio.ensure_future(self.job.events.get())
@@ -321,7 +344,7 @@ def _completion_ids(m, prompt) -> list[int]:
         prompt = prompt[0]
     try:
         ids = m.prompt_ids(prompt) if isinstance(prompt, str) else list(prompt)
-        m.engine.check_tokens(ids)
+        m.check_tokens(ids)
     except MinferError as e:
         raise APIError(400, f"prompt: {e}", param="prompt") from None
     return ids

@@ -71,6 +71,35 @@ def test_greedy_generation_matches_cpu_where_decisive(pair, quant):
         assert rb.token_ids[:firm] == ra.token_ids[:firm]
 
 
+def test_mixed_type_fused_weights_run_a_gemv_per_type(pair, raw):
+    """A Q4_K_M-like file (synth q4_k_m): layer 1 fuses Q4_K q, k with a Q6_K v. A decode row runs
+    one GEMV per run of one type, each writing its columns of the fused output (never the f16
+    copy: its f16 rounding alone would cost ~1e-3), and matches the cpu's exact float32 path."""
+    cpu, gpu = pair("tiny-llama", "q4_k_m")
+    kernels = {r["name"]: r["kernel"] for r in gpu.engine.backend.plan_rows(1)}
+    assert kernels["blk.1.attn_q+k+v"] == "int4_gemv+q6_k_gemv"
+    assert kernels["blk.0.attn_q+k+v"] == "int4_gemv" and kernels["blk.1.ffn_down"] == "q6_k_gemv"
+    assert "linear_f16" not in set(kernels.values())
+    # the compiled step of the mixed node alone, for one row, against float64 math on the parts
+    from minfer.backends.cuda import _Describe
+    from minfer.quant.reference import dequantize
+
+    be, reader = gpu.engine.backend, gpu.reader
+    node = next(n for n in gpu.engine.graph.nodes if n.name == "blk.1.attn_q+k+v")
+    k = node.weights["w"].shape[0]
+    w = torch.cat([dequantize(reader.tensor_bytes(t.name), reader.tensors[t.name].ggml_type,
+                              (t.shape[1], k)).double() for t in node.weights["w"].tensors])
+    vals = [None] * len(be.plan.steps)
+    vals[node.inputs[0]] = x = torch.randn(1, k).to(be.device)
+    y = be.plan.steps[node.id].fn(vals, _Describe())
+    assert _rel(y, x.double().cpu() @ w.T) < 1e-5  # f32 GEMVs, not the f16 copy (~1e-3)
+    raw.prefill(cpu.engine, 1, PROMPT[:9])
+    raw.prefill(gpu.engine, 1, PROMPT[:9])
+    steps_c = torch.stack([raw.decode(cpu.engine, 1, t, p) for p, t in enumerate(PROMPT[9:11], start=9)])
+    steps_g = torch.stack([raw.decode(gpu.engine, 1, t, p).cpu() for p, t in enumerate(PROMPT[9:11], start=9)])
+    assert _rel(steps_g, steps_c) < TOL
+
+
 def test_batched_decode_rows_match_each_alone(pair):
     """Decode rows of several sequences in one step (a graph bucket on a GPU) against each alone."""
     _, gpu = pair("tiny-qwen2", "q4_0")
@@ -190,7 +219,7 @@ def test_a_q8_0_kv_cache_runs_the_q8_kernels_close_to_the_f16_cache(tiny_gguf, r
     assert be.cache.nbytes * 32 == f16.engine.backend.cache.nbytes * 17
     attn = {r["kernel"] for r in be.plan_rows() if r["op"] == "Attention"}
     assert attn == {"attention_rows_q8"} and {r["kernel"] for r in be.plan_rows(prefill=True)
-                                               if r["op"] == "Attention"} == {"attention_sdpa_q8"}
+                                               if r["op"] == "Attention"} == {"attention_prefill_q8"}
     want = raw.prefill(f16.engine, 0, PROMPT)
     got = raw.prefill(q8.engine, 0, PROMPT)
     assert 0 < _rel(got, want) < 3e-2  # the codes' rounding, no more
@@ -206,7 +235,32 @@ def test_warmup_leaves_generation_unchanged(pair):
     before = gpu.generate_batch(["hello there", "the cat"], max_tokens=5, temperature=0)
     gpu.engine.warmup()
     be = gpu.engine.backend
-    if be.use_graphs:
-        assert set(be._graphs) == {(b, s) for b in (1, 2, 4) for s in (False, True)}
+    if be.use_graphs:  # 4 slots + 512-token chunks: prompt-chunk buckets up to 768 rows
+        assert set(be._graphs) == {(b, s) for b in (1, 2, 4) for s in (False, True)} | {
+            ("prefill", b) for b in (64, 128, 192, 256, 384, 512, 768)}
     after = gpu.generate_batch(["hello there", "the cat"], max_tokens=5, temperature=0)
     assert [r.token_ids for r in after] == [r.token_ids for r in before]
+
+
+def test_prompt_chunks_of_several_spans_replay_as_their_eager_pass(pair):
+    """A prefill step of several prompts (one continuing its slot) and a few logits rows: on a GPU
+    a captured prompt-chunk graph (the tile table read on the device), against the same step run
+    eagerly; under the interpreter the eager pass against each prompt alone."""
+    _, gpu = pair("tiny-qwen2", "f16")
+    be = gpu.engine.backend
+    be.forward(Batch.single(PROMPT[:5], 0, slot=1))
+    spans = [(0, 0, PROMPT), (1, 5, PROMPT[5:]), (2, 0, PROMPT[:3] * 20)]  # 12 + 7 + 60 rows
+    batch = Batch.build(spans, [11, 18, 19, 78])
+    got = be.forward(batch).cpu()
+    if be.use_graphs:
+        assert ("prefill", 128) in be._graphs
+        be.use_graphs = False
+        try:
+            want = be.forward(batch).cpu()
+        finally:
+            be.use_graphs = True
+        assert _rel(got, want) < 1e-3  # cuBLAS may pick another algorithm for 79 rows than for 128
+    alone = [be.forward(Batch.single(PROMPT, 0, slot=0)).cpu()[0],
+             be.forward(Batch.build([(1, 5, PROMPT[5:])], [6])).cpu()[0],
+             be.forward(Batch.build([(2, 0, PROMPT[:3] * 20)], [0, 59])).cpu()]
+    assert _rel(got[0], alone[0]) < 1e-3 and _rel(got[1], alone[1]) < 1e-3 and _rel(got[2:], alone[2]) < 1e-3

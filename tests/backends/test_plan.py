@@ -16,7 +16,9 @@ from minfer.graph.passes import optimize
 from minfer.models import registry as models
 
 BIG = {"qwen2.5-7b", "llama3-8b"}  # f16 / f32 files of these (15-32 GB) are more than a CI machine can map
-CASES = [(p, q) for p in sorted(PRESETS) for q in QUANTS if not (p in BIG and q in ("f16", "f32"))]
+# llama3-70b: even its Q4_K header-only file (40 GB mapped) is; tests/parallel/test_shard.py plans 2 of its layers
+CASES = [(p, q) for p in sorted(PRESETS) if p != "llama3-70b" for q in QUANTS
+         if not (p in BIG and q in ("f16", "f32"))]
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +42,10 @@ def test_every_node_of_every_preset_resolves(headers, preset, quant):
         assert "q4_0_gemv" in kernels
     if quant in ("q4_1", "q4_k"):
         assert "int4_gemv" in kernels
+    if quant == "q8_0":
+        assert "q8_0_gemv" in kernels and "linear_f16" not in kernels
+    if quant == "q4_k" and preset in BIG:  # their Q6_K output (tied small models: the Q6_K embedding)
+        assert "q6_k_gemv" in kernels and "linear_f16" not in kernels
 
 
 def test_plan_command_prints_kernels_and_prediction(headers, capsys):
@@ -52,7 +58,7 @@ def test_plan_command_prints_kernels_and_prediction(headers, capsys):
     import json
 
     doc = json.loads(capsys.readouterr().out)
-    assert doc["predicted_tok_s"] > 0 and {n["kernel"] for n in doc["nodes"]} >= {"linear_f16", "attention_sdpa"}
+    assert doc["predicted_tok_s"] > 0 and {n["kernel"] for n in doc["nodes"]} >= {"linear_f16", "attention_prefill"}
     assert main(["plan", "-m", str(path), "-b", "0"]) == 2
 
 
@@ -68,11 +74,12 @@ def test_every_cpu_matmul_resolves_to_a_cpu_contract(headers, preset, quant, cap
         one, chunk = plan_rows(graph, reader, 1), plan_rows(graph, reader, 512)
     assert one and all(math.isfinite(r["cost_ns"]) and r["cost_ns"] > 0 for r in one + chunk)
     assert [r["kernel"] for r in one] == [r["kernel"] for r in chunk]
+    pair32, pair16 = "cpu_int4pack_mm_pair32", "cpu_int4pack_mm_pair16"
     want = {"q4_0": "cpu_int4pack_mm", "q4_1": "cpu_int4pack_mm", "q4_k": "cpu_int4pack_mm",
-            "q8_0": "cpu_int4pack_mm_pair32", "q5_k": "cpu_int4pack_mm_pair32",
-            "q6_k": "cpu_int4pack_mm_pair16", "f32": "cpu_linear_f32"}[quant]
+            "q4_k_m": "cpu_int4pack_mm", "q8_0": pair32, "q5_k_m": pair32, "q5_0": pair32, "q5_1": pair32,
+            "q6_k": pair16, "q3_k": pair16, "q2_k": pair16, "f32": "cpu_linear_f32"}[quant]
     assert want in {r["kernel"] for r in one}
-    if preset in BIG and quant in ("q4_k", "q5_k"):  # Q6_K output
+    if preset in BIG and quant in ("q4_k", "q4_k_m", "q5_k_m", "q3_k", "q2_k"):  # Q6_K output
         assert one[-1]["kernel"] == "cpu_int4pack_mm_pair16"
     assert main(["plan", "--device", "cpu", "-m", str(headers[preset, quant])]) == 0
     assert "predicted:" in capsys.readouterr().out

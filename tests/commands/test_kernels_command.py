@@ -15,7 +15,8 @@ def test_listing_shows_every_section(capsys):
     assert main(["kernels"]) == 0
     out = capsys.readouterr().out
     for name in ("add_f32", "dequant", "embed_rows", "quantize_q8_0", "q4_0_gemv", "q4_0_matmul", "int4_gemv",
-                 "rms_norm", "add_rms_norm", "rope", "attention_rows", "attention_sdpa", "linear_f16"):
+                 "rms_norm", "add_rms_norm", "rope", "attention_rows", "attention_prefill", "attention_sdpa",
+                 "linear_f16"):
         assert name in out
     from minfer.contracts.parser import parse_file
     from minfer.contracts.registry import CONTRACTS_DIR

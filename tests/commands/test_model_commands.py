@@ -72,7 +72,7 @@ def test_bench_reports_the_table_and_json(run_cli, tiny_gguf):
 
     rc, out, err = run_cli(["bench", "-m", str(tiny_gguf()), "-p", "32", "-n", "6", "-b", "1,3", "-r", "1"])
     assert rc == 0
-    for test in ("pp32", "tg6", "b1", "b3"):
+    for test in ("pp32", "tg6", "b1", "b3", "b1e2e", "b3e2e"):
         assert re.search(rf"\b{test}\s+[\d.]+ ±", out), out
     assert "copy bandwidth" in err
     rc, out, _ = run_cli(["bench", "-m", str(tiny_gguf()), "-p", "16", "-n", "4", "-r", "2", "--json"])

@@ -41,12 +41,19 @@ LAUNCHERS = {
     "q4_0_gemv": qmatmul.q4_0_gemv,
     "q4_0_matmul": qmatmul.q4_0_matmul,
     "int4_gemv": qmatmul.int4_gemv,
+    "q8_0_gemv": qmatmul.q8_0_gemv,
+    "q6_k_gemv": qmatmul.q6_k_gemv,
+    "q5_gemv": qmatmul.q5_gemv,
+    "q3_k_gemv": qmatmul.q3_k_gemv,
+    "q2_k_gemv": qmatmul.q2_k_gemv,
     "swiglu_rows": elementwise.swiglu_rows,
     "rms_norm": norm.rms_norm,
     "add_rms_norm": norm.add_rms_norm,
     "rope": rope.rope,
     "attention_rows": attention.attention_rows,
     "attention_rows_q8": attention.attention_rows_q8,
+    "attention_prefill": attention.attention_prefill,
+    "attention_prefill_q8": attention.attention_prefill_q8,
     "attention_sdpa": torch_ops.attention_sdpa,
     "attention_sdpa_q8": torch_ops.attention_sdpa_q8,
     "linear_f16": torch_ops.linear_f16,
@@ -89,17 +96,23 @@ def test_gemv_wins_m1_by_fast_path_though_others_are_admissible(registry):
     ok, rejected = candidates("QMatMul", *_qmatmul_call(1), registry=registry)
     assert [(c.kernel.name, c.fast_path) for c in ok] == [("q4_0_gemv", "m == 1"), ("q4_0_matmul", None),
                                                           ("linear_f16", None)]
-    assert [k.name for k, _ in rejected if k.contract.backend == "CUDA"] == ["int4_gemv"]  # Q4_1 / Q4_K only
+    assert [k.name for k, _ in rejected if k.contract.backend == "CUDA"] == [
+        "int4_gemv", "q8_0_gemv", "q6_k_gemv", "q5_gemv", "q3_k_gemv", "q2_k_gemv"]  # the other types' GEMVs
     ok, rejected = candidates("QMatMul", *_qmatmul_call(8), registry=registry)
     assert [c.kernel.name for c in ok] == ["linear_f16", "q4_0_matmul"]  # only linear_f16 has a fast path at 8
     why = ["shape_constraint 'm == 1' is false (m=8)"]
     assert ("q4_0_gemv", why) in [(k.name, reasons) for k, reasons in rejected]
 
 
-def test_k_quants_route_to_their_gemv_then_the_bf16_copy(registry):
+def test_k_quants_route_to_their_gemv_then_the_f16_copy(registry):
     assert pick("QMatMul", *_qmatmul_call(1, k=1024, qtype="Q4K"), registry=registry).name == "int4_gemv"
     assert pick("QMatMul", *_qmatmul_call(8, k=1024, qtype="Q4K"), registry=registry).name == "linear_f16"
-    assert pick("QMatMul", *_qmatmul_call(1, k=1024, qtype="Q6K"), registry=registry).name == "linear_f16"
+    gemvs = {"Q8_0": "q8_0_gemv", "Q6K": "q6_k_gemv", "Q5_0": "q5_gemv", "Q5_1": "q5_gemv", "Q5K": "q5_gemv",
+             "Q3K": "q3_k_gemv", "Q2K": "q2_k_gemv"}
+    for qtype, gemv in gemvs.items():  # every type has a decode GEMV now; batches take the f16 copy
+        assert pick("QMatMul", *_qmatmul_call(1, k=1024, qtype=qtype), registry=registry).name == gemv
+        assert pick("QMatMul", *_qmatmul_call(8, k=1024, qtype=qtype), registry=registry).name == "linear_f16"
+    assert pick("QMatMul", *_qmatmul_call(1, k=1024, qtype="F16"), registry=registry).name == "linear_f16"
 
 
 def test_positional_dtypes_and_rank_1_activation(registry):

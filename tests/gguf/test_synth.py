@@ -63,7 +63,7 @@ def test_smollm2_metadata_mirrors_the_real_file(smollm2_path):
 
 @pytest.mark.parametrize("preset,n_params", [
     ("smollm2-135m", 134_515_008), ("qwen2.5-0.5b", 494_032_768),
-    ("qwen2.5-7b", 7_615_616_512), ("llama3-8b", 8_030_261_248),
+    ("qwen2.5-7b", 7_615_616_512), ("llama3-8b", 8_030_261_248), ("llama3-70b", 70_553_706_496),
 ])
 def test_parameter_counts_match_the_published_models(preset, n_params):
     assert sum(math.prod(s) for _, s, _, _ in plan_tensors(PRESETS[preset], "q4_0")) == n_params
@@ -87,7 +87,14 @@ def test_quant_mixes():
     # SmolLM2's d = 576 is not a multiple of 256: llama.cpp's fallbacks, Q4_K -> Q5_0, Q6_K -> Q8_0
     smol = _types_by_role("smollm2-135m", "q4_k")
     assert smol["token_embd"] == {"Q8_0"} and smol["attn_q"] == {"Q5_0"} and smol["ffn_down"] == {"Q4_K"}
-    for q in ("q4_0", "q8_0", "f16", "f32"):
+    # Q4_K_M's mix: attn_v and ffn_down Q6_K in the first and last eighth of the layers and every third
+    m = {name: t.name for name, _, t, _ in plan_tensors(PRESETS["llama3-8b"], "q4_k_m")}
+    more = [i for i in range(32) if m[f"blk.{i}.attn_v.weight"] == "Q6_K"]
+    assert more == [0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31]
+    assert all(m[f"blk.{i}.ffn_down.weight"] == ("Q6_K" if i in more else "Q4_K") for i in range(32))
+    assert {m[f"blk.{i}.attn_q.weight"] for i in range(32)} == {"Q4_K"} and m["output.weight"] == "Q6_K"
+    assert _types_by_role("tiny-llama", "q5_k_m")["attn_v"] == {"Q5_K", "Q6_K"}
+    for q in ("q4_0", "q8_0", "q6_k", "q5_0", "q5_1", "f16", "f32"):
         roles = _types_by_role("qwen2.5-7b", q)
         assert roles.pop("norm") == roles.pop("bias") == {"F32"}
         assert set().union(*roles.values()) == {q.upper()}
@@ -124,12 +131,12 @@ def test_gguf_package_reads_tiny_files(tiny_file, preset, quant):
 
 def test_random_blocks_have_realistic_magnitude():
     rng = np.random.Generator(np.random.SFC64(7))
-    for qtype in (G.Q4_0, G.Q4_1, G.Q5_0, G.Q8_0, G.Q4_K, G.Q6_K, G.F16, G.F32):
+    for qtype in (G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q8_0, G.Q2_K, G.Q3_K, G.Q4_K, G.Q5_K, G.Q6_K, G.F16, G.F32):
         x = _dequant(random_blocks(rng, qtype, 2048), qtype)
         assert np.isfinite(x).all() and 0.015 < x.std() < 0.03, (qtype.name, x.std())
         assert abs(x.mean()) < 0.003, (qtype.name, x.mean())
-    with pytest.raises(UnsupportedError, match="Q2_K"):
-        random_blocks(rng, G.Q2_K, 1)
+    with pytest.raises(UnsupportedError, match="BF16"):
+        random_blocks(rng, G.BF16, 1)
 
 
 def test_big_preset_streams_in_chunks(tmp_path, monkeypatch):
@@ -218,5 +225,5 @@ def test_bad_requests_are_typed(tmp_path):
     with pytest.raises(UnsupportedError, match="unknown synth preset"):
         synth("gpt5", "q4_0", tmp_path / "x.gguf")
     with pytest.raises(UnsupportedError, match="unknown synth quant"):
-        synth("tiny-llama", "q3_k", tmp_path / "x.gguf")
+        synth("tiny-llama", "q7_k", tmp_path / "x.gguf")
     assert list(tmp_path.iterdir()) == []

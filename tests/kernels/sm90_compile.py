@@ -23,6 +23,7 @@ TARGET = ("cuda", 90, 32)
 
 def variants():
     """(name, jit function, signature, constexprs, options) for each variant to compile."""
+    import torch
     import triton.language as tl
 
     from minfer.kernels import attention, dequant, elementwise, norm, qmatmul, quantize, rope
@@ -65,21 +66,40 @@ def variants():
 
     sig = {"x_ptr": "*fp32", "qs_ptr": "*i32", "d_ptr": "*fp16", "out_ptr": "*fp32", "part_ptr": "*fp32",
            "cnt_ptr": "*i32", "N": "i32", "NKB": "i32", "KB_SPLIT": "i32", "NSPLIT": "i32", "magic": "i32",
-           "half_shift": "i32", "m_ptr": "*fp16", "M_STRIDE": "i32", "R": c, "LR": c, "LK": c, "WK": c,
-           "SPLIT": c, "EVEN_K": c, "MODE": c, "PREFETCH": c, "PDL": c}
+           "half_shift": "i32", "m_ptr": "*fp16", "M_STRIDE": "i32", "h_ptr": "*i32", "hi_shift": "i32", "R": c,
+           "LR": c, "LK": c, "WK": c, "SPLIT": c, "EVEN_K": c, "MODE": c, "PREFETCH": c, "PDL": c, "PLANES": c,
+           "LB": c, "HB": c, "CENTER": c}
+    no_planes = {"PLANES": False, "LB": 4, "HB": 0, "CENTER": 0}
     planes = {0: ("*fp16", "*fp16"), 1: ("*fp16", "*fp16"), 2: ("*i16", "*i32")}  # Q4_0, Q4_1, Q4_K
     for mode, (d_t, m_t) in planes.items():
         for n, k in [(18944, 3584), (3584, 18944)]:  # the configs gemv_config picks: no split, split
-            base = qmatmul.gemv_config(n, k)
-            for cfg, even in [(base, e) for e in ((True, False) if mode == 0 else (False,))] + [
-                    (qmatmul.GemvConfig(r=base.r, lr=base.lr, wk=base.wk, split=base.split, prefetch=True,
-                                        maxnreg=qmatmul.PREFETCH_REGS[mode]), False)]:
+            base = qmatmul.gemv_config(n, k, affine=mode > 0)
+            prefetching = [] if base.prefetch else [
+                (qmatmul.GemvConfig(r=base.r, lr=base.lr, wk=base.wk, split=base.split, prefetch=True,
+                                    maxnreg=qmatmul.PREFETCH_REGS[mode]), False)]
+            for cfg, even in [(base, e) for e in ((True, False) if mode == 0 else (False,))] + prefetching:
                 name = (f"gemv[mode {mode} r{cfg.r} lr{cfg.lr} wk{cfg.wk} split={cfg.split} even={even} "
                         f"prefetch={cfg.prefetch}]")
                 consts = dict(R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=cfg.split > 1, EVEN_K=even,
-                              MODE=mode, PREFETCH=cfg.prefetch, PDL=True)
+                              MODE=mode, PREFETCH=cfg.prefetch, PDL=True, **no_planes)
                 opts = {"num_warps": cfg.wk, "maxnreg": cfg.maxnreg}
                 out.append((name, qmatmul._q4_0_gemv_kernel, dict(sig, d_ptr=d_t, m_ptr=m_t), consts, opts))
+    # the planes types (planes_gemv): each type at the production configs of a wide and a long-K shape
+    ptr = {torch.int8: "*i8", torch.int16: "*i16", torch.int32: "*i32", torch.float16: "*fp16"}
+    plane_dtypes = {0: (torch.float16, torch.float16), 1: (torch.float16, torch.float16),
+                    2: (torch.int16, torch.int32), 3: (torch.int16, torch.float16), 4: (torch.int16, torch.int32)}
+    for t, pt in qmatmul.PLANE_TYPES.items():
+        d_t, m_t = plane_dtypes[pt.mode]
+        for n, k in [(18944, 3584), (3584, 18944)]:
+            cfg = qmatmul.planes_config(n, k, t)
+            name = f"planes_gemv[{t.name} wk{cfg.wk} split={cfg.split} prefetch={cfg.prefetch} regs={cfg.maxnreg}]"
+            consts = dict(R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=cfg.split > 1, EVEN_K=False,
+                          MODE=pt.mode, PREFETCH=cfg.prefetch, PDL=True, PLANES=True, LB=pt.lb, HB=pt.hb,
+                          CENTER=pt.center)
+            planes = dict(sig, qs_ptr=ptr[qmatmul._WORD_DTYPES[pt.lb]], d_ptr=ptr[d_t], m_ptr=ptr[m_t],
+                          h_ptr=ptr[qmatmul._WORD_DTYPES[pt.hb]] if pt.hb else ptr[qmatmul._WORD_DTYPES[pt.lb]])
+            opts = {"num_warps": cfg.wk, "maxnreg": cfg.maxnreg}
+            out.append((name, qmatmul._q4_0_gemv_kernel, planes, consts, opts))
     sig = {"x_ptr": "*fp32", "qs_ptr": "*i32", "d_ptr": "*fp16", "out_ptr": "*fp32", "M": "i32", "N": "i32",
            "K": "i32", "NKB": "i32", "M_BUCKET": "i32", "magic": "i32", "half_shift": "i32", "COMPUTE": c,
            "BLOCK_M": c, "BLOCK_N": c, "BLOCK_K": c, "GROUP_M": c, "EVEN_K": c}
@@ -124,6 +144,15 @@ def variants():
                     {"GP": 16, "BLOCK_D": hd, "BLOCK_N": attention.block_n(hd, q8), "SPLIT": split, "Q8": q8,
                      "PDL": 2},
                     {"num_warps": 4}))
+    sig = {"q_ptr": "*fp32", "ck_ptr": "*fp16", "cv_ptr": "*fp16", "tiles_ptr": "*i32", "out_ptr": "*fp32",
+           "stride_q": "i32", "layer_off": "i64", "S_STRIDE": "i64", "H_STRIDE": "i64", "scale": "fp32", "G": "i32",
+           "N_HEAD": "i32", "HD": "i32", "RS": "i32", "BLOCK_M": c, "BLOCK_D": c, "BLOCK_N": c, "Q8": c, "PDL": c}
+    for hd, q8 in ((64, False), (128, False), (64, True), (128, True)):
+        cache = "*i8" if q8 else "*fp16"
+        out.append((f"attention_prefill[hd{hd} q8={q8}]", attention._attn_prefill_kernel,
+                    dict(sig, ck_ptr=cache, cv_ptr=cache),
+                    {"BLOCK_M": attention.PREFILL_BLOCK_M, "BLOCK_D": hd, "BLOCK_N": attention.prefill_block_n(hd, q8),
+                     "Q8": q8, "PDL": 2}, {"num_warps": attention.prefill_warps(hd)}))
     sig = {"po_ptr": "*fp32", "pml_ptr": "*fp32", "out_ptr": "*fp32", "N_HEAD": "i32", "HD": "i32", "NSPLIT": "i32",
            "SP": c, "BLOCK_D": c, "PDL": c}
     out.append(("attention_combine", attention._attn_combine_kernel, sig, {"SP": 8, "BLOCK_D": 128, "PDL": 2},

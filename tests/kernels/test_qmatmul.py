@@ -200,3 +200,92 @@ def test_int4_gemv_refuses_what_it_cannot_read(device, gen):
         qmatmul.repack_int4(raw.to(device)[:72], 2, 128, GGMLType.Q4_K)
     with pytest.raises(UnsupportedError, match="M == 1"):
         qmatmul.int4_gemv(torch.randn(2, 256, device=device), packed, 4, 256, GGMLType.Q4_K)
+
+
+# ---- planes GEMVs: Q8_0, Q5_0, Q5_1, Q5_K, Q6_K, Q3_K, Q2_K ----------------------------------
+
+PLANE_TYPES = list(qmatmul.PLANE_TYPES)
+PLANE_LAUNCHERS = {GGMLType.Q8_0: qmatmul.q8_0_gemv, GGMLType.Q6_K: qmatmul.q6_k_gemv, GGMLType.Q5_0: qmatmul.q5_gemv,
+                   GGMLType.Q5_1: qmatmul.q5_gemv, GGMLType.Q5_K: qmatmul.q5_gemv, GGMLType.Q3_K: qmatmul.q3_k_gemv,
+                   GGMLType.Q2_K: qmatmul.q2_k_gemv}
+FILE_BYTES_SLACK = {GGMLType.Q5_K: 1.03, GGMLType.Q3_K: 1.04}  # their 6-bit scales take a byte each
+
+
+@pytest.mark.parametrize("qtype", PLANE_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n, k, config", [(5, 256, GEMV_CONFIG), (37, 768, GEMV_CONFIG),
+                                          (24, 1024, qmatmul.GemvConfig(r=2, lr=8, wk=1, split=3)),
+                                          (40, 768, qmatmul.GemvConfig(r=2, lr=8, wk=1, split=2, prefetch=True))],
+                         ids=["one-step", "odd-rows", "split3", "split2-prefetch"])
+def test_planes_gemv(qtype, n, k, config, device, gen, check):
+    """Random valid blocks (every code and scale bit pattern, signed sub-block scales included)
+    against float64 math on the reference decoder's weights; the layout is the file's bytes."""
+    raw, w = _int4_weight(qtype, n, k, gen)
+    x = torch.randn(k, generator=gen)
+    packed = qmatmul.repack_planes(raw.to(device), n, k, qtype)
+    assert raw.numel() <= packed.nbytes <= FILE_BYTES_SLACK.get(qtype, 1.0) * raw.numel()
+    out = check.poisoned((1, n), torch.float32, device)
+    PLANE_LAUNCHERS[qtype](x.to(device), packed, n, k, qtype, out=out, config=config)
+    assert check.rel_err(out, (w @ x.double())[None, :]) < 1e-5
+    again = PLANE_LAUNCHERS[qtype](x.to(device), raw.to(device), n, k, qtype, config=config)  # raw bytes, repacked
+    assert torch.equal(again, out)
+    if config.split > 1:
+        assert not packed.counters.any()  # the arrival counters reset themselves
+
+
+@pytest.mark.parametrize("qtype", PLANE_TYPES, ids=lambda t: t.name)
+def test_planes_gemv_reads_the_reference_weights_exactly(qtype, device, gen):
+    """x = a unit vector e_i makes the GEMV return column i of W: every product and sum but one
+    is of zeros, so the result is the kernel's dequantized weight, which must be the reference
+    decoder's float32 value bit for bit (the same scale products in the same order)."""
+    n, k = 12, 512
+    raw, _ = _int4_weight(qtype, n, k, gen)
+    ref = reference.dequantize(raw, qtype, (n, k))
+    packed = qmatmul.repack_planes(raw.to(device), n, k, qtype)
+    cols = [0, 15, 16, 31, 255, 256 + 17, k - 1] + torch.randint(0, k, (3,), generator=gen).tolist()
+    for i in cols:  # both halves of a 32-element block, both super-blocks, the last element
+        x = torch.zeros(k)
+        x[i] = 1.0
+        out = qmatmul.planes_gemv(x.to(device), packed, n, k, qtype, config=GEMV_CONFIG)
+        assert torch.equal(out[0].cpu(), ref[:, i]), f"column {i}"
+
+
+def test_planes_gemv_refuses_what_it_cannot_read(device, gen):
+    raw, _ = _int4_weight(GGMLType.Q6_K, 4, 256, gen)
+    packed = qmatmul.repack_planes(raw.to(device), 4, 256, GGMLType.Q6_K)
+    x = torch.randn(256, device=device)
+    with pytest.raises(UnsupportedError, match="reads Q6_K weights"):
+        qmatmul.q6_k_gemv(x, packed, 4, 256, GGMLType.Q8_0)
+    with pytest.raises(UnsupportedError, match="reads Q5_0, Q5_1, Q5_K weights"):
+        qmatmul.q5_gemv(x, packed, 4, 256, GGMLType.Q6_K)
+    with pytest.raises(UnsupportedError, match=r"packed Q6_K \[4, 256\], the call says Q8_0"):
+        qmatmul.planes_gemv(x, packed, 4, 256, GGMLType.Q8_0)
+    with pytest.raises(UnsupportedError, match="multiple of 256"):
+        qmatmul.repack_planes(raw.to(device)[:105], 1, 128, GGMLType.Q6_K)
+    with pytest.raises(UnsupportedError, match="needs 840 bytes"):
+        qmatmul.repack_planes(raw.to(device)[:-1], 4, 256, GGMLType.Q6_K)
+    with pytest.raises(UnsupportedError, match="M == 1"):
+        qmatmul.q6_k_gemv(torch.randn(2, 256, device=device), packed, 4, 256)
+    with pytest.raises(UnsupportedError, match="PlanesPacked or raw GGUF bytes"):
+        qmatmul.q6_k_gemv(x, "weights", 4, 256)
+    with pytest.raises(UnsupportedError, match="reads Q8_0, Q5_0"):
+        qmatmul.repack_planes(raw.to(device), 4, 256, GGMLType.Q4_K)
+    from dataclasses import replace
+
+    with pytest.raises(UnsupportedError, match="lo must have dtype int32"):  # checked once, when made
+        replace(packed, lo=packed.lo.to(torch.int16))
+    with pytest.raises(UnsupportedError, match="planes must hold 128 words"):
+        replace(packed, hi=packed.hi[:2])
+
+
+def test_planes_config_register_caps():
+    """The caps the sm_90 compile check passes without spills: prefetching tiles 168 registers;
+    Q5_1 / Q5_K do not prefetch (their high words and offsets spill beside the prefetched words)."""
+    for t in PLANE_TYPES:
+        for n, k in [(18944, 3584), (3584, 18944), (152064, 3584), (4608, 3584)]:
+            cfg = qmatmul.planes_config(n, k, t)
+            base = qmatmul.gemv_config(n, k, True)
+            assert (cfg.block_n, cfg.block_kb, cfg.split) == (base.block_n, base.block_kb, base.split)
+            if t in (GGMLType.Q5_1, GGMLType.Q5_K):
+                assert not cfg.prefetch
+            elif base.prefetch:
+                assert cfg.prefetch and cfg.maxnreg == qmatmul.PLANES_REGS

@@ -41,7 +41,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2"])
-@pytest.mark.parametrize("quant", ["f32", "f16", "q8_0", "q4_1", "q4_k", "q5_k", "q6_k"])
+@pytest.mark.parametrize("quant", ["f32", "f16", "q8_0", "q4_1", "q4_k", "q4_k_m", "q5_k_m", "q6_k", "q5_0",
+                                   "q5_1", "q3_k", "q2_k"])
 def test_logits_match_transformers(tiny_gguf, hf_logits, raw, preset, quant):
     path = tiny_gguf(preset, quant)
     ref = hf_logits(path)
@@ -49,7 +50,8 @@ def test_logits_match_transformers(tiny_gguf, hf_logits, raw, preset, quant):
     ours = raw.prefill(eng, 0, IDS)
     rel = _rel(ours, ref)
     print(f"{preset} {quant}: relative error {rel:.2e}")
-    tol = 1e-4 if quant in ("f32", "f16") else 2e-2
+    # 2-3 bit K-quants: the bfloat16 zero of their large group offsets rounds more (cpu_matmul contract: 3e-2)
+    tol = 1e-4 if quant in ("f32", "f16") else 5e-2 if quant in ("q2_k", "q3_k") else 2e-2
     assert rel < tol
     # generation's token-by-token path agrees too
     steps = [raw.prefill(eng, 0, IDS[:4])[-1]] + [raw.decode(eng, 0, t, p) for p, t in enumerate(IDS[4:], start=4)]

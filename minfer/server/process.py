@@ -1,0 +1,318 @@
+"""The engine loop in a child process: what `minfer serve` runs (vLLM's engine-core split).
+
+The HTTP side (uvicorn's event loop: parsing, validation, tokenizing, JSON, SSE) and the
+engine (the scheduler, the backend's launches, detokenizing) are both Python. In one process
+they share one interpreter lock, and the engine waits for it behind the event loop: on the
+H200 a 7B model served 1,542 tok/s through HTTP at 16 clients where the engine alone gives
+2,432 (bench/NOTES.md). Here the child process owns the model and runs the same `Driver` as
+the in-process `EngineLoop`; the parent keeps only what needs no weights (`Frontend`: the
+tokenizer, the chat template, the sizes the child reports when it is ready).
+
+The wire is one `multiprocessing` pipe, pickled tuples both ways:
+  parent -> child  ("add", key, ids, params, logprobs_n) | ("abort", key) | ("stop",)
+  child -> parent  ("ready", facts) | ("load_error", message, is_minfer_error)
+                   | ("events", [(key, event), ...], running, waiting)   one message per step
+Each side writes from a sender thread of its own: the engine never waits for a parent slow to
+read, and the event loop never blocks on a pipe the child has not drained (a long prompt).
+The parent reads the pipe on its event loop (`attach`, at the app's startup: `loop.add_reader`
+on the pipe), so events reach each job's queue with no thread and no lock in between: a thread
+would trade the interpreter lock with the event loop for every step's message. Until attached
+(or in a process without an event loop), a reader thread does it. The child ignores
+SIGINT (the terminal's Ctrl-C reaches the whole process group: the parent decides when the
+engine stops) and exits when the pipe closes, so a parent that dies takes its engine with it.
+If the child dies, every job it held gets an error event, `state` becomes "error", and /health
+says so.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import multiprocessing
+import queue
+import signal
+import threading
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..api import Prompting
+from ..engine.engine import check_tokens
+from ..errors import MinferError
+from ..gguf.reader import GGUFReader
+from ..tokenizer import Tokenizer
+from .loop import Driver, Job, deliver
+from .metrics import Metrics
+
+log = logging.getLogger("minfer.server")
+
+
+@dataclass
+class LoadSpec:
+    """How the child loads the model: `load(args, config)` is called there (picklable: a
+    module-level function and plain data)."""
+
+    load: object
+    args: object
+    config: object
+    path: Path
+    chat_template: str | None = None
+
+
+class Frontend(Prompting):
+    """The model as the HTTP side sees it: tokenizer, chat template and sizes, no weights."""
+
+    def __init__(self, path: Path, chat_template: str | None):
+        self.reader = GGUFReader(path)
+        self.tokenizer = Tokenizer.from_metadata(self.reader.metadata)
+        if chat_template is not None:
+            self.tokenizer.set_chat_template(chat_template)
+        self.n_ctx = self.n_slots = self.n_vocab = 0  # what the engine reports when it is ready
+        self.eog_ids: frozenset[int] = frozenset()
+
+    def set_facts(self, facts: dict) -> None:
+        self.n_ctx, self.n_slots, self.n_vocab = facts["n_ctx"], facts["n_slots"], facts["n_vocab"]
+        self.eog_ids = frozenset(facts["eog_ids"])
+
+    def check_tokens(self, ids: list[int]) -> None:
+        check_tokens(ids, self.n_vocab, self.n_ctx)
+
+
+class EngineProcess:
+    """`EngineLoop`'s interface (start, submit, cancel, stop, state, model, ready, load_error)
+    with the engine in a child process."""
+
+    def __init__(self, spec: LoadSpec, metrics: Metrics, on_load_error=None):
+        self.spec, self.metrics, self.on_load_error = spec, metrics, on_load_error
+        self.state = "loading"  # loading -> ok | error; stopped
+        self.load_error: BaseException | None = None
+        self.model: Frontend | None = None
+        self.ready = threading.Event()
+        self.jobs: dict[int, Job] = {}
+        self._keys = itertools.count(1)
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()  # to the child, through the sender thread
+        self._sender = threading.Thread(target=self._send_loop, name="minfer-engine-sender", daemon=True)
+        self._front: list = []  # the Frontend (or what building it raised), built while the child loads
+        self._front_thread = threading.Thread(target=self._build_front, name="minfer-frontend", daemon=True)
+        self._stopping = False
+        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited CUDA or threads
+        self._conn, child_conn = ctx.Pipe()
+        self.proc = ctx.Process(target=_child_main, args=(child_conn, spec), name="minfer-engine", daemon=True)
+        self._child_conn = child_conn
+        self.reader: threading.Thread | None = None
+        self._loop = None  # the event loop reading the pipe, once attached
+
+    # ------------------------------------------------------------------ the event loop's side
+    def start(self) -> None:
+        self.proc.start()
+        self._child_conn.close()  # the child holds its end; EOF reaches us when it exits
+        self._sender.start()
+        self._front_thread.start()
+
+    def attach(self, loop) -> None:
+        """Read the pipe on `loop` (call from it, before serving)."""
+        self._loop = loop
+        loop.add_reader(self._conn.fileno(), self._readable)
+
+    def start_reader_thread(self) -> None:
+        """Read the pipe in a thread of its own (no event loop to attach to)."""
+        self.reader = threading.Thread(target=self._read, name="minfer-engine-reader", daemon=True)
+        self.reader.start()
+
+    def submit(self, job: Job) -> None:
+        job.key = next(self._keys)
+        self.jobs[job.key] = job
+        if not self._send(("add", job.key, job.ids, job.params, job.logprobs_n)):
+            self.jobs.pop(job.key, None)
+            job.push(("error", f"the engine is not running ({self.state})"))
+
+    def cancel(self, job: Job) -> None:
+        job.done = True
+        self._send(("abort", job.key))
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stopping = True
+        self._send(("stop",))
+        self._outbox.put(None)
+        self.proc.join(timeout)
+        if self.proc.is_alive():
+            log.error("the engine process did not stop in %.0f s; killing it", timeout)
+            self.proc.kill()
+            self.proc.join(5)
+        if self.reader is not None:
+            self.reader.join(timeout)
+        elif self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._readable)  # take the last events (and the EOF) on the loop
+        if self.state in ("ok", "loading"):
+            self.state = "stopped"
+
+    def _send(self, msg: tuple) -> bool:
+        """Queue a message for the child. The event loop never writes the pipe itself: a long
+        prompt can fill it while the child is inside a step, and the loop must keep reading the
+        child's events meanwhile (or both ends would wait on each other)."""
+        if self._conn.closed:
+            return False
+        self._outbox.put(msg)
+        return True
+
+    def _send_loop(self) -> None:
+        while (msg := self._outbox.get()) is not None:
+            try:
+                self._conn.send(msg)
+            except (OSError, ValueError):  # the child is gone: its end reaches the jobs through the reader
+                return
+
+    def _build_front(self) -> None:
+        try:
+            self._front.append(Frontend(self.spec.path, self.spec.chat_template))
+        except BaseException as e:  # noqa: BLE001 (reported when the engine says it is ready)
+            self._front.append(e)
+
+    # ------------------------------------------------------------------ reading the pipe
+    def _readable(self) -> None:
+        """The pipe has data (on the event loop): take every whole message waiting."""
+        if self._conn.closed:
+            return
+        try:
+            while self._conn.poll():
+                if not self._handle(self._conn.recv(), local=True):
+                    break
+            else:
+                return
+        except (EOFError, OSError):
+            pass
+        self._loop.remove_reader(self._conn.fileno())
+        self._closed()
+
+    def _read(self) -> None:
+        try:
+            while self._handle(self._conn.recv(), local=False):
+                pass
+        except (EOFError, OSError):
+            pass
+        self._closed()
+
+    def _handle(self, msg: tuple, local: bool) -> bool:
+        """One message from the child; False when nothing more will come."""
+        if msg[0] == "events":
+            _, events, running, waiting = msg
+            for key, ev in events:
+                job = self.jobs.get(key)
+                if job is None:
+                    continue
+                if ev[0] in ("done", "error"):
+                    del self.jobs[key]
+                if local and ev[0] != "end":
+                    job.events.put_nowait(ev)  # (on the job's own loop: no hop)
+                else:
+                    deliver(job, ev, self.metrics)
+            self.metrics.active.set(running)
+            self.metrics.queued.set(waiting)
+        elif msg[0] == "ready":
+            self._ready(msg[1])
+        elif msg[0] == "load_error":
+            _, message, typed = msg
+            self._load_failed(MinferError(message) if typed else RuntimeError(message))
+            return False
+        return True
+
+    def _closed(self) -> None:
+        """The pipe closed (or the load failed): the child is on its way out."""
+        if self._conn.closed:
+            return
+        self._conn.close()
+        self.proc.join(5)
+        code = self.proc.exitcode
+        if self._stopping:
+            self.state = "stopped"
+        elif self.state == "loading":
+            self._load_failed(RuntimeError(f"the engine process exited while loading (exit code {code})"))
+        elif self.state == "ok":
+            self.state = "error"
+            log.error("the engine process exited (exit code %s)", code)
+        for job in list(self.jobs.values()):
+            job.push(("error", f"the engine process exited (exit code {code})"))
+        self.jobs.clear()
+
+    def _ready(self, facts: dict) -> None:
+        self._front_thread.join()  # (done long before the engine: a tokenizer, not the weights)
+        front = self._front[0]
+        if isinstance(front, BaseException):  # the child loaded the file; this side could not
+            self._send(("stop",))
+            self._load_failed(front)
+            return
+        front.set_facts(facts)
+        self.model = front
+        self.state = "ok"
+        self.ready.set()
+
+    def _load_failed(self, e: BaseException) -> None:
+        self.state, self.load_error = "error", e
+        self.ready.set()
+        if self.on_load_error is not None:
+            self.on_load_error(e)
+
+
+# ---------------------------------------------------------------------- the child
+def _child_main(conn, spec: LoadSpec) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        model = spec.load(spec.args, spec.config)
+        model.engine.warmup()  # graphs and kernel variants ready before /health says ok
+    except BaseException as e:  # noqa: BLE001 (reported to the parent, which exits with it)
+        conn.send(("load_error", str(e) if isinstance(e, MinferError) else f"{type(e).__name__}: {e}",
+                   isinstance(e, MinferError)))
+        return
+    conn.send(("ready", {"n_ctx": model.n_ctx, "n_slots": model.n_slots, "n_vocab": model.n_vocab,
+                         "eog_ids": sorted(model.eog_ids)}))
+    outbox: queue.SimpleQueue = queue.SimpleQueue()  # each step's message, sent by a thread of its own
+    sender = threading.Thread(target=_send_all, args=(conn, outbox), name="minfer-engine-sender", daemon=True)
+    sender.start()
+    out: list = []
+    driver = Driver(model.engine, lambda key, ev: out.append((key, ev)))
+    try:
+        _serve(conn, driver, out, outbox)
+    except (EOFError, OSError):  # the parent is gone
+        pass
+    except BaseException as e:  # noqa: BLE001 (a bug in the loop itself: say so to every waiting client)
+        log.error("engine loop failed:\n%s", traceback.format_exc())
+        driver.fail_all(f"the engine loop failed: {type(e).__name__}: {e}")
+        outbox.put(("events", list(out), 0, 0))
+    finally:
+        outbox.put(None)
+        sender.join(10)  # the last events reach the parent before this process ends
+        model.close()
+
+
+def _send_all(conn, outbox: queue.SimpleQueue) -> None:
+    """Write the engine's messages to the parent: the engine never waits for a parent that is
+    slow to read (a busy event loop); it only queues."""
+    while (msg := outbox.get()) is not None:
+        try:
+            conn.send(msg)
+        except (OSError, ValueError):  # the parent is gone: the engine loop sees EOF on its next poll
+            return
+
+
+def _serve(conn, driver: Driver, out: list, outbox: queue.SimpleQueue) -> None:
+    counts = None
+    while True:
+        if not driver.busy():
+            conn.poll(None)  # idle: block until the parent says something
+        while conn.poll():
+            msg = conn.recv()
+            if msg[0] == "add":
+                driver.add(msg[1], msg[2], msg[3], msg[4])
+            elif msg[0] == "abort":
+                driver.abort(msg[1])
+            elif msg[0] == "stop":
+                driver.fail_all("the server is shutting down")
+                outbox.put(("events", list(out), 0, 0))
+                return
+        if driver.busy():
+            driver.step()
+        now = driver.counts()
+        if out or now != counts:
+            outbox.put(("events", list(out), *now))
+            out.clear()
+            counts = now
