@@ -94,8 +94,8 @@ class EngineConfig:
     4096); n_slots = up to 4 sequences, as many as the KV-cache memory budget allows;
     max_batch_tokens = n_slots + prefill_chunk (every step then fits every decode row and one
     full prefill chunk, which keeps each row's numerics independent of the rest of the batch);
-    kv_dtype "auto" = the backend's default (f32 on cpu); threads = torch's default (the
-    physical cores)."""
+    kv_dtype "auto" = the backend's default (f32 on cpu); threads = the physical cores this
+    process may run on (cpu backend)."""
 
     device: str = "cpu"
     n_ctx: int | None = None  # tokens per sequence

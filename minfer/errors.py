@@ -11,6 +11,16 @@ class MinferError(Exception):
     """Base class of every error minfer raises on purpose."""
 
 
+class InsufficientMemoryError(MinferError):
+    """A model (or its KV cache) needs more memory than the machine has available; raised before
+    anything large is allocated."""
+
+    def __init__(self, what: str, need: int, have: int, hint: str = ""):
+        self.what, self.need, self.have = what, need, have
+        super().__init__(f"{what} needs {need / 2**30:.2f} GiB of memory; this machine has "
+                         f"{have / 2**30:.2f} GiB available{'; ' + hint if hint else ''}")
+
+
 class GGUFError(MinferError):
     """A GGUF file is malformed. Carries the field, the byte offset and the reason."""
 

@@ -13,24 +13,27 @@ cpu_weights.py), so a sequence's numbers do not depend on what else the batch ca
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 
 import torch
 
 from ..config import EngineConfig
-from ..errors import MinferError, ModelError, UnsupportedError
+from ..errors import InsufficientMemoryError, ModelError, UnsupportedError
 from ..gguf.reader import GGUFReader
 from ..graph.ir import Graph, Node, Op, WeightRef
 from . import cpu_ops
 from .base import Batch
-from .cpu_weights import EmbeddingTable, Matrix, dense_f32
+from .cpu_weights import EmbeddingTable, Matrix, dense_f32, pick_kernel, prepared_bytes
 from .kv_cache import KVCache, kv_bytes
 from .plan import Plan, Step
 
-# Float32 copies of the matrices (the exact, fast GEMM path) are kept while they take at most
-# this fraction of physical memory; beyond it each prefill matmul decodes its weight again.
-# A KV cache larger than this fraction is refused.
-DENSE_BUDGET = 0.5
+# A KV cache larger than this fraction of physical memory is refused.
+KV_BUDGET = 0.5
+# Memory left free beyond the weights: activations, the RoPE tables, torch and Python themselves.
+HEADROOM = 512 << 20
+TRIM_WEIGHTS = 1 << 24  # after packing a matrix of at least this many weights, trim the heap
 
 
 def physical_memory() -> int:
@@ -40,10 +43,77 @@ def physical_memory() -> int:
         return 8 << 30
 
 
-def _dense_bytes(graph: Graph) -> int:
-    """Bytes of float32 copies of every matrix the graph multiplies by."""
-    refs = {n.weights["w"] for n in graph.nodes if n.op == Op.MATMUL}
-    return sum(4 * r.shape[0] * r.shape[1] for r in refs)
+def physical_cores() -> int:
+    """Cores this process may run on, hyper-threads counted once (/proc/cpuinfo's core ids)."""
+    try:
+        allowed = os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        allowed = set(range(os.cpu_count() or 1))
+    try:
+        cores, cpu, phys = set(), None, None
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, val = line.partition(":")
+                key = key.strip()
+                if key == "processor":
+                    cpu = int(val)
+                elif key == "physical id":
+                    phys = val.strip()
+                elif key == "core id" and cpu in allowed:
+                    cores.add((phys, val.strip()))
+        return max(1, len(cores)) if cores else max(1, len(allowed))
+    except (OSError, ValueError):
+        return max(1, len(allowed))
+
+
+@functools.cache
+def _libc():
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+
+
+def trim_heap() -> None:
+    """Give the heap's free memory back to the system (glibc malloc_trim). Packing a weight frees
+    tens of MB of temporaries of sizes glibc keeps on its heap (its mmap threshold grows to 32 MB),
+    ~0.4 GiB for an 8B model: without this, resident memory stays that much above the weights."""
+    libc = _libc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
+
+
+def available_memory() -> int:
+    """MemAvailable of /proc/meminfo (what can be allocated without swapping), else physical memory."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return physical_memory()
+
+
+def plan_rows(graph: Graph, reader: GGUFReader, rows: int = 1) -> list[dict]:
+    """Per matmul node: the cpu kernel contract(s) its weight parts run on for a step of `rows`
+    rows (one kernel serves decode rows and prompt chunks alike; the output projection gets
+    one row, the last token's) and the cost the picker predicts, in ns. Reads the header only:
+    nothing is packed. The other ops run as plain torch calls with no contract: not listed."""
+    out = []
+    for node in graph.nodes:
+        if node.op != Op.MATMUL:
+            continue
+        names, cost = [], 0.0
+        n_rows = 1 if node.id == graph.output else rows  # logits: the last token's row only
+        for t in node.weights["w"].tensors:
+            info = reader.tensors[t.name]
+            c = pick_kernel(info.ggml_type, *info.torch_shape, rows=n_rows)
+            names.append(c.kernel.name)
+            cost += c.cost_ns
+        out.append({"id": node.id, "name": node.name, "op": str(node.op), "layer": node.layer,
+                    "kernel": "+".join(dict.fromkeys(names)), "cost_ns": cost, "measured": False})
+    return out
 
 
 class _State:
@@ -86,9 +156,10 @@ class CPUBackend:
     def __init__(self, config: EngineConfig | None = None, comm=None):
         self.config = config or EngineConfig()
         self.comm = comm  # parallel/comm.py: the collectives of a tensor-parallel graph
-        self._memory = physical_memory() // (comm.world if comm is not None else 1)  # ranks share the host's
-        if self.config.threads:
-            torch.set_num_threads(self.config.threads)  # torch's setting is per process
+        self._world = comm.world if comm is not None else 1  # ranks share the host's memory
+        self._memory = physical_memory() // self._world
+        self.threads = self.config.threads or physical_cores()
+        torch.set_num_threads(self.threads)  # torch's setting is per process
         if self.config.kv_dtype not in KV_DTYPES:
             raise UnsupportedError(f"cpu backend: KV cache dtype {self.config.kv_dtype!r} is not supported "
                                    f"(supported: {', '.join(KV_DTYPES)})")
@@ -100,16 +171,21 @@ class CPUBackend:
         self._matrices: dict[tuple[WeightRef, WeightRef | None], Matrix] = {}
         self._tables: dict[str, EmbeddingTable] = {}
         self._ropes: dict[tuple, torch.Tensor] = {}  # rope setting -> (cos, sin) [n_ctx, n_rot/2]
-        self._keep_dense = True
-        self._matmul_weights: set[WeightRef] = set()
 
     # ------------------------------------------------------------------ load
     def load(self, graph: Graph, reader: GGUFReader, progress: bool = True) -> None:
         """Prepare the weights the graph reads and compile the plan (tqdm bar if it takes > 0.5 s)."""
         self.graph, self._reader = graph, reader
-        self._keep_dense = _dense_bytes(graph) <= DENSE_BUDGET * self._memory
-        self._matmul_weights = {n.weights["w"] for n in graph.nodes if n.op == Op.MATMUL and "b" not in n.weights}
-        self.plan = Plan(graph, self._compile, progress=progress, comm=self.comm)
+        self.check_memory(graph, reader)
+        # Packing is byte shuffling bound by memory, and one thread does it about as fast as two on
+        # a quiet machine; on a busy one every 2-thread region waits for a descheduled thread
+        # (8B: 26 s with 1 thread, 159 s with 2, bench/NOTES.md). So weights are packed on one.
+        torch.set_num_threads(1)
+        try:
+            self.plan = Plan(graph, self._compile, progress=progress, comm=self.comm)
+        finally:
+            torch.set_num_threads(self.threads)
+        trim_heap()
 
     def _vector(self, name: str) -> torch.Tensor:
         if name not in self._vectors:
@@ -121,8 +197,23 @@ class CPUBackend:
         if key not in self._matrices:
             bias = torch.cat([self._vector(t.name) for t in b.tensors]) if b else None
             infos = [self._reader.tensors[t.name] for t in w.tensors]
-            self._matrices[key] = Matrix(self._reader, infos, bias, self._keep_dense)
+            self._matrices[key] = m = Matrix(self._reader, infos, bias)
+            if m.n * m.k >= TRIM_WEIGHTS:
+                trim_heap()
         return self._matrices[key]
+
+    @staticmethod
+    def weight_bytes(graph: Graph, reader: GGUFReader) -> int:
+        """Bytes the prepared matrices will take (the packed int4 forms, float copies of F16)."""
+        return sum(prepared_bytes(reader.tensors[t.name]) for t in
+                   {t for n in graph.nodes if n.op == Op.MATMUL for t in n.weights["w"].tensors})
+
+    def check_memory(self, graph: Graph, reader: GGUFReader) -> None:
+        """Refuse, before anything is prepared, a model whose weights do not fit the memory available."""
+        need, have = self.weight_bytes(graph, reader) + HEADROOM, available_memory() // self._world
+        if need > have:
+            raise InsufficientMemoryError(f"the cpu backend's weights of {reader.path.name}", need, have,
+                                          "close other programs or use a smaller quantization")
 
     @staticmethod
     def _rope_key(node: Node) -> tuple:
@@ -139,9 +230,6 @@ class CPUBackend:
         if op == Op.GET_ROWS:
             if "w" in node.weights:
                 (i,), w = ins, node.weights["w"]
-                if self._keep_dense and w in self._matmul_weights:  # tied: the output's exact float32 copy
-                    dense = self._matrix(w, None).dense
-                    return Step(lambda vals, st: dense.index_select(0, vals[i]), label)
                 table = self._tables.setdefault(w.name, EmbeddingTable(self._reader, self._reader.tensors[w.name]))
                 return Step(lambda vals, st: table(vals[i]), label)
             i, r = ins
@@ -216,6 +304,12 @@ class CPUBackend:
 
         return run
 
+    def decode_weight_bytes(self) -> int:
+        """Bytes of weights one decode row reads: every prepared matrix once (its packed form)
+        and one row of each embedding table."""
+        rows = sum(t.raw.shape[1] for t in self._tables.values())
+        return sum(m.nbytes for m in self._matrices.values()) + rows
+
     # ------------------------------------------------------------------ memory
     def kv_budget(self) -> int:
         """An eighth of physical memory (split over ranks: of this rank's share) for a cache whose
@@ -228,10 +322,11 @@ class CPUBackend:
             raise ModelError("cpu backend: load() a graph before allocating its cache")
         m = self.graph.meta
         need = kv_bytes(m["n_layer"], n_slots, n_ctx, m["n_head_kv"], m["head_dim"], 4)
-        if need > DENSE_BUDGET * self._memory:
-            raise MinferError(f"a KV cache of {n_slots} x {n_ctx} tokens needs {need / 2**30:.1f} GiB, more than "
-                              f"{DENSE_BUDGET:.0%} of the {self._memory / 2**30:.1f} GiB this process may use; "
-                              "use a smaller context or fewer slots")
+        old = self.cache.k.numel() * 8 if self.cache is not None else 0  # freed before the new one is made
+        have = min(int(KV_BUDGET * self._memory), available_memory() // self._world + old - HEADROOM)
+        if need > have:
+            raise InsufficientMemoryError(f"a KV cache of {n_slots} x {n_ctx} tokens", need, max(have, 0),
+                                          "use a smaller context (-c) or fewer slots")
         self.cache = None  # free the old cache before the new one is made
         self.cache = KVCache(m["n_layer"], n_slots, n_ctx, m["n_head_kv"], m["head_dim"])
         self._ropes.clear()

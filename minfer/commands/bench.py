@@ -11,8 +11,9 @@
 - b{B}e2e: the same runs, generated tok/s over the whole request (prompts queued at once, then
   prefill and decode): the engine's side of `bench/serve.py`'s aggregate at concurrency B.
 Each test runs -r times (after one warm-up): mean ± sd. Decode rows also give the effective
-bandwidth: bytes of weights one decode step reads (every matmul weight in its stored form and
-one embedding row) x steps/s, and its share of the copy bandwidth measured in the same run.
+bandwidth: bytes of weights one decode step reads (every matmul weight in its stored form, on
+cpu in its packed int4 form, and one embedding row) x steps/s, and its share of the copy
+bandwidth (read + write of a large buffer) measured in the same run.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def copy_bandwidth(device: str, backend=None) -> float:
         return backend.dev.copy_bandwidth()
 
     if device != "cuda" or not torch.cuda.is_available():
-        n = 1 << 26
+        n = 1 << 28  # 256 MB: far past any CPU cache
         a, b = torch.empty(n, dtype=torch.uint8), torch.empty(n, dtype=torch.uint8)
     else:
         n = 1 << 30
@@ -73,11 +74,15 @@ def copy_bandwidth(device: str, backend=None) -> float:
 
 
 def decode_bytes(model) -> int:
-    """Weight bytes one decode row reads: each matmul weight once, in its stored size, plus one
-    embedding row (norm weights and biases are negligible). Split over ranks (--tp): what one
-    rank reads, its part of each tensor (GB/s and % copy bandwidth are then per GPU)."""
+    """Weight bytes one decode row reads: each matmul weight once, in its stored size (on cpu: in
+    the packed form the backend multiplies by, `decode_weight_bytes`), plus one embedding row
+    (norm weights and biases are negligible). Split over ranks (--tp): what one rank reads, its
+    part of each tensor (GB/s and % copy bandwidth are then per GPU)."""
     from ..graph.ir import Op
 
+    own = getattr(getattr(model.engine, "backend", None), "decode_weight_bytes", None)
+    if own is not None:
+        return own()
     reader = model.engine.weights or model.reader
     seen, total = set(), 0
     for node in model.engine.graph.nodes:

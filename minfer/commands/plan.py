@@ -21,7 +21,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("plan", help="the kernel each node would run, and the predicted step time (no GPU needed)",
                        description=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-m", "--model", type=Path, default=None, help="GGUF model file (default: the SmolLM2 model)")
-    p.add_argument("--device", default="cuda", help="backend whose contracts to plan with (cuda)")
+    p.add_argument("--device", default="cuda", help="backend whose contracts to plan with: cuda or cpu (matmuls only)")
     p.add_argument("-b", "--batch", type=int, default=1, help="decode rows per step (default 1)")
     p.add_argument("--prefill", type=int, default=0, metavar="N", help="plan a prompt chunk of N tokens instead")
     p.add_argument("--judge-report", type=Path, default=None, help="measured kernel overheads (judge.json)")
@@ -33,11 +33,10 @@ def add_parser(sub) -> None:
 def plan(a: argparse.Namespace) -> int:
     from ..errors import MinferError
 
-    if a.device != "cuda":
-        raise MinferError(f"--device {a.device}: only the cuda backend chooses kernels through contracts so far")
+    if a.device not in ("cuda", "cpu"):
+        raise MinferError(f"--device {a.device}: the cuda and cpu backends choose kernels through contracts")
     if a.batch < 1 or a.prefill < 0:
         raise MinferError("-b must be >= 1 and --prefill >= 0")
-    from ..backends.cuda import CUDABackend
     from ..config import EngineConfig
     from ..contracts.registry import load_registry
     from ..default_model import default_model_path
@@ -49,11 +48,18 @@ def plan(a: argparse.Namespace) -> int:
     reader = GGUFReader(path)
     _, graph = models.build(reader)
     graph = optimize(graph)
-    reg = load_registry(judge_report=a.judge_report) if a.judge_report else None
-    be = CUDABackend(EngineConfig.from_env(device="cuda"), registry=reg, plan_only=True)
-    be.load(graph, reader, progress=False, upload=False)
     rows_per_step = a.prefill or a.batch
-    rows = be.plan_rows(rows_per_step, prefill=bool(a.prefill))
+    if a.device == "cpu":  # matmuls only: the cpu backend's other ops have no contracts
+        from ..backends.cpu import plan_rows
+
+        rows = plan_rows(graph, reader, rows_per_step)
+    else:
+        from ..backends.cuda import CUDABackend
+
+        reg = load_registry(judge_report=a.judge_report) if a.judge_report else None
+        be = CUDABackend(EngineConfig.from_env(device="cuda"), registry=reg, plan_only=True)
+        be.load(graph, reader, progress=False, upload=False)
+        rows = be.plan_rows(rows_per_step, prefill=bool(a.prefill))
     total_ns = sum(r["cost_ns"] for r in rows)
     tok_s = rows_per_step / (total_ns * 1e-9)
     by_kernel: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
@@ -77,5 +83,6 @@ def plan(a: argparse.Namespace) -> int:
     print("by kernel:")
     for name, (count, ns) in sorted(by_kernel.items(), key=lambda kv: -kv[1][1]):
         print(f"  {name:32} x{count:<4} {ns / 1e3:10.1f} µs  {100 * ns / total_ns:5.1f} %")
-    print(f"predicted: {total_ns / 1e3:.1f} µs per step = {tok_s:,.0f} tok/s")
+    print(f"predicted: {total_ns / 1e3:.1f} µs per step = {tok_s:,.0f} tok/s"
+          + (" (matmuls only: the other ops have no cpu contracts)" if a.device == "cpu" else ""))
     return 0

@@ -451,6 +451,19 @@ class GGUFReader:
             raise GGUFError("file", 0, f"{self.path} is closed; reopen it to read tensor {name!r}")
         return np.frombuffer(self._mm, dtype=np.uint8, count=t.nbytes, offset=t.offset)
 
+    def release(self, name: str) -> None:
+        """Drop the resident pages of a tensor's bytes (madvise DONTNEED) once a backend holds
+        its own copy: resident memory stays the size of the model, not model + file. The
+        bytes stay readable (a later read maps them from the file again)."""
+        t = self.tensor_info(name)
+        if self._mm is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        page = mmap.PAGESIZE
+        start = -(-t.offset // page) * page  # whole pages inside the tensor only
+        end = (t.offset + t.nbytes) // page * page
+        if end > start:
+            self._mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+
     def architecture(self) -> str:
         return self.get_str("general.architecture")
 

@@ -60,3 +60,26 @@ def test_plan_command_prints_kernels_and_prediction(headers, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["predicted_tok_s"] > 0 and {n["kernel"] for n in doc["nodes"]} >= {"linear_f16", "attention_prefill"}
     assert main(["plan", "-m", str(path), "-b", "0"]) == 2
+
+
+@pytest.mark.parametrize("preset, quant", [c for c in CASES if c[1] != "f16"])
+def test_every_cpu_matmul_resolves_to_a_cpu_contract(headers, preset, quant, capsys):
+    """`minfer plan --device cpu`: each matmul node's weight parts name a cpu kernel contract,
+    the same family for one decode row and a prompt chunk."""
+    from minfer.backends.cpu import plan_rows
+
+    with GGUFReader(headers[preset, quant]) as reader:
+        _, graph = models.build(reader)
+        graph = optimize(graph)
+        one, chunk = plan_rows(graph, reader, 1), plan_rows(graph, reader, 512)
+    assert one and all(math.isfinite(r["cost_ns"]) and r["cost_ns"] > 0 for r in one + chunk)
+    assert [r["kernel"] for r in one] == [r["kernel"] for r in chunk]
+    pair32, pair16 = "cpu_int4pack_mm_pair32", "cpu_int4pack_mm_pair16"
+    want = {"q4_0": "cpu_int4pack_mm", "q4_1": "cpu_int4pack_mm", "q4_k": "cpu_int4pack_mm",
+            "q4_k_m": "cpu_int4pack_mm", "q8_0": pair32, "q5_k_m": pair32, "q5_0": pair32, "q5_1": pair32,
+            "q6_k": pair16, "q3_k": pair16, "q2_k": pair16, "f32": "cpu_linear_f32"}[quant]
+    assert want in {r["kernel"] for r in one}
+    if preset in BIG and quant in ("q4_k", "q4_k_m", "q5_k_m", "q3_k", "q2_k"):  # Q6_K output
+        assert one[-1]["kernel"] == "cpu_int4pack_mm_pair16"
+    assert main(["plan", "--device", "cpu", "-m", str(headers[preset, quant])]) == 0
+    assert "predicted:" in capsys.readouterr().out

@@ -15,6 +15,7 @@ from minfer.contracts.registry import CONTRACTS_DIR, load_registry
 from minfer.errors import NoKernelError
 from minfer.kernels import (
     attention,
+    cpu_matmul,
     dequant,
     elementwise,
     embed,
@@ -78,6 +79,11 @@ LAUNCHERS = {
     "vk_row_select": wgsl_ops.row_select,
     "vk_argmax": wgsl_ops.argmax,
     "vk_quantize_q8_0": wgsl_ops.quantize_q8_0,
+    "cpu_int4pack_mm": cpu_matmul.int4pack_mm,
+    "cpu_int4pack_mm_pair32": cpu_matmul.int4pack_mm,
+    "cpu_int4pack_mm_pair16": cpu_matmul.int4pack_mm,
+    "cpu_linear_f32": cpu_matmul.linear,
+    "cpu_linear_bf16": cpu_matmul.linear,
 }
 
 
@@ -144,8 +150,9 @@ def test_no_kernel_names_op_dtypes_shapes_and_nearest(registry):
     assert "int4_gemv:" in msg and "'m == 1' is false (m=8)" in msg
     with pytest.raises(NoKernelError, match=r"divisible\(k, 32\)' is false \(k=100\)"):
         pick("QMatMul", *_qmatmul_call(4, k=100), registry=registry)
-    with pytest.raises(NoKernelError, match="backend CUDA, not CPU"):
-        pick("QMatMul", *_qmatmul_call(4), backend="CPU", registry=registry)
+    with pytest.raises(NoKernelError, match="backend CUDA, not CPU"):  # no cpu contract for RMSNorm
+        pick("RMSNorm", ["F32", "F32"], [(4, 576), (576,)], {"eps": 1e-5}, backend="CPU", registry=registry)
+    assert pick("QMatMul", *_qmatmul_call(4), backend="CPU", registry=registry).name == "cpu_int4pack_mm"
     with pytest.raises(NoKernelError, match="unknown op 'Conv2d'"):
         pick("Conv2d", {}, {}, registry=registry)
 

@@ -93,7 +93,7 @@ def test_trace_records_every_node_of_every_step(tiny_gguf, tmp_path):
     assert all(len(s["nodes"]["id"]) == n_nodes for s in doc["steps"])
     assert all(s["token"] is not None for s in doc["steps"])
     mm = [g for g in doc["graph"] if g["op"] == "MatMul"]
-    assert {g["kernel"] for g in mm} == {"torch.linear_f32"}  # an f32 model has no compact path
+    assert {g["kernel"] for g in mm} == {"cpu_linear_f32"}  # an f32 model: the float32 GEMM
 
 
 def test_no_trace_without_a_path(tiny_gguf):

@@ -16,7 +16,7 @@ def test_perplexity_matches_llamacpp(smollm2_model, fixtures_dir, llamacpp_ref):
     print(f"PPL {r.ppl:.4f} +/- {r.ppl_error:.4f} (llama.cpp {ref['ppl']:.4f}), {r.seconds:.1f} s")
     assert r.chunks == ref["chunks"]
     assert r.n_scored == ref["chunks"] * ref["scored_per_chunk"]
-    assert abs(r.ppl - ref["ppl"]) / ref["ppl"] < 0.01
+    assert abs(r.ppl - ref["ppl"]) / ref["ppl"] < 0.005  # issue 11: within 0.5 % (measured -0.42 %, int4 kernels)
     for ours, theirs in zip(r.nll_per_chunk, ref["nll_per_chunk"], strict=True):
         assert abs(ours - theirs) < 0.03
     assert r.ppl == pytest.approx(math.exp(sum(r.nll_per_chunk) / r.chunks), rel=1e-9)

@@ -7,9 +7,10 @@ and seeded tokens. The CLI is checked the same way, self-started and under torch
 
 Models: tiny-llama f16 (tied output; 4 heads, 2 KV heads: at --tp 4 each KV head is on two
 ranks) and tiny-qwen2 q4_0 with a 511-token vocabulary (biases, untied output, a vocabulary
-the ranks split unevenly). On the cpu backend Q4_0 decode rows take the int4 kernel, which
-rounds each matmul's input and output to bfloat16 (cpu_weights.py, ~0.3 % per matmul); split,
-it rounds each rank's partial sums instead, so those logits agree to that rounding, not to 1e-4.
+the ranks split unevenly). On the cpu backend Q4_0 rows (prefill and decode alike) take the int4
+kernel, which rounds each matmul's input and output to bfloat16 (kernels/cpu_matmul.py, ~0.3 %
+per matmul); split, it rounds each rank's partial sums instead, so those logits agree to that
+rounding, not to 1e-4.
 """
 
 from __future__ import annotations
@@ -62,10 +63,7 @@ def scenario(models, tmp_path_factory):
 def test_split_ranks_give_the_logits_and_tokens_of_one_process(scenario, model, tp):
     one, split = scenario(model, 1), scenario(model, tp)
     assert one["tp_world"] == 1 and split["tp_world"] == tp
-    exact = ("prefill_a", "prefill_b") + (("decode", "mixed") if model == "llama-f16" else ())
-    for key in exact:
-        assert _rel(split[key], one[key]) < 1e-4, key
-    for key in ("decode", "mixed"):
+    for key in ("prefill_a", "prefill_b", "decode", "mixed"):
         assert _rel(split[key], one[key]) < (1e-4 if model == "llama-f16" else 2e-2), key
     assert split["greedy"] == one["greedy"]
     if model == "llama-f16":  # sampled from logits equal to 1e-7: the same draws

@@ -1,0 +1,140 @@
+"""Benchmark: minfer's cpu backend against llama.cpp on the same file, interleaved (A B A B).
+
+Not a test; llama.cpp is never a minfer dependency. Usage:
+
+    python bench/cpu_vs_llama.py [MODEL.gguf] --llama-python /work/llama-venv/bin/python \
+        [--threads 2] [--pp 512] [--tg 32] [--batch 8] [--repeats 3]
+
+llama.cpp runs through `llama-cpp-python` (built from source for this CPU) in a separate
+process, which receives one command per round; minfer runs in this process. Per round: pp
+(one prompt of --pp tokens, logits of the last one, as llama-bench's ppN) then tg (--tg
+single-token decode steps after it, as tgN), minfer then llama.cpp, so both see the same
+machine state. With --batch B, minfer also runs B sequences decoding together (aggregate tok/s).
+Prints the median of each, the ratios minfer / llama.cpp, and minfer's peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from minfer.backends.base import Batch
+from minfer.config import EngineConfig
+from minfer.default_model import default_model_path
+from minfer.engine.engine import Engine
+from minfer.gguf.reader import GGUFReader
+
+LLAMA_WORKER = r"""
+import json, sys, time
+from llama_cpp import Llama
+path, threads, n_ctx = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+t0 = time.perf_counter()
+llm = Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=512,
+            n_ubatch=512, verbose=False)
+print(json.dumps({"load": time.perf_counter() - t0}), flush=True)
+for line in sys.stdin:
+    cmd = json.loads(line)
+    ids = [10 + i % 1000 for i in range(cmd["pp"])]
+    llm.reset()
+    llm._ctx.memory_clear(True) if hasattr(llm._ctx, "memory_clear") else None
+    t0 = time.perf_counter(); llm.eval(ids); pp = time.perf_counter() - t0
+    tok = 5
+    t0 = time.perf_counter()
+    for _ in range(cmd["tg"]):
+        llm.eval([tok])
+    tg = time.perf_counter() - t0
+    print(json.dumps({"pp": cmd["pp"] / pp, "tg": cmd["tg"] / tg}), flush=True)
+"""
+
+
+def minfer_round(engine: Engine, pp: int, tg: int) -> dict[str, float]:
+    be = engine.backend
+    ids = [10 + i % 1000 for i in range(pp)]
+    t0 = time.perf_counter()
+    logits = be.forward(Batch.single(ids, 0))[0]
+    t_pp = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for pos in range(pp, pp + tg):
+        logits = be.forward(Batch.build([(0, pos, [int(logits.argmax())])], [0], n_decode=1))[0]
+    return {"pp": pp / t_pp, "tg": tg / (time.perf_counter() - t0)}
+
+
+def minfer_batched(engine: Engine, n_seq: int, tg: int) -> tuple[float, list[list[int]]]:
+    """Aggregate tok/s of n_seq sequences decoding together (greedy), and their tokens."""
+    be = engine.backend
+    last = []
+    for s in range(n_seq):
+        last.append(int(be.forward(Batch.single([10 + s + i for i in range(16)], s))[0].argmax()))
+    toks = [[t] for t in last]
+    t0 = time.perf_counter()
+    for step in range(tg):
+        rows = [(s, 16 + step, [toks[s][-1]]) for s in range(n_seq)]
+        logits = be.forward(Batch.build(rows, list(range(n_seq)), n_decode=n_seq))
+        for s in range(n_seq):
+            toks[s].append(int(logits[s].argmax()))
+    return n_seq * tg / (time.perf_counter() - t0), toks
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model", nargs="?", default=None)
+    ap.add_argument("--llama-python", default="/work/llama-venv/bin/python")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--pp", type=int, default=512)
+    ap.add_argument("--tg", type=int, default=32)
+    ap.add_argument("--batch", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--ctx", type=int, default=1024)
+    a = ap.parse_args()
+    path = Path(a.model) if a.model else default_model_path()
+    torch.set_num_threads(a.threads)
+
+    llama = subprocess.Popen([a.llama_python, "-c", LLAMA_WORKER, str(path), str(a.threads), str(a.ctx)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    llama_load = json.loads(llama.stdout.readline())["load"]
+    t0 = time.perf_counter()
+    slots = max(1, a.batch)
+    engine = Engine.load(GGUFReader(path), EngineConfig(n_slots=slots, n_ctx=a.ctx, threads=a.threads),
+                         progress=False)
+    minfer_load = time.perf_counter() - t0
+    minfer_round(engine, 8, 2)  # warm-up
+    ours, theirs = [], []
+    for _ in range(a.repeats):
+        ours.append(minfer_round(engine, a.pp, a.tg))
+        llama.stdin.write(json.dumps({"pp": a.pp, "tg": a.tg}) + "\n")
+        llama.stdin.flush()
+        theirs.append(json.loads(llama.stdout.readline()))
+        print(f"  round: minfer pp {ours[-1]['pp']:.1f} tg {ours[-1]['tg']:.2f} | "
+              f"llama.cpp pp {theirs[-1]['pp']:.1f} tg {theirs[-1]['tg']:.2f}", flush=True)
+    llama.stdin.close()
+    llama.wait()
+
+    def med(rows, key):
+        return statistics.median(r[key] for r in rows)
+
+    print(f"model {path.name}, {a.threads} threads, {a.repeats} rounds (median)")
+    print(f"load: minfer {minfer_load:.1f} s, llama.cpp {llama_load:.1f} s")
+    for key, label in (("pp", f"pp{a.pp}"), ("tg", f"tg{a.tg}")):
+        m, ll = med(ours, key), med(theirs, key)
+        print(f"{label}: minfer {m:.2f} tok/s, llama.cpp {ll:.2f} tok/s, ratio {m / ll:.2f}x")
+    if a.batch:
+        single = med(ours, "tg")
+        agg, toks = minfer_batched(engine, a.batch, a.tg)
+        _, alone = minfer_batched(engine, 1, a.tg)
+        print(f"batched decode x{a.batch}: {agg:.1f} tok/s aggregate = {agg / single:.2f}x single-stream; "
+              f"sequence 0 equals its tokens alone: {toks[0] == alone[0]}")
+    print(f"minfer peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB, "
+          f"file {path.stat().st_size / 2**30:.2f} GiB")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
