@@ -32,7 +32,6 @@ without graphs: every GPU code path of it is exercised at small sizes without a 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -40,7 +39,7 @@ import torch
 from ..config import EngineConfig
 from ..contracts.picker import candidates
 from ..contracts.registry import BoundKernel, Registry, default_registry
-from ..errors import MinferError, ModelError, NoKernelError, UnsupportedError
+from ..errors import MinferError, ModelError, UnsupportedError
 from ..gguf.reader import GGUFReader
 from ..graph.ir import Graph, Node, Op, WeightRef
 from ..kernels._common import as_in_graphs, interpreting
@@ -49,6 +48,7 @@ from ..kernels.sample import KMAX, PARAM_ROWS, pack_params
 from ..quant.types import GGMLType, quant_info
 from . import cpu_ops
 from .base import Batch
+from .calls import STRIDED, Call, admissible, rope_call, rope_key
 from .kv_cache import KVCache, kv_bytes
 from .plan import Plan, Step
 
@@ -57,7 +57,6 @@ PREFILL_BUCKETS = (64, 128, 192, 256, 384, 512, 768, 1024)  # prompt-chunk row c
 PREFILL_SPANS = 8  # prompts one captured prompt-chunk pass holds (the tile table's capacity)
 PREFILL_OUT = 16  # logits rows one captured prompt-chunk pass returns
 KV_DTYPES = {"auto": torch.float16, "f16": torch.float16, "q8_0": torch.int8}  # int8: the Q8_0 layout
-STRIDED = {"contiguous": False, "strided": True}
 
 
 @dataclass(frozen=True)
@@ -66,25 +65,6 @@ class Choice:
 
     kernel: BoundKernel
     cost_ns: float
-
-
-@dataclass(frozen=True)
-class Call:
-    """How a node calls its op: everything the picker needs, as a function of the row count."""
-
-    op: str
-    dtypes: dict[str, str]
-    shapes_of: Callable[[int], dict[str, tuple[int, ...]]]
-    params: dict
-    fixed_layouts: dict | None = None
-    prefer_quantized: bool | None = None  # many-row matmuls: MINFER_MMQ's choice, None = by cost
-    layouts_of: Callable[[int], dict | None] | None = None
-
-    def shapes(self, rows: int) -> dict[str, tuple[int, ...]]:
-        return self.shapes_of(rows)
-
-    def layouts(self, rows: int) -> dict | None:
-        return self.layouts_of(rows) if self.layouts_of is not None else self.fixed_layouts
 
 
 KINDS = {"row": 1, "batch": 16, "chunk": 512}  # ways of running -> the row count kernels are picked for
@@ -363,16 +343,13 @@ class CUDABackend:
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _choose(self, node: Node, call: Call, rows: int) -> Choice:
-        ok, rejected = candidates(call.op, call.dtypes, call.shapes(rows), call.params, "CUDA",
-                                  layouts=call.layouts(rows), registry=self.registry)
-        if call.prefer_quantized is not None and rows > 1 and len(ok) > 1:
-            ok = [c for c in ok if _reads_quantized(c.kernel) == call.prefer_quantized] or ok
-        if not ok:
-            near = "; ".join(f"{k.name}: {', '.join(why)}" for k, why in rejected[:3]) or "no contract implements it"
-            raise NoKernelError(f"cuda backend: node {node.name!r} ({call.op}): no kernel accepts dtypes "
-                                f"{call.dtypes}, shapes {call.shapes(rows)}, params {call.params}. "
-                                f"Nearest contracts: {near}")
-        return Choice(ok[0].kernel, ok[0].cost_ns)
+        def mmq(ok):  # MINFER_MMQ's choice among many-row matmuls, when it has one
+            if call.prefer_quantized is None or rows <= 1 or len(ok) < 2:
+                return ok
+            return [c for c in ok if _reads_quantized(c.kernel) == call.prefer_quantized] or ok
+
+        best = admissible(call, rows, "CUDA", self.registry, "cuda", node, mmq)[0]
+        return Choice(best.kernel, best.cost_ns)
 
     def _picks(self, node: Node, call: Call) -> dict[str, BoundKernel]:
         """The kernel for each way of running (kept, with the call, for `minfer plan`)."""
@@ -601,26 +578,16 @@ class CUDABackend:
         run = self._picks(node, call)
         return (lambda vals, st: run[st.kind](gate=vals[i], up=vals[j])), run
 
-    def _rope_key(self, node: Node) -> tuple:
-        p, ff = node.params, node.weights.get("freq_factors")
-        return (p["n_rot"], p["base"], p["freq_scale"], ff.name if ff else None)
-
     def _compile_rope(self, node: Node):
-        p = node.params
         i, pos = node.inputs
-        key = self._rope_key(node)
-        n_heads, hd, n_rot, neox = p["n_heads"], p["head_dim"], p["n_rot"], p["style"] == "neox"
-        call = Call("RoPE", {"x": "F32", "positions": "I32", "cos": "F32", "sin": "F32"},
-                    lambda r: {"x": (r, n_heads * hd), "positions": (r,), "cos": (16, n_rot // 2),
-                               "sin": (16, n_rot // 2)},
-                    {"n_heads": n_heads, "head_dim": hd, "n_rot": n_rot, "neox": neox}, {"x": STRIDED})
+        key = rope_key(node)
+        call, params = rope_call(node)
         run = self._picks(node, call)
         ropes = self._ropes
 
         def fn(vals, st):
             cos, sin = ropes[key]
-            return run[st.kind](x=vals[i], positions=vals[pos], cos=cos, sin=sin, n_heads=n_heads, head_dim=hd,
-                                n_rot=n_rot, neox=neox)
+            return run[st.kind](x=vals[i], positions=vals[pos], cos=cos, sin=sin, **params)
 
         return fn, run
 
@@ -676,7 +643,7 @@ class CUDABackend:
         self.n_slots, self.pad_slot = n_slots, n_slots
         for node in self.graph.nodes:
             if node.op == Op.ROPE:
-                key = self._rope_key(node)
+                key = rope_key(node)
                 p, ff = node.params, node.weights.get("freq_factors")
                 factors = self._vector(ff.name).cpu() if ff else None
                 cos, sin = cpu_ops.rope_table(n_ctx, p["n_rot"], p["base"], p["freq_scale"], factors)

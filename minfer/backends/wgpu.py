@@ -24,15 +24,11 @@ numbers do not depend on the batch.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import torch
 
 from ..config import EngineConfig
-from ..contracts.picker import candidates
 from ..contracts.registry import BoundKernel, Registry, default_registry
-from ..errors import MinferError, ModelError, NoKernelError, UnsupportedError
+from ..errors import MinferError, ModelError, UnsupportedError
 from ..gguf.reader import GGUFReader
 from ..graph.ir import Graph, Node, Op, WeightRef
 from ..kernels.sample import KMAX, PARAM_ROWS, sample_rows
@@ -41,6 +37,7 @@ from ..quant.reference import dequantize
 from ..quant.types import GGMLType, quant_info
 from . import cpu_ops
 from .base import Batch
+from .calls import STRIDED, Call, admissible, rope_call, rope_key
 from .kv_cache import kv_bytes
 from .plan import Plan, Step
 
@@ -49,18 +46,6 @@ KINDS = {"row": 1, "chunk": 64}  # ways of running -> the row count kernels are 
 PLAN_CTX = 1024  # the context attention costs are predicted for
 MAX_REPLAY_ROWS = 64  # decode steps of up to this many rows are captured once and replayed
 KV_DTYPES = ("auto", "f32")
-STRIDED = {"contiguous": False, "strided": True}
-
-
-@dataclass(frozen=True)
-class Call:
-    """How a node calls its op: what the picker needs, as a function of the row count."""
-
-    op: str
-    dtypes: dict[str, str]
-    shapes_of: Callable[[int], dict[str, tuple[int, ...]]]
-    params: dict
-    layouts: dict | None = None
 
 
 class _State:
@@ -184,14 +169,7 @@ class WGPUBackend:
         return self._vectors[name]
 
     def _choose(self, node: Node, call: Call, rows: int) -> BoundKernel:
-        ok, rejected = candidates(call.op, call.dtypes, call.shapes_of(rows), call.params, BACKEND,
-                                  layouts=call.layouts, registry=self.registry)
-        if not ok:
-            near = "; ".join(f"{k.name}: {', '.join(why)}" for k, why in rejected[:3]) or "no contract implements it"
-            raise NoKernelError(f"vulkan backend: node {node.name!r} ({call.op}): no kernel accepts dtypes "
-                                f"{call.dtypes}, shapes {call.shapes_of(rows)}, params {call.params}. "
-                                f"Nearest contracts: {near}")
-        return ok[0].kernel
+        return admissible(call, rows, BACKEND, self.registry, "vulkan", node)[0].kernel
 
     def _picks(self, node: Node, call: Call) -> dict[str, BoundKernel]:
         picks = {kind: self._choose(node, call, rows) for kind, rows in KINDS.items()}
@@ -309,26 +287,16 @@ class WGPUBackend:
 
         return fn, self.choices[node.id]
 
-    def _rope_key(self, node: Node) -> tuple:
-        p, ff = node.params, node.weights.get("freq_factors")
-        return (p["n_rot"], p["base"], p["freq_scale"], ff.name if ff else None)
-
     def _compile_rope(self, node: Node):
-        p = node.params
         i, pos = node.inputs
-        key = self._rope_key(node)
-        n_heads, hd, n_rot, neox = p["n_heads"], p["head_dim"], p["n_rot"], p["style"] == "neox"
-        call = Call("RoPE", {"x": "F32", "positions": "I32", "cos": "F32", "sin": "F32"},
-                    lambda r: {"x": (r, n_heads * hd), "positions": (r,), "cos": (16, n_rot // 2),
-                               "sin": (16, n_rot // 2)},
-                    {"n_heads": n_heads, "head_dim": hd, "n_rot": n_rot, "neox": neox}, {"x": STRIDED})
+        key = rope_key(node)
+        call, params = rope_call(node)
         run = self._picks(node, call)
         ropes = self._ropes
 
         def fn(vals, st):
             cos, sin = ropes[key]
-            return run[st.kind](x=vals[i], positions=vals[pos], cos=cos, sin=sin, n_heads=n_heads, head_dim=hd,
-                                n_rot=n_rot, neox=neox)
+            return run[st.kind](x=vals[i], positions=vals[pos], cos=cos, sin=sin, **params)
 
         return fn, run
 
@@ -380,7 +348,7 @@ class WGPUBackend:
         self._ropes.clear()
         for node in self.graph.nodes:
             if node.op == Op.ROPE:
-                key = self._rope_key(node)
+                key = rope_key(node)
                 p, ff = node.params, node.weights.get("freq_factors")
                 factors = self._vector(ff.name).cpu() if ff else None
                 cos, sin = cpu_ops.rope_table(n_ctx, p["n_rot"], p["base"], p["freq_scale"], factors)

@@ -1,0 +1,67 @@
+"""How a compiled node calls its op, in the terms the picker needs: shared by the backends that
+pick every node's kernel through the contracts (cuda, vulkan), so they build the same calls and
+say the same thing when nothing accepts one."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..contracts.picker import Candidate, candidates
+from ..contracts.registry import Registry
+from ..errors import NoKernelError
+from ..graph.ir import Node
+
+STRIDED = {"contiguous": False, "strided": True}  # an input that may be a row-strided view
+
+
+@dataclass(frozen=True)
+class Call:
+    """How a node calls its op: everything the picker needs, as a function of the row count."""
+
+    op: str
+    dtypes: dict[str, str]
+    shapes_of: Callable[[int], dict[str, tuple[int, ...]]]
+    params: dict
+    fixed_layouts: dict | None = None
+    prefer_quantized: bool | None = None  # many-row matmuls: MINFER_MMQ's choice, None = by cost
+    layouts_of: Callable[[int], dict | None] | None = None
+
+    def shapes(self, rows: int) -> dict[str, tuple[int, ...]]:
+        return self.shapes_of(rows)
+
+    def layouts(self, rows: int) -> dict | None:
+        return self.layouts_of(rows) if self.layouts_of is not None else self.fixed_layouts
+
+
+def admissible(call: Call, rows: int, backend: str, registry: Registry, who: str, node: Node,
+               keep: Callable[[list[Candidate]], list[Candidate]] | None = None) -> list[Candidate]:
+    """The kernels that accept `call` at `rows` rows on `backend`, best first (`keep` may narrow
+    them); NoKernelError naming the node, the call and the nearest contracts when there is none."""
+    ok, rejected = candidates(call.op, call.dtypes, call.shapes(rows), call.params, backend,
+                              layouts=call.layouts(rows), registry=registry)
+    if keep is not None and ok:
+        ok = keep(ok)
+    if not ok:
+        near = "; ".join(f"{k.name}: {', '.join(why)}" for k, why in rejected[:3]) or "no contract implements it"
+        raise NoKernelError(f"{who} backend: node {node.name!r} ({call.op}): no kernel accepts dtypes "
+                            f"{call.dtypes}, shapes {call.shapes(rows)}, params {call.params}. "
+                            f"Nearest contracts: {near}")
+    return ok
+
+
+def rope_key(node: Node) -> tuple:
+    """What a RoPE node's cos/sin tables depend on (nodes with equal keys share one table)."""
+    p, ff = node.params, node.weights.get("freq_factors")
+    return (p["n_rot"], p["base"], p["freq_scale"], ff.name if ff else None)
+
+
+def rope_call(node: Node) -> tuple[Call, dict]:
+    """A RoPE node's call and its launch params (n_heads, head_dim, n_rot, neox)."""
+    p = node.params
+    n_heads, hd, n_rot, neox = p["n_heads"], p["head_dim"], p["n_rot"], p["style"] == "neox"
+    params = {"n_heads": n_heads, "head_dim": hd, "n_rot": n_rot, "neox": neox}
+    call = Call("RoPE", {"x": "F32", "positions": "I32", "cos": "F32", "sin": "F32"},
+                lambda r: {"x": (r, n_heads * hd), "positions": (r,), "cos": (16, n_rot // 2),
+                           "sin": (16, n_rot // 2)}, params, {"x": STRIDED})
+    return call, params
