@@ -32,6 +32,7 @@ without graphs: every GPU code path of it is exercised at small sizes without a 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -105,6 +106,24 @@ class PickedStep:
         return self.host[:self.rows].tolist()
 
 
+def _capture(backend: CUDABackend, step: Callable[[], object]) -> tuple[torch.cuda.CUDAGraph, object]:
+    """`step` run twice eagerly on a side stream (Triton compiles and autotunes outside the
+    capture), then captured into a graph on the backend's shared memory pool; (graph, what the
+    captured call returned: its static outputs)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), as_in_graphs():
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    if backend._pool is None:
+        backend._pool = torch.cuda.graph_pool_handle()
+    with torch.cuda.graph(graph, pool=backend._pool):
+        out = step()
+    return graph, out
+
+
 class _DecodeGraph:
     """The decode step of `bucket` rows, captured once, picking tokens by argmax or (`sampling`)
     by the Sample contract. Inputs: one int32 [3, bucket] device buffer (tokens, positions, slots;
@@ -126,18 +145,11 @@ class _DecodeGraph:
         self.static = {"tokens": self.io[0], "positions": self.io[1], "row_slots": self.io[2],
                        "out_rows": torch.arange(bucket, dtype=torch.int32, device=dev)}
         state = _State(self.static, True, bucket)
-        stream = torch.cuda.Stream()  # eager warm-up first: Triton compiles and autotunes outside the capture
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream), as_in_graphs():
-            for _ in range(2):
-                self._picker(backend, backend.plan.run(state))
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        if backend._pool is None:
-            backend._pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(self.graph, pool=backend._pool):
-            self.out = backend.plan.run(state)
-            self.picked = self._picker(backend, self.out)
+        def step():
+            out = backend.plan.run(state)
+            return out, self._picker(backend, out)
+
+        self.graph, (self.out, self.picked) = _capture(backend, step)
         for e in self.copied:
             e.record()
 
@@ -202,17 +214,7 @@ class _PrefillGraph:
         self.static = {"tokens": self.io[:b], "positions": self.io[b:2 * b], "row_slots": self.io[2 * b:3 * b],
                        "tiles": self.io[3 * b:3 * b + 4 * t].view(t, 4), "out_rows": self.io[3 * b + 4 * t:]}
         state = _State(self.static, False, bucket)
-        stream = torch.cuda.Stream()  # eager warm-up first: Triton compiles and autotunes outside the capture
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream), as_in_graphs():
-            for _ in range(2):
-                backend.plan.run(state)
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        if backend._pool is None:
-            backend._pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(self.graph, pool=backend._pool):
-            self.out = backend.plan.run(state)
+        self.graph, self.out = _capture(backend, lambda: backend.plan.run(state))
         self.copied.record()
 
     @staticmethod

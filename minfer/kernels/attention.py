@@ -255,7 +255,10 @@ def check_cache(what: str, cache_k: torch.Tensor, cache_v: torch.Tensor, layer: 
     return (n_layer, n_slots, nkv, n_ctx, head_dim)
 
 
-def check_attention_call(what, q, k, v, cache_k, cache_v, row_slots, positions, layer, n_head, n_head_kv, head_dim):
+def check_attention_call(what, q, k, v, cache_k, cache_v, row_slots, positions, layer, n_head, n_head_kv, head_dim,
+                         cache_dtype: torch.dtype | None = None):
+    """The call's q/k/v row views, the cache's shape and the device; typed errors for anything
+    else (`cache_dtype`: the one cache dtype the kernel reads)."""
     for name, val in (("n_head", n_head), ("n_head_kv", n_head_kv), ("head_dim", head_dim), ("layer", layer)):
         check_int(what, name, val, 0 if name == "layer" else 1)
     if n_head % n_head_kv:
@@ -274,6 +277,9 @@ def check_attention_call(what, q, k, v, cache_k, cache_v, row_slots, positions, 
         if t.numel() != rows:
             raise UnsupportedError(f"{what}: {rows} rows but {t.numel()} {name}")
     shape = check_cache(what, cache_k, cache_v, layer, n_head_kv, head_dim)
+    if cache_dtype is not None and cache_k.dtype != cache_dtype:
+        raise UnsupportedError(f"{what}: the cache must be {str(cache_dtype).removeprefix('torch.')}, got "
+                               f"{str(cache_k.dtype).removeprefix('torch.')}")
     device = check_device(what, q=q2, k=k2, v=v2, cache_k=cache_k, cache_v=cache_v, row_slots=row_slots,
                           positions=positions)
     return q2, k2, v2, shape, device
@@ -332,10 +338,7 @@ def attention_rows_q8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k
 def _attention_rows(what, cache_dtype, q, k, v, cache_k, cache_v, row_slots, positions, layer, n_head, n_head_kv,
                     head_dim, scale, out):
     q2, k2, v2, shape, device = check_attention_call(what, q, k, v, cache_k, cache_v, row_slots, positions, layer,
-                                                     n_head, n_head_kv, head_dim)
-    if cache_k.dtype != cache_dtype:
-        raise UnsupportedError(f"{what}: the cache must be {str(cache_dtype).removeprefix('torch.')}, got "
-                               f"{str(cache_k.dtype).removeprefix('torch.')}")
+                                                     n_head, n_head_kv, head_dim, cache_dtype)
     rows = q2.shape[0]
     out = make_out(what, out, (rows, n_head * head_dim), torch.float32, device)
     if not rows:
@@ -418,18 +421,11 @@ def prefill_block_n(head_dim: int, q8: bool = False) -> int:
     return 32 if head_dim <= 64 and not q8 else 16
 
 
-def prefill_warps(head_dim: int) -> int:
-    """Warps per prefill program."""
-    return 4
-
 
 def _attention_prefill(what, cache_dtype, q, k, v, cache_k, cache_v, row_slots, positions, layer, n_head, n_head_kv,
                        head_dim, scale, spans, tiles, out):
     q2, k2, v2, shape, device = check_attention_call(what, q, k, v, cache_k, cache_v, row_slots, positions, layer,
-                                                     n_head, n_head_kv, head_dim)
-    if cache_k.dtype != cache_dtype:
-        raise UnsupportedError(f"{what}: the cache must be {str(cache_dtype).removeprefix('torch.')}, got "
-                               f"{str(cache_k.dtype).removeprefix('torch.')}")
+                                                     n_head, n_head_kv, head_dim, cache_dtype)
     rows = q2.shape[0]
     out = make_out(what, out, (rows, n_head * head_dim), torch.float32, device)
     if not rows:
@@ -450,7 +446,6 @@ def _attention_prefill(what, cache_dtype, q, k, v, cache_k, cache_v, row_slots, 
     _attn_prefill_kernel[check_grid(what, (tiles.shape[0], n_head))](
         q2, cache_k, cache_v, tiles, out, q2.stride(0), layer * n_slots * nkv * n_ctx * rs, nkv * n_ctx * rs,
         n_ctx * rs, float(scale), n_head // n_head_kv, n_head, hd, rs, BLOCK_M=PREFILL_BLOCK_M,
-        BLOCK_D=max(16, triton.next_power_of_2(hd)), BLOCK_N=prefill_block_n(hd, q8), Q8=q8,
-        num_warps=prefill_warps(hd),
+        BLOCK_D=max(16, triton.next_power_of_2(hd)), BLOCK_N=prefill_block_n(hd, q8), Q8=q8, num_warps=4,
         **pdl_args())
     return out

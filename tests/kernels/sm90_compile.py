@@ -152,7 +152,7 @@ def variants():
         out.append((f"attention_prefill[hd{hd} q8={q8}]", attention._attn_prefill_kernel,
                     dict(sig, ck_ptr=cache, cv_ptr=cache),
                     {"BLOCK_M": attention.PREFILL_BLOCK_M, "BLOCK_D": hd, "BLOCK_N": attention.prefill_block_n(hd, q8),
-                     "Q8": q8, "PDL": 2}, {"num_warps": attention.prefill_warps(hd)}))
+                     "Q8": q8, "PDL": 2}, {"num_warps": 4}))
     sig = {"po_ptr": "*fp32", "pml_ptr": "*fp32", "out_ptr": "*fp32", "N_HEAD": "i32", "HD": "i32", "NSPLIT": "i32",
            "SP": c, "BLOCK_D": c, "PDL": c}
     out.append(("attention_combine", attention._attn_combine_kernel, sig, {"SP": 8, "BLOCK_D": 128, "PDL": 2},
