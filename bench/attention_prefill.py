@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 import torch
+from batch_matmul import graph_us  # (bench/ is on the path when a bench script runs)
 
 from minfer.kernels.attention import attention_prefill, prefill_tiles
 from minfer.kernels.torch_ops import attention_sdpa
@@ -58,24 +59,7 @@ def main() -> None:
         w_p = wall(lambda a=args, t=tiles: attention_prefill(**a, tiles=t))
         w_s = wall(lambda a=args, sp=spans: attention_sdpa(**a, spans=sp))
         out = torch.empty_like(a)
-        g = torch.cuda.CUDAGraph()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            attention_prefill(**args, tiles=tiles, out=out)
-        torch.cuda.current_stream().wait_stream(s)
-        with torch.cuda.graph(g):
-            for _ in range(20):
-                attention_prefill(**args, tiles=tiles, out=out)
-        g.replay()
-        torch.cuda.synchronize()
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        for _ in range(5):
-            g.replay()
-        e1.record()
-        torch.cuda.synchronize()
-        d_p = e0.elapsed_time(e1) * 1e3 / 100
+        d_p = graph_us(lambda a=args, t=tiles, o=out: attention_prefill(**a, tiles=t, out=o))
         print(f"{name:18} {r:5} {w_p:16.1f} {d_p:17.1f} {w_s:13.1f}   (rel diff {err:.1e})", flush=True)
 
 

@@ -56,6 +56,21 @@ def rope_key(node: Node) -> tuple:
     return (p["n_rot"], p["base"], p["freq_scale"], ff.name if ff else None)
 
 
+def compile_rope(node: Node, picks: Callable[[Node, Call], dict], ropes: dict) -> tuple[Callable, dict]:
+    """A RoPE node's step function and its kernels: `picks(node, call)` is the backend's picker,
+    `ropes` its cos/sin tables by `rope_key` (filled when the cache is allocated)."""
+    i, pos = node.inputs
+    key = rope_key(node)
+    call, params = rope_call(node)
+    run = picks(node, call)
+
+    def fn(vals, st):
+        cos, sin = ropes[key]
+        return run[st.kind](x=vals[i], positions=vals[pos], cos=cos, sin=sin, **params)
+
+    return fn, run
+
+
 def rope_call(node: Node) -> tuple[Call, dict]:
     """A RoPE node's call and its launch params (n_heads, head_dim, n_rot, neox)."""
     p = node.params

@@ -49,7 +49,7 @@ from ..kernels.sample import KMAX, PARAM_ROWS, pack_params
 from ..quant.types import GGMLType, quant_info
 from . import cpu_ops
 from .base import Batch
-from .calls import STRIDED, Call, admissible, rope_call, rope_key
+from .calls import STRIDED, Call, admissible, compile_rope, rope_key
 from .kv_cache import KVCache, kv_bytes
 from .plan import Plan, Step
 
@@ -581,17 +581,7 @@ class CUDABackend:
         return (lambda vals, st: run[st.kind](gate=vals[i], up=vals[j])), run
 
     def _compile_rope(self, node: Node):
-        i, pos = node.inputs
-        key = rope_key(node)
-        call, params = rope_call(node)
-        run = self._picks(node, call)
-        ropes = self._ropes
-
-        def fn(vals, st):
-            cos, sin = ropes[key]
-            return run[st.kind](x=vals[i], positions=vals[pos], cos=cos, sin=sin, **params)
-
-        return fn, run
+        return compile_rope(node, self._picks, self._ropes)
 
     def _compile_attention(self, node: Node):
         p = node.params
