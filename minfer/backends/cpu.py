@@ -23,6 +23,7 @@ from ..config import EngineConfig
 from ..errors import InsufficientMemoryError, ModelError, UnsupportedError
 from ..gguf.reader import GGUFReader
 from ..graph.ir import Graph, Node, Op, WeightRef
+from ..kernels.cpu_matmul import INT4_TYPES
 from . import cpu_ops
 from .base import Batch
 from .cpu_weights import EmbeddingTable, Matrix, dense_f32, pick_kernel, prepared_bytes
@@ -118,21 +119,22 @@ def plan_rows(graph: Graph, reader: GGUFReader, rows: int = 1) -> list[dict]:
 
 class _State:
     """What one pass's nodes share: the batch, the cache, the path (decode or prefill), the step's
-    RoPE rotations, and for decode the cache views of each sequence made once for all layers
-    (a tuple lookup per node instead of tensor selects): where its token's k/v go, n_layer x
-    [n_kv, hd], and the keys/values it attends, n_layer x [n_kv, L, hd]."""
+    RoPE rotations, and for decode the rows' cache slots and positions (one indexed write of every
+    row's key and value per layer) and the cache views each sequence attends, made once for all
+    layers (a tuple lookup per node instead of tensor selects): keys and values n_layer x
+    [n_kv, L, hd]."""
 
-    __slots__ = ("batch", "cache", "decode", "rope", "views")
+    __slots__ = ("batch", "cache", "decode", "rope", "views", "at")
 
     def __init__(self, batch: Batch, cache: KVCache | None, decode: bool):
         self.batch, self.cache, self.decode, self.rope = batch, cache, decode, {}
-        self.views = []
+        self.views, self.at = [], None
         if decode and cache is not None:
+            self.at = (batch.row_slots, slice(None), batch.positions)  # cache.k[layer][at] = k [B, n_kv, hd]
             for s in batch.spans:
-                k, v = cache.k[:, s.slot], cache.v[:, s.slot]
-                pos = s.start
-                self.views.append(tuple(t.unbind(0) for t in (k[:, :, pos], v[:, :, pos], k[:, :, :pos + 1],
-                                                              v[:, :, :pos + 1])))
+                end = s.start + 1
+                self.views.append((cache.k[:, s.slot, :, :end].unsqueeze(1).unbind(0),  # n_layer x [1, n_kv, L, hd]
+                                   cache.v[:, s.slot, :, :end].unsqueeze(1).unbind(0)))
 
     @property
     def n_rows(self) -> int:
@@ -146,6 +148,11 @@ class _Describe:
 
 
 KV_DTYPES = {"auto": torch.float32, "f32": torch.float32}
+
+
+def _add_into(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """x + y written into x when x is the float32 sum (the same values as x + y)."""
+    return x.add_(y) if x.dtype == torch.float32 else x + y
 
 
 class CPUBackend:
@@ -171,6 +178,8 @@ class CPUBackend:
         self._matrices: dict[tuple[WeightRef, WeightRef | None], Matrix] = {}
         self._tables: dict[str, EmbeddingTable] = {}
         self._ropes: dict[tuple, torch.Tensor] = {}  # rope setting -> (cos, sin) [n_ctx, n_rot/2]
+        self._readers: dict[int, list[Node]] | None = None  # node id -> the nodes reading its value
+        self._last: dict[int, int] | None = None  # node id -> the last node reading its value
 
     # ------------------------------------------------------------------ load
     def load(self, graph: Graph, reader: GGUFReader, progress: bool = True) -> None:
@@ -235,7 +244,9 @@ class CPUBackend:
             i, r = ins
             return Step(lambda vals, st: vals[i].index_select(0, vals[r]), label)
         if op == Op.RMS_NORM:
-            (i,), norm = ins, cpu_ops.RMSNorm(self._vector(node.weights["w"].name), p["eps"])
+            # bfloat16 straight away when only int4 matmuls read it (they would convert it first)
+            dtype = torch.bfloat16 if self._int4_inputs(node) else torch.float32
+            (i,), norm = ins, cpu_ops.RMSNorm(self._vector(node.weights["w"].name), p["eps"], dtype)
             return Step(lambda vals, st: norm(vals[i]), label)
         if op == Op.MATMUL:
             m = self._matrix(node.weights["w"], node.weights.get("b"))
@@ -243,9 +254,14 @@ class CPUBackend:
             kernel = lambda st: m.kernel(st.decode)  # noqa: E731
             if node.id == self.graph.output:  # logits are float32 whatever the weight's path
                 return Step(lambda vals, st: m(vals[i], st.decode).float(), kernel)
+            mm = m.direct()
+            if mm is not None:  # one int4 kernel, no bias: called as it is
+                return Step(lambda vals, st: mm(vals[i]), kernel)
             return Step(lambda vals, st: m(vals[i], st.decode), kernel)
         if op == Op.ADD:
             i, j = ins
+            if self._owned_last_use(node, i):  # the residual stream: added to in place
+                return Step(lambda vals, st: _add_into(vals[i], vals[j]), label)
             return Step(lambda vals, st: vals[i] + vals[j], label)
         if op == Op.SLICE:
             (i,), a, b = ins, p["start"], p["stop"]
@@ -258,6 +274,31 @@ class CPUBackend:
         if op == Op.ATTENTION:
             return Step(self._compile_attention(node), label)
         raise UnsupportedError(f"cpu backend: op {op} (node {node.name!r}) is not implemented")
+
+    def _consumers(self, node: Node) -> list[Node]:
+        if self._readers is None:
+            self._readers = {}
+            for n in self.graph.nodes:
+                for i in n.inputs:
+                    self._readers.setdefault(i, []).append(n)
+        return self._readers.get(node.id, [])
+
+    def _int4_inputs(self, node: Node) -> bool:
+        """Whether every reader of the node's value is a matmul whose weights all run on int4 kernels."""
+        types = self._reader.tensors
+        readers = self._consumers(node)
+        return bool(readers) and node.id != self.graph.output and all(
+            r.op == Op.MATMUL and all(types[t.name].ggml_type in INT4_TYPES for t in r.weights["w"].tensors)
+            for r in readers)
+
+    def _owned_last_use(self, node: Node, i: int) -> bool:
+        """Whether input i is a fresh float tensor of this step (an Add's sum, an embedding row)
+        that nothing reads after this node: the node may overwrite it."""
+        src = self.graph.nodes[i]
+        if self._last is None:
+            self._last = self.graph.consumers_last_use()
+        return (self._last[i] == node.id and i != self.graph.output
+                and (src.op == Op.ADD or (src.op == Op.GET_ROWS and "w" in src.weights)))
 
     def _compile_rope(self, node: Node):
         p = node.params
@@ -284,12 +325,17 @@ class CPUBackend:
         def run(vals, st: _State) -> torch.Tensor:
             if st.decode:  # one query per sequence, over its own cache
                 q, k, v = vals[q_i], vals[k_i], vals[v_i]
-                outs = []
-                for b, (k_at, v_at, keys, values) in enumerate(st.views):
-                    k_at[layer].copy_(k[b].view(n_kv, hd))
-                    v_at[layer].copy_(v[b].view(n_kv, hd))
-                    outs.append(cpu_ops.attention_one(q[b].view(n_head, hd), keys[layer], values[layer], scale))
-                return outs[0] if len(outs) == 1 else torch.cat(outs)
+                rows = q.shape[0]
+                kc, vc = st.cache.k[layer], st.cache.v[layer]
+                kc[st.at] = k.view(rows, n_kv, hd).to(kc.dtype)  # every row's key at its slot and position
+                vc[st.at] = v.view(rows, n_kv, hd).to(vc.dtype)
+                if rows == 1:
+                    keys, values = st.views[0]
+                    out = cpu_ops.attention_decode(q.view(1, n_head, 1, hd), keys[layer], values[layer], scale)
+                    return out.view(1, n_head * hd)
+                qs = q.view(rows, 1, n_head, 1, hd).unbind(0)
+                return torch.cat([cpu_ops.attention_decode(qs[b], keys[layer], values[layer], scale)
+                                  for b, (keys, values) in enumerate(st.views)]).view(rows, n_head * hd)
             kc, vc = st.cache.k[layer], st.cache.v[layer]
             q = vals[q_i].unflatten(-1, (n_head, hd))
             k = vals[k_i].unflatten(-1, (n_kv, hd)).transpose(0, 1)

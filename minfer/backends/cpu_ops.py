@@ -19,12 +19,16 @@ class RMSNorm:
     rounding change with the row count), so a row's result is the same whatever else is in the
     batch."""
 
-    def __init__(self, w: torch.Tensor, eps: float):
+    def __init__(self, w: torch.Tensor, eps: float, dtype: torch.dtype = torch.float32):
         self.w = w
         self.eps = float(eps)
+        self.dtype = dtype  # of the result: bfloat16 when the only consumers are int4 matmuls
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return (x * x).mean(-1, keepdim=True).add_(self.eps).rsqrt_().mul(x).mul_(self.w)
+        r = (x * x).mean(-1, keepdim=True).add_(self.eps).rsqrt_().mul(x)
+        if self.dtype == r.dtype:
+            return r.mul_(self.w)
+        return torch.mul(r, self.w, out=torch.empty(r.shape, dtype=self.dtype))  # rounded once, as .to() would
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -66,8 +70,11 @@ def apply_rope(x: torch.Tensor, rot: torch.Tensor, n_heads: int, head_dim: int, 
     "neox" pairs (i, i + n_rot/2), its NEOX mode. Dims from n_rot on pass through. Elementwise, so a
     row's result does not depend on the other rows."""
     t = x.shape[0]
-    h = x.reshape(t, n_heads, head_dim).float()  # every op below makes a new tensor: x is not touched
     half = n_rot // 2
+    if style == "normal" and n_rot == head_dim:  # the common case in the fewest ops (decode runs it per layer)
+        h = x.to(torch.float32, memory_format=torch.contiguous_format).view(t, n_heads, half, 2)
+        return torch.view_as_real(torch.view_as_complex(h) * rot).view(t, n_heads * head_dim)
+    h = x.reshape(t, n_heads, head_dim).float()  # every op below makes a new tensor: x is not touched
     if style == "normal":
         part = h[..., :n_rot]
         if not part.is_contiguous():
@@ -95,9 +102,13 @@ def attention_one(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, sca
     With one query there is no causal mask: one SDPA call on views, no repeated keys (measured
     on 2 AVX2 cores: ~25% faster than baddbmm + softmax + bmm at L = 32..512)."""
     n_head, hd = q.shape
-    out = F.scaled_dot_product_attention(q.view(1, n_head, 1, hd), keys.unsqueeze(0), values.unsqueeze(0),
-                                         scale=scale, enable_gqa=keys.shape[0] != n_head)
-    return out.view(1, n_head * hd)
+    return attention_decode(q.view(1, n_head, 1, hd), keys.unsqueeze(0), values.unsqueeze(0), scale).view(1, n_head * hd)
+
+
+def attention_decode(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
+    """attention_one on views already in SDPA's shapes (the decode path makes them once per step):
+    q [1, n_head, 1, hd], keys/values [1, n_kv, L, hd]; returns [1, n_head, 1, hd]."""
+    return F.scaled_dot_product_attention(q, keys, values, scale=scale, enable_gqa=keys.shape[1] != q.shape[1])
 
 
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int,

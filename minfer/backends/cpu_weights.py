@@ -141,6 +141,13 @@ class Matrix:
         y = ys[0] if len(ys) == 1 else torch.cat([t.to(ys[0].dtype) for t in ys], dim=1)
         return y if self.bias is None else y + self.bias
 
+    def direct(self):
+        """The one int4 kernel this matrix is, when it has no bias and no parts on other kernels
+        (the backend calls it without this wrapper), else None."""
+        if self.bias is None and len(self._runs) == 1 and self._runs[0][0] == "int4":
+            return self._runs[0][1]
+        return None
+
     def kernel(self, decode: bool = False) -> str:
         return "+".join(self.kernels)
 
