@@ -23,7 +23,6 @@ from ..config import EngineConfig
 from ..errors import InsufficientMemoryError, ModelError, UnsupportedError
 from ..gguf.reader import GGUFReader
 from ..graph.ir import Graph, Node, Op, WeightRef
-from ..kernels.cpu_matmul import INT4_TYPES
 from . import cpu_ops
 from .base import Batch
 from .cpu_weights import EmbeddingTable, Matrix, dense_f32, pick_kernel, prepared_bytes
@@ -284,11 +283,14 @@ class CPUBackend:
         return self._readers.get(node.id, [])
 
     def _int4_inputs(self, node: Node) -> bool:
-        """Whether every reader of the node's value is a matmul whose weights all run on int4 kernels."""
-        types = self._reader.tensors
+        """Whether every reader of the node's value is a matmul whose weights all run on torch's
+        int4 kernels (which take bfloat16 activations; the VNNI kernel quantizes float32 ones)."""
+        infos = self._reader.tensors
         readers = self._consumers(node)
         return bool(readers) and node.id != self.graph.output and all(
-            r.op == Op.MATMUL and all(types[t.name].ggml_type in INT4_TYPES for t in r.weights["w"].tensors)
+            r.op == Op.MATMUL and all(
+                pick_kernel(i.ggml_type, *i.torch_shape).kernel.name.startswith("cpu_int4pack")
+                for i in (infos[t.name] for t in r.weights["w"].tensors))
             for r in readers)
 
     def _owned_last_use(self, node: Node, i: int) -> bool:

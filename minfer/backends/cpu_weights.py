@@ -30,6 +30,7 @@ import torch
 from ..contracts.picker import Candidate, candidates
 from ..errors import NoKernelError
 from ..gguf.reader import GGUFReader, TensorInfo
+from ..kernels import cpu_vnni
 from ..kernels.cpu_matmul import INT4_TYPES, Int4Matmul, _Linear, float_weight, pack_weight, packed_bytes
 from ..quant.reference import dequantize
 from ..quant.types import QUANT_TABLE, GGMLType
@@ -64,6 +65,9 @@ def dense_f32(reader: GGUFReader, info: TensorInfo) -> torch.Tensor:
     return decode_rows(raw_rows(reader, info), info.ggml_type, info.torch_shape[-1]).view(info.torch_shape)
 
 
+VNNI_KERNEL = "cpu_q4_vnni"
+
+
 def pick_kernel(qtype: GGMLType, n: int, k: int, rows: int = 1) -> Candidate:
     """The cpu kernel contract for a matmul by an [n, k] weight of this type over `rows` rows,
     as the picker ranks them (minfer/kernels/contracts/cpu_matmul.fkc.md)."""
@@ -71,6 +75,8 @@ def pick_kernel(qtype: GGMLType, n: int, k: int, rows: int = 1) -> Candidate:
     ok, rejected = candidates("QMatMul", {"x": "F32", "w": info.contract_name},
                               {"x": (rows, k), "w": (n, k // info.block_elems * info.block_bytes)},
                               {"n": n, "k": k, "qtype": qtype}, "CPU")
+    if not cpu_vnni.available():  # the VNNI kernel needs the CPU's instructions and a C compiler
+        ok = [c for c in ok if c.kernel.name != VNNI_KERNEL]
     if not ok:
         raise NoKernelError(f"cpu backend: no kernel contract multiplies by a {qtype.name} [{n}, {k}] weight; "
                             f"nearest: " + "; ".join(f"{r.name}: {', '.join(why)}" for r, why in rejected[:3]))
@@ -80,6 +86,8 @@ def pick_kernel(qtype: GGMLType, n: int, k: int, rows: int = 1) -> Candidate:
 def prepared_bytes(info: TensorInfo) -> int:
     """Memory a matrix of this tensor takes once prepared (before preparing it)."""
     n, k = info.torch_shape
+    if kernel_name(info.ggml_type, n, k) == VNNI_KERNEL:
+        return cpu_vnni.packed_bytes(n, k)
     if info.ggml_type in INT4_TYPES:
         return packed_bytes(n, k, info.ggml_type)
     return n * k * (4 if info.ggml_type == GGMLType.F16 else info.nbytes // (n * k))
@@ -117,6 +125,11 @@ class Matrix:
         self.nbytes = sum(fn.nbytes for _, fn in self._runs)
 
     def _prepare(self, reader: GGUFReader, infos: list[TensorInfo]) -> tuple[str, object]:
+        if pick_kernel(infos[0].ggml_type, *infos[0].torch_shape).kernel.name == VNNI_KERNEL:
+            mm = cpu_vnni.Q4Vnni([(raw_rows(reader, i), i.ggml_type, *i.torch_shape) for i in infos])
+            for i in infos:
+                reader.release(i.name)
+            return "vnni", mm
         if infos[0].ggml_type not in INT4_TYPES:
             ws = [float_weight(raw_rows(reader, i), *i.torch_shape, i.ggml_type) for i in infos]
             return "linear", _Linear(ws[0] if len(ws) == 1 else torch.cat(ws))
@@ -137,14 +150,14 @@ class Matrix:
         """[T, n]: bfloat16 from the int4 kernels, float32 from a float32 GEMM (a bias promotes
         to float32). Decode and prefill rows take the same kernels; `decode` only tells a float32
         GEMM to run its rows one at a time (sgemm's rounding depends on the row count)."""
-        ys = [fn(x) if kind == "int4" else fn(x, decode) for kind, fn in self._runs]
+        ys = [fn(x, decode) if kind == "linear" else fn(x) for kind, fn in self._runs]
         y = ys[0] if len(ys) == 1 else torch.cat([t.to(ys[0].dtype) for t in ys], dim=1)
         return y if self.bias is None else y + self.bias
 
     def direct(self):
-        """The one int4 kernel this matrix is, when it has no bias and no parts on other kernels
-        (the backend calls it without this wrapper), else None."""
-        if self.bias is None and len(self._runs) == 1 and self._runs[0][0] == "int4":
+        """The one quantized kernel (int4 or VNNI) this matrix is, when it has no bias and no parts
+        on other kernels (the backend calls it without this wrapper), else None."""
+        if self.bias is None and len(self._runs) == 1 and self._runs[0][0] != "linear":
             return self._runs[0][1]
         return None
 

@@ -32,7 +32,7 @@ from .rules import same_as_target, split_call
 from .schema import HEADER, LAYOUT_KEYS, SECTION, ContractFile, KernelContract, Spec
 
 FKC_VERSION = 1
-REGISTRABLE_BACKENDS = {"CUDA": ("triton", "torch"), "CPU": ("torch",), "Vulkan": ("wgsl",)}
+REGISTRABLE_BACKENDS = {"CUDA": ("triton", "torch"), "CPU": ("torch", "c"), "Vulkan": ("wgsl",)}
 
 RULES: dict[str, str] = {
     # parse

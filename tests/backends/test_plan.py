@@ -13,6 +13,7 @@ from minfer.config import EngineConfig
 from minfer.gguf.reader import GGUFReader
 from minfer.gguf.synth import PRESETS, QUANTS, synth
 from minfer.graph.passes import optimize
+from minfer.kernels import cpu_vnni
 from minfer.models import registry as models
 
 BIG = {"qwen2.5-7b", "llama3-8b"}  # f16 / f32 files of these (15-32 GB) are more than a CI machine can map
@@ -75,8 +76,9 @@ def test_every_cpu_matmul_resolves_to_a_cpu_contract(headers, preset, quant, cap
     assert one and all(math.isfinite(r["cost_ns"]) and r["cost_ns"] > 0 for r in one + chunk)
     assert [r["kernel"] for r in one] == [r["kernel"] for r in chunk]
     pair32, pair16 = "cpu_int4pack_mm_pair32", "cpu_int4pack_mm_pair16"
-    want = {"q4_0": "cpu_int4pack_mm", "q4_1": "cpu_int4pack_mm", "q4_k": "cpu_int4pack_mm",
-            "q4_k_m": "cpu_int4pack_mm", "q8_0": pair32, "q5_k_m": pair32, "q5_0": pair32, "q5_1": pair32,
+    q4 = "cpu_q4_vnni" if cpu_vnni.available() else "cpu_int4pack_mm"
+    want = {"q4_0": q4, "q4_1": q4, "q4_k": q4, "q4_k_m": q4, "q8_0": pair32, "q5_k_m": pair32, "q5_0": pair32,
+            "q5_1": pair32,
             "q6_k": pair16, "q3_k": pair16, "q2_k": pair16, "f32": "cpu_linear_f32"}[quant]
     assert want in {r["kernel"] for r in one}
     if preset in BIG and quant in ("q4_k", "q4_k_m", "q5_k_m", "q3_k", "q2_k"):  # Q6_K output

@@ -16,6 +16,7 @@ from minfer.errors import NoKernelError
 from minfer.kernels import (
     attention,
     cpu_matmul,
+    cpu_vnni,
     dequant,
     elementwise,
     embed,
@@ -84,6 +85,7 @@ LAUNCHERS = {
     "cpu_int4pack_mm_pair16": cpu_matmul.int4pack_mm,
     "cpu_linear_f32": cpu_matmul.linear,
     "cpu_linear_bf16": cpu_matmul.linear,
+    "cpu_q4_vnni": cpu_vnni.q4_vnni_mm,
 }
 
 
@@ -152,7 +154,10 @@ def test_no_kernel_names_op_dtypes_shapes_and_nearest(registry):
         pick("QMatMul", *_qmatmul_call(4, k=100), registry=registry)
     with pytest.raises(NoKernelError, match="backend CUDA, not CPU"):  # no cpu contract for RMSNorm
         pick("RMSNorm", ["F32", "F32"], [(4, 576), (576,)], {"eps": 1e-5}, backend="CPU", registry=registry)
-    assert pick("QMatMul", *_qmatmul_call(4), backend="CPU", registry=registry).name == "cpu_int4pack_mm"
+    # the contracts rank the VNNI kernel first (the cpu backend drops it where it cannot run)
+    assert pick("QMatMul", *_qmatmul_call(4), backend="CPU", registry=registry).name == "cpu_q4_vnni"
+    ok, _ = candidates("QMatMul", *_qmatmul_call(4), backend="CPU", registry=registry)
+    assert [c.kernel.name for c in ok] == ["cpu_q4_vnni", "cpu_int4pack_mm"]
     with pytest.raises(NoKernelError, match="unknown op 'Conv2d'"):
         pick("Conv2d", {}, {}, registry=registry)
 

@@ -1,0 +1,171 @@
+"""int4 weights x int8 activations on AVX512-VNNI (csrc/q4_vnni.c), through ctypes.
+
+The C file is compiled once per machine with the system C compiler (`cc`, or $CC) into
+minfer's cache directory ($MINFER_CACHE, else ~/.cache/minfer) and loaded after torch, so its
+OpenMP regions run on torch's own libgomp threads. `available()` says whether it can run here:
+a CPU with AVX512-VNNI, a compiler, and MINFER_CPU_VNNI not set to 0. Where it cannot, the cpu
+backend keeps torch's int4 kernel for every type (cpu_matmul.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ..errors import UnsupportedError
+from ..quant.types import GGMLType
+
+SOURCE = Path(__file__).parent / "csrc" / "q4_vnni.c"
+REVISION_SOURCES = (SOURCE,)  # the contract's revision hash covers the C file
+FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma", "-fopenmp",
+         "-shared", "-fPIC"]
+TYPES = {GGMLType.Q4_0: 2, GGMLType.Q4_1: 3, GGMLType.Q4_K: 12}  # ggml type ids the packer reads
+COLS = 32  # output columns are padded to a multiple of this (the kernel's tile)
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    m = re.search(r"^flags\s*:(.*)$", text, re.M)
+    return set(m.group(1).split()) if m else set()
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MINFER_CACHE") or Path.home() / ".cache" / "minfer")
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    """The compiled kernel (built on first use), or None where it cannot be built or run."""
+    if os.environ.get("MINFER_CPU_VNNI", "1") == "0":
+        return None
+    if not {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma"} <= _cpu_flags():
+        return None
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None
+    src = SOURCE.read_bytes()
+    tag = hashlib.sha256(src + " ".join(FLAGS).encode()).hexdigest()[:16]
+    lib = cache_dir() / f"q4_vnni-{tag}.so"
+    if not lib.exists():
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
+            out = Path(tmp) / lib.name
+            done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(out)], capture_output=True, text=True)
+            if done.returncode != 0:
+                return None
+            os.replace(out, lib)  # atomic: a concurrent build writes the same bytes
+    so = ctypes.CDLL(str(lib))
+    p, i = ctypes.c_void_p, ctypes.c_int
+    so.q4_pack.argtypes = [p, i, i, i, i, p, p, p]
+    so.q4_pack.restype = i
+    so.q4_gemm.argtypes = [p, p, p, i, i, p, i, i, p, i, p, p, p]
+    so.q4_gemm.restype = None
+    return so
+
+
+def available() -> bool:
+    return _library() is not None
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return t.data_ptr()
+
+
+class Q4Vnni:
+    """One 4-bit weight [n, k] (or stacked weights) in the VNNI layout, prepared once at load:
+    codes uint8 [n'/16, k/32, 256] and float16 scale, zero [n'/16, k/32, 16], n' = n rounded up
+    to 32 (zero columns). `__call__(x)` is y = x @ W^T, float32 [m, n]."""
+
+    def __init__(self, parts: list[tuple[torch.Tensor, GGMLType, int, int]]):
+        """parts: (raw rows uint8 [n_i, row_bytes], type, n_i, k) stacked in this order."""
+        so = _library()
+        if so is None:
+            raise UnsupportedError("the int8-activation VNNI kernel is not available on this machine")
+        k = parts[0][3]
+        if k % 32 or any(p[3] != k for p in parts):
+            raise UnsupportedError(f"q4_vnni: k must be one multiple of 32 for every part, got {[p[3] for p in parts]}")
+        self.n, self.k = sum(p[2] for p in parts), k
+        n_pad = self.n + -self.n % COLS
+        g = k // 32
+        self.w = torch.zeros(n_pad // 16, g, 256, dtype=torch.uint8)
+        self.s = torch.zeros(n_pad // 16, g, 16, dtype=torch.float16)
+        self.z = torch.zeros(n_pad // 16, g, 16, dtype=torch.float16)
+        at = 0
+        for rows, qtype, n, _ in parts:
+            if qtype not in TYPES:
+                raise UnsupportedError(f"q4_vnni: {qtype.name} is not a 4-bit type "
+                                       f"({', '.join(t.name for t in TYPES)})")
+            rows = rows.contiguous()
+            if so.q4_pack(_ptr(rows), TYPES[qtype], n, k, at, _ptr(self.w), _ptr(self.s), _ptr(self.z)) != 0:
+                raise UnsupportedError(f"q4_vnni: cannot pack {qtype.name}")
+            at += n
+        self.n_pad = n_pad
+        self.nbytes = self.w.numel() + 2 * (self.s.numel() + self.z.numel())
+        self._so = so
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype not in (torch.float32, torch.bfloat16):
+            x = x.float()
+        if not x.is_contiguous():
+            x = x.contiguous()
+        m, k = x.shape
+        g = k // 32
+        y = torch.empty(m, self.n_pad)
+        q = torch.empty(m, k, dtype=torch.int8)
+        d = torch.empty(m, 2 * g)
+        self._so.q4_gemm(_ptr(self.w), _ptr(self.s), _ptr(self.z), self.n_pad, k, _ptr(x),
+                         int(x.dtype == torch.bfloat16), m, _ptr(y), self.n_pad, _ptr(q), _ptr(d), _ptr(d) + m * g * 4)
+        return y if self.n_pad == self.n else y[:, :self.n]
+
+
+def packed_bytes(n: int, k: int) -> int:
+    """Bytes of a Q4Vnni weight [n, k]: half a byte per code and two float16 per group of 32."""
+    n_pad = n + -n % COLS
+    return n_pad * k // 2 + n_pad * (k // 32) * 4
+
+
+# ---- the launchers the kernel contract binds (minfer/kernels/contracts/cpu_matmul.fkc.md) ----
+
+
+def q4_vnni_weight(w: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str) -> Q4Vnni:
+    """Load layout: a Q4_0 / Q4_1 / Q4_K weight's raw bytes -> its VNNI form."""
+    if isinstance(w, Q4Vnni):
+        return w
+    from .cpu_matmul import _qinfo
+
+    info = _qinfo(qtype)
+    if info.type not in TYPES:
+        raise UnsupportedError(f"q4_vnni_weight: {info.name} is not a 4-bit type ({', '.join(t.name for t in TYPES)})")
+    if k % info.block_elems or w.dtype != torch.uint8 or w.numel() != info.nbytes(n * k):
+        raise UnsupportedError(f"q4_vnni_weight: expected the uint8 bytes of a [{n}, {k}] {info.name} weight "
+                               f"(k a multiple of {info.block_elems}), got {w.dtype} x {w.numel()}")
+    return Q4Vnni([(w.reshape(n, -1), info.type, n, k)])
+
+
+def q4_vnni_mm(x: torch.Tensor, w, n: int, k: int, qtype: GGMLType | int | str,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """out [m, n] float32 = x [m, k] @ W^T on W's VNNI form (`q4_vnni_weight`; raw bytes are
+    packed on every call: correct, but a full pass over W each time)."""
+    mm = q4_vnni_weight(w, n, k, qtype)
+    x2 = x.reshape(1, -1) if x.dim() == 1 else x
+    if x2.dim() != 2 or x2.shape[1] != k:
+        raise UnsupportedError(f"q4_vnni_mm: x must be [m, {k}], got {tuple(x.shape)}")
+    y = mm(x2)
+    if out is None:
+        return y
+    if out.shape != y.shape or out.dtype != y.dtype:
+        raise UnsupportedError(f"q4_vnni_mm: out must be {tuple(y.shape)} {y.dtype}, "
+                               f"got {tuple(out.shape)} {out.dtype}")
+    return out.copy_(y)

@@ -1,0 +1,181 @@
+/* int4 weights x int8 activations on AVX512-VNNI: the cpu backend's kernel for the 4-bit ggml
+ * types (Q4_0, Q4_1, Q4_K), built by minfer/kernels/cpu_vnni.py with the system C compiler.
+ *
+ * Weight W [n, k] (n a multiple of 32, k of 32), per group of 32 weights along k:
+ * w = S * c + Z with codes c in 0..15 (S, Z float16). Layout: W [n/16][k/32][256] bytes: per
+ * block of 16 output columns and group g, 4 chunks of 64 bytes; byte 4*col + t of chunk j holds
+ * the code of (col, k = 8j + t) in its low nibble and of (col, 8j + 4 + t) in its high nibble,
+ * so one chunk unpacks into the two registers vpdpbusd takes (16 columns x 4 consecutive k).
+ * S, Z: [n/16][k/32][16] float16.
+ *
+ * Activations x [m, k] are quantized per row and group of 32 (llama.cpp's Q8_0 scheme):
+ * q = round(x / d), d = max|x| / 127, and d * sum q per group for Z (so the result is exactly
+ * the weights times the quantized activations: x's rounding is not multiplied by the codes'
+ * offset). Then y[r, col] = sum_g (d[r,g] * S[col,g] * sum_t c q + Z[col,g] * d[r,g] sum_t q),
+ * the groups in order.
+ * Integer dot products are exact, and each output's float sum runs over the groups in one fixed
+ * order whatever the row count or tiling: a row's result does not depend on the other rows.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- packing (load time) */
+
+static void put_group(uint8_t *Wb, uint16_t *Sb, uint16_t *Zb, int col, const uint8_t *codes, float s, float z) {
+    /* codes[32] of one column's group into the block's 256 bytes */
+    for (int j = 0; j < 4; j++)
+        for (int t = 0; t < 4; t++) {
+            uint8_t lo = codes[8 * j + t], hi = codes[8 * j + 4 + t];
+            Wb[64 * j + 4 * col + t] = (uint8_t)(lo | (hi << 4));
+        }
+    Sb[col] = _cvtss_sh(s, _MM_FROUND_TO_NEAREST_INT);
+    Zb[col] = _cvtss_sh(z, _MM_FROUND_TO_NEAREST_INT);
+}
+
+static inline float f16(const uint8_t *p) { uint16_t h; memcpy(&h, p, 2); return _cvtsh_ss(h); }
+
+static void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
+    if (j < 4) { *sc = q[j] & 63; *m = q[j + 4] & 63; }
+    else { *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4); *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4); }
+}
+
+/* rows [n_rows, row_bytes] of a Q4_0 (qtype 2), Q4_1 (3) or Q4_K (12) weight -> W, S, Z for
+ * columns col0 .. col0 + n_rows (col0 and the layout's n: multiples of 16). */
+int q4_pack(const uint8_t *rows, int qtype, int n_rows, int k, int col0, uint8_t *W, uint16_t *S, uint16_t *Z) {
+    int G = k / 32;
+    int row_bytes = qtype == 12 ? k / 256 * 144 : qtype == 2 ? G * 18 : G * 20;
+    uint8_t codes[32];
+    for (int i = 0; i < n_rows; i++) {
+        int col = col0 + i, blk = col / 16, c = col % 16;
+        const uint8_t *r = rows + (size_t)i * row_bytes;
+        for (int g = 0; g < G; g++) {
+            float s, z;
+            if (qtype == 2 || qtype == 3) {
+                const uint8_t *b = r + (size_t)g * (qtype == 2 ? 18 : 20);
+                const uint8_t *qs = b + (qtype == 2 ? 2 : 4);
+                for (int j = 0; j < 16; j++) { codes[j] = qs[j] & 15; codes[j + 16] = qs[j] >> 4; }
+                s = f16(b);
+                z = qtype == 2 ? -8.0f * s : f16(b + 2);
+            } else if (qtype == 12) {
+                const uint8_t *b = r + (size_t)(g / 8) * 144;
+                int sub = g % 8, sc, mn;
+                const uint8_t *qs = b + 16 + 32 * (sub / 2);
+                for (int j = 0; j < 32; j++) codes[j] = sub % 2 ? qs[j] >> 4 : qs[j] & 15;
+                scale_min_k4(sub, b + 4, &sc, &mn);
+                s = f16(b) * (float)sc;
+                z = -(f16(b + 2) * (float)mn);
+            } else {
+                return -1;
+            }
+            size_t off = (size_t)blk * G + g;
+            put_group(W + off * 256, S + off * 16, Z + off * 16, c, codes, s, z);
+        }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- activations */
+
+/* x [m, k] (float32 when bf16 == 0, else bfloat16 bits) -> q [m, k] int8, d [m, k/32], sx [m, k/32] */
+static void quantize_rows(const void *x, int bf16, int m, int k, int8_t *q, float *d, float *sx) {
+    int G = k / 32;
+    #pragma omp parallel for schedule(static) if (m >= 16)
+    for (int r = 0; r < m; r++) {
+        for (int g = 0; g < G; g++) {
+            __m512 a, b;
+            size_t at = (size_t)r * k + g * 32;
+            if (bf16) {
+                const uint16_t *p = (const uint16_t *)x + at;
+                a = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+                b = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p + 16))), 16));
+            } else {
+                const float *p = (const float *)x + at;
+                a = _mm512_loadu_ps(p);
+                b = _mm512_loadu_ps(p + 16);
+            }
+            float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+            float dd = amax / 127.0f;
+            float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            __m512 vi = _mm512_set1_ps(inv);
+            __m512i qa = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(a, vi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            __m512i qb = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(b, vi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            _mm_storeu_si128((__m128i *)(q + at), _mm512_cvtsepi32_epi8(qa));
+            _mm_storeu_si128((__m128i *)(q + at + 16), _mm512_cvtsepi32_epi8(qb));
+            d[(size_t)r * G + g] = dd;
+            sx[(size_t)r * G + g] = dd * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- the product */
+
+#define MT 4
+
+static inline __attribute__((always_inline)) void tile(int rows, const uint8_t *W0, const uint8_t *W1,
+        const uint16_t *S0, const uint16_t *S1, const uint16_t *Z0, const uint16_t *Z1, int G,
+        const int8_t *X, const float *dx, const float *sx, int k, float *Y, int ldy) {
+    __m512 acc0[MT], acc1[MT];
+    for (int r = 0; r < MT; r++) { acc0[r] = _mm512_setzero_ps(); acc1[r] = _mm512_setzero_ps(); }
+    const __m512i mask = _mm512_set1_epi8(0x0F);
+    for (int g = 0; g < G; g++) {
+        __m512i a[8], b[8];
+        const uint8_t *p0 = W0 + (size_t)g * 256, *p1 = W1 + (size_t)g * 256;
+        for (int c = 0; c < 4; c++) {
+            __m512i r0 = _mm512_loadu_si512(p0 + 64 * c), r1 = _mm512_loadu_si512(p1 + 64 * c);
+            a[2 * c] = _mm512_and_si512(r0, mask);
+            a[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(r0, 4), mask);
+            b[2 * c] = _mm512_and_si512(r1, mask);
+            b[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(r1, 4), mask);
+        }
+        __m512 s0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S0 + g * 16)));
+        __m512 s1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S1 + g * 16)));
+        __m512 z0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(Z0 + g * 16)));
+        __m512 z1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(Z1 + g * 16)));
+        for (int r = 0; r < MT; r++) {
+            if (r >= rows) break;
+            const int32_t *xq = (const int32_t *)(X + (size_t)r * k + g * 32);
+            __m512i i0 = _mm512_setzero_si512(), i1 = _mm512_setzero_si512();
+            for (int j = 0; j < 8; j++) {
+                __m512i xb = _mm512_set1_epi32(xq[j]);
+                i0 = _mm512_dpbusd_epi32(i0, a[j], xb);
+                i1 = _mm512_dpbusd_epi32(i1, b[j], xb);
+            }
+            __m512 dv = _mm512_set1_ps(dx[(size_t)r * G + g]), sv = _mm512_set1_ps(sx[(size_t)r * G + g]);
+            acc0[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_mul_ps(s0, dv), acc0[r]);
+            acc0[r] = _mm512_fmadd_ps(z0, sv, acc0[r]);
+            acc1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_mul_ps(s1, dv), acc1[r]);
+            acc1[r] = _mm512_fmadd_ps(z1, sv, acc1[r]);
+        }
+    }
+    for (int r = 0; r < MT; r++) {
+        if (r >= rows) break;
+        _mm512_storeu_ps(Y + (size_t)r * ldy, acc0[r]);
+        _mm512_storeu_ps(Y + (size_t)r * ldy + 16, acc1[r]);
+    }
+}
+
+/* y [m, n] float32 (row stride ldy) = x [m, k] @ W^T; q, d, sx: scratch of m*k int8 and 2 m k/32
+ * floats. n a multiple of 32. */
+void q4_gemm(const uint8_t *W, const uint16_t *S, const uint16_t *Z, int n, int k,
+             const void *x, int bf16, int m, float *y, int ldy, int8_t *q, float *d, float *sx) {
+    int G = k / 32, NT = n / 32, MB = (m + MT - 1) / MT;
+    quantize_rows(x, bf16, m, k, q, d, sx);
+    #pragma omp parallel for schedule(static)
+    for (int t = 0; t < NT; t++) {
+        size_t b0 = (size_t)(2 * t) * G, b1 = b0 + G;
+        for (int mb = 0; mb < MB; mb++) {
+            int r0 = mb * MT, rows = m - r0 < MT ? m - r0 : MT;
+#define TILE(R) tile(R, W + b0 * 256, W + b1 * 256, S + b0 * 16, S + b1 * 16, Z + b0 * 16, Z + b1 * 16, G, \
+                           q + (size_t)r0 * k, d + (size_t)r0 * G, sx + (size_t)r0 * G, k, y + (size_t)r0 * ldy + 32 * t, ldy)
+            switch (rows) {  /* a row count known at compile time: the tile's registers unrolled */
+                case 4: TILE(4); break;
+                case 3: TILE(3); break;
+                case 2: TILE(2); break;
+                default: TILE(1); break;
+            }
+#undef TILE
+        }
+    }
+}
