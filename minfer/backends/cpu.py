@@ -23,6 +23,7 @@ from ..config import EngineConfig
 from ..errors import InsufficientMemoryError, ModelError, UnsupportedError
 from ..gguf.reader import GGUFReader
 from ..graph.ir import Graph, Node, Op, WeightRef
+from ..kernels import cpu_vnni
 from . import cpu_ops
 from .base import Batch
 from .cpu_weights import EmbeddingTable, Matrix, dense_f32, pick_kernel, prepared_bytes
@@ -95,20 +96,20 @@ def available_memory() -> int:
     return physical_memory()
 
 
-def plan_rows(graph: Graph, reader: GGUFReader, rows: int = 1) -> list[dict]:
-    """Per matmul node: the cpu kernel contract(s) its weight parts run on for a step of `rows`
-    rows (one kernel serves decode rows and prompt chunks alike; the output projection gets
-    one row, the last token's) and the cost the picker predicts, in ns. Reads the header only:
+def plan_rows(graph: Graph, reader: GGUFReader, rows: int = 1, prefill: bool = False) -> list[dict]:
+    """Per matmul node: the cpu kernel contract(s) its weight parts run on for a decode step of
+    `rows` rows (or a prompt chunk of `rows` tokens, `prefill`; its output projection gets one
+    row, the last token's) and the cost the picker predicts, in ns. Reads the header only:
     nothing is packed. The other ops run as plain torch calls with no contract: not listed."""
     out = []
     for node in graph.nodes:
         if node.op != Op.MATMUL:
             continue
         names, cost = [], 0.0
-        n_rows = 1 if node.id == graph.output else rows  # logits: the last token's row only
+        n_rows = 1 if prefill and node.id == graph.output else rows  # a prompt's logits: its last row
         for t in node.weights["w"].tensors:
             info = reader.tensors[t.name]
-            c = pick_kernel(info.ggml_type, *info.torch_shape, rows=n_rows)
+            c = pick_kernel(info.ggml_type, *info.torch_shape, rows=n_rows, decode=not prefill)
             names.append(c.kernel.name)
             cost += c.cost_ns
         out.append({"id": node.id, "name": node.name, "op": str(node.op), "layer": node.layer,
@@ -118,18 +119,25 @@ def plan_rows(graph: Graph, reader: GGUFReader, rows: int = 1) -> list[dict]:
 
 class _State:
     """What one pass's nodes share: the batch, the cache, the path (decode or prefill), the step's
-    RoPE rotations, and for decode the rows' cache slots and positions (one indexed write of every
-    row's key and value per layer) and the cache views each sequence attends, made once for all
+    RoPE rotations, and for decode the cache rows of every row's keys and values (one index_copy_
+    per layer for all rows) and the cache views each sequence attends, made once for all
     layers (a tuple lookup per node instead of tensor selects): keys and values n_layer x
     [n_kv, L, hd]."""
 
-    __slots__ = ("batch", "cache", "decode", "rope", "views", "at")
+    __slots__ = ("batch", "cache", "decode", "rope", "views", "at", "lens")
 
-    def __init__(self, batch: Batch, cache: KVCache | None, decode: bool):
+    def __init__(self, batch: Batch, cache: KVCache | None, decode: bool, c_attention: bool = False):
         self.batch, self.cache, self.decode, self.rope = batch, cache, decode, {}
-        self.views, self.at = [], None
+        self.views, self.at, self.lens = [], None, None
         if decode and cache is not None:
-            self.at = (batch.row_slots, slice(None), batch.positions)  # cache.k[layer][at] = k [B, n_kv, hd]
+            n_kv, n_ctx = cache.k.shape[2], cache.k.shape[3]
+            # row b's head h goes to row (slot_b * n_kv + h) * n_ctx + pos_b of a layer's [-1, hd] view
+            heads = torch.arange(n_kv) * n_ctx
+            self.at = ((batch.row_slots.long() * (n_kv * n_ctx) + batch.positions.long()).unsqueeze(1)
+                       + heads).view(-1)
+            if c_attention:  # the C kernel reads the cache itself: each row's slot and length
+                self.lens = batch.positions + 1
+                return
             for s in batch.spans:
                 end = s.start + 1
                 self.views.append((cache.k[:, s.slot, :, :end].unsqueeze(1).unbind(0),  # n_layer x [1, n_kv, L, hd]
@@ -179,6 +187,8 @@ class CPUBackend:
         self._ropes: dict[tuple, torch.Tensor] = {}  # rope setting -> (cos, sin) [n_ctx, n_rot/2]
         self._readers: dict[int, list[Node]] | None = None  # node id -> the nodes reading its value
         self._last: dict[int, int] | None = None  # node id -> the last node reading its value
+        self._flat: tuple = ((), ())  # the cache's per-layer [-1, hd] views (allocate)
+        self._c_attention = False  # decode attention by the C kernel (allocate: where it runs, for these shapes)
 
     # ------------------------------------------------------------------ load
     def load(self, graph: Graph, reader: GGUFReader, progress: bool = True) -> None:
@@ -253,8 +263,11 @@ class CPUBackend:
             kernel = lambda st: m.kernel(st.decode)  # noqa: E731
             if node.id == self.graph.output:  # logits are float32 whatever the weight's path
                 return Step(lambda vals, st: m(vals[i], st.decode).float(), kernel)
-            mm = m.direct()
-            if mm is not None:  # one int4 kernel, no bias: called as it is
+            direct = m.direct()
+            if direct is not None:  # one quantized kernel, no bias: called as it is
+                kind, mm = direct
+                if kind == "vnni":  # decode rows: two int8 passes of the activations, prompt chunks one
+                    return Step(lambda vals, st: mm(vals[i], 2 if st.decode else 1), kernel)
                 return Step(lambda vals, st: mm(vals[i]), kernel)
             return Step(lambda vals, st: m(vals[i], st.decode), kernel)
         if op == Op.ADD:
@@ -289,7 +302,7 @@ class CPUBackend:
         readers = self._consumers(node)
         return bool(readers) and node.id != self.graph.output and all(
             r.op == Op.MATMUL and all(
-                pick_kernel(i.ggml_type, *i.torch_shape).kernel.name.startswith("cpu_int4pack")
+                pick_kernel(i.ggml_type, *i.torch_shape, decode=True).kernel.name.startswith("cpu_int4pack")
                 for i in (infos[t.name] for t in r.weights["w"].tensors))
             for r in readers)
 
@@ -328,9 +341,12 @@ class CPUBackend:
             if st.decode:  # one query per sequence, over its own cache
                 q, k, v = vals[q_i], vals[k_i], vals[v_i]
                 rows = q.shape[0]
-                kc, vc = st.cache.k[layer], st.cache.v[layer]
-                kc[st.at] = k.view(rows, n_kv, hd).to(kc.dtype)  # every row's key at its slot and position
-                vc[st.at] = v.view(rows, n_kv, hd).to(vc.dtype)
+                kc, vc = self._flat[0][layer], self._flat[1][layer]  # [slot * n_kv * n_ctx, hd]
+                kc.index_copy_(0, st.at, k.reshape(rows * n_kv, hd).to(kc.dtype))  # each row at its slot, position
+                vc.index_copy_(0, st.at, v.reshape(rows * n_kv, hd).to(vc.dtype))
+                if st.lens is not None:  # every row in one call (csrc/q4_vnni.c attn_decode)
+                    return cpu_vnni.attention_decode(q, st.cache.k[layer], st.cache.v[layer], st.batch.row_slots,
+                                                     st.lens, n_head, scale)
                 if rows == 1:
                     keys, values = st.views[0]
                     out = cpu_ops.attention_decode(q.view(1, n_head, 1, hd), keys[layer], values[layer], scale)
@@ -377,6 +393,11 @@ class CPUBackend:
                                           "use a smaller context (-c) or fewer slots")
         self.cache = None  # free the old cache before the new one is made
         self.cache = KVCache(m["n_layer"], n_slots, n_ctx, m["n_head_kv"], m["head_dim"])
+        # per layer, every slot's positions as rows [slot * n_kv * n_ctx, hd]: decode writes by index
+        self._flat = tuple(t.view(m["n_layer"], -1, m["head_dim"]).unbind(0) for t in (self.cache.k, self.cache.v))
+        self._c_attention = cpu_vnni.available() and all(
+            cpu_vnni.attention_fits(n.params["n_head"], n.params["n_head_kv"], n.params["head_dim"])
+            for n in self.graph.nodes if n.op == Op.ATTENTION)
         self._ropes.clear()
         for node in self.graph.nodes:
             if node.op == Op.ROPE:
@@ -395,11 +416,12 @@ class CPUBackend:
         batch.check(cache.n_slots, cache.n_ctx)
         with torch.inference_mode():  # no autograd bookkeeping: a third less per-op overhead
             parts = batch.split()
+            c_attn = self._c_attention
             if len(parts) == 1:
-                return self.plan.run(_State(batch, cache, batch.kind == "decode"), recorder)
+                return self.plan.run(_State(batch, cache, batch.kind == "decode", c_attn), recorder)
             out = torch.empty(len(batch.out_rows), self.graph.meta["n_vocab"])
             for part, idx in parts:
-                logits = self.plan.run(_State(part, cache, part.kind == "decode"), recorder)
+                logits = self.plan.run(_State(part, cache, part.kind == "decode", c_attn), recorder)
                 out[idx] = logits
             return out
 

@@ -66,17 +66,22 @@ def dense_f32(reader: GGUFReader, info: TensorInfo) -> torch.Tensor:
 
 
 VNNI_KERNEL = "cpu_q4_vnni"
+VNNI_DECODE = "cpu_q4_vnni2"  # the same weights, activations in two int8 passes: decode rows
 
 
-def pick_kernel(qtype: GGMLType, n: int, k: int, rows: int = 1) -> Candidate:
-    """The cpu kernel contract for a matmul by an [n, k] weight of this type over `rows` rows,
-    as the picker ranks them (minfer/kernels/contracts/cpu_matmul.fkc.md)."""
+def pick_kernel(qtype: GGMLType, n: int, k: int, rows: int = 1, decode: bool = False) -> Candidate:
+    """The cpu kernel contract for a matmul by an [n, k] weight of this type over `rows` rows of
+    a prompt chunk (or, `decode`, of decode rows), as the picker ranks them
+    (minfer/kernels/contracts/cpu_matmul.fkc.md, cpu_vnni.fkc.md)."""
     info = QUANT_TABLE[qtype]
     ok, rejected = candidates("QMatMul", {"x": "F32", "w": info.contract_name},
                               {"x": (rows, k), "w": (n, k // info.block_elems * info.block_bytes)},
                               {"n": n, "k": k, "qtype": qtype}, "CPU")
-    if not cpu_vnni.available():  # the VNNI kernel needs the CPU's instructions and a C compiler
-        ok = [c for c in ok if c.kernel.name != VNNI_KERNEL]
+    if not cpu_vnni.available():  # the VNNI kernels need the CPU's instructions and a C compiler
+        ok = [c for c in ok if c.kernel.name not in (VNNI_KERNEL, VNNI_DECODE)]
+    # decode rows take the two-pass variant (memory-bound: its second pass is free), prompt chunks the
+    # one-pass one (the cheaper by the contracts' costs); both read the same prepared weights
+    ok = [c for c in ok if c.kernel.name != (VNNI_KERNEL if decode else VNNI_DECODE)]
     if not ok:
         raise NoKernelError(f"cpu backend: no kernel contract multiplies by a {qtype.name} [{n}, {k}] weight; "
                             f"nearest: " + "; ".join(f"{r.name}: {', '.join(why)}" for r, why in rejected[:3]))
@@ -86,7 +91,7 @@ def pick_kernel(qtype: GGMLType, n: int, k: int, rows: int = 1) -> Candidate:
 def prepared_bytes(info: TensorInfo) -> int:
     """Memory a matrix of this tensor takes once prepared (before preparing it)."""
     n, k = info.torch_shape
-    if kernel_name(info.ggml_type, n, k) == VNNI_KERNEL:
+    if pick_kernel(info.ggml_type, n, k).kernel.name == VNNI_KERNEL:
         return cpu_vnni.packed_bytes(n, k)
     if info.ggml_type in INT4_TYPES:
         return packed_bytes(n, k, info.ggml_type)
@@ -114,6 +119,8 @@ class Matrix:
         # each part's kernel, as the contracts choose it; consecutive parts on the same kernel
         # are packed together (one call)
         names = [pick_kernel(i.ggml_type, *i.torch_shape).kernel.name for i in infos]
+        self._decode_names = tuple(dict.fromkeys(pick_kernel(i.ggml_type, *i.torch_shape, decode=True).kernel.name
+                                                 for i in infos))
         run: list[TensorInfo] = []
         for j, info in enumerate(infos + [None]):
             if run and (info is None or names[j] != names[j - 1]):
@@ -150,19 +157,21 @@ class Matrix:
         """[T, n]: bfloat16 from the int4 kernels, float32 from a float32 GEMM (a bias promotes
         to float32). Decode and prefill rows take the same kernels; `decode` only tells a float32
         GEMM to run its rows one at a time (sgemm's rounding depends on the row count)."""
-        ys = [fn(x, decode) if kind == "linear" else fn(x) for kind, fn in self._runs]
+        ys = [fn(x, decode) if kind == "linear" else fn(x, 2 if decode else 1) if kind == "vnni" else fn(x)
+              for kind, fn in self._runs]
         y = ys[0] if len(ys) == 1 else torch.cat([t.to(ys[0].dtype) for t in ys], dim=1)
         return y if self.bias is None else y + self.bias
 
-    def direct(self):
-        """The one quantized kernel (int4 or VNNI) this matrix is, when it has no bias and no parts
-        on other kernels (the backend calls it without this wrapper), else None."""
+    def direct(self) -> tuple[str, object] | None:
+        """(kind, kernel) of the one quantized kernel ("int4": call(x); "vnni": call(x, passes))
+        this matrix is, when it has no bias and no parts on other kernels (the backend calls it
+        without this wrapper), else None."""
         if self.bias is None and len(self._runs) == 1 and self._runs[0][0] != "linear":
-            return self._runs[0][1]
+            return self._runs[0]
         return None
 
     def kernel(self, decode: bool = False) -> str:
-        return "+".join(self.kernels)
+        return "+".join(self._decode_names if decode else self.kernels)
 
 
 class EmbeddingTable:

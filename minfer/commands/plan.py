@@ -52,7 +52,7 @@ def plan(a: argparse.Namespace) -> int:
     if a.device == "cpu":  # matmuls only: the cpu backend's other ops have no contracts
         from ..backends.cpu import plan_rows
 
-        rows = plan_rows(graph, reader, rows_per_step)
+        rows = plan_rows(graph, reader, rows_per_step, prefill=bool(a.prefill))
     else:
         from ..backends.cuda import CUDABackend
 

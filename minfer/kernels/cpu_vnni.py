@@ -70,8 +70,10 @@ def _library() -> ctypes.CDLL | None:
     p, i = ctypes.c_void_p, ctypes.c_int
     so.q4_pack.argtypes = [p, i, i, i, i, p, p, p]
     so.q4_pack.restype = i
-    so.q4_gemm.argtypes = [p, p, p, i, i, p, i, i, p, i, p, p, p]
-    so.q4_gemm.restype = None
+    so.q4_gemm.argtypes = [p, p, p, i, i, p, i, i, p, i, i]
+    so.q4_gemm.restype = i
+    so.attn_decode.argtypes = [p, i, p, p, i, i, i, i, p, p, i, ctypes.c_float, p]
+    so.attn_decode.restype = i
     return so
 
 
@@ -113,20 +115,21 @@ class Q4Vnni:
             at += n
         self.n_pad = n_pad
         self.nbytes = self.w.numel() + 2 * (self.s.numel() + self.z.numel())
-        self._so = so
+        self._gemm = so.q4_gemm
+        self._ptrs = (_ptr(self.w), _ptr(self.s), _ptr(self.z), n_pad, k)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype not in (torch.float32, torch.bfloat16):
+    def __call__(self, x: torch.Tensor, passes: int = 1) -> torch.Tensor:
+        """y [m, n] float32 = x [m, k] @ W^T (x float32 or bfloat16; anything else is converted),
+        the activations in `passes` int8 quantizations (1: llama.cpp's Q8_0 scheme; 2: its
+        rounding error quantized again, ~15 bits)."""
+        if x.dtype != torch.float32 and x.dtype != torch.bfloat16:
             x = x.float()
         if not x.is_contiguous():
             x = x.contiguous()
-        m, k = x.shape
-        g = k // 32
+        m = x.shape[0]
         y = torch.empty(m, self.n_pad)
-        q = torch.empty(m, k, dtype=torch.int8)
-        d = torch.empty(m, 2 * g)
-        self._so.q4_gemm(_ptr(self.w), _ptr(self.s), _ptr(self.z), self.n_pad, k, _ptr(x),
-                         int(x.dtype == torch.bfloat16), m, _ptr(y), self.n_pad, _ptr(q), _ptr(d), _ptr(d) + m * g * 4)
+        if self._gemm(*self._ptrs, x.data_ptr(), x.dtype == torch.bfloat16, m, y.data_ptr(), self.n_pad, passes):
+            raise MemoryError(f"q4_vnni: no memory for {m} x {self.k} quantized activations")
         return y if self.n_pad == self.n else y[:, :self.n]
 
 
@@ -155,17 +158,49 @@ def q4_vnni_weight(w: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str)
 
 
 def q4_vnni_mm(x: torch.Tensor, w, n: int, k: int, qtype: GGMLType | int | str,
-               out: torch.Tensor | None = None) -> torch.Tensor:
+               out: torch.Tensor | None = None, passes: int = 1) -> torch.Tensor:
     """out [m, n] float32 = x [m, k] @ W^T on W's VNNI form (`q4_vnni_weight`; raw bytes are
-    packed on every call: correct, but a full pass over W each time)."""
+    packed on every call: correct, but a full pass over W each time), activations in one int8
+    pass (cpu_q4_vnni)."""
     mm = q4_vnni_weight(w, n, k, qtype)
     x2 = x.reshape(1, -1) if x.dim() == 1 else x
     if x2.dim() != 2 or x2.shape[1] != k:
         raise UnsupportedError(f"q4_vnni_mm: x must be [m, {k}], got {tuple(x.shape)}")
-    y = mm(x2)
+    y = mm(x2, passes)
     if out is None:
         return y
     if out.shape != y.shape or out.dtype != y.dtype:
         raise UnsupportedError(f"q4_vnni_mm: out must be {tuple(y.shape)} {y.dtype}, "
                                f"got {tuple(out.shape)} {out.dtype}")
     return out.copy_(y)
+
+
+def attention_fits(n_head: int, n_kv: int, head_dim: int) -> bool:
+    """Whether attention_decode takes these sizes (head_dim a multiple of 16 up to 256, at most 16
+    query heads per kv head)."""
+    return head_dim % 16 == 0 and head_dim <= 256 and n_head % n_kv == 0 and n_head // n_kv <= 16
+
+
+def attention_decode(q: torch.Tensor, k_layer: torch.Tensor, v_layer: torch.Tensor, slots: torch.Tensor,
+                     lens: torch.Tensor, n_head: int, scale: float) -> torch.Tensor:
+    """One query row per sequence over its cached keys (csrc/q4_vnni.c attn_decode): q [B, n_head * hd]
+    float32 (rows may be strided), a layer's cache k/v [n_slots, n_kv, n_ctx, hd] float32, row b
+    attending positions 0..lens[b]-1 of slot slots[b] (int32 [B]). Returns [B, n_head * hd]. A row's
+    result does not depend on the other rows."""
+    so = _library()
+    _, n_kv, n_ctx, hd = k_layer.shape
+    rows = q.shape[0]
+    if q.stride(1) != 1 or q.dtype != torch.float32:
+        q = q.float().contiguous()
+    out = torch.empty(rows, n_head * hd)
+    if so.attn_decode(q.data_ptr(), q.stride(0), k_layer.data_ptr(), v_layer.data_ptr(), n_kv, n_ctx, hd, n_head,
+                      slots.data_ptr(), lens.data_ptr(), rows, scale, out.data_ptr()):
+        raise UnsupportedError(f"attn_decode: head_dim {hd} (a multiple of 16 up to 256) and {n_head} query "
+                               f"heads over {n_kv} kv heads (at most 16 per kv head), or no memory")
+    return out
+
+
+def q4_vnni2_mm(x: torch.Tensor, w, n: int, k: int, qtype: GGMLType | int | str,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """q4_vnni_mm with the activations in two int8 passes (cpu_q4_vnni2: decode rows)."""
+    return q4_vnni_mm(x, w, n, k, qtype, out, passes=2)

@@ -86,6 +86,7 @@ LAUNCHERS = {
     "cpu_linear_f32": cpu_matmul.linear,
     "cpu_linear_bf16": cpu_matmul.linear,
     "cpu_q4_vnni": cpu_vnni.q4_vnni_mm,
+    "cpu_q4_vnni2": cpu_vnni.q4_vnni2_mm,
 }
 
 
@@ -157,7 +158,7 @@ def test_no_kernel_names_op_dtypes_shapes_and_nearest(registry):
     # the contracts rank the VNNI kernel first (the cpu backend drops it where it cannot run)
     assert pick("QMatMul", *_qmatmul_call(4), backend="CPU", registry=registry).name == "cpu_q4_vnni"
     ok, _ = candidates("QMatMul", *_qmatmul_call(4), backend="CPU", registry=registry)
-    assert [c.kernel.name for c in ok] == ["cpu_q4_vnni", "cpu_int4pack_mm"]
+    assert [c.kernel.name for c in ok] == ["cpu_q4_vnni", "cpu_q4_vnni2", "cpu_int4pack_mm"]
     with pytest.raises(NoKernelError, match="unknown op 'Conv2d'"):
         pick("Conv2d", {}, {}, registry=registry)
 

@@ -8,7 +8,8 @@
  * so one chunk unpacks into the two registers vpdpbusd takes (16 columns x 4 consecutive k).
  * S, Z: [n/16][k/32][16] float16.
  *
- * Activations x [m, k] are quantized per row and group of 32 (llama.cpp's Q8_0 scheme):
+ * Activations x [m, k] are quantized per row and group of 32 (llama.cpp's Q8_0 scheme), once
+ * (P = 1) or twice (P = 2: the first pass's rounding error quantized again, ~15 bits in all):
  * q = round(x / d), d = max|x| / 127, and d * sum q per group for Z (so the result is exactly
  * the weights times the quantized activations: x's rounding is not multiplied by the codes'
  * offset). Then y[r, col] = sum_g (d[r,g] * S[col,g] * sum_t c q + Z[col,g] * d[r,g] sum_t q),
@@ -19,6 +20,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---------------------------------------------------------------- packing (load time) */
@@ -78,8 +80,10 @@ int q4_pack(const uint8_t *rows, int qtype, int n_rows, int k, int col0, uint8_t
 
 /* ---------------------------------------------------------------- activations */
 
-/* x [m, k] (float32 when bf16 == 0, else bfloat16 bits) -> q [m, k] int8, d [m, k/32], sx [m, k/32] */
-static void quantize_rows(const void *x, int bf16, int m, int k, int8_t *q, float *d, float *sx) {
+/* x [m, k] (float32 when bf16 == 0, else bfloat16 bits) -> per row: q [P][k] int8, d [P][k/32],
+ * and sx [k/32] = sum_p d_p sum q_p. P = 1: x ~ d q. P = 2: the rounding error r = x - d q is
+ * quantized again, x ~ d q + d' q' with d' = max|r| / 127 (~15 bits for the pair). */
+static void quantize_rows(const void *x, int bf16, int m, int k, int P, int8_t *q, float *d, float *sx) {
     int G = k / 32;
     #pragma omp parallel for schedule(static) if (m >= 16)
     for (int r = 0; r < m; r++) {
@@ -95,16 +99,25 @@ static void quantize_rows(const void *x, int bf16, int m, int k, int8_t *q, floa
                 a = _mm512_loadu_ps(p);
                 b = _mm512_loadu_ps(p + 16);
             }
-            float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-            float dd = amax / 127.0f;
-            float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-            __m512 vi = _mm512_set1_ps(inv);
-            __m512i qa = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(a, vi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-            __m512i qb = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(b, vi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-            _mm_storeu_si128((__m128i *)(q + at), _mm512_cvtsepi32_epi8(qa));
-            _mm_storeu_si128((__m128i *)(q + at + 16), _mm512_cvtsepi32_epi8(qb));
-            d[(size_t)r * G + g] = dd;
-            sx[(size_t)r * G + g] = dd * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+            float total = 0.0f;
+            for (int pass = 0; pass < P; pass++) {
+                float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+                float dd = amax / 127.0f;
+                float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+                __m512 vi = _mm512_set1_ps(inv);
+                __m512 ra = _mm512_roundscale_ps(_mm512_mul_ps(a, vi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                __m512 rb = _mm512_roundscale_ps(_mm512_mul_ps(b, vi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                __m512i qa = _mm512_cvtps_epi32(ra), qb = _mm512_cvtps_epi32(rb);
+                int8_t *qr = q + ((size_t)r * P + pass) * k + g * 32;
+                _mm_storeu_si128((__m128i *)qr, _mm512_cvtsepi32_epi8(qa));
+                _mm_storeu_si128((__m128i *)(qr + 16), _mm512_cvtsepi32_epi8(qb));
+                d[((size_t)r * P + pass) * G + g] = dd;
+                total += dd * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+                __m512 vd = _mm512_set1_ps(dd);  /* what is left for the next pass */
+                a = _mm512_fnmadd_ps(ra, vd, a);
+                b = _mm512_fnmadd_ps(rb, vd, b);
+            }
+            sx[(size_t)r * G + g] = total;
         }
     }
 }
@@ -113,7 +126,8 @@ static void quantize_rows(const void *x, int bf16, int m, int k, int8_t *q, floa
 
 #define MT 4
 
-static inline __attribute__((always_inline)) void tile(int rows, const uint8_t *W0, const uint8_t *W1,
+/* rows (<= MT) x 32 columns; X: the rows' quantized activations, P passes of k bytes per row */
+static inline __attribute__((always_inline)) void tile(int rows, int P, const uint8_t *W0, const uint8_t *W1,
         const uint16_t *S0, const uint16_t *S1, const uint16_t *Z0, const uint16_t *Z1, int G,
         const int8_t *X, const float *dx, const float *sx, int k, float *Y, int ldy) {
     __m512 acc0[MT], acc1[MT];
@@ -135,17 +149,20 @@ static inline __attribute__((always_inline)) void tile(int rows, const uint8_t *
         __m512 z1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(Z1 + g * 16)));
         for (int r = 0; r < MT; r++) {
             if (r >= rows) break;
-            const int32_t *xq = (const int32_t *)(X + (size_t)r * k + g * 32);
-            __m512i i0 = _mm512_setzero_si512(), i1 = _mm512_setzero_si512();
-            for (int j = 0; j < 8; j++) {
-                __m512i xb = _mm512_set1_epi32(xq[j]);
-                i0 = _mm512_dpbusd_epi32(i0, a[j], xb);
-                i1 = _mm512_dpbusd_epi32(i1, b[j], xb);
+            for (int pass = 0; pass < P; pass++) {
+                const int32_t *xq = (const int32_t *)(X + ((size_t)r * P + pass) * k + g * 32);
+                __m512i i0 = _mm512_setzero_si512(), i1 = _mm512_setzero_si512();
+                for (int j = 0; j < 8; j++) {
+                    __m512i xb = _mm512_set1_epi32(xq[j]);
+                    i0 = _mm512_dpbusd_epi32(i0, a[j], xb);
+                    i1 = _mm512_dpbusd_epi32(i1, b[j], xb);
+                }
+                __m512 dv = _mm512_set1_ps(dx[((size_t)r * P + pass) * G + g]);
+                acc0[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_mul_ps(s0, dv), acc0[r]);
+                acc1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_mul_ps(s1, dv), acc1[r]);
             }
-            __m512 dv = _mm512_set1_ps(dx[(size_t)r * G + g]), sv = _mm512_set1_ps(sx[(size_t)r * G + g]);
-            acc0[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_mul_ps(s0, dv), acc0[r]);
+            __m512 sv = _mm512_set1_ps(sx[(size_t)r * G + g]);
             acc0[r] = _mm512_fmadd_ps(z0, sv, acc0[r]);
-            acc1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_mul_ps(s1, dv), acc1[r]);
             acc1[r] = _mm512_fmadd_ps(z1, sv, acc1[r]);
         }
     }
@@ -156,26 +173,142 @@ static inline __attribute__((always_inline)) void tile(int rows, const uint8_t *
     }
 }
 
-/* y [m, n] float32 (row stride ldy) = x [m, k] @ W^T; q, d, sx: scratch of m*k int8 and 2 m k/32
- * floats. n a multiple of 32. */
-void q4_gemm(const uint8_t *W, const uint16_t *S, const uint16_t *Z, int n, int k,
-             const void *x, int bf16, int m, float *y, int ldy, int8_t *q, float *d, float *sx) {
+/* y [m, n] float32 (row stride ldy) = x [m, k] @ W^T, n a multiple of 32, activations in P = 1
+ * or 2 int8 passes. Returns -1 when the activations' scratch cannot be allocated. */
+int q4_gemm(const uint8_t *W, const uint16_t *S, const uint16_t *Z, int n, int k,
+            const void *x, int bf16, int m, float *y, int ldy, int P) {
     int G = k / 32, NT = n / 32, MB = (m + MT - 1) / MT;
-    quantize_rows(x, bf16, m, k, q, d, sx);
+    if (P != 1 && P != 2) return -1;
+    size_t nq = ((size_t)m * P * k + 63) / 64 * 64;
+    int8_t *q = malloc(nq + (size_t)m * G * (P + 1) * sizeof(float));
+    if (q == NULL) return -1;
+    float *d = (float *)(q + nq), *sx = d + (size_t)m * P * G;
+    quantize_rows(x, bf16, m, k, P, q, d, sx);
     #pragma omp parallel for schedule(static)
     for (int t = 0; t < NT; t++) {
         size_t b0 = (size_t)(2 * t) * G, b1 = b0 + G;
         for (int mb = 0; mb < MB; mb++) {
             int r0 = mb * MT, rows = m - r0 < MT ? m - r0 : MT;
-#define TILE(R) tile(R, W + b0 * 256, W + b1 * 256, S + b0 * 16, S + b1 * 16, Z + b0 * 16, Z + b1 * 16, G, \
-                           q + (size_t)r0 * k, d + (size_t)r0 * G, sx + (size_t)r0 * G, k, y + (size_t)r0 * ldy + 32 * t, ldy)
-            switch (rows) {  /* a row count known at compile time: the tile's registers unrolled */
-                case 4: TILE(4); break;
-                case 3: TILE(3); break;
-                case 2: TILE(2); break;
-                default: TILE(1); break;
+#define TILE(R, PP) tile(R, PP, W + b0 * 256, W + b1 * 256, S + b0 * 16, S + b1 * 16, Z + b0 * 16, Z + b1 * 16, G, \
+                         q + (size_t)r0 * PP * k, d + (size_t)r0 * PP * G, sx + (size_t)r0 * G, k,                 \
+                         y + (size_t)r0 * ldy + 32 * t, ldy)
+            if (P == 1) {
+                switch (rows) {  /* a row count known at compile time: the tile's registers unrolled */
+                    case 4: TILE(4, 1); break;
+                    case 3: TILE(3, 1); break;
+                    case 2: TILE(2, 1); break;
+                    default: TILE(1, 1); break;
+                }
+            } else {
+                switch (rows) {
+                    case 4: TILE(4, 2); break;
+                    case 3: TILE(3, 2); break;
+                    case 2: TILE(2, 2); break;
+                    default: TILE(1, 2); break;
+                }
             }
 #undef TILE
         }
     }
+    free(q);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- decode attention */
+
+/* e^x for x <= 0 (softmax arguments): 2^(x log2 e) = 2^n 2^f, |f| <= 1/2, 2^f by its Taylor
+ * series to degree 7 (relative error < 1e-8 before float rounding), 2^n by vscalefps. */
+static inline __m512 exp_neg(__m512 x) {
+    const __m512 log2e = _mm512_set1_ps(1.44269504088896341f), ln2 = _mm512_set1_ps(0.693147180559945309f);
+    __m512 t = _mm512_max_ps(_mm512_mul_ps(x, log2e), _mm512_set1_ps(-150.0f));
+    __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_mul_ps(_mm512_sub_ps(t, n), ln2);  /* e^f, |f| <= ln2 / 2 */
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+#define MAX_GROUP 16   /* query heads per kv head */
+#define MAX_HD 256
+
+/* One query row per sequence against its cached keys: q [B, n_head * hd] float32 (row stride
+ * ldq), a layer's cache kc, vc [n_slots, n_kv, n_ctx, hd] float32, row b attends keys 0..lens[b]-1
+ * of slot slots[b]; out [B, n_head * hd]. Query head h reads kv head h / (n_head / n_kv). Each
+ * (row, kv head) is one task whose arithmetic (keys in order) does not depend on the other rows.
+ * hd a multiple of 16, at most 256; n_head / n_kv at most 16. Returns -1 on bad sizes or no memory. */
+int attn_decode(const float *q, int ldq, const float *kc, const float *vc, int n_kv, int n_ctx, int hd,
+                int n_head, const int *slots, const int *lens, int B, float scale, float *out) {
+    int grp = n_head / n_kv, nv = hd / 16;
+    if (hd % 16 || hd > MAX_HD || grp > MAX_GROUP || grp * n_kv != n_head) return -1;
+    int maxlen = 0;
+    for (int b = 0; b < B; b++) maxlen = lens[b] > maxlen ? lens[b] : maxlen;
+    int fail = 0;
+    #pragma omp parallel
+    {
+        float *sc = malloc(sizeof(float) * (size_t)grp * ((maxlen + 15) / 16 * 16));
+        if (sc == NULL) {
+            #pragma omp atomic write
+            fail = 1;
+        }
+        #pragma omp for schedule(static)
+        for (int task = 0; task < B * n_kv; task++) {
+            if (sc == NULL) continue;
+            int b = task / n_kv, h = task % n_kv, L = lens[b];
+            const float *K = kc + (((size_t)slots[b] * n_kv + h) * n_ctx) * hd;
+            const float *V = vc + (((size_t)slots[b] * n_kv + h) * n_ctx) * hd;
+            const float *Q = q + (size_t)b * ldq + (size_t)h * grp * hd;
+            int Lp = (L + 15) / 16 * 16;
+            /* scores */
+            for (int l = 0; l < L; l++) {
+                __m512 kv[MAX_HD / 16];
+                for (int i = 0; i < nv; i++) kv[i] = _mm512_loadu_ps(K + (size_t)l * hd + 16 * i);
+                for (int j = 0; j < grp; j++) {
+                    __m512 acc = _mm512_mul_ps(kv[0], _mm512_loadu_ps(Q + j * hd));
+                    for (int i = 1; i < nv; i++) acc = _mm512_fmadd_ps(kv[i], _mm512_loadu_ps(Q + j * hd + 16 * i), acc);
+                    sc[(size_t)j * Lp + l] = _mm512_reduce_add_ps(acc) * scale;
+                }
+            }
+            /* softmax weights (unnormalised) and their sums */
+            float inv[MAX_GROUP];
+            for (int j = 0; j < grp; j++) {
+                float *s = sc + (size_t)j * Lp;
+                for (int l = L; l < Lp; l++) s[l] = -INFINITY;
+                __m512 mx = _mm512_set1_ps(-INFINITY);
+                for (int l = 0; l < Lp; l += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + l));
+                __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx)), sum = _mm512_setzero_ps();
+                for (int l = 0; l < Lp; l += 16) {
+                    __m512 e = exp_neg(_mm512_sub_ps(_mm512_loadu_ps(s + l), m));
+                    e = _mm512_mask_blend_ps((__mmask16)(l + 16 <= L ? 0xFFFF : (1u << (L - l)) - 1),
+                                             _mm512_setzero_ps(), e);
+                    _mm512_storeu_ps(s + l, e);
+                    sum = _mm512_add_ps(sum, e);
+                }
+                inv[j] = 1.0f / _mm512_reduce_add_ps(sum);
+            }
+            /* weighted values */
+            __m512 acc[MAX_GROUP][MAX_HD / 16];
+            for (int j = 0; j < grp; j++)
+                for (int i = 0; i < nv; i++) acc[j][i] = _mm512_setzero_ps();
+            for (int l = 0; l < L; l++) {
+                __m512 vv[MAX_HD / 16];
+                for (int i = 0; i < nv; i++) vv[i] = _mm512_loadu_ps(V + (size_t)l * hd + 16 * i);
+                for (int j = 0; j < grp; j++) {
+                    __m512 p = _mm512_set1_ps(sc[(size_t)j * Lp + l]);
+                    for (int i = 0; i < nv; i++) acc[j][i] = _mm512_fmadd_ps(p, vv[i], acc[j][i]);
+                }
+            }
+            float *O = out + (size_t)b * n_head * hd + (size_t)h * grp * hd;
+            for (int j = 0; j < grp; j++)
+                for (int i = 0; i < nv; i++)
+                    _mm512_storeu_ps(O + j * hd + 16 * i, _mm512_mul_ps(acc[j][i], _mm512_set1_ps(inv[j])));
+        }
+        free(sc);
+    }
+    return fail ? -1 : 0;
 }
