@@ -65,8 +65,9 @@ def dense_f32(reader: GGUFReader, info: TensorInfo) -> torch.Tensor:
     return decode_rows(raw_rows(reader, info), info.ggml_type, info.torch_shape[-1]).view(info.torch_shape)
 
 
-VNNI_KERNEL = "cpu_q4_vnni"
-VNNI_DECODE = "cpu_q4_vnni2"  # the same weights, activations in two int8 passes: decode rows
+# the C kernels (contracts/cpu_vnni.fkc.md): prompt chunks -> decode rows (the same weights,
+# activations in two int8 passes)
+VNNI_DECODE = {"cpu_q4_vnni": "cpu_q4_vnni2", "cpu_q8_vnni": "cpu_q8_vnni2"}
 
 
 def pick_kernel(qtype: GGMLType, n: int, k: int, rows: int = 1, decode: bool = False) -> Candidate:
@@ -78,10 +79,11 @@ def pick_kernel(qtype: GGMLType, n: int, k: int, rows: int = 1, decode: bool = F
                               {"x": (rows, k), "w": (n, k // info.block_elems * info.block_bytes)},
                               {"n": n, "k": k, "qtype": qtype}, "CPU")
     if not cpu_vnni.available():  # the VNNI kernels need the CPU's instructions and a C compiler
-        ok = [c for c in ok if c.kernel.name not in (VNNI_KERNEL, VNNI_DECODE)]
+        ok = [c for c in ok if c.kernel.contract.kernel_source != "c"]
     # decode rows take the two-pass variant (memory-bound: its second pass is free), prompt chunks the
     # one-pass one (the cheaper by the contracts' costs); both read the same prepared weights
-    ok = [c for c in ok if c.kernel.name != (VNNI_KERNEL if decode else VNNI_DECODE)]
+    skip = set(VNNI_DECODE) if decode else set(VNNI_DECODE.values())
+    ok = [c for c in ok if c.kernel.name not in skip]
     if not ok:
         raise NoKernelError(f"cpu backend: no kernel contract multiplies by a {qtype.name} [{n}, {k}] weight; "
                             f"nearest: " + "; ".join(f"{r.name}: {', '.join(why)}" for r, why in rejected[:3]))
@@ -91,8 +93,8 @@ def pick_kernel(qtype: GGMLType, n: int, k: int, rows: int = 1, decode: bool = F
 def prepared_bytes(info: TensorInfo) -> int:
     """Memory a matrix of this tensor takes once prepared (before preparing it)."""
     n, k = info.torch_shape
-    if pick_kernel(info.ggml_type, n, k).kernel.name == VNNI_KERNEL:
-        return cpu_vnni.packed_bytes(n, k)
+    if pick_kernel(info.ggml_type, n, k).kernel.name in VNNI_DECODE:
+        return cpu_vnni.packed_bytes(n, k, info.ggml_type)
     if info.ggml_type in INT4_TYPES:
         return packed_bytes(n, k, info.ggml_type)
     return n * k * (4 if info.ggml_type == GGMLType.F16 else info.nbytes // (n * k))
@@ -132,7 +134,7 @@ class Matrix:
         self.nbytes = sum(fn.nbytes for _, fn in self._runs)
 
     def _prepare(self, reader: GGUFReader, infos: list[TensorInfo]) -> tuple[str, object]:
-        if pick_kernel(infos[0].ggml_type, *infos[0].torch_shape).kernel.name == VNNI_KERNEL:
+        if pick_kernel(infos[0].ggml_type, *infos[0].torch_shape).kernel.name in VNNI_DECODE:
             mm = cpu_vnni.Q4Vnni([(raw_rows(reader, i), i.ggml_type, *i.torch_shape) for i in infos])
             for i in infos:
                 reader.release(i.name)

@@ -28,7 +28,8 @@ SOURCE = Path(__file__).parent / "csrc" / "q4_vnni.c"
 REVISION_SOURCES = (SOURCE,)  # the contract's revision hash covers the C file
 FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma", "-fopenmp",
          "-shared", "-fPIC"]
-TYPES = {GGMLType.Q4_0: 2, GGMLType.Q4_1: 3, GGMLType.Q4_K: 12}  # ggml type ids the packer reads
+TYPES = {GGMLType.Q4_0: 2, GGMLType.Q4_1: 3, GGMLType.Q4_K: 12}  # ggml type ids the packer reads: 4-bit codes
+TYPES8 = {GGMLType.Q8_0}  # 8-bit codes (q + 128, zero -128 d)
 COLS = 32  # output columns are padded to a multiple of this (the kernel's tile)
 
 
@@ -70,7 +71,9 @@ def _library() -> ctypes.CDLL | None:
     p, i = ctypes.c_void_p, ctypes.c_int
     so.q4_pack.argtypes = [p, i, i, i, i, p, p, p]
     so.q4_pack.restype = i
-    so.q4_gemm.argtypes = [p, p, p, i, i, p, i, i, p, i, i]
+    so.q8_pack.argtypes = [p, i, i, i, p, p, p]
+    so.q8_pack.restype = i
+    so.q4_gemm.argtypes = [p, p, p, i, i, p, i, i, p, i, i, i]
     so.q4_gemm.restype = i
     so.attn_decode.argtypes = [p, i, p, p, i, i, i, i, p, p, i, ctypes.c_float, p]
     so.attn_decode.restype = i
@@ -86,9 +89,10 @@ def _ptr(t: torch.Tensor) -> int:
 
 
 class Q4Vnni:
-    """One 4-bit weight [n, k] (or stacked weights) in the VNNI layout, prepared once at load:
-    codes uint8 [n'/16, k/32, 256] and float16 scale, zero [n'/16, k/32, 16], n' = n rounded up
-    to 32 (zero columns). `__call__(x)` is y = x @ W^T, float32 [m, n]."""
+    """One weight [n, k] (or stacked weights of one code width) in the VNNI layout, prepared once
+    at load: codes uint8 [n'/16, k/32, 256] (4-bit types: two codes a byte) or [n'/16, k/32, 512]
+    (Q8_0: one byte each, q + 128) and float16 scale, zero [n'/16, k/32, 16], n' = n rounded up to
+    32 (zero columns). `__call__(x)` is y = x @ W^T, float32 [m, n]."""
 
     def __init__(self, parts: list[tuple[torch.Tensor, GGMLType, int, int]]):
         """parts: (raw rows uint8 [n_i, row_bytes], type, n_i, k) stacked in this order."""
@@ -98,19 +102,24 @@ class Q4Vnni:
         k = parts[0][3]
         if k % 32 or any(p[3] != k for p in parts):
             raise UnsupportedError(f"q4_vnni: k must be one multiple of 32 for every part, got {[p[3] for p in parts]}")
+        widths = {8 if p[1] in TYPES8 else 4 if p[1] in TYPES else 0 for p in parts}
+        if len(widths) != 1 or 0 in widths:
+            raise UnsupportedError(f"q4_vnni: {', '.join(p[1].name for p in parts)}: the parts must all be 4-bit "
+                                   f"({', '.join(t.name for t in TYPES)}) or all Q8_0")
+        self.bits = widths.pop()
         self.n, self.k = sum(p[2] for p in parts), k
         n_pad = self.n + -self.n % COLS
         g = k // 32
-        self.w = torch.zeros(n_pad // 16, g, 256, dtype=torch.uint8)
+        self.w = torch.zeros(n_pad // 16, g, 64 * self.bits, dtype=torch.uint8)  # 16 columns x 32 codes
         self.s = torch.zeros(n_pad // 16, g, 16, dtype=torch.float16)
         self.z = torch.zeros(n_pad // 16, g, 16, dtype=torch.float16)
         at = 0
         for rows, qtype, n, _ in parts:
-            if qtype not in TYPES:
-                raise UnsupportedError(f"q4_vnni: {qtype.name} is not a 4-bit type "
-                                       f"({', '.join(t.name for t in TYPES)})")
             rows = rows.contiguous()
-            if so.q4_pack(_ptr(rows), TYPES[qtype], n, k, at, _ptr(self.w), _ptr(self.s), _ptr(self.z)) != 0:
+            ptrs = (_ptr(self.w), _ptr(self.s), _ptr(self.z))
+            done = (so.q8_pack(_ptr(rows), n, k, at, *ptrs) if self.bits == 8
+                    else so.q4_pack(_ptr(rows), TYPES[qtype], n, k, at, *ptrs))
+            if done != 0:
                 raise UnsupportedError(f"q4_vnni: cannot pack {qtype.name}")
             at += n
         self.n_pad = n_pad
@@ -128,29 +137,32 @@ class Q4Vnni:
             x = x.contiguous()
         m = x.shape[0]
         y = torch.empty(m, self.n_pad)
-        if self._gemm(*self._ptrs, x.data_ptr(), x.dtype == torch.bfloat16, m, y.data_ptr(), self.n_pad, passes):
+        if self._gemm(*self._ptrs, x.data_ptr(), x.dtype == torch.bfloat16, m, y.data_ptr(), self.n_pad, passes,
+                      self.bits):
             raise MemoryError(f"q4_vnni: no memory for {m} x {self.k} quantized activations")
         return y if self.n_pad == self.n else y[:, :self.n]
 
 
-def packed_bytes(n: int, k: int) -> int:
-    """Bytes of a Q4Vnni weight [n, k]: half a byte per code and two float16 per group of 32."""
+def packed_bytes(n: int, k: int, qtype: GGMLType = GGMLType.Q4_0) -> int:
+    """Bytes of a Q4Vnni weight [n, k]: half a byte per code (a byte for Q8_0) and two float16
+    per group of 32."""
     n_pad = n + -n % COLS
-    return n_pad * k // 2 + n_pad * (k // 32) * 4
+    return n_pad * k // (1 if qtype in TYPES8 else 2) + n_pad * (k // 32) * 4
 
 
 # ---- the launchers the kernel contract binds (minfer/kernels/contracts/cpu_matmul.fkc.md) ----
 
 
 def q4_vnni_weight(w: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str) -> Q4Vnni:
-    """Load layout: a Q4_0 / Q4_1 / Q4_K weight's raw bytes -> its VNNI form."""
+    """Load layout: a Q4_0 / Q4_1 / Q4_K / Q8_0 weight's raw bytes -> its VNNI form."""
     if isinstance(w, Q4Vnni):
         return w
     from .cpu_matmul import _qinfo
 
     info = _qinfo(qtype)
-    if info.type not in TYPES:
-        raise UnsupportedError(f"q4_vnni_weight: {info.name} is not a 4-bit type ({', '.join(t.name for t in TYPES)})")
+    if info.type not in TYPES and info.type not in TYPES8:
+        raise UnsupportedError(f"q4_vnni_weight: {info.name} is not one of "
+                               f"{', '.join(t.name for t in (*TYPES, *TYPES8))}")
     if k % info.block_elems or w.dtype != torch.uint8 or w.numel() != info.nbytes(n * k):
         raise UnsupportedError(f"q4_vnni_weight: expected the uint8 bytes of a [{n}, {k}] {info.name} weight "
                                f"(k a multiple of {info.block_elems}), got {w.dtype} x {w.numel()}")

@@ -76,10 +76,12 @@ def test_every_cpu_matmul_resolves_to_a_cpu_contract(headers, preset, quant, cap
     assert one and all(math.isfinite(r["cost_ns"]) and r["cost_ns"] > 0 for r in one + chunk)
     pair32, pair16 = "cpu_int4pack_mm_pair32", "cpu_int4pack_mm_pair16"
     q4 = "cpu_q4_vnni" if cpu_vnni.available() else "cpu_int4pack_mm"
-    # decode rows and prompt chunks share each weight's kernel, but for the VNNI one's two-pass decode variant
-    assert [r["kernel"].replace("cpu_q4_vnni2", "cpu_q4_vnni") for r in one] == [r["kernel"] for r in chunk]
-    assert ("cpu_q4_vnni2" in {r["kernel"] for r in one}) == ("cpu_q4_vnni" in {r["kernel"] for r in chunk})
-    want = {"q4_0": q4, "q4_1": q4, "q4_k": q4, "q4_k_m": q4, "q8_0": pair32, "q5_k_m": pair32, "q5_0": pair32,
+    q8 = "cpu_q8_vnni" if cpu_vnni.available() else pair32
+    # decode rows and prompt chunks share each weight's kernel, but for the VNNI ones' two-pass decode variants
+    decode = [r["kernel"] for r in one]
+    assert [k.replace("_vnni2", "_vnni") for k in decode] == [r["kernel"] for r in chunk]
+    assert all("_vnni" not in k or k.endswith("_vnni2") for ks in decode for k in ks.split("+"))
+    want = {"q4_0": q4, "q4_1": q4, "q4_k": q4, "q4_k_m": q4, "q8_0": q8, "q5_k_m": pair32, "q5_0": pair32,
             "q5_1": pair32,
             "q6_k": pair16, "q3_k": pair16, "q2_k": pair16, "f32": "cpu_linear_f32"}[quant]
     assert want in {r["kernel"] for r in chunk}

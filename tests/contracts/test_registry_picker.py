@@ -87,6 +87,8 @@ LAUNCHERS = {
     "cpu_linear_bf16": cpu_matmul.linear,
     "cpu_q4_vnni": cpu_vnni.q4_vnni_mm,
     "cpu_q4_vnni2": cpu_vnni.q4_vnni2_mm,
+    "cpu_q8_vnni": cpu_vnni.q4_vnni_mm,
+    "cpu_q8_vnni2": cpu_vnni.q4_vnni2_mm,
 }
 
 

@@ -19,7 +19,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b).norm() / b.norm())
 
 
-@pytest.mark.parametrize("qtype", [GGMLType.Q4_0, GGMLType.Q4_1])
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0])
 def test_matmul_matches_float64_and_rows_are_independent(qtype):
     gen = torch.Generator().manual_seed(7)
     n, k = 40, 1024  # 40: not a multiple of the 32-column tile (padded, sliced off)

@@ -43,6 +43,27 @@ static void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
     else { *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4); *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4); }
 }
 
+/* Q8_0 (qtype 8): 8-bit codes u = q + 128, S = d, Z = -128 d. Layout W [n/16][k/32][512]: byte
+ * 4*col + t of chunk j (64 bytes) is the code of (col, k = 4j + t). S, Z as for the 4-bit types. */
+int q8_pack(const uint8_t *rows, int n_rows, int k, int col0, uint8_t *W, uint16_t *S, uint16_t *Z) {
+    int G = k / 32;
+    for (int i = 0; i < n_rows; i++) {
+        int col = col0 + i, blk = col / 16, c = col % 16;
+        const uint8_t *r = rows + (size_t)i * G * 34;
+        for (int g = 0; g < G; g++) {
+            const uint8_t *b = r + (size_t)g * 34;
+            size_t off = (size_t)blk * G + g;
+            uint8_t *Wb = W + off * 512;
+            for (int j = 0; j < 8; j++)
+                for (int t = 0; t < 4; t++) Wb[64 * j + 4 * c + t] = (uint8_t)((int)(int8_t)b[2 + 4 * j + t] + 128);
+            float d = f16(b);
+            S[off * 16 + c] = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+            Z[off * 16 + c] = _cvtss_sh(-128.0f * d, _MM_FROUND_TO_NEAREST_INT);
+        }
+    }
+    return 0;
+}
+
 /* rows [n_rows, row_bytes] of a Q4_0 (qtype 2), Q4_1 (3) or Q4_K (12) weight -> W, S, Z for
  * columns col0 .. col0 + n_rows (col0 and the layout's n: multiples of 16). */
 int q4_pack(const uint8_t *rows, int qtype, int n_rows, int k, int col0, uint8_t *W, uint16_t *S, uint16_t *Z) {
@@ -127,7 +148,7 @@ static void quantize_rows(const void *x, int bf16, int m, int k, int P, int8_t *
 #define MT 4
 
 /* rows (<= MT) x 32 columns; X: the rows' quantized activations, P passes of k bytes per row */
-static inline __attribute__((always_inline)) void tile(int rows, int P, const uint8_t *W0, const uint8_t *W1,
+static inline __attribute__((always_inline)) void tile(int rows, int P, int B8, const uint8_t *W0, const uint8_t *W1,
         const uint16_t *S0, const uint16_t *S1, const uint16_t *Z0, const uint16_t *Z1, int G,
         const int8_t *X, const float *dx, const float *sx, int k, float *Y, int ldy) {
     __m512 acc0[MT], acc1[MT];
@@ -135,13 +156,21 @@ static inline __attribute__((always_inline)) void tile(int rows, int P, const ui
     const __m512i mask = _mm512_set1_epi8(0x0F);
     for (int g = 0; g < G; g++) {
         __m512i a[8], b[8];
-        const uint8_t *p0 = W0 + (size_t)g * 256, *p1 = W1 + (size_t)g * 256;
-        for (int c = 0; c < 4; c++) {
-            __m512i r0 = _mm512_loadu_si512(p0 + 64 * c), r1 = _mm512_loadu_si512(p1 + 64 * c);
-            a[2 * c] = _mm512_and_si512(r0, mask);
-            a[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(r0, 4), mask);
-            b[2 * c] = _mm512_and_si512(r1, mask);
-            b[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(r1, 4), mask);
+        if (B8) {  /* 8-bit codes: the registers as stored */
+            const uint8_t *p0 = W0 + (size_t)g * 512, *p1 = W1 + (size_t)g * 512;
+            for (int c = 0; c < 8; c++) {
+                a[c] = _mm512_loadu_si512(p0 + 64 * c);
+                b[c] = _mm512_loadu_si512(p1 + 64 * c);
+            }
+        } else {
+            const uint8_t *p0 = W0 + (size_t)g * 256, *p1 = W1 + (size_t)g * 256;
+            for (int c = 0; c < 4; c++) {
+                __m512i r0 = _mm512_loadu_si512(p0 + 64 * c), r1 = _mm512_loadu_si512(p1 + 64 * c);
+                a[2 * c] = _mm512_and_si512(r0, mask);
+                a[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(r0, 4), mask);
+                b[2 * c] = _mm512_and_si512(r1, mask);
+                b[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(r1, 4), mask);
+            }
         }
         __m512 s0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S0 + g * 16)));
         __m512 s1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S1 + g * 16)));
@@ -176,9 +205,10 @@ static inline __attribute__((always_inline)) void tile(int rows, int P, const ui
 /* y [m, n] float32 (row stride ldy) = x [m, k] @ W^T, n a multiple of 32, activations in P = 1
  * or 2 int8 passes. Returns -1 when the activations' scratch cannot be allocated. */
 int q4_gemm(const uint8_t *W, const uint16_t *S, const uint16_t *Z, int n, int k,
-            const void *x, int bf16, int m, float *y, int ldy, int P) {
+            const void *x, int bf16, int m, float *y, int ldy, int P, int bits) {
     int G = k / 32, NT = n / 32, MB = (m + MT - 1) / MT;
-    if (P != 1 && P != 2) return -1;
+    size_t gb = bits == 8 ? 512 : 256;  /* bytes of codes per block of 16 columns and group */
+    if ((P != 1 && P != 2) || (bits != 4 && bits != 8)) return -1;
     size_t nq = ((size_t)m * P * k + 63) / 64 * 64;
     int8_t *q = malloc(nq + (size_t)m * G * (P + 1) * sizeof(float));
     if (q == NULL) return -1;
@@ -189,24 +219,21 @@ int q4_gemm(const uint8_t *W, const uint16_t *S, const uint16_t *Z, int n, int k
         size_t b0 = (size_t)(2 * t) * G, b1 = b0 + G;
         for (int mb = 0; mb < MB; mb++) {
             int r0 = mb * MT, rows = m - r0 < MT ? m - r0 : MT;
-#define TILE(R, PP) tile(R, PP, W + b0 * 256, W + b1 * 256, S + b0 * 16, S + b1 * 16, Z + b0 * 16, Z + b1 * 16, G, \
-                         q + (size_t)r0 * PP * k, d + (size_t)r0 * PP * G, sx + (size_t)r0 * G, k,                 \
-                         y + (size_t)r0 * ldy + 32 * t, ldy)
-            if (P == 1) {
-                switch (rows) {  /* a row count known at compile time: the tile's registers unrolled */
-                    case 4: TILE(4, 1); break;
-                    case 3: TILE(3, 1); break;
-                    case 2: TILE(2, 1); break;
-                    default: TILE(1, 1); break;
-                }
-            } else {
-                switch (rows) {
-                    case 4: TILE(4, 2); break;
-                    case 3: TILE(3, 2); break;
-                    case 2: TILE(2, 2); break;
-                    default: TILE(1, 2); break;
-                }
+#define TILE(R, PP, B8) tile(R, PP, B8, W + b0 * gb, W + b1 * gb, S + b0 * 16, S + b1 * 16, Z + b0 * 16, Z + b1 * 16, \
+                             G, q + (size_t)r0 * PP * k, d + (size_t)r0 * PP * G, sx + (size_t)r0 * G, k,         \
+                             y + (size_t)r0 * ldy + 32 * t, ldy)
+#define ROWS(PP, B8) switch (rows) {  /* a row count known at compile time: the tile's registers unrolled */ \
+                case 4: TILE(4, PP, B8); break;                                                              \
+                case 3: TILE(3, PP, B8); break;                                                              \
+                case 2: TILE(2, PP, B8); break;                                                              \
+                default: TILE(1, PP, B8); break;                                                             \
             }
+            if (bits == 4) {
+                if (P == 1) { ROWS(1, 0) } else { ROWS(2, 0) }
+            } else {
+                if (P == 1) { ROWS(1, 1) } else { ROWS(2, 1) }
+            }
+#undef ROWS
 #undef TILE
         }
     }
