@@ -11,6 +11,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..kernels import cpu_vnni
+
 
 class RMSNorm:
     """x / sqrt(mean(x^2) + eps) * w over the last dimension of [T, d].
@@ -23,8 +25,13 @@ class RMSNorm:
         self.w = w
         self.eps = float(eps)
         self.dtype = dtype  # of the result: bfloat16 when the only consumers are int4 matmuls
+        # float32 results of a width the C kernel takes run there, where it is available
+        self.c = dtype == torch.float32 and w.dtype == torch.float32 and cpu_vnni.available() and \
+            cpu_vnni.norm_fits(torch.float32, w.shape[0]) and w.is_contiguous()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.c and x.dtype == torch.float32 and x.dim() == 2:  # the C kernel: one call
+            return cpu_vnni.rms_norm(x, self.w, self.eps)
         r = (x * x).mean(-1, keepdim=True).add_(self.eps).rsqrt_().mul(x)
         if self.dtype == r.dtype:
             return r.mul_(self.w)

@@ -77,6 +77,8 @@ def _library() -> ctypes.CDLL | None:
     so.q4_gemm.restype = i
     so.attn_decode.argtypes = [p, i, p, p, i, i, i, i, p, p, i, ctypes.c_float, p]
     so.attn_decode.restype = i
+    so.rms_norm.argtypes = [p, i, i, p, ctypes.c_float, p]
+    so.rms_norm.restype = None
     return so
 
 
@@ -216,3 +218,18 @@ def q4_vnni2_mm(x: torch.Tensor, w, n: int, k: int, qtype: GGMLType | int | str,
                 out: torch.Tensor | None = None) -> torch.Tensor:
     """q4_vnni_mm with the activations in two int8 passes (cpu_q4_vnni2: decode rows)."""
     return q4_vnni_mm(x, w, n, k, qtype, out, passes=2)
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) * w over the rows of a float32 [m, d] (csrc/q4_vnni.c rms_norm;
+    d a multiple of 16, `norm_fits`): one call, each row on its own."""
+    if not x.is_contiguous():
+        x = x.contiguous()
+    m, d = x.shape
+    y = torch.empty(m, d)
+    _library().rms_norm(x.data_ptr(), m, d, w.data_ptr(), eps, y.data_ptr())
+    return y
+
+
+def norm_fits(x_dtype: torch.dtype, d: int) -> bool:
+    return x_dtype == torch.float32 and d % 16 == 0

@@ -263,79 +263,133 @@ static inline __m512 exp_neg(__m512 x) {
 
 #define MAX_GROUP 16   /* query heads per kv head */
 #define MAX_HD 256
+#define CHUNK 128      /* keys per task: a row's keys split by its own length only */
+
+/* keys [l0, l1) of one (row, kv head) for its grp query heads: unnormalised weighted values
+ * o [grp][hd], the max m [grp] and sum s [grp] of the scores' exponentials */
+static void attn_part(const float *Q, const float *K, const float *V, int l0, int l1, int hd, int grp,
+                      float scale, float *sc, float *o, float *mx_out, float *sum_out) {
+    int nv = hd / 16, L = l1 - l0, Lp = (L + 15) / 16 * 16;
+    for (int l = 0; l < L; l++) {
+        __m512 kv[MAX_HD / 16];
+        for (int i = 0; i < nv; i++) kv[i] = _mm512_loadu_ps(K + (size_t)(l0 + l) * hd + 16 * i);
+        for (int j = 0; j < grp; j++) {
+            __m512 acc = _mm512_mul_ps(kv[0], _mm512_loadu_ps(Q + j * hd));
+            for (int i = 1; i < nv; i++) acc = _mm512_fmadd_ps(kv[i], _mm512_loadu_ps(Q + j * hd + 16 * i), acc);
+            sc[(size_t)j * Lp + l] = _mm512_reduce_add_ps(acc) * scale;
+        }
+    }
+    for (int j = 0; j < grp; j++) {
+        float *s = sc + (size_t)j * Lp;
+        for (int l = L; l < Lp; l++) s[l] = -INFINITY;
+        __m512 mx = _mm512_set1_ps(-INFINITY);
+        for (int l = 0; l < Lp; l += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + l));
+        float m = _mm512_reduce_max_ps(mx);
+        __m512 mv = _mm512_set1_ps(m), sum = _mm512_setzero_ps();
+        for (int l = 0; l < Lp; l += 16) {
+            __m512 e = exp_neg(_mm512_sub_ps(_mm512_loadu_ps(s + l), mv));
+            e = _mm512_mask_blend_ps((__mmask16)(l + 16 <= L ? 0xFFFF : (1u << (L - l)) - 1), _mm512_setzero_ps(), e);
+            _mm512_storeu_ps(s + l, e);
+            sum = _mm512_add_ps(sum, e);
+        }
+        mx_out[j] = m;
+        sum_out[j] = _mm512_reduce_add_ps(sum);
+    }
+    __m512 acc[MAX_GROUP][MAX_HD / 16];
+    for (int j = 0; j < grp; j++)
+        for (int i = 0; i < nv; i++) acc[j][i] = _mm512_setzero_ps();
+    for (int l = 0; l < L; l++) {
+        __m512 vv[MAX_HD / 16];
+        for (int i = 0; i < nv; i++) vv[i] = _mm512_loadu_ps(V + (size_t)(l0 + l) * hd + 16 * i);
+        for (int j = 0; j < grp; j++) {
+            __m512 p = _mm512_set1_ps(sc[(size_t)j * Lp + l]);
+            for (int i = 0; i < nv; i++) acc[j][i] = _mm512_fmadd_ps(p, vv[i], acc[j][i]);
+        }
+    }
+    for (int j = 0; j < grp; j++)
+        for (int i = 0; i < nv; i++) _mm512_storeu_ps(o + j * hd + 16 * i, acc[j][i]);
+}
 
 /* One query row per sequence against its cached keys: q [B, n_head * hd] float32 (row stride
  * ldq), a layer's cache kc, vc [n_slots, n_kv, n_ctx, hd] float32, row b attends keys 0..lens[b]-1
- * of slot slots[b]; out [B, n_head * hd]. Query head h reads kv head h / (n_head / n_kv). Each
- * (row, kv head) is one task whose arithmetic (keys in order) does not depend on the other rows.
+ * of slot slots[b]; out [B, n_head * hd]. Query head h reads kv head h / (n_head / n_kv). Tasks:
+ * (row, kv head, chunk of CHUNK keys), merged per (row, kv head) in chunk order: the split depends
+ * on the row's own length only, so a row's arithmetic does not depend on the other rows.
  * hd a multiple of 16, at most 256; n_head / n_kv at most 16. Returns -1 on bad sizes or no memory. */
 int attn_decode(const float *q, int ldq, const float *kc, const float *vc, int n_kv, int n_ctx, int hd,
                 int n_head, const int *slots, const int *lens, int B, float scale, float *out) {
-    int grp = n_head / n_kv, nv = hd / 16;
-    if (hd % 16 || hd > MAX_HD || grp > MAX_GROUP || grp * n_kv != n_head) return -1;
-    int maxlen = 0;
-    for (int b = 0; b < B; b++) maxlen = lens[b] > maxlen ? lens[b] : maxlen;
+    int grp = n_head / n_kv;
+    if (hd % 16 || hd > MAX_HD || grp > MAX_GROUP || grp * n_kv != n_head || B < 1) return -1;
+    int *first = malloc(sizeof(int) * (B + 1));  /* first task of row b */
+    if (first == NULL) return -1;
+    first[0] = 0;
+    for (int b = 0; b < B; b++) first[b + 1] = first[b] + n_kv * ((lens[b] + CHUNK - 1) / CHUNK);
+    int T = first[B], per = grp * (hd + 2);
+    float *part = malloc(sizeof(float) * (size_t)T * per);
+    if (part == NULL) { free(first); return -1; }
     int fail = 0;
     #pragma omp parallel
     {
-        float *sc = malloc(sizeof(float) * (size_t)grp * ((maxlen + 15) / 16 * 16));
+        float *sc = malloc(sizeof(float) * (size_t)grp * CHUNK);
         if (sc == NULL) {
             #pragma omp atomic write
             fail = 1;
         }
         #pragma omp for schedule(static)
-        for (int task = 0; task < B * n_kv; task++) {
+        for (int t = 0; t < T; t++) {
             if (sc == NULL) continue;
-            int b = task / n_kv, h = task % n_kv, L = lens[b];
-            const float *K = kc + (((size_t)slots[b] * n_kv + h) * n_ctx) * hd;
-            const float *V = vc + (((size_t)slots[b] * n_kv + h) * n_ctx) * hd;
-            const float *Q = q + (size_t)b * ldq + (size_t)h * grp * hd;
-            int Lp = (L + 15) / 16 * 16;
-            /* scores */
-            for (int l = 0; l < L; l++) {
-                __m512 kv[MAX_HD / 16];
-                for (int i = 0; i < nv; i++) kv[i] = _mm512_loadu_ps(K + (size_t)l * hd + 16 * i);
-                for (int j = 0; j < grp; j++) {
-                    __m512 acc = _mm512_mul_ps(kv[0], _mm512_loadu_ps(Q + j * hd));
-                    for (int i = 1; i < nv; i++) acc = _mm512_fmadd_ps(kv[i], _mm512_loadu_ps(Q + j * hd + 16 * i), acc);
-                    sc[(size_t)j * Lp + l] = _mm512_reduce_add_ps(acc) * scale;
-                }
-            }
-            /* softmax weights (unnormalised) and their sums */
-            float inv[MAX_GROUP];
-            for (int j = 0; j < grp; j++) {
-                float *s = sc + (size_t)j * Lp;
-                for (int l = L; l < Lp; l++) s[l] = -INFINITY;
-                __m512 mx = _mm512_set1_ps(-INFINITY);
-                for (int l = 0; l < Lp; l += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + l));
-                __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx)), sum = _mm512_setzero_ps();
-                for (int l = 0; l < Lp; l += 16) {
-                    __m512 e = exp_neg(_mm512_sub_ps(_mm512_loadu_ps(s + l), m));
-                    e = _mm512_mask_blend_ps((__mmask16)(l + 16 <= L ? 0xFFFF : (1u << (L - l)) - 1),
-                                             _mm512_setzero_ps(), e);
-                    _mm512_storeu_ps(s + l, e);
-                    sum = _mm512_add_ps(sum, e);
-                }
-                inv[j] = 1.0f / _mm512_reduce_add_ps(sum);
-            }
-            /* weighted values */
-            __m512 acc[MAX_GROUP][MAX_HD / 16];
-            for (int j = 0; j < grp; j++)
-                for (int i = 0; i < nv; i++) acc[j][i] = _mm512_setzero_ps();
-            for (int l = 0; l < L; l++) {
-                __m512 vv[MAX_HD / 16];
-                for (int i = 0; i < nv; i++) vv[i] = _mm512_loadu_ps(V + (size_t)l * hd + 16 * i);
-                for (int j = 0; j < grp; j++) {
-                    __m512 p = _mm512_set1_ps(sc[(size_t)j * Lp + l]);
-                    for (int i = 0; i < nv; i++) acc[j][i] = _mm512_fmadd_ps(p, vv[i], acc[j][i]);
-                }
-            }
+            int b = 0;
+            while (first[b + 1] <= t) b++;
+            int chunks = (first[b + 1] - first[b]) / n_kv, h = (t - first[b]) / chunks, c = (t - first[b]) % chunks;
+            int l0 = c * CHUNK, l1 = l0 + CHUNK < lens[b] ? l0 + CHUNK : lens[b];
+            size_t base = ((size_t)slots[b] * n_kv + h) * n_ctx * hd;
+            float *pt = part + (size_t)t * per;
+            attn_part(q + (size_t)b * ldq + (size_t)h * grp * hd, kc + base, vc + base, l0, l1, hd, grp, scale,
+                      sc, pt, pt + grp * hd, pt + grp * hd + grp);
+        }
+        #pragma omp for schedule(static)
+        for (int bh = 0; bh < B * n_kv; bh++) {
+            int b = bh / n_kv, h = bh % n_kv, chunks = (first[b + 1] - first[b]) / n_kv;
+            const float *p0 = part + (size_t)(first[b] + h * chunks) * per;
             float *O = out + (size_t)b * n_head * hd + (size_t)h * grp * hd;
-            for (int j = 0; j < grp; j++)
-                for (int i = 0; i < nv; i++)
-                    _mm512_storeu_ps(O + j * hd + 16 * i, _mm512_mul_ps(acc[j][i], _mm512_set1_ps(inv[j])));
+            for (int j = 0; j < grp; j++) {
+                float M = -INFINITY;
+                for (int c = 0; c < chunks; c++) M = fmaxf(M, p0[(size_t)c * per + grp * hd + j]);
+                float S = 0.0f;
+                for (int i = 0; i < hd; i++) O[j * hd + i] = 0.0f;
+                for (int c = 0; c < chunks; c++) {
+                    const float *pc = p0 + (size_t)c * per;
+                    float f = chunks == 1 ? 1.0f : expf(pc[grp * hd + j] - M);
+                    S += f * pc[grp * hd + grp + j];
+                    for (int i = 0; i < hd; i++) O[j * hd + i] += f * pc[j * hd + i];
+                }
+                float inv = 1.0f / S;
+                for (int i = 0; i < hd; i++) O[j * hd + i] *= inv;
+            }
         }
         free(sc);
     }
+    free(part);
+    free(first);
     return fail ? -1 : 0;
+}
+
+/* ---------------------------------------------------------------- RMSNorm */
+
+/* y [m, d] = x / sqrt(mean(x^2) + eps) * w per row (float32, contiguous, d a multiple of 16):
+ * each row's sum of squares in 16 lanes, then the lanes in a fixed order. */
+void rms_norm(const float *x, int m, int d, const float *w, float eps, float *y) {
+    for (int r = 0; r < m; r++) {
+        const float *xr = x + (size_t)r * d;
+        float *yr = y + (size_t)r * d;
+        __m512 acc = _mm512_setzero_ps();
+        for (int i = 0; i < d; i += 16) {
+            __m512 v = _mm512_loadu_ps(xr + i);
+            acc = _mm512_fmadd_ps(v, v, acc);
+        }
+        float inv = 1.0f / sqrtf(_mm512_reduce_add_ps(acc) / (float)d + eps);
+        __m512 s = _mm512_set1_ps(inv);
+        for (int i = 0; i < d; i += 16)
+            _mm512_storeu_ps(yr + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(xr + i), s), _mm512_loadu_ps(w + i)));
+    }
 }
