@@ -109,7 +109,9 @@ def plan_rows(graph: Graph, reader: GGUFReader, rows: int = 1, prefill: bool = F
         n_rows = 1 if prefill and node.id == graph.output else rows  # a prompt's logits: its last row
         for t in node.weights["w"].tensors:
             info = reader.tensors[t.name]
-            c = pick_kernel(info.ggml_type, *info.torch_shape, rows=n_rows, decode=not prefill)
+            # the logits take the decode rows' kernel in prompts too (two activation passes on VNNI)
+            c = pick_kernel(info.ggml_type, *info.torch_shape, rows=n_rows,
+                            decode=not prefill or node.id == graph.output)
             names.append(c.kernel.name)
             cost += c.cost_ns
         out.append({"id": node.id, "name": node.name, "op": str(node.op), "layer": node.layer,
@@ -262,7 +264,8 @@ class CPUBackend:
             (i,) = ins
             kernel = lambda st: m.kernel(st.decode)  # noqa: E731
             if node.id == self.graph.output:  # logits are float32 whatever the weight's path
-                return Step(lambda vals, st: m(vals[i], st.decode).float(), kernel)
+                # and the VNNI kernels give them the decode rows' two activation passes in prompts too
+                return Step(lambda vals, st: m(vals[i], st.decode, passes=2).float(), lambda st: m.kernel(True))
             direct = m.direct()
             if direct is not None:  # one quantized kernel, no bias: called as it is
                 kind, mm = direct

@@ -2,10 +2,14 @@
 
 A MatMul weight becomes a `Matrix`, prepared once at load, that prefill and decode rows share:
 
-- every quantized type (Q4_0 ... Q6_K) runs torch's int4 packed matmul (group size 32, bfloat16
-  activations and scales) on the type's int4 digits (minfer/kernels/cpu_matmul.py): 4-bit types as they are
-  (0.63 bytes per weight), the others as lo/hi digit pairs (1.25 bytes per weight). No float
-  copy of a quantized weight is made; the file's pages of a packed tensor are released.
+- Q4_0, Q4_1, Q4_K and Q8_0, where the C kernel can run (AVX512-VNNI, a C compiler): the VNNI
+  form (minfer/kernels/cpu_vnni.py), int8 activations per 32, one pass for prompt chunks and two
+  for decode rows (the contracts `cpu_q4_vnni` / `cpu_q4_vnni2`, `cpu_q8_vnni` / `cpu_q8_vnni2`).
+- every other quantized type (and all of them elsewhere) runs torch's int4 packed matmul (group
+  size 32, bfloat16 activations and scales) on the type's int4 digits (minfer/kernels/cpu_matmul.py):
+  4-bit types as they are (0.63 bytes per weight), the others as lo/hi digit pairs (1.25 bytes per
+  weight). No float copy of a quantized weight is made; the file's pages of a packed tensor are
+  released.
 - F32 and BF16 weights are the file's bytes (float32 / bfloat16 GEMM); F16 gets a float32 copy.
 
 The int4 path returns the kernel's own bfloat16 result and takes bfloat16 input as it is: a
@@ -155,12 +159,12 @@ class Matrix:
         parts = [dense_f32(reader, i) for i in infos]
         return parts[0].contiguous() if len(parts) == 1 else torch.cat(parts)
 
-    def __call__(self, x: torch.Tensor, decode: bool = False) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, decode: bool = False, passes: int | None = None) -> torch.Tensor:
         """[T, n]: bfloat16 from the int4 kernels, float32 from a float32 GEMM (a bias promotes
         to float32). Decode and prefill rows take the same kernels; `decode` only tells a float32
         GEMM to run its rows one at a time (sgemm's rounding depends on the row count)."""
-        ys = [fn(x, decode) if kind == "linear" else fn(x, 2 if decode else 1) if kind == "vnni" else fn(x)
-              for kind, fn in self._runs]
+        p = passes or (2 if decode else 1)  # the VNNI kernel's activation passes
+        ys = [fn(x, decode) if kind == "linear" else fn(x, p) if kind == "vnni" else fn(x) for kind, fn in self._runs]
         y = ys[0] if len(ys) == 1 else torch.cat([t.to(ys[0].dtype) for t in ys], dim=1)
         return y if self.bias is None else y + self.bias
 

@@ -156,8 +156,8 @@ def test_smollm2_prompt_logits_match_cpu(smollm2, raw):
     cpu, vk = smollm2
     want = raw.prefill(cpu.engine, 0, PROMPT)
     got = raw.prefill(vk.engine, 0, PROMPT)
-    # the cpu runs Q4_1 through torch's int4 kernel on bfloat16 activations (cpu_matmul contracts:
-    # ~9e-3 end to end here); vulkan in float32 from the file's bytes. Each WGSL kernel is held to
+    # the cpu runs Q4_1 prompts on int8 activations (the VNNI kernel, cpu_vnni contracts) or
+    # torch's int4 kernel on bfloat16 ones; vulkan in float32 from the file's bytes. Each WGSL kernel is held to
     # float64 under its own contract (the conformance tests above): this bounds the whole model.
     assert got.shape == want.shape and _rel(got, want) < 2e-2
 
@@ -257,7 +257,7 @@ def test_tiny_models_of_other_weight_types_match_cpu(tiny_gguf, raw, preset, qua
     vk = load(path, "vulkan", n_ctx=64, n_slots=2, progress=False)
     want = raw.prefill(cpu.engine, 0, PROMPT)
     got = raw.prefill(vk.engine, 0, PROMPT)
-    # quantized weights: the cpu's int4 kernel runs on bfloat16 activations (cpu_matmul contracts)
+    # quantized weights: the cpu's kernels round the activations (int8 or bfloat16: cpu contracts)
     assert _rel(got, want) < (1e-4 if quant in ("f16", "f32") else 2e-2)
     raw.prefill(vk.engine, 1, PROMPT[:9])
     steps = torch.stack([raw.decode(vk.engine, 1, t, p) for p, t in enumerate(PROMPT[9:], start=9)])

@@ -4,8 +4,9 @@ transformers (test-only dependency, used offline) dequantizes the GGUF itself an
 llama / qwen2 implementation (un-permuting llama's Q/K rows, rotate-half RoPE, q/k/v biases for
 qwen2), so agreement checks our metadata reading, tensor mapping, RoPE style, GQA, biases, tied
 or separate output, all at float32 (relative error < 1e-4). The quantized files check the
-same through the cpu backend's int4 kernels (bfloat16 activations and scales: < 2e-2, the
-precision the cpu_matmul contracts declare), prefill and token by token.
+same through the cpu backend's quantized kernels (the VNNI kernel's int8 activations for Q4/Q8_0
+prompts, torch's int4 kernel on bfloat16 activations for the other types: < 2e-2, the precision
+the cpu contracts declare), prefill and token by token.
 """
 
 from __future__ import annotations

@@ -7,10 +7,9 @@ and seeded tokens. The CLI is checked the same way, self-started and under torch
 
 Models: tiny-llama f16 (tied output; 4 heads, 2 KV heads: at --tp 4 each KV head is on two
 ranks) and tiny-qwen2 q4_0 with a 511-token vocabulary (biases, untied output, a vocabulary
-the ranks split unevenly). On the cpu backend Q4_0 rows (prefill and decode alike) take the int4
-kernel, which rounds each matmul's input and output to bfloat16 (kernels/cpu_matmul.py, ~0.3 %
-per matmul); split, it rounds each rank's partial sums instead, so those logits agree to that
-rounding, not to 1e-4.
+the ranks split unevenly). On the cpu backend Q4_0 rows take a quantized kernel that rounds each
+matmul's input (int8 per group of 32 on the VNNI kernel, bfloat16 on torch's int4 kernel); split,
+each rank quantizes its own slice of the input, so those logits agree to that rounding, not to 1e-4.
 """
 
 from __future__ import annotations
