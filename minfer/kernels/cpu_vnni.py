@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
@@ -59,15 +60,21 @@ def _library() -> ctypes.CDLL | None:
     src = SOURCE.read_bytes()
     tag = hashlib.sha256(src + " ".join(FLAGS).encode()).hexdigest()[:16]
     lib = cache_dir() / f"q4_vnni-{tag}.so"
-    if not lib.exists():
-        lib.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
-            out = Path(tmp) / lib.name
-            done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(out)], capture_output=True, text=True)
-            if done.returncode != 0:
-                return None
-            os.replace(out, lib)  # atomic: a concurrent build writes the same bytes
-    so = ctypes.CDLL(str(lib))
+    try:
+        if not lib.exists():
+            lib.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
+                out = Path(tmp) / lib.name
+                done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(out)], capture_output=True, text=True,
+                                      timeout=300)
+                if done.returncode != 0:
+                    warnings.warn(f"minfer: the cpu backend's C kernels did not compile ({cc}: "
+                                  f"{done.stderr.strip()[-300:]}); using torch's int4 kernel", stacklevel=2)
+                    return None
+                os.replace(out, lib)  # atomic: a concurrent build writes the same bytes
+        so = ctypes.CDLL(str(lib))
+    except (OSError, subprocess.SubprocessError):  # no writable cache, a compiler that hangs, a bad library
+        return None
     p, i = ctypes.c_void_p, ctypes.c_int
     so.q4_pack.argtypes = [p, i, i, i, i, p, p, p]
     so.q4_pack.restype = i

@@ -4,6 +4,10 @@ each other, and the one-call decode attention against the SDPA reference op."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -12,13 +16,26 @@ from minfer.kernels import cpu_vnni
 from minfer.quant.reference import dequantize, quantize
 from minfer.quant.types import GGMLType
 
-pytestmark = pytest.mark.skipif(not cpu_vnni.available(), reason="needs AVX512-VNNI and a C compiler")
+needs_vnni = pytest.mark.skipif(not cpu_vnni.available(), reason="needs AVX512-VNNI and a C compiler")
+
+
+@pytest.mark.parametrize("env", [{"MINFER_CPU_VNNI": "0"}, {"CC": "/bin/false", "MINFER_CACHE": "{tmp}"}])
+def test_without_the_c_kernels_every_type_takes_torchs(tmp_path, env):
+    """Turned off, or no compiler that works: the picker drops the C contracts, nothing fails."""
+    code = ("from minfer.backends.cpu_weights import kernel_name\n"
+            "from minfer.kernels import cpu_vnni\n"
+            "from minfer.quant.types import GGMLType as T\n"
+            "print(cpu_vnni.available(), kernel_name(T.Q4_K), kernel_name(T.Q8_0))")
+    env = {**os.environ, **{k: v.format(tmp=tmp_path) for k, v in env.items()}}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "cpu_int4pack_mm", "cpu_int4pack_mm_pair32"]
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b).norm() / b.norm())
 
 
+@needs_vnni
 @pytest.mark.parametrize("qtype", [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0])
 def test_matmul_matches_float64_and_rows_are_independent(qtype):
     gen = torch.Generator().manual_seed(7)
@@ -39,6 +56,7 @@ def test_matmul_matches_float64_and_rows_are_independent(qtype):
         assert torch.equal(mm(x[3:11], passes), y[3:11])
 
 
+@needs_vnni
 def test_stacked_parts_of_different_4bit_types():
     gen = torch.Generator().manual_seed(3)
     k = 256
@@ -52,6 +70,7 @@ def test_stacked_parts_of_different_4bit_types():
     assert _rel(mm(x, 2), x.double() @ torch.cat(dense).double().T) < 1e-4
 
 
+@needs_vnni
 @pytest.mark.parametrize("lens", [[1], [33], [5, 100, 600, 17]])
 def test_decode_attention_matches_sdpa_and_ignores_the_other_rows(lens):
     gen = torch.Generator().manual_seed(len(lens))
