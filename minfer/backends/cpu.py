@@ -1,8 +1,9 @@
 """The cpu backend: executes a Graph with torch; the numerical reference of minfer.
 
-`load` prepares every weight once (cpu_weights.py: float32 for GEMM, int4/f16 for decode) and
-compiles the graph into the shared plan (plan.py): one closure per node that reads its inputs
-from the list of values by index. `allocate` makes the KV cache and the RoPE tables for the
+`load` prepares every weight once (cpu_weights.py: the VNNI form of the C kernels or torch's
+int4 form for quantized types, the file's bytes or a float32 copy for float ones) and compiles
+the graph into the shared plan (plan.py): one closure per node that reads its inputs from the
+list of values by index. `allocate` makes the KV cache and the RoPE tables for the
 context asked.
 
 Batch invariance: a step's decode rows always take the decode path (compact weights, one SDPA
