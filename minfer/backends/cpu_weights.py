@@ -2,7 +2,7 @@
 
 A MatMul weight becomes a `Matrix`, prepared once at load, that prefill and decode rows share:
 
-- Q4_0, Q4_1, Q4_K and Q8_0, where the C kernel can run (AVX512-VNNI, a C compiler): the VNNI
+- Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K and Q8_0, where the C kernel can run (AVX512-VNNI, a C compiler): the VNNI
   form (minfer/kernels/cpu_vnni.py), int8 activations per 32, one pass for prompt chunks and two
   for decode rows (the contracts `cpu_q4_vnni` / `cpu_q4_vnni2`, `cpu_q8_vnni` / `cpu_q8_vnni2`).
 - every other quantized type (and all of them elsewhere) runs torch's int4 packed matmul (group

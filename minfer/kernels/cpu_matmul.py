@@ -1,7 +1,7 @@
 """The cpu backend's matmul kernels: every quantized ggml type as int4 digits of torch's packed
 int4 matmul, and float32 / bfloat16 GEMMs for float weights (contracts: contracts/cpu_matmul.fkc.md).
-Where the C kernels run (cpu_vnni.py: AVX512-VNNI and a C compiler), Q4_0/Q4_1/Q4_K and Q8_0
-take those instead; this module serves the other types, and every type elsewhere.
+Where the C kernels run (cpu_vnni.py: AVX512-VNNI and a C compiler), Q4_0/Q4_1/Q4_K, Q5_0/Q5_1/
+Q5_K and Q8_0 take those instead; this module serves the other types, and every type elsewhere.
 
 torch's CPU int4 kernel (`_weight_int4pack_mm_for_cpu`, group size 32, bfloat16 activations
 and (scale, zero) pairs) computes, for every group of 32 columns, w = (c - 8) * scale + zero

@@ -30,7 +30,8 @@ REVISION_SOURCES = (SOURCE,)  # the contract's revision hash covers the C file
 FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma", "-fopenmp",
          "-shared", "-fPIC"]
 TYPES = {GGMLType.Q4_0: 2, GGMLType.Q4_1: 3, GGMLType.Q4_K: 12}  # ggml type ids the packer reads: 4-bit codes
-TYPES8 = {GGMLType.Q8_0}  # 8-bit codes (q + 128, zero -128 d)
+# 8-bit codes: Q8_0 as q + 128 (zero -128 d), the 5-bit types as their values 0..31
+TYPES8 = {GGMLType.Q8_0: 8, GGMLType.Q5_0: 6, GGMLType.Q5_1: 7, GGMLType.Q5_K: 13}
 COLS = 32  # output columns are padded to a multiple of this (the kernel's tile)
 
 
@@ -78,7 +79,7 @@ def _library() -> ctypes.CDLL | None:
     p, i = ctypes.c_void_p, ctypes.c_int
     so.q4_pack.argtypes = [p, i, i, i, i, p, p, p]
     so.q4_pack.restype = i
-    so.q8_pack.argtypes = [p, i, i, i, p, p, p]
+    so.q8_pack.argtypes = [p, i, i, i, i, p, p, p]
     so.q8_pack.restype = i
     so.q4_gemm.argtypes = [p, p, p, i, i, p, i, i, p, i, i, i]
     so.q4_gemm.restype = i
@@ -114,7 +115,8 @@ class Q4Vnni:
         widths = {8 if p[1] in TYPES8 else 4 if p[1] in TYPES else 0 for p in parts}
         if len(widths) != 1 or 0 in widths:
             raise UnsupportedError(f"q4_vnni: {', '.join(p[1].name for p in parts)}: the parts must all be 4-bit "
-                                   f"({', '.join(t.name for t in TYPES)}) or all Q8_0")
+                                   f"({', '.join(t.name for t in TYPES)}) or all 8-bit codes "
+                                   f"({', '.join(t.name for t in TYPES8)})")
         self.bits = widths.pop()
         self.n, self.k = sum(p[2] for p in parts), k
         n_pad = self.n + -self.n % COLS
@@ -126,7 +128,7 @@ class Q4Vnni:
         for rows, qtype, n, _ in parts:
             rows = rows.contiguous()
             ptrs = (_ptr(self.w), _ptr(self.s), _ptr(self.z))
-            done = (so.q8_pack(_ptr(rows), n, k, at, *ptrs) if self.bits == 8
+            done = (so.q8_pack(_ptr(rows), TYPES8[qtype], n, k, at, *ptrs) if self.bits == 8
                     else so.q4_pack(_ptr(rows), TYPES[qtype], n, k, at, *ptrs))
             if done != 0:
                 raise UnsupportedError(f"q4_vnni: cannot pack {qtype.name}")

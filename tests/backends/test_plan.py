@@ -76,15 +76,15 @@ def test_every_cpu_matmul_resolves_to_a_cpu_contract(headers, preset, quant, cap
     assert one and all(math.isfinite(r["cost_ns"]) and r["cost_ns"] > 0 for r in one + chunk)
     pair32, pair16 = "cpu_int4pack_mm_pair32", "cpu_int4pack_mm_pair16"
     q4 = "cpu_q4_vnni" if cpu_vnni.available() else "cpu_int4pack_mm"
-    q8 = "cpu_q8_vnni" if cpu_vnni.available() else pair32
+    q8 = "cpu_q8_vnni" if cpu_vnni.available() else pair32  # 8-bit codes: Q8_0 and the Q5 types
     # decode rows and prompt chunks share each weight's kernel, but for the VNNI ones' two-pass decode
     # variants; the logits (the last node) take the decode rows' kernel in a prompt too
     decode = [r["kernel"] for r in one]
     assert [k.replace("_vnni2", "_vnni") for k in decode[:-1]] == [r["kernel"] for r in chunk[:-1]]
     assert decode[-1] == chunk[-1]["kernel"]
     assert all("_vnni" not in k or k.endswith("_vnni2") for ks in decode for k in ks.split("+"))
-    want = {"q4_0": q4, "q4_1": q4, "q4_k": q4, "q4_k_m": q4, "q8_0": q8, "q5_k_m": pair32, "q5_0": pair32,
-            "q5_1": pair32,
+    want = {"q4_0": q4, "q4_1": q4, "q4_k": q4, "q4_k_m": q4, "q8_0": q8, "q5_k_m": q8, "q5_0": q8,
+            "q5_1": q8,
             "q6_k": pair16, "q3_k": pair16, "q2_k": pair16, "f32": "cpu_linear_f32"}[quant]
     assert want in {r["kernel"] for r in chunk}
     if preset in BIG and quant in ("q4_k", "q4_k_m", "q5_k_m", "q3_k", "q2_k"):  # Q6_K output

@@ -43,22 +43,54 @@ static void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
     else { *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4); *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4); }
 }
 
-/* Q8_0 (qtype 8): 8-bit codes u = q + 128, S = d, Z = -128 d. Layout W [n/16][k/32][512]: byte
+static void scale_min_k4(int j, const uint8_t *q, int *sc, int *m);
+
+/* 8-bit codes: Q8_0 (qtype 8) u = q + 128, S = d, Z = -128 d; Q5_0 (6) v = 0..31, S = d, Z = -16 d;
+ * Q5_1 (7) S = d, Z = m; Q5_K (13) S = d sc, Z = -dmin m. Layout W [n/16][k/32][512]: byte
  * 4*col + t of chunk j (64 bytes) is the code of (col, k = 4j + t). S, Z as for the 4-bit types. */
-int q8_pack(const uint8_t *rows, int n_rows, int k, int col0, uint8_t *W, uint16_t *S, uint16_t *Z) {
+int q8_pack(const uint8_t *rows, int qtype, int n_rows, int k, int col0, uint8_t *W, uint16_t *S, uint16_t *Z) {
     int G = k / 32;
+    int row_bytes = qtype == 8 ? G * 34 : qtype == 6 ? G * 22 : qtype == 7 ? G * 24 : qtype == 13 ? k / 256 * 176 : -1;
+    if (row_bytes < 0) return -1;
+    uint8_t codes[32];
     for (int i = 0; i < n_rows; i++) {
         int col = col0 + i, blk = col / 16, c = col % 16;
-        const uint8_t *r = rows + (size_t)i * G * 34;
+        const uint8_t *r = rows + (size_t)i * row_bytes;
         for (int g = 0; g < G; g++) {
-            const uint8_t *b = r + (size_t)g * 34;
+            float s, z;
+            if (qtype == 8) {
+                const uint8_t *b = r + (size_t)g * 34;
+                for (int j = 0; j < 32; j++) codes[j] = (uint8_t)((int)(int8_t)b[2 + j] + 128);
+                s = f16(b);
+                z = -128.0f * s;
+            } else if (qtype == 6 || qtype == 7) {
+                const uint8_t *b = r + (size_t)g * (qtype == 6 ? 22 : 24);
+                int o = qtype == 6 ? 2 : 4;
+                uint32_t qh;
+                memcpy(&qh, b + o, 4);
+                const uint8_t *qs = b + o + 4;
+                for (int j = 0; j < 16; j++) {
+                    codes[j] = (uint8_t)((qs[j] & 15) | (((qh >> j) & 1) << 4));
+                    codes[j + 16] = (uint8_t)((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
+                }
+                s = f16(b);
+                z = qtype == 6 ? -16.0f * s : f16(b + 2);
+            } else {  /* Q5_K */
+                const uint8_t *b = r + (size_t)(g / 8) * 176;
+                int sub = g % 8, sc, mn;
+                const uint8_t *qh = b + 16, *qs = b + 48 + 32 * (sub / 2);
+                for (int j = 0; j < 32; j++)
+                    codes[j] = (uint8_t)((sub % 2 ? qs[j] >> 4 : qs[j] & 15) | (((qh[j] >> sub) & 1) << 4));
+                scale_min_k4(sub, b + 4, &sc, &mn);
+                s = f16(b) * (float)sc;
+                z = -(f16(b + 2) * (float)mn);
+            }
             size_t off = (size_t)blk * G + g;
             uint8_t *Wb = W + off * 512;
             for (int j = 0; j < 8; j++)
-                for (int t = 0; t < 4; t++) Wb[64 * j + 4 * c + t] = (uint8_t)((int)(int8_t)b[2 + 4 * j + t] + 128);
-            float d = f16(b);
-            S[off * 16 + c] = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
-            Z[off * 16 + c] = _cvtss_sh(-128.0f * d, _MM_FROUND_TO_NEAREST_INT);
+                for (int t = 0; t < 4; t++) Wb[64 * j + 4 * c + t] = codes[4 * j + t];
+            S[off * 16 + c] = _cvtss_sh(s, _MM_FROUND_TO_NEAREST_INT);
+            Z[off * 16 + c] = _cvtss_sh(z, _MM_FROUND_TO_NEAREST_INT);
         }
     }
     return 0;
