@@ -38,6 +38,7 @@ _KNOWN = {
     "MINFER_TRACE": str,
     "MINFER_NO_CUDA_GRAPH": bool,
     "MINFER_NO_OVERLAP": bool,
+    "MINFER_NO_FUSE": bool,
     "MINFER_NO_PDL": bool,
     "MINFER_MMQ": str,
     "MINFER_MODEL": str,
@@ -107,6 +108,7 @@ class EngineConfig:
     threads: int | None = None  # cpu threads (torch.set_num_threads; a process-wide setting)
     trace_path: str | None = None
     cuda_graph: bool = True
+    fuse_epilogues: bool = True  # cuda decode rows: SwiGLU / bias + RoPE in the GEMV's store (MINFER_NO_FUSE=1: off)
     overlap: bool = True  # greedy decode: queue step N+1 (tokens picked on the device) before reading step N
     mmq: bool | None = None  # many-row matmuls on cuda: True quantized kernels, False bf16 + cuBLAS, None by cost
     tp: int = 1  # tensor-parallel ranks (processes) the model is split over
@@ -139,6 +141,7 @@ class EngineConfig:
         base = dict(
             trace_path=env("MINFER_TRACE", "") or None,
             cuda_graph=not env("MINFER_NO_CUDA_GRAPH", False),
+            fuse_epilogues=not env("MINFER_NO_FUSE", False),
             overlap=not env("MINFER_NO_OVERLAP", False),
             mmq=None if mmq == "" else mmq == "1",
         )
