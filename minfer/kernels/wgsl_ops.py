@@ -27,6 +27,9 @@ NORM_WG = 128
 GEMV = {"WG": 128, "TPR": 16, "TM": 1}  # decode: 8 output columns per workgroup, 16 invocations each
 TILED = {"WG": 128, "TPR": 16, "TM": 8}  # prefill: 8 rows of x per workgroup, each weight block read once for them
 ATTN_WG = 64
+# attention: split over the context in chunks of >= CH positions (at most MAX_SPLIT chunks), WG
+# invocations per chunk; split False: the single-pass kernel (one workgroup per head and row)
+ATTN = {"split": True, "WG": 128, "CH": 64, "MAX_SPLIT": 32}
 MAX_GROUPS = 65535
 QTYPES = {GGMLType.F32, GGMLType.F16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K}
 
@@ -333,8 +336,22 @@ def attention(q: VkTensor, k: VkTensor, v: VkTensor, cache_k: VkTensor, cache_v:
     dev.dispatch(dev.pipeline("kv_store", {"WG": WG}), [k, v, row_slots, positions, cache_k, cache_v],
                  [nkv, hd, ctx, base, k.offset, k.stride, v.offset, v.stride], (-(-(nkv * hd) // WG), rows))
     out = _out(what, out, q, (rows, n_head * hd))
-    dev.dispatch(dev.pipeline("attention", {"WG": ATTN_WG}), [q, cache_k, cache_v, row_slots, positions, _at(out)],
-                 [n_head, nkv, hd, ctx, base, q.offset, q.stride, float(scale)], (n_head, rows))
+    if not ATTN["split"] or hd % 4 or base % 4:  # one workgroup per (head, row) over every position
+        dev.dispatch(dev.pipeline("attention", {"WG": ATTN_WG}), [q, cache_k, cache_v, row_slots, positions, _at(out)],
+                     [n_head, nkv, hd, ctx, base, q.offset, q.stride, float(scale)], (n_head, rows))
+        return out
+    # split over the context: chunks of `ch` positions (a function of ctx alone: batch invariance),
+    # each (head, row, chunk) a workgroup, then one merge per (head, row)
+    tk = 1 << max(0, math.ceil(math.log2(-(-hd // 4))))
+    wg = max(ATTN["WG"], tk)
+    ch = max(ATTN["CH"], -(-ctx // ATTN["MAX_SPLIT"]))
+    n_split = -(-ctx // ch)
+    part = dev.empty((rows, n_head, n_split, hd + 2))
+    dev.dispatch(dev.pipeline("attention_split", {"WG": wg, "TK": tk}),
+                 [q, cache_k, cache_v, row_slots, positions, part],
+                 [n_head, nkv, hd, ctx, base, q.offset, q.stride, float(scale), ch, n_split], (n_head, rows, n_split))
+    dev.dispatch(dev.pipeline("attention_merge", {"WG": ATTN_WG}), [part, positions, _at(out)],
+                 [n_head, hd, ch, n_split], (n_head, rows))
     return out
 
 
