@@ -125,6 +125,7 @@ class Device:
         self._keep: list = []  # buffers a pending dispatch reads that the host has let go of
         self._fence = self.buffer(4)
         self._capturing = False
+        self._deferred: list = []  # encoded replays not yet submitted
 
     # ---- buffers
     def buffer(self, nbytes: int):
@@ -174,9 +175,11 @@ class Device:
         pad = (-len(data)) % 4
         self.queue.write_buffer(dst.storage.buf, dst.offset * ITEMSIZE[dst.dtype], data + b"\0" * pad)
 
-    def download(self, t: VkTensor) -> torch.Tensor:
-        """The tensor's values on the host (a contiguous torch tensor); waits for the device."""
-        self.flush()
+    def download(self, t: VkTensor, now: bool = False) -> torch.Tensor:
+        """The tensor's values on the host (a contiguous torch tensor); waits for the device.
+        now: read before submitting the deferred replays (they cannot write t), which go after."""
+        if not now or self._pending:
+            self.flush()
         item = ITEMSIZE[t.dtype]
         if not t.contiguous:
             raise UnsupportedError("wgpu: download a contiguous tensor (copy a strided view first)")
@@ -184,6 +187,8 @@ class Device:
         a, b = start // 4 * 4, -(-(start + size) // 4) * 4
         raw = np.frombuffer(self.queue.read_buffer(t.storage.buf, a, b - a), dtype=np.uint8)[start - a:start - a + size]
         torch_dt = {"F32": torch.float32, "I32": torch.int32, "U8": torch.uint8}[t.dtype]
+        if now:
+            self.submit_deferred()
         return torch.from_numpy(raw.copy()).view(torch_dt).reshape(t.shape)
 
     # ---- pipelines and dispatches
@@ -240,7 +245,9 @@ class Device:
         return bg[0]
 
     def flush(self) -> None:
-        """Submit every recorded dispatch in one command encoder (one compute pass)."""
+        """Submit the deferred replays, then every recorded dispatch in one command encoder (one
+        compute pass)."""
+        self.submit_deferred()
         if not self._pending:
             return
         if self._capturing:
@@ -282,23 +289,45 @@ class Device:
             self.queue.write_buffer(arena, 0, params)
         entries = [(pipeline, self._bind_group(bgl, bufs, arena), offset, groups)
                    for pipeline, bgl, bufs, offset, groups in pending]
-        return Recording(entries, arena, keep), result
+        return Recording(entries, arena, keep, _raw_entries(entries)), result
 
-    def replay(self, rec: Recording, before: tuple = (), after: tuple = ()) -> None:
-        """Submit a recording, with device copies (src, dst VkTensors of int32/f32) before and after it."""
+    def replay(self, rec: Recording, before: tuple = (), after: tuple = (), defer: bool = False) -> None:
+        """Submit a recording, with device copies (src, dst VkTensors of int32/f32) before and after it.
+        The dispatches are encoded by direct calls into wgpu-native (no per-call Python checks; the
+        pipeline set only when it changes). defer: encode now, submit at the next flush or
+        `submit_deferred` (so a step can be encoded while the device still runs the one before,
+        whose results the host then reads without waiting for this one: `download(now=True)`)."""
         self.flush()
         enc = self.device.create_command_encoder()
         for src, dst in before:
             enc.copy_buffer_to_buffer(src.storage.buf, src.offset * 4, dst.storage.buf, dst.offset * 4, src.numel * 4)
         cp = enc.begin_compute_pass()
-        for pipeline, bg, offset, groups in rec.entries:
-            cp.set_pipeline(pipeline)
-            cp.set_bind_group(0, bg, [offset])
-            cp.dispatch_workgroups(*groups)
+        if rec.raw is not None:
+            lib, set_pipe, set_bg, disp = rec.raw[0]
+            h, last = cp._internal, None
+            for pipe, bg, off, gx, gy, gz in rec.raw[1]:
+                if pipe != last:
+                    set_pipe(h, pipe)
+                    last = pipe
+                set_bg(h, 0, bg, 1, off)
+                disp(h, gx, gy, gz)
+        else:
+            for pipeline, bg, offset, groups in rec.entries:
+                cp.set_pipeline(pipeline)
+                cp.set_bind_group(0, bg, [offset])
+                cp.dispatch_workgroups(*groups)
         cp.end()
         for src, dst in after:
             enc.copy_buffer_to_buffer(src.storage.buf, src.offset * 4, dst.storage.buf, dst.offset * 4, src.numel * 4)
-        self.queue.submit([enc.finish()])
+        if defer:
+            self._deferred.append(enc.finish())
+        else:
+            self.queue.submit([enc.finish()])
+
+    def submit_deferred(self) -> None:
+        if self._deferred:
+            cbs, self._deferred = self._deferred, []
+            self.queue.submit(cbs)
 
     def copy_bandwidth(self, nbytes: int = 1 << 28) -> float:
         """Bytes/s (read + write) of a buffer-to-buffer copy on the device, best of 5."""
@@ -333,6 +362,24 @@ class Recording:
     entries: list
     arena: object
     keep: list
+    raw: tuple | None = None  # (wgpu-native functions, per dispatch: raw handles and args), or None
+
+
+def _raw_entries(entries: list) -> tuple | None:
+    """The recording's dispatches as wgpu-native handles, for `replay`'s direct calls (None where
+    this wgpu has no such internals: replay then takes the public API)."""
+    try:
+        from wgpu.backends.wgpu_native._api import ffi, libf
+    except ImportError:
+        return None
+    try:
+        fns = (libf, libf.wgpuComputePassEncoderSetPipeline, libf.wgpuComputePassEncoderSetBindGroup,
+               libf.wgpuComputePassEncoderDispatchWorkgroups)
+        raw = [(p._internal, bg._internal, ffi.new("uint32_t[1]", [off]), *groups)
+               for p, bg, off, groups in entries]
+    except AttributeError:
+        return None
+    return fns, raw
 
 
 class _Storage:
