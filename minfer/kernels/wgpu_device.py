@@ -110,8 +110,11 @@ class Device:
         lim = self.adapter.limits
         keys = ("max-buffer-size", "max-storage-buffer-binding-size", "max-compute-workgroup-storage-size",
                 "max-storage-buffers-per-shader-stage", "max-compute-invocations-per-workgroup")
+        # GPU timestamps where the adapter has them (bench/vulkan_sweep.py times passes and copies)
+        self.timestamps = [f for f in ("timestamp-query", "timestamp-query-inside-encoders")
+                           if f in self.adapter.features]
         self.device = self.adapter.request_device_sync(
-            required_features=["subgroup"] if self.subgroups else [],
+            required_features=(["subgroup"] if self.subgroups else []) + self.timestamps,
             required_limits={k: lim[k] for k in keys})
         self.max_binding = lim["max-storage-buffer-binding-size"]
         self.queue = self.device.queue
@@ -126,6 +129,7 @@ class Device:
         self._fence = self.buffer(4)
         self._capturing = False
         self._deferred: list = []  # encoded replays not yet submitted
+        self._ts = None  # the timestamp writes of the passes `gpu_seconds` times
 
     # ---- buffers
     def buffer(self, nbytes: int):
@@ -259,7 +263,7 @@ class Device:
             self._arena = self.device.create_buffer(size=self._arena_slots * SLOT, usage=u.UNIFORM | u.COPY_DST)
         self.queue.write_buffer(self._arena, 0, bytes(self._params))
         enc = self.device.create_command_encoder()
-        cp = enc.begin_compute_pass()
+        cp = enc.begin_compute_pass(timestamp_writes=self._ts)
         for pipeline, bgl, bufs, offset, groups in self._pending:
             cp.set_pipeline(pipeline)
             cp.set_bind_group(0, self._bind_group(bgl, bufs), [offset])
@@ -301,7 +305,7 @@ class Device:
         enc = self.device.create_command_encoder()
         for src, dst in before:
             enc.copy_buffer_to_buffer(src.storage.buf, src.offset * 4, dst.storage.buf, dst.offset * 4, src.numel * 4)
-        cp = enc.begin_compute_pass()
+        cp = enc.begin_compute_pass(timestamp_writes=self._ts)
         if rec.raw is not None:
             lib, set_pipe, set_bg, disp = rec.raw[0]
             h, last = cp._internal, None
@@ -328,6 +332,63 @@ class Device:
         if self._deferred:
             cbs, self._deferred = self._deferred, []
             self.queue.submit(cbs)
+
+    def gpu_seconds(self, fn) -> float | None:
+        """Device time of the compute pass(es) fn submits (dispatches it records are flushed at
+        the end; a replay it makes is submitted), from GPU timestamps: the first pass's start to
+        the last one's end. None (fn still run and waited for) without the timestamp feature."""
+        if "timestamp-query" not in self.timestamps:
+            fn()
+            self.sync()
+            return None
+        self.flush()
+        qs = self.device.create_query_set(type="timestamp", count=4)
+        self._ts = {"query_set": qs, "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1}
+        try:
+            fn()
+            self.flush()
+        finally:
+            self._ts = None
+        return self._read_timestamps(qs)
+
+    def _read_timestamps(self, qs) -> float:
+        u = self.wgpu.BufferUsage
+        buf = self.device.create_buffer(size=32, usage=u.QUERY_RESOLVE | u.COPY_SRC)
+        enc = self.device.create_command_encoder()
+        enc.resolve_query_set(qs, 0, 2, buf, 0)
+        self.queue.submit([enc.finish()])
+        t0, t1 = np.frombuffer(self.queue.read_buffer(buf, 0, 16), dtype=np.uint64)
+        return float(t1 - t0) * self.timestamp_period() * 1e-9
+
+    def timestamp_period(self) -> float:
+        """Nanoseconds per timestamp tick."""
+        try:
+            from wgpu.backends.wgpu_native._api import libf
+
+            return float(libf.wgpuQueueGetTimestampPeriod(self.queue._internal))
+        except (ImportError, AttributeError):
+            return 1.0
+
+    def copy_seconds(self, src, dst, nbytes: int, reps: int = 1) -> tuple[float, float | None]:
+        """(wall seconds, device seconds or None) of `reps` buffer-to-buffer copies of nbytes in one
+        submission (device time from encoder timestamps where the adapter has them)."""
+        import time
+
+        self.sync()
+        enc = self.device.create_command_encoder()
+        qs = None
+        if "timestamp-query-inside-encoders" in self.timestamps:
+            qs = self.device.create_query_set(type="timestamp", count=2)
+            enc._write_timestamp(qs, 0)
+        for _ in range(reps):
+            enc.copy_buffer_to_buffer(src, 0, dst, 0, nbytes)
+        if qs is not None:
+            enc._write_timestamp(qs, 1)
+        t0 = time.perf_counter()
+        self.queue.submit([enc.finish()])
+        self.sync()
+        wall = time.perf_counter() - t0
+        return wall, (self._read_timestamps(qs) if qs is not None else None)
 
     def copy_bandwidth(self, nbytes: int = 1 << 28) -> float:
         """Bytes/s (read + write) of a buffer-to-buffer copy on the device, best of 5."""

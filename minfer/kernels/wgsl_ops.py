@@ -36,6 +36,14 @@ NORM_WG = 128
 GEMV = {"kernel": "qmv", "WG": 128, "TPR": 32, "NC": 2, "U": 2, "MIN_GROUPS": 528,  # qmv types
         "A_WG": 128, "A_TPR": 16}  # the others: qmatmul.wgsl
 TILED_TM = 8
+RUN30_VARIANT = "kernel=qmatmul,A_WG=128,A_TPR=16"  # what bench/NOTES.md's run 30 measured
+GEMV_VARIANTS = [  # what bench/vulkan_sweep.py times (tests/backends/test_wgpu_kernels.py checks each); first: GEMV
+    "kernel=qmv,WG=128,TPR=32,NC=2,U=2", RUN30_VARIANT, "kernel=qmatmul,A_WG=128,A_TPR=8",
+    "kernel=qmatmul,A_WG=256,A_TPR=32", "kernel=qmv,WG=128,TPR=32,NC=1,U=1", "kernel=qmv,WG=128,TPR=32,NC=1,U=4",
+    "kernel=qmv,WG=128,TPR=32,NC=2,U=4", "kernel=qmv,WG=128,TPR=32,NC=4,U=2", "kernel=qmv,WG=256,TPR=32,NC=2,U=2",
+    "kernel=qmv,WG=64,TPR=32,NC=2,U=2", "kernel=qmv,WG=128,TPR=16,NC=2,U=2", "kernel=qmv,WG=128,TPR=16,NC=4,U=4",
+    "kernel=qmv,WG=128,TPR=64,NC=2,U=2", "kernel=qmv,WG=256,TPR=64,NC=1,U=4", "kernel=qmv,WG=128,TPR=8,NC=4,U=2",
+    "kernel=qmv,WG=128,TPR=32,NC=2,U=2,MIN_GROUPS=1"]
 QMV_TYPES = {GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0}
 ATTN_WG = 64
 # attention: split over the context in chunks of >= CH positions (at most MAX_SPLIT chunks), WG

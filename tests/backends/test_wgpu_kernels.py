@@ -78,3 +78,40 @@ def test_the_context_split_attention_matches_the_reference(dev, monkeypatch, hd,
                                 positions=up(torch.tensor(pos, dtype=i32)),
                                 layer=0, n_head=n_head, n_head_kv=n_kv, head_dim=hd, scale=scale).cpu()
     assert _rel(single, want) < 1e-5
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q4_K"])
+def test_every_gemv_variant_of_the_sweep_matches_the_reference(dev, monkeypatch, qtype):
+    """Each launch variant bench/vulkan_sweep.py times (wgsl_ops.GEMV_VARIANTS), at an odd column
+    count (a last workgroup part empty) and an odd block count (Q4_0 / Q8_0 rows 2 bytes off 4:
+    the unaligned word path): the GEMV and the tiled matmul against float64 math, and a row of the
+    tiled matmul bit-equal to the GEMV of that row alone (the batch invariance the backend needs)."""
+    from minfer.contracts.harness import random_blocks
+    from minfer.kernels import wgsl_ops
+    from minfer.quant.reference import dequantize
+    from minfer.quant.types import by_name
+
+    q = by_name(qtype)
+    n, k = 37, q.block_elems * (45 if q.block_elems == 32 else 3)
+    gen = torch.Generator().manual_seed(11)
+    x, raw = torch.randn(3, k, generator=gen), random_blocks(q, n, k, gen)
+    want = x.double() @ dequantize(raw, q.type, (n, k)).double().T
+    xd, wd = dev.upload(x), dev.upload(raw)
+    base = dict(wgsl_ops.GEMV)
+    for v in wgsl_ops.GEMV_VARIANTS:
+        monkeypatch.setattr(wgsl_ops, "GEMV", wgsl_ops.parse_variant(v, base))
+        one = wgsl_ops.qmatvec(x=dev.upload(x[1:2]), w=wd, n=n, k=k, qtype=q.type).cpu()
+        many = wgsl_ops.qmatmul_tiled(x=xd, w=wd, n=n, k=k, qtype=q.type).cpu()
+        assert _rel(one, want[1:2]) < 1e-5, v
+        assert _rel(many, want) < 1e-5, v
+        assert torch.equal(one[0], many[1]), v
+
+
+def test_a_variant_string_is_checked():
+    from minfer.errors import UnsupportedError
+    from minfer.kernels import wgsl_ops
+
+    assert wgsl_ops.parse_variant("TPR=16,NC=4", wgsl_ops.GEMV)["NC"] == 4
+    for bad in ("TPR=6", "kernel=fast", "ROWS=2", "WG=96,TPR=64"):
+        with pytest.raises(UnsupportedError):
+            wgsl_ops.parse_variant(bad, wgsl_ops.GEMV)
