@@ -299,16 +299,32 @@ def main() -> None:
     log(f"adapter: {dev.name}; subgroups {dev.subgroups}; timestamps {dev.timestamps or 'none'} (period "
         f"{dev.timestamp_period()} ns); max storage binding {dev.max_binding / 2**20:.0f} MiB")
     report: dict = {"adapter": dev.name}
-    report["copy"] = bw = copy_section(dev, a.small)
+
+    def guarded(name, fn, fallback):
+        try:
+            return fn()
+        except Exception as e:  # one section's failure must not lose the others' numbers
+            import traceback
+
+            log(f"!! section {name} failed: {type(e).__name__}: {e}")
+            traceback.print_exc()
+            return fallback
+
+    nan = float("nan")
+    report["copy"] = bw = guarded("copy", lambda: copy_section(dev, a.small),
+                                  {"legacy": dev.copy_bandwidth(), "copy_bw": nan, "read_bw": nan,
+                                   "buffer_copy_gpu": {}})
+    if bw["read_bw"] != bw["read_bw"]:
+        bw["read_bw"] = bw["copy_bw"] = bw["legacy"]
     report["gemv"] = g = gemv_section(dev, a.small, variants, bw, a.reps)
-    report["attention"] = attention_section(dev, a.small, a.reps)
+    report["attention"] = guarded("attention", lambda: attention_section(dev, a.small, a.reps), {})
     best, shipped = g["best"], variants[0]
     dec = {}
     if not a.no_decode:
         configs = [("best", best, True), ("default", shipped, True), ("run30", RUN30, False)]
         if best == shipped:
             configs.pop(1)
-        dec = report["decode"] = decode_section(a.models, a.small, a.tokens, configs)
+        dec = report["decode"] = guarded("decode", lambda: decode_section(a.models, a.small, a.tokens, configs), {})
     log(f"\n== summary ({dev.name[:60]}; {time.perf_counter() - t_start:.0f} s)")
     log(f"copy bandwidth: buffer copy (minfer bench) {bw['legacy'] / 1e9:.0f} GB/s; best buffer copy "
         f"{max(v or 0 for v in bw['buffer_copy_gpu'].values()) / 1e9:.0f} (device time); wgsl vec4 copy "

@@ -32,7 +32,7 @@ synth qwen2.5-7b q4_0 & SYNTH=$!
 
 # 3. the WGSL kernels the sweep times, on NVIDIA's driver (subgroup size 32): every variant against the reference
 echo "== pytest $(since)"
-MINFER_MODEL="$M/smollm2-135m-q4_1.gguf" timeout ${PYTEST_TIMEOUT:-120} python3 -m pytest -q -p no:cacheprovider \
+MINFER_MODEL="$M/smollm2-135m-q4_1.gguf" timeout ${PYTEST_TIMEOUT:-100} python3 -m pytest -q -p no:cacheprovider \
   tests/backends/test_wgpu_kernels.py tests/backends/test_wgpu_backend.py \
   -k "kernels or reduction_branch or strided or conforms or replayed or decode_pick or depend_on_the_batch" 2>&1 \
   | grep -v XDG_RUNTIME_DIR | tail -8 | tee "$OUT/pytest.txt"
@@ -40,6 +40,6 @@ wait $SYNTH; ls -la "$M"
 
 # 4. the sweep (its table last)
 echo "== sweep $(since)"
-timeout ${SWEEP_TIMEOUT:-240} python3 bench/vulkan_sweep.py --models "$M" --out "$OUT/sweep.json" 2>&1 \
+timeout ${SWEEP_TIMEOUT:-220} python3 bench/vulkan_sweep.py --models "$M" --out "$OUT/sweep.json" 2>&1 \
   | grep -v XDG_RUNTIME_DIR | tee "$OUT/sweep.txt"
 echo "== done $(since)"; grep -E "passed|failed" "$OUT/pytest.txt" | tail -1
