@@ -13,6 +13,8 @@ package calls os.environ. Switches:
 - MINFER_TEST_DEVICE=cpu|cuda   device the kernel tests run on
 - MINFER_WGPU_ADAPTER=name the vulkan / gpu backend's adapter: the first whose name contains it
 - MINFER_WGPU_SUBGROUPS=0  WGSL reductions through shared memory even where the adapter has subgroups
+- MINFER_VK_GEMV=k=v,..  the vulkan matmuls' launch variant (kernel, WG, TPR, NC, U: wgsl_ops.GEMV)
+- MINFER_VK_ATTN=k=v,..  the vulkan attention's (split 0/1, WG, CH, MAX_SPLIT: wgsl_ops.ATTN)
 - MINFER_API_KEY=KEY       the key `minfer serve` requires when --api-key is not given
 
 Tensor parallelism also reads torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
@@ -46,6 +48,8 @@ _KNOWN = {
     "MINFER_API_KEY": str,
     "MINFER_WGPU_ADAPTER": str,
     "MINFER_WGPU_SUBGROUPS": bool,
+    "MINFER_VK_GEMV": str,
+    "MINFER_VK_ATTN": str,
 }
 
 

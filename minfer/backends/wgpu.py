@@ -71,8 +71,8 @@ class PickedStep:
 
     def tokens(self) -> list[int]:
         """The picked token of every row, in row order (waits for the step)."""
-        if self.host is None:
-            self.host = self.picked.cpu()[:self.rows].tolist()
+        if self.host is None:  # read before the deferred next step is submitted: no wait for it
+            self.host = self.picked.dev.download(self.picked, now=True)[:self.rows].tolist()
         return self.host
 
 
@@ -81,7 +81,10 @@ class _Replay:
     the host writes the step's positions and slots (and tokens, unless they come on the device
     from the step before), and the recorded dispatches are submitted as they are. The picked
     tokens are copied out to one of two staging buffers, so the step after may run before the
-    host reads them (the engine keeps at most one step in flight)."""
+    host reads them (the engine keeps at most one step in flight). A launched step is encoded at
+    once and submitted at the next device call; reading the step before's tokens submits it right
+    after their read, so the host encodes step N+1 while the device runs step N, and the read of
+    N's tokens does not wait for N+1 (a read waits for everything submitted before it)."""
 
     def __init__(self, be: WGPUBackend, rows: int):
         dev = self.dev = be.dev
@@ -109,7 +112,7 @@ class _Replay:
             before = ((after.picked, io["tokens"]),)  # device to device: the host never saw them
         stage = self.stages[self.turn]
         self.turn ^= 1
-        dev.replay(self.rec, before, ((self.picked, stage),))
+        dev.replay(self.rec, before, ((self.picked, stage),), defer=True)
         return PickedStep(self.rows, stage)
 
 

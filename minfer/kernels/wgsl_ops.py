@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..config import env
 from ..errors import UnsupportedError
 from ..quant.types import GGMLType, by_name, quant_info
 from .wgpu_device import ITEMSIZE, WGSL_DIR, VkTensor, default_device
@@ -24,9 +25,30 @@ from .wgpu_device import ITEMSIZE, WGSL_DIR, VkTensor, default_device
 REVISION_SOURCES = tuple(sorted(WGSL_DIR.glob("*.wgsl")))  # the shaders: editing one retires its judge numbers
 WG = 64  # invocations per workgroup of the elementwise kernels
 NORM_WG = 128
-GEMV = {"WG": 128, "TPR": 16, "TM": 1}  # decode: 8 output columns per workgroup, 16 invocations each
-TILED = {"WG": 128, "TPR": 16, "TM": 8}  # prefill: 8 rows of x per workgroup, each weight block read once for them
+# The matmuls' launch variants. "qmatmul" (every type): TPR invocations per output column, each
+# walking whole blocks (b = t, t + TPR, ...), WG / TPR columns per workgroup. "qmv" (Q4_0, Q4_1,
+# Q8_0: QMV_TYPES): TPR invocations per NC columns, 4 per block (a quarter each: coalesced loads of
+# W and of x, x loaded once for the NC columns), U iterations unrolled; NC halves (down to 1) while
+# the grid would have fewer than MIN_GROUPS workgroups. The decode GEMV (TM 1) and the tiled prefill
+# matmul (TM 8 rows of x per workgroup) run the same variant, so a row's sums are the same sequence
+# in both (batch invariance: TM, NC, U and WG change no bit; TPR and the kernel do).
+# MINFER_VK_GEMV="kernel=qmv,TPR=32,NC=2" overrides fields (bench/vulkan_sweep.py).
+GEMV = {"kernel": "qmv", "WG": 128, "TPR": 32, "NC": 2, "U": 2, "MIN_GROUPS": 528,  # qmv types
+        "A_WG": 128, "A_TPR": 16}  # the others: qmatmul.wgsl
+TILED_TM = 8
+RUN30_VARIANT = "kernel=qmatmul,A_WG=128,A_TPR=16"  # what bench/NOTES.md's run 30 measured
+GEMV_VARIANTS = [  # what bench/vulkan_sweep.py times (tests/backends/test_wgpu_kernels.py checks each); first: GEMV
+    "kernel=qmv,WG=128,TPR=32,NC=2,U=2", RUN30_VARIANT, "kernel=qmatmul,A_WG=128,A_TPR=8",
+    "kernel=qmatmul,A_WG=256,A_TPR=32", "kernel=qmv,WG=128,TPR=32,NC=1,U=1", "kernel=qmv,WG=128,TPR=32,NC=1,U=4",
+    "kernel=qmv,WG=128,TPR=32,NC=2,U=4", "kernel=qmv,WG=128,TPR=32,NC=4,U=2", "kernel=qmv,WG=256,TPR=32,NC=2,U=2",
+    "kernel=qmv,WG=64,TPR=32,NC=2,U=2", "kernel=qmv,WG=128,TPR=16,NC=2,U=2", "kernel=qmv,WG=128,TPR=16,NC=4,U=4",
+    "kernel=qmv,WG=128,TPR=64,NC=2,U=2", "kernel=qmv,WG=256,TPR=64,NC=1,U=4", "kernel=qmv,WG=128,TPR=8,NC=4,U=2",
+    "kernel=qmv,WG=128,TPR=32,NC=2,U=2,MIN_GROUPS=1"]
+QMV_TYPES = {GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0}
 ATTN_WG = 64
+# attention: split over the context in chunks of >= CH positions (at most MAX_SPLIT chunks), WG
+# invocations per chunk; split False: the single-pass kernel (one workgroup per head and row)
+ATTN = {"split": True, "WG": 128, "CH": 64, "MAX_SPLIT": 32}
 MAX_GROUPS = 65535
 QTYPES = {GGMLType.F32, GGMLType.F16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K}
 
@@ -141,7 +163,30 @@ def dequant(raw_u8: VkTensor, qtype, rows: int, cols: int, out_dtype=torch.float
 # ---- matmul ---------------------------------------------------------------------------------------
 
 
-def _qmatmul(what: str, cfg: dict, x: VkTensor, w: VkTensor, n: int, k: int, qtype, out) -> VkTensor:
+def parse_variant(text: str, base: dict) -> dict:
+    """base with the fields of "name=value,name=value" (ints, or the kernel's name) replaced."""
+    cfg = dict(base)
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        key, _, val = item.partition("=")
+        if key not in base:
+            raise UnsupportedError(f"vk matmul variant: unknown field {key!r} (fields: {', '.join(base)})")
+        cfg[key] = val if key == "kernel" else int(val)
+    if cfg["kernel"] not in ("qmv", "qmatmul"):
+        raise UnsupportedError(f"vk matmul variant: kernel {cfg['kernel']!r} is not qmv or qmatmul")
+    if cfg["TPR"] % 4 or cfg["WG"] % cfg["TPR"] or cfg["A_WG"] % cfg["A_TPR"]:
+        raise UnsupportedError(f"vk matmul variant {cfg}: TPR must be a multiple of 4 dividing WG")
+    return cfg
+
+
+GEMV.update(parse_variant(env("MINFER_VK_GEMV", ""), GEMV))
+for _item in filter(None, env("MINFER_VK_ATTN", "").split(",")):
+    _key, _, _val = _item.partition("=")
+    if _key not in ATTN:
+        raise UnsupportedError(f"MINFER_VK_ATTN: unknown field {_key!r} (fields: {', '.join(ATTN)})")
+    ATTN[_key] = bool(int(_val)) if _key == "split" else int(_val)
+
+
+def _qmatmul(what: str, tm: int, x: VkTensor, w: VkTensor, n: int, k: int, qtype, out) -> VkTensor:
     q = _qinfo(what, qtype)
     _check(what, "x", x, "F32", (1, 2))
     _check(what, "w", w, "U8", contiguous=True)
@@ -158,13 +203,24 @@ def _qmatmul(what: str, cfg: dict, x: VkTensor, w: VkTensor, n: int, k: int, qty
         _check(what, "out", out, "F32")
         if out.numel != m * n:
             raise UnsupportedError(f"{what}: out must hold {shape}, got {out.shape}")
-    cols_per_group = cfg["WG"] // cfg["TPR"]
-    gx, gz = _grid_2d(n, cols_per_group)
-    gy = -(-m // cfg["TM"])
-    if gy > MAX_GROUPS:
-        raise UnsupportedError(f"{what}: {m} rows exceed one dispatch ({MAX_GROUPS * cfg['TM']})")
+    g = GEMV
     aligned = x.offset % 4 == 0 and x.stride % 4 == 0  # rows of x start on 16 bytes: vec4 loads of x
-    pipe = x.dev.pipeline("qmatmul_x4+qmatmul" if aligned else "qmatmul_x+qmatmul", cfg, q.name, dot=True)
+    xs = "qmatmul_x4" if aligned else "qmatmul_x"
+    if g["kernel"] == "qmv" and q.type in QMV_TYPES:
+        nc = g["NC"]
+        while nc > 1 and -(-n // (g["WG"] // g["TPR"] * nc)) < g["MIN_GROUPS"]:
+            nc //= 2
+        cfg = {"WG": g["WG"], "TPR": g["TPR"], "NC": nc, "U": g["U"], "TM": tm}
+        cols_per_group = g["WG"] // g["TPR"] * nc
+        pipe = x.dev.pipeline(f"{xs}+part_{q.name.lower()}+qmv", cfg, q.name)
+    else:
+        cfg = {"WG": g["A_WG"], "TPR": g["A_TPR"], "TM": tm}
+        cols_per_group = g["A_WG"] // g["A_TPR"]
+        pipe = x.dev.pipeline(f"{xs}+qmatmul", cfg, q.name, dot=True)
+    gx, gz = _grid_2d(n, cols_per_group)
+    gy = -(-m // tm)
+    if gy > MAX_GROUPS:
+        raise UnsupportedError(f"{what}: {m} rows exceed one dispatch ({MAX_GROUPS * tm})")
     out_stride = out.stride if len(out.shape) == 2 else n
     x.dev.dispatch(pipe, [w, x, out], [m, n, k, x.offset, x.stride, out.offset, out_stride, row_bytes, gx],
                    (gx, gy, gz))
@@ -174,13 +230,13 @@ def _qmatmul(what: str, cfg: dict, x: VkTensor, w: VkTensor, n: int, k: int, qty
 @_host_bridge()
 def qmatvec(x: VkTensor, w: VkTensor, n: int, k: int, qtype, out: VkTensor | None = None) -> VkTensor:
     """out [m, n] = x [m, k] @ dequant(w [n, k])^T, the decode GEMV (one pass over x per row of x)."""
-    return _qmatmul("vk qmatvec", GEMV, x, w, n, k, qtype, out)
+    return _qmatmul("vk qmatvec", 1, x, w, n, k, qtype, out)
 
 
 @_host_bridge()
 def qmatmul_tiled(x: VkTensor, w: VkTensor, n: int, k: int, qtype, out: VkTensor | None = None) -> VkTensor:
     """out [m, n] = x [m, k] @ dequant(w [n, k])^T, tiled over 8 rows of x (prefill)."""
-    return _qmatmul("vk qmatmul_tiled", TILED, x, w, n, k, qtype, out)
+    return _qmatmul("vk qmatmul_tiled", TILED_TM, x, w, n, k, qtype, out)
 
 
 # ---- norm, elementwise ----------------------------------------------------------------------------
@@ -333,8 +389,22 @@ def attention(q: VkTensor, k: VkTensor, v: VkTensor, cache_k: VkTensor, cache_v:
     dev.dispatch(dev.pipeline("kv_store", {"WG": WG}), [k, v, row_slots, positions, cache_k, cache_v],
                  [nkv, hd, ctx, base, k.offset, k.stride, v.offset, v.stride], (-(-(nkv * hd) // WG), rows))
     out = _out(what, out, q, (rows, n_head * hd))
-    dev.dispatch(dev.pipeline("attention", {"WG": ATTN_WG}), [q, cache_k, cache_v, row_slots, positions, _at(out)],
-                 [n_head, nkv, hd, ctx, base, q.offset, q.stride, float(scale)], (n_head, rows))
+    if not ATTN["split"] or hd % 4 or base % 4:  # one workgroup per (head, row) over every position
+        dev.dispatch(dev.pipeline("attention", {"WG": ATTN_WG}), [q, cache_k, cache_v, row_slots, positions, _at(out)],
+                     [n_head, nkv, hd, ctx, base, q.offset, q.stride, float(scale)], (n_head, rows))
+        return out
+    # split over the context: chunks of `ch` positions (a function of ctx alone: batch invariance),
+    # each (head, row, chunk) a workgroup, then one merge per (head, row)
+    tk = 1 << max(0, math.ceil(math.log2(-(-hd // 4))))
+    wg = max(ATTN["WG"], tk)
+    ch = max(ATTN["CH"], -(-ctx // ATTN["MAX_SPLIT"]))
+    n_split = -(-ctx // ch)
+    part = dev.empty((rows, n_head, n_split, hd + 2))
+    dev.dispatch(dev.pipeline("attention_split", {"WG": wg, "TK": tk}),
+                 [q, cache_k, cache_v, row_slots, positions, part],
+                 [n_head, nkv, hd, ctx, base, q.offset, q.stride, float(scale), ch, n_split], (n_head, rows, n_split))
+    dev.dispatch(dev.pipeline("attention_merge", {"WG": ATTN_WG}), [part, positions, _at(out)],
+                 [n_head, hd, ch, n_split], (n_head, rows))
     return out
 
 

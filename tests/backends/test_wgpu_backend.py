@@ -87,19 +87,21 @@ def test_the_matmuls_read_a_strided_unaligned_x(qtype):
         assert _rel(got, want) < 1e-5, launch.__name__
 
 
-@pytest.mark.parametrize("cfg", [{"WG": 64, "TPR": 2, "TM": 1}, {"WG": 128, "TPR": 4, "TM": 1},
-                                 {"WG": 256, "TPR": 32, "TM": 1}, {"WG": 256, "TPR": 128, "TM": 1}])
+@pytest.mark.parametrize("cfg", ["kernel=qmatmul,A_WG=64,A_TPR=2", "kernel=qmatmul,A_WG=128,A_TPR=4",
+                                 "kernel=qmatmul,A_WG=256,A_TPR=32", "kernel=qmatmul,A_WG=256,A_TPR=128",
+                                 "kernel=qmv,WG=64,TPR=4", "kernel=qmv,WG=128,TPR=16",
+                                 "kernel=qmv,WG=256,TPR=32", "kernel=qmv,WG=256,TPR=128"])
 def test_every_reduction_branch_of_the_gemv_is_right(cfg, monkeypatch):
     """The GEMV's per-column sums over TPR invocations: shuffles inside a subgroup, subgroupAdd
     over whole subgroups, the tree otherwise; which one runs depends on TPR and the adapter's
-    subgroup size, so a spread of TPR reaches each on any adapter."""
+    subgroup size, so a spread of TPR reaches each on any adapter (both matmul kernels)."""
     from minfer.contracts.harness import random_blocks
     from minfer.kernels import wgsl_ops
     from minfer.kernels.wgpu_device import default_device
     from minfer.quant.reference import dequantize
     from minfer.quant.types import by_name
 
-    monkeypatch.setattr(wgsl_ops, "GEMV", cfg)
+    monkeypatch.setattr(wgsl_ops, "GEMV", wgsl_ops.parse_variant(cfg, wgsl_ops.GEMV))
     q, dev = by_name("Q4_0"), default_device()
     n, k = 37, 32 * 45
     gen = torch.Generator().manual_seed(5)

@@ -1,0 +1,117 @@
+"""The WGSL kernels' launch variants (what bench/vulkan_sweep.py times on a GPU) against the
+reference, on whatever Vulkan adapter wgpu finds (lavapipe in CI): the context-split attention at
+several head sizes and split counts, every GEMV variant of the sweep, both reduction paths.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["subgroups", "shared"])
+def dev(request):
+    from minfer.contracts.registry import default_registry
+    from minfer.kernels.wgpu_device import Device, adapters
+
+    default_registry()  # (triton before a lavapipe device: wgpu_device.py)
+    if not adapters("Vulkan"):
+        pytest.fail("wgpu finds no Vulkan adapter (no GPU: apt-get install mesa-vulkan-drivers)")
+    d = Device("vulkan", subgroups=request.param)
+    if request.param and not d.subgroups:
+        pytest.skip("the adapter has no subgroups")
+    return d
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def _ref_attention(q, ck, cv, slots, pos, n_head, n_kv, hd, scale):
+    rows = q.shape[0]
+    out = torch.zeros(rows, n_head * hd, dtype=torch.float64)
+    for r in range(rows):
+        for h in range(n_head):
+            kvh = h // (n_head // n_kv)
+            keys = ck[0, slots[r], kvh, :pos[r] + 1].double()
+            vals = cv[0, slots[r], kvh, :pos[r] + 1].double()
+            w = torch.softmax(keys @ q[r, h * hd:(h + 1) * hd].double() * scale, 0)
+            out[r, h * hd:(h + 1) * hd] = w @ vals
+    return out
+
+
+@pytest.mark.parametrize("hd, n_head, n_kv, ctx, cfg", [
+    (64, 6, 2, 300, {"CH": 64, "MAX_SPLIT": 32}),   # 5 chunks of 64, TK 16: 8 key groups per workgroup
+    (128, 4, 1, 200, {"CH": 16, "MAX_SPLIT": 8}),   # MAX_SPLIT caps the chunks: 8 of 25, TK 32
+    (96, 3, 3, 70, {"CH": 32, "MAX_SPLIT": 32}),    # TK 32 with 8 idle lanes, no GQA
+    (256, 2, 1, 40, {"CH": 8, "MAX_SPLIT": 32}),    # TK 64: a key's sum over two subgroups of 32
+])
+def test_the_context_split_attention_matches_the_reference(dev, monkeypatch, hd, n_head, n_kv, ctx, cfg):
+    from minfer.kernels import wgsl_ops
+
+    monkeypatch.setattr(wgsl_ops, "ATTN", {**wgsl_ops.ATTN, **cfg, "split": True})
+    gen = torch.Generator().manual_seed(hd + ctx)
+    slots_n, rows = 2, 4
+    ck = torch.randn(1, slots_n, n_kv, ctx, hd, generator=gen)
+    cv = torch.randn(1, slots_n, n_kv, ctx, hd, generator=gen)
+    pos = [ctx - 1, 0, ctx // 2, min(ctx - 1, 64)]  # the last, the first, and chunk edges
+    slots = [0, 1, 1, 0]
+    q = torch.randn(rows, n_head * hd, generator=gen)
+    k = torch.randn(rows, n_kv * hd, generator=gen)
+    v = torch.randn(rows, n_kv * hd, generator=gen)
+    for r in range(rows):  # the kernel writes each row's k, v first: the reference sees them too
+        ck[0, slots[r], :, pos[r]] = k[r].view(n_kv, hd)
+        cv[0, slots[r], :, pos[r]] = v[r].view(n_kv, hd)
+    scale = 1 / math.sqrt(hd)
+    want = _ref_attention(q, ck, cv, slots, pos, n_head, n_kv, hd, scale)
+    up = dev.upload
+    i32 = torch.int32
+    got = wgsl_ops.attention(q=up(q), k=up(k), v=up(v), cache_k=up(ck), cache_v=up(cv),
+                             row_slots=up(torch.tensor(slots, dtype=i32)), positions=up(torch.tensor(pos, dtype=i32)),
+                             layer=0, n_head=n_head, n_head_kv=n_kv, head_dim=hd, scale=scale).cpu()
+    assert _rel(got, want) < 1e-5
+    monkeypatch.setattr(wgsl_ops, "ATTN", {**wgsl_ops.ATTN, "split": False})  # the single-pass kernel agrees
+    single = wgsl_ops.attention(q=up(q), k=up(k), v=up(v), cache_k=up(ck), cache_v=up(cv),
+                                row_slots=up(torch.tensor(slots, dtype=i32)),
+                                positions=up(torch.tensor(pos, dtype=i32)),
+                                layer=0, n_head=n_head, n_head_kv=n_kv, head_dim=hd, scale=scale).cpu()
+    assert _rel(single, want) < 1e-5
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q4_K"])
+def test_every_gemv_variant_of_the_sweep_matches_the_reference(dev, monkeypatch, qtype):
+    """Each launch variant bench/vulkan_sweep.py times (wgsl_ops.GEMV_VARIANTS), at an odd column
+    count (a last workgroup part empty) and an odd block count (Q4_0 / Q8_0 rows 2 bytes off 4:
+    the unaligned word path): the GEMV and the tiled matmul against float64 math, and a row of the
+    tiled matmul bit-equal to the GEMV of that row alone (the batch invariance the backend needs)."""
+    from minfer.contracts.harness import random_blocks
+    from minfer.kernels import wgsl_ops
+    from minfer.quant.reference import dequantize
+    from minfer.quant.types import by_name
+
+    q = by_name(qtype)
+    n, k = 37, q.block_elems * (45 if q.block_elems == 32 else 3)
+    gen = torch.Generator().manual_seed(11)
+    x, raw = torch.randn(3, k, generator=gen), random_blocks(q, n, k, gen)
+    want = x.double() @ dequantize(raw, q.type, (n, k)).double().T
+    xd, wd = dev.upload(x), dev.upload(raw)
+    base = dict(wgsl_ops.GEMV)
+    for v in wgsl_ops.GEMV_VARIANTS:
+        monkeypatch.setattr(wgsl_ops, "GEMV", wgsl_ops.parse_variant(v, base))
+        one = wgsl_ops.qmatvec(x=dev.upload(x[1:2]), w=wd, n=n, k=k, qtype=q.type).cpu()
+        many = wgsl_ops.qmatmul_tiled(x=xd, w=wd, n=n, k=k, qtype=q.type).cpu()
+        assert _rel(one, want[1:2]) < 1e-5, v
+        assert _rel(many, want) < 1e-5, v
+        assert torch.equal(one[0], many[1]), v
+
+
+def test_a_variant_string_is_checked():
+    from minfer.errors import UnsupportedError
+    from minfer.kernels import wgsl_ops
+
+    assert wgsl_ops.parse_variant("TPR=16,NC=4", wgsl_ops.GEMV)["NC"] == 4
+    for bad in ("TPR=6", "kernel=fast", "ROWS=2", "WG=96,TPR=64"):
+        with pytest.raises(UnsupportedError):
+            wgsl_ops.parse_variant(bad, wgsl_ops.GEMV)
