@@ -32,18 +32,24 @@ NORM_WG = 128
 # the grid would have fewer than MIN_GROUPS workgroups. The decode GEMV (TM 1) and the tiled prefill
 # matmul (TM 8 rows of x per workgroup) run the same variant, so a row's sums are the same sequence
 # in both (batch invariance: TM, NC, U and WG change no bit; TPR and the kernel do).
+# LF 1: the decode GEMV's full iterations loads-first (qmv.wgsl; no bit changes). KIT > 0: TPR
+# doubles (up to WG) while a lane would walk more than KIT iterations of a row (7B down, k 18944:
+# TPR 128 at KIT 24): more lanes, so more loads in flight, for a long row; a function of k only.
 # MINFER_VK_GEMV="kernel=qmv,TPR=32,NC=2" overrides fields (bench/vulkan_sweep.py).
-GEMV = {"kernel": "qmv", "WG": 128, "TPR": 32, "NC": 2, "U": 2, "MIN_GROUPS": 528,  # qmv types
+GEMV = {"kernel": "qmv", "WG": 128, "TPR": 32, "NC": 2, "U": 4, "MIN_GROUPS": 528, "LF": 1, "KIT": 24,  # qmv types
         "A_WG": 128, "A_TPR": 16}  # the others: qmatmul.wgsl
 TILED_TM = 8
 RUN30_VARIANT = "kernel=qmatmul,A_WG=128,A_TPR=16"  # what bench/NOTES.md's run 30 measured
+RUN32_DEFAULT = "kernel=qmv,WG=128,TPR=32,NC=2,U=2,LF=0,KIT=0"  # run 32's default and best (bench/NOTES.md)
+RUN32_BEST = "kernel=qmv,WG=128,TPR=64,NC=2,U=2,LF=0,KIT=0"
 GEMV_VARIANTS = [  # what bench/vulkan_sweep.py times (tests/backends/test_wgpu_kernels.py checks each); first: GEMV
-    "kernel=qmv,WG=128,TPR=32,NC=2,U=2", RUN30_VARIANT, "kernel=qmatmul,A_WG=128,A_TPR=8",
-    "kernel=qmatmul,A_WG=256,A_TPR=32", "kernel=qmv,WG=128,TPR=32,NC=1,U=1", "kernel=qmv,WG=128,TPR=32,NC=1,U=4",
-    "kernel=qmv,WG=128,TPR=32,NC=2,U=4", "kernel=qmv,WG=128,TPR=32,NC=4,U=2", "kernel=qmv,WG=256,TPR=32,NC=2,U=2",
-    "kernel=qmv,WG=64,TPR=32,NC=2,U=2", "kernel=qmv,WG=128,TPR=16,NC=2,U=2", "kernel=qmv,WG=128,TPR=16,NC=4,U=4",
-    "kernel=qmv,WG=128,TPR=64,NC=2,U=2", "kernel=qmv,WG=256,TPR=64,NC=1,U=4", "kernel=qmv,WG=128,TPR=8,NC=4,U=2",
-    "kernel=qmv,WG=128,TPR=32,NC=2,U=2,MIN_GROUPS=1"]
+    "kernel=qmv,WG=128,TPR=32,NC=2,U=4,LF=1,KIT=24", RUN30_VARIANT, RUN32_DEFAULT, RUN32_BEST,
+    "kernel=qmv,WG=128,TPR=32,NC=2,U=4,LF=0,KIT=0", "kernel=qmv,WG=128,TPR=32,NC=2,U=4,LF=0,KIT=24",
+    "kernel=qmv,WG=128,TPR=32,NC=2,U=2,LF=1,KIT=24", "kernel=qmv,WG=128,TPR=32,NC=2,U=8,LF=1,KIT=24",
+    "kernel=qmv,WG=128,TPR=64,NC=2,U=4,LF=1,KIT=24", "kernel=qmv,WG=256,TPR=32,NC=2,U=4,LF=1,KIT=24",
+    "kernel=qmv,WG=256,TPR=64,NC=2,U=4,LF=1,KIT=12", "kernel=qmv,WG=128,TPR=32,NC=4,U=4,LF=1,KIT=24",
+    "kernel=qmv,WG=128,TPR=32,NC=1,U=4,LF=1,KIT=24", "kernel=qmv,WG=128,TPR=16,NC=2,U=4,LF=1,KIT=32",
+    "kernel=qmv,WG=128,TPR=32,NC=2,U=4,LF=1,KIT=12", "kernel=qmv,WG=64,TPR=32,NC=2,U=4,LF=1,KIT=24"]
 QMV_TYPES = {GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0}
 ATTN_WG = 64
 # attention: split over the context in chunks of >= CH positions (at most MAX_SPLIT chunks), WG
@@ -186,6 +192,16 @@ for _item in filter(None, env("MINFER_VK_ATTN", "").split(",")):
     ATTN[_key] = bool(int(_val)) if _key == "split" else int(_val)
 
 
+def qmv_lanes(g: dict, k: int) -> int:
+    """The qmv lanes per column for a row of k elements: TPR, doubled (up to WG) while a lane would
+    walk more than KIT iterations (KIT 0: never). A function of k alone, so the decode GEMV and
+    the tiled prefill matmul of one weight agree (batch invariance)."""
+    tpr, its = g["TPR"], -(-k // 32)
+    while g["KIT"] and tpr < g["WG"] and g["WG"] % (2 * tpr) == 0 and -(-its // (tpr // 4)) > g["KIT"]:
+        tpr *= 2
+    return tpr
+
+
 def _qmatmul(what: str, tm: int, x: VkTensor, w: VkTensor, n: int, k: int, qtype, out) -> VkTensor:
     q = _qinfo(what, qtype)
     _check(what, "x", x, "F32", (1, 2))
@@ -207,11 +223,12 @@ def _qmatmul(what: str, tm: int, x: VkTensor, w: VkTensor, n: int, k: int, qtype
     aligned = x.offset % 4 == 0 and x.stride % 4 == 0  # rows of x start on 16 bytes: vec4 loads of x
     xs = "qmatmul_x4" if aligned else "qmatmul_x"
     if g["kernel"] == "qmv" and q.type in QMV_TYPES:
+        tpr = qmv_lanes(g, k)
         nc = g["NC"]
-        while nc > 1 and -(-n // (g["WG"] // g["TPR"] * nc)) < g["MIN_GROUPS"]:
+        while nc > 1 and -(-n // (g["WG"] // tpr * nc)) < g["MIN_GROUPS"]:
             nc //= 2
-        cfg = {"WG": g["WG"], "TPR": g["TPR"], "NC": nc, "U": g["U"], "TM": tm}
-        cols_per_group = g["WG"] // g["TPR"] * nc
+        cfg = {"WG": g["WG"], "TPR": tpr, "NC": nc, "U": g["U"], "TM": tm, "LF": g["LF"] if tm == 1 else 0}
+        cols_per_group = g["WG"] // tpr * nc
         pipe = x.dev.pipeline(f"{xs}+part_{q.name.lower()}+qmv", cfg, q.name)
     else:
         cfg = {"WG": g["A_WG"], "TPR": g["A_TPR"], "TM": tm}

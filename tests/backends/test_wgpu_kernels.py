@@ -92,19 +92,34 @@ def test_every_gemv_variant_of_the_sweep_matches_the_reference(dev, monkeypatch,
     from minfer.quant.types import by_name
 
     q = by_name(qtype)
-    n, k = 37, q.block_elems * (45 if q.block_elems == 32 else 3)
-    gen = torch.Generator().manual_seed(11)
-    x, raw = torch.randn(3, k, generator=gen), random_blocks(q, n, k, gen)
-    want = x.double() @ dequantize(raw, q.type, (n, k)).double().T
-    xd, wd = dev.upload(x), dev.upload(raw)
     base = dict(wgsl_ops.GEMV)
-    for v in wgsl_ops.GEMV_VARIANTS:
-        monkeypatch.setattr(wgsl_ops, "GEMV", wgsl_ops.parse_variant(v, base))
-        one = wgsl_ops.qmatvec(x=dev.upload(x[1:2]), w=wd, n=n, k=k, qtype=q.type).cpu()
-        many = wgsl_ops.qmatmul_tiled(x=xd, w=wd, n=n, k=k, qtype=q.type).cpu()
-        assert _rel(one, want[1:2]) < 1e-5, v
-        assert _rel(many, want) < 1e-5, v
-        assert torch.equal(one[0], many[1]), v
+    # 45 blocks: the loads-first chunks and the guarded rest; 601 blocks (32-element types): KIT's
+    # doubled TPR (a long row, like the 7B down projection's 592)
+    for n_blocks in (45, 601) if q.block_elems == 32 else (3,):
+        n, k = 37, q.block_elems * n_blocks
+        gen = torch.Generator().manual_seed(11)
+        x, raw = torch.randn(3, k, generator=gen), random_blocks(q, n, k, gen)
+        want = x.double() @ dequantize(raw, q.type, (n, k)).double().T
+        xd, wd, x1 = dev.upload(x), dev.upload(raw), dev.upload(x[1:2])
+        for v in wgsl_ops.GEMV_VARIANTS:
+            monkeypatch.setattr(wgsl_ops, "GEMV", wgsl_ops.parse_variant(v, base))
+            one = wgsl_ops.qmatvec(x=x1, w=wd, n=n, k=k, qtype=q.type).cpu()
+            many = wgsl_ops.qmatmul_tiled(x=xd, w=wd, n=n, k=k, qtype=q.type).cpu()
+            assert _rel(one, want[1:2]) < 1e-5, (v, k)
+            assert _rel(many, want) < 1e-5, (v, k)
+            assert torch.equal(one[0], many[1]), (v, k)
+            if "LF=1" in v:  # loads-first changes no bit
+                monkeypatch.setattr(wgsl_ops, "GEMV", wgsl_ops.parse_variant(v.replace("LF=1", "LF=0"), base))
+                assert torch.equal(wgsl_ops.qmatvec(x=x1, w=wd, n=n, k=k, qtype=q.type).cpu(), one), (v, k)
+
+
+def test_kit_doubles_the_lanes_of_a_long_row():
+    from minfer.kernels import wgsl_ops
+
+    g = wgsl_ops.parse_variant("WG=128,TPR=32,KIT=24", wgsl_ops.GEMV)
+    assert wgsl_ops.qmv_lanes(g, 3584) == 32 and wgsl_ops.qmv_lanes(g, 18944) == 128
+    assert wgsl_ops.qmv_lanes(wgsl_ops.parse_variant("WG=64,TPR=32,KIT=24", g), 18944) == 64
+    assert wgsl_ops.qmv_lanes(wgsl_ops.parse_variant("KIT=0", g), 18944) == 32
 
 
 def test_a_variant_string_is_checked():

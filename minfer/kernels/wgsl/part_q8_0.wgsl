@@ -10,7 +10,12 @@ fn i8x4(q: u32) -> vec4<f32> {
     return vec4<f32>(vec4<i32>(bitcast<i32>(q << 24u), bitcast<i32>(q << 16u), bitcast<i32>(q << 8u),
                                bitcast<i32>(q)) >> vec4<u32>(24u));
 }
-fn part_dot(wb: u32, w: u32, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
+// part_load: the quarter's words (two of quants, scale bits), part_use: its dot with x (loads-first qmv)
+fn part_load(wb: u32, w: u32) -> vec4<u32> {
     let o = wb + 2u + 4u * w;
-    return ldf16(wb) * (dot(i8x4(word_at(o)), xa) + dot(i8x4(word_at(o + 16u)), xb));
+    return vec4<u32>(word_at(o), word_at(o + 16u), ld16(wb), 0u);
 }
+fn part_use(v: vec4<u32>, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
+    return f16_bits(v.z) * (dot(i8x4(v.x), xa) + dot(i8x4(v.y), xb));
+}
+fn part_dot(wb: u32, w: u32, xa: vec4<f32>, xb: vec4<f32>) -> f32 { return part_use(part_load(wb, w), xa, xb); }

@@ -7,6 +7,10 @@
 // vec4s of x, which are loaded once for the NC columns. U iterations are unrolled (their loads in
 // flight together); the sequence each accumulator sees depends only on TPR, so TM, NC, U and WG
 // change no result bit. The TPR lanes' sums are reduced with seg_sum.
+// LF = 1 (loads first): the iterations where every lane of the group has its block (nb / QPB of
+// them, the same for all lanes) run U at a time with no guard, each chunk's U x NC weight quarters
+// and U x TM pairs of x vec4s loaded into registers before any is used (all in flight together);
+// the rest as with LF = 0. Each accumulator sees the same sequence either way.
 struct Params {
     m: u32, n: u32, k: u32,
     x_off: u32, x_stride: u32,
@@ -30,7 +34,33 @@ fn main(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
     var base: array<u32, NC>;
     for (var c = 0u; c < NC; c++) { base[c] = min(col0 + c, P.n - 1u) * P.row_bytes; }  // past n: a repeat, not written
     var acc: array<f32, NC * TM>;
-    for (var b0 = t / 4u; b0 < nb; b0 += QPB * U) {
+    var b_start = t / 4u;
+    if (LF == 1u) {
+        let chunks = nb / QPB / U;
+        for (var j = 0u; j < chunks; j++) {
+            let bj = t / 4u + j * QPB * U;
+            var wv: array<vec4<u32>, U * NC>;
+            var xa: array<vec4<f32>, U * TM>;
+            var xb: array<vec4<f32>, U * TM>;
+            for (var u = 0u; u < U; u++) {
+                for (var c = 0u; c < NC; c++) { wv[u * NC + c] = part_load(base[c] + (bj + u * QPB) * BB, w); }
+                for (var i = 0u; i < TM; i++) {
+                    let xo = P.x_off + min(m0 + i, P.m - 1u) * P.x_stride + (bj + u * QPB) * 32u + 4u * w;
+                    xa[u * TM + i] = xq(xo);
+                    xb[u * TM + i] = xq(xo + 16u);
+                }
+            }
+            for (var u = 0u; u < U; u++) {
+                for (var i = 0u; i < TM; i++) {
+                    for (var c = 0u; c < NC; c++) {
+                        acc[c * TM + i] += part_use(wv[u * NC + c], xa[u * TM + i], xb[u * TM + i]);
+                    }
+                }
+            }
+        }
+        b_start += chunks * QPB * U;
+    }
+    for (var b0 = b_start; b0 < nb; b0 += QPB * U) {
         for (var u = 0u; u < U; u++) {
             let b = b0 + u * QPB;
             if (b < nb) {
