@@ -36,15 +36,16 @@ NORM_WG = 128
 # doubles (up to WG) while a lane would walk more than KIT iterations of a row (7B down, k 18944:
 # TPR 128 at KIT 24): more lanes, so more loads in flight, for a long row; a function of k only.
 # MINFER_VK_GEMV="kernel=qmv,TPR=32,NC=2" overrides fields (bench/vulkan_sweep.py).
-GEMV = {"kernel": "qmv", "WG": 128, "TPR": 32, "NC": 2, "U": 4, "MIN_GROUPS": 528, "LF": 1, "KIT": 24,  # qmv types
+# Default: run 33's best on the H200 (LF 0: loads-first halved the speed there, bench/NOTES.md).
+GEMV = {"kernel": "qmv", "WG": 128, "TPR": 32, "NC": 2, "U": 4, "MIN_GROUPS": 528, "LF": 0, "KIT": 24,  # qmv types
         "A_WG": 128, "A_TPR": 16}  # the others: qmatmul.wgsl
 TILED_TM = 8
 RUN30_VARIANT = "kernel=qmatmul,A_WG=128,A_TPR=16"  # what bench/NOTES.md's run 30 measured
 RUN32_DEFAULT = "kernel=qmv,WG=128,TPR=32,NC=2,U=2,LF=0,KIT=0"  # run 32's default and best (bench/NOTES.md)
 RUN32_BEST = "kernel=qmv,WG=128,TPR=64,NC=2,U=2,LF=0,KIT=0"
 GEMV_VARIANTS = [  # what bench/vulkan_sweep.py times (tests/backends/test_wgpu_kernels.py checks each); first: GEMV
-    "kernel=qmv,WG=128,TPR=32,NC=2,U=4,LF=1,KIT=24", RUN30_VARIANT, RUN32_DEFAULT, RUN32_BEST,
-    "kernel=qmv,WG=128,TPR=32,NC=2,U=4,LF=0,KIT=0", "kernel=qmv,WG=128,TPR=32,NC=2,U=4,LF=0,KIT=24",
+    "kernel=qmv,WG=128,TPR=32,NC=2,U=4,LF=0,KIT=24", RUN30_VARIANT, RUN32_DEFAULT, RUN32_BEST,
+    "kernel=qmv,WG=128,TPR=32,NC=2,U=4,LF=0,KIT=0", "kernel=qmv,WG=128,TPR=32,NC=2,U=4,LF=1,KIT=24",
     "kernel=qmv,WG=128,TPR=32,NC=2,U=2,LF=1,KIT=24", "kernel=qmv,WG=128,TPR=32,NC=2,U=8,LF=1,KIT=24",
     "kernel=qmv,WG=128,TPR=64,NC=2,U=4,LF=1,KIT=24", "kernel=qmv,WG=256,TPR=32,NC=2,U=4,LF=1,KIT=24",
     "kernel=qmv,WG=256,TPR=64,NC=2,U=4,LF=1,KIT=12", "kernel=qmv,WG=128,TPR=32,NC=4,U=4,LF=1,KIT=24",
