@@ -31,6 +31,7 @@ from ..contracts.registry import BoundKernel, Registry, default_registry
 from ..errors import MinferError, ModelError, UnsupportedError
 from ..gguf.reader import GGUFReader
 from ..graph.ir import Graph, Node, Op, WeightRef
+from ..kernels import wgsl_ops
 from ..kernels.sample import KMAX, PARAM_ROWS, sample_rows
 from ..kernels.wgpu_device import Device, VkTensor
 from ..quant.reference import dequantize
@@ -164,6 +165,21 @@ class WGPUBackend:
             self._bytes[w.name] = self.dev.upload(parts[0] if len(parts) == 1 else torch.cat(parts))
         return self._bytes[w.name]
 
+    def _matmul_weight(self, w: WeightRef, qtype: GGMLType, k: int) -> VkTensor:
+        """A matmul's weight on the device: its GGUF bytes, or for Q4_0 under the qmv4 GEMV
+        (wgsl_ops.GEMV) the planes it reads, repacked once here (the raw bytes kept only where
+        another node, a tied embedding's gather, uploaded them too)."""
+        if qtype != GGMLType.Q4_0 or wgsl_ops.GEMV["kernel"] != "qmv4":
+            return self._matrix(w)
+        key = w.name + "#planes"
+        if key not in self._bytes:
+            shared = w.name in self._bytes
+            raw = self._matrix(w)
+            self._bytes[key] = wgsl_ops.q4_0_planes(raw, raw.shape[0], k)
+            if not shared:
+                del self._bytes[w.name]
+        return self._bytes[key]
+
     def _vector(self, name: str) -> VkTensor:
         if name not in self._vectors:
             info = self._reader.tensors[name]
@@ -263,7 +279,7 @@ class WGPUBackend:
                         lambda m, cols=b - a: {"x": (m, k), "w": (cols, k)}, {"n": b - a, "k": k, "qtype": qtype},
                         {"x": STRIDED})
             run = {kind: self._choose(node, call, rows) for kind, rows in KINDS.items()}
-            parts.append((run, self._matrix(ref), a, b, qtype))
+            parts.append((run, self._matmul_weight(ref, qtype, k), a, b, qtype))
             names.append(run)
         picks = {kind: "+".join(r[kind].name for r in names) for kind in KINDS}
         self.choices[node.id] = picks

@@ -535,6 +535,7 @@ class VkTensor:
     dtype: str
     offset: int = 0
     row_stride: int | None = None  # None: contiguous
+    layout: str = ""  # "": the dtype's plain elements (GGUF bytes for U8); "q4_0_planes": wgsl_ops.q4_0_planes
 
     @property
     def numel(self) -> int:

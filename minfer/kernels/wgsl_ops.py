@@ -11,8 +11,10 @@ tensor (into `out=` when given), and the caches an attention call writes are cop
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -35,22 +37,30 @@ NORM_WG = 128
 # LF 1: the decode GEMV's full iterations loads-first (qmv.wgsl; no bit changes). KIT > 0: TPR
 # doubles (up to WG) while a lane would walk more than KIT iterations of a row (7B down, k 18944:
 # TPR 128 at KIT 24): more lanes, so more loads in flight, for a long row; a function of k only.
+# "qmv4" (Q4_0; the other qmv types run qmv): the weight repacked once into planes (q4_0_planes:
+# a block's 16 quant bytes one 16-byte load, the f16 scales a plane of their own), lane t of a
+# group of TPR4 taking whole blocks b = t, t + TPR4, ... of NR rows, x's 32 values per block loaded
+# once for the NR rows; TPR4 doubles (up to WG) while a lane would walk more than KIT4 blocks of a
+# row, NR halves (down to 1) while the grid would have fewer than MIN_GROUPS workgroups.
 # MINFER_VK_GEMV="kernel=qmv,TPR=32,NC=2" overrides fields (bench/vulkan_sweep.py).
-# Default: run 33's best on the H200 (LF 0: loads-first halved the speed there, bench/NOTES.md).
-GEMV = {"kernel": "qmv", "WG": 128, "TPR": 32, "NC": 2, "U": 4, "MIN_GROUPS": 528, "LF": 0, "KIT": 24,  # qmv types
+# Default: qmv4 (the sixth session's guess, not yet measured on the H200; run 33's best, the qmv
+# variant first in GEMV_VARIANTS after it, is what it is compared against).
+GEMV = {"kernel": "qmv4", "WG": 128, "TPR": 32, "NC": 2, "U": 4, "MIN_GROUPS": 528, "LF": 0, "KIT": 24,  # qmv types
+        "TPR4": 32, "NR": 4, "KIT4": 8,  # qmv4 (Q4_0)
         "A_WG": 128, "A_TPR": 16}  # the others: qmatmul.wgsl
 TILED_TM = 8
 RUN30_VARIANT = "kernel=qmatmul,A_WG=128,A_TPR=16"  # what bench/NOTES.md's run 30 measured
 RUN32_DEFAULT = "kernel=qmv,WG=128,TPR=32,NC=2,U=2,LF=0,KIT=0"  # run 32's default and best (bench/NOTES.md)
 RUN32_BEST = "kernel=qmv,WG=128,TPR=64,NC=2,U=2,LF=0,KIT=0"
+RUN33_BEST = "kernel=qmv,WG=128,TPR=32,NC=2,U=4,LF=0,KIT=24"  # run 33's best (the default until qmv4)
 GEMV_VARIANTS = [  # what bench/vulkan_sweep.py times (tests/backends/test_wgpu_kernels.py checks each); first: GEMV
-    "kernel=qmv,WG=128,TPR=32,NC=2,U=4,LF=0,KIT=24", RUN30_VARIANT, RUN32_DEFAULT, RUN32_BEST,
-    "kernel=qmv,WG=128,TPR=32,NC=2,U=4,LF=0,KIT=0", "kernel=qmv,WG=128,TPR=32,NC=2,U=4,LF=1,KIT=24",
-    "kernel=qmv,WG=128,TPR=32,NC=2,U=2,LF=1,KIT=24", "kernel=qmv,WG=128,TPR=32,NC=2,U=8,LF=1,KIT=24",
-    "kernel=qmv,WG=128,TPR=64,NC=2,U=4,LF=1,KIT=24", "kernel=qmv,WG=256,TPR=32,NC=2,U=4,LF=1,KIT=24",
-    "kernel=qmv,WG=256,TPR=64,NC=2,U=4,LF=1,KIT=12", "kernel=qmv,WG=128,TPR=32,NC=4,U=4,LF=1,KIT=24",
-    "kernel=qmv,WG=128,TPR=32,NC=1,U=4,LF=1,KIT=24", "kernel=qmv,WG=128,TPR=16,NC=2,U=4,LF=1,KIT=32",
-    "kernel=qmv,WG=128,TPR=32,NC=2,U=4,LF=1,KIT=12", "kernel=qmv,WG=64,TPR=32,NC=2,U=4,LF=1,KIT=24"]
+    "kernel=qmv4,WG=128,TPR4=32,NR=4,KIT4=8", RUN33_BEST, RUN30_VARIANT, RUN32_BEST,
+    "kernel=qmv4,WG=128,TPR4=32,NR=2,KIT4=8", "kernel=qmv4,WG=128,TPR4=32,NR=8,KIT4=8",
+    "kernel=qmv4,WG=128,TPR4=32,NR=1,KIT4=8", "kernel=qmv4,WG=128,TPR4=16,NR=4,KIT4=8",
+    "kernel=qmv4,WG=128,TPR4=64,NR=4,KIT4=8", "kernel=qmv4,WG=256,TPR4=32,NR=4,KIT4=8",
+    "kernel=qmv4,WG=64,TPR4=32,NR=4,KIT4=8", "kernel=qmv4,WG=128,TPR4=32,NR=4,KIT4=4",
+    "kernel=qmv4,WG=128,TPR4=32,NR=4,KIT4=16", "kernel=qmv4,WG=128,TPR4=32,NR=4,KIT4=0",
+    "kernel=qmv4,WG=128,TPR4=32,NR=4,KIT4=8,MIN_GROUPS=1056", "kernel=qmv4,WG=128,TPR4=32,NR=4,KIT4=8,MIN_GROUPS=1"]
 QMV_TYPES = {GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0}
 ATTN_WG = 64
 # attention: split over the context in chunks of >= CH positions (at most MAX_SPLIT chunks), WG
@@ -178,10 +188,12 @@ def parse_variant(text: str, base: dict) -> dict:
         if key not in base:
             raise UnsupportedError(f"vk matmul variant: unknown field {key!r} (fields: {', '.join(base)})")
         cfg[key] = val if key == "kernel" else int(val)
-    if cfg["kernel"] not in ("qmv", "qmatmul"):
-        raise UnsupportedError(f"vk matmul variant: kernel {cfg['kernel']!r} is not qmv or qmatmul")
-    if cfg["TPR"] % 4 or cfg["WG"] % cfg["TPR"] or cfg["A_WG"] % cfg["A_TPR"]:
-        raise UnsupportedError(f"vk matmul variant {cfg}: TPR must be a multiple of 4 dividing WG")
+    if cfg["kernel"] not in ("qmv4", "qmv", "qmatmul"):
+        raise UnsupportedError(f"vk matmul variant: kernel {cfg['kernel']!r} is not qmv4, qmv or qmatmul")
+    if cfg["TPR"] % 4 or cfg["WG"] % cfg["TPR"] or cfg["A_WG"] % cfg["A_TPR"] or cfg["WG"] % cfg["TPR4"]:
+        raise UnsupportedError(f"vk matmul variant {cfg}: TPR must be a multiple of 4 dividing WG, TPR4 divide WG")
+    if cfg["NR"] < 1 or cfg["NR"] & (cfg["NR"] - 1):
+        raise UnsupportedError(f"vk matmul variant {cfg}: NR must be a power of two")
     return cfg
 
 
@@ -203,6 +215,50 @@ def qmv_lanes(g: dict, k: int) -> int:
     return tpr
 
 
+def qmv4_lanes(g: dict, k: int) -> int:
+    """qmv4's lanes per row group for a row of k elements: TPR4, doubled (up to WG) while a lane
+    would walk more than KIT4 blocks (KIT4 0: never); a function of k alone (batch invariance)."""
+    tpr, nb = g["TPR4"], -(-k // 32)
+    while g["KIT4"] and tpr < g["WG"] and g["WG"] % (2 * tpr) == 0 and -(-nb // tpr) > g["KIT4"]:
+        tpr *= 2
+    return tpr
+
+
+PLANES = "q4_0_planes"
+_PLANES_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # raw storage -> its planes
+
+
+def planes_bytes(n_blocks: int) -> int:
+    """Bytes of q4_0_planes for n_blocks Q4_0 blocks: 16 per block, the scale words, 16-byte padded."""
+    return -(-(16 * n_blocks + 4 * -(-n_blocks // 2)) // 16) * 16
+
+
+def q4_0_planes(w: VkTensor, n: int, k: int) -> VkTensor:
+    """Q4_0 GGUF bytes [n, k / 32 * 18] (from byte 0) repacked on the device into the planes qmv4
+    reads (repack_q4_0.wgsl): the quant plane (16 bytes per block, rows one after another), then
+    the f16 scales two to a word. Recorded like any dispatch (not inside a captured step)."""
+    nblk = n * (k // 32)
+    if w.numel != nblk * 18 or w.offset or k % 32:
+        raise UnsupportedError(f"vk q4_0_planes: w must be {n} rows of {k // 32 * 18} bytes from byte 0")
+    out = w.dev.empty((planes_bytes(nblk),), "U8")
+    gx, gy = _grid_2d(-(-nblk // 2), WG)
+    w.dev.dispatch(w.dev.pipeline("quant_common+repack_q4_0", {"WG": WG}), [w, out], [nblk, 4 * nblk, gx], (gx, gy))
+    return dataclasses.replace(out, layout=PLANES)
+
+
+def _planes_of(w: VkTensor, n: int, k: int) -> VkTensor:
+    """w's planes: w itself when repacked, else a repack cached for w's buffer (tests, the harness,
+    the sweep hand raw bytes; the backend repacks its weights at load)."""
+    if w.layout == PLANES:
+        if w.numel != planes_bytes(n * (k // 32)) or w.offset:
+            raise UnsupportedError(f"vk qmatvec: planes of {w.numel} bytes do not hold a [{n}, {k}] Q4_0 weight")
+        return w
+    hit = _PLANES_CACHE.get(w.storage)
+    if hit is None or hit[0] != (n, k):
+        hit = _PLANES_CACHE[w.storage] = ((n, k), q4_0_planes(w, n, k))
+    return hit[1]
+
+
 def _qmatmul(what: str, tm: int, x: VkTensor, w: VkTensor, n: int, k: int, qtype, out) -> VkTensor:
     q = _qinfo(what, qtype)
     _check(what, "x", x, "F32", (1, 2))
@@ -210,7 +266,12 @@ def _qmatmul(what: str, tm: int, x: VkTensor, w: VkTensor, n: int, k: int, qtype
     if x.shape[-1] != k or k % q.block_elems:
         raise UnsupportedError(f"{what}: x must be [m, {k}] with k a multiple of {q.block_elems}, got {x.shape}")
     row_bytes = q.nbytes(k)
-    if w.numel != n * row_bytes or w.offset:
+    g = GEMV
+    if w.layout == PLANES or (g["kernel"] == "qmv4" and q.type == GGMLType.Q4_0):
+        if q.type != GGMLType.Q4_0:
+            raise UnsupportedError(f"{what}: a {w.layout} weight is Q4_0, not {q.name}")
+        w = _planes_of(w, n, k)
+    elif w.numel != n * row_bytes or w.offset:
         raise UnsupportedError(f"{what}: w must be {n} rows of {row_bytes} bytes ({q.name}) from byte 0")
     m = _rows(x)
     shape = (m, n) if len(x.shape) == 2 else (n,)
@@ -220,10 +281,16 @@ def _qmatmul(what: str, tm: int, x: VkTensor, w: VkTensor, n: int, k: int, qtype
         _check(what, "out", out, "F32")
         if out.numel != m * n:
             raise UnsupportedError(f"{what}: out must hold {shape}, got {out.shape}")
-    g = GEMV
     aligned = x.offset % 4 == 0 and x.stride % 4 == 0  # rows of x start on 16 bytes: vec4 loads of x
     xs = "qmatmul_x4" if aligned else "qmatmul_x"
-    if g["kernel"] == "qmv" and q.type in QMV_TYPES:
+    if w.layout == PLANES:  # qmv4, whatever the kernel field says (the weight is repacked)
+        tpr, nr = qmv4_lanes(g, k), g["NR"]
+        while nr > 1 and -(-n // (g["WG"] // tpr * nr)) < g["MIN_GROUPS"]:
+            nr //= 2
+        cols_per_group = g["WG"] // tpr * nr
+        pipe = x.dev.pipeline(f"{xs}+qmv4", {"WG": g["WG"], "TPR": tpr, "NR": nr, "TM": tm})
+        row_bytes = 4 * n * (k // 32)  # the scale plane's first word (Params.d_off)
+    elif g["kernel"] in ("qmv", "qmv4") and q.type in QMV_TYPES:
         tpr = qmv_lanes(g, k)
         nc = g["NC"]
         while nc > 1 and -(-n // (g["WG"] // tpr * nc)) < g["MIN_GROUPS"]:

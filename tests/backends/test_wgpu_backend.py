@@ -90,7 +90,9 @@ def test_the_matmuls_read_a_strided_unaligned_x(qtype):
 @pytest.mark.parametrize("cfg", ["kernel=qmatmul,A_WG=64,A_TPR=2", "kernel=qmatmul,A_WG=128,A_TPR=4",
                                  "kernel=qmatmul,A_WG=256,A_TPR=32", "kernel=qmatmul,A_WG=256,A_TPR=128",
                                  "kernel=qmv,WG=64,TPR=4", "kernel=qmv,WG=128,TPR=16",
-                                 "kernel=qmv,WG=256,TPR=32", "kernel=qmv,WG=256,TPR=128"])
+                                 "kernel=qmv,WG=256,TPR=32", "kernel=qmv,WG=256,TPR=128",
+                                 "kernel=qmv4,WG=64,TPR4=4,KIT4=0", "kernel=qmv4,WG=128,TPR4=16,KIT4=0",
+                                 "kernel=qmv4,WG=256,TPR4=128,KIT4=0,MIN_GROUPS=1"])
 def test_every_reduction_branch_of_the_gemv_is_right(cfg, monkeypatch):
     """The GEMV's per-column sums over TPR invocations: shuffles inside a subgroup, subgroupAdd
     over whole subgroups, the tree otherwise; which one runs depends on TPR and the adapter's

@@ -111,6 +111,10 @@ def test_every_gemv_variant_of_the_sweep_matches_the_reference(dev, monkeypatch,
             if "LF=1" in v:  # loads-first changes no bit
                 monkeypatch.setattr(wgsl_ops, "GEMV", wgsl_ops.parse_variant(v.replace("LF=1", "LF=0"), base))
                 assert torch.equal(wgsl_ops.qmatvec(x=x1, w=wd, n=n, k=k, qtype=q.type).cpu(), one), (v, k)
+            if "qmv4" in v and "MIN_GROUPS" not in v:  # 37 rows: NR halves to 1 above; unhalved, no bit changes
+                monkeypatch.setattr(wgsl_ops, "GEMV", wgsl_ops.parse_variant(v + ",MIN_GROUPS=1", base))
+                assert torch.equal(wgsl_ops.qmatvec(x=x1, w=wd, n=n, k=k, qtype=q.type).cpu(), one), (v, k)
+                assert torch.equal(wgsl_ops.qmatmul_tiled(x=xd, w=wd, n=n, k=k, qtype=q.type).cpu(), many), (v, k)
 
 
 def test_kit_doubles_the_lanes_of_a_long_row():
@@ -122,11 +126,37 @@ def test_kit_doubles_the_lanes_of_a_long_row():
     assert wgsl_ops.qmv_lanes(wgsl_ops.parse_variant("KIT=0", g), 18944) == 32
 
 
+def test_kit4_doubles_the_lanes_of_a_long_row():
+    from minfer.kernels import wgsl_ops
+
+    g = wgsl_ops.parse_variant("kernel=qmv4,WG=128,TPR4=32,KIT4=8", wgsl_ops.GEMV)
+    assert wgsl_ops.qmv4_lanes(g, 3584) == 32 and wgsl_ops.qmv4_lanes(g, 18944) == 128
+    assert wgsl_ops.qmv4_lanes(wgsl_ops.parse_variant("KIT4=0", g), 18944) == 32
+
+
+def test_the_q4_0_planes_hold_the_blocks():
+    """repack_q4_0.wgsl: block i's quant bytes at 16 i of the quant plane, its f16 scale the half
+    i & 1 of scale word i / 2 after the plane (an odd block count: the last word half empty)."""
+    from minfer.contracts.harness import random_blocks
+    from minfer.kernels import wgsl_ops
+    from minfer.kernels.wgpu_device import default_device
+    from minfer.quant.types import by_name
+
+    dev, n, k = default_device(), 3, 32 * 7
+    raw = random_blocks(by_name("Q4_0"), n, k, torch.Generator().manual_seed(3))
+    got = dev.download(wgsl_ops.q4_0_planes(dev.upload(raw), n, k)).view(torch.uint8)
+    blocks = raw.reshape(-1, 18)
+    nblk = blocks.shape[0]
+    assert got.numel() == wgsl_ops.planes_bytes(nblk) and got.numel() % 16 == 0
+    assert torch.equal(got[:16 * nblk].view(nblk, 16), blocks[:, 2:])
+    assert torch.equal(got[16 * nblk:16 * nblk + 2 * nblk].view(nblk, 2), blocks[:, :2])
+
+
 def test_a_variant_string_is_checked():
     from minfer.errors import UnsupportedError
     from minfer.kernels import wgsl_ops
 
     assert wgsl_ops.parse_variant("TPR=16,NC=4", wgsl_ops.GEMV)["NC"] == 4
-    for bad in ("TPR=6", "kernel=fast", "ROWS=2", "WG=96,TPR=64"):
+    for bad in ("TPR=6", "kernel=fast", "ROWS=2", "WG=96,TPR=64", "NR=3", "WG=64,TPR4=128"):
         with pytest.raises(UnsupportedError):
             wgsl_ops.parse_variant(bad, wgsl_ops.GEMV)
