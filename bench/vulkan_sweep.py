@@ -18,8 +18,9 @@ variants, then decode tok/s of synthetic models with the best variant. Not a tes
    context-split kernel vs the single-pass one.
 4. Decode: DIR/qwen2.5-7b-q4_0.gguf and DIR/smollm2-135m-q4_1.gguf (--small: DIR/tiny-qwen2-
    q4_0.gguf, DIR/tiny-llama-q4_1.gguf), greedy through the engine as `minfer bench`'s tg: with
-   the best variant, the default, run 32's best and the run-30 configuration (qmatmul TPR 16, single-pass
-   attention); per-step host encode time and device time of the captured step.
+   the best variant, the default, run 33's and run 32's best and the run-30 configuration (qmatmul TPR 16, single-pass
+   attention), the model loaded for each (Q4_0 weights are repacked at load for qmv4); per-step host
+   encode time and device time of the captured step.
 The short table comes last.
 """
 
@@ -210,19 +211,20 @@ def decode_section(models: Path, small: bool, tokens: int, configs: list[tuple[s
         if not path.is_file():
             log(f"== decode {name}: {path} missing (minfer synth), skipped")
             continue
-        t0 = time.perf_counter()
-        m = minfer.load(path, device="vulkan", n_ctx=512, n_slots=1, progress=False)
-        log(f"== decode {name} (loaded in {time.perf_counter() - t0:.1f} s), tg{tokens} greedy after a 16-token "
-            "prompt, tok/s (2 runs after a warm-up)")
-        be = m.engine.backend
+        log(f"== decode {name}, tg{tokens} greedy after a 16-token prompt, tok/s (2 runs after a warm-up); "
+            "loaded per variant (the backend repacks Q4_0 at load for qmv4)")
         res[name] = {}
         for label, gemv, split in (configs if i == 0 else configs[:1]):
             wgsl_ops.GEMV.clear()
             wgsl_ops.GEMV.update(wgsl_ops.parse_variant(gemv, default_g))
             wgsl_ops.ATTN.update({**default_a, "split": split})
-            be._replays.clear()
+            t0 = time.perf_counter()
+            m = minfer.load(path, device="vulkan", n_ctx=512, n_slots=1, progress=False)
+            load_s = time.perf_counter() - t0
+            be = m.engine.backend
             runs = run_tg(m, tokens, 2)
-            row = {"variant": gemv, "attn_split": split, "tok_s": statistics.mean(runs), "runs": runs}
+            row = {"variant": gemv, "attn_split": split, "tok_s": statistics.mean(runs), "runs": runs,
+                   "load_s": load_s}
             rep = be._replays.get(1)
             if rep is not None:  # the captured step: host encode, device time, dispatches
                 dev = be.dev
@@ -241,9 +243,9 @@ def decode_section(models: Path, small: bool, tokens: int, configs: list[tuple[s
             extra = (f"  step: {row['dispatches']} dispatches, host encode {row['encode_ms']:.2f} ms, device "
                      f"{row['device_ms']:.2f} ms" if "dispatches" in row and row["device_ms"] is not None else "")
             log(f"{name:20} {label:10} {gemv:46} attn {'split' if split else 'single':6} "
-                f"{row['tok_s']:8.1f} tok/s{extra}")
-        m.close() if hasattr(m, "close") else None
-        del m, be
+                f"{row['tok_s']:8.1f} tok/s (load {load_s:.1f} s){extra}")
+            m.close() if hasattr(m, "close") else None
+            del m, be, rep
     wgsl_ops.GEMV.clear()
     wgsl_ops.GEMV.update(default_g)
     wgsl_ops.ATTN.clear()
@@ -290,8 +292,8 @@ def main() -> None:
     best, shipped = g["best"], variants[0]
     dec = {}
     if not a.no_decode:
-        configs = [("best", best, True), ("default", shipped, True), ("run32", wgsl_ops.RUN32_BEST, True),
-                   ("run30", RUN30, False)]
+        configs = [("best", best, True), ("default", shipped, True), ("run33", wgsl_ops.RUN33_BEST, True),
+                   ("run32", wgsl_ops.RUN32_BEST, True), ("run30", RUN30, False)]
         configs = [c for i, c in enumerate(configs) if c[1] not in [d[1] for d in configs[:i]]]
         dec = report["decode"] = guarded("decode", lambda: decode_section(a.models, a.small, a.tokens, configs), {})
     log(f"\n== summary ({dev.name[:60]}; {time.perf_counter() - t_start:.0f} s)")
@@ -302,20 +304,20 @@ def main() -> None:
     shp = SMALL_SHAPES if a.small else SHAPES
     for denom, label in (("copy_bw", "wgsl copy"), ("read_bw", "wgsl read")):
         log(f"{'GEMV Q4_0 (µs / % of ' + label + ')':56} " + " ".join(f"{n:>14}" for n, *_ in shp))
-        for v in dict.fromkeys([best, shipped, wgsl_ops.RUN32_BEST, RUN30]):
+        for v in dict.fromkeys([best, shipped, wgsl_ops.RUN33_BEST, wgsl_ops.RUN32_BEST, RUN30]):
             if v not in g["table"]:
                 continue
             cells = []
             for name, n, k, _ in shp:
                 per = g["table"][v][name]
                 cells.append(f"{per * 1e6:7.1f} {100 * by_name('Q4_0').nbytes(k) * n / per / bw[denom]:5.1f}%")
-            tag = ("best" if v == best else "default" if v == shipped else "run32" if v == wgsl_ops.RUN32_BEST
-                   else "run30")
+            tag = ("best" if v == best else "default" if v == shipped else "run33" if v == wgsl_ops.RUN33_BEST
+                   else "run32" if v == wgsl_ops.RUN32_BEST else "run30")
             log(f"{tag + ' ' + v.removeprefix('kernel='):56} " + " ".join(f"{c:>14}" for c in cells))
     log(f"GEMV share of a 7B step: best {g['step_s'][best] * 1e3:.2f} ms "
         f"({g['step_bytes'] / g['step_s'][best] / 1e9:.0f} GB/s, "
         f"{100 * g['step_bytes'] / g['step_s'][best] / bw['copy_bw']:.1f}% of wgsl copy), "
-        f"default {g['step_s'][shipped] * 1e3:.2f} ms, "
+        f"default {g['step_s'][shipped] * 1e3:.2f} ms, run33 {g['step_s'].get(wgsl_ops.RUN33_BEST, nan) * 1e3:.2f} ms, "
         f"run30 {g['step_s'].get(RUN30, float('nan')) * 1e3:.2f} ms")
     for name, rows in dec.items():
         for label, r in rows.items():
