@@ -474,7 +474,10 @@ def attention(q: VkTensor, k: VkTensor, v: VkTensor, cache_k: VkTensor, cache_v:
     dev.dispatch(dev.pipeline("kv_store", {"WG": WG}), [k, v, row_slots, positions, cache_k, cache_v],
                  [nkv, hd, ctx, base, k.offset, k.stride, v.offset, v.stride], (-(-(nkv * hd) // WG), rows))
     out = _out(what, out, q, (rows, n_head * hd))
-    if not ATTN["split"] or hd % 4 or base % 4:  # one workgroup per (head, row) over every position
+    # head_dim > 128 (a key's TK > 32 lanes: two NVIDIA subgroups) runs single-pass: the split
+    # kernel's sum across them is wrong on NVIDIA's driver (H200 runs 32-35: 2.8e-2 at head_dim 256;
+    # right on lavapipe's 8-wide subgroups), so it is not used there until that is found
+    if not ATTN["split"] or hd % 4 or base % 4 or hd > 128:  # one workgroup per (head, row), every position
         dev.dispatch(dev.pipeline("attention", {"WG": ATTN_WG}), [q, cache_k, cache_v, row_slots, positions, _at(out)],
                      [n_head, nkv, hd, ctx, base, q.offset, q.stride, float(scale)], (n_head, rows))
         return out
