@@ -66,6 +66,7 @@ ATTN_WG = 64
 # attention: split over the context in chunks of >= CH positions (at most MAX_SPLIT chunks), WG
 # invocations per chunk; split False: the single-pass kernel (one workgroup per head and row)
 ATTN = {"split": True, "WG": 128, "CH": 64, "MAX_SPLIT": 32}
+MAX_HEAD_DIM = 128  # past it both kernels are wrong on NVIDIA's driver (right on lavapipe): refused
 MAX_GROUPS = 65535
 QTYPES = {GGMLType.F32, GGMLType.F16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K}
 
@@ -464,6 +465,9 @@ def attention(q: VkTensor, k: VkTensor, v: VkTensor, cache_k: VkTensor, cache_v:
                                f"{n_head_kv} x {head_dim}")
     if q.shape[1] != n_head * hd or k.shape != (rows, nkv * hd) or v.shape != (rows, nkv * hd):
         raise UnsupportedError(f"{what}: q {q.shape}, k {k.shape}, v {v.shape} are not [{rows}, heads x {hd}]")
+    if hd > MAX_HEAD_DIM:
+        raise UnsupportedError(f"{what}: head_dim {hd} > {MAX_HEAD_DIM}: both attention kernels give wrong results "
+                               "past 128 on NVIDIA's Vulkan driver (bench/NOTES.md, H200 runs 32-36), so it is refused")
     if n_head % n_head_kv or hd > 4 * ATTN_WG or row_slots.numel != rows or positions.numel != rows:
         raise UnsupportedError(f"{what}: {n_head} heads over {n_head_kv} kv heads, head_dim {hd} <= {4 * ATTN_WG}, "
                                "one slot and one position per row")
@@ -474,10 +478,7 @@ def attention(q: VkTensor, k: VkTensor, v: VkTensor, cache_k: VkTensor, cache_v:
     dev.dispatch(dev.pipeline("kv_store", {"WG": WG}), [k, v, row_slots, positions, cache_k, cache_v],
                  [nkv, hd, ctx, base, k.offset, k.stride, v.offset, v.stride], (-(-(nkv * hd) // WG), rows))
     out = _out(what, out, q, (rows, n_head * hd))
-    # head_dim > 128 (a key's TK > 32 lanes: two NVIDIA subgroups) runs single-pass: the split
-    # kernel's sum across them is wrong on NVIDIA's driver (H200 runs 32-35: 2.8e-2 at head_dim 256;
-    # right on lavapipe's 8-wide subgroups), so it is not used there until that is found
-    if not ATTN["split"] or hd % 4 or base % 4 or hd > 128:  # one workgroup per (head, row), every position
+    if not ATTN["split"] or hd % 4 or base % 4:  # one workgroup per (head, row) over every position
         dev.dispatch(dev.pipeline("attention", {"WG": ATTN_WG}), [q, cache_k, cache_v, row_slots, positions, _at(out)],
                      [n_head, nkv, hd, ctx, base, q.offset, q.stride, float(scale)], (n_head, rows))
         return out

@@ -46,7 +46,6 @@ def _ref_attention(q, ck, cv, slots, pos, n_head, n_kv, hd, scale):
     (64, 6, 2, 300, {"CH": 64, "MAX_SPLIT": 32}),   # 5 chunks of 64, TK 16: 8 key groups per workgroup
     (128, 4, 1, 200, {"CH": 16, "MAX_SPLIT": 8}),   # MAX_SPLIT caps the chunks: 8 of 25, TK 32
     (96, 3, 3, 70, {"CH": 32, "MAX_SPLIT": 32}),    # TK 32 with 8 idle lanes, no GQA
-    (256, 2, 1, 40, {"CH": 8, "MAX_SPLIT": 32}),    # head_dim > 128: the single-pass kernel (see attention)
 ])
 def test_the_context_split_attention_matches_the_reference(dev, monkeypatch, hd, n_head, n_kv, ctx, cfg):
     from minfer.kernels import wgsl_ops
@@ -115,6 +114,21 @@ def test_every_gemv_variant_of_the_sweep_matches_the_reference(dev, monkeypatch,
                 monkeypatch.setattr(wgsl_ops, "GEMV", wgsl_ops.parse_variant(v + ",MIN_GROUPS=1", base))
                 assert torch.equal(wgsl_ops.qmatvec(x=x1, w=wd, n=n, k=k, qtype=q.type).cpu(), one), (v, k)
                 assert torch.equal(wgsl_ops.qmatmul_tiled(x=xd, w=wd, n=n, k=k, qtype=q.type).cpu(), many), (v, k)
+
+
+def test_head_dims_past_128_are_refused(dev):
+    """Both attention kernels gave wrong results at head_dim 256 on NVIDIA's driver (H200 runs
+    32-36; right on lavapipe): refused with a typed error instead."""
+    from minfer.errors import UnsupportedError
+    from minfer.kernels import wgsl_ops
+
+    hd, up, i32 = 256, dev.upload, torch.int32
+    cache = up(torch.zeros(1, 1, 1, 8, hd))
+    with pytest.raises(UnsupportedError, match="head_dim 256 > 128"):
+        wgsl_ops.attention(q=up(torch.zeros(1, hd)), k=up(torch.zeros(1, hd)), v=up(torch.zeros(1, hd)),
+                           cache_k=cache, cache_v=cache, row_slots=up(torch.zeros(1, dtype=i32)),
+                           positions=up(torch.zeros(1, dtype=i32)), layer=0, n_head=1, n_head_kv=1, head_dim=hd,
+                           scale=0.0625)
 
 
 def test_kit_doubles_the_lanes_of_a_long_row():
