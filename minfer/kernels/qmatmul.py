@@ -631,7 +631,7 @@ def q4_0_gemv(
         cfg = gemv_config(n, k)
     else:
         cfg = GemvConfig(**config) if isinstance(config, dict) else config
-    _launch_gemv(what, x, w, w.d, w.d, 0, 0, out, n, k, cfg)
+    launch_packed(what, x, w, out, cfg)
     return out
 
 
@@ -757,7 +757,7 @@ def int4_gemv(
     out = make_out(what, out, (1, n), torch.float32, device)
     cfg = gemv_config(n, k, True) if config is None else (GemvConfig(**config) if isinstance(config, dict)
                                                           else config)
-    _launch_gemv(what, x, w, w.d, w.m, w.m.shape[1], w.mode, out, n, k, cfg)
+    launch_packed(what, x, w, out, cfg)
     return out
 
 
@@ -918,6 +918,7 @@ def _codes_and_scales(t: GGMLType, b: torch.Tensor) -> tuple[torch.Tensor, torch
 
 
 def _plane_type(what: str, qtype, allowed=tuple(PLANE_TYPES)) -> GGMLType:
+    """The GGMLType of `qtype` when it is one of `allowed`, else UnsupportedError naming them."""
     try:
         t = by_name(qtype).type if isinstance(qtype, str) else GGMLType(qtype)
     except (UnsupportedError, ValueError):
@@ -997,9 +998,7 @@ def planes_gemv(
     device = check_device(what, x=x, lo=w.lo, out=out)
     out = make_out(what, out, (1, n), torch.float32, device)
     cfg = planes_config(n, k, t) if config is None else (GemvConfig(**config) if isinstance(config, dict) else config)
-    pt = PLANE_TYPES[t]
-    hi = w.hi if w.hi is not None else w.lo
-    _launch_gemv(what, x, w, w.d, w.m, w.m.shape[1], pt.mode, out, n, k, cfg, (hi, pt.lb, pt.hb, pt.center))
+    launch_packed(what, x, w, out, cfg)
     return out
 
 
@@ -1056,14 +1055,7 @@ GemvPacked = Q4_0Packed | Int4Packed | PlanesPacked
 
 def gemv_type(what: str, qtype) -> GGMLType:
     """The GGMLType of `qtype` (type, ggml id or name) when the GEMV reads it, else UnsupportedError."""
-    try:
-        t = by_name(qtype).type if isinstance(qtype, str) else GGMLType(qtype)
-    except (UnsupportedError, ValueError):
-        t = None
-    if t not in GEMV_TYPES:
-        names = ", ".join(x.name for x in GEMV_TYPES)
-        raise UnsupportedError(f"{what}: reads {names} weights, got qtype {qtype!r}")
-    return t
+    return _plane_type(what, qtype, GEMV_TYPES)
 
 
 def repack_gemv(raw: torch.Tensor, n: int, k: int, qtype: GGMLType) -> GemvPacked:
