@@ -68,7 +68,8 @@ ATTN_WG = 64
 ATTN = {"split": True, "WG": 128, "CH": 64, "MAX_SPLIT": 32}
 MAX_HEAD_DIM = 128  # past it both kernels are wrong on NVIDIA's driver (right on lavapipe): refused
 MAX_GROUPS = 65535
-QTYPES = {GGMLType.F32, GGMLType.F16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K}
+QTYPES = {GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
+          GGMLType.Q8_0, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K}
 
 
 def _host_bridge(mutates: tuple[str, ...] = ()) -> Callable:
@@ -264,8 +265,9 @@ def _qmatmul(what: str, tm: int, x: VkTensor, w: VkTensor, n: int, k: int, qtype
     q = _qinfo(what, qtype)
     _check(what, "x", x, "F32", (1, 2))
     _check(what, "w", w, "U8", contiguous=True)
-    if x.shape[-1] != k or k % q.block_elems:
-        raise UnsupportedError(f"{what}: x must be [m, {k}] with k a multiple of {q.block_elems}, got {x.shape}")
+    be = max(q.block_elems, 32)  # the float types are read in 32-element "blocks" too (q_f32.wgsl)
+    if x.shape[-1] != k or k % be:
+        raise UnsupportedError(f"{what}: x must be [m, {k}] with k a multiple of {be}, got {x.shape}")
     row_bytes = q.nbytes(k)
     g = GEMV
     if w.layout == PLANES or (g["kernel"] == "qmv4" and q.type == GGMLType.Q4_0):

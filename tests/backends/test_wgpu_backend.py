@@ -65,7 +65,8 @@ def test_the_shared_memory_reductions_conform_too():
     assert " 0 failed" in done.stdout
 
 
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "Q5_0", "Q5_1", "Q3_K", "Q2_K",
+                                   "BF16"])
 def test_the_matmuls_read_a_strided_unaligned_x(qtype):
     """A column slice of x at an odd offset takes the scalar-load path (the harness's contiguous x
     takes the vec4 one): both launch configs, against the reference decode."""
@@ -76,7 +77,7 @@ def test_the_matmuls_read_a_strided_unaligned_x(qtype):
     from minfer.quant.types import by_name
 
     q, dev = by_name(qtype), default_device()
-    n, k, m = 9, 2 * q.block_elems * (2 if q.block_elems == 32 else 1), 3
+    n, k, m = 9, 2 * max(q.block_elems, 32) * (1 if q.block_elems == 256 else 2), 3
     gen = torch.Generator().manual_seed(3)
     wide = torch.randn(m, k + 3, generator=gen)
     raw = random_blocks(q, n, k, gen)
@@ -224,9 +225,11 @@ def test_a_rows_numbers_do_not_depend_on_the_batch(tiny_gguf):
     assert torch.equal(mixed[0], alone[0]) and torch.equal(mixed[1], prompt_alone[0])
 
 
-# llama: Q4_0, Q8_0, F16 weights, a Q4_K_M mix (fused q/k/v of Q4_K and Q6_K: one GEMV per type);
-# qwen2: q/k/v biases, NEOX RoPE, untied output, K-quants
-CASES = [("tiny-llama", q) for q in ("q4_0", "q8_0", "f16", "q4_k_m")] + [("tiny-qwen2", "q4_k")]
+# llama: Q4_0, Q8_0, F16 weights, a Q4_K_M mix (fused q/k/v of Q4_K and Q6_K: one GEMV per type),
+# the Q5_K_M mix (Q5_K with Q6_K), Q5_0 / Q5_1 everywhere (the embedding too), Q3_K / Q2_K matrices
+# (output and tied embedding Q6_K); qwen2: q/k/v biases, NEOX RoPE, untied output, K-quants
+CASES = [("tiny-llama", q) for q in ("q4_0", "q8_0", "f16", "q4_k_m", "q5_k_m", "q5_0", "q5_1", "q3_k", "q2_k")]
+CASES += [("tiny-qwen2", "q4_k")]
 
 
 def test_a_replayed_decode_step_equals_its_eager_run(smollm2):
