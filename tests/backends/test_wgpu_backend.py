@@ -269,3 +269,27 @@ def test_tiny_models_of_other_weight_types_match_cpu(tiny_gguf, raw, preset, qua
     raw.prefill(vk.engine, 1, PROMPT[:9])
     steps = torch.stack([raw.decode(vk.engine, 1, t, p) for p, t in enumerate(PROMPT[9:], start=9)])
     assert _rel(steps, got[9:]) < 1e-4  # decode rows (the GEMVs) = the prompt's rows (the tiled matmuls)
+
+
+def test_a_tiny_bf16_model_matches_cpu(tiny_gguf, rewrite_gguf, raw, tmp_path):
+    """BF16 matrices (no synth mix writes them: the tiny f32 model's matrices re-encoded, norms f32)."""
+    from minfer.api import load
+    from minfer.gguf.reader import GGUFReader
+    from minfer.quant.reference import quantize
+    from minfer.quant.types import GGMLType
+
+    src = tiny_gguf("tiny-llama", "f32")
+    with GGUFReader(src) as r:
+        mats = {n: t for n, t in r.tensors.items() if len(t.shape) == 2}
+        f32 = {n: torch.from_numpy(r.tensor_bytes(n).copy()).view(torch.float32) for n in mats}
+        add = [(n, t.shape, GGMLType.BF16, quantize(f32[n], GGMLType.BF16).numpy().tobytes()) for n, t in mats.items()]
+    path = rewrite_gguf(src, tmp_path / "tiny-llama-bf16.gguf", drop=list(mats), add=add)
+    cpu = load(path, "cpu", n_ctx=64, n_slots=2, progress=False)
+    vk = load(path, "vulkan", n_ctx=64, n_slots=2, progress=False)
+    assert {vk.engine.backend._reader.tensors[n].ggml_type for n in mats} == {GGMLType.BF16}
+    want = raw.prefill(cpu.engine, 0, PROMPT)
+    got = raw.prefill(vk.engine, 0, PROMPT)
+    assert _rel(got, want) < 2e-2
+    raw.prefill(vk.engine, 1, PROMPT[:9])
+    steps = torch.stack([raw.decode(vk.engine, 1, t, p) for p, t in enumerate(PROMPT[9:], start=9)])
+    assert _rel(steps, got[9:]) < 1e-4

@@ -174,3 +174,27 @@ def test_a_variant_string_is_checked():
     for bad in ("TPR=6", "kernel=fast", "ROWS=2", "WG=96,TPR=64", "NR=3", "WG=64,TPR4=128"):
         with pytest.raises(UnsupportedError):
             wgsl_ops.parse_variant(bad, wgsl_ops.GEMV)
+
+
+@pytest.mark.parametrize("qtype", ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K",
+                                   "Q4_K", "Q5_K", "Q6_K"])
+def test_every_wgsl_decoder_is_the_reference_decode(qtype):
+    """q_<type>.wgsl's elem (what the gather, the dequantizer and the whole-blocks matmul read)
+    against quant/reference.py on fresh random blocks, through the dequantizer and the gather:
+    bit-equal on lavapipe; within one rounding of the block's largest term where a GPU fuses
+    d * q - m into an FMA (the contracts' allowance)."""
+    from minfer.contracts.harness import random_blocks
+    from minfer.kernels import wgsl_ops
+    from minfer.quant.reference import dequantize
+    from minfer.quant.types import by_name
+
+    q = by_name(qtype)
+    n, k = 5, 3 * max(q.block_elems, 32)
+    raw = random_blocks(q, n, k, torch.Generator().manual_seed(17))
+    want = dequantize(raw, q.type, (n, k)).float()
+    one_rounding = float(want.abs().max()) * 2.0 ** -23
+    got = wgsl_ops.dequant(raw_u8=raw, qtype=q.type, rows=n, cols=k)
+    torch.testing.assert_close(got, want, rtol=0, atol=one_rounding)
+    ids = torch.tensor([4, 0, 2, 2], dtype=torch.int32)
+    rows = wgsl_ops.get_rows(weight_u8=raw, ids=ids, qtype=q.type, n_embd=k)
+    torch.testing.assert_close(rows, want[ids.long()], rtol=0, atol=one_rounding)
