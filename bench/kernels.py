@@ -96,7 +96,65 @@ class Cases:
         return raw.reshape(-1)
 
     def all(self) -> list[Case]:
-        return self.elementwise() + self.dequant() + self.embed() + self.quantize() + self.qmatmul() + self.planes()
+        return (self.elementwise() + self.dequant() + self.embed() + self.quantize() + self.qmatmul() + self.planes()
+                + self.fused())
+
+    def fused(self) -> list[Case]:
+        """The decode GEMVs with a fused epilogue (gemv_fused.py) at the 7B / 8B q+k+v and
+        gate+up shapes, beside the plain GEMV + the kernels they replace (rope_f32 / add_bias,
+        swiglu), each alone (their sum is what the unfused decode row launched)."""
+        from minfer.kernels import elementwise as ew
+        from minfer.kernels.gemv_fused import gemv_rope, gemv_swiglu, repack_rope, repack_swiglu
+        from minfer.kernels.rope import rope
+        from minfer.quant.types import QUANT_TABLE, GGMLType
+
+        torch = self.torch
+        info = QUANT_TABLE[GGMLType.Q4_0]
+        # (model, n, k, rotated heads, head_dim): q+k+v; gate+up is (model, n, k)
+        qkv = [("tiny", 64, 256, 2, 16)] if self.small else [(QWEN7, 4608, 3584, 32, 128),
+                                                            (LLAMA8, 6144, 4096, 40, 128)]
+        gu = [("tiny", 64, 256)] if self.small else [(QWEN7, 37888, 3584), (LLAMA8, 28672, 4096)]
+
+        def raw(n, k):
+            return self.quant_bytes(info, n * k // 32)
+
+        def fused_rope(n, k, heads, hd):
+            w = repack_rope(raw(n, k), n, k, info.type, heads, hd, hd, True)
+            x, b, out = self.randn(k), self.randn(n), torch.empty(1, n, device=self.device)
+            cos, sin = self.randn(4096, hd // 2), self.randn(4096, hd // 2)
+            pos = torch.tensor([4000], dtype=torch.int32, device=self.device)
+            return lambda: gemv_rope(x, w, b, pos, cos, sin, n, k, info.type, heads, hd, hd, True, out=out)
+
+        def rope_alone(n, heads, hd):
+            x = self.randn(1, heads * hd)
+            cos, sin = self.randn(4096, hd // 2), self.randn(4096, hd // 2)
+            pos = torch.tensor([4000], dtype=torch.int32, device=self.device)
+            out = torch.empty_like(x)
+            return lambda: rope(x, pos, cos, sin, heads, hd, hd, True, out=out)
+
+        def fused_swiglu(n, k):
+            w = repack_swiglu(raw(n, k), n, k, info.type)
+            x, out = self.randn(k), torch.empty(1, n // 2, device=self.device)
+            return lambda: gemv_swiglu(x, w, n, k, info.type, out=out)
+
+        def swiglu_alone(f):
+            g, u, out = self.randn(1, f), self.randn(1, f), torch.empty(1, f, device=self.device)
+            return lambda: ew.swiglu(g, u, out=out)
+
+        cases = []
+        for model, n, k, heads, hd in qkv:
+            shape, io = f"{n}x{k} {model} qkv", 4 * (n + k)
+            cases.append(Case("gemv_rope[Q4_0]", shape, lambda n=n, k=k, h=heads, d=hd: fused_rope(n, k, h, d),
+                              info.nbytes(n * k) + io + 12 * n, 2 * n * k))
+            cases.append(Case("rope_f32 (unfused)", f"{heads}x{hd} {model}",
+                              lambda n=n, h=heads, d=hd: rope_alone(n, h, d), 8 * heads * hd, 0))
+        for model, n, k in gu:
+            shape, io = f"{n}x{k} {model} gate+up", 4 * (n // 2 + k)
+            cases.append(Case("gemv_swiglu[Q4_0]", shape, lambda n=n, k=k: fused_swiglu(n, k),
+                              info.nbytes(n * k) + io, 2 * n * k))
+            cases.append(Case("swiglu (unfused)", f"{n // 2} {model}", lambda f=n // 2: swiglu_alone(f), 12 * (n // 2),
+                              0))
+        return cases
 
     def planes(self) -> list[Case]:
         """The planes GEMVs (Q8_0, Q6_K, Q5_x, Q3_K, Q2_K) at 7B/8B decode shapes, each shape also

@@ -13,6 +13,8 @@ package calls os.environ. Switches:
 - MINFER_TEST_DEVICE=cpu|cuda   device the kernel tests run on
 - MINFER_WGPU_ADAPTER=name the vulkan / gpu backend's adapter: the first whose name contains it
 - MINFER_WGPU_SUBGROUPS=0  WGSL reductions through shared memory even where the adapter has subgroups
+- MINFER_VK_GEMV=k=v,..  the vulkan matmuls' launch variant (kernel, WG, TPR, NC, U: wgsl_ops.GEMV)
+- MINFER_VK_ATTN=k=v,..  the vulkan attention's (split 0/1, WG, CH, MAX_SPLIT: wgsl_ops.ATTN)
 - MINFER_API_KEY=KEY       the key `minfer serve` requires when --api-key is not given
 
 Tensor parallelism also reads torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
@@ -38,6 +40,7 @@ _KNOWN = {
     "MINFER_TRACE": str,
     "MINFER_NO_CUDA_GRAPH": bool,
     "MINFER_NO_OVERLAP": bool,
+    "MINFER_NO_FUSE": bool,
     "MINFER_NO_PDL": bool,
     "MINFER_MMQ": str,
     "MINFER_MODEL": str,
@@ -45,6 +48,8 @@ _KNOWN = {
     "MINFER_API_KEY": str,
     "MINFER_WGPU_ADAPTER": str,
     "MINFER_WGPU_SUBGROUPS": bool,
+    "MINFER_VK_GEMV": str,
+    "MINFER_VK_ATTN": str,
 }
 
 
@@ -107,6 +112,7 @@ class EngineConfig:
     threads: int | None = None  # cpu threads (torch.set_num_threads; a process-wide setting)
     trace_path: str | None = None
     cuda_graph: bool = True
+    fuse_epilogues: bool = True  # cuda decode rows: SwiGLU / bias + RoPE in the GEMV's store (MINFER_NO_FUSE=1: off)
     overlap: bool = True  # greedy decode: queue step N+1 (tokens picked on the device) before reading step N
     mmq: bool | None = None  # many-row matmuls on cuda: True quantized kernels, False bf16 + cuBLAS, None by cost
     tp: int = 1  # tensor-parallel ranks (processes) the model is split over
@@ -139,6 +145,7 @@ class EngineConfig:
         base = dict(
             trace_path=env("MINFER_TRACE", "") or None,
             cuda_graph=not env("MINFER_NO_CUDA_GRAPH", False),
+            fuse_epilogues=not env("MINFER_NO_FUSE", False),
             overlap=not env("MINFER_NO_OVERLAP", False),
             mmq=None if mmq == "" else mmq == "1",
         )

@@ -283,6 +283,11 @@ class CUDABackend:
         self.extra: dict[int, tuple[Call, Choice]] = {}  # node id -> a second kernel it runs (bias add)
         # node id -> the decode row's (call, kernel) per run of one type of a fused weight whose parts differ
         self.parts: dict[int, list[tuple[Call, Choice]]] = {}
+        # decode-row epilogue fusion (kernels/gemv_fused.py): matmul node id -> its fused call, and
+        # node id -> the matmul that computes it inside its epilogue (its SwiGLU or RoPE)
+        self.fused_calls: dict[int, Call] = {}
+        self.absorbed: dict[int, int] = {}
+        self.plain_rows: dict[int, Choice] = {}  # such a matmul's plain GEMV (matmul_args)
         self.upload = True
         self._reader: GGUFReader | None = None
         self._bytes: dict[str, torch.Tensor] = {}  # tensor name -> its GGUF bytes on the device
@@ -301,6 +306,7 @@ class CUDABackend:
         kernels' layouts. upload=False only picks: what `minfer plan` shows, with no GPU needed."""
         self.graph, self._reader, self.upload = graph, reader, upload
         self._fused_norms = self._add_norm_pairs(graph)
+        self._epilogues = self._epilogue_pairs(graph) if self.config.fuse_epilogues else {}
         sync = torch.cuda.synchronize if self.on_gpu else None
         with torch.inference_mode():
             self.plan = Plan(graph, self._compile, progress=progress, sync=sync, comm=self.comm)
@@ -360,10 +366,11 @@ class CUDABackend:
         self.choices[node.id] = picks
         return {kind: c.kernel for kind, c in picks.items()}
 
-    def _laid_out(self, kernel: BoundKernel, w: WeightRef, n: int, k: int):
-        """The weight in `kernel`'s load layout, made once per (layout, weight): kernels that share
-        a layout (the Q4_0 GEMV and matmul) share the copy."""
-        key = (tuple(c.load_layout for c in kernel.contract.inputs if c.load_layout), w)
+    def _laid_out(self, kernel: BoundKernel, w: WeightRef, n: int, k: int, extra: dict | None = None):
+        """The weight in `kernel`'s load layout, made once per (layout, weight, `extra` params of
+        the layout): kernels that share a layout (the Q4_0 GEMV and matmul) share the copy."""
+        extra = extra or {}
+        key = (tuple(c.load_layout for c in kernel.contract.inputs if c.load_layout), w, tuple(sorted(extra.items())))
         if key not in self._laid:
             raw, qtype = self._matrix_bytes(w), self._types(w)
             if qtype is None:  # parts of different types: one dense f16 copy of the stacked rows
@@ -372,7 +379,7 @@ class CUDABackend:
                 raw = torch.cat([f16_weight(r, part.shape[1], k, self._reader.tensors[part.name].ggml_type)
                                  for r, part in zip(raw, w.tensors, strict=True)])
                 qtype = GGMLType.F16
-            params = {"n": n, "k": k, "qtype": qtype}
+            params = {"n": n, "k": k, "qtype": qtype, **extra}
             self._laid[key] = kernel.apply_load_layouts({"w": raw}, params)["w"] if kernel.load_layouts else raw
         return self._laid[key]
 
@@ -417,6 +424,36 @@ class CUDABackend:
                 if add.op == Op.ADD and last[add.inputs[0]] == add.id and by_id[add.inputs[0]].op in (
                         Op.ADD, Op.GET_ROWS, Op.ALL_REDUCE) and add.inputs[0] != add.inputs[1]:
                     pairs[add.id] = n.id
+        return pairs
+
+    @staticmethod
+    def _epilogue_pairs(graph: Graph) -> dict[int, tuple[str, int]]:
+        """matmul node id -> ("swiglu" | "rope", the node its decode-row GEMV can compute in its
+        epilogue): a bias-free stacked gate+up whose two halves only a SwiGLU reads, or a stacked
+        q+k+v whose columns from 0 a RoPE rotates (its other readers slices of the rest)."""
+        readers: dict[int, list[Node]] = {}
+        for n in graph.nodes:
+            for i in n.inputs:
+                readers.setdefault(i, []).append(n)
+        pairs = {}
+        for m in graph.nodes:
+            rs = readers.get(m.id, [])
+            if m.op != Op.MATMUL or len(m.weights["w"].tensors) < 2 or not rs or any(r.op != Op.SLICE for r in rs):
+                continue
+            n = m.weights["w"].shape[1]
+            nxt = [readers.get(r.id, []) for r in rs]
+            if len(rs) == 2 and "b" not in m.weights and all(len(x) == 1 for x in nxt):
+                (g, u), f = sorted(rs, key=lambda r: r.params["start"]), n // 2
+                sw = nxt[rs.index(g)][0]
+                if (sw.op == Op.SWIGLU and sw.inputs == (g.id, u.id) and (g.params["start"], g.params["stop"]) == (0, f)
+                        and (u.params["start"], u.params["stop"]) == (f, n) and readers[u.id] == [sw]):
+                    pairs[m.id] = ("swiglu", sw.id)
+                continue
+            for r, after in zip(rs, nxt, strict=True):
+                if r.params["start"] == 0 and len(after) == 1 and after[0].op == Op.ROPE and after[0].inputs[0] == r.id:
+                    rope = after[0]
+                    if rope.params["n_heads"] * rope.params["head_dim"] == r.params["stop"]:
+                        pairs[m.id] = ("rope", rope.id)
         return pairs
 
     def _compile_norm(self, node: Node):
@@ -486,7 +523,9 @@ class CUDABackend:
         if kind == "row" and node.id in self.parts:
             raise UnsupportedError(f"matmul_args: node {node.name!r} runs one kernel per type of its parts for a "
                                    "decode row; time the parts alone")
-        kernel = self.choices[node.id][kind].kernel
+        # a decode row whose GEMV runs a fused epilogue: the plain GEMV of the weight (laid out now)
+        choice = self.plain_rows.get(node.id) if kind == "row" else None
+        kernel = (choice or self.choices[node.id][kind]).kernel
         return kernel, {"w": self._laid_out(kernel, w, n, k), "n": n, "k": k, "qtype": self._matmul_type(w)}
 
     def _type_runs(self, w: WeightRef) -> list[tuple[WeightRef, int, int]]:
@@ -527,13 +566,15 @@ class CUDABackend:
                                                     lambda m: {"y": (m, n), "b": (n,)}, {"n_rows": 2}))
             if self.upload:
                 bias = torch.cat([self._vector(t.name) for t in node.weights["b"].tensors])
-        laid = {kind: self._laid_out(kernel, w, n, k) for kind, kernel in run.items()} if self.upload else {}
         (i,) = node.inputs
         parts = self._mixed_row_parts(node, w) if wq == GGMLType.F16 and len(w.tensors) > 1 else None
-        if parts is not None:
-            laid.pop("row", None)  # one decode row runs the parts' own kernels, never the f16 copy
+        fused = self._fused_row(node, run, bias) if parts is None else None
+        laid = {kind: self._laid_out(kernel, w, n, k) for kind, kernel in run.items()
+                if self.upload and not (kind == "row" and (parts is not None or fused is not None))}
 
         def fn(vals, st):
+            if fused is not None and st.kind == "row":
+                return fused(vals, st)
             if parts is not None and st.kind == "row":
                 x = vals[i]
                 y = torch.empty(1, n, dtype=torch.float32, device=x.device)
@@ -541,11 +582,62 @@ class CUDABackend:
                     kernel(x=x, w=wp, n=b - a, k=k, qtype=t, out=y[:, a:b])
             else:
                 y = run[st.kind](x=vals[i], w=laid[st.kind], n=n, k=k, qtype=wq)
-            if bias is not None:
+            if bias is not None:  # (a fused decode row added it in its epilogue)
                 add_bias(y=y, b=bias, n_rows=y.shape[0])
             return y
 
         return fn, run
+
+    def _fused_row(self, node: Node, run: dict, bias: torch.Tensor | None):
+        """The decode row's step of a matmul whose epilogue computes the node after it
+        (`_epilogue_pairs`), when a kernel accepts the fused call; None otherwise. Records the
+        fused call (for `minfer plan`) and the absorbed node, whose decode row then only passes on
+        the value this step computed (a SwiGLU's is stashed in its slot of `vals`)."""
+        if node.id not in self._epilogues:
+            return None
+        how, nid = self._epilogues[node.id]
+        w, (i,) = node.weights["w"], node.inputs
+        k, n = w.shape
+        wq = self._matmul_type(w)
+        shapes = {"x": (1, k), "w": (n, k)}
+        params = {"n": n, "k": k, "qtype": wq}
+        dtypes = {"x": "F32", "w": _contract_name(wq)}
+        if how == "rope":
+            rope = self.graph.nodes[nid]
+            p = rope.params
+            extra = {"n_heads": p["n_heads"], "head_dim": p["head_dim"], "n_rot": p["n_rot"],
+                     "neox": p["style"] == "neox"}
+            half = p["n_rot"] // 2
+            call = Call("QMatMulRoPE", {**dtypes, "b": "F32", "positions": "I32", "cos": "F32", "sin": "F32"},
+                        lambda r: {**shapes, "b": (n,), "positions": (1,), "cos": (16, half), "sin": (16, half)},
+                        {**params, **extra})
+        else:
+            extra = {}
+            call = Call("QMatMulSwiGLU", dtypes, lambda r: shapes, params)
+        ok, _ = candidates(call.op, call.dtypes, call.shapes(1), call.params, "CUDA", registry=self.registry)
+        if not ok:
+            return None
+        choice = Choice(ok[0].kernel, ok[0].cost_ns)
+        kernel = choice.kernel
+        self.fused_calls[node.id] = call
+        self.absorbed[nid] = node.id
+        self.plain_rows[node.id] = self.choices[node.id]["row"]
+        run["row"] = kernel
+        self.choices[node.id]["row"] = choice
+        laid = self._laid_out(kernel, w, n, k, extra) if self.upload else None
+        if how == "swiglu":
+            def fused(vals, st):
+                y = vals[nid] = kernel(x=vals[i], w=laid, n=n, k=k, qtype=wq)
+                return y
+        else:
+            b = bias if bias is not None else (torch.zeros(n, device=self.device) if self.upload else None)
+            pos, key = rope.inputs[1], rope_key(rope)
+
+            def fused(vals, st):
+                cos, sin = self._ropes[key]
+                return kernel(x=vals[i], w=laid, b=b, positions=vals[pos], cos=cos, sin=sin, n=n, k=k, qtype=wq,
+                              **extra)
+        return fused
 
     def _mixed_row_parts(self, node: Node, w: WeightRef) -> list[tuple] | None:
         """For a fused weight whose parts differ in type: the decode row's kernel of each run of
@@ -578,10 +670,23 @@ class CUDABackend:
         call = Call("SwiGLU", {"gate": "F32", "up": "F32"}, lambda r: {"gate": (r, d), "up": (r, d)}, {},
                     layouts_of=lambda r: {"gate": STRIDED, "up": STRIDED} if r > 1 else None)
         run = self._picks(node, call)
-        return (lambda vals, st: run[st.kind](gate=vals[i], up=vals[j])), run
+        fn = lambda vals, st: run[st.kind](gate=vals[i], up=vals[j])  # noqa: E731
+        if node.id in self.absorbed:  # a decode row's SwiGLU ran in the gate+up GEMV, which stashed it
+            return self._absorb(node, run, lambda vals: vals[node.id], fn)
+        return fn, run
 
     def _compile_rope(self, node: Node):
-        return compile_rope(node, self._picks, self._ropes)
+        fn, run = compile_rope(node, self._picks, self._ropes)
+        if node.id in self.absorbed:  # a decode row's RoPE ran in the q+k+v GEMV: its input is rotated
+            i = node.inputs[0]
+            return self._absorb(node, run, lambda vals: vals[i], fn)
+        return fn, run
+
+    def _absorb(self, node: Node, run: dict, row_value: Callable, fn: Callable):
+        """The step of a node a matmul's epilogue computes for a decode row: `row_value(vals)`
+        for a row, its own step `fn` otherwise; its decode row names the matmul's fused kernel."""
+        run["row"] = self.choices[self.absorbed[node.id]]["row"].kernel
+        return (lambda vals, st: row_value(vals) if st.kind == "row" else fn(vals, st)), run
 
     def _compile_attention(self, node: Node):
         p = node.params
@@ -765,7 +870,8 @@ class CUDABackend:
 
     def plan_rows(self, rows: int = 1, prefill: bool = False) -> list[dict]:
         """Per node with a kernel: what it runs for a step of `rows` rows (a decode batch, or a
-        prompt chunk when `prefill`) and the cost the picker predicts for it, in ns."""
+        prompt chunk when `prefill`) and the cost the picker predicts for it, in ns. A decode
+        row's SwiGLU / RoPE computed in its matmul's epilogue (gemv_swiglu, gemv_rope) is no row."""
         out = []
         for node in self.graph.nodes:
             call = self.calls.get(node.id)
@@ -773,6 +879,11 @@ class CUDABackend:
                 continue
             kind = "chunk" if prefill else ("row" if rows == 1 else "batch")
             chosen = self.choices[node.id][kind].kernel
+            fused = kind == "row" and node.id in self.fused_calls
+            if kind == "row" and node.id in self.absorbed:  # no kernel of its own: its matmul's epilogue
+                continue
+            if fused:
+                call = self.fused_calls[node.id]
             if kind == "row" and node.id in self.parts:  # a mixed fused weight: one kernel per type run
                 cost = sum(c.cost_ns for _, c in self.parts[node.id])
                 chosen = self.parts[node.id][0][1].kernel
@@ -781,7 +892,7 @@ class CUDABackend:
                                    layouts=call.layouts(rows), registry=self.registry)
                 cost = next((c.cost_ns for c in ok if c.kernel is chosen), ok[0].cost_ns if ok else float("nan"))
             names = [self._kernel_name(node.id, kind)]
-            if node.id in self.extra:
+            if node.id in self.extra and not fused:
                 xcall, xc = self.extra[node.id]
                 xok, _ = candidates(xcall.op, xcall.dtypes, xcall.shapes(rows), {**xcall.params, "n_rows": rows},
                                     "CUDA", registry=self.registry)

@@ -31,6 +31,7 @@ from ..contracts.registry import BoundKernel, Registry, default_registry
 from ..errors import MinferError, ModelError, UnsupportedError
 from ..gguf.reader import GGUFReader
 from ..graph.ir import Graph, Node, Op, WeightRef
+from ..kernels import wgsl_ops
 from ..kernels.sample import KMAX, PARAM_ROWS, sample_rows
 from ..kernels.wgpu_device import Device, VkTensor
 from ..quant.reference import dequantize
@@ -71,8 +72,8 @@ class PickedStep:
 
     def tokens(self) -> list[int]:
         """The picked token of every row, in row order (waits for the step)."""
-        if self.host is None:
-            self.host = self.picked.cpu()[:self.rows].tolist()
+        if self.host is None:  # read before the deferred next step is submitted: no wait for it
+            self.host = self.picked.dev.download(self.picked, now=True)[:self.rows].tolist()
         return self.host
 
 
@@ -81,7 +82,10 @@ class _Replay:
     the host writes the step's positions and slots (and tokens, unless they come on the device
     from the step before), and the recorded dispatches are submitted as they are. The picked
     tokens are copied out to one of two staging buffers, so the step after may run before the
-    host reads them (the engine keeps at most one step in flight)."""
+    host reads them (the engine keeps at most one step in flight). A launched step is encoded at
+    once and submitted at the next device call; reading the step before's tokens submits it right
+    after their read, so the host encodes step N+1 while the device runs step N, and the read of
+    N's tokens does not wait for N+1 (a read waits for everything submitted before it)."""
 
     def __init__(self, be: WGPUBackend, rows: int):
         dev = self.dev = be.dev
@@ -109,7 +113,7 @@ class _Replay:
             before = ((after.picked, io["tokens"]),)  # device to device: the host never saw them
         stage = self.stages[self.turn]
         self.turn ^= 1
-        dev.replay(self.rec, before, ((self.picked, stage),))
+        dev.replay(self.rec, before, ((self.picked, stage),), defer=True)
         return PickedStep(self.rows, stage)
 
 
@@ -160,6 +164,21 @@ class WGPUBackend:
             parts = [self._host_bytes(t.name) for t in w.tensors]
             self._bytes[w.name] = self.dev.upload(parts[0] if len(parts) == 1 else torch.cat(parts))
         return self._bytes[w.name]
+
+    def _matmul_weight(self, w: WeightRef, qtype: GGMLType, k: int) -> VkTensor:
+        """A matmul's weight on the device: its GGUF bytes, or for Q4_0 under the qmv4 GEMV
+        (wgsl_ops.GEMV) the planes it reads, repacked once here (the raw bytes kept only where
+        another node, a tied embedding's gather, uploaded them too)."""
+        if qtype != GGMLType.Q4_0 or wgsl_ops.GEMV["kernel"] != "qmv4":
+            return self._matrix(w)
+        key = w.name + "#planes"
+        if key not in self._bytes:
+            shared = w.name in self._bytes
+            raw = self._matrix(w)
+            self._bytes[key] = wgsl_ops.q4_0_planes(raw, raw.shape[0], k)
+            if not shared:
+                del self._bytes[w.name]
+        return self._bytes[key]
 
     def _vector(self, name: str) -> VkTensor:
         if name not in self._vectors:
@@ -260,7 +279,7 @@ class WGPUBackend:
                         lambda m, cols=b - a: {"x": (m, k), "w": (cols, k)}, {"n": b - a, "k": k, "qtype": qtype},
                         {"x": STRIDED})
             run = {kind: self._choose(node, call, rows) for kind, rows in KINDS.items()}
-            parts.append((run, self._matrix(ref), a, b, qtype))
+            parts.append((run, self._matmul_weight(ref, qtype, k), a, b, qtype))
             names.append(run)
         picks = {kind: "+".join(r[kind].name for r in names) for kind in KINDS}
         self.choices[node.id] = picks

@@ -288,6 +288,71 @@ def _ref_qmatmul(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping
     return i["x"].reshape(-1, p["k"]).double() @ _decode(i["w"], d["w"], p["k"]).T  # [m, n]; x [k] is m = 1
 
 
+# ---- fused decode GEMVs (gemv_fused.py): + SwiGLU, + bias and RoPE ------------------------------
+
+# (n, k) of the SwiGLU case: n the stacked gate+up rows (a whole number of 32-row tiles)
+_PAIR_NK = {"tiny": [(32, 32)], "odd": [(96, 96)], "boundary": [(64, 1056)]}
+# (n, k, rotated heads, head_dim, n_rot, neox): n = the rotated heads' columns + the rest (v)
+_QKV = {"tiny": [(32, 32, 3, 8, 8, False)], "odd": [(96, 96, 5, 16, 12, True)],
+        "boundary": [(64, 1056, 1, 32, 32, True)]}
+# a model's (q heads, kv heads, head_dim)
+QKV_HEADS = {"SmolLM2-135M": (9, 3, 64), "Qwen2.5-0.5B": (14, 2, 64), "Qwen2.5-7B": (28, 4, 128)}
+
+
+def _k_scaled(k: int, q: QuantInfo | None) -> int:
+    return k * max(1, (q.block_elems if q else 32) // 32)
+
+
+def _swiglu_settings(size: str, q) -> list[Setting]:
+    return [Setting(size, {"x": (1, kk), "w": (n, kk)}, {"n": n, "k": kk})
+            for n, k in _PAIR_NK[size] for kk in [_k_scaled(k, q)]]
+
+
+def _swiglu_model(name: str, md: ModelDims, q: QuantInfo) -> list[Setting]:
+    n, k = 2 * md.ffn, md.d
+    return [Setting(name, {"x": (1, k), "w": (n, k)}, {"n": n, "k": k})] if k % q.block_elems == 0 else []
+
+
+def _ref_swiglu_mm(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[str, str]) -> torch.Tensor:
+    y = _ref_qmatmul(i, p, d)
+    f = p["n"] // 2
+    return _silu64(y[:, :f]) * y[:, f:]
+
+
+def _qkv_setting(size: str, n: int, k: int, heads: int, hd: int, n_rot: int, neox: bool) -> Setting:
+    return Setting(size, {"x": (1, k), "w": (n, k), "b": (n,), "positions": (1,), "cos": (ROPE_CTX, n_rot // 2),
+                          "sin": (ROPE_CTX, n_rot // 2)},
+                   {"n": n, "k": k, "n_heads": heads, "head_dim": hd, "n_rot": n_rot, "neox": neox})
+
+
+def _rope_mm_settings(size: str, q) -> list[Setting]:
+    return [_qkv_setting(size, n, _k_scaled(k, q), *rest) for n, k, *rest in _QKV[size]]
+
+
+def _rope_mm_model(name: str, md: ModelDims, q: QuantInfo) -> list[Setting]:
+    nh, nkv, hd = QKV_HEADS[name]
+    if md.d % q.block_elems:
+        return []
+    return [_qkv_setting(name, (nh + 2 * nkv) * hd, md.d, nh + nkv, hd, hd, True)]
+
+
+def _build_rope_mm(s: Setting, dtypes: dict[str, str], out_dtype: str | None, gen) -> tuple[dict, dict]:
+    inputs, params = _build_qmatmul(s, dtypes, out_dtype, gen)
+    rope_inputs, _ = _build_rope(Setting(s.size, {"x": (1, 2), "cos": s.shapes["cos"]}), dtypes, out_dtype, gen)
+    inputs.update(b=_randn(s.shapes["b"], "F32", gen), positions=rope_inputs["positions"], cos=rope_inputs["cos"],
+                  sin=rope_inputs["sin"])
+    params.update({name: s.params[name] for name in ("n_heads", "head_dim", "n_rot", "neox")})
+    return inputs, params
+
+
+def _ref_rope_mm(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[str, str]) -> torch.Tensor:
+    y = _ref_qmatmul(i, p, d) + i["b"].double()
+    c = p["n_heads"] * p["head_dim"]
+    qk = {"x": y[:, :c].contiguous(), "positions": i["positions"], "cos": i["cos"], "sin": i["sin"]}
+    y[:, :c] = _ref_rope(qk, p, d)
+    return y
+
+
 # ---- RMSNorm / RoPE / row select -----------------------------------------------------------------
 
 _NORM = {"tiny": [(1, 8)], "odd": [(3, 37)], "boundary": [(2, 4097), (5, 576)]}
@@ -584,6 +649,8 @@ HARNESS: dict[str, OpHarness] = {
     "QMatMul": OpHarness(
         lambda size, q: _mnk_settings(size, _mnk_for(size, q)), _qmatmul_model, _build_qmatmul, _ref_qmatmul
     ),
+    "QMatMulSwiGLU": OpHarness(_swiglu_settings, _swiglu_model, _build_qmatmul, _ref_swiglu_mm),
+    "QMatMulRoPE": OpHarness(_rope_mm_settings, _rope_mm_model, _build_rope_mm, _ref_rope_mm),
     "RMSNorm": OpHarness(_norm_settings, _norm_model, _build_floats, _ref_norm),
     "AddRMSNorm": OpHarness(
         lambda size, q: [_with_y(x) for x in _norm_settings(size, q)],

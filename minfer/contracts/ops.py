@@ -122,6 +122,17 @@ OPS: dict[str, OpSpec] = {
             "out[m, n] = x[m, k] @ dequant(w)[n, k]^T (w's storage type: qtype)", _qmatmul,
         ),
         OpSpec(
+            "QMatMulSwiGLU", True, ("x", "w"), ("n", "k", "qtype"), ("m", "n", "k"),
+            "out[m, :n/2] = silu(y[m, :n/2]) * y[m, n/2:], y = x @ dequant(w)^T: a fused gate+up projection "
+            "with the SwiGLU after it (n: both halves' rows)", _qmatmul,
+        ),
+        OpSpec(
+            "QMatMulRoPE", True, ("x", "w", "b", "positions", "cos", "sin"),
+            ("n", "k", "qtype", "n_heads", "head_dim", "n_rot", "neox"), ("m", "n", "k"),
+            "out = x @ dequant(w)^T + b, then RoPE (cos/sin tables, at positions) of its first n_heads * head_dim "
+            "columns: a fused q+k+v projection with its bias and the rotation of q and k", _qmatmul,
+        ),
+        OpSpec(
             "RMSNorm", False, ("x", "w"), ("eps",), ("rows", "d"),
             "out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w", lambda s, p: {"rows": _rows_of(s["x"]),
                                                                                  "d": s["x"][-1]},

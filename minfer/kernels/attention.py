@@ -109,6 +109,21 @@ def _load_kv(ptr, rows, d, mask, HD, Q8: tl.constexpr):
 
 
 @triton.jit
+def _softmax_step(q, ck_ptr, cv_ptr, kv_rows, d, kv_m, keep, m_i, l_i, acc, HD, Q8: tl.constexpr):
+    """One key tile of flash attention (both kernels' loop body): scores q . k of the tile's keys
+    (kv_rows, masked by kv_m; `keep` [rows or 1, keys] the scores that count, -inf elsewhere), the
+    running max m_i and sum l_i rescaled, p . v added to acc; returns (m_i, l_i, acc)."""
+    k = _load_kv(ck_ptr, kv_rows, d, kv_m, HD, Q8)
+    s = tl.where(keep, tl.dot(q, tl.trans(k)), float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v = _load_kv(cv_ptr, kv_rows, d, kv_m, HD, Q8)
+    return m_new, l_i, acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
+
+
+@triton.jit
 def _attn_rows_kernel(q_ptr, ck_ptr, cv_ptr, slot_ptr, pos_ptr, out_ptr, po_ptr, pml_ptr, stride_q, layer_off,
                       S_STRIDE, H_STRIDE, scale, G, N_HEAD, HD, RS, SPLIT_LEN, NSPLIT,
                       GP: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
@@ -139,16 +154,7 @@ def _attn_rows_kernel(q_ptr, ck_ptr, cv_ptr, slot_ptr, pos_ptr, out_ptr, po_ptr,
         nm = n < hi
         kv_rows = base + n.to(tl.int64)[:, None] * RS
         kv_m = nm[:, None] & dm[None, :]
-        k = _load_kv(ck_ptr, kv_rows, d, kv_m, HD, Q8)
-        s = tl.dot(q, tl.trans(k))
-        s = tl.where(nm[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = _load_kv(cv_ptr, kv_rows, d, kv_m, HD, Q8)
-        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
-        m_i = m_new
+        m_i, l_i, acc = _softmax_step(q, ck_ptr, cv_ptr, kv_rows, d, kv_m, nm[None, :], m_i, l_i, acc, HD, Q8)
     release_late(PDL)
     if SPLIT:  # partial sums and (max, sum) per split; the combine kernel finishes
         part = (row * N_HEAD + heads).to(tl.int64) * NSPLIT + sp
@@ -213,16 +219,8 @@ def _attn_prefill_kernel(q_ptr, ck_ptr, cv_ptr, tiles_ptr, out_ptr, stride_q, la
         km = kk < hi
         kv_rows = base + kk.to(tl.int64)[:, None] * RS
         kv_m = km[:, None] & dm[None, :]
-        k = _load_kv(ck_ptr, kv_rows, d, kv_m, HD, Q8)
-        s = tl.dot(q, tl.trans(k))
-        s = tl.where(km[None, :] & (kk[None, :] <= qpos[:, None]), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = _load_kv(cv_ptr, kv_rows, d, kv_m, HD, Q8)
-        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
-        m_i = m_new
+        causal = km[None, :] & (kk[None, :] <= qpos[:, None])
+        m_i, l_i, acc = _softmax_step(q, ck_ptr, cv_ptr, kv_rows, d, kv_m, causal, m_i, l_i, acc, HD, Q8)
     release_late(PDL)
     o = acc / tl.where(mm, l_i, 1.0)[:, None]  # (a row of the tile holds key 0 at least: l_i > 0)
     tl.store(out_ptr + rows[:, None] * (N_HEAD * HD) + head * HD + d[None, :], o, mask=mm[:, None] & dm[None, :])

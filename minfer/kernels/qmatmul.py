@@ -410,15 +410,16 @@ def _load_words(rows, kbs, PLANES: tl.constexpr):
 @triton.jit
 def _q4_0_gemv_kernel(
     x_ptr, qs_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, N, NKB, KB_SPLIT, NSPLIT, magic, half_shift, m_ptr, M_STRIDE,
-    h_ptr, hi_shift,
+    h_ptr, hi_shift, e_ptr, dst_ptr, fi_ptr, cos_ptr, sin_ptr, pos_ptr, HALF,
     R: tl.constexpr, LR: tl.constexpr, LK: tl.constexpr, WK: tl.constexpr, SPLIT: tl.constexpr,
     EVEN_K: tl.constexpr, MODE: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
-    PLANES: tl.constexpr, LB: tl.constexpr, HB: tl.constexpr, CENTER: tl.constexpr,
+    PLANES: tl.constexpr, LB: tl.constexpr, HB: tl.constexpr, CENTER: tl.constexpr, EPI: tl.constexpr,
 ):
     # PLANES (the 5/6/8-bit and 2/3-bit types, `repack_planes`): qs_ptr holds the codes' low LB
     # bits (LB = 4: the nibble words; LB = 2: int16 words of 8 two-bit slots), h_ptr their high
     # HB bits (int8 / int16 / int32 words of 8 slots), both indexed like the nibble words.
     # Otherwise (Q4_0, Q4_1, Q4_K) h_ptr, hi_shift, LB, HB and CENTER are unused.
+    # EPI (the fused epilogues of gemv_fused.py; 0: store the rows): e_ptr .. HALF are theirs.
     BLOCK_N: tl.constexpr = R * LR
     BLOCK_KB: tl.constexpr = LK * WK
     pid_n = tl.program_id(0)
@@ -489,10 +490,44 @@ def _q4_0_gemv_kernel(
             total = tl.zeros([LR, R], dtype=tl.float32)
             for s in range(0, NSPLIT):  # L2 reads (.cg): other SMs wrote these
                 total += tl.load(part_ptr + s * N + rows, mask=rows < N, other=0.0, cache_modifier=".cg")
-            tl.store(out_ptr + rows, total, mask=rows < N)
+            _gemv_store(out_ptr, total, rows, N, pid_n, e_ptr, dst_ptr, fi_ptr, cos_ptr, sin_ptr, pos_ptr, HALF,
+                        BLOCK_N, EPI)
             tl.atomic_xchg(cnt_ptr + pid_n, 0, sem="relaxed", scope="gpu")
     else:
+        _gemv_store(out_ptr, tot, rows, N, pid_n, e_ptr, dst_ptr, fi_ptr, cos_ptr, sin_ptr, pos_ptr, HALF, BLOCK_N, EPI)
+
+
+@triton.jit
+def _gemv_store(out_ptr, tot, rows, N, pid_n, e_ptr, dst_ptr, fi_ptr, cos_ptr, sin_ptr, pos_ptr, HALF,
+                BLOCK_N: tl.constexpr, EPI: tl.constexpr):
+    """Store a row tile's sums `tot` [LR, R] (tile-local row l = r * LR + lr, rows = its global
+    rows). EPI 0: as they are. EPI 1 and 2 (a pair layout, gemv_fused.py: the tile's row l and
+    row l + BLOCK_N / 2 form pair l of the tile; N a multiple of BLOCK_N): 1 (SwiGLU) stores
+    silu(a) * b at column pid_n * BLOCK_N / 2 + l; 2 (RoPE) adds the bias e[col] to both, rotates
+    the pair by the angle of frequency fi (cos/sin row of the position pos_ptr[0], HALF columns;
+    fi < 0: no rotation) and stores each at its column dst[row]."""
+    if EPI == 0:
         tl.store(out_ptr + rows, tot, mask=rows < N)
+    else:
+        HB2: tl.constexpr = BLOCK_N // 2
+        flat = tl.reshape(tl.permute(tot, (1, 0)), (2, HB2))  # [half, l]: local row half * HB2 + l
+        a, b = tl.split(tl.permute(flat, (1, 0)))
+        pair = pid_n * HB2 + tl.arange(0, HB2)
+        if EPI == 1:
+            tl.store(out_ptr + pair, a * tl.sigmoid(a) * b)
+        else:
+            ra = pid_n * BLOCK_N + tl.arange(0, HB2)
+            da = tl.load(dst_ptr + ra)
+            db = tl.load(dst_ptr + ra + HB2)
+            a += tl.load(e_ptr + da)
+            b += tl.load(e_ptr + db)
+            f = tl.load(fi_ptr + pair)
+            rot = f >= 0
+            at = tl.load(pos_ptr).to(tl.int64) * HALF + tl.maximum(f, 0)
+            c = tl.where(rot, tl.load(cos_ptr + at, mask=rot, other=1.0), 1.0)
+            s = tl.where(rot, tl.load(sin_ptr + at, mask=rot, other=0.0), 0.0)
+            tl.store(out_ptr + da, a * c - b * s)
+            tl.store(out_ptr + db, a * s + b * c)
 
 
 # The 2^23 bit pattern and the 16-bit shift reach the kernel as run-time arguments on purpose:
@@ -596,23 +631,25 @@ def q4_0_gemv(
         cfg = gemv_config(n, k)
     else:
         cfg = GemvConfig(**config) if isinstance(config, dict) else config
-    _launch_gemv(what, x, w, w.d, w.d, 0, 0, out, n, k, cfg)
+    launch_packed(what, x, w, out, cfg)
     return out
 
 
 def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n: int, k: int, cfg: GemvConfig,
-                 planes: tuple | None = None):
-    """Launch the GEMV kernel; `planes` = (hi plane, LB, HB, CENTER) for the planes types."""
+                 planes: tuple | None = None, epilogue: tuple | None = None):
+    """Launch the GEMV kernel; `planes` = (hi plane, LB, HB, CENTER) for the planes types;
+    `epilogue` = (EPI, e, dst, fi, cos, sin, positions, HALF) for gemv_fused.py's fused stores."""
     kb_split, nsplit, tiles = _split_plan(cfg, n, k)
     part, counters = out, out  # unused without a split
     if nsplit > 1:
         part, counters = w.scratch(nsplit, tiles)
     nkb = k // Q4_0.block_elems
     hi, lb, hb, center = planes if planes is not None else (w.qs, 4, 0, 0)
+    epi, *eargs = epilogue if epilogue is not None else (0, out, counters, counters, out, out, counters, 0)
     _q4_0_gemv_kernel[check_grid(what, (tiles, nsplit))](
         x, w.qs, d_plane, out, part, counters, n, nkb, kb_split, nsplit, _MAGIC_BITS, min(4 * lb, 16), m_plane,
         m_stride, hi, min(4 * hb, 16),  # the shifts to a word's upper slots (byte codes: to slots 2, 3)
-        R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=nsplit > 1,
+        *eargs, EPI=epi, R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=nsplit > 1,
         EVEN_K=nkb % cfg.block_kb == 0 and nkb % kb_split == 0, MODE=mode, PREFETCH=cfg.prefetch, num_warps=cfg.wk,
         maxnreg=cfg.maxnreg, PLANES=planes is not None, LB=lb, HB=hb, CENTER=center, **pdl_args("gemv"),
     )
@@ -720,7 +757,7 @@ def int4_gemv(
     out = make_out(what, out, (1, n), torch.float32, device)
     cfg = gemv_config(n, k, True) if config is None else (GemvConfig(**config) if isinstance(config, dict)
                                                           else config)
-    _launch_gemv(what, x, w, w.d, w.m, w.m.shape[1], w.mode, out, n, k, cfg)
+    launch_packed(what, x, w, out, cfg)
     return out
 
 
@@ -881,6 +918,7 @@ def _codes_and_scales(t: GGMLType, b: torch.Tensor) -> tuple[torch.Tensor, torch
 
 
 def _plane_type(what: str, qtype, allowed=tuple(PLANE_TYPES)) -> GGMLType:
+    """The GGMLType of `qtype` when it is one of `allowed`, else UnsupportedError naming them."""
     try:
         t = by_name(qtype).type if isinstance(qtype, str) else GGMLType(qtype)
     except (UnsupportedError, ValueError):
@@ -960,9 +998,7 @@ def planes_gemv(
     device = check_device(what, x=x, lo=w.lo, out=out)
     out = make_out(what, out, (1, n), torch.float32, device)
     cfg = planes_config(n, k, t) if config is None else (GemvConfig(**config) if isinstance(config, dict) else config)
-    pt = PLANE_TYPES[t]
-    hi = w.hi if w.hi is not None else w.lo
-    _launch_gemv(what, x, w, w.d, w.m, w.m.shape[1], pt.mode, out, n, k, cfg, (hi, pt.lb, pt.hb, pt.center))
+    launch_packed(what, x, w, out, cfg)
     return out
 
 
@@ -1008,6 +1044,50 @@ def q3_k_gemv(x, w, n, k, qtype=GGMLType.Q3_K, out=None, config=None):
 def q2_k_gemv(x, w, n, k, qtype=GGMLType.Q2_K, out=None, config=None):
     """planes_gemv for Q2_K weights (0.33 bytes per weight)."""
     return planes_gemv(x, w, n, k, qtype, out, config, what="q2_k_gemv", allowed=(GGMLType.Q2_K,))
+
+
+# ---------------------------------------------------------------------------------------------
+# any GEMV type: what the fused GEMVs (gemv_fused.py) need to run this kernel on any of them
+
+GEMV_TYPES = (GGMLType.Q4_0, *INT4_TYPES, *PLANE_TYPES)
+GemvPacked = Q4_0Packed | Int4Packed | PlanesPacked
+
+
+def gemv_type(what: str, qtype) -> GGMLType:
+    """The GGMLType of `qtype` (type, ggml id or name) when the GEMV reads it, else UnsupportedError."""
+    return _plane_type(what, qtype, GEMV_TYPES)
+
+
+def repack_gemv(raw: torch.Tensor, n: int, k: int, qtype: GGMLType) -> GemvPacked:
+    """Raw GGUF bytes of an [n, k] weight of any GEMV type -> that type's GEMV layout."""
+    if qtype == GGMLType.Q4_0:
+        return repack_q4_0(raw, n, k)
+    if qtype in INT4_TYPES:
+        return repack_int4(raw, n, k, qtype)
+    return repack_planes(raw, n, k, qtype)
+
+
+def gemv_default_config(n: int, k: int, qtype: GGMLType) -> GemvConfig:
+    """The config the type's own GEMV launches an [n, k] weight with."""
+    if qtype == GGMLType.Q4_0:
+        return gemv_config(n, k)
+    if qtype in INT4_TYPES:
+        return gemv_config(n, k, True)
+    return planes_config(n, k, qtype)
+
+
+def launch_packed(what: str, x: torch.Tensor, w: GemvPacked, out: torch.Tensor, cfg: GemvConfig,
+                  epilogue: tuple | None = None) -> None:
+    """Launch the GEMV kernel on a packed weight of any GEMV type (x, out checked by the caller)."""
+    if isinstance(w, Q4_0Packed):
+        _launch_gemv(what, x, w, w.d, w.d, 0, 0, out, w.n, w.k, cfg, epilogue=epilogue)
+    elif isinstance(w, Int4Packed):
+        _launch_gemv(what, x, w, w.d, w.m, w.m.shape[1], w.mode, out, w.n, w.k, cfg, epilogue=epilogue)
+    else:
+        pt = PLANE_TYPES[w.qtype]
+        hi = w.hi if w.hi is not None else w.lo
+        _launch_gemv(what, x, w, w.d, w.m, w.m.shape[1], pt.mode, out, w.n, w.k, cfg, (hi, pt.lb, pt.hb, pt.center),
+                     epilogue)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -110,8 +110,11 @@ class Device:
         lim = self.adapter.limits
         keys = ("max-buffer-size", "max-storage-buffer-binding-size", "max-compute-workgroup-storage-size",
                 "max-storage-buffers-per-shader-stage", "max-compute-invocations-per-workgroup")
+        # GPU timestamps where the adapter has them (bench/vulkan_sweep.py times passes and copies)
+        self.timestamps = [f for f in ("timestamp-query", "timestamp-query-inside-encoders")
+                           if f in self.adapter.features]
         self.device = self.adapter.request_device_sync(
-            required_features=["subgroup"] if self.subgroups else [],
+            required_features=(["subgroup"] if self.subgroups else []) + self.timestamps,
             required_limits={k: lim[k] for k in keys})
         self.max_binding = lim["max-storage-buffer-binding-size"]
         self.queue = self.device.queue
@@ -125,6 +128,8 @@ class Device:
         self._keep: list = []  # buffers a pending dispatch reads that the host has let go of
         self._fence = self.buffer(4)
         self._capturing = False
+        self._deferred: list = []  # encoded replays not yet submitted
+        self._ts = None  # the timestamp writes of the passes `gpu_seconds` times
 
     # ---- buffers
     def buffer(self, nbytes: int):
@@ -174,9 +179,11 @@ class Device:
         pad = (-len(data)) % 4
         self.queue.write_buffer(dst.storage.buf, dst.offset * ITEMSIZE[dst.dtype], data + b"\0" * pad)
 
-    def download(self, t: VkTensor) -> torch.Tensor:
-        """The tensor's values on the host (a contiguous torch tensor); waits for the device."""
-        self.flush()
+    def download(self, t: VkTensor, now: bool = False) -> torch.Tensor:
+        """The tensor's values on the host (a contiguous torch tensor); waits for the device.
+        now: read before submitting the deferred replays (they cannot write t), which go after."""
+        if not now or self._pending:
+            self.flush()
         item = ITEMSIZE[t.dtype]
         if not t.contiguous:
             raise UnsupportedError("wgpu: download a contiguous tensor (copy a strided view first)")
@@ -184,6 +191,8 @@ class Device:
         a, b = start // 4 * 4, -(-(start + size) // 4) * 4
         raw = np.frombuffer(self.queue.read_buffer(t.storage.buf, a, b - a), dtype=np.uint8)[start - a:start - a + size]
         torch_dt = {"F32": torch.float32, "I32": torch.int32, "U8": torch.uint8}[t.dtype]
+        if now:
+            self.submit_deferred()
         return torch.from_numpy(raw.copy()).view(torch_dt).reshape(t.shape)
 
     # ---- pipelines and dispatches
@@ -240,7 +249,9 @@ class Device:
         return bg[0]
 
     def flush(self) -> None:
-        """Submit every recorded dispatch in one command encoder (one compute pass)."""
+        """Submit the deferred replays, then every recorded dispatch in one command encoder (one
+        compute pass)."""
+        self.submit_deferred()
         if not self._pending:
             return
         if self._capturing:
@@ -252,7 +263,7 @@ class Device:
             self._arena = self.device.create_buffer(size=self._arena_slots * SLOT, usage=u.UNIFORM | u.COPY_DST)
         self.queue.write_buffer(self._arena, 0, bytes(self._params))
         enc = self.device.create_command_encoder()
-        cp = enc.begin_compute_pass()
+        cp = enc.begin_compute_pass(timestamp_writes=self._ts)
         for pipeline, bgl, bufs, offset, groups in self._pending:
             cp.set_pipeline(pipeline)
             cp.set_bind_group(0, self._bind_group(bgl, bufs), [offset])
@@ -282,26 +293,110 @@ class Device:
             self.queue.write_buffer(arena, 0, params)
         entries = [(pipeline, self._bind_group(bgl, bufs, arena), offset, groups)
                    for pipeline, bgl, bufs, offset, groups in pending]
-        return Recording(entries, arena, keep), result
+        return Recording(entries, arena, keep, _raw_entries(entries)), result
 
-    def replay(self, rec: Recording, before: tuple = (), after: tuple = ()) -> None:
-        """Submit a recording, with device copies (src, dst VkTensors of int32/f32) before and after it."""
+    def replay(self, rec: Recording, before: tuple = (), after: tuple = (), defer: bool = False) -> None:
+        """Submit a recording, with device copies (src, dst VkTensors of int32/f32) before and after it.
+        The dispatches are encoded by direct calls into wgpu-native (no per-call Python checks; the
+        pipeline set only when it changes). defer: encode now, submit at the next flush or
+        `submit_deferred` (so a step can be encoded while the device still runs the one before,
+        whose results the host then reads without waiting for this one: `download(now=True)`)."""
         self.flush()
         enc = self.device.create_command_encoder()
         for src, dst in before:
             enc.copy_buffer_to_buffer(src.storage.buf, src.offset * 4, dst.storage.buf, dst.offset * 4, src.numel * 4)
-        cp = enc.begin_compute_pass()
-        for pipeline, bg, offset, groups in rec.entries:
-            cp.set_pipeline(pipeline)
-            cp.set_bind_group(0, bg, [offset])
-            cp.dispatch_workgroups(*groups)
+        cp = enc.begin_compute_pass(timestamp_writes=self._ts)
+        if rec.raw is not None:
+            lib, set_pipe, set_bg, disp = rec.raw[0]
+            h, last = cp._internal, None
+            for pipe, bg, off, gx, gy, gz in rec.raw[1]:
+                if pipe != last:
+                    set_pipe(h, pipe)
+                    last = pipe
+                set_bg(h, 0, bg, 1, off)
+                disp(h, gx, gy, gz)
+        else:
+            for pipeline, bg, offset, groups in rec.entries:
+                cp.set_pipeline(pipeline)
+                cp.set_bind_group(0, bg, [offset])
+                cp.dispatch_workgroups(*groups)
         cp.end()
         for src, dst in after:
             enc.copy_buffer_to_buffer(src.storage.buf, src.offset * 4, dst.storage.buf, dst.offset * 4, src.numel * 4)
-        self.queue.submit([enc.finish()])
+        if defer:
+            self._deferred.append(enc.finish())
+        else:
+            self.queue.submit([enc.finish()])
 
-    def copy_bandwidth(self, nbytes: int = 1 << 28) -> float:
-        """Bytes/s (read + write) of a buffer-to-buffer copy on the device, best of 5."""
+    def submit_deferred(self) -> None:
+        if self._deferred:
+            cbs, self._deferred = self._deferred, []
+            self.queue.submit(cbs)
+
+    def gpu_seconds(self, fn) -> float | None:
+        """Device time of the compute pass(es) fn submits (dispatches it records are flushed at
+        the end; a replay it makes is submitted), from GPU timestamps: the first pass's start to
+        the last one's end. None (fn still run and waited for) without the timestamp feature."""
+        if "timestamp-query" not in self.timestamps:
+            fn()
+            self.sync()
+            return None
+        self.flush()
+        qs = self.device.create_query_set(type="timestamp", count=4)
+        self._ts = {"query_set": qs, "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1}
+        try:
+            fn()
+            self.flush()
+        finally:
+            self._ts = None
+        return self._read_timestamps(qs)
+
+    def _read_timestamps(self, qs) -> float:
+        u = self.wgpu.BufferUsage
+        buf = self.device.create_buffer(size=32, usage=u.QUERY_RESOLVE | u.COPY_SRC)
+        enc = self.device.create_command_encoder()
+        enc.resolve_query_set(qs, 0, 2, buf, 0)
+        self.queue.submit([enc.finish()])
+        t0, t1 = np.frombuffer(self.queue.read_buffer(buf, 0, 16), dtype=np.uint64)
+        return float(t1 - t0) * self.timestamp_period() * 1e-9
+
+    def timestamp_period(self) -> float:
+        """Nanoseconds per timestamp tick."""
+        try:
+            from wgpu.backends.wgpu_native._api import libf
+
+            return float(libf.wgpuQueueGetTimestampPeriod(self.queue._internal))
+        except (ImportError, AttributeError):
+            return 1.0
+
+    def copy_seconds(self, src, dst, nbytes: int, reps: int = 1) -> tuple[float, float | None]:
+        """(wall seconds, device seconds or None) of `reps` buffer-to-buffer copies of nbytes in one
+        submission (device time from encoder timestamps where the adapter has them)."""
+        import time
+
+        self.sync()
+        enc = self.device.create_command_encoder()
+        qs = None
+        if "timestamp-query-inside-encoders" in self.timestamps:
+            try:
+                qs = self.device.create_query_set(type="timestamp", count=2)
+                enc._write_timestamp(qs, 0)
+            except (AttributeError, RuntimeError, self.wgpu.GPUError):
+                qs = None
+        for _ in range(reps):
+            enc.copy_buffer_to_buffer(src, 0, dst, 0, nbytes)
+        if qs is not None:
+            enc._write_timestamp(qs, 1)
+        t0 = time.perf_counter()
+        self.queue.submit([enc.finish()])
+        self.sync()
+        wall = time.perf_counter() - t0
+        return wall, (self._read_timestamps(qs) if qs is not None else None)
+
+    def buffer_copy_bandwidth(self, nbytes: int = 1 << 28) -> float:
+        """Bytes/s (read + write) of one `copy_buffer_to_buffer`, wall clock (submit and poll
+        included), best of 6: what `minfer bench` reported before run 32 (~0.75 TB/s on an H200,
+        whose WGSL copy moves 4.2 TB/s: not what a kernel can reach)."""
         import time
 
         n = min(nbytes, self.max_binding) // 4 * 4
@@ -319,10 +414,76 @@ class Device:
         self.release(b)
         return 2 * n / best
 
+    def shader_bandwidth(self, code: str, nbytes: int, reps: int, factor: int) -> float:
+        """Bytes/s (factor x nbytes per dispatch: 2 for a copy, 1 for a read) of a raw WGSL kernel
+        binding two nbytes buffers, `reps` dispatches in one pass, best of 3; device time from GPU
+        timestamps, else the wall time of the submission."""
+        import time
+
+        d = self.device
+        pipe = d.create_compute_pipeline(layout="auto", compute={"module": d.create_shader_module(code=code),
+                                                                 "entry_point": "main"})
+        a, b = self.buffer(nbytes), self.buffer(nbytes)
+        bg = d.create_bind_group(layout=pipe.get_bind_group_layout(0),
+                                 entries=[{"binding": 0, "resource": {"buffer": a, "offset": 0, "size": nbytes}},
+                                          {"binding": 1, "resource": {"buffer": b, "offset": 0, "size": nbytes}}])
+        groups = min(65535, max(1, nbytes // 16 // 256 // 4))
+
+        def run():
+            enc = d.create_command_encoder()
+            cp = enc.begin_compute_pass(timestamp_writes=self._ts)
+            cp.set_pipeline(pipe)
+            cp.set_bind_group(0, bg)
+            for _ in range(reps):
+                cp.dispatch_workgroups(groups)
+            cp.end()
+            d.queue.submit([enc.finish()])
+
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            s = self.gpu_seconds(run)
+            best = min(best, s if s is not None else time.perf_counter() - t0)
+        self.release(a)
+        self.release(b)
+        return factor * nbytes * reps / best
+
+    def copy_bandwidth(self, nbytes: int = 1 << 28) -> float:
+        """Bytes/s (read + write) of a WGSL vec4<u32> copy kernel over nbytes, 8 dispatches per
+        pass, device time where the adapter has timestamps: the bandwidth a kernel can reach (the
+        judge's and `minfer bench`'s denominator). An H200's NVIDIA driver: 4.2 TB/s at 1 GiB
+        (`copy_buffer_to_buffer` ~0.8: `buffer_copy_bandwidth`)."""
+        n = min(nbytes, self.max_binding) // 16 * 16
+        return self.shader_bandwidth(COPY_WGSL, n, 8, 2)
+
     def sync(self) -> None:
         """Wait until the device has run everything submitted."""
         self.flush()
         self.queue.read_buffer(self._fence, 0, 4)  # a read waits for the work submitted before it
+
+
+COPY_WGSL = """
+@group(0) @binding(0) var<storage, read> a: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read_write> b: array<vec4<u32>>;
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let n = arrayLength(&a);
+    for (var i = g.x; i < n; i += nw.x * 256u) { b[i] = a[i]; }
+}
+"""
+READ_WGSL = """
+@group(0) @binding(0) var<storage, read> a: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read_write> b: array<u32>;
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) g: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    let n = arrayLength(&a);
+    var x = vec4<u32>(0u);
+    for (var i = g.x; i < n; i += nw.x * 256u) { x ^= a[i]; }
+    let r = x.x ^ x.y ^ x.z ^ x.w;
+    if (r == 0x9e3779b9u) { b[wg.x * 256u + lid] = r; }  // (almost) never: keeps the loads live
+}
+"""
 
 
 @dataclass
@@ -333,6 +494,24 @@ class Recording:
     entries: list
     arena: object
     keep: list
+    raw: tuple | None = None  # (wgpu-native functions, per dispatch: raw handles and args), or None
+
+
+def _raw_entries(entries: list) -> tuple | None:
+    """The recording's dispatches as wgpu-native handles, for `replay`'s direct calls (None where
+    this wgpu has no such internals: replay then takes the public API)."""
+    try:
+        from wgpu.backends.wgpu_native._api import ffi, libf
+    except ImportError:
+        return None
+    try:
+        fns = (libf, libf.wgpuComputePassEncoderSetPipeline, libf.wgpuComputePassEncoderSetBindGroup,
+               libf.wgpuComputePassEncoderDispatchWorkgroups)
+        raw = [(p._internal, bg._internal, ffi.new("uint32_t[1]", [off]), *groups)
+               for p, bg, off, groups in entries]
+    except AttributeError:
+        return None
+    return fns, raw
 
 
 class _Storage:
@@ -356,6 +535,7 @@ class VkTensor:
     dtype: str
     offset: int = 0
     row_stride: int | None = None  # None: contiguous
+    layout: str = ""  # "": the dtype's plain elements (GGUF bytes for U8); "q4_0_planes": wgsl_ops.q4_0_planes
 
     @property
     def numel(self) -> int:

@@ -11,12 +11,15 @@ tensor (into `out=` when given), and the caches an attention call writes are cop
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
+import weakref
 from collections.abc import Callable
 
 import torch
 
+from ..config import env
 from ..errors import UnsupportedError
 from ..quant.types import GGMLType, by_name, quant_info
 from .wgpu_device import ITEMSIZE, WGSL_DIR, VkTensor, default_device
@@ -24,11 +27,49 @@ from .wgpu_device import ITEMSIZE, WGSL_DIR, VkTensor, default_device
 REVISION_SOURCES = tuple(sorted(WGSL_DIR.glob("*.wgsl")))  # the shaders: editing one retires its judge numbers
 WG = 64  # invocations per workgroup of the elementwise kernels
 NORM_WG = 128
-GEMV = {"WG": 128, "TPR": 16, "TM": 1}  # decode: 8 output columns per workgroup, 16 invocations each
-TILED = {"WG": 128, "TPR": 16, "TM": 8}  # prefill: 8 rows of x per workgroup, each weight block read once for them
+# The matmuls' launch variants. "qmatmul" (every type): TPR invocations per output column, each
+# walking whole blocks (b = t, t + TPR, ...), WG / TPR columns per workgroup. "qmv" (Q4_0, Q4_1,
+# Q8_0: QMV_TYPES): TPR invocations per NC columns, 4 per block (a quarter each: coalesced loads of
+# W and of x, x loaded once for the NC columns), U iterations unrolled; NC halves (down to 1) while
+# the grid would have fewer than MIN_GROUPS workgroups. The decode GEMV (TM 1) and the tiled prefill
+# matmul (TM 8 rows of x per workgroup) run the same variant, so a row's sums are the same sequence
+# in both (batch invariance: TM, NC, U and WG change no bit; TPR and the kernel do).
+# LF 1: the decode GEMV's full iterations loads-first (qmv.wgsl; no bit changes). KIT > 0: TPR
+# doubles (up to WG) while a lane would walk more than KIT iterations of a row (7B down, k 18944:
+# TPR 128 at KIT 24): more lanes, so more loads in flight, for a long row; a function of k only.
+# "qmv4" (Q4_0; the other qmv types run qmv): the weight repacked once into planes (q4_0_planes:
+# a block's 16 quant bytes one 16-byte load, the f16 scales a plane of their own), lane t of a
+# group of TPR4 taking whole blocks b = t, t + TPR4, ... of NR rows, x's 32 values per block loaded
+# once for the NR rows; TPR4 doubles (up to WG) while a lane would walk more than KIT4 blocks of a
+# row, NR halves (down to 1) while the grid would have fewer than MIN_GROUPS workgroups.
+# MINFER_VK_GEMV="kernel=qmv,TPR=32,NC=2" overrides fields (bench/vulkan_sweep.py).
+# Default: qmv4 (the sixth session's guess, not yet measured on the H200; run 33's best, the qmv
+# variant first in GEMV_VARIANTS after it, is what it is compared against).
+GEMV = {"kernel": "qmv4", "WG": 128, "TPR": 32, "NC": 2, "U": 4, "MIN_GROUPS": 528, "LF": 0, "KIT": 24,  # qmv types
+        "TPR4": 32, "NR": 4, "KIT4": 8,  # qmv4 (Q4_0)
+        "A_WG": 128, "A_TPR": 16}  # the others: qmatmul.wgsl
+TILED_TM = 8
+RUN30_VARIANT = "kernel=qmatmul,A_WG=128,A_TPR=16"  # what bench/NOTES.md's run 30 measured
+RUN32_DEFAULT = "kernel=qmv,WG=128,TPR=32,NC=2,U=2,LF=0,KIT=0"  # run 32's default and best (bench/NOTES.md)
+RUN32_BEST = "kernel=qmv,WG=128,TPR=64,NC=2,U=2,LF=0,KIT=0"
+RUN33_BEST = "kernel=qmv,WG=128,TPR=32,NC=2,U=4,LF=0,KIT=24"  # run 33's best (the default until qmv4)
+GEMV_VARIANTS = [  # what bench/vulkan_sweep.py times (tests/backends/test_wgpu_kernels.py checks each); first: GEMV
+    "kernel=qmv4,WG=128,TPR4=32,NR=4,KIT4=8", RUN33_BEST, RUN30_VARIANT, RUN32_BEST,
+    "kernel=qmv4,WG=128,TPR4=32,NR=2,KIT4=8", "kernel=qmv4,WG=128,TPR4=32,NR=8,KIT4=8",
+    "kernel=qmv4,WG=128,TPR4=32,NR=1,KIT4=8", "kernel=qmv4,WG=128,TPR4=16,NR=4,KIT4=8",
+    "kernel=qmv4,WG=128,TPR4=64,NR=4,KIT4=8", "kernel=qmv4,WG=256,TPR4=32,NR=4,KIT4=8",
+    "kernel=qmv4,WG=64,TPR4=32,NR=4,KIT4=8", "kernel=qmv4,WG=128,TPR4=32,NR=4,KIT4=4",
+    "kernel=qmv4,WG=128,TPR4=32,NR=4,KIT4=16", "kernel=qmv4,WG=128,TPR4=32,NR=4,KIT4=0",
+    "kernel=qmv4,WG=128,TPR4=32,NR=4,KIT4=8,MIN_GROUPS=1056", "kernel=qmv4,WG=128,TPR4=32,NR=4,KIT4=8,MIN_GROUPS=1"]
+QMV_TYPES = {GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0}
 ATTN_WG = 64
+# attention: split over the context in chunks of >= CH positions (at most MAX_SPLIT chunks), WG
+# invocations per chunk; split False: the single-pass kernel (one workgroup per head and row)
+ATTN = {"split": True, "WG": 128, "CH": 64, "MAX_SPLIT": 32}
+MAX_HEAD_DIM = 128  # past it both kernels are wrong on NVIDIA's driver (right on lavapipe): refused
 MAX_GROUPS = 65535
-QTYPES = {GGMLType.F32, GGMLType.F16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.Q6_K}
+QTYPES = {GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
+          GGMLType.Q8_0, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K}
 
 
 def _host_bridge(mutates: tuple[str, ...] = ()) -> Callable:
@@ -141,14 +182,99 @@ def dequant(raw_u8: VkTensor, qtype, rows: int, cols: int, out_dtype=torch.float
 # ---- matmul ---------------------------------------------------------------------------------------
 
 
-def _qmatmul(what: str, cfg: dict, x: VkTensor, w: VkTensor, n: int, k: int, qtype, out) -> VkTensor:
+def parse_variant(text: str, base: dict) -> dict:
+    """base with the fields of "name=value,name=value" (ints, or the kernel's name) replaced."""
+    cfg = dict(base)
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        key, _, val = item.partition("=")
+        if key not in base:
+            raise UnsupportedError(f"vk matmul variant: unknown field {key!r} (fields: {', '.join(base)})")
+        cfg[key] = val if key == "kernel" else int(val)
+    if cfg["kernel"] not in ("qmv4", "qmv", "qmatmul"):
+        raise UnsupportedError(f"vk matmul variant: kernel {cfg['kernel']!r} is not qmv4, qmv or qmatmul")
+    if cfg["TPR"] % 4 or cfg["WG"] % cfg["TPR"] or cfg["A_WG"] % cfg["A_TPR"] or cfg["WG"] % cfg["TPR4"]:
+        raise UnsupportedError(f"vk matmul variant {cfg}: TPR must be a multiple of 4 dividing WG, TPR4 divide WG")
+    if cfg["NR"] < 1 or cfg["NR"] & (cfg["NR"] - 1):
+        raise UnsupportedError(f"vk matmul variant {cfg}: NR must be a power of two")
+    return cfg
+
+
+GEMV.update(parse_variant(env("MINFER_VK_GEMV", ""), GEMV))
+for _item in filter(None, env("MINFER_VK_ATTN", "").split(",")):
+    _key, _, _val = _item.partition("=")
+    if _key not in ATTN:
+        raise UnsupportedError(f"MINFER_VK_ATTN: unknown field {_key!r} (fields: {', '.join(ATTN)})")
+    ATTN[_key] = bool(int(_val)) if _key == "split" else int(_val)
+
+
+def qmv_lanes(g: dict, k: int) -> int:
+    """The qmv lanes per column for a row of k elements: TPR, doubled (up to WG) while a lane would
+    walk more than KIT iterations (KIT 0: never). A function of k alone, so the decode GEMV and
+    the tiled prefill matmul of one weight agree (batch invariance)."""
+    tpr, its = g["TPR"], -(-k // 32)
+    while g["KIT"] and tpr < g["WG"] and g["WG"] % (2 * tpr) == 0 and -(-its // (tpr // 4)) > g["KIT"]:
+        tpr *= 2
+    return tpr
+
+
+def qmv4_lanes(g: dict, k: int) -> int:
+    """qmv4's lanes per row group for a row of k elements: TPR4, doubled (up to WG) while a lane
+    would walk more than KIT4 blocks (KIT4 0: never); a function of k alone (batch invariance)."""
+    tpr, nb = g["TPR4"], -(-k // 32)
+    while g["KIT4"] and tpr < g["WG"] and g["WG"] % (2 * tpr) == 0 and -(-nb // tpr) > g["KIT4"]:
+        tpr *= 2
+    return tpr
+
+
+PLANES = "q4_0_planes"
+_PLANES_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # raw storage -> its planes
+
+
+def planes_bytes(n_blocks: int) -> int:
+    """Bytes of q4_0_planes for n_blocks Q4_0 blocks: 16 per block, the scale words, 16-byte padded."""
+    return -(-(16 * n_blocks + 4 * -(-n_blocks // 2)) // 16) * 16
+
+
+def q4_0_planes(w: VkTensor, n: int, k: int) -> VkTensor:
+    """Q4_0 GGUF bytes [n, k / 32 * 18] (from byte 0) repacked on the device into the planes qmv4
+    reads (repack_q4_0.wgsl): the quant plane (16 bytes per block, rows one after another), then
+    the f16 scales two to a word. Recorded like any dispatch (not inside a captured step)."""
+    nblk = n * (k // 32)
+    if w.numel != nblk * 18 or w.offset or k % 32:
+        raise UnsupportedError(f"vk q4_0_planes: w must be {n} rows of {k // 32 * 18} bytes from byte 0")
+    out = w.dev.empty((planes_bytes(nblk),), "U8")
+    gx, gy = _grid_2d(-(-nblk // 2), WG)
+    w.dev.dispatch(w.dev.pipeline("quant_common+repack_q4_0", {"WG": WG}), [w, out], [nblk, 4 * nblk, gx], (gx, gy))
+    return dataclasses.replace(out, layout=PLANES)
+
+
+def _planes_of(w: VkTensor, n: int, k: int) -> VkTensor:
+    """w's planes: w itself when repacked, else a repack cached for w's buffer (tests, the harness,
+    the sweep hand raw bytes; the backend repacks its weights at load)."""
+    if w.layout == PLANES:
+        if w.numel != planes_bytes(n * (k // 32)) or w.offset:
+            raise UnsupportedError(f"vk qmatvec: planes of {w.numel} bytes do not hold a [{n}, {k}] Q4_0 weight")
+        return w
+    hit = _PLANES_CACHE.get(w.storage)
+    if hit is None or hit[0] != (n, k):
+        hit = _PLANES_CACHE[w.storage] = ((n, k), q4_0_planes(w, n, k))
+    return hit[1]
+
+
+def _qmatmul(what: str, tm: int, x: VkTensor, w: VkTensor, n: int, k: int, qtype, out) -> VkTensor:
     q = _qinfo(what, qtype)
     _check(what, "x", x, "F32", (1, 2))
     _check(what, "w", w, "U8", contiguous=True)
-    if x.shape[-1] != k or k % q.block_elems:
-        raise UnsupportedError(f"{what}: x must be [m, {k}] with k a multiple of {q.block_elems}, got {x.shape}")
+    be = max(q.block_elems, 32)  # the float types are read in 32-element "blocks" too (q_f32.wgsl)
+    if x.shape[-1] != k or k % be:
+        raise UnsupportedError(f"{what}: x must be [m, {k}] with k a multiple of {be}, got {x.shape}")
     row_bytes = q.nbytes(k)
-    if w.numel != n * row_bytes or w.offset:
+    g = GEMV
+    if w.layout == PLANES or (g["kernel"] == "qmv4" and q.type == GGMLType.Q4_0):
+        if q.type != GGMLType.Q4_0:
+            raise UnsupportedError(f"{what}: a {w.layout} weight is Q4_0, not {q.name}")
+        w = _planes_of(w, n, k)
+    elif w.numel != n * row_bytes or w.offset:
         raise UnsupportedError(f"{what}: w must be {n} rows of {row_bytes} bytes ({q.name}) from byte 0")
     m = _rows(x)
     shape = (m, n) if len(x.shape) == 2 else (n,)
@@ -158,13 +284,31 @@ def _qmatmul(what: str, cfg: dict, x: VkTensor, w: VkTensor, n: int, k: int, qty
         _check(what, "out", out, "F32")
         if out.numel != m * n:
             raise UnsupportedError(f"{what}: out must hold {shape}, got {out.shape}")
-    cols_per_group = cfg["WG"] // cfg["TPR"]
-    gx, gz = _grid_2d(n, cols_per_group)
-    gy = -(-m // cfg["TM"])
-    if gy > MAX_GROUPS:
-        raise UnsupportedError(f"{what}: {m} rows exceed one dispatch ({MAX_GROUPS * cfg['TM']})")
     aligned = x.offset % 4 == 0 and x.stride % 4 == 0  # rows of x start on 16 bytes: vec4 loads of x
-    pipe = x.dev.pipeline("qmatmul_x4+qmatmul" if aligned else "qmatmul_x+qmatmul", cfg, q.name, dot=True)
+    xs = "qmatmul_x4" if aligned else "qmatmul_x"
+    if w.layout == PLANES:  # qmv4, whatever the kernel field says (the weight is repacked)
+        tpr, nr = qmv4_lanes(g, k), g["NR"]
+        while nr > 1 and -(-n // (g["WG"] // tpr * nr)) < g["MIN_GROUPS"]:
+            nr //= 2
+        cols_per_group = g["WG"] // tpr * nr
+        pipe = x.dev.pipeline(f"{xs}+qmv4", {"WG": g["WG"], "TPR": tpr, "NR": nr, "TM": tm})
+        row_bytes = 4 * n * (k // 32)  # the scale plane's first word (Params.d_off)
+    elif g["kernel"] in ("qmv", "qmv4") and q.type in QMV_TYPES:
+        tpr = qmv_lanes(g, k)
+        nc = g["NC"]
+        while nc > 1 and -(-n // (g["WG"] // tpr * nc)) < g["MIN_GROUPS"]:
+            nc //= 2
+        cfg = {"WG": g["WG"], "TPR": tpr, "NC": nc, "U": g["U"], "TM": tm, "LF": g["LF"] if tm == 1 else 0}
+        cols_per_group = g["WG"] // tpr * nc
+        pipe = x.dev.pipeline(f"{xs}+part_{q.name.lower()}+qmv", cfg, q.name)
+    else:
+        cfg = {"WG": g["A_WG"], "TPR": g["A_TPR"], "TM": tm}
+        cols_per_group = g["A_WG"] // g["A_TPR"]
+        pipe = x.dev.pipeline(f"{xs}+qmatmul", cfg, q.name, dot=True)
+    gx, gz = _grid_2d(n, cols_per_group)
+    gy = -(-m // tm)
+    if gy > MAX_GROUPS:
+        raise UnsupportedError(f"{what}: {m} rows exceed one dispatch ({MAX_GROUPS * tm})")
     out_stride = out.stride if len(out.shape) == 2 else n
     x.dev.dispatch(pipe, [w, x, out], [m, n, k, x.offset, x.stride, out.offset, out_stride, row_bytes, gx],
                    (gx, gy, gz))
@@ -174,13 +318,13 @@ def _qmatmul(what: str, cfg: dict, x: VkTensor, w: VkTensor, n: int, k: int, qty
 @_host_bridge()
 def qmatvec(x: VkTensor, w: VkTensor, n: int, k: int, qtype, out: VkTensor | None = None) -> VkTensor:
     """out [m, n] = x [m, k] @ dequant(w [n, k])^T, the decode GEMV (one pass over x per row of x)."""
-    return _qmatmul("vk qmatvec", GEMV, x, w, n, k, qtype, out)
+    return _qmatmul("vk qmatvec", 1, x, w, n, k, qtype, out)
 
 
 @_host_bridge()
 def qmatmul_tiled(x: VkTensor, w: VkTensor, n: int, k: int, qtype, out: VkTensor | None = None) -> VkTensor:
     """out [m, n] = x [m, k] @ dequant(w [n, k])^T, tiled over 8 rows of x (prefill)."""
-    return _qmatmul("vk qmatmul_tiled", TILED, x, w, n, k, qtype, out)
+    return _qmatmul("vk qmatmul_tiled", TILED_TM, x, w, n, k, qtype, out)
 
 
 # ---- norm, elementwise ----------------------------------------------------------------------------
@@ -323,6 +467,9 @@ def attention(q: VkTensor, k: VkTensor, v: VkTensor, cache_k: VkTensor, cache_v:
                                f"{n_head_kv} x {head_dim}")
     if q.shape[1] != n_head * hd or k.shape != (rows, nkv * hd) or v.shape != (rows, nkv * hd):
         raise UnsupportedError(f"{what}: q {q.shape}, k {k.shape}, v {v.shape} are not [{rows}, heads x {hd}]")
+    if hd > MAX_HEAD_DIM:
+        raise UnsupportedError(f"{what}: head_dim {hd} > {MAX_HEAD_DIM}: both attention kernels give wrong results "
+                               "past 128 on NVIDIA's Vulkan driver (bench/NOTES.md, H200 runs 32-36), so it is refused")
     if n_head % n_head_kv or hd > 4 * ATTN_WG or row_slots.numel != rows or positions.numel != rows:
         raise UnsupportedError(f"{what}: {n_head} heads over {n_head_kv} kv heads, head_dim {hd} <= {4 * ATTN_WG}, "
                                "one slot and one position per row")
@@ -333,8 +480,22 @@ def attention(q: VkTensor, k: VkTensor, v: VkTensor, cache_k: VkTensor, cache_v:
     dev.dispatch(dev.pipeline("kv_store", {"WG": WG}), [k, v, row_slots, positions, cache_k, cache_v],
                  [nkv, hd, ctx, base, k.offset, k.stride, v.offset, v.stride], (-(-(nkv * hd) // WG), rows))
     out = _out(what, out, q, (rows, n_head * hd))
-    dev.dispatch(dev.pipeline("attention", {"WG": ATTN_WG}), [q, cache_k, cache_v, row_slots, positions, _at(out)],
-                 [n_head, nkv, hd, ctx, base, q.offset, q.stride, float(scale)], (n_head, rows))
+    if not ATTN["split"] or hd % 4 or base % 4:  # one workgroup per (head, row) over every position
+        dev.dispatch(dev.pipeline("attention", {"WG": ATTN_WG}), [q, cache_k, cache_v, row_slots, positions, _at(out)],
+                     [n_head, nkv, hd, ctx, base, q.offset, q.stride, float(scale)], (n_head, rows))
+        return out
+    # split over the context: chunks of `ch` positions (a function of ctx alone: batch invariance),
+    # each (head, row, chunk) a workgroup, then one merge per (head, row)
+    tk = 1 << max(0, math.ceil(math.log2(-(-hd // 4))))
+    wg = max(ATTN["WG"], tk)
+    ch = max(ATTN["CH"], -(-ctx // ATTN["MAX_SPLIT"]))
+    n_split = -(-ctx // ch)
+    part = dev.empty((rows, n_head, n_split, hd + 2))
+    dev.dispatch(dev.pipeline("attention_split", {"WG": wg, "TK": tk}),
+                 [q, cache_k, cache_v, row_slots, positions, part],
+                 [n_head, nkv, hd, ctx, base, q.offset, q.stride, float(scale), ch, n_split], (n_head, rows, n_split))
+    dev.dispatch(dev.pipeline("attention_merge", {"WG": ATTN_WG}), [part, positions, _at(out)],
+                 [n_head, hd, ch, n_split], (n_head, rows))
     return out
 
 

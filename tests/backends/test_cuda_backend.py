@@ -132,7 +132,14 @@ def test_every_node_is_picked_through_a_contract(pair):
     registered = set(be.registry.kernels)
     assert all(set(k.split("+")) <= registered for k in kernels)
     ops = {r["op"] for r in be.plan_rows()}
-    assert ops == {"GetRows", "RMSNorm", "MatMul", "RoPE", "Attention", "Add", "SwiGLU"}
+    # a decode row's RoPE and SwiGLU run in the epilogues of the q+k+v and gate+up GEMVs
+    assert ops == {"GetRows", "RMSNorm", "MatMul", "Attention", "Add"}
+    by_name = {r["name"]: r["kernel"] for r in be.plan_rows()}
+    n_layer = be.graph.meta["n_layer"]
+    assert [by_name[f"blk.{i}.attn_q+k+v"] for i in range(n_layer)] == ["gemv_rope"] * n_layer
+    assert [by_name[f"blk.{i}.ffn_gate+up"] for i in range(n_layer)] == ["gemv_swiglu"] * n_layer
+    batch_ops = {r["op"] for r in be.plan_rows(16)}  # a decode batch runs them as kernels of their own
+    assert batch_ops == {"GetRows", "RMSNorm", "MatMul", "RoPE", "Attention", "Add", "SwiGLU"}
     # every residual add that feeds a norm runs fused with it (one kernel), the last one alone
     adds = [r for r in be.plan_rows() if r["op"] == "Add"]
     assert [r["kernel"] for r in adds] == ["add_rms_norm"] * (len(adds) - 1) + ["add_f32"]

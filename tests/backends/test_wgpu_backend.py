@@ -66,7 +66,8 @@ def test_the_shared_memory_reductions_conform_too():
     assert " 0 failed" in done.stdout
 
 
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "Q5_0", "Q5_1", "Q3_K", "Q2_K",
+                                   "BF16"])
 def test_the_matmuls_read_a_strided_unaligned_x(qtype):
     """A column slice of x at an odd offset takes the scalar-load path (the harness's contiguous x
     takes the vec4 one): both launch configs, against the reference decode."""
@@ -77,7 +78,7 @@ def test_the_matmuls_read_a_strided_unaligned_x(qtype):
     from minfer.quant.types import by_name
 
     q, dev = by_name(qtype), default_device()
-    n, k, m = 9, 2 * q.block_elems * (2 if q.block_elems == 32 else 1), 3
+    n, k, m = 9, 2 * max(q.block_elems, 32) * (1 if q.block_elems == 256 else 2), 3
     gen = torch.Generator().manual_seed(3)
     wide = torch.randn(m, k + 3, generator=gen)
     raw = random_blocks(q, n, k, gen)
@@ -88,19 +89,23 @@ def test_the_matmuls_read_a_strided_unaligned_x(qtype):
         assert _rel(got, want) < 1e-5, launch.__name__
 
 
-@pytest.mark.parametrize("cfg", [{"WG": 64, "TPR": 2, "TM": 1}, {"WG": 128, "TPR": 4, "TM": 1},
-                                 {"WG": 256, "TPR": 32, "TM": 1}, {"WG": 256, "TPR": 128, "TM": 1}])
+@pytest.mark.parametrize("cfg", ["kernel=qmatmul,A_WG=64,A_TPR=2", "kernel=qmatmul,A_WG=128,A_TPR=4",
+                                 "kernel=qmatmul,A_WG=256,A_TPR=32", "kernel=qmatmul,A_WG=256,A_TPR=128",
+                                 "kernel=qmv,WG=64,TPR=4", "kernel=qmv,WG=128,TPR=16",
+                                 "kernel=qmv,WG=256,TPR=32", "kernel=qmv,WG=256,TPR=128",
+                                 "kernel=qmv4,WG=64,TPR4=4,KIT4=0", "kernel=qmv4,WG=128,TPR4=16,KIT4=0",
+                                 "kernel=qmv4,WG=256,TPR4=128,KIT4=0,MIN_GROUPS=1"])
 def test_every_reduction_branch_of_the_gemv_is_right(cfg, monkeypatch):
     """The GEMV's per-column sums over TPR invocations: shuffles inside a subgroup, subgroupAdd
     over whole subgroups, the tree otherwise; which one runs depends on TPR and the adapter's
-    subgroup size, so a spread of TPR reaches each on any adapter."""
+    subgroup size, so a spread of TPR reaches each on any adapter (both matmul kernels)."""
     from minfer.contracts.harness import random_blocks
     from minfer.kernels import wgsl_ops
     from minfer.kernels.wgpu_device import default_device
     from minfer.quant.reference import dequantize
     from minfer.quant.types import by_name
 
-    monkeypatch.setattr(wgsl_ops, "GEMV", cfg)
+    monkeypatch.setattr(wgsl_ops, "GEMV", wgsl_ops.parse_variant(cfg, wgsl_ops.GEMV))
     q, dev = by_name("Q4_0"), default_device()
     n, k = 37, 32 * 45
     gen = torch.Generator().manual_seed(5)
@@ -222,9 +227,11 @@ def test_a_rows_numbers_do_not_depend_on_the_batch(tiny_gguf):
     assert torch.equal(mixed[0], alone[0]) and torch.equal(mixed[1], prompt_alone[0])
 
 
-# llama: Q4_0, Q8_0, F16 weights, a Q4_K_M mix (fused q/k/v of Q4_K and Q6_K: one GEMV per type);
-# qwen2: q/k/v biases, NEOX RoPE, untied output, K-quants
-CASES = [("tiny-llama", q) for q in ("q4_0", "q8_0", "f16", "q4_k_m")] + [("tiny-qwen2", "q4_k")]
+# llama: Q4_0, Q8_0, F16 weights, a Q4_K_M mix (fused q/k/v of Q4_K and Q6_K: one GEMV per type),
+# the Q5_K_M mix (Q5_K with Q6_K), Q5_0 / Q5_1 everywhere (the embedding too), Q3_K / Q2_K matrices
+# (output and tied embedding Q6_K); qwen2: q/k/v biases, NEOX RoPE, untied output, K-quants
+CASES = [("tiny-llama", q) for q in ("q4_0", "q8_0", "f16", "q4_k_m", "q5_k_m", "q5_0", "q5_1", "q3_k", "q2_k")]
+CASES += [("tiny-qwen2", "q4_k")]
 
 
 def test_a_replayed_decode_step_equals_its_eager_run(smollm2):
@@ -264,3 +271,49 @@ def test_tiny_models_of_other_weight_types_match_cpu(tiny_gguf, raw, preset, qua
     raw.prefill(vk.engine, 1, PROMPT[:9])
     steps = torch.stack([raw.decode(vk.engine, 1, t, p) for p, t in enumerate(PROMPT[9:], start=9)])
     assert _rel(steps, got[9:]) < 1e-4  # decode rows (the GEMVs) = the prompt's rows (the tiled matmuls)
+
+
+def test_a_tiny_bf16_model_matches_cpu(tiny_gguf, rewrite_gguf, raw, tmp_path):
+    """BF16 matrices (no synth mix writes them: the tiny f32 model's matrices re-encoded, norms f32)."""
+    from minfer.api import load
+    from minfer.gguf.reader import GGUFReader
+    from minfer.quant.reference import quantize
+    from minfer.quant.types import GGMLType
+
+    src = tiny_gguf("tiny-llama", "f32")
+    with GGUFReader(src) as r:
+        mats = {n: t for n, t in r.tensors.items() if len(t.shape) == 2}
+        f32 = {n: torch.from_numpy(r.tensor_bytes(n).copy()).view(torch.float32) for n in mats}
+        add = [(n, t.shape, GGMLType.BF16, quantize(f32[n], GGMLType.BF16).numpy().tobytes()) for n, t in mats.items()]
+    path = rewrite_gguf(src, tmp_path / "tiny-llama-bf16.gguf", drop=list(mats), add=add)
+    cpu = load(path, "cpu", n_ctx=64, n_slots=2, progress=False)
+    vk = load(path, "vulkan", n_ctx=64, n_slots=2, progress=False)
+    assert {vk.engine.backend._reader.tensors[n].ggml_type for n in mats} == {GGMLType.BF16}
+    want = raw.prefill(cpu.engine, 0, PROMPT)
+    got = raw.prefill(vk.engine, 0, PROMPT)
+    assert _rel(got, want) < 2e-2
+    raw.prefill(vk.engine, 1, PROMPT[:9])
+    steps = torch.stack([raw.decode(vk.engine, 1, t, p) for p, t in enumerate(PROMPT[9:], start=9)])
+    assert _rel(steps, got[9:]) < 1e-4
+
+
+@pytest.mark.parametrize("quant", ["q5_k_m", "q5_0", "q5_1", "q3_k", "q2_k"])
+def test_the_whole_blocks_types_match_their_dequantized_twin(tiny_gguf, rewrite_gguf, raw, tmp_path, quant):
+    """The quantized tiny model on vulkan against the cpu running its F32 twin (every matrix
+    replaced by its reference decode): the same math in f32 on both sides, so a tight bound
+    (~6e-7 on lavapipe), where the mixes' cpu parity above is loose (the cpu's bfloat16
+    activations: 1.7e-2 for q3_k / q2_k)."""
+    from minfer.api import load
+    from minfer.gguf.reader import GGUFReader
+    from minfer.quant.reference import dequantize
+    from minfer.quant.types import GGMLType
+
+    src = tiny_gguf("tiny-llama", quant)
+    with GGUFReader(src) as r:
+        mats = {n: t for n, t in r.tensors.items() if len(t.shape) == 2}
+        add = [(n, t.shape, GGMLType.F32, dequantize(r.tensor_bytes(n), t.ggml_type).float().numpy().tobytes())
+               for n, t in mats.items()]
+    twin = rewrite_gguf(src, tmp_path / f"tiny-llama-{quant}-f32.gguf", drop=list(mats), add=add)
+    cpu = load(twin, "cpu", n_ctx=64, n_slots=2, progress=False)
+    vk = load(src, "vulkan", n_ctx=64, n_slots=2, progress=False)
+    assert _rel(raw.prefill(vk.engine, 0, PROMPT), raw.prefill(cpu.engine, 0, PROMPT)) < 1e-4

@@ -68,8 +68,9 @@ def variants():
            "cnt_ptr": "*i32", "N": "i32", "NKB": "i32", "KB_SPLIT": "i32", "NSPLIT": "i32", "magic": "i32",
            "half_shift": "i32", "m_ptr": "*fp16", "M_STRIDE": "i32", "h_ptr": "*i32", "hi_shift": "i32", "R": c,
            "LR": c, "LK": c, "WK": c, "SPLIT": c, "EVEN_K": c, "MODE": c, "PREFETCH": c, "PDL": c, "PLANES": c,
-           "LB": c, "HB": c, "CENTER": c}
-    no_planes = {"PLANES": False, "LB": 4, "HB": 0, "CENTER": 0}
+           "LB": c, "HB": c, "CENTER": c, "e_ptr": "*fp32", "dst_ptr": "*i32", "fi_ptr": "*i32", "cos_ptr": "*fp32",
+           "sin_ptr": "*fp32", "pos_ptr": "*i32", "HALF": "i32", "EPI": c}
+    no_planes = {"PLANES": False, "LB": 4, "HB": 0, "CENTER": 0, "EPI": 0}
     planes = {0: ("*fp16", "*fp16"), 1: ("*fp16", "*fp16"), 2: ("*i16", "*i32")}  # Q4_0, Q4_1, Q4_K
     for mode, (d_t, m_t) in planes.items():
         for n, k in [(18944, 3584), (3584, 18944)]:  # the configs gemv_config picks: no split, split
@@ -95,11 +96,20 @@ def variants():
             name = f"planes_gemv[{t.name} wk{cfg.wk} split={cfg.split} prefetch={cfg.prefetch} regs={cfg.maxnreg}]"
             consts = dict(R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=cfg.split > 1, EVEN_K=False,
                           MODE=pt.mode, PREFETCH=cfg.prefetch, PDL=True, PLANES=True, LB=pt.lb, HB=pt.hb,
-                          CENTER=pt.center)
+                          CENTER=pt.center, EPI=0)
             planes = dict(sig, qs_ptr=ptr[qmatmul._WORD_DTYPES[pt.lb]], d_ptr=ptr[d_t], m_ptr=ptr[m_t],
                           h_ptr=ptr[qmatmul._WORD_DTYPES[pt.hb]] if pt.hb else ptr[qmatmul._WORD_DTYPES[pt.lb]])
             opts = {"num_warps": cfg.wk, "maxnreg": cfg.maxnreg}
             out.append((name, qmatmul._q4_0_gemv_kernel, planes, consts, opts))
+    # the fused epilogues (gemv_fused.py): SwiGLU on the gate+up configs, bias + RoPE on the q+k+v ones
+    for mode, (d_t, m_t) in [(0, ("*fp16", "*fp16")), (2, ("*i16", "*i32"))]:  # Q4_0, Q4_K
+        for epi, (n, k) in [(1, (37888, 3584)), (2, (4608, 3584)), (1, (28672, 4096)), (2, (6144, 4096))]:
+            cfg = qmatmul.gemv_config(n, k, affine=mode > 0)
+            name = f"gemv[mode {mode} EPI {epi} {n}x{k} r{cfg.r} wk{cfg.wk} split={cfg.split} prefetch={cfg.prefetch}]"
+            consts = dict(R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=cfg.split > 1, EVEN_K=False,
+                          MODE=mode, PREFETCH=cfg.prefetch, PDL=True, **dict(no_planes, EPI=epi))
+            opts = {"num_warps": cfg.wk, "maxnreg": cfg.maxnreg}
+            out.append((name, qmatmul._q4_0_gemv_kernel, dict(sig, d_ptr=d_t, m_ptr=m_t), consts, opts))
     sig = {"x_ptr": "*fp32", "qs_ptr": "*i32", "d_ptr": "*fp16", "out_ptr": "*fp32", "M": "i32", "N": "i32",
            "K": "i32", "NKB": "i32", "M_BUCKET": "i32", "magic": "i32", "half_shift": "i32", "COMPUTE": c,
            "BLOCK_M": c, "BLOCK_N": c, "BLOCK_K": c, "GROUP_M": c, "EVEN_K": c}

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The vulkan backend's launch-variant sweep on the H200 (NVIDIA's Vulkan driver), in one device call of
+# ~1-2 minutes (run 32: 63 s): the new kernels' GPU tests, then bench/vulkan_sweep.py (copy bandwidth both ways, every GEMV
+# variant at the 7B decode shapes, the attention variants, 7B Q4_0 and SmolLM2 decode with the best variant,
+# the default and run 30's configuration), its short table last. Logs and sweep.json land in $OUT.
+#
+# Carry [".gl", ".whl"] as for bench/vulkan_h200.sh (its header says how to fill them: the libvulkan1 and
+# libglvnd .debs, and the wgpu, cffi, pycparser and rendercanvas wheels). Command: `bash bench/vulkan_sweep.sh`.
+set -uo pipefail
+export PYTHONPATH=.:/tmp/pylib:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; M=${M:-/tmp/models}; mkdir -p "$OUT" "$M"
+T0=$(date +%s); since() { echo "[$(( $(date +%s) - T0 )) s]"; }
+
+# 1. the Vulkan loader and NVIDIA's ICD, wgpu from its wheel (no pip, no network): as bench/vulkan_h200.sh
+for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+if ! ls /usr/share/vulkan/icd.d/nvidia_icd*.json /etc/vulkan/icd.d/nvidia_icd*.json >/dev/null 2>&1 \
+   && [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
+  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+  export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+fi
+for w in .whl/*.whl; do python3 -m zipfile -e "$w" /tmp/pylib; done
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.mem --format=csv,noheader
+python3 -m minfer.cli devices 2>&1 | grep -v XDG_RUNTIME_DIR | tee "$OUT/devices.txt"
+grep -q '^vulkan .*NVIDIA' "$OUT/devices.txt" || echo "!! no NVIDIA Vulkan adapter: the runs below use whatever adapter is listed"
+export MINFER_WGPU_ADAPTER=${MINFER_WGPU_ADAPTER:-NVIDIA}
+
+# 2. synthetic models (random weights in the real shapes); the 7B (4.4 GB) is written while the tests run
+synth() { [ -f "$M/$1-$2.gguf" ] || { python3 -m minfer.cli synth "$1" "$2" "$M/$1-$2.tmp" > /dev/null \
+          && mv "$M/$1-$2.tmp" "$M/$1-$2.gguf"; }; }
+synth smollm2-135m q4_1
+synth qwen2.5-7b q4_0 & SYNTH=$!
+
+# 3. the WGSL kernels the sweep times, on NVIDIA's driver (subgroup size 32): every variant against the reference
+echo "== pytest $(since)"
+MINFER_MODEL="$M/smollm2-135m-q4_1.gguf" timeout ${PYTEST_TIMEOUT:-100} python3 -m pytest -q -p no:cacheprovider \
+  tests/backends/test_wgpu_kernels.py tests/backends/test_wgpu_backend.py \
+  -k "kernels or reduction_branch or strided or conforms or replayed or decode_pick or depend_on_the_batch" 2>&1 \
+  | grep -v XDG_RUNTIME_DIR | tail -8 | tee "$OUT/pytest.txt"
+wait $SYNTH; ls -la "$M"
+
+# 4. the sweep (its table last)
+echo "== sweep $(since)"
+timeout ${SWEEP_TIMEOUT:-220} python3 bench/vulkan_sweep.py --models "$M" --out "$OUT/sweep.json" 2>&1 \
+  | grep -v XDG_RUNTIME_DIR | tee "$OUT/sweep.txt"
+echo "== done $(since)"; grep -E "passed|failed" "$OUT/pytest.txt" | tail -1
