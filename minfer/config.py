@@ -16,9 +16,13 @@ package calls os.environ. Switches:
 - MINFER_VK_GEMV=k=v,..  the vulkan matmuls' launch variant (kernel, WG, TPR, NC, U: wgsl_ops.GEMV)
 - MINFER_VK_ATTN=k=v,..  the vulkan attention's (split 0/1, WG, CH, MAX_SPLIT: wgsl_ops.ATTN)
 - MINFER_API_KEY=KEY       the key `minfer serve` requires when --api-key is not given
+- MINFER_NO_FUSE=1         cuda decode rows: SwiGLU and bias + RoPE as kernels of their own, not in the GEMVs
+- MINFER_CPU_VNNI=0        cpu: torch's int4 kernel instead of the AVX512-VNNI C kernel (kernels/cpu_vnni.py)
+- MINFER_CACHE=dir         where the cpu backend's C kernel is compiled to (default ~/.cache/minfer)
 
 Tensor parallelism also reads torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
-MASTER_PORT: `dist_env()`), which minfer sets itself for the ranks it starts.
+MASTER_PORT: `dist_env()`), which minfer sets itself for the ranks it starts, and the cpu backend's
+C kernel build reads the usual CC (kernels/cpu_vnni.py).
 
 `EngineConfig` is everything one load needs. The API's keyword arguments and the CLI's flags
 both become one EngineConfig (`EngineConfig.from_env(**settings)`: the env switches first, the
@@ -41,6 +45,8 @@ _KNOWN = {
     "MINFER_NO_CUDA_GRAPH": bool,
     "MINFER_NO_OVERLAP": bool,
     "MINFER_NO_FUSE": bool,
+    "MINFER_CPU_VNNI": bool,
+    "MINFER_CACHE": str,
     "MINFER_NO_PDL": bool,
     "MINFER_MMQ": str,
     "MINFER_MODEL": str,

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from ..config import env
 from ..errors import UnsupportedError
 from ..quant.types import GGMLType
 
@@ -45,20 +46,23 @@ def _cpu_flags() -> set[str]:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("MINFER_CACHE") or Path.home() / ".cache" / "minfer")
+    return Path(env("MINFER_CACHE", "") or Path.home() / ".cache" / "minfer")
 
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
     """The compiled kernel (built on first use), or None where it cannot be built or run."""
-    if os.environ.get("MINFER_CPU_VNNI", "1") == "0":
+    if not env("MINFER_CPU_VNNI", True):
         return None
     if not {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma"} <= _cpu_flags():
         return None
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         return None
-    src = SOURCE.read_bytes()
+    try:
+        src = SOURCE.read_bytes()
+    except OSError:  # an install without the C source
+        return None
     tag = hashlib.sha256(src + " ".join(FLAGS).encode()).hexdigest()[:16]
     lib = cache_dir() / f"q4_vnni-{tag}.so"
     try:
