@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from ..contracts.picker import Candidate, candidates
 from ..contracts.registry import Registry
 from ..errors import NoKernelError
-from ..graph.ir import Node
+from ..graph.ir import Node, WeightRef
 
 STRIDED = {"contiguous": False, "strided": True}  # an input that may be a row-strided view
 
@@ -80,3 +80,25 @@ def rope_call(node: Node) -> tuple[Call, dict]:
                 lambda r: {"x": (r, n_heads * hd), "positions": (r,), "cos": (16, n_rot // 2),
                            "sin": (16, n_rot // 2)}, params, {"x": STRIDED})
     return call, params
+
+
+def type_runs(w: WeightRef, type_of: Callable[[str], object]) -> list[tuple[WeightRef, object, int, int]]:
+    """A (fused) weight's parts grouped into runs of one storage type (`type_of(tensor name)`), as
+    (weight of the run, its type, first output column, end column): one run unless the parts differ
+    in type (a Q4_K_M file's Q4_K q, k and Q6_K v), each run then multiplied into its columns."""
+    runs: list[list] = []
+    col = 0
+    for part in w.tensors:
+        t = type_of(part.name)
+        if runs and runs[-1][0] == t:
+            runs[-1][1].append(part)
+        else:
+            runs.append([t, [part], col])
+        col += part.shape[1]
+    out = []
+    for t, parts, start in runs:
+        cols = sum(p.shape[1] for p in parts)
+        ref = parts[0] if len(parts) == 1 else WeightRef("+".join(p.name for p in parts), (w.shape[0], cols),
+                                                         tuple(parts))
+        out.append((ref, t, start, start + cols))
+    return out

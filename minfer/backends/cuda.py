@@ -49,7 +49,7 @@ from ..kernels.sample import KMAX, PARAM_ROWS, pack_params
 from ..quant.types import GGMLType, quant_info
 from . import cpu_ops
 from .base import Batch
-from .calls import STRIDED, Call, admissible, compile_rope, rope_key
+from .calls import STRIDED, Call, admissible, compile_rope, rope_key, type_runs
 from .kv_cache import KVCache, kv_bytes
 from .plan import Plan, Step
 
@@ -528,26 +528,9 @@ class CUDABackend:
         kernel = (choice or self.choices[node.id][kind]).kernel
         return kernel, {"w": self._laid_out(kernel, w, n, k), "n": n, "k": k, "qtype": self._matmul_type(w)}
 
-    def _type_runs(self, w: WeightRef) -> list[tuple[WeightRef, int, int]]:
-        """A fused weight's parts grouped into runs of one storage type, as (weight of the run,
-        first row, end row): one run unless the parts differ in type (a Q4_K_M file's Q4_K q, k
-        and Q6_K v)."""
-        runs: list[list] = []
-        row = 0
-        for part in w.tensors:
-            t = self._reader.tensors[part.name].ggml_type
-            if runs and runs[-1][0] == t:
-                runs[-1][1].append(part)
-            else:
-                runs.append([t, [part], row])
-            row += part.shape[1]
-        out = []
-        for _, parts, start in runs:
-            rows = sum(p.shape[1] for p in parts)
-            ref = parts[0] if len(parts) == 1 else WeightRef("+".join(p.name for p in parts), (w.shape[0], rows),
-                                                             tuple(parts))
-            out.append((ref, start, start + rows))
-        return out
+    def _type_runs(self, w: WeightRef) -> list[tuple[WeightRef, GGMLType, int, int]]:
+        """calls.type_runs over this file's storage types."""
+        return type_runs(w, lambda name: self._reader.tensors[name].ggml_type)
 
     def _matmul_call(self, w: WeightRef) -> Call:
         k, n = w.shape
@@ -648,7 +631,7 @@ class CUDABackend:
             return None
         k = w.shape[0]
         out, picked = [], []
-        for ref, a, b in runs:
+        for ref, _, a, b in runs:
             call = self._matmul_call(ref)
             choice = self._choose(node, call, KINDS["row"])
             picked.append((call, choice))

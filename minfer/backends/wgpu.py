@@ -38,7 +38,7 @@ from ..quant.reference import dequantize
 from ..quant.types import GGMLType, quant_info
 from . import cpu_ops
 from .base import Batch
-from .calls import STRIDED, Call, admissible, compile_rope, rope_key
+from .calls import STRIDED, Call, admissible, compile_rope, rope_key, type_runs
 from .kv_cache import kv_bytes
 from .plan import Plan, Step
 
@@ -250,25 +250,8 @@ class WGPUBackend:
         return (lambda vals, st: run[st.kind](gate=vals[i], up=vals[j])), run
 
     def _type_runs(self, w: WeightRef) -> list[tuple[WeightRef, GGMLType, int, int]]:
-        """A (fused) weight's parts grouped into runs of one storage type, as (weight of the run,
-        its type, first output column, end column): one run unless the parts differ in type (a
-        Q4_K_M file's Q4_K q, k and Q6_K v), each run then multiplied into its columns."""
-        runs: list[list] = []
-        col = 0
-        for part in w.tensors:
-            t = self._reader.tensors[part.name].ggml_type
-            if runs and runs[-1][0] == t:
-                runs[-1][1].append(part)
-            else:
-                runs.append([t, [part], col])
-            col += part.shape[1]
-        out = []
-        for t, parts, start in runs:
-            cols = sum(p.shape[1] for p in parts)
-            ref = parts[0] if len(parts) == 1 else WeightRef("+".join(p.name for p in parts), (w.shape[0], cols),
-                                                             tuple(parts))
-            out.append((ref, t, start, start + cols))
-        return out
+        """calls.type_runs over this file's storage types."""
+        return type_runs(w, lambda name: self._reader.tensors[name].ggml_type)
 
     def _compile_matmul(self, node: Node):
         w = node.weights["w"]
