@@ -270,8 +270,8 @@ class CPUBackend:
             direct = m.direct()
             if direct is not None:  # one quantized kernel, no bias: called as it is
                 kind, mm = direct
-                if kind == "vnni":  # decode rows: two int8 passes of the activations, prompt chunks one
-                    return Step(lambda vals, st: mm(vals[i], 2 if st.decode else 1), kernel)
+                if kind == "vnni":  # two int8 passes of the activations, decode rows and prompts alike
+                    return Step(lambda vals, st: mm(vals[i], 2), kernel)
                 return Step(lambda vals, st: mm(vals[i]), kernel)
             return Step(lambda vals, st: m(vals[i], st.decode), kernel)
         if op == Op.ADD:

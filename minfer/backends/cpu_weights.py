@@ -3,8 +3,8 @@
 A MatMul weight becomes a `Matrix`, prepared once at load, that prefill and decode rows share:
 
 - Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K and Q8_0, where the C kernel can run (AVX512-VNNI, a C compiler): the VNNI
-  form (minfer/kernels/cpu_vnni.py), int8 activations per 32, one pass for prompt chunks and two
-  for decode rows (the contracts `cpu_q4_vnni` / `cpu_q4_vnni2`, `cpu_q8_vnni` / `cpu_q8_vnni2`).
+  form (minfer/kernels/cpu_vnni.py), int8 activations per 32 in two passes, prompt chunks and
+  decode rows alike (the contracts `cpu_q4_vnni2`, `cpu_q8_vnni2`).
 - every other quantized type (and all of them elsewhere) runs torch's int4 packed matmul (group
   size 32, bfloat16 activations and scales) on the type's int4 digits (minfer/kernels/cpu_matmul.py):
   4-bit types as they are (0.63 bytes per weight), the others as lo/hi digit pairs (1.25 bytes per
@@ -72,6 +72,7 @@ def dense_f32(reader: GGUFReader, info: TensorInfo) -> torch.Tensor:
 # the C kernels (contracts/cpu_vnni.fkc.md): prompt chunks -> decode rows (the same weights,
 # activations in two int8 passes)
 VNNI_DECODE = {"cpu_q4_vnni": "cpu_q4_vnni2", "cpu_q8_vnni": "cpu_q8_vnni2"}
+VNNI_KERNELS = set(VNNI_DECODE) | set(VNNI_DECODE.values())
 
 
 def pick_kernel(qtype: GGMLType, n: int, k: int, rows: int = 1, decode: bool = False) -> Candidate:
@@ -84,10 +85,11 @@ def pick_kernel(qtype: GGMLType, n: int, k: int, rows: int = 1, decode: bool = F
                               {"n": n, "k": k, "qtype": qtype}, "CPU")
     if not cpu_vnni.available():  # the VNNI kernels need the CPU's instructions and a C compiler
         ok = [c for c in ok if c.kernel.contract.kernel_source != "c"]
-    # decode rows take the two-pass variant (memory-bound: its second pass is free), prompt chunks the
-    # one-pass one (the cheaper by the contracts' costs); both read the same prepared weights
-    skip = set(VNNI_DECODE) if decode else set(VNNI_DECODE.values())
-    ok = [c for c in ok if c.kernel.name not in skip]
+    # decode rows and prompt chunks alike take the two-pass variant: with one pass on prompts the
+    # default model answered "What is the capital of France?" with "L'Étoile, la Marseillaise..."
+    # (tests/server; two passes and torch's bf16 kernel: "Paris"); the one-pass kernels stay
+    # registered (their contracts, conformance) and are not picked. `decode` changes nothing here.
+    ok = [c for c in ok if c.kernel.name not in VNNI_DECODE]
     if not ok:
         raise NoKernelError(f"cpu backend: no kernel contract multiplies by a {qtype.name} [{n}, {k}] weight; "
                             f"nearest: " + "; ".join(f"{r.name}: {', '.join(why)}" for r, why in rejected[:3]))
@@ -97,7 +99,7 @@ def pick_kernel(qtype: GGMLType, n: int, k: int, rows: int = 1, decode: bool = F
 def prepared_bytes(info: TensorInfo) -> int:
     """Memory a matrix of this tensor takes once prepared (before preparing it)."""
     n, k = info.torch_shape
-    if pick_kernel(info.ggml_type, n, k).kernel.name in VNNI_DECODE:
+    if pick_kernel(info.ggml_type, n, k).kernel.name in VNNI_KERNELS:
         return cpu_vnni.packed_bytes(n, k, info.ggml_type)
     if info.ggml_type in INT4_TYPES:
         return packed_bytes(n, k, info.ggml_type)
@@ -138,7 +140,7 @@ class Matrix:
         self.nbytes = sum(fn.nbytes for _, fn in self._runs)
 
     def _prepare(self, reader: GGUFReader, infos: list[TensorInfo]) -> tuple[str, object]:
-        if pick_kernel(infos[0].ggml_type, *infos[0].torch_shape).kernel.name in VNNI_DECODE:
+        if pick_kernel(infos[0].ggml_type, *infos[0].torch_shape).kernel.name in VNNI_KERNELS:
             mm = cpu_vnni.Q4Vnni([(raw_rows(reader, i), i.ggml_type, *i.torch_shape) for i in infos])
             for i in infos:
                 reader.release(i.name)
@@ -163,7 +165,7 @@ class Matrix:
         """[T, n]: bfloat16 from the int4 kernels, float32 from a float32 GEMM (a bias promotes
         to float32). Decode and prefill rows take the same kernels; `decode` only tells a float32
         GEMM to run its rows one at a time (sgemm's rounding depends on the row count)."""
-        p = passes or (2 if decode else 1)  # the VNNI kernel's activation passes
+        p = passes or 2  # the VNNI kernel's activation passes (pick_kernel: two, prompts too)
         ys = [fn(x, decode) if kind == "linear" else fn(x, p) if kind == "vnni" else fn(x) for kind, fn in self._runs]
         y = ys[0] if len(ys) == 1 else torch.cat([t.to(ys[0].dtype) for t in ys], dim=1)
         return y if self.bias is None else y + self.bias
