@@ -75,14 +75,13 @@ def test_every_cpu_matmul_resolves_to_a_cpu_contract(headers, preset, quant, cap
         one, chunk = plan_rows(graph, reader, 1), plan_rows(graph, reader, 512, prefill=True)
     assert one and all(math.isfinite(r["cost_ns"]) and r["cost_ns"] > 0 for r in one + chunk)
     pair32, pair16 = "cpu_int4pack_mm_pair32", "cpu_int4pack_mm_pair16"
-    q4 = "cpu_q4_vnni" if cpu_vnni.available() else "cpu_int4pack_mm"
-    q8 = "cpu_q8_vnni" if cpu_vnni.available() else pair32  # 8-bit codes: Q8_0 and the Q5 types
-    # decode rows and prompt chunks share each weight's kernel, but for the VNNI ones' two-pass decode
-    # variants; the logits (the last node) take the decode rows' kernel in a prompt too
+    q4 = "cpu_q4_vnni2" if cpu_vnni.available() else "cpu_int4pack_mm"
+    q8 = "cpu_q8_vnni2" if cpu_vnni.available() else pair32  # 8-bit codes: Q8_0 and the Q5 types
+    # decode rows and prompt chunks share each weight's kernel (the VNNI ones: their two-pass variants)
     decode = [r["kernel"] for r in one]
-    assert [k.replace("_vnni2", "_vnni") for k in decode[:-1]] == [r["kernel"] for r in chunk[:-1]]
-    assert decode[-1] == chunk[-1]["kernel"]
-    assert all("_vnni" not in k or k.endswith("_vnni2") for ks in decode for k in ks.split("+"))
+    assert decode == [r["kernel"] for r in chunk]
+    assert all("_vnni" not in k or k.endswith("_vnni2") for ks in decode + [r["kernel"] for r in chunk]
+               for k in ks.split("+"))
     want = {"q4_0": q4, "q4_1": q4, "q4_k": q4, "q4_k_m": q4, "q8_0": q8, "q5_k_m": q8, "q5_0": q8,
             "q5_1": q8,
             "q6_k": pair16, "q3_k": pair16, "q2_k": pair16, "f32": "cpu_linear_f32"}[quant]
