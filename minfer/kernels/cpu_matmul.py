@@ -304,14 +304,20 @@ def int4pack_mm(x: torch.Tensor, w, n: int, k: int, qtype: GGMLType | int | str,
     """out [m, n] bfloat16 = x [m, k] @ W^T on W's int4 form (`int4_weight`; raw bytes are packed
     on every call: correct, but a full pass over W each time)."""
     mm = int4_weight(w, n, k, qtype)
+    return rows_call("int4pack_mm", x, k, mm, out)
+
+
+def rows_call(what: str, x: torch.Tensor, k: int, mm, out: torch.Tensor | None) -> torch.Tensor:
+    """mm(x as [m, k] rows) (x [k] is one row), copied into `out` when given: the cpu matmul
+    launchers' shared call (x's shape and out's shape and dtype checked)."""
     x2 = x.reshape(1, -1) if x.dim() == 1 else x
     if x2.dim() != 2 or x2.shape[1] != k:
-        raise UnsupportedError(f"int4pack_mm: x must be [m, {k}], got {tuple(x.shape)}")
+        raise UnsupportedError(f"{what}: x must be [m, {k}], got {tuple(x.shape)}")
     y = mm(x2)
     if out is None:
         return y
     if out.shape != y.shape or out.dtype != y.dtype:
-        raise UnsupportedError(f"int4pack_mm: out must be {tuple(y.shape)} {y.dtype}, "
+        raise UnsupportedError(f"{what}: out must be {tuple(y.shape)} {y.dtype}, "
                                f"got {tuple(out.shape)} {out.dtype}")
     return out.copy_(y)
 

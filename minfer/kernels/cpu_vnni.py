@@ -25,6 +25,7 @@ import torch
 from ..config import env
 from ..errors import UnsupportedError
 from ..quant.types import GGMLType
+from .cpu_matmul import rows_call
 
 SOURCE = Path(__file__).parent / "csrc" / "q4_vnni.c"
 REVISION_SOURCES = (SOURCE,)  # the contract's revision hash covers the C file
@@ -190,16 +191,7 @@ def q4_vnni_mm(x: torch.Tensor, w, n: int, k: int, qtype: GGMLType | int | str,
     packed on every call: correct, but a full pass over W each time), activations in one int8
     pass (cpu_q4_vnni)."""
     mm = q4_vnni_weight(w, n, k, qtype)
-    x2 = x.reshape(1, -1) if x.dim() == 1 else x
-    if x2.dim() != 2 or x2.shape[1] != k:
-        raise UnsupportedError(f"q4_vnni_mm: x must be [m, {k}], got {tuple(x.shape)}")
-    y = mm(x2, passes)
-    if out is None:
-        return y
-    if out.shape != y.shape or out.dtype != y.dtype:
-        raise UnsupportedError(f"q4_vnni_mm: out must be {tuple(y.shape)} {y.dtype}, "
-                               f"got {tuple(out.shape)} {out.dtype}")
-    return out.copy_(y)
+    return rows_call("q4_vnni_mm", x, k, lambda x2: mm(x2, passes), out)
 
 
 def attention_fits(n_head: int, n_kv: int, head_dim: int) -> bool:

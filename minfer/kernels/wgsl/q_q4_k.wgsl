@@ -3,14 +3,7 @@
 // Elements 64c .. 64c+31 are the low nibbles of bytes 32c.., 64c+32 .. the high ones. ----
 const BE: u32 = 256u;
 const BB: u32 = 144u;
-// llama.cpp's get_scale_min_k4: (scale, min) of sub-block j
-fn scale_min_k4(wb: u32, j: u32) -> vec2<f32> {
-    let s = wb + 4u;
-    if (j < 4u) { return vec2<f32>(f32(ld8(s + j) & 63u), f32(ld8(s + j + 4u) & 63u)); }
-    let sc = (ld8(s + j + 4u) & 15u) | ((ld8(s + j - 4u) >> 6u) << 4u);
-    let mn = (ld8(s + j + 4u) >> 4u) | ((ld8(s + j) >> 6u) << 4u);
-    return vec2<f32>(f32(sc), f32(mn));
-}
+// (scale, min) of sub-block j: scale_min_k4 (quant_common.wgsl)
 fn elem(wb: u32, j: u32) -> f32 {
     let c = j / 64u;
     let hi = (j % 64u) >= 32u;

@@ -11,3 +11,12 @@ fn ld32(b: u32) -> u32 {
 fn ldf16(b: u32) -> f32 { return f16_bits(ld16(b)); }
 // byte e (0..3) of word w as a signed 8-bit value
 fn i8_of(w: u32, e: u32) -> f32 { return f32(bitcast<i32>(w << (24u - 8u * e)) >> 24u); }
+// the K-quants' 6-bit scales and mins (Q4_K, Q5_K: 12 bytes after f16 d and dmin)
+// llama.cpp's get_scale_min_k4: (scale, min) of sub-block j of the super-block at byte wb
+fn scale_min_k4(wb: u32, j: u32) -> vec2<f32> {
+    let s = wb + 4u;
+    if (j < 4u) { return vec2<f32>(f32(ld8(s + j) & 63u), f32(ld8(s + j + 4u) & 63u)); }
+    let sc = (ld8(s + j + 4u) & 15u) | ((ld8(s + j - 4u) >> 6u) << 4u);
+    let mn = (ld8(s + j + 4u) >> 4u) | ((ld8(s + j) >> 6u) << 4u);
+    return vec2<f32>(f32(sc), f32(mn));
+}
