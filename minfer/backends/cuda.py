@@ -32,6 +32,7 @@ without graphs: every GPU code path of it is exercised at small sizes without a 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -288,6 +289,7 @@ class CUDABackend:
         self.fused_calls: dict[int, Call] = {}
         self.absorbed: dict[int, int] = {}
         self.plain_rows: dict[int, Choice] = {}  # such a matmul's plain GEMV (matmul_args)
+        self.kv_fused: dict[int, int] = {}  # attention node id -> the q+k+v matmul that writes its row's k, v
         self.upload = True
         self._reader: GGUFReader | None = None
         self._bytes: dict[str, torch.Tensor] = {}  # tensor name -> its GGUF bytes on the device
@@ -456,6 +458,20 @@ class CUDABackend:
                         pairs[m.id] = ("rope", rope.id)
         return pairs
 
+    @staticmethod
+    def _kv_consumer(graph: Graph, matmul: Node, rope: Node) -> Node | None:
+        """The Attention node whose q and k are slices of `rope`'s output and whose v is a slice of
+        `matmul`'s (the q+k+v GEMV can then write the row's k and v into the cache itself)."""
+        by_id = {n.id: n for n in graph.nodes}
+        for n in graph.nodes:
+            if n.op != Op.ATTENTION:
+                continue
+            q, k, v = (by_id[i] for i in n.inputs[:3])
+            if (q.op == k.op == v.op == Op.SLICE and q.inputs == k.inputs == (rope.id,) and v.inputs == (matmul.id,)
+                    and v.params["start"] == rope.params["n_heads"] * rope.params["head_dim"]):
+                return n
+        return None
+
     def _compile_norm(self, node: Node):
         d, eps = node.shape[-1], node.params["eps"]
         fused_by = next((a for a, nid in self._fused_norms.items() if nid == node.id), None)
@@ -615,11 +631,17 @@ class CUDABackend:
         else:
             b = bias if bias is not None else (torch.zeros(n, device=self.device) if self.upload else None)
             pos, key = rope.inputs[1], rope_key(rope)
+            attn = None if self.kv_q8 else self._kv_consumer(self.graph, node, rope)
+            if attn is not None:  # the row's k and v go into the (f16) cache from this GEMV's epilogue
+                self.kv_fused[attn.id] = node.id
+                layer, nkv = attn.params["kv_layer"], attn.params["n_head_kv"]
 
             def fused(vals, st):
                 cos, sin = self._ropes[key]
+                cache = {} if attn is None else {"cache_k": self.cache.k, "cache_v": self.cache.v, "layer": layer,
+                                                 "row_slots": st.inputs["row_slots"], "n_head_kv": nkv}
                 return kernel(x=vals[i], w=laid, b=b, positions=vals[pos], cos=cos, sin=sin, n=n, k=k, qtype=wq,
-                              **extra)
+                              **extra, **cache)
         return fused
 
     def _mixed_row_parts(self, node: Node, w: WeightRef) -> list[tuple] | None:
@@ -686,12 +708,16 @@ class CUDABackend:
                     "cache_v": cache, "row_slots": (rows,), "positions": (rows,)}
 
         run = self._picks(node, Call("Attention", dtypes, shapes, params, {"q": STRIDED, "k": STRIDED, "v": STRIDED}))
+        # a decode row whose q+k+v GEMV wrote k and v into the cache: the row kernel skips its write
+        # (a kernel without the switch writes the same values again)
+        written = node.id in self.kv_fused and "kv_written" in inspect.signature(run["row"].launcher).parameters
 
         def fn(vals, st):
             kc = self.cache
+            more = {"kv_written": True} if written and st.kind == "row" else {}
             return run[st.kind](q=vals[q_i], k=vals[k_i], v=vals[v_i], cache_k=kc.k, cache_v=kc.v,
                                 row_slots=st.inputs["row_slots"], positions=vals[pos], spans=st.spans,
-                                tiles=st.inputs.get("tiles"), **params)
+                                tiles=st.inputs.get("tiles"), **params, **more)
 
         return fn, run
 

@@ -314,13 +314,15 @@ def split_plan(n_ctx: int) -> tuple[int, int]:
 def attention_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
                    row_slots: torch.Tensor, positions: torch.Tensor, layer: int, n_head: int, n_head_kv: int,
                    head_dim: int, scale: float, spans=None, tiles=None,
-                   out: torch.Tensor | None = None) -> torch.Tensor:
+                   out: torch.Tensor | None = None, kv_written: bool = False) -> torch.Tensor:
     """Write k/v into the cache at (row_slots, positions), then out [rows, n_head * head_dim] f32 =
     softmax(q K^T * scale) V over positions 0..position of each row's slot. q/k/v: f32 rows
     (row-strided views are fine), cache f16 [layers, slots, n_head_kv, n_ctx, head_dim]. `spans`
-    and `tiles` are not needed (every row reads its own slot and position on the device)."""
+    and `tiles` are not needed (every row reads its own slot and position on the device).
+    `kv_written`: the producer of k and v already wrote them into the cache (gemv_rope's KV
+    epilogue), so the write is skipped."""
     return _attention_rows("attention_rows", torch.float16, q, k, v, cache_k, cache_v, row_slots, positions, layer,
-                           n_head, n_head_kv, head_dim, scale, out)
+                           n_head, n_head_kv, head_dim, scale, out, kv_written)
 
 
 def attention_rows_q8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor,
@@ -334,14 +336,15 @@ def attention_rows_q8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k
 
 
 def _attention_rows(what, cache_dtype, q, k, v, cache_k, cache_v, row_slots, positions, layer, n_head, n_head_kv,
-                    head_dim, scale, out):
+                    head_dim, scale, out, kv_written=False):
     q2, k2, v2, shape, device = check_attention_call(what, q, k, v, cache_k, cache_v, row_slots, positions, layer,
                                                      n_head, n_head_kv, head_dim, cache_dtype)
     rows = q2.shape[0]
     out = make_out(what, out, (rows, n_head * head_dim), torch.float32, device)
     if not rows:
         return out
-    kv_write(k2, v2, cache_k, cache_v, row_slots, positions, layer)
+    if not kv_written:
+        kv_write(k2, v2, cache_k, cache_v, row_slots, positions, layer)
     n_layer, n_slots, nkv, n_ctx, hd = shape
     rs = cache_k.shape[4]  # elements (bytes for Q8_0) from one position's row to the next
     split_len, nsplit = split_plan(n_ctx)

@@ -32,7 +32,7 @@ from ..quant.types import GGMLType
 from ._common import check_device, check_tensor, make_out
 from .qmatmul import GemvConfig, GemvPacked, gemv_default_config, gemv_type, launch_packed, repack_gemv
 
-EPI_SWIGLU, EPI_ROPE = 1, 2
+EPI_SWIGLU, EPI_ROPE, EPI_ROPE_KV = 1, 2, 3
 
 
 @dataclass(frozen=True)
@@ -159,16 +159,24 @@ def gemv_swiglu(x: torch.Tensor, w: PairPacked | torch.Tensor, n: int, k: int, q
     device = check_device(what, x=x, qs=w.inner.qs, out=out)
     out = make_out(what, out, (1, n // 2), torch.float32, device)
     c = w.inner.qs
-    launch_packed(what, x, w.inner, out, w.config, (EPI_SWIGLU, out, c, c, out, out, c, 0))
+    launch_packed(what, x, w.inner, out, w.config, (EPI_SWIGLU, out, c, c, out, out, c, 0, out, out, c, 0, 0, 1, 0, 0,
+                                                    0))
     return out
 
 
 def gemv_rope(x: torch.Tensor, w: PairPacked | torch.Tensor, b: torch.Tensor, positions: torch.Tensor,
               cos: torch.Tensor, sin: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str, n_heads: int,
-              head_dim: int, n_rot: int, neox: bool, out: torch.Tensor | None = None) -> torch.Tensor:
+              head_dim: int, n_rot: int, neox: bool, out: torch.Tensor | None = None, *,
+              cache_k: torch.Tensor | None = None, cache_v: torch.Tensor | None = None,
+              row_slots: torch.Tensor | None = None, layer: int = 0, n_head_kv: int = 0) -> torch.Tensor:
     """out [1, n] f32 = x @ W^T + b for one token, its first n_heads heads rotated by RoPE at
     positions[0] (cos / sin f32 [n_ctx, n_rot / 2] tables); W a PairPacked from repack_rope with
-    the same RoPE settings, or raw GGUF bytes (laid out per call)."""
+    the same RoPE settings, or raw GGUF bytes (laid out per call).
+
+    With `cache_k` / `cache_v` (f16 [layers, slots, n_head_kv, n_ctx, head_dim]) the row's keys
+    (the last n_head_kv of the rotated heads) and values (the n_head_kv heads after them) are also
+    written into the cache at (layer, row_slots[0], positions[0]): the KV write of the attention
+    after it (`attention_rows(..., kv_written=True)` then skips its own)."""
     what = "gemv_rope"
     t = gemv_type(what, qtype)
     rope = (n_heads, head_dim, n_rot, bool(neox))
@@ -191,5 +199,25 @@ def gemv_rope(x: torch.Tensor, w: PairPacked | torch.Tensor, b: torch.Tensor, po
             raise UnsupportedError(f"{what}: {name} must be [n_ctx, {half}], got {tuple(table.shape)}")
     device = check_device(what, x=x, qs=w.inner.qs, b=b, positions=positions, cos=cos, sin=sin, out=out)
     out = make_out(what, out, (1, n), torch.float32, device)
-    launch_packed(what, x, w.inner, out, w.config, (EPI_ROPE, b, w.dst, w.fi, cos, sin, positions, half))
+    if cache_k is None:
+        c = w.dst
+        launch_packed(what, x, w.inner, out, w.config, (EPI_ROPE, b, w.dst, w.fi, cos, sin, positions, half, out, out,
+                                                        c, 0, 0, 1, 0, 0, 0))
+        return out
+    kstart = (n_heads - n_head_kv) * head_dim
+    vstart = n_heads * head_dim
+    if n_head_kv < 1 or n_heads <= n_head_kv or vstart + n_head_kv * head_dim != n:
+        raise UnsupportedError(f"{what}: {n_head_kv} kv heads of {head_dim} after {n_heads - n_head_kv} q heads do not "
+                               f"make the {n} columns of q+k+v")
+    for name, t in (("cache_k", cache_k), ("cache_v", cache_v)):
+        check_tensor(what, name, t, (torch.float16,), ndim=(5,))
+    layers, slots, nkv, n_ctx, hd = cache_k.shape
+    if cache_v.shape != cache_k.shape or (nkv, hd) != (n_head_kv, head_dim) or not 0 <= layer < layers:
+        raise UnsupportedError(f"{what}: caches {tuple(cache_k.shape)} / {tuple(cache_v.shape)} do not hold layer "
+                               f"{layer} of {n_head_kv} heads x {head_dim}")
+    check_tensor(what, "row_slots", row_slots, (torch.int32,), ndim=(1,))
+    check_device(what, x=x, cache_k=cache_k, cache_v=cache_v, row_slots=row_slots)
+    launch_packed(what, x, w.inner, out, w.config,
+                  (EPI_ROPE_KV, b, w.dst, w.fi, cos, sin, positions, half, cache_k, cache_v, row_slots, kstart, vstart,
+                   hd, layer * slots * nkv * n_ctx * hd, nkv * n_ctx * hd, n_ctx * hd))
     return out

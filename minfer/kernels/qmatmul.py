@@ -411,6 +411,7 @@ def _load_words(rows, kbs, PLANES: tl.constexpr):
 def _q4_0_gemv_kernel(
     x_ptr, qs_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, N, NKB, KB_SPLIT, NSPLIT, magic, half_shift, m_ptr, M_STRIDE,
     h_ptr, hi_shift, e_ptr, dst_ptr, fi_ptr, cos_ptr, sin_ptr, pos_ptr, HALF,
+    ck_ptr, cv_ptr, slot_ptr, KSTART, VSTART, HD, LAYER_OFF, S_STRIDE, H_STRIDE,
     R: tl.constexpr, LR: tl.constexpr, LK: tl.constexpr, WK: tl.constexpr, SPLIT: tl.constexpr,
     EVEN_K: tl.constexpr, MODE: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
     PLANES: tl.constexpr, LB: tl.constexpr, HB: tl.constexpr, CENTER: tl.constexpr, EPI: tl.constexpr,
@@ -491,21 +492,25 @@ def _q4_0_gemv_kernel(
             for s in range(0, NSPLIT):  # L2 reads (.cg): other SMs wrote these
                 total += tl.load(part_ptr + s * N + rows, mask=rows < N, other=0.0, cache_modifier=".cg")
             _gemv_store(out_ptr, total, rows, N, pid_n, e_ptr, dst_ptr, fi_ptr, cos_ptr, sin_ptr, pos_ptr, HALF,
-                        BLOCK_N, EPI)
+                        ck_ptr, cv_ptr, slot_ptr, KSTART, VSTART, HD, LAYER_OFF, S_STRIDE, H_STRIDE, BLOCK_N, EPI)
             tl.atomic_xchg(cnt_ptr + pid_n, 0, sem="relaxed", scope="gpu")
     else:
-        _gemv_store(out_ptr, tot, rows, N, pid_n, e_ptr, dst_ptr, fi_ptr, cos_ptr, sin_ptr, pos_ptr, HALF, BLOCK_N, EPI)
+        _gemv_store(out_ptr, tot, rows, N, pid_n, e_ptr, dst_ptr, fi_ptr, cos_ptr, sin_ptr, pos_ptr, HALF,
+                    ck_ptr, cv_ptr, slot_ptr, KSTART, VSTART, HD, LAYER_OFF, S_STRIDE, H_STRIDE, BLOCK_N, EPI)
 
 
 @triton.jit
 def _gemv_store(out_ptr, tot, rows, N, pid_n, e_ptr, dst_ptr, fi_ptr, cos_ptr, sin_ptr, pos_ptr, HALF,
+                ck_ptr, cv_ptr, slot_ptr, KSTART, VSTART, HD, LAYER_OFF, S_STRIDE, H_STRIDE,
                 BLOCK_N: tl.constexpr, EPI: tl.constexpr):
     """Store a row tile's sums `tot` [LR, R] (tile-local row l = r * LR + lr, rows = its global
-    rows). EPI 0: as they are. EPI 1 and 2 (a pair layout, gemv_fused.py: the tile's row l and
+    rows). EPI 0: as they are. EPI 1, 2, 3 (a pair layout, gemv_fused.py: the tile's row l and
     row l + BLOCK_N / 2 form pair l of the tile; N a multiple of BLOCK_N): 1 (SwiGLU) stores
     silu(a) * b at column pid_n * BLOCK_N / 2 + l; 2 (RoPE) adds the bias e[col] to both, rotates
     the pair by the angle of frequency fi (cos/sin row of the position pos_ptr[0], HALF columns;
-    fi < 0: no rotation) and stores each at its column dst[row]."""
+    fi < 0: no rotation) and stores each at its column dst[row]; 3: 2, and the columns from KSTART
+    (keys) and VSTART (values) also into the f16 KV cache at (slot_ptr[0], the position): head
+    (col - start) // HD, dim (col - start) % HD."""
     if EPI == 0:
         tl.store(out_ptr + rows, tot, mask=rows < N)
     else:
@@ -523,11 +528,30 @@ def _gemv_store(out_ptr, tot, rows, N, pid_n, e_ptr, dst_ptr, fi_ptr, cos_ptr, s
             b += tl.load(e_ptr + db)
             f = tl.load(fi_ptr + pair)
             rot = f >= 0
-            at = tl.load(pos_ptr).to(tl.int64) * HALF + tl.maximum(f, 0)
+            pos = tl.load(pos_ptr).to(tl.int64)
+            at = pos * HALF + tl.maximum(f, 0)
             c = tl.where(rot, tl.load(cos_ptr + at, mask=rot, other=1.0), 1.0)
             s = tl.where(rot, tl.load(sin_ptr + at, mask=rot, other=0.0), 0.0)
-            tl.store(out_ptr + da, a * c - b * s)
-            tl.store(out_ptr + db, a * s + b * c)
+            ya = a * c - b * s
+            yb = a * s + b * c
+            tl.store(out_ptr + da, ya)
+            tl.store(out_ptr + db, yb)
+            if EPI == 3:
+                base = LAYER_OFF + tl.load(slot_ptr).to(tl.int64) * S_STRIDE + pos * HD
+                _kv_cache_store(ck_ptr, cv_ptr, base, da, ya, KSTART, VSTART, HD, H_STRIDE)
+                _kv_cache_store(ck_ptr, cv_ptr, base, db, yb, KSTART, VSTART, HD, H_STRIDE)
+
+
+@triton.jit
+def _kv_cache_store(ck_ptr, cv_ptr, base, col, y, KSTART, VSTART, HD, H_STRIDE):
+    """The key (KSTART <= col < VSTART) and value (col >= VSTART) columns of one step's q+k+v row
+    into the f16 cache rows at `base` (layer, slot and position applied) of their heads."""
+    is_v = col >= VSTART
+    rel = tl.where(is_v, col - VSTART, col - KSTART)
+    off = base + (rel // HD).to(tl.int64) * H_STRIDE + rel % HD
+    yh = y.to(tl.float16)
+    tl.store(ck_ptr + off, yh, mask=(col >= KSTART) & (col < VSTART))
+    tl.store(cv_ptr + off, yh, mask=is_v)
 
 
 # The 2^23 bit pattern and the 16-bit shift reach the kernel as run-time arguments on purpose:
@@ -638,14 +662,16 @@ def q4_0_gemv(
 def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n: int, k: int, cfg: GemvConfig,
                  planes: tuple | None = None, epilogue: tuple | None = None):
     """Launch the GEMV kernel; `planes` = (hi plane, LB, HB, CENTER) for the planes types;
-    `epilogue` = (EPI, e, dst, fi, cos, sin, positions, HALF) for gemv_fused.py's fused stores."""
+    `epilogue` = (EPI, e, dst, fi, cos, sin, positions, HALF, cache_k, cache_v, slots, KSTART, VSTART, HD,
+    LAYER_OFF, S_STRIDE, H_STRIDE) for gemv_fused.py's fused stores."""
     kb_split, nsplit, tiles = _split_plan(cfg, n, k)
     part, counters = out, out  # unused without a split
     if nsplit > 1:
         part, counters = w.scratch(nsplit, tiles)
     nkb = k // Q4_0.block_elems
     hi, lb, hb, center = planes if planes is not None else (w.qs, 4, 0, 0)
-    epi, *eargs = epilogue if epilogue is not None else (0, out, counters, counters, out, out, counters, 0)
+    epi, *eargs = epilogue if epilogue is not None else (0, out, counters, counters, out, out, counters, 0,
+                                                         out, out, counters, 0, 0, 1, 0, 0, 0)
     _q4_0_gemv_kernel[check_grid(what, (tiles, nsplit))](
         x, w.qs, d_plane, out, part, counters, n, nkb, kb_split, nsplit, _MAGIC_BITS, min(4 * lb, 16), m_plane,
         m_stride, hi, min(4 * hb, 16),  # the shifts to a word's upper slots (byte codes: to slots 2, 3)

@@ -138,6 +138,9 @@ def test_every_node_is_picked_through_a_contract(pair):
     n_layer = be.graph.meta["n_layer"]
     assert [by_name[f"blk.{i}.attn_q+k+v"] for i in range(n_layer)] == ["gemv_rope"] * n_layer
     assert [by_name[f"blk.{i}.ffn_gate+up"] for i in range(n_layer)] == ["gemv_swiglu"] * n_layer
+    # and the q+k+v GEMV writes the row's k and v into the (f16) cache for every layer's attention
+    attn = [n.id for n in be.graph.nodes if str(n.op) == "Attention"]
+    assert sorted(be.kv_fused) == attn and len(attn) == n_layer
     batch_ops = {r["op"] for r in be.plan_rows(16)}  # a decode batch runs them as kernels of their own
     assert batch_ops == {"GetRows", "RMSNorm", "MatMul", "RoPE", "Attention", "Add", "SwiGLU"}
     # every residual add that feeds a norm runs fused with it (one kernel), the last one alone

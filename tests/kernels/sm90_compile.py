@@ -69,7 +69,9 @@ def variants():
            "half_shift": "i32", "m_ptr": "*fp16", "M_STRIDE": "i32", "h_ptr": "*i32", "hi_shift": "i32", "R": c,
            "LR": c, "LK": c, "WK": c, "SPLIT": c, "EVEN_K": c, "MODE": c, "PREFETCH": c, "PDL": c, "PLANES": c,
            "LB": c, "HB": c, "CENTER": c, "e_ptr": "*fp32", "dst_ptr": "*i32", "fi_ptr": "*i32", "cos_ptr": "*fp32",
-           "sin_ptr": "*fp32", "pos_ptr": "*i32", "HALF": "i32", "EPI": c}
+           "sin_ptr": "*fp32", "pos_ptr": "*i32", "HALF": "i32", "ck_ptr": "*fp16", "cv_ptr": "*fp16",
+           "slot_ptr": "*i32", "KSTART": "i32", "VSTART": "i32", "HD": "i32", "LAYER_OFF": "i64", "S_STRIDE": "i64",
+           "H_STRIDE": "i64", "EPI": c}
     no_planes = {"PLANES": False, "LB": 4, "HB": 0, "CENTER": 0, "EPI": 0}
     planes = {0: ("*fp16", "*fp16"), 1: ("*fp16", "*fp16"), 2: ("*i16", "*i32")}  # Q4_0, Q4_1, Q4_K
     for mode, (d_t, m_t) in planes.items():
@@ -103,7 +105,7 @@ def variants():
             out.append((name, qmatmul._q4_0_gemv_kernel, planes, consts, opts))
     # the fused epilogues (gemv_fused.py): SwiGLU on the gate+up configs, bias + RoPE on the q+k+v ones
     for mode, (d_t, m_t) in [(0, ("*fp16", "*fp16")), (2, ("*i16", "*i32"))]:  # Q4_0, Q4_K
-        for epi, (n, k) in [(1, (37888, 3584)), (2, (4608, 3584)), (1, (28672, 4096)), (2, (6144, 4096))]:
+        for epi, (n, k) in [(1, (37888, 3584)), (3, (4608, 3584)), (1, (28672, 4096)), (2, (6144, 4096))]:
             cfg = qmatmul.gemv_config(n, k, affine=mode > 0)
             name = f"gemv[mode {mode} EPI {epi} {n}x{k} r{cfg.r} wk{cfg.wk} split={cfg.split} prefetch={cfg.prefetch}]"
             consts = dict(R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=cfg.split > 1, EVEN_K=False,

@@ -128,3 +128,33 @@ def test_misuse_is_a_typed_error(device, gen):
     with pytest.raises(UnsupportedError, match="does not fit"):
         repack_rope(raw.to(device), 32, k, t, 3, 16, 16, True)  # 48 rotated columns of 32
 
+
+
+def test_gemv_rope_writes_the_rows_keys_and_values_into_the_cache(device, gen):
+    """With a cache, gemv_rope also stores the row's k (rotated) and v columns at (layer, slot,
+    position), as kv_write would, and touches no other cache entry."""
+    t, hd, nq, nkv, k = GGMLType.Q4_0, 16, 4, 2, 256
+    n = (nq + 2 * nkv) * hd
+    raw, _ = _weight(t, n, k, gen)
+    x, b = torch.randn(k, generator=gen).to(device), torch.randn(n, generator=gen).to(device)
+    cos, sin = _tables(32, hd // 2)
+    cos, sin = cos.to(device), sin.to(device)
+    layers, slots, n_ctx = 3, 4, 32
+    ck = torch.full((layers, slots, nkv, n_ctx, hd), float("nan"), dtype=torch.float16, device=device)
+    cv = ck.clone()
+    layer, slot, pos = 1, 2, 19
+    positions = torch.tensor([pos], dtype=torch.int32, device=device)
+    row_slots = torch.tensor([slot], dtype=torch.int32, device=device)
+    out = gemv_rope(x, raw.to(device), b, positions, cos, sin, n, k, t, nq + nkv, hd, hd, True, cache_k=ck,
+                    cache_v=cv, row_slots=row_slots, layer=layer, n_head_kv=nkv)
+    plain = gemv_rope(x, raw.to(device), b, positions, cos, sin, n, k, t, nq + nkv, hd, hd, True)
+    assert torch.equal(out, plain)
+    keys = out[0, nq * hd:(nq + nkv) * hd].view(nkv, hd).half()
+    vals = out[0, (nq + nkv) * hd:].view(nkv, hd).half()
+    assert torch.equal(ck[layer, slot, :, pos], keys) and torch.equal(cv[layer, slot, :, pos], vals)
+    ck[layer, slot, :, pos] = float("nan")
+    cv[layer, slot, :, pos] = float("nan")
+    assert bool(ck.isnan().all()) and bool(cv.isnan().all())  # nothing else written
+    with pytest.raises(UnsupportedError, match="do not make"):
+        gemv_rope(x, raw.to(device), b, positions, cos, sin, n, k, t, nq + nkv, hd, hd, True, cache_k=ck,
+                  cache_v=cv, row_slots=row_slots, layer=layer, n_head_kv=3)
