@@ -1,11 +1,13 @@
 """Sweep the decode GEMV's launch configs on a model's real matmul shapes. Not a test.
 
-Usage: python bench/gemv_sweep.py MODEL.gguf [MODEL.gguf ...]
+Usage: python bench/gemv_sweep.py MODEL.gguf [MODEL.gguf ...] [--q8]
 
 For every matmul role of a model (q+k+v, o, gate+up, down, output), every config below is timed
 as one CUDA graph of one call per layer (all layers' weights: more than the L2 holds, as in a real
 step); device µs per call and % of the copy bandwidth. Prints the best config per shape, then a
-line per shape for gemv_config's table.
+line per shape for gemv_config's table. `--q8`: instead, each shape's default config with f32
+activations and one or two int8 activation passes (GemvConfig.q8: the launcher's quantize kernel
+is in the time), and tile variants around the default with two passes.
 """
 
 from __future__ import annotations
@@ -33,6 +35,17 @@ CONFIGS = [GemvConfig(r=r, lr=lr, wk=wk, split=s, prefetch=pf, maxnreg=128 if pf
            for r, lr, wk in [(4, 8, 4), (4, 8, 2), (2, 8, 2), (2, 4, 4), (2, 8, 4)]
            for s in (1, 2, 3, 4, 6, 8)
            for pf in (False, True)]
+
+
+def q8_configs(base: GemvConfig) -> list[GemvConfig]:
+    """The default tile at 0 / 1 / 2 activation passes, and two-pass variants of it."""
+    out = [replace(base, q8=p) for p in (0, 1, 2)]
+    for r, wk, split, pf in [(8, base.wk, base.split, base.prefetch), (base.r, 4 if base.wk == 2 else 2, base.split,
+                             base.prefetch), (base.r, base.wk, base.split * 2, base.prefetch),
+                             (base.r, base.wk, max(1, base.split // 2), base.prefetch),
+                             (base.r, base.wk, base.split, not base.prefetch)]:
+        out.append(replace(base, r=r, wk=wk, split=split, prefetch=pf, q8=2, maxnreg=128 if pf or r == 8 else 96))
+    return list(dict.fromkeys(out))
 
 
 def time_calls(calls, cfg, x) -> float:
@@ -72,6 +85,7 @@ def time_calls(calls, cfg, x) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("models", nargs="+")
+    ap.add_argument("--q8", action="store_true", help="int8 activations: 0 / 1 / 2 passes and 2-pass tiles")
     a = ap.parse_args()
     bw = copy_bandwidth("cuda")
     table = []
@@ -91,7 +105,7 @@ def main() -> None:
             wbytes = sum(m.reader.tensors[t.name].nbytes for t in nodes[0].weights["w"].tensors)
             x = torch.randn(1, k, device="cuda")
             results = []
-            for cfg in CONFIGS:
+            for cfg in q8_configs(_default_for(n, k, calls[0][1])) if a.q8 else CONFIGS:
                 if cfg.split > 1 and (k // 32) // (cfg.split * cfg.block_kb) < 1:
                     continue
                 try:
@@ -106,7 +120,13 @@ def main() -> None:
                   f"({100 * wbytes / (default * 1e-6) / bw:.1f} %)")
             for us, cfg in results[:5]:
                 print(f"    {us:7.1f} µs {100 * wbytes / (us * 1e-6) / bw:5.1f} %  r={cfg.r} lr={cfg.lr} wk={cfg.wk} "
-                      f"split={cfg.split} prefetch={cfg.prefetch}")
+                      f"split={cfg.split} prefetch={cfg.prefetch} q8={cfg.q8}")
+            if a.q8:
+                for p in (0, 1, 2):
+                    us = next((u for u, c in results if _same_tile(c, _default_for(n, k, calls[0][1])) and c.q8 == p),
+                              float("nan"))
+                    print(f"  Q8 {role[0]} [{n}x{k}] default tile q8={p}: {us:7.1f} µs "
+                          f"{100 * wbytes / (us * 1e-6) / bw:5.1f} %")
             best = results[0][1]
             table.append((n, k, best, results[0][0], default))
     print("TABLE (n, k): r, lr, wk, split, prefetch -> best µs vs default µs")

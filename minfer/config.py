@@ -17,6 +17,8 @@ package calls os.environ. Switches:
 - MINFER_VK_ATTN=k=v,..  the vulkan attention's (split 0/1, WG, CH, MAX_SPLIT: wgsl_ops.ATTN)
 - MINFER_API_KEY=KEY       the key `minfer serve` requires when --api-key is not given
 - MINFER_NO_FUSE=1         cuda decode rows: SwiGLU and bias + RoPE as kernels of their own, not in the GEMVs
+- MINFER_GEMV_Q8=0|1|2     cuda decode GEMVs of Q4_0 / Q4_1 / Q4_K: x quantized to int8 per 32 in 1 or 2
+                           passes (the default 2) with dp4a dot products; 0 = f32 activations
 - MINFER_CPU_VNNI=0        cpu: torch's int4 kernel instead of the AVX512-VNNI C kernel (kernels/cpu_vnni.py)
 - MINFER_CACHE=dir         where the cpu backend's C kernel is compiled to (default ~/.cache/minfer)
 
@@ -45,6 +47,7 @@ _KNOWN = {
     "MINFER_NO_CUDA_GRAPH": bool,
     "MINFER_NO_OVERLAP": bool,
     "MINFER_NO_FUSE": bool,
+    "MINFER_GEMV_Q8": int,
     "MINFER_CPU_VNNI": bool,
     "MINFER_CACHE": str,
     "MINFER_NO_PDL": bool,

@@ -60,6 +60,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..config import env
 from ..errors import UnsupportedError
 from ..quant.types import QUANT_TABLE, GGMLType, by_name
 from ._common import (
@@ -77,6 +78,7 @@ from ._common import (
     release_next,
     wait_prior,
 )
+from .quantize import quantize_act_q8
 
 Q4_0 = QUANT_TABLE[GGMLType.Q4_0]
 _REPACK_CHUNK = 1 << 20  # blocks repacked per step (bounds the int64 temporaries to ~128 MB)
@@ -381,12 +383,50 @@ def _planes_scales(d_rows, m_rows, kbs, first, kb_hi, MODE: tl.constexpr):
 
 
 @triton.jit
-def _gemv_accumulate(acc, w, hw, kbs, first, kb_hi, d_rows, m_rows, x_base, half_shift, hi_shift, magic, m4, m8,
-                     m12, MODE: tl.constexpr, EVEN_K: tl.constexpr, PLANES: tl.constexpr, LB: tl.constexpr,
-                     HB: tl.constexpr, CENTER: tl.constexpr):
+def _dp4a(a, b, c):
+    """c + the dot product of a's 4 bytes (unsigned) with b's 4 bytes (signed): one dp4a."""
+    if INTERPRETING:
+        s = c
+        for t in tl.static_range(4):
+            s += ((a >> (8 * t)) & 0xFF) * ((b << (24 - 8 * t)) >> 24)
+        return s
+    else:
+        return tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32,
+                                         is_pure=True, pack=1)
+
+
+@triton.jit
+def _gemv_block_q8(acc, w, a, c, xq, xs, nib, PASSES: tl.constexpr):
+    """acc + a * (dx1 * (nibbles . q1) + dx2 * (nibbles . q2)) + c * s for one block per (lane,
+    row), x quantized in PASSES (1 or 2) int8 passes (`quantize.quantize_act_q8`): w the nibble
+    words [.., 4]; xq points at the block's code words (pass p, word j: the codes of slots 0, 2,
+    4, 6 of nibble word j; word 4 + j: slots 1, 3, 5, 7), xs at its (dx1, dx2, s). The nibble
+    sums are exact int32 (dp4a)."""
+    lo = w & nib
+    hi = (w >> 4) & nib
+    p = _dp4a(hi, tl.load(xq + 4), _dp4a(lo, tl.load(xq), tl.zeros_like(w)))
+    part = tl.load(xs) * tl.sum(p, axis=4, keep_dims=True).to(tl.float32)
+    if PASSES == 2:
+        p2 = _dp4a(hi, tl.load(xq + 12), _dp4a(lo, tl.load(xq + 8), tl.zeros_like(w)))
+        part += tl.load(xs + 1) * tl.sum(p2, axis=4, keep_dims=True).to(tl.float32)
+    return acc + a * part + c * tl.load(xs + 2)
+
+
+@triton.jit
+def _gemv_accumulate(acc, w, hw, kbs, first, kb_hi, d_rows, m_rows, x_base, xs_base, half_shift, hi_shift, magic,
+                     m4, m8, m12, MODE: tl.constexpr, EVEN_K: tl.constexpr, PLANES: tl.constexpr, LB: tl.constexpr,
+                     HB: tl.constexpr, CENTER: tl.constexpr, Q8X: tl.constexpr):
     """acc + one K step of the tile: the words w (high-bit words hw) of blocks kbs (first =
-    unclamped block index)."""
-    if PLANES:
+    unclamped block index). Q8X > 0: x is int8 codes of Q8X passes (x_base: their words, xs_base:
+    the blocks' scales)."""
+    if Q8X > 0:
+        if MODE == 0:
+            a = _scales(d_rows, kbs, first, kb_hi, EVEN_K).to(tl.float32)
+            c = -8.0 * a
+        else:
+            a, c = _affine_scales(d_rows, m_rows, kbs, first, kb_hi, MODE, EVEN_K)
+        return _gemv_block_q8(acc, w, a, c, x_base + kbs * (8 * Q8X), xs_base + kbs * 4, 0x0F0F0F0F, Q8X)
+    elif PLANES:
         a0, a1, c0, c1 = _planes_scales(d_rows, m_rows, kbs, first, kb_hi, MODE)
         return _planes_block(acc, w, hw, a0, a1, c0, c1, x_base + kbs * 32, half_shift, hi_shift, magic, LB, HB,
                              CENTER, MODE == 1 or MODE == 2 or MODE == 4)
@@ -411,10 +451,11 @@ def _load_words(rows, kbs, PLANES: tl.constexpr):
 def _q4_0_gemv_kernel(
     x_ptr, qs_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, N, NKB, KB_SPLIT, NSPLIT, magic, half_shift, m_ptr, M_STRIDE,
     h_ptr, hi_shift, e_ptr, dst_ptr, fi_ptr, cos_ptr, sin_ptr, pos_ptr, HALF,
-    ck_ptr, cv_ptr, slot_ptr, KSTART, VSTART, HD, LAYER_OFF, S_STRIDE, H_STRIDE,
+    ck_ptr, cv_ptr, slot_ptr, KSTART, VSTART, HD, LAYER_OFF, S_STRIDE, H_STRIDE, xs_ptr,
     R: tl.constexpr, LR: tl.constexpr, LK: tl.constexpr, WK: tl.constexpr, SPLIT: tl.constexpr,
     EVEN_K: tl.constexpr, MODE: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
     PLANES: tl.constexpr, LB: tl.constexpr, HB: tl.constexpr, CENTER: tl.constexpr, EPI: tl.constexpr,
+    Q8X: tl.constexpr,
 ):
     # PLANES (the 5/6/8-bit and 2/3-bit types, `repack_planes`): qs_ptr holds the codes' low LB
     # bits (LB = 4: the nibble words; LB = 2: int16 words of 8 two-bit slots), h_ptr their high
@@ -438,6 +479,7 @@ def _q4_0_gemv_kernel(
     # x pointers are broadcast over the rows so the x loads take the layout of the weight tile
     # (no shuffle through shared memory); the compiler loads each x value once per lane.
     x_base = x_ptr + j + tl.zeros([1, LR, 1, R, 1], tl.int32)
+    xs_base = xs_ptr + tl.zeros([1, LR, 1, R, 1], tl.int32)  # Q8X > 0: the x blocks' scales
     # per-slot magic numbers 2^(23 - b) for nibbles at bit b = 0, 4, 8, 12 (see _nibble)
     m4 = magic - 0x2000000
     m8 = magic - 0x4000000
@@ -464,8 +506,8 @@ def _q4_0_gemv_kernel(
             kbs_next = tl.minimum(kb0 + BLOCK_KB + kb, kb_hi - 1)
             w_next = _load_words(w_rows, kbs_next, PLANES)
             hw_next = _load_words(h_rows, kbs_next, PLANES) if HB > 0 else w_next
-            acc = _gemv_accumulate(acc, w, hw, kbs, kb0 + kb, kb_hi, d_rows, m_rows, x_base, half_shift, hi_shift,
-                                   magic, m4, m8, m12, MODE, EVEN_K, PLANES, LB, HB, CENTER)
+            acc = _gemv_accumulate(acc, w, hw, kbs, kb0 + kb, kb_hi, d_rows, m_rows, x_base, xs_base, half_shift,
+                                   hi_shift, magic, m4, m8, m12, MODE, EVEN_K, PLANES, LB, HB, CENTER, Q8X)
             w = w_next
             hw = hw_next
             kbs = kbs_next
@@ -475,8 +517,8 @@ def _q4_0_gemv_kernel(
             kbs = tl.minimum(kb0 + kb, kb_hi - 1)
             w = _load_words(w_rows, kbs, PLANES)
             hw = _load_words(h_rows, kbs, PLANES) if HB > 0 else w
-            acc = _gemv_accumulate(acc, w, hw, kbs, kb0 + kb, kb_hi, d_rows, m_rows, x_base, half_shift, hi_shift,
-                                   magic, m4, m8, m12, MODE, EVEN_K, PLANES, LB, HB, CENTER)
+            acc = _gemv_accumulate(acc, w, hw, kbs, kb0 + kb, kb_hi, d_rows, m_rows, x_base, xs_base, half_shift,
+                                   hi_shift, magic, m4, m8, m12, MODE, EVEN_K, PLANES, LB, HB, CENTER, Q8X)
     release_late(PDL)
     tot = tl.sum(tl.sum(tl.sum(acc, axis=4), axis=2), axis=0)  # [LR, R]
     rows = pid_n * BLOCK_N + tl.arange(0, R)[None, :] * LR + tl.arange(0, LR)[:, None]
@@ -576,6 +618,7 @@ class GemvConfig:
     split: int = 1
     maxnreg: int | None = 96
     prefetch: bool = False  # load step i + 1's words before computing step i (needs ~16 more registers)
+    q8: int = 0  # Q4_0 / Q4_1 / Q4_K: x quantized to int8 per 32 in q8 passes (quantize_act_q8), dp4a dots
 
     @property
     def block_n(self) -> int:
@@ -592,8 +635,25 @@ SMALL_WEIGHTS = 1 << 22  # n * k at or below which a GEMV is latency-bound (Smol
 WIDE_ROWS = 16384  # rows from which the row tiles alone fill the GPU (gate+up, vocab projections)
 
 
+ACT_Q8_PASSES = 2  # the default: two passes (one leaves ~5e-3 of error per dot: bench/NOTES.md)
+
+
+def act_q8() -> int:
+    """The int8 activation passes of the Q4_0 / Q4_1 / Q4_K GEMVs' default configs (MINFER_GEMV_Q8:
+    0 = f32 activations, 1 or 2 passes)."""
+    passes = env("MINFER_GEMV_Q8", ACT_Q8_PASSES)
+    if passes not in (0, 1, 2):
+        raise UnsupportedError(f"MINFER_GEMV_Q8={passes}: expected 0, 1 or 2")
+    return passes
+
+
 @functools.lru_cache(maxsize=256)
 def gemv_config(n: int, k: int, affine: bool = False) -> GemvConfig:
+    """`_gemv_config`, with the int8 activation passes of `act_q8`."""
+    return replace(_gemv_config(n, k, affine), q8=act_q8())
+
+
+def _gemv_config(n: int, k: int, affine: bool = False) -> GemvConfig:
     """The config for an [n, k] weight (`affine`: Q4_1 / Q4_K's scale and offset per block), from
     the H200 sweeps of bench/gemv_sweep.py (bench/NOTES.md, 2026-12-01): small weights take
     smaller, more numerous programs (16 rows, 8 lanes along K); wide ones (>= 16384 rows) 2 warps
@@ -670,12 +730,16 @@ def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n:
         part, counters = w.scratch(nsplit, tiles)
     nkb = k // Q4_0.block_elems
     hi, lb, hb, center = planes if planes is not None else (w.qs, 4, 0, 0)
+    q8 = cfg.q8 if planes is None else 0  # the planes types keep f32 activations
+    xs = x
+    if q8:
+        x, xs = quantize_act_q8(x.reshape(1, k), q8)
     epi, *eargs = epilogue if epilogue is not None else (0, out, counters, counters, out, out, counters, 0,
                                                          out, out, counters, 0, 0, 1, 0, 0, 0)
     _q4_0_gemv_kernel[check_grid(what, (tiles, nsplit))](
         x, w.qs, d_plane, out, part, counters, n, nkb, kb_split, nsplit, _MAGIC_BITS, min(4 * lb, 16), m_plane,
         m_stride, hi, min(4 * hb, 16),  # the shifts to a word's upper slots (byte codes: to slots 2, 3)
-        *eargs, EPI=epi, R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=nsplit > 1,
+        *eargs, xs, EPI=epi, Q8X=q8, R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=nsplit > 1,
         EVEN_K=nkb % cfg.block_kb == 0 and nkb % kb_split == 0, MODE=mode, PREFETCH=cfg.prefetch, num_warps=cfg.wk,
         maxnreg=cfg.maxnreg, PLANES=planes is not None, LB=lb, HB=hb, CENTER=center, **pdl_args("gemv"),
     )

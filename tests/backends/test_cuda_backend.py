@@ -92,7 +92,11 @@ def test_mixed_type_fused_weights_run_a_gemv_per_type(pair, raw):
     vals = [None] * len(be.plan.steps)
     vals[node.inputs[0]] = x = torch.randn(1, k).to(be.device)
     y = be.plan.steps[node.id].fn(vals, _Describe())
-    assert _rel(y, x.double().cpu() @ w.T) < 1e-5  # f32 GEMVs, not the f16 copy (~1e-3)
+    # f32 GEMVs (two-pass int8 activations on the Q4_K part: ~2e-5), not the f16 copy (~1e-3)
+    from minfer.kernels.qmatmul import act_q8
+
+    assert act_q8() in (0, 2)
+    assert _rel(y, x.double().cpu() @ w.T) < (1e-5 if act_q8() == 0 else 1e-4)
     raw.prefill(cpu.engine, 1, PROMPT[:9])
     raw.prefill(gpu.engine, 1, PROMPT[:9])
     steps_c = torch.stack([raw.decode(cpu.engine, 1, t, p) for p, t in enumerate(PROMPT[9:11], start=9)])

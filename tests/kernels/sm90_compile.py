@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 TARGET = ("cuda", 90, 32)
@@ -63,6 +64,10 @@ def variants():
 
     sig = {"x_ptr": "*fp32", "out_ptr": "*u8", "n_blocks": "i64", "BLOCK": c}
     out.append(("quantize_q8_0", quantize._quantize_q8_0_kernel, sig, {"BLOCK": quantize.BLOCK}, no_fma))
+    sig = {"x_ptr": "*fp32", "q_ptr": "*i32", "s_ptr": "*fp32", "n_blocks": "i64", "BLOCK": c, "PASSES": c, "PDL": c}
+    for passes in (1, 2):
+        out.append((f"quantize_act_q8[{passes}]", quantize._quantize_act_kernel, sig,
+                    {"BLOCK": quantize.ACT_BLOCK, "PASSES": passes, "PDL": 2}, {"num_warps": 1}))
 
     sig = {"x_ptr": "*fp32", "qs_ptr": "*i32", "d_ptr": "*fp16", "out_ptr": "*fp32", "part_ptr": "*fp32",
            "cnt_ptr": "*i32", "N": "i32", "NKB": "i32", "KB_SPLIT": "i32", "NSPLIT": "i32", "magic": "i32",
@@ -71,8 +76,11 @@ def variants():
            "LB": c, "HB": c, "CENTER": c, "e_ptr": "*fp32", "dst_ptr": "*i32", "fi_ptr": "*i32", "cos_ptr": "*fp32",
            "sin_ptr": "*fp32", "pos_ptr": "*i32", "HALF": "i32", "ck_ptr": "*fp16", "cv_ptr": "*fp16",
            "slot_ptr": "*i32", "KSTART": "i32", "VSTART": "i32", "HD": "i32", "LAYER_OFF": "i64", "S_STRIDE": "i64",
-           "H_STRIDE": "i64", "EPI": c}
+           "H_STRIDE": "i64", "EPI": c, "xs_ptr": "*fp32", "Q8X": c}
     no_planes = {"PLANES": False, "LB": 4, "HB": 0, "CENTER": 0, "EPI": 0}
+
+    def q8(passes):  # the x operand of a GEMV with int8 activations (passes > 0): code words
+        return {"x_ptr": "*i32" if passes else "*fp32"}
     planes = {0: ("*fp16", "*fp16"), 1: ("*fp16", "*fp16"), 2: ("*i16", "*i32")}  # Q4_0, Q4_1, Q4_K
     for mode, (d_t, m_t) in planes.items():
         for n, k in [(18944, 3584), (3584, 18944)]:  # the configs gemv_config picks: no split, split
@@ -80,13 +88,16 @@ def variants():
             prefetching = [] if base.prefetch else [
                 (qmatmul.GemvConfig(r=base.r, lr=base.lr, wk=base.wk, split=base.split, prefetch=True,
                                     maxnreg=qmatmul.PREFETCH_REGS[mode]), False)]
-            for cfg, even in [(base, e) for e in ((True, False) if mode == 0 else (False,))] + prefetching:
+            variants = [(base, e) for e in ((True, False) if mode == 0 else (False,))] + prefetching
+            variants += [(replace(base, q8=p), False) for p in (0, 1, 2) if p != base.q8]  # every activation form
+            for cfg, even in variants:
                 name = (f"gemv[mode {mode} r{cfg.r} lr{cfg.lr} wk{cfg.wk} split={cfg.split} even={even} "
-                        f"prefetch={cfg.prefetch}]")
+                        f"prefetch={cfg.prefetch} q8={cfg.q8}]")
                 consts = dict(R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=cfg.split > 1, EVEN_K=even,
-                              MODE=mode, PREFETCH=cfg.prefetch, PDL=True, **no_planes)
+                              MODE=mode, PREFETCH=cfg.prefetch, PDL=True, Q8X=cfg.q8, **no_planes)
                 opts = {"num_warps": cfg.wk, "maxnreg": cfg.maxnreg}
-                out.append((name, qmatmul._q4_0_gemv_kernel, dict(sig, d_ptr=d_t, m_ptr=m_t), consts, opts))
+                out.append((name, qmatmul._q4_0_gemv_kernel, dict(sig, d_ptr=d_t, m_ptr=m_t, **q8(cfg.q8)), consts,
+                            opts))
     # the planes types (planes_gemv): each type at the production configs of a wide and a long-K shape
     ptr = {torch.int8: "*i8", torch.int16: "*i16", torch.int32: "*i32", torch.float16: "*fp16"}
     plane_dtypes = {0: (torch.float16, torch.float16), 1: (torch.float16, torch.float16),
@@ -98,7 +109,7 @@ def variants():
             name = f"planes_gemv[{t.name} wk{cfg.wk} split={cfg.split} prefetch={cfg.prefetch} regs={cfg.maxnreg}]"
             consts = dict(R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=cfg.split > 1, EVEN_K=False,
                           MODE=pt.mode, PREFETCH=cfg.prefetch, PDL=True, PLANES=True, LB=pt.lb, HB=pt.hb,
-                          CENTER=pt.center, EPI=0)
+                          CENTER=pt.center, EPI=0, Q8X=0)
             planes = dict(sig, qs_ptr=ptr[qmatmul._WORD_DTYPES[pt.lb]], d_ptr=ptr[d_t], m_ptr=ptr[m_t],
                           h_ptr=ptr[qmatmul._WORD_DTYPES[pt.hb]] if pt.hb else ptr[qmatmul._WORD_DTYPES[pt.lb]])
             opts = {"num_warps": cfg.wk, "maxnreg": cfg.maxnreg}
@@ -109,9 +120,10 @@ def variants():
             cfg = qmatmul.gemv_config(n, k, affine=mode > 0)
             name = f"gemv[mode {mode} EPI {epi} {n}x{k} r{cfg.r} wk{cfg.wk} split={cfg.split} prefetch={cfg.prefetch}]"
             consts = dict(R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=cfg.split > 1, EVEN_K=False,
-                          MODE=mode, PREFETCH=cfg.prefetch, PDL=True, **dict(no_planes, EPI=epi))
+                          MODE=mode, PREFETCH=cfg.prefetch, PDL=True, Q8X=cfg.q8, **dict(no_planes, EPI=epi))
             opts = {"num_warps": cfg.wk, "maxnreg": cfg.maxnreg}
-            out.append((name, qmatmul._q4_0_gemv_kernel, dict(sig, d_ptr=d_t, m_ptr=m_t), consts, opts))
+            out.append((name + f" q8={cfg.q8}", qmatmul._q4_0_gemv_kernel,
+                        dict(sig, d_ptr=d_t, m_ptr=m_t, **q8(cfg.q8)), consts, opts))
     sig = {"x_ptr": "*fp32", "qs_ptr": "*i32", "d_ptr": "*fp16", "out_ptr": "*fp32", "M": "i32", "N": "i32",
            "K": "i32", "NKB": "i32", "M_BUCKET": "i32", "magic": "i32", "half_shift": "i32", "COMPUTE": c,
            "BLOCK_M": c, "BLOCK_N": c, "BLOCK_K": c, "GROUP_M": c, "EVEN_K": c}

@@ -289,3 +289,41 @@ def test_planes_config_register_caps():
                 assert not cfg.prefetch
             elif base.prefetch:
                 assert cfg.prefetch and cfg.maxnreg == qmatmul.PLANES_REGS
+
+
+# ---- int8 activations (GemvConfig.q8): dp4a dots on x quantized per 32 in one or two passes ----
+
+
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q4_K])
+@pytest.mark.parametrize("passes", [1, 2])
+@pytest.mark.parametrize("n, k, config", [(37, 768, GEMV_CONFIG),
+                                          (24, 1024, qmatmul.GemvConfig(r=2, lr=8, wk=1, split=3)),
+                                          (40, 768, qmatmul.GemvConfig(r=2, lr=8, wk=1, split=2, prefetch=True))])
+def test_gemv_int8_activations(qtype, passes, n, k, config, device, gen, check):
+    """Exact on the quantized x (the sums are integers, the scales f32), and within the
+    quantization's error of the f32 product."""
+    from minfer.kernels.quantize import quantize_act_q8
+
+    from .test_quantize import decode_act
+
+    if qtype == GGMLType.Q4_0:
+        raw, w = _weight(n, k, gen)
+    else:
+        raw, w = _int4_weight(qtype, n, k, gen)
+    x = torch.randn(k, generator=gen)
+    packed = qmatmul.repack_gemv(raw.to(device), n, k, qtype)
+    out = check.poisoned((1, n), torch.float32, device)
+    qmatmul.launch_packed("test", x.to(device), packed, out, qmatmul.replace(config, q8=passes))
+    x_hat = decode_act(*quantize_act_q8(x[None, :].to(device), passes), passes)[0]
+    assert check.rel_err(out, (w @ x_hat)[None, :]) < 1e-5
+    assert check.rel_err(out, (w @ x.double())[None, :]) < (1.5e-2 if passes == 1 else 1e-4)
+
+
+def test_gemv_q8_switch(monkeypatch):
+    """MINFER_GEMV_Q8 picks the default configs' activation passes; bad values are typed errors."""
+    for raw, want in [("0", 0), ("1", 1), ("2", 2), ("", qmatmul.ACT_Q8_PASSES)]:
+        monkeypatch.setenv("MINFER_GEMV_Q8", raw)
+        assert qmatmul.act_q8() == want
+    monkeypatch.setenv("MINFER_GEMV_Q8", "3")
+    with pytest.raises(UnsupportedError, match="expected 0, 1 or 2"):
+        qmatmul.act_q8()
