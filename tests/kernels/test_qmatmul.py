@@ -144,12 +144,20 @@ def test_gemv_config_choice():
     packed = repack_q4_0(torch.zeros(2048 * 4096 // 32 * 18, dtype=torch.uint8), 2048, 4096)
     assert mid.split == 8 and qmatmul._split_plan(mid, 2048, 4096)[1] == 8
     assert packed.partials.numel() == 8 * 2048 and packed.counters.numel() == 2048
-    # prefetching: the attention projections (few K steps per program) and every affine (Q4_1 / Q4_K) shape
-    assert qkv.prefetch and qmatmul.gemv_config(3584, 3584).prefetch
-    assert not any(qmatmul.gemv_config(n, k).prefetch for n, k in [(37888, 3584), (3584, 18944), (152064, 3584)])
-    q4k_down = qmatmul.gemv_config(4096, 14336, affine=True)
+    # prefetching (f32 activations): the attention projections (few K steps per program) and every
+    # affine (Q4_1 / Q4_K) shape
+    tile = qmatmul._gemv_config
+    assert tile(4608, 3584).prefetch and tile(3584, 3584).prefetch
+    assert not any(tile(n, k).prefetch for n, k in [(37888, 3584), (3584, 18944), (152064, 3584)])
+    q4k_down = tile(4096, 14336, affine=True)
     assert (q4k_down.wk, q4k_down.split, q4k_down.prefetch, q4k_down.maxnreg) == (2, 8, True, 168)
-    assert qmatmul.gemv_config(28672, 4096, affine=True).prefetch
+    assert tile(28672, 4096, affine=True).prefetch
+    # the default activations: two int8 passes, which never prefetch (registers); the tile is kept
+    for n, k, affine in [(4608, 3584, False), (3584, 18944, False), (4096, 14336, True), (576, 1536, True)]:
+        cfg, f32 = qmatmul.gemv_config(n, k, affine), tile(n, k, affine)
+        assert cfg.q8 == qmatmul.act_q8()
+        assert (cfg.r, cfg.lr, cfg.wk, cfg.split) == (f32.r, f32.lr, f32.wk, f32.split)
+        assert cfg.prefetch == (f32.prefetch and cfg.q8 != 2)
 
 
 def test_matmul_config_pruning():
@@ -279,13 +287,14 @@ def test_planes_gemv_refuses_what_it_cannot_read(device, gen):
 
 def test_planes_config_register_caps():
     """The caps the sm_90 compile check passes without spills: prefetching tiles 168 registers;
-    Q5_1 / Q5_K do not prefetch (their high words and offsets spill beside the prefetched words)."""
+    Q5_1 / Q5_K do not prefetch (their high words and offsets spill beside the prefetched words),
+    nor do wide Q6_K weights (measured faster without)."""
     for t in PLANE_TYPES:
         for n, k in [(18944, 3584), (3584, 18944), (152064, 3584), (4608, 3584)]:
             cfg = qmatmul.planes_config(n, k, t)
-            base = qmatmul.gemv_config(n, k, True)
-            assert (cfg.block_n, cfg.block_kb, cfg.split) == (base.block_n, base.block_kb, base.split)
-            if t in (GGMLType.Q5_1, GGMLType.Q5_K):
+            base = qmatmul._gemv_config(n, k, True)
+            assert (cfg.block_n, cfg.block_kb, cfg.split, cfg.q8) == (base.block_n, base.block_kb, base.split, 0)
+            if t in (GGMLType.Q5_1, GGMLType.Q5_K) or (t == GGMLType.Q6_K and n >= qmatmul.WIDE_ROWS):
                 assert not cfg.prefetch
             elif base.prefetch:
                 assert cfg.prefetch and cfg.maxnreg == qmatmul.PLANES_REGS
