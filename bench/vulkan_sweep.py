@@ -16,11 +16,15 @@ variants, then decode tok/s of synthetic models with the best variant. Not a tes
    step's GEMV time (28 layers of the four projections + the vocab).
 3. Attention (7B shape: 28 heads, 4 kv heads, head_dim 128) at positions 144 and 1023: the
    context-split kernel vs the single-pass one.
+   qmv8 variants (int8 activations) read x's int8 records made once before timing (in a decode
+   step the norms / SwiGLU / attention write them); what quantizing x by a dispatch of its own
+   costs is printed per shape. Each variant's rel is against run 35's qmv4 (f32 x).
 4. Decode: DIR/qwen2.5-7b-q4_0.gguf and DIR/smollm2-135m-q4_1.gguf (--small: DIR/tiny-qwen2-
    q4_0.gguf, DIR/tiny-llama-q4_1.gguf), greedy through the engine as `minfer bench`'s tg: with
-   the best variant, the default, run 33's and run 32's best and the run-30 configuration (qmatmul TPR 16, single-pass
-   attention), the model loaded for each (Q4_0 weights are repacked at load for qmv4); per-step host
-   encode time and device time of the captured step.
+   the best variant, the default (qmv8, two activation passes), run 35's best (qmv4: f32
+   activations), the default with one pass, run 33's best and the run-30 configuration (qmatmul
+   TPR 16, single-pass attention), the model loaded for each (Q4_0 / Q4_1 weights are repacked at
+   load for qmv4 / qmv8); per-step host encode time and device time of the captured step.
 The short table comes last.
 """
 
@@ -116,6 +120,7 @@ def gemv_section(dev, small: bool, variants: list[str], bw: dict, reps: int, rou
     gen = torch.Generator().manual_seed(0)
     default = dict(wgsl_ops.GEMV)
     table: dict[str, dict[str, float]] = {v: {} for v in variants}
+    q8_us: dict[str, dict[int, float]] = {}
     log(f"== GEMV Q4_0, device µs per call, best of {rounds} interleaved rounds (% of wgsl copy "
         f"{bw['copy_bw'] / 1e9:.0f} GB/s | % of wgsl read {bw['read_bw'] / 1e9:.0f} GB/s)")
 
@@ -134,18 +139,27 @@ def gemv_section(dev, small: bool, variants: list[str], bw: dict, reps: int, rou
         def call(turn=iter(range(1 << 30)), x=x, ws=ws, n=n, k=k, out=out):
             return wgsl_ops.qmatvec(x=x, w=ws[next(turn) % len(ws)], n=n, k=k, qtype=info.type, out=out)
 
-        want, errs = None, {}
-        for v in variants:  # each variant's result against the first's (and its pipeline compiled)
+        def use_x(v, x=x):  # qmv8: x's int8 records made once, before timing (as the backend's producers write them)
             use(v)
+            passes = wgsl_ops.q8_passes()
+            x.q8 = wgsl_ops.quantize_q8_1(x=x, passes=passes) if passes else None
+
+        want, errs = None, {}
+        ref = wgsl_ops.RUN35_BEST if wgsl_ops.RUN35_BEST in variants else variants[0]  # f32 x: the reference
+        for v in [ref] + [v for v in variants if v != ref]:  # each result against ref's (its pipeline compiled)
+            use_x(v)
             got = wgsl_ops.qmatvec(x=x, w=ws[0], n=n, k=k, qtype=info.type, out=out).cpu()
             if want is None:
                 want = got.double()
             errs[v] = float((got.double() - want).norm() / want.norm())
-        use(variants[0])
+        for passes in (1, 2):  # what a GEMV input the producers do not quantize costs (one dispatch)
+            q8_us.setdefault(name, {})[passes] = _timed(
+                dev, lambda x=x, p=passes: wgsl_ops.quantize_q8_1(x=x, passes=p), reps)
+        use_x(variants[0])
         _warm(dev, call, 0.05 if small else 0.3)
         for _ in range(rounds):
             for v in variants:
-                use(v)
+                use_x(v)
                 per = _timed(dev, call, reps)
                 table[v][name] = min(per, table[v].get(name, per))
         for v in variants:
@@ -153,6 +167,9 @@ def gemv_section(dev, small: bool, variants: list[str], bw: dict, reps: int, rou
             gbs = nbytes / per
             log(f"{name:8} {n:6}x{k:<6} {v:46} {per * 1e6:9.1f} µs {gbs / 1e9:7.0f} GB/s "
                 f"{100 * gbs / bw['copy_bw']:5.1f}% | {100 * gbs / bw['read_bw']:5.1f}%  rel {errs[v]:.1e}")
+        log(f"{name:8} quantize_q8_1 of x [1, {k}] (a dispatch of its own): 1 pass "
+            f"{q8_us[name][1] * 1e6:.1f} µs, 2 passes {q8_us[name][2] * 1e6:.1f} µs")
+        x.q8 = None
         del ws
     wgsl_ops.GEMV.clear()
     wgsl_ops.GEMV.update(default)
@@ -163,7 +180,7 @@ def gemv_section(dev, small: bool, variants: list[str], bw: dict, reps: int, rou
     for v in sorted(variants, key=lambda v: step[v]):
         log(f"{v:46} {step[v] * 1e3:8.3f} ms  {step_bytes / step[v] / 1e9:7.0f} GB/s "
             f"{100 * step_bytes / step[v] / bw['copy_bw']:5.1f}%{'  <- best' if v == best else ''}")
-    return {"table": table, "step_s": step, "best": best, "step_bytes": step_bytes}
+    return {"table": table, "step_s": step, "best": best, "step_bytes": step_bytes, "quantize_s": q8_us}
 
 
 def attention_section(dev, small: bool, reps: int) -> dict:
@@ -292,8 +309,9 @@ def main() -> None:
     best, shipped = g["best"], variants[0]
     dec = {}
     if not a.no_decode:
-        configs = [("best", best, True), ("default", shipped, True), ("run33", wgsl_ops.RUN33_BEST, True),
-                   ("run32", wgsl_ops.RUN32_BEST, True), ("run30", RUN30, False)]
+        q8x1 = shipped.replace("P8=2", "P8=1") if "P8=2" in shipped else shipped + ",P8=1"
+        configs = [("best", best, True), ("default", shipped, True), ("run35", wgsl_ops.RUN35_BEST, True),
+                   ("q8x1", q8x1, True), ("run33", wgsl_ops.RUN33_BEST, True), ("run30", RUN30, False)]
         configs = [c for i, c in enumerate(configs) if c[1] not in [d[1] for d in configs[:i]]]
         dec = report["decode"] = guarded("decode", lambda: decode_section(a.models, a.small, a.tokens, configs), {})
     log(f"\n== summary ({dev.name[:60]}; {time.perf_counter() - t_start:.0f} s)")
@@ -304,20 +322,22 @@ def main() -> None:
     shp = SMALL_SHAPES if a.small else SHAPES
     for denom, label in (("copy_bw", "wgsl copy"), ("read_bw", "wgsl read")):
         log(f"{'GEMV Q4_0 (µs / % of ' + label + ')':56} " + " ".join(f"{n:>14}" for n, *_ in shp))
-        for v in dict.fromkeys([best, shipped, wgsl_ops.RUN33_BEST, wgsl_ops.RUN32_BEST, RUN30]):
+        p1 = next((v for v in VARIANTS if "qmv8" in v and "P8=1" in v), None)
+        for v in dict.fromkeys([best, shipped, p1, wgsl_ops.RUN35_BEST, wgsl_ops.RUN33_BEST, RUN30]):
             if v not in g["table"]:
                 continue
             cells = []
             for name, n, k, _ in shp:
                 per = g["table"][v][name]
                 cells.append(f"{per * 1e6:7.1f} {100 * by_name('Q4_0').nbytes(k) * n / per / bw[denom]:5.1f}%")
-            tag = ("best" if v == best else "default" if v == shipped else "run33" if v == wgsl_ops.RUN33_BEST
-                   else "run32" if v == wgsl_ops.RUN32_BEST else "run30")
+            tag = ("best" if v == best else "default" if v == shipped else "q8x1" if v == p1
+                   else "run35" if v == wgsl_ops.RUN35_BEST else "run33" if v == wgsl_ops.RUN33_BEST else "run30")
             log(f"{tag + ' ' + v.removeprefix('kernel='):56} " + " ".join(f"{c:>14}" for c in cells))
     log(f"GEMV share of a 7B step: best {g['step_s'][best] * 1e3:.2f} ms "
         f"({g['step_bytes'] / g['step_s'][best] / 1e9:.0f} GB/s, "
         f"{100 * g['step_bytes'] / g['step_s'][best] / bw['copy_bw']:.1f}% of wgsl copy), "
-        f"default {g['step_s'][shipped] * 1e3:.2f} ms, run33 {g['step_s'].get(wgsl_ops.RUN33_BEST, nan) * 1e3:.2f} ms, "
+        f"default {g['step_s'][shipped] * 1e3:.2f} ms, run35 {g['step_s'].get(wgsl_ops.RUN35_BEST, nan) * 1e3:.2f} ms, "
+        f"run33 {g['step_s'].get(wgsl_ops.RUN33_BEST, nan) * 1e3:.2f} ms, "
         f"run30 {g['step_s'].get(RUN30, float('nan')) * 1e3:.2f} ms")
     for name, rows in dec.items():
         for label, r in rows.items():

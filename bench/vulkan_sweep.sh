@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The vulkan backend's launch-variant sweep on the H200 (NVIDIA's Vulkan driver), in one device call of
-# ~1-2 minutes (run 32: 63 s): the new kernels' GPU tests, then bench/vulkan_sweep.py (copy bandwidth both ways, every GEMV
+# ~1.5-3 minutes (run 32: 63 s): the new kernels' GPU tests, then bench/vulkan_sweep.py (copy bandwidth both ways, every GEMV
 # variant at the 7B decode shapes, the attention variants, 7B Q4_0 and SmolLM2 decode with the best variant,
-# the default and run 30's configuration), its short table last. Logs and sweep.json land in $OUT.
+# the default (qmv8: int8 activations, two passes), run 35's qmv4 (f32 activations), the default with one pass,
+# run 33's and run 30's configurations), its short table last. Logs and sweep.json land in $OUT.
 #
 # Carry [".gl", ".whl"] as for bench/vulkan_h200.sh (its header says how to fill them: the libvulkan1 and
 # libglvnd .debs, and the wgpu, cffi, pycparser and rendercanvas wheels). Command: `bash bench/vulkan_sweep.sh`.
@@ -32,7 +33,7 @@ synth qwen2.5-7b q4_0 & SYNTH=$!
 
 # 3. the WGSL kernels the sweep times, on NVIDIA's driver (subgroup size 32): every variant against the reference
 echo "== pytest $(since)"
-MINFER_MODEL="$M/smollm2-135m-q4_1.gguf" timeout ${PYTEST_TIMEOUT:-100} python3 -m pytest -q -p no:cacheprovider \
+MINFER_MODEL="$M/smollm2-135m-q4_1.gguf" timeout ${PYTEST_TIMEOUT:-130} python3 -m pytest -q -p no:cacheprovider \
   tests/backends/test_wgpu_kernels.py tests/backends/test_wgpu_backend.py \
   -k "kernels or reduction_branch or strided or conforms or replayed or decode_pick or depend_on_the_batch" 2>&1 \
   | grep -v XDG_RUNTIME_DIR | tail -8 | tee "$OUT/pytest.txt"

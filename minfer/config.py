@@ -15,6 +15,7 @@ package calls os.environ. Switches:
 - MINFER_WGPU_SUBGROUPS=0  WGSL reductions through shared memory even where the adapter has subgroups
 - MINFER_VK_GEMV=k=v,..  the vulkan matmuls' launch variant (kernel, WG, TPR, NC, U: wgsl_ops.GEMV)
 - MINFER_VK_ATTN=k=v,..  the vulkan attention's (split 0/1, WG, CH, MAX_SPLIT: wgsl_ops.ATTN)
+- MINFER_VK_Q8=0          vulkan Q4_0 / Q4_1 matmuls on f32 activations (qmv4 / qmv) instead of int8 ones (qmv8)
 - MINFER_API_KEY=KEY       the key `minfer serve` requires when --api-key is not given
 - MINFER_NO_FUSE=1         cuda decode rows: SwiGLU and bias + RoPE as kernels of their own, not in the GEMVs
 - MINFER_GEMV_Q8=0|1|2     cuda decode GEMVs of Q4_0 / Q4_1 / Q4_K: x quantized to int8 per 32 in 1 or 2
@@ -59,6 +60,7 @@ _KNOWN = {
     "MINFER_WGPU_SUBGROUPS": bool,
     "MINFER_VK_GEMV": str,
     "MINFER_VK_ATTN": str,
+    "MINFER_VK_Q8": bool,
 }
 
 

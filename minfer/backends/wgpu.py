@@ -142,16 +142,33 @@ class WGPUBackend:
         self.n_slots = self.n_ctx = 0
         self.use_replay = self.config.cuda_graph  # MINFER_NO_CUDA_GRAPH=1: decode steps recorded every time
         self._replays: dict[int, _Replay] = {}  # decode rows -> the captured step
+        self._q8: tuple[int, set[int]] = (0, set())  # (activation passes, nodes writing int8 records)
 
     # ------------------------------------------------------------------ load
     def load(self, graph: Graph, reader: GGUFReader, progress: bool = True) -> None:
         """Pick every node's kernels and upload the weights (once)."""
         self.graph, self._reader = graph, reader
+        self._q8 = self._q8_feeds(graph)
         self.plan = Plan(graph, self._compile, progress=progress, sync=self.dev.sync)
         n_vocab = graph.meta["n_vocab"]
         self._pick = self._choose(graph.nodes[-1], Call("Argmax", {"x": "F32"}, lambda r: {"x": (r, n_vocab)}, {}),
                                   1)
         self.dev.flush()
+
+    def _q8_feeds(self, graph: Graph) -> tuple[int, set[int]]:
+        """(activation passes, ids of the RMSNorm / SwiGLU / Attention nodes whose output a qmv8
+        matmul reads): those write x's int8 records beside their output, so the GEMV has no
+        quantize dispatch of its own (wgsl_ops.GEMV's kernel qmv8; MINFER_VK_Q8=0: none)."""
+        passes = wgsl_ops.q8_passes()
+        if not passes:
+            return 0, set()
+        producers = {n.id: n for n in graph.nodes if n.op in (Op.RMS_NORM, Op.SWIGLU, Op.ATTENTION)}
+        feeds = set()
+        for node in graph.nodes:
+            if node.op == Op.MATMUL and node.inputs[0] in producers and any(
+                    qtype in wgsl_ops.QMV8_TYPES for _, qtype, _, _ in self._type_runs(node.weights["w"])):
+                feeds.add(node.inputs[0])
+        return passes, feeds
 
     def _host_bytes(self, name: str) -> torch.Tensor:
         info = self._reader.tensors[name]
@@ -166,16 +183,18 @@ class WGPUBackend:
         return self._bytes[w.name]
 
     def _matmul_weight(self, w: WeightRef, qtype: GGMLType, k: int) -> VkTensor:
-        """A matmul's weight on the device: its GGUF bytes, or for Q4_0 under the qmv4 GEMV
-        (wgsl_ops.GEMV) the planes it reads, repacked once here (the raw bytes kept only where
-        another node, a tied embedding's gather, uploaded them too)."""
-        if qtype != GGMLType.Q4_0 or wgsl_ops.GEMV["kernel"] != "qmv4":
+        """A matmul's weight on the device: its GGUF bytes, or for Q4_0 under the qmv4 / qmv8 GEMVs
+        and Q4_1 under qmv8 (wgsl_ops.GEMV) the planes they read, repacked once here (the raw bytes
+        kept only where another node, a tied embedding's gather, uploaded them too)."""
+        kernel = wgsl_ops.GEMV["kernel"]
+        if not ((qtype == GGMLType.Q4_0 and kernel in ("qmv4", "qmv8"))
+                or (qtype in wgsl_ops.QMV8_TYPES and kernel == "qmv8")):
             return self._matrix(w)
         key = w.name + "#planes"
         if key not in self._bytes:
             shared = w.name in self._bytes
             raw = self._matrix(w)
-            self._bytes[key] = wgsl_ops.q4_0_planes(raw, raw.shape[0], k)
+            self._bytes[key] = wgsl_ops.planes(raw, raw.shape[0], k, qtype)
             if not shared:
                 del self._bytes[w.name]
         return self._bytes[key]
@@ -234,6 +253,9 @@ class WGPUBackend:
                                      {"eps": eps}, {"x": STRIDED}))
         w = self._vector(node.weights["w"].name)
         (i,) = node.inputs
+        passes, feeds = self._q8
+        if node.id in feeds:  # a qmv8 matmul reads it: x's int8 records too (wgsl_ops.rms_norm q8)
+            return (lambda vals, st: run[st.kind](x=vals[i], w=w, eps=eps, q8=passes)), run
         return (lambda vals, st: run[st.kind](x=vals[i], w=w, eps=eps)), run
 
     def _compile_add(self, node: Node):
@@ -247,6 +269,9 @@ class WGPUBackend:
         d = node.shape[-1]
         run = self._picks(node, Call("SwiGLU", {"gate": "F32", "up": "F32"}, lambda r: {"gate": (r, d), "up": (r, d)},
                                      {}, {"gate": STRIDED, "up": STRIDED}))
+        passes, feeds = self._q8
+        if node.id in feeds:
+            return (lambda vals, st: run[st.kind](gate=vals[i], up=vals[j], q8=passes)), run
         return (lambda vals, st: run[st.kind](gate=vals[i], up=vals[j])), run
 
     def _type_runs(self, w: WeightRef) -> list[tuple[WeightRef, GGMLType, int, int]]:
@@ -308,10 +333,13 @@ class WGPUBackend:
         run = self._picks(node, Call("Attention", dtypes, shapes, {**params, "layer": 0},
                                      {"q": STRIDED, "k": STRIDED, "v": STRIDED}))
 
+        passes, feeds = self._q8
+        q8 = {"q8": passes} if node.id in feeds else {}  # a qmv8 o projection reads it: x's int8 records too
+
         def fn(vals, st):  # the layer's own cache buffers: layer 0 of a one-layer [1, slots, ...] tensor
             ks, vs = self.cache
             return run[st.kind](q=vals[q_i], k=vals[k_i], v=vals[v_i], cache_k=ks[layer], cache_v=vs[layer],
-                                row_slots=st.inputs["row_slots"], positions=vals[pos], layer=0, **params)
+                                row_slots=st.inputs["row_slots"], positions=vals[pos], layer=0, **params, **q8)
 
         return fn, run
 

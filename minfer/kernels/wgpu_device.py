@@ -30,7 +30,7 @@ import functools
 import math
 import struct
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -536,6 +536,9 @@ class VkTensor:
     offset: int = 0
     row_stride: int | None = None  # None: contiguous
     layout: str = ""  # "": the dtype's plain elements (GGUF bytes for U8); "q4_0_planes": wgsl_ops.q4_0_planes
+    # the same values' int8 records (wgsl_ops.quantize_q8_1), written beside them by the kernel that
+    # wrote them (rms_norm / swiglu with q8) for the qmv8 GEMV they feed; a view of the tensor drops it
+    q8: VkTensor | None = field(default=None, repr=False, compare=False)
 
     @property
     def numel(self) -> int:

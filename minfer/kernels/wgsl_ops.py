@@ -42,26 +42,38 @@ NORM_WG = 128
 # group of TPR4 taking whole blocks b = t, t + TPR4, ... of NR rows, x's 32 values per block loaded
 # once for the NR rows; TPR4 doubles (up to WG) while a lane would walk more than KIT4 blocks of a
 # row, NR halves (down to 1) while the grid would have fewer than MIN_GROUPS workgroups.
+# "qmv8" (Q4_0 and Q4_1: QMV8_TYPES; Q8_0 runs qmv): qmv4's planes, grid and walk with x quantized
+# to int8 per 32-block (q8_act.wgsl: P8 passes, the second quantizing the first's rounding error)
+# and 8 dot4I8Packed per block and pass; U8 blocks per lane loaded before any is used. The norms,
+# SwiGLU and attention feeding such a GEMV write x's int8 records beside their f32 output (the
+# backend asks them to: no dispatch of its own); any other x is quantized by a dispatch first
+# (quantize_q8_1).
+# MINFER_VK_Q8=0 turns qmv8 into qmv4 (f32 activations).
 # MINFER_VK_GEMV="kernel=qmv,TPR=32,NC=2" overrides fields (bench/vulkan_sweep.py).
-# Default: qmv4 (the sixth session's guess, not yet measured on the H200; run 33's best, the qmv
-# variant first in GEMV_VARIANTS after it, is what it is compared against).
-GEMV = {"kernel": "qmv4", "WG": 128, "TPR": 32, "NC": 2, "U": 4, "MIN_GROUPS": 528, "LF": 0, "KIT": 24,  # qmv types
-        "TPR4": 32, "NR": 4, "KIT4": 8,  # qmv4 (Q4_0)
+# Default: qmv8 with two passes (the seventh session's guess, not yet measured on the H200; run 35's
+# best, qmv4, is what it is compared against: RUN35_BEST).
+GEMV = {"kernel": "qmv8", "WG": 128, "TPR": 32, "NC": 2, "U": 4, "MIN_GROUPS": 528, "LF": 0, "KIT": 24,  # qmv types
+        "TPR4": 32, "NR": 4, "KIT4": 8,  # qmv4 (Q4_0) and qmv8 (Q4_0, Q4_1)
+        "P8": 2, "U8": 1,  # qmv8: activation passes, blocks per lane loaded at once
         "A_WG": 128, "A_TPR": 16}  # the others: qmatmul.wgsl
 TILED_TM = 8
 RUN30_VARIANT = "kernel=qmatmul,A_WG=128,A_TPR=16"  # what bench/NOTES.md's run 30 measured
 RUN32_DEFAULT = "kernel=qmv,WG=128,TPR=32,NC=2,U=2,LF=0,KIT=0"  # run 32's default and best (bench/NOTES.md)
 RUN32_BEST = "kernel=qmv,WG=128,TPR=64,NC=2,U=2,LF=0,KIT=0"
-RUN33_BEST = "kernel=qmv,WG=128,TPR=32,NC=2,U=4,LF=0,KIT=24"  # run 33's best (the default until qmv4)
+RUN33_BEST = "kernel=qmv,WG=128,TPR=32,NC=2,U=4,LF=0,KIT=24"  # run 33's best
+RUN35_BEST = "kernel=qmv4,WG=128,TPR4=32,NR=4,KIT4=8"  # run 35's best (the default until qmv8)
+_Q8 = "kernel=qmv8,WG=128,TPR4=32,NR=4,KIT4=8"
 GEMV_VARIANTS = [  # what bench/vulkan_sweep.py times (tests/backends/test_wgpu_kernels.py checks each); first: GEMV
-    "kernel=qmv4,WG=128,TPR4=32,NR=4,KIT4=8", RUN33_BEST, RUN30_VARIANT, RUN32_BEST,
-    "kernel=qmv4,WG=128,TPR4=32,NR=2,KIT4=8", "kernel=qmv4,WG=128,TPR4=32,NR=8,KIT4=8",
-    "kernel=qmv4,WG=128,TPR4=32,NR=1,KIT4=8", "kernel=qmv4,WG=128,TPR4=16,NR=4,KIT4=8",
-    "kernel=qmv4,WG=128,TPR4=64,NR=4,KIT4=8", "kernel=qmv4,WG=256,TPR4=32,NR=4,KIT4=8",
-    "kernel=qmv4,WG=64,TPR4=32,NR=4,KIT4=8", "kernel=qmv4,WG=128,TPR4=32,NR=4,KIT4=4",
-    "kernel=qmv4,WG=128,TPR4=32,NR=4,KIT4=16", "kernel=qmv4,WG=128,TPR4=32,NR=4,KIT4=0",
-    "kernel=qmv4,WG=128,TPR4=32,NR=4,KIT4=8,MIN_GROUPS=1056", "kernel=qmv4,WG=128,TPR4=32,NR=4,KIT4=8,MIN_GROUPS=1"]
+    _Q8 + ",P8=2,U8=1", RUN35_BEST, RUN33_BEST, RUN30_VARIANT,
+    _Q8 + ",P8=1,U8=1", _Q8 + ",P8=2,U8=2", _Q8 + ",P8=1,U8=2",
+    "kernel=qmv8,WG=128,TPR4=32,NR=2,KIT4=8,P8=2", "kernel=qmv8,WG=128,TPR4=32,NR=8,KIT4=8,P8=2",
+    "kernel=qmv8,WG=128,TPR4=32,NR=1,KIT4=8,P8=2", "kernel=qmv8,WG=128,TPR4=16,NR=4,KIT4=8,P8=2",
+    "kernel=qmv8,WG=128,TPR4=64,NR=4,KIT4=8,P8=2", "kernel=qmv8,WG=256,TPR4=32,NR=4,KIT4=8,P8=2",
+    "kernel=qmv8,WG=64,TPR4=32,NR=4,KIT4=8,P8=2", "kernel=qmv8,WG=128,TPR4=32,NR=4,KIT4=2,P8=2",
+    "kernel=qmv8,WG=128,TPR4=32,NR=4,KIT4=16,P8=2", "kernel=qmv8,WG=128,TPR4=32,NR=4,KIT4=8,P8=2,MIN_GROUPS=1",
+    "kernel=qmv4,WG=128,TPR4=32,NR=2,KIT4=8"]
 QMV_TYPES = {GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0}
+QMV8_TYPES = {GGMLType.Q4_0, GGMLType.Q4_1}
 ATTN_WG = 64
 # attention: split over the context in chunks of >= CH positions (at most MAX_SPLIT chunks), WG
 # invocations per chunk; split False: the single-pass kernel (one workgroup per head and row)
@@ -190,16 +202,32 @@ def parse_variant(text: str, base: dict) -> dict:
         if key not in base:
             raise UnsupportedError(f"vk matmul variant: unknown field {key!r} (fields: {', '.join(base)})")
         cfg[key] = val if key == "kernel" else int(val)
-    if cfg["kernel"] not in ("qmv4", "qmv", "qmatmul"):
-        raise UnsupportedError(f"vk matmul variant: kernel {cfg['kernel']!r} is not qmv4, qmv or qmatmul")
+    if cfg["kernel"] not in ("qmv8", "qmv4", "qmv", "qmatmul"):
+        raise UnsupportedError(f"vk matmul variant: kernel {cfg['kernel']!r} is not qmv8, qmv4, qmv or qmatmul")
     if cfg["TPR"] % 4 or cfg["WG"] % cfg["TPR"] or cfg["A_WG"] % cfg["A_TPR"] or cfg["WG"] % cfg["TPR4"]:
         raise UnsupportedError(f"vk matmul variant {cfg}: TPR must be a multiple of 4 dividing WG, TPR4 divide WG")
     if cfg["NR"] < 1 or cfg["NR"] & (cfg["NR"] - 1):
         raise UnsupportedError(f"vk matmul variant {cfg}: NR must be a power of two")
+    if cfg["P8"] not in (1, 2) or cfg["U8"] < 1:
+        raise UnsupportedError(f"vk matmul variant {cfg}: P8 (activation passes) must be 1 or 2, U8 >= 1")
     return cfg
 
 
-GEMV.update(parse_variant(env("MINFER_VK_GEMV", ""), GEMV))
+def gemv_from_env(base: dict) -> dict:
+    """base with MINFER_VK_GEMV's fields, and qmv8 turned into qmv4 under MINFER_VK_Q8=0 (f32 x)."""
+    cfg = parse_variant(env("MINFER_VK_GEMV", ""), base)
+    if not env("MINFER_VK_Q8", True) and cfg["kernel"] == "qmv8":
+        cfg["kernel"] = "qmv4"
+    return cfg
+
+
+GEMV.update(gemv_from_env(GEMV))
+
+
+def q8_passes(g: dict | None = None) -> int:
+    """The activation passes the matmuls of QMV8_TYPES read x in (0: f32 x, the kernel is not qmv8)."""
+    g = GEMV if g is None else g
+    return g["P8"] if g["kernel"] == "qmv8" else 0
 for _item in filter(None, env("MINFER_VK_ATTN", "").split(",")):
     _key, _, _val = _item.partition("=")
     if _key not in ATTN:
@@ -227,38 +255,92 @@ def qmv4_lanes(g: dict, k: int) -> int:
 
 
 PLANES = "q4_0_planes"
+PLANES_Q4_1 = "q4_1_planes"
+PLANE_LAYOUTS = {PLANES: GGMLType.Q4_0, PLANES_Q4_1: GGMLType.Q4_1}
 _PLANES_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # raw storage -> its planes
 
 
-def planes_bytes(n_blocks: int) -> int:
-    """Bytes of q4_0_planes for n_blocks Q4_0 blocks: 16 per block, the scale words, 16-byte padded."""
-    return -(-(16 * n_blocks + 4 * -(-n_blocks // 2)) // 16) * 16
+def planes_bytes(n_blocks: int, qtype=GGMLType.Q4_0) -> int:
+    """Bytes of the planes of n_blocks Q4_0 / Q4_1 blocks: 16 per block, then the scale words (Q4_0:
+    two f16 scales to a word; Q4_1: one (d, m) word per block), 16-byte padded."""
+    scale_words = -(-n_blocks // 2) if qtype == GGMLType.Q4_0 else n_blocks
+    return -(-(16 * n_blocks + 4 * scale_words) // 16) * 16
 
 
 def q4_0_planes(w: VkTensor, n: int, k: int) -> VkTensor:
     """Q4_0 GGUF bytes [n, k / 32 * 18] (from byte 0) repacked on the device into the planes qmv4
-    reads (repack_q4_0.wgsl): the quant plane (16 bytes per block, rows one after another), then
-    the f16 scales two to a word. Recorded like any dispatch (not inside a captured step)."""
+    and qmv8 read (repack_q4_0.wgsl): the quant plane (16 bytes per block, rows one after another),
+    then the f16 scales two to a word. Recorded like any dispatch (not inside a captured step)."""
+    return planes(w, n, k, GGMLType.Q4_0)
+
+
+def planes(w: VkTensor, n: int, k: int, qtype) -> VkTensor:
+    """Q4_0 or Q4_1 GGUF bytes [n, k / 32 * block_bytes] (from byte 0) repacked on the device: the
+    quant plane (a block's 16 quant bytes one 16-byte word), then the scale plane (Q4_0: the f16
+    scales two to a word, repack_q4_0.wgsl; Q4_1: each block's (d, m) word, repack_q4_1.wgsl)."""
+    q = quant_info(qtype)
     nblk = n * (k // 32)
-    if w.numel != nblk * 18 or w.offset or k % 32:
-        raise UnsupportedError(f"vk q4_0_planes: w must be {n} rows of {k // 32 * 18} bytes from byte 0")
-    out = w.dev.empty((planes_bytes(nblk),), "U8")
-    gx, gy = _grid_2d(-(-nblk // 2), WG)
-    w.dev.dispatch(w.dev.pipeline("quant_common+repack_q4_0", {"WG": WG}), [w, out], [nblk, 4 * nblk, gx], (gx, gy))
-    return dataclasses.replace(out, layout=PLANES)
+    if w.numel != nblk * q.block_bytes or w.offset or k % 32 or q.type not in QMV8_TYPES:
+        raise UnsupportedError(f"vk planes: w must be {n} rows of {k // 32 * q.block_bytes} bytes of Q4_0 / Q4_1 "
+                               f"from byte 0 (got {w.numel} bytes of {q.name})")
+    out = w.dev.empty((planes_bytes(nblk, q.type),), "U8")
+    if q.type == GGMLType.Q4_0:
+        gx, gy = _grid_2d(-(-nblk // 2), WG)
+        pipe, layout = w.dev.pipeline("quant_common+repack_q4_0", {"WG": WG}), PLANES
+    else:
+        gx, gy = _grid_2d(nblk, WG)
+        pipe, layout = w.dev.pipeline("repack_q4_1", {"WG": WG}), PLANES_Q4_1
+    w.dev.dispatch(pipe, [w, out], [nblk, 4 * nblk, gx], (gx, gy))
+    return dataclasses.replace(out, layout=layout)
 
 
-def _planes_of(w: VkTensor, n: int, k: int) -> VkTensor:
+def _planes_of(w: VkTensor, n: int, k: int, qtype) -> VkTensor:
     """w's planes: w itself when repacked, else a repack cached for w's buffer (tests, the harness,
     the sweep hand raw bytes; the backend repacks its weights at load)."""
-    if w.layout == PLANES:
-        if w.numel != planes_bytes(n * (k // 32)) or w.offset:
-            raise UnsupportedError(f"vk qmatvec: planes of {w.numel} bytes do not hold a [{n}, {k}] Q4_0 weight")
+    if w.layout in PLANE_LAYOUTS:
+        if w.numel != planes_bytes(n * (k // 32), PLANE_LAYOUTS[w.layout]) or w.offset:
+            raise UnsupportedError(f"vk qmatvec: planes of {w.numel} bytes do not hold a [{n}, {k}] "
+                                   f"{PLANE_LAYOUTS[w.layout].name} weight")
         return w
     hit = _PLANES_CACHE.get(w.storage)
-    if hit is None or hit[0] != (n, k):
-        hit = _PLANES_CACHE[w.storage] = ((n, k), q4_0_planes(w, n, k))
+    if hit is None or hit[0] != (n, k, qtype):
+        hit = _PLANES_CACHE[w.storage] = ((n, k, qtype), planes(w, n, k, qtype))
     return hit[1]
+
+
+def q8_layout(passes: int) -> str:
+    return f"q8_1x{passes}"
+
+
+def q8_records(dev, rows: int, k: int, passes: int) -> VkTensor:
+    """An empty buffer of x's int8 records (q8_act.wgsl): per row and 32-block 2 * passes + 1 16-byte words."""
+    return dataclasses.replace(dev.empty((rows, k // 32 * (2 * passes + 1) * 16), "U8"), layout=q8_layout(passes))
+
+
+@_host_bridge()
+def quantize_q8_1(x: VkTensor, passes: int = 2) -> VkTensor:
+    """x [m, k] f32 (row-strided) -> its int8 records (q8_act.wgsl): per 32-block the codes of
+    `passes` passes (the second quantizes the first's rounding error) and (d, s = d * sum(codes))."""
+    what = "vk quantize_q8_1"
+    _check(what, "x", x, "F32", (1, 2))
+    m, k = _rows(x), x.shape[-1]
+    if k % 32 or passes not in (1, 2):
+        raise UnsupportedError(f"{what}: x's rows must be a multiple of 32 long (got {k}), passes 1 or 2")
+    out = q8_records(x.dev, m, k, passes)
+    gx, gy = _grid_2d(m * (k // 32), WG)
+    x.dev.dispatch(x.dev.pipeline("q8_act+quantize_q8_1", {"WG": WG, "P8": passes}), [x, out],
+                   [m, k, x.offset, x.stride, gx], (gx, gy))
+    return out
+
+
+def _q8_of(x: VkTensor, passes: int) -> VkTensor:
+    """x's int8 records: the ones its producer wrote beside it (rms_norm / swiglu with q8), else
+    quantized now (one dispatch)."""
+    rec = getattr(x, "q8", None)
+    if rec is not None and rec.layout == q8_layout(passes) and rec.shape == (_rows(x), x.shape[-1] // 32 *
+                                                                          (2 * passes + 1) * 16):
+        return rec
+    return quantize_q8_1(x=x, passes=passes)
 
 
 def _qmatmul(what: str, tm: int, x: VkTensor, w: VkTensor, n: int, k: int, qtype, out) -> VkTensor:
@@ -270,10 +352,11 @@ def _qmatmul(what: str, tm: int, x: VkTensor, w: VkTensor, n: int, k: int, qtype
         raise UnsupportedError(f"{what}: x must be [m, {k}] with k a multiple of {be}, got {x.shape}")
     row_bytes = q.nbytes(k)
     g = GEMV
-    if w.layout == PLANES or (g["kernel"] == "qmv4" and q.type == GGMLType.Q4_0):
-        if q.type != GGMLType.Q4_0:
-            raise UnsupportedError(f"{what}: a {w.layout} weight is Q4_0, not {q.name}")
-        w = _planes_of(w, n, k)
+    if w.layout in PLANE_LAYOUTS or (g["kernel"] == "qmv8" and q.type in QMV8_TYPES) or (
+            g["kernel"] == "qmv4" and q.type == GGMLType.Q4_0):
+        if w.layout in PLANE_LAYOUTS and PLANE_LAYOUTS[w.layout] != q.type:
+            raise UnsupportedError(f"{what}: a {w.layout} weight is {PLANE_LAYOUTS[w.layout].name}, not {q.name}")
+        w = _planes_of(w, n, k, q.type)
     elif w.numel != n * row_bytes or w.offset:
         raise UnsupportedError(f"{what}: w must be {n} rows of {row_bytes} bytes ({q.name}) from byte 0")
     m = _rows(x)
@@ -286,14 +369,21 @@ def _qmatmul(what: str, tm: int, x: VkTensor, w: VkTensor, n: int, k: int, qtype
             raise UnsupportedError(f"{what}: out must hold {shape}, got {out.shape}")
     aligned = x.offset % 4 == 0 and x.stride % 4 == 0  # rows of x start on 16 bytes: vec4 loads of x
     xs = "qmatmul_x4" if aligned else "qmatmul_x"
-    if w.layout == PLANES:  # qmv4, whatever the kernel field says (the weight is repacked)
+    xin = x
+    if w.layout in PLANE_LAYOUTS:  # qmv8 (Q4_1 always; Q4_0 unless the kernel is qmv4), else qmv4
         tpr, nr = qmv4_lanes(g, k), g["NR"]
         while nr > 1 and -(-n // (g["WG"] // tpr * nr)) < g["MIN_GROUPS"]:
             nr //= 2
         cols_per_group = g["WG"] // tpr * nr
-        pipe = x.dev.pipeline(f"{xs}+qmv4", {"WG": g["WG"], "TPR": tpr, "NR": nr, "TM": tm})
+        if w.layout == PLANES and g["kernel"] != "qmv8":
+            pipe = x.dev.pipeline(f"{xs}+qmv4", {"WG": g["WG"], "TPR": tpr, "NR": nr, "TM": tm})
+        else:
+            p8 = g["P8"]
+            xin = _q8_of(x, p8)
+            pipe = x.dev.pipeline("qmv8", {"WG": g["WG"], "TPR": tpr, "NR": nr, "TM": tm, "P8": p8, "U": g["U8"],
+                                           "QT": 0 if w.layout == PLANES else 1})
         row_bytes = 4 * n * (k // 32)  # the scale plane's first word (Params.d_off)
-    elif g["kernel"] in ("qmv", "qmv4") and q.type in QMV_TYPES:
+    elif g["kernel"] in ("qmv", "qmv4", "qmv8") and q.type in QMV_TYPES:
         tpr = qmv_lanes(g, k)
         nc = g["NC"]
         while nc > 1 and -(-n // (g["WG"] // tpr * nc)) < g["MIN_GROUPS"]:
@@ -310,7 +400,7 @@ def _qmatmul(what: str, tm: int, x: VkTensor, w: VkTensor, n: int, k: int, qtype
     if gy > MAX_GROUPS:
         raise UnsupportedError(f"{what}: {m} rows exceed one dispatch ({MAX_GROUPS * tm})")
     out_stride = out.stride if len(out.shape) == 2 else n
-    x.dev.dispatch(pipe, [w, x, out], [m, n, k, x.offset, x.stride, out.offset, out_stride, row_bytes, gx],
+    x.dev.dispatch(pipe, [w, xin, out], [m, n, k, x.offset, x.stride, out.offset, out_stride, row_bytes, gx],
                    (gx, gy, gz))
     return out
 
@@ -331,8 +421,10 @@ def qmatmul_tiled(x: VkTensor, w: VkTensor, n: int, k: int, qtype, out: VkTensor
 
 
 @_host_bridge()
-def rms_norm(x: VkTensor, w: VkTensor, eps: float, out: VkTensor | None = None) -> VkTensor:
-    """out [rows, d] = x * rsqrt(mean(x^2) + eps) * w per row; x may be row-strided."""
+def rms_norm(x: VkTensor, w: VkTensor, eps: float, out: VkTensor | None = None, q8: int = 0) -> VkTensor:
+    """out [rows, d] = x * rsqrt(mean(x^2) + eps) * w per row; x may be row-strided. q8 = 1 or 2
+    (d a multiple of 32): out also carries its int8 records of q8 passes (`out.q8`, q8_act.wgsl),
+    written by the same dispatch, for the qmv8 GEMV it feeds."""
     what = "vk rms_norm"
     _check(what, "x", x, "F32", (1, 2))
     _check(what, "w", w, "F32", (1,), contiguous=True)
@@ -343,6 +435,12 @@ def rms_norm(x: VkTensor, w: VkTensor, eps: float, out: VkTensor | None = None) 
     if rows > MAX_GROUPS:
         raise UnsupportedError(f"{what}: {rows} rows exceed one dispatch")
     out = _out(what, out, x, x.shape)
+    if q8 and d % 32 == 0:
+        rec = q8_records(x.dev, rows, d, q8)
+        pipe = x.dev.pipeline("q8_act+rms_norm_q8", {"WG": NORM_WG, "P8": q8})
+        x.dev.dispatch(pipe, [x, w, _at(out), rec], [d, x.offset, x.stride, float(eps)], (rows,))
+        out.q8 = rec
+        return out
     pipe = x.dev.pipeline("rms_norm", {"WG": NORM_WG})
     x.dev.dispatch(pipe, [x, w, _at(out)], [d, x.offset, x.stride, float(eps)], (rows,))
     return out
@@ -383,8 +481,9 @@ def add_bias(y: VkTensor, b: VkTensor, n_rows: int) -> VkTensor:
 
 
 @_host_bridge()
-def swiglu(gate: VkTensor, up: VkTensor, out: VkTensor | None = None) -> VkTensor:
-    """out [rows, d] = silu(gate) * up; gate and up may be column slices of one matmul output."""
+def swiglu(gate: VkTensor, up: VkTensor, out: VkTensor | None = None, q8: int = 0) -> VkTensor:
+    """out [rows, d] = silu(gate) * up; gate and up may be column slices of one matmul output.
+    q8 = 1 or 2 (d a multiple of 32): out also carries its int8 records (`out.q8`, as rms_norm)."""
     what = "vk swiglu"
     _check(what, "gate", gate, "F32", (1, 2))
     _check(what, "up", up, "F32", (1, 2))
@@ -392,8 +491,14 @@ def swiglu(gate: VkTensor, up: VkTensor, out: VkTensor | None = None) -> VkTenso
         raise UnsupportedError(f"{what}: gate and up differ in shape: {gate.shape} and {up.shape}")
     d, rows = gate.shape[-1], _rows(gate)
     out = _out(what, out, gate, gate.shape)
-    gate.dev.dispatch(gate.dev.pipeline("swiglu", {"WG": WG}), [gate, up, _at(out)],
-                      [d, rows, gate.offset, gate.stride, up.offset, up.stride], (-(-d // WG), rows))
+    params = [d, rows, gate.offset, gate.stride, up.offset, up.stride]
+    if q8 and d % 32 == 0:
+        rec = q8_records(gate.dev, rows, d, q8)
+        gate.dev.dispatch(gate.dev.pipeline("q8_act+swiglu_q8", {"WG": WG, "P8": q8}), [gate, up, _at(out), rec],
+                          params, (-(-d // WG), rows))
+        out.q8 = rec
+        return out
+    gate.dev.dispatch(gate.dev.pipeline("swiglu", {"WG": WG}), [gate, up, _at(out)], params, (-(-d // WG), rows))
     return out
 
 
@@ -449,10 +554,12 @@ def rope(x: VkTensor, positions: VkTensor, cos: VkTensor, sin: VkTensor, n_heads
 @_host_bridge(mutates=("cache_k", "cache_v"))
 def attention(q: VkTensor, k: VkTensor, v: VkTensor, cache_k: VkTensor, cache_v: VkTensor, row_slots: VkTensor,
               positions: VkTensor, layer: int, n_head: int, n_head_kv: int, head_dim: int, scale: float,
-              spans=None, out: VkTensor | None = None) -> VkTensor:
+              spans=None, out: VkTensor | None = None, q8: int = 0) -> VkTensor:
     """Write each row's k, v at (its slot, its position) of layer `layer` of the f32 cache
     [layers, slots, n_kv, ctx, head_dim], then each row's causal GQA attention over positions
-    0..its position of its slot. Two dispatches: every row's keys are written before any is read."""
+    0..its position of its slot. Two dispatches: every row's keys are written before any is read.
+    q8 = 1 or 2: out also carries its int8 records (`out.q8`, as rms_norm), written by the split
+    kernel's merge where it runs (head_dim a multiple of 32), else by a dispatch of their own."""
     what = "vk attention"
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check(what, name, t, "F32", (2,))
@@ -483,6 +590,8 @@ def attention(q: VkTensor, k: VkTensor, v: VkTensor, cache_k: VkTensor, cache_v:
     if not ATTN["split"] or hd % 4 or base % 4:  # one workgroup per (head, row) over every position
         dev.dispatch(dev.pipeline("attention", {"WG": ATTN_WG}), [q, cache_k, cache_v, row_slots, positions, _at(out)],
                      [n_head, nkv, hd, ctx, base, q.offset, q.stride, float(scale)], (n_head, rows))
+        if q8 and (n_head * hd) % 32 == 0:
+            out.q8 = quantize_q8_1(x=out, passes=q8)
         return out
     # split over the context: chunks of `ch` positions (a function of ctx alone: batch invariance),
     # each (head, row, chunk) a workgroup, then one merge per (head, row)
@@ -494,8 +603,16 @@ def attention(q: VkTensor, k: VkTensor, v: VkTensor, cache_k: VkTensor, cache_v:
     dev.dispatch(dev.pipeline("attention_split", {"WG": wg, "TK": tk}),
                  [q, cache_k, cache_v, row_slots, positions, part],
                  [n_head, nkv, hd, ctx, base, q.offset, q.stride, float(scale), ch, n_split], (n_head, rows, n_split))
+    if q8 and hd % 32 == 0:
+        rec = q8_records(dev, rows, n_head * hd, q8)
+        dev.dispatch(dev.pipeline("q8_act+attention_merge_q8", {"WG": ATTN_WG, "P8": q8}),
+                     [part, positions, _at(out), rec], [n_head, hd, ch, n_split], (n_head, rows))
+        out.q8 = rec
+        return out
     dev.dispatch(dev.pipeline("attention_merge", {"WG": ATTN_WG}), [part, positions, _at(out)],
                  [n_head, hd, ch, n_split], (n_head, rows))
+    if q8:
+        out.q8 = quantize_q8_1(x=out, passes=q8)
     return out
 
 
@@ -524,4 +641,4 @@ def quantize_q8_0(x_f32: VkTensor, out: VkTensor | None = None) -> VkTensor:
 
 
 __all__ = ["ITEMSIZE", "add", "add_bias", "argmax", "attention", "dequant", "get_rows", "qmatmul_tiled", "qmatvec",
-           "quantize_q8_0", "rms_norm", "rope", "row_select", "swiglu"]
+           "quantize_q8_0", "quantize_q8_1", "rms_norm", "rope", "row_select", "swiglu"]

@@ -85,7 +85,8 @@ def test_the_matmuls_read_a_strided_unaligned_x(qtype):
     x, w = dev.upload(wide).cols(1, k + 1), dev.upload(raw)
     for launch in (wgsl_ops.qmatvec, wgsl_ops.qmatmul_tiled):
         got = launch(x=x, w=w, n=n, k=k, qtype=q.type).cpu().double()
-        assert _rel(got, want) < 1e-5, launch.__name__
+        tol = 2e-4 if wgsl_ops.q8_passes() and q.type in wgsl_ops.QMV8_TYPES else 1e-5  # qmv8: int8 x
+        assert _rel(got, want) < tol, launch.__name__
 
 
 @pytest.mark.parametrize("cfg", ["kernel=qmatmul,A_WG=64,A_TPR=2", "kernel=qmatmul,A_WG=128,A_TPR=4",
@@ -93,7 +94,9 @@ def test_the_matmuls_read_a_strided_unaligned_x(qtype):
                                  "kernel=qmv,WG=64,TPR=4", "kernel=qmv,WG=128,TPR=16",
                                  "kernel=qmv,WG=256,TPR=32", "kernel=qmv,WG=256,TPR=128",
                                  "kernel=qmv4,WG=64,TPR4=4,KIT4=0", "kernel=qmv4,WG=128,TPR4=16,KIT4=0",
-                                 "kernel=qmv4,WG=256,TPR4=128,KIT4=0,MIN_GROUPS=1"])
+                                 "kernel=qmv4,WG=256,TPR4=128,KIT4=0,MIN_GROUPS=1",
+                                 "kernel=qmv8,WG=64,TPR4=4,KIT4=0", "kernel=qmv8,WG=128,TPR4=16,KIT4=0,U8=2",
+                                 "kernel=qmv8,WG=256,TPR4=128,KIT4=0,MIN_GROUPS=1"])
 def test_every_reduction_branch_of_the_gemv_is_right(cfg, monkeypatch):
     """The GEMV's per-column sums over TPR invocations: shuffles inside a subgroup, subgroupAdd
     over whole subgroups, the tree otherwise; which one runs depends on TPR and the adapter's
@@ -110,7 +113,8 @@ def test_every_reduction_branch_of_the_gemv_is_right(cfg, monkeypatch):
     gen = torch.Generator().manual_seed(5)
     x, raw = torch.randn(1, k, generator=gen), random_blocks(q, n, k, gen)
     got = wgsl_ops.qmatvec(x=dev.upload(x), w=dev.upload(raw), n=n, k=k, qtype=q.type).cpu().double()
-    assert _rel(got, x.double() @ dequantize(raw, q.type, (n, k)).double().T) < 1e-5
+    tol = 2e-4 if wgsl_ops.q8_passes() else 1e-5  # qmv8: int8 x in two passes (vk_qmatvec_q4_0's contract)
+    assert _rel(got, x.double() @ dequantize(raw, q.type, (n, k)).double().T) < tol
 
 
 def test_the_subgroup_switch_reaches_the_device(monkeypatch):
@@ -187,12 +191,17 @@ def test_smollm2_greedy_tokens_equal_cpu_where_decisive(smollm2):
 
 
 def test_every_node_runs_a_vulkan_contract(smollm2):
+    from minfer.graph.ir import Op
+    from minfer.kernels import wgsl_ops
+
     _, vk = smollm2
     be = vk.engine.backend
     rows = be.plan_rows() + be.plan_rows(8, prefill=True)
     assert {r["kernel"] for r in rows} <= set(VULKAN_KERNELS)
     by_op = {(r["op"], r["kernel"]) for r in rows if r["op"] == "MatMul"}
     assert {k for _, k in by_op} == {"vk_qmatvec", "vk_matmul_tiled"}  # Q4_1 / Q8_0: GEMV for a row, tiled for more
+    if wgsl_ops.q8_passes():  # qmv8 reads the Q4_1 matmuls' x as int8 records their producers write
+        assert {n.op for n in be.graph.nodes if n.id in be._q8[1]} == {Op.RMS_NORM, Op.SWIGLU, Op.ATTENTION}
     assert {r["op"] for r in rows} == {"GetRows", "RMSNorm", "MatMul", "RoPE", "Attention", "Add", "SwiGLU"}
 
 

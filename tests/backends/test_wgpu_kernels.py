@@ -29,6 +29,19 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm())
 
 
+Q8_TOL = {0: 1e-5, 1: 2e-2, 2: 2e-4}  # by qmv8's activation passes (0: f32 x); vk_qmatvec_q4_0's contract: 2e-4
+
+
+def _records(rec: torch.Tensor, rows: int, k: int, passes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x's int8 records (q8_act.wgsl) read back: (codes [rows, k] as int64, combined over the passes
+    as 254 q1 + q2; d [rows, k / 32]; s [rows, k / 32])."""
+    nb, rv = k // 32, 2 * passes + 1
+    words = rec.view(torch.uint8).view(rows, nb, rv, 16)
+    q1 = words[:, :, :2].reshape(rows, nb, 32).view(torch.int8).long()
+    codes = q1 if passes == 1 else 254 * q1 + words[:, :, 2:4].reshape(rows, nb, 32).view(torch.int8).long()
+    ds = words[:, :, 2 * passes, :8].reshape(rows, nb, 8).contiguous().view(torch.float32)
+    return codes.reshape(rows, k), ds[..., 0], ds[..., 1]
+
 def _ref_attention(q, ck, cv, slots, pos, n_head, n_kv, hd, scale):
     rows = q.shape[0]
     out = torch.zeros(rows, n_head * hd, dtype=torch.float64)
@@ -101,11 +114,13 @@ def test_every_gemv_variant_of_the_sweep_matches_the_reference(dev, monkeypatch,
         want = x.double() @ dequantize(raw, q.type, (n, k)).double().T
         xd, wd, x1 = dev.upload(x), dev.upload(raw), dev.upload(x[1:2])
         for v in wgsl_ops.GEMV_VARIANTS:
-            monkeypatch.setattr(wgsl_ops, "GEMV", wgsl_ops.parse_variant(v, base))
+            cfg = wgsl_ops.parse_variant(v, base)
+            monkeypatch.setattr(wgsl_ops, "GEMV", cfg)
             one = wgsl_ops.qmatvec(x=x1, w=wd, n=n, k=k, qtype=q.type).cpu()
             many = wgsl_ops.qmatmul_tiled(x=xd, w=wd, n=n, k=k, qtype=q.type).cpu()
-            assert _rel(one, want[1:2]) < 1e-5, (v, k)
-            assert _rel(many, want) < 1e-5, (v, k)
+            tol = Q8_TOL[wgsl_ops.q8_passes(cfg)] if q.type in wgsl_ops.QMV8_TYPES else 1e-5
+            assert _rel(one, want[1:2]) < tol, (v, k)
+            assert _rel(many, want) < tol, (v, k)
             assert torch.equal(one[0], many[1]), (v, k)
             if "LF=1" in v:  # loads-first changes no bit
                 monkeypatch.setattr(wgsl_ops, "GEMV", wgsl_ops.parse_variant(v.replace("LF=1", "LF=0"), base))
@@ -114,6 +129,102 @@ def test_every_gemv_variant_of_the_sweep_matches_the_reference(dev, monkeypatch,
                 monkeypatch.setattr(wgsl_ops, "GEMV", wgsl_ops.parse_variant(v + ",MIN_GROUPS=1", base))
                 assert torch.equal(wgsl_ops.qmatvec(x=x1, w=wd, n=n, k=k, qtype=q.type).cpu(), one), (v, k)
                 assert torch.equal(wgsl_ops.qmatmul_tiled(x=xd, w=wd, n=n, k=k, qtype=q.type).cpu(), many), (v, k)
+
+
+@pytest.mark.parametrize("passes", [1, 2])
+def test_x_quantized_to_int8_records(dev, passes):
+    """quantize_q8_1 (q8_act.wgsl): per 32-block codes within [-127, 127], x within half a unit of
+    d * codes (one pass: d = max|x| / 127; two: the first pass's error quantized again, d / 254),
+    s = d * sum(codes); a row-strided x; an all-zero block gives zeros."""
+    from minfer.kernels import wgsl_ops
+
+    gen = torch.Generator().manual_seed(7 + passes)
+    rows, k = 3, 32 * 9
+    wide = torch.randn(rows, k + 5, generator=gen) * torch.logspace(-3, 2, k + 5)
+    wide[1, 1 + 32:1 + 64] = 0.0
+    rec = wgsl_ops.quantize_q8_1(x=dev.upload(wide).cols(1, k + 1), passes=passes).cpu()
+    codes, d, s = _records(rec, rows, k, passes)
+    x = wide[:, 1:k + 1].double()
+    amax = x.view(rows, -1, 32).abs().amax(-1)
+    q1 = codes if passes == 1 else torch.div(codes + 127 * 254 + 127, 254, rounding_mode="floor") - 127
+    assert int(q1.abs().max()) <= 127
+    torch.testing.assert_close(d.double(), amax / (127 if passes == 1 else 127 * 254), rtol=1e-6, atol=0)
+    err = (x.view(rows, -1, 32) - d.double()[..., None] * codes.view(rows, -1, 32).double()).abs()
+    assert bool((err <= d.double()[..., None] * 0.5001 + 1e-30).all())
+    torch.testing.assert_close(s.double(), d.double() * codes.view(rows, -1, 32).sum(-1).double(), rtol=1e-6, atol=0)
+    assert int(codes[1, 32:64].abs().sum()) == 0 and float(d[1, 1]) == 0.0
+
+
+def test_the_fused_producers_write_the_records_quantize_q8_1_writes(dev):
+    """rms_norm / swiglu / attention with q8 (what the backend asks of the nodes feeding a qmv8
+    GEMV): their f32 output bit-equal to the plain kernel's, their records bit-equal to
+    quantize_q8_1 of that output."""
+    from minfer.kernels import wgsl_ops
+
+    gen = torch.Generator().manual_seed(21)
+    up, i32 = dev.upload, torch.int32
+    x, w = torch.randn(3, 320, generator=gen), torch.randn(320, generator=gen)
+    plain = wgsl_ops.rms_norm(x=up(x), w=up(w), eps=1e-5).cpu()
+    got = wgsl_ops.rms_norm(x=up(x), w=up(w), eps=1e-5, q8=2)
+    assert torch.equal(got.cpu(), plain)
+    assert torch.equal(got.q8.cpu(), wgsl_ops.quantize_q8_1(x=got, passes=2).cpu())
+    g, u = torch.randn(2, 2 * 160, generator=gen), torch.randn(2, 160, generator=gen)
+    gd = up(g)
+    plain = wgsl_ops.swiglu(gate=gd.cols(0, 160), up=up(u)).cpu()
+    got = wgsl_ops.swiglu(gate=gd.cols(0, 160), up=up(u), q8=1)
+    assert torch.equal(got.cpu(), plain)
+    assert torch.equal(got.q8.cpu(), wgsl_ops.quantize_q8_1(x=got, passes=1).cpu())
+    hd, nh, nkv, ctx = 64, 4, 2, 40
+    ck, cv = up(torch.randn(1, 1, nkv, ctx, hd, generator=gen)), up(torch.randn(1, 1, nkv, ctx, hd, generator=gen))
+    q, k, v = (up(torch.randn(2, n * hd, generator=gen)) for n in (nh, nkv, nkv))
+    kw = dict(q=q, k=k, v=v, cache_k=ck, cache_v=cv, row_slots=up(torch.zeros(2, dtype=i32)),
+              positions=up(torch.tensor([30, 39], dtype=i32)), layer=0, n_head=nh, n_head_kv=nkv, head_dim=hd,
+              scale=0.125)
+    plain = wgsl_ops.attention(**kw).cpu()
+    got = wgsl_ops.attention(**kw, q8=2)
+    assert torch.equal(got.cpu(), plain)
+    assert torch.equal(got.q8.cpu(), wgsl_ops.quantize_q8_1(x=got, passes=2).cpu())
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
+@pytest.mark.parametrize("passes", [1, 2])
+def test_the_int8_gemv_is_the_integer_math_on_its_records(dev, monkeypatch, qtype, passes):
+    """qmv8 on fresh random inputs into poisoned outputs: against float64 math on the dequantized
+    weight and the records it read (codes and scales read back: what the int8 dots must give, to
+    f32 rounding), and against the exact x within the passes' tolerance."""
+    from minfer.contracts.harness import random_blocks
+    from minfer.kernels import wgsl_ops
+    from minfer.quant.reference import dequantize
+    from minfer.quant.types import by_name
+
+    q = by_name(qtype)
+    monkeypatch.setattr(wgsl_ops, "GEMV", wgsl_ops.parse_variant(f"kernel=qmv8,P8={passes}", wgsl_ops.GEMV))
+    gen = torch.Generator()
+    gen.seed()  # fresh inputs every run
+    n, k, m = 53, 32 * 77, 3
+    x, raw = torch.randn(m, k, generator=gen), random_blocks(q, n, k, gen)
+    w = dequantize(raw, q.type, (n, k)).double()
+    xd, wd = dev.upload(x), dev.upload(raw)
+    rec = wgsl_ops.quantize_q8_1(x=xd, passes=passes)
+    codes, d, _ = _records(rec.cpu(), m, k, passes)
+    x_q = (codes.view(m, -1, 32).double() * d.double()[..., None]).view(m, k)
+    for launch, rows in ((wgsl_ops.qmatvec, 1), (wgsl_ops.qmatmul_tiled, m)):
+        out = dev.upload(torch.full((rows, n), float("nan")))
+        got = launch(x=xd.rows(rows) if rows < m else xd, w=wd, n=n, k=k, qtype=q.type, out=out).cpu()
+        assert not got.isnan().any()
+        assert _rel(got, x_q[:rows] @ w.T) < 2e-6, launch.__name__
+        assert _rel(got, x[:rows].double() @ w.T) < Q8_TOL[passes], launch.__name__
+
+
+def test_the_q8_switch_gives_the_f32_kernel_back(monkeypatch):
+    """MINFER_VK_Q8=0 (config's known switches): the Q4_0 / Q4_1 matmuls on f32 activations."""
+    from minfer.kernels import wgsl_ops
+
+    base = wgsl_ops.parse_variant("kernel=qmv8", wgsl_ops.GEMV)
+    assert wgsl_ops.q8_passes(wgsl_ops.gemv_from_env(base)) == 2
+    monkeypatch.setenv("MINFER_VK_Q8", "0")
+    cfg = wgsl_ops.gemv_from_env(base)
+    assert cfg["kernel"] == "qmv4" and wgsl_ops.q8_passes(cfg) == 0
 
 
 def test_head_dims_past_128_are_refused(dev):
