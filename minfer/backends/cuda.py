@@ -309,6 +309,13 @@ class CUDABackend:
         self.graph, self._reader, self.upload = graph, reader, upload
         self._fused_norms = self._add_norm_pairs(graph)
         self._epilogues = self._epilogue_pairs(graph) if self.config.fuse_epilogues else {}
+        self._readers: dict[int, list[int]] = {}
+        for n in graph.nodes:
+            for i in n.inputs:
+                self._readers.setdefault(i, []).append(n.id)
+        # RMSNorm node id -> (codes, scales): its decode row also writes its output's int8 form, which
+        # the one GEMV reading it takes instead of quantizing x itself (registered by that matmul)
+        self.norm_q8: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         sync = torch.cuda.synchronize if self.on_gpu else None
         with torch.inference_mode():
             self.plan = Plan(graph, self._compile, progress=progress, sync=sync, comm=self.comm)
@@ -482,7 +489,12 @@ class CUDABackend:
                                      {"eps": eps}, {"x": STRIDED}))
         w = self._vector(node.weights["w"].name) if self.upload else None
         (i,) = node.inputs
-        return (lambda vals, st: run[st.kind](x=vals[i], w=w, eps=eps)), run
+
+        def fn(vals, st):
+            q8 = self.norm_q8.get(node.id) if st.kind == "row" else None
+            return run[st.kind](x=vals[i], w=w, eps=eps, **({} if q8 is None else {"q8": q8}))
+
+        return fn, run
 
     def _compile_add(self, node: Node):
         d = node.shape[-1]
@@ -500,7 +512,9 @@ class CUDABackend:
 
                 def fused(vals, st):
                     x = vals[i]
-                    vals[norm_id] = run[st.kind](x=x, y=vals[j], w=w, eps=eps, sum_out=x)
+                    q8 = self.norm_q8.get(norm_id) if st.kind == "row" else None
+                    vals[norm_id] = run[st.kind](x=x, y=vals[j], w=w, eps=eps, sum_out=x,
+                                                 **({} if q8 is None else {"q8": q8}))
                     return x
 
                 return fused, run
@@ -570,6 +584,8 @@ class CUDABackend:
         fused = self._fused_row(node, run, bias) if parts is None else None
         laid = {kind: self._laid_out(kernel, w, n, k) for kind, kernel in run.items()
                 if self.upload and not (kind == "row" and (parts is not None or fused is not None))}
+        if "row" in laid:
+            self._norm_int8(node, self.choices[node.id]["row"].kernel, laid["row"])
 
         def fn(vals, st):
             if fused is not None and st.kind == "row":
@@ -580,7 +596,8 @@ class CUDABackend:
                 for kernel, wp, a, b, t in parts:  # each writes its columns: [1, n] slices are contiguous
                     kernel(x=x, w=wp, n=b - a, k=k, qtype=t, out=y[:, a:b])
             else:
-                y = run[st.kind](x=vals[i], w=laid[st.kind], n=n, k=k, qtype=wq)
+                more = self._xq(i) if st.kind == "row" else {}
+                y = run[st.kind](x=vals[i], w=laid[st.kind], n=n, k=k, qtype=wq, **more)
             if bias is not None:  # (a fused decode row added it in its epilogue)
                 add_bias(y=y, b=bias, n_rows=y.shape[0])
             return y
@@ -624,9 +641,10 @@ class CUDABackend:
         run["row"] = kernel
         self.choices[node.id]["row"] = choice
         laid = self._laid_out(kernel, w, n, k, extra) if self.upload else None
+        self._norm_int8(node, kernel, laid)
         if how == "swiglu":
             def fused(vals, st):
-                y = vals[nid] = kernel(x=vals[i], w=laid, n=n, k=k, qtype=wq)
+                y = vals[nid] = kernel(x=vals[i], w=laid, n=n, k=k, qtype=wq, **self._xq(i))
                 return y
         else:
             b = bias if bias is not None else (torch.zeros(n, device=self.device) if self.upload else None)
@@ -641,8 +659,33 @@ class CUDABackend:
                 cache = {} if attn is None else {"cache_k": self.cache.k, "cache_v": self.cache.v, "layer": layer,
                                                  "row_slots": st.inputs["row_slots"], "n_head_kv": nkv}
                 return kernel(x=vals[i], w=laid, b=b, positions=vals[pos], cos=cos, sin=sin, n=n, k=k, qtype=wq,
-                              **extra, **cache)
+                              **extra, **cache, **self._xq(i))
         return fused
+
+    def _xq(self, i: int) -> dict:
+        """The decode-row GEMV's `xq=` argument when its x, node i, is written in int8 too."""
+        q8 = self.norm_q8.get(i)
+        return {} if q8 is None else {"xq": q8}
+
+    def _norm_int8(self, node: Node, kernel: BoundKernel, laid) -> None:
+        """When this matmul's decode-row GEMV takes int8 activations and its x is an RMSNorm's
+        output read by nothing else, registers buffers (`norm_q8`) into which the norm's row writes
+        x's int8 form, and from which the GEMV reads it instead of quantizing x itself."""
+        from ..kernels.gemv_fused import input_q8_passes
+
+        (i,) = node.inputs
+        src = self.graph.nodes[i]
+        if src.op != Op.RMS_NORM or self._readers.get(i) != [node.id] or laid is None:
+            return
+        norm_kernel = self.choices.get(i, {}).get("row")
+        passes = input_q8_passes(laid)
+        if (not passes or norm_kernel is None or "q8" not in inspect.signature(norm_kernel.kernel.launcher).parameters
+                or "xq" not in inspect.signature(kernel.launcher).parameters):
+            return
+        k = node.weights["w"].shape[0]
+        bufs = (torch.zeros(1, k // 32, 8 * passes, dtype=torch.int32, device=self.device),
+                torch.zeros(1, k // 32, 4, dtype=torch.float32, device=self.device))
+        self.norm_q8[i] = bufs
 
     def _mixed_row_parts(self, node: Node, w: WeightRef) -> list[tuple] | None:
         """For a fused weight whose parts differ in type: the decode row's kernel of each run of

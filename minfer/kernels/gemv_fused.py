@@ -30,7 +30,17 @@ import torch
 from ..errors import UnsupportedError
 from ..quant.types import GGMLType
 from ._common import check_device, check_tensor, make_out
-from .qmatmul import GemvConfig, GemvPacked, gemv_default_config, gemv_type, launch_packed, repack_gemv
+from .qmatmul import (
+    GemvConfig,
+    GemvPacked,
+    Int4Packed,
+    Q4_0Packed,
+    gemv_config,
+    gemv_default_config,
+    gemv_type,
+    launch_packed,
+    repack_gemv,
+)
 
 EPI_SWIGLU, EPI_ROPE, EPI_ROPE_KV = 1, 2, 3
 
@@ -145,9 +155,10 @@ def _check_packed(what: str, w: PairPacked, n: int, k: int, t: GGMLType) -> None
 
 
 def gemv_swiglu(x: torch.Tensor, w: PairPacked | torch.Tensor, n: int, k: int, qtype: GGMLType | int | str,
-                out: torch.Tensor | None = None) -> torch.Tensor:
+                out: torch.Tensor | None = None, *, xq: tuple | None = None) -> torch.Tensor:
     """out [1, n / 2] f32 = silu(x @ Wg^T) * (x @ Wu^T) for one token, W the stacked gate+up
-    [n, k] weight: a PairPacked from repack_swiglu, or raw GGUF bytes (laid out per call)."""
+    [n, k] weight: a PairPacked from repack_swiglu, or raw GGUF bytes (laid out per call); `xq`:
+    x's int8 form made before the call (qmatmul.q4_0_gemv)."""
     what = "gemv_swiglu"
     t = gemv_type(what, qtype)
     if not isinstance(w, PairPacked):
@@ -160,7 +171,7 @@ def gemv_swiglu(x: torch.Tensor, w: PairPacked | torch.Tensor, n: int, k: int, q
     out = make_out(what, out, (1, n // 2), torch.float32, device)
     c = w.inner.qs
     launch_packed(what, x, w.inner, out, w.config, (EPI_SWIGLU, out, c, c, out, out, c, 0, out, out, c, 0, 0, 1, 0, 0,
-                                                    0))
+                                                    0), xq)
     return out
 
 
@@ -168,7 +179,8 @@ def gemv_rope(x: torch.Tensor, w: PairPacked | torch.Tensor, b: torch.Tensor, po
               cos: torch.Tensor, sin: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str, n_heads: int,
               head_dim: int, n_rot: int, neox: bool, out: torch.Tensor | None = None, *,
               cache_k: torch.Tensor | None = None, cache_v: torch.Tensor | None = None,
-              row_slots: torch.Tensor | None = None, layer: int = 0, n_head_kv: int = 0) -> torch.Tensor:
+              row_slots: torch.Tensor | None = None, layer: int = 0, n_head_kv: int = 0,
+              xq: tuple | None = None) -> torch.Tensor:
     """out [1, n] f32 = x @ W^T + b for one token, its first n_heads heads rotated by RoPE at
     positions[0] (cos / sin f32 [n_ctx, n_rot / 2] tables); W a PairPacked from repack_rope with
     the same RoPE settings, or raw GGUF bytes (laid out per call).
@@ -176,7 +188,8 @@ def gemv_rope(x: torch.Tensor, w: PairPacked | torch.Tensor, b: torch.Tensor, po
     With `cache_k` / `cache_v` (f16 [layers, slots, n_head_kv, n_ctx, head_dim]) the row's keys
     (the last n_head_kv of the rotated heads) and values (the n_head_kv heads after them) are also
     written into the cache at (layer, row_slots[0], positions[0]): the KV write of the attention
-    after it (`attention_rows(..., kv_written=True)` then skips its own)."""
+    after it (`attention_rows(..., kv_written=True)` then skips its own). `xq`: x's int8 form made
+    before the call (qmatmul.q4_0_gemv)."""
     what = "gemv_rope"
     t = gemv_type(what, qtype)
     rope = (n_heads, head_dim, n_rot, bool(neox))
@@ -202,7 +215,7 @@ def gemv_rope(x: torch.Tensor, w: PairPacked | torch.Tensor, b: torch.Tensor, po
     if cache_k is None:
         c = w.dst
         launch_packed(what, x, w.inner, out, w.config, (EPI_ROPE, b, w.dst, w.fi, cos, sin, positions, half, out, out,
-                                                        c, 0, 0, 1, 0, 0, 0))
+                                                        c, 0, 0, 1, 0, 0, 0), xq)
         return out
     kstart = (n_heads - n_head_kv) * head_dim
     vstart = n_heads * head_dim
@@ -219,5 +232,18 @@ def gemv_rope(x: torch.Tensor, w: PairPacked | torch.Tensor, b: torch.Tensor, po
     check_device(what, x=x, cache_k=cache_k, cache_v=cache_v, row_slots=row_slots)
     launch_packed(what, x, w.inner, out, w.config,
                   (EPI_ROPE_KV, b, w.dst, w.fi, cos, sin, positions, half, cache_k, cache_v, row_slots, kstart, vstart,
-                   hd, layer * slots * nkv * n_ctx * hd, nkv * n_ctx * hd, n_ctx * hd))
+                   hd, layer * slots * nkv * n_ctx * hd, nkv * n_ctx * hd, n_ctx * hd), xq)
     return out
+
+
+def input_q8_passes(w) -> int:
+    """The int8 activation passes the GEMV launchers (these and qmatmul's) run with their default
+    config on the laid-out weight `w` (0: f32 x): how many a producer of x may write ahead of
+    the call (the RMSNorm's `q8=` buffers, given to the GEMV as `xq=`)."""
+    if isinstance(w, PairPacked):
+        return w.config.q8 if isinstance(w.inner, Q4_0Packed | Int4Packed) else 0
+    if isinstance(w, Q4_0Packed):
+        return gemv_config(w.n, w.k).q8
+    if isinstance(w, Int4Packed):
+        return gemv_config(w.n, w.k, True).q8
+    return 0

@@ -5,7 +5,9 @@ the caller asks, e.g. into x: one pass instead of an add kernel and a norm kerne
 One program per row (a transformer row is at most a few thousand floats: it fits one program's
 registers), the whole row loaded once, the mean of squares reduced in f32 in the program, the
 row scaled and stored. The input may be a row-strided view (a column slice of a wider tensor),
-the output is contiguous f32. Memory-bound: 8 bytes per element plus the weight.
+the output is contiguous f32. Memory-bound: 8 bytes per element plus the weight. On request the
+normed row is also stored in the int8 form of the GEMVs after it (`q8=`: quantize_act_q8's
+blocks, computed from the same f32 values: the GEMV reads them instead of a quantize launch).
 """
 
 from __future__ import annotations
@@ -26,12 +28,25 @@ from ._common import (
     rows_view,
     wait_prior,
 )
+from .quantize import act_q8_blocks, act_q8_out
 
 MAX_D = 1 << 16  # one program holds a row
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, D, stride_x, eps, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+def _store_row(out_ptr, y, row, cols, mask, D, q_ptr, s_ptr, BLOCK_D: tl.constexpr, Q8: tl.constexpr):
+    """The normed row y, and with Q8 > 0 its int8 form in Q8 passes (quantize.quantize_act_q8's)."""
+    tl.store(out_ptr + row * D + cols, y, mask=mask)
+    if Q8 > 0:
+        NB: tl.constexpr = BLOCK_D // 32
+        nb = D // 32
+        blk = tl.arange(0, NB)
+        act_q8_blocks(tl.reshape(y, (NB, 4, 8)), q_ptr + row * nb * (8 * Q8), s_ptr + row * nb * 4, blk, blk < nb, Q8)
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, D, stride_x, eps, q_ptr, s_ptr, BLOCK_D: tl.constexpr,
+                     Q8: tl.constexpr, PDL: tl.constexpr):
     release_next(PDL)
     wait_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -41,12 +56,12 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, D, stride_x, eps, BLOCK_D: tl.conste
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0)
     release_late(PDL)
-    tl.store(out_ptr + row * D + cols, x * rstd * w, mask=mask)
+    _store_row(out_ptr, x * rstd * w, row, cols, mask, D, q_ptr, s_ptr, BLOCK_D, Q8)
 
 
 @triton.jit
-def _add_rms_norm_kernel(x_ptr, y_ptr, w_ptr, out_ptr, sum_ptr, D, eps,
-                         BLOCK_D: tl.constexpr, WRITE_SUM: tl.constexpr, PDL: tl.constexpr):
+def _add_rms_norm_kernel(x_ptr, y_ptr, w_ptr, out_ptr, sum_ptr, D, eps, q_ptr, s_ptr,
+                         BLOCK_D: tl.constexpr, WRITE_SUM: tl.constexpr, Q8: tl.constexpr, PDL: tl.constexpr):
     release_next(PDL)
     wait_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -58,13 +73,15 @@ def _add_rms_norm_kernel(x_ptr, y_ptr, w_ptr, out_ptr, sum_ptr, D, eps,
         tl.store(sum_ptr + row * D + cols, h, mask=mask)
     rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / D + eps)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0)
-    tl.store(out_ptr + row * D + cols, h * rstd * w, mask=mask)
+    _store_row(out_ptr, h * rstd * w, row, cols, mask, D, q_ptr, s_ptr, BLOCK_D, Q8)
 
 
 def add_rms_norm(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor | None = None,
-                 sum_out: torch.Tensor | None = None) -> torch.Tensor:
+                 sum_out: torch.Tensor | None = None, q8: tuple | None = None) -> torch.Tensor:
     """out [rows, d] f32 = RMSNorm(x + y) for contiguous f32 x, y [rows, d] (or [d]); with
-    `sum_out` (which may be x itself: the residual updated in place) x + y is stored there too."""
+    `sum_out` (which may be x itself: the residual updated in place) x + y is stored there too;
+    with `q8` = (codes, scales) buffers of quantize_act_q8's shapes, out's int8 form as well (the
+    values quantize_act_q8(out) computes: the GEMV after it reads them, one launch fewer)."""
     what = "add_rms_norm"
     check_tensor(what, "w", w, (torch.float32,), ndim=1)
     d = w.numel()
@@ -81,16 +98,19 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, eps: float, 
     if sum_out is not None:
         make_out(what, sum_out, x.shape, torch.float32, device)
     rows = x.numel() // d
+    codes, scales, passes = (out, out, 0) if q8 is None else act_q8_out(what, q8, rows, d, device)
     if rows:
         block = triton.next_power_of_2(d)
         _add_rms_norm_kernel[check_grid(what, (rows,))](
-            x, y, w, out, sum_out if sum_out is not None else out, d, float(eps), BLOCK_D=block,
-            WRITE_SUM=sum_out is not None, num_warps=4 if block <= 2048 else 8, **pdl_args())
+            x, y, w, out, sum_out if sum_out is not None else out, d, float(eps), codes, scales, BLOCK_D=block,
+            WRITE_SUM=sum_out is not None, Q8=passes, num_warps=4 if block <= 2048 else 8, **pdl_args())
     return out
 
 
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
-    """out [rows, d] f32 = RMSNorm of each row of x (f32 [rows, d] or [d], rows may be strided)."""
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor | None = None,
+             q8: tuple | None = None) -> torch.Tensor:
+    """out [rows, d] f32 = RMSNorm of each row of x (f32 [rows, d] or [d], rows may be strided);
+    `q8` as for add_rms_norm."""
     what = "rms_norm"
     check_tensor(what, "w", w, (torch.float32,), ndim=1)
     d = w.numel()
@@ -104,8 +124,10 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor | N
     device = check_device(what, x=x2, w=w, out=out)
     out = make_out(what, out, x2.shape, torch.float32, device)
     rows = x2.shape[0]
+    codes, scales, passes = (out, out, 0) if q8 is None else act_q8_out(what, q8, rows, d, device)
     if rows:
         block = triton.next_power_of_2(d)
-        _rms_norm_kernel[check_grid(what, (rows,))](x2, w, out, d, x2.stride(0), float(eps), BLOCK_D=block,
-                                                    num_warps=4 if block <= 2048 else 8, **pdl_args())
+        _rms_norm_kernel[check_grid(what, (rows,))](x2, w, out, d, x2.stride(0), float(eps), codes, scales,
+                                                    BLOCK_D=block, Q8=passes, num_warps=4 if block <= 2048 else 8,
+                                                    **pdl_args())
     return out

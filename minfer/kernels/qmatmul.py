@@ -635,6 +635,7 @@ SMALL_WEIGHTS = 1 << 22  # n * k at or below which a GEMV is latency-bound (Smol
 WIDE_ROWS = 16384  # rows from which the row tiles alone fill the GPU (gate+up, vocab projections)
 
 
+Q8_MIN_WEIGHTS = 1 << 24  # at or below, f32 activations: the quantize launch costs more than dp4a saves
 ACT_Q8_PASSES = 2  # the default: two passes (one leaves ~5e-3 of error per dot: bench/NOTES.md)
 
 
@@ -649,10 +650,12 @@ def act_q8() -> int:
 
 @functools.lru_cache(maxsize=256)
 def gemv_config(n: int, k: int, affine: bool = False) -> GemvConfig:
-    """`_gemv_config`, with the int8 activation passes of `act_q8`. Two passes load step i + 1's
+    """`_gemv_config`, with the int8 activation passes of `act_q8` above Q8_MIN_WEIGHTS weights
+    (smaller GEMVs are latency-bound: SmolLM2 tg128 1,335 with int8 activations everywhere against
+    1,705 without, H200 run 39). Two passes load step i + 1's
     words in step i only without prefetching: the second pass's codes beside the prefetched words
     cost registers, so fewer warps (H200 run 38: Q4_K down 22.1 -> 16.1 µs, Q4_0 o 8.1 -> 7.8)."""
-    cfg = replace(_gemv_config(n, k, affine), q8=act_q8())
+    cfg = replace(_gemv_config(n, k, affine), q8=act_q8() if n * k > Q8_MIN_WEIGHTS else 0)
     if cfg.q8 == 2 and cfg.prefetch:
         cfg = replace(cfg, prefetch=False, maxnreg=96)
     return cfg
@@ -700,13 +703,16 @@ def q4_0_gemv(
     qtype: GGMLType | int | str = GGMLType.Q4_0,
     out: torch.Tensor | None = None,
     config: GemvConfig | dict | None = None,
+    *,
+    xq: tuple | None = None,
 ) -> torch.Tensor:
     """out [1, n] f32 = x @ W^T for one token: x f32 [k] or [1, k], W a Q4_0 [n, k] weight.
 
     `w`: a `Q4_0Packed` (fast path) or raw GGUF Q4_0 bytes (repacked per call). `config`: a
     `GemvConfig` (or its fields as a dict) instead of the shape's default (`gemv_config`).
     Split-K configs use the packed weight's scratch (partial sums, arrival counters): one call
-    per weight at a time (calls on one stream are).
+    per weight at a time (calls on one stream are). `xq`: x's int8 form, made before the call
+    (quantize_act_q8 or a fused RMSNorm), used when the config takes int8 activations.
     """
     what = "q4_0_gemv"
     _check_q4_0(what, qtype)
@@ -720,12 +726,12 @@ def q4_0_gemv(
         cfg = gemv_config(n, k)
     else:
         cfg = GemvConfig(**config) if isinstance(config, dict) else config
-    launch_packed(what, x, w, out, cfg)
+    launch_packed(what, x, w, out, cfg, xq=xq)
     return out
 
 
 def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n: int, k: int, cfg: GemvConfig,
-                 planes: tuple | None = None, epilogue: tuple | None = None):
+                 planes: tuple | None = None, epilogue: tuple | None = None, xq: tuple | None = None):
     """Launch the GEMV kernel; `planes` = (hi plane, LB, HB, CENTER) for the planes types;
     `epilogue` = (EPI, e, dst, fi, cos, sin, positions, HALF, cache_k, cache_v, slots, KSTART, VSTART, HD,
     LAYER_OFF, S_STRIDE, H_STRIDE) for gemv_fused.py's fused stores."""
@@ -737,7 +743,9 @@ def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n:
     hi, lb, hb, center = planes if planes is not None else (w.qs, 4, 0, 0)
     q8 = cfg.q8 if planes is None else 0  # the planes types keep f32 activations
     xs = x
-    if q8:
+    if q8 and xq is not None:
+        x, xs = _check_xq(what, xq, k, q8, x.device)
+    elif q8:
         x, xs = quantize_act_q8(x.reshape(1, k), q8)
     epi, *eargs = epilogue if epilogue is not None else (0, out, counters, counters, out, out, counters, 0,
                                                          out, out, counters, 0, 0, 1, 0, 0, 0)
@@ -748,6 +756,23 @@ def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n:
         EVEN_K=nkb % cfg.block_kb == 0 and nkb % kb_split == 0, MODE=mode, PREFETCH=cfg.prefetch, num_warps=cfg.wk,
         maxnreg=cfg.maxnreg, PLANES=planes is not None, LB=lb, HB=hb, CENTER=center, **pdl_args("gemv"),
     )
+
+
+def _check_xq(what: str, xq, k: int, passes: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """x's int8 form made before the call: quantize_act_q8's (codes, scales) of one row, `passes` passes."""
+    if not (isinstance(xq, tuple) and len(xq) == 2):
+        raise UnsupportedError(f"{what}: xq must be quantize_act_q8's (codes, scales), got {type(xq).__name__}")
+    codes, scales = xq
+    check_tensor(what, "xq codes", codes, (torch.int32,))
+    check_tensor(what, "xq scales", scales, (torch.float32,))
+    if codes.shape != (1, k // 32, 8 * passes) or scales.shape != (1, k // 32, 4):
+        want = f"codes [1, {k // 32}, {8 * passes}], scales [1, {k // 32}, 4]"
+        raise UnsupportedError(f"{what}: xq must hold one row of {k} in {passes} passes: {want}; got "
+                               f"{tuple(codes.shape)}, {tuple(scales.shape)}")
+    check_device(what, x=codes, xq_scales=scales)
+    if codes.device != device:
+        raise UnsupportedError(f"{what}: xq is on {codes.device}, x on {device}")
+    return codes, scales
 
 
 @dataclass(frozen=True)
@@ -835,9 +860,12 @@ def int4_gemv(
     qtype: GGMLType | int | str,
     out: torch.Tensor | None = None,
     config: GemvConfig | dict | None = None,
+    *,
+    xq: tuple | None = None,
 ) -> torch.Tensor:
     """out [1, n] f32 = x @ W^T for one token, W a Q4_1 or Q4_K [n, k] weight: q4_0_gemv's tile
-    and loop with the block's affine scale (w = a * nibble + c); `w` an Int4Packed or raw bytes."""
+    and loop with the block's affine scale (w = a * nibble + c); `w` an Int4Packed or raw bytes;
+    `xq` as for q4_0_gemv."""
     what = "int4_gemv"
     t = _int4_type(what, qtype)
     if not isinstance(w, Int4Packed):
@@ -852,7 +880,7 @@ def int4_gemv(
     out = make_out(what, out, (1, n), torch.float32, device)
     cfg = gemv_config(n, k, True) if config is None else (GemvConfig(**config) if isinstance(config, dict)
                                                           else config)
-    launch_packed(what, x, w, out, cfg)
+    launch_packed(what, x, w, out, cfg, xq=xq)
     return out
 
 
@@ -1175,12 +1203,14 @@ def gemv_default_config(n: int, k: int, qtype: GGMLType) -> GemvConfig:
 
 
 def launch_packed(what: str, x: torch.Tensor, w: GemvPacked, out: torch.Tensor, cfg: GemvConfig,
-                  epilogue: tuple | None = None) -> None:
-    """Launch the GEMV kernel on a packed weight of any GEMV type (x, out checked by the caller)."""
+                  epilogue: tuple | None = None, xq: tuple | None = None) -> None:
+    """Launch the GEMV kernel on a packed weight of any GEMV type (x, out checked by the caller).
+    `xq`: x already quantized (quantize_act_q8's (codes, scales), e.g. by the RMSNorm before it),
+    used when the config takes int8 activations of as many passes."""
     if isinstance(w, Q4_0Packed):
-        _launch_gemv(what, x, w, w.d, w.d, 0, 0, out, w.n, w.k, cfg, epilogue=epilogue)
+        _launch_gemv(what, x, w, w.d, w.d, 0, 0, out, w.n, w.k, cfg, epilogue=epilogue, xq=xq)
     elif isinstance(w, Int4Packed):
-        _launch_gemv(what, x, w, w.d, w.m, w.m.shape[1], w.mode, out, w.n, w.k, cfg, epilogue=epilogue)
+        _launch_gemv(what, x, w, w.d, w.m, w.m.shape[1], w.mode, out, w.n, w.k, cfg, epilogue=epilogue, xq=xq)
     else:
         pt = PLANE_TYPES[w.qtype]
         hi = w.hi if w.hi is not None else w.lo

@@ -105,6 +105,25 @@ def _act_store(q_ptr, q, blk, row, t, PASSES: tl.constexpr):
 
 
 @triton.jit
+def act_q8_blocks(v, q_ptr, s_ptr, blk, row, PASSES: tl.constexpr):
+    """Quantize the blocks v [B, 4 (t), 8 (word)] (element 8 t + word of block blk) in PASSES
+    passes; store their codes and scales at blk (rows where `row`). Also the fused RMSNorm's."""
+    t = tl.arange(0, 4)[None, :, None]
+    q, d = _act_pass(v)
+    _act_store(q_ptr, q, blk, row, t, PASSES)
+    s = d * tl.sum(tl.sum(q, axis=2), axis=1).to(tl.float32)
+    d2 = tl.zeros_like(d)
+    if PASSES == 2:
+        q2, d2 = _act_pass(v - q.to(tl.float32) * d[:, None, None])
+        _act_store(q_ptr + 8, q2, blk, row, t, PASSES)
+        s += d2 * tl.sum(tl.sum(q2, axis=2), axis=1).to(tl.float32)
+    tl.store(s_ptr + blk * 4, d, mask=row)
+    tl.store(s_ptr + blk * 4 + 1, d2, mask=row)
+    tl.store(s_ptr + blk * 4 + 2, s, mask=row)
+    tl.store(s_ptr + blk * 4 + 3, tl.zeros_like(s), mask=row)
+
+
+@triton.jit
 def _quantize_act_kernel(x_ptr, q_ptr, s_ptr, n_blocks, BLOCK: tl.constexpr, PASSES: tl.constexpr,
                          PDL: tl.constexpr):
     release_next(PDL)
@@ -114,18 +133,23 @@ def _quantize_act_kernel(x_ptr, q_ptr, s_ptr, n_blocks, BLOCK: tl.constexpr, PAS
     row = blk < n_blocks
     wait_prior(PDL)
     x = tl.load(x_ptr + blk[:, None, None] * 32 + t * 8 + m, mask=row[:, None, None], other=0.0)  # [BLOCK, t, word]
-    q, d = _act_pass(x)
-    _act_store(q_ptr, q, blk, row, t, PASSES)
-    s = d * tl.sum(tl.sum(q, axis=2), axis=1).to(tl.float32)
-    d2 = tl.zeros_like(d)
-    if PASSES == 2:
-        q2, d2 = _act_pass(x - q.to(tl.float32) * d[:, None, None])
-        _act_store(q_ptr + 8, q2, blk, row, t, PASSES)
-        s += d2 * tl.sum(tl.sum(q2, axis=2), axis=1).to(tl.float32)
-    tl.store(s_ptr + blk * 4, d, mask=row)
-    tl.store(s_ptr + blk * 4 + 1, d2, mask=row)
-    tl.store(s_ptr + blk * 4 + 2, s, mask=row)
-    tl.store(s_ptr + blk * 4 + 3, tl.zeros_like(s), mask=row)
+    act_q8_blocks(x, q_ptr, s_ptr, blk, row, PASSES)
+
+
+def act_q8_out(what: str, q8, m: int, k: int, device) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(codes, scales, passes) of preallocated quantize_act_q8 outputs for [m, k] (checked)."""
+    if not (isinstance(q8, tuple) and len(q8) == 2):
+        raise UnsupportedError(f"{what}: q8 must be (codes int32, scales f32) buffers, got {type(q8).__name__}")
+    if k % 32:
+        raise UnsupportedError(f"{what}: the row length must be a multiple of 32 for int8 output, got {k}")
+    codes, scales = q8
+    check_tensor(what, "q8 codes", codes, (torch.int32,), ndim=3)
+    passes = codes.shape[-1] // 8
+    make_out(what, codes, (m, k // 32, 8 * passes), torch.int32, device)
+    make_out(what, scales, (m, k // 32, 4), torch.float32, device)
+    if passes not in (1, 2):
+        raise UnsupportedError(f"{what}: q8 codes hold 1 or 2 passes (8 or 16 words per block), got {codes.shape[-1]}")
+    return codes, scales, passes
 
 
 def quantize_act_q8(x: torch.Tensor, passes: int = 1, out: tuple[torch.Tensor, torch.Tensor] | None = None

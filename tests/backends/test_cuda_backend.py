@@ -278,3 +278,37 @@ def test_prompt_chunks_of_several_spans_replay_as_their_eager_pass(pair):
              be.forward(Batch.build([(1, 5, PROMPT[5:])], [6])).cpu()[0],
              be.forward(Batch.build([(2, 0, PROMPT[:3] * 20)], [0, 59])).cpu()]
     assert _rel(got[0], alone[0]) < 1e-3 and _rel(got[1], alone[1]) < 1e-3 and _rel(got[2:], alone[2]) < 1e-3
+
+
+@pytest.mark.parametrize("quant", ["q4_0", "q4_k"])
+def test_int8_activations_from_the_norms(tiny_gguf, raw, monkeypatch, quant):
+    """With every GEMV on int8 activations (the threshold lowered to the tiny model's sizes), the
+    RMSNorms before the q+k+v, gate+up and output GEMVs write x's int8 form themselves and the GEMVs
+    skip their quantize launch: decode logits equal, bit for bit, those of the GEMVs quantizing
+    x themselves, and match the cpu within the cuda tolerance."""
+    from minfer.kernels import qmatmul
+
+    monkeypatch.setattr(qmatmul, "Q8_MIN_WEIGHTS", 0)
+    qmatmul.gemv_config.cache_clear()
+    try:
+        path = tiny_gguf("tiny-llama", quant)
+        cpu = load(path, "cpu", n_ctx=32, n_slots=1, progress=False)
+        gpu = load(path, "cuda", n_ctx=32, n_slots=1, progress=False)
+        be = gpu.engine.backend
+        names = {be.graph.nodes[i].name for i in be.norm_q8}
+        layers = {n.split(".")[1] for n in names if n.startswith("blk.")}
+        per_layer = {f"blk.{i}.{x}" for i in layers for x in ("attn_norm", "ffn_norm")}
+        assert per_layer <= names <= per_layer | {"output_norm"}  # the output's: when its weight is a Q4 type
+        assert len(layers) >= 2
+        raw.prefill(cpu.engine, 0, PROMPT[:5])
+        raw.prefill(gpu.engine, 0, PROMPT[:5])
+        fused = torch.stack([raw.decode(gpu.engine, 0, t, p).cpu().clone() for p, t in enumerate(PROMPT[5:8], start=5)])
+        steps_c = torch.stack([raw.decode(cpu.engine, 0, t, p) for p, t in enumerate(PROMPT[5:8], start=5)])
+        assert _rel(fused, steps_c) < TOL
+        be.norm_q8.clear()  # the norms write f32 only; the GEMVs quantize x (the same values)
+        raw.prefill(gpu.engine, 0, PROMPT[:5])
+        alone = torch.stack([raw.decode(gpu.engine, 0, t, p).cpu().clone() for p, t in enumerate(PROMPT[5:8], start=5)])
+        assert torch.equal(fused, alone)
+    finally:
+        monkeypatch.undo()
+        qmatmul.gemv_config.cache_clear()
