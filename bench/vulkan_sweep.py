@@ -21,10 +21,12 @@ variants, then decode tok/s of synthetic models with the best variant. Not a tes
    costs is printed per shape. Each variant's rel is against run 35's qmv4 (f32 x).
 4. Decode: DIR/qwen2.5-7b-q4_0.gguf and DIR/smollm2-135m-q4_1.gguf (--small: DIR/tiny-qwen2-
    q4_0.gguf, DIR/tiny-llama-q4_1.gguf), greedy through the engine as `minfer bench`'s tg: with
-   the best variant, the default (qmv8, two activation passes), run 35's best (qmv4: f32
-   activations), the default with one pass, run 33's best and the run-30 configuration (qmatmul
-   TPR 16, single-pass attention), the model loaded for each (Q4_0 / Q4_1 weights are repacked at
-   load for qmv4 / qmv8); per-step host encode time and device time of the captured step.
+   the best variant, the default (qmv8, two activation passes, NR 1), run 35's best (qmv4: f32
+   activations), the default with one pass, qmv8's first default (NR 4) and run 33's best, the
+   model loaded for each (Q4_0 / Q4_1 weights are repacked at load for qmv4 / qmv8); per-step host
+   encode time and device time of the captured step, and the step by kernel: each dispatch timed
+   in a compute pass of its own (Device.dispatch_seconds), kind -> count, ms total, slowest µs
+   (the matmuls by launch grid: one shape each).
 The short table comes last.
 """
 
@@ -216,6 +218,37 @@ def attention_section(dev, small: bool, reps: int) -> dict:
     return res
 
 
+def step_kinds(dev, rec, rounds: int = 3) -> dict | None:
+    """A captured step's dispatches by shader (kind -> [count, µs total, µs of the slowest]), each
+    dispatch timed in a pass of its own (Device.dispatch_seconds), the best of `rounds` per dispatch."""
+    best = None
+    for _ in range(rounds):
+        try:
+            got = dev.dispatch_seconds(rec)
+        except Exception as e:  # the breakdown must not lose the decode row's numbers
+            log(f"!! per-dispatch timing failed: {type(e).__name__}: {e}")
+            return None
+        if got is None:
+            return None
+        best = got if best is None else [(k, min(t, b)) for (k, t), (_, b) in zip(got, best, strict=True)]
+    kinds: dict[str, list] = {}
+    for (kind, t), (*_, groups) in zip(best, rec.entries, strict=True):
+        if "qmv" in kind or "qmatmul" in kind:  # the matmuls by launch grid too: one shape each (qkv, o, ...)
+            kind += " [" + "x".join(map(str, groups)) + "]"
+        c = kinds.setdefault(kind, [0, 0.0, 0.0])
+        c[0] += 1
+        c[1] += 1e6 * t
+        c[2] = max(c[2], 1e6 * t)
+    return dict(sorted(kinds.items(), key=lambda kv: -kv[1][1]))
+
+
+def kinds_line(kinds: dict) -> str:
+    total = sum(v[1] for v in kinds.values())
+    return (f"by kernel (each dispatch alone; sum {total / 1e3:.2f} ms): "
+            + ", ".join(f"{k.replace('q8_act+', '').replace('qmatmul_x4+', '')} {n}x {us / 1e3:.3f} ms"
+                        f" (max {mx:.1f} µs)" for k, (n, us, mx) in kinds.items()))
+
+
 def decode_section(models: Path, small: bool, tokens: int, configs: list[tuple[str, str, bool]]) -> dict:
     import minfer
     from minfer.commands.bench import run_tg
@@ -255,12 +288,14 @@ def decode_section(models: Path, small: bool, tokens: int, configs: list[tuple[s
                 dev.sync()
                 gpu = dev.gpu_seconds(lambda dev=dev, rep=rep: dev.replay(rep.rec))
                 row.update({"dispatches": len(rep.rec.entries), "encode_ms": 1e3 * min(enc),
-                            "device_ms": None if gpu is None else 1e3 * gpu})
+                            "device_ms": None if gpu is None else 1e3 * gpu, "kinds": step_kinds(dev, rep.rec)})
             res[name][label] = row
             extra = (f"  step: {row['dispatches']} dispatches, host encode {row['encode_ms']:.2f} ms, device "
                      f"{row['device_ms']:.2f} ms" if "dispatches" in row and row["device_ms"] is not None else "")
             log(f"{name:20} {label:10} {gemv:46} attn {'split' if split else 'single':6} "
                 f"{row['tok_s']:8.1f} tok/s (load {load_s:.1f} s){extra}")
+            if row.get("kinds"):
+                log("    " + kinds_line(row["kinds"]))
             m.close() if hasattr(m, "close") else None
             del m, be, rep
     wgsl_ops.GEMV.clear()
@@ -311,7 +346,7 @@ def main() -> None:
     if not a.no_decode:
         q8x1 = shipped.replace("P8=2", "P8=1") if "P8=2" in shipped else shipped + ",P8=1"
         configs = [("best", best, True), ("default", shipped, True), ("run35", wgsl_ops.RUN35_BEST, True),
-                   ("q8x1", q8x1, True), ("run33", wgsl_ops.RUN33_BEST, True), ("run30", RUN30, False)]
+                   ("q8x1", q8x1, True), ("nr4", wgsl_ops.SEVENTH_DEFAULT, True), ("run33", wgsl_ops.RUN33_BEST, True)]
         configs = [c for i, c in enumerate(configs) if c[1] not in [d[1] for d in configs[:i]]]
         dec = report["decode"] = guarded("decode", lambda: decode_section(a.models, a.small, a.tokens, configs), {})
     log(f"\n== summary ({dev.name[:60]}; {time.perf_counter() - t_start:.0f} s)")
@@ -323,7 +358,8 @@ def main() -> None:
     for denom, label in (("copy_bw", "wgsl copy"), ("read_bw", "wgsl read")):
         log(f"{'GEMV Q4_0 (µs / % of ' + label + ')':56} " + " ".join(f"{n:>14}" for n, *_ in shp))
         p1 = next((v for v in VARIANTS if "qmv8" in v and "P8=1" in v), None)
-        for v in dict.fromkeys([best, shipped, p1, wgsl_ops.RUN35_BEST, wgsl_ops.RUN33_BEST, RUN30]):
+        for v in dict.fromkeys([best, shipped, p1, wgsl_ops.SEVENTH_DEFAULT, wgsl_ops.RUN35_BEST,
+                                wgsl_ops.RUN33_BEST, RUN30]):
             if v not in g["table"]:
                 continue
             cells = []
@@ -331,7 +367,8 @@ def main() -> None:
                 per = g["table"][v][name]
                 cells.append(f"{per * 1e6:7.1f} {100 * by_name('Q4_0').nbytes(k) * n / per / bw[denom]:5.1f}%")
             tag = ("best" if v == best else "default" if v == shipped else "q8x1" if v == p1
-                   else "run35" if v == wgsl_ops.RUN35_BEST else "run33" if v == wgsl_ops.RUN33_BEST else "run30")
+                   else "nr4" if v == wgsl_ops.SEVENTH_DEFAULT else "run35" if v == wgsl_ops.RUN35_BEST
+                   else "run33" if v == wgsl_ops.RUN33_BEST else "run30")
             log(f"{tag + ' ' + v.removeprefix('kernel='):56} " + " ".join(f"{c:>14}" for c in cells))
     log(f"GEMV share of a 7B step: best {g['step_s'][best] * 1e3:.2f} ms "
         f"({g['step_bytes'] / g['step_s'][best] / 1e9:.0f} GB/s, "
@@ -341,8 +378,11 @@ def main() -> None:
         f"run30 {g['step_s'].get(RUN30, float('nan')) * 1e3:.2f} ms")
     for name, rows in dec.items():
         for label, r in rows.items():
+            dm = f", device {r['device_ms']:.2f} ms" if r.get("device_ms") is not None else ""
             log(f"decode {name:20} {label:8} {r['tok_s']:8.1f} tok/s  ({r['variant']}, attn "
-                f"{'split' if r['attn_split'] else 'single'})")
+                f"{'split' if r['attn_split'] else 'single'}{dm})")
+            if r.get("kinds") and label in ("best", "run35"):
+                log("    " + kinds_line(r["kinds"]))
     if a.out:
         a.out.write_text(json.dumps(report, indent=1, default=str))
 

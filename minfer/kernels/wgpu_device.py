@@ -213,7 +213,7 @@ class Device:
         bgl = self.device.create_bind_group_layout(entries=entries)
         module = self.device.create_shader_module(code=code, label=shader)
         pipe = self.device.create_compute_pipeline(layout=self.device.create_pipeline_layout(bind_group_layouts=[bgl]),
-                                                   compute={"module": module, "entry_point": "main"})
+                                                   compute={"module": module, "entry_point": "main"}, label=shader)
         self._pipelines[key] = hit = (pipe, bgl, n_storage)
         return hit
 
@@ -350,6 +350,33 @@ class Device:
         finally:
             self._ts = None
         return self._read_timestamps(qs)
+
+    def dispatch_seconds(self, rec: Recording) -> list[tuple[str, float]] | None:
+        """(shader, device seconds) of each dispatch of a recording, each timed in a compute pass
+        of its own (one submission; the passes' begin / end timestamps): where a step's device time
+        goes (bench/vulkan_sweep.py's per-kernel breakdown). The sum leaves out the barriers and
+        launch gaps between dispatches of one pass. None without the timestamp feature."""
+        if "timestamp-query" not in self.timestamps:
+            return None
+        self.flush()
+        n = len(rec.entries)
+        qs = self.device.create_query_set(type="timestamp", count=2 * n)
+        enc = self.device.create_command_encoder()
+        for i, (pipeline, bg, offset, groups) in enumerate(rec.entries):
+            cp = enc.begin_compute_pass(timestamp_writes={"query_set": qs, "beginning_of_pass_write_index": 2 * i,
+                                                          "end_of_pass_write_index": 2 * i + 1})
+            cp.set_pipeline(pipeline)
+            cp.set_bind_group(0, bg, [offset])
+            cp.dispatch_workgroups(*groups)
+            cp.end()
+        u = self.wgpu.BufferUsage
+        buf = self.device.create_buffer(size=16 * n, usage=u.QUERY_RESOLVE | u.COPY_SRC)
+        enc.resolve_query_set(qs, 0, 2 * n, buf, 0)
+        self.queue.submit([enc.finish()])
+        t = np.frombuffer(self.queue.read_buffer(buf, 0, 16 * n), dtype=np.uint64).astype(np.int64)
+        period = self.timestamp_period() * 1e-9
+        return [(pipeline.label or "?", float(t[2 * i + 1] - t[2 * i]) * period)
+                for i, (pipeline, *_) in enumerate(rec.entries)]
 
     def _read_timestamps(self, qs) -> float:
         u = self.wgpu.BufferUsage

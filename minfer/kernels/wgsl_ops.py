@@ -48,30 +48,35 @@ NORM_WG = 128
 # SwiGLU and attention feeding such a GEMV write x's int8 records beside their f32 output (the
 # backend asks them to: no dispatch of its own); any other x is quantized by a dispatch first
 # (quantize_q8_1).
-# MINFER_VK_Q8=0 turns qmv8 into qmv4 (f32 activations).
+# MINFER_VK_Q8=0 turns qmv8 into qmv4 (f32 activations) at run 35's NR 4 (QMV4_NR) unless
+# MINFER_VK_GEMV names NR.
 # MINFER_VK_GEMV="kernel=qmv,TPR=32,NC=2" overrides fields (bench/vulkan_sweep.py).
-# Default: qmv8 with two passes (the seventh session's guess, not yet measured on the H200; run 35's
-# best, qmv4, is what it is compared against: RUN35_BEST).
+# Default: qmv8 with two passes at NR 1 (the H200 sweep of 2026-12-01, bench/NOTES.md "seventh
+# session": NR 1 the fastest qmv8 variant on all five 7B shapes, o equal; NR 4 was the guess).
 GEMV = {"kernel": "qmv8", "WG": 128, "TPR": 32, "NC": 2, "U": 4, "MIN_GROUPS": 528, "LF": 0, "KIT": 24,  # qmv types
-        "TPR4": 32, "NR": 4, "KIT4": 8,  # qmv4 (Q4_0) and qmv8 (Q4_0, Q4_1)
+        "TPR4": 32, "NR": 1, "KIT4": 8,  # qmv4 (Q4_0) and qmv8 (Q4_0, Q4_1)
         "P8": 2, "U8": 1,  # qmv8: activation passes, blocks per lane loaded at once
         "A_WG": 128, "A_TPR": 16}  # the others: qmatmul.wgsl
+QMV4_NR = 4  # qmv4's rows per lane group under MINFER_VK_Q8=0 (run 35's best)
 TILED_TM = 8
 RUN30_VARIANT = "kernel=qmatmul,A_WG=128,A_TPR=16"  # what bench/NOTES.md's run 30 measured
 RUN32_DEFAULT = "kernel=qmv,WG=128,TPR=32,NC=2,U=2,LF=0,KIT=0"  # run 32's default and best (bench/NOTES.md)
 RUN32_BEST = "kernel=qmv,WG=128,TPR=64,NC=2,U=2,LF=0,KIT=0"
 RUN33_BEST = "kernel=qmv,WG=128,TPR=32,NC=2,U=4,LF=0,KIT=24"  # run 33's best
 RUN35_BEST = "kernel=qmv4,WG=128,TPR4=32,NR=4,KIT4=8"  # run 35's best (the default until qmv8)
-_Q8 = "kernel=qmv8,WG=128,TPR4=32,NR=4,KIT4=8"
+SEVENTH_DEFAULT = "kernel=qmv8,WG=128,TPR4=32,NR=4,KIT4=8,P8=2,U8=1"  # qmv8's first default (NR 4)
+_Q8 = "kernel=qmv8,WG=128,TPR4=32,NR=1,KIT4=8"
 GEMV_VARIANTS = [  # what bench/vulkan_sweep.py times (tests/backends/test_wgpu_kernels.py checks each); first: GEMV
-    _Q8 + ",P8=2,U8=1", RUN35_BEST, RUN33_BEST, RUN30_VARIANT,
-    _Q8 + ",P8=1,U8=1", _Q8 + ",P8=2,U8=2", _Q8 + ",P8=1,U8=2",
-    "kernel=qmv8,WG=128,TPR4=32,NR=2,KIT4=8,P8=2", "kernel=qmv8,WG=128,TPR4=32,NR=8,KIT4=8,P8=2",
-    "kernel=qmv8,WG=128,TPR4=32,NR=1,KIT4=8,P8=2", "kernel=qmv8,WG=128,TPR4=16,NR=4,KIT4=8,P8=2",
-    "kernel=qmv8,WG=128,TPR4=64,NR=4,KIT4=8,P8=2", "kernel=qmv8,WG=256,TPR4=32,NR=4,KIT4=8,P8=2",
-    "kernel=qmv8,WG=64,TPR4=32,NR=4,KIT4=8,P8=2", "kernel=qmv8,WG=128,TPR4=32,NR=4,KIT4=2,P8=2",
-    "kernel=qmv8,WG=128,TPR4=32,NR=4,KIT4=16,P8=2", "kernel=qmv8,WG=128,TPR4=32,NR=4,KIT4=8,P8=2,MIN_GROUPS=1",
-    "kernel=qmv4,WG=128,TPR4=32,NR=2,KIT4=8"]
+    _Q8 + ",P8=2,U8=1", RUN35_BEST, RUN33_BEST, RUN30_VARIANT, SEVENTH_DEFAULT,
+    _Q8 + ",P8=1,U8=1", "kernel=qmv8,WG=128,TPR4=32,NR=2,KIT4=8,P8=2",
+    # more loads in flight per lane: U8 blocks loaded before use, fewer lanes a row (more blocks each)
+    _Q8 + ",P8=2,U8=2", _Q8 + ",P8=2,U8=4",
+    "kernel=qmv8,WG=128,TPR4=16,NR=1,KIT4=8,P8=2", "kernel=qmv8,WG=128,TPR4=16,NR=1,KIT4=8,P8=2,U8=2",
+    "kernel=qmv8,WG=128,TPR4=16,NR=1,KIT4=16,P8=2,U8=4", "kernel=qmv8,WG=128,TPR4=8,NR=1,KIT4=16,P8=2,U8=4",
+    "kernel=qmv8,WG=128,TPR4=32,NR=1,KIT4=16,P8=2", "kernel=qmv8,WG=128,TPR4=32,NR=1,KIT4=4,P8=2",
+    # workgroup size at NR 1
+    "kernel=qmv8,WG=256,TPR4=32,NR=1,KIT4=8,P8=2", "kernel=qmv8,WG=256,TPR4=16,NR=1,KIT4=8,P8=2,U8=2",
+    "kernel=qmv8,WG=64,TPR4=32,NR=1,KIT4=8,P8=2"]
 QMV_TYPES = {GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0}
 QMV8_TYPES = {GGMLType.Q4_0, GGMLType.Q4_1}
 ATTN_WG = 64
@@ -214,10 +219,13 @@ def parse_variant(text: str, base: dict) -> dict:
 
 
 def gemv_from_env(base: dict) -> dict:
-    """base with MINFER_VK_GEMV's fields, and qmv8 turned into qmv4 under MINFER_VK_Q8=0 (f32 x)."""
+    """base with MINFER_VK_GEMV's fields, and qmv8 turned into qmv4 under MINFER_VK_Q8=0 (f32 x;
+    NR QMV4_NR unless MINFER_VK_GEMV sets it)."""
     cfg = parse_variant(env("MINFER_VK_GEMV", ""), base)
     if not env("MINFER_VK_Q8", True) and cfg["kernel"] == "qmv8":
         cfg["kernel"] = "qmv4"
+        if "NR" not in {item.partition("=")[0].strip() for item in env("MINFER_VK_GEMV", "").split(",")}:
+            cfg["NR"] = QMV4_NR
     return cfg
 
 
@@ -327,7 +335,7 @@ def quantize_q8_1(x: VkTensor, passes: int = 2) -> VkTensor:
     if k % 32 or passes not in (1, 2):
         raise UnsupportedError(f"{what}: x's rows must be a multiple of 32 long (got {k}), passes 1 or 2")
     out = q8_records(x.dev, m, k, passes)
-    gx, gy = _grid_2d(m * (k // 32), WG)
+    gx, gy = _grid_2d(m * (k // 4), WG)  # an invocation per 4 elements (q8_act.wgsl's q8_quad)
     x.dev.dispatch(x.dev.pipeline("q8_act+quantize_q8_1", {"WG": WG, "P8": passes}), [x, out],
                    [m, k, x.offset, x.stride, gx], (gx, gy))
     return out
@@ -438,7 +446,8 @@ def rms_norm(x: VkTensor, w: VkTensor, eps: float, out: VkTensor | None = None, 
     if q8 and d % 32 == 0:
         rec = q8_records(x.dev, rows, d, q8)
         pipe = x.dev.pipeline("q8_act+rms_norm_q8", {"WG": NORM_WG, "P8": q8})
-        x.dev.dispatch(pipe, [x, w, _at(out), rec], [d, x.offset, x.stride, float(eps)], (rows,))
+        x.dev.dispatch(pipe, [x, w, _at(out), rec], [d, x.offset, x.stride, float(eps)],
+                       (-(-d // (4 * NORM_WG)), rows))  # 4 elements an invocation: many workgroups a row
         out.q8 = rec
         return out
     pipe = x.dev.pipeline("rms_norm", {"WG": NORM_WG})
@@ -495,7 +504,7 @@ def swiglu(gate: VkTensor, up: VkTensor, out: VkTensor | None = None, q8: int = 
     if q8 and d % 32 == 0:
         rec = q8_records(gate.dev, rows, d, q8)
         gate.dev.dispatch(gate.dev.pipeline("q8_act+swiglu_q8", {"WG": WG, "P8": q8}), [gate, up, _at(out), rec],
-                          params, (-(-d // WG), rows))
+                          params, (-(-d // (4 * WG)), rows))
         out.q8 = rec
         return out
     gate.dev.dispatch(gate.dev.pipeline("swiglu", {"WG": WG}), [gate, up, _at(out)], params, (-(-d // WG), rows))

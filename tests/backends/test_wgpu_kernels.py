@@ -158,20 +158,20 @@ def test_x_quantized_to_int8_records(dev, passes):
 def test_the_fused_producers_write_the_records_quantize_q8_1_writes(dev):
     """rms_norm / swiglu / attention with q8 (what the backend asks of the nodes feeding a qmv8
     GEMV): their f32 output bit-equal to the plain kernel's, their records bit-equal to
-    quantize_q8_1 of that output."""
+    quantize_q8_1 of that output; rows longer than one workgroup's 4 WG elements, with a tail."""
     from minfer.kernels import wgsl_ops
 
     gen = torch.Generator().manual_seed(21)
     up, i32 = dev.upload, torch.int32
-    x, w = torch.randn(3, 320, generator=gen), torch.randn(320, generator=gen)
+    x, w = torch.randn(3, 1056, generator=gen), torch.randn(1056, generator=gen)  # 4 NORM_WG = 512 a workgroup
     plain = wgsl_ops.rms_norm(x=up(x), w=up(w), eps=1e-5).cpu()
     got = wgsl_ops.rms_norm(x=up(x), w=up(w), eps=1e-5, q8=2)
     assert torch.equal(got.cpu(), plain)
     assert torch.equal(got.q8.cpu(), wgsl_ops.quantize_q8_1(x=got, passes=2).cpu())
-    g, u = torch.randn(2, 2 * 160, generator=gen), torch.randn(2, 160, generator=gen)
+    g, u = torch.randn(2, 2 * 544, generator=gen), torch.randn(2, 544, generator=gen)  # 4 WG = 256 a workgroup
     gd = up(g)
-    plain = wgsl_ops.swiglu(gate=gd.cols(0, 160), up=up(u)).cpu()
-    got = wgsl_ops.swiglu(gate=gd.cols(0, 160), up=up(u), q8=1)
+    plain = wgsl_ops.swiglu(gate=gd.cols(0, 544), up=up(u)).cpu()
+    got = wgsl_ops.swiglu(gate=gd.cols(0, 544), up=up(u), q8=1)
     assert torch.equal(got.cpu(), plain)
     assert torch.equal(got.q8.cpu(), wgsl_ops.quantize_q8_1(x=got, passes=1).cpu())
     hd, nh, nkv, ctx = 64, 4, 2, 40
@@ -217,14 +217,17 @@ def test_the_int8_gemv_is_the_integer_math_on_its_records(dev, monkeypatch, qtyp
 
 
 def test_the_q8_switch_gives_the_f32_kernel_back(monkeypatch):
-    """MINFER_VK_Q8=0 (config's known switches): the Q4_0 / Q4_1 matmuls on f32 activations."""
+    """MINFER_VK_Q8=0 (config's known switches): the Q4_0 / Q4_1 matmuls on f32 activations, at
+    run 35's NR unless MINFER_VK_GEMV names one."""
     from minfer.kernels import wgsl_ops
 
     base = wgsl_ops.parse_variant("kernel=qmv8", wgsl_ops.GEMV)
     assert wgsl_ops.q8_passes(wgsl_ops.gemv_from_env(base)) == 2
     monkeypatch.setenv("MINFER_VK_Q8", "0")
     cfg = wgsl_ops.gemv_from_env(base)
-    assert cfg["kernel"] == "qmv4" and wgsl_ops.q8_passes(cfg) == 0
+    assert cfg["kernel"] == "qmv4" and wgsl_ops.q8_passes(cfg) == 0 and cfg["NR"] == wgsl_ops.QMV4_NR
+    monkeypatch.setenv("MINFER_VK_GEMV", "NR=2")  # a named NR stays
+    assert wgsl_ops.gemv_from_env(base)["NR"] == 2
 
 
 def test_head_dims_past_128_are_refused(dev):

@@ -1,18 +1,16 @@
 // ---- attention_merge.wgsl that also writes the int8 records (q8_act.wgsl) of its output for the
-// o projection's qmv8 GEMV: the head's merged values staged in workgroup memory, then one invocation
-// per 32-block of the head quantizes it (head_dim a multiple of 32; row r's record of block
-// h * head_dim / 32 + j). The same out values. ----
+// o projection's qmv8 GEMV: each invocation merges 4 consecutive elements of the head (the same
+// values: every element's own sum over the splits), 8 invocations a 32-block (q8_quad). head_dim a
+// multiple of 32; row r's record of block h * head_dim / 32 + j. ----
 struct Params { n_head: u32, hd: u32, ch: u32, n_split: u32 }
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read> part: array<f32>;
 @group(0) @binding(2) var<storage, read> positions: array<i32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
-@group(0) @binding(4) var<storage, read_write> q8o: array<vec4<u32>>;
-
-var<workgroup> hv: array<f32, 256>;
+@group(0) @binding(4) var<storage, read_write> q8o: array<u32>;
 
 @compute @workgroup_size(WG)
-fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+fn main(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
     let h = wg.x;
     let r = wg.y;
     let n_pos = u32(positions[r]) + 1u;
@@ -25,21 +23,22 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: ve
         let o = pb + s * (P.hd + 2u);
         l += part[o + 1u] * exp(part[o] - mm);
     }
-    for (var d = lid; d < P.hd; d += WG) {
-        var a = 0.0;
-        for (var s = 0u; s < n_s; s++) {
-            let o = pb + s * (P.hd + 2u);
-            a += part[o + 2u + d] * exp(part[o] - mm);
+    let ob = (r * P.n_head + h) * P.hd;
+    for (var d0 = 0u; d0 < P.hd; d0 += 4u * WG) {  // workgroup-uniform bounds (q8_quad may use barriers)
+        let d = d0 + 4u * lane.lid;
+        let live = d < P.hd;
+        var v = vec4<f32>();
+        if (live) {
+            for (var e = 0u; e < 4u; e++) {
+                var a = 0.0;
+                for (var s = 0u; s < n_s; s++) {
+                    let o = pb + s * (P.hd + 2u);
+                    a += part[o + 2u + d + e] * exp(part[o] - mm);
+                }
+                v[e] = a / l;
+                out[ob + d + e] = v[e];
+            }
         }
-        let v = a / l;
-        out[(r * P.n_head + h) * P.hd + d] = v;
-        hv[d] = v;
-    }
-    workgroupBarrier();
-    let hb = P.hd / 32u;
-    if (lid < hb) {
-        var v: array<f32, 32>;
-        for (var e = 0u; e < 32u; e++) { v[e] = hv[lid * 32u + e]; }
-        q8_block(&v, (r * P.n_head + h) * hb + lid);
+        q8_quad(v, ob / 32u + d / 32u, live, lane);
     }
 }

@@ -4,37 +4,37 @@
 //   words 2, 3 (P8 = 2): pass 2's codes q2 = round((x - d1 q1) / (d1 / 254)): the first rounding's error again;
 //   word 2 * P8: (d, s, 0, 0) as f32 bits, x ~ d * c with c = q1 (d = d1) or 254 q1 + q2 (d = d1 / 254),
 //   s = d * sum(c) (what a weight's offset multiplies: Q4_0's -8, Q4_1's min).
-// The kernel that includes this declares `q8o: array<vec4<u32>>` (read_write) at a binding of its own.
+// A block is quantized by 8 consecutive invocations, each holding 4 of its elements: max|x| and
+// sum(c) by seg_max / seg_sum over the 8 (the sum of integers below 2^24: exact in f32, any order),
+// each invocation writing its own code words: every block at once, no invocation walks a block.
+// The kernel that includes this declares `q8o: array<u32>` (read_write) at a binding of its own
+// (qmv8.wgsl reads the same buffer as vec4 words), and calls q8_quad from workgroup-uniform
+// control flow (the reductions may shuffle or use barriers): `live` false for the invocations
+// past the data (their values ignored, nothing written; a block is wholly live or not).
 const RV: u32 = 2u * P8 + 1u;
 
-fn q8_block(v: ptr<function, array<f32, 32>>, rec: u32) {
-    var amax = 0.0;
-    for (var e = 0u; e < 32u; e++) { amax = max(amax, abs((*v)[e])); }
+// x4: elements 4j..4j+3 of block `rec` (j = lane.lid % 8: the 8 invocations of a block are
+// consecutive and start at a multiple of 8).
+fn q8_quad(x4: vec4<f32>, rec: u32, live: bool, lane: Lane) {
+    let j = lane.lid % 8u;
+    let a4 = abs(select(vec4<f32>(), x4, live));
+    let amax = seg_max(max(max(a4.x, a4.y), max(a4.z, a4.w)), 8u, lane);
     let d1 = amax / 127.0;
     let id1 = select(0.0, 1.0 / d1, d1 > 0.0);
-    var w1: array<u32, 8>;
-    var w2: array<u32, 8>;
-    var sum = 0i;
-    for (var j = 0u; j < 8u; j++) {
-        let x4 = vec4<f32>((*v)[4u * j], (*v)[4u * j + 1u], (*v)[4u * j + 2u], (*v)[4u * j + 3u]);
-        let q1 = clamp(vec4<i32>(round(x4 * id1)), vec4<i32>(-127), vec4<i32>(127));
-        w1[j] = pack4xI8(q1);
-        if (P8 == 2u) {
-            let q2 = clamp(vec4<i32>(round((x4 - d1 * vec4<f32>(q1)) * (254.0 * id1))), vec4<i32>(-127), vec4<i32>(127));
-            w2[j] = pack4xI8(q2);
-            let c = 254 * q1 + q2;
-            sum += c.x + c.y + c.z + c.w;
-        } else {
-            sum += q1.x + q1.y + q1.z + q1.w;
-        }
-    }
-    let d = select(d1, d1 / 254.0, P8 == 2u);
-    let base = rec * RV;
-    q8o[base] = vec4<u32>(w1[0], w1[1], w1[2], w1[3]);
-    q8o[base + 1u] = vec4<u32>(w1[4], w1[5], w1[6], w1[7]);
+    let q1 = clamp(vec4<i32>(round(x4 * id1)), vec4<i32>(-127), vec4<i32>(127));
+    var c = q1;
+    var w2 = 0u;
     if (P8 == 2u) {
-        q8o[base + 2u] = vec4<u32>(w2[0], w2[1], w2[2], w2[3]);
-        q8o[base + 3u] = vec4<u32>(w2[4], w2[5], w2[6], w2[7]);
+        let q2 = clamp(vec4<i32>(round((x4 - d1 * vec4<f32>(q1)) * (254.0 * id1))), vec4<i32>(-127), vec4<i32>(127));
+        w2 = pack4xI8(q2);
+        c = 254 * q1 + q2;
     }
-    q8o[base + 2u * P8] = vec4<u32>(bitcast<u32>(d), bitcast<u32>(d * f32(sum)), 0u, 0u);
+    let sum = seg_sum(select(0.0, f32(c.x + c.y + c.z + c.w), live), 8u, lane);
+    let d = select(d1, d1 / 254.0, P8 == 2u);
+    if (live) {
+        let base = rec * RV * 4u;
+        q8o[base + j] = pack4xI8(q1);
+        if (P8 == 2u) { q8o[base + 8u + j] = w2; }
+        if (j < 4u) { q8o[base + 8u * P8 + j] = select(0u, bitcast<u32>(select(d, d * sum, j == 1u)), j < 2u); }
+    }
 }

@@ -4,3 +4,5 @@ struct Lane {
 }
 
 fn seg_sum(v: f32, seg: u32, lane: Lane) -> f32 { return tree_sum(v, seg, lane.lid); }
+
+fn seg_max(v: f32, seg: u32, lane: Lane) -> f32 { return tree_max(v, seg, lane.lid); }

@@ -26,3 +26,13 @@ fn seg_sum(v: f32, seg: u32, lane: Lane) -> f32 {
     workgroupBarrier();
     return total;
 }
+
+// Max of v over each run of `seg` invocations: butterfly shuffles inside a subgroup, else the tree.
+fn seg_max(v: f32, seg: u32, lane: Lane) -> f32 {
+    if (seg <= lane.sg_size && lane.sg_size % seg == 0u) {
+        var t = v;
+        for (var o = seg / 2u; o > 0u; o = o / 2u) { t = max(t, subgroupShuffleXor(t, o)); }
+        return t;
+    }
+    return tree_max(v, seg, lane.lid);
+}
