@@ -394,8 +394,23 @@ def mmq_int4(x, w, n, k, qtype, out=None, config=None):
     return mmq_matmul(x, w, n, k, qtype, out, config, what="mmq_int4")
 
 
+def mmq_q8_0(x, w, n, k, qtype=GGMLType.Q8_0, out=None, config=None):
+    """mmq_matmul for Q8_0 weights (the PlanesPacked of `repack_planes`, shared with q8_0_gemv)."""
+    _plane_type("mmq_q8_0", qtype, (GGMLType.Q8_0,))
+    return mmq_matmul(x, w, n, k, qtype, out, config, what="mmq_q8_0")
+
+
+def mmq_q6_k(x, w, n, k, qtype=GGMLType.Q6_K, out=None, config=None):
+    """mmq_matmul for Q6_K weights (the PlanesPacked of `repack_planes`, shared with q6_k_gemv)."""
+    _plane_type("mmq_q6_k", qtype, (GGMLType.Q6_K,))
+    return mmq_matmul(x, w, n, k, qtype, out, config, what="mmq_q6_k")
+
+
+LOW_BIT_PLANES = (GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q5_K, GGMLType.Q3_K, GGMLType.Q2_K)
+
+
 def mmq_planes(x, w, n, k, qtype, out=None, config=None):
-    """mmq_matmul for the planes types Q8_0, Q5_0, Q5_1, Q5_K, Q6_K, Q3_K, Q2_K (the PlanesPacked of
+    """mmq_matmul for the other planes types Q5_0, Q5_1, Q5_K, Q3_K, Q2_K (the PlanesPacked of
     `repack_planes`, shared with their GEMVs)."""
-    _plane_type("mmq_planes", qtype, tuple(PLANE_TYPES))
+    _plane_type("mmq_planes", qtype, LOW_BIT_PLANES)
     return mmq_matmul(x, w, n, k, qtype, out, config, what="mmq_planes")
