@@ -29,7 +29,7 @@ if [ -z "${SKIP_ENGINE:-}" ]; then
   for f in ${BENCH:-qwen2.5-7b-q4_0 llama3-8b-q4_k}; do
     for mmq in "" 1; do
       echo "-- $f MINFER_MMQ=${mmq:-unset}"
-      MINFER_MMQ=$mmq timeout ${BENCH_TIMEOUT:-80} python3 -m minfer.cli bench -m "$M/$f.gguf" --device cuda \
+      MINFER_MMQ=$mmq timeout ${BENCH_TIMEOUT:-100} python3 -m minfer.cli bench -m "$M/$f.gguf" --device cuda \
         -p 512 -n 32 -b 4,16,64 -r 2 2>&1 | tee "$OUT/bench-$f-mmq${mmq:-0}.log" | grep -E " (pp|tg|b)[0-9]+ " | tail -6
     done
   done
