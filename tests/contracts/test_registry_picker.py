@@ -21,6 +21,7 @@ from minfer.kernels import (
     elementwise,
     embed,
     gemv_fused,
+    mmq,
     norm,
     qmatmul,
     quantize,
@@ -43,6 +44,11 @@ LAUNCHERS = {
     "quantize_q8_0": quantize.quantize_q8_0,
     "q4_0_gemv": qmatmul.q4_0_gemv,
     "q4_0_matmul": qmatmul.q4_0_matmul,
+    "mmq_q4_0": mmq.mmq_q4_0,
+    "mmq_int4": mmq.mmq_int4,
+    "mmq_q8_0": mmq.mmq_q8_0,
+    "mmq_q6_k": mmq.mmq_q6_k,
+    "mmq_planes": mmq.mmq_planes,
     "int4_gemv": qmatmul.int4_gemv,
     "q8_0_gemv": qmatmul.q8_0_gemv,
     "q6_k_gemv": qmatmul.q6_k_gemv,
@@ -121,14 +127,28 @@ def test_qmatmul_routing(registry, m, expected):
 
 def test_gemv_wins_m1_by_fast_path_though_others_are_admissible(registry):
     ok, rejected = candidates("QMatMul", *_qmatmul_call(1), registry=registry)
-    assert [(c.kernel.name, c.fast_path) for c in ok] == [("q4_0_gemv", "m == 1"), ("q4_0_matmul", None),
-                                                          ("linear_f16", None)]
-    assert [k.name for k, _ in rejected if k.contract.backend == "CUDA"] == [
-        "int4_gemv", "q8_0_gemv", "q6_k_gemv", "q5_gemv", "q3_k_gemv", "q2_k_gemv"]  # the other types' GEMVs
+    assert [(c.kernel.name, c.fast_path) for c in ok] == [("q4_0_gemv", "m == 1"), ("mmq_q4_0", None),
+                                                          ("q4_0_matmul", None), ("linear_f16", None)]
+    assert [k.name for k, _ in rejected if k.contract.backend == "CUDA"] == [  # the other types' kernels
+        "mmq_int4", "mmq_q8_0", "mmq_q6_k", "mmq_planes", "int4_gemv", "q8_0_gemv", "q6_k_gemv", "q5_gemv",
+        "q3_k_gemv", "q2_k_gemv"]
     ok, rejected = candidates("QMatMul", *_qmatmul_call(8), registry=registry)
-    assert [c.kernel.name for c in ok] == ["linear_f16", "q4_0_matmul"]  # only linear_f16 has a fast path at 8
+    # only linear_f16 has a fast path at 8; the quantized ones (MINFER_MMQ=1's) ranked by cost
+    assert [c.kernel.name for c in ok] == ["linear_f16", "mmq_q4_0", "q4_0_matmul"]
     why = ["shape_constraint 'm == 1' is false (m=8)"]
     assert ("q4_0_gemv", why) in [(k.name, reasons) for k, reasons in rejected]
+
+
+@pytest.mark.parametrize("qtype, kernel", [("Q4_0", "mmq_q4_0"), ("Q4K", "mmq_int4"), ("Q4_1", "mmq_int4"),
+                                           ("Q8_0", "mmq_q8_0"), ("Q6K", "mmq_q6_k"), ("Q5K", "mmq_planes"),
+                                           ("Q2K", "mmq_planes")])
+def test_quantized_many_row_matmuls_rank_mmq_first(registry, qtype, kernel):
+    """Among the kernels that read the quantized weight (what MINFER_MMQ=1 keeps), the int8 MMQ
+    ranks first for decode batches and prompt chunks of every type; cuBLAS stays ahead of it."""
+    for m in (2, 16, 64, 512):
+        ok, _ = candidates("QMatMul", *_qmatmul_call(m, k=1024, qtype=qtype), registry=registry)
+        names = [c.kernel.name for c in ok]
+        assert names[0] == "linear_f16" and names[1] == kernel
 
 
 def test_k_quants_route_to_their_gemv_then_the_f16_copy(registry):
@@ -155,7 +175,7 @@ def test_no_kernel_names_op_dtypes_shapes_and_nearest(registry):
     msg = str(e.value)
     assert "QMatMul" in msg and "'w': 'Q4K'" in msg and "(8, 576)" in msg
     assert "linear_f16: x: dtype F16 not in ['F32']" in msg
-    assert "int4_gemv:" in msg and "'m == 1' is false (m=8)" in msg
+    assert "mmq_int4: x: dtype F16 not in ['F32']" in msg  # the nearest: only x's dtype is wrong
     with pytest.raises(NoKernelError, match=r"divisible\(k, 32\)' is false \(k=100\)"):
         pick("QMatMul", *_qmatmul_call(4, k=100), registry=registry)
     with pytest.raises(NoKernelError, match="backend CUDA, not CPU"):  # no cpu contract for RMSNorm

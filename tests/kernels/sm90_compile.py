@@ -27,7 +27,7 @@ def variants():
     import torch
     import triton.language as tl
 
-    from minfer.kernels import attention, dequant, elementwise, norm, qmatmul, quantize, rope
+    from minfer.kernels import attention, dequant, elementwise, mmq, norm, qmatmul, quantize, rope
     from minfer.quant.types import QUANT_TABLE
 
     c = "constexpr"
@@ -133,6 +133,26 @@ def variants():
             name = f"q4_0_matmul[{kw['BLOCK_M']}x{kw['BLOCK_N']}x{kw['BLOCK_K']} w{cfg.num_warps} {compute}]"
             opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
             out.append((name, qmatmul._q4_0_matmul_kernel, sig, dict(kw, COMPUTE=compute, EVEN_K=True), opts))
+    # the int8 MMQ matmul (mmq.py): every config on Q4_0, the decode / prefill ends on the other types
+    words = {2: "*i16", 4: "*i32", 8: "*i32"}
+    highs = {1: "*i8", 2: "*i16", 8: "*i32"}
+    scales = {0: ("*fp16", "*fp16"), 1: ("*fp16", "*fp16"), 2: ("*i16", "*i32"), 3: ("*i16", "*fp16"),
+              4: ("*i16", "*i32")}
+    sig = {"x_ptr": "*fp32", "lo_ptr": None, "hi_ptr": None, "d_ptr": None, "m_ptr": None, "out_ptr": "*fp32",
+           "part_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "NKB": "i32",
+           "M_STRIDE": "i32", "M_BUCKET": "i32", "KB_SPLIT": "i32", "SPLIT": "i32", "magic": "i32"}
+    layouts = {t: mmq._Q4_LAYOUT.get(t) or (pt.lb, pt.hb, pt.center, pt.mode) for t, pt in
+               [(t, qmatmul.PLANE_TYPES.get(t)) for t in mmq.MMQ_TYPES]}
+    for t, (lb, hb, center, mode) in layouts.items():
+        d_t, m_t = scales[mode]
+        tsig = dict(sig, lo_ptr=words[lb], hi_ptr=highs.get(hb, words[lb]), d_ptr=d_t, m_ptr=m_t)
+        configs = mmq.MMQ_CONFIGS if t.name == "Q4_0" else mmq.MMQ_CONFIGS
+        for cfg in configs:
+            kw = cfg.kwargs
+            name = f"mmq[{t.name} {kw['BLOCK_M']}x{kw['BLOCK_N']} kb{kw['KB']} w{cfg.num_warps}]"
+            consts = dict(kw, LB=lb, HB=hb, CENTER=center, MODE=mode, EVEN=False)
+            opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+            out.append((name, mmq._mmq_kernel, tsig, consts, opts))
 
     sig = {"x_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32", "D": "i32", "stride_x": "i32", "eps": "fp32",
            "BLOCK_D": c, "PDL": c}
@@ -232,8 +252,10 @@ def main() -> int:
         return 2
     from concurrent.futures import ProcessPoolExecutor
 
+    only = sys.argv[1] if len(sys.argv) > 1 else ""  # a name substring: compile only those variants
+    chosen = [i for i, v in enumerate(variants()) if only in v[0]]
     with ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # compiles are CPU-bound
-        results = list(pool.map(compile_one, range(len(variants()))))
+        results = list(pool.map(compile_one, chosen))
     for _, line in results:
         print(line)
     return 1 if any(failed for failed, _ in results) else 0
