@@ -655,8 +655,13 @@ def gemv_config(n: int, k: int, affine: bool = False) -> GemvConfig:
     1,705 without, H200 run 39). Two passes load step i + 1's
     words in step i only without prefetching: the second pass's codes beside the prefetched words
     cost registers, so fewer warps (H200 run 38: Q4_K down 22.1 -> 16.1 µs, Q4_0 o 8.1 -> 7.8)."""
-    cfg = replace(_gemv_config(n, k, affine), q8=act_q8() if n * k > Q8_MIN_WEIGHTS else 0)
-    if cfg.q8 == 2 and cfg.prefetch:
+    return with_act_q8(_gemv_config(n, k, affine), act_q8() if n * k > Q8_MIN_WEIGHTS else 0)
+
+
+def with_act_q8(cfg: GemvConfig, passes: int) -> GemvConfig:
+    """An f32-activation tile `cfg` on `passes` int8 activation passes (see gemv_config)."""
+    cfg = replace(cfg, q8=passes)
+    if passes == 2 and cfg.prefetch:
         cfg = replace(cfg, prefetch=False, maxnreg=96)
     return cfg
 

@@ -16,7 +16,6 @@ import re
 import subprocess
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 TARGET = ("cuda", 90, 32)
@@ -84,12 +83,12 @@ def variants():
     planes = {0: ("*fp16", "*fp16"), 1: ("*fp16", "*fp16"), 2: ("*i16", "*i32")}  # Q4_0, Q4_1, Q4_K
     for mode, (d_t, m_t) in planes.items():
         for n, k in [(18944, 3584), (3584, 18944)]:  # the configs gemv_config picks: no split, split
-            base = qmatmul.gemv_config(n, k, affine=mode > 0)
+            base = qmatmul._gemv_config(n, k, affine=mode > 0)  # the f32-activation tile
             prefetching = [] if base.prefetch else [
                 (qmatmul.GemvConfig(r=base.r, lr=base.lr, wk=base.wk, split=base.split, prefetch=True,
                                     maxnreg=qmatmul.PREFETCH_REGS[mode]), False)]
             variants = [(base, e) for e in ((True, False) if mode == 0 else (False,))] + prefetching
-            variants += [(replace(base, q8=p), False) for p in (0, 1, 2) if p != base.q8]  # every activation form
+            variants += [(qmatmul.with_act_q8(base, p), False) for p in (1, 2)]  # the int8 activation forms
             for cfg, even in variants:
                 name = (f"gemv[mode {mode} r{cfg.r} lr{cfg.lr} wk{cfg.wk} split={cfg.split} even={even} "
                         f"prefetch={cfg.prefetch} q8={cfg.q8}]")
@@ -156,14 +155,17 @@ def variants():
 
     sig = {"x_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32", "D": "i32", "stride_x": "i32", "eps": "fp32",
            "BLOCK_D": c, "PDL": c}
+    sig.update({"q_ptr": "*i32", "s_ptr": "*fp32", "Q8": c})
     for d in (576, 3584, 8192):
         block = 1 << (d - 1).bit_length()
-        out.append((f"rms_norm[{d}]", norm._rms_norm_kernel, sig, {"BLOCK_D": block, "PDL": 2},
-                    {"num_warps": 4 if block <= 2048 else 8}))
+        for q8 in (0, 1, 2):  # the int8 form for the GEMV after it: 1 or 2 passes
+            out.append((f"rms_norm[{d} q8={q8}]", norm._rms_norm_kernel, sig, {"BLOCK_D": block, "PDL": 2, "Q8": q8},
+                        {"num_warps": 4 if block <= 2048 else 8}))
     sig = {"x_ptr": "*fp32", "y_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32", "sum_ptr": "*fp32", "D": "i32",
-           "eps": "fp32", "BLOCK_D": c, "WRITE_SUM": c, "PDL": c}
-    out.append(("add_rms_norm[3584]", norm._add_rms_norm_kernel, sig, {"BLOCK_D": 4096, "WRITE_SUM": True, "PDL": 2},
-                {"num_warps": 8}))
+           "eps": "fp32", "q_ptr": "*i32", "s_ptr": "*fp32", "BLOCK_D": c, "WRITE_SUM": c, "Q8": c, "PDL": c}
+    for q8 in (0, 2):
+        out.append((f"add_rms_norm[3584 q8={q8}]", norm._add_rms_norm_kernel, sig,
+                    {"BLOCK_D": 4096, "WRITE_SUM": True, "Q8": q8, "PDL": 2}, {"num_warps": 8}))
     sig = {"x_ptr": "*fp32", "pos_ptr": "*i32", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "out_ptr": "*fp32",
            "stride_x": "i32", "N": "i32", "HD": "i32", "HALF": "i32", "NEOX": c, "BLOCK_HALF": c, "BLOCK_HD": c,
            "PDL": c}

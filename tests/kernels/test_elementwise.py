@@ -117,3 +117,24 @@ def test_add_rms_norm_writes_the_sum_where_asked(device, gen, check):
     out = add_rms_norm(x, y, w, 1e-5, sum_out=x)  # the residual updated in place
     assert torch.equal(out, pure) and torch.equal(x, x0 + y)
     assert torch.equal(rms_norm(x, w, 1e-5), out)  # the same as the two kernels one after the other
+
+
+@pytest.mark.parametrize("passes", [1, 2])
+@pytest.mark.parametrize("d", [64, 896, 3584])
+def test_rms_norms_write_the_int8_form_of_their_output(d, passes, device, gen):
+    """With q8= buffers, rms_norm and add_rms_norm also store their output's int8 form: the very
+    codes and scales quantize_act_q8 computes from the output (what the GEMV after them reads)."""
+    from minfer.kernels.norm import add_rms_norm, rms_norm
+    from minfer.kernels.quantize import quantize_act_q8
+
+    x, y = (torch.randn(2, d, generator=gen).to(device) for _ in range(2))
+    w = torch.randn(d, generator=gen).to(device)
+    for norm in (lambda q8: rms_norm(x, w, 1e-5, q8=q8), lambda q8: add_rms_norm(x, y, w, 1e-5, q8=q8)):
+        q8 = (torch.full((2, d // 32, 8 * passes), -1, dtype=torch.int32, device=device),
+              torch.full((2, d // 32, 4), float("nan"), device=device))
+        out = norm(q8)
+        codes, scales = quantize_act_q8(out, passes)
+        assert torch.equal(q8[0], codes) and torch.equal(q8[1], scales)
+    with pytest.raises(UnsupportedError, match="multiple of 32"):
+        rms_norm(torch.randn(1, 48, device=device), torch.randn(48, device=device), 1e-5,
+                 q8=(torch.zeros(1, 1, 8, dtype=torch.int32, device=device), torch.zeros(1, 1, 4, device=device)))
