@@ -3,7 +3,7 @@
 # against cuBLAS on the f16 copy at Qwen2.5-7B's shapes (bench/mmq_matmul.py), and the engine's prompt,
 # decode and batched-decode tok/s with MINFER_MMQ unset (cuBLAS) and MINFER_MMQ=1 back to back, on the
 # 7B Q4_0 and the 8B Q4_K; a short table last. Run from the repo root on the GPU machine:
-#     bash bench/gpu_mmq.sh          (SKIP_TESTS=1 / SKIP_KERNELS=1 / SKIP_ENGINE=1 drop a part)
+#     bash bench/gpu_mmq.sh          (SKIP_TESTS=1 / SKIP_KERNELS=1 / SKIP_Q4_K=1 / SKIP_ENGINE=1 drop a part; MS=...)
 set -uo pipefail
 export PYTHONPATH=.:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; M=${M:-/tmp/models}; mkdir -p "$OUT" "$M"
@@ -18,10 +18,12 @@ if [ -z "${SKIP_TESTS:-}" ]; then
 fi
 if [ -z "${SKIP_KERNELS:-}" ]; then
   echo "== kernels: cuBLAS f16 vs MMQ, Qwen2.5-7B shapes $(since)"
-  timeout 150 python3 bench/mmq_matmul.py --types Q4_0 --ms 1,2,4,8,16,32,64,512 > "$OUT/mmq_q4_0.log" 2>&1
+  timeout 150 python3 bench/mmq_matmul.py --types Q4_0 --ms ${MS:-1,2,4,8,16,32,64,512} > "$OUT/mmq_q4_0.log" 2>&1
   sed '/^autotuned/q' "$OUT/mmq_q4_0.log" | grep -v '^autotuned'; grep -A40 '^autotuned' "$OUT/mmq_q4_0.log" | grep 'M=\(4\|16\|64\|512\):'
-  timeout 90 python3 bench/mmq_matmul.py --types Q4_K --ms 4,16,64 > "$OUT/mmq_q4_k.log" 2>&1
-  sed '/^autotuned/q' "$OUT/mmq_q4_k.log" | grep -v '^autotuned'; tail -3 "$OUT/mmq_q4_k.log" | grep -i error
+  if [ -z "${SKIP_Q4_K:-}" ]; then
+    timeout 90 python3 bench/mmq_matmul.py --types Q4_K --ms 4,16,64 > "$OUT/mmq_q4_k.log" 2>&1
+    sed '/^autotuned/q' "$OUT/mmq_q4_k.log" | grep -v '^autotuned'; tail -3 "$OUT/mmq_q4_k.log" | grep -i error
+  fi
 fi
 if [ -z "${SKIP_ENGINE:-}" ]; then
   wait; ls -la "$M" | tail -n +2
