@@ -13,7 +13,8 @@ variants, then decode tok/s of synthetic models with the best variant. Not a tes
    device µs per call (a pass of reps calls over enough weight copies to defeat the 60 MB L2;
    the device warmed up first, then 3 interleaved rounds over the variants, the best kept) and %
    of the WGSL copy and read bandwidths. The best variant minimizes a decode
-   step's GEMV time (28 layers of the four projections + the vocab).
+   step's GEMV time (28 layers of the four projections + the vocab); "per shape" sums each
+   shape's fastest two-pass variant (what per-shape defaults could reach).
 3. Attention (7B shape: 28 heads, 4 kv heads, head_dim 128) at positions 144 and 1023: the
    context-split kernel vs the single-pass one.
    qmv8 variants (int8 activations) read x's int8 records made once before timing (in a decode
@@ -21,12 +22,12 @@ variants, then decode tok/s of synthetic models with the best variant. Not a tes
    costs is printed per shape. Each variant's rel is against run 35's qmv4 (f32 x).
 4. Decode: DIR/qwen2.5-7b-q4_0.gguf and DIR/smollm2-135m-q4_1.gguf (--small: DIR/tiny-qwen2-
    q4_0.gguf, DIR/tiny-llama-q4_1.gguf), greedy through the engine as `minfer bench`'s tg: with
-   the best variant, the default (qmv8, two activation passes, NR 1), run 35's best (qmv4: f32
-   activations), the default with one pass, qmv8's first default (NR 4) and run 33's best, the
-   model loaded for each (Q4_0 / Q4_1 weights are repacked at load for qmv4 / qmv8); per-step host
-   encode time and device time of the captured step, and the step by kernel: each dispatch timed
-   in a compute pass of its own (Device.dispatch_seconds), kind -> count, ms total, slowest µs
-   (the matmuls by launch grid: one shape each).
+   the best variant, the default (qmv8, two activation passes, NR 1, TPR4 16 on the wide rows),
+   round 2's default (TPR4 32 on every shape), run 35's best (qmv4: f32 activations) and the
+   default with one pass, the model loaded for each (Q4_0 / Q4_1 weights are repacked at load for
+   qmv4 / qmv8); per-step host encode time and device time of the captured step, and the step
+   by kernel: each dispatch timed in a compute pass of its own (Device.dispatch_seconds), kind ->
+   count, ms total, slowest µs (the matmuls by launch grid: one shape each).
 The short table comes last.
 """
 
@@ -167,7 +168,7 @@ def gemv_section(dev, small: bool, variants: list[str], bw: dict, reps: int, rou
         for v in variants:
             per = table[v][name]
             gbs = nbytes / per
-            log(f"{name:8} {n:6}x{k:<6} {v:46} {per * 1e6:9.1f} µs {gbs / 1e9:7.0f} GB/s "
+            log(f"{name:8} {n:6}x{k:<6} {v:78} {per * 1e6:9.1f} µs {gbs / 1e9:7.0f} GB/s "
                 f"{100 * gbs / bw['copy_bw']:5.1f}% | {100 * gbs / bw['read_bw']:5.1f}%  rel {errs[v]:.1e}")
         log(f"{name:8} quantize_q8_1 of x [1, {k}] (a dispatch of its own): 1 pass "
             f"{q8_us[name][1] * 1e6:.1f} µs, 2 passes {q8_us[name][2] * 1e6:.1f} µs")
@@ -180,9 +181,18 @@ def gemv_section(dev, small: bool, variants: list[str], bw: dict, reps: int, rou
     step_bytes = sum(info.nbytes(k) * n * calls for _, n, k, calls in shapes)
     log("== GEMV time of a decode step (28 layers x 4 projections + vocab), by variant (% of wgsl copy)")
     for v in sorted(variants, key=lambda v: step[v]):
-        log(f"{v:46} {step[v] * 1e3:8.3f} ms  {step_bytes / step[v] / 1e9:7.0f} GB/s "
-            f"{100 * step_bytes / step[v] / bw['copy_bw']:5.1f}%{'  <- best' if v == best else ''}")
-    return {"table": table, "step_s": step, "best": best, "step_bytes": step_bytes, "quantize_s": q8_us}
+        tag = "  <- best" if v == best else "  <- default" if v == variants[0] else ""
+        log(f"{v:78} {step[v] * 1e3:8.3f} ms  {step_bytes / step[v] / 1e9:7.0f} GB/s "
+            f"{100 * step_bytes / step[v] / bw['copy_bw']:5.1f}%{tag}")
+    two = [v for v in variants if "qmv8" in v and "P8=1" not in v]  # two activation passes: the default's precision
+    oracle = {name: min(two, key=lambda v, name=name: table[v][name]) for name, *_ in shapes} if two else {}
+    per_shape = sum(table[oracle[name]][name] * calls for name, _, _, calls in shapes) if two else float("nan")
+    if two:
+        log(f"per shape (each shape's fastest two-pass variant) {per_shape * 1e3:8.3f} ms  "
+            f"{step_bytes / per_shape / 1e9:7.0f} GB/s {100 * step_bytes / per_shape / bw['copy_bw']:5.1f}%: "
+            + ", ".join(f"{name} {v.removeprefix('kernel=')}" for name, v in oracle.items()))
+    return {"table": table, "step_s": step, "best": best, "step_bytes": step_bytes, "quantize_s": q8_us,
+            "per_shape_s": per_shape, "per_shape": oracle}
 
 
 def attention_section(dev, small: bool, reps: int) -> dict:
@@ -242,10 +252,17 @@ def step_kinds(dev, rec, rounds: int = 3) -> dict | None:
     return dict(sorted(kinds.items(), key=lambda kv: -kv[1][1]))
 
 
+def _kind(label: str) -> str:
+    """A pipeline's label without its helper files (q8_act, rms_sumsq, argmax_tree, the x loader)."""
+    for helper in ("q8_act+", "qmatmul_x4+", "rms_sumsq+", "argmax_tree+"):
+        label = label.replace(helper, "")
+    return label
+
+
 def kinds_line(kinds: dict) -> str:
     total = sum(v[1] for v in kinds.values())
     return (f"by kernel (each dispatch alone; sum {total / 1e3:.2f} ms): "
-            + ", ".join(f"{k.replace('q8_act+', '').replace('qmatmul_x4+', '')} {n}x {us / 1e3:.3f} ms"
+            + ", ".join(f"{_kind(k)} {n}x {us / 1e3:.3f} ms"
                         f" (max {mx:.1f} µs)" for k, (n, us, mx) in kinds.items()))
 
 
@@ -292,7 +309,7 @@ def decode_section(models: Path, small: bool, tokens: int, configs: list[tuple[s
             res[name][label] = row
             extra = (f"  step: {row['dispatches']} dispatches, host encode {row['encode_ms']:.2f} ms, device "
                      f"{row['device_ms']:.2f} ms" if "dispatches" in row and row["device_ms"] is not None else "")
-            log(f"{name:20} {label:10} {gemv:46} attn {'split' if split else 'single':6} "
+            log(f"{name:20} {label:10} {gemv:78} attn {'split' if split else 'single':6} "
                 f"{row['tok_s']:8.1f} tok/s (load {load_s:.1f} s){extra}")
             if row.get("kinds"):
                 log("    " + kinds_line(row["kinds"]))
@@ -345,8 +362,8 @@ def main() -> None:
     dec = {}
     if not a.no_decode:
         q8x1 = shipped.replace("P8=2", "P8=1") if "P8=2" in shipped else shipped + ",P8=1"
-        configs = [("best", best, True), ("default", shipped, True), ("run35", wgsl_ops.RUN35_BEST, True),
-                   ("q8x1", q8x1, True), ("nr4", wgsl_ops.SEVENTH_DEFAULT, True), ("run33", wgsl_ops.RUN33_BEST, True)]
+        configs = [("best", best, True), ("default", shipped, True), ("round2", wgsl_ops.ROUND2_DEFAULT, True),
+                   ("run35", wgsl_ops.RUN35_BEST, True), ("q8x1", q8x1, True)]
         configs = [c for i, c in enumerate(configs) if c[1] not in [d[1] for d in configs[:i]]]
         dec = report["decode"] = guarded("decode", lambda: decode_section(a.models, a.small, a.tokens, configs), {})
     log(f"\n== summary ({dev.name[:60]}; {time.perf_counter() - t_start:.0f} s)")
@@ -358,8 +375,8 @@ def main() -> None:
     for denom, label in (("copy_bw", "wgsl copy"), ("read_bw", "wgsl read")):
         log(f"{'GEMV Q4_0 (µs / % of ' + label + ')':56} " + " ".join(f"{n:>14}" for n, *_ in shp))
         p1 = next((v for v in VARIANTS if "qmv8" in v and "P8=1" in v), None)
-        for v in dict.fromkeys([best, shipped, p1, wgsl_ops.SEVENTH_DEFAULT, wgsl_ops.RUN35_BEST,
-                                wgsl_ops.RUN33_BEST, RUN30]):
+        for v in dict.fromkeys([best, shipped, wgsl_ops.ROUND2_DEFAULT, p1, wgsl_ops.SEVENTH_DEFAULT,
+                                wgsl_ops.RUN35_BEST, wgsl_ops.RUN33_BEST, RUN30]):
             if v not in g["table"]:
                 continue
             cells = []
@@ -367,13 +384,17 @@ def main() -> None:
                 per = g["table"][v][name]
                 cells.append(f"{per * 1e6:7.1f} {100 * by_name('Q4_0').nbytes(k) * n / per / bw[denom]:5.1f}%")
             tag = ("best" if v == best else "default" if v == shipped else "q8x1" if v == p1
-                   else "nr4" if v == wgsl_ops.SEVENTH_DEFAULT else "run35" if v == wgsl_ops.RUN35_BEST
-                   else "run33" if v == wgsl_ops.RUN33_BEST else "run30")
+                   else "round2" if v == wgsl_ops.ROUND2_DEFAULT else "nr4" if v == wgsl_ops.SEVENTH_DEFAULT
+                   else "run35" if v == wgsl_ops.RUN35_BEST else "run33" if v == wgsl_ops.RUN33_BEST else "run30")
             log(f"{tag + ' ' + v.removeprefix('kernel='):56} " + " ".join(f"{c:>14}" for c in cells))
     log(f"GEMV share of a 7B step: best {g['step_s'][best] * 1e3:.2f} ms "
         f"({g['step_bytes'] / g['step_s'][best] / 1e9:.0f} GB/s, "
         f"{100 * g['step_bytes'] / g['step_s'][best] / bw['copy_bw']:.1f}% of wgsl copy), "
-        f"default {g['step_s'][shipped] * 1e3:.2f} ms, run35 {g['step_s'].get(wgsl_ops.RUN35_BEST, nan) * 1e3:.2f} ms, "
+        f"default {g['step_s'][shipped] * 1e3:.2f} ms "
+        f"({100 * g['step_bytes'] / g['step_s'][shipped] / bw['copy_bw']:.1f}%), "
+        f"round2 {g['step_s'].get(wgsl_ops.ROUND2_DEFAULT, nan) * 1e3:.2f} ms, "
+        f"per shape {g['per_shape_s'] * 1e3:.2f} ms ({100 * g['step_bytes'] / g['per_shape_s'] / bw['copy_bw']:.1f}%), "
+        f"run35 {g['step_s'].get(wgsl_ops.RUN35_BEST, nan) * 1e3:.2f} ms, "
         f"run33 {g['step_s'].get(wgsl_ops.RUN33_BEST, nan) * 1e3:.2f} ms, "
         f"run30 {g['step_s'].get(RUN30, float('nan')) * 1e3:.2f} ms")
     for name, rows in dec.items():
@@ -381,7 +402,7 @@ def main() -> None:
             dm = f", device {r['device_ms']:.2f} ms" if r.get("device_ms") is not None else ""
             log(f"decode {name:20} {label:8} {r['tok_s']:8.1f} tok/s  ({r['variant']}, attn "
                 f"{'split' if r['attn_split'] else 'single'}{dm})")
-            if r.get("kinds") and label in ("best", "run35"):
+            if r.get("kinds") and label in ("best", "default"):
                 log("    " + kinds_line(r["kinds"]))
     if a.out:
         a.out.write_text(json.dumps(report, indent=1, default=str))

@@ -2,8 +2,9 @@
 # The vulkan backend's launch-variant sweep on the H200 (NVIDIA's Vulkan driver), in one device call of
 # ~1.5-3 minutes (run 32: 63 s): the new kernels' GPU tests, then bench/vulkan_sweep.py (copy bandwidth both ways, every GEMV
 # variant at the 7B decode shapes, the attention variants, 7B Q4_0 and SmolLM2 decode with the best variant,
-# the default (qmv8: int8 activations, two passes, NR 1), run 35's qmv4 (f32 activations), the default with one
-# pass, qmv8's first default (NR 4) and run 33's, each step also by kernel), its short table last. Logs and
+# the default (qmv8: int8 activations, two passes, NR 1, TPR4 16 on the wide rows), round 2's default (TPR4 32
+# everywhere), run 35's qmv4 (f32 activations) and the default with one pass, each step also by kernel), its
+# short table last. Logs and
 # sweep.json land in $OUT.
 #
 # Carry [".gl", ".whl"] as for bench/vulkan_h200.sh (its header says how to fill them: the libvulkan1 and

@@ -26,7 +26,8 @@ from .wgpu_device import ITEMSIZE, WGSL_DIR, VkTensor, default_device
 
 REVISION_SOURCES = tuple(sorted(WGSL_DIR.glob("*.wgsl")))  # the shaders: editing one retires its judge numbers
 WG = 64  # invocations per workgroup of the elementwise kernels
-NORM_WG = 128
+NORM_WG = 256  # rms_norm: 16 elements an invocation per round (4 quads, loads first): a 7B row in 1 round
+ARGMAX_WG = 256  # argmax: 4 elements an invocation, a row over many workgroups, then a merge
 # The matmuls' launch variants. "qmatmul" (every type): TPR invocations per output column, each
 # walking whole blocks (b = t, t + TPR, ...), WG / TPR columns per workgroup. "qmv" (Q4_0, Q4_1,
 # Q8_0: QMV_TYPES): TPR invocations per NC columns, 4 per block (a quarter each: coalesced loads of
@@ -51,11 +52,16 @@ NORM_WG = 128
 # MINFER_VK_Q8=0 turns qmv8 into qmv4 (f32 activations) at run 35's NR 4 (QMV4_NR) unless
 # MINFER_VK_GEMV names NR.
 # MINFER_VK_GEMV="kernel=qmv,TPR=32,NC=2" overrides fields (bench/vulkan_sweep.py).
+# qmv8's wide rows (n >= WIDE; WIDE 0: none): TPR4W lanes a row group and KIT4W in place of TPR4
+# and KIT4 (a function of (n, k): the GEMV and the tiled matmul of a weight still agree).
 # Default: qmv8 with two passes at NR 1 (the H200 sweep of 2026-12-01, bench/NOTES.md "seventh
-# session": NR 1 the fastest qmv8 variant on all five 7B shapes, o equal; NR 4 was the guess).
+# session": NR 1 the fastest qmv8 variant on all five 7B shapes, o equal; NR 4 was the guess), and
+# per shape (round 2's sweep): TPR4 16 on the wide rows (gate_up 37888: 39.0 µs vs 42.9 at 32;
+# vocab 152064: 136.6 vs 156.2), 32 on the others (qkv 8.9 vs 10.6, o 7.9 vs 10.3; down equal).
 GEMV = {"kernel": "qmv8", "WG": 128, "TPR": 32, "NC": 2, "U": 4, "MIN_GROUPS": 528, "LF": 0, "KIT": 24,  # qmv types
         "TPR4": 32, "NR": 1, "KIT4": 8,  # qmv4 (Q4_0) and qmv8 (Q4_0, Q4_1)
         "P8": 2, "U8": 1,  # qmv8: activation passes, blocks per lane loaded at once
+        "WIDE": 16384, "TPR4W": 16, "KIT4W": 8,  # qmv8's wide rows
         "A_WG": 128, "A_TPR": 16}  # the others: qmatmul.wgsl
 QMV4_NR = 4  # qmv4's rows per lane group under MINFER_VK_Q8=0 (run 35's best)
 TILED_TM = 8
@@ -64,19 +70,19 @@ RUN32_DEFAULT = "kernel=qmv,WG=128,TPR=32,NC=2,U=2,LF=0,KIT=0"  # run 32's defau
 RUN32_BEST = "kernel=qmv,WG=128,TPR=64,NC=2,U=2,LF=0,KIT=0"
 RUN33_BEST = "kernel=qmv,WG=128,TPR=32,NC=2,U=4,LF=0,KIT=24"  # run 33's best
 RUN35_BEST = "kernel=qmv4,WG=128,TPR4=32,NR=4,KIT4=8"  # run 35's best (the default until qmv8)
-SEVENTH_DEFAULT = "kernel=qmv8,WG=128,TPR4=32,NR=4,KIT4=8,P8=2,U8=1"  # qmv8's first default (NR 4)
+SEVENTH_DEFAULT = "kernel=qmv8,WG=128,TPR4=32,NR=4,KIT4=8,P8=2,U8=1,WIDE=0"  # qmv8's first default (NR 4)
 _Q8 = "kernel=qmv8,WG=128,TPR4=32,NR=1,KIT4=8"
+ROUND2_DEFAULT = _Q8 + ",P8=2,U8=1,WIDE=0"  # round 2's default: TPR4 32 on every shape
+_W = ",WIDE=16384,TPR4W=16,KIT4W=8"  # the wide rows' default
 GEMV_VARIANTS = [  # what bench/vulkan_sweep.py times (tests/backends/test_wgpu_kernels.py checks each); first: GEMV
-    _Q8 + ",P8=2,U8=1", RUN35_BEST, RUN33_BEST, RUN30_VARIANT, SEVENTH_DEFAULT,
-    _Q8 + ",P8=1,U8=1", "kernel=qmv8,WG=128,TPR4=32,NR=2,KIT4=8,P8=2",
-    # more loads in flight per lane: U8 blocks loaded before use, fewer lanes a row (more blocks each)
-    _Q8 + ",P8=2,U8=2", _Q8 + ",P8=2,U8=4",
-    "kernel=qmv8,WG=128,TPR4=16,NR=1,KIT4=8,P8=2", "kernel=qmv8,WG=128,TPR4=16,NR=1,KIT4=8,P8=2,U8=2",
-    "kernel=qmv8,WG=128,TPR4=16,NR=1,KIT4=16,P8=2,U8=4", "kernel=qmv8,WG=128,TPR4=8,NR=1,KIT4=16,P8=2,U8=4",
-    "kernel=qmv8,WG=128,TPR4=32,NR=1,KIT4=16,P8=2", "kernel=qmv8,WG=128,TPR4=32,NR=1,KIT4=4,P8=2",
-    # workgroup size at NR 1
-    "kernel=qmv8,WG=256,TPR4=32,NR=1,KIT4=8,P8=2", "kernel=qmv8,WG=256,TPR4=16,NR=1,KIT4=8,P8=2,U8=2",
-    "kernel=qmv8,WG=64,TPR4=32,NR=1,KIT4=8,P8=2"]
+    _Q8 + ",P8=2,U8=1" + _W, RUN35_BEST, RUN33_BEST, RUN30_VARIANT, SEVENTH_DEFAULT, ROUND2_DEFAULT,
+    _Q8 + ",P8=1,U8=1" + _W, _Q8 + ",P8=1,U8=1,WIDE=0",  # one pass (5e-3: not the default) per shape and not
+    # the wide rows: 8 lanes (14 blocks a lane at k 3584; KIT4W 16 keeps them), 16 rows a workgroup of 256
+    _Q8 + ",P8=2,U8=1,WIDE=16384,TPR4W=8,KIT4W=16", "kernel=qmv8,WG=256,TPR4=32,NR=1,KIT4=8,P8=2" + _W,
+    # qkv / o (launch- and latency-bound at 8-9 µs): 64 lanes a row (1.75 blocks a lane); 2 rows a lane group
+    "kernel=qmv8,WG=128,TPR4=64,NR=1,KIT4=8,P8=2" + _W, "kernel=qmv8,WG=128,TPR4=32,NR=2,KIT4=8,P8=2" + _W,
+    # round 2's runners-up, re-measured: loads before use, 64-invocation workgroups
+    _Q8 + ",P8=2,U8=2" + _W, "kernel=qmv8,WG=64,TPR4=32,NR=1,KIT4=8,P8=2" + _W]
 QMV_TYPES = {GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0}
 QMV8_TYPES = {GGMLType.Q4_0, GGMLType.Q4_1}
 ATTN_WG = 64
@@ -209,8 +215,10 @@ def parse_variant(text: str, base: dict) -> dict:
         cfg[key] = val if key == "kernel" else int(val)
     if cfg["kernel"] not in ("qmv8", "qmv4", "qmv", "qmatmul"):
         raise UnsupportedError(f"vk matmul variant: kernel {cfg['kernel']!r} is not qmv8, qmv4, qmv or qmatmul")
-    if cfg["TPR"] % 4 or cfg["WG"] % cfg["TPR"] or cfg["A_WG"] % cfg["A_TPR"] or cfg["WG"] % cfg["TPR4"]:
-        raise UnsupportedError(f"vk matmul variant {cfg}: TPR must be a multiple of 4 dividing WG, TPR4 divide WG")
+    if (cfg["TPR"] % 4 or cfg["WG"] % cfg["TPR"] or cfg["A_WG"] % cfg["A_TPR"] or cfg["WG"] % cfg["TPR4"]
+            or cfg["WG"] % cfg["TPR4W"]):
+        raise UnsupportedError(f"vk matmul variant {cfg}: TPR must be a multiple of 4 dividing WG, TPR4 and TPR4W "
+                               "divide WG")
     if cfg["NR"] < 1 or cfg["NR"] & (cfg["NR"] - 1):
         raise UnsupportedError(f"vk matmul variant {cfg}: NR must be a power of two")
     if cfg["P8"] not in (1, 2) or cfg["U8"] < 1:
@@ -253,11 +261,13 @@ def qmv_lanes(g: dict, k: int) -> int:
     return tpr
 
 
-def qmv4_lanes(g: dict, k: int) -> int:
-    """qmv4's lanes per row group for a row of k elements: TPR4, doubled (up to WG) while a lane
-    would walk more than KIT4 blocks (KIT4 0: never); a function of k alone (batch invariance)."""
-    tpr, nb = g["TPR4"], -(-k // 32)
-    while g["KIT4"] and tpr < g["WG"] and g["WG"] % (2 * tpr) == 0 and -(-nb // tpr) > g["KIT4"]:
+def qmv4_lanes(g: dict, k: int, n: int = 0) -> int:
+    """qmv4's / qmv8's lanes per row group for n rows of k elements: TPR4 (qmv8's wide rows, n >=
+    WIDE: TPR4W), doubled (up to WG) while a lane would walk more than KIT4 (KIT4W) blocks (0:
+    never); a function of (n, k) alone (batch invariance)."""
+    wide = g["kernel"] == "qmv8" and g["WIDE"] and n >= g["WIDE"]
+    tpr, kit, nb = g["TPR4W"] if wide else g["TPR4"], g["KIT4W"] if wide else g["KIT4"], -(-k // 32)
+    while kit and tpr < g["WG"] and g["WG"] % (2 * tpr) == 0 and -(-nb // tpr) > kit:
         tpr *= 2
     return tpr
 
@@ -379,7 +389,7 @@ def _qmatmul(what: str, tm: int, x: VkTensor, w: VkTensor, n: int, k: int, qtype
     xs = "qmatmul_x4" if aligned else "qmatmul_x"
     xin = x
     if w.layout in PLANE_LAYOUTS:  # qmv8 (Q4_1 always; Q4_0 unless the kernel is qmv4), else qmv4
-        tpr, nr = qmv4_lanes(g, k), g["NR"]
+        tpr, nr = qmv4_lanes(g, k, n), g["NR"]
         while nr > 1 and -(-n // (g["WG"] // tpr * nr)) < g["MIN_GROUPS"]:
             nr //= 2
         cols_per_group = g["WG"] // tpr * nr
@@ -445,12 +455,12 @@ def rms_norm(x: VkTensor, w: VkTensor, eps: float, out: VkTensor | None = None, 
     out = _out(what, out, x, x.shape)
     if q8 and d % 32 == 0:
         rec = q8_records(x.dev, rows, d, q8)
-        pipe = x.dev.pipeline("q8_act+rms_norm_q8", {"WG": NORM_WG, "P8": q8})
+        pipe = x.dev.pipeline("rms_sumsq+q8_act+rms_norm_q8", {"WG": NORM_WG, "P8": q8})
         x.dev.dispatch(pipe, [x, w, _at(out), rec], [d, x.offset, x.stride, float(eps)],
                        (-(-d // (4 * NORM_WG)), rows))  # 4 elements an invocation: many workgroups a row
         out.q8 = rec
         return out
-    pipe = x.dev.pipeline("rms_norm", {"WG": NORM_WG})
+    pipe = x.dev.pipeline("rms_sumsq+rms_norm", {"WG": NORM_WG})
     x.dev.dispatch(pipe, [x, w, _at(out)], [d, x.offset, x.stride, float(eps)], (rows,))
     return out
 
@@ -529,9 +539,22 @@ def argmax(x: VkTensor, out: VkTensor | None = None) -> VkTensor:
     """out [rows] int32 = the index of each row's largest value (the first of equal ones)."""
     what = "vk argmax"
     _check(what, "x", x, "F32", (2,))
-    rows = x.shape[0]
+    rows, width = x.shape
     out = _out(what, out, x, (rows,), "I32")
-    x.dev.dispatch(x.dev.pipeline("argmax", {"WG": 256}), [x, _at(out)], [x.shape[1], x.offset, x.stride], (rows,))
+    if rows > MAX_GROUPS:
+        raise UnsupportedError(f"{what}: {rows} rows exceed one dispatch")
+    groups = -(-width // (4 * ARGMAX_WG))  # workgroups a row, 4 elements an invocation
+    if groups > MAX_GROUPS:
+        raise UnsupportedError(f"{what}: a row of {width} exceeds one dispatch")
+    params = [width, x.offset, x.stride, groups]
+    if groups == 1:
+        x.dev.dispatch(x.dev.pipeline("argmax_tree+argmax", {"WG": ARGMAX_WG, "FINAL": 1}), [x, _at(out)], params,
+                       (1, rows))
+        return out
+    part = x.dev.empty((rows, 2 * groups), "I32")  # per workgroup (value bits, index)
+    x.dev.dispatch(x.dev.pipeline("argmax_tree+argmax", {"WG": ARGMAX_WG, "FINAL": 0}), [x, part], params,
+                   (groups, rows))
+    x.dev.dispatch(x.dev.pipeline("argmax_tree+argmax_merge", {"WG": ARGMAX_WG}), [part, _at(out)], [groups], (rows,))
     return out
 
 

@@ -113,7 +113,9 @@ def test_every_gemv_variant_of_the_sweep_matches_the_reference(dev, monkeypatch,
         x, raw = torch.randn(3, k, generator=gen), random_blocks(q, n, k, gen)
         want = x.double() @ dequantize(raw, q.type, (n, k)).double().T
         xd, wd, x1 = dev.upload(x), dev.upload(raw), dev.upload(x[1:2])
-        for v in wgsl_ops.GEMV_VARIANTS:
+        # the wide rows' lanes at n 37: the default's TPR4W 16 and the TPR4W 8 variant
+        wide = [v + ",WIDE=32" for v in wgsl_ops.GEMV_VARIANTS if "P8=2,U8=1,WIDE=16384" in v]
+        for v in wgsl_ops.GEMV_VARIANTS + wide:
             cfg = wgsl_ops.parse_variant(v, base)
             monkeypatch.setattr(wgsl_ops, "GEMV", cfg)
             one = wgsl_ops.qmatvec(x=x1, w=wd, n=n, k=k, qtype=q.type).cpu()
@@ -163,7 +165,8 @@ def test_the_fused_producers_write_the_records_quantize_q8_1_writes(dev):
 
     gen = torch.Generator().manual_seed(21)
     up, i32 = dev.upload, torch.int32
-    x, w = torch.randn(3, 1056, generator=gen), torch.randn(1056, generator=gen)  # 4 NORM_WG = 512 a workgroup
+    # 4 NORM_WG = 1024 elements a workgroup, 16 NORM_WG = 4096 a round of the sum of squares: 2 rounds, a tail
+    x, w = torch.randn(3, 4160, generator=gen), torch.randn(4160, generator=gen)
     plain = wgsl_ops.rms_norm(x=up(x), w=up(w), eps=1e-5).cpu()
     got = wgsl_ops.rms_norm(x=up(x), w=up(w), eps=1e-5, q8=2)
     assert torch.equal(got.cpu(), plain)
@@ -260,6 +263,21 @@ def test_kit4_doubles_the_lanes_of_a_long_row():
     g = wgsl_ops.parse_variant("kernel=qmv4,WG=128,TPR4=32,KIT4=8", wgsl_ops.GEMV)
     assert wgsl_ops.qmv4_lanes(g, 3584) == 32 and wgsl_ops.qmv4_lanes(g, 18944) == 128
     assert wgsl_ops.qmv4_lanes(wgsl_ops.parse_variant("KIT4=0", g), 18944) == 32
+    assert wgsl_ops.qmv4_lanes(g, 3584, 152064) == 32  # qmv4: no wide rows
+
+
+def test_qmv8_takes_fewer_lanes_on_wide_rows():
+    """The default: TPR4W 16 lanes a row group where n >= WIDE (7B gate_up, vocab), TPR4 32 elsewhere;
+    KIT4W doubles the wide rows' lanes as KIT4 the others'."""
+    from minfer.kernels import wgsl_ops
+
+    g = wgsl_ops.parse_variant("", wgsl_ops.GEMV)
+    assert g["kernel"] == "qmv8" and g["WIDE"] == 16384
+    assert [wgsl_ops.qmv4_lanes(g, k, n) for n, k in ((4608, 3584), (3584, 3584), (37888, 3584), (3584, 18944),
+                                                      (152064, 3584))] == [32, 32, 16, 128, 16]
+    assert wgsl_ops.qmv4_lanes(wgsl_ops.parse_variant("TPR4W=8", g), 3584, 37888) == 16  # 14 blocks > KIT4W 8
+    assert wgsl_ops.qmv4_lanes(wgsl_ops.parse_variant("TPR4W=8,KIT4W=16", g), 3584, 37888) == 8
+    assert wgsl_ops.qmv4_lanes(wgsl_ops.parse_variant("WIDE=0", g), 3584, 37888) == 32
 
 
 def test_the_q4_0_planes_hold_the_blocks():
@@ -278,6 +296,32 @@ def test_the_q4_0_planes_hold_the_blocks():
     assert got.numel() == wgsl_ops.planes_bytes(nblk) and got.numel() % 16 == 0
     assert torch.equal(got[:16 * nblk].view(nblk, 16), blocks[:, 2:])
     assert torch.equal(got[16 * nblk:16 * nblk + 2 * nblk].view(nblk, 2), blocks[:, :2])
+
+
+def test_argmax_over_many_workgroups_keeps_the_first_of_equal_values(dev):
+    """argmax.wgsl + argmax_merge.wgsl (a row over many workgroups of 1024 elements, then a merge)
+    and the one-workgroup row: torch.argmax's answer (the first of equal maxima) on rows with ties
+    inside an invocation, across invocations and across workgroups, a constant row, -inf, a
+    row-strided x with an offset."""
+    from minfer.kernels import wgsl_ops
+
+    gen = torch.Generator().manual_seed(5)
+    for width in (5000, 1000, 3):
+        wide = torch.randn(5, width + 3, generator=gen)
+        x = wide[:, 2:width + 2]
+        if width >= 1000:
+            x[0, [100, 999 % width, width - 1]] = 10.0  # across workgroups (5000) or invocations
+            x[1, [2, 258]] = 9.0  # one invocation's elements 0 and 1 (lid 2)
+            x[1, [5, 6]] = 9.0
+        x[2] = 0.25
+        x[3] = float("-inf")
+        x[4, -1] = 50.0
+        got = wgsl_ops.argmax(x=dev.upload(wide).cols(2, width + 2)).cpu()
+        assert got.dtype == torch.int32
+        assert got.tolist() == torch.argmax(x, -1).tolist(), width
+    big = torch.randn(2, 152064, generator=gen)
+    big[1, [7, 70000, 152063]] = big[1].max() + 1
+    assert wgsl_ops.argmax(x=dev.upload(big)).cpu().tolist() == torch.argmax(big, -1).tolist()
 
 
 def test_a_variant_string_is_checked():

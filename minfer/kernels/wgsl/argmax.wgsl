@@ -1,39 +1,39 @@
-// ---- out[r] = the index of row r's largest value (the first of equal ones): one workgroup per row ----
-struct Params { width: u32, x_off: u32, x_stride: u32 }
+// ---- argmax, pass 1: workgroup (g, r) takes elements 4 WG g .. 4 WG (g + 1) of row r, 4 an
+// invocation (coalesced: c = 4 WG g + e WG + lid, e = 0..3), then a shared-memory tree on (value,
+// index); ties keep the smaller index. FINAL 1 (a row of one workgroup): out[r] = the index; else
+// out[2 (r G + g)..] = (value bits, index), reduced by argmax_merge.wgsl. Many workgroups a row: a
+// 152064-wide row is 149 of them, not 594 serial loads of one. ----
+struct Params { width: u32, x_off: u32, x_stride: u32, groups: u32 }
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read_write> out: array<i32>;
-
-var<workgroup> best_v: array<f32, WG>;
-var<workgroup> best_i: array<u32, WG>;
+@group(0) @binding(2) var<storage, read_write> out: array<u32>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: vec3<u32>) {
-    let r = wg.x;
+    let r = wg.y;
     let xo = P.x_off + r * P.x_stride;
+    let c0 = wg.x * 4u * WG + lid;
+    var v4 = vec4<f32>(-3.4e38);
+    for (var e = 0u; e < 4u; e++) {  // the loads first: 4 in flight
+        if (c0 + e * WG < P.width) { v4[e] = x[xo + c0 + e * WG]; }
+    }
     var bv = -3.4e38;
-    var bi = 0xffffffffu;
-    for (var c = lid; c < P.width; c += WG) {
-        let v = x[xo + c];
-        if (v > bv || bi == 0xffffffffu) { bv = v; bi = c; }  // c grows: a tie keeps the first
+    var bi = NONE;
+    for (var e = 0u; e < 4u; e++) {
+        let c = c0 + e * WG;
+        if (c < P.width && (v4[e] > bv || bi == NONE)) { bv = v4[e]; bi = c; }  // c grows: a tie keeps the first
     }
     best_v[lid] = bv;
     best_i[lid] = bi;
     workgroupBarrier();
-    var s = WG / 2u;
-    loop {
-        if (s == 0u) { break; }
-        if (lid < s) {
-            let ov = best_v[lid + s];
-            let oi = best_i[lid + s];
-            if (oi != 0xffffffffu && (ov > best_v[lid] || (ov == best_v[lid] && oi < best_i[lid]) ||
-                                      best_i[lid] == 0xffffffffu)) {
-                best_v[lid] = ov;
-                best_i[lid] = oi;
-            }
+    argmax_tree(lid);
+    if (lid == 0u) {
+        if (FINAL == 1u) {
+            out[r] = best_i[0];
+        } else {
+            let o = 2u * (r * P.groups + wg.x);
+            out[o] = bitcast<u32>(best_v[0]);
+            out[o + 1u] = best_i[0];
         }
-        workgroupBarrier();
-        s = s / 2u;
     }
-    if (lid == 0u) { out[r] = i32(best_i[0]); }
 }

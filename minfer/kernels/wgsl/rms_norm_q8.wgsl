@@ -1,7 +1,7 @@
 // ---- rms_norm.wgsl that also writes its rows' int8 records (q8_act.wgsl) for the next GEMV ----
 // Workgroup (g, row) writes elements 4 WG g .. 4 WG (g + 1) of the row, each invocation 4 of them
 // (q8_quad: 8 invocations a block, every block at once); each workgroup sums the whole row's squares
-// itself, as rms_norm.wgsl does (the same order: the same rstd, the same out values). No dispatch of
+// itself, as rms_norm.wgsl does (rms_sumsq.wgsl: the same order, rstd and out values). No dispatch of
 // its own for the GEMV's x. d a multiple of 32.
 struct Params { d: u32, x_off: u32, x_stride: u32, eps: f32 }
 @group(0) @binding(0) var<uniform> P: Params;
@@ -14,9 +14,7 @@ struct Params { d: u32, x_off: u32, x_stride: u32, eps: f32 }
 fn main(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
     let row = wg.y;
     let xo = P.x_off + row * P.x_stride;
-    var ss = 0.0;
-    for (var c = lane.lid; c < P.d; c += WG) { ss += x[xo + c] * x[xo + c]; }
-    let rstd = inverseSqrt(seg_sum(ss, WG, lane) / f32(P.d) + P.eps);
+    let rstd = inverseSqrt(row_sumsq(xo, P.d, lane) / f32(P.d) + P.eps);
     let c = (wg.x * WG + lane.lid) * 4u;
     let live = c < P.d;
     var v = vec4<f32>();
