@@ -13,6 +13,7 @@ import argparse
 import time
 
 import torch
+from batch_matmul import SHAPES, graph_us  # bench/ is the script's path: the same shapes and timing
 
 from minfer.contracts.harness import random_blocks
 from minfer.kernels import mmq
@@ -20,32 +21,7 @@ from minfer.kernels.qmatmul import gemv_default_config, launch_packed, repack_ge
 from minfer.kernels.torch_ops import f16_weight, linear_f16
 from minfer.quant.types import QUANT_TABLE, GGMLType
 
-SHAPES = {"qkv 4608x3584": (4608, 3584), "o 3584x3584": (3584, 3584), "gate+up 37888x3584": (37888, 3584),
-          "down 3584x18944": (3584, 18944)}
 Q_BYTES = {GGMLType.Q4_0: 18 / 32, GGMLType.Q4_K: 144 / 256, GGMLType.Q6_K: 210 / 256, GGMLType.Q8_0: 34 / 32}
-
-
-def graph_us(fn) -> float:
-    """Device µs per call of `fn`: two eager calls, then a CUDA graph of 20 calls replayed 5 times."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(20):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record()
-    for _ in range(5):
-        g.replay()
-    e1.record()
-    torch.cuda.synchronize()
-    return e0.elapsed_time(e1) * 1e3 / 100
 
 
 def weight(t: GGMLType, n: int, k: int) -> torch.Tensor:

@@ -253,6 +253,19 @@ def release_late(PDL: tl.constexpr):
 
 
 @triton.jit
+def grouped_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n, grid_m, grid_n) of a tiled matmul's program_id(0): GROUP_M row tiles at a
+    time walk the column tiles, so their W tiles are reused from L2."""
+    pid = tl.program_id(0)
+    grid_m = tl.cdiv(M, BLOCK_M)
+    grid_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * grid_n
+    first_m = (pid // per_group) * GROUP_M
+    group_size = tl.minimum(grid_m - first_m, GROUP_M)
+    return first_m + (pid % per_group) % group_size, (pid % per_group) // group_size, grid_m, grid_n
+
+
+@triton.jit
 def f32_to_bf16_rne(x):
     """f32 -> bf16 rounding to nearest even, in integer ops; NaN becomes the quiet NaN 0x7FC0."""
     bits = x.to(tl.uint32, bitcast=True)

@@ -51,7 +51,7 @@ import triton.language as tl
 
 from ..errors import UnsupportedError
 from ..quant.types import GGMLType
-from ._common import cdiv, check_device, check_grid, check_tensor, interpreting, make_out
+from ._common import cdiv, check_device, check_grid, check_tensor, grouped_tile, interpreting, make_out
 from .qmatmul import (
     INT4_TYPES,
     PLANE_TYPES,
@@ -169,16 +169,9 @@ def _mmq_kernel(
     LB: tl.constexpr, HB: tl.constexpr, CENTER: tl.constexpr, MODE: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, KB: tl.constexpr, GROUP_M: tl.constexpr, EVEN: tl.constexpr,
 ):
-    # program -> (pid_m, pid_n), GROUP_M row tiles at a time so their W tiles stay in L2;
-    # program_id(1): the K split
+    # program_id(0) -> (pid_m, pid_n) in groups of GROUP_M row tiles; program_id(1): the K split
     pid = tl.program_id(0)
-    grid_m = tl.cdiv(M, BLOCK_M)
-    grid_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * grid_n
-    first_m = (pid // per_group) * GROUP_M
-    group_size = tl.minimum(grid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_size
-    pid_n = (pid % per_group) // group_size
+    pid_m, pid_n, grid_m, grid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
