@@ -304,10 +304,10 @@ def planes(w: VkTensor, n: int, k: int, qtype) -> VkTensor:
     out = w.dev.empty((planes_bytes(nblk, q.type),), "U8")
     if q.type == GGMLType.Q4_0:
         gx, gy = _grid_2d(-(-nblk // 2), WG)
-        pipe, layout = w.dev.pipeline("quant_common+repack_q4_0", {"WG": WG}), PLANES
+        pipe, layout = w.dev.pipeline("quant_common+repack_planes+repack_q4_0", {"WG": WG}), PLANES
     else:
         gx, gy = _grid_2d(nblk, WG)
-        pipe, layout = w.dev.pipeline("repack_q4_1", {"WG": WG}), PLANES_Q4_1
+        pipe, layout = w.dev.pipeline("repack_planes+repack_q4_1", {"WG": WG}), PLANES_Q4_1
     w.dev.dispatch(pipe, [w, out], [nblk, 4 * nblk, gx], (gx, gy))
     return dataclasses.replace(out, layout=layout)
 
@@ -394,12 +394,12 @@ def _qmatmul(what: str, tm: int, x: VkTensor, w: VkTensor, n: int, k: int, qtype
             nr //= 2
         cols_per_group = g["WG"] // tpr * nr
         if w.layout == PLANES and g["kernel"] != "qmv8":
-            pipe = x.dev.pipeline(f"{xs}+qmv4", {"WG": g["WG"], "TPR": tpr, "NR": nr, "TM": tm})
+            pipe = x.dev.pipeline(f"{xs}+qmv_planes+qmv4", {"WG": g["WG"], "TPR": tpr, "NR": nr, "TM": tm})
         else:
             p8 = g["P8"]
             xin = _q8_of(x, p8)
-            pipe = x.dev.pipeline("qmv8", {"WG": g["WG"], "TPR": tpr, "NR": nr, "TM": tm, "P8": p8, "U": g["U8"],
-                                           "QT": 0 if w.layout == PLANES else 1})
+            pipe = x.dev.pipeline("qmv_planes+qmv8", {"WG": g["WG"], "TPR": tpr, "NR": nr, "TM": tm, "P8": p8,
+                                                      "U": g["U8"], "QT": 0 if w.layout == PLANES else 1})
         row_bytes = 4 * n * (k // 32)  # the scale plane's first word (Params.d_off)
     elif g["kernel"] in ("qmv", "qmv4", "qmv8") and q.type in QMV_TYPES:
         tpr = qmv_lanes(g, k)
@@ -637,11 +637,11 @@ def attention(q: VkTensor, k: VkTensor, v: VkTensor, cache_k: VkTensor, cache_v:
                  [n_head, nkv, hd, ctx, base, q.offset, q.stride, float(scale), ch, n_split], (n_head, rows, n_split))
     if q8 and hd % 32 == 0:
         rec = q8_records(dev, rows, n_head * hd, q8)
-        dev.dispatch(dev.pipeline("q8_act+attention_merge_q8", {"WG": ATTN_WG, "P8": q8}),
+        dev.dispatch(dev.pipeline("q8_act+merge_splits+attention_merge_q8", {"WG": ATTN_WG, "P8": q8}),
                      [part, positions, _at(out), rec], [n_head, hd, ch, n_split], (n_head, rows))
         out.q8 = rec
         return out
-    dev.dispatch(dev.pipeline("attention_merge", {"WG": ATTN_WG}), [part, positions, _at(out)],
+    dev.dispatch(dev.pipeline("merge_splits+attention_merge", {"WG": ATTN_WG}), [part, positions, _at(out)],
                  [n_head, hd, ch, n_split], (n_head, rows))
     if q8:
         out.q8 = quantize_q8_1(x=out, passes=q8)

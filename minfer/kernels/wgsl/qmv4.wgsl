@@ -6,16 +6,7 @@
 // scale plane), and x's 32 values as 8 vec4 loads shared by the NR rows. Each accumulator sees the
 // same sequence for any NR, TM and WG (TPR changes it), so the GEMV and the tiled matmul of a row
 // agree bit for bit. The TPR lanes' sums are reduced with seg_sum.
-struct Params {
-    m: u32, n: u32, k: u32,
-    x_off: u32, x_stride: u32,
-    out_off: u32, out_stride: u32,
-    d_off: u32,  // the scale plane's first word
-    groups_x: u32,
-}
-@group(0) @binding(0) var<uniform> P: Params;
-@group(0) @binding(1) var<storage, read> wq: array<vec4<u32>>;
-@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+// qmv_planes.wgsl: the parameters, bindings and grid.
 
 // 4 nibbles (bits 0-3 of each byte) to floats minus 8 by OR-ing into 2^23's mantissa (exact)
 fn nib4(q: u32) -> vec4<f32> {
@@ -27,24 +18,18 @@ fn wdot(q: u32, xa: vec4<f32>, xb: vec4<f32>) -> f32 { return dot(nib4(q), xa) +
 
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
-    let t = lane.lid % TPR;
-    let row0 = ((wg.z * P.groups_x + wg.x) * (WG / TPR) + lane.lid / TPR) * NR;
-    let m0 = wg.y * TM;
-    let nb = P.k / 32u;
-    var rb: array<u32, NR>;
-    for (var c = 0u; c < NR; c++) { rb[c] = min(row0 + c, P.n - 1u) * nb; }  // past n: a repeat, not written
+    let at = place(lane, wg);
     var acc: array<f32, NR * TM>;
-    for (var b = t; b < nb; b += TPR) {
+    for (var b = at.t; b < at.nb; b += TPR) {
         var q: array<vec4<u32>, NR>;
         var d: array<f32, NR>;
         for (var c = 0u; c < NR; c++) {
-            let blk = rb[c] + b;
+            let blk = at.rb[c] + b;
             q[c] = wq[blk];
-            let wi = P.d_off + (blk >> 1u);
-            d[c] = f16_bits(wq[wi >> 2u][wi & 3u] >> ((blk & 1u) * 16u));
+            d[c] = scale_q4_0(blk);
         }
         for (var i = 0u; i < TM; i++) {
-            let xo = P.x_off + min(m0 + i, P.m - 1u) * P.x_stride + b * 32u;
+            let xo = P.x_off + min(at.m0 + i, P.m - 1u) * P.x_stride + b * 32u;
             let v0 = xq(xo);
             let v1 = xq(xo + 4u);
             let v2 = xq(xo + 8u);
@@ -61,8 +46,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
     }
     for (var c = 0u; c < NR; c++) {
         for (var i = 0u; i < TM; i++) {
-            let s = seg_sum(acc[c * TM + i], TPR, lane);
-            if (t == 0u && row0 + c < P.n && m0 + i < P.m) { out[P.out_off + (m0 + i) * P.out_stride + row0 + c] = s; }
+            put(at, c, i, seg_sum(acc[c * TM + i], TPR, lane));
         }
     }
 }

@@ -8,18 +8,8 @@
 // 4+j: 8 dot4I8Packed per pass, exact in i32. Per row and block, QT 0 (Q4_0, q - 8):
 // acc += d_w (d_x isum - 8 s_x); QT 1 (Q4_1, d q + m): acc += d_w d_x isum + m_w s_x. Each
 // accumulator sees the same sequence for any NR, TM, U and WG (TPR changes it): the GEMV and the
-// tiled matmul of a row agree bit for bit.
-struct Params {
-    m: u32, n: u32, k: u32,
-    x_off: u32, x_stride: u32,  // (unused: x comes as records)
-    out_off: u32, out_stride: u32,
-    d_off: u32,  // the scale plane's first word
-    groups_x: u32,
-}
-@group(0) @binding(0) var<uniform> P: Params;
-@group(0) @binding(1) var<storage, read> wq: array<vec4<u32>>;
+// tiled matmul of a row agree bit for bit. qmv_planes.wgsl: the parameters, bindings and grid.
 @group(0) @binding(2) var<storage, read> xr: array<vec4<u32>>;
-@group(0) @binding(3) var<storage, read_write> out: array<f32>;
 
 const RV: u32 = 2u * P8 + 1u;
 const M4: u32 = 0x0F0F0F0Fu;
@@ -33,8 +23,7 @@ fn idot(q: vec4<u32>, a: vec4<u32>, b: vec4<u32>) -> i32 {
 // the (scale, offset) of block blk: Q4_0 an f16 half-word (offset -8 applied through s), Q4_1 (d, m)
 fn scales(blk: u32) -> vec2<f32> {
     if (QT == 0u) {
-        let wi = P.d_off + (blk >> 1u);
-        return vec2<f32>(f16_bits(wq[wi >> 2u][wi & 3u] >> ((blk & 1u) * 16u)), 0.0);
+        return vec2<f32>(scale_q4_0(blk), 0.0);
     }
     let wi = P.d_off + blk;
     return unpack2x16float(wq[wi >> 2u][wi & 3u]);
@@ -42,28 +31,23 @@ fn scales(blk: u32) -> vec2<f32> {
 
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
-    let t = lane.lid % TPR;
-    let row0 = ((wg.z * P.groups_x + wg.x) * (WG / TPR) + lane.lid / TPR) * NR;
-    let m0 = wg.y * TM;
-    let nb = P.k / 32u;
-    var rb: array<u32, NR>;
-    for (var c = 0u; c < NR; c++) { rb[c] = min(row0 + c, P.n - 1u) * nb; }  // past n: a repeat, not written
+    let at = place(lane, wg);
     var acc: array<f32, NR * TM>;
-    for (var b0 = t; b0 < nb; b0 += TPR * U) {
+    for (var b0 = at.t; b0 < at.nb; b0 += TPR * U) {
         var q: array<vec4<u32>, NR * U>;
         var s: array<vec2<f32>, NR * U>;
         for (var u = 0u; u < U; u++) {  // every load of the U blocks first (a block past nb: a repeat, unused)
-            let b = min(b0 + u * TPR, nb - 1u);
+            let b = min(b0 + u * TPR, at.nb - 1u);
             for (var c = 0u; c < NR; c++) {
-                q[u * NR + c] = wq[rb[c] + b];
-                s[u * NR + c] = scales(rb[c] + b);
+                q[u * NR + c] = wq[at.rb[c] + b];
+                s[u * NR + c] = scales(at.rb[c] + b);
             }
         }
         for (var u = 0u; u < U; u++) {
             let b = b0 + u * TPR;
-            if (b >= nb) { break; }
+            if (b >= at.nb) { break; }
             for (var i = 0u; i < TM; i++) {
-                let r = (min(m0 + i, P.m - 1u) * nb + b) * RV;
+                let r = (min(at.m0 + i, P.m - 1u) * at.nb + b) * RV;
                 let a1 = xr[r];
                 let b1 = xr[r + 1u];
                 var a2 = vec4<u32>();
@@ -86,8 +70,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
     }
     for (var c = 0u; c < NR; c++) {
         for (var i = 0u; i < TM; i++) {
-            let v = seg_sum(acc[c * TM + i], TPR, lane);
-            if (t == 0u && row0 + c < P.n && m0 + i < P.m) { out[P.out_off + (m0 + i) * P.out_stride + row0 + c] = v; }
+            put(at, c, i, seg_sum(acc[c * TM + i], TPR, lane));
         }
     }
 }

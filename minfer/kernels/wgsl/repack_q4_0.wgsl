@@ -1,15 +1,12 @@
 // ---- Q4_0 GGUF blocks -> the planes qmv4.wgsl reads: block i's 16 quant bytes as word 4i .. 4i + 3
 // of the quant plane (one 16-byte load), its f16 scale the half (i & 1) of word d_off + i / 2 (the
 // scale plane after the quants). One invocation per pair of blocks (so a scale word is written
-// whole). quant_common.wgsl gives ld16 / ld32 on the raw stream `wq`. ----
-struct Params { nblk: u32, d_off: u32, groups_x: u32 }
-@group(0) @binding(0) var<uniform> P: Params;
-@group(0) @binding(1) var<storage, read> wq: array<u32>;
-@group(0) @binding(2) var<storage, read_write> planes: array<u32>;
+// whole). quant_common.wgsl gives ld16 / ld32 on the raw stream `wq`, repack_planes.wgsl
+// the parameters and bindings. ----
 
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) g: vec3<u32>) {
-    let i = g.y * P.groups_x * WG + g.x;  // the pair
+    let i = grid_index(g);  // the pair
     let b0 = 2u * i;
     if (b0 >= P.nblk) { return; }
     var d = 0u;
