@@ -281,7 +281,7 @@ def decode_section(models: Path, small: bool, tokens: int, configs: list[tuple[s
         log(f"== decode {name}, tg{tokens} greedy after a 16-token prompt, tok/s (2 runs after a warm-up); "
             "loaded per variant (the backend repacks Q4_0 at load for qmv4)")
         res[name] = {}
-        for label, gemv, split in (configs if i == 0 else configs[:1]):
+        for label, gemv, split in (configs if i == 0 else configs[:2]):  # SmolLM2: best and default
             wgsl_ops.GEMV.clear()
             wgsl_ops.GEMV.update(wgsl_ops.parse_variant(gemv, default_g))
             wgsl_ops.ATTN.update({**default_a, "split": split})
@@ -330,6 +330,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20, help="calls per timed pass")
     ap.add_argument("--variants", default="all", help="'all', 'default', or ';'-separated MINFER_VK_GEMV strings")
     ap.add_argument("--no-decode", action="store_true")
+    ap.add_argument("--decode", default="", help="comma-separated decode rows to run (best, default, round2, run35, "
+                    "q8x1; default: all)")
     ap.add_argument("--out", type=Path, default=None, help="write every number as JSON here")
     a = ap.parse_args()
     variants = (VARIANTS if a.variants == "all" else VARIANTS[:1] if a.variants == "default"
@@ -364,6 +366,8 @@ def main() -> None:
         q8x1 = shipped.replace("P8=2", "P8=1") if "P8=2" in shipped else shipped + ",P8=1"
         configs = [("best", best, True), ("default", shipped, True), ("round2", wgsl_ops.ROUND2_DEFAULT, True),
                    ("run35", wgsl_ops.RUN35_BEST, True), ("q8x1", q8x1, True)]
+        if a.decode:
+            configs = [c for c in configs if c[0] in a.decode.split(",")]
         configs = [c for i, c in enumerate(configs) if c[1] not in [d[1] for d in configs[:i]]]
         dec = report["decode"] = guarded("decode", lambda: decode_section(a.models, a.small, a.tokens, configs), {})
     log(f"\n== summary ({dev.name[:60]}; {time.perf_counter() - t_start:.0f} s)")

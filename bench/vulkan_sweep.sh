@@ -45,4 +45,21 @@ wait $SYNTH; ls -la "$M"
 echo "== sweep $(since)"
 timeout ${SWEEP_TIMEOUT:-220} python3 bench/vulkan_sweep.py --models "$M" --out "$OUT/sweep.json" 2>&1 \
   | grep -v XDG_RUNTIME_DIR | tee "$OUT/sweep.txt"
+# 4b. (CHECKS_AB=1) the default GEMVs and 7B decode again with wgpu's runtime checks compiled in (MINFER_WGPU_CHECKS=1)
+if [ "${CHECKS_AB:-0}" = 1 ]; then
+  echo "== the default with MINFER_WGPU_CHECKS=1 $(since)"
+  MINFER_WGPU_CHECKS=1 timeout 150 python3 bench/vulkan_sweep.py --models "$M" --variants default --decode default \
+    --out "$OUT/sweep-checks.json" 2>&1 | grep -v XDG_RUNTIME_DIR | tee "$OUT/sweep-checks.txt" | grep -A30 "== summary"
+fi
+# 5. (PROFILE=1) SmolLM2 through `minfer bench` on the default variant, then the same decode under cProfile:
+# where a token's host time goes when the device step is short (run 42: 180 tok/s with a 1.8 ms step)
+if [ "${PROFILE:-0}" = 1 ]; then
+  echo "== SmolLM2 minfer bench + profile $(since)"
+  timeout 90 python3 -m minfer.cli bench -m "$M/smollm2-135m-q4_1.gguf" --device vulkan -p 16 -n 128 -r 3 -b "" 2>&1 \
+    | grep -v XDG_RUNTIME_DIR | tail -6 | tee "$OUT/smollm2-bench.txt"
+  timeout 90 python3 -m cProfile -o "$OUT/smollm2.prof" -m minfer.cli bench -m "$M/smollm2-135m-q4_1.gguf" \
+    --device vulkan -p 16 -n 256 -r 1 -b "" > /dev/null 2>&1
+  python3 -c "import pstats; pstats.Stats('$OUT/smollm2.prof').sort_stats('tottime').print_stats(22)" 2>&1 \
+    | tail -32 | tee "$OUT/smollm2-profile.txt"
+fi
 echo "== done $(since)"; grep -E "passed|failed" "$OUT/pytest.txt" | tail -1

@@ -13,6 +13,8 @@ package calls os.environ. Switches:
 - MINFER_TEST_DEVICE=cpu|cuda   device the kernel tests run on
 - MINFER_WGPU_ADAPTER=name the vulkan / gpu backend's adapter: the first whose name contains it
 - MINFER_WGPU_SUBGROUPS=0  WGSL reductions through shared memory even where the adapter has subgroups
+- MINFER_WGPU_CHECKS=1     vulkan / gpu: compile the WGSL kernels with wgpu's runtime checks (naga's index
+                           clamps and loop-iteration bounds); default off: the kernels bound both by construction
 - MINFER_VK_GEMV=k=v,..  the vulkan matmuls' launch variant (kernel, WG, TPR, NC, U: wgsl_ops.GEMV)
 - MINFER_VK_ATTN=k=v,..  the vulkan attention's (split 0/1, WG, CH, MAX_SPLIT: wgsl_ops.ATTN)
 - MINFER_VK_Q8=0          vulkan Q4_0 / Q4_1 matmuls on f32 activations (qmv4 / qmv) instead of int8 ones (qmv8)
@@ -58,6 +60,7 @@ _KNOWN = {
     "MINFER_API_KEY": str,
     "MINFER_WGPU_ADAPTER": str,
     "MINFER_WGPU_SUBGROUPS": bool,
+    "MINFER_WGPU_CHECKS": bool,
     "MINFER_VK_GEMV": str,
     "MINFER_VK_ATTN": str,
     "MINFER_VK_Q8": bool,

@@ -200,7 +200,7 @@ class Device:
                  dot: bool = False):
         """(pipeline, bind group layout, n storage bindings) for a shader variant, compiled once."""
         consts = consts or {}
-        key = (shader, tuple(sorted(consts.items())), qtype, dot, self.subgroups)
+        key = (shader, tuple(sorted(consts.items())), qtype, dot, self.subgroups, env("MINFER_WGPU_CHECKS", False))
         hit = self._pipelines.get(key)
         if hit is not None:
             return hit
@@ -211,11 +211,41 @@ class Device:
         entries += [{"binding": i + 1, "visibility": st,
                      "buffer": {"type": "storage" if i in writable else "read-only-storage"}} for i in range(n_storage)]
         bgl = self.device.create_bind_group_layout(entries=entries)
-        module = self.device.create_shader_module(code=code, label=shader)
+        module = self.shader_module(code, shader)
         pipe = self.device.create_compute_pipeline(layout=self.device.create_pipeline_layout(bind_group_layouts=[bgl]),
                                                    compute={"module": module, "entry_point": "main"}, label=shader)
         self._pipelines[key] = hit = (pipe, bgl, n_storage)
         return hit
+
+    def shader_module(self, code: str, label: str):
+        """The WGSL module, compiled without wgpu's runtime checks unless MINFER_WGPU_CHECKS=1: naga
+        otherwise clamps every index into a local array and gives every loop an iteration counter
+        it tests each pass (its "loop bounding"), instructions in the GEMVs' inner loops. Our kernels'
+        loops and indices are bounded by construction (constant trip counts, indices below constant
+        sizes), and buffer accesses stay under the driver's robust buffer access either way. Falls
+        back to the checked module where this wgpu has no `wgpuDeviceCreateShaderModuleTrusted`."""
+        if not env("MINFER_WGPU_CHECKS", False):
+            try:
+                from wgpu.backends.wgpu_native._api import GPUShaderModule, libf, to_c_string_view
+                from wgpu.backends.wgpu_native._ffi import ffi, lib
+            except ImportError:
+                GPUShaderModule = None
+            if GPUShaderModule is not None and hasattr(libf, "wgpuDeviceCreateShaderModuleTrusted"):
+                src = ffi.new("WGPUShaderSourceWGSL *")
+                src.chain.next = ffi.NULL
+                src.chain.sType = lib.WGPUSType_ShaderSourceWGSL
+                code_c = to_c_string_view(code)
+                src.code = code_c
+                desc = ffi.new("WGPUShaderModuleDescriptor *")
+                desc.nextInChain = ffi.cast("WGPUChainedStruct *", src)
+                label_c = to_c_string_view(label)
+                desc.label = label_c
+                mid = libf.wgpuDeviceCreateShaderModuleTrusted(self.device._internal, desc,
+                                                               lib.WGPUShaderRuntimeChecks_None)
+                if mid == ffi.NULL:
+                    raise DeviceError(f"wgpu: shader module {label!r} failed to compile")
+                return GPUShaderModule(label, mid, self.device)
+        return self.device.create_shader_module(code=code, label=label)
 
     def dispatch(self, pipe, tensors: list[VkTensor], params: list[int | float], groups: tuple[int, ...]) -> None:
         """Record one dispatch: the tensors' buffers bound 1..n in order, params (u32 for ints, f32
@@ -448,7 +478,7 @@ class Device:
         import time
 
         d = self.device
-        pipe = d.create_compute_pipeline(layout="auto", compute={"module": d.create_shader_module(code=code),
+        pipe = d.create_compute_pipeline(layout="auto", compute={"module": self.shader_module(code, "bandwidth"),
                                                                  "entry_point": "main"})
         a, b = self.buffer(nbytes), self.buffer(nbytes)
         bg = d.create_bind_group(layout=pipe.get_bind_group_layout(0),
@@ -526,14 +556,18 @@ class Recording:
 
 def _raw_entries(entries: list) -> tuple | None:
     """The recording's dispatches as wgpu-native handles, for `replay`'s direct calls (None where
-    this wgpu has no such internals: replay then takes the public API)."""
+    this wgpu has no such internals: replay then takes the public API). The raw cffi functions, not
+    wgpu-py's `libf` proxies: those wrap every call in an error capture (~3 µs each, three calls a
+    dispatch: run 43's SmolLM2 encoded a 396-dispatch step in 2.8 ms, slower than the device ran
+    it). The dispatches were validated when recorded; wgpu-native reports any error of the pass at
+    `finish` / submit, which go through the checked API."""
     try:
-        from wgpu.backends.wgpu_native._api import ffi, libf
+        from wgpu.backends.wgpu_native._ffi import ffi, lib
     except ImportError:
         return None
     try:
-        fns = (libf, libf.wgpuComputePassEncoderSetPipeline, libf.wgpuComputePassEncoderSetBindGroup,
-               libf.wgpuComputePassEncoderDispatchWorkgroups)
+        fns = (lib, lib.wgpuComputePassEncoderSetPipeline, lib.wgpuComputePassEncoderSetBindGroup,
+               lib.wgpuComputePassEncoderDispatchWorkgroups)
         raw = [(p._internal, bg._internal, ffi.new("uint32_t[1]", [off]), *groups)
                for p, bg, off, groups in entries]
     except AttributeError:

@@ -82,7 +82,9 @@ GEMV_VARIANTS = [  # what bench/vulkan_sweep.py times (tests/backends/test_wgpu_
     # qkv / o (launch- and latency-bound at 8-9 µs): 64 lanes a row (1.75 blocks a lane); 2 rows a lane group
     "kernel=qmv8,WG=128,TPR4=64,NR=1,KIT4=8,P8=2" + _W, "kernel=qmv8,WG=128,TPR4=32,NR=2,KIT4=8,P8=2" + _W,
     # round 2's runners-up, re-measured: loads before use, 64-invocation workgroups
-    _Q8 + ",P8=2,U8=2" + _W, "kernel=qmv8,WG=64,TPR4=32,NR=1,KIT4=8,P8=2" + _W]
+    _Q8 + ",P8=2,U8=2" + _W, "kernel=qmv8,WG=64,TPR4=32,NR=1,KIT4=8,P8=2" + _W,
+    # x's records in planes (coalesced x loads): 16 lanes a row everywhere; 2 rows a lane group loading 2 blocks
+    "kernel=qmv8,WG=128,TPR4=16,NR=1,KIT4=8,P8=2,WIDE=0", "kernel=qmv8,WG=128,TPR4=32,NR=2,KIT4=8,P8=2,U8=2" + _W]
 QMV_TYPES = {GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0}
 QMV8_TYPES = {GGMLType.Q4_0, GGMLType.Q4_1}
 ATTN_WG = 64
@@ -331,7 +333,8 @@ def q8_layout(passes: int) -> str:
 
 
 def q8_records(dev, rows: int, k: int, passes: int) -> VkTensor:
-    """An empty buffer of x's int8 records (q8_act.wgsl): per row and 32-block 2 * passes + 1 16-byte words."""
+    """An empty buffer of x's int8 records (q8_act.wgsl): per row and 32-block 2 * passes + 1 16-byte words,
+    in planes (word w of a row's block b at w * k / 32 + b)."""
     return dataclasses.replace(dev.empty((rows, k // 32 * (2 * passes + 1) * 16), "U8"), layout=q8_layout(passes))
 
 

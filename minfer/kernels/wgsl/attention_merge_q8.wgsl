@@ -21,6 +21,6 @@ fn main(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
                 out[ob + d + e] = v[e];
             }
         }
-        q8_quad(v, ob / 32u + d / 32u, live, lane);
+        q8_quad(v, r, (h * P.hd + d) / 32u, P.n_head * P.hd / 32u, live, lane);
     }
 }

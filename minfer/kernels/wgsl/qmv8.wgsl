@@ -47,13 +47,13 @@ fn main(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
             let b = b0 + u * TPR;
             if (b >= at.nb) { break; }
             for (var i = 0u; i < TM; i++) {
-                let r = (min(at.m0 + i, P.m - 1u) * at.nb + b) * RV;
+                let r = min(at.m0 + i, P.m - 1u) * RV * at.nb + b;  // word 0 of (row, b): the planes at nb apart
                 let a1 = xr[r];
-                let b1 = xr[r + 1u];
+                let b1 = xr[r + at.nb];
                 var a2 = vec4<u32>();
                 var b2 = vec4<u32>();
-                if (P8 == 2u) { a2 = xr[r + 2u]; b2 = xr[r + 3u]; }
-                let ds = bitcast<vec2<f32>>(xr[r + 2u * P8].xy);
+                if (P8 == 2u) { a2 = xr[r + 2u * at.nb]; b2 = xr[r + 3u * at.nb]; }
+                let ds = bitcast<vec2<f32>>(xr[r + 2u * P8 * at.nb].xy);
                 for (var c = 0u; c < NR; c++) {
                     let w = q[u * NR + c];
                     var isum = idot(w, a1, b1);

@@ -15,5 +15,5 @@ fn main(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
     let xo = P.x_off + row * P.x_stride + c;
     var v = vec4<f32>();
     if (live) { v = vec4<f32>(x[xo], x[xo + 1u], x[xo + 2u], x[xo + 3u]); }
-    q8_quad(v, row * (P.k / 32u) + c / 32u, live, lane);  // uniform: no invocation returned
+    q8_quad(v, row, c / 32u, P.k / 32u, live, lane);  // uniform: no invocation returned
 }

@@ -24,5 +24,5 @@ fn main(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
             out[row * P.d + c + e] = v[e];
         }
     }
-    q8_quad(v, row * (P.d / 32u) + c / 32u, live, lane);
+    q8_quad(v, row, c / 32u, P.d / 32u, live, lane);
 }

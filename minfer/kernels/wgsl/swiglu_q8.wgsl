@@ -20,5 +20,5 @@ fn main(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
             out[r * P.d + c + e] = v[e];
         }
     }
-    q8_quad(v, r * (P.d / 32u) + c / 32u, live, lane);
+    q8_quad(v, r, c / 32u, P.d / 32u, live, lane);
 }
