@@ -1,7 +1,7 @@
 """int4 weights x int8 activations on AVX512-VNNI (csrc/q4_vnni.c), through ctypes.
 
 The C file is compiled once per machine with the system C compiler (`cc`, or $CC) into
-minfer's cache directory ($MINFER_CACHE, else ~/.cache/minfer) and loaded after torch, so its
+minfer's cache directory ($MINFER_CACHE, else ~/.cache/minfer; cbuild.py) and loaded after torch, so its
 OpenMP regions run on torch's own libgomp threads. `available()` says whether it can run here:
 a CPU with AVX512-VNNI, a compiler, and MINFER_CPU_VNNI not set to 0. Where it cannot, the cpu
 backend keeps torch's int4 kernel for every type (cpu_matmul.py).
@@ -11,13 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
 import re
-import shutil
-import subprocess
-import tempfile
-import warnings
 from pathlib import Path
 
 import torch
@@ -25,12 +19,12 @@ import torch
 from ..config import env
 from ..errors import UnsupportedError
 from ..quant.types import GGMLType
+from .cbuild import build
 from .cpu_matmul import rows_call
 
 SOURCE = Path(__file__).parent / "csrc" / "q4_vnni.c"
 REVISION_SOURCES = (SOURCE,)  # the contract's revision hash covers the C file
-FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma", "-fopenmp",
-         "-shared", "-fPIC"]
+FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma", "-fopenmp"]
 TYPES = {GGMLType.Q4_0: 2, GGMLType.Q4_1: 3, GGMLType.Q4_K: 12}  # ggml type ids the packer reads: 4-bit codes
 # 8-bit codes: Q8_0 as q + 128 (zero -128 d), the 5-bit types as their values 0..31
 TYPES8 = {GGMLType.Q8_0: 8, GGMLType.Q5_0: 6, GGMLType.Q5_1: 7, GGMLType.Q5_K: 13}
@@ -46,10 +40,6 @@ def _cpu_flags() -> set[str]:
     return set(m.group(1).split()) if m else set()
 
 
-def cache_dir() -> Path:
-    return Path(env("MINFER_CACHE", "") or Path.home() / ".cache" / "minfer")
-
-
 @functools.cache
 def _library() -> ctypes.CDLL | None:
     """The compiled kernel (built on first use), or None where it cannot be built or run."""
@@ -57,29 +47,8 @@ def _library() -> ctypes.CDLL | None:
         return None
     if not {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma"} <= _cpu_flags():
         return None
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        return None
-    try:
-        src = SOURCE.read_bytes()
-    except OSError:  # an install without the C source
-        return None
-    tag = hashlib.sha256(src + " ".join(FLAGS).encode()).hexdigest()[:16]
-    lib = cache_dir() / f"q4_vnni-{tag}.so"
-    try:
-        if not lib.exists():
-            lib.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
-                out = Path(tmp) / lib.name
-                done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(out)], capture_output=True, text=True,
-                                      timeout=300)
-                if done.returncode != 0:
-                    warnings.warn(f"minfer: the cpu backend's C kernels did not compile ({cc}: "
-                                  f"{done.stderr.strip()[-300:]}); using torch's int4 kernel", stacklevel=2)
-                    return None
-                os.replace(out, lib)  # atomic: a concurrent build writes the same bytes
-        so = ctypes.CDLL(str(lib))
-    except (OSError, subprocess.SubprocessError):  # no writable cache, a compiler that hangs, a bad library
+    so = build(SOURCE, FLAGS, "using torch's int4 kernel")
+    if so is None:
         return None
     p, i = ctypes.c_void_p, ctypes.c_int
     so.q4_pack.argtypes = [p, i, i, i, i, p, p, p]

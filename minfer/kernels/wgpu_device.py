@@ -26,6 +26,7 @@ contracts validate on any machine).
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import math
 import struct
@@ -38,8 +39,10 @@ import torch
 
 from ..config import env
 from ..errors import DeviceError, UnsupportedError
+from .cbuild import build
 
 WGSL_DIR = Path(__file__).resolve().parent / "wgsl"
+REPLAY_SOURCE = Path(__file__).resolve().parent / "csrc" / "wgpu_replay.c"
 SLOT = 256  # bytes per dispatch's uniform params (WebGPU's max min-uniform-buffer-offset-alignment)
 ARENA_SLOTS = 4096  # dispatches per flush before the arena grows (a SmolLM2 step records ~330)
 
@@ -323,7 +326,8 @@ class Device:
             self.queue.write_buffer(arena, 0, params)
         entries = [(pipeline, self._bind_group(bgl, bufs, arena), offset, groups)
                    for pipeline, bgl, bufs, offset, groups in pending]
-        return Recording(entries, arena, keep, _raw_entries(entries)), result
+        raw = _raw_entries(entries)
+        return Recording(entries, arena, keep, raw, _native_entries(raw)), result
 
     def replay(self, rec: Recording, before: tuple = (), after: tuple = (), defer: bool = False) -> None:
         """Submit a recording, with device copies (src, dst VkTensors of int32/f32) before and after it.
@@ -336,7 +340,9 @@ class Device:
         for src, dst in before:
             enc.copy_buffer_to_buffer(src.storage.buf, src.offset * 4, dst.storage.buf, dst.offset * 4, src.numel * 4)
         cp = enc.begin_compute_pass(timestamp_writes=self._ts)
-        if rec.raw is not None:
+        if rec.native is not None:
+            rec.native(cp._internal)
+        elif rec.raw is not None:
             lib, set_pipe, set_bg, disp = rec.raw[0]
             h, last = cp._internal, None
             for pipe, bg, off, gx, gy, gz in rec.raw[1]:
@@ -552,6 +558,46 @@ class Recording:
     arena: object
     keep: list
     raw: tuple | None = None  # (wgpu-native functions, per dispatch: raw handles and args), or None
+    native: _NativeReplay | None = None  # the dispatches encoded by csrc/wgpu_replay.c, or None
+
+
+class _NativeReplay:
+    """A recording's dispatches as C arrays for csrc/wgpu_replay.c's `minfer_replay`: one ctypes call
+    encodes them all (wgpu-native's entry points passed as function pointers from wgpu-py's own
+    handle on the library). The recording keeps the pipelines and bind groups alive."""
+
+    def __init__(self, so: ctypes.CDLL, raw: tuple):
+        from wgpu.backends.wgpu_native._ffi import ffi
+
+        (lib, *fns), rows = raw
+        addr = [int(ffi.cast("uintptr_t", f)) for f in fns]
+        n = len(rows)
+        self.fn, self.n, self.fns = so.minfer_replay, n, [ctypes.c_void_p(a) for a in addr]
+        self.pipes = (ctypes.c_void_p * n)(*[int(ffi.cast("uintptr_t", r[0])) for r in rows])
+        self.groups = (ctypes.c_void_p * n)(*[int(ffi.cast("uintptr_t", r[1])) for r in rows])
+        self.offsets = (ctypes.c_uint32 * n)(*[r[2][0] for r in rows])
+        self.grid = (ctypes.c_uint32 * (3 * n))(*[g for r in rows for g in r[3:6]])
+        self._ffi = ffi
+
+    def __call__(self, compute_pass) -> None:
+        self.fn(ctypes.c_void_p(int(self._ffi.cast("uintptr_t", compute_pass))), self.n, self.pipes, self.groups,
+                self.offsets, self.grid, *self.fns)
+
+
+@functools.cache
+def _replay_library() -> ctypes.CDLL | None:
+    """csrc/wgpu_replay.c, built once (cbuild.py); None without a C compiler (replay then loops in Python)."""
+    so = build(REPLAY_SOURCE, ["-O2"], "encoding replays from Python")
+    if so is not None:
+        p = ctypes.c_void_p
+        so.minfer_replay.argtypes = [p, ctypes.c_int64, p, p, p, p, p, p, p]
+        so.minfer_replay.restype = None
+    return so
+
+
+def _native_entries(raw: tuple | None) -> _NativeReplay | None:
+    so = _replay_library() if raw is not None else None
+    return None if so is None else _NativeReplay(so, raw)
 
 
 def _raw_entries(entries: list) -> tuple | None:

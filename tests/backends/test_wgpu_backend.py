@@ -265,6 +265,26 @@ def test_a_replayed_decode_step_equals_its_eager_run(smollm2):
     assert set(be._replays) == {1, 2}
 
 
+def test_the_c_replay_encoder_encodes_what_the_python_loop_does(smollm2):
+    """With a C compiler (CI has one) a replay is encoded by csrc/wgpu_replay.c in one call; the
+    Python loop over wgpu-native's functions (no compiler) encodes the same dispatches: the same
+    logits, bit for bit."""
+    from minfer.backends.base import Batch
+
+    _, vk = smollm2
+    be = vk.engine.backend
+    be.forward(Batch.build([(0, 0, PROMPT[:4]), (1, 0, PROMPT[4:8])], [3, 7]))
+    step = Batch.build([(0, 4, [PROMPT[4]]), (1, 4, [PROMPT[8]])], [0, 1], n_decode=2)
+    native = be.forward(step)
+    rec = be._replays[2].rec
+    assert rec.native is not None and rec.raw is not None
+    saved, rec.native = rec.native, None
+    try:
+        assert torch.equal(be.forward(step), native)
+    finally:
+        rec.native = saved
+
+
 @pytest.mark.parametrize("preset, quant", CASES)
 def test_tiny_models_of_other_weight_types_match_cpu(tiny_gguf, raw, preset, quant):
     from minfer.api import load
