@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from ..contracts.picker import Candidate, candidates
 from ..contracts.registry import Registry
 from ..errors import NoKernelError
-from ..graph.ir import Node, WeightRef
+from ..graph.ir import Graph, Node, Op, WeightRef
 
 STRIDED = {"contiguous": False, "strided": True}  # an input that may be a row-strided view
 
@@ -48,6 +48,50 @@ def admissible(call: Call, rows: int, backend: str, registry: Registry, who: str
                             f"{call.dtypes}, shapes {call.shapes(rows)}, params {call.params}. "
                             f"Nearest contracts: {near}")
     return ok
+
+
+def add_norm_pairs(graph: Graph) -> dict[int, int]:
+    """add node id -> the RMSNorm node it feeds, where the two can run as one fused kernel
+    (`AddRMSNorm`): the norm reads the add's output, and the add's first operand (the residual) is
+    a buffer of its own (an add's, the embedding's or an all-reduce's output) read by nothing after
+    the add, so the fused kernel may write the sum over it (cuda does; vulkan writes it to a fresh
+    buffer, wgsl_ops.add_rms_norm says why). One rule for every backend that fuses the pair."""
+    last = graph.consumers_last_use()
+    by_id = {n.id: n for n in graph.nodes}
+    pairs = {}
+    for n in graph.nodes:
+        if n.op == Op.RMS_NORM:
+            (src,) = n.inputs
+            add = by_id[src]
+            if add.op == Op.ADD and last[add.inputs[0]] == add.id and by_id[add.inputs[0]].op in (
+                    Op.ADD, Op.GET_ROWS, Op.ALL_REDUCE) and add.inputs[0] != add.inputs[1]:
+                pairs[add.id] = n.id
+    return pairs
+
+
+def fused_norm(pairs: dict[int, int], add: Node, graph: Graph, backend: str,
+               registry: Registry) -> tuple[Node, Call] | None:
+    """(the RMSNorm node, the `AddRMSNorm` call) when `add` runs fused with the norm after it: the
+    pair is in `pairs` (`add_norm_pairs`) and a contract of `backend` takes the call (x the residual,
+    y what is added to it, w the norm's weight; contiguous rows of d). Else None, the pair dropped
+    from `pairs`: the add and the norm run apart."""
+    norm_id = pairs.get(add.id)
+    if norm_id is None:
+        return None
+    norm = graph.nodes[norm_id]
+    d, eps = add.shape[-1], norm.params["eps"]
+    call = Call("AddRMSNorm", {"x": "F32", "y": "F32", "w": "F32"}, lambda r: {"x": (r, d), "y": (r, d), "w": (d,)},
+                {"eps": eps})
+    ok, _ = candidates(call.op, call.dtypes, call.shapes(1), call.params, backend, registry=registry)
+    if not ok:
+        del pairs[add.id]
+        return None
+    return norm, call
+
+
+def fused_by(pairs: dict[int, int], norm: Node) -> int | None:
+    """The add node whose fused kernel computes this RMSNorm (`fused_norm`), or None."""
+    return next((a for a, n in pairs.items() if n == norm.id), None)
 
 
 def rope_key(node: Node) -> tuple:

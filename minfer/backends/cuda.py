@@ -50,7 +50,7 @@ from ..kernels.sample import KMAX, PARAM_ROWS, pack_params
 from ..quant.types import GGMLType, quant_info
 from . import cpu_ops
 from .base import Batch
-from .calls import STRIDED, Call, admissible, compile_rope, rope_key, type_runs
+from .calls import STRIDED, Call, add_norm_pairs, admissible, compile_rope, fused_by, fused_norm, rope_key, type_runs
 from .kv_cache import KVCache, kv_bytes
 from .plan import Plan, Step
 
@@ -307,7 +307,7 @@ class CUDABackend:
         """Pick every node's kernels and (upload=True) put the weights on the device in their
         kernels' layouts. upload=False only picks: what `minfer plan` shows, with no GPU needed."""
         self.graph, self._reader, self.upload = graph, reader, upload
-        self._fused_norms = self._add_norm_pairs(graph)
+        self._fused_norms = add_norm_pairs(graph)
         self._epilogues = self._epilogue_pairs(graph) if self.config.fuse_epilogues else {}
         self._readers: dict[int, list[int]] = {}
         for n in graph.nodes:
@@ -419,23 +419,6 @@ class CUDABackend:
         return (run[kind] if run is not None else self.choices[node_id][kind].kernel).name
 
     @staticmethod
-    def _add_norm_pairs(graph: Graph) -> dict[int, int]:
-        """add node id -> the RMSNorm node it feeds, where the two can run as one fused kernel: the
-        norm reads the add's output, and the add's first operand (the residual) is read by nothing
-        after the add, so the fused kernel may write the sum over it."""
-        last = graph.consumers_last_use()
-        by_id = {n.id: n for n in graph.nodes}
-        pairs = {}
-        for n in graph.nodes:
-            if n.op == Op.RMS_NORM:
-                (src,) = n.inputs
-                add = by_id[src]
-                if add.op == Op.ADD and last[add.inputs[0]] == add.id and by_id[add.inputs[0]].op in (
-                        Op.ADD, Op.GET_ROWS, Op.ALL_REDUCE) and add.inputs[0] != add.inputs[1]:
-                    pairs[add.id] = n.id
-        return pairs
-
-    @staticmethod
     def _epilogue_pairs(graph: Graph) -> dict[int, tuple[str, int]]:
         """matmul node id -> ("swiglu" | "rope", the node its decode-row GEMV can compute in its
         epilogue): a bias-free stacked gate+up whose two halves only a SwiGLU reads, or a stacked
@@ -481,10 +464,10 @@ class CUDABackend:
 
     def _compile_norm(self, node: Node):
         d, eps = node.shape[-1], node.params["eps"]
-        fused_by = next((a for a, nid in self._fused_norms.items() if nid == node.id), None)
-        if fused_by is not None and fused_by in self.choices:  # the add before it computed it
-            self.choices[node.id] = self.choices[fused_by]
-            return (lambda vals, st: vals[node.id]), {k: c.kernel for k, c in self.choices[fused_by].items()}
+        add_id = fused_by(self._fused_norms, node)
+        if add_id is not None and add_id in self.choices:  # the add before it computed it
+            self.choices[node.id] = self.choices[add_id]
+            return (lambda vals, st: vals[node.id]), {k: c.kernel for k, c in self.choices[add_id].items()}
         run = self._picks(node, Call("RMSNorm", {"x": "F32", "w": "F32"}, lambda r: {"x": (r, d), "w": (d,)},
                                      {"eps": eps}, {"x": STRIDED}))
         w = self._vector(node.weights["w"].name) if self.upload else None
@@ -499,26 +482,21 @@ class CUDABackend:
     def _compile_add(self, node: Node):
         d = node.shape[-1]
         i, j = node.inputs
-        norm_id = self._fused_norms.get(node.id)
-        if norm_id is not None:
-            norm = self.graph.nodes[norm_id]
-            eps = norm.params["eps"]
-            call = Call("AddRMSNorm", {"x": "F32", "y": "F32", "w": "F32"},
-                        lambda r: {"x": (r, d), "y": (r, d), "w": (d,)}, {"eps": eps})
-            ok, _ = candidates(call.op, call.dtypes, call.shapes(1), call.params, "CUDA", registry=self.registry)
-            if ok:  # the fused contract: h written over the residual x, the norm stashed for its node
-                run = self._picks(node, call)
-                w = self._vector(norm.weights["w"].name) if self.upload else None
+        pair = fused_norm(self._fused_norms, node, self.graph, "CUDA", self.registry)
+        if pair is not None:  # the fused contract: h written over the residual x, the norm stashed for its node
+            norm, call = pair
+            norm_id, eps = norm.id, norm.params["eps"]
+            run = self._picks(node, call)
+            w = self._vector(norm.weights["w"].name) if self.upload else None
 
-                def fused(vals, st):
-                    x = vals[i]
-                    q8 = self.norm_q8.get(norm_id) if st.kind == "row" else None
-                    vals[norm_id] = run[st.kind](x=x, y=vals[j], w=w, eps=eps, sum_out=x,
-                                                 **({} if q8 is None else {"q8": q8}))
-                    return x
+            def fused(vals, st):
+                x = vals[i]
+                q8 = self.norm_q8.get(norm_id) if st.kind == "row" else None
+                vals[norm_id] = run[st.kind](x=x, y=vals[j], w=w, eps=eps, sum_out=x,
+                                             **({} if q8 is None else {"q8": q8}))
+                return x
 
-                return fused, run
-            del self._fused_norms[node.id]
+            return fused, run
         run = self._picks(node, Call("Add", {"x": "F32", "y": "F32"}, lambda r: {"x": (r, d), "y": (r, d)}, {}))
         return (lambda vals, st: run[st.kind](x=vals[i], y=vals[j])), run
 

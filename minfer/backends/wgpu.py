@@ -7,7 +7,8 @@ GGUF bytes once (a fused weight's parts stacked into one buffer) and compiles th
 shared plan (plan.py): for every node the picker (contracts/picker.py) chooses the Vulkan-backend
 kernel that accepts its op, dtypes, shapes and layouts, for a decode row (m = 1: the GEMVs) and a
 prompt chunk (m > 1: the tiled matmuls). This file never names a kernel; a node nothing accepts is
-a NoKernelError at load naming the op, the dtypes and the shape.
+a NoKernelError at load naming the op, the dtypes and the shape. A residual add and the RMSNorm
+after it (calls.add_norm_pairs, cuda's rule) run as one `AddRMSNorm` call where a contract takes it.
 
 `allocate` makes the KV cache (f32, one device buffer per layer for keys and one for values, so
 a layer's cache is one binding whatever the model's size) and the RoPE tables on the device.
@@ -38,7 +39,7 @@ from ..quant.reference import dequantize
 from ..quant.types import GGMLType, quant_info
 from . import cpu_ops
 from .base import Batch
-from .calls import STRIDED, Call, admissible, compile_rope, rope_key, type_runs
+from .calls import STRIDED, Call, add_norm_pairs, admissible, compile_rope, fused_by, fused_norm, rope_key, type_runs
 from .kv_cache import kv_bytes
 from .plan import Plan, Step
 
@@ -143,12 +144,14 @@ class WGPUBackend:
         self.use_replay = self.config.cuda_graph  # MINFER_NO_CUDA_GRAPH=1: decode steps recorded every time
         self._replays: dict[int, _Replay] = {}  # decode rows -> the captured step
         self._q8: tuple[int, set[int]] = (0, set())  # (activation passes, nodes writing int8 records)
+        self._fused_norms: dict[int, int] = {}  # add node id -> the RMSNorm it runs fused with (calls.add_norm_pairs)
 
     # ------------------------------------------------------------------ load
     def load(self, graph: Graph, reader: GGUFReader, progress: bool = True) -> None:
         """Pick every node's kernels and upload the weights (once)."""
         self.graph, self._reader = graph, reader
         self._q8 = self._q8_feeds(graph)
+        self._fused_norms = add_norm_pairs(graph)
         self.plan = Plan(graph, self._compile, progress=progress, sync=self.dev.sync)
         n_vocab = graph.meta["n_vocab"]
         self._pick = self._choose(graph.nodes[-1], Call("Argmax", {"x": "F32"}, lambda r: {"x": (r, n_vocab)}, {}),
@@ -248,6 +251,10 @@ class WGPUBackend:
         return (lambda vals, st: run[st.kind](weight_u8=table, ids=vals[i], **params)), run
 
     def _compile_norm(self, node: Node):
+        add_id = fused_by(self._fused_norms, node)
+        if add_id is not None:  # the add before it computed it (_compile_add)
+            self.choices[node.id] = self.choices[add_id]
+            return (lambda vals, st: vals[node.id]), self.choices[add_id]
         d, eps = node.shape[-1], node.params["eps"]
         run = self._picks(node, Call("RMSNorm", {"x": "F32", "w": "F32"}, lambda r: {"x": (r, d), "w": (d,)},
                                      {"eps": eps}, {"x": STRIDED}))
@@ -261,6 +268,22 @@ class WGPUBackend:
     def _compile_add(self, node: Node):
         d = node.shape[-1]
         i, j = node.inputs
+        pair = fused_norm(self._fused_norms, node, self.graph, BACKEND, self.registry)
+        if pair is not None:  # one dispatch: h = x + y into a fresh buffer (the add's value), the norm stashed
+            norm, call = pair
+            norm_id, eps = norm.id, norm.params["eps"]
+            run = self._picks(node, call)
+            w = self._vector(norm.weights["w"].name)
+            passes, feeds = self._q8
+            q8 = {"q8": passes} if norm_id in feeds else {}  # a qmv8 matmul reads the norm: its int8 records too
+
+            def fused(vals, st):
+                x = vals[i]
+                h = self.dev.empty(x.shape)  # not over x: wgsl_ops.add_rms_norm says why
+                vals[norm_id] = run[st.kind](x=x, y=vals[j], w=w, eps=eps, sum_out=h, **q8)
+                return h
+
+            return fused, run
         run = self._picks(node, Call("Add", {"x": "F32", "y": "F32"}, lambda r: {"x": (r, d), "y": (r, d)}, {}))
         return (lambda vals, st: run[st.kind](x=vals[i], y=vals[j])), run
 

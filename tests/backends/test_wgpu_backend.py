@@ -55,7 +55,7 @@ def test_kernel_conforms_to_its_contract(kernel):
 def test_the_shared_memory_reductions_conform_too():
     """MINFER_WGPU_SUBGROUPS=0: the kernels that reduce, with the shared-memory tree instead of
     subgroup operations (what an adapter without subgroups runs), through the conformance CLI."""
-    reducing = ["vk_qmatvec_q4_0", "vk_matmul_q4_0_tiled", "vk_qmatvec", "vk_rms_norm"]
+    reducing = ["vk_qmatvec_q4_0", "vk_matmul_q4_0_tiled", "vk_qmatvec", "vk_rms_norm", "vk_add_rms_norm"]
     env = {**os.environ, "MINFER_WGPU_SUBGROUPS": "0"}
     args = [sys.executable, "-m", "minfer.contracts.conformance", "--device", "vulkan", "--failures"]
     for k in reducing:
@@ -233,6 +233,50 @@ def test_a_rows_numbers_do_not_depend_on_the_batch(tiny_gguf):
     mixed = be.forward(Batch.build([(0, 6, [PROMPT[6]]), (1, 0, PROMPT[:9])], [0, 9], n_decode=1))
     prompt_alone = be.forward(Batch.single(PROMPT[:9], 0, slot=2))
     assert torch.equal(mixed[0], alone[0]) and torch.equal(mixed[1], prompt_alone[0])
+
+
+def test_the_residual_adds_run_fused_with_the_norms_after_them(tiny_gguf):
+    """Every residual add whose sum an RMSNorm reads (calls.add_norm_pairs, cuda's rule too: all but
+    the last, which the row select reads) runs as vk_add_rms_norm, one dispatch for the two nodes: a
+    captured decode step has that many dispatches fewer than the same model on a registry without
+    the fused contract (the add and the norm as two), and the logits of a prompt chunk and of the
+    decode steps are the same bits (the fused kernel is bit-equal to the two; with the records
+    the Q4_0 GEMVs read)."""
+    from dataclasses import replace
+
+    from minfer.api import load
+    from minfer.backends import cuda, wgpu
+    from minfer.backends.base import Batch
+    from minfer.backends.calls import add_norm_pairs
+    from minfer.config import EngineConfig
+    from minfer.contracts.registry import default_registry
+
+    assert cuda.add_norm_pairs is wgpu.add_norm_pairs is add_norm_pairs  # one rule for both backends, not a copy
+    assert cuda.fused_norm is wgpu.fused_norm
+    vk = load(tiny_gguf("tiny-llama", "q4_0"), "vulkan", n_ctx=64, n_slots=2, progress=False)
+    fused = vk.engine.backend
+    reg = default_registry()
+    plain = wgpu.WGPUBackend(EngineConfig(device="vulkan"), registry=replace(
+        reg, kernels={k: v for k, v in reg.kernels.items() if v.contract.op != "AddRMSNorm"}))
+    plain.load(fused.graph, fused._reader, progress=False)
+    plain.allocate(2, 64)
+    graph, n_layer = fused.graph, fused.graph.meta["n_layer"]
+    pairs = add_norm_pairs(graph)
+    assert len(pairs) == 2 * n_layer - 1 and not plain._fused_norms and fused._fused_norms == pairs
+    assert set(pairs.values()) <= fused._q8[1]  # the norms feed qmv8 GEMVs: the fused kernel writes their records
+    for rows in (fused.plan_rows(), fused.plan_rows(8, prefill=True)):
+        kernel = {r["id"]: r["kernel"] for r in rows}
+        assert all(kernel[a] == kernel[n] == "vk_add_rms_norm" for a, n in pairs.items())
+        assert {kernel[n.id] for n in graph.nodes if str(n.op) == "Add" and n.id not in pairs} == {"vk_add"}
+    logits = {}
+    for name, be in (("fused", fused), ("plain", plain)):
+        out = [be.forward(Batch.build([(0, 0, PROMPT[:9])], list(range(9))))]
+        out += [be.forward(Batch.build([(0, p, [t])], [0], n_decode=1)) for p, t in enumerate(PROMPT[9:], start=9)]
+        logits[name] = out
+    assert all(torch.equal(a, b) for a, b in zip(logits["fused"], logits["plain"], strict=True))
+    steps = {name: len(be._replays[1].rec.entries) for name, be in (("fused", fused), ("plain", plain))}
+    assert steps["plain"] - steps["fused"] == len(pairs), steps
+    vk.close()
 
 
 # llama: Q4_0, Q8_0, F16 weights, a Q4_K_M mix (fused q/k/v of Q4_K and Q6_K: one GEMV per type),

@@ -189,6 +189,64 @@ def test_the_fused_producers_write_the_records_quantize_q8_1_writes(dev):
     assert torch.equal(got.q8.cpu(), wgsl_ops.quantize_q8_1(x=got, passes=2).cpu())
 
 
+def _at_offset(dev, t: torch.Tensor, off: int):
+    """t on the device at element `off` of its buffer (garbage before it): a contiguous view with a start offset."""
+    flat = torch.cat([torch.full((off,), 1e30), t.reshape(-1)])
+    return dev.upload(flat).cols(off, off + t.numel()).view(*t.shape)
+
+
+# 4160: over 4 NORM_WG = 1024-element workgroups a row (the q8 forms: 5, each summing the whole row's squares)
+# and 2 rounds of the sum of squares with a tail; 96: one workgroup, mostly idle; 37: no 32-blocks (q8 ignored)
+@pytest.mark.parametrize("d", [4160, 96, 37])
+def test_the_fused_add_norm_is_add_then_rms_norm_bit_for_bit(dev, d):
+    """add_rms_norm (one dispatch in the backend for each residual add and the norm after it), on
+    fresh random inputs at start offsets into NaN-poisoned outputs: h bit-equal to `add`'s, out to
+    `rms_norm`'s of that h, and with q8 the records bit-equal to rms_norm's q8 form and to
+    quantize_q8_1 of out; both reduction paths (the dev fixture)."""
+    from minfer.kernels import wgsl_ops
+
+    gen = torch.Generator()
+    gen.seed()  # fresh inputs every run
+    rows = 3
+    x, y = torch.randn(rows, d, generator=gen) * 3, torch.randn(rows, d, generator=gen)
+    w = torch.randn(d, generator=gen)
+    xd, yd, wd = _at_offset(dev, x, 7), _at_offset(dev, y, 5), dev.upload(w)
+    h = wgsl_ops.add(x=xd, y=yd)
+    plain = wgsl_ops.rms_norm(x=h, w=wd, eps=1e-5).cpu()
+    assert torch.equal(h.cpu(), x + y)  # (torch's f32 add: one rounding, as the kernel's)
+    for q8 in (0, 1, 2):
+        out, hs = (dev.upload(torch.full((rows, d), float("nan"))) for _ in range(2))
+        got = wgsl_ops.add_rms_norm(x=xd, y=yd, w=wd, eps=1e-5, out=out, sum_out=hs, q8=q8)
+        assert got is out and torch.equal(hs.cpu(), h.cpu()) and torch.equal(out.cpu(), plain), q8
+        if q8 and d % 32 == 0:
+            assert torch.equal(out.q8.cpu(), wgsl_ops.rms_norm(x=h, w=wd, eps=1e-5, q8=q8).q8.cpu())
+            assert torch.equal(out.q8.cpu(), wgsl_ops.quantize_q8_1(x=out, passes=q8).cpu())
+        else:
+            assert out.q8 is None
+    # host tensors (the default device): h copied back into sum_out=, which may then be x itself (uploaded twice)
+    xh = x.clone()
+    want = wgsl_ops.rms_norm(x=wgsl_ops.add(x=x, y=y), w=w, eps=1e-5)
+    assert torch.equal(wgsl_ops.add_rms_norm(x=xh, y=y, w=w, eps=1e-5, sum_out=xh), want)
+    assert torch.equal(xh, x + y)
+
+
+def test_the_fused_add_norm_refuses_what_it_cannot_do(dev):
+    from minfer.errors import UnsupportedError
+    from minfer.kernels import wgsl_ops
+
+    x, y, w = dev.upload(torch.randn(2, 64)), dev.upload(torch.randn(2, 64)), dev.upload(torch.randn(64))
+    with pytest.raises(UnsupportedError, match="buffers of their own"):  # h over x: another workgroup may read x
+        wgsl_ops.add_rms_norm(x=x, y=y, w=w, eps=1e-5, sum_out=x, q8=2)
+    with pytest.raises(UnsupportedError, match="buffers of their own"):
+        wgsl_ops.add_rms_norm(x=x, y=y, w=w, eps=1e-5, out=y)
+    with pytest.raises(UnsupportedError, match="contiguous"):
+        wgsl_ops.add_rms_norm(x=dev.upload(torch.randn(2, 70)).cols(3, 67), y=y, w=w, eps=1e-5)
+    with pytest.raises(UnsupportedError, match="must both be"):
+        wgsl_ops.add_rms_norm(x=x, y=dev.upload(torch.randn(2, 32)), w=w, eps=1e-5)
+    with pytest.raises(UnsupportedError, match="eps"):
+        wgsl_ops.add_rms_norm(x=x, y=y, w=w, eps=-1.0)
+
+
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
 @pytest.mark.parametrize("passes", [1, 2])
 def test_the_int8_gemv_is_the_integer_math_on_its_records(dev, monkeypatch, qtype, passes):

@@ -10,19 +10,14 @@ struct Params { d: u32, x_off: u32, x_stride: u32, eps: f32 }
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 @group(0) @binding(4) var<storage, read_write> q8o: array<u32>;
 
+fn norm_in(row: u32, c: u32) -> f32 { return x[P.x_off + row * P.x_stride + c]; }
+fn norm_put(row: u32, c: u32, h: f32, v: f32) { out[row * P.d + c] = v; }
+
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
     let row = wg.y;
-    let xo = P.x_off + row * P.x_stride;
-    let rstd = inverseSqrt(row_sumsq(xo, P.d, lane) / f32(P.d) + P.eps);
+    let rstd = row_rstd(row, lane);
     let c = (wg.x * WG + lane.lid) * 4u;
     let live = c < P.d;
-    var v = vec4<f32>();
-    if (live) {
-        for (var e = 0u; e < 4u; e++) {
-            v[e] = x[xo + c + e] * rstd * w[c + e];
-            out[row * P.d + c + e] = v[e];
-        }
-    }
-    q8_quad(v, row, c / 32u, P.d / 32u, live, lane);
+    q8_quad(quad_scale(row, c, rstd, live), row, c / 32u, P.d / 32u, live, lane);
 }
