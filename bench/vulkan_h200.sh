@@ -23,22 +23,8 @@
 # the greedy-vs-cpu test needs the real weights' decisive steps, so it is deselected there; bench/cuda_parity.py
 # --device vulkan reports the same comparison (logits error, greedy agreement on decisive steps) instead.
 set -uo pipefail
-export PYTHONPATH=.:/tmp/pylib:${PYTHONPATH:-} PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; M=${M:-/tmp/models}; mkdir -p "$OUT" "$M"
-
-# 1. the Vulkan loader (unpacked at / as the GPU machine's notes say) and NVIDIA's ICD
-for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
-if ! ls /usr/share/vulkan/icd.d/nvidia_icd*.json /etc/vulkan/icd.d/nvidia_icd*.json >/dev/null 2>&1 \
-   && [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
-  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-  export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
-fi
-# 2. wgpu (its native library ships in the wheel) and its pure-Python dependencies
-for w in .whl/*.whl; do python3 -m zipfile -e "$w" /tmp/pylib; done   # (a wheel is a zip: no pip, no network)
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 -m minfer.cli devices 2>&1 | grep -v XDG_RUNTIME_DIR | tee "$OUT/devices.txt"
-grep -q '^vulkan .*NVIDIA' "$OUT/devices.txt" || echo "!! no NVIDIA Vulkan adapter: the runs below use whatever adapter is listed"
-export MINFER_WGPU_ADAPTER=${MINFER_WGPU_ADAPTER:-NVIDIA}
+# 1. the Vulkan loader and NVIDIA's ICD, wgpu from its wheel (bench/vulkan_env.sh)
+. bench/vulkan_env.sh
 
 # 3. synthetic models (random weights in the real shapes)
 synth() { [ -f "$M/$1-$2.gguf" ] || python3 -m minfer.cli synth "$1" "$2" "$M/$1-$2.gguf" > /dev/null; }

@@ -10,22 +10,8 @@
 # Carry [".gl", ".whl"] as for bench/vulkan_h200.sh (its header says how to fill them: the libvulkan1 and
 # libglvnd .debs, and the wgpu, cffi, pycparser and rendercanvas wheels). Command: `bash bench/vulkan_sweep.sh`.
 set -uo pipefail
-export PYTHONPATH=.:/tmp/pylib:${PYTHONPATH:-} PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; M=${M:-/tmp/models}; mkdir -p "$OUT" "$M"
-T0=$(date +%s); since() { echo "[$(( $(date +%s) - T0 )) s]"; }
-
-# 1. the Vulkan loader and NVIDIA's ICD, wgpu from its wheel (no pip, no network): as bench/vulkan_h200.sh
-for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
-if ! ls /usr/share/vulkan/icd.d/nvidia_icd*.json /etc/vulkan/icd.d/nvidia_icd*.json >/dev/null 2>&1 \
-   && [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
-  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-  export __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
-fi
-for w in .whl/*.whl; do python3 -m zipfile -e "$w" /tmp/pylib; done
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.mem --format=csv,noheader
-python3 -m minfer.cli devices 2>&1 | grep -v XDG_RUNTIME_DIR | tee "$OUT/devices.txt"
-grep -q '^vulkan .*NVIDIA' "$OUT/devices.txt" || echo "!! no NVIDIA Vulkan adapter: the runs below use whatever adapter is listed"
-export MINFER_WGPU_ADAPTER=${MINFER_WGPU_ADAPTER:-NVIDIA}
+# 1. the Vulkan loader and NVIDIA's ICD, wgpu from its wheel (bench/vulkan_env.sh)
+. bench/vulkan_env.sh
 
 # 2. synthetic models (random weights in the real shapes); the 7B (4.4 GB) is written while the tests run
 synth() { [ -f "$M/$1-$2.gguf" ] || { python3 -m minfer.cli synth "$1" "$2" "$M/$1-$2.tmp" > /dev/null \

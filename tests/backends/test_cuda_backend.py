@@ -22,6 +22,31 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float().cpu() - b.float().cpu()).norm() / b.float().norm())
 
 
+@pytest.fixture(scope="module", autouse=True)
+def wide_interpreter_tiles():
+    """Under the Triton interpreter a GEMV's cost is mostly per-program overhead, and the tiny models'
+    weights take the small-weight tile (8 rows a program: ~600 programs a decode step). Here they
+    take 64-row tiles (r 8, 8 lanes along rows: the same kernel, code paths and K order per row;
+    tests/kernels/test_qmatmul.py checks the tiles themselves): ~8x fewer programs, the suite's
+    slowest tests several times faster. Compiled runs (MINFER_TEST_DEVICE=cuda) keep the defaults."""
+    from minfer.kernels import qmatmul
+
+    if not qmatmul.INTERPRETING:
+        yield
+        return
+    small = qmatmul._gemv_config
+
+    def wide(n: int, k: int, affine: bool = False) -> qmatmul.GemvConfig:
+        cfg = small(n, k, affine)
+        return qmatmul.GemvConfig(r=8, lr=8, wk=cfg.wk) if n * k <= qmatmul.SMALL_WEIGHTS else cfg
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(qmatmul, "_gemv_config", wide)
+        qmatmul.gemv_config.cache_clear()
+        yield
+    qmatmul.gemv_config.cache_clear()
+
+
 @pytest.fixture(scope="module")
 def pair(tiny_gguf, request):
     made = {}

@@ -81,6 +81,7 @@ LAUNCHERS = {
     "vk_qmatvec": wgsl_ops.qmatvec,
     "vk_matmul_tiled": wgsl_ops.qmatmul_tiled,
     "vk_rms_norm": wgsl_ops.rms_norm,
+    "vk_add_rms_norm": wgsl_ops.add_rms_norm,
     "vk_add": wgsl_ops.add,
     "vk_add_bias": wgsl_ops.add_bias,
     "vk_swiglu": wgsl_ops.swiglu,
