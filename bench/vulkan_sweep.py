@@ -253,8 +253,9 @@ def step_kinds(dev, rec, rounds: int = 3) -> dict | None:
 
 
 def _kind(label: str) -> str:
-    """A pipeline's label without its helper files (q8_act, rms_sumsq, argmax_tree, the x loader)."""
-    for helper in ("q8_act+", "qmatmul_x4+", "rms_sumsq+", "argmax_tree+"):
+    """A pipeline's label without its helper files (q8_act, rms_sumsq, argmax_tree, the x loader, the fused
+    norms' bindings and their shared entry point)."""
+    for helper in ("q8_act+", "qmatmul_x4+", "rms_sumsq+", "argmax_tree+", "add_norm_io+", "+norm_q8_main"):
         label = label.replace(helper, "")
     return label
 

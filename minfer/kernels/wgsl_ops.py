@@ -458,7 +458,7 @@ def rms_norm(x: VkTensor, w: VkTensor, eps: float, out: VkTensor | None = None, 
     out = _out(what, out, x, x.shape)
     if q8 and d % 32 == 0:
         rec = q8_records(x.dev, rows, d, q8)
-        pipe = x.dev.pipeline("rms_sumsq+q8_act+rms_norm_q8", {"WG": NORM_WG, "P8": q8})
+        pipe = x.dev.pipeline("rms_sumsq+q8_act+rms_norm_q8+norm_q8_main", {"WG": NORM_WG, "P8": q8})
         x.dev.dispatch(pipe, [x, w, _at(out), rec], [d, x.offset, x.stride, float(eps)],
                        (-(-d // (4 * NORM_WG)), rows))  # 4 elements an invocation: many workgroups a row
         out.q8 = rec
@@ -499,11 +499,11 @@ def add_rms_norm(x: VkTensor, y: VkTensor, w: VkTensor, eps: float, out: VkTenso
     params = [d, x.offset, y.offset, float(eps)]
     if q8 and d % 32 == 0:
         rec = q8_records(x.dev, rows, d, q8)
-        pipe = x.dev.pipeline("rms_sumsq+q8_act+add_rms_norm_q8", {"WG": NORM_WG, "P8": q8})
+        pipe = x.dev.pipeline("add_norm_io+rms_sumsq+q8_act+add_rms_norm_q8+norm_q8_main", {"WG": NORM_WG, "P8": q8})
         x.dev.dispatch(pipe, [x, y, w, _at(out), _at(sum_out), rec], params, (-(-d // (4 * NORM_WG)), rows))
         out.q8 = rec
         return out
-    pipe = x.dev.pipeline("rms_sumsq+add_rms_norm", {"WG": NORM_WG})
+    pipe = x.dev.pipeline("add_norm_io+rms_sumsq+add_rms_norm", {"WG": NORM_WG})
     x.dev.dispatch(pipe, [x, y, w, _at(out), _at(sum_out)], params, (rows,))
     return out
 

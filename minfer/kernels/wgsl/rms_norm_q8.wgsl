@@ -12,12 +12,3 @@ struct Params { d: u32, x_off: u32, x_stride: u32, eps: f32 }
 
 fn norm_in(row: u32, c: u32) -> f32 { return x[P.x_off + row * P.x_stride + c]; }
 fn norm_put(row: u32, c: u32, h: f32, v: f32) { out[row * P.d + c] = v; }
-
-@compute @workgroup_size(WG)
-fn main(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
-    let row = wg.y;
-    let rstd = row_rstd(row, lane);
-    let c = (wg.x * WG + lane.lid) * 4u;
-    let live = c < P.d;
-    q8_quad(quad_scale(row, c, rstd, live), row, c / 32u, P.d / 32u, live, lane);
-}
