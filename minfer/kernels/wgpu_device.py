@@ -44,7 +44,6 @@ from .cbuild import build
 WGSL_DIR = Path(__file__).resolve().parent / "wgsl"
 REPLAY_SOURCE = Path(__file__).resolve().parent / "csrc" / "wgpu_replay.c"
 SLOT = 256  # bytes per dispatch's uniform params (WebGPU's max min-uniform-buffer-offset-alignment)
-WARMUP_S = 0.2  # the device kept busy this long before a bandwidth is timed
 ARENA_SLOTS = 4096  # dispatches per flush before the arena grows (a SmolLM2 decode step records 337)
 
 DTYPES = {torch.float32: "F32", torch.int32: "I32", torch.uint8: "U8"}
@@ -503,10 +502,6 @@ class Device:
             cp.end()
             d.queue.submit([enc.finish()])
 
-        t_warm = time.perf_counter()  # an idle GPU runs its first ms at a low clock (run 45: 1.68 TB/s measured
-        while time.perf_counter() - t_warm < WARMUP_S:  # for the 7B right after its load, 4.13 for SmolLM2)
-            run()
-            self.sync()
         best = float("inf")
         for _ in range(3):
             t0 = time.perf_counter()
@@ -574,7 +569,7 @@ class _NativeReplay:
     def __init__(self, so: ctypes.CDLL, raw: tuple):
         from wgpu.backends.wgpu_native._ffi import ffi
 
-        (lib, *fns), rows = raw
+        (_lib, *fns), rows = raw
         addr = [int(ffi.cast("uintptr_t", f)) for f in fns]
         n = len(rows)
         self.fn, self.n, self.fns = so.minfer_replay, n, [ctypes.c_void_p(a) for a in addr]
