@@ -20,24 +20,27 @@ __all__ = ["Backend", "Batch", "SeqSpan", "create_backend", "DEVICES"]
 DEVICES = ("cpu", "cuda", "vulkan", "gpu")
 
 
-def create_backend(config: EngineConfig, comm=None) -> Backend:
+def create_backend(config: EngineConfig, comm=None, plan_only: bool = False) -> Backend:
     """The backend for `config.device`. No fallback: an unavailable device is a DeviceError.
-    `comm` (parallel/comm.py): this rank's communicator, for a tensor-parallel graph."""
+    `comm` (parallel/comm.py): this rank's communicator, for a tensor-parallel graph. `plan_only`:
+    a backend that only picks kernels at load (`minfer plan`; cpu and cuda)."""
     if config.device == "cpu":
         from .cpu import CPUBackend
 
-        return CPUBackend(config, comm=comm)
+        return CPUBackend(config, comm=comm, plan_only=plan_only)
     if config.device == "cuda":
         import torch
 
         from ..kernels._common import interpreting
 
-        if not torch.cuda.is_available() and not interpreting():
+        if not plan_only and not torch.cuda.is_available() and not interpreting():
             raise DeviceError("device 'cuda' requested but no CUDA GPU is visible to torch; use --device cpu")
         from .cuda import CUDABackend
 
-        return CUDABackend(config, comm=comm)
+        return CUDABackend(config, comm=comm, plan_only=plan_only)
     if config.device in ("vulkan", "gpu"):
+        if plan_only:
+            raise DeviceError("minfer plan: the vulkan backend picks its kernels on a device only")
         from .wgpu import WGPUBackend  # DeviceError when wgpu or an adapter is missing
 
         return WGPUBackend(config, comm=comm)

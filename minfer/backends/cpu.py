@@ -26,10 +26,11 @@ from ..gguf.reader import GGUFReader
 from ..graph.ir import Graph, Node, Op, WeightRef
 from ..kernels import cpu_vnni
 from . import cpu_ops
-from .base import Batch
+from .base import Backend, Batch
 from .cpu_weights import EmbeddingTable, Matrix, dense_f32, pick_kernel, prepared_bytes
-from .kv_cache import KVCache, kv_bytes
+from .kv_cache import KVCache, kv_bytes, kv_type
 from .plan import Plan, Step
+from .rope import rope_key, rope_tables
 
 # A KV cache larger than this fraction of physical memory is refused.
 KV_BUDGET = 0.5
@@ -97,7 +98,7 @@ def available_memory() -> int:
     return physical_memory()
 
 
-def plan_rows(graph: Graph, reader: GGUFReader, rows: int = 1, prefill: bool = False) -> list[dict]:
+def plan_rows(graph: Graph, reader: GGUFReader, rows: int = 1, prefill: bool = False, vnni: bool = True) -> list[dict]:
     """Per matmul node: the cpu kernel contract(s) its weight parts run on for a decode step of
     `rows` rows (or a prompt chunk of `rows` tokens, `prefill`; its output projection gets one
     row, the last token's) and the cost the picker predicts, in ns. Reads the header only:
@@ -112,7 +113,7 @@ def plan_rows(graph: Graph, reader: GGUFReader, rows: int = 1, prefill: bool = F
             info = reader.tensors[t.name]
             # the logits take the decode rows' kernel in prompts too (two activation passes on VNNI)
             c = pick_kernel(info.ggml_type, *info.torch_shape, rows=n_rows,
-                            decode=not prefill or node.id == graph.output)
+                            decode=not prefill or node.id == graph.output, vnni=vnni)
             names.append(c.kernel.name)
             cost += c.cost_ns
         out.append({"id": node.id, "name": node.name, "op": str(node.op), "layer": node.layer,
@@ -127,10 +128,11 @@ class _State:
     layers (a tuple lookup per node instead of tensor selects): keys and values n_layer x
     [n_kv, L, hd]."""
 
-    __slots__ = ("batch", "cache", "decode", "rope", "views", "at", "lens")
+    __slots__ = ("batch", "cache", "decode", "kind", "rope", "views", "at", "lens")
 
     def __init__(self, batch: Batch, cache: KVCache | None, decode: bool, c_attention: bool = False):
         self.batch, self.cache, self.decode, self.rope = batch, cache, decode, {}
+        self.kind = "decode" if decode else "prefill"
         self.views, self.at, self.lens = [], None, None
         if decode and cache is not None:
             n_kv, n_ctx = cache.k.shape[2], cache.k.shape[3]
@@ -151,13 +153,8 @@ class _State:
         return self.batch.n_tokens
 
 
-class _Describe:
-    """A stand-in state for naming kernels outside a step (trace_graph: a one-token decode)."""
-
-    decode, n_rows = True, 1
-
-
-KV_DTYPES = {"auto": torch.float32, "f32": torch.float32}
+KINDS = ("decode", "prefill")  # the ways a step runs: decode rows (compact weights), prompt chunks
+KV_SUPPORTED = ("f32",)
 
 
 def _add_into(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -165,21 +162,22 @@ def _add_into(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return x.add_(y) if x.dtype == torch.float32 else x + y
 
 
-class CPUBackend:
+class CPUBackend(Backend):
     name = "cpu"
     kv_itemsize = 4
     prefill_seqs = 1  # one prompt per step: every row's numbers independent of the other requests
 
-    def __init__(self, config: EngineConfig | None = None, comm=None):
+    def __init__(self, config: EngineConfig | None = None, comm=None, plan_only: bool = False):
+        """`plan_only`: `load` keeps the graph and the file's header for `plan_rows`, nothing more."""
         self.config = config or EngineConfig()
+        self.plan_only = plan_only
         self.comm = comm  # parallel/comm.py: the collectives of a tensor-parallel graph
         self._world = comm.world if comm is not None else 1  # ranks share the host's memory
         self._memory = physical_memory() // self._world
         self.threads = self.config.threads or physical_cores()
         torch.set_num_threads(self.threads)  # torch's setting is per process
-        if self.config.kv_dtype not in KV_DTYPES:
-            raise UnsupportedError(f"cpu backend: KV cache dtype {self.config.kv_dtype!r} is not supported "
-                                   f"(supported: {', '.join(KV_DTYPES)})")
+        kv_type("cpu", self.config.kv_dtype, KV_SUPPORTED)
+        self.vnni = self.config.cpu_vnni and cpu_vnni.available()
         self.graph: Graph | None = None
         self.plan: Plan | None = None
         self.cache: KVCache | None = None
@@ -188,8 +186,8 @@ class CPUBackend:
         self._matrices: dict[tuple[WeightRef, WeightRef | None], Matrix] = {}
         self._tables: dict[str, EmbeddingTable] = {}
         self._ropes: dict[tuple, torch.Tensor] = {}  # rope setting -> (cos, sin) [n_ctx, n_rot/2]
-        self._readers: dict[int, list[Node]] | None = None  # node id -> the nodes reading its value
-        self._last: dict[int, int] | None = None  # node id -> the last node reading its value
+        self.readers: dict[int, list[Node]] = {}  # node id -> the nodes reading its value
+        self.last_use: dict[int, int] = {}  # node id -> the last node reading its value
         self._flat: tuple = ((), ())  # the cache's per-layer [-1, hd] views (allocate)
         self._c_attention = False  # decode attention by the C kernel (allocate: where it runs, for these shapes)
 
@@ -197,36 +195,46 @@ class CPUBackend:
     def load(self, graph: Graph, reader: GGUFReader, progress: bool = True) -> None:
         """Prepare the weights the graph reads and compile the plan (tqdm bar if it takes > 0.5 s)."""
         self.graph, self._reader = graph, reader
+        if self.plan_only:
+            return
         self.check_memory(graph, reader)
+        self.readers, self.last_use = {}, graph.consumers_last_use()
+        for n in graph.nodes:
+            for i in n.inputs:
+                self.readers.setdefault(i, []).append(n)
         # Packing is byte shuffling bound by memory, and one thread does it about as fast as two on
         # a quiet machine; on a busy one every 2-thread region waits for a descheduled thread
         # (8B: 26 s with 1 thread, 159 s with 2, bench/NOTES.md). So weights are packed on one.
         torch.set_num_threads(1)
         try:
-            self.plan = Plan(graph, self._compile, progress=progress, comm=self.comm)
+            self.plan = Plan(graph, self._compile, KINDS, progress=progress, comm=self.comm)
         finally:
             torch.set_num_threads(self.threads)
         trim_heap()
 
-    def _vector(self, name: str) -> torch.Tensor:
+    def vector(self, name: str) -> torch.Tensor:
         if name not in self._vectors:
             self._vectors[name] = dense_f32(self._reader, self._reader.tensors[name]).contiguous()
         return self._vectors[name]
 
-    def _matrix(self, w: WeightRef, b: WeightRef | None) -> Matrix:
+    def matrix(self, w: WeightRef, b: WeightRef | None) -> Matrix:
         key = (w, b)
         if key not in self._matrices:
-            bias = torch.cat([self._vector(t.name) for t in b.tensors]) if b else None
+            bias = torch.cat([self.vector(t.name) for t in b.tensors]) if b else None
             infos = [self._reader.tensors[t.name] for t in w.tensors]
-            self._matrices[key] = m = Matrix(self._reader, infos, bias)
+            self._matrices[key] = m = Matrix(self._reader, infos, bias, vnni=self.vnni)
             if m.n * m.k >= TRIM_WEIGHTS:
                 trim_heap()
         return self._matrices[key]
 
-    @staticmethod
-    def weight_bytes(graph: Graph, reader: GGUFReader) -> int:
+    def table(self, name: str) -> EmbeddingTable:
+        if name not in self._tables:
+            self._tables[name] = EmbeddingTable(self._reader, self._reader.tensors[name])
+        return self._tables[name]
+
+    def weight_bytes(self, graph: Graph, reader: GGUFReader) -> int:
         """Bytes the prepared matrices will take (the packed int4 forms, float copies of F16)."""
-        return sum(prepared_bytes(reader.tensors[t.name]) for t in
+        return sum(prepared_bytes(reader.tensors[t.name], vnni=self.vnni) for t in
                    {t for n in graph.nodes if n.op == Op.MATMUL for t in n.weights["w"].tensors})
 
     def check_memory(self, graph: Graph, reader: GGUFReader) -> None:
@@ -236,141 +244,35 @@ class CPUBackend:
             raise InsufficientMemoryError(f"the cpu backend's weights of {reader.path.name}", need, have,
                                           "close other programs or use a smaller quantization")
 
-    @staticmethod
-    def _rope_key(node: Node) -> tuple:
-        p, ff = node.params, node.weights.get("freq_factors")
-        return (p["n_rot"], p["base"], p["freq_scale"], ff.name if ff else None)
-
-    # ------------------------------------------------------------------ compile
     def _compile(self, node: Node) -> Step:
-        op, ins, p = node.op, node.inputs, node.params
-        label = f"torch.{op.value}"
-        if op == Op.INPUT:
-            name = node.name
-            return Step(lambda vals, st: getattr(st.batch, name), label)
-        if op == Op.GET_ROWS:
-            if "w" in node.weights:
-                (i,), w = ins, node.weights["w"]
-                table = self._tables.setdefault(w.name, EmbeddingTable(self._reader, self._reader.tensors[w.name]))
-                return Step(lambda vals, st: table(vals[i]), label)
-            i, r = ins
-            return Step(lambda vals, st: vals[i].index_select(0, vals[r]), label)
-        if op == Op.RMS_NORM:
-            # bfloat16 straight away when only int4 matmuls read it (they would convert it first)
-            dtype = torch.bfloat16 if self._int4_inputs(node) else torch.float32
-            (i,), norm = ins, cpu_ops.RMSNorm(self._vector(node.weights["w"].name), p["eps"], dtype)
-            return Step(lambda vals, st: norm(vals[i]), label)
-        if op == Op.MATMUL:
-            m = self._matrix(node.weights["w"], node.weights.get("b"))
-            (i,) = ins
-            kernel = lambda st: m.kernel(st.decode)  # noqa: E731
-            if node.id == self.graph.output:  # logits are float32 whatever the weight's path
-                # and the VNNI kernels give them the decode rows' two activation passes in prompts too
-                return Step(lambda vals, st: m(vals[i], st.decode, passes=2).float(), lambda st: m.kernel(True))
-            direct = m.direct()
-            if direct is not None:  # one quantized kernel, no bias: called as it is
-                kind, mm = direct
-                if kind == "vnni":  # two int8 passes of the activations, decode rows and prompts alike
-                    return Step(lambda vals, st: mm(vals[i], 2), kernel)
-                return Step(lambda vals, st: mm(vals[i]), kernel)
-            return Step(lambda vals, st: m(vals[i], st.decode), kernel)
-        if op == Op.ADD:
-            i, j = ins
-            if self._owned_last_use(node, i):  # the residual stream: added to in place
-                return Step(lambda vals, st: _add_into(vals[i], vals[j]), label)
-            return Step(lambda vals, st: vals[i] + vals[j], label)
-        if op == Op.SLICE:
-            (i,), a, b = ins, p["start"], p["stop"]
-            return Step(lambda vals, st: vals[i][..., a:b], label)
-        if op == Op.SWIGLU:
-            i, j = ins
-            return Step(lambda vals, st: cpu_ops.swiglu(vals[i], vals[j]), label)
-        if op == Op.ROPE:
-            return Step(self._compile_rope(node), label)
-        if op == Op.ATTENTION:
-            return Step(self._compile_attention(node), label)
-        raise UnsupportedError(f"cpu backend: op {op} (node {node.name!r}) is not implemented")
+        compile_op = CPU_OPS.get(node.op)
+        if compile_op is None:
+            raise UnsupportedError(f"cpu backend: op {node.op} (node {node.name!r}) is not implemented")
+        fns = compile_op(self, node)
+        label = f"torch.{node.op.value}"
+        if callable(fns):  # the same function for decode rows and prompt chunks
+            return Step.same(fns, label, KINDS)
+        fns, kernels = fns
+        return Step(fns, kernels or dict.fromkeys(KINDS, label))
 
-    def _consumers(self, node: Node) -> list[Node]:
-        if self._readers is None:
-            self._readers = {}
-            for n in self.graph.nodes:
-                for i in n.inputs:
-                    self._readers.setdefault(i, []).append(n)
-        return self._readers.get(node.id, [])
-
-    def _int4_inputs(self, node: Node) -> bool:
+    def int4_inputs(self, node: Node) -> bool:
         """Whether every reader of the node's value is a matmul whose weights all run on torch's
         int4 kernels (which take bfloat16 activations; the VNNI kernel quantizes float32 ones)."""
         infos = self._reader.tensors
-        readers = self._consumers(node)
+        readers = self.readers.get(node.id, [])
         return bool(readers) and node.id != self.graph.output and all(
             r.op == Op.MATMUL and all(
-                pick_kernel(i.ggml_type, *i.torch_shape, decode=True).kernel.name.startswith("cpu_int4pack")
+                pick_kernel(i.ggml_type, *i.torch_shape, decode=True, vnni=self.vnni).kernel.name.startswith(
+                    "cpu_int4pack")
                 for i in (infos[t.name] for t in r.weights["w"].tensors))
             for r in readers)
 
-    def _owned_last_use(self, node: Node, i: int) -> bool:
+    def owned_last_use(self, node: Node, i: int) -> bool:
         """Whether input i is a fresh float tensor of this step (an Add's sum, an embedding row)
         that nothing reads after this node: the node may overwrite it."""
         src = self.graph.nodes[i]
-        if self._last is None:
-            self._last = self.graph.consumers_last_use()
-        return (self._last[i] == node.id and i != self.graph.output
+        return (self.last_use[i] == node.id and i != self.graph.output
                 and (src.op == Op.ADD or (src.op == Op.GET_ROWS and "w" in src.weights)))
-
-    def _compile_rope(self, node: Node):
-        p = node.params
-        key = self._rope_key(node)
-        ropes = self._ropes
-        i, pos = node.inputs
-        n_heads, hd, n_rot, style = p["n_heads"], p["head_dim"], p["n_rot"], p["style"]
-
-        def run(vals, st: _State) -> torch.Tensor:
-            rot = st.rope.get(key)
-            if rot is None:  # first RoPE node of the step: the tokens' rotations, for all layers
-                cos, sin = ropes[key]
-                positions = vals[pos]
-                rot = st.rope[key] = cpu_ops.rope_rotation(cos[positions], sin[positions])
-            return cpu_ops.apply_rope(vals[i], rot, n_heads, hd, n_rot, style)
-
-        return run
-
-    def _compile_attention(self, node: Node):
-        p = node.params
-        q_i, k_i, v_i, _ = node.inputs
-        layer, n_head, n_kv, hd, scale = p["kv_layer"], p["n_head"], p["n_head_kv"], p["head_dim"], p["scale"]
-
-        def run(vals, st: _State) -> torch.Tensor:
-            if st.decode:  # one query per sequence, over its own cache
-                q, k, v = vals[q_i], vals[k_i], vals[v_i]
-                rows = q.shape[0]
-                kc, vc = self._flat[0][layer], self._flat[1][layer]  # [slot * n_kv * n_ctx, hd]
-                kc.index_copy_(0, st.at, k.reshape(rows * n_kv, hd).to(kc.dtype))  # each row at its slot, position
-                vc.index_copy_(0, st.at, v.reshape(rows * n_kv, hd).to(vc.dtype))
-                if st.lens is not None:  # every row in one call (csrc/q4_vnni.c attn_decode)
-                    return cpu_vnni.attention_decode(q, st.cache.k[layer], st.cache.v[layer], st.batch.row_slots,
-                                                     st.lens, n_head, scale)
-                if rows == 1:
-                    keys, values = st.views[0]
-                    out = cpu_ops.attention_decode(q.view(1, n_head, 1, hd), keys[layer], values[layer], scale)
-                    return out.view(1, n_head * hd)
-                qs = q.view(rows, 1, n_head, 1, hd).unbind(0)
-                return torch.cat([cpu_ops.attention_decode(qs[b], keys[layer], values[layer], scale)
-                                  for b, (keys, values) in enumerate(st.views)]).view(rows, n_head * hd)
-            kc, vc = st.cache.k[layer], st.cache.v[layer]
-            q = vals[q_i].unflatten(-1, (n_head, hd))
-            k = vals[k_i].unflatten(-1, (n_kv, hd)).transpose(0, 1)
-            v = vals[v_i].unflatten(-1, (n_kv, hd)).transpose(0, 1)
-            out = torch.empty(q.shape[0], n_head * hd)
-            for s in st.batch.spans:
-                rows = slice(s.offset, s.offset + s.n_tokens)
-                kc[s.slot, :, s.start:s.end] = k[:, rows]
-                vc[s.slot, :, s.start:s.end] = v[:, rows]
-                out[rows] = cpu_ops.attention(q[rows], kc[s.slot], vc[s.slot], s.start, scale)
-            return out
-
-        return run
 
     def decode_weight_bytes(self) -> int:
         """Bytes of weights one decode row reads: every prepared matrix once (its packed form)
@@ -399,17 +301,10 @@ class CPUBackend:
         self.cache = KVCache(m["n_layer"], n_slots, n_ctx, m["n_head_kv"], m["head_dim"])
         # per layer, every slot's positions as rows [slot * n_kv * n_ctx, hd]: decode writes by index
         self._flat = tuple(t.view(m["n_layer"], -1, m["head_dim"]).unbind(0) for t in (self.cache.k, self.cache.v))
-        self._c_attention = cpu_vnni.available() and all(
+        self._c_attention = self.vnni and all(
             cpu_vnni.attention_fits(n.params["n_head"], n.params["n_head_kv"], n.params["head_dim"])
             for n in self.graph.nodes if n.op == Op.ATTENTION)
-        self._ropes.clear()
-        for node in self.graph.nodes:
-            if node.op == Op.ROPE:
-                key = self._rope_key(node)
-                if key not in self._ropes:
-                    p, ff = node.params, node.weights.get("freq_factors")
-                    factors = self._vector(ff.name) if ff else None
-                    self._ropes[key] = cpu_ops.rope_table(n_ctx, p["n_rot"], p["base"], p["freq_scale"], factors)
+        self._ropes = rope_tables(self.graph, n_ctx, lambda w: self.vector(w.name))
 
     # ------------------------------------------------------------------ run
     def forward(self, batch: Batch, recorder=None) -> torch.Tensor:
@@ -431,4 +326,129 @@ class CPUBackend:
 
     def trace_graph(self) -> list[dict]:
         """The graph's nodes for TraceRecorder.set_graph, each with its decode-step kernel."""
-        return self.plan.trace_nodes(_Describe())
+        return self.plan.trace_nodes("decode")
+
+    def plan_rows(self, rows: int = 1, prefill: bool = False) -> list[dict]:
+        return plan_rows(self.graph, self._reader, rows, prefill, self.vnni)
+
+
+# ---------------------------------------------------------------------- the op table
+# Per op: compile(backend, node) -> a step function for every way of running, or
+# ({way: fn}, {way: kernel name} or None). The functions are the reference math of cpu_ops.py.
+
+
+def _input(be: CPUBackend, node: Node):
+    name = node.name
+    return lambda vals, st: getattr(st.batch, name)
+
+
+def _get_rows(be: CPUBackend, node: Node):
+    if "w" in node.weights:
+        (i,), table = node.inputs, be.table(node.weights["w"].name)
+        return lambda vals, st: table(vals[i])
+    i, r = node.inputs
+    return lambda vals, st: vals[i].index_select(0, vals[r])
+
+
+def _rms_norm(be: CPUBackend, node: Node):
+    # bfloat16 straight away when only int4 matmuls read it (they would convert it first)
+    dtype = torch.bfloat16 if be.int4_inputs(node) else torch.float32
+    (i,), norm = node.inputs, cpu_ops.RMSNorm(be.vector(node.weights["w"].name), node.params["eps"], dtype, be.vnni)
+    return lambda vals, st: norm(vals[i])
+
+
+def _matmul(be: CPUBackend, node: Node):
+    m = be.matrix(node.weights["w"], node.weights.get("b"))
+    (i,) = node.inputs
+    kernels = {"decode": m.kernel(True), "prefill": m.kernel(False)}
+    if node.id == be.graph.output:  # logits are float32 whatever the weight's path
+        # and the VNNI kernels give them the decode rows' two activation passes in prompts too
+        fn = lambda vals, st: m(vals[i], st.decode, passes=2).float()  # noqa: E731
+        return dict.fromkeys(KINDS, fn), dict.fromkeys(KINDS, m.kernel(True))
+    direct = m.direct()
+    if direct is not None:  # one quantized kernel, no bias: called as it is
+        kind, mm = direct
+        if kind == "vnni":  # two int8 passes of the activations, decode rows and prompts alike
+            fn = lambda vals, st: mm(vals[i], 2)  # noqa: E731
+        else:
+            fn = lambda vals, st: mm(vals[i])  # noqa: E731
+        return dict.fromkeys(KINDS, fn), kernels
+    return {"decode": lambda vals, st: m(vals[i], True), "prefill": lambda vals, st: m(vals[i], False)}, kernels
+
+
+def _add(be: CPUBackend, node: Node):
+    i, j = node.inputs
+    if be.owned_last_use(node, i):  # the residual stream: added to in place
+        return lambda vals, st: _add_into(vals[i], vals[j])
+    return lambda vals, st: vals[i] + vals[j]
+
+
+def _slice(be: CPUBackend, node: Node):
+    (i,), a, b = node.inputs, node.params["start"], node.params["stop"]
+    return lambda vals, st: vals[i][..., a:b]
+
+
+def _swiglu(be: CPUBackend, node: Node):
+    i, j = node.inputs
+    return lambda vals, st: cpu_ops.swiglu(vals[i], vals[j])
+
+
+def _rope(be: CPUBackend, node: Node):
+    p = node.params
+    key = rope_key(node)
+    i, pos = node.inputs
+    n_heads, hd, n_rot, style = p["n_heads"], p["head_dim"], p["n_rot"], p["style"]
+
+    def run(vals, st: _State) -> torch.Tensor:
+        rot = st.rope.get(key)
+        if rot is None:  # first RoPE node of the step: the tokens' rotations, for all layers
+            cos, sin = be._ropes[key]
+            positions = vals[pos]
+            rot = st.rope[key] = cpu_ops.rope_rotation(cos[positions], sin[positions])
+        return cpu_ops.apply_rope(vals[i], rot, n_heads, hd, n_rot, style)
+
+    return run
+
+
+def _attention(be: CPUBackend, node: Node):
+    p = node.params
+    q_i, k_i, v_i, _ = node.inputs
+    layer, n_head, n_kv, hd, scale = p["kv_layer"], p["n_head"], p["n_head_kv"], p["head_dim"], p["scale"]
+
+    def decode(vals, st: _State) -> torch.Tensor:  # one query per sequence, over its own cache
+        q, k, v = vals[q_i], vals[k_i], vals[v_i]
+        rows = q.shape[0]
+        kc, vc = be._flat[0][layer], be._flat[1][layer]  # [slot * n_kv * n_ctx, hd]
+        kc.index_copy_(0, st.at, k.reshape(rows * n_kv, hd).to(kc.dtype))  # each row at its slot, position
+        vc.index_copy_(0, st.at, v.reshape(rows * n_kv, hd).to(vc.dtype))
+        if st.lens is not None:  # every row in one call (csrc/q4_vnni.c attn_decode)
+            return cpu_vnni.attention_decode(q, st.cache.k[layer], st.cache.v[layer], st.batch.row_slots,
+                                             st.lens, n_head, scale)
+        if rows == 1:
+            keys, values = st.views[0]
+            out = cpu_ops.attention_decode(q.view(1, n_head, 1, hd), keys[layer], values[layer], scale)
+            return out.view(1, n_head * hd)
+        qs = q.view(rows, 1, n_head, 1, hd).unbind(0)
+        return torch.cat([cpu_ops.attention_decode(qs[b], keys[layer], values[layer], scale)
+                          for b, (keys, values) in enumerate(st.views)]).view(rows, n_head * hd)
+
+    def prefill(vals, st: _State) -> torch.Tensor:
+        kc, vc = st.cache.k[layer], st.cache.v[layer]
+        q = vals[q_i].unflatten(-1, (n_head, hd))
+        k = vals[k_i].unflatten(-1, (n_kv, hd)).transpose(0, 1)
+        v = vals[v_i].unflatten(-1, (n_kv, hd)).transpose(0, 1)
+        out = torch.empty(q.shape[0], n_head * hd)
+        for s in st.batch.spans:
+            rows = slice(s.offset, s.offset + s.n_tokens)
+            kc[s.slot, :, s.start:s.end] = k[:, rows]
+            vc[s.slot, :, s.start:s.end] = v[:, rows]
+            out[rows] = cpu_ops.attention(q[rows], kc[s.slot], vc[s.slot], s.start, scale)
+        return out
+
+    return {"decode": decode, "prefill": prefill}, None
+
+
+CPU_OPS = {
+    Op.INPUT: _input, Op.GET_ROWS: _get_rows, Op.RMS_NORM: _rms_norm, Op.MATMUL: _matmul, Op.ADD: _add,
+    Op.SLICE: _slice, Op.SWIGLU: _swiglu, Op.ROPE: _rope, Op.ATTENTION: _attention,
+}

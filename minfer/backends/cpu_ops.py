@@ -21,12 +21,12 @@ class RMSNorm:
     rounding change with the row count), so a row's result is the same whatever else is in the
     batch."""
 
-    def __init__(self, w: torch.Tensor, eps: float, dtype: torch.dtype = torch.float32):
+    def __init__(self, w: torch.Tensor, eps: float, dtype: torch.dtype = torch.float32, c: bool = True):
         self.w = w
         self.eps = float(eps)
         self.dtype = dtype  # of the result: bfloat16 when the only consumers are int4 matmuls
-        # float32 results of a width the C kernel takes run there, where it is available
-        self.c = dtype == torch.float32 and w.dtype == torch.float32 and cpu_vnni.available() and \
+        # float32 results of a width the C kernel takes run there, where it is available (and `c` allows it)
+        self.c = c and dtype == torch.float32 and w.dtype == torch.float32 and cpu_vnni.available() and \
             cpu_vnni.norm_fits(torch.float32, w.shape[0]) and w.is_contiguous()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -75,15 +75,16 @@ VNNI_DECODE = {"cpu_q4_vnni": "cpu_q4_vnni2", "cpu_q8_vnni": "cpu_q8_vnni2"}
 VNNI_KERNELS = set(VNNI_DECODE) | set(VNNI_DECODE.values())
 
 
-def pick_kernel(qtype: GGMLType, n: int, k: int, rows: int = 1, decode: bool = False) -> Candidate:
+def pick_kernel(qtype: GGMLType, n: int, k: int, rows: int = 1, decode: bool = False, vnni: bool = True) -> Candidate:
     """The cpu kernel contract for a matmul by an [n, k] weight of this type over `rows` rows of
     a prompt chunk (or, `decode`, of decode rows), as the picker ranks them
-    (minfer/kernels/contracts/cpu_matmul.fkc.md, cpu_vnni.fkc.md)."""
+    (minfer/kernels/contracts/cpu_matmul.fkc.md, cpu_vnni.fkc.md); `vnni`: the C kernels may run
+    (the CPU has the instructions, a compiler built them, the configuration allows them)."""
     info = QUANT_TABLE[qtype]
     ok, rejected = candidates("QMatMul", {"x": "F32", "w": info.contract_name},
                               {"x": (rows, k), "w": (n, k // info.block_elems * info.block_bytes)},
                               {"n": n, "k": k, "qtype": qtype}, "CPU")
-    if not cpu_vnni.available():  # the VNNI kernels need the CPU's instructions and a C compiler
+    if not (vnni and cpu_vnni.available()):  # the VNNI kernels need the CPU's instructions and a C compiler
         ok = [c for c in ok if c.kernel.contract.kernel_source != "c"]
     # decode rows and prompt chunks alike take the two-pass variant: with one pass on prompts the
     # default model answered "What is the capital of France?" with "L'Étoile, la Marseillaise..."
@@ -96,19 +97,19 @@ def pick_kernel(qtype: GGMLType, n: int, k: int, rows: int = 1, decode: bool = F
     return ok[0]
 
 
-def prepared_bytes(info: TensorInfo) -> int:
+def prepared_bytes(info: TensorInfo, vnni: bool = True) -> int:
     """Memory a matrix of this tensor takes once prepared (before preparing it)."""
     n, k = info.torch_shape
-    if pick_kernel(info.ggml_type, n, k).kernel.name in VNNI_KERNELS:
+    if pick_kernel(info.ggml_type, n, k, vnni=vnni).kernel.name in VNNI_KERNELS:
         return cpu_vnni.packed_bytes(n, k, info.ggml_type)
     if info.ggml_type in INT4_TYPES:
         return packed_bytes(n, k, info.ggml_type)
     return n * k * (4 if info.ggml_type == GGMLType.F16 else info.nbytes // (n * k))
 
 
-def kernel_name(qtype: GGMLType, n: int = 64, k: int = 256) -> str:
+def kernel_name(qtype: GGMLType, n: int = 64, k: int = 256, vnni: bool = True) -> str:
     """The kernel contract a weight of this type runs on (prefill and decode alike)."""
-    return pick_kernel(qtype, n, k).kernel.name
+    return pick_kernel(qtype, n, k, vnni=vnni).kernel.name
 
 
 class Matrix:
@@ -119,16 +120,17 @@ class Matrix:
     different families (a Q4_K_M file's Q4_K q/k with a Q6_K v) run one kernel per run of parts
     and their columns are concatenated. Every output row depends on its input row alone."""
 
-    def __init__(self, reader: GGUFReader, infos: list[TensorInfo], bias: torch.Tensor | None):
+    def __init__(self, reader: GGUFReader, infos: list[TensorInfo], bias: torch.Tensor | None, vnni: bool = True):
         self._parts = (reader, infos)
+        self.vnni = vnni
         self.bias = bias
         self.n, self.k = sum(i.torch_shape[0] for i in infos), infos[0].torch_shape[1]
         self._runs: list[tuple[str, object]] = []
         # each part's kernel, as the contracts choose it; consecutive parts on the same kernel
         # are packed together (one call)
-        names = [pick_kernel(i.ggml_type, *i.torch_shape).kernel.name for i in infos]
-        self._decode_names = tuple(dict.fromkeys(pick_kernel(i.ggml_type, *i.torch_shape, decode=True).kernel.name
-                                                 for i in infos))
+        names = [pick_kernel(i.ggml_type, *i.torch_shape, vnni=vnni).kernel.name for i in infos]
+        self._decode_names = tuple(dict.fromkeys(
+            pick_kernel(i.ggml_type, *i.torch_shape, decode=True, vnni=vnni).kernel.name for i in infos))
         run: list[TensorInfo] = []
         for j, info in enumerate(infos + [None]):
             if run and (info is None or names[j] != names[j - 1]):
@@ -140,7 +142,7 @@ class Matrix:
         self.nbytes = sum(fn.nbytes for _, fn in self._runs)
 
     def _prepare(self, reader: GGUFReader, infos: list[TensorInfo]) -> tuple[str, object]:
-        if pick_kernel(infos[0].ggml_type, *infos[0].torch_shape).kernel.name in VNNI_KERNELS:
+        if pick_kernel(infos[0].ggml_type, *infos[0].torch_shape, vnni=self.vnni).kernel.name in VNNI_KERNELS:
             mm = cpu_vnni.Q4Vnni([(raw_rows(reader, i), i.ggml_type, *i.torch_shape) for i in infos])
             for i in infos:
                 reader.release(i.name)

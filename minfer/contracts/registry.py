@@ -176,7 +176,8 @@ def read_judge_report(reg: Registry, path: Path) -> None:
         raise MinferError(f"judge report {path}: unreadable or malformed ({type(e).__name__}: {e})") from None
 
 
-@functools.lru_cache(maxsize=1)
-def default_registry() -> Registry:
-    """The package's registry, loaded once per process (contracts are package data: read-only)."""
-    return load_registry()
+@functools.lru_cache(maxsize=4)
+def default_registry(judge_report: str | None = None) -> Registry:
+    """The package's registry (with a judge report's measurements, when given), loaded once per
+    process (contracts are package data: read-only)."""
+    return load_registry(judge_report=judge_report)
