@@ -187,7 +187,7 @@ class Backend(ABC):
         token: the argmax, or with `params` (int32 [7, B], kernels/sample.py pack_params) the
         row's draw. `after`: the step before, whose picked tokens are this step's inputs. This
         default runs `forward` and picks on the host; `device_pick` backends launch and return."""
-        from ..kernels.sample import sample_rows_host
+        from ..kernels.sample import sample_rows
 
         if after is not None:
             toks = after.tokens()
@@ -196,7 +196,7 @@ class Backend(ABC):
         logits = self.forward(batch).float().cpu()
         if params is None:
             return HostPicked(torch.argmax(logits, dim=-1).tolist())
-        return HostPicked(sample_rows_host(logits, params.cpu()).tolist())
+        return HostPicked(sample_rows(logits, params.cpu()).tolist())
 
     def warmup(self) -> None:
         """Compile and capture what the first requests would otherwise wait for (a server calls

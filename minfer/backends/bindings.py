@@ -314,7 +314,7 @@ def _add_rms_norm_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call,
     sure nothing reads x after), else into a fresh buffer."""
     i, j = node.inputs
     w, eps = c.vector(node.weights["w"]), node.params["eps"]
-    rt, in_place = c.rt, kernel.contract.caps.in_place
+    rt, in_place = c.rt, "residual_in_place" in kernel.contract.caps.also
     records = _q8_writer(c, node, way, node.shape[-1])
 
     def fn(vals, st):

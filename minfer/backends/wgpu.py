@@ -30,7 +30,7 @@ from ..gguf.reader import GGUFReader
 from ..graph.fuse import fuse
 from ..graph.ir import Graph, WeightRef
 from ..kernels import wgsl_ops
-from ..kernels.sample import KMAX, PARAM_ROWS, sample_rows_host
+from ..kernels.sample import KMAX, PARAM_ROWS, sample_rows
 from ..kernels.wgpu_device import Device, VkTensor
 from ..quant.reference import dequantize
 from .base import Backend, Batch
@@ -310,7 +310,7 @@ class WGPUBackend(Backend):
         logits = self._logits(batch, tokens)
         if params is None:
             return VkPicked(b, self.argmax(x=logits))
-        return VkPicked(b, None, sample_rows_host(logits.cpu(), params.cpu()).tolist())
+        return VkPicked(b, None, sample_rows(logits.cpu(), params.cpu()).tolist())
 
     def warmup(self) -> None:
         """Compile now what the first requests would otherwise wait for: the pipelines of a prompt

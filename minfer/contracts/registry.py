@@ -47,6 +47,7 @@ class BoundKernel:
     revision: str
     takes_out: bool  # the launcher has an `out=` parameter (outputs can be preallocated/poisoned)
     load_layouts: dict[str, Callable] = field(default_factory=dict)  # input name -> load-time transform
+    q8_passes: Callable | None = None  # caps.q8_passes: (n, k, qtype, **settings) -> the int8 x passes it reads
 
     @property
     def name(self) -> str:
@@ -151,7 +152,8 @@ def load_registry(
             fn = resolve_entry_point(sec.entry_point, trusted)  # validated above, so it resolves
             base = cf.provider.revision_base if cf.provider else None
             layouts = {i.name: resolve_entry_point(i.load_layout, trusted) for i in sec.inputs if i.load_layout}
-            kernels[sec.kernel] = BoundKernel(sec, fn, revision_of(sec, fn, base), _takes_out(fn), layouts)
+            passes = resolve_entry_point(sec.caps.q8_passes, trusted) if sec.caps.q8_passes else None
+            kernels[sec.kernel] = BoundKernel(sec, fn, revision_of(sec, fn, base), _takes_out(fn), layouts, passes)
     reg = Registry(files, errors, kernels)
     report = Path(judge_report) if judge_report else (JUDGE_REPORT if JUDGE_REPORT.is_file() else None)
     if report is not None:

@@ -198,22 +198,43 @@ def _fused(group: list[Node], op: Op, name: str, inputs: tuple[int, ...], export
 
 
 def _rewrite(graph: Graph, fusions: dict[int, tuple[Node, list[Node], tuple[Node, ...]]]) -> Graph:
-    """Emit `graph` with each fusion in place of its group: fusions maps the group's last member
-    id -> (fused node with graph-id inputs, the group, the members its exports stand for). A fused
-    node with one export takes that member's place; with several, a Pick per export does."""
-    absorbed = {n.id for _, group, _ in fusions.values() for n in group}
+    """Emit `graph` with each fusion in place of its group: fusions maps a group member id ->
+    (fused node with graph-id inputs, the group, the members its exports stand for). The fused
+    node goes where its group's first member was, or later, once every input it reads is emitted
+    (readers of a member between the members then read it from the fused node). A fused node
+    with one export takes that member's place; with several, a Pick per export does."""
+    groups = {id(v[0]): v for v in fusions.values()}
+    absorbed = {n.id: id(fused) for fused, group, _ in groups.values() for n in group}
+    pending: list[tuple] = []
     rw = _Rewriter(graph)
-    for n in graph.nodes:
-        if n.id in fusions:
-            fused, _, stands_for = fusions[n.id]
+
+    def ready(fused: Node) -> bool:
+        return all(i in rw.ref for i in fused.inputs)
+
+    def flush() -> None:
+        for entry in [e for e in pending if ready(e[0])]:
+            pending.remove(entry)
+            fused, _, stands_for = entry
             if len(stands_for) == 1:
                 rw.emit(fused, stands_for[0].id)
             else:
                 f = rw.emit(fused)
                 for i, member in enumerate(stands_for):
                     rw.view(Op.PICK, f, member, index=i)
-        elif n.id not in absorbed:
+
+    for n in graph.nodes:
+        key = absorbed.get(n.id)
+        if key is not None:
+            entry = groups.pop(key, None)
+            if entry is not None:  # the group's first member: its fused node from here on
+                pending.append(entry)
+        elif all(i in rw.ref for i in n.inputs):
             rw.emit(n, n.id)
+        else:  # reads a member whose fused node waits for an input: never in a topological graph
+            raise ValueError(f"graph/fuse: node {n.name!r} reads a fused value before it can exist")
+        flush()
+    if pending:
+        raise ValueError(f"graph/fuse: fused node {pending[0][0].name!r} reads a value no node computes")
     return rw.result()
 
 

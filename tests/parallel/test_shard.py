@@ -112,7 +112,7 @@ def test_a_rank_of_the_70b_shape_plans_on_cuda_from_the_header(tmp_path, monkeyp
     from minfer.backends.cuda import CUDABackend
     from minfer.config import EngineConfig
     from minfer.gguf.synth import PRESETS
-    from minfer.graph.passes import optimize
+    from minfer.graph.fuse import optimize
 
     monkeypatch.setitem(PRESETS, "llama3-70b-2", replace(PRESETS["llama3-70b"], name="llama3-70b-2", n_layers=2))
     path = synth("llama3-70b-2", "q4_k", tmp_path / "70b.gguf", header_only=True)
