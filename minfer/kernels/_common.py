@@ -13,7 +13,8 @@ picks which one lets its dependents start once all its programs reach it), and `
 before it reads anything an earlier kernel wrote and before its first store (a reused buffer
 may still be read by the kernel before it); only reads of weights may come before the wait.
 Every kernel of the chain waits, so a kernel whose wait returned sees the results of all
-kernels before it. Off under the interpreter, before sm_90, and with MINFER_NO_PDL=1.
+kernels before it. Off under the interpreter, before sm_90, and where the backend turns it off
+(`configure_pdl`: EngineConfig.pdl, MINFER_NO_PDL=1).
 
 Grids: totals are computed in Python ints (arbitrary precision, so the 64-bit arithmetic of
 seed 000 §2.2 comes free) and checked against CUDA's grid limits instead of clamped: a grid that
@@ -30,7 +31,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ..config import env
 from ..errors import DeviceError, UnsupportedError
 from .checks import check_int, check_tensor, make_out, rows_view, same_device, view_as
 
@@ -88,6 +88,7 @@ if interpreting():
     _fix_interpreter_index()
 
 _WANTED_DEVICE = "cpu" if interpreting() else "cuda"
+_PDL_WANTED = [True]  # the cuda backend's setting (configure_pdl)
 _PDL_ON: bool | None = None
 # kernel kind -> 0 off, 1 release the next kernel late, 2 early; only kernels captured into a CUDA
 # graph take PDL (eager prompt chunks are bound by the host's launches, not by gaps on the GPU).
@@ -98,15 +99,23 @@ PDL_GRAPH_ONLY = True
 _PDL_ARGS = {0: {"PDL": 0}, 1: {"PDL": 1, "launch_pdl": True}, 2: {"PDL": 2, "launch_pdl": True}}
 
 
+def configure_pdl(wanted: bool) -> None:
+    """The cuda backend's setting (EngineConfig.pdl): whether its kernels may use PDL where the GPU
+    and Triton have it. A process runs one cuda backend's settings at a time."""
+    global _PDL_ON
+    if _PDL_WANTED[0] != bool(wanted):
+        _PDL_WANTED[0], _PDL_ON = bool(wanted), None
+
+
 def pdl_args(kind: str = "other") -> dict:
     """Launch keywords of programmatic dependent launch for a kernel of `kind` ("gemv" or
     "other"): {PDL: mode, launch_pdl: True} on an sm_90+ GPU with a Triton that has the option,
     else {PDL: 0}. Mode 2 releases the next kernel when this one starts, mode 1 when its main
-    work is done (before its stores). Availability is decided once."""
+    work is done (before its stores). Availability is decided once (per `configure_pdl`)."""
     global _PDL_ON
     if _PDL_ON is None:
         on = False
-        if not interpreting() and not env("MINFER_NO_PDL", False) and torch.cuda.is_available():
+        if not interpreting() and _PDL_WANTED[0] and torch.cuda.is_available():
             from triton.backends.nvidia.compiler import CUDAOptions
 
             on = torch.cuda.get_device_capability()[0] >= 9 and "launch_pdl" in CUDAOptions.__dataclass_fields__

@@ -31,6 +31,8 @@ from ..errors import UnsupportedError
 from ..quant.types import GGMLType
 from ._common import check_device, check_tensor, make_out
 from .qmatmul import (
+    ACT_Q8_PASSES,
+    INT4_TYPES,
     GemvConfig,
     GemvPacked,
     Int4Packed,
@@ -114,26 +116,29 @@ def _permuted(raw: torch.Tensor, n: int, perm: torch.Tensor) -> torch.Tensor:
     return rows.index_select(0, perm.to(rows.device)).contiguous()
 
 
-def repack_swiglu(raw: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str) -> PairPacked:
-    """Raw GGUF bytes of a stacked gate+up [n, k] weight -> its SwiGLU pair layout."""
+def repack_swiglu(raw: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str,
+                  act_q8: int = ACT_Q8_PASSES) -> PairPacked:
+    """Raw GGUF bytes of a stacked gate+up [n, k] weight -> its SwiGLU pair layout (its GEMV
+    config: the type's default with `act_q8` int8 activation passes where it takes them)."""
     what = "repack_swiglu"
     t = gemv_type(what, qtype)
     check_tensor(what, "raw", raw, (torch.uint8,))
-    cfg = gemv_default_config(n, k, t)
+    cfg = gemv_default_config(n, k, t, act_q8)
     _check_tiles(what, n, cfg)
     inner = repack_gemv(_permuted(raw, n, swiglu_perm(n, cfg.block_n)), n, k, t)
     return PairPacked(inner, t, n, k, cfg)
 
 
 def repack_rope(raw: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str, n_heads: int, head_dim: int,
-                n_rot: int, neox: bool) -> PairPacked:
+                n_rot: int, neox: bool, act_q8: int = ACT_Q8_PASSES) -> PairPacked:
     """Raw GGUF bytes of a stacked q+k+v [n, k] weight -> its RoPE pair layout for rotating the
-    first n_heads heads of head_dim columns (n_rot of them, neox or normal pairs)."""
+    first n_heads heads of head_dim columns (n_rot of them, neox or normal pairs); `act_q8` as
+    for repack_swiglu."""
     what = "repack_rope"
     t = gemv_type(what, qtype)
     check_tensor(what, "raw", raw, (torch.uint8,))
     _check_rope(what, n, n_heads, head_dim, n_rot)
-    cfg = gemv_default_config(n, k, t)
+    cfg = gemv_default_config(n, k, t, act_q8)
     _check_tiles(what, n, cfg)
     perm, freq = rope_perm(n, n_heads, head_dim, n_rot, bool(neox), cfg.block_n)
     inner = repack_gemv(_permuted(raw, n, perm), n, k, t)
@@ -236,14 +241,12 @@ def gemv_rope(x: torch.Tensor, w: PairPacked | torch.Tensor, b: torch.Tensor, po
     return out
 
 
-def input_q8_passes(w) -> int:
-    """The int8 activation passes the GEMV launchers (these and qmatmul's) run with their default
-    config on the laid-out weight `w` (0: f32 x): how many a producer of x may write ahead of
-    the call (the RMSNorm's `q8=` buffers, given to the GEMV as `xq=`)."""
-    if isinstance(w, PairPacked):
-        return w.config.q8 if isinstance(w.inner, Q4_0Packed | Int4Packed) else 0
-    if isinstance(w, Q4_0Packed):
-        return gemv_config(w.n, w.k).q8
-    if isinstance(w, Int4Packed):
-        return gemv_config(w.n, w.k, True).q8
-    return 0
+def q8_passes(n: int, k: int, qtype: GGMLType | int | str, act_q8: int = ACT_Q8_PASSES, **_) -> int:
+    """The int8 activation passes the decode GEMVs (these and qmatmul's) read x in for an [n, k]
+    weight of `qtype` on its default config (0: f32 x): what the node before them may write
+    (the contracts' `caps.q8_passes`; the compiler pairs the two, backends/compile.py)."""
+    try:
+        t = gemv_type("q8_passes", qtype)
+    except UnsupportedError:
+        return 0
+    return gemv_default_config(n, k, t, act_q8).q8 if t in (GGMLType.Q4_0, *INT4_TYPES) else 0
