@@ -55,7 +55,7 @@ def add_norm_pairs(graph: Graph) -> dict[int, int]:
     (`AddRMSNorm`): the norm reads the add's output, and the add's first operand (the residual) is
     a buffer of its own (an add's, the embedding's or an all-reduce's output) read by nothing after
     the add, so the fused kernel may write the sum over it (cuda does; vulkan writes it to a fresh
-    buffer, wgsl_ops.add_rms_norm says why). One rule for every backend that fuses the pair."""
+    buffer, kernels/wgsl/norm.py add_rms_norm says why). One rule for every backend that fuses the pair."""
     last = graph.consumers_last_use()
     by_id = {n.id: n for n in graph.nodes}
     pairs = {}

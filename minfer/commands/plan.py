@@ -50,11 +50,11 @@ def plan(a: argparse.Namespace) -> int:
     graph = optimize(graph)
     rows_per_step = a.prefill or a.batch
     if a.device == "cpu":  # matmuls only: the cpu backend's other ops have no contracts
-        from ..backends.cpu import plan_rows
+        from ..backends.cpu.backend import plan_rows
 
         rows = plan_rows(graph, reader, rows_per_step, prefill=bool(a.prefill))
     else:
-        from ..backends.cuda import CUDABackend
+        from ..backends.cuda.backend import CUDABackend
 
         reg = load_registry(judge_report=a.judge_report) if a.judge_report else None
         be = CUDABackend(EngineConfig.from_env(device="cuda"), registry=reg, plan_only=True)
