@@ -15,20 +15,20 @@ package calls os.environ. Switches:
 - MINFER_WGPU_SUBGROUPS=0  WGSL reductions through shared memory even where the adapter has subgroups
 - MINFER_WGPU_CHECKS=1     vulkan / gpu: compile the WGSL kernels with wgpu's runtime checks (naga's index
                            clamps and loop-iteration bounds); default off: the kernels bound both by construction
-- MINFER_VK_GEMV=k=v,..  the vulkan matmuls' launch variant (kernel, WG, TPR, NC, U: wgsl_ops.GEMV)
-- MINFER_VK_ATTN=k=v,..  the vulkan attention's (split 0/1, WG, CH, MAX_SPLIT: wgsl_ops.ATTN)
+- MINFER_VK_GEMV=k=v,..  the vulkan matmuls' launch variant (kernel, WG, TPR, NC, U: wgsl.matmul.GEMV)
+- MINFER_VK_ATTN=k=v,..  the vulkan attention's (split 0/1, WG, CH, MAX_SPLIT: wgsl.attention.ATTN)
 - MINFER_VK_Q8=0          vulkan Q4_0 / Q4_1 matmuls on f32 activations (qmv4 / qmv) instead of int8 ones (qmv8)
 - MINFER_API_KEY=KEY       the key `minfer serve` requires when --api-key is not given
 - MINFER_NO_FUSE=1         cuda / vulkan: no kernel fusion (graph/fuse.py's rules are skipped: every node runs
                            as its own kernels)
 - MINFER_GEMV_Q8=0|1|2     cuda decode GEMVs of Q4_0 / Q4_1 / Q4_K: x quantized to int8 per 32 in 1 or 2
                            passes (the default 2) with dp4a dot products; 0 = f32 activations
-- MINFER_CPU_VNNI=0        cpu: torch's int4 kernel instead of the AVX512-VNNI C kernel (kernels/cpu/)
+- MINFER_CPU_VNNI=0        cpu: torch's int4 kernel instead of the AVX512-VNNI C kernel (kernels/cpu/vnni.py)
 - MINFER_CACHE=dir         where minfer's C helpers are compiled to (kernels/cbuild.py; default ~/.cache/minfer)
 
 Tensor parallelism also reads torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
 MASTER_PORT: `dist_env()`), which minfer sets itself for the ranks it starts, and the cpu backend's
-C kernel build reads the usual CC (kernels/cpu_vnni.py).
+C kernel build reads the usual CC (kernels/cpu/vnni.py).
 
 `EngineConfig` is everything one load needs, every switch above a field of it. The API's keyword
 arguments and the CLI's flags both become one EngineConfig (`EngineConfig.from_env(**settings)`:

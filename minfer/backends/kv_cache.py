@@ -1,7 +1,7 @@
 """The KV cache: per-layer key/value buffers, one region per slot, allocated once by a backend.
 
 `k` and `v` are each one tensor [n_layer, n_slots, n_head_kv, n_ctx, head_dim] (a quantized
-cache: [..., row_width] bytes per position, kernels/attention.py's Q8_0 layout): k[layer] is a
+cache: [..., row_width] bytes per position, kernels/triton/attention.py's Q8_0 layout): k[layer] is a
 layer's buffer, k[:, slot] a sequence's keys in every layer, and within a head the keys are
 contiguous rows, the layout attention kernels read. The buffers never move after allocation
 (a CUDA graph captures their addresses).

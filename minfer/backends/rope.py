@@ -27,7 +27,7 @@ def rope_nodes(graph: Graph):
 def rope_tables(graph: Graph, n_ctx: int, factors: Callable[[WeightRef], torch.Tensor]) -> dict[tuple, tuple]:
     """(cos, sin) of every distinct RoPE setting of `graph` for positions 0..n_ctx-1;
     `factors(weight)`: a rope_freqs weight as a float32 host vector."""
-    from .cpu_ops import rope_table
+    from .cpu.ops import rope_table
 
     out: dict[tuple, tuple] = {}
     for node in rope_nodes(graph):

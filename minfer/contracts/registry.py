@@ -1,13 +1,15 @@
 """The kernel registry: every contract file of the package, validated, registrable ones bound.
 
-`load_registry()` reads `minfer/kernels/contracts/*.fkc.md` (or the files given), validates each
-section (validate.py), and binds every valid `registrable: true` section to its launcher by
-importing its `entry_point`. A section with errors is listed with them and never bound, so a
-broken contract cannot be dispatched to. A valid section whose module needs a package this
-machine lacks (triton, for the CUDA backend's kernels) is left unbound with that reason
-(`Registry.unbound`); the other backends' kernels bind as usual. Judge measurements (judge.py's JSON report) are read
-back when a report is given or `minfer/kernels/contracts/judge.json` exists; a measurement is
-used only while the kernel's revision hash still matches the one the judge measured.
+`load_registry()` reads every `*.fkc.md` under `minfer/kernels/` (each kernel family's contract
+sits beside its launchers: kernels/triton/, kernels/wgsl/, kernels/cpu/, kernels/sample.fkc.md;
+or the files given), validates each section (validate.py), and binds every valid `registrable:
+true` section to its launcher by importing its `entry_point`. A section with errors is listed with
+them and never bound, so a broken contract cannot be dispatched to. A valid section whose module
+needs a package this machine lacks (triton, for the CUDA backend's kernels) is left unbound with
+that reason (`Registry.unbound`); the other backends' kernels bind as usual. Judge measurements
+(judge.py's JSON report) are read back when a report is given or `minfer/kernels/judge.json`
+exists; a measurement is used only while the kernel's revision hash still matches the one the
+judge measured.
 """
 
 from __future__ import annotations
@@ -27,8 +29,14 @@ from .parser import parse_file
 from .schema import ContractFile, KernelContract
 from .validate import DependencyMissing, resolve_entry_point, validate_file
 
-CONTRACTS_DIR = Path(__file__).resolve().parents[1] / "kernels" / "contracts"
-JUDGE_REPORT = CONTRACTS_DIR / "judge.json"
+KERNELS_DIR = Path(__file__).resolve().parents[1] / "kernels"  # searched recursively for contract files
+JUDGE_REPORT = KERNELS_DIR / "judge.json"
+
+
+def contract_files() -> list[Path]:
+    """Every contract file of the package, in path order (a backend's kernels rank in this order
+    where their costs tie)."""
+    return sorted(KERNELS_DIR.rglob("*.fkc.md"))
 
 
 @dataclass(frozen=True)
@@ -136,7 +144,7 @@ def load_registry(
 ) -> Registry:
     """Load, validate and bind contract files (default: every .fkc.md of the package). Entry
     points resolve inside minfer.kernels only, plus the top-level modules in `trusted` (tests)."""
-    files = [parse_file(p) for p in (sorted(CONTRACTS_DIR.glob("*.fkc.md")) if paths is None else paths)]
+    files = [parse_file(p) for p in (contract_files() if paths is None else paths)]
     errors: dict[str, list[ContractError]] = {}
     kernels: dict[str, BoundKernel] = {}
     unbound: dict[str, str] = {}

@@ -1,5 +1,5 @@
 """Build a C source of minfer's once per machine and load it (ctypes): the cpu backend's VNNI kernels
-(csrc/q4_vnni.c) and the vulkan backend's replay encoder (csrc/wgpu_replay.c).
+(q4_vnni.c) and the vulkan backend's replay encoder (kernels/wgpu/replay.c).
 
 The system C compiler (`cc`, or $CC) writes the library into minfer's cache directory
 ($MINFER_CACHE, else ~/.cache/minfer) under a name that hashes the source and flags, so an edit

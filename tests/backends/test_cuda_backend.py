@@ -27,24 +27,24 @@ def wide_interpreter_tiles():
     """Under the Triton interpreter a GEMV's cost is mostly per-program overhead, and the tiny models'
     weights take the small-weight tile (8 rows a program: ~600 programs a decode step). Here they
     take 64-row tiles (r 8, 8 lanes along rows: the same kernel, code paths and K order per row;
-    tests/kernels/test_qmatmul.py checks the tiles themselves): ~8x fewer programs, the suite's
+    tests/kernels/triton/test_qmatmul.py checks the tiles themselves): ~8x fewer programs, the suite's
     slowest tests several times faster. Compiled runs (MINFER_TEST_DEVICE=cuda) keep the defaults."""
-    from minfer.kernels import qmatmul
+    from minfer.kernels.triton import gemv
 
-    if not qmatmul.INTERPRETING:
+    if not gemv.INTERPRETING:
         yield
         return
-    small = qmatmul._gemv_config
+    small = gemv._gemv_config
 
-    def wide(n: int, k: int, affine: bool = False) -> qmatmul.GemvConfig:
+    def wide(n: int, k: int, affine: bool = False) -> gemv.GemvConfig:
         cfg = small(n, k, affine)
-        return qmatmul.GemvConfig(r=8, lr=8, wk=cfg.wk) if n * k <= qmatmul.SMALL_WEIGHTS else cfg
+        return gemv.GemvConfig(r=8, lr=8, wk=cfg.wk) if n * k <= gemv.SMALL_WEIGHTS else cfg
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(qmatmul, "_gemv_config", wide)
-        qmatmul.gemv_config.cache_clear()
+        mp.setattr(gemv, "_gemv_config", wide)
+        gemv.gemv_config.cache_clear()
         yield
-    qmatmul.gemv_config.cache_clear()
+    gemv.gemv_config.cache_clear()
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,7 @@ def test_mixed_type_fused_weights_run_a_gemv_per_type(pair, raw):
     assert kernels["blk.0.attn_q+k+v"] == "int4_gemv" and kernels["blk.1.ffn_down"] == "q6_k_gemv"
     assert "linear_f16" not in set(kernels.values())
     # the compiled step of the mixed node alone, for one row, against float64 math on the parts
-    from minfer.backends.cuda import _Describe
+    from minfer.backends.cuda.backend import _Describe
     from minfer.quant.reference import dequantize
 
     be, reader = gpu.engine.backend, gpu.reader
@@ -118,7 +118,7 @@ def test_mixed_type_fused_weights_run_a_gemv_per_type(pair, raw):
     vals[node.inputs[0]] = x = torch.randn(1, k).to(be.device)
     y = be.plan.steps[node.id].fn(vals, _Describe())
     # f32 GEMVs (two-pass int8 activations on the Q4_K part: ~2e-5), not the f16 copy (~1e-3)
-    from minfer.kernels.qmatmul import act_q8
+    from minfer.kernels.triton.gemv import act_q8
 
     assert act_q8() in (0, 2)
     assert _rel(y, x.double().cpu() @ w.T) < (1e-5 if act_q8() == 0 else 1e-4)
@@ -217,7 +217,7 @@ def test_a_node_no_contract_accepts_is_a_load_error(tiny_gguf):
 
     reg = default_registry()
     crippled = replace(reg, kernels={k: v for k, v in reg.kernels.items() if v.contract.op != "RMSNorm"})
-    from minfer.backends.cuda import CUDABackend
+    from minfer.backends.cuda.backend import CUDABackend
     from minfer.config import EngineConfig
     from minfer.gguf.reader import GGUFReader
     from minfer.graph.passes import optimize
@@ -342,10 +342,10 @@ def test_int8_activations_from_the_norms(tiny_gguf, raw, monkeypatch, quant):
     RMSNorms before the q+k+v, gate+up and output GEMVs write x's int8 form themselves and the GEMVs
     skip their quantize launch: decode logits equal, bit for bit, those of the GEMVs quantizing
     x themselves, and match the cpu within the cuda tolerance."""
-    from minfer.kernels import qmatmul
+    from minfer.kernels.triton import gemv
 
-    monkeypatch.setattr(qmatmul, "Q8_MIN_WEIGHTS", 0)
-    qmatmul.gemv_config.cache_clear()
+    monkeypatch.setattr(gemv, "Q8_MIN_WEIGHTS", 0)
+    gemv.gemv_config.cache_clear()
     try:
         path = tiny_gguf("tiny-llama", quant)
         cpu = load(path, "cpu", n_ctx=32, n_slots=1, progress=False)
@@ -367,4 +367,4 @@ def test_int8_activations_from_the_norms(tiny_gguf, raw, monkeypatch, quant):
         assert torch.equal(fused, alone)
     finally:
         monkeypatch.undo()
-        qmatmul.gemv_config.cache_clear()
+        gemv.gemv_config.cache_clear()

@@ -7,13 +7,13 @@ import math
 
 import pytest
 
-from minfer.backends.cuda import CUDABackend
+from minfer.backends.cuda.backend import CUDABackend
 from minfer.cli import main
 from minfer.config import EngineConfig
 from minfer.gguf.reader import GGUFReader
 from minfer.gguf.synth import PRESETS, QUANTS, synth
 from minfer.graph.passes import optimize
-from minfer.kernels import cpu_vnni
+from minfer.kernels.cpu import vnni as cpu_vnni
 from minfer.models import registry as models
 
 BIG = {"qwen2.5-7b", "llama3-8b"}  # f16 / f32 files of these (15-32 GB) are more than a CI machine can map
@@ -67,7 +67,7 @@ def test_plan_command_prints_kernels_and_prediction(headers, capsys):
 def test_every_cpu_matmul_resolves_to_a_cpu_contract(headers, preset, quant, capsys):
     """`minfer plan --device cpu`: each matmul node's weight parts name a cpu kernel contract,
     the same family for one decode row and a prompt chunk."""
-    from minfer.backends.cpu import plan_rows
+    from minfer.backends.cpu.backend import plan_rows
 
     with GGUFReader(headers[preset, quant]) as reader:
         _, graph = models.build(reader)

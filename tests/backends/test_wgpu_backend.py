@@ -18,9 +18,9 @@ import torch
 
 from minfer.contracts.conformance import format_results, run_conformance
 from minfer.contracts.parser import parse_file
-from minfer.contracts.registry import CONTRACTS_DIR
+from minfer.contracts.registry import contract_files
 
-VULKAN_KERNELS = sorted(s.kernel for f in CONTRACTS_DIR.glob("*.fkc.md") for s in parse_file(f).sections
+VULKAN_KERNELS = sorted(s.kernel for f in contract_files() for s in parse_file(f).sections
                         if s.registrable and s.backend == "Vulkan")
 PROMPT = [3, 17, 42, 99, 5, 250, 7, 311, 64, 128, 2, 77]
 
@@ -29,9 +29,9 @@ PROMPT = [3, 17, 42, 99, 5, 250, 7, 311, 64, 128, 2, 77]
 def adapter():
     """The Vulkan adapter these tests run on; a clear failure (not a skip) when there is none."""
     from minfer.contracts.registry import default_registry
-    from minfer.kernels.wgpu_device import adapters, describe
+    from minfer.kernels.wgpu.device import adapters, describe
 
-    default_registry()  # (binds every kernel first: triton must load before a lavapipe device, wgpu_device.py)
+    default_registry()  # (binds every kernel first: triton must load before a lavapipe device, wgpu/device.py)
     found = adapters("Vulkan")
     if not found:
         pytest.fail("wgpu finds no Vulkan adapter: install wgpu (pip install 'minfer[vulkan]') and a Vulkan driver "
@@ -71,8 +71,8 @@ def test_the_matmuls_read_a_strided_unaligned_x(qtype):
     """A column slice of x at an odd offset takes the scalar-load path (the harness's contiguous x
     takes the vec4 one): both launch configs, against the reference decode."""
     from minfer.contracts.harness import random_blocks
-    from minfer.kernels import wgsl_ops
-    from minfer.kernels.wgpu_device import default_device
+    from minfer.kernels.wgpu.device import default_device
+    from minfer.kernels.wgsl import matmul as vk_matmul
     from minfer.quant.reference import dequantize
     from minfer.quant.types import by_name
 
@@ -83,9 +83,9 @@ def test_the_matmuls_read_a_strided_unaligned_x(qtype):
     raw = random_blocks(q, n, k, gen)
     want = wide[:, 1:k + 1].double() @ dequantize(raw, q.type, (n, k)).double().T
     x, w = dev.upload(wide).cols(1, k + 1), dev.upload(raw)
-    for launch in (wgsl_ops.qmatvec, wgsl_ops.qmatmul_tiled):
+    for launch in (vk_matmul.qmatvec, vk_matmul.qmatmul_tiled):
         got = launch(x=x, w=w, n=n, k=k, qtype=q.type).cpu().double()
-        tol = 2e-4 if wgsl_ops.q8_passes() and q.type in wgsl_ops.QMV8_TYPES else 1e-5  # qmv8: int8 x
+        tol = 2e-4 if vk_matmul.q8_passes() and q.type in vk_matmul.QMV8_TYPES else 1e-5  # qmv8: int8 x
         assert _rel(got, want) < tol, launch.__name__
 
 
@@ -102,23 +102,23 @@ def test_every_reduction_branch_of_the_gemv_is_right(cfg, monkeypatch):
     over whole subgroups, the tree otherwise; which one runs depends on TPR and the adapter's
     subgroup size, so a spread of TPR reaches each on any adapter (both matmul kernels)."""
     from minfer.contracts.harness import random_blocks
-    from minfer.kernels import wgsl_ops
-    from minfer.kernels.wgpu_device import default_device
+    from minfer.kernels.wgpu.device import default_device
+    from minfer.kernels.wgsl import matmul as vk_matmul
     from minfer.quant.reference import dequantize
     from minfer.quant.types import by_name
 
-    monkeypatch.setattr(wgsl_ops, "GEMV", wgsl_ops.parse_variant(cfg, wgsl_ops.GEMV))
+    monkeypatch.setattr(vk_matmul, "GEMV", vk_matmul.parse_variant(cfg, vk_matmul.GEMV))
     q, dev = by_name("Q4_0"), default_device()
     n, k = 37, 32 * 45
     gen = torch.Generator().manual_seed(5)
     x, raw = torch.randn(1, k, generator=gen), random_blocks(q, n, k, gen)
-    got = wgsl_ops.qmatvec(x=dev.upload(x), w=dev.upload(raw), n=n, k=k, qtype=q.type).cpu().double()
-    tol = 2e-4 if wgsl_ops.q8_passes() else 1e-5  # qmv8: int8 x in two passes (vk_qmatvec_q4_0's contract)
+    got = vk_matmul.qmatvec(x=dev.upload(x), w=dev.upload(raw), n=n, k=k, qtype=q.type).cpu().double()
+    tol = 2e-4 if vk_matmul.q8_passes() else 1e-5  # qmv8: int8 x in two passes (vk_qmatvec_q4_0's contract)
     assert _rel(got, x.double() @ dequantize(raw, q.type, (n, k)).double().T) < tol
 
 
 def test_the_subgroup_switch_reaches_the_device(monkeypatch):
-    from minfer.kernels.wgpu_device import Device
+    from minfer.kernels.wgpu.device import Device
 
     monkeypatch.setenv("MINFER_WGPU_SUBGROUPS", "0")
     assert Device("vulkan").subgroups is False
@@ -140,7 +140,7 @@ def test_the_judge_measures_the_vulkan_kernels_on_the_adapter():
 
 def test_no_matching_adapter_is_a_device_error(monkeypatch):
     from minfer.errors import DeviceError
-    from minfer.kernels.wgpu_device import Device
+    from minfer.kernels.wgpu.device import Device
 
     monkeypatch.setenv("MINFER_WGPU_ADAPTER", "no-such-adapter")
     with pytest.raises(DeviceError, match="no Vulkan adapter matching 'no-such-adapter'"):
@@ -192,7 +192,7 @@ def test_smollm2_greedy_tokens_equal_cpu_where_decisive(smollm2):
 
 def test_every_node_runs_a_vulkan_contract(smollm2):
     from minfer.graph.ir import Op
-    from minfer.kernels import wgsl_ops
+    from minfer.kernels.wgsl import matmul as vk_matmul
 
     _, vk = smollm2
     be = vk.engine.backend
@@ -200,7 +200,7 @@ def test_every_node_runs_a_vulkan_contract(smollm2):
     assert {r["kernel"] for r in rows} <= set(VULKAN_KERNELS)
     by_op = {(r["op"], r["kernel"]) for r in rows if r["op"] == "MatMul"}
     assert {k for _, k in by_op} == {"vk_qmatvec", "vk_matmul_tiled"}  # Q4_1 / Q8_0: GEMV for a row, tiled for more
-    if wgsl_ops.q8_passes():  # qmv8 reads the Q4_1 matmuls' x as int8 records their producers write
+    if vk_matmul.q8_passes():  # qmv8 reads the Q4_1 matmuls' x as int8 records their producers write
         assert {n.op for n in be.graph.nodes if n.id in be._q8[1]} == {Op.RMS_NORM, Op.SWIGLU, Op.ATTENTION}
     assert {r["op"] for r in rows} == {"GetRows", "RMSNorm", "MatMul", "RoPE", "Attention", "Add", "SwiGLU"}
 
@@ -245,9 +245,10 @@ def test_the_residual_adds_run_fused_with_the_norms_after_them(tiny_gguf):
     from dataclasses import replace
 
     from minfer.api import load
-    from minfer.backends import cuda, wgpu
     from minfer.backends.base import Batch
     from minfer.backends.calls import add_norm_pairs
+    from minfer.backends.cuda import backend as cuda
+    from minfer.backends.vulkan import backend as wgpu
     from minfer.config import EngineConfig
     from minfer.contracts.registry import default_registry
 
@@ -310,7 +311,7 @@ def test_a_replayed_decode_step_equals_its_eager_run(smollm2):
 
 
 def test_the_c_replay_encoder_encodes_what_the_python_loop_does(smollm2):
-    """With a C compiler (CI has one) a replay is encoded by csrc/wgpu_replay.c in one call; the
+    """With a C compiler (CI has one) a replay is encoded by kernels/wgpu/replay.c in one call; the
     Python loop over wgpu-native's functions (no compiler) encodes the same dispatches: the same
     logits, bit for bit."""
     from minfer.backends.base import Batch
