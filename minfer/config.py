@@ -214,6 +214,25 @@ class DistEnv:
     port: int
 
 
+def child_env(**extra: str) -> dict[str, str]:
+    """This process's environment with `extra` set: what a child minfer starts (a rank) inherits."""
+    return {**os.environ, **extra}
+
+
+def set_process_env(name: str, value: str, default_only: bool = True) -> None:
+    """Set a variable a library reads from this process's environment (torch's NCCL settings, the
+    Triton interpreter switch before triton is imported); `default_only`: keep one already set."""
+    if default_only:
+        os.environ.setdefault(name, value)
+    else:
+        os.environ[name] = value
+
+
+def c_compiler() -> str | None:
+    """The C compiler the usual CC variable names, if set (kernels/cbuild.py builds minfer's C helpers)."""
+    return os.environ.get("CC") or None
+
+
 def dist_env() -> DistEnv | None:
     """torchrun's RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT, or None when RANK or
     WORLD_SIZE is unset (a process nobody started as a rank). Bad values are typed errors."""

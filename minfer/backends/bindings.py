@@ -151,7 +151,7 @@ def _rope_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, way: Wa
 def _attention_call(c: Compiler, node: Node) -> Call:
     p = node.params
     nh, nkv, hd = p["n_head"], p["n_head_kv"], p["head_dim"]
-    cache, dt = c.rt.kv_shape(nkv, hd), c.rt.kv_dtype
+    cache, dt = c.rt.kv_shape(c.graph.meta["n_layer"], nkv, hd), c.rt.kv_dtype
     dtypes = {"q": "F32", "k": "F32", "v": "F32", "cache_k": dt, "cache_v": dt, "row_slots": "I32", "positions": "I32"}
     params = {"layer": p["kv_layer"], "n_head": nh, "n_head_kv": nkv, "head_dim": hd, "scale": p["scale"]}
 

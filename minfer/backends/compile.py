@@ -51,7 +51,7 @@ class Runtime(Protocol):
     kv_dtype: str  # the KV cache's contract dtype
     upload: bool  # False: only pick kernels (`minfer plan`); nothing touches the device
 
-    def kv_shape(self, n_head_kv: int, head_dim: int) -> tuple[int, ...]: ...
+    def kv_shape(self, n_layer: int, n_head_kv: int, head_dim: int) -> tuple[int, ...]: ...  # the cache operand
     def kv(self, layer: int) -> tuple[Any, Any, int]: ...  # (cache_k, cache_v, the layer index the kernel takes)
     def weight_bytes(self, w: WeightRef) -> Any: ...  # a (fused) weight's GGUF bytes, parts stacked
     def dense_f16(self, w: WeightRef) -> Any: ...  # the f16 copy of a fused weight whose parts differ in type

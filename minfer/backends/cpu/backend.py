@@ -24,6 +24,7 @@ from ...config import EngineConfig
 from ...errors import InsufficientMemoryError, ModelError, UnsupportedError
 from ...gguf.reader import GGUFReader
 from ...graph.ir import Graph, Node, Op, WeightRef
+from ...kernels.cbuild import use_cache_dir
 from ...kernels.cpu import vnni as cpu_vnni
 from ..base import Backend, Batch
 from ..kv_cache import KVCache, kv_bytes, kv_type
@@ -177,6 +178,7 @@ class CPUBackend(Backend):
         self.threads = self.config.threads or physical_cores()
         torch.set_num_threads(self.threads)  # torch's setting is per process
         kv_type("cpu", self.config.kv_dtype, KV_SUPPORTED)
+        use_cache_dir(self.config.cache_path)  # where the VNNI kernels are built
         self.vnni = self.config.cpu_vnni and cpu_vnni.available()
         self.graph: Graph | None = None
         self.plan: Plan | None = None

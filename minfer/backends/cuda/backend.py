@@ -58,8 +58,8 @@ class CUDABackend(Backend):
         (parallel/comm.py): this rank's communicator (its all-reduces run inside the graphs)."""
         self.config = config or EngineConfig(device="cuda")
         self.comm = comm
-        self.kv = kv_type("cuda", self.config.kv_dtype, KV_SUPPORTED)
-        self.kv_dtype, self.kv_itemsize = self.kv.contract, self.kv.itemsize
+        self.kv_type = kv_type("cuda", self.config.kv_dtype, KV_SUPPORTED)
+        self.kv_dtype, self.kv_itemsize = self.kv_type.contract, self.kv_type.itemsize
         self.interpreted = interpreting()
         if not self.interpreted and not plan_only and not torch.cuda.is_available():
             raise MinferError("cuda backend: no CUDA GPU is visible to torch")
@@ -108,9 +108,9 @@ class CUDABackend(Backend):
         return self._reader.tensors[name].ggml_type
 
     # ------------------------------------------------------------------ the compiler's runtime
-    def kv_shape(self, n_head_kv: int, head_dim: int) -> tuple[int, ...]:
-        row = q8_row_bytes(head_dim) if self.kv.name == "q8_0" else head_dim
-        return (self.graph.meta["n_layer"], 2, n_head_kv, PLAN_CTX, row)
+    def kv_shape(self, n_layer: int, n_head_kv: int, head_dim: int) -> tuple[int, ...]:
+        row = q8_row_bytes(head_dim) if self.kv_type.name == "q8_0" else head_dim
+        return (n_layer, 2, n_head_kv, PLAN_CTX, row)
 
     def kv(self, layer: int):
         return self.cache.k, self.cache.v, layer
@@ -188,8 +188,8 @@ class CUDABackend(Backend):
                                   "slots")
         self.graphs.clear()
         self.cache = None
-        q8 = self.kv.name == "q8_0"
-        self.cache = KVCache(m["n_layer"], n_slots + 1, n_ctx, m["n_head_kv"], m["head_dim"], self.kv.dtype,
+        q8 = self.kv_type.name == "q8_0"
+        self.cache = KVCache(m["n_layer"], n_slots + 1, n_ctx, m["n_head_kv"], m["head_dim"], self.kv_type.dtype,
                              self.device, row_width=q8_row_bytes(m["head_dim"]) if q8 else None)
         self.n_slots, self.pad_slot = n_slots, n_slots
         tables = rope_tables(self.graph, n_ctx, lambda w: self.vector(w).cpu())

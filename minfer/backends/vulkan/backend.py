@@ -29,8 +29,11 @@ from ...errors import MinferError, ModelError, UnsupportedError
 from ...gguf.reader import GGUFReader
 from ...graph.fuse import fuse
 from ...graph.ir import Graph, WeightRef
+from ...kernels.cbuild import use_cache_dir
 from ...kernels.sample import KMAX, PARAM_ROWS, sample_rows
 from ...kernels.wgpu.device import Device, VkTensor
+from ...kernels.wgsl import attention as vk_attention
+from ...kernels.wgsl import matmul as vk_matmul
 from ...kernels.wgsl import quantize as vk_quantize
 from ...quant.reference import dequantize
 from ..base import Backend, Batch
@@ -59,10 +62,12 @@ class WGPUBackend(Backend):
         kv = kv_type("vulkan", self.config.kv_dtype, KV_SUPPORTED)
         self.kv_dtype, self.kv_itemsize = kv.contract, kv.itemsize
         self.name = self.config.device
+        use_cache_dir(self.config.cache_path)  # where the replay encoder (C) is built
         self.registry = registry or default_registry(self.config.judge_report)
         c = self.config
-        self.dev = Device("gpu" if c.device == "gpu" else "vulkan", adapter=c.wgpu_adapter, subgroups=c.wgpu_subgroups,
-                          checks=c.wgpu_checks, gemv=c.vk_gemv, attn=c.vk_attn, q8=c.vk_q8)
+        self.dev = Device("gpu" if c.device == "gpu" else "vulkan", subgroups=c.wgpu_subgroups, adapter=c.wgpu_adapter,
+                          checks=c.wgpu_checks, gemv=vk_matmul.gemv_variant(c.vk_gemv, c.vk_q8),
+                          attn=vk_attention.attn_variant(c.vk_attn))
         self.settings = {"variant": self.dev.gemv}  # what the load layouts and caps.q8_passes read
         self.graph: Graph | None = None
         self.plan: Plan | None = None
@@ -102,7 +107,7 @@ class WGPUBackend(Backend):
             del self._bytes[name]
 
     # ------------------------------------------------------------------ the compiler's runtime
-    def kv_shape(self, n_head_kv: int, head_dim: int) -> tuple[int, ...]:
+    def kv_shape(self, n_layer: int, n_head_kv: int, head_dim: int) -> tuple[int, ...]:
         return (1, 2, n_head_kv, PLAN_CTX, head_dim)
 
     def kv(self, layer: int):

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import torch
 
-from ...config import env
 from ...errors import UnsupportedError
 from ...quant.types import GGMLType
 from ..cbuild import build
@@ -43,8 +42,6 @@ def _cpu_flags() -> set[str]:
 @functools.cache
 def _library() -> ctypes.CDLL | None:
     """The compiled kernel (built on first use), or None where it cannot be built or run."""
-    if not env("MINFER_CPU_VNNI", True):
-        return None
     if not {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma"} <= _cpu_flags():
         return None
     so = build(SOURCE, FLAGS, "using torch's int4 kernel")

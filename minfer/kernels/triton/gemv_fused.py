@@ -31,7 +31,6 @@ from ...errors import UnsupportedError
 from ...quant.types import GGMLType
 from ._common import check_device, check_tensor, make_out
 from .gemv import ACT_Q8_PASSES
-from .int4 import INT4_TYPES
 from .qmatmul import (
     GemvConfig,
     GemvPacked,
@@ -236,14 +235,3 @@ def gemv_rope(x: torch.Tensor, w: PairPacked | torch.Tensor, b: torch.Tensor, po
                   (EPI_ROPE_KV, b, w.dst, w.fi, cos, sin, positions, half, cache_k, cache_v, row_slots, kstart, vstart,
                    hd, layer * slots * nkv * n_ctx * hd, nkv * n_ctx * hd, n_ctx * hd), xq)
     return out
-
-
-def q8_passes(n: int, k: int, qtype: GGMLType | int | str, act_q8: int = ACT_Q8_PASSES, **_) -> int:
-    """The int8 activation passes the decode GEMVs (these and qmatmul's) read x in for an [n, k]
-    weight of `qtype` on its default config (0: f32 x): what the node before them may write
-    (the contracts' `caps.q8_passes`; the compiler pairs the two, backends/compile.py)."""
-    try:
-        t = gemv_type("q8_passes", qtype)
-    except UnsupportedError:
-        return 0
-    return gemv_default_config(n, k, t, act_q8).q8 if t in (GGMLType.Q4_0, *INT4_TYPES) else 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from ...errors import UnsupportedError
 from ...quant.types import GGMLType
 from .gemv import ACT_Q8_PASSES, GemvConfig, gemv_config
 from .int4 import INT4_TYPES, Int4Packed, launch_int4, repack_int4
@@ -58,3 +59,14 @@ def launch_packed(what: str, x: torch.Tensor, w: GemvPacked, out: torch.Tensor, 
         launch_int4(what, x, w, out, cfg, epilogue, xq)
     else:
         launch_planes(what, x, w, out, cfg, epilogue)
+
+
+def q8_passes(n: int, k: int, qtype: GGMLType | int | str, act_q8: int = ACT_Q8_PASSES, **_) -> int:
+    """The int8 activation passes the decode GEMVs read x in for an [n, k]
+    weight of `qtype` on its default config (0: f32 x): what the node before them may write
+    (the contracts' `caps.q8_passes`; the compiler pairs the two, backends/compile.py)."""
+    try:
+        t = gemv_type("q8_passes", qtype)
+    except UnsupportedError:
+        return 0
+    return gemv_default_config(n, k, t, act_q8).q8 if t in (GGMLType.Q4_0, *INT4_TYPES) else 0

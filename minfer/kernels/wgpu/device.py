@@ -37,7 +37,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ...config import env
 from ...errors import DeviceError, UnsupportedError
 from ..cbuild import build
 
@@ -86,17 +85,21 @@ def describe(adapter) -> str:
 class Device:
     """One wgpu device and what the kernels share on it: pipelines, buffer pool, pending work."""
 
-    def __init__(self, kind: str = "vulkan", subgroups: bool | None = None):
+    def __init__(self, kind: str = "vulkan", subgroups: bool = True, adapter: str = "", checks: bool = False,
+                 gemv: dict | None = None, attn: dict | None = None):
         """kind: "vulkan" (a Vulkan adapter) or "gpu" (whatever adapter wgpu finds: Metal on macOS).
-        subgroups: None = use them when the adapter has them (MINFER_WGPU_SUBGROUPS=0: never);
-        False forces the shared-memory path. MINFER_WGPU_ADAPTER=<substring> picks an adapter by name."""
+        subgroups: use them where the adapter has them (False: the shared-memory path);
+        adapter: a substring of the adapter's name to pick it by ("": the best); checks: WGSL
+        compiled with wgpu's runtime checks. gemv / attn: the matmuls' and the attention's launch
+        variants (kernels/wgsl: None, their defaults), settings the launchers read off the device.
+        The backend passes EngineConfig's values (MINFER_WGPU_*, MINFER_VK_*)."""
         try:
             import wgpu
         except ImportError:
             raise DeviceError("the vulkan backend needs wgpu: pip install 'minfer[vulkan]'") from None
         self.wgpu = wgpu
         found = adapters("Vulkan" if kind == "vulkan" else None)
-        want = env("MINFER_WGPU_ADAPTER", "")
+        want = adapter
         if want:
             found = [a for a in found if want.lower() in describe(a).lower()]
         if not found:
@@ -107,9 +110,9 @@ class Device:
         self.adapter = found[0]
         self.name = describe(self.adapter)
         has_sub = "subgroup" in self.adapter.features
-        if subgroups is None:
-            subgroups = env("MINFER_WGPU_SUBGROUPS", True)
-        self.subgroups = subgroups and has_sub
+        self.subgroups = bool(subgroups) and has_sub
+        self.checks = bool(checks)
+        self.gemv, self.attn = gemv, attn
         lim = self.adapter.limits
         keys = ("max-buffer-size", "max-storage-buffer-binding-size", "max-compute-workgroup-storage-size",
                 "max-storage-buffers-per-shader-stage", "max-compute-invocations-per-workgroup")
@@ -203,7 +206,7 @@ class Device:
                  dot: bool = False):
         """(pipeline, bind group layout, n storage bindings) for a shader variant, compiled once."""
         consts = consts or {}
-        key = (shader, tuple(sorted(consts.items())), qtype, dot, self.subgroups, env("MINFER_WGPU_CHECKS", False))
+        key = (shader, tuple(sorted(consts.items())), qtype, dot, self.subgroups, self.checks)
         hit = self._pipelines.get(key)
         if hit is not None:
             return hit
@@ -221,13 +224,13 @@ class Device:
         return hit
 
     def shader_module(self, code: str, label: str):
-        """The WGSL module, compiled without wgpu's runtime checks unless MINFER_WGPU_CHECKS=1: naga
+        """The WGSL module, compiled without wgpu's runtime checks unless `checks` (MINFER_WGPU_CHECKS=1): naga
         otherwise clamps every index into a local array and gives every loop an iteration counter
         it tests each pass (its "loop bounding"), instructions in the GEMVs' inner loops. Our kernels'
         loops and indices are bounded by construction (constant trip counts, indices below constant
         sizes), and buffer accesses stay under the driver's robust buffer access either way. Falls
         back to the checked module where this wgpu has no `wgpuDeviceCreateShaderModuleTrusted`."""
-        if not env("MINFER_WGPU_CHECKS", False):
+        if not self.checks:
             try:
                 from wgpu.backends.wgpu_native._api import GPUShaderModule, libf, to_c_string_view
                 from wgpu.backends.wgpu_native._ffi import ffi, lib

@@ -1,14 +1,14 @@
 """The WGSL attention (vk_attention: attention.fkc.md): the KV-cache write and causal GQA
-attention over the cache, single-pass or split over the context (`ATTN`, MINFER_VK_ATTN)."""
+attention over the cache, single-pass or split over the context (`ATTN`; the device's `attn`
+variant, EngineConfig.vk_attn / MINFER_VK_ATTN, `attn_variant`)."""
 
 from __future__ import annotations
 
 import math
 
-from ...config import env
 from ...errors import UnsupportedError
 from ._common import SHADERS, WG, VkTensor, _at, _check, _host_bridge, _out
-from .quantize import q8_records, quantize_q8_1
+from .quantize import quantize_q8_1, records_passes
 
 REVISION_SOURCES = SHADERS
 ATTN_WG = 64
@@ -16,22 +16,32 @@ ATTN_WG = 64
 # invocations per chunk; split False: the single-pass kernel (one workgroup per head and row)
 ATTN = {"split": True, "WG": 128, "CH": 64, "MAX_SPLIT": 32}
 MAX_HEAD_DIM = 128  # past it both kernels are wrong on NVIDIA's driver (right on lavapipe): refused
-for _item in filter(None, env("MINFER_VK_ATTN", "").split(",")):
-    _key, _, _val = _item.partition("=")
-    if _key not in ATTN:
-        raise UnsupportedError(f"MINFER_VK_ATTN: unknown field {_key!r} (fields: {', '.join(ATTN)})")
-    ATTN[_key] = bool(int(_val)) if _key == "split" else int(_val)
+
+
+def attn_variant(text: str) -> dict:
+    """ATTN with the fields of "name=value,..." (MINFER_VK_ATTN) replaced."""
+    out = dict(ATTN)
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        key, _, val = item.partition("=")
+        if key not in ATTN:
+            raise UnsupportedError(f"vk attention variant: unknown field {key!r} (fields: {', '.join(ATTN)})")
+        try:
+            out[key] = bool(int(val)) if key == "split" else int(val)
+        except ValueError:
+            raise UnsupportedError(f"vk attention variant: {key}={val!r} is not an integer") from None
+    return out
 
 
 @_host_bridge(mutates=("cache_k", "cache_v"))
 def attention(q: VkTensor, k: VkTensor, v: VkTensor, cache_k: VkTensor, cache_v: VkTensor, row_slots: VkTensor,
               positions: VkTensor, layer: int, n_head: int, n_head_kv: int, head_dim: int, scale: float,
-              spans=None, out: VkTensor | None = None, q8: int = 0) -> VkTensor:
+              spans=None, tiles=None, out: VkTensor | None = None, q8: VkTensor | None = None) -> VkTensor:
     """Write each row's k, v at (its slot, its position) of layer `layer` of the f32 cache
     [layers, slots, n_kv, ctx, head_dim], then each row's causal GQA attention over positions
     0..its position of its slot. Two dispatches: every row's keys are written before any is read.
-    q8 = 1 or 2: out also carries its int8 records (`out.q8`, as rms_norm), written by the split
-    kernel's merge where it runs (head_dim a multiple of 32), else by a dispatch of their own."""
+    q8: a q8_records buffer filled with out's int8 records (as rms_norm's), by the split kernel's
+    merge where it runs (head_dim a multiple of 32), else by a dispatch of their own. `spans`,
+    `tiles`: the host's spans / a prompt's tile table (other backends' kernels; read on the device here)."""
     what = "vk attention"
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check(what, name, t, "F32", (2,))
@@ -59,30 +69,30 @@ def attention(q: VkTensor, k: VkTensor, v: VkTensor, cache_k: VkTensor, cache_v:
     dev.dispatch(dev.pipeline("kv_store", {"WG": WG}), [k, v, row_slots, positions, cache_k, cache_v],
                  [nkv, hd, ctx, base, k.offset, k.stride, v.offset, v.stride], (-(-(nkv * hd) // WG), rows))
     out = _out(what, out, q, (rows, n_head * hd))
-    if not ATTN["split"] or hd % 4 or base % 4:  # one workgroup per (head, row) over every position
+    passes = records_passes(what, q8, rows, n_head * hd) if q8 is not None else 0
+    cfg = dev.attn or ATTN
+    if not cfg["split"] or hd % 4 or base % 4:  # one workgroup per (head, row) over every position
         dev.dispatch(dev.pipeline("attention", {"WG": ATTN_WG}), [q, cache_k, cache_v, row_slots, positions, _at(out)],
                      [n_head, nkv, hd, ctx, base, q.offset, q.stride, float(scale)], (n_head, rows))
-        if q8 and (n_head * hd) % 32 == 0:
-            out.q8 = quantize_q8_1(x=out, passes=q8)
+        if passes:
+            quantize_q8_1(x=out, passes=passes, out=q8)
         return out
     # split over the context: chunks of `ch` positions (a function of ctx alone: batch invariance),
     # each (head, row, chunk) a workgroup, then one merge per (head, row)
     tk = 1 << max(0, math.ceil(math.log2(-(-hd // 4))))
-    wg = max(ATTN["WG"], tk)
-    ch = max(ATTN["CH"], -(-ctx // ATTN["MAX_SPLIT"]))
+    wg = max(cfg["WG"], tk)
+    ch = max(cfg["CH"], -(-ctx // cfg["MAX_SPLIT"]))
     n_split = -(-ctx // ch)
     part = dev.empty((rows, n_head, n_split, hd + 2))
     dev.dispatch(dev.pipeline("attention_split", {"WG": wg, "TK": tk}),
                  [q, cache_k, cache_v, row_slots, positions, part],
                  [n_head, nkv, hd, ctx, base, q.offset, q.stride, float(scale), ch, n_split], (n_head, rows, n_split))
-    if q8 and hd % 32 == 0:
-        rec = q8_records(dev, rows, n_head * hd, q8)
-        dev.dispatch(dev.pipeline("q8_act+merge_splits+attention_merge_q8", {"WG": ATTN_WG, "P8": q8}),
-                     [part, positions, _at(out), rec], [n_head, hd, ch, n_split], (n_head, rows))
-        out.q8 = rec
+    if passes and hd % 32 == 0:
+        dev.dispatch(dev.pipeline("q8_act+merge_splits+attention_merge_q8", {"WG": ATTN_WG, "P8": passes}),
+                     [part, positions, _at(out), q8], [n_head, hd, ch, n_split], (n_head, rows))
         return out
     dev.dispatch(dev.pipeline("merge_splits+attention_merge", {"WG": ATTN_WG}), [part, positions, _at(out)],
                  [n_head, hd, ch, n_split], (n_head, rows))
-    if q8:
-        out.q8 = quantize_q8_1(x=out, passes=q8)
+    if passes:
+        quantize_q8_1(x=out, passes=passes, out=q8)
     return out

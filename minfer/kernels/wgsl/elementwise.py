@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ...errors import UnsupportedError
 from ._common import SHADERS, WG, VkTensor, _at, _check, _grid_2d, _host_bridge, _out, _rows
-from .quantize import q8_records
+from .quantize import records_passes
 
 REVISION_SOURCES = SHADERS
 
@@ -37,9 +37,9 @@ def add_bias(y: VkTensor, b: VkTensor, n_rows: int) -> VkTensor:
 
 
 @_host_bridge()
-def swiglu(gate: VkTensor, up: VkTensor, out: VkTensor | None = None, q8: int = 0) -> VkTensor:
+def swiglu(gate: VkTensor, up: VkTensor, out: VkTensor | None = None, q8: VkTensor | None = None) -> VkTensor:
     """out [rows, d] = silu(gate) * up; gate and up may be column slices of one matmul output.
-    q8 = 1 or 2 (d a multiple of 32): out also carries its int8 records (`out.q8`, as rms_norm)."""
+    q8: a q8_records buffer the same dispatch fills with out's int8 records (as rms_norm's)."""
     what = "vk swiglu"
     _check(what, "gate", gate, "F32", (1, 2))
     _check(what, "up", up, "F32", (1, 2))
@@ -48,11 +48,10 @@ def swiglu(gate: VkTensor, up: VkTensor, out: VkTensor | None = None, q8: int = 
     d, rows = gate.shape[-1], _rows(gate)
     out = _out(what, out, gate, gate.shape)
     params = [d, rows, gate.offset, gate.stride, up.offset, up.stride]
-    if q8 and d % 32 == 0:
-        rec = q8_records(gate.dev, rows, d, q8)
-        gate.dev.dispatch(gate.dev.pipeline("q8_act+swiglu_q8", {"WG": WG, "P8": q8}), [gate, up, _at(out), rec],
+    if q8 is not None:
+        passes = records_passes(what, q8, rows, d)
+        gate.dev.dispatch(gate.dev.pipeline("q8_act+swiglu_q8", {"WG": WG, "P8": passes}), [gate, up, _at(out), q8],
                           params, (-(-d // (4 * WG)), rows))
-        out.q8 = rec
         return out
     gate.dev.dispatch(gate.dev.pipeline("swiglu", {"WG": WG}), [gate, up, _at(out)], params, (-(-d // WG), rows))
     return out

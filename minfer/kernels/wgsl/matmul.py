@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import weakref
 
-from ...config import env
 from ...errors import UnsupportedError
 from ...quant.types import GGMLType, quant_info
 from ._common import MAX_GROUPS, SHADERS, WG, VkTensor, _check, _grid_2d, _host_bridge, _qinfo, _rows
@@ -97,24 +96,41 @@ def parse_variant(text: str, base: dict) -> dict:
     return cfg
 
 
-def gemv_from_env(base: dict) -> dict:
-    """base with MINFER_VK_GEMV's fields, and qmv8 turned into qmv4 under MINFER_VK_Q8=0 (f32 x;
-    NR QMV4_NR unless MINFER_VK_GEMV sets it)."""
-    cfg = parse_variant(env("MINFER_VK_GEMV", ""), base)
-    if not env("MINFER_VK_Q8", True) and cfg["kernel"] == "qmv8":
+def gemv_variant(text: str = "", q8: bool = True) -> dict:
+    """GEMV with the fields of `text` ("name=value,...": EngineConfig.vk_gemv, MINFER_VK_GEMV), and
+    qmv8 turned into qmv4 when not `q8` (EngineConfig.vk_q8 False: f32 x; NR QMV4_NR unless the
+    text sets it). The backend hands it to its device (`Device.gemv`), where the launchers read it."""
+    cfg = parse_variant(text, GEMV)
+    if not q8 and cfg["kernel"] == "qmv8":
         cfg["kernel"] = "qmv4"
-        if "NR" not in {item.partition("=")[0].strip() for item in env("MINFER_VK_GEMV", "").split(",")}:
+        if "NR" not in {item.partition("=")[0].strip() for item in text.split(",")}:
             cfg["NR"] = QMV4_NR
     return cfg
 
 
-GEMV.update(gemv_from_env(GEMV))
-
-
-def q8_passes(g: dict | None = None) -> int:
-    """The activation passes the matmuls of QMV8_TYPES read x in (0: f32 x, the kernel is not qmv8)."""
+def variant_passes(g: dict | None = None) -> int:
+    """The activation passes a variant's matmuls of QMV8_TYPES read x in (0: f32 x, not qmv8)."""
     g = GEMV if g is None else g
     return g["P8"] if g["kernel"] == "qmv8" else 0
+
+
+def q8_passes(n: int, k: int, qtype, variant: dict | None = None, **_) -> int:
+    """The int8-record passes the matmuls read x in for an [n, k] weight of `qtype` under `variant`
+    (the device's GEMV settings; 0: f32 x): the contracts' `caps.q8_passes`, what a producer of x
+    may write for them (backends/compile.py pairs the two)."""
+    if k % 32 or _qinfo("vk q8_passes", qtype).type not in QMV8_TYPES:
+        return 0
+    return variant_passes(variant)
+
+
+def planes_layout(w: VkTensor, n: int, k: int, qtype, variant: dict | None = None) -> VkTensor:
+    """A matmul weight's load layout (the contracts' `load_layout`): the planes qmv4 / qmv8 read for
+    Q4_0 / Q4_1 under the variant that reads them (made once at load, on the device), else w."""
+    g = GEMV if variant is None else variant
+    t = _qinfo("vk planes_layout", qtype).type
+    if (g["kernel"] == "qmv8" and t in QMV8_TYPES) or (g["kernel"] == "qmv4" and t == GGMLType.Q4_0):
+        return planes(w, n, k, t)
+    return w
 
 
 def qmv_lanes(g: dict, k: int) -> int:
@@ -192,7 +208,7 @@ def _planes_of(w: VkTensor, n: int, k: int, qtype) -> VkTensor:
     return hit[1]
 
 
-def _qmatmul(what: str, tm: int, x: VkTensor, w: VkTensor, n: int, k: int, qtype, out) -> VkTensor:
+def _qmatmul(what: str, tm: int, x: VkTensor, w: VkTensor, n: int, k: int, qtype, out, xq=None) -> VkTensor:
     q = _qinfo(what, qtype)
     _check(what, "x", x, "F32", (1, 2))
     _check(what, "w", w, "U8", contiguous=True)
@@ -200,7 +216,7 @@ def _qmatmul(what: str, tm: int, x: VkTensor, w: VkTensor, n: int, k: int, qtype
     if x.shape[-1] != k or k % be:
         raise UnsupportedError(f"{what}: x must be [m, {k}] with k a multiple of {be}, got {x.shape}")
     row_bytes = q.nbytes(k)
-    g = GEMV
+    g = x.dev.gemv or GEMV
     if w.layout in PLANE_LAYOUTS or (g["kernel"] == "qmv8" and q.type in QMV8_TYPES) or (
             g["kernel"] == "qmv4" and q.type == GGMLType.Q4_0):
         if w.layout in PLANE_LAYOUTS and PLANE_LAYOUTS[w.layout] != q.type:
@@ -228,7 +244,7 @@ def _qmatmul(what: str, tm: int, x: VkTensor, w: VkTensor, n: int, k: int, qtype
             pipe = x.dev.pipeline(f"{xs}+qmv_planes+qmv4", {"WG": g["WG"], "TPR": tpr, "NR": nr, "TM": tm})
         else:
             p8 = g["P8"]
-            xin = _q8_of(x, p8)
+            xin = _q8_of(x, p8, xq)
             pipe = x.dev.pipeline("qmv_planes+qmv8", {"WG": g["WG"], "TPR": tpr, "NR": nr, "TM": tm, "P8": p8,
                                                       "U": g["U8"], "QT": 0 if w.layout == PLANES else 1})
         row_bytes = 4 * n * (k // 32)  # the scale plane's first word (Params.d_off)
@@ -255,12 +271,15 @@ def _qmatmul(what: str, tm: int, x: VkTensor, w: VkTensor, n: int, k: int, qtype
 
 
 @_host_bridge()
-def qmatvec(x: VkTensor, w: VkTensor, n: int, k: int, qtype, out: VkTensor | None = None) -> VkTensor:
-    """out [m, n] = x [m, k] @ dequant(w [n, k])^T, the decode GEMV (one pass over x per row of x)."""
-    return _qmatmul("vk qmatvec", 1, x, w, n, k, qtype, out)
+def qmatvec(x: VkTensor, w: VkTensor, n: int, k: int, qtype, out: VkTensor | None = None,
+            xq: VkTensor | None = None) -> VkTensor:
+    """out [m, n] = x [m, k] @ dequant(w [n, k])^T, the decode GEMV (one pass over x per row of x);
+    `xq`: x's int8 records written by the node before it (qmv8), else made here when needed."""
+    return _qmatmul("vk qmatvec", 1, x, w, n, k, qtype, out, xq)
 
 
 @_host_bridge()
-def qmatmul_tiled(x: VkTensor, w: VkTensor, n: int, k: int, qtype, out: VkTensor | None = None) -> VkTensor:
-    """out [m, n] = x [m, k] @ dequant(w [n, k])^T, tiled over 8 rows of x (prefill)."""
-    return _qmatmul("vk qmatmul_tiled", TILED_TM, x, w, n, k, qtype, out)
+def qmatmul_tiled(x: VkTensor, w: VkTensor, n: int, k: int, qtype, out: VkTensor | None = None,
+                  xq: VkTensor | None = None) -> VkTensor:
+    """out [m, n] = x [m, k] @ dequant(w [n, k])^T, tiled over 8 rows of x (prefill); `xq` as qmatvec's."""
+    return _qmatmul("vk qmatmul_tiled", TILED_TM, x, w, n, k, qtype, out, xq)

@@ -1,6 +1,7 @@
 """The WGSL quantizers: f32 to GGML Q8_0 blocks (vk_quantize_q8_0: quantize.fkc.md), and x's int8
 records for the qmv8 GEMV (`quantize_q8_1`, q8_act.wgsl), which the norms, SwiGLU and attention
-feeding such a GEMV write beside their output instead (`q8_records`)."""
+feeding such a GEMV write into a `q8_records` buffer in their own dispatch instead (their `q8=`;
+the GEMV reads it as its `xq=`; the compiler pairs the two, backends/compile.py)."""
 
 from __future__ import annotations
 
@@ -22,29 +23,42 @@ def q8_records(dev, rows: int, k: int, passes: int) -> VkTensor:
     return dataclasses.replace(dev.empty((rows, k // 32 * (2 * passes + 1) * 16), "U8"), layout=q8_layout(passes))
 
 
+def records_passes(what: str, rec: VkTensor, rows: int, k: int) -> int:
+    """The passes of a q8_records buffer meant for `rows` rows of `k` (UnsupportedError otherwise)."""
+    for passes in (1, 2):
+        if rec.layout == q8_layout(passes) and rec.shape == (rows, k // 32 * (2 * passes + 1) * 16) and k % 32 == 0:
+            return passes
+    raise UnsupportedError(f"{what}: q8 records must be q8_records(dev, {rows}, {k}, passes) (k a multiple of 32), "
+                           f"got a {rec.layout} buffer of {rec.shape}")
+
+
 @_host_bridge()
-def quantize_q8_1(x: VkTensor, passes: int = 2) -> VkTensor:
+def quantize_q8_1(x: VkTensor, passes: int = 2, out: VkTensor | None = None) -> VkTensor:
     """x [m, k] f32 (row-strided) -> its int8 records (q8_act.wgsl): per 32-block the codes of
-    `passes` passes (the second quantizes the first's rounding error) and (d, s = d * sum(codes))."""
+    `passes` passes (the second quantizes the first's rounding error) and (d, s = d * sum(codes));
+    into `out` (a q8_records buffer) when given."""
     what = "vk quantize_q8_1"
     _check(what, "x", x, "F32", (1, 2))
     m, k = _rows(x), x.shape[-1]
     if k % 32 or passes not in (1, 2):
         raise UnsupportedError(f"{what}: x's rows must be a multiple of 32 long (got {k}), passes 1 or 2")
-    out = q8_records(x.dev, m, k, passes)
+    if out is None:
+        out = q8_records(x.dev, m, k, passes)
+    elif records_passes(what, out, m, k) != passes:
+        raise UnsupportedError(f"{what}: out holds records of another passes count than {passes}")
     gx, gy = _grid_2d(m * (k // 4), WG)  # an invocation per 4 elements (q8_act.wgsl's q8_quad)
     x.dev.dispatch(x.dev.pipeline("q8_act+quantize_q8_1", {"WG": WG, "P8": passes}), [x, out],
                    [m, k, x.offset, x.stride, gx], (gx, gy))
     return out
 
 
-def _q8_of(x: VkTensor, passes: int) -> VkTensor:
-    """x's int8 records: the ones its producer wrote beside it (rms_norm / swiglu with q8), else
-    quantized now (one dispatch)."""
-    rec = getattr(x, "q8", None)
-    if rec is not None and rec.layout == q8_layout(passes) and rec.shape == (_rows(x), x.shape[-1] // 32 *
-                                                                          (2 * passes + 1) * 16):
-        return rec
+def _q8_of(x: VkTensor, passes: int, xq: VkTensor | None = None) -> VkTensor:
+    """x's int8 records: `xq`, the ones its producer wrote (rms_norm / swiglu / attention with q8=),
+    else quantized now (one dispatch)."""
+    if xq is not None:
+        if records_passes("vk matmul", xq, _rows(x), x.shape[-1]) != passes:
+            raise UnsupportedError(f"vk matmul: xq holds records of another passes count than {passes}")
+        return xq
     return quantize_q8_1(x=x, passes=passes)
 
 
