@@ -14,14 +14,17 @@ writes for the matmuls that read them (compile.py's q8 pairing).
 
 from __future__ import annotations
 
-import torch  # noqa: F401  (the bound steps run on torch or wgpu tensors alike; torch only for typing here)
+from typing import TYPE_CHECKING
 
 from ..contracts.ops import op_spec
 from ..contracts.registry import BoundKernel
 from ..graph.ir import Node, Op
 from ..quant.types import GGMLType, quant_info
-from .compile import STRIDED, Binding, Bound, Call, Compiler, Launch, Way, type_runs
+from .calls import STRIDED, Binding, Bound, Call, Launch, Way, type_runs
 from .rope import rope_key
+
+if TYPE_CHECKING:
+    from .compile import Compiler
 
 
 def _strided(c: Compiler, i: int, rows: int) -> bool:

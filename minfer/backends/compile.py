@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..contracts.picker import Candidate, candidates
@@ -35,9 +34,10 @@ from ..contracts.registry import BoundKernel, Registry
 from ..errors import NoKernelError, UnsupportedError
 from ..graph.ir import FUSED_OPS, Graph, Node, Op, WeightRef
 from ..quant.types import GGMLType
+from .bindings import BINDINGS, generic
+from .calls import STRIDED, Binding, Bound, Call, Launch, Way, type_runs  # noqa: F401  (re-exported)
 from .plan import Step
 
-STRIDED = {"contiguous": False, "strided": True}  # an input that may be a row-strided view
 PLAN_CTX = 1024  # the context attention costs are predicted for
 VIEW_OPS = (Op.SLICE, Op.PICK)
 
@@ -64,90 +64,6 @@ class Runtime(Protocol):
     def q8_records(self, rows: int, k: int, passes: int) -> Any: ...  # x's int8 records, to be filled
 
 
-@dataclass(frozen=True)
-class Call:
-    """How a node calls its op: everything the picker needs, as a function of the row count."""
-
-    op: str
-    dtypes: dict[str, str]
-    shapes_of: Callable[[int], dict[str, tuple[int, ...]]]
-    params: dict
-    layouts_of: Callable[[int], dict | None] | None = None
-    prefer_quantized: bool | None = None  # many-row matmuls: MINFER_MMQ's choice, None = by cost
-    needs: frozenset[str] = frozenset()  # capabilities the kernel must declare (caps.also)
-
-    def shapes(self, rows: int) -> dict[str, tuple[int, ...]]:
-        return self.shapes_of(rows)
-
-    def layouts(self, rows: int) -> dict | None:
-        return self.layouts_of(rows) if self.layouts_of is not None else None
-
-    def needing(self, *caps: str) -> Call:
-        if not caps:
-            return self
-        return Call(self.op, self.dtypes, self.shapes_of, self.params, self.layouts_of, self.prefer_quantized,
-                    self.needs | frozenset(caps))
-
-
-@dataclass
-class Launch:
-    """One kernel a node launches in one way of running, and the call it was picked for."""
-
-    call: Call
-    kernel: BoundKernel
-
-
-@dataclass
-class Bound:
-    """A node compiled for one way of running: its step function and the launches it makes."""
-
-    fn: Callable
-    launches: list[Launch] = field(default_factory=list)
-
-    @property
-    def name(self) -> str:
-        return "+".join(launch.kernel.name for launch in self.launches) or "view"
-
-
-@dataclass(frozen=True)
-class Binding:
-    """How the GPU backends call one op: its `call(compiler, node)` for the picker, and
-    `bind(compiler, node, kernel, call, way)` -> the Bound step that launches `kernel`."""
-
-    call: Callable[[Compiler, Node], Call | None]
-    bind: Callable[[Compiler, Node, BoundKernel, Call, Way], Bound]
-
-
-@dataclass(frozen=True)
-class Way:
-    """A way of running a node: its name (a `Runtime.kinds` key) and the rows kernels are picked for."""
-
-    kind: str
-    rows: int
-
-
-def type_runs(w: WeightRef, type_of: Callable[[str], GGMLType]) -> list[tuple[WeightRef, GGMLType, int, int]]:
-    """A (fused) weight's parts grouped into runs of one storage type, as (weight of the run, its
-    type, first output column, end column): one run unless the parts differ in type (a Q4_K_M
-    file's Q4_K q, k and Q6_K v), each run then multiplied into its columns."""
-    runs: list[list] = []
-    col = 0
-    for part in w.tensors:
-        t = type_of(part.name)
-        if runs and runs[-1][0] == t:
-            runs[-1][1].append(part)
-        else:
-            runs.append([t, [part], col])
-        col += part.shape[1]
-    out = []
-    for t, parts, start in runs:
-        cols = sum(p.shape[1] for p in parts)
-        ref = parts[0] if len(parts) == 1 else WeightRef("+".join(p.name for p in parts), (w.shape[0], cols),
-                                                         tuple(parts))
-        out.append((ref, t, start, start + cols))
-    return out
-
-
 class Compiler:
     """Compiles a graph's nodes for `rt` through `registry`'s contracts of `rt.contract_backend`.
     `type_of(name)`: a file tensor's storage type; `settings`: kernel settings (the load layouts
@@ -155,8 +71,6 @@ class Compiler:
 
     def __init__(self, graph: Graph, rt: Runtime, registry: Registry, type_of: Callable[[str], GGMLType],
                  settings: dict | None = None, mmq: bool | None = None):
-        from .bindings import BINDINGS, generic
-
         self.graph, self.rt, self.registry, self.type_of = graph, rt, registry, type_of
         self.settings = dict(settings or {})
         self.mmq = mmq

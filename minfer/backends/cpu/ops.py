@@ -6,12 +6,11 @@ Activations are token-major [T, width]; heads are contiguous runs of `head_dim` 
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
 from ...kernels.cpu import vnni as cpu_vnni
+from ..rope import rope_table  # noqa: F401  (the RoPE tables of every backend; cpu_ops.rope_table)
 
 
 class RMSNorm:
@@ -45,20 +44,6 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up, in the inputs' dtype (bfloat16 on the decode path: the next int4 matmul's input)."""
     return F.silu(gate).mul_(up)
-
-
-def rope_table(n_ctx: int, n_rot: int, base: float, freq_scale: float,
-               freq_factors: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin [n_ctx, n_rot/2] of angle p * freq_scale * base^(-2i/n_rot) / factor_i.
-
-    Computed in float64 and rounded once, so tables of any length agree on shared positions.
-    """
-    i = torch.arange(0, n_rot, 2, dtype=torch.float64)
-    inv = freq_scale * torch.exp(-math.log(base) * i / n_rot)
-    if freq_factors is not None:
-        inv = inv / freq_factors.to(torch.float64)
-    ang = torch.arange(n_ctx, dtype=torch.float64)[:, None] * inv[None, :]
-    return torch.cos(ang).to(torch.float32), torch.sin(ang).to(torch.float32)
 
 
 def rope_rotation(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -132,7 +132,7 @@ class CUDABackend(Backend):
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def dense_f16(self, w: WeightRef) -> torch.Tensor:
-        from ...kernels.torch_ops import f16_weight
+        from ...kernels.triton.torch_ops import f16_weight
 
         k = w.shape[0]
         return torch.cat([f16_weight(self._raw(t.name), t.shape[1], k, self._type_of(t.name)) for t in w.tensors])
