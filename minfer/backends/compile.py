@@ -260,6 +260,14 @@ class Compiler:
             return self._parts(node, way)
         return self.binding(node).bind(self, node, choice.kernel, call, way)
 
+    def bind_part(self, node: Node, part: Node, way: Way) -> Bound:
+        """One part of fused node `node` compiled alone for `way` (what benchmarks time)."""
+        self._scope.append({j: self.node_of(i) for j, i in enumerate(node.inputs)} | {p.id: p for p in node.parts})
+        try:
+            return self.bind(part, way)
+        finally:
+            self._scope.pop()
+
     def _parts(self, node: Node, way: Way) -> Bound:
         """A fused node run as its parts (its own little graph, local ids: graph/ir.py)."""
         steps, launches = [], []
@@ -306,6 +314,10 @@ class Compiler:
             self._laid[key] = kernel.apply_load_layouts({"w": raw}, {**params, **self.settings})["w"] \
                 if kernel.load_layouts else raw
         return self._laid[key]
+
+    def layouts_made(self) -> set[str]:
+        """The load layouts (entry points) some weight was laid out in."""
+        return {layout for key in self._laid for layout in key[0]}
 
     def laid_values(self) -> list:
         """Every weight in the layout some kernel reads (what the device must keep)."""

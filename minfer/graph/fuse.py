@@ -391,8 +391,9 @@ FUSIONS: tuple[Callable[[Graph, Supports], Graph], ...] = (
     fuse_add_rms_norm, fuse_matmul_swiglu, fuse_matmul_rope, fuse_kv_write, fuse_int8_x)
 
 
-def fuse(graph: Graph, supports: Supports, rules: Iterable[Callable[[Graph, Supports], Graph]] = FUSIONS) -> Graph:
-    """The kernel fusions, in order, each where `supports` says the backend runs its result."""
-    for rule in rules:
+def fuse(graph: Graph, supports: Supports, rules: Iterable[Callable[[Graph, Supports], Graph]] | None = None) -> Graph:
+    """The kernel fusions (`rules`, default FUSIONS), in order, each where `supports` says the
+    backend runs its result."""
+    for rule in FUSIONS if rules is None else rules:
         graph = rule(graph, supports)
     return graph

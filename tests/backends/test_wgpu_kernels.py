@@ -63,7 +63,7 @@ def _ref_attention(q, ck, cv, slots, pos, n_head, n_kv, hd, scale):
 def test_the_context_split_attention_matches_the_reference(dev, monkeypatch, hd, n_head, n_kv, ctx, cfg):
     from minfer.kernels.wgsl import attention as vk_attention
 
-    monkeypatch.setattr(vk_attention, "ATTN", {**vk_attention.ATTN, **cfg, "split": True})
+    monkeypatch.setattr(dev, "attn", {**vk_attention.ATTN, **cfg, "split": True})  # the device's variant
     gen = torch.Generator().manual_seed(hd + ctx)
     slots_n, rows = 2, 4
     ck = torch.randn(1, slots_n, n_kv, ctx, hd, generator=gen)
@@ -117,18 +117,18 @@ def test_every_gemv_variant_of_the_sweep_matches_the_reference(dev, monkeypatch,
         wide = [v + ",WIDE=32" for v in vk_matmul.GEMV_VARIANTS if "P8=2,U8=1,WIDE=16384" in v]
         for v in vk_matmul.GEMV_VARIANTS + wide:
             cfg = vk_matmul.parse_variant(v, base)
-            monkeypatch.setattr(vk_matmul, "GEMV", cfg)
+            monkeypatch.setattr(dev, "gemv", cfg)
             one = vk_matmul.qmatvec(x=x1, w=wd, n=n, k=k, qtype=q.type).cpu()
             many = vk_matmul.qmatmul_tiled(x=xd, w=wd, n=n, k=k, qtype=q.type).cpu()
-            tol = Q8_TOL[vk_matmul.q8_passes(cfg)] if q.type in vk_matmul.QMV8_TYPES else 1e-5
+            tol = Q8_TOL[vk_matmul.variant_passes(cfg)] if q.type in vk_matmul.QMV8_TYPES else 1e-5
             assert _rel(one, want[1:2]) < tol, (v, k)
             assert _rel(many, want) < tol, (v, k)
             assert torch.equal(one[0], many[1]), (v, k)
             if "LF=1" in v:  # loads-first changes no bit
-                monkeypatch.setattr(vk_matmul, "GEMV", vk_matmul.parse_variant(v.replace("LF=1", "LF=0"), base))
+                monkeypatch.setattr(dev, "gemv", vk_matmul.parse_variant(v.replace("LF=1", "LF=0"), base))
                 assert torch.equal(vk_matmul.qmatvec(x=x1, w=wd, n=n, k=k, qtype=q.type).cpu(), one), (v, k)
             if "qmv4" in v and "MIN_GROUPS" not in v:  # 37 rows: NR halves to 1 above; unhalved, no bit changes
-                monkeypatch.setattr(vk_matmul, "GEMV", vk_matmul.parse_variant(v + ",MIN_GROUPS=1", base))
+                monkeypatch.setattr(dev, "gemv", vk_matmul.parse_variant(v + ",MIN_GROUPS=1", base))
                 assert torch.equal(vk_matmul.qmatvec(x=x1, w=wd, n=n, k=k, qtype=q.type).cpu(), one), (v, k)
                 assert torch.equal(vk_matmul.qmatmul_tiled(x=xd, w=wd, n=n, k=k, qtype=q.type).cpu(), many), (v, k)
 
@@ -171,15 +171,17 @@ def test_the_fused_producers_write_the_records_quantize_q8_1_writes(dev):
     # 4 NORM_WG = 1024 elements a workgroup, 16 NORM_WG = 4096 a round of the sum of squares: 2 rounds, a tail
     x, w = torch.randn(3, 4160, generator=gen), torch.randn(4160, generator=gen)
     plain = vk_norm.rms_norm(x=up(x), w=up(w), eps=1e-5).cpu()
-    got = vk_norm.rms_norm(x=up(x), w=up(w), eps=1e-5, q8=2)
+    rec = vk_quantize.q8_records(dev, 3, 4160, 2)
+    got = vk_norm.rms_norm(x=up(x), w=up(w), eps=1e-5, q8=rec)
     assert torch.equal(got.cpu(), plain)
-    assert torch.equal(got.q8.cpu(), vk_quantize.quantize_q8_1(x=got, passes=2).cpu())
+    assert torch.equal(rec.cpu(), vk_quantize.quantize_q8_1(x=got, passes=2).cpu())
     g, u = torch.randn(2, 2 * 544, generator=gen), torch.randn(2, 544, generator=gen)  # 4 WG = 256 a workgroup
     gd = up(g)
     plain = vk_elementwise.swiglu(gate=gd.cols(0, 544), up=up(u)).cpu()
-    got = vk_elementwise.swiglu(gate=gd.cols(0, 544), up=up(u), q8=1)
+    rec = vk_quantize.q8_records(dev, 2, 544, 1)
+    got = vk_elementwise.swiglu(gate=gd.cols(0, 544), up=up(u), q8=rec)
     assert torch.equal(got.cpu(), plain)
-    assert torch.equal(got.q8.cpu(), vk_quantize.quantize_q8_1(x=got, passes=1).cpu())
+    assert torch.equal(rec.cpu(), vk_quantize.quantize_q8_1(x=got, passes=1).cpu())
     hd, nh, nkv, ctx = 64, 4, 2, 40
     ck, cv = up(torch.randn(1, 1, nkv, ctx, hd, generator=gen)), up(torch.randn(1, 1, nkv, ctx, hd, generator=gen))
     q, k, v = (up(torch.randn(2, n * hd, generator=gen)) for n in (nh, nkv, nkv))
@@ -187,9 +189,10 @@ def test_the_fused_producers_write_the_records_quantize_q8_1_writes(dev):
               positions=up(torch.tensor([30, 39], dtype=i32)), layer=0, n_head=nh, n_head_kv=nkv, head_dim=hd,
               scale=0.125)
     plain = vk_attention.attention(**kw).cpu()
-    got = vk_attention.attention(**kw, q8=2)
+    rec = vk_quantize.q8_records(dev, 2, nh * hd, 2)
+    got = vk_attention.attention(**kw, q8=rec)
     assert torch.equal(got.cpu(), plain)
-    assert torch.equal(got.q8.cpu(), vk_quantize.quantize_q8_1(x=got, passes=2).cpu())
+    assert torch.equal(rec.cpu(), vk_quantize.quantize_q8_1(x=got, passes=2).cpu())
 
 
 def _at_offset(dev, t: torch.Tensor, off: int):
@@ -219,15 +222,16 @@ def test_the_fused_add_norm_is_add_then_rms_norm_bit_for_bit(dev, d):
     h = vk_elementwise.add(x=xd, y=yd)
     plain = vk_norm.rms_norm(x=h, w=wd, eps=1e-5).cpu()
     assert torch.equal(h.cpu(), x + y)  # (torch's f32 add: one rounding, as the kernel's)
-    for q8 in (0, 1, 2):
+    for q8 in (0, 1, 2) if d % 32 == 0 else (0,):  # (records need whole 32-blocks)
         out, hs = (dev.upload(torch.full((rows, d), float("nan"))) for _ in range(2))
-        got = vk_norm.add_rms_norm(x=xd, y=yd, w=wd, eps=1e-5, out=out, sum_out=hs, q8=q8)
+        rec = vk_quantize.q8_records(dev, rows, d, q8) if q8 else None
+        got = vk_norm.add_rms_norm(x=xd, y=yd, w=wd, eps=1e-5, out=out, sum_out=hs, q8=rec)
         assert got is out and torch.equal(hs.cpu(), h.cpu()) and torch.equal(out.cpu(), plain), q8
-        if q8 and d % 32 == 0:
-            assert torch.equal(out.q8.cpu(), vk_norm.rms_norm(x=h, w=wd, eps=1e-5, q8=q8).q8.cpu())
-            assert torch.equal(out.q8.cpu(), vk_quantize.quantize_q8_1(x=out, passes=q8).cpu())
-        else:
-            assert out.q8 is None
+        if q8:
+            alone = vk_quantize.q8_records(dev, rows, d, q8)
+            vk_norm.rms_norm(x=h, w=wd, eps=1e-5, q8=alone)
+            assert torch.equal(rec.cpu(), alone.cpu())
+            assert torch.equal(rec.cpu(), vk_quantize.quantize_q8_1(x=out, passes=q8).cpu())
     # host tensors (the default device): h copied back into sum_out=, which may then be x itself (uploaded twice)
     xh = x.clone()
     want = vk_norm.rms_norm(x=vk_elementwise.add(x=x, y=y), w=w, eps=1e-5)
@@ -241,7 +245,7 @@ def test_the_fused_add_norm_refuses_what_it_cannot_do(dev):
 
     x, y, w = dev.upload(torch.randn(2, 64)), dev.upload(torch.randn(2, 64)), dev.upload(torch.randn(64))
     with pytest.raises(UnsupportedError, match="buffers of their own"):  # h over x: another workgroup may read x
-        vk_norm.add_rms_norm(x=x, y=y, w=w, eps=1e-5, sum_out=x, q8=2)
+        vk_norm.add_rms_norm(x=x, y=y, w=w, eps=1e-5, sum_out=x)
     with pytest.raises(UnsupportedError, match="buffers of their own"):
         vk_norm.add_rms_norm(x=x, y=y, w=w, eps=1e-5, out=y)
     with pytest.raises(UnsupportedError, match="contiguous"):
@@ -265,7 +269,7 @@ def test_the_int8_gemv_is_the_integer_math_on_its_records(dev, monkeypatch, qtyp
     from minfer.quant.types import by_name
 
     q = by_name(qtype)
-    monkeypatch.setattr(vk_matmul, "GEMV", vk_matmul.parse_variant(f"kernel=qmv8,P8={passes}", vk_matmul.GEMV))
+    monkeypatch.setattr(dev, "gemv", vk_matmul.parse_variant(f"kernel=qmv8,P8={passes}", vk_matmul.GEMV))
     gen = torch.Generator()
     gen.seed()  # fresh inputs every run
     n, k, m = 53, 32 * 77, 3
@@ -295,30 +299,33 @@ def test_kernels_compile_without_runtime_checks_and_agree_with_them(dev, monkeyp
     from minfer.quant.types import by_name
 
     assert hasattr(lib, "wgpuDeviceCreateShaderModuleTrusted")
-    monkeypatch.setattr(vk_matmul, "GEMV", vk_matmul.parse_variant("kernel=qmv8,P8=2", vk_matmul.GEMV))
+    monkeypatch.setattr(dev, "gemv", vk_matmul.parse_variant("kernel=qmv8,P8=2", vk_matmul.GEMV))
     gen = torch.Generator()
     gen.seed()
     n, k, m = 37, 32 * 41, 3
     xd, wd = dev.upload(torch.randn(m, k, generator=gen)), dev.upload(random_blocks(by_name("Q4_0"), n, k, gen))
     got = {}
-    for checks in ("0", "1"):
-        monkeypatch.setenv("MINFER_WGPU_CHECKS", checks)
+    for checks in (False, True):  # (Device(checks=...): EngineConfig.wgpu_checks, MINFER_WGPU_CHECKS)
+        monkeypatch.setattr(dev, "checks", checks)
         got[checks] = vk_matmul.qmatmul_tiled(x=xd, w=wd, n=n, k=k, qtype=by_name("Q4_0").type).cpu()
-    assert torch.equal(got["0"], got["1"]) and got["0"].abs().sum() > 0
+    assert torch.equal(got[False], got[True]) and got[False].abs().sum() > 0
 
 
 def test_the_q8_switch_gives_the_f32_kernel_back(monkeypatch):
-    """MINFER_VK_Q8=0 (config's known switches): the Q4_0 / Q4_1 matmuls on f32 activations, at
-    run 35's NR unless MINFER_VK_GEMV names one."""
+    """MINFER_VK_Q8=0 (EngineConfig.vk_q8): the Q4_0 / Q4_1 matmuls on f32 activations, at run
+    35's NR unless MINFER_VK_GEMV (vk_gemv) names one."""
+    from minfer.config import EngineConfig
     from minfer.kernels.wgsl import matmul as vk_matmul
 
-    base = vk_matmul.parse_variant("kernel=qmv8", vk_matmul.GEMV)
-    assert vk_matmul.q8_passes(vk_matmul.gemv_from_env(base)) == 2
+    c = EngineConfig.from_env(device="vulkan")
+    assert vk_matmul.variant_passes(vk_matmul.gemv_variant(c.vk_gemv, c.vk_q8)) == 2
     monkeypatch.setenv("MINFER_VK_Q8", "0")
-    cfg = vk_matmul.gemv_from_env(base)
-    assert cfg["kernel"] == "qmv4" and vk_matmul.q8_passes(cfg) == 0 and cfg["NR"] == vk_matmul.QMV4_NR
+    c = EngineConfig.from_env(device="vulkan")
+    cfg = vk_matmul.gemv_variant(c.vk_gemv, c.vk_q8)
+    assert cfg["kernel"] == "qmv4" and vk_matmul.variant_passes(cfg) == 0 and cfg["NR"] == vk_matmul.QMV4_NR
     monkeypatch.setenv("MINFER_VK_GEMV", "NR=2")  # a named NR stays
-    assert vk_matmul.gemv_from_env(base)["NR"] == 2
+    c = EngineConfig.from_env(device="vulkan")
+    assert vk_matmul.gemv_variant(c.vk_gemv, c.vk_q8)["NR"] == 2
 
 
 def test_head_dims_past_128_are_refused(dev):

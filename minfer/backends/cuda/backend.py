@@ -326,17 +326,24 @@ class CUDABackend(Backend):
         kind = "chunk" if prefill else ("row" if rows == 1 else "batch")
         return self.compiler.plan_rows(kind, rows)
 
-    def matmul_args(self, node_id: int, kind: str = "row"):
-        """The kernel a MatMul node runs for `kind` and its arguments but x, the weight in the
-        kernel's layout: `kernel(x=x, **args)` is the step's launch (benchmarks time one
-        projection alone). A fused weight whose parts differ in type runs one kernel per part."""
-        node = self.graph.nodes[node_id]
-        if node.op != Op.MATMUL:
-            raise MinferError(f"matmul_args: node {node.name!r} is a {node.op}, not a MatMul")
-        launches = self.compiler.bound[node_id][kind].launches
-        if len(launches) != 1 + ("b" in node.weights):
-            raise MinferError(f"matmul_args: node {node.name!r} runs {len(launches)} kernels for {kind}; time its "
-                              "parts alone")
-        launch = launches[0]
-        return launch.kernel, {"w": self.compiler.laid_out(launch.kernel, node.weights["w"], launch.call.params),
+    def matmul_args(self, name: str, kind: str = "row"):
+        """The kernel the matmul named `name` runs for `kind` and its arguments but x, the weight in
+        the kernel's layout: `kernel(x=x, **args)` is its launch (benchmarks time one projection
+        alone). A fused node's matmul (the q+k+v of a QMatMulRoPE) is its plain matmul. A fused
+        weight whose parts differ in type runs one kernel per part: time those alone."""
+        c, way = self.compiler, next(w for w in self.compiler.ways() if w.kind == kind)
+        for node in self.graph.nodes:
+            if node.op == Op.MATMUL and node.name == name:
+                bound = c.bound[node.id][kind]
+                break
+            part = next((p for p in node.parts if p.op == Op.MATMUL and p.name == name), None)
+            if part is not None:
+                bound, node = c.bind_part(node, part, way), part
+                break
+        else:
+            raise MinferError(f"matmul_args: no matmul node {name!r}")
+        if len(bound.launches) != 1 + ("b" in node.weights):
+            raise MinferError(f"matmul_args: {name!r} runs {len(bound.launches)} kernels for {kind}; time its parts")
+        launch = bound.launches[0]
+        return launch.kernel, {"w": c.laid_out(launch.kernel, node.weights["w"], launch.call.params),
                                **launch.call.params}
