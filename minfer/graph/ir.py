@@ -58,7 +58,7 @@ FUSED_OPS = frozenset({Op.ADD_RMS_NORM, Op.MATMUL_SWIGLU, Op.MATMUL_ROPE})
 class WeightRef:
     """A weight tensor a node reads: its GGUF name and the shape the model needs (GGUF order).
 
-    A fused weight (graph/passes.py) has `parts`: the real tensors whose rows it stacks, in
+    A fused weight (graph/fuse.py) has `parts`: the real tensors whose rows it stacks, in
     order; its name is only a label and its shape is (in, sum of the parts' out)."""
 
     name: str

@@ -226,7 +226,7 @@ def test_a_node_no_contract_accepts_is_a_load_error(tiny_gguf):
     from minfer.backends.cuda.backend import CUDABackend
     from minfer.config import EngineConfig
     from minfer.gguf.reader import GGUFReader
-    from minfer.graph.passes import optimize
+    from minfer.graph.fuse import optimize
     from minfer.models import registry as models
 
     reader = GGUFReader(tiny_gguf("tiny-llama", "q4_0"))
@@ -375,7 +375,8 @@ def test_int8_activations_from_the_norms(tiny_gguf, raw, monkeypatch, quant):
         plain = load(path, "cuda", n_ctx=32, n_slots=1, progress=False)
         assert not any(n.params.get("q8_out") for n in plain.engine.backend.graph.nodes)
         raw.prefill(plain.engine, 0, PROMPT[:5])
-        alone = torch.stack([raw.decode(plain.engine, 0, t, p).cpu().clone() for p, t in enumerate(PROMPT[5:8], start=5)])
+        steps = enumerate(PROMPT[5:8], start=5)
+        alone = torch.stack([raw.decode(plain.engine, 0, t, p).cpu().clone() for p, t in steps])
         assert torch.equal(fused, alone)
     finally:
         monkeypatch.undo()
