@@ -9,10 +9,11 @@
 # Prints one table last: test, old, new, new/old.
 set -uo pipefail
 PART=${PART:-single}
+NEW=${NEW:-.}   # the new tree (default: this one)
 export PYTHONUNBUFFERED=1
 M=${M:-/tmp/models}; OUT=${OUT:-/tmp/out}; mkdir -p "$M" "$OUT"
 T0=$(date +%s); since() { echo "[$(( $(date +%s) - T0 )) s]"; }
-synth() { [ -f "$M/$1-$2.gguf" ] || PYTHONPATH=. python3 -m minfer.cli synth "$1" "$2" "$M/$1-$2.gguf" > /dev/null; }
+synth() { [ -f "$M/$1-$2.gguf" ] || PYTHONPATH=$NEW python3 -m minfer.cli synth "$1" "$2" "$M/$1-$2.gguf" > /dev/null; }
 LOG="$OUT/ab-$PART.txt"; : > "$LOG"
 # bench TREE LABEL ARGS...: one `minfer bench` with the tree's minfer first on the path; rows tagged with the label
 bench() {
@@ -20,13 +21,13 @@ bench() {
   PYTHONPATH=$tree:/tmp/pylib timeout 150 python3 -m minfer.cli bench "$@" 2>&1 | grep -v XDG \
     | grep -E "^[^ ].* (tg|pp|b)[0-9]+ " | sed "s/^/$label /" | tee -a "$LOG"
 }
-ab() { bench .ab/old old "$@"; bench . new "$@"; bench . new "$@"; bench .ab/old old "$@"; }
+ab() { bench .ab/old old "$@"; bench "$NEW" new "$@"; bench "$NEW" new "$@"; bench .ab/old old "$@"; }
 
 if [ "$PART" = single ]; then
   for spec in smollm2-135m:q4_1 qwen2.5-0.5b:q4_0 qwen2.5-7b:q4_0 llama3-8b:q4_k; do synth ${spec/:/ } & done
   echo "== cuda GPU tests of this tree $(since)"
-  MINFER_TEST_DEVICE=cuda PYTHONPATH=. timeout 240 python3 -m pytest -q -p no:cacheprovider \
-    tests/backends/test_cuda_backend.py tests/kernels/triton/test_gemv_fused.py 2>&1 | tail -4
+  (cd "$NEW" && MINFER_TEST_DEVICE=cuda PYTHONPATH=. timeout 240 python3 -m pytest -q -p no:cacheprovider -x \
+    tests/backends/test_cuda_backend.py tests/kernels/triton/test_gemv_fused.py 2>&1 | tail -15)
   wait
   echo "== A/B $(since)"
   for f in smollm2-135m-q4_1 qwen2.5-0.5b-q4_0; do ab -m "$M/$f.gguf" --device cuda -p 0 -n 128 -r 3; done

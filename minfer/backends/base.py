@@ -23,7 +23,8 @@ import torch
 
 from ..errors import ContextOverflowError, MinferError
 from ..gguf.reader import GGUFReader
-from ..graph.ir import Graph
+from ..graph.ir import Graph, WeightRef
+from ..quant.reference import dequantize
 
 
 @dataclass(frozen=True)
@@ -214,3 +215,13 @@ class Backend(ABC):
     def copy_bandwidth(self) -> float | None:
         """The device's copy bandwidth in bytes/s, measured now (None: the benchmark measures it)."""
         return None
+
+
+def read_vector(reader: GGUFReader, w: WeightRef) -> torch.Tensor:
+    """A 1-D weight (a norm's gain, a bias; a fused one is its parts end to end) as float32 on the
+    host, dequantized from the file: what a GPU backend uploads once."""
+    parts = []
+    for t in w.tensors:
+        info, host = reader.tensors[t.name], torch.from_numpy(reader.tensor_bytes(t.name))
+        parts.append(dequantize(host, info.ggml_type, (info.shape[0],)).float())
+    return torch.cat(parts)

@@ -354,6 +354,11 @@ def fuse_kv_write(graph: Graph, supports: Supports) -> Graph:
         if supports(fused, graph) and supports(attn, graph):
             marks[f.id] = fused.params
             marks[a.id] = attn.params
+    return _with_params(graph, marks)
+
+
+def _with_params(graph: Graph, marks: dict[int, dict]) -> Graph:
+    """graph with the nodes in `marks` given those params (the rules that only mark nodes)."""
     if not marks:
         return graph
     return replace(graph, nodes=tuple(replace(n, params=marks[n.id]) if n.id in marks else n for n in graph.nodes))
@@ -382,9 +387,7 @@ def fuse_int8_x(graph: Graph, supports: Supports) -> Graph:
         if supports(c, graph) and supports(p, graph):
             marks[producer.id] = p.params
             marks[m.id] = c.params
-    if not marks:
-        return graph
-    return replace(graph, nodes=tuple(replace(n, params=marks[n.id]) if n.id in marks else n for n in graph.nodes))
+    return _with_params(graph, marks)
 
 
 FUSIONS: tuple[Callable[[Graph, Supports], Graph], ...] = (

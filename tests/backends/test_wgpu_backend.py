@@ -142,12 +142,14 @@ def test_the_judge_measures_the_vulkan_kernels_on_the_adapter():
 
 
 def test_no_matching_adapter_is_a_device_error(monkeypatch):
+    from minfer.config import EngineConfig
     from minfer.errors import DeviceError
     from minfer.kernels.wgpu.device import Device
 
     monkeypatch.setenv("MINFER_WGPU_ADAPTER", "no-such-adapter")
+    adapter = EngineConfig.from_env(device="vulkan").wgpu_adapter  # the switch, read once in config.py
     with pytest.raises(DeviceError, match="no Vulkan adapter matching 'no-such-adapter'"):
-        Device("vulkan")
+        Device("vulkan", adapter=adapter)
 
 
 # ---- end to end -----------------------------------------------------------------------------------

@@ -32,8 +32,7 @@ from ...graph.ir import Graph, Op, WeightRef
 from ...kernels.sample import KMAX, PARAM_ROWS, pack_params
 from ...kernels.triton._common import configure_pdl, interpreting
 from ...kernels.triton.attention import prefill_tiles, q8_row_bytes
-from ...quant.reference import dequantize
-from ..base import Backend, Batch
+from ..base import Backend, Batch, read_vector
 from ..compile import PLAN_CTX, Call, Compiler, fusion_support
 from ..kv_cache import KVCache, kv_bytes, kv_type
 from ..plan import Plan
@@ -139,12 +138,7 @@ class CUDABackend(Backend):
 
     def vector(self, w: WeightRef) -> torch.Tensor:
         if w not in self._vectors:
-            parts = []
-            for t in w.tensors:
-                info = self._reader.tensors[t.name]
-                host = torch.from_numpy(self._reader.tensor_bytes(t.name))
-                parts.append(dequantize(host, info.ggml_type, (info.shape[0],)).float())
-            self._vectors[w] = torch.cat(parts).to(self.device)
+            self._vectors[w] = read_vector(self._reader, w).to(self.device)
         return self._vectors[w]
 
     def empty(self, shape) -> torch.Tensor:

@@ -35,8 +35,7 @@ from ...kernels.wgpu.device import Device, VkTensor
 from ...kernels.wgsl import attention as vk_attention
 from ...kernels.wgsl import matmul as vk_matmul
 from ...kernels.wgsl import quantize as vk_quantize
-from ...quant.reference import dequantize
-from ..base import Backend, Batch
+from ..base import Backend, Batch, read_vector
 from ..compile import PLAN_CTX, Call, Compiler, fusion_support
 from ..kv_cache import kv_bytes, kv_type
 from ..plan import Plan
@@ -137,12 +136,7 @@ class WGPUBackend(Backend):
 
     def vector(self, w: WeightRef) -> VkTensor:
         if w not in self._vectors:
-            parts = []
-            for t in w.tensors:
-                info = self._reader.tensors[t.name]
-                host = torch.from_numpy(self._reader.tensor_bytes(t.name))
-                parts.append(dequantize(host, info.ggml_type, (info.shape[0],)).float())
-            self._vectors[w] = self.dev.upload(torch.cat(parts))
+            self._vectors[w] = self.dev.upload(read_vector(self._reader, w))
         return self._vectors[w]
 
     def empty(self, shape) -> VkTensor:

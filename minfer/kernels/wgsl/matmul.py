@@ -7,9 +7,11 @@ from __future__ import annotations
 import dataclasses
 import weakref
 
+import torch
+
 from ...errors import UnsupportedError
 from ...quant.types import GGMLType, quant_info
-from ._common import MAX_GROUPS, SHADERS, WG, VkTensor, _check, _grid_2d, _host_bridge, _qinfo, _rows
+from ._common import MAX_GROUPS, SHADERS, WG, VkTensor, _check, _grid_2d, _host_bridge, _qinfo, _rows, default_device
 from .quantize import _q8_of
 
 REVISION_SOURCES = SHADERS
@@ -129,6 +131,8 @@ def planes_layout(w: VkTensor, n: int, k: int, qtype, variant: dict | None = Non
     g = GEMV if variant is None else variant
     t = _qinfo("vk planes_layout", qtype).type
     if (g["kernel"] == "qmv8" and t in QMV8_TYPES) or (g["kernel"] == "qmv4" and t == GGMLType.Q4_0):
+        if isinstance(w, torch.Tensor):  # host bytes (the conformance harness): laid out on the default device
+            w = default_device().upload(w)
         return planes(w, n, k, t)
     return w
 
