@@ -126,6 +126,7 @@ CASES = {
     ),
     "AliasingIncoherent": (_text([_set(_ours(), "return.outputs.0.aliasing", "in_place")]), "caps.in_place"),
     "AlignmentInvalid": (_text([_set(_ours(), "caps.alignment_bytes", 3)]), "caps.alignment_bytes"),
+    "UnknownCapability": (_text([_set(_ours(), "caps.also", ["telepathy"])]), "caps.also"),
     "BackendUnsupported": (
         _text(
             [_set(_set(_seed(), "registrable", True), "entry_point", "minfer.kernels.triton.dequant:dequant")],
@@ -157,6 +158,14 @@ PARSE_RULES = {
 
 def test_every_rule_has_a_broken_contract():
     assert set(CASES) | PARSE_RULES == set(RULES)
+
+
+def test_q8_in_comes_with_its_passes(tmp_path):
+    """A launcher that takes int8 activations names the function that makes them, and only then."""
+    errors = _errors(tmp_path, _text([_set(_ours(), "caps.also", ["q8_in"])]))
+    assert ("UnknownCapability", "caps.q8_passes") in [(e.rule, e.field) for e in errors]
+    errors = _errors(tmp_path, _text([_set(_ours(), "caps.q8_passes", "minfer.kernels.triton.qmatmul:q8_passes")]))
+    assert ("UnknownCapability", "caps.q8_passes") in [(e.rule, e.field) for e in errors]
 
 
 def test_bases_are_clean(tmp_path):

@@ -22,10 +22,12 @@ needs_vnni = pytest.mark.skipif(not cpu_vnni.available(), reason="needs AVX512-V
 @pytest.mark.parametrize("env", [{"MINFER_CPU_VNNI": "0"}, {"CC": "/bin/false", "MINFER_CACHE": "{tmp}"}])
 def test_without_the_c_kernels_every_type_takes_torchs(tmp_path, env):
     """Turned off, or no compiler that works: the picker drops the C contracts, nothing fails."""
-    code = ("from minfer.backends.cpu.weights import kernel_name\n"
-            "from minfer.kernels.cpu import vnni as cpu_vnni\n"
+    code = ("from minfer.backends import create_backend\n"
+            "from minfer.backends.cpu.weights import kernel_name\n"
+            "from minfer.config import EngineConfig\n"
             "from minfer.quant.types import GGMLType as T\n"
-            "print(cpu_vnni.available(), kernel_name(T.Q4_K), kernel_name(T.Q8_0))")
+            "b = create_backend(EngineConfig.from_env(device='cpu'))\n"
+            "print(b.vnni, kernel_name(T.Q4_K, vnni=b.vnni), kernel_name(T.Q8_0, vnni=b.vnni))")
     env = {**os.environ, **{k: v.format(tmp=tmp_path) for k, v in env.items()}}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "cpu_int4pack_mm", "cpu_int4pack_mm_pair32"]
