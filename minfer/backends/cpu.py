@@ -195,7 +195,7 @@ class CPUBackend:
 
     # ------------------------------------------------------------------ load
     def load(self, graph: Graph, reader: GGUFReader, progress: bool = True) -> None:
-        """Prepare the weights the graph reads and compile the plan (a progress bar on a terminal if it takes > 0.5 s)."""
+        """Prepare the weights the graph reads and compile the plan (a bar on a terminal if it takes > 0.5 s)."""
         self.graph, self._reader = graph, reader
         self.check_memory(graph, reader)
         # Packing is byte shuffling bound by memory, and one thread does it about as fast as two on
