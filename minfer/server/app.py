@@ -108,6 +108,8 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
     def ready_model():
         if engine_loop.state == "loading":
             raise APIError(503, "the model is still loading; try again shortly", code="loading")
+        if engine_loop.state == "restarting":
+            raise APIError(503, "the engine is restarting after a failure; try again shortly", code="restarting")
         if engine_loop.state != "ok":
             raise APIError(503, f"the model is not available ({engine_loop.state})")
         return engine_loop.model
