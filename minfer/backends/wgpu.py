@@ -146,6 +146,18 @@ class WGPUBackend:
         self._q8: tuple[int, set[int]] = (0, set())  # (activation passes, nodes writing int8 records)
         self._fused_norms: dict[int, int] = {}  # add node id -> the RMSNorm it runs fused with (calls.add_norm_pairs)
 
+    def close(self) -> None:
+        """Release the device (Engine.close): its buffers, pipelines and the wgpu device itself, at
+        once rather than when the garbage collector finds them. A process that loads model after
+        model (a server's restarts, the load fuzzer) would otherwise run the driver out of memory
+        (lavapipe: "Not enough memory left" after ~130 loads). Idempotent."""
+        dev = self.__dict__.pop("dev", None)
+        if dev is None:
+            return
+        self.plan, self.cache, self._replays = None, None, {}
+        self._bytes, self._vectors, self._ropes = {}, {}, {}
+        dev.close()
+
     # ------------------------------------------------------------------ load
     def load(self, graph: Graph, reader: GGUFReader, progress: bool = True) -> None:
         """Pick every node's kernels and upload the weights (once)."""
