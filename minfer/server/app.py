@@ -67,7 +67,8 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
         yield
         await run_in_threadpool(engine_loop.stop)  # uvicorn's shutdown (SIGINT/SIGTERM): end the loop cleanly
 
-    app = FastAPI(title="minfer", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app = FastAPI(title="minfer", docs_url=None, redoc_url=None, openapi_url="/openapi.json", lifespan=lifespan)
+    app.openapi = lambda: _openapi(app)
     page = resources.files(__package__).joinpath("static/index.html").read_bytes()
     created = int(time.time())
     pending: set[Job] = set()
@@ -265,6 +266,35 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
 
 
 # ---------------------------------------------------------------------- helpers
+def _openapi(app: FastAPI) -> dict:
+    """FastAPI's OpenAPI document plus what the handlers read by hand: the request bodies of the
+    two POST routes (schema.py's models) and the error JSON of every 4xx. Clients and the schema
+    fuzzer (tests/server/test_schemathesis.py) read it at /openapi.json."""
+    if app.openapi_schema is not None:
+        return app.openapi_schema
+    from fastapi.openapi.utils import get_openapi
+
+    doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+    components = doc.setdefault("components", {}).setdefault("schemas", {})
+    error = {"type": "object", "required": ["error"], "properties": {"error": {
+        "type": "object", "required": ["message", "type", "param", "code"],
+        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                       "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
+    components["Error"] = error
+    for path, model in (("/v1/chat/completions", schema.ChatRequest), ("/v1/completions", schema.CompletionRequest)):
+        body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(body.pop("$defs", {}))
+        components[model.__name__] = body
+        doc["paths"][path]["post"]["requestBody"] = {"required": True, "content": {"application/json": {
+            "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}
+    for methods in doc["paths"].values():
+        for op in methods.values():
+            op.setdefault("responses", {})["4XX"] = {"description": "OpenAI's error JSON", "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+    app.openapi_schema = doc
+    return doc
+
+
 class Events:
     """A job's events, with the client watched: Disconnected when it is gone (checked at least
     every DISCONNECT_POLL_S, whether or not tokens keep coming)."""

@@ -44,6 +44,7 @@ from ..engine.engine import check_tokens
 from ..errors import MinferError
 from ..gguf.reader import GGUFReader
 from ..tokenizer import Tokenizer
+from ..tokenizer.render_worker import RenderWorker
 from .loop import Driver, Job, deliver
 from .metrics import Metrics
 
@@ -74,8 +75,17 @@ class Frontend(Prompting):
         self.tokenizer = Tokenizer.from_metadata(self.reader.metadata)
         if chat_template is not None:
             self.tokenizer.set_chat_template(chat_template)
+        self.render_worker: RenderWorker | None = None
+        if self.tokenizer.chat_template is not None:  # the file's (or the user's) template: rendered under limits
+            self.render_worker = RenderWorker()
+            self.render_worker.start()  # (~0.3 s, while the engine loads)
+            self.tokenizer.isolate_templates(self.render_worker)
         self.n_ctx = self.n_slots = self.n_vocab = 0  # what the engine reports when it is ready
         self.eog_ids: frozenset[int] = frozenset()
+
+    def close(self) -> None:
+        if self.render_worker is not None:
+            self.render_worker.close()
 
     def set_facts(self, facts: dict) -> None:
         self.n_ctx, self.n_slots, self.n_vocab = facts["n_ctx"], facts["n_slots"], facts["n_vocab"]
@@ -181,6 +191,8 @@ class EngineProcess:
             self._loop.call_soon_threadsafe(self._readable, conn)  # the last events (and the EOF) on the loop
         if self.state in ("ok", "loading", "restarting"):
             self.state = "stopped"
+        if self.model is not None:
+            self.model.close()
 
     def _send(self, msg: tuple) -> bool:
         """Queue a message for the child. The event loop never writes the pipe itself: a long
