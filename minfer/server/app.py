@@ -32,6 +32,7 @@ from .loop import EngineLoop, Job
 from .metrics import CONTENT_TYPE, Metrics
 
 MAX_BODY_BYTES = 4 << 20  # a request body beyond this is a 413
+READ_TIMEOUT_S = 30.0  # a request's headers (http.py), and then its body, must each arrive within this; else a 408
 DISCONNECT_POLL_S = 0.25  # how often a request with no new token checks that its client is still there
 CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
        "img-src data:; base-uri 'none'; form-action 'none'")
@@ -58,8 +59,10 @@ class EventStream(StreamingResponse):
 
 
 def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_key: str | None = None,
-               max_body: int = MAX_BODY_BYTES, max_pending: int = 1024) -> FastAPI:
-    """`max_pending`: requests admitted at once (running + waiting); beyond it a 503."""
+               max_body: int = MAX_BODY_BYTES, max_pending: int = 1024,
+               read_timeout_s: float = READ_TIMEOUT_S) -> FastAPI:
+    """`max_pending`: requests admitted at once (running + waiting); beyond it a 503. `read_timeout_s`:
+    the time a request's body has to arrive once its headers have; beyond it a 408."""
     @contextlib.asynccontextmanager
     async def lifespan(app):
         if hasattr(engine_loop, "attach"):  # an engine in another process: read its pipe on this loop
@@ -164,7 +167,7 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
         endpoint = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
         try:
             authorize(request)
-            body = await read_json(request, max_body)
+            body = await read_json(request, max_body, read_timeout_s)
             req = schema.parse(schema.ChatRequest if kind == "chat" else schema.CompletionRequest, body)
             if req.model is not None and req.model != model_id:
                 raise APIError(404, f"model {req.model!r} does not exist; this server serves {model_id!r}",
@@ -342,15 +345,23 @@ class Events:
                 getter.cancel()
 
 
-async def read_json(request: Request, limit: int) -> dict:
+async def read_json(request: Request, limit: int, timeout_s: float = READ_TIMEOUT_S) -> dict:
+    """The body as a JSON object: a 413 past `limit` bytes (refused from its Content-Length before
+    a byte is read, or as soon as the bytes read pass it), a 408 when it has not all arrived within
+    `timeout_s` (a client trickling its body holds no connection for long), a 400 for bad JSON."""
     length = request.headers.get("content-length")
     if length is not None and (not length.isdigit() or int(length) > limit):
         raise APIError(413, f"the request body is over the limit of {limit} bytes", code="body_too_large")
     data = bytearray()
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > limit:
-            raise APIError(413, f"the request body is over the limit of {limit} bytes", code="body_too_large")
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                data += chunk
+                if len(data) > limit:
+                    raise APIError(413, f"the request body is over the limit of {limit} bytes", code="body_too_large")
+    except TimeoutError:
+        raise APIError(408, f"the request body did not arrive within {timeout_s:g} s ({len(data)} bytes came)",
+                       code="request_timeout") from None
     try:
         body = json.loads(bytes(data))
     except (ValueError, RecursionError) as e:
