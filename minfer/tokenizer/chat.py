@@ -289,6 +289,16 @@ def _predict_translate(s: Any, table: Any) -> None:
     _refuse_if(total, "translate()")
 
 
+def urlize_bound(text: str, target: Any = None, rel: Any = None) -> int:
+    """At least the length of `text|urlize`, from counts (no allocation): every word of the escaped
+    text may become `<a href="https://WORD" rel=".." target="..">WORD</a>` (jinja2.utils.urlize)."""
+    escaped = (len(text) + 4 * (text.count("&") + text.count('"') + text.count("'"))
+               + 3 * (text.count("<") + text.count(">")))
+    words = re.subn(r"\S+", "", text)[1]
+    tag = 64 + 5 * (len(str(target or "")) + len(str(rel or "")))  # the tags, the scheme, rel="nofollow noopener"
+    return 2 * escaped + words * tag
+
+
 def _guard_filter_args(name: str, args: list, kwargs: dict, value_at: int) -> None:
     """Size pre-checks for the jinja filters that can multiply their input. Mutates args."""
     value = args[value_at] if len(args) > value_at else None
@@ -329,6 +339,8 @@ def _guard_filter_args(name: str, args: list, kwargs: dict, value_at: int) -> No
         _refuse_if(_text_bound(value), f"|{name}")
     elif name in ("upper", "lower", "title", "capitalize") and isinstance(value, str):
         _refuse_if(3 * len(value), f"|{name}")  # one character can map to three ("\ufb03".upper() == "FFI")
+    elif name == "urlize" and value is not None:
+        _refuse_if(urlize_bound(str(value), arg(2, "target", None), arg(3, "rel", None)), "|urlize")
     elif name in ("slice", "batch"):
         n = arg(0, "slices" if name == "slice" else "linecount", 0)
         if isinstance(n, int) and n > MAX_RANGE:

@@ -245,7 +245,7 @@ REASONS = {
     'dict_fromkeys': 'call result exceeds',
     'loop_output': 'output exceeds',
     'encode_growth': 'call result exceeds',
-    'urlize_growth': '\\|urlize result exceeds',
+    'urlize_growth': '\\|urlize would produce',
     'power_digits': 'power is too large',
     'product_chain': 'integer product is too large',
     'bytes_repetition': 'repetition would produce more than',
@@ -333,3 +333,18 @@ def test_hostile_template_is_refused_for_its_reason(name, tmp_path):
         growth = _kb("VmHWM") - before
         assert growth < RSS_GROWTH_LIMIT, f"{name} grew the process by {growth >> 20} MB"
     assert not marker.exists(), "the template executed a shell command"
+
+
+@pytest.mark.parametrize("text", [
+    "see www.a.io & <b> x@y.org", "www.a.io " * 50, "https://" + "&" * 40 + ".org", "mailto:x@y.org " * 20,
+    "a" * 100, " " * 30, "x@y.org\t<'\">" * 10, "http://e.com/?q=\"'&<> www.b.io\nc@d.ef"])
+@pytest.mark.parametrize("kw", [{}, {"nofollow": True}, {"target": "_bl&nk", "rel": "me \"x\""}])
+def test_urlize_bound_holds(text, kw):
+    """urlize is refused on a bound computed before it runs: the bound must never be below jinja's result."""
+    import jinja2
+
+    from minfer.tokenizer.chat import urlize_bound
+
+    out = jinja2.Environment().from_string("{{ t|urlize(**kw) }}").render(t=text, kw=kw)
+    assert len(out) <= urlize_bound(text, kw.get("target"), kw.get("rel")), out
+    assert render_chat("{{ messages[0].content|urlize(**kw) }}", [{"role": "user", "content": text}], kw=kw) == out
