@@ -78,7 +78,7 @@ def serve(a: argparse.Namespace) -> int:
 
     from ..server.app import create_app
     from ..server.http import head_deadline_protocol
-    from ..server.loop import EngineLoop
+    from ..server.loop import EngineThread
     from ..server.metrics import Metrics
     from ..server.process import EngineProcess, LoadSpec
 
@@ -94,10 +94,10 @@ def serve(a: argparse.Namespace) -> int:
     if a.engine_process:
         spec_args = argparse.Namespace(**{k: v for k, v in vars(a).items() if k != "func"})
         spec = LoadSpec(common.load_model, spec_args, config, path)
-        engine_loop = EngineProcess(spec, metrics, on_load_error=load_failed)
+        engine = EngineProcess(spec, metrics, on_load_error=load_failed)
     else:
-        engine_loop = EngineLoop(lambda: common.load_model(a, config), metrics, on_load_error=load_failed)
-    app = create_app(engine_loop, model_id=model_id, metrics=metrics, api_key=api_key,
+        engine = EngineThread(lambda: common.load_model(a, config), metrics, on_load_error=load_failed)
+    app = create_app(engine, model_id=model_id, metrics=metrics, api_key=api_key,
                      max_body=a.max_body_mb << 20, max_pending=a.max_pending, read_timeout_s=a.read_timeout)
     server = uvicorn.Server(uvicorn.Config(app, http=head_deadline_protocol(a.read_timeout), log_level="warning",
                                            access_log=False, timeout_graceful_shutdown=2))
@@ -105,13 +105,13 @@ def serve(a: argparse.Namespace) -> int:
     shown = f"[{host}]" if ":" in host else host
     print(f"minfer: serving {model_id} on http://{shown}:{port} (loading the model; /health says when ready)",
           file=sys.stderr, flush=True)
-    engine_loop.start()
+    engine.start()
     try:
         server.run(sockets=[sock])
     finally:
-        engine_loop.stop()
+        engine.stop()
         sock.close()
-    if engine_loop.load_error is not None:
-        e = engine_loop.load_error
+    if engine.load_error is not None:
+        e = engine.load_error
         raise e if isinstance(e, MinferError) else MinferError(f"loading the model failed: {e}")
     return 0

@@ -4,8 +4,9 @@
 A request is checked completely before anything is sent (body size, JSON, schema, model name,
 sampling values, chat template, token ids, prompt + max_tokens against the context): every
 client mistake is OpenAI's error JSON with a 4xx status before any SSE byte. Then it becomes a
-Job for the engine loop (loop.py) and its events come back on an asyncio queue: collected into
-one JSON answer, or streamed as server-sent events. A client that goes away (a failed send, or
+Job for the serving loop (loop.py; its EngineHost runs it in a thread or a child process) and its
+events come back on an asyncio queue: collected into one JSON answer, or streamed as server-sent
+events. A client that goes away (a failed send, or
 `is_disconnected` polled while no token arrives) cancels its job; the loop frees the slot.
 """
 
@@ -28,7 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..errors import MinferError
 from . import schema
 from .errors import APIError, error_body
-from .loop import EngineLoop, Job
+from .loop import EngineHost, Job
 from .metrics import CONTENT_TYPE, Metrics
 
 MAX_BODY_BYTES = 4 << 20  # a request body beyond this is a 413
@@ -58,17 +59,16 @@ class EventStream(StreamingResponse):
             await self.body_iterator.aclose()
 
 
-def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_key: str | None = None,
+def create_app(engine: EngineHost, *, model_id: str, metrics: Metrics, api_key: str | None = None,
                max_body: int = MAX_BODY_BYTES, max_pending: int = 1024,
                read_timeout_s: float = READ_TIMEOUT_S) -> FastAPI:
     """`max_pending`: requests admitted at once (running + waiting); beyond it a 503. `read_timeout_s`:
     the time a request's body has to arrive once its headers have; beyond it a 408."""
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        if hasattr(engine_loop, "attach"):  # an engine in another process: read its pipe on this loop
-            engine_loop.attach(asyncio.get_running_loop())
+        engine.attach(asyncio.get_running_loop())  # (an engine in another process: its pipe is read on this loop)
         yield
-        await run_in_threadpool(engine_loop.stop)  # uvicorn's shutdown (SIGINT/SIGTERM): end the loop cleanly
+        await run_in_threadpool(engine.stop)  # uvicorn's shutdown (SIGINT/SIGTERM): end the loop cleanly
 
     app = FastAPI(title="minfer", docs_url=None, redoc_url=None, openapi_url="/openapi.json", lifespan=lifespan)
     app.openapi = lambda: _openapi(app)
@@ -110,13 +110,13 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
         return piece[0]
 
     def ready_model():
-        if engine_loop.state == "loading":
+        if engine.state == "loading":
             raise APIError(503, "the model is still loading; try again shortly", code="loading")
-        if engine_loop.state == "restarting":
+        if engine.state == "restarting":
             raise APIError(503, "the engine is restarting after a failure; try again shortly", code="restarting")
-        if engine_loop.state != "ok":
-            raise APIError(503, f"the model is not available ({engine_loop.state})")
-        return engine_loop.model
+        if engine.state != "ok":
+            raise APIError(503, f"the model is not available ({engine.state})")
+        return engine.model
 
     # ------------------------------------------------------------------ plain routes
     @app.get("/", include_in_schema=False)
@@ -126,7 +126,7 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
 
     @app.get("/health")
     async def health():
-        state = engine_loop.state
+        state = engine.state
         return JSONResponse({"status": state}, status_code=200 if state == "ok" else 503)
 
     @app.get("/metrics")
@@ -136,9 +136,9 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
 
     def model_card() -> dict:
         card = {"id": model_id, "object": "model", "created": created, "owned_by": "minfer"}
-        if engine_loop.state == "ok":
-            card["meta"] = {"n_ctx": engine_loop.model.n_ctx, "n_slots": engine_loop.model.n_slots,
-                            "n_vocab": engine_loop.model.n_vocab}
+        if engine.state == "ok":
+            card["meta"] = {"n_ctx": engine.model.n_ctx, "n_slots": engine.model.n_slots,
+                            "n_vocab": engine.model.n_vocab}
         return card
 
     @app.get("/v1/models")
@@ -196,7 +196,7 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
             return JSONResponse(e.body(), status_code=e.status)
         job = Job(ids, params, schema.logprobs_n(req), asyncio.get_running_loop())
         pending.add(job)
-        engine_loop.submit(job)
+        engine.submit(job)
         out = Output(kind, model_id, m.tokenizer, m.eog_ids, params.ignore_eos)
         if req.stream:
             usage = req.stream_options is not None and req.stream_options.include_usage
@@ -213,7 +213,7 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
         if job in pending:
             pending.discard(job)
             if not job.done:
-                engine_loop.cancel(job)
+                engine.cancel(job)
                 status = status or 499
             metrics.request(endpoint, status or 200)
 

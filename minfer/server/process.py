@@ -4,12 +4,13 @@ The HTTP side (uvicorn's event loop: parsing, validation, tokenizing, JSON, SSE)
 engine (the scheduler, the backend's launches, detokenizing) are both Python. In one process
 they share one interpreter lock, and the engine waits for it behind the event loop: on the
 H200 a 7B model served 1,542 tok/s through HTTP at 16 clients where the engine alone gives
-2,432 (bench/NOTES.md). Here the child process owns the model and runs the same `Driver` as
-the in-process `EngineLoop`; the parent keeps only what needs no weights (`Frontend`: the
-tokenizer, the chat template, the sizes the child reports when it is ready).
+2,432 (bench/NOTES.md). Here the child process owns the model and runs the serving loop
+(loop.py's `serve_model`, the same function `EngineThread` runs in a thread); the parent keeps
+only what needs no weights (`Frontend`: the tokenizer, the chat template, the sizes the child
+reports when it is ready).
 
 The wire is one `multiprocessing` pipe, pickled tuples both ways:
-  parent -> child  ("add", key, ids, params, logprobs_n) | ("abort", key) | ("stop",)
+  parent -> child  the serving loop's messages: ("add", key, ids, params, logprobs_n) | ("abort", key) | ("stop",)
   child -> parent  ("ready", facts) | ("load_error", message, is_minfer_error)
                    | ("events", [(key, event), ...], running, waiting)   one message per step
 Each side writes from a sender thread of its own: the engine never waits for a parent slow to
@@ -33,9 +34,9 @@ import logging
 import multiprocessing
 import queue
 import signal
+import sys
 import threading
 import time
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,7 +46,7 @@ from ..errors import MinferError
 from ..gguf.reader import GGUFReader
 from ..tokenizer import Tokenizer
 from ..tokenizer.render_worker import RenderWorker
-from .loop import Driver, Job, deliver
+from .loop import EngineHost, Job, deliver, serve_model
 from .metrics import Metrics
 
 log = logging.getLogger("minfer.server")
@@ -95,9 +96,8 @@ class Frontend(Prompting):
         check_tokens(ids, self.n_vocab, self.n_ctx)
 
 
-class EngineProcess:
-    """`EngineLoop`'s interface (start, submit, cancel, stop, state, model, ready, load_error)
-    with the engine in a child process, restarted when it dies.
+class EngineProcess(EngineHost):
+    """The serving loop in a child process (loop.py's EngineHost), restarted when it dies.
 
     States: loading (the first load) -> ok; ok -> restarting -> ok when the engine process dies
     (its jobs, running and queued, end with an error event that says so; new requests are a 503
@@ -337,33 +337,47 @@ class EngineProcess:
 
 # ---------------------------------------------------------------------- the child
 def _child_main(conn, spec: LoadSpec) -> None:
+    """The engine process: loop.py's serve_model with the pipe as its inbox and outlet."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        model = spec.load(spec.args, spec.config)
-        model.engine.warmup()  # graphs and kernel variants ready before /health says ok
-    except BaseException as e:  # noqa: BLE001 (reported to the parent, which exits with it)
-        conn.send(("load_error", str(e) if isinstance(e, MinferError) else f"{type(e).__name__}: {e}",
-                   isinstance(e, MinferError)))
-        return
-    conn.send(("ready", {"n_ctx": model.n_ctx, "n_slots": model.n_slots, "n_vocab": model.n_vocab,
-                         "eog_ids": sorted(model.eog_ids)}))
-    outbox: queue.SimpleQueue = queue.SimpleQueue()  # each step's message, sent by a thread of its own
+    outbox: queue.SimpleQueue = queue.SimpleQueue()  # every message to the parent, sent by a thread of its own
     sender = threading.Thread(target=_send_all, args=(conn, outbox), name="minfer-engine-sender", daemon=True)
     sender.start()
-    out: list = []
-    driver = Driver(model.engine, lambda key, ev: out.append((key, ev)))
+    sent_counts: list = [None]
+
+    def take(block: bool) -> list:
+        try:
+            if block:
+                conn.poll(None)  # idle: block until the parent says something
+            msgs = []
+            while conn.poll():
+                msgs.append(conn.recv())
+            return msgs
+        except (EOFError, OSError):  # the parent is gone: stop serving
+            return [("stop",)]
+
+    def publish(events: list, running: int, waiting: int) -> None:
+        if events or (running, waiting) != sent_counts[0]:  # (nothing new: nothing sent)
+            outbox.put(("events", events, running, waiting))
+            sent_counts[0] = (running, waiting)
+
+    def ready(model) -> None:
+        outbox.put(("ready", {"n_ctx": model.n_ctx, "n_slots": model.n_slots, "n_vocab": model.n_vocab,
+                              "eog_ids": sorted(model.eog_ids)}))
+
+    def load_failed(e: BaseException) -> None:  # reported to the parent, which exits with it
+        outbox.put(("load_error", str(e) if isinstance(e, MinferError) else f"{type(e).__name__}: {e}",
+                    isinstance(e, MinferError)))
+
+    failed = False
     try:
-        _serve(conn, driver, out, outbox)
-    except (EOFError, OSError):  # the parent is gone
-        pass
-    except BaseException as e:  # noqa: BLE001 (a bug in the loop itself: say so to every waiting client)
-        log.error("engine loop failed:\n%s", traceback.format_exc())
-        driver.fail_all(f"the engine loop failed: {type(e).__name__}: {e}")
-        outbox.put(("events", list(out), 0, 0))
+        serve_model(lambda: spec.load(spec.args, spec.config), take, publish, ready, load_failed)
+    except BaseException:  # noqa: BLE001 (the loop failed: logged, its requests told; the parent restarts it)
+        failed = True
     finally:
         outbox.put(None)
         sender.join(10)  # the last events reach the parent before this process ends
-        model.close()
+    if failed:
+        sys.exit(1)
 
 
 def _send_all(conn, outbox: queue.SimpleQueue) -> None:
@@ -373,29 +387,5 @@ def _send_all(conn, outbox: queue.SimpleQueue) -> None:
     while (msg := outbox.get()) is not None:
         try:
             conn.send(msg)
-        except (OSError, ValueError):  # the parent is gone: the engine loop sees EOF on its next poll
+        except (OSError, ValueError):  # the other side is gone: its loop sees EOF on its next poll
             return
-
-
-def _serve(conn, driver: Driver, out: list, outbox: queue.SimpleQueue) -> None:
-    counts = None
-    while True:
-        if not driver.busy():
-            conn.poll(None)  # idle: block until the parent says something
-        while conn.poll():
-            msg = conn.recv()
-            if msg[0] == "add":
-                driver.add(msg[1], msg[2], msg[3], msg[4])
-            elif msg[0] == "abort":
-                driver.abort(msg[1])
-            elif msg[0] == "stop":
-                driver.fail_all("the server is shutting down")
-                outbox.put(("events", list(out), 0, 0))
-                return
-        if driver.busy():
-            driver.step()
-        now = driver.counts()
-        if out or now != counts:
-            outbox.put(("events", list(out), *now))
-            out.clear()
-            counts = now

@@ -125,7 +125,11 @@ def test_repeated_engine_deaths_stop_the_server_non_zero(tmp_path, smollm2_path)
             child = engine_pid(s.proc.pid)
             os.kill(child, signal.SIGKILL)
             assert gone(child, 10)
-            if i < 3:
+            if i < 3:  # the death noticed (/health may still say ok until it is), then the new engine ready
+                deadline = time.monotonic() + 30
+                while s.metric("minfer_engine_restarts_total") < i + 1:
+                    assert time.monotonic() < deadline, f"death {i + 1} not noticed"
+                    time.sleep(0.05)
                 wait_health(s.url, "ok", 90)
         rc = s.proc.wait(30)
         log = s.log.read_text()
