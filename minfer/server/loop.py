@@ -77,9 +77,10 @@ class ServingLoop:
         self.out: list[tuple[Hashable, tuple]] = []  # this round's events, published after it
 
     # ------------------------------------------------------------------ the loop
-    def run(self, take: Take, publish: Publish) -> None:
-        """Serve until a ("stop",) message; a failure of the loop itself fails every request it
-        holds or has been sent, publishes that, and raises."""
+    def run(self, take: Take, publish: Publish, on_failure: Callable[[BaseException], None] | None = None) -> None:
+        """Serve until a ("stop",) message. A failure of the loop itself is told to `on_failure`
+        first (a host that must refuse new requests says so before anyone hears of it), then to
+        every request held or sent; then it is raised."""
         try:
             while True:
                 msgs = take(not self.busy())
@@ -97,6 +98,8 @@ class ServingLoop:
                 self._publish(publish)
         except BaseException as e:
             log.error("engine loop failed:\n%s", traceback.format_exc())
+            if on_failure is not None:
+                on_failure(e)
             message = f"the engine loop failed: {type(e).__name__}: {e}"
             for key in self.live:  # (the engine's state is unknown: its requests are told, it is left alone)
                 self.out.append((key, ("error", message)))
@@ -189,11 +192,13 @@ class ServingLoop:
 
 
 def serve_model(load: Callable[[], object], take: Take, publish: Publish, on_ready: Callable[[object], None],
-                on_load_error: Callable[[BaseException], None]) -> None:
+                on_load_error: Callable[[BaseException], None],
+                on_failure: Callable[[BaseException], None] | None = None) -> None:
     """The engine side's whole life, the same in a thread and in a child process: load the model
     (`load()` -> api.Model), warm it up (graphs and kernel variants ready before /health says ok),
     `on_ready(model)`, serve until a stop message, close the model. A load that fails goes to
-    `on_load_error`; a failure of the loop itself is raised, after every request was told."""
+    `on_load_error`; a failure of the loop itself to `on_failure`, then to every request, and is
+    raised."""
     try:
         model = load()
         model.engine.warmup()
@@ -202,7 +207,7 @@ def serve_model(load: Callable[[], object], take: Take, publish: Publish, on_rea
         return
     on_ready(model)
     try:
-        ServingLoop(model.engine).run(take, publish)
+        ServingLoop(model.engine).run(take, publish, on_failure)
     finally:
         model.close()
 
@@ -226,6 +231,14 @@ class EngineHost(ABC):
     ready: threading.Event
     load_error: BaseException | None
     metrics: Metrics
+    on_load_error: Callable[[BaseException], None] | None  # the server's end: `minfer serve` exits with it
+
+    def _load_failed(self, e: BaseException) -> None:
+        """The model did not load (or can no longer be served): state "error", and the server told."""
+        self.state, self.load_error = "error", e
+        self.ready.set()
+        if self.on_load_error is not None:
+            self.on_load_error(e)
 
     @abstractmethod
     def start(self) -> None:
@@ -263,13 +276,19 @@ class EngineThread(EngineHost):
         self.model = None
         self.ready = threading.Event()
         self.thread = threading.Thread(target=self._run, name="minfer-engine", daemon=True)
+        self._open = True  # the loop still reads its inbox (under _lock: a request is served or told, never lost)
+        self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ the event loop's side
     def start(self) -> None:
         self.thread.start()
 
     def submit(self, job: Job) -> None:
-        self.inbox.put(("add", job, job.ids, job.params, job.logprobs_n))
+        with self._lock:
+            if self._open:
+                self.inbox.put(("add", job, job.ids, job.params, job.logprobs_n))
+                return
+        job.push(("error", f"the engine is not running ({self.state})"))
 
     def cancel(self, job: Job) -> None:
         job.done = True
@@ -283,22 +302,26 @@ class EngineThread(EngineHost):
     # ------------------------------------------------------------------ the thread
     def _run(self) -> None:
         try:
-            serve_model(self._load, self._take, self._publish, self._ready, self._load_failed)
+            serve_model(self._load, self._take, self._publish, self._ready, self._load_failed, self._failed)
         except BaseException:  # noqa: BLE001 (a bug in the loop: its requests were told; new ones get a 503)
             self.state = "error"
         else:
             if self.state != "error":
                 self.state = "stopped"
+        finally:
+            with self._lock:  # what was sent after the loop's last read is told, and nothing more is sent
+                self._open = False
+                late = self._take(False)
+            for msg in late:
+                if msg[0] == "add":
+                    msg[1].push(("error", f"the engine is not running ({self.state})"))
+
+    def _failed(self, e: BaseException) -> None:
+        self.state = "error"  # (before the requests hear of it: a client that retries gets a 503)
 
     def _ready(self, model) -> None:
         self.model, self.state = model, "ok"
         self.ready.set()
-
-    def _load_failed(self, e: BaseException) -> None:
-        self.state, self.load_error = "error", e
-        self.ready.set()
-        if self.on_load_error is not None:
-            self.on_load_error(e)
 
     def _take(self, block: bool) -> list:
         msgs = []

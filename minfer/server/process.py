@@ -328,12 +328,6 @@ class EngineProcess(EngineHost):
             self.state = "ok"
         self.ready.set()
 
-    def _load_failed(self, e: BaseException) -> None:
-        self.state, self.load_error = "error", e
-        self.ready.set()
-        if self.on_load_error is not None:
-            self.on_load_error(e)
-
 
 # ---------------------------------------------------------------------- the child
 def _child_main(conn, spec: LoadSpec) -> None:
