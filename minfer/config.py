@@ -24,11 +24,14 @@ package calls os.environ. Switches:
 - MINFER_GEMV_Q8=0|1|2     cuda decode GEMVs of Q4_0 / Q4_1 / Q4_K: x quantized to int8 per 32 in 1 or 2
                            passes (the default 2) with dp4a dot products; 0 = f32 activations
 - MINFER_CPU_VNNI=0        cpu: torch's int4 kernel instead of the AVX512-VNNI C kernel (kernels/cpu/vnni.py)
-- MINFER_CACHE=dir         where minfer's C helpers are compiled to (kernels/cbuild.py; default ~/.cache/minfer)
+- MINFER_CACHE=dir         where minfer's C helpers are compiled to (kernels/cbuild.py; default ~/.cache/minfer,
+                           created 0700; an entry another user owns or others can write is rebuilt, not loaded)
+- MINFER_SANITIZE=1        build the C helpers with -fsanitize=address,undefined (scripts/sanitize.sh: the
+                           process needs libasan preloaded, LD_PRELOAD, to load them)
 
 Tensor parallelism also reads torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
 MASTER_PORT: `dist_env()`), which minfer sets itself for the ranks it starts, and the cpu backend's
-C kernel build reads the usual CC (kernels/cpu/vnni.py).
+C kernel build reads the usual CC (`c_compiler()`, kernels/cbuild.py).
 
 `EngineConfig` is everything one load needs, every switch above a field of it. The API's keyword
 arguments and the CLI's flags both become one EngineConfig (`EngineConfig.from_env(**settings)`:
@@ -56,6 +59,7 @@ _KNOWN = {
     "MINFER_GEMV_Q8": int,
     "MINFER_CPU_VNNI": bool,
     "MINFER_CACHE": str,
+    "MINFER_SANITIZE": bool,
     "MINFER_NO_PDL": bool,
     "MINFER_MMQ": str,
     "MINFER_MODEL": str,
@@ -229,8 +233,14 @@ def set_process_env(name: str, value: str, default_only: bool = True) -> None:
 
 
 def c_compiler() -> str | None:
-    """The C compiler the usual CC variable names, if set (kernels/cbuild.py builds minfer's C helpers)."""
+    """$CC, the C compiler the user chose for minfer's C helpers (kernels/cbuild.py), or None."""
     return os.environ.get("CC") or None
+
+
+def c_sanitize() -> bool:
+    """MINFER_SANITIZE: build minfer's C helpers with AddressSanitizer and UBSan (a process-wide
+    debugging switch, like CC: kernels/cbuild.py reads it when it builds)."""
+    return env("MINFER_SANITIZE", False)
 
 
 def dist_env() -> DistEnv | None:

@@ -17,6 +17,13 @@ if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
   else sudo apt-get update -qq && sudo apt-get install -y -qq mesa-vulkan-drivers >/dev/null; fi
 fi
 
+# a C compiler with AddressSanitizer's runtime: the cpu backend's C kernels, and the sanitizer job
+# (scripts/sanitize.sh, run by tests/native/test_sanitizers.py). Debian's gcc brings libasan and libubsan.
+if ! command -v cc >/dev/null 2>&1 || [ ! -e "$(cc -print-file-name=libasan.so)" ]; then
+  if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq gcc >/dev/null
+  else sudo apt-get update -qq && sudo apt-get install -y -qq gcc >/dev/null; fi
+fi
+
 python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip

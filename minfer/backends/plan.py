@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from ..graph.ir import PARALLEL_OPS, Graph, Node, Op
 from ..parallel.steps import compile_parallel
+from ..progress import bar as progress_bar
 
 StepFn = Callable[[list, Any], torch.Tensor]
 
@@ -52,8 +52,8 @@ class Plan:
         self.sync = sync
         self.kinds = tuple(kinds)
         steps = []
-        with tqdm(total=sum(1 for n in graph.nodes if n.weights), desc="preparing weights", unit="node",
-                  delay=0.5, disable=not progress, leave=False) as bar:
+        with progress_bar(total=sum(1 for n in graph.nodes if n.weights), desc="preparing weights", unit="node",
+                          delay=0.5, show=progress, leave=False) as bar:
             for node in graph.nodes:
                 steps.append(Step.same(*compile_parallel(node, graph, comm), self.kinds) if node.op in PARALLEL_OPS
                              else compile_node(node))

@@ -81,9 +81,8 @@ def _open_out(path: Path):
 
 
 def batch(a: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     from ..api import result_of
+    from ..progress import bar as progress_bar
 
     defaults = common.sampling(a)
     config = common.engine_config(a)
@@ -98,7 +97,7 @@ def batch(a: argparse.Namespace) -> int:
     n_read = n_err = n_tokens = 0
     lines = iter(src)
     t0 = time.perf_counter()
-    bar = tqdm(desc="batch", unit="req", disable=not common.progress(), leave=False)
+    bar = progress_bar(desc="batch", unit="req", leave=False)
 
     def record(i: int, rid, **fields) -> dict:
         rec = {"index": i}

@@ -17,6 +17,7 @@ from pathlib import Path
 from ..config import EngineConfig
 from ..engine.params import SamplingParams
 from ..errors import MinferError, ParamError
+from ..progress import on_terminal
 
 _SP = {f.name: f.default for f in fields(SamplingParams)}
 _EC = {f.name: f.default for f in fields(EngineConfig)}
@@ -39,11 +40,6 @@ def flag_errors():
         yield
     except ParamError as e:
         raise MinferError(f"{FLAGS.get(e.param, e.param)} {e.reason}") from None
-
-
-def progress() -> bool:
-    """Progress bars only when a person watches stderr."""
-    return sys.stderr.isatty()
 
 
 def add_model_args(p: argparse.ArgumentParser, *, slots: bool = False) -> None:
@@ -143,7 +139,7 @@ def load_model(a: argparse.Namespace, config: EngineConfig, chat_template: str |
     """Load the model with `config`; warn when -c is past the model's training context."""
     from ..api import Model  # torch: only once the flags are known to be good
 
-    m = Model(a.model, config=config, progress=progress(), chat_template=chat_template)
+    m = Model(a.model, config=config, progress=on_terminal(), chat_template=chat_template)
     if a.ctx is not None and a.ctx > m.args.n_ctx_train:
         print(f"minfer: warning: -c/--ctx-size {a.ctx} is past the model's training context "
               f"({m.args.n_ctx_train}); quality usually drops beyond it", file=sys.stderr)

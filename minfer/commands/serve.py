@@ -1,7 +1,7 @@
 """`minfer serve`: the OpenAI-compatible HTTP server (docs/SERVER.md).
 
     minfer serve [-m MODEL] [--host 127.0.0.1] [--port 8080] [-np/--parallel N] [-c/--ctx-size C]
-                 [--device cpu|cuda] [--tp N] [--api-key KEY]
+                 [--device cpu|cuda] [--tp N] [--api-key KEY] [--max-body-mb 4] [--read-timeout 30]
 
 It binds the socket first (so --port 0 picks a free port, printed on stderr), then loads the
 model in the engine's own process (server/process.py; `--no-engine-process`: a thread of this
@@ -20,6 +20,7 @@ from ..errors import MinferError
 from . import common
 
 MAX_BODY_MB = 4
+READ_TIMEOUT_S = 30.0
 
 
 def add_parser(sub) -> None:
@@ -41,6 +42,9 @@ def add_parser(sub) -> None:
                         "own (one interpreter lock for HTTP and engine: slower under load; for debugging)")
     p.add_argument("--max-body-mb", type=int, default=MAX_BODY_MB,
                    help=f"largest request body in MiB; beyond it a 413 (default {MAX_BODY_MB})")
+    p.add_argument("--read-timeout", type=float, default=READ_TIMEOUT_S,
+                   help=f"seconds a client has to send a request's headers, and again its body; beyond it a 408 "
+                        f"and the connection is closed (default {READ_TIMEOUT_S:g})")
     p.set_defaults(func=serve)
 
 
@@ -49,6 +53,8 @@ def serve(a: argparse.Namespace) -> int:
         raise MinferError(f"--port must be in 0..65535, got {a.port}")
     if a.max_pending < 1 or a.max_body_mb < 1:
         raise MinferError("--max-pending and --max-body-mb must be >= 1")
+    if not 0 < a.read_timeout <= 3600:
+        raise MinferError(f"--read-timeout must be in (0, 3600] seconds, got {a.read_timeout}")
     config = common.engine_config(a)
     if common.follower(a, config):  # torchrun's ranks other than 0: rank 0 serves
         return 0
@@ -71,7 +77,8 @@ def serve(a: argparse.Namespace) -> int:
     import uvicorn
 
     from ..server.app import create_app
-    from ..server.loop import EngineLoop
+    from ..server.http import head_deadline_protocol
+    from ..server.loop import EngineThread
     from ..server.metrics import Metrics
     from ..server.process import EngineProcess, LoadSpec
 
@@ -87,23 +94,24 @@ def serve(a: argparse.Namespace) -> int:
     if a.engine_process:
         spec_args = argparse.Namespace(**{k: v for k, v in vars(a).items() if k != "func"})
         spec = LoadSpec(common.load_model, spec_args, config, path)
-        engine_loop = EngineProcess(spec, metrics, on_load_error=load_failed)
+        engine = EngineProcess(spec, metrics, on_load_error=load_failed)
     else:
-        engine_loop = EngineLoop(lambda: common.load_model(a, config), metrics, on_load_error=load_failed)
-    app = create_app(engine_loop, model_id=model_id, metrics=metrics, api_key=api_key,
-                     max_body=a.max_body_mb << 20, max_pending=a.max_pending)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2))
+        engine = EngineThread(lambda: common.load_model(a, config), metrics, on_load_error=load_failed)
+    app = create_app(engine, model_id=model_id, metrics=metrics, api_key=api_key,
+                     max_body=a.max_body_mb << 20, max_pending=a.max_pending, read_timeout_s=a.read_timeout)
+    server = uvicorn.Server(uvicorn.Config(app, http=head_deadline_protocol(a.read_timeout), log_level="warning",
+                                           access_log=False, timeout_graceful_shutdown=2))
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     print(f"minfer: serving {model_id} on http://{shown}:{port} (loading the model; /health says when ready)",
           file=sys.stderr, flush=True)
-    engine_loop.start()
+    engine.start()
     try:
         server.run(sockets=[sock])
     finally:
-        engine_loop.stop()
+        engine.stop()
         sock.close()
-    if engine_loop.load_error is not None:
-        e = engine_loop.load_error
+    if engine.load_error is not None:
+        e = engine.load_error
         raise e if isinstance(e, MinferError) else MinferError(f"loading the model failed: {e}")
     return 0

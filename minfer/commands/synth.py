@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
@@ -25,6 +24,6 @@ def run(a: argparse.Namespace) -> int:
     from ..gguf.synth import synth
 
     t0 = time.perf_counter()
-    path = synth(a.preset, a.quant, a.out, seed=a.seed, vocab=a.vocab, progress=None if sys.stderr.isatty() else False)
+    path = synth(a.preset, a.quant, a.out, seed=a.seed, vocab=a.vocab, progress=None)
     print(f"wrote {path}: {a.preset} {a.quant}, {path.stat().st_size / 1e6:.1f} MB in {time.perf_counter() - t0:.1f} s")
     return 0

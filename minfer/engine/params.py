@@ -21,6 +21,16 @@ MAX_STOPS = 16
 MAX_STOP_CHARS = 512
 
 
+# every numeric field's accepted range: (lowest, highest or None, lowest excluded). One table for the
+# checks below and the server's /openapi.json (server/schema.py), which documents the same ranges
+RANGES: dict[str, tuple[float, float | None, bool]] = {
+    "max_tokens": (0, None, False), "temperature": (0.0, None, False), "top_k": (0, None, False),
+    "top_p": (0.0, 1.0, True), "min_p": (0.0, 1.0, False), "repeat_penalty": (0.0, None, True),
+    "repeat_last_n": (0, None, False), "frequency_penalty": (-2.0, 2.0, False),
+    "presence_penalty": (-2.0, 2.0, False), "seed": (0, 2**64 - 1, False)}
+INTEGERS = ("max_tokens", "top_k", "repeat_last_n", "seed")
+
+
 def _num(name: str, v, lo: float | None = None, hi: float | None = None, lo_open: bool = False) -> None:
     if isinstance(v, bool) or not isinstance(v, numbers.Real) or v != v:
         raise ParamError(name, f"must be a number, got {v!r}")
@@ -46,18 +56,12 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self):
-        if self.max_tokens is not None:
-            check_int("max_tokens", self.max_tokens, 0)
-        _num("temperature", self.temperature, 0.0)
-        check_int("top_k", self.top_k, 0)
-        _num("top_p", self.top_p, 0.0, 1.0, lo_open=True)
-        _num("min_p", self.min_p, 0.0, 1.0)
-        _num("repeat_penalty", self.repeat_penalty, 0.0, lo_open=True)
-        check_int("repeat_last_n", self.repeat_last_n, 0)
-        _num("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
-        _num("presence_penalty", self.presence_penalty, -2.0, 2.0)
-        if self.seed is not None:
-            check_int("seed", self.seed, 0, 2**64 - 1)
+        for name, (lo, hi, lo_open) in RANGES.items():
+            v = getattr(self, name)
+            if name in INTEGERS:
+                check_int(name, v, lo, hi, none_ok=name in ("max_tokens", "seed"))
+            else:
+                _num(name, v, lo, hi, lo_open)
         if not isinstance(self.ignore_eos, bool):
             raise ParamError("ignore_eos", f"must be true or false, got {self.ignore_eos!r}")
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop

@@ -31,7 +31,6 @@ from __future__ import annotations
 import functools
 import math
 import random
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -39,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UnsupportedError
+from ..progress import bar as progress_bar
 from ..quant.types import GGMLType, quant_info
 from .reader import ValueType
 from .writer import TensorSpec, Value, array, write_gguf
@@ -384,7 +384,7 @@ def synth(preset: str, quant: str, out: str | Path, *, seed: int = 0, vocab: int
           progress: bool | None = None, header_only: bool = False) -> Path:
     """Write a random-weight GGUF of `preset`'s shapes in quant mix `quant`; returns its path.
 
-    `vocab` overrides the preset's vocabulary size (smaller files); `progress` shows a tqdm bar
+    `vocab` overrides the preset's vocabulary size (smaller files); `progress` shows a progress bar
     on stderr (default: for files of 256 MiB or more). `header_only`: the metadata and tensor
     table, the data a sparse hole of zeros (a 7B file in no disk space and no time: for plans and
     shape checks; its weights are all zero).
@@ -404,8 +404,6 @@ def synth(preset: str, quant: str, out: str | Path, *, seed: int = 0, vocab: int
     show = total >= PROGRESS_MIN_BYTES if progress is None else progress
     if not show:
         return write_gguf(out, metadata, tensors)
-    from tqdm import tqdm
-
-    with tqdm(total=total, unit="B", unit_scale=True, file=sys.stderr, desc=f"synth {preset} {quant}") as bar:
+    with progress_bar(total=total, unit="B", unit_scale=True, desc=f"synth {preset} {quant}") as bar:
         return write_gguf(out, metadata, tensors, progress=bar.update)
 

@@ -4,8 +4,9 @@
 A request is checked completely before anything is sent (body size, JSON, schema, model name,
 sampling values, chat template, token ids, prompt + max_tokens against the context): every
 client mistake is OpenAI's error JSON with a 4xx status before any SSE byte. Then it becomes a
-Job for the engine loop (loop.py) and its events come back on an asyncio queue: collected into
-one JSON answer, or streamed as server-sent events. A client that goes away (a failed send, or
+Job for the serving loop (loop.py; its EngineHost runs it in a thread or a child process) and its
+events come back on an asyncio queue: collected into one JSON answer, or streamed as server-sent
+events. A client that goes away (a failed send, or
 `is_disconnected` polled while no token arrives) cancels its job; the loop frees the slot.
 """
 
@@ -28,10 +29,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..errors import MinferError
 from . import schema
 from .errors import APIError, error_body
-from .loop import EngineLoop, Job
+from .loop import EngineHost, Job
 from .metrics import CONTENT_TYPE, Metrics
 
 MAX_BODY_BYTES = 4 << 20  # a request body beyond this is a 413
+READ_TIMEOUT_S = 30.0  # a request's headers (http.py), and then its body, must each arrive within this; else a 408
 DISCONNECT_POLL_S = 0.25  # how often a request with no new token checks that its client is still there
 CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
        "img-src data:; base-uri 'none'; form-action 'none'")
@@ -57,17 +59,19 @@ class EventStream(StreamingResponse):
             await self.body_iterator.aclose()
 
 
-def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_key: str | None = None,
-               max_body: int = MAX_BODY_BYTES, max_pending: int = 1024) -> FastAPI:
-    """`max_pending`: requests admitted at once (running + waiting); beyond it a 503."""
+def create_app(engine: EngineHost, *, model_id: str, metrics: Metrics, api_key: str | None = None,
+               max_body: int = MAX_BODY_BYTES, max_pending: int = 1024,
+               read_timeout_s: float = READ_TIMEOUT_S) -> FastAPI:
+    """`max_pending`: requests admitted at once (running + waiting); beyond it a 503. `read_timeout_s`:
+    the time a request's body has to arrive once its headers have; beyond it a 408."""
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        if hasattr(engine_loop, "attach"):  # an engine in another process: read its pipe on this loop
-            engine_loop.attach(asyncio.get_running_loop())
+        engine.attach(asyncio.get_running_loop())  # (an engine in another process: its pipe is read on this loop)
         yield
-        await run_in_threadpool(engine_loop.stop)  # uvicorn's shutdown (SIGINT/SIGTERM): end the loop cleanly
+        await run_in_threadpool(engine.stop)  # uvicorn's shutdown (SIGINT/SIGTERM): end the loop cleanly
 
-    app = FastAPI(title="minfer", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app = FastAPI(title="minfer", docs_url=None, redoc_url=None, openapi_url="/openapi.json", lifespan=lifespan)
+    app.openapi = lambda: _openapi(app)
     page = resources.files(__package__).joinpath("static/index.html").read_bytes()
     created = int(time.time())
     pending: set[Job] = set()
@@ -106,11 +110,13 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
         return piece[0]
 
     def ready_model():
-        if engine_loop.state == "loading":
+        if engine.state == "loading":
             raise APIError(503, "the model is still loading; try again shortly", code="loading")
-        if engine_loop.state != "ok":
-            raise APIError(503, f"the model is not available ({engine_loop.state})")
-        return engine_loop.model
+        if engine.state == "restarting":
+            raise APIError(503, "the engine is restarting after a failure; try again shortly", code="restarting")
+        if engine.state != "ok":
+            raise APIError(503, f"the model is not available ({engine.state})")
+        return engine.model
 
     # ------------------------------------------------------------------ plain routes
     @app.get("/", include_in_schema=False)
@@ -120,7 +126,7 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
 
     @app.get("/health")
     async def health():
-        state = engine_loop.state
+        state = engine.state
         return JSONResponse({"status": state}, status_code=200 if state == "ok" else 503)
 
     @app.get("/metrics")
@@ -130,9 +136,9 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
 
     def model_card() -> dict:
         card = {"id": model_id, "object": "model", "created": created, "owned_by": "minfer"}
-        if engine_loop.state == "ok":
-            card["meta"] = {"n_ctx": engine_loop.model.n_ctx, "n_slots": engine_loop.model.n_slots,
-                            "n_vocab": engine_loop.model.n_vocab}
+        if engine.state == "ok":
+            card["meta"] = {"n_ctx": engine.model.n_ctx, "n_slots": engine.model.n_slots,
+                            "n_vocab": engine.model.n_vocab}
         return card
 
     @app.get("/v1/models")
@@ -161,7 +167,7 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
         endpoint = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
         try:
             authorize(request)
-            body = await read_json(request, max_body)
+            body = await read_json(request, max_body, read_timeout_s)
             req = schema.parse(schema.ChatRequest if kind == "chat" else schema.CompletionRequest, body)
             if req.model is not None and req.model != model_id:
                 raise APIError(404, f"model {req.model!r} does not exist; this server serves {model_id!r}",
@@ -190,7 +196,7 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
             return JSONResponse(e.body(), status_code=e.status)
         job = Job(ids, params, schema.logprobs_n(req), asyncio.get_running_loop())
         pending.add(job)
-        engine_loop.submit(job)
+        engine.submit(job)
         out = Output(kind, model_id, m.tokenizer, m.eog_ids, params.ignore_eos)
         if req.stream:
             usage = req.stream_options is not None and req.stream_options.include_usage
@@ -207,7 +213,7 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
         if job in pending:
             pending.discard(job)
             if not job.done:
-                engine_loop.cancel(job)
+                engine.cancel(job)
                 status = status or 499
             metrics.request(endpoint, status or 200)
 
@@ -263,6 +269,35 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
 
 
 # ---------------------------------------------------------------------- helpers
+def _openapi(app: FastAPI) -> dict:
+    """FastAPI's OpenAPI document plus what the handlers read by hand: the request bodies of the
+    two POST routes (schema.py's models) and the error JSON of every 4xx. Clients and the schema
+    fuzzer (tests/server/test_schemathesis.py) read it at /openapi.json."""
+    if app.openapi_schema is not None:
+        return app.openapi_schema
+    from fastapi.openapi.utils import get_openapi
+
+    doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+    components = doc.setdefault("components", {}).setdefault("schemas", {})
+    error = {"type": "object", "required": ["error"], "properties": {"error": {
+        "type": "object", "required": ["message", "type", "param", "code"],
+        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                       "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
+    components["Error"] = error
+    for path, model in (("/v1/chat/completions", schema.ChatRequest), ("/v1/completions", schema.CompletionRequest)):
+        body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(body.pop("$defs", {}))
+        components[model.__name__] = body
+        doc["paths"][path]["post"]["requestBody"] = {"required": True, "content": {"application/json": {
+            "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}
+    for methods in doc["paths"].values():
+        for op in methods.values():
+            op.setdefault("responses", {})["4XX"] = {"description": "OpenAI's error JSON", "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+    app.openapi_schema = doc
+    return doc
+
+
 class Events:
     """A job's events, with the client watched: Disconnected when it is gone (checked at least
     every DISCONNECT_POLL_S, whether or not tokens keep coming)."""
@@ -310,15 +345,23 @@ class Events:
                 getter.cancel()
 
 
-async def read_json(request: Request, limit: int) -> dict:
+async def read_json(request: Request, limit: int, timeout_s: float = READ_TIMEOUT_S) -> dict:
+    """The body as a JSON object: a 413 past `limit` bytes (refused from its Content-Length before
+    a byte is read, or as soon as the bytes read pass it), a 408 when it has not all arrived within
+    `timeout_s` (a client trickling its body holds no connection for long), a 400 for bad JSON."""
     length = request.headers.get("content-length")
     if length is not None and (not length.isdigit() or int(length) > limit):
         raise APIError(413, f"the request body is over the limit of {limit} bytes", code="body_too_large")
     data = bytearray()
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > limit:
-            raise APIError(413, f"the request body is over the limit of {limit} bytes", code="body_too_large")
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                data += chunk
+                if len(data) > limit:
+                    raise APIError(413, f"the request body is over the limit of {limit} bytes", code="body_too_large")
+    except TimeoutError:
+        raise APIError(408, f"the request body did not arrive within {timeout_s:g} s ({len(data)} bytes came)",
+                       code="request_timeout") from None
     try:
         body = json.loads(bytes(data))
     except (ValueError, RecursionError) as e:

@@ -1,9 +1,11 @@
 """The request schema (pydantic, strict types) and its mapping onto SamplingParams.
 
 Types are strict: `"temperature": "0.5"` is a 400, not a coercion (an integer is a valid
-number). Fields the server does not know are ignored, as OpenAI's own API ignores them; fields
-it knows but cannot honour (n > 1, tools, logit_bias, echo, suffix, best_of > 1, a
-response_format other than text) are a 400 that says so, never silently dropped.
+number, and a number without a fraction, `7.0`, a valid integer, as JSON Schema has it). Fields
+the server does not know are ignored, as OpenAI's own API ignores them; fields it knows but
+cannot honour (n > 1, tools, logit_bias, echo, suffix, best_of > 1, a response_format other than
+text) are a 400 that says so, never silently dropped. The models' JSON schema (/openapi.json)
+states the bounds the handlers check (`_doc`), so a client, or the schema fuzzer, knows them.
 
 Field mapping (docs/SERVER.md has the table): max_completion_tokens (or max_tokens) ->
 max_tokens (absent: until an end token or the end of the context); temperature, top_p, top_k,
@@ -15,16 +17,49 @@ temperature 0.8, top_k 40, top_p 0.95, min_p 0.05); temperature 0 is greedy.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from typing import Annotated
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from ..engine.logprobs import MAX_TOP_LOGPROBS
-from ..engine.params import SamplingParams
+from ..engine.params import MAX_STOP_CHARS, MAX_STOPS, RANGES, SamplingParams
 from ..errors import ParamError
 from .errors import APIError
 
 MAX_MESSAGES = 2048
 ROLES = ("system", "developer", "user", "assistant")  # developer is rendered as system
 MAX_TEMPERATURE = 2.0  # OpenAI's range
+
+
+def _integral(v):
+    """JSON has one number type: 904.0 is the integer 904 (JSON Schema agrees); 904.5 stays a float
+    for the strict check to refuse, and a string or a bool is never a number."""
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+Int = Annotated[int, BeforeValidator(_integral)]  # an integer field: 7 or 7.0, never "7", 7.5 or true
+
+
+def _doc(default=None, **bounds):
+    """A field whose JSON schema (/openapi.json) states what the handlers accept. Documentation
+    only: pydantic checks the types, and the handlers below (and SamplingParams) check these
+    bounds themselves, with a 400 that names the field and the value it got. A keyword applies to
+    the JSON type it is made for (`minimum` to numbers, `maxItems` to arrays), so one field with
+    several types, or null, carries them all."""
+    return Field(default, json_schema_extra=bounds)
+
+
+def _range(name: str, **override) -> dict:
+    """SamplingParams' range of `name` (engine/params.py RANGES) as JSON-schema bounds."""
+    lo, hi, lo_open = RANGES[name]
+    out = {"exclusiveMinimum" if lo_open else "minimum": lo}
+    if hi is not None:
+        out["maximum"] = hi
+    return out | override
+
+
+STOP = {"minLength": 1, "maxLength": MAX_STOP_CHARS, "maxItems": MAX_STOPS,
+        "items": {"minLength": 1, "maxLength": MAX_STOP_CHARS}}
 
 
 class _Strict(BaseModel):
@@ -35,55 +70,69 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+def _require(*names: str):
+    """A model's JSON schema with `names` required and not null (the handler refuses them missing or null)."""
+    def edit(js: dict) -> None:
+        js["required"] = sorted(set(js.get("required", ())) | set(names))
+        for n in names:
+            prop = js["properties"][n]
+            if "anyOf" in prop:
+                prop["anyOf"] = [t for t in prop["anyOf"] if t.get("type") != "null"]
+            prop.pop("default", None)
+    return edit
+
+
 class ContentPart(_Strict):
-    type: str
+    model_config = ConfigDict(json_schema_extra=_require("text"))
+    type: str = _doc(..., enum=["text"])
     text: str | None = None
 
 
 class Message(_Strict):
-    role: str
+    model_config = ConfigDict(json_schema_extra=_require("content"))
+    role: str = _doc(..., enum=list(ROLES))
     content: str | list[ContentPart] | None = None
     name: str | None = None
 
 
 class _Common(_Strict):
     model: str | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    repetition_penalty: float | None = None
-    repeat_penalty: float | None = None
-    repeat_last_n: int | None = None
+    max_tokens: Int | None = _doc(minimum=1)
+    temperature: float | None = _doc(**_range("temperature", maximum=MAX_TEMPERATURE))
+    top_p: float | None = _doc(**_range("top_p"))
+    top_k: Int | None = _doc(**_range("top_k"))
+    min_p: float | None = _doc(**_range("min_p"))
+    seed: Int | None = _doc(**_range("seed"))
+    stop: str | list[str] | None = _doc(**STOP)
+    frequency_penalty: float | None = _doc(**_range("frequency_penalty"))
+    presence_penalty: float | None = _doc(**_range("presence_penalty"))
+    repetition_penalty: float | None = _doc(**_range("repeat_penalty"))
+    repeat_penalty: float | None = _doc(**_range("repeat_penalty"))
+    repeat_last_n: Int | None = _doc(**_range("repeat_last_n"))
     ignore_eos: bool = False
     stream: bool = False
-    stream_options: StreamOptions | None = None
-    n: int = 1
-    logit_bias: dict[str, float] | None = None
+    stream_options: StreamOptions | None = None  # only with stream=true (a 400 otherwise)
+    n: Int = _doc(1, minimum=1, maximum=1)
+    logit_bias: dict[str, float] | None = _doc(maxProperties=0)
     user: str | None = None
 
 
 class ChatRequest(_Common):
-    messages: list[Message]
-    max_completion_tokens: int | None = None
+    messages: list[Message] = _doc(..., minItems=1, maxItems=MAX_MESSAGES)
+    max_completion_tokens: Int | None = _doc(minimum=1)
     logprobs: bool = False
-    top_logprobs: int | None = None
-    tools: list | None = None
+    top_logprobs: Int | None = _doc(minimum=0, maximum=MAX_TOP_LOGPROBS)  # only with logprobs=true
+    tools: list | None = _doc(maxItems=0)
     tool_choice: str | dict | None = None
-    response_format: dict | None = None
+    response_format: dict | None = _doc(properties={"type": {"enum": ["text"]}})
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[int] | list[str]
-    logprobs: int | None = None
-    echo: bool = False
-    suffix: str | None = None
-    best_of: int | None = None
+    prompt: str | list[Int] | list[str]
+    logprobs: Int | None = _doc(minimum=0, maximum=MAX_TOP_LOGPROBS)
+    echo: bool = _doc(False, enum=[False])
+    suffix: str | None = _doc(maxLength=0)
+    best_of: Int | None = _doc(minimum=1, maximum=1)
 
 
 def parse(cls: type[_Common], body: dict) -> _Common:

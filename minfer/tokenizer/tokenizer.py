@@ -52,6 +52,7 @@ class Tokenizer:
             self._spm = SentencePieceEncoder(vocab.token_to_id, vocab.scores, self._spm_byte_ids())
         self._pieces: dict[tuple[int, bool], bytes] = {}
         self._template = vocab.chat_template
+        self._render = render_chat  # (isolate_templates: a render worker process's)
 
     @classmethod
     def from_metadata(cls, meta: Mapping[str, Any]) -> Tokenizer:
@@ -114,6 +115,12 @@ class Tokenizer:
         a TemplateError here rather than at the first chat."""
         ChatTemplate(source)
         self._template = source
+
+    def isolate_templates(self, worker) -> None:
+        """Render the chat template through `worker` (render_worker.RenderWorker: a child process
+        under memory and CPU limits) instead of in this process; what the server does with a
+        model file's template."""
+        self._render = worker.render
 
     def is_eog(self, token_id: int) -> bool:
         return token_id in self._v.eog_ids
@@ -261,8 +268,9 @@ class Tokenizer:
         def text_of(tid: int | None) -> str:
             return self._v.texts[tid] if tid is not None else ""
 
-        return render_chat(self._template, messages, add_generation_prompt=add_generation_prompt,
-                           bos_token=text_of(self.bos_id), eos_token=text_of(self.eos_id), **extra)
+        render = render_chat if self._template is None else self._render  # (ChatML: minfer's own)
+        return render(self._template, messages, add_generation_prompt=add_generation_prompt,
+                      bos_token=text_of(self.bos_id), eos_token=text_of(self.eos_id), **extra)
 
 
 _SPACE_BEFORE_PUNCT = re.compile(rb" (?=[?!.,])")

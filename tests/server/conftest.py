@@ -36,8 +36,10 @@ class Server:
         assert m, f"{name} not in /metrics"
         return float(m.group(1))
 
-    def wait_idle(self, seconds: float = 1.0) -> float:
-        """Seconds until /metrics shows 0 active and 0 queued sequences (fails after `seconds`)."""
+    def wait_idle(self, seconds: float = 30.0) -> float:
+        """Seconds until /metrics shows 0 active and 0 queued sequences; fails after `seconds`, a
+        hang guard (this machine is shared and loaded: what a test claims about promptness, it
+        counts in tokens or events, never in seconds)."""
         t0 = time.monotonic()
         while True:
             if self.metric("minfer_active_sequences") == 0 and self.metric("minfer_queued_sequences") == 0:
@@ -107,5 +109,5 @@ def model_id(server) -> str:
 def client(server):
     from openai import OpenAI
 
-    with OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60) as c:
+    with OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300) as c:  # (a hang guard)
         yield c

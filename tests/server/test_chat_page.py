@@ -51,10 +51,13 @@ def test_chat_streams_and_shows_tps(page, model_id):
 
 
 def test_stop_button(page, server):
+    server.wait_idle()
+    before = server.metric("minfer_generation_tokens_total")
     page.fill("#max-tokens", "400")
     _ask(page, "Write a very long story about a dragon.")
     expect(page.locator(".assistant .text").first).to_have_text(re.compile(r".{20}"), timeout=30_000)
     page.click("#stop")
     page.wait_for_selector(".assistant .stats[data-status='stopped']", timeout=5_000)
     assert page.get_attribute("body", "data-busy") == "0"
-    server.wait_idle(1.5)
+    server.wait_idle()
+    assert server.metric("minfer_generation_tokens_total") - before < 400  # the stop ended the generation

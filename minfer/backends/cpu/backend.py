@@ -189,7 +189,7 @@ class CPUBackend(Backend):
 
     # ------------------------------------------------------------------ load
     def load(self, graph: Graph, reader: GGUFReader, progress: bool = True) -> None:
-        """Prepare the weights the graph reads and compile the plan (tqdm bar if it takes > 0.5 s)."""
+        """Prepare the weights the graph reads and compile the plan (a bar on a terminal if it takes > 0.5 s)."""
         self.graph, self._reader = graph, reader
         if self.plan_only:
             return

@@ -80,6 +80,18 @@ class WGPUBackend(Backend):
         self.use_replay = self.config.cuda_graph  # MINFER_NO_CUDA_GRAPH=1: decode steps recorded every time
         self.replays: dict[int, Replay] = {}  # decode rows -> the captured step
 
+    def close(self) -> None:
+        """Release the device (Engine.close): its buffers, pipelines and the wgpu device itself, at
+        once rather than when the garbage collector finds them. A process that loads model after
+        model (a server's restarts, the load fuzzer) would otherwise run the driver out of memory
+        (lavapipe: "Not enough memory left" after ~130 loads). Idempotent."""
+        dev = self.__dict__.pop("dev", None)
+        if dev is None:
+            return
+        self.plan, self.compiler, self.cache, self.replays = None, None, None, {}
+        self._bytes, self._vectors, self._ropes = {}, {}, {}
+        dev.close()
+
     # ------------------------------------------------------------------ load
     def load(self, graph: Graph, reader: GGUFReader, progress: bool = True) -> None:
         """Fuse what the contracts accept, pick every node's kernels, upload the weights (once)."""

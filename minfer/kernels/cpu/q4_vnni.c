@@ -51,7 +51,7 @@ static void scale_min_k4(int j, const uint8_t *q, int *sc, int *m);
 int q8_pack(const uint8_t *rows, int qtype, int n_rows, int k, int col0, uint8_t *W, uint16_t *S, uint16_t *Z) {
     int G = k / 32;
     int row_bytes = qtype == 8 ? G * 34 : qtype == 6 ? G * 22 : qtype == 7 ? G * 24 : qtype == 13 ? k / 256 * 176 : -1;
-    if (row_bytes < 0) return -1;
+    if (row_bytes < 0 || k < 32 || k % (qtype == 13 ? 256 : 32) || n_rows < 0 || col0 < 0) return -1;
     uint8_t codes[32];
     for (int i = 0; i < n_rows; i++) {
         int col = col0 + i, blk = col / 16, c = col % 16;
@@ -101,6 +101,8 @@ int q8_pack(const uint8_t *rows, int qtype, int n_rows, int k, int col0, uint8_t
 int q4_pack(const uint8_t *rows, int qtype, int n_rows, int k, int col0, uint8_t *W, uint16_t *S, uint16_t *Z) {
     int G = k / 32;
     int row_bytes = qtype == 12 ? k / 256 * 144 : qtype == 2 ? G * 18 : G * 20;
+    if ((qtype != 2 && qtype != 3 && qtype != 12) || k < 32 || k % (qtype == 12 ? 256 : 32) || n_rows < 0 || col0 < 0)
+        return -1;
     uint8_t codes[32];
     for (int i = 0; i < n_rows; i++) {
         int col = col0 + i, blk = col / 16, c = col % 16;
@@ -235,15 +237,17 @@ static inline __attribute__((always_inline)) void tile(int rows, int P, int B8, 
 }
 
 /* y [m, n] float32 (row stride ldy) = x [m, k] @ W^T, n a multiple of 32, activations in P = 1
- * or 2 int8 passes. Returns -1 when the activations' scratch cannot be allocated. */
+ * or 2 int8 passes. Returns -1 on sizes outside that contract, -2 when the activations' scratch
+ * cannot be allocated. */
 int q4_gemm(const uint8_t *W, const uint16_t *S, const uint16_t *Z, int n, int k,
             const void *x, int bf16, int m, float *y, int ldy, int P, int bits) {
     int G = k / 32, NT = n / 32, MB = (m + MT - 1) / MT;
     size_t gb = bits == 8 ? 512 : 256;  /* bytes of codes per block of 16 columns and group */
-    if ((P != 1 && P != 2) || (bits != 4 && bits != 8)) return -1;
+    if ((P != 1 && P != 2) || (bits != 4 && bits != 8) || m < 1 || n < 32 || n % 32 || k < 32 || k % 32 || ldy < n)
+        return -1;
     size_t nq = ((size_t)m * P * k + 63) / 64 * 64;
     int8_t *q = malloc(nq + (size_t)m * G * (P + 1) * sizeof(float));
-    if (q == NULL) return -1;
+    if (q == NULL) return -2;
     float *d = (float *)(q + nq), *sx = d + (size_t)m * P * G;
     quantize_rows(x, bf16, m, k, P, q, d, sx);
     #pragma omp parallel for schedule(static)
@@ -344,14 +348,18 @@ static void attn_part(const float *Q, const float *K, const float *V, int l0, in
 
 /* One query row per sequence against its cached keys: q [B, n_head * hd] float32 (row stride
  * ldq), a layer's cache kc, vc [n_slots, n_kv, n_ctx, hd] float32, row b attends keys 0..lens[b]-1
- * of slot slots[b]; out [B, n_head * hd]. Query head h reads kv head h / (n_head / n_kv). Tasks:
+ * of slot slots[b] (1 <= lens[b] <= n_ctx, 0 <= slots[b] < n_slots: checked); out [B, n_head * hd]. Query head h reads kv head h / (n_head / n_kv). Tasks:
  * (row, kv head, chunk of CHUNK keys), merged per (row, kv head) in chunk order: the split depends
  * on the row's own length only, so a row's arithmetic does not depend on the other rows.
  * hd a multiple of 16, at most 256; n_head / n_kv at most 16. Returns -1 on bad sizes or no memory. */
-int attn_decode(const float *q, int ldq, const float *kc, const float *vc, int n_kv, int n_ctx, int hd,
-                int n_head, const int *slots, const int *lens, int B, float scale, float *out) {
+int attn_decode(const float *q, int ldq, const float *kc, const float *vc, int n_slots, int n_kv, int n_ctx,
+                int hd, int n_head, const int *slots, const int *lens, int B, float scale, float *out) {
+    if (n_kv < 1 || n_head < 1 || hd < 16 || hd % 16 || hd > MAX_HD || B < 1 || n_ctx < 1 || ldq < n_head * hd)
+        return -1;
     int grp = n_head / n_kv;
-    if (hd % 16 || hd > MAX_HD || grp > MAX_GROUP || grp * n_kv != n_head || B < 1) return -1;
+    if (grp > MAX_GROUP || grp * n_kv != n_head) return -1;
+    for (int b = 0; b < B; b++)
+        if (slots[b] < 0 || slots[b] >= n_slots || lens[b] < 1 || lens[b] > n_ctx) return -1;
     int *first = malloc(sizeof(int) * (B + 1));  /* first task of row b */
     if (first == NULL) return -1;
     first[0] = 0;
@@ -409,8 +417,9 @@ int attn_decode(const float *q, int ldq, const float *kc, const float *vc, int n
 /* ---------------------------------------------------------------- RMSNorm */
 
 /* y [m, d] = x / sqrt(mean(x^2) + eps) * w per row (float32, contiguous, d a multiple of 16):
- * each row's sum of squares in 16 lanes, then the lanes in a fixed order. */
-void rms_norm(const float *x, int m, int d, const float *w, float eps, float *y) {
+ * each row's sum of squares in 16 lanes, then the lanes in a fixed order. -1 on other sizes. */
+int rms_norm(const float *x, int m, int d, const float *w, float eps, float *y) {
+    if (m < 0 || d < 16 || d % 16) return -1;
     for (int r = 0; r < m; r++) {
         const float *xr = x + (size_t)r * d;
         float *yr = y + (size_t)r * d;
@@ -424,4 +433,5 @@ void rms_norm(const float *x, int m, int d, const float *w, float eps, float *y)
         for (int i = 0; i < d; i += 16)
             _mm512_storeu_ps(yr + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(xr + i), s), _mm512_loadu_ps(w + i)));
     }
+    return 0;
 }

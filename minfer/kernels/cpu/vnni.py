@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from ...errors import UnsupportedError
-from ...quant.types import GGMLType
+from ...quant.types import GGMLType, quant_info
 from ..cbuild import build
 from .matmul import rows_call
 
@@ -54,10 +54,10 @@ def _library() -> ctypes.CDLL | None:
     so.q8_pack.restype = i
     so.q4_gemm.argtypes = [p, p, p, i, i, p, i, i, p, i, i, i]
     so.q4_gemm.restype = i
-    so.attn_decode.argtypes = [p, i, p, p, i, i, i, i, p, p, i, ctypes.c_float, p]
+    so.attn_decode.argtypes = [p, i, p, p, i, i, i, i, i, p, p, i, ctypes.c_float, p]
     so.attn_decode.restype = i
     so.rms_norm.argtypes = [p, i, i, p, ctypes.c_float, p]
-    so.rms_norm.restype = None
+    so.rms_norm.restype = i
     return so
 
 
@@ -99,6 +99,11 @@ class Q4Vnni:
         for rows, qtype, n, _ in parts:
             rows = rows.contiguous()
             ptrs = (_ptr(self.w), _ptr(self.s), _ptr(self.z))
+            info = quant_info(qtype)
+            row_bytes = info.nbytes(k) if k % info.block_elems == 0 else None
+            if rows.dtype != torch.uint8 or row_bytes is None or rows.shape != (n, row_bytes):
+                raise UnsupportedError(f"q4_vnni: {qtype.name} rows must be uint8 [{n}, {row_bytes or '?'}] "
+                                       f"(k a multiple of {info.block_elems}), got {rows.dtype} {list(rows.shape)}")
             done = (so.q8_pack(_ptr(rows), TYPES8[qtype], n, k, at, *ptrs) if self.bits == 8
                     else so.q4_pack(_ptr(rows), TYPES[qtype], n, k, at, *ptrs))
             if done != 0:
@@ -119,9 +124,15 @@ class Q4Vnni:
             x = x.contiguous()
         m = x.shape[0]
         y = torch.empty(m, self.n_pad)
-        if self._gemm(*self._ptrs, x.data_ptr(), x.dtype == torch.bfloat16, m, y.data_ptr(), self.n_pad, passes,
-                      self.bits):
+        if x.dim() != 2 or x.shape[1] != self.k or m < 1:
+            raise UnsupportedError(f"q4_vnni: x must be [m >= 1, {self.k}], got {list(x.shape)}")
+        rc = self._gemm(*self._ptrs, x.data_ptr(), x.dtype == torch.bfloat16, m, y.data_ptr(), self.n_pad, passes,
+                        self.bits)
+        if rc == -2:
             raise MemoryError(f"q4_vnni: no memory for {m} x {self.k} quantized activations")
+        if rc:
+            raise UnsupportedError(f"q4_vnni: {passes} activation passes on [{m}, {self.k}] x [{self.n_pad}, "
+                                   f"{self.k}] is outside the kernel's contract")
         return y if self.n_pad == self.n else y[:, :self.n]
 
 
@@ -173,15 +184,24 @@ def attention_decode(q: torch.Tensor, k_layer: torch.Tensor, v_layer: torch.Tens
     attending positions 0..lens[b]-1 of slot slots[b] (int32 [B]). Returns [B, n_head * hd]. A row's
     result does not depend on the other rows."""
     so = _library()
-    _, n_kv, n_ctx, hd = k_layer.shape
+    n_slots, n_kv, n_ctx, hd = k_layer.shape
     rows = q.shape[0]
     if q.stride(1) != 1 or q.dtype != torch.float32:
         q = q.float().contiguous()
+    if (q.shape[1] != n_head * hd or v_layer.shape != k_layer.shape or not k_layer.is_contiguous()
+            or not v_layer.is_contiguous() or slots.dtype != torch.int32 or lens.dtype != torch.int32
+            or slots.shape != (rows,) or lens.shape != (rows,) or not slots.is_contiguous()
+            or not lens.is_contiguous()):
+        raise UnsupportedError(f"attn_decode: q [B, {n_head} * {hd}], contiguous k/v caches of one shape and int32 "
+                               f"slots/lens [B]; got q {list(q.shape)}, k {list(k_layer.shape)}, v "
+                               f"{list(v_layer.shape)}, slots {slots.dtype} {list(slots.shape)}, lens {lens.dtype} "
+                               f"{list(lens.shape)}")
     out = torch.empty(rows, n_head * hd)
-    if so.attn_decode(q.data_ptr(), q.stride(0), k_layer.data_ptr(), v_layer.data_ptr(), n_kv, n_ctx, hd, n_head,
-                      slots.data_ptr(), lens.data_ptr(), rows, scale, out.data_ptr()):
+    if so.attn_decode(q.data_ptr(), q.stride(0), k_layer.data_ptr(), v_layer.data_ptr(), n_slots, n_kv, n_ctx, hd,
+                      n_head, slots.data_ptr(), lens.data_ptr(), rows, scale, out.data_ptr()):
         raise UnsupportedError(f"attn_decode: head_dim {hd} (a multiple of 16 up to 256) and {n_head} query "
-                               f"heads over {n_kv} kv heads (at most 16 per kv head), or no memory")
+                               f"heads over {n_kv} kv heads (at most 16 per kv head), every slot in 0..{n_slots - 1} "
+                               f"and length in 1..{n_ctx}, or no memory")
     return out
 
 
@@ -197,8 +217,12 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     if not x.is_contiguous():
         x = x.contiguous()
     m, d = x.shape
+    if w.shape != (d,) or w.dtype != torch.float32 or not w.is_contiguous() or x.dtype != torch.float32:
+        raise UnsupportedError(f"rms_norm: float32 x [m, d] and w [d]; got x {x.dtype} {list(x.shape)}, w {w.dtype} "
+                               f"{list(w.shape)}")
     y = torch.empty(m, d)
-    _library().rms_norm(x.data_ptr(), m, d, w.data_ptr(), eps, y.data_ptr())
+    if _library().rms_norm(x.data_ptr(), m, d, w.data_ptr(), eps, y.data_ptr()):
+        raise UnsupportedError(f"rms_norm: d must be a multiple of 16, got {d}")
     return y
 
 

@@ -137,6 +137,17 @@ class Device:
         self._deferred: list = []  # encoded replays not yet submitted
         self._ts = None  # the timestamp writes of the passes `gpu_seconds` times
 
+    def close(self) -> None:
+        """Destroy the wgpu device and drop what this object caches on it (the backend's close)."""
+        self._pipelines.clear()
+        self._bind_groups.clear()
+        self._pool.clear()
+        self._pending.clear()
+        self._keep.clear()
+        self._deferred.clear()
+        self._arena = self._ts = None
+        self.device.destroy()
+
     # ---- buffers
     def buffer(self, nbytes: int):
         """A storage buffer of at least nbytes (4-byte multiple) from the pool."""
