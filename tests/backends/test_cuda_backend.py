@@ -15,7 +15,23 @@ from minfer.backends.base import Batch
 from minfer.errors import NoKernelError
 
 PROMPT = [3, 17, 42, 99, 5, 250, 7, 311, 64, 128, 2, 77]
-TOL = 1.2e-2  # bf16 matmul operands / f16 KV cache vs the cpu's exact float32 path (contracts: 1e-2, 5e-3)
+# Bounds of ||cuda - ref|| / ||ref|| over logits, measured 2026-12-02 under the Triton interpreter (this
+# file's cases; the largest of each family) with a margin of 3x or less. The cuda side: prompt chunks on bf16
+# matmul operands and an f16 KV cache, decode rows on f32 GEMVs (int8 activations above 2^24 weights).
+# The cpu side is not exact for quantized weights: its VNNI kernel reads activations in two int8 passes
+# (~3e-5), and types it has no C kernel for (Q6_K: the K mixes' output) run torch's int4 kernel on bfloat16
+# activations, hence the K family's larger error. A decode-row RoPE one position off moves the logits by
+# ~1e-2, a 5 % attention scale error by several 1e-2.
+TOL = 1.8e-3  # float and non-K weights vs cpu: measured 6.1e-4 (tiny-llama q4_0 prompt)
+TOL_K = 1.1e-2  # K-quant mixes vs cpu (Q6_K output on the cpu's bfloat16 path): measured 3.6e-3 (q4_k_m)
+TOL_MMQ_K = 2.7e-2  # mmq=True on a K mix (x quantized to int8 once, per 32 values): measured 9.1e-3
+# a backend's decode rows (GEMVs, f32) vs its own prompt rows (bf16 operands) and batch rows vs each alone:
+# measured 5.2e-4 (tiny-qwen2 q4_k)
+TOL_OWN = 1.5e-3
+
+
+def tol(quant: str) -> float:
+    return TOL_K if "_k" in quant else TOL
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -72,28 +88,34 @@ def test_prompt_and_decode_logits_match_cpu(pair, raw, preset, quant):
     cpu, gpu = pair(preset, quant)
     want = raw.prefill(cpu.engine, 0, PROMPT)
     got = raw.prefill(gpu.engine, 0, PROMPT)
-    assert got.shape == want.shape and _rel(got, want) < TOL
+    assert got.shape == want.shape and _rel(got, want) < tol(quant)
     # decode steps (the graph-replayed path on a GPU) after a 9-token prompt
     raw.prefill(cpu.engine, 1, PROMPT[:9])
     raw.prefill(gpu.engine, 1, PROMPT[:9])
     steps_c = torch.stack([raw.decode(cpu.engine, 1, t, p) for p, t in enumerate(PROMPT[9:], start=9)])
     steps_g = torch.stack([raw.decode(gpu.engine, 1, t, p).cpu() for p, t in enumerate(PROMPT[9:], start=9)])
-    assert _rel(steps_g, steps_c) < TOL
-    assert _rel(steps_g, want[9:]) < TOL
+    assert _rel(steps_g, steps_c) < tol(quant)
+    assert _rel(steps_g, want[9:]) < tol(quant)
+    # and the backend's decode rows against its own rows of the same positions in the prompt
+    assert _rel(steps_g, got[9:].cpu()) < TOL_OWN
+
+
+# decisive greedy steps compared (top-1 / top-2 margin >= 0.5 on the cpu) of 3 prompts x 8 tokens on the
+# decisive tiny model (logit scale 20): measured 23 (q4_0) and 23 (q8_0) of 24 on 2026-12-02
+GREEDY_FLOOR = 16
 
 
 @pytest.mark.parametrize("quant", ["q4_0", "q8_0"])
-def test_greedy_generation_matches_cpu_where_decisive(pair, quant):
-    cpu, gpu = pair("tiny-llama", quant)
+def test_greedy_generation_matches_cpu_where_decisive(tiny_gguf, greedy, quant):
+    path = tiny_gguf("tiny-llama", quant, decisive=True)
+    cpu = load(path, "cpu", n_ctx=64, n_slots=4, progress=False)
+    gpu = load(path, "cuda", n_ctx=64, n_slots=4, progress=False)
     prompts = ["hello there", "the cat", "one two three four"]
     a = cpu.generate_batch(prompts, max_tokens=8, temperature=0)
     b = gpu.generate_batch(prompts, max_tokens=8, temperature=0)
-    for ra, rb, p in zip(a, b, prompts, strict=True):
-        ids = cpu.prompt_ids(p) + ra.token_ids
-        logits = cpu.logits(ids)[len(ids) - len(ra.token_ids) - 1:-1]
-        top2 = logits.topk(2, dim=-1).values
-        firm = next((j for j, m in enumerate((top2[:, 0] - top2[:, 1]).tolist()) if m < 0.5), len(ra.token_ids))
-        assert rb.token_ids[:firm] == ra.token_ids[:firm]
+    decisive = sum(greedy.compare(ra.token_ids, rb.token_ids, greedy.margins(cpu, cpu.prompt_ids(p), ra.token_ids), p)
+                   for ra, rb, p in zip(a, b, prompts, strict=True))
+    assert decisive >= GREEDY_FLOOR, f"only {decisive} decisive steps compared"
 
 
 def test_mixed_type_fused_weights_run_a_gemv_per_type(pair, raw):
@@ -121,12 +143,14 @@ def test_mixed_type_fused_weights_run_a_gemv_per_type(pair, raw):
     from minfer.kernels.qmatmul import act_q8
 
     assert act_q8() in (0, 2)
-    assert _rel(y, x.double().cpu() @ w.T) < (1e-5 if act_q8() == 0 else 1e-4)
+    # measured 1.1e-7 (f32 x: the tiny weights are below the int8 threshold); 1e-6 leaves the GPU's split-K
+    # order room (f32 sums over k = 256); two int8 passes: the contract's 1e-4
+    assert _rel(y, x.double().cpu() @ w.T) < (1e-6 if act_q8() == 0 else 1e-4)
     raw.prefill(cpu.engine, 1, PROMPT[:9])
     raw.prefill(gpu.engine, 1, PROMPT[:9])
     steps_c = torch.stack([raw.decode(cpu.engine, 1, t, p) for p, t in enumerate(PROMPT[9:11], start=9)])
     steps_g = torch.stack([raw.decode(gpu.engine, 1, t, p).cpu() for p, t in enumerate(PROMPT[9:11], start=9)])
-    assert _rel(steps_g, steps_c) < TOL
+    assert _rel(steps_g, steps_c) < TOL_K
 
 
 def test_batched_decode_rows_match_each_alone(pair):
@@ -139,7 +163,7 @@ def test_batched_decode_rows_match_each_alone(pair):
     together = be.forward(Batch.build([(s, len(t), [11 + s]) for s, t in seqs], [0, 1, 2], n_decode=3)).cpu()
     for i, (s, t) in enumerate(seqs):
         alone = be.forward(Batch.build([(s, len(t), [11 + s])], [0], n_decode=1)).cpu()[0]
-        assert _rel(together[i], alone) < TOL  # batch rows may take another matmul kernel than one row
+        assert _rel(together[i], alone) < TOL_OWN  # batch rows may take another matmul kernel than one row
 
 
 @pytest.mark.parametrize("preset, quant, kernel", [("tiny-llama", "q4_0", "q4_0_matmul"),
@@ -147,7 +171,7 @@ def test_batched_decode_rows_match_each_alone(pair):
 def test_mmq_prompts_and_decode_batches_match_cpu(tiny_gguf, raw, preset, quant, kernel):
     """mmq=True (MINFER_MMQ=1): prompt chunks and decode batches read the quantized weights: the
     int8 MMQ on the GEMVs' packed weights (x quantized to int8 per 32 values: its error on the
-    logits stays within TOL), or for Q4_0 the tiled q4_0_matmul, which costs less by the measured
+    logits: TOL_MMQ_K on the K mix), or for Q4_0 the tiled q4_0_matmul, which costs less by the measured
     rates; a decode row its GEMV as before."""
     path = tiny_gguf(preset, quant)
     cpu = load(path, "cpu", n_ctx=64, n_slots=4, progress=False)
@@ -161,16 +185,17 @@ def test_mmq_prompts_and_decode_batches_match_cpu(tiny_gguf, raw, preset, quant,
     assert not any("mmq" in r["kernel"] for r in be.plan_rows(1))
     laid = [key for key in be._laid if any("f16_weight" in layout for layout in key[0])]
     assert not laid  # no f16 copy: the MMQ reads the GEMVs' layouts
+    bound = TOL_MMQ_K if "_k" in quant else TOL  # (q4_0: measured 6.6e-4)
     want = raw.prefill(cpu.engine, 0, PROMPT)
     got = raw.prefill(gpu.engine, 0, PROMPT)
-    assert _rel(got, want) < TOL
+    assert _rel(got, want) < bound
     seqs = [(1, PROMPT[:5]), (2, PROMPT[2:9]), (3, PROMPT[1:4])]
     for slot, toks in seqs:
         raw.prefill(cpu.engine, slot, toks)
         be.forward(Batch.single(toks, 0, slot=slot))
     together = be.forward(Batch.build([(s, len(t), [11 + s]) for s, t in seqs], [0, 1, 2], n_decode=3)).cpu()
     for i, (s, t) in enumerate(seqs):
-        assert _rel(together[i], raw.decode(cpu.engine, s, 11 + s, len(t))) < TOL
+        assert _rel(together[i], raw.decode(cpu.engine, s, 11 + s, len(t))) < bound
 
 
 def test_a_mixed_step_equals_its_parts(pair):
@@ -247,7 +272,7 @@ def test_a_projection_alone_is_the_compiled_steps_matmul(pair):
         assert tuple(w.shape) == (args["n"], args["k"])
         x = torch.randn(1, args["k"], generator=torch.Generator().manual_seed(node.id))
         got = kernel(x=x.to(be.device), **args)
-        assert _rel(got, x @ w.T) < TOL
+        assert _rel(got, x @ w.T) < 1e-6  # f32 GEMVs: measured 2.0e-7; 1e-6 leaves the GPU's split-K order room
 
 
 def test_overlapped_greedy_decode_equals_reading_every_step(tiny_gguf):
@@ -292,10 +317,10 @@ def test_a_q8_0_kv_cache_runs_the_q8_kernels_close_to_the_f16_cache(tiny_gguf, r
                                                if r["op"] == "Attention"} == {"attention_prefill_q8"}
     want = raw.prefill(f16.engine, 0, PROMPT)
     got = raw.prefill(q8.engine, 0, PROMPT)
-    assert 0 < _rel(got, want) < 3e-2  # the codes' rounding, no more
+    assert 0 < _rel(got, want) < 1.7e-2  # the codes' rounding, no more: measured 5.6e-3
     steps_f = torch.stack([raw.decode(f16.engine, 0, t, p).cpu() for p, t in enumerate([5, 9, 300], start=12)])
     steps_q = torch.stack([raw.decode(q8.engine, 0, t, p).cpu() for p, t in enumerate([5, 9, 300], start=12)])
-    assert 0 < _rel(steps_q, steps_f) < 3e-2
+    assert 0 < _rel(steps_q, steps_f) < 1.7e-2  # measured 5.4e-3
 
 
 def test_warmup_leaves_generation_unchanged(pair):
@@ -360,7 +385,7 @@ def test_int8_activations_from_the_norms(tiny_gguf, raw, monkeypatch, quant):
         raw.prefill(gpu.engine, 0, PROMPT[:5])
         fused = torch.stack([raw.decode(gpu.engine, 0, t, p).cpu().clone() for p, t in enumerate(PROMPT[5:8], start=5)])
         steps_c = torch.stack([raw.decode(cpu.engine, 0, t, p) for p, t in enumerate(PROMPT[5:8], start=5)])
-        assert _rel(fused, steps_c) < TOL
+        assert _rel(fused, steps_c) < tol(quant)
         be.norm_q8.clear()  # the norms write f32 only; the GEMVs quantize x (the same values)
         raw.prefill(gpu.engine, 0, PROMPT[:5])
         alone = torch.stack([raw.decode(gpu.engine, 0, t, p).cpu().clone() for p, t in enumerate(PROMPT[5:8], start=5)])

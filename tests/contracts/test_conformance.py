@@ -22,10 +22,10 @@ NUMPY_NOISE = "ignore:(invalid value|overflow|divide by zero) encountered:Runtim
 
 @pytest.mark.filterwarnings(NUMPY_NOISE)
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_kernel_conforms_to_its_contract(kernel, registry, device):
+def test_kernel_conforms_to_its_contract(kernel, registry, device, test_seed):
     if registry.kernels[kernel].contract.kernel_source == "c" and not cpu_vnni.available():
         pytest.skip("the C kernels need AVX512-VNNI and a C compiler")  # the cpu backend uses torch's then
-    results, seed = run_conformance(registry, kernels=[kernel], device=device)
+    results, seed = run_conformance(registry, kernels=[kernel], device=device, seed=test_seed)
     assert results, f"no case was generated for {kernel}"
     failed = [r for r in results if not r.passed]
     assert not failed, f"seed {seed}\n" + format_results(failed)
@@ -103,8 +103,8 @@ def broken_registry(tmp_path, monkeypatch):
         ("add_noisy", "declared bitwise but two runs differ"),
     ],
 )
-def test_harness_catches_broken_launchers(broken_registry, kernel, message):
-    results, _ = run_conformance(broken_registry, kernels=[kernel], device="cpu")
+def test_harness_catches_broken_launchers(broken_registry, kernel, message, test_seed):
+    results, _ = run_conformance(broken_registry, kernels=[kernel], device="cpu", seed=test_seed)
     assert any(message in r.message for r in results), format_results(results)
     if kernel != "add_noisy":  # (on cpu only the odd cases run twice)
         assert not any(r.passed for r in results), format_results(results)
