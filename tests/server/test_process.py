@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .conftest import start_server, stop_server
+from .conftest import HANG_GUARD, start_server, stop_server
 
 
 def children(pid: int) -> list[int]:
@@ -56,8 +56,7 @@ def test_engine_death_fails_its_streams_then_503(tmp_path, smollm2_path):
         child = engine_pid(s.proc.pid)
         body = {"prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True, "temperature": 0, "stream": True}
         events = []
-        t0 = time.monotonic()
-        with httpx.stream("POST", s.url + "/v1/completions", json=body, timeout=30) as r:
+        with httpx.stream("POST", s.url + "/v1/completions", json=body, timeout=HANG_GUARD) as r:
             assert r.status_code == 200
             for line in r.iter_lines():
                 if not line.startswith("data: "):
@@ -65,14 +64,16 @@ def test_engine_death_fails_its_streams_then_503(tmp_path, smollm2_path):
                 events.append(line[6:])
                 if len(events) == 3:
                     os.kill(child, signal.SIGKILL)
-        assert time.monotonic() - t0 < 20
+        # the stream ended because the engine died (the error event says so), before the 400 tokens asked
+        # (the pieces already on their way still arrive: how many depends on the machine, not checked)
+        assert len(events) - 2 < 400, len(events)
         assert events[-1] == "[DONE]"
         last = json.loads(events[-2])
         assert "error" in last and "engine process exited" in last["error"]["message"], last
-        assert gone(child, 5)
-        h = httpx.get(s.url + "/health", timeout=5)
+        assert gone(child, HANG_GUARD)
+        h = httpx.get(s.url + "/health", timeout=HANG_GUARD)
         assert h.status_code == 503 and h.json() == {"status": "error"}
-        r = httpx.post(s.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=10)
+        r = httpx.post(s.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=HANG_GUARD)
         assert r.status_code == 503 and r.json()["error"]["message"].startswith("the model is not available")
         assert s.proc.poll() is None  # the server itself is still up, saying what happened
     finally:
@@ -83,8 +84,8 @@ def test_killed_server_takes_its_engine(tmp_path, smollm2_path):
     s = start_server(tmp_path, "-np", "1", model=smollm2_path)
     child = engine_pid(s.proc.pid)
     s.proc.kill()
-    s.proc.wait(10)
-    assert gone(child, 10), "the engine process outlived its server"
+    s.proc.wait(HANG_GUARD)
+    assert gone(child, HANG_GUARD), "the engine process outlived its server"
 
 
 def test_sigint_stops_server_and_engine(tmp_path, smollm2_path):
@@ -92,11 +93,11 @@ def test_sigint_stops_server_and_engine(tmp_path, smollm2_path):
     child = engine_pid(s.proc.pid)
     s.proc.send_signal(signal.SIGINT)
     try:
-        rc = s.proc.wait(20)
+        rc = s.proc.wait(HANG_GUARD)
     except Exception:
         s.proc.kill()
         pytest.fail("minfer serve did not stop on SIGINT:\n" + s.log.read_text())
-    assert gone(child, 5)
+    assert gone(child, HANG_GUARD)
     log = s.log.read_text()
     assert rc in (0, 130, -2), (rc, log)
     assert "Traceback" not in log and "exited" not in log, log
