@@ -113,7 +113,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "minfer/kernels/triton/gemv.py",
         "check_act_q8(act_q8) if n * k > Q8_MIN_WEIGHTS else 0",
         "min(check_act_q8(act_q8), 1) if n * k > Q8_MIN_WEIGHTS else 0",
-        (f"{CUDA}::test_int8_activations_from_the_norms", "tests/kernels/test_qmatmul.py"),
+        (f"{CUDA}::test_int8_activations_from_the_norms", "tests/kernels/triton/test_qmatmul.py"),
     ),
     Mutant(
         "gemv_one_int8_pass_full",
@@ -178,7 +178,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "minfer/kernels/triton/dequant.py",
         "    return q.to(tl.float32) * _f16(p, 0, mask)\n",
         "    return q.to(tl.float32) * (_f16(p, 0, mask) * 2.0)\n",
-        ("tests/kernels/test_dequant.py", f"{CONFORMANCE}[dequant]"),
+        ("tests/kernels/triton/test_dequant.py", f"{CONFORMANCE}[dequant]"),
     ),
     Mutant(
         "q8_0_gemv_scale_exponent",
@@ -186,7 +186,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "minfer/kernels/triton/planes.py",
         "return q, b[:, 0:2].contiguous().view(torch.float16), None",
         "return q, b[:, 0:2].contiguous().view(torch.float16) * 2, None",
-        ("tests/kernels/test_qmatmul.py", f"{CUDA}::test_prompt_and_decode_logits_match_cpu"),
+        ("tests/kernels/triton/test_qmatmul.py", f"{CUDA}::test_prompt_and_decode_logits_match_cpu"),
     ),
     Mutant(
         "stop_string_leaks_a_char",

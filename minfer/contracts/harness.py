@@ -22,7 +22,7 @@ from .ops import torch_dtype
 
 SIZE_CLASSES = ("tiny", "odd", "boundary")
 PREFILL_TOKENS = 512
-# The size class of weights above 2^24 values (kernels/qmatmul.py Q8_MIN_WEIGHTS), where the Q4 GEMVs read x
+# The size class of weights above 2^24 values (kernels/triton/gemv.py Q8_MIN_WEIGHTS), where the Q4 GEMVs read x
 # as two int8 passes and their contracts' bound is 1e-4 (f32 x: 1e-5); with --full only: under the Triton
 # interpreter one such case takes minutes.
 LARGE = "large"

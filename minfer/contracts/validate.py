@@ -26,7 +26,7 @@ from typing import Any
 
 from ..errors import ContractError
 from .expr import ExprError, is_finite_number, parse_arith, parse_pred
-from .ops import CONVENTIONAL_DIMS, DTYPES, OPS, STORAGE_TYPES, op_spec
+from .ops import CAPABILITIES, CONVENTIONAL_DIMS, DTYPES, OPS, STORAGE_TYPES, op_spec
 from .parser import HEADER_SECTION, parse_file
 from .rules import same_as_target, split_call
 from .schema import HEADER, LAYOUT_KEYS, SECTION, ContractFile, KernelContract, Spec
@@ -85,7 +85,10 @@ RULES: dict[str, str] = {
     "op_params fields are among the op's params",
     "EntryPointUnresolved": "a registrable entry_point (and every load_layout) is 'module:attr' of a module of "
     "minfer.kernels, imports, and is callable",
-    "EntryPointSignature": "the launcher accepts every input and param of the op as a keyword",
+    "EntryPointSignature": "the launcher accepts every input and param of the op, and the keywords of every "
+    "capability in caps.also, as keywords",
+    "UnknownCapability": "caps.also names capabilities of minfer.contracts.ops CAPABILITIES; q8_in comes with "
+    "caps.q8_passes ('module:function') and q8_passes only with q8_in",
     "ToleranceMissing": "a registrable section declares max_relative or max_absolute "
     "(the conformance harness and the judge compare with it)",
 }
@@ -442,6 +445,14 @@ def _check_cost_precision(sec: KernelContract, report: _Report) -> None:
 
 
 KERNEL_PACKAGE = "minfer.kernels"  # the only package entry points and load layouts may name
+# optional packages a kernel module may need -> how to install them (pyproject's extras)
+OPTIONAL_PACKAGES = {"triton": "pip install 'minfer[gpu]'", "wgpu": "pip install 'minfer[vulkan]'"}
+
+
+class DependencyMissing(ValueError):
+    """An entry point's module needs an optional package this machine lacks (triton for the CUDA
+    backend's kernels). Not a contract error: the contract is valid, its kernel cannot run here;
+    the registry lists it as unbound with this reason."""
 _KERNELS_DIR = Path(__file__).resolve().parents[1] / "kernels"
 _DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
@@ -470,10 +481,11 @@ def resolve_entry_point(entry: str, trusted: tuple[str, ...] = ()) -> Callable:
     try:
         obj: Any = importlib.import_module(module)
     except Exception as e:  # noqa: BLE001 - any import failure is the contract's problem to report
-        hint = ""
-        if isinstance(e, ImportError) and (e.name or "").split(".")[0] == "triton":
-            hint = " (the Triton kernels need triton: pip install 'minfer[gpu]')"
-        raise ValueError(f"importing {module!r} failed: {type(e).__name__}: {e}{hint}") from None
+        missing = (e.name or "").split(".")[0] if isinstance(e, ImportError) else ""
+        if missing in OPTIONAL_PACKAGES:
+            raise DependencyMissing(f"{module!r} needs {missing}, which is not installed "
+                                    f"({OPTIONAL_PACKAGES[missing]})") from None
+        raise ValueError(f"importing {module!r} failed: {type(e).__name__}: {e}") from None
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ValueError(f"{module!r} has no attribute {attr!r}")
@@ -515,21 +527,36 @@ def _check_registrable(sec: KernelContract, report: _Report, bind: bool, trusted
     p = sec.precision
     if all(t is None or t == {} for t in (p.max_relative, p.max_absolute)):
         report("ToleranceMissing", "precision", "registrable kernels declare max_relative or max_absolute")
+    unknown = sorted(sec.caps.also - set(CAPABILITIES))
+    if unknown:
+        report("UnknownCapability", "caps.also", f"{unknown}: known capabilities are {', '.join(CAPABILITIES)}")
+    if ("q8_in" in sec.caps.also) != (sec.caps.q8_passes is not None):
+        report("UnknownCapability", "caps.q8_passes", "q8_in and caps.q8_passes go together")
     if not bind:
         return
     for i, inp in enumerate(sec.inputs):
         if inp.load_layout:
             try:
                 resolve_entry_point(inp.load_layout, trusted)
+            except DependencyMissing:
+                return  # (unbindable here, not invalid: the registry says why)
             except ValueError as e:
                 report("EntryPointUnresolved", f"accept.inputs[{i}].load_layout", str(e))
+    if sec.caps.q8_passes:
+        try:
+            resolve_entry_point(sec.caps.q8_passes, trusted)
+        except ValueError as e:
+            report("EntryPointUnresolved", "caps.q8_passes", str(e))
     try:
         fn = resolve_entry_point(sec.entry_point, trusted)
+    except DependencyMissing:
+        return
     except ValueError as e:
         report("EntryPointUnresolved", "entry_point", str(e))
         return
     if spec is not None:
-        _check_signature(fn, spec.inputs + spec.params, report)
+        extra = tuple(k for c in sorted(sec.caps.also & set(CAPABILITIES)) for k in CAPABILITIES[c].keywords)
+        _check_signature(fn, spec.inputs + spec.params + extra, report)
 
 
 def _check_signature(fn: Callable, names: tuple[str, ...], report: _Report) -> None:

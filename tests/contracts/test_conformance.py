@@ -11,11 +11,11 @@ import torch
 
 from minfer.contracts.conformance import dtype_combinations, format_results, run_conformance
 from minfer.contracts.parser import parse_file
-from minfer.contracts.registry import CONTRACTS_DIR, load_registry
-from minfer.kernels import cpu_vnni
+from minfer.contracts.registry import KERNELS_DIR, contract_files, load_registry
+from minfer.kernels.cpu import vnni as cpu_vnni
 
 KERNELS = sorted(  # (the Vulkan contracts run on a wgpu adapter: tests/backends/test_wgpu_backend.py)
-    s.kernel for f in CONTRACTS_DIR.glob("*.fkc.md") for s in parse_file(f).sections
+    s.kernel for f in contract_files() for s in parse_file(f).sections
     if s.registrable and s.backend != "Vulkan"
 )
 NUMPY_NOISE = "ignore:(invalid value|overflow|divide by zero) encountered:RuntimeWarning"
@@ -41,7 +41,7 @@ def test_full_has_gemv_cases_above_the_int8_activation_threshold(registry):
     under the interpreter, so here only that the cases exist, are admitted and cross the threshold)."""
     from minfer.contracts.conformance import cases, prepare
     from minfer.contracts.harness import LARGE
-    from minfer.kernels.qmatmul import Q8_MIN_WEIGHTS, gemv_config
+    from minfer.kernels.triton.gemv import Q8_MIN_WEIGHTS, gemv_config
 
     gen = torch.Generator().manual_seed(0)
     for name in ("q4_0_gemv", "int4_gemv", "gemv_swiglu", "gemv_rope"):
@@ -113,12 +113,12 @@ def add_noisy(x, y, out=None):
 def broken_registry(tmp_path, monkeypatch):
     (tmp_path / "broken_kernels.py").write_text(textwrap.dedent(BROKEN))
     monkeypatch.syspath_prepend(str(tmp_path))
-    text = (CONTRACTS_DIR / "elementwise.fkc.md").read_text()
+    text = (KERNELS_DIR / "triton" / "elementwise.fkc.md").read_text()
     head, rest = text.split("## add_f32", 1)
     section = "## add_f32" + rest.split("## mul_f32", 1)[0]
     sections = [
         section.replace("kernel: add_f32", f"kernel: {name}")
-        .replace("minfer.kernels.elementwise:add_f32", f"broken_kernels:{name}")
+        .replace("minfer.kernels.triton.elementwise:add_f32", f"broken_kernels:{name}")
         .replace('kernel_source: "triton"', 'kernel_source: "torch"')
         for name in ("add_wrong", "add_ignores_out", "add_half_written", "add_wrong_dtype", "add_noisy")
     ]
@@ -155,7 +155,7 @@ def test_harness_catches_broken_launchers(broken_registry, kernel, message, test
 
 
 BROKEN_ATTENTION = '''
-from minfer.kernels.attention import attention_rows
+from minfer.kernels.triton.attention import attention_rows
 
 def attn_touches_the_extra_slot(**kw):
     """Right output; one byte of the slot no row attends changed (what a stray write does)."""
@@ -179,11 +179,11 @@ def test_harness_checks_every_byte_of_the_kv_cache(tmp_path, monkeypatch, test_s
     compares every byte of both caches after the launch (the rows written against k and v)."""
     (tmp_path / "broken_attention.py").write_text(textwrap.dedent(BROKEN_ATTENTION))
     monkeypatch.syspath_prepend(str(tmp_path))
-    text = (CONTRACTS_DIR / "attention.fkc.md").read_text()
+    text = (KERNELS_DIR / "triton" / "attention.fkc.md").read_text()
     head, rest = text.split("## attention_rows (decode; any rows)", 1)
     section = "## attention_rows" + rest.split("## attention_rows_q8", 1)[0]
     section = section.replace("kernel: attention_rows", f"kernel: {kernel}").replace(
-        "minfer.kernels.attention:attention_rows", f"broken_attention:{kernel}")
+        "minfer.kernels.triton.attention:attention_rows", f"broken_attention:{kernel}")
     path = tmp_path / "broken_attention.fkc.md"
     path.write_text(head + section)
     reg = load_registry([path], trusted=("broken_attention",))

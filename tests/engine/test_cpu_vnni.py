@@ -1,8 +1,8 @@
-"""The C kernels of the cpu backend (minfer/kernels/csrc/q4_vnni.c) against float64: the int4 x int8
+"""The C kernels of the cpu backend (minfer/kernels/cpu/q4_vnni.c) against float64: the int4 x int8
 matmul in one and two activation passes, rows independent of each other, and the one-call decode
 attention against float64 math. Every test runs on the path this host takes (`host`: the C kernels
 where it has AVX512-VNNI and a compiler, torch's int4 kernel and one SDPA call per sequence elsewhere)
-and on torch's path forced (`torch`: MINFER_CPU_VNNI=0), so no host skips them."""
+and on torch's path forced (`torch`: what EngineConfig.cpu_vnni=False runs), so no host skips them."""
 
 from __future__ import annotations
 
@@ -13,22 +13,18 @@ import sys
 import pytest
 import torch
 
-from minfer.backends import cpu_ops
-from minfer.kernels import cpu_vnni
-from minfer.kernels.cpu_matmul import Int4Matmul, pack_weight
+from minfer.backends.cpu import ops as cpu_ops
+from minfer.kernels.cpu import vnni as cpu_vnni
+from minfer.kernels.cpu.matmul import Int4Matmul, pack_weight
 from minfer.quant.reference import dequantize, quantize
 from minfer.quant.types import GGMLType
 
 
 @pytest.fixture(params=["host", "torch"])
-def path(request, monkeypatch) -> str:
-    """The cpu kernels under test: 'vnni' (the C kernels) or 'torch' (its int4 matmul, SDPA)."""
-    if request.param == "torch":
-        monkeypatch.setenv("MINFER_CPU_VNNI", "0")
-    cpu_vnni._library.cache_clear()  # (available() reads the switch when first asked)
-    yield "vnni" if cpu_vnni.available() else "torch"
-    monkeypatch.undo()
-    cpu_vnni._library.cache_clear()
+def path(request) -> str:
+    """The cpu kernels under test: 'vnni' (the C kernels, where this host has them) or 'torch' (its int4
+    matmul, SDPA: what the backend runs without them or with EngineConfig.cpu_vnni off)."""
+    return "vnni" if request.param == "host" and cpu_vnni.available() else "torch"
 
 
 def _matmul(path: str, parts: list[tuple]):
@@ -50,8 +46,8 @@ MATMUL_TOL = {"vnni": 5.8e-5, "torch": 9.5e-3}
 @pytest.mark.parametrize("env", [{"MINFER_CPU_VNNI": "0"}, {"CC": "/bin/false", "MINFER_CACHE": "{tmp}"}])
 def test_without_the_c_kernels_every_type_takes_torchs(tmp_path, env):
     """Turned off, or no compiler that works: the picker drops the C contracts, nothing fails."""
-    code = ("from minfer.backends.cpu_weights import kernel_name\n"
-            "from minfer.kernels import cpu_vnni\n"
+    code = ("from minfer.backends.cpu.weights import kernel_name\n"
+            "from minfer.kernels.cpu import vnni as cpu_vnni\n"
             "from minfer.quant.types import GGMLType as T\n"
             "print(cpu_vnni.available(), kernel_name(T.Q4_K), kernel_name(T.Q8_0))")
     env = {**os.environ, **{k: v.format(tmp=tmp_path) for k, v in env.items()}}
