@@ -143,11 +143,12 @@ def test_mixed_type_fused_weights_run_a_gemv_per_type(pair, raw):
     x = torch.randn(1, k).to(be.device)
     vals = [x] if node.parts else {node.inputs[0]: x}
     y = step.fn(vals, State({}, True, 1))
-    # f32 GEMVs (two-pass int8 activations on the Q4_K part: ~2e-5), not the f16 copy (~1e-3)
-    passes = be.config.gemv_q8
-    assert passes in (0, 2)
-    # f32 x (the tiny weights are below the int8 threshold): measured MEASURE_ME; two int8 passes: the contract's 1e-4
-    assert _rel(y, x.double().cpu() @ w.T) < (1e-5 if passes == 0 else 1e-4)
+    # f32 GEMVs on f32 x (the tiny weights are below the int8 activation threshold), not the f16 copy (~1e-3):
+    # measured 1.1e-7 (2026-12-03, interpreter); 1e-6 leaves the GPU's split-K order room (f32 sums over k = 256)
+    from minfer.kernels.triton.gemv import Q8_MIN_WEIGHTS
+
+    assert w.numel() <= Q8_MIN_WEIGHTS
+    assert _rel(y, x.double().cpu() @ w.T) < 1e-6
     raw.prefill(cpu.engine, 1, PROMPT[:9])
     raw.prefill(gpu.engine, 1, PROMPT[:9])
     steps_c = torch.stack([raw.decode(cpu.engine, 1, t, p) for p, t in enumerate(PROMPT[9:11], start=9)])

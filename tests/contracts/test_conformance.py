@@ -120,13 +120,8 @@ def broken_registry(tmp_path, monkeypatch):
         section.replace("kernel: add_f32", f"kernel: {name}")
         .replace("minfer.kernels.triton.elementwise:add_f32", f"broken_kernels:{name}")
         .replace('kernel_source: "triton"', 'kernel_source: "torch"')
-        for name in ("add_wrong", "add_ignores_out", "add_half_written", "add_wrong_dtype", "add_noisy")
-    ]
-    sections += [
-        section.replace("kernel: add_f32", f"kernel: {name}")
-        .replace("minfer.kernels.elementwise:add_f32", f"broken_kernels:{name}")
-        .replace('kernel_source: "triton"', 'kernel_source: "torch"')
-        for name in ("add_writes_past_its_end", "add_clobbers_x")
+        for name in ("add_wrong", "add_ignores_out", "add_half_written", "add_wrong_dtype", "add_noisy",
+                     "add_writes_past_its_end", "add_clobbers_x")
     ]
     path = tmp_path / "broken.fkc.md"
     path.write_text(head.replace('kernel_source: "triton"', 'kernel_source: "torch"') + "".join(sections))
