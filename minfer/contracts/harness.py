@@ -22,6 +22,12 @@ from .ops import torch_dtype
 
 SIZE_CLASSES = ("tiny", "odd", "boundary")
 PREFILL_TOKENS = 512
+# The size class of weights above 2^24 values (kernels/triton/gemv.py Q8_MIN_WEIGHTS), where the Q4 GEMVs read x
+# as two int8 passes and their contracts' bound is 1e-4 (f32 x: 1e-5); with --full only: under the Triton
+# interpreter one such case takes minutes.
+LARGE = "large"
+LARGE_K = 1536  # 6 K-quant super-blocks (SmolLM2's FFN width)
+LARGE_N = 10944  # the first multiple of 64 rows above 2^24 / LARGE_K
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,9 @@ class Setting:
 
 Builder = Callable[[Setting, dict[str, str], "str | None", torch.Generator], tuple[dict, dict]]
 Reference = Callable[[Mapping[str, torch.Tensor], Mapping[str, Any], Mapping[str, str]], torch.Tensor]
+# (inputs, params) -> {input name: (mask of the elements the op writes, their expected new values or None)}
+Writes = Callable[[Mapping[str, torch.Tensor], Mapping[str, Any]],
+                  dict[str, tuple[torch.Tensor, "torch.Tensor | None"]]]
 
 
 Reads = Callable[[Mapping[str, torch.Tensor], Mapping[str, Any]], int]
@@ -71,6 +80,10 @@ class OpHarness:
     build: Builder  # (setting, input dtypes, output dtype choice, generator) -> (inputs, params)
     reference: Reference  # (inputs, params, input dtypes) -> float64 expected output
     reads: Reads = _whole_inputs  # (inputs, params) -> bytes the op must read
+    # inputs the op updates besides its output (the KV cache): which elements, and what they become;
+    # every other element of every input must keep its bytes
+    writes: Writes | None = None
+    large: Callable[[QuantInfo | None], list[Setting]] | None = None  # the LARGE size class's settings
 
 
 def traffic(op: str, inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any], out_bytes: int) -> int:
@@ -277,6 +290,11 @@ def _qmatmul_model(name: str, md: ModelDims, q: QuantInfo) -> list[Setting]:
     ]
 
 
+def _large_gemv(q: QuantInfo | None) -> list[Setting]:
+    """One decode row through a weight of LARGE_N x LARGE_K values (> 2^24)."""
+    return [Setting(LARGE, {"x": (1, LARGE_K), "w": (LARGE_N, LARGE_K)}, {"n": LARGE_N, "k": LARGE_K})]
+
+
 def _build_qmatmul(s: Setting, dtypes: dict[str, str], out_dtype: str | None, gen) -> tuple[dict, dict]:
     info = by_name(dtypes["w"])
     n, k = s.shapes["w"]
@@ -311,6 +329,11 @@ def _swiglu_settings(size: str, q) -> list[Setting]:
 def _swiglu_model(name: str, md: ModelDims, q: QuantInfo) -> list[Setting]:
     n, k = 2 * md.ffn, md.d
     return [Setting(name, {"x": (1, k), "w": (n, k)}, {"n": n, "k": k})] if k % q.block_elems == 0 else []
+
+
+def _large_rope_mm(q: QuantInfo | None) -> list[Setting]:
+    """The stacked q+k+v GEMV above 2^24 values: 160 rotated heads of 64 and 11 more (v)."""
+    return [_qkv_setting(LARGE, LARGE_N, LARGE_K, 160, 64, 64, True)]
 
 
 def _ref_swiglu_mm(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[str, str]) -> torch.Tensor:
@@ -532,7 +555,7 @@ _ATTN = {
 
 
 def _attn_setting(size: str, spans, n_head: int, n_kv: int, hd: int, n_ctx: int) -> Setting:
-    rows, slots = sum(spans), len(spans) + 1  # one extra slot, never attended: must stay untouched
+    rows, slots = sum(spans), len(spans) + 1  # one extra slot, never attended: must stay untouched (writes)
     shapes = {"q": (rows, n_head * hd), "k": (rows, n_kv * hd), "v": (rows, n_kv * hd),
               "cache_k": (2, slots, n_kv, n_ctx, hd), "cache_v": (2, slots, n_kv, n_ctx, hd),
               "row_slots": (rows,), "positions": (rows,)}
@@ -622,6 +645,25 @@ def _ref_attn(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[st
     return out.reshape(rows, nh * hd)
 
 
+def _attn_writes(i: Mapping[str, torch.Tensor], p: Mapping[str, Any]) -> dict:
+    """The cache rows a step writes, cache[layer, slot_r, :, position_r] for every row r (k and v
+    rounded to a float cache's dtype; a Q8_0 cache's codes are left to the output's check): nothing
+    else of either cache may change, the extra slot no span attends included."""
+    layer, nkv, hd = p["layer"], p["n_head_kv"], p["head_dim"]
+    rows, slots, pos = i["q"].shape[0], i["row_slots"].long(), i["positions"].long()
+    out = {}
+    for name, src in (("cache_k", "k"), ("cache_v", "v")):
+        cache = i[name]
+        mask = torch.zeros(cache.shape, dtype=torch.bool, device=cache.device)
+        mask[layer, slots, :, pos] = True
+        want = None
+        if cache.dtype != torch.int8:
+            want = cache.clone()
+            want[layer, slots, :, pos] = i[src].view(rows, nkv, hd).to(cache.dtype)
+        out[name] = (mask, want)
+    return out
+
+
 def _attn_reads(i: Mapping[str, torch.Tensor], p: Mapping[str, Any]) -> int:
     """q, k, v once; each row's cached keys and values up to its position."""
     cache = i["cache_k"]
@@ -647,10 +689,10 @@ HARNESS: dict[str, OpHarness] = {
     ),
     "QuantizeQ8_0": OpHarness(_quantize_settings, _quantize_model, _build_floats, _ref_quantize),
     "QMatMul": OpHarness(
-        lambda size, q: _mnk_settings(size, _mnk_for(size, q)), _qmatmul_model, _build_qmatmul, _ref_qmatmul
-    ),
-    "QMatMulSwiGLU": OpHarness(_swiglu_settings, _swiglu_model, _build_qmatmul, _ref_swiglu_mm),
-    "QMatMulRoPE": OpHarness(_rope_mm_settings, _rope_mm_model, _build_rope_mm, _ref_rope_mm),
+        lambda size, q: _mnk_settings(size, _mnk_for(size, q)), _qmatmul_model, _build_qmatmul, _ref_qmatmul,
+        large=_large_gemv),
+    "QMatMulSwiGLU": OpHarness(_swiglu_settings, _swiglu_model, _build_qmatmul, _ref_swiglu_mm, large=_large_gemv),
+    "QMatMulRoPE": OpHarness(_rope_mm_settings, _rope_mm_model, _build_rope_mm, _ref_rope_mm, large=_large_rope_mm),
     "RMSNorm": OpHarness(_norm_settings, _norm_model, _build_floats, _ref_norm),
     "AddRMSNorm": OpHarness(
         lambda size, q: [_with_y(x) for x in _norm_settings(size, q)],
@@ -659,7 +701,7 @@ HARNESS: dict[str, OpHarness] = {
     "RoPE": OpHarness(_rope_settings, _rope_model, _build_rope, _ref_rope),
     "RowSelect": OpHarness(_select_settings, _select_model, _build_select,
                            lambda i, p, d: i["x"].double()[i["rows"].long()]),
-    "Attention": OpHarness(_attn_settings, _attn_model, _build_attn, _ref_attn, _attn_reads),
+    "Attention": OpHarness(_attn_settings, _attn_model, _build_attn, _ref_attn, _attn_reads, _attn_writes),
     "Sample": OpHarness(_sample_settings, _sample_model, _build_sample, _ref_sample),
     "Argmax": OpHarness(_argmax_settings, _argmax_model, _build_argmax,
                         lambda i, p, d: i["x"].double().argmax(-1).double()),

@@ -340,14 +340,18 @@ def random_blocks(rng: np.random.Generator, qtype: GGMLType, n_blocks: int) -> n
     return blocks
 
 
-def _real_weights(rng: np.random.Generator, shape: tuple[int, ...], qtype: GGMLType, role: str) -> np.ndarray:
-    """N(0, SIGMA) weights (norms around 1) quantized by the reference codec, or random blocks."""
+def _real_weights(rng: np.random.Generator, shape: tuple[int, ...], qtype: GGMLType, role: str,
+                  gain: float = 1.0) -> np.ndarray:
+    """N(0, SIGMA) weights (norms around 1) quantized by the reference codec, or random blocks;
+    `gain` multiplies the values (the output norm's, for `logit_scale`)."""
     from ..quant.reference import quantize
 
     rows = math.prod(shape[1:])
     x = rng.standard_normal((rows, shape[0]), dtype=np.float32) * np.float32(SIGMA)
     if role == "norm":
         x = x * np.float32(5) + np.float32(1)
+    if gain != 1.0:
+        x = x * np.float32(gain)
     try:
         return quantize(x, qtype).numpy()
     except UnsupportedError:
@@ -368,35 +372,44 @@ def _random_chunks(rng: np.random.Generator, shape: tuple[int, ...], qtype: GGML
 
 
 def _tensor_data(seed: int, index: int, shape, qtype: GGMLType, role: str,
-                 real: bool) -> Callable[[], object]:
+                 real: bool, gain: float = 1.0) -> Callable[[], object]:
     """Lazy data of one tensor; its own generator, so the bytes depend only on (seed, index)."""
 
     def make():
         rng = np.random.Generator(np.random.SFC64(np.random.SeedSequence([seed, index])))
         if real:
-            return _real_weights(rng, shape, qtype, role)
+            return _real_weights(rng, shape, qtype, role, gain)
         return _random_chunks(rng, shape, qtype, role)
 
     return make
 
 
 def synth(preset: str, quant: str, out: str | Path, *, seed: int = 0, vocab: int | None = None,
-          progress: bool | None = None, header_only: bool = False) -> Path:
+          progress: bool | None = None, header_only: bool = False, logit_scale: float = 1.0) -> Path:
     """Write a random-weight GGUF of `preset`'s shapes in quant mix `quant`; returns its path.
 
     `vocab` overrides the preset's vocabulary size (smaller files); `progress` shows a progress bar
     on stderr (default: for files of 256 MiB or more). `header_only`: the metadata and tensor
     table, the data a sparse hole of zeros (a 7B file in no disk space and no time: for plans and
-    shape checks; its weights are all zero).
+    shape checks; its weights are all zero). `logit_scale` (tiny presets): multiplies the output
+    norm's weights, so every logit by that factor, and nothing else: a random model's next-token
+    distribution is nearly flat (top-1 / top-2 margins ~0.1 on the tiny presets), a scaled one
+    decisive, so that greedy comparisons between backends have steps to compare (tests).
     """
     if preset not in PRESETS:
         raise UnsupportedError(f"unknown synth preset {preset!r}; choose one of {', '.join(PRESETS)}")
     p = PRESETS[preset]
     if vocab is not None:
         p = replace(p, vocab=int(vocab))
+    if logit_scale != 1.0 and not (p.tiny and math.isfinite(logit_scale) and logit_scale > 0):
+        raise UnsupportedError(f"logit_scale {logit_scale!r}: a finite positive factor, for tiny presets only "
+                               f"({preset} is {'tiny' if p.tiny else 'not tiny'})")
     plan = plan_tensors(p, quant)
     metadata = model_metadata(p, quant, seed)
-    tensors = [TensorSpec(name, shape, qtype, _tensor_data(seed, i, shape, qtype, role, p.tiny))
+    if logit_scale != 1.0:
+        metadata["general.name"] = f"{metadata['general.name']} logit scale {logit_scale:g}"
+    tensors = [TensorSpec(name, shape, qtype, _tensor_data(seed, i, shape, qtype, role, p.tiny,
+                                                           logit_scale if name == "output_norm.weight" else 1.0))
                for i, (name, shape, qtype, role) in enumerate(plan)]
     if header_only:
         return write_gguf(out, metadata, tensors, sparse=True)

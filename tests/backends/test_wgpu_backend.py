@@ -23,6 +23,34 @@ from minfer.contracts.registry import contract_files
 VULKAN_KERNELS = sorted(s.kernel for f in contract_files() for s in parse_file(f).sections
                         if s.registrable and s.backend == "Vulkan")
 PROMPT = [3, 17, 42, 99, 5, 250, 7, 311, 64, 128, 2, 77]
+# ||vulkan - cpu|| / ||cpu|| of prompt logits, measured 2026-12-02 on lavapipe, margin 3x or less. Vulkan
+# computes in float32 from the file's bytes (qmv8: x in two int8 passes); the cpu side depends on its path
+# for the type: the VNNI kernel (two int8 passes, ~3e-5) where the host has AVX512-VNNI, torch's int4 kernel
+# on bfloat16 activations (~6e-3) without it (MINFER_CPU_VNNI=0) and always for Q6_K / Q3_K / Q2_K.
+# (with the VNNI kernels, without) per type family; a 5 % attention scale error costs ~1e-2.
+VS_CPU = {
+    "float": (1.7e-6, 1.7e-6),  # f16 / f32: 5.8e-7, 5.9e-7
+    "plain": (1.7e-4, 1.9e-2),  # Q4_0 Q4_1 Q8_0 Q5_0 Q5_1: 5.5e-5 (q4_0), 6.3e-3 (q5_0)
+    "kmix": (1.2e-2, 3.1e-2),  # Q4_K / Q5_K with a Q6_K output: 4.0e-3 (q5_k_m), 1.02e-2 (q4_k_m)
+    "lowbit": (2.5e-2, 2.5e-2),  # Q3_K / Q2_K matrices (torch's kernel either way): 1.78e-2 (q2_k), 1.4x: a
+    # deterministic value (fixed model, fixed prompt) on one cpu path
+}
+SMOLLM2_VS_CPU = (5.8e-4, 4.3e-2)  # SmolLM2's Q4_1: 1.93e-4, 1.43e-2
+# a backend's decode rows (GEMVs) vs its own prompt rows (tiled matmuls): measured 0 (bit-equal) on lavapipe;
+# 1e-6 (a few float32 roundings) leaves an adapter room to reduce decode attention in another order than
+# the prompt's; a decode-row RoPE one position off costs ~1e-2
+TOL_OWN = 1e-6
+
+
+def _vs_cpu(bounds: tuple[float, float]) -> float:
+    from minfer.kernels.cpu import vnni as cpu_vnni
+
+    return bounds[0] if cpu_vnni.available() else bounds[1]
+
+
+def _family(quant: str) -> str:
+    return {"f16": "float", "f32": "float", "q3_k": "lowbit", "q2_k": "lowbit"}.get(
+        quant, "kmix" if "_k" in quant else "plain")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -44,20 +72,21 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("kernel", VULKAN_KERNELS)
-def test_kernel_conforms_to_its_contract(kernel):
-    results, seed = run_conformance(kernels=[kernel], device="vulkan")
+def test_kernel_conforms_to_its_contract(kernel, test_seed):
+    results, seed = run_conformance(kernels=[kernel], device="vulkan", seed=test_seed)
     assert results, f"no case was generated for {kernel}"
     failed = [r for r in results if not r.passed]
     assert not failed, f"seed {seed}\n" + format_results(failed)
     assert {r.size for r in results} == {"tiny", "odd", "boundary"}
 
 
-def test_the_shared_memory_reductions_conform_too():
+def test_the_shared_memory_reductions_conform_too(test_seed):
     """MINFER_WGPU_SUBGROUPS=0: the kernels that reduce, with the shared-memory tree instead of
     subgroup operations (what an adapter without subgroups runs), through the conformance CLI."""
     reducing = ["vk_qmatvec_q4_0", "vk_matmul_q4_0_tiled", "vk_qmatvec", "vk_rms_norm", "vk_add_rms_norm"]
     env = {**os.environ, "MINFER_WGPU_SUBGROUPS": "0"}
-    args = [sys.executable, "-m", "minfer.contracts.conformance", "--device", "vulkan", "--failures"]
+    args = [sys.executable, "-m", "minfer.contracts.conformance", "--device", "vulkan", "--failures", "--seed",
+            str(test_seed)]
     for k in reducing:
         args += ["--kernel", k]
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
@@ -171,28 +200,30 @@ def test_smollm2_prompt_logits_match_cpu(smollm2, raw):
     want = raw.prefill(cpu.engine, 0, PROMPT)
     got = raw.prefill(vk.engine, 0, PROMPT)
     # the cpu runs Q4_1 on int8 activations in two passes (the VNNI kernel, cpu_vnni contracts) or
-    # torch's int4 kernel on bfloat16 ones (~9e-3 end to end here); vulkan in float32 from the file's
-    # bytes. Each WGSL kernel is held to float64 under its own contract (the conformance tests above):
-    # this bounds the whole model.
-    assert got.shape == want.shape and _rel(got, want) < 2e-2
+    # torch's int4 kernel on bfloat16 ones; vulkan in float32 from the file's bytes (SMOLLM2_VS_CPU).
+    # Each WGSL kernel is held to float64 under its own contract (the conformance tests above): this
+    # bounds the whole model.
+    assert got.shape == want.shape and _rel(got, want) < _vs_cpu(SMOLLM2_VS_CPU)
+    raw.prefill(vk.engine, 1, PROMPT[:9])
+    steps = torch.stack([raw.decode(vk.engine, 1, t, p) for p, t in enumerate(PROMPT[9:], start=9)])
+    assert _rel(steps, got[9:]) <= TOL_OWN  # decode rows = the prompt's rows
 
 
-def test_smollm2_greedy_tokens_equal_cpu_where_decisive(smollm2):
-    """Greedy generation on vulkan equals the cpu backend's at every step whose top-1 / top-2
-    margin (cpu exact logits) is >= 0.5, up to the first step that is not."""
+# decisive steps compared, 2 prompts x 12 tokens: measured 17 on 2026-12-02 (the VNNI cpu)
+SMOLLM2_GREEDY_FLOOR = 12
+
+
+def test_smollm2_greedy_tokens_equal_cpu_where_decisive(smollm2, greedy):
+    """Greedy generation on vulkan equals the cpu backend's up to their first difference, which falls
+    on a step the cpu does not decide (top-1 / top-2 margin < 0.5); enough decisive steps compared."""
     cpu, vk = smollm2
     prompts = ["The capital of France is", "def fibonacci(n):"]
     a = cpu.generate_batch(prompts, max_tokens=12, temperature=0)
     b = vk.generate_batch(prompts, max_tokens=12, temperature=0)
-    checked = 0
-    for ra, rb, p in zip(a, b, prompts, strict=True):
-        ids = cpu.prompt_ids(p) + ra.token_ids
-        logits = cpu.logits(ids)[len(ids) - len(ra.token_ids) - 1:-1]
-        top2 = logits.topk(2, dim=-1).values
-        firm = next((j for j, m in enumerate((top2[:, 0] - top2[:, 1]).tolist()) if m < 0.5), len(ra.token_ids))
-        assert rb.token_ids[:firm] == ra.token_ids[:firm]
-        checked += firm
-    assert checked >= 6, "too few decisive steps to say anything"
+    decisive = sum(greedy.compare(ra.token_ids, rb.token_ids, greedy.margins(cpu, cpu.prompt_ids(p), ra.token_ids), p)
+                   for ra, rb, p in zip(a, b, prompts, strict=True))
+    print("decisive steps compared:", decisive)
+    assert decisive >= SMOLLM2_GREEDY_FLOOR, f"only {decisive} decisive steps compared"
 
 
 def test_every_node_runs_a_vulkan_contract(smollm2):
@@ -346,10 +377,10 @@ def test_tiny_models_of_other_weight_types_match_cpu(tiny_gguf, raw, preset, qua
     want = raw.prefill(cpu.engine, 0, PROMPT)
     got = raw.prefill(vk.engine, 0, PROMPT)
     # quantized weights: the cpu's kernels round the activations (int8 or bfloat16: cpu contracts)
-    assert _rel(got, want) < (1e-4 if quant in ("f16", "f32") else 2e-2)
+    assert _rel(got, want) < _vs_cpu(VS_CPU[_family(quant)])
     raw.prefill(vk.engine, 1, PROMPT[:9])
     steps = torch.stack([raw.decode(vk.engine, 1, t, p) for p, t in enumerate(PROMPT[9:], start=9)])
-    assert _rel(steps, got[9:]) < 1e-4  # decode rows (the GEMVs) = the prompt's rows (the tiled matmuls)
+    assert _rel(steps, got[9:]) <= TOL_OWN  # decode rows (the GEMVs) = the prompt's rows (the tiled matmuls)
 
 
 def test_a_tiny_bf16_model_matches_cpu(tiny_gguf, rewrite_gguf, raw, tmp_path):
@@ -370,18 +401,18 @@ def test_a_tiny_bf16_model_matches_cpu(tiny_gguf, rewrite_gguf, raw, tmp_path):
     assert {vk.engine.backend._reader.tensors[n].ggml_type for n in mats} == {GGMLType.BF16}
     want = raw.prefill(cpu.engine, 0, PROMPT)
     got = raw.prefill(vk.engine, 0, PROMPT)
-    assert _rel(got, want) < 2e-2
+    assert _rel(got, want) < 1.26e-2  # measured 4.2e-3 (the cpu's BF16 path)
     raw.prefill(vk.engine, 1, PROMPT[:9])
     steps = torch.stack([raw.decode(vk.engine, 1, t, p) for p, t in enumerate(PROMPT[9:], start=9)])
-    assert _rel(steps, got[9:]) < 1e-4
+    assert _rel(steps, got[9:]) <= TOL_OWN
 
 
 @pytest.mark.parametrize("quant", ["q5_k_m", "q5_0", "q5_1", "q3_k", "q2_k"])
 def test_the_whole_blocks_types_match_their_dequantized_twin(tiny_gguf, rewrite_gguf, raw, tmp_path, quant):
     """The quantized tiny model on vulkan against the cpu running its F32 twin (every matrix
     replaced by its reference decode): the same math in f32 on both sides, so a tight bound
-    (~6e-7 on lavapipe), where the mixes' cpu parity above is loose (the cpu's bfloat16
-    activations: 1.7e-2 for q3_k / q2_k)."""
+    (measured 6.9e-7 on lavapipe, 2026-12-02: bound 3x), where the mixes' cpu parity above is loose
+    (the cpu's bfloat16 activations: 1.8e-2 for q3_k / q2_k)."""
     from minfer.api import load
     from minfer.gguf.reader import GGUFReader
     from minfer.quant.reference import dequantize
@@ -395,4 +426,4 @@ def test_the_whole_blocks_types_match_their_dequantized_twin(tiny_gguf, rewrite_
     twin = rewrite_gguf(src, tmp_path / f"tiny-llama-{quant}-f32.gguf", drop=list(mats), add=add)
     cpu = load(twin, "cpu", n_ctx=64, n_slots=2, progress=False)
     vk = load(src, "vulkan", n_ctx=64, n_slots=2, progress=False)
-    assert _rel(raw.prefill(vk.engine, 0, PROMPT), raw.prefill(cpu.engine, 0, PROMPT)) < 1e-4
+    assert _rel(raw.prefill(vk.engine, 0, PROMPT), raw.prefill(cpu.engine, 0, PROMPT)) < 2.1e-6

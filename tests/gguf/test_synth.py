@@ -226,4 +226,33 @@ def test_bad_requests_are_typed(tmp_path):
         synth("gpt5", "q4_0", tmp_path / "x.gguf")
     with pytest.raises(UnsupportedError, match="unknown synth quant"):
         synth("tiny-llama", "q7_k", tmp_path / "x.gguf")
+    with pytest.raises(UnsupportedError, match=r"logit_scale -2.0: .*smollm2-135m is not tiny"):
+        synth("smollm2-135m", "q4_0", tmp_path / "x.gguf", logit_scale=-2.0)
+    with pytest.raises(UnsupportedError, match="logit_scale 0"):
+        synth("tiny-llama", "q4_0", tmp_path / "x.gguf", logit_scale=0)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_logit_scale_multiplies_the_logits_and_nothing_else(tmp_path):
+    """`logit_scale` (what the decisive tiny models of the greedy tests use): the output norm's
+    weights times the factor, every other tensor's bytes the same, so the logits times the factor."""
+    import torch
+
+    from minfer.api import load
+
+    base = synth("tiny-qwen2", "q4_0", tmp_path / "a.gguf")
+    assert main(["synth", "tiny-qwen2", "q4_0", str(tmp_path / "b.gguf"), "--logit-scale", "20"]) == 0
+    ra, rb = GGUFReader(base), GGUFReader(tmp_path / "b.gguf")
+    for name in ra.tensors:
+        a, b = ra.tensor_bytes(name), rb.tensor_bytes(name)
+        if name == "output_norm.weight":
+            np.testing.assert_array_equal(b.view(np.float32), a.view(np.float32) * np.float32(20))
+        else:
+            assert a.tobytes() == b.tobytes(), name
+    assert "logit scale 20" in rb.get_str("general.name")
+    ids = [5, 9, 200, 31, 7]
+    logits = []
+    for path in (base, tmp_path / "b.gguf"):
+        with load(path, n_ctx=16, n_slots=1, progress=False) as m:
+            logits.append(m.logits(ids).double())
+    assert torch.allclose(logits[1], 20 * logits[0], rtol=1e-5, atol=1e-5 * float(logits[1].abs().max()))

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from urllib.parse import urlparse
 
 import httpx
 
-from .conftest import N_SLOTS
+from .conftest import HANG_GUARD, N_SLOTS
 
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "1, 2, 3, 4,",
            "The three primary colors are", "In 1969, Neil Armstrong", "Water boils at", "Here is a list of fruits:",
@@ -52,13 +50,16 @@ def test_16_concurrent_greedy_equal_solo(server, client, model_id):
 
 
 def test_cancellation_flood(server, model_id):
-    """50 streams dropped after their first tokens (some still queued): every slot is freed, a new
-    request succeeds, and the dropped streams' generations were cut short (counted in tokens)."""
-    body = {"model": model_id, "prompt": "Once upon a time", "max_tokens": 400, "temperature": 0.7, "stream": True}
-    before = server.metric("minfer_generation_tokens_total")
+    """50 streams dropped after their first tokens (some still queued): each is cancelled (a 499 counted:
+    it had not finished), every slot is freed, the dropped streams did not run to their end (their tokens
+    counted), and a new request succeeds."""
+    body = {"model": model_id, "prompt": "Once upon a time", "max_tokens": 400, "temperature": 0.7, "stream": True,
+            "ignore_eos": True}
+    server.wait_idle()
+    before, aborted = server.metric("minfer_generation_tokens_total"), server.requests("/v1/completions", 499)
 
     def drop(i: int) -> int:
-        with httpx.Client(timeout=300) as c, c.stream("POST", server.url + "/v1/completions", json=body) as r:
+        with httpx.Client(timeout=HANG_GUARD) as c, c.stream("POST", server.url + "/v1/completions", json=body) as r:
             assert r.status_code == 200
             got = 0
             for line in r.iter_lines():
@@ -70,51 +71,45 @@ def test_cancellation_flood(server, model_id):
 
     with ThreadPoolExecutor(25) as ex:
         assert all(n >= 2 for n in ex.map(drop, range(50)))
-    server.wait_idle()
     r = httpx.post(server.url + "/v1/completions", json={"model": model_id, "prompt": "Hello", "max_tokens": 4},
-                   timeout=300)
-    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
-    generated = server.metric("minfer_generation_tokens_total") - before - 4
-    assert generated < 50 * 400 / 4  # the dropped streams did not run to their 400 tokens
-    text = httpx.get(server.url + "/metrics").text
-    assert 'status="499"' in text
-
-
-def _dropped(server) -> float:
-    """Requests counted with status 499 (the client went away), over every endpoint."""
-    text = httpx.get(server.url + "/metrics", timeout=10).text
-    return sum(float(v) for v in re.findall(r'^minfer_requests_total{[^}]*status="499"[^}]*} (\S+)$', text, re.M))
+                   timeout=HANG_GUARD)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+    server.wait_idle()
+    generated = server.metric("minfer_generation_tokens_total") - before
+    assert server.requests("/v1/completions", 499) == aborted + 50
+    # ignore_eos: a stream not stopped runs to its 400 tokens (how far each got before its abort is the
+    # machine's speed against the disconnect poll: not checked)
+    assert generated < 50 * 400, generated
 
 
 def test_dropped_non_streaming_request_is_aborted(server, model_id):
-    """A client that gives up on a 400-token answer while it is generating: the server notices (it
-    polls the connection every DISCONNECT_POLL_S) and aborts the generation, which ends well short
-    of its 400 tokens (counted when the sequence ends) and is counted as a 499."""
-    body = {"model": model_id, "prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True,
-            "temperature": 0.7}
+    """A client that hangs up on a non-streaming request: its sequence is aborted (fewer tokens generated
+    than asked, a 499 recorded), not run to the end. The connection closes once the sequence holds a
+    slot, whatever the machine's speed."""
+    body = json.dumps({"model": model_id, "prompt": "Once upon a time", "max_tokens": 480, "temperature": 0.7,
+                       "ignore_eos": True}).encode()
+    host, port = server.url.removeprefix("http://").split(":")
     server.wait_idle()
-    before, dropped = server.metric("minfer_generation_tokens_total"), _dropped(server)
-    u = urlparse(server.url)
-    data = json.dumps(body).encode()
-    with socket.create_connection((u.hostname, u.port), timeout=60) as s:  # (an answer comes only at the end)
-        s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {u.netloc}\r\nContent-Type: application/json\r\n"
-                  f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
-        deadline = time.monotonic() + 60
-        while server.metric("minfer_active_sequences") < 1:  # it holds a slot: drop it
-            assert time.monotonic() < deadline, "the request never started"
-            time.sleep(0.02)
+    tokens, aborted = server.metric("minfer_generation_tokens_total"), server.requests("/v1/completions", 499)
+    with socket.create_connection((host, int(port)), timeout=HANG_GUARD) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: " + host.encode() + b"\r\nContent-Type: application/json"
+                     b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        t0 = time.monotonic()
+        while server.metric("minfer_active_sequences") == 0:  # running: the request holds a slot
+            assert time.monotonic() - t0 < HANG_GUARD
+            time.sleep(0.01)
     server.wait_idle()
-    generated = server.metric("minfer_generation_tokens_total") - before
-    assert generated < 400, generated
-    assert _dropped(server) == dropped + 1
+    generated = server.metric("minfer_generation_tokens_total") - tokens
+    assert generated < 480, f"{generated} tokens: the request ran to its end (no abort)"
+    assert server.requests("/v1/completions", 499) == aborted + 1
 
 
 def test_soak(server, client, model_id):
-    """36 mixed requests from 6 threads (chat or completion, streamed or not, 1..24 tokens): every
-    one succeeds, nothing leaks. A count, not a time budget: on a loaded machine it takes longer."""
+    """24 mixed requests from 6 threads (a count, not a time: a slow machine runs the same soak): all
+    succeed, nothing leaks."""
     rng = random.Random(7)
     plan = [(rng.choice(PROMPTS), rng.choice(["chat", "comp"]), rng.random() < 0.5, rng.randint(1, 24),
-             rng.choice([0.0, 0.7, 1.0])) for _ in range(36)]
+             rng.choice([0.0, 0.7, 1.0])) for _ in range(24)]
 
     def run(item) -> str:
         prompt, kind, stream, n, temp = item
@@ -135,6 +130,6 @@ def test_soak(server, client, model_id):
 
     with ThreadPoolExecutor(6) as ex:
         results = list(ex.map(run, plan))
-    assert results == ["ok"] * len(plan), results
+    assert results == ["ok"] * len(plan)
     server.wait_idle()
     assert server.proc.poll() is None

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .conftest import start_server, stop_server
+from .conftest import HANG_GUARD, start_server, stop_server
 
 
 def children(pid: int) -> list[int]:
@@ -145,8 +145,8 @@ def test_killed_server_takes_its_engine(tmp_path, smollm2_path):
     s = start_server(tmp_path, "-np", "1", model=smollm2_path)
     child = engine_pid(s.proc.pid)
     s.proc.kill()
-    s.proc.wait(10)
-    assert gone(child, 10), "the engine process outlived its server"
+    s.proc.wait(HANG_GUARD)
+    assert gone(child, HANG_GUARD), "the engine process outlived its server"
 
 
 def test_sigint_stops_server_and_engine(tmp_path, smollm2_path):
@@ -154,11 +154,11 @@ def test_sigint_stops_server_and_engine(tmp_path, smollm2_path):
     child = engine_pid(s.proc.pid)
     s.proc.send_signal(signal.SIGINT)
     try:
-        rc = s.proc.wait(20)
+        rc = s.proc.wait(HANG_GUARD)
     except Exception:
         s.proc.kill()
         pytest.fail("minfer serve did not stop on SIGINT:\n" + s.log.read_text())
-    assert gone(child, 5)
+    assert gone(child, HANG_GUARD)
     log = s.log.read_text()
     assert rc in (0, 130, -2), (rc, log)
     assert "Traceback" not in log and "exited" not in log, log
