@@ -23,9 +23,11 @@ package calls os.environ. Switches:
 - MINFER_GEMV_Q8=0|1|2     cuda decode GEMVs of Q4_0 / Q4_1 / Q4_K: x quantized to int8 per 32 in 1 or 2
                            passes (the default 2) with dp4a dot products; 0 = f32 activations
 - MINFER_CPU_VNNI=0        cpu: torch's int4 kernel instead of the AVX512-VNNI C kernel (kernels/cpu_vnni.py)
-- MINFER_CACHE=dir         where minfer's C helpers are compiled to (kernels/cbuild.py; default ~/.cache/minfer)
+- MINFER_CACHE=dir         minfer's cache (`cache_dir()`; default ~/.cache/minfer): the C helpers compiled
+                           (kernels/cbuild.py), models downloaded from URLs (hub.py)
 
-Tensor parallelism also reads torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+`minfer chat` honours NO_COLOR (`no_color()`). Tensor parallelism also reads torchrun's variables
+(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
 MASTER_PORT: `dist_env()`), which minfer sets itself for the ranks it starts, and the cpu backend's
 C kernel build reads the usual CC (kernels/cpu_vnni.py).
 
@@ -39,6 +41,7 @@ from __future__ import annotations
 import numbers
 import os
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from typing import TypeVar
 
 from .errors import MinferError, ParamError
@@ -87,6 +90,16 @@ def env(name: str, default: T) -> T:
         except ValueError:
             raise MinferError(f"{name}={raw!r}: expected an integer") from None
     return raw  # type: ignore[return-value]
+
+
+def cache_dir() -> Path:
+    """minfer's own cache directory: $MINFER_CACHE, else ~/.cache/minfer (not created here)."""
+    return Path(env("MINFER_CACHE", "") or Path.home() / ".cache" / "minfer")
+
+
+def no_color() -> bool:
+    """The NO_COLOR convention (no-color.org): any non-empty value turns terminal colours off."""
+    return bool(os.environ.get("NO_COLOR"))
 
 
 KV_DTYPES = ("auto", "f32", "f16", "bf16", "q8_0")

@@ -25,10 +25,12 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..engine.params import SamplingParams
 from ..errors import MinferError
 from . import schema
 from .errors import APIError, error_body
-from .loop import EngineLoop, Job
+from .llama_routes import add_llama_routes
+from .loop import EngineLoop, Job, log
 from .metrics import CONTENT_TYPE, Metrics
 
 MAX_BODY_BYTES = 4 << 20  # a request body beyond this is a 413
@@ -58,8 +60,13 @@ class EventStream(StreamingResponse):
 
 
 def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_key: str | None = None,
-               max_body: int = MAX_BODY_BYTES, max_pending: int = 1024) -> FastAPI:
-    """`max_pending`: requests admitted at once (running + waiting); beyond it a 503."""
+               max_body: int = MAX_BODY_BYTES, max_pending: int = 1024, defaults: SamplingParams | None = None,
+               model_path: str = "") -> FastAPI:
+    """`max_pending`: requests admitted at once (running + waiting); beyond it a 503. `defaults`:
+    the sampling settings a request's absent fields take (`minfer serve`'s flags). One model is
+    served, so any `model` name a request gives means it (as llama-server does); `model_id` is
+    the name /v1/models shows and answers carry."""
+    defaults = defaults if defaults is not None else SamplingParams(max_tokens=None)
     @contextlib.asynccontextmanager
     async def lifespan(app):
         if hasattr(engine_loop, "attach"):  # an engine in another process: read its pipe on this loop
@@ -143,10 +150,10 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
     @app.get("/v1/models/{name:path}")
     async def model(name: str, request: Request):
         authorize(request)
-        if name != model_id:
-            raise APIError(404, f"model {name!r} does not exist; this server serves {model_id!r}",
-                           param="model", code="model_not_found")
-        return model_card()
+        return model_card()  # any name: the one model served
+
+    add_llama_routes(app, ready_model, authorize, lambda request: read_json(request, max_body), defaults=defaults,
+                     model_path=model_path, slots=metrics.sequences)
 
     # ------------------------------------------------------------------ generation
     @app.post("/v1/chat/completions")
@@ -163,12 +170,9 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
             authorize(request)
             body = await read_json(request, max_body)
             req = schema.parse(schema.ChatRequest if kind == "chat" else schema.CompletionRequest, body)
-            if req.model is not None and req.model != model_id:
-                raise APIError(404, f"model {req.model!r} does not exist; this server serves {model_id!r}",
-                               param="model", code="model_not_found")
             m = ready_model()
             max_tokens = schema.max_tokens_of(req)
-            params = schema.sampling_params(req, max_tokens)
+            params = schema.sampling_params(req, max_tokens, defaults)
             if kind == "chat":
                 messages = schema.messages_of(req)
                 chars = sum(len(x["content"]) for x in messages)
@@ -180,8 +184,9 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
                 if isinstance(req.prompt, str) and len(req.prompt) > m.n_ctx * max_piece(m):
                     raise APIError(400, f"the prompt holds {len(req.prompt)} characters: more than the context of "
                                    f"{m.n_ctx} tokens can hold", param="prompt", code="context_length_exceeded")
-                ids = await run_in_threadpool(_completion_ids, m, req.prompt)
+                ids = await run_in_threadpool(_completion_ids, m, req.prompt, req.suffix)
             check_context(len(ids), max_tokens, m.n_ctx)
+            log.debug("%s: %d prompt tokens, %s", endpoint, len(ids), params)
             if len(pending) >= max_pending:
                 raise APIError(503, f"the server is at its limit of {max_pending} requests in flight; retry later",
                                code="overloaded")
@@ -192,6 +197,9 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
         pending.add(job)
         engine_loop.submit(job)
         out = Output(kind, model_id, m.tokenizer, m.eog_ids, params.ignore_eos)
+        if kind == "completion" and req.echo:
+            out.echo = req.prompt if isinstance(req.prompt, str) else (
+                req.prompt[0] if req.prompt and isinstance(req.prompt[0], str) else m.detokenize(ids))
         if req.stream:
             usage = req.stream_options is not None and req.stream_options.include_usage
             return EventStream(stream(job, request, out, usage, endpoint),
@@ -335,13 +343,21 @@ def _tokens(fn, *args) -> list[int]:
         raise APIError(400, str(e), param="messages") from None
 
 
-def _completion_ids(m, prompt) -> list[int]:
+def _completion_ids(m, prompt, suffix: str | None = None) -> list[int]:
     """Token ids of a completion prompt: a string (special tokens parsed, as llama.cpp does),
-    a list of token ids, or a list holding one string."""
+    a list of token ids, or a list holding one string; with a suffix, the fill-in-the-middle
+    prompt around both (Prompting.infill_ids)."""
     if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
         if len(prompt) != 1:
             raise APIError(400, f"one prompt per request (got a list of {len(prompt)})", param="prompt")
         prompt = prompt[0]
+    if suffix is not None:
+        try:
+            ids = m.infill_ids(prompt, suffix)
+            m.check_tokens(ids)
+        except MinferError as e:
+            raise APIError(400, f"suffix: {e}", param="suffix") from None
+        return ids
     try:
         ids = m.prompt_ids(prompt) if isinstance(prompt, str) else list(prompt)
         m.check_tokens(ids)
@@ -377,6 +393,7 @@ class Output:
         self.lps: list[tuple] = []  # (token id, logprob, top list) of reported tokens
         self.with_logprobs = False
         self.offset = 0  # characters so far (completion logprobs' text_offset)
+        self.echo = ""  # completions with echo: the prompt's text, before the generated text
 
     # --- accumulation
     def _reported(self, tokens, lps) -> list[tuple]:
@@ -414,7 +431,7 @@ class Output:
 
     # --- whole answers
     def whole(self, finish_reason: str, usage: dict) -> dict:
-        text = "".join(self.text)
+        text = self.echo + "".join(self.text)
         lps = self._logprobs(self.lps)
         if self.kind == "chat":
             choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": lps,
@@ -439,7 +456,7 @@ class Output:
         if self.kind == "chat":
             return self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                 "finish_reason": None}, usage)
-        return self._chunk({"index": 0, "text": "", "logprobs": None, "finish_reason": None}, usage)
+        return self._chunk({"index": 0, "text": self.echo, "logprobs": None, "finish_reason": None}, usage)
 
     def delta_chunk(self, text: str, tokens, lps, usage: bool) -> dict | None:
         items = self._reported(tokens, lps)

@@ -10,7 +10,8 @@ import pytest
 def test_run_default_model_streams_text_and_reports_speed(run_cli):
     rc, out, err = run_cli(["run", "-n", "6", "--temp", "0", "The capital of France is"])
     assert rc == 0 and out.startswith(" Paris")
-    assert re.search(r"prefill: \d+ tokens .* tok/s\) \| decode: 6 tokens .* tok/s\)", err)
+    # 6 generated: the first from the prefill's logits, 5 decode steps
+    assert re.search(r"prefill: \d+ tokens in .* tok/s.*\) \| decode: 5 tokens in .* tok/s\) \| generated: 6 ", err)
 
 
 def test_run_with_trace(tiny_gguf, run_cli, tmp_path):
