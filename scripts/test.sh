@@ -17,6 +17,12 @@ if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
   else sudo apt-get update -qq && sudo apt-get install -y -qq mesa-vulkan-drivers >/dev/null; fi
 fi
 
+# tmux: the terminal chat's test types into a real terminal (tests/commands/test_chat_terminal.py)
+if ! command -v tmux >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq tmux >/dev/null
+  else sudo apt-get update -qq && sudo apt-get install -y -qq tmux >/dev/null; fi
+fi
+
 python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
