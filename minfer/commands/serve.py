@@ -112,8 +112,12 @@ def serve(a: argparse.Namespace) -> int:
     app = create_app(engine_loop, model_id=model_id, metrics=metrics, api_key=api_key,
                      max_body=a.max_body_mb << 20, max_pending=a.max_pending, defaults=defaults,
                      model_path=str(path))
-    if a.verbose:
-        logging.getLogger("minfer.server").setLevel(logging.DEBUG)
+    if a.verbose:  # one line a request (its prompt tokens and sampling settings), uvicorn's debug lines
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s:    %(message)s"))
+        log = logging.getLogger("minfer.server")
+        log.addHandler(handler)
+        log.setLevel(logging.DEBUG)
     server = uvicorn.Server(uvicorn.Config(app, log_level="debug" if a.verbose else "info", access_log=a.access_log,
                                            timeout_graceful_shutdown=2))
     host, port = sock.getsockname()[:2]
