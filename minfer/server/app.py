@@ -35,7 +35,7 @@ from .metrics import CONTENT_TYPE, Metrics
 
 MAX_BODY_BYTES = 4 << 20  # a request body beyond this is a 413
 DISCONNECT_POLL_S = 0.25  # how often a request with no new token checks that its client is still there
-CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
+CSP = ("default-src 'none'; script-src 'self' 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
        "img-src data:; base-uri 'none'; form-action 'none'")
 
 
@@ -75,7 +75,9 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
         await run_in_threadpool(engine_loop.stop)  # uvicorn's shutdown (SIGINT/SIGTERM): end the loop cleanly
 
     app = FastAPI(title="minfer", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
-    page = resources.files(__package__).joinpath("static/index.html").read_bytes()
+    static = resources.files(__package__).joinpath("static")
+    page = static.joinpath("index.html").read_bytes()
+    vendor = {f.name: f.read_bytes() for f in static.joinpath("vendor").iterdir() if f.name.endswith(".js")}
     created = int(time.time())
     pending: set[Job] = set()
     key = api_key.encode() if api_key else None
@@ -124,6 +126,13 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
     async def index():
         return HTMLResponse(page, headers={"Content-Security-Policy": CSP, "Cache-Control": "no-store",
                                            "X-Content-Type-Options": "nosniff"})
+
+    @app.get("/vendor/{name}", include_in_schema=False)
+    async def vendored(name: str):  # the page's vendored scripts (static/vendor/README.md), nothing else
+        if name not in vendor:
+            raise APIError(404, f"no route GET /vendor/{name}")
+        return Response(vendor[name], media_type="text/javascript",
+                        headers={"Cache-Control": "max-age=86400", "X-Content-Type-Options": "nosniff"})
 
     @app.get("/health")
     async def health():

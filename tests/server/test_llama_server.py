@@ -115,3 +115,14 @@ def test_suffix_fills_in_the_middle(tiny_server, tiny_gguf):
     assert r.json()["usage"]["prompt_tokens"] == len(bos + [5, *pre, 6, *suf, 7])
     ids = httpx.post(s.url + "/tokenize", json={"content": "def f("}).json()["tokens"]
     assert ids == pre
+
+
+def test_chat_page_takes_the_servers_defaults(chromium, tiny_server):
+    page = chromium.new_page()
+    try:
+        page.goto(tiny_server.url + "/")
+        page.wait_for_selector("body[data-defaults='1']", timeout=15_000)
+        assert page.input_value("#temperature") == "0" and page.input_value("#max-tokens") == "3"
+        assert page.text_content("#model") == "house-model"
+    finally:
+        page.close()
