@@ -24,7 +24,9 @@ package calls os.environ. Switches:
                            passes (the default 2) with dp4a dot products; 0 = f32 activations
 - MINFER_CPU_VNNI=0        cpu: torch's int4 kernel instead of the AVX512-VNNI C kernel (kernels/cpu_vnni.py)
 - MINFER_CACHE=dir         minfer's cache (`cache_dir()`; default ~/.cache/minfer): the C helpers compiled
-                           (kernels/cbuild.py), models downloaded from URLs (hub.py)
+                           (kernels/cbuild.py), models downloaded from URLs (hub.py), the cpu backend's
+                           prepared weights (backends/weight_cache.py)
+- MINFER_WEIGHT_CACHE=0    cpu: prepare the weights at every load instead of mapping the cached ones
 
 `minfer chat` honours NO_COLOR (`no_color()`). Tensor parallelism also reads torchrun's variables
 (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
@@ -56,6 +58,7 @@ _KNOWN = {
     "MINFER_GEMV_Q8": int,
     "MINFER_CPU_VNNI": bool,
     "MINFER_CACHE": str,
+    "MINFER_WEIGHT_CACHE": bool,
     "MINFER_NO_PDL": bool,
     "MINFER_MMQ": str,
     "MINFER_MODEL": str,
@@ -143,6 +146,7 @@ class EngineConfig:
     overlap: bool = True  # greedy decode: queue step N+1 (tokens picked on the device) before reading step N
     mmq: bool | None = None  # many-row matmuls on cuda: True quantized kernels, False bf16 + cuBLAS, None by cost
     tp: int = 1  # tensor-parallel ranks (processes) the model is split over
+    weight_cache: bool = True  # cpu: keep the prepared weights in a cache file (MINFER_WEIGHT_CACHE=0: off)
 
     def __post_init__(self):
         if not isinstance(self.device, str) or not self.device:
@@ -175,6 +179,7 @@ class EngineConfig:
             fuse_epilogues=not env("MINFER_NO_FUSE", False),
             overlap=not env("MINFER_NO_OVERLAP", False),
             mmq=None if mmq == "" else mmq == "1",
+            weight_cache=env("MINFER_WEIGHT_CACHE", True),
         )
         base.update({k: v for k, v in settings.items() if v is not None})
         if base.get("trace_path") is not None:

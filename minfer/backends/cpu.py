@@ -30,6 +30,7 @@ from .base import Batch
 from .cpu_weights import EmbeddingTable, Matrix, dense_f32, pick_kernel, prepared_bytes
 from .kv_cache import KVCache, kv_bytes
 from .plan import Plan, Step
+from .weight_cache import WeightCache
 
 # A KV cache larger than this fraction of physical memory is refused.
 KV_BUDGET = 0.5
@@ -187,6 +188,7 @@ class CPUBackend:
         self._vectors: dict[str, torch.Tensor] = {}
         self._matrices: dict[tuple[WeightRef, WeightRef | None], Matrix] = {}
         self._tables: dict[str, EmbeddingTable] = {}
+        self._cache: WeightCache = WeightCache(None)  # the prepared weights on disk (load)
         self._ropes: dict[tuple, torch.Tensor] = {}  # rope setting -> (cos, sin) [n_ctx, n_rot/2]
         self._readers: dict[int, list[Node]] | None = None  # node id -> the nodes reading its value
         self._last: dict[int, int] | None = None  # node id -> the last node reading its value
@@ -202,10 +204,13 @@ class CPUBackend:
         # a quiet machine; on a busy one every 2-thread region waits for a descheduled thread
         # (8B: 26 s with 1 thread, 159 s with 2, bench/NOTES.md). So weights are packed on one.
         torch.set_num_threads(1)
+        self._cache = WeightCache.for_reader(reader, "vnni" if cpu_vnni.available() else "int4",
+                                             enabled=self.config.weight_cache and self.comm is None)
         try:
             self.plan = Plan(graph, self._compile, progress=progress, comm=self.comm)
         finally:
             torch.set_num_threads(self.threads)
+        self._cache.save()
         trim_heap()
 
     def _vector(self, name: str) -> torch.Tensor:
@@ -218,7 +223,7 @@ class CPUBackend:
         if key not in self._matrices:
             bias = torch.cat([self._vector(t.name) for t in b.tensors]) if b else None
             infos = [self._reader.tensors[t.name] for t in w.tensors]
-            self._matrices[key] = m = Matrix(self._reader, infos, bias)
+            self._matrices[key] = m = Matrix(self._reader, infos, bias, self._cache)
             if m.n * m.k >= TRIM_WEIGHTS:
                 trim_heap()
         return self._matrices[key]

@@ -75,6 +75,7 @@ VNNI_DECODE = {"cpu_q4_vnni": "cpu_q4_vnni2", "cpu_q8_vnni": "cpu_q8_vnni2"}
 VNNI_KERNELS = set(VNNI_DECODE) | set(VNNI_DECODE.values())
 
 
+@functools.lru_cache(maxsize=1024)  # every layer asks for the same few shapes
 def pick_kernel(qtype: GGMLType, n: int, k: int, rows: int = 1, decode: bool = False) -> Candidate:
     """The cpu kernel contract for a matmul by an [n, k] weight of this type over `rows` rows of
     a prompt chunk (or, `decode`, of decode rows), as the picker ranks them
@@ -119,7 +120,8 @@ class Matrix:
     different families (a Q4_K_M file's Q4_K q/k with a Q6_K v) run one kernel per run of parts
     and their columns are concatenated. Every output row depends on its input row alone."""
 
-    def __init__(self, reader: GGUFReader, infos: list[TensorInfo], bias: torch.Tensor | None):
+    def __init__(self, reader: GGUFReader, infos: list[TensorInfo], bias: torch.Tensor | None, cache=None):
+        """`cache`: a backends.weight_cache.WeightCache the prepared forms come from (and go to)."""
         self._parts = (reader, infos)
         self.bias = bias
         self.n, self.k = sum(i.torch_shape[0] for i in infos), infos[0].torch_shape[1]
@@ -132,27 +134,33 @@ class Matrix:
         run: list[TensorInfo] = []
         for j, info in enumerate(infos + [None]):
             if run and (info is None or names[j] != names[j - 1]):
-                self._runs.append(self._prepare(reader, run))
+                self._runs.append(self._prepare(reader, run, cache))
                 run = []
             if info is not None:
                 run.append(info)
         self.kernels = tuple(dict.fromkeys(names))
         self.nbytes = sum(fn.nbytes for _, fn in self._runs)
 
-    def _prepare(self, reader: GGUFReader, infos: list[TensorInfo]) -> tuple[str, object]:
-        if pick_kernel(infos[0].ggml_type, *infos[0].torch_shape).kernel.name in VNNI_KERNELS:
-            mm = cpu_vnni.Q4Vnni([(raw_rows(reader, i), i.ggml_type, *i.torch_shape) for i in infos])
-            for i in infos:
-                reader.release(i.name)
-            return "vnni", mm
-        if infos[0].ggml_type not in INT4_TYPES:
+    def _prepare(self, reader: GGUFReader, infos: list[TensorInfo], cache=None) -> tuple[str, object]:
+        if infos[0].ggml_type not in INT4_TYPES and \
+                pick_kernel(infos[0].ggml_type, *infos[0].torch_shape).kernel.name not in VNNI_KERNELS:
             ws = [float_weight(raw_rows(reader, i), *i.torch_shape, i.ggml_type) for i in infos]
             return "linear", _Linear(ws[0] if len(ws) == 1 else torch.cat(ws))
-        parts = []
+        vnni = pick_kernel(infos[0].ggml_type, *infos[0].torch_shape).kernel.name in VNNI_KERNELS
+        kind, cls = ("vnni", cpu_vnni.Q4Vnni) if vnni else ("int4", Int4Matmul)
+        name = f"{kind}:" + ",".join(i.name for i in infos)
+        stored = cache.get(name) if cache is not None else None
+        if stored is not None:
+            return kind, cls.from_state(stored)
+        if vnni:
+            mm = cpu_vnni.Q4Vnni([(raw_rows(reader, i), i.ggml_type, *i.torch_shape) for i in infos])
+        else:
+            mm = Int4Matmul([pack_weight(raw_rows(reader, i), i.ggml_type, i.torch_shape[1]) for i in infos])
         for i in infos:
-            parts.append(pack_weight(raw_rows(reader, i), i.ggml_type, i.torch_shape[1]))
             reader.release(i.name)  # the file's pages of this tensor are no longer needed
-        return "int4", Int4Matmul(parts)
+        if cache is not None:
+            cache.put(name, mm.state())
+        return kind, mm
 
     @property
     def dense(self) -> torch.Tensor:

@@ -15,6 +15,7 @@ import hashlib
 import inspect
 import json
 import math
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,11 +129,19 @@ def _takes_out(fn: Callable) -> bool:
 
 
 def load_registry(
-    paths: Iterable[str | Path] | None = None, judge_report: str | Path | None = None, trusted: tuple[str, ...] = ()
+    paths: Iterable[str | Path] | None = None, judge_report: str | Path | None = None, trusted: tuple[str, ...] = (),
+    backend: str | None = None,
 ) -> Registry:
-    """Load, validate and bind contract files (default: every .fkc.md of the package). Entry
-    points resolve inside minfer.kernels only, plus the top-level modules in `trusted` (tests)."""
-    files = [parse_file(p) for p in (sorted(CONTRACTS_DIR.glob("*.fkc.md")) if paths is None else paths)]
+    """Load, validate and bind contract files (default: every .fkc.md of the package; with
+    `backend`, only the files with a contract of that backend). Entry points resolve inside
+    minfer.kernels only, plus the top-level modules in `trusted` (tests)."""
+    paths = sorted(CONTRACTS_DIR.glob("*.fkc.md")) if paths is None else list(paths)
+    if backend is not None:  # (a file that never names the backend has none of its contracts: not parsed)
+        named = re.compile(rf"backend:\s*[\"']?{re.escape(backend)}\b")
+        paths = [p for p in paths if named.search(Path(p).read_text(encoding="utf-8", errors="replace"))]
+    files = [parse_file(p) for p in paths]
+    if backend is not None:
+        files = [cf for cf in files if any(s.backend == backend for s in cf.sections)]
     errors: dict[str, list[ContractError]] = {}
     kernels: dict[str, BoundKernel] = {}
     seen: dict[str, str] = {}
@@ -180,3 +189,10 @@ def read_judge_report(reg: Registry, path: Path) -> None:
 def default_registry() -> Registry:
     """The package's registry, loaded once per process (contracts are package data: read-only)."""
     return load_registry()
+
+
+@functools.cache
+def backend_registry(backend: str) -> Registry:
+    """The package's contract files of one backend, loaded once per process: the cpu backend's
+    load binds its own kernels and imports no GPU kernel module (Triton's import alone is ~1 s)."""
+    return load_registry(backend=backend)

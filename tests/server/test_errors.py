@@ -139,4 +139,4 @@ def test_errors_are_json_for_clients(client, model_id):
         client.chat.completions.create(model=model_id, messages=MSG, max_tokens=100_000)
     assert e.value.status_code == 400 and "512" in str(e.value)
     with pytest.raises(openai.NotFoundError):
-        client.chat.completions.create(model="gpt-9", messages=MSG)
+        client.embeddings.create(model=model_id, input="x")  # no such route
