@@ -47,7 +47,7 @@ def test_chat_streams_and_shows_tps(page, model_id):
     expect(page.locator(".assistant .stats[data-status]")).to_have_count(2, timeout=30_000)
     second = json.loads(page.bodies[-1])
     assert [m["role"] for m in second["messages"]] == ["user", "assistant", "user"]
-    assert second["messages"][1]["content"] == answer.strip() and second["stream"] is True  # rendered: a trailing newline
+    assert second["messages"][1]["content"] == answer.strip() and second["stream"] is True  # (markdown adds a newline)
 
 
 def test_stop_button(page, server):
