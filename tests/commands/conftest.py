@@ -23,6 +23,36 @@ def run_cli(capsys, monkeypatch):
     return run
 
 
+@pytest.fixture
+def rendered_prompts(monkeypatch) -> list[str]:
+    """Every chat prompt the model is asked, as its chat template rendered it (Model.chat_tokens spied)."""
+    import minfer.api
+
+    seen: list[str] = []
+    real = minfer.api.Model.chat_tokens
+
+    def spy(self, messages, add_generation_prompt=True):
+        seen.append(self.tokenizer.apply_chat_template(messages, add_generation_prompt))
+        return real(self, messages, add_generation_prompt)
+
+    monkeypatch.setattr(minfer.api.Model, "chat_tokens", spy)
+    return seen
+
+
+def chat_reference(path, turns: list[str], n: int, **sampling) -> list[str]:
+    """What Model.generate replies, greedy, to each user turn of a conversation (the earlier
+    replies kept in it): the reference a chat command's output is compared with."""
+    from minfer.api import load
+
+    replies, msgs = [], []
+    with load(path, progress=False) as m:
+        for text in turns:
+            msgs.append({"role": "user", "content": text})
+            replies.append(m.generate(msgs, max_tokens=n, temperature=0, **sampling))
+            msgs.append({"role": "assistant", "content": replies[-1]})
+    return replies
+
+
 class StandInHub:
     """A stand-in for the Hugging Face Hub on 127.0.0.1 (HF_ENDPOINT points huggingface_hub at
     it): the endpoints huggingface_hub calls to list a repository and download a file, with the

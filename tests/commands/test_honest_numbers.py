@@ -31,6 +31,8 @@ def test_chat_counts_the_tokens_it_ran(run_cli, tiny_gguf):
     and how many were reused, and the two add up to the prompt."""
     from minfer.api import load
 
+    from .conftest import chat_reference
+
     rc, _, err = run_cli(["chat", "-m", str(tiny_gguf()), "-n", "3", "--temp", "0", "--ignore-eos", "--stats"],
                          stdin="hello\nthe cat sat\n")
     lines = [x for x in err.splitlines() if x.startswith("prefill:")]
@@ -38,11 +40,10 @@ def test_chat_counts_the_tokens_it_ran(run_cli, tiny_gguf):
     assert "reused" not in lines[0]
     m2 = re.match(r"prefill: (\d+) tokens, (\d+) reused in", lines[1])
     assert m2, lines[1]
+    (first,) = chat_reference(tiny_gguf(), ["hello"], 3, ignore_eos=True)
     with load(tiny_gguf(), progress=False) as m:
-        msgs = [{"role": "user", "content": "hello"}]
-        first = m.generate(msgs, max_tokens=3, temperature=0, ignore_eos=True)
-        msgs += [{"role": "assistant", "content": first}, {"role": "user", "content": "the cat sat"}]
-        n_prompt = len(m.chat_tokens(msgs))
+        n_prompt = len(m.chat_tokens([{"role": "user", "content": "hello"}, {"role": "assistant", "content": first},
+                                      {"role": "user", "content": "the cat sat"}]))
     ran, reused = int(m2.group(1)), int(m2.group(2))
     assert ran + reused == n_prompt and 0 < ran < n_prompt
 

@@ -107,17 +107,8 @@ def test_builtin_chat_templates_write_llama_cpps_text(name):
     assert render_chat(BUILTIN[name], CONVERSATION) == EXPECTED[name]
 
 
-def test_chat_template_by_name_reaches_the_model(run_cli, tiny_gguf, monkeypatch, tmp_path):
-    import minfer.api
-
-    seen = []
-    real = minfer.api.Model.chat_tokens
-
-    def spy(self, messages, add_generation_prompt=True):
-        seen.append(self.tokenizer.apply_chat_template(messages, add_generation_prompt))
-        return real(self, messages, add_generation_prompt)
-
-    monkeypatch.setattr(minfer.api.Model, "chat_tokens", spy)
+def test_chat_template_by_name_reaches_the_model(run_cli, tiny_gguf, rendered_prompts, tmp_path):
+    seen = rendered_prompts
     rc, _, _ = run_cli(["chat", "-m", str(tiny_gguf()), "-n", "2", "--temp", "0", "--chat-template", "phi3",
                         "-sys", "Be brief."], stdin="Hi\n")
     assert rc == 0 and seen == ["<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\n"]
@@ -127,13 +118,9 @@ def test_chat_template_by_name_reaches_the_model(run_cli, tiny_gguf, monkeypatch
 
 def test_run_cnv_is_a_chat_with_the_prompt_first(run_cli, tiny_gguf):
     """`run -cnv PROMPT`: the prompt is the first message, then stdin's lines (llama-cli's -cnv)."""
-    from minfer.api import load
+    from .conftest import chat_reference
 
     rc, out, _ = run_cli(["run", "-cnv", "-m", str(tiny_gguf()), "-n", "3", "--temp", "0", "hello"],
                          stdin="the cat\n")
-    with load(tiny_gguf(), progress=False) as m:
-        msgs = [{"role": "user", "content": "hello"}]
-        first = m.generate(msgs, max_tokens=3, temperature=0)
-        msgs += [{"role": "assistant", "content": first}, {"role": "user", "content": "the cat"}]
-        second = m.generate(msgs, max_tokens=3, temperature=0)
+    first, second = chat_reference(tiny_gguf(), ["hello", "the cat"], 3)
     assert rc == 0 and out == first + "\n" + second + "\n"

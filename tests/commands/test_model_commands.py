@@ -30,14 +30,10 @@ def test_chat_keeps_history_and_handles_commands(tiny_gguf, run_cli):
 
 def test_chat_replies_are_the_models_replies(tiny_gguf, run_cli):
     """Two turns through `minfer chat` print what Model.generate gives for the same conversation."""
-    from minfer.api import load
+    from .conftest import chat_reference
 
     rc, out, _ = run_cli(["chat", "-m", str(tiny_gguf()), "-n", "5", "--temp", "0"], stdin="hello\nthe cat\n/exit\n")
-    with load(tiny_gguf(), progress=False) as m:
-        msgs = [{"role": "user", "content": "hello"}]
-        first = m.generate(msgs, max_tokens=5, temperature=0)
-        msgs += [{"role": "assistant", "content": first}, {"role": "user", "content": "the cat"}]
-        second = m.generate(msgs, max_tokens=5, temperature=0)
+    first, second = chat_reference(tiny_gguf(), ["hello", "the cat"], 5)
     assert rc == 0 and out == first + "\n" + second + "\n"
 
 
