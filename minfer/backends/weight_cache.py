@@ -3,8 +3,13 @@
 Preparing a model's matrices for the cpu kernels (the VNNI layout, torch's int4 packing) is byte
 shuffling over every weight: ~3 s for SmolLM2-135M, ~20 s for an 8B file on this machine. The
 result depends only on the file's bytes and on the layout code, so the first load writes it to
-`cache_dir()/weights/<model>-<key>.pt` (torch's zip format) and later loads map that file
-(`torch.load(mmap=True)`: no copy, pages read as the kernels touch them) instead of packing.
+`cache_dir()/weights/<model>-<key>.mwc` and later loads map that file (no copy: pages are read as
+the kernels touch them) instead of packing.
+
+The file is flat, not a pickle (torch.save's format took ~0.15 s to unpickle SmolLM2's ~1,500
+objects, a tenth of a start): `MAGIC`, the header's length (u64), a JSON header naming every
+prepared matrix's tensors (dtype, shape, offset) and integers, then the tensors' bytes, each at a
+64-byte boundary. A load maps the file once and makes each tensor a view of the map.
 
 The key hashes what the prepared bytes depend on: `LAYOUT_VERSION` (bump it with any change to
 a packed layout), torch's version (its int4 packing is torch's own), which kernels this machine
@@ -19,7 +24,11 @@ turns it off. A tensor-parallel rank (a sharded reader) does not use it.
 from __future__ import annotations
 
 import hashlib
+import json
+import mmap
 import os
+import re
+import struct
 import sys
 import tempfile
 from pathlib import Path
@@ -28,7 +37,10 @@ import torch
 
 from ..config import cache_dir
 
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2  # 2: the flat file (1 was torch.save's)
+MAGIC = b"MINFERWC"
+ALIGN = 64
+SUFFIX = ".mwc"
 SAMPLES = 16
 SAMPLE_BYTES = 64 << 10
 HEADER_LIMIT = 64 << 20  # a header past this is hashed by its first 64 MiB (a vocabulary of ~1M tokens)
@@ -47,6 +59,71 @@ def file_key(path: Path, data_offset: int, machine: str) -> str:
     return h.hexdigest()[:32]
 
 
+class CacheFileError(ValueError):
+    """A cache file that is not what this code writes (truncated, foreign, another version)."""
+
+
+def write_file(path: Path, entries: dict[str, dict]) -> None:
+    """Write `entries` (name -> {field: tensor or int}) as the flat file (module docstring)."""
+    index: dict[str, dict] = {}
+    blobs: list[tuple[int, torch.Tensor]] = []
+    at = 0
+    for name, fields in entries.items():
+        ints, tensors = {}, {}
+        for k, v in fields.items():
+            if isinstance(v, torch.Tensor):
+                v = v.detach().contiguous()
+                tensors[k] = [str(v.dtype).removeprefix("torch."), list(v.shape), at]
+                blobs.append((at, v))
+                at += -(-v.numel() * v.element_size() // ALIGN) * ALIGN
+            else:
+                ints[k] = int(v)
+        index[name] = {"ints": ints, "tensors": tensors}
+    header = json.dumps({"version": LAYOUT_VERSION, "data_bytes": at, "entries": index}).encode()
+    start = -(-(len(MAGIC) + 8 + len(header)) // ALIGN) * ALIGN
+    with path.open("wb") as f:
+        f.write(MAGIC + struct.pack("<Q", len(header)) + header)
+        for off, t in blobs:
+            f.seek(start + off)
+            if t.numel():
+                f.write(memoryview(t.view(-1).view(torch.uint8).numpy()))
+        f.truncate(start + at)
+
+
+def map_file(path: Path) -> dict[str, dict]:
+    """The entries of a flat file, every tensor a view of one copy-on-write map of it (nothing is
+    read here but the header). CacheFileError when the file is not one this code wrote."""
+    with path.open("rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        lead = f.read(len(MAGIC) + 8)
+        if len(lead) < len(MAGIC) + 8 or lead[:len(MAGIC)] != MAGIC:
+            raise CacheFileError(f"expected a file starting with {MAGIC!r}")
+        (n,) = struct.unpack("<Q", lead[len(MAGIC):])
+        if n > size:
+            raise CacheFileError(f"a header of {n} bytes in a file of {size}")
+        try:
+            meta = json.loads(f.read(n))
+        except ValueError as e:
+            raise CacheFileError(f"the header is not JSON ({e})") from None
+        start = -(-(len(MAGIC) + 8 + n) // ALIGN) * ALIGN
+        if meta.get("version") != LAYOUT_VERSION or start + meta.get("data_bytes", -1) != size:
+            raise CacheFileError(f"expected layout {LAYOUT_VERSION} and {start + meta.get('data_bytes', 0)} bytes, "
+                                 f"found layout {meta.get('version')} and {size} bytes")
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if size else None  # writable: no torch warning
+    entries = {}
+    for name, e in meta["entries"].items():
+        fields: dict = dict(e["ints"])
+        for k, (dtype, shape, off) in e["tensors"].items():
+            dt = getattr(torch, dtype)
+            count = 1
+            for d in shape:
+                count *= d
+            fields[k] = (torch.frombuffer(mm, dtype=dt, count=count, offset=start + off).view(shape) if count
+                         else torch.empty(shape, dtype=dt))
+        entries[name] = fields
+    return entries
+
+
 class WeightCache:
     """Prepared tensors by name: `get(name)` from the cache file, `put(name, tensors)` for the
     next load, `save()` once the load is done (only when something new was prepared)."""
@@ -58,8 +135,8 @@ class WeightCache:
         self.hits = self.misses = 0
         if path is not None and path.is_file():
             try:
-                self._stored = torch.load(path, mmap=True, weights_only=True)
-            except Exception as e:  # noqa: BLE001 (a truncated or foreign file: prepare again, rewrite it)
+                self._stored = map_file(path)
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # prepare again, rewrite it
                 print(f"minfer: ignoring the weight cache {path} ({type(e).__name__}: {e})", file=sys.stderr)
 
     @classmethod
@@ -69,7 +146,7 @@ class WeightCache:
         if not enabled or path is None or not hasattr(reader, "data_offset") or type(reader).__name__ != "GGUFReader":
             return cls(None)
         key = file_key(Path(path), reader.data_offset, machine)
-        return cls(cache_dir() / "weights" / f"{Path(path).stem}-{key}.pt")
+        return cls(cache_dir() / "weights" / f"{Path(path).stem}-{key}{SUFFIX}")
 
     def get(self, name: str) -> dict | None:
         got = None if self._stored is None else self._stored.get(name)
@@ -88,10 +165,10 @@ class WeightCache:
             return
         merged = {**(self._stored or {}), **self._new}
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tmp-", suffix=".pt")
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tmp-", suffix=SUFFIX)
+        os.close(fd)
         try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save(merged, f)
+            write_file(Path(tmp), merged)
             os.replace(tmp, self.path)
         except OSError as e:
             print(f"minfer: could not write the weight cache {self.path} ({e.strerror or e}); the next load "
@@ -100,7 +177,9 @@ class WeightCache:
             return
         finally:
             self._new.clear()
-        stem = self.path.name.rsplit("-", 1)[0]
-        for old in self.path.parent.glob(f"{stem}-*.pt"):
-            if old != self.path:
+        # this model's files of other keys (or of the torch.save format): `-<32 hex>` after the
+        # stem, so another model whose name starts with this one's keeps its file
+        ours = re.compile(re.escape(self.path.name.rsplit("-", 1)[0]) + r"-[0-9a-f]{32}\.(mwc|pt)")
+        for old in self.path.parent.iterdir():
+            if old != self.path and ours.fullmatch(old.name):
                 old.unlink(missing_ok=True)

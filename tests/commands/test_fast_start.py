@@ -34,7 +34,7 @@ def test_second_load_maps_the_cache_and_computes_the_same(tiny_gguf, cache_dir, 
         first = m.logits(IDS)
         cache = m.engine.backend._cache
         assert cache.misses > 0 and cache.hits == 0
-    files = list(cache_dir.glob("*.pt"))
+    files = list(cache_dir.glob("*.mwc"))
     assert len(files) == 1 and files[0].name.startswith(path.stem + "-")
     with _load(path) as m:
         again = m.logits(IDS)
@@ -50,14 +50,14 @@ def test_another_file_gets_another_key(tiny_gguf, rewrite_gguf, tmp_path, cache_
         pass
     with _load(b) as m:
         assert m.engine.backend._cache.hits == 0 and m.engine.backend._cache.misses > 0
-    assert len(list(cache_dir.glob(f"{a.stem}-*.pt"))) == 1  # the other key's file was replaced
+    assert len(list(cache_dir.glob(f"{a.stem}-*.mwc"))) == 1  # the other key's file was replaced
 
 
 def test_a_damaged_cache_file_is_ignored_and_rewritten(tiny_gguf, cache_dir, capfd):
     path = tiny_gguf("tiny-llama", "q4_1")
     with _load(path) as m:
         want = m.logits(IDS)
-    (f,) = cache_dir.glob("*.pt")
+    (f,) = cache_dir.glob("*.mwc")
     f.write_bytes(f.read_bytes()[: f.stat().st_size // 3])  # truncated
     with _load(path) as m:
         assert torch.equal(m.logits(IDS), want)
@@ -70,6 +70,44 @@ def test_a_damaged_cache_file_is_ignored_and_rewritten(tiny_gguf, cache_dir, cap
 def test_run_twice_from_the_command_line(run_cli, tiny_gguf, cache_dir):
     argv = ["run", "-m", str(tiny_gguf("tiny-llama", "q4_k")), "-n", "4", "--temp", "0", "hello"]
     rc1, out1, _ = run_cli(argv)
-    assert rc1 == 0 and list(cache_dir.glob("*.pt"))
+    assert rc1 == 0 and list(cache_dir.glob("*.mwc"))
     rc2, out2, _ = run_cli(argv)
     assert rc2 == 0 and out2 == out1
+
+
+def test_the_flat_file_gives_back_what_was_written(tmp_path):
+    from minfer.backends.weight_cache import CacheFileError, map_file, write_file
+    g = torch.Generator().manual_seed(0)
+    want = {
+        "vnni:a": {"w": torch.randint(0, 255, (96, 40), dtype=torch.uint8, generator=g),
+                   "s": torch.randn(3, 5, generator=g).half(), "n": 7, "k": 40},
+        "int4:b": {"packed": torch.randn(4, 3, generator=g).bfloat16(), "slices": torch.empty(0, 2, dtype=torch.int64),
+                   "pair": 0},
+    }
+    path = tmp_path / "x.mwc"
+    write_file(path, want)
+    got = map_file(path)
+    assert got.keys() == want.keys()
+    for name, fields in want.items():
+        assert got[name].keys() == fields.keys()
+        for k, v in fields.items():
+            if isinstance(v, torch.Tensor):
+                assert got[name][k].dtype == v.dtype and torch.equal(got[name][k], v), (name, k)
+                assert got[name][k].data_ptr() % 64 == 0 or v.numel() == 0  # aligned views of the map
+            else:
+                assert got[name][k] == v and isinstance(got[name][k], int)
+    torch.save(want, tmp_path / "old.pt")  # the first format (torch.save): not this one
+    with pytest.raises(CacheFileError, match="MINFERWC"):
+        map_file(tmp_path / "old.pt")
+
+
+def test_another_model_with_a_longer_name_keeps_its_cache(tiny_gguf, tmp_path, cache_dir):
+    a = tiny_gguf("tiny-llama", "q4_1")
+    longer = tmp_path / f"{a.stem}-instruct.gguf"
+    longer.write_bytes(a.read_bytes())
+    with _load(longer):
+        pass
+    with _load(a):
+        pass
+    names = sorted(f.name for f in cache_dir.glob("*.mwc"))
+    assert len(names) == 2 and any(n.startswith(f"{a.stem}-instruct-") for n in names), names
