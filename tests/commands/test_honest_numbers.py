@@ -96,3 +96,44 @@ def test_readme_streaming_snippet_ends_its_line(smollm2_path):
     after = calls[streamed[-1] + 1]
     assert after[1] == "\n" and "".join(map(str, after[0])) == ""  # a bare print(): the line ends
     assert len(calls) == streamed[-1] + 2 + 2  # then the two batch results, one line each
+
+
+def _batch_stderr(tiny_gguf, tmp_path, on_terminal: bool) -> str:
+    """stderr of `minfer batch` (two requests) written to a pipe, or to a pseudo-terminal."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    requests = tmp_path / "in.jsonl"
+    requests.write_text('{"id": "a", "prompt": "hi", "max_tokens": 2}\n{"id": "b", "prompt": "yo", "max_tokens": 2}\n')
+    argv = [sys.executable, "-m", "minfer", "batch", "-m", str(tiny_gguf()), str(requests), str(tmp_path / "out.jsonl")]
+    env = dict(os.environ, PYTHONPATH=str(README.parent), MINFER_CACHE=str(tmp_path / "cache"))
+    if not on_terminal:
+        return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300, check=True).stderr
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # 0 x 0: tqdm prints nothing
+    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=slave, env=env)
+    os.close(slave)
+    got = b""
+    while True:
+        try:
+            chunk = os.read(master, 1 << 16)
+        except OSError:  # EIO: the process closed its end
+            break
+        if not chunk:
+            break
+        got += chunk
+    os.close(master)
+    assert p.wait(timeout=300) == 0, got[-2000:]
+    return got.decode(errors="replace")
+
+
+def test_progress_bars_only_on_a_terminal(tiny_gguf, tmp_path):
+    bar = re.compile(r"batch: \d+req \[")  # tqdm's "batch: 2req [00:00, 29.8req/s]"
+    piped = _batch_stderr(tiny_gguf, tmp_path, on_terminal=False)
+    assert "minfer batch: 2 requests" in piped and not bar.search(piped)  # a pipe: the summary, no bar
+    assert bar.search(_batch_stderr(tiny_gguf, tmp_path, on_terminal=True))  # a terminal: the bar
