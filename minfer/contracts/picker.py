@@ -24,7 +24,7 @@ from typing import Any
 from ..errors import NoKernelError
 from .expr import ExprError, parse_arith, parse_pred
 from .ops import OPS
-from .registry import BoundKernel, Registry, backend_registry, default_registry
+from .registry import BoundKernel, Registry, default_registry
 from .rules import accepts_dtype, call_env, norm_dtype, output_dtype
 
 
@@ -154,7 +154,7 @@ def candidates(
     registry: Registry | None = None,
 ) -> tuple[list[Candidate], list[tuple[BoundKernel, list[str]]]]:
     """Admissible kernels best first, and the rejected ones with their reasons."""
-    reg = registry or (backend_registry("CPU") if backend == "CPU" else default_registry())
+    reg = registry or default_registry()
     spec = OPS.get(op)
     if spec is None:
         raise NoKernelError(f"unknown op {op!r}; known ops: {', '.join(OPS)}")

@@ -38,6 +38,11 @@ class Op(StrEnum):
     ATTENTION = "Attention"  # write k, v into the layer's KV cache, causal GQA attention of q
     SWIGLU = "SwiGLU"  # out = silu(gate) * up
     SLICE = "Slice"  # out = x[..., start:stop] (a view: splits a fused MatMul's output)
+    PICK = "Pick"  # out = value `index` of a fused node that returns several (params: index)
+    # fused ops (graph/fuse.py): one node standing for several, with those nodes as its `parts`
+    ADD_RMS_NORM = "AddRMSNorm"  # (h, RMSNorm(h)) with h = a + b: the residual add and the norm after it
+    MATMUL_SWIGLU = "QMatMulSwiGLU"  # SwiGLU of the two halves of a stacked gate+up MatMul
+    MATMUL_ROPE = "QMatMulRoPE"  # (RoPE of the first columns of y, y), y = a stacked q+k+v MatMul (+ bias)
     # tensor parallelism (parallel/, one graph per rank): run by the plan through a communicator
     ALL_REDUCE = "AllReduce"  # out = the sum of x over the ranks (float32)
     ALL_GATHER = "AllGather"  # out = the ranks' x side by side in the last dim (float32)
@@ -46,13 +51,14 @@ class Op(StrEnum):
 
 
 PARALLEL_OPS = frozenset({Op.ALL_REDUCE, Op.ALL_GATHER, Op.LOCAL_IDS, Op.MASK_ROWS})
+FUSED_OPS = frozenset({Op.ADD_RMS_NORM, Op.MATMUL_SWIGLU, Op.MATMUL_ROPE})
 
 
 @dataclass(frozen=True)
 class WeightRef:
     """A weight tensor a node reads: its GGUF name and the shape the model needs (GGUF order).
 
-    A fused weight (graph/passes.py) has `parts`: the real tensors whose rows it stacks, in
+    A fused weight (graph/fuse.py) has `parts`: the real tensors whose rows it stacks, in
     order; its name is only a label and its shape is (in, sum of the parts' out)."""
 
     name: str
@@ -67,7 +73,14 @@ class WeightRef:
 
 @dataclass(frozen=True)
 class Node:
-    """One operation. `inputs` are ids of earlier nodes; `weights` maps a role ("w", "b") to a weight."""
+    """One operation. `inputs` are ids of earlier nodes; `weights` maps a role ("w", "b") to a weight.
+
+    A fused node (op in FUSED_OPS, made by graph/fuse.py) also carries the nodes it stands for:
+    `parts`, a small graph of its own whose ids are local: ids 0..len(inputs)-1 are the fused
+    node's inputs, part j has id len(inputs) + j and reads lower local ids. `exports` are the
+    local ids of the values it returns: one export is its value, several a tuple that Pick nodes
+    read. A backend runs a fused node as one kernel where a contract accepts it, and its parts
+    where none does (e.g. a decode row's fused GEMV epilogue, and the plain kernels for prompts)."""
 
     id: int
     name: str
@@ -78,6 +91,13 @@ class Node:
     layer: int | None = None
     weights: dict[str, WeightRef] = field(default_factory=dict)
     params: dict[str, Any] = field(default_factory=dict)
+    parts: tuple[Node, ...] = ()
+    exports: tuple[int, ...] = ()
+
+    @property
+    def n_values(self) -> int:
+        """How many values the node returns (a fused node with several exports: a tuple)."""
+        return max(1, len(self.exports))
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """Fast starts (issue 23, item 6): the cpu backend keeps its prepared weights in a cache file
-(backends/weight_cache.py) and maps it on the next load: the same numbers, no packing, and a
+(backends/cpu/weight_cache.py) and maps it on the next load: the same numbers, no packing, and a
 cache that cannot be trusted (another file, a damaged cache file) is not used."""
 
 from __future__ import annotations
@@ -23,13 +23,11 @@ def _load(path, **kw):
 
 
 @pytest.mark.parametrize("quant", ["q4_1", "q4_k", "q8_0", "q6_k"])
-def test_second_load_maps_the_cache_and_computes_the_same(tiny_gguf, cache_dir, quant, monkeypatch):
+def test_second_load_maps_the_cache_and_computes_the_same(tiny_gguf, cache_dir, quant):
     path = tiny_gguf("tiny-llama", quant)
-    monkeypatch.setenv("MINFER_WEIGHT_CACHE", "0")
-    with _load(path) as m:
+    with _load(path, weight_cache=False) as m:  # (MINFER_WEIGHT_CACHE=0)
         want = m.logits(IDS)
         assert m.engine.backend._cache.path is None
-    monkeypatch.delenv("MINFER_WEIGHT_CACHE")
     with _load(path) as m:
         first = m.logits(IDS)
         cache = m.engine.backend._cache
@@ -76,7 +74,7 @@ def test_run_twice_from_the_command_line(run_cli, tiny_gguf, cache_dir):
 
 
 def test_the_flat_file_gives_back_what_was_written(tmp_path):
-    from minfer.backends.weight_cache import CacheFileError, map_file, write_file
+    from minfer.backends.cpu.weight_cache import CacheFileError, map_file, write_file
     g = torch.Generator().manual_seed(0)
     want = {
         "vnni:a": {"w": torch.randint(0, 255, (96, 40), dtype=torch.uint8, generator=g),
@@ -111,3 +109,39 @@ def test_another_model_with_a_longer_name_keeps_its_cache(tiny_gguf, tmp_path, c
         pass
     names = sorted(f.name for f in cache_dir.glob("*.mwc"))
     assert len(names) == 2 and any(n.startswith(f"{a.stem}-instruct-") for n in names), names
+
+
+def test_the_switch_and_the_directory_come_from_the_config(tiny_gguf, tmp_path, monkeypatch):
+    """MINFER_WEIGHT_CACHE=0 reaches the backend through EngineConfig, and the cache lands in the
+    config's cache directory (an explicit cache_dir over MINFER_CACHE)."""
+    path = tiny_gguf("tiny-llama", "q4_1")
+    monkeypatch.setenv("MINFER_CACHE", str(tmp_path / "from-env"))
+    monkeypatch.setenv("MINFER_WEIGHT_CACHE", "0")
+    with _load(path) as m:
+        assert m.engine.config.weight_cache is False and m.engine.backend._cache.path is None
+    monkeypatch.delenv("MINFER_WEIGHT_CACHE")
+    with _load(path, cache_dir=str(tmp_path / "explicit")):
+        pass
+    assert list((tmp_path / "explicit" / "weights").glob("*.mwc"))
+    assert not (tmp_path / "from-env" / "weights").exists()
+
+
+def test_a_cpu_load_binds_the_cpu_contracts_alone(tiny_gguf, tmp_path):
+    """The cpu backend's picker reads the CPU contract files only: no GPU kernel module (nor
+    Triton, ~1 s of import) is imported by a cpu load."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import minfer
+
+    code = ("import sys; from minfer.api import load; m = load(sys.argv[1], n_ctx=64, progress=False); "
+            "print(sorted(k for k in sys.modules if k == 'triton' or k.startswith(('minfer.kernels.triton', "
+            "'minfer.kernels.wgsl', 'minfer.kernels.wgpu'))))")
+    env = dict(os.environ, PYTHONPATH=str(Path(minfer.__file__).resolve().parent.parent),
+               MINFER_CACHE=str(tmp_path / "cache"))
+    out = subprocess.run([sys.executable, "-c", code, str(tiny_gguf("tiny-llama", "q4_k"))], capture_output=True,
+                         text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
