@@ -24,14 +24,18 @@ package calls os.environ. Switches:
 - MINFER_GEMV_Q8=0|1|2     cuda decode GEMVs of Q4_0 / Q4_1 / Q4_K: x quantized to int8 per 32 in 1 or 2
                            passes (the default 2) with dp4a dot products; 0 = f32 activations
 - MINFER_CPU_VNNI=0        cpu: torch's int4 kernel instead of the AVX512-VNNI C kernel (kernels/cpu/vnni.py)
-- MINFER_CACHE=dir         where minfer's C helpers are compiled to (kernels/cbuild.py; default ~/.cache/minfer,
-                           created 0700; an entry another user owns or others can write is rebuilt, not loaded)
+- MINFER_CACHE=dir         minfer's cache (`cache_dir()`, EngineConfig.cache_path; default ~/.cache/minfer): the C
+                           helpers compiled (kernels/cbuild.py: created 0700; an entry another user owns or others
+                           can write is rebuilt, not loaded), models downloaded from URLs (hub.py), the chat's
+                           history, the cpu backend's prepared weights (backends/cpu/weight_cache.py)
+- MINFER_WEIGHT_CACHE=0    cpu: prepare the weights at every load instead of mapping the cached ones
 - MINFER_SANITIZE=1        build the C helpers with -fsanitize=address,undefined (scripts/sanitize.sh: the
                            process needs libasan preloaded, LD_PRELOAD, to load them)
 
-Tensor parallelism also reads torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
-MASTER_PORT: `dist_env()`), which minfer sets itself for the ranks it starts, and the cpu backend's
-C kernel build reads the usual CC (`c_compiler()`, kernels/cbuild.py).
+`minfer chat` honours NO_COLOR (`no_color()`). Tensor parallelism also reads torchrun's variables
+(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT: `dist_env()`), which minfer sets itself
+for the ranks it starts, and the cpu backend's C kernel build reads the usual CC (`c_compiler()`,
+kernels/cbuild.py).
 
 `EngineConfig` is everything one load needs, every switch above a field of it. The API's keyword
 arguments and the CLI's flags both become one EngineConfig (`EngineConfig.from_env(**settings)`:
@@ -45,6 +49,7 @@ from __future__ import annotations
 import numbers
 import os
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from typing import TypeVar
 
 from .errors import MinferError, ParamError
@@ -60,6 +65,7 @@ _KNOWN = {
     "MINFER_CPU_VNNI": bool,
     "MINFER_CACHE": str,
     "MINFER_SANITIZE": bool,
+    "MINFER_WEIGHT_CACHE": bool,
     "MINFER_NO_PDL": bool,
     "MINFER_MMQ": str,
     "MINFER_MODEL": str,
@@ -94,6 +100,22 @@ def env(name: str, default: T) -> T:
         except ValueError:
             raise MinferError(f"{name}={raw!r}: expected an integer") from None
     return raw  # type: ignore[return-value]
+
+
+def home_cache() -> Path:
+    """minfer's cache directory when MINFER_CACHE is unset: ~/.cache/minfer."""
+    return Path.home() / ".cache" / "minfer"
+
+
+def cache_dir() -> Path:
+    """minfer's own cache directory: $MINFER_CACHE, else ~/.cache/minfer (not created here). The
+    commands' (downloads, the chat's history); a load reads EngineConfig.cache_path."""
+    return Path(env("MINFER_CACHE", "") or home_cache())
+
+
+def no_color() -> bool:
+    """The NO_COLOR convention (no-color.org): any non-empty value turns terminal colours off."""
+    return bool(os.environ.get("NO_COLOR"))
 
 
 KV_DTYPES = ("auto", "f32", "f16", "bf16", "q8_0")
@@ -140,13 +162,14 @@ class EngineConfig:
     pdl: bool = True  # cuda on Hopper: programmatic dependent launch between a step's kernels
     gemv_q8: int = 2  # cuda decode GEMVs of Q4_0 / Q4_1 / Q4_K: int8 activation passes (0: f32 activations)
     cpu_vnni: bool = True  # cpu: the AVX512-VNNI C kernels where the CPU has them
-    cache_dir: str | None = None  # where C helpers are compiled to (None: ~/.cache/minfer)
+    cache_dir: str | None = None  # minfer's cache: C helpers, the cpu's prepared weights (None: ~/.cache/minfer)
     wgpu_adapter: str = ""  # vulkan / gpu: the first adapter whose name contains this ("": the best)
     wgpu_subgroups: bool = True  # vulkan / gpu: subgroup reductions where the adapter has them
     wgpu_checks: bool = False  # vulkan / gpu: WGSL compiled with wgpu's runtime checks
     vk_gemv: str = ""  # vulkan matmul launch variant, "field=value,..." (kernels/wgsl: GEMV)
     vk_attn: str = ""  # vulkan attention launch variant, "field=value,..." (kernels/wgsl: ATTN)
     vk_q8: bool = True  # vulkan Q4_0 / Q4_1 matmuls on int8 activations (qmv8)
+    weight_cache: bool = True  # cpu: keep the prepared weights in a cache file (MINFER_WEIGHT_CACHE=0: off)
     judge_report: str | None = None  # a judge report (judge.json) whose measured overheads the picker uses
 
     def __post_init__(self):
@@ -192,6 +215,7 @@ class EngineConfig:
             vk_gemv=env("MINFER_VK_GEMV", ""),
             vk_attn=env("MINFER_VK_ATTN", ""),
             vk_q8=env("MINFER_VK_Q8", True),
+            weight_cache=env("MINFER_WEIGHT_CACHE", True),
         )
         base.update({k: v for k, v in settings.items() if v is not None})
         if base.get("trace_path") is not None:
@@ -203,8 +227,9 @@ class EngineConfig:
 
     @property
     def cache_path(self) -> str:
-        """Where minfer's C helpers are compiled to (`cache_dir`, else ~/.cache/minfer)."""
-        return self.cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "minfer")
+        """minfer's cache directory for this load (`cache_dir`, else ~/.cache/minfer): where C helpers
+        are compiled to and the cpu backend keeps its prepared weights."""
+        return self.cache_dir or str(home_cache())
 
 
 @dataclass(frozen=True)

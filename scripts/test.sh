@@ -24,6 +24,12 @@ if ! command -v cc >/dev/null 2>&1 || [ ! -e "$(cc -print-file-name=libasan.so)"
   else sudo apt-get update -qq && sudo apt-get install -y -qq gcc >/dev/null; fi
 fi
 
+# tmux: the terminal chat's test types into a real terminal (tests/commands/test_chat_terminal.py)
+if ! command -v tmux >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq tmux >/dev/null
+  else sudo apt-get update -qq && sudo apt-get install -y -qq tmux >/dev/null; fi
+fi
+
 python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip

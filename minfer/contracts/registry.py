@@ -19,6 +19,7 @@ import hashlib
 import inspect
 import json
 import math
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,11 +141,19 @@ def _takes_out(fn: Callable) -> bool:
 
 
 def load_registry(
-    paths: Iterable[str | Path] | None = None, judge_report: str | Path | None = None, trusted: tuple[str, ...] = ()
+    paths: Iterable[str | Path] | None = None, judge_report: str | Path | None = None, trusted: tuple[str, ...] = (),
+    backend: str | None = None,
 ) -> Registry:
-    """Load, validate and bind contract files (default: every .fkc.md of the package). Entry
-    points resolve inside minfer.kernels only, plus the top-level modules in `trusted` (tests)."""
-    files = [parse_file(p) for p in (contract_files() if paths is None else paths)]
+    """Load, validate and bind contract files (default: every contract file of the package; with
+    `backend`, only the files with a contract of that backend). Entry points resolve inside
+    minfer.kernels only, plus the top-level modules in `trusted` (tests)."""
+    paths = contract_files() if paths is None else list(paths)
+    if backend is not None:  # (a file that never names the backend has none of its contracts: not parsed)
+        named = re.compile(rf"backend:\s*[\"']?{re.escape(backend)}\b")
+        paths = [p for p in paths if named.search(Path(p).read_text(encoding="utf-8", errors="replace"))]
+    files = [parse_file(p) for p in paths]
+    if backend is not None:
+        files = [cf for cf in files if any(s.backend == backend for s in cf.sections)]
     errors: dict[str, list[ContractError]] = {}
     kernels: dict[str, BoundKernel] = {}
     unbound: dict[str, str] = {}
@@ -199,3 +208,10 @@ def default_registry(judge_report: str | None = None) -> Registry:
     """The package's registry (with a judge report's measurements, when given), loaded once per
     process (contracts are package data: read-only)."""
     return load_registry(judge_report=judge_report)
+
+
+@functools.cache
+def backend_registry(backend: str) -> Registry:
+    """The package's contract files of one backend, loaded once per process: the cpu backend's
+    load binds its own kernels and imports no GPU kernel module (Triton's import alone is ~1 s)."""
+    return load_registry(backend=backend)

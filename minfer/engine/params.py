@@ -19,6 +19,7 @@ from ..errors import ParamError
 
 MAX_STOPS = 16
 MAX_STOP_CHARS = 512
+MAX_REQUEST_TEMPERATURE = 2.0  # OpenAI's range: what one request (HTTP or a batch line) may ask
 
 
 # every numeric field's accepted range: (lowest, highest or None, lowest excluded). One table for the
@@ -91,3 +92,14 @@ class SamplingParams:
     def penalized(self) -> bool:
         return self.repeat_last_n > 0 and (self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0
                                            or self.presence_penalty != 0.0)
+
+
+def check_request(p: SamplingParams) -> SamplingParams:
+    """The bounds a request adds to SamplingParams' own, the same for an HTTP request and a line
+    of a `minfer batch` file: at least one token (max_tokens >= 1, or None: until the end), and
+    OpenAI's temperature range. Returns `p`; a ParamError names the field."""
+    if p.max_tokens is not None:
+        check_int("max_tokens", p.max_tokens, 1)
+    if p.temperature > MAX_REQUEST_TEMPERATURE:
+        raise ParamError("temperature", f"must be <= {MAX_REQUEST_TEMPERATURE}, got {p.temperature}")
+    return p

@@ -54,5 +54,9 @@ class Metrics:
                 self.itl.observe(b - a)
         self.e2e.observe(end - arrival)
 
+    def sequences(self) -> tuple[int, int]:
+        """(active, queued) sequences, as the gauges last heard from the engine."""
+        return tuple(int(next(iter(g.collect())).samples[0].value) for g in (self.active, self.queued))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -87,6 +87,10 @@ class Tokenizer:
     def eos_id(self) -> int | None:
         return self._v.special["eos"]
 
+    def special_id(self, name: str) -> int | None:
+        """A special token's id by its role (bos, eos, eot, fim_pre, fim_suf, fim_mid, ...), or None."""
+        return self._v.special.get(name)
+
     @property
     def eot_ids(self) -> frozenset[int]:
         """Ids that end generation (llama.cpp's EOG set: eos, eot, eom, <|im_end|>-style tokens)."""

@@ -60,7 +60,7 @@ def start_server(tmp: Path, *extra: str, model: Path | None = None) -> Server:
     log = tmp / "serve.log"
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("MINFER_API_KEY", None)
-    argv = [sys.executable, "-m", "minfer.cli", "serve", "--port", "0", "-np", str(N_SLOTS), "-c", str(N_CTX),
+    argv = [sys.executable, "-m", "minfer.cli", "serve", "--port", "0", "-np", str(N_SLOTS), "-c", str(N_CTX * N_SLOTS),
             "-t", "2", *extra]
     if model is not None:
         argv += ["-m", str(model)]

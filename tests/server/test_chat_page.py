@@ -51,7 +51,7 @@ def test_chat_streams_and_shows_tps(page, model_id):
     expect(page.locator(".assistant .stats[data-status]")).to_have_count(2, timeout=WAIT_MS)
     second = json.loads(page.bodies[-1])
     assert [m["role"] for m in second["messages"]] == ["user", "assistant", "user"]
-    assert second["messages"][1]["content"] == answer and second["stream"] is True
+    assert second["messages"][1]["content"] == answer.strip() and second["stream"] is True  # (markdown adds a newline)
 
 
 def test_stop_button(page, server):
@@ -66,3 +66,43 @@ def test_stop_button(page, server):
     assert page.get_attribute("body", "data-busy") == "0"
     server.wait_idle()
     assert server.requests("/v1/chat/completions", 499) == aborted + 1
+
+
+ANSWER = "A **bold** claim, `code`, and a list:\n\n- one\n- two\n\n<img src=x onerror=\"document.title='pwned'\">"
+
+
+def _sse_answer(text: str) -> str:
+    chunks = [{"choices": [{"index": 0, "delta": {"content": text[i:i + 7]}, "finish_reason": None}]}
+              for i in range(0, len(text), 7)]
+    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    return "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+
+
+def test_answers_render_as_markdown_and_html_stays_text(page):
+    """The vendored renderer (no network): markdown becomes elements; raw HTML in an answer is
+    shown as text, never run. The answer comes from a stubbed route, so its text is known."""
+    page.route("**/v1/chat/completions", lambda route: route.fulfill(
+        status=200, headers={"Content-Type": "text/event-stream"}, body=_sse_answer(ANSWER)))
+    _ask(page, "hi")
+    page.wait_for_selector(".assistant .stats[data-status='stop']", timeout=10_000)
+    text = page.locator(".assistant .text").first
+    assert text.locator("strong").text_content() == "bold"
+    assert text.locator("code").text_content() == "code"
+    assert text.locator("li").all_text_contents() == ["one", "two"]
+    assert text.locator("img").count() == 0 and "<img src=x" in text.text_content()
+    assert page.title() != "pwned"
+
+
+def test_system_prompt_and_sampling_controls_reach_the_request(page):
+    page.fill("#system", "Answer in French.")
+    page.fill("#temperature", "0")
+    page.fill("#top-k", "5")
+    page.fill("#seed", "7")
+    page.fill("#max-tokens", "3")
+    _ask(page, "Hello")
+    page.wait_for_selector(".assistant .stats[data-status]", timeout=30_000)
+    body = json.loads(page.bodies[-1])
+    assert body["messages"] == [{"role": "system", "content": "Answer in French."},
+                                {"role": "user", "content": "Hello"}]
+    assert (body["temperature"], body["top_k"], body["seed"], body["max_tokens"]) == (0, 5, 7, 3)
+    assert {"top_p", "min_p", "repeat_penalty"} <= set(body)

@@ -31,6 +31,7 @@ from ..kv_cache import KVCache, kv_bytes, kv_type
 from ..plan import Plan, Step
 from ..rope import rope_tables
 from .steps import CPU_OPS, KINDS
+from .weight_cache import WeightCache
 from .weights import EmbeddingTable, Matrix, dense_f32, pick_kernel, prepared_bytes
 
 # A KV cache larger than this fraction of physical memory is refused.
@@ -181,6 +182,7 @@ class CPUBackend(Backend):
         self._vectors: dict[str, torch.Tensor] = {}
         self._matrices: dict[tuple[WeightRef, WeightRef | None], Matrix] = {}
         self._tables: dict[str, EmbeddingTable] = {}
+        self._cache: WeightCache = WeightCache(None)  # the prepared weights on disk (load)
         self._ropes: dict[tuple, torch.Tensor] = {}  # rope setting -> (cos, sin) [n_ctx, n_rot/2]
         self.readers: dict[int, list[Node]] = {}  # node id -> the nodes reading its value
         self.last_use: dict[int, int] = {}  # node id -> the last node reading its value
@@ -202,11 +204,21 @@ class CPUBackend(Backend):
         # a quiet machine; on a busy one every 2-thread region waits for a descheduled thread
         # (8B: 26 s with 1 thread, 159 s with 2, bench/NOTES.md). So weights are packed on one.
         torch.set_num_threads(1)
+        self._cache = self._weight_cache(reader)
         try:
             self.plan = Plan(graph, self._compile, KINDS, progress=progress, comm=self.comm)
         finally:
             torch.set_num_threads(self.threads)
+        self._cache.save()
         trim_heap()
+
+    def _weight_cache(self, reader: GGUFReader) -> WeightCache:
+        """The cache of this file's prepared weights (weight_cache.py) under the config's cache
+        directory; none when turned off or for a tensor-parallel rank (its reader is a shard)."""
+        if not self.config.weight_cache or self.comm is not None or not isinstance(reader, GGUFReader):
+            return WeightCache(None)
+        return WeightCache.for_file(reader.path, reader.data_offset, "vnni" if self.vnni else "int4",
+                                    self.config.cache_path)
 
     def vector(self, name: str) -> torch.Tensor:
         if name not in self._vectors:
@@ -218,7 +230,7 @@ class CPUBackend(Backend):
         if key not in self._matrices:
             bias = torch.cat([self.vector(t.name) for t in b.tensors]) if b else None
             infos = [self._reader.tensors[t.name] for t in w.tensors]
-            self._matrices[key] = m = Matrix(self._reader, infos, bias, vnni=self.vnni)
+            self._matrices[key] = m = Matrix(self._reader, infos, bias, vnni=self.vnni, cache=self._cache)
             if m.n * m.k >= TRIM_WEIGHTS:
                 trim_heap()
         return self._matrices[key]

@@ -32,12 +32,14 @@ from pathlib import Path
 import torch
 
 from ...contracts.picker import Candidate, candidates
+from ...contracts.registry import backend_registry
 from ...errors import NoKernelError
 from ...gguf.reader import GGUFReader, TensorInfo
 from ...kernels.cpu import vnni as cpu_vnni
 from ...kernels.cpu.matmul import INT4_TYPES, Int4Matmul, _Linear, float_weight, pack_weight, packed_bytes
 from ...quant.reference import dequantize
 from ...quant.types import QUANT_TABLE, GGMLType
+from .weight_cache import WeightCache
 
 
 @functools.cache
@@ -75,6 +77,7 @@ VNNI_DECODE = {"cpu_q4_vnni": "cpu_q4_vnni2", "cpu_q8_vnni": "cpu_q8_vnni2"}
 VNNI_KERNELS = set(VNNI_DECODE) | set(VNNI_DECODE.values())
 
 
+@functools.lru_cache(maxsize=1024)  # every layer asks for the same few shapes
 def pick_kernel(qtype: GGMLType, n: int, k: int, rows: int = 1, decode: bool = False, vnni: bool = True) -> Candidate:
     """The cpu kernel contract for a matmul by an [n, k] weight of this type over `rows` rows of
     a prompt chunk (or, `decode`, of decode rows), as the picker ranks them
@@ -83,7 +86,8 @@ def pick_kernel(qtype: GGMLType, n: int, k: int, rows: int = 1, decode: bool = F
     info = QUANT_TABLE[qtype]
     ok, rejected = candidates("QMatMul", {"x": "F32", "w": info.contract_name},
                               {"x": (rows, k), "w": (n, k // info.block_elems * info.block_bytes)},
-                              {"n": n, "k": k, "qtype": qtype}, "CPU")
+                              {"n": n, "k": k, "qtype": qtype}, "CPU",
+                              registry=backend_registry("CPU"))  # the CPU contract files alone: no GPU kernel imported
     if not (vnni and cpu_vnni.available()):  # the VNNI kernels need the CPU's instructions and a C compiler
         ok = [c for c in ok if c.kernel.contract.kernel_source != "c"]
     # decode rows and prompt chunks alike take the two-pass variant: with one pass on prompts the
@@ -120,7 +124,10 @@ class Matrix:
     different families (a Q4_K_M file's Q4_K q/k with a Q6_K v) run one kernel per run of parts
     and their columns are concatenated. Every output row depends on its input row alone."""
 
-    def __init__(self, reader: GGUFReader, infos: list[TensorInfo], bias: torch.Tensor | None, vnni: bool = True):
+    def __init__(self, reader: GGUFReader, infos: list[TensorInfo], bias: torch.Tensor | None, vnni: bool = True,
+                 cache: WeightCache | None = None):
+        """`cache`: where the prepared forms come from (and go to) across loads (weight_cache.py)."""
+        self._cache = cache
         self._parts = (reader, infos)
         self.vnni = vnni
         self.bias = bias
@@ -142,19 +149,25 @@ class Matrix:
         self.nbytes = sum(fn.nbytes for _, fn in self._runs)
 
     def _prepare(self, reader: GGUFReader, infos: list[TensorInfo]) -> tuple[str, object]:
-        if pick_kernel(infos[0].ggml_type, *infos[0].torch_shape, vnni=self.vnni).kernel.name in VNNI_KERNELS:
-            mm = cpu_vnni.Q4Vnni([(raw_rows(reader, i), i.ggml_type, *i.torch_shape) for i in infos])
-            for i in infos:
-                reader.release(i.name)
-            return "vnni", mm
-        if infos[0].ggml_type not in INT4_TYPES:
+        vnni = pick_kernel(infos[0].ggml_type, *infos[0].torch_shape, vnni=self.vnni).kernel.name in VNNI_KERNELS
+        if not vnni and infos[0].ggml_type not in INT4_TYPES:
             ws = [float_weight(raw_rows(reader, i), *i.torch_shape, i.ggml_type) for i in infos]
             return "linear", _Linear(ws[0] if len(ws) == 1 else torch.cat(ws))
-        parts = []
+        kind, cls = ("vnni", cpu_vnni.Q4Vnni) if vnni else ("int4", Int4Matmul)
+        name = f"{kind}:" + ",".join(i.name for i in infos)
+        cache = self._cache
+        stored = cache.get(name) if cache is not None else None
+        if stored is not None:
+            return kind, cls.from_state(stored)
+        if vnni:
+            mm = cpu_vnni.Q4Vnni([(raw_rows(reader, i), i.ggml_type, *i.torch_shape) for i in infos])
+        else:
+            mm = Int4Matmul([pack_weight(raw_rows(reader, i), i.ggml_type, i.torch_shape[1]) for i in infos])
         for i in infos:
-            parts.append(pack_weight(raw_rows(reader, i), i.ggml_type, i.torch_shape[1]))
             reader.release(i.name)  # the file's pages of this tensor are no longer needed
-        return "int4", Int4Matmul(parts)
+        if cache is not None:
+            cache.put(name, mm.state())
+        return kind, mm
 
     @property
     def dense(self) -> torch.Tensor:

@@ -269,6 +269,22 @@ class Int4Matmul:
         self._slices = None if at == self.n else starts
         self.nbytes = self.packed.numel() + 2 * self.scale_zero.numel()
 
+    def state(self) -> dict:
+        """The prepared layout as tensors and ints (backends/cpu/weight_cache.py keeps it on disk)."""
+        slices = torch.tensor(self._slices or [], dtype=torch.int64).view(-1, 2)
+        return {"packed": self.packed, "scale_zero": self.scale_zero, "pair": self.pair, "n": self.n,
+                "slices": slices}
+
+    @classmethod
+    def from_state(cls, st: dict) -> Int4Matmul:
+        """An Int4Matmul over tensors `state()` gave (e.g. memory-mapped from the cache): no packing."""
+        self = cls.__new__(cls)
+        self.packed, self.scale_zero = st["packed"].contiguous(), st["scale_zero"].contiguous()
+        self.pair, self.n = int(st["pair"]), int(st["n"])
+        self._slices = [tuple(r) for r in st["slices"].tolist()] or None
+        self.nbytes = self.packed.numel() + 2 * self.scale_zero.numel()
+        return self
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x = x if x.dtype == torch.bfloat16 else x.to(torch.bfloat16)
         if self.pair:

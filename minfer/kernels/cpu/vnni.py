@@ -110,9 +110,28 @@ class Q4Vnni:
                 raise UnsupportedError(f"q4_vnni: cannot pack {qtype.name}")
             at += n
         self.n_pad = n_pad
+        self._bind(so)
+
+    def _bind(self, so) -> None:
         self.nbytes = self.w.numel() + 2 * (self.s.numel() + self.z.numel())
         self._gemm = so.q4_gemm
-        self._ptrs = (_ptr(self.w), _ptr(self.s), _ptr(self.z), n_pad, k)
+        self._ptrs = (_ptr(self.w), _ptr(self.s), _ptr(self.z), self.n_pad, self.k)
+
+    def state(self) -> dict:
+        """The prepared layout as tensors and ints (backends/cpu/weight_cache.py keeps it on disk)."""
+        return {"w": self.w, "s": self.s, "z": self.z, "n": self.n, "k": self.k, "bits": self.bits, "n_pad": self.n_pad}
+
+    @classmethod
+    def from_state(cls, st: dict) -> Q4Vnni:
+        """A Q4Vnni over tensors `state()` gave (e.g. memory-mapped from the cache): no packing."""
+        so = _library()
+        if so is None:
+            raise UnsupportedError("the int8-activation VNNI kernel is not available on this machine")
+        self = cls.__new__(cls)
+        self.w, self.s, self.z = st["w"].contiguous(), st["s"].contiguous(), st["z"].contiguous()
+        self.n, self.k, self.bits, self.n_pad = int(st["n"]), int(st["k"]), int(st["bits"]), int(st["n_pad"])
+        self._bind(so)
+        return self
 
     def __call__(self, x: torch.Tensor, passes: int = 1) -> torch.Tensor:
         """y [m, n] float32 = x [m, k] @ W^T (x float32 or bfloat16; anything else is converted),
