@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from ..contracts.picker import Candidate, candidates
 from ..contracts.registry import Registry
-from ..errors import NoKernelError
-from ..graph.ir import Graph, Node, Op, WeightRef
+from ..errors import NoKernelError, UnsupportedError
+from ..graph.ir import Graph, Node, Op, WeightRef, extended_features
 
 STRIDED = {"contiguous": False, "strided": True}  # an input that may be a row-strided view
 
@@ -48,6 +48,17 @@ def admissible(call: Call, rows: int, backend: str, registry: Registry, who: str
                             f"{call.dtypes}, shapes {call.shapes(rows)}, params {call.params}. "
                             f"Nearest contracts: {near}")
     return ok
+
+
+def require_base_features(graph: Graph, backend: str) -> None:
+    """UnsupportedError naming what `graph` uses beyond the ops and params this backend's kernels
+    implement (graph/ir.py EXTENDED_OPS / EXTENDED_PARAMS: gemma's GeGLU, sliding windows, YaRN
+    ...), before any kernel is picked: a kernel that ignored a param would run the wrong math."""
+    feats = extended_features(graph)
+    if feats:
+        arch = graph.meta.get("arch", "this model")
+        raise UnsupportedError(f"{backend} backend: {arch} needs {', '.join(feats)}, not implemented on "
+                               f"{backend} yet (pending; the cpu backend runs it: --device cpu)")
 
 
 def add_norm_pairs(graph: Graph) -> dict[int, int]:

@@ -238,8 +238,9 @@ class CPUBackend:
 
     @staticmethod
     def _rope_key(node: Node) -> tuple:
-        p, ff = node.params, node.weights.get("freq_factors")
-        return (p["n_rot"], p["base"], p["freq_scale"], ff.name if ff else None)
+        """What a RoPE node's table depends on: every param but the head layout, and its factors."""
+        p = {k: v for k, v in node.params.items() if k not in ("n_heads", "head_dim", "style")}
+        return (*sorted(p.items()), *sorted((r, w.name) for r, w in node.weights.items()))
 
     # ------------------------------------------------------------------ compile
     def _compile(self, node: Node) -> Step:
@@ -258,13 +259,14 @@ class CPUBackend:
         if op == Op.RMS_NORM:
             # bfloat16 straight away when only int4 matmuls read it (they would convert it first)
             dtype = torch.bfloat16 if self._int4_inputs(node) else torch.float32
-            (i,), norm = ins, cpu_ops.RMSNorm(self._vector(node.weights["w"].name), p["eps"], dtype)
+            norm = cpu_ops.RMSNorm(self._vector(node.weights["w"].name), p["eps"], dtype, p.get("group"))
+            (i,) = ins
             return Step(lambda vals, st: norm(vals[i]), label)
         if op == Op.MATMUL:
             m = self._matrix(node.weights["w"], node.weights.get("b"))
             (i,) = ins
             kernel = lambda st: m.kernel(st.decode)  # noqa: E731
-            if node.id == self.graph.output:  # logits are float32 whatever the weight's path
+            if node.id == self._logits_id():  # logits are float32 whatever the weight's path
                 # and the VNNI kernels give them the decode rows' two activation passes in prompts too
                 return Step(lambda vals, st: m(vals[i], st.decode, passes=2).float(), lambda st: m.kernel(True))
             direct = m.direct()
@@ -285,11 +287,25 @@ class CPUBackend:
         if op == Op.SWIGLU:
             i, j = ins
             return Step(lambda vals, st: cpu_ops.swiglu(vals[i], vals[j]), label)
+        if op == Op.GEGLU:
+            i, j = ins
+            return Step(lambda vals, st: cpu_ops.geglu(vals[i], vals[j]), label)
+        if op == Op.SCALE:
+            (i,), c = ins, p["scale"]
+            return Step(lambda vals, st: cpu_ops.scale(vals[i], c), label)
+        if op == Op.SOFTCAP:
+            (i,), c = ins, p["cap"]
+            return Step(lambda vals, st: cpu_ops.softcap(vals[i], c), label)
         if op == Op.ROPE:
             return Step(self._compile_rope(node), label)
         if op == Op.ATTENTION:
             return Step(self._compile_attention(node), label)
         raise UnsupportedError(f"cpu backend: op {op} (node {node.name!r}) is not implemented")
+
+    def _logits_id(self) -> int:
+        """The matmul that makes the logits: the graph's output, or what a final SoftCap reads."""
+        out = self.graph.nodes[self.graph.output]
+        return out.inputs[0] if out.op == Op.SOFTCAP else out.id
 
     def _consumers(self, node: Node) -> list[Node]:
         if self._readers is None:
@@ -304,7 +320,7 @@ class CPUBackend:
         int4 kernels (which take bfloat16 activations; the VNNI kernel quantizes float32 ones)."""
         infos = self._reader.tensors
         readers = self._consumers(node)
-        return bool(readers) and node.id != self.graph.output and all(
+        return bool(readers) and node.id != self._logits_id() and all(
             r.op == Op.MATMUL and all(
                 pick_kernel(i.ggml_type, *i.torch_shape, decode=True).kernel.name.startswith("cpu_int4pack")
                 for i in (infos[t.name] for t in r.weights["w"].tensors))
@@ -317,7 +333,7 @@ class CPUBackend:
         if self._last is None:
             self._last = self.graph.consumers_last_use()
         return (self._last[i] == node.id and i != self.graph.output
-                and (src.op == Op.ADD or (src.op == Op.GET_ROWS and "w" in src.weights)))
+                and (src.op in (Op.ADD, Op.SCALE) or (src.op == Op.GET_ROWS and "w" in src.weights)))
 
     def _compile_rope(self, node: Node):
         p = node.params
@@ -340,14 +356,24 @@ class CPUBackend:
         p = node.params
         q_i, k_i, v_i, _ = node.inputs
         layer, n_head, n_kv, hd, scale = p["kv_layer"], p["n_head"], p["n_head_kv"], p["head_dim"], p["scale"]
+        softcap = p.get("softcap", 0.0)
 
         def run(vals, st: _State) -> torch.Tensor:
+            # a window as long as the cache never hides a key: the plain paths then
+            window = p.get("window", 0) if p.get("window", 0) < st.cache.n_ctx else 0
             if st.decode:  # one query per sequence, over its own cache
                 q, k, v = vals[q_i], vals[k_i], vals[v_i]
                 rows = q.shape[0]
                 kc, vc = self._flat[0][layer], self._flat[1][layer]  # [slot * n_kv * n_ctx, hd]
                 kc.index_copy_(0, st.at, k.reshape(rows * n_kv, hd).to(kc.dtype))  # each row at its slot, position
                 vc.index_copy_(0, st.at, v.reshape(rows * n_kv, hd).to(vc.dtype))
+                if window or softcap:  # each row over its own window of its slot's cache
+                    qs = q.view(rows, 1, n_head, hd).unbind(0)
+                    slots, pos = st.batch.row_slots.tolist(), st.batch.positions.tolist()
+                    k_all, v_all = st.cache.k[layer], st.cache.v[layer]
+                    return torch.cat([cpu_ops.attention_masked(qs[b], k_all[slots[b], :, :pos[b] + 1],
+                                                               v_all[slots[b], :, :pos[b] + 1], pos[b], scale,
+                                                               window, softcap) for b in range(rows)])
                 if st.lens is not None:  # every row in one call (csrc/q4_vnni.c attn_decode)
                     return cpu_vnni.attention_decode(q, st.cache.k[layer], st.cache.v[layer], st.batch.row_slots,
                                                      st.lens, n_head, scale)
@@ -367,7 +393,7 @@ class CPUBackend:
                 rows = slice(s.offset, s.offset + s.n_tokens)
                 kc[s.slot, :, s.start:s.end] = k[:, rows]
                 vc[s.slot, :, s.start:s.end] = v[:, rows]
-                out[rows] = cpu_ops.attention(q[rows], kc[s.slot], vc[s.slot], s.start, scale)
+                out[rows] = cpu_ops.attention(q[rows], kc[s.slot], vc[s.slot], s.start, scale, window, softcap)
             return out
 
         return run
@@ -408,8 +434,11 @@ class CPUBackend:
                 key = self._rope_key(node)
                 if key not in self._ropes:
                     p, ff = node.params, node.weights.get("freq_factors")
+                    if "n_ctx_orig" in p and n_ctx > p["n_ctx_orig"]:  # LongRoPE: the long factors past it
+                        ff = node.weights["freq_factors_long"]
                     factors = self._vector(ff.name) if ff else None
-                    self._ropes[key] = cpu_ops.rope_table(n_ctx, p["n_rot"], p["base"], p["freq_scale"], factors)
+                    self._ropes[key] = cpu_ops.rope_table(n_ctx, p["n_rot"], p["base"], p["freq_scale"], factors,
+                                                          p.get("attn_factor", 1.0), p.get("yarn"))
 
     # ------------------------------------------------------------------ run
     def forward(self, batch: Batch, recorder=None) -> torch.Tensor:

@@ -50,7 +50,18 @@ from ..kernels.sample import KMAX, PARAM_ROWS, pack_params
 from ..quant.types import GGMLType, quant_info
 from . import cpu_ops
 from .base import Batch
-from .calls import STRIDED, Call, add_norm_pairs, admissible, compile_rope, fused_by, fused_norm, rope_key, type_runs
+from .calls import (
+    STRIDED,
+    Call,
+    add_norm_pairs,
+    admissible,
+    compile_rope,
+    fused_by,
+    fused_norm,
+    require_base_features,
+    rope_key,
+    type_runs,
+)
 from .kv_cache import KVCache, kv_bytes
 from .plan import Plan, Step
 
@@ -306,6 +317,7 @@ class CUDABackend:
     def load(self, graph: Graph, reader: GGUFReader, progress: bool = True, upload: bool = True) -> None:
         """Pick every node's kernels and (upload=True) put the weights on the device in their
         kernels' layouts. upload=False only picks: what `minfer plan` shows, with no GPU needed."""
+        require_base_features(graph, "cuda")
         self.graph, self._reader, self.upload = graph, reader, upload
         self._fused_norms = add_norm_pairs(graph)
         self._epilogues = self._epilogue_pairs(graph) if self.config.fuse_epilogues else {}

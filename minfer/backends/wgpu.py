@@ -39,7 +39,18 @@ from ..quant.reference import dequantize
 from ..quant.types import GGMLType, quant_info
 from . import cpu_ops
 from .base import Batch
-from .calls import STRIDED, Call, add_norm_pairs, admissible, compile_rope, fused_by, fused_norm, rope_key, type_runs
+from .calls import (
+    STRIDED,
+    Call,
+    add_norm_pairs,
+    admissible,
+    compile_rope,
+    fused_by,
+    fused_norm,
+    require_base_features,
+    rope_key,
+    type_runs,
+)
 from .kv_cache import kv_bytes
 from .plan import Plan, Step
 
@@ -149,6 +160,7 @@ class WGPUBackend:
     # ------------------------------------------------------------------ load
     def load(self, graph: Graph, reader: GGUFReader, progress: bool = True) -> None:
         """Pick every node's kernels and upload the weights (once)."""
+        require_base_features(graph, "vulkan")
         self.graph, self._reader = graph, reader
         self._q8 = self._q8_feeds(graph)
         self._fused_norms = add_norm_pairs(graph)

@@ -31,12 +31,15 @@ class Op(StrEnum):
 
     INPUT = "Input"  # a per-step input: token ids, positions, output-row indices
     GET_ROWS = "GetRows"  # out[i] = table[ids[i]]; table is a weight ("w") or inputs[0]
-    RMS_NORM = "RMSNorm"  # out = x / sqrt(mean(x^2) + eps) * w
+    RMS_NORM = "RMSNorm"  # out = x / sqrt(mean(x^2) + eps) * w, over each run of `group` values (below)
     MATMUL = "MatMul"  # out = x @ w^T (+ b): w is [out, in] in memory, GGUF shape [in, out]
     ADD = "Add"  # out = a + b
     ROPE = "RoPE"  # rotary position embedding of [T, n_heads * head_dim] at positions
     ATTENTION = "Attention"  # write k, v into the layer's KV cache, causal GQA attention of q
     SWIGLU = "SwiGLU"  # out = silu(gate) * up
+    GEGLU = "GeGLU"  # out = gelu_tanh(gate) * up, gelu_tanh(x) = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+    SCALE = "Scale"  # out = x * scale (gemma's embedding scale sqrt(n_embd))
+    SOFTCAP = "SoftCap"  # out = cap * tanh(x / cap) (gemma2's final-logit soft-capping)
     SLICE = "Slice"  # out = x[..., start:stop] (a view: splits a fused MatMul's output)
     # tensor parallelism (parallel/, one graph per rank): run by the plan through a communicator
     ALL_REDUCE = "AllReduce"  # out = the sum of x over the ranks (float32)
@@ -46,6 +49,34 @@ class Op(StrEnum):
 
 
 PARALLEL_OPS = frozenset({Op.ALL_REDUCE, Op.ALL_GATHER, Op.LOCAL_IDS, Op.MASK_ROWS})
+
+# Params beyond each op's base set. A model sets them only where they differ from the base
+# behaviour, so a llama / qwen2 graph carries none of them, and a backend that has not implemented
+# one can refuse the node (`extended_features`) instead of running the base math.
+#
+# RMSNorm  group: int       normalise each run of `group` consecutive values on its own (the
+#                           per-head q / k norms of qwen3 and gemma3: group = head_dim, weight
+#                           (group,) shared by every head); absent: the whole row.
+# RoPE     attn_factor: float   cos and sin multiplied by it (YaRN's and LongRoPE's magnitude
+#                           scaling; YaRN's 1 + 0.1 ln(1 / freq_scale) is already folded in).
+#          yarn: (ext_factor, n_ctx_orig, beta_fast, beta_slow)   YaRN's frequency mix: pair i turns
+#                           at theta_interp (1 - r_i) + theta_extrap r_i, with theta_extrap the
+#                           unscaled angle, theta_interp = freq_scale theta_extrap and r_i =
+#                           ext_factor * ramp(i) (ggml's rope_yarn_ramp over the correction dims
+#                           of beta_fast / beta_slow at n_ctx_orig).
+#          n_ctx_orig: int  + weight "freq_factors_long": LongRoPE (phi3). The "freq_factors"
+#                           weight is the short factors; the long ones divide the frequencies
+#                           instead when the context allocated exceeds n_ctx_orig.
+# Attention window: int     sliding window: query at position p sees keys at p - window < k <= p
+#                           (llama.cpp's LLAMA_SWA_TYPE_STANDARD); absent: every earlier key.
+#           softcap: float  scores s = scale q.k become softcap * tanh(s / softcap) before the softmax.
+# (Attention's `scale` is a base param: 1/sqrt(head_dim) by default, the model's own where it differs.)
+EXTENDED_PARAMS: dict[Op, frozenset[str]] = {
+    Op.RMS_NORM: frozenset({"group"}),
+    Op.ROPE: frozenset({"attn_factor", "yarn", "n_ctx_orig"}),
+    Op.ATTENTION: frozenset({"window", "softcap"}),
+}
+EXTENDED_OPS = frozenset({Op.GEGLU, Op.SCALE, Op.SOFTCAP})
 
 
 @dataclass(frozen=True)
@@ -78,6 +109,19 @@ class Node:
     layer: int | None = None
     weights: dict[str, WeightRef] = field(default_factory=dict)
     params: dict[str, Any] = field(default_factory=dict)
+
+
+def extended_features(graph: Graph) -> list[str]:
+    """What the graph uses beyond the base ops and params (EXTENDED_OPS, EXTENDED_PARAMS), as
+    "Op" or "Op.param" names, sorted; empty for a llama / qwen2 graph."""
+    found = set()
+    for n in graph.nodes:
+        if n.op in EXTENDED_OPS:
+            found.add(str(n.op))
+        found.update(f"{n.op}.{k}" for k in EXTENDED_PARAMS.get(n.op, ()) if k in n.params)
+        if n.op == Op.ROPE and "freq_factors_long" in n.weights:
+            found.add("RoPE.freq_factors_long")
+    return sorted(found)
 
 
 @dataclass(frozen=True)
