@@ -25,7 +25,7 @@ from typing import Any
 from ..errors import TokenizerError
 from ..gguf.reader import GGUFReader
 from .bpe import BytePairEncoder, SentencePieceEncoder
-from .chat import ChatTemplate, render_chat
+from .chat import ChatTemplate, builtin_template, render_chat
 from .unicode import CHAR_TO_BYTE
 from .vocab import (
     ATTR_BYTE,
@@ -51,7 +51,7 @@ class Tokenizer:
         else:
             self._spm = SentencePieceEncoder(vocab.token_to_id, vocab.scores, self._spm_byte_ids())
         self._pieces: dict[tuple[int, bool], bytes] = {}
-        self._template = vocab.chat_template
+        self._template = vocab.chat_template or builtin_template(vocab.token_to_id)
 
     @classmethod
     def from_metadata(cls, meta: Mapping[str, Any]) -> Tokenizer:
