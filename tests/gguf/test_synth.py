@@ -64,6 +64,9 @@ def test_smollm2_metadata_mirrors_the_real_file(smollm2_path):
 @pytest.mark.parametrize("preset,n_params", [
     ("smollm2-135m", 134_515_008), ("qwen2.5-0.5b", 494_032_768),
     ("qwen2.5-7b", 7_615_616_512), ("llama3-8b", 8_030_261_248), ("llama3-70b", 70_553_706_496),
+    ("qwen3-0.6b", 596_049_920), ("qwen3-8b", 8_190_735_360), ("gemma3-270m", 268_098_176),
+    ("gemma3-1b", 999_885_952), ("gemma2-2b", 2_614_341_888),
+    ("phi3-mini", 3_821_079_552 + 2 * 48),  # + the two LongRoPE factor vectors (not counted in the published number)
 ])
 def test_parameter_counts_match_the_published_models(preset, n_params):
     assert sum(math.prod(s) for _, s, _, _ in plan_tensors(PRESETS[preset], "q4_0")) == n_params
