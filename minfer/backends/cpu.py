@@ -359,8 +359,11 @@ class CPUBackend:
         softcap = p.get("softcap", 0.0)
 
         def run(vals, st: _State) -> torch.Tensor:
-            # a window as long as the cache never hides a key: the plain paths then
-            window = p.get("window", 0) if p.get("window", 0) < st.cache.n_ctx else 0
+            # a window only matters once some query of the step is `window` positions in (the
+            # plain paths before that: SDPA, the C decode kernel)
+            window = p.get("window", 0)
+            if window and max(s.end for s in st.batch.spans) <= window:
+                window = 0
             if st.decode:  # one query per sequence, over its own cache
                 q, k, v = vals[q_i], vals[k_i], vals[v_i]
                 rows = q.shape[0]
@@ -393,7 +396,8 @@ class CPUBackend:
                 rows = slice(s.offset, s.offset + s.n_tokens)
                 kc[s.slot, :, s.start:s.end] = k[:, rows]
                 vc[s.slot, :, s.start:s.end] = v[:, rows]
-                out[rows] = cpu_ops.attention(q[rows], kc[s.slot], vc[s.slot], s.start, scale, window, softcap)
+                w = window if s.end > window else 0
+                out[rows] = cpu_ops.attention(q[rows], kc[s.slot], vc[s.slot], s.start, scale, w, softcap)
             return out
 
         return run
