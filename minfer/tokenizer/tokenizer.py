@@ -38,6 +38,7 @@ from .vocab import (
 )
 
 _SPM_SPACE = "\u2581"  # "▁"
+_C_SPACE = " \t\n\v\f\r"  # C's isspace(), which llama.cpp's strip attributes use
 _HIDDEN_UNLESS_SPECIAL = ATTR_CONTROL | ATTR_UNKNOWN
 
 
@@ -173,6 +174,8 @@ class Tokenizer:
                 for k, part in enumerate(f.split(tok)):
                     if k:
                         new.append(tid)
+                        if tid in v.rstrip_ids:  # the whitespace after it is dropped (phi3)
+                            part = part.lstrip(_C_SPACE)
                     if part:
                         new.append(part)
             frags = new

@@ -13,7 +13,7 @@ llama-cpp-python 0.3.36 (tests/fixtures/README.md). Models:
 
 For every model: tokenization equal to llama.cpp's; teacher-forced logits of the greedy cases (the
 prefill path and the token-by-token decode path) near llama.cpp's listed top-8; our argmax equal
-to llama.cpp's wherever its top-1 leads top-2 by MARGIN; greedy generation equal up to the first
+to llama.cpp's wherever its top-1 leads top-2 by the model's margin; greedy generation equal up to the first
 near-tie; perplexity within the model's bound.
 """
 
@@ -35,7 +35,6 @@ from minfer.backends.base import Batch
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 ROOT = FIXTURES.parents[1]
-MARGIN = 0.5  # where llama.cpp's top-1 leads top-2 by this much, our argmax must agree
 
 
 @dataclass(frozen=True)
@@ -44,16 +43,19 @@ class Bounds:
     max_abs_decode: float  # the same on the decode path
     mean: float  # mean |difference| over all listed logits
     ppl_rel: float  # |ppl / llama.cpp's - 1|
-    min_decisive: int  # steps whose margin >= MARGIN (so the argmax check has teeth)
+    min_decisive: int  # steps whose top-1 / top-2 margin >= `margin` (so the argmax check has teeth)
+    margin: float = 0.5  # where llama.cpp's top-1 leads top-2 by this much, our argmax must agree
 
 
 BOUNDS = {
     # the SmolLM2 oracle's bounds (issue 24); measured: see bench/NOTES.md and the report below
     "gemma3-270m": Bounds(max_abs=1.0, max_abs_decode=1.25, mean=0.4, ppl_rel=0.005, min_decisive=60),
-    "tiny-qwen3": Bounds(max_abs=1e-3, max_abs_decode=1e-3, mean=2e-4, ppl_rel=1e-4, min_decisive=1),
-    "tiny-gemma3": Bounds(max_abs=1e-3, max_abs_decode=1e-3, mean=2e-4, ppl_rel=1e-4, min_decisive=1),
-    "tiny-gemma2": Bounds(max_abs=1e-3, max_abs_decode=1e-3, mean=2e-4, ppl_rel=1e-4, min_decisive=1),
-    "tiny-phi3": Bounds(max_abs=1e-3, max_abs_decode=1e-3, mean=2e-4, ppl_rel=1e-4, min_decisive=1),
+    # f32 files: llama.cpp's f16 KV cache and 4-decimal fixture logits are most of the difference;
+    # random weights give small margins, so the argmax check uses 0.01 (> 10x the worst |d|)
+    "tiny-qwen3": Bounds(max_abs=1e-3, max_abs_decode=1e-3, mean=2e-4, ppl_rel=1e-4, min_decisive=10, margin=0.01),
+    "tiny-gemma3": Bounds(max_abs=1e-3, max_abs_decode=1e-3, mean=2e-4, ppl_rel=1e-4, min_decisive=10, margin=0.01),
+    "tiny-gemma2": Bounds(max_abs=1e-3, max_abs_decode=1e-3, mean=2e-4, ppl_rel=1e-4, min_decisive=10, margin=0.01),
+    "tiny-phi3": Bounds(max_abs=1e-3, max_abs_decode=1e-3, mean=2e-4, ppl_rel=1e-4, min_decisive=10, margin=0.01),
 }
 MODELS = list(BOUNDS)
 
@@ -142,7 +144,7 @@ def test_tokenization_matches_llamacpp(name, model):
         assert m.tokenize(case["text"], add_special=True, parse_special=True) == case["ids"], case["text"]
 
 
-def _compare(ref: dict, rows_of_case) -> dict:
+def _compare(ref: dict, rows_of_case, margin: float) -> dict:
     worst, means, agree, decisive = 0.0, [], 0, 0
     for case in ref["greedy"]:
         ids = case["prompt_ids"] + [s["token"] for s in case["steps"]]
@@ -152,7 +154,7 @@ def _compare(ref: dict, rows_of_case) -> dict:
             worst = max(worst, max(diffs))
             means.append(statistics.mean(diffs))
             (t1, l1), (_, l2) = step["top"][:2]
-            if l1 - l2 >= MARGIN:
+            if l1 - l2 >= margin:
                 decisive += 1
                 agree += int(rows[j].argmax().item() == t1)
     return {"max": worst, "mean": statistics.mean(means), "agree": agree, "decisive": decisive}
@@ -175,7 +177,7 @@ def test_prefill_logits_match_llamacpp(name, model):
         n0 = len(case["prompt_ids"])
         return m.logits(ids)[n0 - 1:n0 - 1 + len(case["steps"])]
 
-    _assert_within(name, _compare(_ref(name), rows), BOUNDS[name].max_abs)
+    _assert_within(name, _compare(_ref(name), rows, BOUNDS[name].margin), BOUNDS[name].max_abs)
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -189,18 +191,19 @@ def test_decode_logits_match_llamacpp(name, model):
             out.append(backend.forward(Batch.build([(0, pos, [ids[pos]])], [0], n_decode=1))[0])
         return out
 
-    _assert_within(name, _compare(_ref(name), rows), BOUNDS[name].max_abs_decode)
+    _assert_within(name, _compare(_ref(name), rows, BOUNDS[name].margin), BOUNDS[name].max_abs_decode)
 
 
 @pytest.mark.parametrize("name", MODELS)
 def test_greedy_generation_follows_llamacpp(name, model):
-    """Our greedy tokens equal llama.cpp's up to its first near-tie (margin < MARGIN)."""
+    """Our greedy tokens equal llama.cpp's up to its first near-tie (top-1 / top-2 margin < the model's)."""
     from minfer.engine.params import SamplingParams
 
     eng = model(name).engine
     for case in _ref(name)["greedy"]:
         steps = case["steps"]
-        firm = next((j for j, s in enumerate(steps) if s["top"][0][1] - s["top"][1][1] < MARGIN), len(steps))
+        margin = BOUNDS[name].margin
+        firm = next((j for j, s in enumerate(steps) if s["top"][0][1] - s["top"][1][1] < margin), len(steps))
         seq = eng.add(case["prompt_ids"], SamplingParams(max_tokens=max(firm, 1), temperature=0, ignore_eos=True),
                       reuse_prefix=False)
         eng.run([seq])
