@@ -22,7 +22,8 @@ outputs, the format of tests/fixtures/smollm2/llamacpp.json; tests/fixtures/READ
   n_ctx whose first token becomes BOS, second half scored) on the first `text_chars` characters
   of tests/fixtures/text/gpl-3.txt.
 llama.cpp runs with 2 threads, the context `n_ctx` of the fixture (the tiny phi3's 512 is past its
-original context of 128: LongRoPE's long factors), no flash attention.
+original context of 128: LongRoPE's long factors), no flash attention, no extra buffer types (its
+AMX kernels crash on this machine: `_plain_cpu_buffers`).
 """
 
 from __future__ import annotations
@@ -37,9 +38,24 @@ import sys
 import tempfile
 from pathlib import Path
 
+import llama_cpp.llama_cpp as llama_cpp_c
 import numpy as np
 from llama_cpp import Llama
 from llama_cpp import __version__ as llama_cpp_version
+
+
+def _plain_cpu_buffers():
+    """llama.cpp's model params with use_extra_bufts off: its AMX buffer type crashes here (a general
+    protection fault at ldtilecfg in ggml_backend_amx_mul_mat: the sandbox does not give the process
+    AMX tile state although the CPU lists amx), and with it go the CPU repack layouts. The plain
+    CPU kernels compute the same dot products (activations quantized to 8 bits as well)."""
+    p = _default_model_params()
+    p.use_extra_bufts = False
+    return p
+
+
+_default_model_params = llama_cpp_c.llama_model_default_params
+llama_cpp_c.llama_model_default_params = _plain_cpu_buffers  # what Llama() calls for its defaults
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"

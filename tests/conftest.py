@@ -45,6 +45,20 @@ def smollm2_model(smollm2_path):
 
 
 @pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    """The real Gemma 3 270M file (minfer/packaged_models.py). CI (scripts/test.sh) installs its
+    chunk packages, so its absence fails there (CI is set); elsewhere it skips, never downloads."""
+    from minfer.packaged_models import GEMMA3_270M, installed, model_path
+
+    if not installed(GEMMA3_270M):
+        why = f"Gemma 3 270M is not installed ({GEMMA3_270M.install_command}; scripts/test.sh installs it)"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return model_path(GEMMA3_270M)
+
+
+@pytest.fixture(scope="session")
 def tiny_gguf(tmp_path_factory):
     """tiny_gguf(preset, quant) -> path of a synthetic model (minfer synth), written once."""
     from minfer.gguf.synth import synth

@@ -73,19 +73,6 @@ def _sha256(path: Path) -> str:
 
 
 @pytest.fixture(scope="session")
-def gemma3_path() -> Path:
-    """The real Gemma 3 270M file. CI (scripts/test.sh) installs it: its absence fails there."""
-    from minfer.packaged_models import GEMMA3_270M, installed, model_path
-
-    if not installed(GEMMA3_270M):
-        why = f"Gemma 3 270M is not installed ({GEMMA3_270M.install_command}; scripts/test.sh installs it)"
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
-    return model_path(GEMMA3_270M)
-
-
-@pytest.fixture(scope="session")
 def synth_file(tmp_path_factory):
     """synth_file(name) -> the tiny model made by the fixture's recorded `minfer synth` command."""
     root = tmp_path_factory.mktemp("parity")
