@@ -41,6 +41,8 @@ ROOT = FIXTURES.parents[1]
 class Bounds:
     max_abs: float  # every listed logit, prefill path
     max_abs_decode: float  # the same on the decode path
+    max_centered: float  # every listed logit once each step's mean difference is taken out (softmax
+    # does not see a shift of all logits; gemma's large logits move together by up to ~0.9)
     mean: float  # mean |difference| over all listed logits
     ppl_rel: float  # |ppl / llama.cpp's - 1|
     min_decisive: int  # steps whose top-1 / top-2 margin >= `margin` (so the argmax check has teeth)
@@ -48,14 +50,20 @@ class Bounds:
 
 
 BOUNDS = {
-    # the SmolLM2 oracle's bounds (issue 24); measured: see bench/NOTES.md and the report below
-    "gemma3-270m": Bounds(max_abs=1.0, max_abs_decode=1.25, mean=0.4, ppl_rel=0.005, min_decisive=60),
+    # The SmolLM2 oracle's bounds are max |d| 1.0, mean 0.4, ppl 0.5 %. Measured here (2026-12-02):
+    # max 1.23 prefill / 1.21 decode, mean 0.22, centered max 0.60, 94 of 94 decisive steps agree,
+    # ppl 13.825 vs 13.909 (-0.60 %). The same file in exact float arithmetic (every weight decoded,
+    # float64 matmuls) gives max 1.21 and mean 0.22 on the same steps, and -0.49 % on the first 3
+    # chunks (ours -0.42 %): the excess over 1.0 and 0.5 % is llama.cpp's own rounding (8-bit
+    # activations, f16 KV cache, its f16 GELU table), so the bounds sit just above the measured values.
+    "gemma3-270m": Bounds(max_abs=1.3, max_abs_decode=1.3, max_centered=1.0, mean=0.4, ppl_rel=0.0075,
+                          min_decisive=80),
     # f32 files: llama.cpp's f16 KV cache and 4-decimal fixture logits are most of the difference;
     # random weights give small margins, so the argmax check uses 0.01 (> 10x the worst |d|)
-    "tiny-qwen3": Bounds(max_abs=1e-3, max_abs_decode=1e-3, mean=2e-4, ppl_rel=1e-4, min_decisive=10, margin=0.01),
-    "tiny-gemma3": Bounds(max_abs=1e-3, max_abs_decode=1e-3, mean=2e-4, ppl_rel=1e-4, min_decisive=10, margin=0.01),
-    "tiny-gemma2": Bounds(max_abs=1e-3, max_abs_decode=1e-3, mean=2e-4, ppl_rel=1e-4, min_decisive=10, margin=0.01),
-    "tiny-phi3": Bounds(max_abs=1e-3, max_abs_decode=1e-3, mean=2e-4, ppl_rel=1e-4, min_decisive=10, margin=0.01),
+    # measured max / mean / ppl: qwen3 6.2e-4 / 1.1e-4 / +0.001 %, gemma3 6.3e-4 / 1.4e-4 / +0.000 %,
+    # gemma2 4.1e-4 / 8.8e-5 / +0.000 %, phi3 2.5e-4 / 5.6e-5 / -0.000 % (decode path the same)
+    **{name: Bounds(max_abs=1e-3, max_abs_decode=1e-3, max_centered=1e-3, mean=2e-4, ppl_rel=1e-4, min_decisive=10,
+                    margin=0.01) for name in ("tiny-qwen3", "tiny-gemma3", "tiny-gemma2", "tiny-phi3")},
 }
 MODELS = list(BOUNDS)
 
@@ -132,25 +140,30 @@ def test_tokenization_matches_llamacpp(name, model):
 
 
 def _compare(ref: dict, rows_of_case, margin: float) -> dict:
-    worst, means, agree, decisive = 0.0, [], 0, 0
+    worst, centered, means, agree, decisive = 0.0, 0.0, [], 0, 0
     for case in ref["greedy"]:
         ids = case["prompt_ids"] + [s["token"] for s in case["steps"]]
         rows = rows_of_case(case, ids)
         for j, step in enumerate(case["steps"]):
-            diffs = [abs(rows[j][tid].item() - v) for tid, v in step["top"]]
+            signed = [rows[j][tid].item() - v for tid, v in step["top"]]
+            diffs = [abs(d) for d in signed]
             worst = max(worst, max(diffs))
+            shift = statistics.mean(signed)
+            centered = max(centered, max(abs(d - shift) for d in signed))
             means.append(statistics.mean(diffs))
             (t1, l1), (_, l2) = step["top"][:2]
             if l1 - l2 >= margin:
                 decisive += 1
                 agree += int(rows[j].argmax().item() == t1)
-    return {"max": worst, "mean": statistics.mean(means), "agree": agree, "decisive": decisive}
+    return {"max": worst, "centered": centered, "mean": statistics.mean(means), "agree": agree,
+            "decisive": decisive}
 
 
 def _assert_within(name: str, r: dict, max_abs: float) -> None:
     b = BOUNDS[name]
     print(f"{name}: {r}")
     assert r["max"] <= max_abs
+    assert r["centered"] <= b.max_centered
     assert r["mean"] <= b.mean
     assert r["decisive"] >= b.min_decisive
     assert r["agree"] == r["decisive"]
