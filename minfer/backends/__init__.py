@@ -30,9 +30,9 @@ def create_backend(config: EngineConfig, comm=None) -> Backend:
     if config.device == "cuda":
         import torch
 
-        from ..kernels._common import interpreting
+        from ..kernels import triton_interpreting  # DeviceError when triton is not installed
 
-        if not torch.cuda.is_available() and not interpreting():
+        if not triton_interpreting() and not torch.cuda.is_available():
             raise DeviceError("device 'cuda' requested but no CUDA GPU is visible to torch; use --device cpu")
         from .cuda import CUDABackend
 

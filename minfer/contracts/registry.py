@@ -3,7 +3,9 @@
 `load_registry()` reads `minfer/kernels/contracts/*.fkc.md` (or the files given), validates each
 section (validate.py), and binds every valid `registrable: true` section to its launcher by
 importing its `entry_point`. A section with errors is listed with them and never bound, so a
-broken contract cannot be dispatched to. Judge measurements (judge.py's JSON report) are read
+broken contract cannot be dispatched to. A valid section whose module needs a package this
+machine lacks (triton, for the CUDA backend's kernels) is left unbound with that reason
+(`Registry.unbound`); the other backends' kernels bind as usual. Judge measurements (judge.py's JSON report) are read
 back when a report is given or `minfer/kernels/contracts/judge.json` exists; a measurement is
 used only while the kernel's revision hash still matches the one the judge measured.
 """
@@ -23,7 +25,7 @@ from ..errors import ContractError, MinferError
 from .ops import OpSpec, op_spec
 from .parser import parse_file
 from .schema import ContractFile, KernelContract
-from .validate import resolve_entry_point, validate_file
+from .validate import DependencyMissing, resolve_entry_point, validate_file
 
 CONTRACTS_DIR = Path(__file__).resolve().parents[1] / "kernels" / "contracts"
 JUDGE_REPORT = CONTRACTS_DIR / "judge.json"
@@ -81,6 +83,7 @@ class Registry:
     kernels: dict[str, BoundKernel]
     measurements: dict[str, Measurement] = field(default_factory=dict)
     copy_bandwidth: dict[str, float] = field(default_factory=dict)  # backend -> bytes/s the judge measured
+    unbound: dict[str, str] = field(default_factory=dict)  # valid kernel -> why it cannot bind here (a missing package)
 
     def sections(self) -> Iterable[KernelContract]:
         for f in self.files:
@@ -135,6 +138,7 @@ def load_registry(
     files = [parse_file(p) for p in (sorted(CONTRACTS_DIR.glob("*.fkc.md")) if paths is None else paths)]
     errors: dict[str, list[ContractError]] = {}
     kernels: dict[str, BoundKernel] = {}
+    unbound: dict[str, str] = {}
     seen: dict[str, str] = {}
     for cf in files:
         names = {s.kernel for s in cf.sections}
@@ -148,11 +152,15 @@ def load_registry(
             seen.setdefault(sec.kernel, cf.path)
             if not sec.registrable or errors.get(sec.kernel):
                 continue
-            fn = resolve_entry_point(sec.entry_point, trusted)  # validated above, so it resolves
+            try:  # validated above, so it resolves unless an optional package is missing
+                fn = resolve_entry_point(sec.entry_point, trusted)
+                layouts = {i.name: resolve_entry_point(i.load_layout, trusted) for i in sec.inputs if i.load_layout}
+            except DependencyMissing as e:
+                unbound[sec.kernel] = str(e)
+                continue
             base = cf.provider.revision_base if cf.provider else None
-            layouts = {i.name: resolve_entry_point(i.load_layout, trusted) for i in sec.inputs if i.load_layout}
             kernels[sec.kernel] = BoundKernel(sec, fn, revision_of(sec, fn, base), _takes_out(fn), layouts)
-    reg = Registry(files, errors, kernels)
+    reg = Registry(files, errors, kernels, unbound=unbound)
     report = Path(judge_report) if judge_report else (JUDGE_REPORT if JUDGE_REPORT.is_file() else None)
     if report is not None:
         read_judge_report(reg, report)

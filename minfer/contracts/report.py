@@ -1,7 +1,8 @@
 """What `minfer kernels` prints: the contract listing and the check of outside contract files.
 
 - `listing(registry)`: every contract section of the package (registrable or not): file:line,
-  kernel, op, backend, validation result, bound launcher; `format_listing` as a table.
+  kernel, op, backend, validation result, bound launcher (or why a valid kernel is unbound: a
+  package it needs is missing); `format_listing` as a table.
 - `check_files(paths)`: validate any contract files; one line per error (rule, section, field,
   reason); exit status 1 when there is any error.
 """
@@ -34,6 +35,7 @@ def listing(reg: Registry) -> list[dict]:
                     "valid": not errors,
                     "errors": [str(e) for e in errors],
                     "launcher": sec.entry_point if bound else None,
+                    "unbound": reg.unbound.get(sec.kernel),
                     "revision": bound.revision if bound else None,
                     "overhead_ns": measured,
                     "blurb": sec.blurb,
@@ -43,7 +45,7 @@ def listing(reg: Registry) -> list[dict]:
         if path.endswith(".md"):  # file-level problems (parse errors, front matter)
             rows.append({"kernel": "-", "file": Path(path).name, "line": 0, "op": None, "backend": None,
                          "registrable": False, "valid": False, "errors": [str(e) for e in errors],
-                         "launcher": None, "revision": None, "overhead_ns": None, "blurb": ""})
+                         "launcher": None, "unbound": None, "revision": None, "overhead_ns": None, "blurb": ""})
     return rows
 
 
@@ -51,7 +53,7 @@ def format_listing(rows: list[dict]) -> str:
     head = f"{'kernel':<18} {'op':<14} {'backend':<8} {'reg':<4} {'contract':<26} {'status':<10} launcher"
     lines = [head, "-" * len(head)]
     for r in rows:
-        status = "ok" if r["valid"] else f"{len(r['errors'])} error(s)"
+        status = ("unbound" if r.get("unbound") else "ok") if r["valid"] else f"{len(r['errors'])} error(s)"
         where = f"{r['file']}:{r['line']}"
         launcher = r["launcher"] or ("-" if r["registrable"] else "(describe-only)")
         reg = "yes" if r["registrable"] else "no"
@@ -62,8 +64,16 @@ def format_listing(rows: list[dict]) -> str:
     bad = [r for r in rows if r["errors"]]
     for r in bad:
         lines += [f"  {r['kernel']}: {e}" for e in r["errors"]]
+    reasons: dict[str, list[str]] = {}
+    for r in rows:
+        if r.get("unbound"):
+            reasons.setdefault(r["unbound"].split(" needs ", 1)[-1], []).append(r["kernel"])
+    lines += [f"  unbound ({len(ks)}: {', '.join(ks[:3])}{', ...' if len(ks) > 3 else ''}): needs {why}"
+              for why, ks in reasons.items()]
     n_bound = sum(1 for r in rows if r["launcher"])
-    lines.append(f"{len(rows)} sections, {n_bound} bound, {len(bad)} with errors")
+    n_unbound = sum(len(ks) for ks in reasons.values())
+    lines.append(f"{len(rows)} sections, {n_bound} bound, {len(bad)} with errors"
+                 + (f", {n_unbound} unbound (a package is missing)" if n_unbound else ""))
     return "\n".join(lines)
 
 

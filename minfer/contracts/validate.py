@@ -442,6 +442,14 @@ def _check_cost_precision(sec: KernelContract, report: _Report) -> None:
 
 
 KERNEL_PACKAGE = "minfer.kernels"  # the only package entry points and load layouts may name
+# optional packages a kernel module may need -> how to install them (pyproject's extras)
+OPTIONAL_PACKAGES = {"triton": "pip install 'minfer[gpu]'", "wgpu": "pip install 'minfer[vulkan]'"}
+
+
+class DependencyMissing(ValueError):
+    """An entry point's module needs an optional package this machine lacks (triton for the CUDA
+    backend's kernels). Not a contract error: the contract is valid, its kernel cannot run here;
+    the registry lists it as unbound with this reason."""
 _KERNELS_DIR = Path(__file__).resolve().parents[1] / "kernels"
 _DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
@@ -470,10 +478,11 @@ def resolve_entry_point(entry: str, trusted: tuple[str, ...] = ()) -> Callable:
     try:
         obj: Any = importlib.import_module(module)
     except Exception as e:  # noqa: BLE001 - any import failure is the contract's problem to report
-        hint = ""
-        if isinstance(e, ImportError) and (e.name or "").split(".")[0] == "triton":
-            hint = " (the Triton kernels need triton: pip install 'minfer[gpu]')"
-        raise ValueError(f"importing {module!r} failed: {type(e).__name__}: {e}{hint}") from None
+        missing = (e.name or "").split(".")[0] if isinstance(e, ImportError) else ""
+        if missing in OPTIONAL_PACKAGES:
+            raise DependencyMissing(f"{module!r} needs {missing}, which is not installed "
+                                    f"({OPTIONAL_PACKAGES[missing]})") from None
+        raise ValueError(f"importing {module!r} failed: {type(e).__name__}: {e}") from None
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ValueError(f"{module!r} has no attribute {attr!r}")
@@ -521,10 +530,14 @@ def _check_registrable(sec: KernelContract, report: _Report, bind: bool, trusted
         if inp.load_layout:
             try:
                 resolve_entry_point(inp.load_layout, trusted)
+            except DependencyMissing:
+                return  # (unbindable here, not invalid: the registry says why)
             except ValueError as e:
                 report("EntryPointUnresolved", f"accept.inputs[{i}].load_layout", str(e))
     try:
         fn = resolve_entry_point(sec.entry_point, trusted)
+    except DependencyMissing:
+        return
     except ValueError as e:
         report("EntryPointUnresolved", "entry_point", str(e))
         return

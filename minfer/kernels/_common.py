@@ -1,11 +1,10 @@
 """Launcher plumbing shared by the Triton kernel families, and the jit helpers they share.
 
 Every launcher does three things in order (Triton-tutorial style, seed 000 §2.2): check its
-invariants, allocate or take `out`, compute the grid and launch. The checks live here so each
-family states *what* it requires in one line and every failure reads the same way: the
-launcher's name, what was expected, what was found. Invariant failures raise
-UnsupportedError (DeviceError for a tensor on the wrong device), never a bare ValueError and
-never a crash inside the kernel.
+invariants, allocate or take `out`, compute the grid and launch. The torch-only checks live in
+checks.py (re-exported here); this module adds what needs Triton: `check_device` (the device the
+kernels compile for: cuda, or cpu under the interpreter), `interpreting()`, PDL and the jit
+helpers.
 
 Programmatic dependent launch (PDL, Hopper and later): every kernel of a step is launched with
 `**pdl_args()`, which lets the GPU start it while the kernel before it is still running. Each
@@ -33,6 +32,13 @@ import triton.language as tl
 
 from ..config import env
 from ..errors import DeviceError, UnsupportedError
+from .checks import check_int, check_tensor, make_out, rows_view, same_device, view_as
+
+__all__ = [  # the checks are re-exported: a Triton launcher imports its plumbing from here
+    "cdiv", "check_device", "check_grid", "check_int", "check_tensor", "make_out", "rows_view", "view_as",
+    "interpreting", "pdl_args", "as_in_graphs", "wait_prior", "release_next", "release_late", "grouped_tile",
+    "cast_for", "f32_to_bf16_rne", "INTERPRETING",
+]
 
 MAX_GRID_X = 2**31 - 1  # CUDA grid limit on axis 0
 MAX_GRID_YZ = 2**16 - 1  # CUDA grid limit on axes 1 and 2
@@ -133,95 +139,17 @@ def check_grid(what: str, grid: Sequence[int]) -> tuple[int, ...]:
     return tuple(grid)
 
 
-def check_tensor(
-    what: str,
-    name: str,
-    t: object,
-    dtypes: Sequence[torch.dtype],
-    ndim: int | Sequence[int] | None = None,
-) -> torch.Tensor:
-    """`t` must be a contiguous torch tensor of one of `dtypes` (and of rank `ndim` if given)."""
-    if not isinstance(t, torch.Tensor):
-        raise UnsupportedError(f"{what}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in dtypes:
-        allowed = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
-        found = str(t.dtype).removeprefix("torch.")
-        raise UnsupportedError(f"{what}: {name} must have dtype {allowed}, got {found}")
-    if ndim is not None:
-        ranks = (ndim,) if isinstance(ndim, int) else tuple(ndim)
-        if t.dim() not in ranks:
-            wanted = " or ".join(map(str, ranks))
-            raise UnsupportedError(f"{what}: {name} must have rank {wanted}, got {t.dim()}")
-    if not t.is_contiguous():
-        layout = f"shape {tuple(t.shape)}, strides {t.stride()}"
-        raise UnsupportedError(f"{what}: {name} must be contiguous ({layout})")
-    return t
-
-
-def rows_view(what: str, name: str, x: torch.Tensor, width: int | None = None) -> torch.Tensor:
-    """`x` as [rows, width] with contiguous rows (any row stride): a 2-D tensor whose last dim has
-    stride 1, e.g. a column slice of a wider activation."""
-    if not isinstance(x, torch.Tensor):
-        raise UnsupportedError(f"{what}: {name} must be a torch.Tensor, got {type(x).__name__}")
-    if x.dim() == 1:
-        x = x.view(1, -1)
-    if x.dim() != 2 or (x.shape[1] > 1 and x.stride(1) != 1) or (x.shape[0] > 1 and x.stride(0) < x.shape[1]):
-        raise UnsupportedError(f"{what}: {name} must be [rows, width] with contiguous rows, got shape "
-                               f"{tuple(x.shape)} strides {x.stride()}")
-    if width is not None and x.shape[1] != width:
-        raise UnsupportedError(f"{what}: {name} must have {width} columns, got {x.shape[1]}")
-    return x
-
-
-def check_int(what: str, name: str, value: object, minimum: int = 0) -> int:
-    """`value` must be a Python int (not a bool) of at least `minimum`."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise UnsupportedError(f"{what}: {name} must be an int >= {minimum}, got {value!r}")
-    return value
-
-
 def check_device(what: str, **tensors: torch.Tensor | None) -> torch.device:
-    """All tensors on one device, and one the kernels can run on; returns that device.
+    """All tensors on one device, and one the Triton kernels can run on; returns that device.
 
-    Compiled kernels need CUDA tensors; the interpreter (CI, no GPU) runs on CPU tensors.
+    Compiled kernels need CUDA tensors; the interpreter (CI, no GPU) runs on CPU tensors. (Kernels
+    written in torch check with `checks.same_device` alone: they run on any device.)
     """
-    first = None
-    for t in tensors.values():
-        if t is None:
-            continue
-        if first is None:
-            first = t.device
-        elif t.device != first:
-            found = ", ".join(f"{name} on {t.device}" for name, t in tensors.items() if t is not None)
-            raise DeviceError(f"{what}: all tensors must be on one device, found {found}")
+    first = same_device(what, **tensors)
     if first.type != _WANTED_DEVICE:
         mode = "the Triton interpreter" if _WANTED_DEVICE == "cpu" else "compiled Triton kernels"
         raise DeviceError(f"{what}: {mode} need {_WANTED_DEVICE} tensors, got tensors on {first}")
     return first
-
-
-def make_out(
-    what: str, out: torch.Tensor | None, shape: Sequence[int], dtype: torch.dtype, device: torch.device
-) -> torch.Tensor:
-    """`out` checked against (shape, dtype, device, contiguous), or a fresh tensor of that spec."""
-    shape = tuple(int(s) for s in shape)
-    if out is None:
-        return torch.empty(shape, dtype=dtype, device=device)
-    check_tensor(what, "out", out, (dtype,))
-    if tuple(out.shape) != shape:
-        raise UnsupportedError(f"{what}: out must have shape {shape}, got {tuple(out.shape)}")
-    if out.device != device:
-        raise DeviceError(f"{what}: out must be on {device}, got {out.device}")
-    return out
-
-
-def view_as(what: str, raw: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The flat bytes of `raw` reinterpreted as `dtype` (no copy); refused if misaligned."""
-    flat = raw.reshape(-1)
-    try:
-        return flat.view(dtype)
-    except RuntimeError as e:
-        raise UnsupportedError(f"{what}: cannot read the bytes as {dtype} in place: {e}") from None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,7 +15,9 @@ the same token from the same logits (up to float rounding of the softmax at a CD
   index of equal values, as the Argmax contract), the others the chain over the KMAX largest
   logits. The device takes rows with 1 <= top_k <= KMAX; others are sampled on the host.
 
-This module imports torch only (the host sampler uses it on machines without Triton).
+This module imports torch only: the host sampler and the vulkan backend's sampled rows run it on
+machines without Triton, on host tensors; the cuda backend runs it on the GPU inside the decode
+graph.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 
 from .. import rng
 from ..errors import UnsupportedError
+from .checks import check_tensor, make_out, rows_view, same_device
 
 KMAX = 64  # candidates per row on the device: the largest top_k it samples (llama.cpp's default is 40)
 PARAM_ROWS = 7  # top_k, temperature, top_p, min_p (f32 bits), seed low, seed high, token index
@@ -92,8 +95,6 @@ def sample_rows(x: torch.Tensor, params: torch.Tensor, out: torch.Tensor | None 
     (`pack_params`): the argmax where the temperature is 0, else the sampling chain over the
     min(KMAX, V) largest logits with top_k clamped to 1..KMAX (the backend sends only rows
     whose top_k is in that range)."""
-    from ._common import check_device, check_tensor, make_out, rows_view  # (Triton: the host sampler needs none)
-
     what = "sample_rows"
     x2 = rows_view(what, "x", x)
     check_tensor(what, "params", params, (torch.int32,), ndim=2)
@@ -102,7 +103,7 @@ def sample_rows(x: torch.Tensor, params: torch.Tensor, out: torch.Tensor | None 
         raise UnsupportedError(f"{what}: params must be [{PARAM_ROWS}, {rows}], got {tuple(params.shape)}")
     if x2.shape[1] < 1:
         raise UnsupportedError(f"{what}: rows of width 0 have no token")
-    device = check_device(what, x=x2, params=params, out=out)
+    device = same_device(what, x=x2, params=params, out=out)  # any device (vulkan: the host)
     out = make_out(what, out, (rows,), torch.int32, device)
     fl = params[1:4].contiguous().view(torch.float32)
     temp, top_p, min_p = fl[0], fl[1], fl[2]

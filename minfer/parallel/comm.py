@@ -36,10 +36,11 @@ CONTROL_TIMEOUT_S = 365 * 24 * 3600
 
 
 def _interpreting() -> bool:
-    """Whether the cuda backend runs under the Triton interpreter (host tensors)."""
-    from ..kernels._common import interpreting  # triton: only for device "cuda"
+    """Whether the cuda backend runs under the Triton interpreter (host tensors); DeviceError
+    when triton is not installed."""
+    from ..kernels import triton_interpreting  # triton: only for device "cuda"
 
-    return interpreting()
+    return triton_interpreting()
 
 
 class Communicator:
