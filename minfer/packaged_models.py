@@ -69,7 +69,7 @@ def installed(m: PackagedModel) -> bool:
     return all(_chunk(p, c) is not None for p, c in m.parts)
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
         while block := f.read(1 << 20):
@@ -100,7 +100,7 @@ def model_path(m: PackagedModel) -> Path:
                 with c.open("rb") as src:
                     while block := src.read(1 << 20):
                         f.write(block)
-        digest = _sha256(tmp)
+        digest = sha256_file(tmp)
         if digest != m.sha256:
             raise MinferError(f"{m.name}: the installed chunks make a file of sha256 {digest}, expected "
                               f"{m.sha256}; reinstall: {m.install_command}")

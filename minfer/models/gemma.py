@@ -35,7 +35,7 @@ from ..errors import MetadataError
 from ..gguf.reader import GGUFReader
 from ..graph.builder import GraphBuilder
 from ..graph.ir import ROWS, TOKENS, Graph
-from .llama import _BLOCK, MAX_CONTEXT, MAX_DIM, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS
+from .llama import MAX_CONTEXT, MAX_DIM, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, check_blocks
 from .rope_scaling import RopeScaling, read_rope_scaling
 
 MAX_SOFTCAP = 1e4
@@ -167,15 +167,7 @@ def check_args(a: GemmaArgs, r: GGUFReader) -> None:
     if a.arch == "gemma2" and not (a.attn_softcap > 0 and a.final_softcap > 0):
         raise MetadataError(k + "final_logit_softcapping", "gemma2 soft-caps attention and logits: must be > 0, "
                             f"found {a.attn_softcap} / {a.final_softcap}")
-    layers = {int(m.group(1)) for m in (_BLOCK.match(n) for n in r.tensors) if m}
-    if layers != set(range(a.n_layer)):
-        found = f"blk.0..blk.{max(layers)}" if layers else "no blk.N tensors"
-        raise MetadataError(k + "block_count", f"says {a.n_layer} layers, the file holds {found} "
-                            f"({len(layers)} distinct)")
-    q = r.tensors.get("blk.0.attn_q.weight")
-    if q is not None and (len(q.shape) != 2 or q.shape[-1] != a.n_head * a.head_dim):
-        raise MetadataError(k + "attention.head_count", f"{a.n_head} heads of {a.head_dim} do not match "
-                            f"blk.0.attn_q.weight's shape {list(q.shape)}")
+    check_blocks(k, a.n_layer, a.n_head, a.head_dim, r)
 
 
 def build_graph(a: GemmaArgs, part=None) -> Graph:

@@ -136,14 +136,20 @@ def check_args(a: LlamaArgs, r: GGUFReader) -> None:
     for key, v, ok in sane:
         if not (math.isfinite(v) and ok):
             raise MetadataError(k + key, f"is not a sane value: {v}")
+    check_blocks(k, a.n_layer, a.n_head, a.head_dim, r)
+
+
+def check_blocks(k: str, n_layer: int, n_head: int, head_dim: int, r: GGUFReader) -> None:
+    """MetadataError unless the file holds exactly blk.0 .. blk.{n_layer-1} and blk.0's attn_q
+    (where there is one) has n_head * head_dim outputs; `k` is the "arch." key prefix."""
     layers = {int(m.group(1)) for m in (_BLOCK.match(n) for n in r.tensors) if m}
-    if layers != set(range(a.n_layer)):
+    if layers != set(range(n_layer)):
         found = f"blk.0..blk.{max(layers)}" if layers else "no blk.N tensors"
-        raise MetadataError(k + "block_count", f"says {a.n_layer} layers, the file holds {found} "
+        raise MetadataError(k + "block_count", f"says {n_layer} layers, the file holds {found} "
                             f"({len(layers)} distinct)")
     q = r.tensors.get("blk.0.attn_q.weight")
-    if q is not None and (len(q.shape) != 2 or q.shape[-1] != a.n_head * a.head_dim):
-        raise MetadataError(k + "attention.head_count", f"{a.n_head} heads of {a.head_dim} do not match "
+    if q is not None and (len(q.shape) != 2 or q.shape[-1] != n_head * head_dim):
+        raise MetadataError(k + "attention.head_count", f"{n_head} heads of {head_dim} do not match "
                             f"blk.0.attn_q.weight's shape {list(q.shape)}")
 
 

@@ -19,7 +19,6 @@ near-tie; perplexity within the model's bound.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shlex
@@ -31,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from minfer.backends.base import Batch
+from minfer.packaged_models import sha256_file
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 ROOT = FIXTURES.parents[1]
@@ -70,14 +69,6 @@ MODELS = list(BOUNDS)
 
 def _ref(name: str) -> dict:
     return json.loads((FIXTURES / name / "llamacpp.json").read_text(encoding="utf-8"))
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
 
 
 @pytest.fixture(scope="session")
@@ -129,7 +120,7 @@ def gemma3_path_lazy(request):
 @pytest.mark.parametrize("name", [m for m in MODELS if m.startswith("tiny-")])
 def test_synth_makes_the_file_llamacpp_ran(name, synth_file):
     """The committed fixture belongs to the file `minfer synth` makes today, byte for byte."""
-    assert _sha256(synth_file(name)) == _ref(name)["model_sha256"]
+    assert sha256_file(synth_file(name)) == _ref(name)["model_sha256"]
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -181,15 +172,13 @@ def test_prefill_logits_match_llamacpp(name, model):
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_decode_logits_match_llamacpp(name, model):
-    backend = model(name).engine.backend
+def test_decode_logits_match_llamacpp(name, model, raw):
+    engine = model(name).engine
 
-    def rows(case, ids):
+    def rows(case, ids):  # the prompt, then teacher-forced decode steps on slot 0
         n0 = len(case["prompt_ids"])
-        out = [backend.forward(Batch.single(ids[:n0], 0))[0]]
-        for pos in range(n0, len(ids) - 1):  # teacher-forced decode steps on slot 0
-            out.append(backend.forward(Batch.build([(0, pos, [ids[pos]])], [0], n_decode=1))[0])
-        return out
+        return [raw.prefill(engine, 0, ids[:n0], rows=[n0 - 1])[0],
+                *(raw.decode(engine, 0, ids[pos], pos) for pos in range(n0, len(ids) - 1))]
 
     _assert_within(name, _compare(_ref(name), rows, BOUNDS[name].margin), BOUNDS[name].max_abs_decode)
 
