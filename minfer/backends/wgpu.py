@@ -160,7 +160,7 @@ class WGPUBackend:
     # ------------------------------------------------------------------ load
     def load(self, graph: Graph, reader: GGUFReader, progress: bool = True) -> None:
         """Pick every node's kernels and upload the weights (once)."""
-        require_base_features(graph, "vulkan")
+        require_base_features(graph, self.name)
         self.graph, self._reader = graph, reader
         self._q8 = self._q8_feeds(graph)
         self._fused_norms = add_norm_pairs(graph)
