@@ -52,3 +52,11 @@ def test_every_real_shape_preset_builds_its_graph(preset, quant, tmp_path):
     with GGUFReader(path) as r:
         args, graph = registry.build(r)
     assert args.n_layer == PRESETS[preset].n_layers and graph.meta["n_vocab"] == PRESETS[preset].vocab
+
+
+def test_vulkan_backend_refuses_a_gemma_file_at_load(tiny_gguf):
+    """End to end on lavapipe (CI installs it): a typed error naming what is missing, no kernel run."""
+    from minfer.api import load
+
+    with pytest.raises(UnsupportedError, match=r"vulkan backend: gemma3 needs Attention\.window, GeGLU"):
+        load(tiny_gguf("tiny-gemma3"), device="vulkan", progress=False)
