@@ -320,15 +320,16 @@ PHI3_TEMPLATE = (
 
 def spm_vocab(vocab_size: int, specials: tuple[str, ...]) -> tuple[list[str], list[float], list[int]]:
     """A SentencePiece vocabulary of exactly `vocab_size` tokens: the specials (control), the 256
-    byte tokens `<0xNN>` (byte fallback), the printable ASCII characters and "▁", then the
-    merged words of `synth_vocab` with "▁" for its space, scored in merge order (SPM merges the
+    byte tokens `<0xNN>` (byte fallback), "▁" and the printable ASCII characters (as many as fit),
+    then the merged words of `synth_vocab` with "▁" for its space, scored in merge order (SPM merges the
     pair whose joined piece scores highest, so the earlier merges win, as in BPE). Returns
     (tokens, scores, token_types); deterministic in its arguments."""
-    singles = [SPM_SPACE] + [chr(c) for c in range(0x21, 0x7F)]
-    n_words = vocab_size - len(specials) - 256 - len(singles)
-    if n_words < 0:
+    room = vocab_size - len(specials) - 256
+    if room < 0:
         raise UnsupportedError(f"vocab {vocab_size} is too small for a SentencePiece vocabulary: it needs "
-                               f"{len(specials)} specials + 256 bytes + {len(singles)} characters")
+                               f"{len(specials)} specials + 256 byte tokens")
+    singles = ([SPM_SPACE] + [chr(c) for c in range(0x21, 0x7F)])[:room]  # a small vocab keeps the first ones
+    n_words = room - len(singles)
     _, _, merges, _ = synth_vocab(n_words + 256 + len(SPECIALS), specials_first=False)
     space = byte_to_unicode()[ord(" ")]
     words = [m.replace(" ", "").replace(space, SPM_SPACE) for m in merges]
