@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
-import os
 import secrets
 import sys
 import time
@@ -35,6 +34,7 @@ from typing import Any
 
 import torch
 
+from ..config import set_process_env
 from ..quant import reference
 from ..quant.types import QuantInfo, by_name
 from .harness import HARNESS, MODELS, SIZE_CLASSES, Setting
@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--failures", action="store_true", help="list failing cases only")
     args = ap.parse_args(argv)
     if args.device == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"  # before the registry imports the triton kernels
+        set_process_env("TRITON_INTERPRET", "1", default_only=False)  # before the registry imports triton
         # the interpreter computes with numpy, which warns on the inf/NaN arithmetic of random bits
         warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
     elif args.device == "cuda" and not torch.cuda.is_available():

@@ -174,6 +174,34 @@ OPS: dict[str, OpSpec] = {
 }
 
 
+@dataclass(frozen=True)
+class Capability:
+    """Something a kernel can do beyond its op, declared in its contract (`caps.also`) and asked
+    for by the compiler (backends/compile.py) when a fusion of graph/fuse.py pairs two nodes. The
+    launcher takes `keywords` for it (the validator checks)."""
+
+    name: str
+    keywords: tuple[str, ...]
+    summary: str
+
+
+CAPABILITIES: dict[str, Capability] = {
+    c.name: c
+    for c in [
+        Capability("q8_out", ("q8",), "also writes its output's int8 records into `q8` (a buffer of "
+                   "quantize_act_q8's / q8_records' layout) for the matmul that reads them"),
+        Capability("q8_in", ("xq",), "reads x's int8 records from `xq` (written by the node before it) instead of "
+                   "quantizing x; `caps.q8_passes` names the function giving the passes it reads for a weight"),
+        Capability("kv_out_f16", ("cache_k", "cache_v", "row_slots", "layer", "n_head_kv"),
+                   "a fused q+k+v projection that also writes the row's k and v into an f16 KV cache"),
+        Capability("kv_skip", ("kv_written",), "an attention that skips its own KV write (`kv_written=True`) "
+                   "when the projection before it wrote the row's k and v"),
+        Capability("residual_in_place", ("sum_out",), "a fused add + norm whose sum `sum_out` may be x itself "
+                   "(the residual written over in place)"),
+    ]
+}
+
+
 def op_spec(name: str) -> OpSpec | None:
     """The op kind or fused op called `name`, or None."""
     return OPS.get(name)

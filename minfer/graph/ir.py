@@ -41,6 +41,11 @@ class Op(StrEnum):
     SCALE = "Scale"  # out = x * scale (gemma's embedding scale sqrt(n_embd))
     SOFTCAP = "SoftCap"  # out = cap * tanh(x / cap) (gemma2's final-logit soft-capping)
     SLICE = "Slice"  # out = x[..., start:stop] (a view: splits a fused MatMul's output)
+    PICK = "Pick"  # out = value `index` of a fused node that returns several (params: index)
+    # fused ops (graph/fuse.py): one node standing for several, with those nodes as its `parts`
+    ADD_RMS_NORM = "AddRMSNorm"  # (h, RMSNorm(h)) with h = a + b: the residual add and the norm after it
+    MATMUL_SWIGLU = "QMatMulSwiGLU"  # SwiGLU of the two halves of a stacked gate+up MatMul
+    MATMUL_ROPE = "QMatMulRoPE"  # (RoPE of the first columns of y, y), y = a stacked q+k+v MatMul (+ bias)
     # tensor parallelism (parallel/, one graph per rank): run by the plan through a communicator
     ALL_REDUCE = "AllReduce"  # out = the sum of x over the ranks (float32)
     ALL_GATHER = "AllGather"  # out = the ranks' x side by side in the last dim (float32)
@@ -49,6 +54,7 @@ class Op(StrEnum):
 
 
 PARALLEL_OPS = frozenset({Op.ALL_REDUCE, Op.ALL_GATHER, Op.LOCAL_IDS, Op.MASK_ROWS})
+FUSED_OPS = frozenset({Op.ADD_RMS_NORM, Op.MATMUL_SWIGLU, Op.MATMUL_ROPE})
 
 # Params beyond each op's base set. A model sets them only where they differ from the base
 # behaviour, so a llama / qwen2 graph carries none of them, and a backend that has not implemented
@@ -83,7 +89,7 @@ EXTENDED_OPS = frozenset({Op.GEGLU, Op.SCALE, Op.SOFTCAP})
 class WeightRef:
     """A weight tensor a node reads: its GGUF name and the shape the model needs (GGUF order).
 
-    A fused weight (graph/passes.py) has `parts`: the real tensors whose rows it stacks, in
+    A fused weight (graph/fuse.py) has `parts`: the real tensors whose rows it stacks, in
     order; its name is only a label and its shape is (in, sum of the parts' out)."""
 
     name: str
@@ -98,7 +104,14 @@ class WeightRef:
 
 @dataclass(frozen=True)
 class Node:
-    """One operation. `inputs` are ids of earlier nodes; `weights` maps a role ("w", "b") to a weight."""
+    """One operation. `inputs` are ids of earlier nodes; `weights` maps a role ("w", "b") to a weight.
+
+    A fused node (op in FUSED_OPS, made by graph/fuse.py) also carries the nodes it stands for:
+    `parts`, a small graph of its own whose ids are local: ids 0..len(inputs)-1 are the fused
+    node's inputs, part j has id len(inputs) + j and reads lower local ids. `exports` are the
+    local ids of the values it returns: one export is its value, several a tuple that Pick nodes
+    read. A backend runs a fused node as one kernel where a contract accepts it, and its parts
+    where none does (e.g. a decode row's fused GEMV epilogue, and the plain kernels for prompts)."""
 
     id: int
     name: str
@@ -109,6 +122,13 @@ class Node:
     layer: int | None = None
     weights: dict[str, WeightRef] = field(default_factory=dict)
     params: dict[str, Any] = field(default_factory=dict)
+    parts: tuple[Node, ...] = ()
+    exports: tuple[int, ...] = ()
+
+    @property
+    def n_values(self) -> int:
+        """How many values the node returns (a fused node with several exports: a tuple)."""
+        return max(1, len(self.exports))
 
 
 def extended_features(graph: Graph) -> list[str]:
@@ -142,6 +162,12 @@ class Graph:
                 last[i] = n.id
         last[self.output] = len(self.nodes)  # the output outlives the step
         return last
+
+    @property
+    def logits_id(self) -> int:
+        """The matmul that makes the logits: the output, or the node a final SoftCap reads."""
+        out = self.nodes[self.output]
+        return out.inputs[0] if out.op == Op.SOFTCAP else out.id
 
     def trace_nodes(self, kernels: dict[int, str] | None = None) -> list[dict]:
         """Nodes as TraceRecorder.set_graph wants them. Symbolic dims become -1 ("per step");

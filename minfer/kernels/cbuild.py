@@ -1,8 +1,9 @@
 """Build a C source of minfer's once per machine and load it (ctypes): the cpu backend's VNNI kernels
-(csrc/q4_vnni.c) and the vulkan backend's replay encoder (csrc/wgpu_replay.c).
+(q4_vnni.c) and the vulkan backend's replay encoder (kernels/wgpu/replay.c).
 
-The system C compiler (`cc`, or $CC) writes the library into minfer's cache directory
-($MINFER_CACHE, else ~/.cache/minfer) under a name that hashes the source and flags, so an edit
+The system C compiler (`cc`, or $CC) writes the library into minfer's cache directory (the
+backend's EngineConfig.cache_dir: $MINFER_CACHE, else ~/.cache/minfer; `use_cache_dir`) under a
+name that hashes the source and flags, so an edit
 rebuilds and concurrent builds write the same bytes (the rename is atomic). Where there is no
 compiler, no writable cache, or the build fails, `build` returns None and the caller keeps its
 pure-Python or torch path.
@@ -19,17 +20,24 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from ..config import env
+from ..config import c_compiler
+
+_CACHE = [Path.home() / ".cache" / "minfer"]
+
+
+def use_cache_dir(path: str | Path) -> None:
+    """Where libraries are built from now on (a backend passes its EngineConfig.cache_path)."""
+    _CACHE[0] = Path(path)
 
 
 def cache_dir() -> Path:
-    return Path(env("MINFER_CACHE", "") or Path.home() / ".cache" / "minfer")
+    return _CACHE[0]
 
 
 def build(source: Path, flags: list[str], fallback: str) -> ctypes.CDLL | None:
     """source compiled with flags (plus -shared -fPIC) and loaded, or None; `fallback` names what
     the caller does instead (said in the warning a failed build gives)."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    cc = c_compiler() or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         return None
     try:

@@ -1,4 +1,4 @@
-"""The reference math of the qwen3 / gemma / phi3 ops (backends/cpu_ops.py) against direct,
+"""The reference math of the qwen3 / gemma / phi3 ops (backends/cpu/ops.py) against direct,
 element-by-element transcriptions of llama.cpp's definitions (ggml-cpu ops.cpp rope_yarn and
 ggml_rope_yarn_corr_dims, llama-hparams is_masked_swa, gemma2's soft-cap), and the graph rules
 around them (passes, the GPU backends' refusal)."""
@@ -10,12 +10,10 @@ import math
 import pytest
 import torch
 
-from minfer.backends import cpu_ops
-from minfer.backends.calls import require_base_features
-from minfer.errors import UnsupportedError
+from minfer.backends.cpu import ops as cpu_ops
 from minfer.graph.builder import GraphBuilder
+from minfer.graph.fuse import optimize
 from minfer.graph.ir import TOKENS, Op
-from minfer.graph.passes import optimize
 
 
 def _ggml_rope_row(pos: int, n_rot: int, base: float, freq_scale: float, ext: float, attn: float,
@@ -119,7 +117,3 @@ def test_rope_pairs_fuse_only_when_their_params_agree():
         assert sum(n.op == Op.ROPE for n in optimize(_two_ropes(**extra)).nodes) == 2, extra
 
 
-def test_gpu_backends_refuse_what_their_kernels_lack():
-    require_base_features(_two_ropes(), "cuda")  # base ops only: accepted
-    with pytest.raises(UnsupportedError, match=r"cuda backend: test needs RoPE.yarn, not implemented on cuda"):
-        require_base_features(_two_ropes(yarn=(1.0, 64, 32.0, 1.0)), "cuda")

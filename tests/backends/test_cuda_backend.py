@@ -27,24 +27,24 @@ def wide_interpreter_tiles():
     """Under the Triton interpreter a GEMV's cost is mostly per-program overhead, and the tiny models'
     weights take the small-weight tile (8 rows a program: ~600 programs a decode step). Here they
     take 64-row tiles (r 8, 8 lanes along rows: the same kernel, code paths and K order per row;
-    tests/kernels/test_qmatmul.py checks the tiles themselves): ~8x fewer programs, the suite's
+    tests/kernels/triton/test_qmatmul.py checks the tiles themselves): ~8x fewer programs, the suite's
     slowest tests several times faster. Compiled runs (MINFER_TEST_DEVICE=cuda) keep the defaults."""
-    from minfer.kernels import qmatmul
+    from minfer.kernels.triton import gemv
 
-    if not qmatmul.INTERPRETING:
+    if not gemv.INTERPRETING:
         yield
         return
-    small = qmatmul._gemv_config
+    small = gemv._gemv_config
 
-    def wide(n: int, k: int, affine: bool = False) -> qmatmul.GemvConfig:
+    def wide(n: int, k: int, affine: bool = False) -> gemv.GemvConfig:
         cfg = small(n, k, affine)
-        return qmatmul.GemvConfig(r=8, lr=8, wk=cfg.wk) if n * k <= qmatmul.SMALL_WEIGHTS else cfg
+        return gemv.GemvConfig(r=8, lr=8, wk=cfg.wk) if n * k <= gemv.SMALL_WEIGHTS else cfg
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(qmatmul, "_gemv_config", wide)
-        qmatmul.gemv_config.cache_clear()
+        mp.setattr(gemv, "_gemv_config", wide)
+        gemv.gemv_config.cache_clear()
         yield
-    qmatmul.gemv_config.cache_clear()
+    gemv.gemv_config.cache_clear()
 
 
 @pytest.fixture(scope="module")
@@ -102,26 +102,28 @@ def test_mixed_type_fused_weights_run_a_gemv_per_type(pair, raw):
     copy: its f16 rounding alone would cost ~1e-3), and matches the cpu's exact float32 path."""
     cpu, gpu = pair("tiny-llama", "q4_k_m")
     kernels = {r["name"]: r["kernel"] for r in gpu.engine.backend.plan_rows(1)}
-    assert kernels["blk.1.attn_q+k+v"] == "int4_gemv+q6_k_gemv"
-    assert kernels["blk.0.attn_q+k+v"] == "int4_gemv" and kernels["blk.1.ffn_down"] == "q6_k_gemv"
+    assert kernels["blk.1.attn_q+k+v"] == "int4_gemv+q6_k_gemv"  # (no fused GEMV takes parts of two types)
+    assert kernels["blk.0.attn_q+k+v+rope"] == "gemv_rope" and kernels["blk.1.ffn_down"] == "q6_k_gemv"
     assert "linear_f16" not in set(kernels.values())
     # the compiled step of the mixed node alone, for one row, against float64 math on the parts
-    from minfer.backends.cuda import _Describe
+    from minfer.backends.cuda.graphs import State
     from minfer.quant.reference import dequantize
 
     be, reader = gpu.engine.backend, gpu.reader
-    node = next(n for n in gpu.engine.graph.nodes if n.name == "blk.1.attn_q+k+v")
+    node = next(n for n in be.graph.nodes if n.name.startswith("blk.1.attn_q+k+v"))
     k = node.weights["w"].shape[0]
     w = torch.cat([dequantize(reader.tensor_bytes(t.name), reader.tensors[t.name].ggml_type,
                               (t.shape[1], k)).double() for t in node.weights["w"].tensors])
-    vals = [None] * len(be.plan.steps)
-    vals[node.inputs[0]] = x = torch.randn(1, k).to(be.device)
-    y = be.plan.steps[node.id].fn(vals, _Describe())
+    mm = next((p for p in node.parts if str(p.op) == "MatMul"), node)  # a QMatMulRoPE runs its matmul part
+    row = be.compiler.ways()[0]
+    step = be.compiler.bind_part(node, mm, row) if node.parts else be.compiler.bound[node.id]["row"]
+    x = torch.randn(1, k).to(be.device)
+    vals = [x] if node.parts else {node.inputs[0]: x}
+    y = step.fn(vals, State({}, True, 1))
     # f32 GEMVs (two-pass int8 activations on the Q4_K part: ~2e-5), not the f16 copy (~1e-3)
-    from minfer.kernels.qmatmul import act_q8
-
-    assert act_q8() in (0, 2)
-    assert _rel(y, x.double().cpu() @ w.T) < (1e-5 if act_q8() == 0 else 1e-4)
+    passes = be.config.gemv_q8
+    assert passes in (0, 2)
+    assert _rel(y, x.double().cpu() @ w.T) < (1e-5 if passes == 0 else 1e-4)
     raw.prefill(cpu.engine, 1, PROMPT[:9])
     raw.prefill(gpu.engine, 1, PROMPT[:9])
     steps_c = torch.stack([raw.decode(cpu.engine, 1, t, p) for p, t in enumerate(PROMPT[9:11], start=9)])
@@ -159,7 +161,7 @@ def test_mmq_prompts_and_decode_batches_match_cpu(tiny_gguf, raw, preset, quant,
     chunk = [r["kernel"] for r in be.plan_rows(512, prefill=True) if r["op"] == "MatMul"]
     assert kernel in chunk and all(k.startswith(quantized) for k in chunk)
     assert not any("mmq" in r["kernel"] for r in be.plan_rows(1))
-    laid = [key for key in be._laid if any("f16_weight" in layout for layout in key[0])]
+    laid = [layout for layout in be.compiler.layouts_made() if "f16_weight" in layout]
     assert not laid  # no f16 copy: the MMQ reads the GEMVs' layouts
     want = raw.prefill(cpu.engine, 0, PROMPT)
     got = raw.prefill(gpu.engine, 0, PROMPT)
@@ -192,19 +194,23 @@ def test_every_node_is_picked_through_a_contract(pair):
     registered = set(be.registry.kernels)
     assert all(set(k.split("+")) <= registered for k in kernels)
     ops = {r["op"] for r in be.plan_rows()}
-    # a decode row's RoPE and SwiGLU run in the epilogues of the q+k+v and gate+up GEMVs
-    assert ops == {"GetRows", "RMSNorm", "MatMul", "Attention", "Add"}
+    # graph/fuse.py's fused nodes: the q+k+v GEMV with its bias and RoPE, gate+up with its SwiGLU,
+    # every residual add that feeds a norm with that norm
+    assert ops == {"GetRows", "RMSNorm", "QMatMulRoPE", "Attention", "MatMul", "AddRMSNorm", "QMatMulSwiGLU", "Add"}
     by_name = {r["name"]: r["kernel"] for r in be.plan_rows()}
     n_layer = be.graph.meta["n_layer"]
-    assert [by_name[f"blk.{i}.attn_q+k+v"] for i in range(n_layer)] == ["gemv_rope"] * n_layer
-    assert [by_name[f"blk.{i}.ffn_gate+up"] for i in range(n_layer)] == ["gemv_swiglu"] * n_layer
+    assert [by_name[f"blk.{i}.attn_q+k+v+rope"] for i in range(n_layer)] == ["gemv_rope"] * n_layer
+    assert [by_name[f"blk.{i}.ffn_gate+up+swiglu"] for i in range(n_layer)] == ["gemv_swiglu"] * n_layer
     # and the q+k+v GEMV writes the row's k and v into the (f16) cache for every layer's attention
-    attn = [n.id for n in be.graph.nodes if str(n.op) == "Attention"]
-    assert sorted(be.kv_fused) == attn and len(attn) == n_layer
-    batch_ops = {r["op"] for r in be.plan_rows(16)}  # a decode batch runs them as kernels of their own
-    assert batch_ops == {"GetRows", "RMSNorm", "MatMul", "RoPE", "Attention", "Add", "SwiGLU"}
-    # every residual add that feeds a norm runs fused with it (one kernel), the last one alone
-    adds = [r for r in be.plan_rows() if r["op"] == "Add"]
+    row = be.compiler.ways()[0]
+    fused = [n for n in be.graph.nodes if str(n.op) == "QMatMulRoPE"]
+    assert len(fused) == n_layer and all(be.compiler.kv_written(n, row) for n in fused)
+    assert all(n.params["kv_written"] for n in be.graph.nodes if str(n.op) == "Attention")
+    # a decode batch runs the fused nodes' parts, kernels of their own: the GEMVs' epilogues take one row
+    batch = {r["name"]: r["kernel"] for r in be.plan_rows(16)}
+    assert all(batch[f"blk.{i}.attn_q+k+v+rope"].endswith("+add_bias_f32+rope") for i in range(n_layer))
+    assert all(batch[f"blk.{i}.ffn_gate+up+swiglu"].endswith("+swiglu_rows") for i in range(n_layer))
+    adds = [r for r in be.plan_rows() if r["op"] in ("Add", "AddRMSNorm")]
     assert [r["kernel"] for r in adds] == ["add_rms_norm"] * (len(adds) - 1) + ["add_f32"]
     norms = [r for r in be.plan_rows() if r["op"] == "RMSNorm"]
     assert len(norms) == 2  # the first layer's (after the embedding) and the output norm
@@ -217,10 +223,10 @@ def test_a_node_no_contract_accepts_is_a_load_error(tiny_gguf):
 
     reg = default_registry()
     crippled = replace(reg, kernels={k: v for k, v in reg.kernels.items() if v.contract.op != "RMSNorm"})
-    from minfer.backends.cuda import CUDABackend
+    from minfer.backends.cuda.backend import CUDABackend
     from minfer.config import EngineConfig
     from minfer.gguf.reader import GGUFReader
-    from minfer.graph.passes import optimize
+    from minfer.graph.fuse import optimize
     from minfer.models import registry as models
 
     reader = GGUFReader(tiny_gguf("tiny-llama", "q4_0"))
@@ -236,11 +242,11 @@ def test_a_projection_alone_is_the_compiled_steps_matmul(pair):
 
     cpu, gpu = pair("tiny-qwen2", "q4_k")
     be, reader = gpu.engine.backend, gpu.reader
-    nodes = [n for n in gpu.engine.graph.nodes if str(n.op) == "MatMul"]
+    nodes = [n for n in gpu.engine.graph.nodes if str(n.op) == "MatMul"]  # (the graph before fusion)
     picked = [n for n in nodes if len(n.weights["w"].tensors) > 1][:1] + [nodes[-1]]
     assert len(picked) == 2
     for node in picked:
-        kernel, args = be.matmul_args(node)
+        kernel, args = be.matmul_args(node.name)
         parts = [dequantize(torch.from_numpy(reader.tensor_bytes(t.name)), reader.tensors[t.name].ggml_type,
                             tuple(reader.tensors[t.name].torch_shape)).float() for t in node.weights["w"].tensors]
         w = torch.cat(parts)
@@ -306,7 +312,7 @@ def test_warmup_leaves_generation_unchanged(pair):
     gpu.engine.warmup()
     be = gpu.engine.backend
     if be.use_graphs:  # 4 slots + 512-token chunks: prompt-chunk buckets up to 768 rows
-        assert set(be._graphs) == {(b, s) for b in (1, 2, 4) for s in (False, True)} | {
+        assert set(be.graphs) == {(b, s) for b in (1, 2, 4) for s in (False, True)} | {
             ("prefill", b) for b in (64, 128, 192, 256, 384, 512, 768)}
     after = gpu.generate_batch(["hello there", "the cat"], max_tokens=5, temperature=0)
     assert [r.token_ids for r in after] == [r.token_ids for r in before]
@@ -323,7 +329,7 @@ def test_prompt_chunks_of_several_spans_replay_as_their_eager_pass(pair):
     batch = Batch.build(spans, [11, 18, 19, 78])
     got = be.forward(batch).cpu()
     if be.use_graphs:
-        assert ("prefill", 128) in be._graphs
+        assert ("prefill", 128) in be.graphs
         be.use_graphs = False
         try:
             want = be.forward(batch).cpu()
@@ -342,16 +348,17 @@ def test_int8_activations_from_the_norms(tiny_gguf, raw, monkeypatch, quant):
     RMSNorms before the q+k+v, gate+up and output GEMVs write x's int8 form themselves and the GEMVs
     skip their quantize launch: decode logits equal, bit for bit, those of the GEMVs quantizing
     x themselves, and match the cpu within the cuda tolerance."""
-    from minfer.kernels import qmatmul
+    from minfer.kernels.triton import gemv
 
-    monkeypatch.setattr(qmatmul, "Q8_MIN_WEIGHTS", 0)
-    qmatmul.gemv_config.cache_clear()
+    monkeypatch.setattr(gemv, "Q8_MIN_WEIGHTS", 0)
+    gemv.gemv_config.cache_clear()
     try:
         path = tiny_gguf("tiny-llama", quant)
         cpu = load(path, "cpu", n_ctx=32, n_slots=1, progress=False)
         gpu = load(path, "cuda", n_ctx=32, n_slots=1, progress=False)
         be = gpu.engine.backend
-        names = {be.graph.nodes[i].name for i in be.norm_q8}
+        row = be.compiler.ways()[0]
+        names = {n.name for n in be.graph.nodes if n.params.get("q8_out") and be.compiler.q8_link(n, row)}
         layers = {n.split(".")[1] for n in names if n.startswith("blk.")}
         per_layer = {f"blk.{i}.{x}" for i in layers for x in ("attn_norm", "ffn_norm")}
         assert per_layer <= names <= per_layer | {"output_norm"}  # the output's: when its weight is a Q4 type
@@ -361,10 +368,16 @@ def test_int8_activations_from_the_norms(tiny_gguf, raw, monkeypatch, quant):
         fused = torch.stack([raw.decode(gpu.engine, 0, t, p).cpu().clone() for p, t in enumerate(PROMPT[5:8], start=5)])
         steps_c = torch.stack([raw.decode(cpu.engine, 0, t, p) for p, t in enumerate(PROMPT[5:8], start=5)])
         assert _rel(fused, steps_c) < TOL
-        be.norm_q8.clear()  # the norms write f32 only; the GEMVs quantize x (the same values)
-        raw.prefill(gpu.engine, 0, PROMPT[:5])
-        alone = torch.stack([raw.decode(gpu.engine, 0, t, p).cpu().clone() for p, t in enumerate(PROMPT[5:8], start=5)])
+        # without graph/fuse.py's int8 rule the norms write f32 only and the GEMVs quantize x (the same values)
+        from minfer.graph import fuse
+
+        monkeypatch.setattr(fuse, "FUSIONS", tuple(r for r in fuse.FUSIONS if r is not fuse.fuse_int8_x))
+        plain = load(path, "cuda", n_ctx=32, n_slots=1, progress=False)
+        assert not any(n.params.get("q8_out") for n in plain.engine.backend.graph.nodes)
+        raw.prefill(plain.engine, 0, PROMPT[:5])
+        steps = enumerate(PROMPT[5:8], start=5)
+        alone = torch.stack([raw.decode(plain.engine, 0, t, p).cpu().clone() for p, t in steps])
         assert torch.equal(fused, alone)
     finally:
         monkeypatch.undo()
-        qmatmul.gemv_config.cache_clear()
+        gemv.gemv_config.cache_clear()

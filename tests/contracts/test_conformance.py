@@ -10,11 +10,11 @@ import pytest
 
 from minfer.contracts.conformance import dtype_combinations, format_results, run_conformance
 from minfer.contracts.parser import parse_file
-from minfer.contracts.registry import CONTRACTS_DIR, load_registry
-from minfer.kernels import cpu_vnni
+from minfer.contracts.registry import KERNELS_DIR, contract_files, load_registry
+from minfer.kernels.cpu import vnni as cpu_vnni
 
 KERNELS = sorted(  # (the Vulkan contracts run on a wgpu adapter: tests/backends/test_wgpu_backend.py)
-    s.kernel for f in CONTRACTS_DIR.glob("*.fkc.md") for s in parse_file(f).sections
+    s.kernel for f in contract_files() for s in parse_file(f).sections
     if s.registrable and s.backend != "Vulkan"
 )
 NUMPY_NOISE = "ignore:(invalid value|overflow|divide by zero) encountered:RuntimeWarning"
@@ -77,12 +77,12 @@ def add_noisy(x, y, out=None):
 def broken_registry(tmp_path, monkeypatch):
     (tmp_path / "broken_kernels.py").write_text(textwrap.dedent(BROKEN))
     monkeypatch.syspath_prepend(str(tmp_path))
-    text = (CONTRACTS_DIR / "elementwise.fkc.md").read_text()
+    text = (KERNELS_DIR / "triton" / "elementwise.fkc.md").read_text()
     head, rest = text.split("## add_f32", 1)
     section = "## add_f32" + rest.split("## mul_f32", 1)[0]
     sections = [
         section.replace("kernel: add_f32", f"kernel: {name}")
-        .replace("minfer.kernels.elementwise:add_f32", f"broken_kernels:{name}")
+        .replace("minfer.kernels.triton.elementwise:add_f32", f"broken_kernels:{name}")
         .replace('kernel_source: "triton"', 'kernel_source: "torch"')
         for name in ("add_wrong", "add_ignores_out", "add_half_written", "add_wrong_dtype", "add_noisy")
     ]

@@ -1,4 +1,4 @@
-"""The C kernels of the cpu backend (minfer/kernels/csrc/q4_vnni.c) against float64, on fresh
+"""The C kernels of the cpu backend (minfer/kernels/cpu/q4_vnni.c) against float64, on fresh
 random inputs: the int4 x int8 matmul in one and two activation passes, rows independent of
 each other, and the one-call decode attention against the SDPA reference op."""
 
@@ -11,8 +11,8 @@ import sys
 import pytest
 import torch
 
-from minfer.backends import cpu_ops
-from minfer.kernels import cpu_vnni
+from minfer.backends.cpu import ops as cpu_ops
+from minfer.kernels.cpu import vnni as cpu_vnni
 from minfer.quant.reference import dequantize, quantize
 from minfer.quant.types import GGMLType
 
@@ -22,8 +22,8 @@ needs_vnni = pytest.mark.skipif(not cpu_vnni.available(), reason="needs AVX512-V
 @pytest.mark.parametrize("env", [{"MINFER_CPU_VNNI": "0"}, {"CC": "/bin/false", "MINFER_CACHE": "{tmp}"}])
 def test_without_the_c_kernels_every_type_takes_torchs(tmp_path, env):
     """Turned off, or no compiler that works: the picker drops the C contracts, nothing fails."""
-    code = ("from minfer.backends.cpu_weights import kernel_name\n"
-            "from minfer.kernels import cpu_vnni\n"
+    code = ("from minfer.backends.cpu.weights import kernel_name\n"
+            "from minfer.kernels.cpu import vnni as cpu_vnni\n"
             "from minfer.quant.types import GGMLType as T\n"
             "print(cpu_vnni.available(), kernel_name(T.Q4_K), kernel_name(T.Q8_0))")
     env = {**os.environ, **{k: v.format(tmp=tmp_path) for k, v in env.items()}}

@@ -22,7 +22,7 @@ if DEVICE != "cuda":
 
 import torch  # noqa: E402
 
-from minfer.kernels._common import interpreting  # noqa: E402
+from minfer.kernels.triton._common import interpreting  # noqa: E402
 
 if DEVICE != "cuda" and not interpreting():
     raise pytest.UsageError(

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from minfer.backends.base import Batch
-from minfer.backends.cpu import CPUBackend
+from minfer.backends.cpu.backend import CPUBackend
 from minfer.config import EngineConfig
 from minfer.engine.engine import Engine
 from minfer.gguf.reader import GGUFReader
