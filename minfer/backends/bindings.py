@@ -156,7 +156,8 @@ def _attention_call(c: Compiler, node: Node) -> Call:
     nh, nkv, hd = p["n_head"], p["n_head_kv"], p["head_dim"]
     cache, dt = c.rt.kv_shape(c.graph.meta["n_layer"], nkv, hd), c.rt.kv_dtype
     dtypes = {"q": "F32", "k": "F32", "v": "F32", "cache_k": dt, "cache_v": dt, "row_slots": "I32", "positions": "I32"}
-    params = {"layer": p["kv_layer"], "n_head": nh, "n_head_kv": nkv, "head_dim": hd, "scale": p["scale"]}
+    params = {"layer": p["kv_layer"], "n_head": nh, "n_head_kv": nkv, "head_dim": hd, "scale": p["scale"],
+              "window": p.get("window", 0), "softcap": p.get("softcap", 0.0)}
 
     def shapes(rows):
         return {"q": (rows, nh * hd), "k": (rows, nkv * hd), "v": (rows, nkv * hd), "cache_k": cache,
@@ -168,7 +169,7 @@ def _attention_call(c: Compiler, node: Node) -> Call:
 def _attention_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, way: Way) -> Bound:
     q, k, v, pos = node.inputs
     layer, kv = node.params["kv_layer"], c.rt.kv
-    params = {n: call.params[n] for n in ("n_head", "n_head_kv", "head_dim", "scale")}
+    params = {n: call.params[n] for n in ("n_head", "n_head_kv", "head_dim", "scale", "window", "softcap")}
     if "kv_skip" in call.needs:  # the q+k+v GEMV before it wrote this row's keys and values
         params["kv_written"] = True
     records = _q8_writer(c, node, way, node.shape[-1])

@@ -35,14 +35,21 @@ def attn_variant(text: str) -> dict:
 @_host_bridge(mutates=("cache_k", "cache_v"))
 def attention(q: VkTensor, k: VkTensor, v: VkTensor, cache_k: VkTensor, cache_v: VkTensor, row_slots: VkTensor,
               positions: VkTensor, layer: int, n_head: int, n_head_kv: int, head_dim: int, scale: float,
-              spans=None, tiles=None, out: VkTensor | None = None, q8: VkTensor | None = None) -> VkTensor:
+              spans=None, tiles=None, out: VkTensor | None = None, q8: VkTensor | None = None, window: int = 0,
+              softcap: float = 0.0) -> VkTensor:
     """Write each row's k, v at (its slot, its position) of layer `layer` of the f32 cache
     [layers, slots, n_kv, ctx, head_dim], then each row's causal GQA attention over positions
     0..its position of its slot. Two dispatches: every row's keys are written before any is read.
     q8: a q8_records buffer filled with out's int8 records (as rms_norm's), by the split kernel's
     merge where it runs (head_dim a multiple of 32), else by a dispatch of their own. `spans`,
-    `tiles`: the host's spans / a prompt's tile table (other backends' kernels; read on the device here)."""
+    `tiles`: the host's spans / a prompt's tile table (other backends' kernels; read on the device here).
+    `window` > 0: each row attends its last `window` positions only (the cache keeps every
+    position); `softcap` > 0: scores s become softcap * tanh(s / softcap) before the softmax."""
     what = "vk attention"
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise UnsupportedError(f"{what}: window must be an int >= 0 (0: none), got {window!r}")
+    if isinstance(softcap, bool) or not isinstance(softcap, float | int) or not 0 <= softcap < float("inf"):
+        raise UnsupportedError(f"{what}: softcap must be a finite number >= 0 (0: none), got {softcap!r}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check(what, name, t, "F32", (2,))
     for name, t in (("cache_k", cache_k), ("cache_v", cache_v)):
@@ -73,7 +80,8 @@ def attention(q: VkTensor, k: VkTensor, v: VkTensor, cache_k: VkTensor, cache_v:
     cfg = dev.attn or ATTN
     if not cfg["split"] or hd % 4 or base % 4:  # one workgroup per (head, row) over every position
         dev.dispatch(dev.pipeline("attention", {"WG": ATTN_WG}), [q, cache_k, cache_v, row_slots, positions, _at(out)],
-                     [n_head, nkv, hd, ctx, base, q.offset, q.stride, float(scale)], (n_head, rows))
+                     [n_head, nkv, hd, ctx, base, q.offset, q.stride, float(scale), window, float(softcap)],
+                     (n_head, rows))
         if passes:
             quantize_q8_1(x=out, passes=passes, out=q8)
         return out
@@ -86,7 +94,8 @@ def attention(q: VkTensor, k: VkTensor, v: VkTensor, cache_k: VkTensor, cache_v:
     part = dev.empty((rows, n_head, n_split, hd + 2))
     dev.dispatch(dev.pipeline("attention_split", {"WG": wg, "TK": tk}),
                  [q, cache_k, cache_v, row_slots, positions, part],
-                 [n_head, nkv, hd, ctx, base, q.offset, q.stride, float(scale), ch, n_split], (n_head, rows, n_split))
+                 [n_head, nkv, hd, ctx, base, q.offset, q.stride, float(scale), ch, n_split, window, float(softcap)],
+                 (n_head, rows, n_split))
     if passes and hd % 32 == 0:
         dev.dispatch(dev.pipeline("q8_act+merge_splits+attention_merge_q8", {"WG": ATTN_WG, "P8": passes}),
                      [part, positions, _at(out), q8], [n_head, hd, ch, n_split], (n_head, rows))

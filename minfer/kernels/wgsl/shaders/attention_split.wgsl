@@ -8,10 +8,11 @@
 // written to `part` [rows, n_head, n_split, head_dim + 2]; attention_merge.wgsl combines the
 // splits. Every loop bound is uniform over the workgroup (seg_sum may use barriers). f32
 // throughout; the chunking depends only on the cache's ctx, so a row's result does not depend on
-// the other rows of the batch.
+// the other rows of the batch. window > 0: only the row's last `window` positions (a split wholly before them
+// writes an empty record: m NEG, l 0); softcap > 0: scores s become softcap * tanh(s / softcap).
 struct Params {
     n_head: u32, n_kv: u32, hd: u32, ctx: u32, base: u32,
-    q_off: u32, q_stride: u32, scale: f32, ch: u32, n_split: u32,
+    q_off: u32, q_stride: u32, scale: f32, ch: u32, n_split: u32, window: u32, softcap: f32,
 }
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
@@ -37,6 +38,8 @@ fn main(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
     let c0 = s * P.ch;
     if (c0 >= n_pos) { return; }  // uniform: the whole workgroup leaves
     let c1 = min(c0 + P.ch, n_pos);
+    var first = c0;  // the split's first position the row sees
+    if (P.window > 0u && n_pos > P.window) { first = min(max(c0, n_pos - P.window), c1); }
     let g = lid / TK;
     let t = lid % TK;
     let d = 4u * t;
@@ -52,9 +55,9 @@ fn main(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
     var m = NEG;
     var l = 0.0;
     var acc = vec4<f32>(0.0);
-    let n_iter = (c1 - c0 + G - 1u) / G;
+    let n_iter = (c1 - first + G - 1u) / G;
     for (var j = 0u; j < n_iter; j++) {
-        let p = c0 + j * G + g;
+        let p = first + j * G + g;
         let ok = p < c1 && live;
         var kv = vec4<f32>(0.0);
         var vv = vec4<f32>(0.0);
@@ -62,7 +65,8 @@ fn main(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
             kv = cache_k[base4 + p * hd4 + t];
             vv = cache_v[base4 + p * hd4 + t];
         }
-        let sc = seg_sum(dot(qv, kv), TK, lane);
+        var sc = seg_sum(dot(qv, kv), TK, lane);
+        if (P.softcap > 0.0) { sc = P.softcap * tanh_exp(sc / P.softcap); }
         if (p < c1) {
             let m_new = max(m, sc);
             let corr = exp(m - m_new);
