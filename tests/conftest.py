@@ -107,6 +107,66 @@ def raw() -> type[RawSteps]:
     return RawSteps
 
 
+class LlamaCppOracle:
+    """llama.cpp's outputs for the qwen3 / gemma / phi3 models (tests/fixtures/<model>/llamacpp.json,
+    scripts/llamacpp_fixtures.py) and how a run of ours is compared with them."""
+
+    @staticmethod
+    def ref(name: str) -> dict:
+        return json.loads((FIXTURES / name / "llamacpp.json").read_text(encoding="utf-8"))
+
+    @staticmethod
+    def compare(ref: dict, rows_of_case, margin: float) -> dict:
+        """Our logits `rows_of_case(case, ids)` (a row per greedy step) against llama.cpp's listed top-8:
+        max |d|, max |d| once each step's mean difference is taken out (softmax does not see a shift),
+        mean |d|, and how many steps whose top-1 leads top-2 by `margin` ("decisive") we agree on."""
+        import statistics
+
+        worst, centered, means, agree, decisive = 0.0, 0.0, [], 0, 0
+        for case in ref["greedy"]:
+            ids = case["prompt_ids"] + [s["token"] for s in case["steps"]]
+            rows = rows_of_case(case, ids)
+            for j, step in enumerate(case["steps"]):
+                signed = [float(rows[j][tid]) - v for tid, v in step["top"]]
+                worst = max(worst, max(abs(d) for d in signed))
+                shift = statistics.mean(signed)
+                centered = max(centered, max(abs(d - shift) for d in signed))
+                means.append(statistics.mean(abs(d) for d in signed))
+                (t1, l1), (_, l2) = step["top"][:2]
+                if l1 - l2 >= margin:
+                    decisive += 1
+                    agree += int(int(rows[j].argmax()) == t1)
+        return {"max": worst, "centered": centered, "mean": statistics.mean(means), "agree": agree,
+                "decisive": decisive}
+
+
+@pytest.fixture(scope="session")
+def oracle() -> type[LlamaCppOracle]:
+    return LlamaCppOracle
+
+
+@pytest.fixture(scope="session")
+def synth_file(tmp_path_factory):
+    """synth_file(name) -> the tiny model made by its llama.cpp fixture's recorded `minfer synth` command."""
+    import shlex
+    import subprocess
+    import sys
+
+    root = tmp_path_factory.mktemp("parity")
+    repo = FIXTURES.parents[1]
+
+    def make(name: str) -> Path:
+        argv = shlex.split(LlamaCppOracle.ref(name)["synth"])
+        assert argv[:4] == ["python", "-m", "minfer", "synth"]
+        out = root / argv[-3]  # ... PRESET QUANT OUT --seed N
+        if not out.exists():
+            subprocess.run([sys.executable, *argv[1:-3], str(out), *argv[-2:]], check=True, cwd=repo,
+                           env={**os.environ, "PYTHONPATH": str(repo)}, stdout=subprocess.DEVNULL)
+        return out
+
+    return make
+
+
 @pytest.fixture(scope="session")
 def chromium():
     """A headless system Chromium via Playwright, one per session (the trace viewer's and the chat

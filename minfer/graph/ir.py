@@ -56,9 +56,10 @@ class Op(StrEnum):
 PARALLEL_OPS = frozenset({Op.ALL_REDUCE, Op.ALL_GATHER, Op.LOCAL_IDS, Op.MASK_ROWS})
 FUSED_OPS = frozenset({Op.ADD_RMS_NORM, Op.MATMUL_SWIGLU, Op.MATMUL_ROPE})
 
-# Params beyond each op's base set. A model sets them only where they differ from the base
-# behaviour, so a llama / qwen2 graph carries none of them, and a backend that has not implemented
-# one can refuse the node (`extended_features`) instead of running the base math.
+# Params beyond each op's base set (qwen3, gemma, phi3). A model sets them only where they differ
+# from the base behaviour, so a llama / qwen2 graph carries none of them. The RoPE ones live in the
+# cos / sin tables (backends/rope.py), so RoPE kernels never see them; the GPU bindings pass the
+# others to kernels whose contracts declare them (backends/bindings.py, contracts/ops.py).
 #
 # RMSNorm  group: int       normalise each run of `group` consecutive values on its own (the
 #                           per-head q / k norms of qwen3 and gemma3: group = head_dim, weight
@@ -77,12 +78,6 @@ FUSED_OPS = frozenset({Op.ADD_RMS_NORM, Op.MATMUL_SWIGLU, Op.MATMUL_ROPE})
 #                           (llama.cpp's LLAMA_SWA_TYPE_STANDARD); absent: every earlier key.
 #           softcap: float  scores s = scale q.k become softcap * tanh(s / softcap) before the softmax.
 # (Attention's `scale` is a base param: 1/sqrt(head_dim) by default, the model's own where it differs.)
-EXTENDED_PARAMS: dict[Op, frozenset[str]] = {
-    Op.RMS_NORM: frozenset({"group"}),
-    Op.ROPE: frozenset({"attn_factor", "yarn", "n_ctx_orig"}),
-    Op.ATTENTION: frozenset({"window", "softcap"}),
-}
-EXTENDED_OPS = frozenset({Op.GEGLU, Op.SCALE, Op.SOFTCAP})
 
 
 @dataclass(frozen=True)
@@ -129,19 +124,6 @@ class Node:
     def n_values(self) -> int:
         """How many values the node returns (a fused node with several exports: a tuple)."""
         return max(1, len(self.exports))
-
-
-def extended_features(graph: Graph) -> list[str]:
-    """What the graph uses beyond the base ops and params (EXTENDED_OPS, EXTENDED_PARAMS), as
-    "Op" or "Op.param" names, sorted; empty for a llama / qwen2 graph."""
-    found = set()
-    for n in graph.nodes:
-        if n.op in EXTENDED_OPS:
-            found.add(str(n.op))
-        found.update(f"{n.op}.{k}" for k in EXTENDED_PARAMS.get(n.op, ()) if k in n.params)
-        if n.op == Op.ROPE and "freq_factors_long" in n.weights:
-            found.add("RoPE.freq_factors_long")
-    return sorted(found)
 
 
 @dataclass(frozen=True)

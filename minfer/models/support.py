@@ -1,27 +1,28 @@
 """Which backend runs which architecture: the table `minfer inspect` prints and
 docs/SUPPORT-MATRIX.md shows (tests/models/test_support.py keeps it equal to the registry).
 
-"yes": runs, tested against llama.cpp or HF transformers; "pending": the architecture needs ops
-or params the backend's kernels do not implement yet (graph/ir.py EXTENDED_OPS / EXTENDED_PARAMS:
-backends/calls.py `require_base_features` refuses the model at load with a typed error).
+"yes": runs, tested against llama.cpp or HF transformers (on cuda and vulkan: the tiny synthetic
+files of each family against their llama.cpp fixtures, tests/backends/test_families_gpu.py).
+An architecture with no row is refused at load with one typed error naming the supported list
+(models/registry.py).
 """
 
 from __future__ import annotations
 
 BACKENDS = ("cpu", "cuda", "vulkan")
-_ALL, _CPU_ONLY = ("yes", "yes", "yes"), ("yes", "pending", "pending")
+_ALL = ("yes", "yes", "yes")
 SUPPORT: dict[str, tuple[str, ...]] = {
     "llama": _ALL,
     "qwen2": _ALL,
-    "qwen3": _CPU_ONLY,
-    "gemma2": _CPU_ONLY,
-    "gemma3": _CPU_ONLY,
-    "phi3": _CPU_ONLY,
+    "qwen3": _ALL,
+    "gemma2": _ALL,
+    "gemma3": _ALL,
+    "phi3": _ALL,
 }
 
 
 def support(arch: str) -> dict[str, str] | None:
-    """backend -> "yes" / "pending" for `arch`, None when no backend runs it."""
+    """backend -> "yes" for `arch`, None when no backend runs it."""
     row = SUPPORT.get(arch)
     return dict(zip(BACKENDS, row, strict=True)) if row else None
 

@@ -20,11 +20,6 @@ near-tie; perplexity within the model's bound.
 from __future__ import annotations
 
 import json
-import os
-import shlex
-import statistics
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +28,6 @@ import pytest
 from minfer.packaged_models import sha256_file
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-ROOT = FIXTURES.parents[1]
 
 
 @dataclass(frozen=True)
@@ -69,24 +63,6 @@ MODELS = list(BOUNDS)
 
 def _ref(name: str) -> dict:
     return json.loads((FIXTURES / name / "llamacpp.json").read_text(encoding="utf-8"))
-
-
-@pytest.fixture(scope="session")
-def synth_file(tmp_path_factory):
-    """synth_file(name) -> the tiny model made by the fixture's recorded `minfer synth` command."""
-    root = tmp_path_factory.mktemp("parity")
-
-    def make(name: str) -> Path:
-        ref = _ref(name)
-        argv = shlex.split(ref["synth"])
-        assert argv[:4] == ["python", "-m", "minfer", "synth"]
-        out = root / argv[-3]  # ... PRESET QUANT OUT --seed N
-        if not out.exists():
-            subprocess.run([sys.executable, *argv[1:-3], str(out), *argv[-2:]], check=True, cwd=ROOT,
-                           env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL)
-        return out
-
-    return make
 
 
 _LOADED: dict[str, object] = {}
@@ -130,26 +106,6 @@ def test_tokenization_matches_llamacpp(name, model):
         assert m.tokenize(case["text"], add_special=True, parse_special=True) == case["ids"], case["text"]
 
 
-def _compare(ref: dict, rows_of_case, margin: float) -> dict:
-    worst, centered, means, agree, decisive = 0.0, 0.0, [], 0, 0
-    for case in ref["greedy"]:
-        ids = case["prompt_ids"] + [s["token"] for s in case["steps"]]
-        rows = rows_of_case(case, ids)
-        for j, step in enumerate(case["steps"]):
-            signed = [rows[j][tid].item() - v for tid, v in step["top"]]
-            diffs = [abs(d) for d in signed]
-            worst = max(worst, max(diffs))
-            shift = statistics.mean(signed)
-            centered = max(centered, max(abs(d - shift) for d in signed))
-            means.append(statistics.mean(diffs))
-            (t1, l1), (_, l2) = step["top"][:2]
-            if l1 - l2 >= margin:
-                decisive += 1
-                agree += int(rows[j].argmax().item() == t1)
-    return {"max": worst, "centered": centered, "mean": statistics.mean(means), "agree": agree,
-            "decisive": decisive}
-
-
 def _assert_within(name: str, r: dict, max_abs: float) -> None:
     b = BOUNDS[name]
     print(f"{name}: {r}")
@@ -161,18 +117,18 @@ def _assert_within(name: str, r: dict, max_abs: float) -> None:
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_prefill_logits_match_llamacpp(name, model):
+def test_prefill_logits_match_llamacpp(name, model, oracle):
     m = model(name)
 
     def rows(case, ids):
         n0 = len(case["prompt_ids"])
         return m.logits(ids)[n0 - 1:n0 - 1 + len(case["steps"])]
 
-    _assert_within(name, _compare(_ref(name), rows, BOUNDS[name].margin), BOUNDS[name].max_abs)
+    _assert_within(name, oracle.compare(_ref(name), rows, BOUNDS[name].margin), BOUNDS[name].max_abs)
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_decode_logits_match_llamacpp(name, model, raw):
+def test_decode_logits_match_llamacpp(name, model, raw, oracle):
     engine = model(name).engine
 
     def rows(case, ids):  # the prompt, then teacher-forced decode steps on slot 0
@@ -180,7 +136,7 @@ def test_decode_logits_match_llamacpp(name, model, raw):
         return [raw.prefill(engine, 0, ids[:n0], rows=[n0 - 1])[0],
                 *(raw.decode(engine, 0, ids[pos], pos) for pos in range(n0, len(ids) - 1))]
 
-    _assert_within(name, _compare(_ref(name), rows, BOUNDS[name].margin), BOUNDS[name].max_abs_decode)
+    _assert_within(name, oracle.compare(_ref(name), rows, BOUNDS[name].margin), BOUNDS[name].max_abs_decode)
 
 
 @pytest.mark.parametrize("name", MODELS)
