@@ -258,7 +258,7 @@ def _type_runs(c: Compiler, node: Node, way: Way, launches: list[Launch]):
 
 
 def _swiglu_call(c: Compiler, node: Node) -> Call | None:
-    return _qmatmul_call(c, node, "QMatMulSwiGLU")
+    return _qmatmul_call(c, node, str(node.op))  # QMatMulSwiGLU or QMatMulGeGLU: one weight, one output
 
 
 def _swiglu_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, way: Way) -> Bound:
@@ -336,6 +336,7 @@ BINDINGS: dict[Op, Binding] = {
     Op.ATTENTION: Binding(_attention_call, _attention_bind),
     Op.MATMUL: Binding(_qmatmul_call, _matmul_bind),
     Op.MATMUL_SWIGLU: Binding(_swiglu_call, _swiglu_bind),
+    Op.MATMUL_GEGLU: Binding(_swiglu_call, _swiglu_bind),
     Op.MATMUL_ROPE: Binding(_matmul_rope_call, _matmul_rope_bind),
     Op.ADD_RMS_NORM: Binding(_add_rms_norm_call, _add_rms_norm_bind),
 }

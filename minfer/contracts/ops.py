@@ -135,6 +135,11 @@ OPS: dict[str, OpSpec] = {
             "with the SwiGLU after it (n: both halves' rows)", _qmatmul,
         ),
         OpSpec(
+            "QMatMulGeGLU", True, ("x", "w"), ("n", "k", "qtype"), ("m", "n", "k"),
+            "out[m, :n/2] = gelu_tanh(y[m, :n/2]) * y[m, n/2:], y = x @ dequant(w)^T: gemma's gate+up projection "
+            "with the GeGLU after it", _qmatmul,
+        ),
+        OpSpec(
             "QMatMulRoPE", True, ("x", "w", "b", "positions", "cos", "sin"),
             ("n", "k", "qtype", "n_heads", "head_dim", "n_rot", "neox"), ("m", "n", "k"),
             "out = x @ dequant(w)^T + b, then RoPE (cos/sin tables, at positions) of its first n_heads * head_dim "

@@ -45,6 +45,7 @@ class Op(StrEnum):
     # fused ops (graph/fuse.py): one node standing for several, with those nodes as its `parts`
     ADD_RMS_NORM = "AddRMSNorm"  # (h, RMSNorm(h)) with h = a + b: the residual add and the norm after it
     MATMUL_SWIGLU = "QMatMulSwiGLU"  # SwiGLU of the two halves of a stacked gate+up MatMul
+    MATMUL_GEGLU = "QMatMulGeGLU"  # GeGLU of the two halves of a stacked gate+up MatMul (gemma)
     MATMUL_ROPE = "QMatMulRoPE"  # (RoPE of the first columns of y, y), y = a stacked q+k+v MatMul (+ bias)
     # tensor parallelism (parallel/, one graph per rank): run by the plan through a communicator
     ALL_REDUCE = "AllReduce"  # out = the sum of x over the ranks (float32)
@@ -54,7 +55,7 @@ class Op(StrEnum):
 
 
 PARALLEL_OPS = frozenset({Op.ALL_REDUCE, Op.ALL_GATHER, Op.LOCAL_IDS, Op.MASK_ROWS})
-FUSED_OPS = frozenset({Op.ADD_RMS_NORM, Op.MATMUL_SWIGLU, Op.MATMUL_ROPE})
+FUSED_OPS = frozenset({Op.ADD_RMS_NORM, Op.MATMUL_SWIGLU, Op.MATMUL_GEGLU, Op.MATMUL_ROPE})
 
 # Params beyond each op's base set (qwen3, gemma, phi3). A model sets them only where they differ
 # from the base behaviour, so a llama / qwen2 graph carries none of them. The RoPE ones live in the
