@@ -47,9 +47,17 @@ def smollm2_model(smollm2_path):
 @pytest.fixture(scope="session")
 def gemma3_path() -> Path:
     """The real Gemma 3 270M file (minfer/packaged_models.py). CI (scripts/test.sh) installs its
-    chunk packages, so its absence fails there (CI is set); elsewhere it skips, never downloads."""
-    from minfer.packaged_models import GEMMA3_270M, installed, model_path
+    chunk packages, so its absence fails there (CI is set); elsewhere it skips, never downloads.
+    MINFER_TEST_GEMMA3=path: that file instead (the GPU machine, where packages cannot be installed:
+    bench/arch_gpu.sh assembles it there), checked against the packages' sha256."""
+    from minfer.packaged_models import GEMMA3_270M, installed, model_path, sha256_file
 
+    given = os.environ.get("MINFER_TEST_GEMMA3")
+    if given:
+        path = Path(given)
+        if not path.is_file() or sha256_file(path) != GEMMA3_270M.sha256:
+            pytest.fail(f"MINFER_TEST_GEMMA3={given}: not the Gemma 3 270M file (sha256 {GEMMA3_270M.sha256})")
+        return path
     if not installed(GEMMA3_270M):
         why = f"Gemma 3 270M is not installed ({GEMMA3_270M.install_command}; scripts/test.sh installs it)"
         if os.environ.get("CI"):
