@@ -133,9 +133,15 @@ def _attention(be: CPUBackend, node: Node):
         vc.index_copy_(0, st.at, v.reshape(rows * n_kv, hd).to(vc.dtype))
         # a window only matters once some row is `window` positions in (the plain paths before that)
         if softcap or (window and max(s.end for s in st.batch.spans) > window):
-            qs = q.view(rows, 1, n_head, hd).unbind(0)
             slots, pos = st.batch.row_slots.tolist(), st.batch.positions.tolist()
             k_all, v_all = st.cache.k[layer], st.cache.v[layer]
+            if not softcap:  # one query sees a contiguous run of keys: SDPA over the window's slice
+                qs = q.view(rows, 1, n_head, 1, hd).unbind(0)
+                return torch.cat([cpu_ops.attention_decode(
+                    qs[b], k_all[slots[b], :, max(0, pos[b] + 1 - window):pos[b] + 1].unsqueeze(0),
+                    v_all[slots[b], :, max(0, pos[b] + 1 - window):pos[b] + 1].unsqueeze(0), scale).view(1, -1)
+                    for b in range(rows)])
+            qs = q.view(rows, 1, n_head, hd).unbind(0)
             return torch.cat([cpu_ops.attention_masked(qs[b], k_all[slots[b], :, :pos[b] + 1],
                                                        v_all[slots[b], :, :pos[b] + 1], pos[b], scale,
                                                        window, softcap) for b in range(rows)])
