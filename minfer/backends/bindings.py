@@ -123,8 +123,32 @@ def _get_rows_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, way
         i, r = node.inputs
         return Bound(lambda vals, st: kernel(x=vals[i], rows=vals[r]), launch)
     (i,), params = node.inputs, call.params
-    table = c.rt.table(node.weights["w"].name) if c.rt.upload else None
+    w = node.weights["w"]
+    chunks = type_runs(w, c.type_of, c.rt.max_weight_bytes)
+    if len(chunks) > 1:  # a table larger than the device binds at once: one gather per chunk of rows
+        return _get_rows_chunks(c, node, call, way, chunks)
+    table = c.rt.table(w.name) if c.rt.upload else None
     return Bound(lambda vals, st: kernel(weight_u8=table, ids=vals[i], **params), launch)
+
+
+def _get_rows_chunks(c: Compiler, node: Node, call: Call, way: Way, chunks: list) -> Bound:
+    """The gather over a table cut into chunks of rows (calls.type_runs): each chunk's kernel
+    (`caps.also: row_chunk`) writes the rows whose ids fall in its chunk into the one output."""
+    (i,), params = node.inputs, call.params
+    n_embd, total = node.weights["w"].shape
+    chunk_call = call.needing("row_chunk")
+    kernel = c.choose(node, chunk_call, way.rows).kernel
+    rt = c.rt
+    tables = [(rt.weight_bytes(ref) if rt.upload else None, a) for ref, _, a, _ in chunks]
+
+    def fn(vals, st):
+        ids = vals[i]
+        out = rt.empty((ids.shape[0], n_embd))
+        for table, first in tables:
+            kernel(weight_u8=table, ids=ids, **params, out=out, first_row=first, total_rows=total)
+        return out
+
+    return Bound(fn, [Launch(chunk_call, kernel) for _ in tables])
 
 
 # ---------------------------------------------------------------------- RoPE, attention
@@ -212,8 +236,9 @@ def _matmul_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, way: 
     k, n = w.shape
     (i,) = node.inputs
     launches = []
-    if c.matmul_type(w) is None and (way.rows == 1 or c.rt.column_outputs):
-        fn = _type_runs(c, node, way, launches)  # one kernel per run of one type, each into its columns
+    runs = type_runs(w, c.type_of, c.rt.max_weight_bytes)
+    if (c.matmul_type(w) is None or len(runs) > 1) and (way.rows == 1 or c.rt.column_outputs):
+        fn = _type_runs(c, node, way, launches, runs)  # one kernel per run of one type, each into its columns
     else:
         launches.append(Launch(call, kernel))
         laid, params = c.laid_out(kernel, w, call.params), call.params
@@ -234,13 +259,14 @@ def _matmul_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, way: 
     return Bound(biased, launches)
 
 
-def _type_runs(c: Compiler, node: Node, way: Way, launches: list[Launch]):
-    """A fused weight whose parts differ in type: per run of one type its own kernel (picked like
-    any matmul's) writing its columns of the one output."""
+def _type_runs(c: Compiler, node: Node, way: Way, launches: list[Launch], weight_runs: list):
+    """A fused weight whose parts differ in type (or a weight larger than the device binds at once):
+    per run of one type (per chunk of rows) its own kernel, picked like any matmul's, writing its
+    columns of the one output."""
     w, (i,) = node.weights["w"], node.inputs
     k, n = w.shape
     runs = []
-    for ref, _, a, b in type_runs(w, c.type_of):
+    for ref, _, a, b in weight_runs:
         call = _qmatmul_call(c, node, w=ref)
         kernel = c.choose(node, call, way.rows).kernel
         launches.append(Launch(call, kernel))

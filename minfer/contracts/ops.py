@@ -211,6 +211,10 @@ CAPABILITIES: dict[str, Capability] = {
                    "a fused q+k+v projection that also writes the row's k and v into an f16 KV cache"),
         Capability("kv_skip", ("kv_written",), "an attention that skips its own KV write (`kv_written=True`) "
                    "when the projection before it wrote the row's k and v"),
+        Capability("row_chunk", ("first_row", "total_rows"), "a gather whose table is rows first_row.. of a "
+                   "larger one of total_rows rows: it writes only the ids that fall in its rows (ids outside "
+                   "0..total_rows-1 taken as the nearest edge row, as the whole table's gather does), so one call "
+                   "per chunk fills the output (a table larger than the device binds at once)"),
         Capability("residual_in_place", ("sum_out",), "a fused add + norm whose sum `sum_out` may be x itself "
                    "(the residual written over in place)"),
     ]

@@ -86,11 +86,14 @@ class WeightRef:
     """A weight tensor a node reads: its GGUF name and the shape the model needs (GGUF order).
 
     A fused weight (graph/fuse.py) has `parts`: the real tensors whose rows it stacks, in
-    order; its name is only a label and its shape is (in, sum of the parts' out)."""
+    order; its name is only a label and its shape is (in, sum of the parts' out). A chunk of one
+    tensor (a backend whose device binds fewer bytes than the tensor holds: backends/calls.py
+    `type_runs`) has its one part and `rows` = (first, end) of the part's output rows it takes."""
 
     name: str
     shape: tuple[int, ...]
     parts: tuple[WeightRef, ...] = ()
+    rows: tuple[int, int] | None = None
 
     @property
     def tensors(self) -> tuple[WeightRef, ...]:

@@ -129,22 +129,19 @@ REAL_CENTERED, REAL_PPL = 1.0, 0.0075
 
 
 def test_real_gemma3_270m_matches_llamacpp(device, gemma3_path, raw, oracle):
-    """The real Gemma 3 270M Q4_K_M file on the GPU: logits of every greedy case (prompt path; the decode
-    path after the first prompt) and the whole perplexity run, against llama.cpp. Compiled kernels only
-    (MINFER_TEST_DEVICE=cuda: the interpreter would take hours over its 262k-row output), and a Vulkan
-    adapter whose storage bindings hold its 178 MB embedding table (not lavapipe's 128 MiB limit)."""
-    from minfer.gguf.reader import GGUFReader
-    from minfer.kernels.wgpu.device import Device
+    """The real Gemma 3 270M Q4_K_M file on the GPU against llama.cpp: logits of every greedy case
+    (prompt path; the decode path after the first prompt) and the whole perplexity run. cuda: compiled
+    kernels only (MINFER_TEST_DEVICE=cuda: the interpreter would take hours over its 262k-row output).
+    vulkan: its 178 MB embedding table runs in chunks where the adapter binds less (lavapipe's 128 MiB);
+    on a software adapter (lavapipe, CI: ~5 s a decode step) the first case's prompt row and 8 decode
+    steps only."""
+    from minfer.kernels.wgpu.device import adapters
 
     if device == "cuda" and os.environ.get("MINFER_TEST_DEVICE") != "cuda":
         pytest.skip("the real Gemma 3 270M on cuda runs compiled kernels only (MINFER_TEST_DEVICE=cuda)")
-    if device == "vulkan":
-        with GGUFReader(gemma3_path) as r:
-            table = r.tensors["token_embd.weight"].nbytes
-        limit = Device("vulkan").adapter.limits["max-storage-buffer-binding-size"]
-        if limit < table:
-            pytest.skip(f"this Vulkan adapter binds at most {limit} bytes; the embedding table is {table}")
+    software = device == "vulkan" and adapters("Vulkan")[0].info.get("adapter_type") == "CPU"
     ref = oracle.ref("gemma3-270m")
+    first = {**ref, "greedy": [{**ref["greedy"][0], "steps": ref["greedy"][0]["steps"][:9 if software else None]}]}
     with load(gemma3_path, device, n_ctx=ref["n_ctx"], n_slots=1, progress=False) as m:
         def prompt_rows(case, ids):
             n0 = len(case["prompt_ids"])
@@ -153,17 +150,22 @@ def test_real_gemma3_270m_matches_llamacpp(device, gemma3_path, raw, oracle):
         def decode_rows(case, ids):
             n0 = len(case["prompt_ids"])
             out = [raw.prefill(m.engine, 0, ids[:n0], rows=[n0 - 1])[0].float().cpu()]
-            return out + [raw.decode(m.engine, 0, ids[pos], pos).float().cpu() for pos in range(n0, len(ids) - 1)]
+            return out + [raw.decode(m.engine, 0, ids[pos], pos).float().cpu()
+                          for pos in range(n0, n0 + len(case["steps"]) - 1)]
 
-        r = oracle.compare(ref, prompt_rows, REAL.margin)
-        d = oracle.compare({**ref, "greedy": ref["greedy"][:1]}, decode_rows, REAL.margin)
-        p = ref["perplexity"]
-        path = os.path.join(os.path.dirname(__file__), "..", "fixtures", "text", p["text"])
-        with open(path, encoding="utf-8") as f:
-            ppl = m.perplexity(f.read(), n_ctx=p["n_ctx"])
-    rel = ppl.ppl / p["ppl"] - 1
-    print(f"gemma3-270m on {device}: prompt {r}, decode {d}, PPL {ppl.ppl:.4f} vs {p['ppl']:.4f} ({rel:+.3%})")
-    for got in (r, d):
+        d = oracle.compare(first, decode_rows, REAL.margin)
+        print(f"gemma3-270m on {device}: decode {d}")
+        checks = [d]
+        if not software:
+            r = oracle.compare(ref, prompt_rows, REAL.margin)
+            p = ref["perplexity"]
+            path = os.path.join(os.path.dirname(__file__), "..", "fixtures", "text", p["text"])
+            with open(path, encoding="utf-8") as f:
+                ppl = m.perplexity(f.read(), n_ctx=p["n_ctx"])
+            rel = ppl.ppl / p["ppl"] - 1
+            print(f"gemma3-270m on {device}: prompt {r}, PPL {ppl.ppl:.4f} vs {p['ppl']:.4f} ({rel:+.3%})")
+            checks.append(r)
+            assert r["decisive"] >= 80 and ppl.chunks == p["chunks"] and abs(rel) <= REAL_PPL
+    for got in checks:
         assert got["max"] <= REAL.max_abs and got["centered"] <= REAL_CENTERED and got["mean"] <= REAL.mean
-        assert got["agree"] == got["decisive"]
-    assert r["decisive"] >= 80 and ppl.chunks == p["chunks"] and abs(rel) <= REAL_PPL
+        assert got["agree"] == got["decisive"] and got["decisive"] >= 3

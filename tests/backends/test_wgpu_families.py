@@ -73,15 +73,16 @@ def test_geglu_scale_softcap(dev, gen):
         ew.softcap(x=dev.upload(x), cap=-1.0)
 
 
-@pytest.mark.parametrize("split", [True, False], ids=["split", "single-pass"])
+@pytest.mark.parametrize("split, hd", [(True, 64), (False, 64), (True, 256)],
+                         ids=["split", "single-pass", "split-hd256"])
 @pytest.mark.parametrize("window, softcap", [(0, 0.0), (7, 0.0), (130, 0.0), (0, 5.0), (7, 50.0)])
-def test_attention_window_and_softcap(dev, gen, monkeypatch, split, window, softcap):
+def test_attention_window_and_softcap(dev, gen, monkeypatch, split, hd, window, softcap):
     """Rows at the context's last position, its first, and chunk edges; chunks of 64 positions, so a
-    window of 7 leaves a row's earlier chunks empty."""
+    window of 7 leaves a row's earlier chunks empty; gemma's head_dim 256 on the split kernel."""
     from minfer.kernels.wgsl import attention as vk_attention
 
     monkeypatch.setattr(dev, "attn", {**vk_attention.ATTN, "CH": 64, "split": split})
-    n_kv, hd, ctx = 2, 64, 300
+    n_kv, ctx = 2, 300
     n_head = 2 * n_kv
     ck = torch.randn(1, 2, n_kv, ctx, hd, generator=gen)
     cv = torch.randn(1, 2, n_kv, ctx, hd, generator=gen)
@@ -104,3 +105,39 @@ def test_attention_window_and_softcap(dev, gen, monkeypatch, split, window, soft
                                  layer=0, n_head=n_head, n_head_kv=n_kv, head_dim=hd, scale=scale,
                                  out=_poisoned(dev, (4, n_head * hd)), window=window, softcap=softcap).cpu()
     assert _rel(got, want) < 1e-5
+
+
+def test_weights_larger_than_a_binding_run_in_chunks_of_rows(tiny_gguf, raw, monkeypatch):
+    """A device that binds fewer bytes than a weight holds (lavapipe's 128 MiB against Gemma 3's 178 MB
+    vocabulary): the gather and the matmuls run one call per chunk of whole rows, into one output, and
+    give the logits of the whole-weight run exactly (calls.type_runs, bindings._get_rows_chunks)."""
+    from minfer.api import load
+    from minfer.backends.calls import type_runs
+    from minfer.backends.vulkan.backend import WGPUBackend
+    from minfer.graph.ir import WeightRef
+    from minfer.quant.types import GGMLType
+
+    w = WeightRef("w", (256, 1000))  # f32 rows of 1 KiB
+    runs = type_runs(w, lambda name: GGMLType.F32, max_bytes=300 * 1024)
+    assert [(r.rows, a, b) for r, _, a, b in runs] == [((0, 300), 0, 300), ((300, 600), 300, 600),
+                                                       ((600, 900), 600, 900), ((900, 1000), 900, 1000)]
+    assert type_runs(w, lambda name: GGMLType.F32, max_bytes=1 << 20) == [(w, GGMLType.F32, 0, 1000)]
+
+    path = tiny_gguf("tiny-gemma3", "f32")
+    prompt = [3, 17, 42, 99, 5, 250, 7, 311, 64, 128]
+    with load(path, "vulkan", n_ctx=64, progress=False) as whole:
+        want = raw.prefill(whole.engine, 0, prompt).cpu()
+        want_step = raw.decode(whole.engine, 0, 9, len(prompt)).cpu()
+    init = WGPUBackend.__init__
+
+    def small_bindings(self, *a, **k):
+        init(self, *a, **k)
+        self.max_weight_bytes = 200 * 1024  # the 512 KiB embedding in 3 chunks, q / k / v and gate+up too
+
+    monkeypatch.setattr(WGPUBackend, "__init__", small_bindings)
+    with load(path, "vulkan", n_ctx=64, progress=False) as chunked:
+        names = {r["kernel"] for r in chunked.engine.backend.plan_rows(1)}
+        got = raw.prefill(chunked.engine, 0, prompt).cpu()
+        got_step = raw.decode(chunked.engine, 0, 9, len(prompt)).cpu()
+    assert any("+" in n for n in names)  # a node launching several kernels: its chunks
+    assert torch.equal(got, want) and torch.equal(got_step, want_step)
