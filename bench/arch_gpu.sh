@@ -10,8 +10,10 @@
 #                                            phi3-mini Q4_0, interleaved (minfer, llama.cpp, minfer, llama.cpp), the
 #                                            sliding-window cache's memory, and the ratio table against the targets
 #   PART=vulkan  carry [".gl", ".whl"]       the WGSL kernels' and the tiny families' tests on NVIDIA's Vulkan driver
-#                                            (bench/vulkan_h200.sh's header: how to fill .gl and .whl), and minfer
-#                                            bench --device vulkan of gemma3-1b Q4_0
+#                                            (bench/vulkan_h200.sh's header: how to fill .gl and .whl; head_dim 256
+#                                            attention is first run on NVIDIA here: if its cases fail, gemma on
+#                                            vulkan must be refused again), and minfer bench --device vulkan of
+#                                            gemma3-1b Q4_0
 #   PART=g270-put carry [".g270/<piece>"]    the real Gemma 3 270M file does not travel whole (241 MB; 64 MiB a call):
 #                                            each call copies one piece into /tmp/g270. Prepare the pieces here:
 #                                              mkdir -p .g270 && split -b 50M -d ~/.cache/minfer/models/gemma-3-270m-q4_k_m.gguf .g270/p
@@ -98,8 +100,10 @@ vulkan)
   . bench/vulkan_env.sh
   synth gemma3-1b q4_0
   echo "== vulkan tests (NVIDIA) $(since)"
-  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/backends/test_wgpu_families.py \
-    tests/backends/test_families_gpu.py -k "vulkan or geglu or grouped or window" 2>&1 | grep -v XDG | tail -3
+  # head_dim 256 (gemma) on NVIDIA's driver is new here: the split attention's cases at 256 and 192 decide it
+  timeout 400 python3 -m pytest -q -p no:cacheprovider tests/backends/test_wgpu_families.py \
+    tests/backends/test_wgpu_kernels.py tests/backends/test_families_gpu.py \
+    -k "vulkan or geglu or grouped or window or chunks or split_attention or head_dims" 2>&1 | grep -v XDG | tail -4
   echo "== bench $(since)"
   timeout 150 python3 -m minfer.cli bench -m "$M/gemma3-1b-q4_0.gguf" --device vulkan -p 512 -n 128 -r 3 2>&1 \
     | grep -E " tg| pp" ;;

@@ -272,12 +272,12 @@ GLU_FUSED = {Op.SWIGLU: (Op.MATMUL_SWIGLU, "+swiglu"), Op.GEGLU: (Op.MATMUL_GEGL
 
 
 def fuse_matmul_swiglu(graph: Graph, supports: Supports) -> Graph:
-    """A bias-free stacked gate+up MatMul whose two halves only a SwiGLU (GeGLU) reads ->
-    QMatMulSwiGLU (QMatMulGeGLU)."""
+    """A bias-free stacked gate+up MatMul (or one weight holding both, phi3's ffn_up) whose two
+    halves only a SwiGLU (GeGLU) reads -> QMatMulSwiGLU (QMatMulGeGLU)."""
     readers = readers_of(graph)
     fusions = {}
     for m in graph.nodes:
-        rs = _slices(readers, m) if m.op == Op.MATMUL and len(m.weights["w"].tensors) >= 2 else None
+        rs = _slices(readers, m) if m.op == Op.MATMUL else None
         if rs is None or len(rs) != 2 or "b" in m.weights:
             continue
         g, u = sorted(rs, key=lambda r: r.params["start"])
@@ -298,12 +298,13 @@ def fuse_matmul_swiglu(graph: Graph, supports: Supports) -> Graph:
 
 
 def fuse_matmul_rope(graph: Graph, supports: Supports) -> Graph:
-    """A stacked q+k+v MatMul whose columns from 0 a RoPE rotates (its other readers slices of the
-    rest) -> QMatMulRoPE: exports the rotated columns (the RoPE's value) and the whole output."""
+    """A stacked q+k+v MatMul (or one weight holding them, phi3's attn_qkv) whose columns from 0 a
+    RoPE rotates (its other readers slices of the rest) -> QMatMulRoPE: exports the rotated columns
+    (the RoPE's value) and the whole output."""
     readers = readers_of(graph)
     fusions = {}
     for m in graph.nodes:
-        rs = _slices(readers, m) if m.op == Op.MATMUL and len(m.weights["w"].tensors) >= 2 else None
+        rs = _slices(readers, m) if m.op == Op.MATMUL else None
         if rs is None:
             continue
         for s in rs:

@@ -125,3 +125,20 @@ def test_gemma_graph_fuses_where_its_shapes_allow(tmp_path):
     # per layer 2 adds feed a norm (ffn_norm, the next attn_norm) but the last one's second
     assert ops.count(Op.ADD_RMS_NORM) == 2 * n_layer - 1
     assert g.nodes[next(n.id for n in g.nodes if n.op == Op.ADD_RMS_NORM)].name == "blk.0.ffn_norm"
+
+
+def test_phi3s_fused_weights_fuse_as_stacked_ones(tmp_path):
+    """phi3's attn_qkv and ffn_up are one tensor each, split by column slices: the same rules fire
+    (their q and k RoPEs merge into one over adjacent slices, then QMatMulRoPE; SwiGLU of the halves)."""
+    path = synth("tiny-phi3", "f32", tmp_path / "p.gguf", header_only=True)
+    with GGUFReader(path) as r:
+        _, graph = registry.build(r)
+    g = F.fuse(F.optimize(graph), everything)
+    _check_well_formed(g)
+    ops = [n.op for n in g.nodes]
+    n_layer = graph.meta["n_layer"]
+    assert ops.count(Op.MATMUL_ROPE) == ops.count(Op.MATMUL_SWIGLU) == n_layer
+    assert Op.ROPE not in ops and Op.SWIGLU not in ops
+    qkv = next(n for n in g.nodes if n.op == Op.MATMUL_ROPE)
+    assert [t.name for t in qkv.weights["w"].tensors] == ["blk.0.attn_qkv.weight"]
+    assert all(a.params.get("kv_written") for a in g.nodes if a.op == Op.ATTENTION)
