@@ -371,9 +371,15 @@ class CPUBackend:
                 kc.index_copy_(0, st.at, k.reshape(rows * n_kv, hd).to(kc.dtype))  # each row at its slot, position
                 vc.index_copy_(0, st.at, v.reshape(rows * n_kv, hd).to(vc.dtype))
                 if window or softcap:  # each row over its own window of its slot's cache
-                    qs = q.view(rows, 1, n_head, hd).unbind(0)
                     slots, pos = st.batch.row_slots.tolist(), st.batch.positions.tolist()
                     k_all, v_all = st.cache.k[layer], st.cache.v[layer]
+                    if not softcap:  # one query sees a contiguous run of keys: SDPA over the window's slice
+                        qd = q.view(rows, 1, n_head, 1, hd).unbind(0)
+                        return torch.cat([cpu_ops.attention_decode(
+                            qd[b], k_all[slots[b], :, max(0, pos[b] + 1 - window):pos[b] + 1].unsqueeze(0),
+                            v_all[slots[b], :, max(0, pos[b] + 1 - window):pos[b] + 1].unsqueeze(0),
+                            scale).view(1, -1) for b in range(rows)])
+                    qs = q.view(rows, 1, n_head, hd).unbind(0)
                     return torch.cat([cpu_ops.attention_masked(qs[b], k_all[slots[b], :, :pos[b] + 1],
                                                                v_all[slots[b], :, :pos[b] + 1], pos[b], scale,
                                                                window, softcap) for b in range(rows)])
