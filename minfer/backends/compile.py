@@ -49,6 +49,7 @@ class Runtime(Protocol):
     kinds: dict[str, int]  # way of running -> the row count its kernels are picked for
     column_outputs: bool  # matmul kernels may write the columns of a wider row-strided output
     kv_dtype: str  # the KV cache's contract dtype
+    max_weight_bytes: int | None  # the most bytes one kernel operand may bind (None: no limit below memory)
     upload: bool  # False: only pick kernels (`minfer plan`); nothing touches the device
 
     def kv_shape(self, n_layer: int, n_head_kv: int, head_dim: int) -> tuple[int, ...]: ...  # the cache operand

@@ -131,6 +131,20 @@ def _silu64(x: torch.Tensor) -> torch.Tensor:
     return x * torch.sigmoid(x)
 
 
+def _gelu64(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.gelu(x.double(), approximate="tanh")
+
+
+def _with_params(pair: tuple[Callable, Callable], **params) -> tuple[Callable, Callable]:
+    """_flat's (settings, model) with constant params added to every case."""
+    settings, model = pair
+
+    def add(cases: list[Setting]) -> list[Setting]:
+        return [Setting(c.size, c.shapes, {**c.params, **params}) for c in cases]
+
+    return (lambda size, q: add(settings(size, q))), (lambda name, m, q: add(model(name, m, q)))
+
+
 # ---- elementwise ------------------------------------------------------------------------------
 
 _FLAT = {"tiny": [(5,)], "odd": [(3, 37)], "boundary": [(4097,), (2, 4096)]}
@@ -342,6 +356,12 @@ def _ref_swiglu_mm(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mappi
     return _silu64(y[:, :f]) * y[:, f:]
 
 
+def _ref_geglu_mm(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[str, str]) -> torch.Tensor:
+    y = _ref_qmatmul(i, p, d)
+    f = p["n"] // 2
+    return _gelu64(y[:, :f]) * y[:, f:]
+
+
 def _qkv_setting(size: str, n: int, k: int, heads: int, hd: int, n_rot: int, neox: bool) -> Setting:
     return Setting(size, {"x": (1, k), "w": (n, k), "b": (n,), "positions": (1,), "cos": (ROPE_CTX, n_rot // 2),
                           "sin": (ROPE_CTX, n_rot // 2)},
@@ -546,21 +566,23 @@ def _ref_sample(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[
 
 # ---- attention over the KV cache ----------------------------------------------------------------
 
-# (span lengths, n_head, n_head_kv, head_dim, n_ctx); each span is one sequence in its own slot
+# (span lengths, n_head, n_head_kv, head_dim, n_ctx[, window, softcap]); each span is one sequence in its own slot
 _ATTN = {
     "tiny": [((1,), 2, 1, 16, 32), ((1,), 2, 1, 32, 8)],
-    "odd": [((1, 1, 1), 3, 1, 16, 40), ((5,), 4, 2, 32, 24)],
-    "boundary": [((1, 1), 8, 2, 64, 1100), ((65, 1), 4, 4, 64, 130), ((3, 1), 4, 2, 128, 70)],  # hd 128: small tiles
+    "odd": [((1, 1, 1), 3, 1, 16, 40), ((5,), 4, 2, 32, 24), ((7, 1), 2, 1, 32, 40, 3, 0.0)],
+    "boundary": [((1, 1), 8, 2, 64, 1100), ((65, 1), 4, 4, 64, 130), ((3, 1), 4, 2, 128, 70),  # hd 128: small tiles
+                 ((1, 1), 4, 2, 64, 1100, 600, 0.0), ((65, 1), 4, 2, 64, 130, 9, 3.0)],  # windows, soft-cap
 }
 
 
-def _attn_setting(size: str, spans, n_head: int, n_kv: int, hd: int, n_ctx: int) -> Setting:
+def _attn_setting(size: str, spans, n_head: int, n_kv: int, hd: int, n_ctx: int, window: int = 0,
+                  softcap: float = 0.0) -> Setting:
     rows, slots = sum(spans), len(spans) + 1  # one extra slot, never attended: must stay untouched (writes)
     shapes = {"q": (rows, n_head * hd), "k": (rows, n_kv * hd), "v": (rows, n_kv * hd),
               "cache_k": (2, slots, n_kv, n_ctx, hd), "cache_v": (2, slots, n_kv, n_ctx, hd),
               "row_slots": (rows,), "positions": (rows,)}
     return Setting(size, shapes, {"layer": 1, "n_head": n_head, "n_head_kv": n_kv, "head_dim": hd,
-                                  "scale": hd ** -0.5, "spans": spans})
+                                  "scale": hd ** -0.5, "spans": spans, "window": window, "softcap": softcap})
 
 
 def _attn_settings(size: str, q) -> list[Setting]:
@@ -637,10 +659,15 @@ def _ref_attn(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[st
     q = i["q"].double().view(rows, nh, hd)
     out = torch.empty(rows, nh, hd, dtype=torch.float64, device=q.device)
     g = nh // nkv
+    window, cap = p.get("window", 0), p.get("softcap", 0.0)
     for r in range(rows):
-        keys = ck[slots[r], :, : pos[r] + 1].double().repeat_interleave(g, 0)  # [nh, L, hd]
-        vals = cv[slots[r], :, : pos[r] + 1].double().repeat_interleave(g, 0)
-        att = torch.softmax((keys @ q[r][:, :, None])[..., 0] * p["scale"], -1)  # [nh, L]
+        lo = max(0, int(pos[r]) + 1 - window) if window else 0  # a sliding window: the last `window` positions
+        keys = ck[slots[r], :, lo: pos[r] + 1].double().repeat_interleave(g, 0)  # [nh, L, hd]
+        vals = cv[slots[r], :, lo: pos[r] + 1].double().repeat_interleave(g, 0)
+        s = (keys @ q[r][:, :, None])[..., 0] * p["scale"]
+        if cap:
+            s = torch.tanh(s / cap) * cap
+        att = torch.softmax(s, -1)  # [nh, L]
         out[r] = (att[:, None, :] @ vals)[:, 0]
     return out.reshape(rows, nh * hd)
 
@@ -679,6 +706,13 @@ HARNESS: dict[str, OpHarness] = {
     "SwiGLU": OpHarness(
         *_flat("gate", "up", wide=True), _build_floats, lambda i, p, d: _silu64(i["gate"]) * i["up"].double()
     ),
+    "GeGLU": OpHarness(
+        *_flat("gate", "up", wide=True), _build_floats, lambda i, p, d: _gelu64(i["gate"]) * i["up"].double()
+    ),
+    "Scale": OpHarness(*_with_params(_flat("x"), scale=25.3), _build_floats,
+                       lambda i, p, d: i["x"].double() * torch.tensor(p["scale"], dtype=torch.float32).double()),
+    "SoftCap": OpHarness(*_with_params(_flat("x"), cap=1.5), _build_floats,
+                         lambda i, p, d: torch.tanh(i["x"].double() / p["cap"]) * p["cap"]),
     "Convert": OpHarness(*_flat("x"), _build_floats, lambda i, p, d: i["x"].double()),
     "AddBias": OpHarness(
         _bias_settings, _bias_model, _build_floats, lambda i, p, d: i["y"].double() + i["b"].double()
@@ -692,6 +726,7 @@ HARNESS: dict[str, OpHarness] = {
         lambda size, q: _mnk_settings(size, _mnk_for(size, q)), _qmatmul_model, _build_qmatmul, _ref_qmatmul,
         large=_large_gemv),
     "QMatMulSwiGLU": OpHarness(_swiglu_settings, _swiglu_model, _build_qmatmul, _ref_swiglu_mm, large=_large_gemv),
+    "QMatMulGeGLU": OpHarness(_swiglu_settings, _swiglu_model, _build_qmatmul, _ref_geglu_mm, large=_large_gemv),
     "QMatMulRoPE": OpHarness(_rope_mm_settings, _rope_mm_model, _build_rope_mm, _ref_rope_mm, large=_large_rope_mm),
     "RMSNorm": OpHarness(_norm_settings, _norm_model, _build_floats, _ref_norm),
     "AddRMSNorm": OpHarness(

@@ -15,7 +15,8 @@ for, in at least one way of running; the callback keeps graph/ below contracts/)
 
 - `fuse_add_rms_norm`: a residual Add and the RMSNorm of its sum -> AddRMSNorm (exports the
   sum and the normed value).
-- `fuse_matmul_swiglu`: a stacked gate+up MatMul and the SwiGLU of its halves -> QMatMulSwiGLU.
+- `fuse_matmul_swiglu`: a stacked gate+up MatMul and the SwiGLU of its halves -> QMatMulSwiGLU
+  (the GeGLU of its halves -> QMatMulGeGLU).
 - `fuse_matmul_rope`: a stacked q+k+v MatMul (with or without bias) and the RoPE of its q and k
   columns -> QMatMulRoPE (exports the rotated columns and the whole output).
 - `fuse_kv_write`: an Attention whose k and v come from one QMatMulRoPE: that node writes the
@@ -240,8 +241,8 @@ def _rewrite(graph: Graph, fusions: dict[int, tuple[Node, list[Node], tuple[Node
 
 def fuse_add_rms_norm(graph: Graph, supports: Supports) -> Graph:
     """Add -> RMSNorm pairs as AddRMSNorm, where the norm reads the add's sum and the add's first
-    operand (the residual) is a value of its own (an Add's, an embedding's, an all-reduce's or an
-    earlier AddRMSNorm's sum) that nothing reads after the add: the fused kernel may write the sum
+    operand (the residual) is a value of its own (an Add's, an embedding's or its Scale's, an
+    all-reduce's or an earlier AddRMSNorm's sum) that nothing reads after the add: the fused kernel may write the sum
     over it (where its contract says `in_place`)."""
     last = graph.consumers_last_use()
     by_id = {n.id: n for n in graph.nodes}
@@ -253,7 +254,7 @@ def fuse_add_rms_norm(graph: Graph, supports: Supports) -> Graph:
         add = by_id[src]
         if add.op != Op.ADD or add.inputs[0] == add.inputs[1] or last[add.inputs[0]] != add.id:
             continue
-        if by_id[add.inputs[0]].op not in (Op.ADD, Op.GET_ROWS, Op.ALL_REDUCE, Op.PICK):
+        if by_id[add.inputs[0]].op not in (Op.ADD, Op.GET_ROWS, Op.SCALE, Op.ALL_REDUCE, Op.PICK):
             continue
         fused = _fused([add, n], Op.ADD_RMS_NORM, n.name, add.inputs, (add.id, n.id), dict(n.weights),
                        dict(n.params), n.shape)
@@ -267,12 +268,16 @@ def _slices(readers: dict[int, list[Node]], m: Node) -> list[Node] | None:
     return rs if rs and all(r.op == Op.SLICE for r in rs) else None
 
 
+GLU_FUSED = {Op.SWIGLU: (Op.MATMUL_SWIGLU, "+swiglu"), Op.GEGLU: (Op.MATMUL_GEGLU, "+geglu")}
+
+
 def fuse_matmul_swiglu(graph: Graph, supports: Supports) -> Graph:
-    """A bias-free stacked gate+up MatMul whose two halves only a SwiGLU reads -> QMatMulSwiGLU."""
+    """A bias-free stacked gate+up MatMul (or one weight holding both, phi3's ffn_up) whose two
+    halves only a SwiGLU (GeGLU) reads -> QMatMulSwiGLU (QMatMulGeGLU)."""
     readers = readers_of(graph)
     fusions = {}
     for m in graph.nodes:
-        rs = _slices(readers, m) if m.op == Op.MATMUL and len(m.weights["w"].tensors) >= 2 else None
+        rs = _slices(readers, m) if m.op == Op.MATMUL else None
         if rs is None or len(rs) != 2 or "b" in m.weights:
             continue
         g, u = sorted(rs, key=lambda r: r.params["start"])
@@ -281,24 +286,25 @@ def fuse_matmul_swiglu(graph: Graph, supports: Supports) -> Graph:
         if len(nxt) != 1 or readers.get(u.id, []) != nxt:
             continue
         sw = nxt[0]
-        if (sw.op != Op.SWIGLU or sw.inputs != (g.id, u.id) or (g.params["start"], g.params["stop"]) != (0, f)
+        if (sw.op not in GLU_FUSED or sw.inputs != (g.id, u.id) or (g.params["start"], g.params["stop"]) != (0, f)
                 or (u.params["start"], u.params["stop"]) != (f, n)):
             continue
         group = [m, g, u, sw]
-        fused = _fused(group, Op.MATMUL_SWIGLU, m.name + "+swiglu", m.inputs, (sw.id,), dict(m.weights), {},
-                       sw.shape)
+        op, suffix = GLU_FUSED[sw.op]
+        fused = _fused(group, op, m.name + suffix, m.inputs, (sw.id,), dict(m.weights), {}, sw.shape)
         if supports(fused, graph):
             fusions[sw.id] = (fused, group, (sw,))
     return _rewrite(graph, fusions) if fusions else graph
 
 
 def fuse_matmul_rope(graph: Graph, supports: Supports) -> Graph:
-    """A stacked q+k+v MatMul whose columns from 0 a RoPE rotates (its other readers slices of the
-    rest) -> QMatMulRoPE: exports the rotated columns (the RoPE's value) and the whole output."""
+    """A stacked q+k+v MatMul (or one weight holding them, phi3's attn_qkv) whose columns from 0 a
+    RoPE rotates (its other readers slices of the rest) -> QMatMulRoPE: exports the rotated columns
+    (the RoPE's value) and the whole output."""
     readers = readers_of(graph)
     fusions = {}
     for m in graph.nodes:
-        rs = _slices(readers, m) if m.op == Op.MATMUL and len(m.weights["w"].tensors) >= 2 else None
+        rs = _slices(readers, m) if m.op == Op.MATMUL else None
         if rs is None:
             continue
         for s in rs:
@@ -365,7 +371,7 @@ def _with_params(graph: Graph, marks: dict[int, dict]) -> Graph:
 
 
 Q8_PRODUCERS = (Op.RMS_NORM, Op.ADD_RMS_NORM, Op.SWIGLU, Op.MATMUL_SWIGLU, Op.ATTENTION)
-Q8_CONSUMERS = (Op.MATMUL, Op.MATMUL_SWIGLU, Op.MATMUL_ROPE)
+Q8_CONSUMERS = (Op.MATMUL, Op.MATMUL_SWIGLU, Op.MATMUL_GEGLU, Op.MATMUL_ROPE)
 
 
 def fuse_int8_x(graph: Graph, supports: Supports) -> Graph:

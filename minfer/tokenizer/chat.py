@@ -28,8 +28,11 @@ The sandbox stops code execution but not resource exhaustion, so on top of it:
 - filters and attribute lookups are never constant-folded at compile time (they only run
   inside a render, under these limits).
 
-Any failure or violation is a TemplateError. A model without a template gets ChatML
-(`<|im_start|>{role}\\n{content}<|im_end|>\\n` per message, then `<|im_start|>assistant\\n`).
+Any failure or violation is a TemplateError. A model without a template gets its family's
+built-in template where the vocabulary names the family (`builtin_template`: Gemma's turns for a
+vocabulary with `<start_of_turn>` / `<end_of_turn>`, as the Gemma 3 270M GGUF on PyPI has no
+template), else ChatML (`<|im_start|>{role}\\n{content}<|im_end|>\\n` per message, then
+`<|im_start|>assistant\\n`).
 """
 
 from __future__ import annotations
@@ -69,6 +72,37 @@ CHATML_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
+
+
+# Gemma 3's own template (text parts): a system message becomes the first user turn's prefix, the
+# assistant is "model", and roles must alternate user / assistant after it: anything else (a
+# second system message, a "tool" turn, two user turns in a row) raises, a TemplateError here.
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}"
+    "{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{%- endif -%}"
+    "{%- if message['role'] == 'assistant' -%}{%- set role = 'model' -%}"
+    "{%- else -%}{%- set role = message['role'] -%}{%- endif -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}"
+    "{{ message['content'] | trim }}"
+    "{{ '<end_of_turn>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
+)
+
+
+def builtin_template(tokens: Mapping[str, int]) -> str | None:
+    """The template of a model family recognised by its vocabulary (`tokens`: text -> id), for
+    files that carry none: Gemma's turn markers -> GEMMA_TEMPLATE; None otherwise (ChatML)."""
+    if "<start_of_turn>" in tokens and "<end_of_turn>" in tokens:
+        return GEMMA_TEMPLATE
+    return None
 
 
 class _Budget:

@@ -25,7 +25,7 @@ from typing import Any
 from ..errors import TokenizerError
 from ..gguf.reader import GGUFReader
 from .bpe import BytePairEncoder, SentencePieceEncoder
-from .chat import ChatTemplate, render_chat
+from .chat import ChatTemplate, builtin_template, render_chat
 from .unicode import CHAR_TO_BYTE
 from .vocab import (
     ATTR_BYTE,
@@ -38,6 +38,7 @@ from .vocab import (
 )
 
 _SPM_SPACE = "\u2581"  # "▁"
+_C_SPACE = " \t\n\v\f\r"  # C's isspace(), which llama.cpp's strip attributes use
 _HIDDEN_UNLESS_SPECIAL = ATTR_CONTROL | ATTR_UNKNOWN
 
 
@@ -51,7 +52,7 @@ class Tokenizer:
         else:
             self._spm = SentencePieceEncoder(vocab.token_to_id, vocab.scores, self._spm_byte_ids())
         self._pieces: dict[tuple[int, bool], bytes] = {}
-        self._template = vocab.chat_template
+        self._template = vocab.chat_template or builtin_template(vocab.token_to_id)
         self._render = render_chat  # (isolate_templates: a render worker process's)
 
     @classmethod
@@ -184,6 +185,8 @@ class Tokenizer:
                 for k, part in enumerate(f.split(tok)):
                     if k:
                         new.append(tid)
+                        if tid in v.rstrip_ids:  # the whitespace after it is dropped (phi3)
+                            part = part.lstrip(_C_SPACE)
                     if part:
                         new.append(part)
             frags = new

@@ -14,7 +14,8 @@ from minfer.gguf.reader import GGUFReader
 from minfer.gguf.synth import PRESETS, QUANTS, synth
 from minfer.kernels.cpu import vnni as cpu_vnni
 
-BIG = {"qwen2.5-7b", "llama3-8b"}  # f16 / f32 files of these (15-32 GB) are more than a CI machine can map
+# f16 / f32 files of these (15-32 GB) are more than a CI machine can map
+BIG = {"qwen2.5-7b", "llama3-8b", "qwen3-8b", "phi3-mini"}
 # llama3-70b: even its Q4_K header-only file (40 GB mapped) is; tests/parallel/test_shard.py plans 2 of its layers
 CASES = [(p, q) for p in sorted(PRESETS) if p != "llama3-70b" for q in QUANTS
          if not (p in BIG and q in ("f16", "f32"))]
@@ -42,6 +43,13 @@ def test_every_node_of_every_preset_resolves(headers, preset, quant):
         assert "q8_0_gemv" in kernels and "linear_f16" not in kernels
     if quant == "q4_k" and preset in BIG:  # their Q6_K output (tied small models: the Q6_K embedding)
         assert "q6_k_gemv" in kernels and "linear_f16" not in kernels
+    arch = PRESETS[preset].arch
+    if arch.startswith("gemma"):  # the families' own ops, through their contracts
+        assert "scale_f32" in kernels
+        # a decode row: the gate+up GEMV with the GeGLU in its store where the type has a GEMV
+        assert {"gemv_geglu", "geglu_rows"} & kernels and (quant != "q4_0" or "gemv_geglu" in kernels)
+    if arch == "gemma2":
+        assert "softcap_f32" in kernels
 
 
 def test_plan_command_prints_kernels_and_prediction(headers, capsys):

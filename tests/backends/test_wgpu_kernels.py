@@ -59,6 +59,8 @@ def _ref_attention(q, ck, cv, slots, pos, n_head, n_kv, hd, scale):
     (64, 6, 2, 300, {"CH": 64, "MAX_SPLIT": 32}),   # 5 chunks of 64, TK 16: 8 key groups per workgroup
     (128, 4, 1, 200, {"CH": 16, "MAX_SPLIT": 8}),   # MAX_SPLIT caps the chunks: 8 of 25, TK 32
     (96, 3, 3, 70, {"CH": 32, "MAX_SPLIT": 32}),    # TK 32 with 8 idle lanes, no GQA
+    (256, 4, 1, 300, {"CH": 64, "MAX_SPLIT": 32}),  # gemma's: TK 32 (one NVIDIA subgroup a key), 2 quads a lane
+    (192, 2, 1, 100, {"CH": 32, "MAX_SPLIT": 32}),  # TK 32, the second quads half idle
 ])
 def test_the_context_split_attention_matches_the_reference(dev, monkeypatch, hd, n_head, n_kv, ctx, cfg):
     from minfer.kernels.wgsl import attention as vk_attention
@@ -328,19 +330,27 @@ def test_the_q8_switch_gives_the_f32_kernel_back(monkeypatch):
     assert vk_matmul.gemv_variant(c.vk_gemv, c.vk_q8)["NR"] == 2
 
 
-def test_head_dims_past_128_are_refused(dev):
-    """Both attention kernels gave wrong results at head_dim 256 on NVIDIA's driver (H200 runs
-    32-36; right on lavapipe): refused with a typed error instead."""
+def test_head_dims_past_128_run_the_split_kernel_only(dev, monkeypatch):
+    """The single-pass kernel gave wrong results at head_dim 256 on NVIDIA's driver (H200 run 37; right
+    on lavapipe): past 128 only the split kernel runs (its key sums kept within one 32-lane subgroup),
+    and where it cannot (the split variant off) the call is a typed error; past 256 always."""
     from minfer.errors import UnsupportedError
     from minfer.kernels.wgsl import attention as vk_attention
 
-    hd, up, i32 = 256, dev.upload, torch.int32
-    cache = up(torch.zeros(1, 1, 1, 8, hd))
-    with pytest.raises(UnsupportedError, match="head_dim 256 > 128"):
-        vk_attention.attention(q=up(torch.zeros(1, hd)), k=up(torch.zeros(1, hd)), v=up(torch.zeros(1, hd)),
-                           cache_k=cache, cache_v=cache, row_slots=up(torch.zeros(1, dtype=i32)),
-                           positions=up(torch.zeros(1, dtype=i32)), layer=0, n_head=1, n_head_kv=1, head_dim=hd,
-                           scale=0.0625)
+    up, i32 = dev.upload, torch.int32
+
+    def call(hd):
+        cache = up(torch.zeros(1, 1, 1, 8, hd))
+        return vk_attention.attention(q=up(torch.zeros(1, hd)), k=up(torch.zeros(1, hd)), v=up(torch.zeros(1, hd)),
+                                      cache_k=cache, cache_v=cache, row_slots=up(torch.zeros(1, dtype=i32)),
+                                      positions=up(torch.zeros(1, dtype=i32)), layer=0, n_head=1, n_head_kv=1,
+                                      head_dim=hd, scale=0.0625)
+
+    with pytest.raises(UnsupportedError, match="head_dim 260 > 256"):
+        call(260)
+    monkeypatch.setattr(dev, "attn", {**vk_attention.ATTN, "split": False})
+    with pytest.raises(UnsupportedError, match="head_dim 256 > 128 runs the split kernel only"):
+        call(256)
 
 
 def test_kit_doubles_the_lanes_of_a_long_row():

@@ -8,8 +8,11 @@ from dataclasses import replace
 
 import pytest
 
+from minfer.gguf.reader import GGUFReader
+from minfer.gguf.synth import synth
 from minfer.graph import fuse as F
 from minfer.graph.ir import FUSED_OPS, Op
+from minfer.models import registry
 from minfer.models.llama import LlamaArgs, build_graph
 
 ARGS = LlamaArgs(arch="llama", n_layer=3, n_embd=64, n_ff=96, n_head=4, n_head_kv=2, head_dim=16, n_rot=16,
@@ -100,3 +103,42 @@ def test_fused_nodes_keep_the_values_their_readers_need():
         by_src.setdefault(g.nodes[p.inputs[0]].op, set()).add(p.params["index"])
     assert by_src == {Op.ADD_RMS_NORM: {0, 1}, Op.MATMUL_ROPE: {0, 1}}
     assert g.nodes[g.output].name == "output" and g.weights == base.weights
+
+
+def test_gemma_graph_fuses_where_its_shapes_allow(tmp_path):
+    """gemma3: gate+up with its GeGLU -> QMatMulGeGLU, every residual add into the norm after it (the
+    first layer's reads the embedding's Scale); the per-head q / k norms (group) stay RMSNorms, so the
+    q+k+v matmul keeps its RoPEs apart (no QMatMulRoPE: a norm sits between); the unfused graph stays
+    a valid graph of the same nodes."""
+    path = synth("tiny-gemma3", "f32", tmp_path / "g.gguf", header_only=True)
+    with GGUFReader(path) as r:
+        _, graph = registry.build(r)
+    base = F.optimize(graph)
+    g = F.fuse(base, everything)
+    _check_well_formed(g)
+    ops = [n.op for n in g.nodes]
+    n_layer = graph.meta["n_layer"]
+    assert ops.count(Op.MATMUL_GEGLU) == n_layer and Op.GEGLU not in ops
+    assert Op.MATMUL_ROPE not in ops and ops.count(Op.ROPE) == 2 * n_layer
+    grouped = [n for n in g.nodes if n.op == Op.RMS_NORM and n.params.get("group")]
+    assert len(grouped) == 2 * n_layer  # attn_q_norm, attn_k_norm
+    # per layer 2 adds feed a norm (ffn_norm, the next attn_norm) but the last one's second
+    assert ops.count(Op.ADD_RMS_NORM) == 2 * n_layer - 1
+    assert g.nodes[next(n.id for n in g.nodes if n.op == Op.ADD_RMS_NORM)].name == "blk.0.ffn_norm"
+
+
+def test_phi3s_fused_weights_fuse_as_stacked_ones(tmp_path):
+    """phi3's attn_qkv and ffn_up are one tensor each, split by column slices: the same rules fire
+    (their q and k RoPEs merge into one over adjacent slices, then QMatMulRoPE; SwiGLU of the halves)."""
+    path = synth("tiny-phi3", "f32", tmp_path / "p.gguf", header_only=True)
+    with GGUFReader(path) as r:
+        _, graph = registry.build(r)
+    g = F.fuse(F.optimize(graph), everything)
+    _check_well_formed(g)
+    ops = [n.op for n in g.nodes]
+    n_layer = graph.meta["n_layer"]
+    assert ops.count(Op.MATMUL_ROPE) == ops.count(Op.MATMUL_SWIGLU) == n_layer
+    assert Op.ROPE not in ops and Op.SWIGLU not in ops
+    qkv = next(n for n in g.nodes if n.op == Op.MATMUL_ROPE)
+    assert [t.name for t in qkv.weights["w"].tensors] == ["blk.0.attn_qkv.weight"]
+    assert all(a.params.get("kv_written") for a in g.nodes if a.op == Op.ATTENTION)

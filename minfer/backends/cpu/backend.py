@@ -110,12 +110,12 @@ def plan_rows(graph: Graph, reader: GGUFReader, rows: int = 1, prefill: bool = F
         if node.op != Op.MATMUL:
             continue
         names, cost = [], 0.0
-        n_rows = 1 if prefill and node.id == graph.output else rows  # a prompt's logits: its last row
+        n_rows = 1 if prefill and node.id == graph.logits_id else rows  # a prompt's logits: its last row
         for t in node.weights["w"].tensors:
             info = reader.tensors[t.name]
             # the logits take the decode rows' kernel in prompts too (two activation passes on VNNI)
             c = pick_kernel(info.ggml_type, *info.torch_shape, rows=n_rows,
-                            decode=not prefill or node.id == graph.output, vnni=vnni)
+                            decode=not prefill or node.id == graph.logits_id, vnni=vnni)
             names.append(c.kernel.name)
             cost += c.cost_ns
         out.append({"id": node.id, "name": node.name, "op": str(node.op), "layer": node.layer,
@@ -268,7 +268,7 @@ class CPUBackend(Backend):
         int4 kernels (which take bfloat16 activations; the VNNI kernel quantizes float32 ones)."""
         infos = self._reader.tensors
         readers = self.readers.get(node.id, [])
-        return bool(readers) and node.id != self.graph.output and all(
+        return bool(readers) and node.id != self.graph.logits_id and all(
             r.op == Op.MATMUL and all(
                 pick_kernel(i.ggml_type, *i.torch_shape, decode=True, vnni=self.vnni).kernel.name.startswith(
                     "cpu_int4pack")
@@ -280,7 +280,7 @@ class CPUBackend(Backend):
         that nothing reads after this node: the node may overwrite it."""
         src = self.graph.nodes[i]
         return (self.last_use[i] == node.id and i != self.graph.output
-                and (src.op == Op.ADD or (src.op == Op.GET_ROWS and "w" in src.weights)))
+                and (src.op in (Op.ADD, Op.SCALE) or (src.op == Op.GET_ROWS and "w" in src.weights)))
 
     def decode_weight_bytes(self) -> int:
         """Bytes of weights one decode row reads: every prepared matrix once (its packed form)

@@ -20,15 +20,23 @@ class RMSNorm:
     rounding change with the row count), so a row's result is the same whatever else is in the
     batch."""
 
-    def __init__(self, w: torch.Tensor, eps: float, dtype: torch.dtype = torch.float32, c: bool = True):
+    def __init__(self, w: torch.Tensor, eps: float, dtype: torch.dtype = torch.float32, c: bool = True,
+                 group: int | None = None):
         self.w = w
         self.eps = float(eps)
+        self.group = group  # normalise each run of `group` values (per-head q/k norms); None: whole rows
         self.dtype = dtype  # of the result: bfloat16 when the only consumers are int4 matmuls
         # float32 results of a width the C kernel takes run there, where it is available (and `c` allows it)
         self.c = c and dtype == torch.float32 and w.dtype == torch.float32 and cpu_vnni.available() and \
             cpu_vnni.norm_fits(torch.float32, w.shape[0]) and w.is_contiguous()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.group is not None:  # [T, n * group] -> n rows of `group` per token, normed alone
+            t = x.shape[0]
+            return self._rows(x.reshape(-1, self.group)).view(t, -1)
+        return self._rows(x)
+
+    def _rows(self, x: torch.Tensor) -> torch.Tensor:
         if self.c and x.dtype == torch.float32 and x.dim() == 2:  # the C kernel: one call
             return cpu_vnni.rms_norm(x, self.w, self.eps)
         r = (x * x).mean(-1, keepdim=True).add_(self.eps).rsqrt_().mul(x)
@@ -44,6 +52,20 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up, in the inputs' dtype (bfloat16 on the decode path: the next int4 matmul's input)."""
     return F.silu(gate).mul_(up)
+
+
+def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """gelu_tanh(gate) * up (gemma's GeGLU; llama.cpp's ggml_gelu is the tanh form)."""
+    return F.gelu(gate, approximate="tanh").mul_(up)
+
+
+def scale(x: torch.Tensor, s: float) -> torch.Tensor:
+    return x * s
+
+
+def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
+    """cap * tanh(x / cap): bounds x to (-cap, cap), nearly the identity well inside it."""
+    return torch.tanh(x / cap).mul_(cap)
 
 
 def rope_rotation(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -105,12 +127,15 @@ def attention_decode(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
 
 
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int,
-              scale: float) -> torch.Tensor:
+              scale: float, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """Causal attention of one sequence's queries q [n, n_head, hd] at positions start..start+n-1
     over its cache k/v [n_head_kv, >= start+n, hd] (already holding this step's keys).
-    Returns [n, n_head * hd]."""
+    `window` > 0: query p sees keys p - window < k <= p only; `softcap` > 0: scores s become
+    softcap * tanh(s / softcap) before the softmax. Returns [n, n_head * hd]."""
     n, n_head, hd = q.shape
     length = start + n
+    if window or softcap:
+        return attention_masked(q, k_cache[:, :length], v_cache[:, :length], start, scale, window, softcap)
     qh = q.transpose(0, 1).unsqueeze(0)
     k = k_cache[:, :length].unsqueeze(0)
     v = v_cache[:, :length].unsqueeze(0)
@@ -120,3 +145,27 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
     out = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, is_causal=(n > 1 and start == 0),
                                          scale=scale, enable_gqa=k.shape[1] != n_head)
     return out[0].transpose(0, 1).reshape(n, n_head * hd)
+
+
+def attention_masked(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scale: float,
+                     window: int, softcap: float) -> torch.Tensor:
+    """attention() with a sliding window and/or soft-capped scores, spelled out (SDPA has no
+    soft-cap): q [n, n_head, hd] at positions start.., keys/values [n_kv, start + n, hd].
+    Only the keys some query can see are read (the last window + n - 1 of them)."""
+    n, n_head, hd = q.shape
+    n_kv, length, _ = keys.shape
+    lo = max(0, start - window + 1) if window else 0  # first key any query of the chunk sees
+    k, v = keys[:, lo:], values[:, lo:]
+    qh = q.transpose(0, 1).reshape(n_kv, n_head // n_kv * n, hd)  # query heads grouped by their kv head
+    s = torch.bmm(qh, k.transpose(1, 2)).mul_(scale)
+    if softcap:
+        s = torch.tanh(s / softcap).mul_(softcap)
+    qpos = torch.arange(start, start + n).unsqueeze(1)
+    kpos = torch.arange(lo, length).unsqueeze(0)
+    visible = kpos <= qpos
+    if window:
+        visible &= qpos - kpos < window
+    s = s.view(n_kv, n_head // n_kv, n, -1).masked_fill_(~visible, float("-inf"))
+    p = torch.softmax(s, -1).view(n_kv, n_head // n_kv * n, -1)
+    out = torch.bmm(p, v).view(n_head, n, hd)
+    return out.transpose(0, 1).reshape(n, n_head * hd)

@@ -46,7 +46,8 @@ def _get_rows(be: CPUBackend, node: Node):
 def _rms_norm(be: CPUBackend, node: Node):
     # bfloat16 straight away when only int4 matmuls read it (they would convert it first)
     dtype = torch.bfloat16 if be.int4_inputs(node) else torch.float32
-    (i,), norm = node.inputs, cpu_ops.RMSNorm(be.vector(node.weights["w"].name), node.params["eps"], dtype, be.vnni)
+    (i,), norm = node.inputs, cpu_ops.RMSNorm(be.vector(node.weights["w"].name), node.params["eps"], dtype, be.vnni,
+                                              node.params.get("group"))
     return lambda vals, st: norm(vals[i])
 
 
@@ -54,7 +55,7 @@ def _matmul(be: CPUBackend, node: Node):
     m = be.matrix(node.weights["w"], node.weights.get("b"))
     (i,) = node.inputs
     kernels = {"decode": m.kernel(True), "prefill": m.kernel(False)}
-    if node.id == be.graph.output:  # logits are float32 whatever the weight's path
+    if node.id == be.graph.logits_id:  # logits are float32 whatever the weight's path
         # and the VNNI kernels give them the decode rows' two activation passes in prompts too
         fn = lambda vals, st: m(vals[i], st.decode, passes=2).float()  # noqa: E731
         return dict.fromkeys(KINDS, fn), dict.fromkeys(KINDS, m.kernel(True))
@@ -86,6 +87,21 @@ def _swiglu(be: CPUBackend, node: Node):
     return lambda vals, st: cpu_ops.swiglu(vals[i], vals[j])
 
 
+def _geglu(be: CPUBackend, node: Node):
+    i, j = node.inputs
+    return lambda vals, st: cpu_ops.geglu(vals[i], vals[j])
+
+
+def _scale(be: CPUBackend, node: Node):
+    (i,), c = node.inputs, node.params["scale"]
+    return lambda vals, st: cpu_ops.scale(vals[i], c)
+
+
+def _softcap(be: CPUBackend, node: Node):
+    (i,), c = node.inputs, node.params["cap"]
+    return lambda vals, st: cpu_ops.softcap(vals[i], c)
+
+
 def _rope(be: CPUBackend, node: Node):
     p = node.params
     key = rope_key(node)
@@ -107,6 +123,7 @@ def _attention(be: CPUBackend, node: Node):
     p = node.params
     q_i, k_i, v_i, _ = node.inputs
     layer, n_head, n_kv, hd, scale = p["kv_layer"], p["n_head"], p["n_head_kv"], p["head_dim"], p["scale"]
+    window, softcap = p.get("window", 0), p.get("softcap", 0.0)
 
     def decode(vals, st: _State) -> torch.Tensor:  # one query per sequence, over its own cache
         q, k, v = vals[q_i], vals[k_i], vals[v_i]
@@ -114,6 +131,20 @@ def _attention(be: CPUBackend, node: Node):
         kc, vc = be._flat[0][layer], be._flat[1][layer]  # [slot * n_kv * n_ctx, hd]
         kc.index_copy_(0, st.at, k.reshape(rows * n_kv, hd).to(kc.dtype))  # each row at its slot, position
         vc.index_copy_(0, st.at, v.reshape(rows * n_kv, hd).to(vc.dtype))
+        # a window only matters once some row is `window` positions in (the plain paths before that)
+        if softcap or (window and max(s.end for s in st.batch.spans) > window):
+            slots, pos = st.batch.row_slots.tolist(), st.batch.positions.tolist()
+            k_all, v_all = st.cache.k[layer], st.cache.v[layer]
+            if not softcap:  # one query sees a contiguous run of keys: SDPA over the window's slice
+                qs = q.view(rows, 1, n_head, 1, hd).unbind(0)
+                return torch.cat([cpu_ops.attention_decode(
+                    qs[b], k_all[slots[b], :, max(0, pos[b] + 1 - window):pos[b] + 1].unsqueeze(0),
+                    v_all[slots[b], :, max(0, pos[b] + 1 - window):pos[b] + 1].unsqueeze(0), scale).view(1, -1)
+                    for b in range(rows)])
+            qs = q.view(rows, 1, n_head, hd).unbind(0)
+            return torch.cat([cpu_ops.attention_masked(qs[b], k_all[slots[b], :, :pos[b] + 1],
+                                                       v_all[slots[b], :, :pos[b] + 1], pos[b], scale,
+                                                       window, softcap) for b in range(rows)])
         if st.lens is not None:  # every row in one call (csrc/q4_vnni.c attn_decode)
             return cpu_vnni.attention_decode(q, st.cache.k[layer], st.cache.v[layer], st.batch.row_slots,
                                              st.lens, n_head, scale)
@@ -135,7 +166,8 @@ def _attention(be: CPUBackend, node: Node):
             rows = slice(s.offset, s.offset + s.n_tokens)
             kc[s.slot, :, s.start:s.end] = k[:, rows]
             vc[s.slot, :, s.start:s.end] = v[:, rows]
-            out[rows] = cpu_ops.attention(q[rows], kc[s.slot], vc[s.slot], s.start, scale)
+            w = window if s.end > window else 0  # the window masks nothing before
+            out[rows] = cpu_ops.attention(q[rows], kc[s.slot], vc[s.slot], s.start, scale, w, softcap)
         return out
 
     return {"decode": decode, "prefill": prefill}, None
@@ -143,5 +175,6 @@ def _attention(be: CPUBackend, node: Node):
 
 CPU_OPS = {
     Op.INPUT: _input, Op.GET_ROWS: _get_rows, Op.RMS_NORM: _rms_norm, Op.MATMUL: _matmul, Op.ADD: _add,
-    Op.SLICE: _slice, Op.SWIGLU: _swiglu, Op.ROPE: _rope, Op.ATTENTION: _attention,
+    Op.SLICE: _slice, Op.SWIGLU: _swiglu, Op.GEGLU: _geglu, Op.SCALE: _scale, Op.SOFTCAP: _softcap, Op.ROPE: _rope,
+    Op.ATTENTION: _attention,
 }

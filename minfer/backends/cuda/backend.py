@@ -50,6 +50,7 @@ class CUDABackend(Backend):
     contract_backend = "CUDA"
     kinds = KINDS
     column_outputs = False  # [m, n] column slices are contiguous only for one row
+    max_weight_bytes = None  # a weight binds whole, whatever its size
 
     def __init__(self, config: EngineConfig | None = None, registry: Registry | None = None, plan_only: bool = False,
                  comm=None):

@@ -68,6 +68,7 @@ class WGPUBackend(Backend):
                           checks=c.wgpu_checks, gemv=vk_matmul.gemv_variant(c.vk_gemv, c.vk_q8),
                           attn=vk_attention.attn_variant(c.vk_attn))
         self.settings = {"variant": self.dev.gemv}  # what the load layouts and caps.q8_passes read
+        self.max_weight_bytes = self.dev.max_binding  # larger weights run in chunks of rows (calls.type_runs)
         self.graph: Graph | None = None
         self.plan: Plan | None = None
         self.compiler: Compiler | None = None
@@ -131,9 +132,12 @@ class WGPUBackend(Backend):
         return torch.from_numpy(self._reader.tensor_bytes(name)).view(rows, -1)
 
     def weight_bytes(self, w: WeightRef) -> VkTensor:
-        """W's GGUF bytes on the device [n, row_bytes], a fused weight's parts stacked (uploaded once)."""
+        """W's GGUF bytes on the device [n, row_bytes], a fused weight's parts stacked, a chunk's rows
+        (WeightRef.rows) alone (uploaded once)."""
         if w.name not in self._bytes:
             parts = [self._host_bytes(t.name) for t in w.tensors]
+            if w.rows is not None:
+                parts = [parts[0][w.rows[0]:w.rows[1]]]
             self._bytes[w.name] = self.dev.upload(parts[0] if len(parts) == 1 else torch.cat(parts))
         return self._bytes[w.name]
 

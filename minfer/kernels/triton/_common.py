@@ -37,7 +37,7 @@ from ..checks import check_int, check_tensor, make_out, rows_view, same_device, 
 __all__ = [  # the checks are re-exported: a Triton launcher imports its plumbing from here
     "cdiv", "check_device", "check_grid", "check_int", "check_tensor", "make_out", "rows_view", "view_as",
     "interpreting", "pdl_args", "as_in_graphs", "wait_prior", "release_next", "release_late", "grouped_tile",
-    "cast_for", "f32_to_bf16_rne", "INTERPRETING",
+    "cast_for", "f32_to_bf16_rne", "INTERPRETING", "tanh", "gelu_tanh",
 ]
 
 MAX_GRID_X = 2**31 - 1  # CUDA grid limit on axis 0
@@ -226,3 +226,15 @@ def cast_for(x, ptr):
             return x.to(tl.bfloat16)
     else:
         return x.to(ptr.dtype.element_ty)
+
+
+@triton.jit
+def tanh(t):
+    """tanh(t) as 2 sigmoid(2t) - 1: absolute error ~1e-7 (exp only, so the interpreter runs it)."""
+    return 2.0 * tl.sigmoid(2.0 * t) - 1.0
+
+
+@triton.jit
+def gelu_tanh(x):
+    """x/2 (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), as x sigmoid(2u) (the same function)."""
+    return x * tl.sigmoid(1.5957691216057308 * (x + 0.044715 * x * x * x))

@@ -48,6 +48,7 @@ from ._common import (
     release_late,
     release_next,
     rows_view,
+    tanh,
     wait_prior,
 )
 
@@ -109,15 +110,22 @@ def _load_kv(ptr, rows, d, mask, HD, Q8: tl.constexpr):
 
 
 @triton.jit
-def _softmax_step(q, ck_ptr, cv_ptr, kv_rows, d, kv_m, keep, m_i, l_i, acc, HD, Q8: tl.constexpr):
+def _softmax_step(q, ck_ptr, cv_ptr, kv_rows, d, kv_m, keep, m_i, l_i, acc, HD, softcap, Q8: tl.constexpr,
+                  CAP: tl.constexpr):
     """One key tile of flash attention (both kernels' loop body): scores q . k of the tile's keys
-    (kv_rows, masked by kv_m; `keep` [rows or 1, keys] the scores that count, -inf elsewhere), the
-    running max m_i and sum l_i rescaled, p . v added to acc; returns (m_i, l_i, acc)."""
+    (kv_rows, masked by kv_m; `keep` [rows or 1, keys] the scores that count, -inf elsewhere), with
+    CAP soft-capped to softcap * tanh(s / softcap), the running max m_i and sum l_i rescaled, p . v
+    added to acc; returns (m_i, l_i, acc)."""
     k = _load_kv(ck_ptr, kv_rows, d, kv_m, HD, Q8)
-    s = tl.where(keep, tl.dot(q, tl.trans(k)), float("-inf"))
+    s = tl.dot(q, tl.trans(k))
+    if CAP:
+        s = softcap * tanh(s / softcap)
+    s = tl.where(keep, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    alpha = tl.exp(m_i - m_new)
-    p = tl.exp(s - m_new[:, None])
+    # a row that has seen no key yet (a window starts past this tile) keeps m -inf: shift by 0 there
+    m_use = tl.where(m_new > float("-inf"), m_new, 0.0)
+    alpha = tl.exp(m_i - m_use)
+    p = tl.exp(s - m_use[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     v = _load_kv(cv_ptr, kv_rows, d, kv_m, HD, Q8)
     return m_new, l_i, acc * alpha[:, None] + tl.dot(p.to(tl.float16), v)
@@ -125,18 +133,19 @@ def _softmax_step(q, ck_ptr, cv_ptr, kv_rows, d, kv_m, keep, m_i, l_i, acc, HD, 
 
 @triton.jit
 def _attn_rows_kernel(q_ptr, ck_ptr, cv_ptr, slot_ptr, pos_ptr, out_ptr, po_ptr, pml_ptr, stride_q, layer_off,
-                      S_STRIDE, H_STRIDE, scale, G, N_HEAD, HD, RS, SPLIT_LEN, NSPLIT,
+                      S_STRIDE, H_STRIDE, scale, G, N_HEAD, HD, RS, SPLIT_LEN, NSPLIT, window, softcap,
                       GP: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                      Q8: tl.constexpr, PDL: tl.constexpr):
+                      Q8: tl.constexpr, CAP: tl.constexpr, PDL: tl.constexpr):
     release_next(PDL)
     wait_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
     slot = tl.load(slot_ptr + row).to(tl.int64)
-    last = tl.load(pos_ptr + row)  # attends keys 0..last
-    lo = sp * SPLIT_LEN
-    hi = tl.minimum(lo + SPLIT_LEN, last + 1)
+    last = tl.load(pos_ptr + row)  # attends keys 0..last (last - window + 1..last with a window)
+    first = tl.where(window > 0, tl.maximum(last - window + 1, 0), 0)
+    lo = tl.maximum(sp * SPLIT_LEN, first)  # a split wholly before the window stays empty (m -inf, l 0)
+    hi = tl.minimum(sp * SPLIT_LEN + SPLIT_LEN, last + 1)
     g = tl.arange(0, GP)
     d = tl.arange(0, BLOCK_D)
     gm = g < G
@@ -154,7 +163,8 @@ def _attn_rows_kernel(q_ptr, ck_ptr, cv_ptr, slot_ptr, pos_ptr, out_ptr, po_ptr,
         nm = n < hi
         kv_rows = base + n.to(tl.int64)[:, None] * RS
         kv_m = nm[:, None] & dm[None, :]
-        m_i, l_i, acc = _softmax_step(q, ck_ptr, cv_ptr, kv_rows, d, kv_m, nm[None, :], m_i, l_i, acc, HD, Q8)
+        m_i, l_i, acc = _softmax_step(q, ck_ptr, cv_ptr, kv_rows, d, kv_m, nm[None, :], m_i, l_i, acc, HD, softcap,
+                                      Q8, CAP)
     release_late(PDL)
     if SPLIT:  # partial sums and (max, sum) per split; the combine kernel finishes
         part = (row * N_HEAD + heads).to(tl.int64) * NSPLIT + sp
@@ -180,8 +190,8 @@ def _attn_combine_kernel(po_ptr, pml_ptr, out_ptr, N_HEAD, HD, NSPLIT, SP: tl.co
     part = (row * N_HEAD + head) * NSPLIT + s
     m = tl.load(pml_ptr + part * 2, mask=sm, other=float("-inf"))
     l_s = tl.load(pml_ptr + part * 2 + 1, mask=sm, other=0.0)
-    mx = tl.max(m, axis=0)  # split 0 always holds key 0: finite
-    w = tl.exp(m - mx)
+    mx = tl.max(m, axis=0)  # finite: the split of the row's own position holds a key
+    w = tl.where(m > float("-inf"), tl.exp(m - mx), 0.0)  # empty splits (before a window) weigh nothing
     o = tl.load(po_ptr + part[:, None] * HD + d[None, :], mask=sm[:, None] & dm[None, :], other=0.0)
     num = tl.sum(o * w[:, None], axis=0)
     den = tl.sum(l_s * w, axis=0)
@@ -191,8 +201,8 @@ def _attn_combine_kernel(po_ptr, pml_ptr, out_ptr, N_HEAD, HD, NSPLIT, SP: tl.co
 
 @triton.jit
 def _attn_prefill_kernel(q_ptr, ck_ptr, cv_ptr, tiles_ptr, out_ptr, stride_q, layer_off, S_STRIDE, H_STRIDE, scale,
-                         G, N_HEAD, HD, RS, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                         Q8: tl.constexpr, PDL: tl.constexpr):
+                         G, N_HEAD, HD, RS, window, softcap, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                         BLOCK_N: tl.constexpr, Q8: tl.constexpr, CAP: tl.constexpr, PDL: tl.constexpr):
     release_next(PDL)
     wait_prior(PDL)
     t = tl.program_id(0)
@@ -214,13 +224,16 @@ def _attn_prefill_kernel(q_ptr, ck_ptr, cv_ptr, tiles_ptr, out_ptr, stride_q, la
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     hi = tl.where(n > 0, start + n, 0)  # keys 0..the tile's last position
-    for k0 in range(0, hi, BLOCK_N):
+    # with a window: from the first key the tile's first query sees, in whole key tiles
+    lo = tl.where(window > 0, (tl.maximum(start - window + 1, 0) // BLOCK_N) * BLOCK_N, 0)
+    for k0 in range(lo, hi, BLOCK_N):
         kk = k0 + tl.arange(0, BLOCK_N)
         km = kk < hi
         kv_rows = base + kk.to(tl.int64)[:, None] * RS
         kv_m = km[:, None] & dm[None, :]
-        causal = km[None, :] & (kk[None, :] <= qpos[:, None])
-        m_i, l_i, acc = _softmax_step(q, ck_ptr, cv_ptr, kv_rows, d, kv_m, causal, m_i, l_i, acc, HD, Q8)
+        causal = km[None, :] & (kk[None, :] <= qpos[:, None]) & ((window <= 0) | (qpos[:, None] - kk[None, :] < window))
+        m_i, l_i, acc = _softmax_step(q, ck_ptr, cv_ptr, kv_rows, d, kv_m, causal, m_i, l_i, acc, HD, softcap,
+                                      Q8, CAP)
     release_late(PDL)
     o = acc / tl.where(mm, l_i, 1.0)[:, None]  # (a row of the tile holds key 0 at least: l_i > 0)
     tl.store(out_ptr + rows[:, None] * (N_HEAD * HD) + head * HD + d[None, :], o, mask=mm[:, None] & dm[None, :])
@@ -283,6 +296,13 @@ def check_attention_call(what, q, k, v, cache_k, cache_v, row_slots, positions, 
     return q2, k2, v2, shape, device
 
 
+def check_window(what: str, window: int, softcap: float) -> None:
+    """A sliding window of >= 0 positions (0: none) and a soft-cap >= 0 (0: none), else UnsupportedError."""
+    check_int(what, "window", window)
+    if isinstance(softcap, bool) or not isinstance(softcap, float | int) or not 0 <= softcap < float("inf"):
+        raise UnsupportedError(f"{what}: softcap must be a finite number >= 0 (0: none), got {softcap!r}")
+
+
 def kv_write(k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
              row_slots: torch.Tensor, positions: torch.Tensor, layer: int) -> None:
     """cache[layer, slot_r, :, position_r] = k[r], v[r] for every row r (rounded to the cache dtype,
@@ -314,31 +334,35 @@ def split_plan(n_ctx: int) -> tuple[int, int]:
 def attention_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
                    row_slots: torch.Tensor, positions: torch.Tensor, layer: int, n_head: int, n_head_kv: int,
                    head_dim: int, scale: float, spans=None, tiles=None,
-                   out: torch.Tensor | None = None, kv_written: bool = False) -> torch.Tensor:
+                   out: torch.Tensor | None = None, kv_written: bool = False, window: int = 0,
+                   softcap: float = 0.0) -> torch.Tensor:
     """Write k/v into the cache at (row_slots, positions), then out [rows, n_head * head_dim] f32 =
     softmax(q K^T * scale) V over positions 0..position of each row's slot. q/k/v: f32 rows
     (row-strided views are fine), cache f16 [layers, slots, n_head_kv, n_ctx, head_dim]. `spans`
     and `tiles` are not needed (every row reads its own slot and position on the device).
     `kv_written`: the producer of k and v already wrote them into the cache (gemv_rope's KV
-    epilogue), so the write is skipped."""
+    epilogue), so the write is skipped. `window` > 0: a row attends its last `window` positions
+    only (sliding-window layers; the cache keeps every position); `softcap` > 0: scores s become
+    softcap * tanh(s / softcap) before the softmax (gemma2)."""
     return _attention_rows("attention_rows", torch.float16, q, k, v, cache_k, cache_v, row_slots, positions, layer,
-                           n_head, n_head_kv, head_dim, scale, out, kv_written)
+                           n_head, n_head_kv, head_dim, scale, out, kv_written, window, softcap)
 
 
 def attention_rows_q8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor,
                       cache_v: torch.Tensor, row_slots: torch.Tensor, positions: torch.Tensor, layer: int, n_head: int,
                       n_head_kv: int, head_dim: int, scale: float, spans=None, tiles=None,
-                      out: torch.Tensor | None = None) -> torch.Tensor:
+                      out: torch.Tensor | None = None, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """`attention_rows` over a Q8_0 cache (int8, rows of q8_row_bytes(head_dim)): k/v quantized as
     they are written, keys and values dequantized to f16 tiles as they are read."""
     return _attention_rows("attention_rows_q8", torch.int8, q, k, v, cache_k, cache_v, row_slots, positions, layer,
-                           n_head, n_head_kv, head_dim, scale, out)
+                           n_head, n_head_kv, head_dim, scale, out, False, window, softcap)
 
 
 def _attention_rows(what, cache_dtype, q, k, v, cache_k, cache_v, row_slots, positions, layer, n_head, n_head_kv,
-                    head_dim, scale, out, kv_written=False):
+                    head_dim, scale, out, kv_written=False, window=0, softcap=0.0):
     q2, k2, v2, shape, device = check_attention_call(what, q, k, v, cache_k, cache_v, row_slots, positions, layer,
                                                      n_head, n_head_kv, head_dim, cache_dtype)
+    check_window(what, window, softcap)
     rows = q2.shape[0]
     out = make_out(what, out, (rows, n_head * head_dim), torch.float32, device)
     if not rows:
@@ -357,9 +381,9 @@ def _attention_rows(what, cache_dtype, q, k, v, cache_k, cache_v, row_slots, pos
         pml = torch.empty(rows * n_head * nsplit * 2, dtype=torch.float32, device=device)
     _attn_rows_kernel[check_grid(what, (rows, nkv, nsplit))](
         q2, cache_k, cache_v, row_slots, positions, out, po, pml, q2.stride(0), layer * n_slots * nkv * n_ctx * rs,
-        nkv * n_ctx * rs, n_ctx * rs, float(scale), g, n_head, hd, rs, split_len, nsplit,
-        GP=gp, BLOCK_D=block_d, BLOCK_N=block_n(hd, cache_dtype == torch.int8), SPLIT=nsplit > 1,
-        Q8=cache_dtype == torch.int8, num_warps=4,
+        nkv * n_ctx * rs, n_ctx * rs, float(scale), g, n_head, hd, rs, split_len, nsplit, int(window),
+        float(softcap) or 1.0, GP=gp, BLOCK_D=block_d, BLOCK_N=block_n(hd, cache_dtype == torch.int8),
+        SPLIT=nsplit > 1, Q8=cache_dtype == torch.int8, CAP=softcap > 0, num_warps=4,
         **pdl_args())
     if nsplit > 1:
         _attn_combine_kernel[check_grid(what, (rows, n_head))](
@@ -397,22 +421,24 @@ def max_prefill_tiles(rows: int, spans: int, block_m: int = PREFILL_BLOCK_M) -> 
 def attention_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor,
                       cache_v: torch.Tensor, row_slots: torch.Tensor, positions: torch.Tensor, layer: int, n_head: int,
                       n_head_kv: int, head_dim: int, scale: float, spans=None, tiles: torch.Tensor | None = None,
-                      out: torch.Tensor | None = None) -> torch.Tensor:
+                      out: torch.Tensor | None = None, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """`attention_rows` for prompt chunks: k/v written, then flash-attention per tile of up to
     PREFILL_BLOCK_M rows of one span. `tiles`: the int32 [T, 4] device tile table (CUDA graphs;
     rows not in a tile are left unwritten); else it is built from `spans` or, without them, from
-    the slots and positions (host reads)."""
+    the slots and positions (host reads). `window`, `softcap`: as attention_rows (a tile's key
+    loop starts at the first key its first query sees)."""
     return _attention_prefill("attention_prefill", torch.float16, q, k, v, cache_k, cache_v, row_slots, positions,
-                              layer, n_head, n_head_kv, head_dim, scale, spans, tiles, out)
+                              layer, n_head, n_head_kv, head_dim, scale, spans, tiles, out, window, softcap)
 
 
 def attention_prefill_q8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor,
                          cache_v: torch.Tensor, row_slots: torch.Tensor, positions: torch.Tensor, layer: int,
                          n_head: int, n_head_kv: int, head_dim: int, scale: float, spans=None,
-                         tiles: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                         tiles: torch.Tensor | None = None, out: torch.Tensor | None = None, window: int = 0,
+                         softcap: float = 0.0) -> torch.Tensor:
     """`attention_prefill` over a Q8_0 cache (k/v quantized as written, tiles dequantized as read)."""
     return _attention_prefill("attention_prefill_q8", torch.int8, q, k, v, cache_k, cache_v, row_slots, positions,
-                              layer, n_head, n_head_kv, head_dim, scale, spans, tiles, out)
+                              layer, n_head, n_head_kv, head_dim, scale, spans, tiles, out, window, softcap)
 
 
 def prefill_block_n(head_dim: int, q8: bool = False) -> int:
@@ -424,9 +450,10 @@ def prefill_block_n(head_dim: int, q8: bool = False) -> int:
 
 
 def _attention_prefill(what, cache_dtype, q, k, v, cache_k, cache_v, row_slots, positions, layer, n_head, n_head_kv,
-                       head_dim, scale, spans, tiles, out):
+                       head_dim, scale, spans, tiles, out, window=0, softcap=0.0):
     q2, k2, v2, shape, device = check_attention_call(what, q, k, v, cache_k, cache_v, row_slots, positions, layer,
                                                      n_head, n_head_kv, head_dim, cache_dtype)
+    check_window(what, window, softcap)
     rows = q2.shape[0]
     out = make_out(what, out, (rows, n_head * head_dim), torch.float32, device)
     if not rows:
@@ -446,7 +473,8 @@ def _attention_prefill(what, cache_dtype, q, k, v, cache_k, cache_v, row_slots, 
     q8 = cache_dtype == torch.int8
     _attn_prefill_kernel[check_grid(what, (tiles.shape[0], n_head))](
         q2, cache_k, cache_v, tiles, out, q2.stride(0), layer * n_slots * nkv * n_ctx * rs, nkv * n_ctx * rs,
-        n_ctx * rs, float(scale), n_head // n_head_kv, n_head, hd, rs, BLOCK_M=PREFILL_BLOCK_M,
-        BLOCK_D=max(16, triton.next_power_of_2(hd)), BLOCK_N=prefill_block_n(hd, q8), Q8=q8, num_warps=4,
+        n_ctx * rs, float(scale), n_head // n_head_kv, n_head, hd, rs, int(window), float(softcap) or 1.0,
+        BLOCK_M=PREFILL_BLOCK_M, BLOCK_D=max(16, triton.next_power_of_2(hd)), BLOCK_N=prefill_block_n(hd, q8), Q8=q8,
+        CAP=softcap > 0, num_warps=4,
         **pdl_args())
     return out

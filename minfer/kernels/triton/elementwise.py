@@ -1,5 +1,9 @@
-"""Elementwise kernels: residual add, bias add, mul, SiLU, SwiGLU (flat, and over row-strided
-halves of a fused gate/up output) and the f32 -> f16/bf16 converts.
+"""Elementwise kernels: residual add, bias add, mul, SiLU, SwiGLU and GeGLU (flat, and over
+row-strided halves of a fused gate/up output), scale, soft-cap and the f32 -> f16/bf16 converts.
+
+gelu_tanh(x) = x/2 (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), is computed as x sigmoid(2u)
+(the same function: (1 + tanh(u)) / 2 = sigmoid(2u)), and tanh(t) as 2 sigmoid(2t) - 1, so every
+kernel here needs only exp (the interpreter runs them too).
 
 Thread-to-data mapping (seed 000 §2.2): flat kernels give each program BLOCK consecutive
 elements, so each lane handles BLOCK / (32 * num_warps) contiguous elements and the compiler
@@ -15,6 +19,8 @@ so tensors past 2^31 elements index correctly. Every kernel here is memory-bound
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -27,11 +33,13 @@ from ._common import (
     check_grid,
     check_int,
     check_tensor,
+    gelu_tanh,
     make_out,
     pdl_args,
     release_late,
     release_next,
     rows_view,
+    tanh,
     wait_prior,
 )
 
@@ -56,12 +64,20 @@ def _offsets(n, BLOCK: tl.constexpr, EVEN: tl.constexpr):
 
 
 @triton.jit
-def _map1_kernel(x_ptr, z_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr):
-    """z = op(x) over n elements; OP is "silu" or "copy" (a dtype conversion through f32)."""
+def _map1_kernel(x_ptr, z_ptr, n, c, OP: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr):
+    """z = op(x) over n elements; OP is "silu", "scale" (x c), "softcap" (c tanh(x / c)) or
+    "copy" (a dtype conversion through f32)."""
+    release_next(PDL)
+    wait_prior(PDL)
     offs, mask = _offsets(n, BLOCK, EVEN)
     x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
     if OP == "silu":
         x = x * tl.sigmoid(x)
+    elif OP == "scale":
+        x = x * c
+    elif OP == "softcap":
+        x = c * tanh(x / c)
+    release_late(PDL)
     tl.store(z_ptr + offs, cast_for(x, z_ptr), mask=mask)
 
 
@@ -96,25 +112,31 @@ def _add_bias_kernel(y_ptr, b_ptr, d, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
 
 
 @triton.jit
-def _swiglu_rows_kernel(g_ptr, u_ptr, z_ptr, d, stride_g, stride_u, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+def _glu_rows_kernel(g_ptr, u_ptr, z_ptr, d, stride_g, stride_u, ACT: tl.constexpr, BLOCK_D: tl.constexpr,
+                     PDL: tl.constexpr):
+    """z[row, :] = act(g[row, :]) * u[row, :], act silu (ACT "silu") or gelu_tanh ("gelu"): rows of
+    program axis 0, columns in BLOCK_D chunks on axis 1; g and u may be row-strided views (the two
+    halves of a fused gate/up output)."""
     release_next(PDL)
     wait_prior(PDL)
-    """z[row, :] = silu(g[row, :]) * u[row, :]: rows of program axis 0, columns in BLOCK_D chunks on axis 1;
-    g and u may be row-strided views (the two halves of a fused gate/up output)."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     mask = cols < d
     g = tl.load(g_ptr + row * stride_g + cols, mask=mask).to(tl.float32)
     u = tl.load(u_ptr + row * stride_u + cols, mask=mask).to(tl.float32)
     release_late(PDL)
-    tl.store(z_ptr + row * d + cols, g * tl.sigmoid(g) * u, mask=mask)
+    if ACT == "gelu":
+        a = gelu_tanh(g)
+    else:
+        a = g * tl.sigmoid(g)
+    tl.store(z_ptr + row * d + cols, a * u, mask=mask)
 
 
-def _flat_launch(what: str, kernel, tensors: tuple, out: torch.Tensor, op: str) -> torch.Tensor:
+def _flat_launch(what: str, kernel, tensors: tuple, out: torch.Tensor, op: str, *consts, **pdl) -> torch.Tensor:
     n = out.numel()
     if n:
         grid = check_grid(what, (cdiv(n, BLOCK),))
-        kernel[grid](*tensors, out, n, OP=op, BLOCK=BLOCK, EVEN=n % BLOCK == 0, num_warps=NUM_WARPS)
+        kernel[grid](*tensors, out, n, *consts, OP=op, BLOCK=BLOCK, EVEN=n % BLOCK == 0, num_warps=NUM_WARPS, **pdl)
     return out
 
 
@@ -129,11 +151,11 @@ def _binary(what: str, x, y, out, op: str, dtypes) -> torch.Tensor:
     return _flat_launch(what, _map2_kernel, (x, y), out, op)
 
 
-def _unary(what: str, x, out, op: str, out_dtype: torch.dtype) -> torch.Tensor:
+def _unary(what: str, x, out, op: str, out_dtype: torch.dtype, c: float = 0.0) -> torch.Tensor:
     check_tensor(what, "x", x, F32)
     device = check_device(what, x=x, out=out)
     out = make_out(what, out, x.shape, out_dtype, device)
-    return _flat_launch(what, _map1_kernel, (x,), out, op)
+    return _flat_launch(what, _map1_kernel, (x,), out, op, float(c), **pdl_args())
 
 
 def add_f32(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -154,7 +176,15 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None = None
 def swiglu_rows(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """out [rows, d] f32 = silu(gate) * up for f32 [rows, d] inputs whose rows may be strided (the
     gate and up column halves of a fused projection's output); out is contiguous."""
-    what = "swiglu_rows"
+    return _glu_rows("swiglu_rows", "silu", gate, up, out)
+
+
+def geglu_rows(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """out [rows, d] f32 = gelu_tanh(gate) * up (gemma's feed-forward), as swiglu_rows."""
+    return _glu_rows("geglu_rows", "gelu", gate, up, out)
+
+
+def _glu_rows(what: str, act: str, gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     g = rows_view(what, "gate", gate)
     u = rows_view(what, "up", up, g.shape[1])
     for name, t in (("gate", g), ("up", u)):
@@ -167,14 +197,32 @@ def swiglu_rows(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None =
     rows, d = g.shape
     if rows and d:
         grid = check_grid(what, (rows, cdiv(d, BIAS_BLOCK)))
-        _swiglu_rows_kernel[grid](g, u, out, d, g.stride(0), u.stride(0), BLOCK_D=BIAS_BLOCK, num_warps=NUM_WARPS,
-                                  **pdl_args())
+        _glu_rows_kernel[grid](g, u, out, d, g.stride(0), u.stride(0), ACT=act, BLOCK_D=BIAS_BLOCK,
+                               num_warps=NUM_WARPS, **pdl_args())
     return out
 
 
 def silu_f32(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """out = x * sigmoid(x), f32. `out` may alias x."""
     return _unary("silu_f32", x, out, "silu", torch.float32)
+
+
+def scale_f32(x: torch.Tensor, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """out = x * scale, f32 (gemma's embedding scale). `out` may alias x."""
+    check_float("scale_f32", "scale", scale)
+    return _unary("scale_f32", x, out, "scale", torch.float32, scale)
+
+
+def softcap_f32(x: torch.Tensor, cap: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """out = cap * tanh(x / cap), f32 (gemma2's final-logit soft-cap). `out` may alias x."""
+    check_float("softcap_f32", "cap", cap, positive=True)
+    return _unary("softcap_f32", x, out, "softcap", torch.float32, cap)
+
+
+def check_float(what: str, name: str, v, positive: bool = False) -> None:
+    """A finite number (> 0 when `positive`), else UnsupportedError."""
+    if isinstance(v, bool) or not isinstance(v, float | int) or not math.isfinite(v) or (positive and v <= 0):
+        raise UnsupportedError(f"{what}: {name} must be a finite number{' > 0' if positive else ''}, got {v!r}")
 
 
 def convert_f32_f16(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

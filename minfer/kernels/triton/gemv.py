@@ -53,6 +53,7 @@ from ._common import (
     check_grid,
     check_int,
     check_tensor,
+    gelu_tanh,
     pdl_args,
     release_late,
     release_next,
@@ -454,13 +455,13 @@ def _gemv_store(out_ptr, tot, rows, N, pid_n, e_ptr, dst_ptr, fi_ptr, cos_ptr, s
                 ck_ptr, cv_ptr, slot_ptr, KSTART, VSTART, HD, LAYER_OFF, S_STRIDE, H_STRIDE,
                 BLOCK_N: tl.constexpr, EPI: tl.constexpr):
     """Store a row tile's sums `tot` [LR, R] (tile-local row l = r * LR + lr, rows = its global
-    rows). EPI 0: as they are. EPI 1, 2, 3 (a pair layout, gemv_fused.py: the tile's row l and
+    rows). EPI 0: as they are. EPI 1, 2, 3, 4 (a pair layout, gemv_fused.py: the tile's row l and
     row l + BLOCK_N / 2 form pair l of the tile; N a multiple of BLOCK_N): 1 (SwiGLU) stores
-    silu(a) * b at column pid_n * BLOCK_N / 2 + l; 2 (RoPE) adds the bias e[col] to both, rotates
-    the pair by the angle of frequency fi (cos/sin row of the position pos_ptr[0], HALF columns;
-    fi < 0: no rotation) and stores each at its column dst[row]; 3: 2, and the columns from KSTART
-    (keys) and VSTART (values) also into the f16 KV cache at (slot_ptr[0], the position): head
-    (col - start) // HD, dim (col - start) % HD."""
+    silu(a) * b at column pid_n * BLOCK_N / 2 + l, 4 (GeGLU) gelu_tanh(a) * b there; 2 (RoPE) adds
+    the bias e[col] to both, rotates the pair by the angle of frequency fi (cos/sin row of the
+    position pos_ptr[0], HALF columns; fi < 0: no rotation) and stores each at its column dst[row];
+    3: 2, and the columns from KSTART (keys) and VSTART (values) also into the f16 KV cache at
+    (slot_ptr[0], the position): head (col - start) // HD, dim (col - start) % HD."""
     if EPI == 0:
         tl.store(out_ptr + rows, tot, mask=rows < N)
     else:
@@ -470,6 +471,8 @@ def _gemv_store(out_ptr, tot, rows, N, pid_n, e_ptr, dst_ptr, fi_ptr, cos_ptr, s
         pair = pid_n * HB2 + tl.arange(0, HB2)
         if EPI == 1:
             tl.store(out_ptr + pair, a * tl.sigmoid(a) * b)
+        elif EPI == 4:
+            tl.store(out_ptr + pair, gelu_tanh(a) * b)
         else:
             ra = pid_n * BLOCK_N + tl.arange(0, HB2)
             da = tl.load(dst_ptr + ra)

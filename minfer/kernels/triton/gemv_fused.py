@@ -2,6 +2,7 @@
 where a decode row ran two or three, and one pass over the output instead of three.
 
     gemv_swiglu: out [1, f]  = silu(y[:f]) * y[f:],  y = x @ W^T,  W the stacked gate+up [2f, k]
+    gemv_geglu:  out [1, f]  = gelu_tanh(y[:f]) * y[f:] (gemma's feed-forward; the SwiGLU layout)
     gemv_rope:   out [1, n]  = RoPE(y + b) on the first n_heads * head_dim columns, y + b on the
                  rest,  y = x @ W^T,  W the stacked q+k+v [n, k] (b zero for models without bias)
 
@@ -40,7 +41,7 @@ from .qmatmul import (
     repack_gemv,
 )
 
-EPI_SWIGLU, EPI_ROPE, EPI_ROPE_KV = 1, 2, 3
+EPI_SWIGLU, EPI_ROPE, EPI_ROPE_KV, EPI_GEGLU = 1, 2, 3, 4
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,17 @@ def gemv_swiglu(x: torch.Tensor, w: PairPacked | torch.Tensor, n: int, k: int, q
     """out [1, n / 2] f32 = silu(x @ Wg^T) * (x @ Wu^T) for one token, W the stacked gate+up
     [n, k] weight: a PairPacked from repack_swiglu, or raw GGUF bytes (laid out per call); `xq`:
     x's int8 form made before the call (q4_0.q4_0_gemv)."""
-    what = "gemv_swiglu"
+    return _gemv_glu("gemv_swiglu", EPI_SWIGLU, x, w, n, k, qtype, out, xq)
+
+
+def gemv_geglu(x: torch.Tensor, w: PairPacked | torch.Tensor, n: int, k: int, qtype: GGMLType | int | str,
+               out: torch.Tensor | None = None, *, xq: tuple | None = None) -> torch.Tensor:
+    """out [1, n / 2] f32 = gelu_tanh(x @ Wg^T) * (x @ Wu^T) (gemma's feed-forward), W in the
+    SwiGLU pair layout (repack_swiglu); as gemv_swiglu."""
+    return _gemv_glu("gemv_geglu", EPI_GEGLU, x, w, n, k, qtype, out, xq)
+
+
+def _gemv_glu(what: str, epi: int, x, w, n, k, qtype, out, xq) -> torch.Tensor:
     t = gemv_type(what, qtype)
     if not isinstance(w, PairPacked):
         w = repack_swiglu(w, n, k, t)
@@ -171,8 +182,7 @@ def gemv_swiglu(x: torch.Tensor, w: PairPacked | torch.Tensor, n: int, k: int, q
     device = check_device(what, x=x, qs=w.inner.qs, out=out)
     out = make_out(what, out, (1, n // 2), torch.float32, device)
     c = w.inner.qs
-    launch_packed(what, x, w.inner, out, w.config, (EPI_SWIGLU, out, c, c, out, out, c, 0, out, out, c, 0, 0, 1, 0, 0,
-                                                    0), xq)
+    launch_packed(what, x, w.inner, out, w.config, (epi, out, c, c, out, out, c, 0, out, out, c, 0, 0, 1, 0, 0, 0), xq)
     return out
 
 

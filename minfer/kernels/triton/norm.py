@@ -45,14 +45,16 @@ def _store_row(out_ptr, y, row, cols, mask, D, q_ptr, s_ptr, BLOCK_D: tl.constex
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, D, stride_x, eps, q_ptr, s_ptr, BLOCK_D: tl.constexpr,
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, D, stride_x, eps, q_ptr, s_ptr, GROUPS, BLOCK_D: tl.constexpr,
                      Q8: tl.constexpr, PDL: tl.constexpr):
+    """Program `row` normalises run row % GROUPS (of D values) of x's row row // GROUPS (GROUPS = 1:
+    whole rows); the output is [rows * GROUPS, D], contiguous."""
     release_next(PDL)
     wait_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
     mask = cols < D
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + (row // GROUPS) * stride_x + (row % GROUPS) * D + cols, mask=mask, other=0.0).to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0)
     release_late(PDL)
@@ -108,26 +110,32 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, eps: float, 
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor | None = None,
-             q8: tuple | None = None) -> torch.Tensor:
+             q8: tuple | None = None, group: int | None = None) -> torch.Tensor:
     """out [rows, d] f32 = RMSNorm of each row of x (f32 [rows, d] or [d], rows may be strided);
-    `q8` as for add_rms_norm."""
+    `q8` as for add_rms_norm. `group`: each run of `group` values of a row normed on its own, w
+    [group] shared by the runs (qwen3's / gemma3's per-head q and k norms; rows may be strided,
+    the runs of a row are contiguous); out keeps x's shape."""
     what = "rms_norm"
     check_tensor(what, "w", w, (torch.float32,), ndim=1)
     d = w.numel()
     if not 1 <= d <= MAX_D:
         raise UnsupportedError(f"{what}: d must be in 1..{MAX_D}, got {d}")
-    x2 = rows_view(what, "x", x, d)
+    width = x.shape[-1] if x.dim() and group is not None else d
+    if group is not None and (group != d or width % d or q8 is not None):
+        raise UnsupportedError(f"{what}: group {group} must be w's length {d} and divide x's width {width} "
+                               "(and a grouped norm writes no int8 records)")
+    x2 = rows_view(what, "x", x, width)
     if x2.dtype != torch.float32:
         raise UnsupportedError(f"{what}: x must be float32, got {x2.dtype}")
     if not (isinstance(eps, float | int) and eps >= 0):
         raise UnsupportedError(f"{what}: eps must be a number >= 0, got {eps!r}")
     device = check_device(what, x=x2, w=w, out=out)
-    out = make_out(what, out, x2.shape, torch.float32, device)
-    rows = x2.shape[0]
+    out = make_out(what, out, x2.shape if group is None else x.shape, torch.float32, device)
+    rows, groups = x2.shape[0], width // d
     codes, scales, passes = (out, out, 0) if q8 is None else act_q8_out(what, q8, rows, d, device)
     if rows:
         block = triton.next_power_of_2(d)
-        _rms_norm_kernel[check_grid(what, (rows,))](x2, w, out, d, x2.stride(0), float(eps), codes, scales,
-                                                    BLOCK_D=block, Q8=passes, num_warps=4 if block <= 2048 else 8,
-                                                    **pdl_args())
+        _rms_norm_kernel[check_grid(what, (rows * groups,))](
+            x2, w, out, d, x2.stride(0), float(eps), codes, scales, groups, BLOCK_D=block, Q8=passes,
+            num_warps=4 if block <= 2048 else 8, **pdl_args())
     return out

@@ -27,7 +27,7 @@ from ...errors import UnsupportedError
 from ...quant import reference
 from ...quant.types import GGMLType
 from ._common import check_device, check_int, check_tensor, make_out, rows_view
-from .attention import check_attention_call, kv_write, spans_of
+from .attention import check_attention_call, check_window, kv_write, spans_of
 from .dequant import dequant, resolve_qtype
 
 
@@ -73,23 +73,25 @@ def linear_f16(x: torch.Tensor, w: torch.Tensor, n: int, k: int, qtype: GGMLType
 def attention_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor,
                    cache_v: torch.Tensor, row_slots: torch.Tensor, positions: torch.Tensor, layer: int, n_head: int,
                    n_head_kv: int, head_dim: int, scale: float, spans=None, tiles=None,
-                   out: torch.Tensor | None = None) -> torch.Tensor:
+                   out: torch.Tensor | None = None, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """The Attention op by torch SDPA: as `attention.attention_rows`, for rows that come in spans
     of consecutive positions of one slot (prompt chunks). `spans`: [(first row, slot, start,
     rows)] from the host's batch, or None to read them from row_slots/positions (a device sync,
-    which every layer of a step would pay). `tiles` (attention_prefill's table) is not used."""
+    which every layer of a step would pay). `tiles` (attention_prefill's table) is not used.
+    `window`: a sliding window, as a mask (and only the keys some query sees are read); SDPA has
+    no soft-cap, so `softcap` must be 0 (the contract refuses others)."""
     return _attention_sdpa("attention_sdpa", False, q, k, v, cache_k, cache_v, row_slots, positions, layer, n_head,
-                           n_head_kv, head_dim, scale, spans, out)
+                           n_head_kv, head_dim, scale, spans, out, window, softcap)
 
 
 def attention_sdpa_q8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor,
                       cache_v: torch.Tensor, row_slots: torch.Tensor, positions: torch.Tensor, layer: int, n_head: int,
                       n_head_kv: int, head_dim: int, scale: float, spans=None, tiles=None,
-                      out: torch.Tensor | None = None) -> torch.Tensor:
+                      out: torch.Tensor | None = None, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """`attention_sdpa` over a Q8_0 cache (attention.py's layout): the k/v written quantized, each
     span's cached keys and values dequantized to f16 for SDPA."""
     return _attention_sdpa("attention_sdpa_q8", True, q, k, v, cache_k, cache_v, row_slots, positions, layer, n_head,
-                           n_head_kv, head_dim, scale, spans, out)
+                           n_head_kv, head_dim, scale, spans, out, window, softcap)
 
 
 def dequant_q8_rows(c: torch.Tensor, head_dim: int) -> torch.Tensor:
@@ -99,9 +101,12 @@ def dequant_q8_rows(c: torch.Tensor, head_dim: int) -> torch.Tensor:
 
 
 def _attention_sdpa(what, q8, q, k, v, cache_k, cache_v, row_slots, positions, layer, n_head, n_head_kv, head_dim,
-                    scale, spans, out):
+                    scale, spans, out, window=0, softcap=0.0):
     q2, k2, v2, shape, device = check_attention_call(what, q, k, v, cache_k, cache_v, row_slots, positions, layer,
                                                      n_head, n_head_kv, head_dim)
+    check_window(what, window, softcap)
+    if softcap:
+        raise UnsupportedError(f"{what}: torch SDPA has no soft-cap (softcap {softcap}): attention_prefill has one")
     if (cache_k.dtype == torch.int8) != q8:
         raise UnsupportedError(f"{what}: the cache must be {'int8 (Q8_0)' if q8 else 'a float type'}, got "
                                f"{str(cache_k.dtype).removeprefix('torch.')}")
@@ -114,18 +119,24 @@ def _attention_sdpa(what, q8, q, k, v, cache_k, cache_v, row_slots, positions, l
     dt = (torch.float16 if q8 else cache_k.dtype) if device.type == "cuda" else torch.float32
     for r0, slot, start, n in (spans if spans is not None else spans_of(row_slots, positions)):
         end = start + n
+        lo = max(0, start - window + 1) if window and end > window else 0  # the first key a query sees
         qs = q2[r0:r0 + n].view(n, n_head, head_dim).transpose(0, 1).unsqueeze(0).to(dt)
         if q8:
-            ks = dequant_q8_rows(ck[slot, :, :end], head_dim).unsqueeze(0).to(dt)
-            vs = dequant_q8_rows(cv[slot, :, :end], head_dim).unsqueeze(0).to(dt)
+            ks = dequant_q8_rows(ck[slot, :, lo:end], head_dim).unsqueeze(0).to(dt)
+            vs = dequant_q8_rows(cv[slot, :, lo:end], head_dim).unsqueeze(0).to(dt)
         else:
-            ks = ck[slot, :, :end].unsqueeze(0).to(dt)
-            vs = cv[slot, :, :end].unsqueeze(0).to(dt)
+            ks = ck[slot, :, lo:end].unsqueeze(0).to(dt)
+            vs = cv[slot, :, lo:end].unsqueeze(0).to(dt)
         mask = None
-        if start > 0 and n > 1:  # query i sees keys 0..start+i
+        if window and end > window:  # query start + i sees keys start + i - window + 1 .. start + i
+            qpos = torch.arange(start, end, device=device)[:, None]
+            kpos = torch.arange(lo, end, device=device)[None, :]
+            mask = (kpos <= qpos) & (qpos - kpos < window)
+        elif start > 0 and n > 1:  # query i sees keys 0..start+i
             mask = torch.ones(n, end, dtype=torch.bool, device=device).tril_(diagonal=start)
-        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=(start == 0 and n > 1),
-                                           scale=float(scale), enable_gqa=n_head != n_head_kv)
+        causal = mask is None and start == 0 and n > 1
+        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=causal, scale=float(scale),
+                                           enable_gqa=n_head != n_head_kv)
         out[r0:r0 + n] = o[0].transpose(0, 1).reshape(n, n_head * head_dim).float()
     return out
 

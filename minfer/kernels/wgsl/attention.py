@@ -15,7 +15,9 @@ ATTN_WG = 64
 # attention: split over the context in chunks of >= CH positions (at most MAX_SPLIT chunks), WG
 # invocations per chunk; split False: the single-pass kernel (one workgroup per head and row)
 ATTN = {"split": True, "WG": 128, "CH": 64, "MAX_SPLIT": 32}
-MAX_HEAD_DIM = 128  # past it both kernels are wrong on NVIDIA's driver (right on lavapipe): refused
+MAX_HEAD_DIM = 256  # gemma's; past 128 the split kernel only (the single-pass one was wrong there on NVIDIA)
+SINGLE_PASS_MAX_HEAD_DIM = 128
+MAX_TK = 32  # lanes a key's dot product is summed over: one subgroup of NVIDIA's 32 (two came out wrong)
 
 
 def attn_variant(text: str) -> dict:
@@ -35,14 +37,21 @@ def attn_variant(text: str) -> dict:
 @_host_bridge(mutates=("cache_k", "cache_v"))
 def attention(q: VkTensor, k: VkTensor, v: VkTensor, cache_k: VkTensor, cache_v: VkTensor, row_slots: VkTensor,
               positions: VkTensor, layer: int, n_head: int, n_head_kv: int, head_dim: int, scale: float,
-              spans=None, tiles=None, out: VkTensor | None = None, q8: VkTensor | None = None) -> VkTensor:
+              spans=None, tiles=None, out: VkTensor | None = None, q8: VkTensor | None = None, window: int = 0,
+              softcap: float = 0.0) -> VkTensor:
     """Write each row's k, v at (its slot, its position) of layer `layer` of the f32 cache
     [layers, slots, n_kv, ctx, head_dim], then each row's causal GQA attention over positions
     0..its position of its slot. Two dispatches: every row's keys are written before any is read.
     q8: a q8_records buffer filled with out's int8 records (as rms_norm's), by the split kernel's
     merge where it runs (head_dim a multiple of 32), else by a dispatch of their own. `spans`,
-    `tiles`: the host's spans / a prompt's tile table (other backends' kernels; read on the device here)."""
+    `tiles`: the host's spans / a prompt's tile table (other backends' kernels; read on the device here).
+    `window` > 0: each row attends its last `window` positions only (the cache keeps every
+    position); `softcap` > 0: scores s become softcap * tanh(s / softcap) before the softmax."""
     what = "vk attention"
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise UnsupportedError(f"{what}: window must be an int >= 0 (0: none), got {window!r}")
+    if isinstance(softcap, bool) or not isinstance(softcap, float | int) or not 0 <= softcap < float("inf"):
+        raise UnsupportedError(f"{what}: softcap must be a finite number >= 0 (0: none), got {softcap!r}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check(what, name, t, "F32", (2,))
     for name, t in (("cache_k", cache_k), ("cache_v", cache_v)):
@@ -57,8 +66,7 @@ def attention(q: VkTensor, k: VkTensor, v: VkTensor, cache_k: VkTensor, cache_v:
     if q.shape[1] != n_head * hd or k.shape != (rows, nkv * hd) or v.shape != (rows, nkv * hd):
         raise UnsupportedError(f"{what}: q {q.shape}, k {k.shape}, v {v.shape} are not [{rows}, heads x {hd}]")
     if hd > MAX_HEAD_DIM:
-        raise UnsupportedError(f"{what}: head_dim {hd} > {MAX_HEAD_DIM}: both attention kernels give wrong results "
-                               "past 128 on NVIDIA's Vulkan driver (bench/NOTES.md, H200 runs 32-36), so it is refused")
+        raise UnsupportedError(f"{what}: head_dim {hd} > {MAX_HEAD_DIM} is not supported")
     if n_head % n_head_kv or hd > 4 * ATTN_WG or row_slots.numel != rows or positions.numel != rows:
         raise UnsupportedError(f"{what}: {n_head} heads over {n_head_kv} kv heads, head_dim {hd} <= {4 * ATTN_WG}, "
                                "one slot and one position per row")
@@ -72,21 +80,28 @@ def attention(q: VkTensor, k: VkTensor, v: VkTensor, cache_k: VkTensor, cache_v:
     passes = records_passes(what, q8, rows, n_head * hd) if q8 is not None else 0
     cfg = dev.attn or ATTN
     if not cfg["split"] or hd % 4 or base % 4:  # one workgroup per (head, row) over every position
+        if hd > SINGLE_PASS_MAX_HEAD_DIM:
+            raise UnsupportedError(f"{what}: head_dim {hd} > {SINGLE_PASS_MAX_HEAD_DIM} runs the split kernel only "
+                                   "(the single-pass one gave wrong results there on NVIDIA's driver, bench/NOTES.md "
+                                   "run 37): it needs head_dim % 4 == 0 and the split variant")
         dev.dispatch(dev.pipeline("attention", {"WG": ATTN_WG}), [q, cache_k, cache_v, row_slots, positions, _at(out)],
-                     [n_head, nkv, hd, ctx, base, q.offset, q.stride, float(scale)], (n_head, rows))
+                     [n_head, nkv, hd, ctx, base, q.offset, q.stride, float(scale), window, float(softcap)],
+                     (n_head, rows))
         if passes:
             quantize_q8_1(x=out, passes=passes, out=q8)
         return out
     # split over the context: chunks of `ch` positions (a function of ctx alone: batch invariance),
     # each (head, row, chunk) a workgroup, then one merge per (head, row)
-    tk = 1 << max(0, math.ceil(math.log2(-(-hd // 4))))
+    tk = min(MAX_TK, 1 << max(0, math.ceil(math.log2(-(-hd // 4)))))
+    nv = -(-hd // (4 * tk))  # quads of head dims per lane
     wg = max(cfg["WG"], tk)
     ch = max(cfg["CH"], -(-ctx // cfg["MAX_SPLIT"]))
     n_split = -(-ctx // ch)
     part = dev.empty((rows, n_head, n_split, hd + 2))
-    dev.dispatch(dev.pipeline("attention_split", {"WG": wg, "TK": tk}),
+    dev.dispatch(dev.pipeline("attention_split", {"WG": wg, "TK": tk, "NV": nv}),
                  [q, cache_k, cache_v, row_slots, positions, part],
-                 [n_head, nkv, hd, ctx, base, q.offset, q.stride, float(scale), ch, n_split], (n_head, rows, n_split))
+                 [n_head, nkv, hd, ctx, base, q.offset, q.stride, float(scale), ch, n_split, window, float(softcap)],
+                 (n_head, rows, n_split))
     if passes and hd % 32 == 0:
         dev.dispatch(dev.pipeline("q8_act+merge_splits+attention_merge_q8", {"WG": ATTN_WG, "P8": passes}),
                      [part, positions, _at(out), q8], [n_head, hd, ch, n_split], (n_head, rows))

@@ -12,8 +12,11 @@ REVISION_SOURCES = SHADERS
 
 
 @_host_bridge()
-def get_rows(weight_u8: VkTensor, ids: VkTensor, qtype, n_embd: int, out: VkTensor | None = None) -> VkTensor:
-    """out [n_ids, n_embd] f32 = the table rows `ids` decoded (the embedding gather)."""
+def get_rows(weight_u8: VkTensor, ids: VkTensor, qtype, n_embd: int, out: VkTensor | None = None,
+             first_row: int = 0, total_rows: int | None = None) -> VkTensor:
+    """out [n_ids, n_embd] f32 = the table rows `ids` decoded (the embedding gather). A chunk
+    (`first_row`, `total_rows`: the table is rows first_row.. of one of total_rows rows) writes only
+    the ids in its rows, into the `out` every chunk's call shares."""
     what = "vk get_rows"
     q = _qinfo(what, qtype)
     _check(what, "weight_u8", weight_u8, "U8", contiguous=True)
@@ -22,10 +25,15 @@ def get_rows(weight_u8: VkTensor, ids: VkTensor, qtype, n_embd: int, out: VkTens
     n_rows = weight_u8.numel // row_bytes
     if n_rows * row_bytes != weight_u8.numel or weight_u8.offset:
         raise UnsupportedError(f"{what}: the table must be whole rows of {row_bytes} bytes from byte 0")
+    total = n_rows if total_rows is None else total_rows
+    if not (isinstance(first_row, int) and isinstance(total, int) and 0 <= first_row
+            and first_row + n_rows <= total):
+        raise UnsupportedError(f"{what}: a chunk of {n_rows} rows from row {first_row} does not fit a table of "
+                               f"{total} rows")
     n_ids = ids.numel
     out = _out(what, out, ids, (n_ids, n_embd))
     pipe = ids.dev.pipeline("get_rows", {"WG": WG}, q.name)
-    ids.dev.dispatch(pipe, [weight_u8, ids, out], [n_embd, row_bytes, n_rows, out.offset],
+    ids.dev.dispatch(pipe, [weight_u8, ids, out], [n_embd, row_bytes, n_rows, out.offset, first_row, total],
                      (-(-n_embd // WG), n_ids))
     return out
 

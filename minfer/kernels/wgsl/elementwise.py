@@ -1,6 +1,9 @@
-"""The WGSL elementwise kernels (vk_add, vk_add_bias, vk_swiglu, vk_rope: elementwise.fkc.md)."""
+"""The WGSL elementwise kernels (vk_add, vk_add_bias, vk_swiglu, vk_geglu, vk_scale, vk_softcap, vk_rope:
+elementwise.fkc.md)."""
 
 from __future__ import annotations
+
+import math
 
 from ...errors import UnsupportedError
 from ._common import SHADERS, WG, VkTensor, _at, _check, _grid_2d, _host_bridge, _out, _rows
@@ -40,7 +43,16 @@ def add_bias(y: VkTensor, b: VkTensor, n_rows: int) -> VkTensor:
 def swiglu(gate: VkTensor, up: VkTensor, out: VkTensor | None = None, q8: VkTensor | None = None) -> VkTensor:
     """out [rows, d] = silu(gate) * up; gate and up may be column slices of one matmul output.
     q8: a q8_records buffer the same dispatch fills with out's int8 records (as rms_norm's)."""
-    what = "vk swiglu"
+    return _glu("vk swiglu", 0, gate, up, out, q8)
+
+
+@_host_bridge()
+def geglu(gate: VkTensor, up: VkTensor, out: VkTensor | None = None) -> VkTensor:
+    """out [rows, d] = gelu_tanh(gate) * up (gemma's feed-forward), as swiglu."""
+    return _glu("vk geglu", 1, gate, up, out, None)
+
+
+def _glu(what: str, gelu: int, gate: VkTensor, up: VkTensor, out: VkTensor | None, q8: VkTensor | None) -> VkTensor:
     _check(what, "gate", gate, "F32", (1, 2))
     _check(what, "up", up, "F32", (1, 2))
     if gate.shape != up.shape:
@@ -53,7 +65,33 @@ def swiglu(gate: VkTensor, up: VkTensor, out: VkTensor | None = None, q8: VkTens
         gate.dev.dispatch(gate.dev.pipeline("q8_act+swiglu_q8", {"WG": WG, "P8": passes}), [gate, up, _at(out), q8],
                           params, (-(-d // (4 * WG)), rows))
         return out
-    gate.dev.dispatch(gate.dev.pipeline("swiglu", {"WG": WG}), [gate, up, _at(out)], params, (-(-d // WG), rows))
+    gate.dev.dispatch(gate.dev.pipeline("swiglu", {"WG": WG, "GELU": gelu}), [gate, up, _at(out)], params,
+                      (-(-d // WG), rows))
+    return out
+
+
+@_host_bridge()
+def scale(x: VkTensor, scale: float, out: VkTensor | None = None) -> VkTensor:
+    """out = x * scale, contiguous f32 (gemma's embedding scale)."""
+    return _map1("vk scale", 0, x, scale, out)
+
+
+@_host_bridge()
+def softcap(x: VkTensor, cap: float, out: VkTensor | None = None) -> VkTensor:
+    """out = cap * tanh(x / cap), contiguous f32 (gemma2's final-logit soft-cap)."""
+    if isinstance(cap, bool) or not isinstance(cap, float | int) or not 0 < cap < float("inf"):
+        raise UnsupportedError(f"vk softcap: cap must be a finite number > 0, got {cap!r}")
+    return _map1("vk softcap", 1, x, cap, out)
+
+
+def _map1(what: str, op: int, x: VkTensor, c: float, out: VkTensor | None) -> VkTensor:
+    _check(what, "x", x, "F32", contiguous=True)
+    if isinstance(c, bool) or not isinstance(c, float | int) or not math.isfinite(c):
+        raise UnsupportedError(f"{what}: the constant must be a finite number, got {c!r}")
+    out = _out(what, out, x, x.shape)
+    if x.numel:
+        x.dev.dispatch(x.dev.pipeline("map1", {"WG": WG, "OP": op}), [x, _at(out)], [x.numel, x.offset, float(c)],
+                       _grid_2d(x.numel, WG))
     return out
 
 

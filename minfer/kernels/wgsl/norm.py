@@ -4,7 +4,7 @@ int8 records (`q8=`, a quantize.q8_records buffer) for the qmv8 GEMV after them.
 from __future__ import annotations
 
 from ...errors import UnsupportedError
-from ._common import MAX_GROUPS, SHADERS, VkTensor, _at, _check, _host_bridge, _out, _rows
+from ._common import MAX_GROUPS, SHADERS, VkTensor, _at, _check, _grid_2d, _host_bridge, _out, _rows
 from .quantize import records_passes
 
 REVISION_SOURCES = SHADERS
@@ -13,28 +13,37 @@ NORM_WG = 256  # rms_norm: 16 elements an invocation per round (4 quads, loads f
 
 @_host_bridge()
 def rms_norm(x: VkTensor, w: VkTensor, eps: float, out: VkTensor | None = None,
-             q8: VkTensor | None = None) -> VkTensor:
+             q8: VkTensor | None = None, group: int | None = None) -> VkTensor:
     """out [rows, d] = x * rsqrt(mean(x^2) + eps) * w per row; x may be row-strided. q8: a
     q8_records buffer (d a multiple of 32) the same dispatch fills with out's int8 records
-    (q8_act.wgsl) for the qmv8 GEMV it feeds."""
+    (q8_act.wgsl) for the qmv8 GEMV it feeds. `group`: each run of `group` values of a row normed
+    on its own, w [group] shared by the runs (the per-head q / k norms; no records then)."""
     what = "vk rms_norm"
     _check(what, "x", x, "F32", (1, 2))
     _check(what, "w", w, "F32", (1,), contiguous=True)
-    d = x.shape[-1]
-    if w.numel != d:
-        raise UnsupportedError(f"{what}: w must be [{d}], got {w.shape}")
+    width = x.shape[-1]
+    d = width if group is None else group
+    if w.numel != d or width % d or (group is not None and q8 is not None):
+        raise UnsupportedError(f"{what}: w must be [{d}] and divide x's width {width} (group {group}; a grouped "
+                               f"norm writes no int8 records), got w {w.shape}")
+    if not (isinstance(eps, float | int) and eps >= 0):
+        raise UnsupportedError(f"{what}: eps must be a number >= 0, got {eps!r}")
     rows = _rows(x)
-    if rows > MAX_GROUPS:
-        raise UnsupportedError(f"{what}: {rows} rows exceed one dispatch")
     out = _out(what, out, x, x.shape)
     if q8 is not None:
+        if rows > MAX_GROUPS:
+            raise UnsupportedError(f"{what}: {rows} rows exceed one dispatch")
         passes = records_passes(what, q8, rows, d)
         pipe = x.dev.pipeline("rms_sumsq+q8_act+rms_norm_q8+norm_q8_main", {"WG": NORM_WG, "P8": passes})
         x.dev.dispatch(pipe, [x, w, _at(out), q8], [d, x.offset, x.stride, float(eps)],
                        (-(-d // (4 * NORM_WG)), rows))  # 4 elements an invocation: many workgroups a row
         return out
-    pipe = x.dev.pipeline("rms_sumsq+rms_norm", {"WG": NORM_WG})
-    x.dev.dispatch(pipe, [x, w, _at(out)], [d, x.offset, x.stride, float(eps)], (rows,))
+    groups = width // d
+    n_rows = rows * groups
+    if n_rows:
+        pipe = x.dev.pipeline("rms_sumsq+rms_norm", {"WG": NORM_WG})
+        x.dev.dispatch(pipe, [x, w, _at(out)], [d, x.offset, x.stride, float(eps), groups, n_rows],
+                       _grid_2d(n_rows, 1))
     return out
 
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from minfer.backends.cpu import ops as cpu_ops
 from minfer.contracts.harness import random_blocks
 from minfer.errors import UnsupportedError
 from minfer.kernels.triton.elementwise import swiglu
-from minfer.kernels.triton.gemv_fused import gemv_rope, gemv_swiglu, repack_rope, repack_swiglu, rope_pairs
+from minfer.kernels.triton.gemv_fused import gemv_geglu, gemv_rope, gemv_swiglu, repack_rope, repack_swiglu, rope_pairs
 from minfer.kernels.triton.int4 import INT4_TYPES
 from minfer.kernels.triton.q4_0 import q4_0_gemv
 from minfer.kernels.triton.qmatmul import repack_gemv
@@ -64,6 +65,20 @@ def test_gemv_swiglu(t, n, k, device, gen, check):
         assert packed.config.block_n == 32 and packed.config.split > 1  # the tile a 7B layer runs
     out = check.poisoned((1, f), torch.float32, device)
     gemv_swiglu(x.to(device), packed, n, k, t, out=out)
+    assert check.rel_err(out, ref) < TOL[packed.config.q8 if t in Q8_TYPES else 0]
+
+
+@pytest.mark.parametrize("t, n, k", SMALL[:2])
+def test_gemv_geglu(t, n, k, device, gen, check):
+    """gemma's gate+up GEMV with gelu_tanh (the cpu reference's) in its store, on the SwiGLU layout."""
+    raw, w = _weight(t, n, k, gen)
+    x = torch.randn(k, generator=gen)
+    y = w @ x.double()
+    f = n // 2
+    ref = cpu_ops.geglu(y[:f], y[f:])[None, :]
+    packed = repack_swiglu(raw.to(device), n, k, t)
+    out = check.poisoned((1, f), torch.float32, device)
+    gemv_geglu(x.to(device), packed, n, k, t, out=out)
     assert check.rel_err(out, ref) < TOL[packed.config.q8 if t in Q8_TYPES else 0]
 
 

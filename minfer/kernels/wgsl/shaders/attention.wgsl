@@ -3,10 +3,11 @@
 // one key of the tile (q . k * scale, q staged in workgroup memory), the tile's max updates the
 // running max (online softmax, the accumulator rescaled), then every invocation adds the tile's
 // weighted values for the dims it owns (d = lid, lid + WG, ...; head_dim <= 4 * WG). f32 throughout;
-// a fixed visiting order, so the result is the same on every run.
+// a fixed visiting order, so the result is the same on every run. window > 0: only the row's last `window`
+// positions; softcap > 0: scores s become softcap * tanh(s / softcap).
 struct Params {
     n_head: u32, n_kv: u32, hd: u32, ctx: u32, base: u32,
-    q_off: u32, q_stride: u32, scale: f32,
+    q_off: u32, q_stride: u32, scale: f32, window: u32, softcap: f32,
 }
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
@@ -27,13 +28,15 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: ve
     let r = wg.y;
     let kvh = h / (P.n_head / P.n_kv);
     let n_pos = u32(positions[r]) + 1u;
+    var lo = 0u;
+    if (P.window > 0u && n_pos > P.window) { lo = n_pos - P.window; }
     let base = P.base + (u32(row_slots[r]) * P.n_kv + kvh) * P.ctx * P.hd;
     for (var d = lid; d < P.hd; d += WG) { qs[d] = q[P.q_off + r * P.q_stride + h * P.hd + d]; }
     workgroupBarrier();
     var m = NEG;
     var l = 0.0;
     var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
-    for (var p0 = 0u; p0 < n_pos; p0 += WG) {
+    for (var p0 = lo; p0 < n_pos; p0 += WG) {
         let p = p0 + lid;
         var s = NEG;
         if (p < n_pos) {
@@ -41,6 +44,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: ve
             var dot = 0.0;
             for (var d = 0u; d < P.hd; d++) { dot += qs[d] * cache_k[ko + d]; }
             s = dot * P.scale;
+            if (P.softcap > 0.0) { s = P.softcap * tanh_exp(s / P.softcap); }
         }
         sc[lid] = s;
         workgroupBarrier();

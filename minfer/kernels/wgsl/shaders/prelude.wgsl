@@ -40,3 +40,7 @@ fn tree_max(v: f32, seg: u32, lid: u32) -> f32 {
 fn f16_bits(bits: u32) -> f32 { return unpack2x16float(bits).x; }
 
 fn silu(x: f32) -> f32 { return x / (1.0 + exp(-x)); }
+// gelu_tanh(x) = x/2 (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), as x sigmoid(2u) (the same function;
+// exp alone, where some drivers' tanh gives NaN for large arguments); tanh(t) = 2 sigmoid(2t) - 1 likewise
+fn gelu_tanh(x: f32) -> f32 { return x / (1.0 + exp(-1.5957691216057308 * (x + 0.044715 * x * x * x))); }
+fn tanh_exp(t: f32) -> f32 { return 2.0 / (1.0 + exp(-2.0 * t)) - 1.0; }
