@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from minfer.backends import cpu_ops
+from minfer.backends.cpu import ops as cpu_ops
 from minfer.errors import UnsupportedError
 from minfer.gguf.synth import random_blocks
 from minfer.kernels.cpu import vnni as cpu_vnni
