@@ -10,6 +10,7 @@ and picks every kernel). `plan_only` picks kernels without touching a device or 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,5 +49,10 @@ def load(reader: GGUFReader, config: EngineConfig, comm=None, progress: bool = T
     its kernels picked only)."""
     args, graph, view = model_graph(reader, comm)
     backend = create_backend(config, comm, plan_only=plan_only)
-    backend.load(graph, view, progress=progress)
+    try:
+        backend.load(graph, view, progress=progress)
+    except BaseException:
+        with contextlib.suppress(Exception):  # release the device now: a process that goes on loading
+            backend.close()  # (a server's restarts, the load fuzzer) must not run the driver out of memory
+        raise
     return Loaded(args, graph, backend, view)

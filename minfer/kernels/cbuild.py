@@ -34,12 +34,13 @@ import warnings
 from pathlib import Path
 
 from ..config import c_compiler, c_sanitize
+from ..config import cache_dir as default_cache_dir
 from ..errors import MinferError
 
 SANITIZE_FLAGS = ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
                   "-fno-sanitize-recover=all"]
 
-_CACHE = [Path.home() / ".cache" / "minfer"]
+_CACHE: list[Path | None] = [None]  # None: minfer's cache directory ($MINFER_CACHE, else ~/.cache/minfer)
 
 
 def use_cache_dir(path: str | Path) -> None:
@@ -48,7 +49,7 @@ def use_cache_dir(path: str | Path) -> None:
 
 
 def cache_dir() -> Path:
-    return _CACHE[0]
+    return _CACHE[0] or default_cache_dir()
 
 
 def compiler() -> str | None:

@@ -21,11 +21,9 @@ OTHER_UID = 1  # daemon: a user that is not us
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     d = tmp_path / "deep" / "cache"
-    before = cbuild.cache_dir()
-    cbuild.use_cache_dir(d)  # what a backend does with its EngineConfig.cache_path
+    monkeypatch.setattr(cbuild, "_CACHE", [d])  # what a backend's use_cache_dir(EngineConfig.cache_path) does
     monkeypatch.delenv("MINFER_SANITIZE", raising=False)
-    yield d
-    cbuild.use_cache_dir(before)
+    return d
 
 
 def _source(tmp_path: Path, value: int, name: str = "answer") -> Path:

@@ -119,7 +119,7 @@ def test_a_rank_of_the_70b_shape_plans_on_cuda_from_the_header(tmp_path, monkeyp
     with GGUFReader(path) as r:
         _, graph, view = models.build_shard(r, 1, 2)
         be = CUDABackend(EngineConfig(device="cuda"), plan_only=True, comm=object())
-        be.load(optimize(graph), view, progress=False, upload=False)
+        be.load(optimize(graph), view, progress=False)
         plan = be.plan_rows(1)
         assert plan and all(math.isfinite(x["cost_ns"]) for x in plan)
         per_rank = sum(view.tensors[n].nbytes for n in view.tensors)

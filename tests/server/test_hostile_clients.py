@@ -34,7 +34,7 @@ READ_TIMEOUT_S = 5  # long enough for a 4-token answer to come back while the tr
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory, tiny_gguf):
-    s = start_server(tmp_path_factory.mktemp("hostile-serve"), "-np", "4", "-c", "512", "-t", "1",
+    s = start_server(tmp_path_factory.mktemp("hostile-serve"), "-np", "4", "-c", "2048", "-t", "1",
                      "--read-timeout", str(READ_TIMEOUT_S), model=tiny_gguf("tiny-llama", "q8_0"))
     yield s
     stop_server(s)

@@ -119,9 +119,11 @@ class Device:
         # GPU timestamps where the adapter has them (bench/studies/vulkan_sweep.py times passes and copies)
         self.timestamps = [f for f in ("timestamp-query", "timestamp-query-inside-encoders")
                            if f in self.adapter.features]
-        self.device = self.adapter.request_device_sync(
-            required_features=(["subgroup"] if self.subgroups else []) + self.timestamps,
-            required_limits={k: lim[k] for k in keys})
+        features = (["subgroup"] if self.subgroups else []) + self.timestamps
+        self._key = (self.name, tuple(features))
+        spare = _SPARE.pop(self._key, None)  # a device a closed Device left: opening one per load leaks
+        self.device = spare if spare is not None else self.adapter.request_device_sync(  # (lavapipe: ~80 MB
+            required_features=features, required_limits={k: lim[k] for k in keys})  # of address space each)
         self.max_binding = lim["max-storage-buffer-binding-size"]
         self.queue = self.device.queue
         self._pipelines: dict[tuple, tuple] = {}
@@ -138,7 +140,10 @@ class Device:
         self._ts = None  # the timestamp writes of the passes `gpu_seconds` times
 
     def close(self) -> None:
-        """Destroy the wgpu device and drop what this object caches on it (the backend's close)."""
+        """Drop what this object holds on the device (the backend's close): its buffers, pipelines and
+        bind groups; the wgpu device goes back to the spares for the next Device. Idempotent."""
+        if self.device is None:
+            return
         self._pipelines.clear()
         self._bind_groups.clear()
         self._pool.clear()
@@ -146,7 +151,15 @@ class Device:
         self._keep.clear()
         self._deferred.clear()
         self._arena = self._ts = None
-        self.device.destroy()
+        self._fence = None
+        # the buffers and pipelines are released with the objects dropped above; the wgpu device itself is
+        # kept for the next Device of this adapter and features (a server's restarts, the load fuzzer): a
+        # driver gives back an opened device's address space only at exit (lavapipe: ~80 MB a device)
+        if self._key in _SPARE:
+            self.device.destroy()
+        else:
+            _SPARE[self._key] = self.device
+        self.device = None
 
     # ---- buffers
     def buffer(self, nbytes: int):
@@ -734,6 +747,9 @@ def _bindings(code: str) -> tuple[int, set[int]]:
             if "read_write" in line:
                 writable.add(b - 1)
     return n, writable
+
+
+_SPARE: dict[tuple, object] = {}  # (adapter, features) -> a wgpu device no open Device uses
 
 
 @functools.cache
