@@ -31,9 +31,9 @@ def variants():
 
     c = "constexpr"
     out = []
-    for op, z in [("silu", "*fp32"), ("copy", "*fp16"), ("copy", "*bf16")]:
-        sig = {"x_ptr": "*fp32", "z_ptr": z, "n": "i64", "OP": c, "BLOCK": c, "EVEN": c}
-        consts = {"OP": op, "BLOCK": elementwise.BLOCK, "EVEN": op == "copy"}
+    for op, z in [("silu", "*fp32"), ("scale", "*fp32"), ("softcap", "*fp32"), ("copy", "*fp16"), ("copy", "*bf16")]:
+        sig = {"x_ptr": "*fp32", "z_ptr": z, "n": "i64", "c": "fp32", "OP": c, "BLOCK": c, "EVEN": c, "PDL": c}
+        consts = {"OP": op, "BLOCK": elementwise.BLOCK, "EVEN": op == "copy", "PDL": 2}
         out.append((f"map1[{op}->{z}]", elementwise._map1_kernel, sig, consts, {}))
     for op, t in [("add", "*fp32"), ("mul", "*fp32"), ("swiglu", "*fp32"), ("swiglu", "*bf16")]:
         sig = {"x_ptr": t, "y_ptr": t, "z_ptr": t, "n": "i32", "OP": c, "BLOCK": c, "EVEN": c}
@@ -155,7 +155,7 @@ def variants():
 
     sig = {"x_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32", "D": "i32", "stride_x": "i32", "eps": "fp32",
            "BLOCK_D": c, "PDL": c}
-    sig.update({"q_ptr": "*i32", "s_ptr": "*fp32", "Q8": c})
+    sig.update({"q_ptr": "*i32", "s_ptr": "*fp32", "GROUPS": "i32", "Q8": c})
     for d in (576, 3584, 8192):
         block = 1 << (d - 1).bit_length()
         for q8 in (0, 1, 2):  # the int8 form for the GEMV after it: 1 or 2 passes
@@ -181,32 +181,34 @@ def variants():
     sig = {"q_ptr": "*fp32", "ck_ptr": "*fp16", "cv_ptr": "*fp16", "slot_ptr": "*i32", "pos_ptr": "*i32",
            "out_ptr": "*fp32", "po_ptr": "*fp32", "pml_ptr": "*fp32", "stride_q": "i32", "layer_off": "i64",
            "S_STRIDE": "i64", "H_STRIDE": "i64", "scale": "fp32", "G": "i32", "N_HEAD": "i32", "HD": "i32",
-           "RS": "i32", "SPLIT_LEN": "i32", "NSPLIT": "i32", "GP": c, "BLOCK_D": c, "BLOCK_N": c, "SPLIT": c, "Q8": c,
-           "PDL": c}
+           "RS": "i32", "SPLIT_LEN": "i32", "NSPLIT": "i32", "window": "i32", "softcap": "fp32", "GP": c, "BLOCK_D": c,
+           "BLOCK_N": c, "SPLIT": c, "Q8": c, "CAP": c, "PDL": c}
     for hd, split, q8 in ((64, False, False), (128, True, False), (128, False, True)):
         cache = "*i8" if q8 else "*fp16"
         out.append((f"attention_rows[hd{hd} split={split} q8={q8}]", attention._attn_rows_kernel,
                     dict(sig, ck_ptr=cache, cv_ptr=cache),
                     {"GP": 16, "BLOCK_D": hd, "BLOCK_N": attention.block_n(hd, q8), "SPLIT": split, "Q8": q8,
-                     "PDL": 2},
+                     "CAP": False, "PDL": 2},
                     {"num_warps": 4}))
     sig = {"q_ptr": "*fp32", "ck_ptr": "*fp16", "cv_ptr": "*fp16", "tiles_ptr": "*i32", "out_ptr": "*fp32",
            "stride_q": "i32", "layer_off": "i64", "S_STRIDE": "i64", "H_STRIDE": "i64", "scale": "fp32", "G": "i32",
-           "N_HEAD": "i32", "HD": "i32", "RS": "i32", "BLOCK_M": c, "BLOCK_D": c, "BLOCK_N": c, "Q8": c, "PDL": c}
+           "N_HEAD": "i32", "HD": "i32", "RS": "i32", "window": "i32", "softcap": "fp32", "BLOCK_M": c, "BLOCK_D": c,
+           "BLOCK_N": c, "Q8": c, "CAP": c, "PDL": c}
     for hd, q8 in ((64, False), (128, False), (64, True), (128, True)):
         cache = "*i8" if q8 else "*fp16"
         out.append((f"attention_prefill[hd{hd} q8={q8}]", attention._attn_prefill_kernel,
                     dict(sig, ck_ptr=cache, cv_ptr=cache),
                     {"BLOCK_M": attention.PREFILL_BLOCK_M, "BLOCK_D": hd, "BLOCK_N": attention.prefill_block_n(hd, q8),
-                     "Q8": q8, "PDL": 2}, {"num_warps": 4}))
+                     "Q8": q8, "CAP": False, "PDL": 2}, {"num_warps": 4}))
     sig = {"po_ptr": "*fp32", "pml_ptr": "*fp32", "out_ptr": "*fp32", "N_HEAD": "i32", "HD": "i32", "NSPLIT": "i32",
            "SP": c, "BLOCK_D": c, "PDL": c}
     out.append(("attention_combine", attention._attn_combine_kernel, sig, {"SP": 8, "BLOCK_D": 128, "PDL": 2},
                 {"num_warps": 1}))
     sig = {"g_ptr": "*fp32", "u_ptr": "*fp32", "z_ptr": "*fp32", "d": "i32", "stride_g": "i32", "stride_u": "i32",
-           "BLOCK_D": c, "PDL": c}
-    out.append(("swiglu_rows", elementwise._swiglu_rows_kernel, sig, {"BLOCK_D": elementwise.BIAS_BLOCK, "PDL": 2},
-                {}))
+           "ACT": c, "BLOCK_D": c, "PDL": c}
+    for act in ("silu", "gelu"):  # SwiGLU and GeGLU rows
+        out.append((f"glu_rows_{act}", elementwise._glu_rows_kernel, sig,
+                    {"ACT": act, "BLOCK_D": elementwise.BIAS_BLOCK, "PDL": 2}, {}))
     return out
 
 

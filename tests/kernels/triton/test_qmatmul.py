@@ -156,7 +156,7 @@ def test_gemv_config_choice():
     for n, k, affine in [(4608, 3584, False), (3584, 18944, False), (4096, 14336, True), (576, 1536, True),
                          (37888, 3584, False), (6144, 4096, True)]:
         cfg, f32 = gemv.gemv_config(n, k, affine), tile(n, k, affine)
-        assert cfg.q8 == (gemv.act_q8() if n * k > gemv.Q8_MIN_WEIGHTS else 0)  # small: latency-bound
+        assert cfg.q8 == (gemv.ACT_Q8_PASSES if n * k > gemv.Q8_MIN_WEIGHTS else 0)  # small: latency-bound
         assert (cfg.r, cfg.lr, cfg.wk, cfg.split) == (f32.r, f32.lr, f32.wk, f32.split)
         assert cfg.prefetch == (f32.prefetch and cfg.q8 != 2)
 
@@ -330,10 +330,18 @@ def test_gemv_int8_activations(qtype, passes, n, k, config, device, gen, check):
 
 
 def test_gemv_q8_switch(monkeypatch):
-    """MINFER_GEMV_Q8 picks the default configs' activation passes; bad values are typed errors."""
+    """MINFER_GEMV_Q8 becomes EngineConfig.gemv_q8, which the GEMV configs take as their activation
+    passes (the backend passes it down); bad values are typed errors."""
+    from minfer.config import EngineConfig
+    from minfer.errors import MinferError
+
     for raw, want in [("0", 0), ("1", 1), ("2", 2), ("", gemv.ACT_Q8_PASSES)]:
         monkeypatch.setenv("MINFER_GEMV_Q8", raw)
-        assert gemv.act_q8() == want
+        passes = EngineConfig.from_env().gemv_q8
+        assert passes == want
+        assert gemv.gemv_config(37888, 3584, act_q8=passes).q8 == want  # (above Q8_MIN_WEIGHTS)
     monkeypatch.setenv("MINFER_GEMV_Q8", "3")
-    with pytest.raises(UnsupportedError, match="expected 0, 1 or 2"):
-        gemv.act_q8()
+    with pytest.raises(MinferError, match="gemv_q8"):
+        EngineConfig.from_env()
+    with pytest.raises(UnsupportedError, match="0, 1 or 2"):
+        gemv.gemv_config(37888, 3584, act_q8=3)
