@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from minfer.kernels.qmatmul import q4_0_matmul, repack_q4_0
-from minfer.kernels.torch_ops import f16_weight, linear_f16
+from minfer.kernels.triton.q4_0 import q4_0_matmul, repack_q4_0
+from minfer.kernels.triton.torch_ops import f16_weight, linear_f16
 from minfer.quant import reference
 from minfer.quant.types import GGMLType
 

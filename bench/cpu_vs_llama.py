@@ -11,6 +11,11 @@ process, which receives one command per round; minfer runs in this process. Per 
 single-token decode steps after it, as tgN), minfer then llama.cpp, so both see the same
 machine state. With --batch B, minfer also runs B sequences decoding together (aggregate tok/s).
 Prints the median of each, the ratios minfer / llama.cpp, and minfer's peak RSS.
+
+llama.cpp runs without its extra buffer types unless --llama-extra-bufts: on the 2026-12-02 machine
+(Xeon with AMX in /proc/cpuinfo) its AMX kernels die at their first `ldtilecfg` (general protection
+fault: the sandbox does not grant AMX tile state), and the switch that turns AMX off also turns off
+the repacked Q4_0 / Q4_K layouts (llama_model_params.use_extra_bufts).
 """
 
 from __future__ import annotations
@@ -34,8 +39,14 @@ from minfer.gguf.reader import GGUFReader
 
 LLAMA_WORKER = r"""
 import json, sys, time
+import llama_cpp.llama_cpp as C
 from llama_cpp import Llama
-path, threads, n_ctx = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+path, threads, n_ctx, extra = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
+if not extra:  # no AMX / repack buffer types (--llama-extra-bufts: the module docstring says why)
+    _default = C.llama_model_default_params
+    def _plain():
+        p = _default(); p.use_extra_bufts = False; return p
+    C.llama_model_default_params = _plain
 t0 = time.perf_counter()
 llm = Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=512,
             n_ubatch=512, verbose=False)
@@ -93,11 +104,14 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--ctx", type=int, default=1024)
+    ap.add_argument("--llama-extra-bufts", action="store_true",
+                    help="let llama.cpp use its extra buffer types (AMX, repacked Q4_0/Q4_K); off by default")
     a = ap.parse_args()
     path = Path(a.model) if a.model else default_model_path()
     torch.set_num_threads(a.threads)
 
-    llama = subprocess.Popen([a.llama_python, "-c", LLAMA_WORKER, str(path), str(a.threads), str(a.ctx)],
+    llama = subprocess.Popen([a.llama_python, "-c", LLAMA_WORKER, str(path), str(a.threads), str(a.ctx),
+                              "1" if a.llama_extra_bufts else "0"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     llama_load = json.loads(llama.stdout.readline())["load"]
     t0 = time.perf_counter()

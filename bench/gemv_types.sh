@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for the decode GEMVs of every weight type (issue 9, build item 3):
 #   1. GPU conformance of the planes GEMVs (Q8_0, Q6_K, Q5_0/Q5_1/Q5_K, Q3_K, Q2_K) under
-#      MINFER_TEST_DEVICE=cuda: their kernel tests (tests/kernels/test_qmatmul.py), their contracts'
+#      MINFER_TEST_DEVICE=cuda: their kernel tests (tests/kernels/triton/test_qmatmul.py), their contracts'
 #      conformance cases, the cuda backend's mixed-type fused q+k+v test;
 #   2. bench/kernels.py: each GEMV at the 7B/8B decode shapes against cuBLAS on the f16 copy
 #      (linear_f16, what one decode row of these types ran before), µs, GB/s, % of copy bandwidth;
@@ -10,7 +10,7 @@
 #   then a short table. Run from the repo root on the GPU machine: `bash bench/gemv_types.sh` (about
 #   5-6 minutes; the timeouts bound it at ~8.5: pytest 120 s, kernels 110 s, 3 x tg 90 s).
 # Knobs: MODELS="preset:quant ...", SKIP_TESTS=1, ONLY (bench/kernels.py regex), REPS, OUT, M, SWEEP (model
-# names for bench/gemv_sweep.py: the planes types' configs, best in a second call).
+# names for bench/studies/gemv_sweep.py: the planes types' configs, best in a second call).
 set -uo pipefail
 export PYTHONPATH=.:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; M=${M:-/tmp/models}; mkdir -p "$OUT" "$M"
@@ -38,7 +38,7 @@ done
 if [ -z "${SKIP_TESTS:-}" ]; then
   echo "== GPU tests $(since)"
   MINFER_TEST_DEVICE=cuda timeout ${PYTEST_TIMEOUT:-120} python3 -m pytest -q -x -p no:cacheprovider \
-    tests/kernels/test_qmatmul.py tests/contracts/test_conformance.py tests/backends/test_cuda_backend.py \
+    tests/kernels/triton/test_qmatmul.py tests/contracts/test_conformance.py tests/backends/test_cuda_backend.py \
     -k "${TESTS:-planes or mixed or q8_0_gemv or q6_k_gemv or q5_gemv or q3_k_gemv or q2_k_gemv}" 2>&1 \
     | tee "$OUT/pytest.log" | tail -8
 fi
@@ -58,7 +58,7 @@ done
 
 if [ -n "${SWEEP:-}" ]; then  # a second call: SWEEP="llama3-8b-q4_k_m qwen2.5-7b-q8_0" SKIP_TESTS=1 ONLY=none
   echo "== gemv sweep $(since)"
-  timeout ${SWEEP_TIMEOUT:-300} python3 bench/gemv_sweep.py $(for f in $SWEEP; do echo "$M/$f.gguf"; done) 2>&1 \
+  timeout ${SWEEP_TIMEOUT:-300} python3 bench/studies/gemv_sweep.py $(for f in $SWEEP; do echo "$M/$f.gguf"; done) 2>&1 \
     | tee "$OUT/sweep.log" | tail -40
 fi
 

@@ -26,8 +26,8 @@ if [ -n "${BATCHED:-}" ]; then
     2>&1 | tee -a "$OUT/bench.log" | tail -6
 fi
 if [ -n "${STUDY:-}" ]; then
-  for f in $STUDY; do echo "== study $f"; timeout 150 python3 bench/cuda_study.py "$M/$f.gguf" ${STUDY_ARGS:-} 2>&1 | tail -60; done
+  for f in $STUDY; do echo "== study $f"; timeout 150 python3 bench/studies/cuda_study.py "$M/$f.gguf" ${STUDY_ARGS:-} 2>&1 | tail -60; done
 fi
 if [ -n "${SWEEP:-}" ]; then
-  echo "== gemv sweep"; timeout ${SWEEP_TIMEOUT:-400} python3 bench/gemv_sweep.py $(for f in $SWEEP; do echo "$M/$f.gguf"; done) 2>&1 | tee "$OUT/sweep.log" | tail -80
+  echo "== gemv sweep"; timeout ${SWEEP_TIMEOUT:-400} python3 bench/studies/gemv_sweep.py $(for f in $SWEEP; do echo "$M/$f.gguf"; done) 2>&1 | tee "$OUT/sweep.log" | tail -80
 fi

@@ -10,7 +10,7 @@ synth() { [ -f "$M/$1-$2.gguf" ] || python3 -m minfer.cli synth "$1" "$2" "$M/$1
 for spec in smollm2-135m:q4_1 qwen2.5-0.5b:q4_0 qwen2.5-7b:q4_0 llama3-8b:q4_k; do synth ${spec/:/ } & done
 echo "== cuda tests $(since)"
 MINFER_TEST_DEVICE=cuda timeout 200 python3 -m pytest -q -p no:cacheprovider tests/backends/test_cuda_backend.py \
-  tests/kernels/test_gemv_fused.py 2>&1 | tail -2
+  tests/kernels/triton/test_gemv_fused.py 2>&1 | tail -2
 if [ -z "${SKIP_VK:-}" ]; then
 echo "== vulkan tests (NVIDIA) $(since)"
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig

@@ -9,7 +9,7 @@ T0=$(date +%s); since() { echo "[$(( $(date +%s) - T0 )) s]"; }
 synth() { [ -f "$M/$1-$2.gguf" ] || python3 -m minfer.cli synth "$1" "$2" "$M/$1-$2.gguf" > /dev/null; }
 for spec in ${MODELS:-qwen2.5-7b:q4_0 llama3-8b:q4_k}; do synth ${spec/:/ } & done
 echo "== kernel tests + conformance (cuda) $(since)"
-MINFER_TEST_DEVICE=cuda timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_gemv_fused.py \
+MINFER_TEST_DEVICE=cuda timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/triton/test_gemv_fused.py \
   tests/contracts/test_conformance.py -k "gemv or rope or swiglu" 2>&1 | tail -4
 timeout 100 python3 -m minfer.contracts.conformance --full --device cuda --kernel gemv_swiglu --kernel gemv_rope \
   2>&1 | tail -2

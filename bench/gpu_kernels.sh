@@ -23,4 +23,4 @@ echo "== bench table"
 cat "$OUT/bench_kernels.log" | tail -80
 echo "== judge table"
 cat "$OUT/judge.md" 2>/dev/null | head -60
-if [ -n "${STUDY:-}" ]; then echo "== gemv study"; timeout 90 python3 bench/gemv_study.py 2>&1 | tail -25; fi
+if [ -n "${STUDY:-}" ]; then echo "== gemv study"; timeout 90 python3 bench/studies/gemv_study.py 2>&1 | tail -25; fi

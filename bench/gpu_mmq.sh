@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call for the int8 MMQ (kernels/mmq.py): its GPU tests and conformance, its kernel times
+# One device call for the int8 MMQ (kernels/triton/mmq.py): its GPU tests and conformance, its kernel times
 # against cuBLAS on the f16 copy at Qwen2.5-7B's shapes (bench/mmq_matmul.py), and the engine's prompt,
 # decode and batched-decode tok/s with MINFER_MMQ unset (cuBLAS) and MINFER_MMQ=1 back to back, on the
 # 7B Q4_0 and the 8B Q4_K; a short table last. Run from the repo root on the GPU machine:
@@ -12,7 +12,7 @@ synth() { [ -f "$M/$1-$2.gguf" ] || python3 -m minfer.cli synth "$1" "$2" "$M/$1
 if [ -z "${SKIP_ENGINE:-}" ]; then for spec in ${MODELS:-qwen2.5-7b:q4_0 llama3-8b:q4_k}; do synth ${spec/:/ } & done; fi
 if [ -z "${SKIP_TESTS:-}" ]; then
   echo "== mmq kernel tests + conformance (cuda) $(since)"
-  MINFER_TEST_DEVICE=cuda timeout 120 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_mmq.py 2>&1 | tail -3
+  MINFER_TEST_DEVICE=cuda timeout 120 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/triton/test_mmq.py 2>&1 | tail -3
   timeout 90 python3 -m minfer.contracts.conformance --device cuda --kernel mmq_q4_0 --kernel mmq_int4 \
     --kernel mmq_q8_0 --kernel mmq_q6_k --kernel mmq_planes 2>&1 | tail -2
 fi

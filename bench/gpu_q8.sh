@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call for the int8-activation decode GEMVs (GemvConfig.q8, MINFER_GEMV_Q8) and the KV write
 # in the q+k+v GEMV's epilogue: GPU tests, the GEMV at the 7B / 8B shapes with 0 / 1 / 2 activation passes
-# (bench/gemv_sweep.py --q8), cuda-vs-cpu parity per pass count, and decode tok/s for each, back to back.
+# (bench/studies/gemv_sweep.py --q8), cuda-vs-cpu parity per pass count, and decode tok/s for each, back to back.
 # Optional: AB=dir holding another checkout's `minfer` package, benched first as the baseline.
 set -uo pipefail
 export PYTHONPATH=.:${PYTHONPATH:-} PYTHONUNBUFFERED=1
@@ -10,8 +10,8 @@ T0=$(date +%s); since() { echo "[$(( $(date +%s) - T0 )) s]"; }
 synth() { [ -f "$M/$1-$2.gguf" ] || python3 -m minfer.cli synth "$1" "$2" "$M/$1-$2.gguf" > /dev/null; }
 for spec in ${MODELS:-smollm2-135m:q4_1 qwen2.5-0.5b:q4_0 qwen2.5-7b:q4_0 llama3-8b:q4_k}; do synth ${spec/:/ } & done
 echo "== kernel tests (cuda) $(since)"
-MINFER_TEST_DEVICE=cuda timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_qmatmul.py \
-  tests/kernels/test_gemv_fused.py tests/kernels/test_quantize.py 2>&1 | tail -3
+MINFER_TEST_DEVICE=cuda timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/triton/test_qmatmul.py \
+  tests/kernels/triton/test_gemv_fused.py tests/kernels/triton/test_quantize.py 2>&1 | tail -3
 wait; ls -la "$M" | tail -4
 if [ -z "${SKIP_TESTS:-}" ]; then
   echo "== cuda backend tests $(since)"
@@ -19,7 +19,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
     tests/backends/test_cuda_backend.py 2>&1 | tail -3
 fi
 echo "== GEMV: activation passes $(since)"
-timeout ${SWEEP_TIMEOUT:-150} python3 bench/gemv_sweep.py --q8 "$M/qwen2.5-7b-q4_0.gguf" "$M/llama3-8b-q4_k.gguf" \
+timeout ${SWEEP_TIMEOUT:-150} python3 bench/studies/gemv_sweep.py --q8 "$M/qwen2.5-7b-q4_0.gguf" "$M/llama3-8b-q4_k.gguf" \
   > "$OUT/gemv_q8.txt" 2>&1; grep -E "^  Q8|default" "$OUT/gemv_q8.txt"
 echo "== parity vs cpu $(since)"
 for f in ${PARITY:-smollm2-135m-q4_1 qwen2.5-0.5b-q4_0}; do

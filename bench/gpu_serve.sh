@@ -14,7 +14,7 @@ if [ -n "${TESTS:-}" ]; then
   echo "== pytest $TESTS"
   MINFER_TEST_DEVICE=cuda timeout 240 python3 -m pytest -q -x -p no:cacheprovider $TESTS ${K:+-k "$K"} 2>&1 | tail -8
 fi
-if [ -n "${ATTN:-}" ]; then echo "== prompt-chunk attention"; timeout 120 python3 bench/attention_prefill.py 2>&1 | tail -9; fi
+if [ -n "${ATTN:-}" ]; then echo "== prompt-chunk attention"; timeout 120 python3 bench/studies/attention_prefill.py 2>&1 | tail -9; fi
 echo "== minfer bench (pp, tg; -b: decode phase, and whole request)"
 timeout 240 python3 -m minfer.cli bench -m "$F" --device cuda -p ${PP:-512} -n ${TG:-128} -b "${C#1,}" -r ${REPS:-2} \
   2>&1 | tee "$OUT/bench-b.log" | tail -8

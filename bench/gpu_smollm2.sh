@@ -14,7 +14,7 @@ cat /tmp/smol/smol.part00 .m2/smol.part01 > "$F" && sha256sum "$F" | cut -c1-16 
 [ -f $M/qwen2.5-7b-q4_0.gguf ] || python3 -m minfer.cli synth qwen2.5-7b q4_0 $M/qwen2.5-7b-q4_0.gguf > /dev/null &
 SYN=$!
 echo "== GPU tests"
-MINFER_TEST_DEVICE=cuda timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_compile_sm90.py \
+MINFER_TEST_DEVICE=cuda timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/triton/test_compile_sm90.py \
   tests/backends/test_cuda_backend.py tests/contracts/test_conformance.py -k "not conformance or attention or gemv" \
   2>&1 | tail -4
 echo "== parity (SmolLM2, the fixture prompts)"
@@ -24,7 +24,7 @@ for kv in f16 q8_0; do
   timeout 120 python3 -m minfer.cli perplexity -m "$F" --device cuda --kv-cache $kv --chunk 512 -c 512 \
     tests/fixtures/text/gpl-3.txt 2>&1 | tail -1 | sed "s/^/$kv: /"
 done
-echo "== prompt-chunk attention"; timeout 120 python3 bench/attention_prefill.py 2>&1 | tail -7
+echo "== prompt-chunk attention"; timeout 120 python3 bench/studies/attention_prefill.py 2>&1 | tail -7
 wait $SYN
 echo "== bench 7B"
 timeout 150 python3 -m minfer.cli bench -m $M/qwen2.5-7b-q4_0.gguf --device cuda -p 512 -n 128 -r 2 2>&1 | tail -3

@@ -105,9 +105,9 @@ class Cases:
         """The decode GEMVs with a fused epilogue (gemv_fused.py) at the 7B / 8B q+k+v and
         gate+up shapes, beside the plain GEMV + the kernels they replace (rope_f32 / add_bias,
         swiglu), each alone (their sum is what the unfused decode row launched)."""
-        from minfer.kernels import elementwise as ew
-        from minfer.kernels.gemv_fused import gemv_rope, gemv_swiglu, repack_rope, repack_swiglu
-        from minfer.kernels.rope import rope
+        from minfer.kernels.triton import elementwise as ew
+        from minfer.kernels.triton.gemv_fused import gemv_rope, gemv_swiglu, repack_rope, repack_swiglu
+        from minfer.kernels.triton.rope import rope
         from minfer.quant.types import QUANT_TABLE, GGMLType
 
         torch = self.torch
@@ -163,8 +163,9 @@ class Cases:
         as cuBLAS on the f16 copy (`linear_f16`, what one decode row ran before them) and, for
         reference, int4_gemv on Q4_K. Bytes: the file's bytes of W (the planes layout is within
         4 % of them) + x + out; linear_f16: its 2 bytes per weight."""
-        from minfer.kernels.qmatmul import int4_gemv, planes_gemv, repack_int4, repack_planes
-        from minfer.kernels.torch_ops import f16_weight, linear_f16
+        from minfer.kernels.triton.int4 import int4_gemv, repack_int4
+        from minfer.kernels.triton.planes import planes_gemv, repack_planes
+        from minfer.kernels.triton.torch_ops import f16_weight, linear_f16
         from minfer.quant.types import QUANT_TABLE, by_name
 
         torch = self.torch
@@ -204,8 +205,7 @@ class Cases:
         return cases
 
     def elementwise(self) -> list[Case]:
-        from minfer.kernels import elementwise as ew
-
+        from minfer.kernels.triton import elementwise as ew
         torch = self.torch
         tokens, d, ffn, m_ffn = (4, 64, 96, 16) if self.small else (4096, 3584, 18944, 512)
         big = 4 if self.small else 12288  # converts: 12288 x 3584 f32 -> 16 bit, 264 MB of traffic
@@ -245,7 +245,7 @@ class Cases:
         return cases
 
     def dequant(self) -> list[Case]:
-        from minfer.kernels.dequant import dequant
+        from minfer.kernels.triton.dequant import dequant
         from minfer.quant.types import QUANT_TABLE
 
         torch = self.torch
@@ -265,7 +265,7 @@ class Cases:
         return cases
 
     def embed(self) -> list[Case]:
-        from minfer.kernels.embed import embed_rows
+        from minfer.kernels.triton.embed import embed_rows
         from minfer.quant.types import QUANT_TABLE, GGMLType
 
         torch = self.torch
@@ -297,7 +297,7 @@ class Cases:
         return cases
 
     def quantize(self) -> list[Case]:
-        from minfer.kernels.quantize import quantize_q8_0
+        from minfer.kernels.triton.quantize import quantize_q8_0
 
         rows = 8 if self.small else 32768  # 32k positions of a 512-wide 7B K cache
 
@@ -308,7 +308,7 @@ class Cases:
         return [Case("quantize_q8_0", f"{rows}x512", run, rows * 512 * 4 + rows * 16 * 34)]
 
     def qmatmul(self) -> list[Case]:
-        from minfer.kernels.qmatmul import q4_0_gemv, q4_0_matmul, repack_q4_0
+        from minfer.kernels.triton.q4_0 import q4_0_gemv, q4_0_matmul, repack_q4_0
 
         torch = self.torch
         gemv_cfg = SMALL_GEMV_CONFIG if self.small else None
@@ -343,9 +343,9 @@ class Cases:
         return cases + self.mmq(mm_shapes if self.small else MMQ_BATCH_SHAPES + MATMUL_SHAPES)
 
     def mmq(self, shapes) -> list[Case]:
-        """The int8 MMQ (kernels/mmq.py) on Q4_0Packed weights: decode batches and prompt chunks."""
-        from minfer.kernels.mmq import mmq_q4_0
-        from minfer.kernels.qmatmul import repack_q4_0
+        """The int8 MMQ (kernels/triton/mmq.py) on Q4_0Packed weights: decode batches and prompt chunks."""
+        from minfer.kernels.triton.mmq import mmq_q4_0
+        from minfer.kernels.triton.q4_0 import repack_q4_0
 
         cfg = SMALL_MMQ_CONFIG if self.small else None
 

@@ -1,4 +1,4 @@
-"""Benchmark: the int8 MMQ (kernels/mmq.py) against cuBLAS on the f16 copy (`linear_f16`, what
+"""Benchmark: the int8 MMQ (kernels/triton/mmq.py) against cuBLAS on the f16 copy (`linear_f16`, what
 decode batches and prompt chunks run by default) at Qwen2.5-7B's projection shapes, for M = 1 .. 512
 rows, on Q4_0 and Q4_K weights; M = 1 also shows the decode GEMV. Device µs per call from a CUDA
 graph of 20 calls (bench/batch_matmul.py's timing); the autotuned MMQ config per cell is printed
@@ -16,9 +16,9 @@ import torch
 from batch_matmul import SHAPES, graph_us  # bench/ is the script's path: the same shapes and timing
 
 from minfer.contracts.harness import random_blocks
-from minfer.kernels import mmq
-from minfer.kernels.qmatmul import gemv_default_config, launch_packed, repack_gemv
-from minfer.kernels.torch_ops import f16_weight, linear_f16
+from minfer.kernels.triton import mmq
+from minfer.kernels.triton.qmatmul import gemv_default_config, launch_packed, repack_gemv
+from minfer.kernels.triton.torch_ops import f16_weight, linear_f16
 from minfer.quant.types import QUANT_TABLE, GGMLType
 
 Q_BYTES = {GGMLType.Q4_0: 18 / 32, GGMLType.Q4_K: 144 / 256, GGMLType.Q6_K: 210 / 256, GGMLType.Q8_0: 34 / 32}

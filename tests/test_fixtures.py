@@ -10,6 +10,17 @@ SHA256 = {
     "smollm2/cases.json": "d2d030fec406bc071882f7bf02c8de18c54acdc932c0eea16ef8c34aefbecb59",
     "smollm2/llamacpp.json": "42cb555cbcfd66d7dadef918391d49dae06c13742dea1b594ecb136aa902d93e",
     "text/gpl-3.txt": "3972dc9744f6499f0f9b2dbf76696f2ae7ad8af9b23dde66d6af86c9dfb36986",
+    # made here by scripts/llamacpp_fixtures.py (tests/fixtures/README.md)
+    "gemma3-270m/cases.json": "192c786bae6922f737908f77f7e1de10d81ab844a5ca41bdde31724f2a55865e",
+    "gemma3-270m/llamacpp.json": "ea99806df86caa38fa12140aa0324cf77e4d7d68fdd594f59247db5c6a9d977f",
+    "tiny-gemma2/cases.json": "db8de73e406f28106ab670ad9bc18bf6807cab4bc1e95a2106d1944d7dfd179c",
+    "tiny-gemma2/llamacpp.json": "d4e2ed2ca4bf0c562083f9baf2244b84ebdf592f5b8351100cd69b3ec6911e47",
+    "tiny-gemma3/cases.json": "db8de73e406f28106ab670ad9bc18bf6807cab4bc1e95a2106d1944d7dfd179c",
+    "tiny-gemma3/llamacpp.json": "a50adcb2a36960cde9420d24c065c2e5de54333a3ab6874563bb50e09d80a7d0",
+    "tiny-phi3/cases.json": "f8c2224a785a8e1259b7f0aece152c79ef17c4ffbfa8a3f719909363d2582660",
+    "tiny-phi3/llamacpp.json": "3fb3ba3f15d4cdb959c5d6b877fde7ff1784560c4d593ea7028bbb4f323ae1ce",
+    "tiny-qwen3/cases.json": "3b5a54919e58dfd08b9e093a5344911f4114bb37f396a46f0e77ba9b765a1fef",
+    "tiny-qwen3/llamacpp.json": "0f3d649f408094c47d24a6b784645cce55d4578f121d8ec06dceb486d4ec8ee1",
 }
 
 

@@ -15,6 +15,7 @@ as `spans` for backends that loop over sequences.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -22,7 +23,8 @@ import torch
 
 from ..errors import ContextOverflowError, MinferError
 from ..gguf.reader import GGUFReader
-from ..graph.ir import Graph
+from ..graph.ir import Graph, WeightRef
+from ..quant.reference import dequantize
 
 
 @dataclass(frozen=True)
@@ -123,23 +125,103 @@ class Batch:
         return tuple(parts)
 
 
-class Backend(Protocol):
+class Picked(Protocol):
+    """A decode step launched by `Backend.decode_pick`: its rows and (waiting for it) their tokens."""
+
+    rows: int
+
+    def tokens(self) -> list[int]: ...
+
+
+class HostPicked:
+    """A step whose tokens were picked on the host (the default `decode_pick`)."""
+
+    __slots__ = ("rows", "_tokens")
+
+    def __init__(self, tokens: list[int]):
+        self.rows, self._tokens = len(tokens), tokens
+
+    def tokens(self) -> list[int]:
+        return self._tokens
+
+
+class Backend(ABC):
+    """Everything the engine, tensor parallelism, the server, `minfer plan` and the benchmarks
+    call on a backend. A backend is a runtime: memory, launches, and (GPUs) capture and replay;
+    which kernel runs a node is the contracts' business (compile.py), the graph's fusions
+    graph/fuse.py's. Methods with a body are defaults for a backend that has nothing to do."""
+
     name: str
     kv_itemsize: float  # bytes per cached key/value element (17/16 for a Q8_0 cache)
     prefill_seqs: int  # prompts the scheduler may chunk into one step (1: rows independent of the batch)
+    device_pick: bool = False  # decode_pick picks tokens on the device: the engine queues step N+1 before reading N
+    graph: Graph | None = None
 
+    @abstractmethod
     def kv_budget(self) -> int:
         """Bytes the KV cache may take when the caller lets the engine choose the slot count."""
 
+    @abstractmethod
     def load(self, graph: Graph, reader: GGUFReader, progress: bool = True) -> None:
         """Prepare every weight the graph reads (once) and compile the graph into a plan."""
 
+    @abstractmethod
     def allocate(self, n_slots: int, n_ctx: int) -> None:
         """Allocate the KV cache: n_slots sequences of up to n_ctx tokens (typed error if it does
         not fit the device)."""
 
+    @abstractmethod
     def forward(self, batch: Batch, recorder=None) -> torch.Tensor:
         """float32 logits [R, n_vocab] of the batch's out_rows; writes the step's keys/values."""
 
+    @abstractmethod
     def trace_graph(self) -> list[dict]:
         """The graph's nodes for TraceRecorder.set_graph, each with the kernel that runs it."""
+
+    @abstractmethod
+    def plan_rows(self, rows: int = 1, prefill: bool = False) -> list[dict]:
+        """Per node with a kernel: what a step of `rows` decode rows (or, `prefill`, a prompt
+        chunk of `rows` tokens) runs for it and the cost the picker predicts (`minfer plan`)."""
+
+    def decode_pick(self, batch: Batch, after: Picked | None = None, params: torch.Tensor | None = None) -> Picked:
+        """Run a decode step (one token per sequence, out_rows 0..B-1) and pick each row's next
+        token: the argmax, or with `params` (int32 [7, B], kernels/sample.py pack_params) the
+        row's draw. `after`: the step before, whose picked tokens are this step's inputs. This
+        default runs `forward` and picks on the host; `device_pick` backends launch and return."""
+        from ..kernels.sample import sample_rows
+
+        if after is not None:
+            toks = after.tokens()
+            batch = Batch.build([(s.slot, s.start, [t]) for s, t in zip(batch.spans, toks, strict=True)],
+                                list(range(len(toks))), n_decode=len(toks), device=batch.tokens.device)
+        logits = self.forward(batch).float().cpu()
+        if params is None:
+            return HostPicked(torch.argmax(logits, dim=-1).tolist())
+        return HostPicked(sample_rows(logits, params.cpu()).tolist())
+
+    def warmup(self) -> None:
+        """Compile and capture what the first requests would otherwise wait for (a server calls
+        this before it is ready). Nothing by default."""
+        return None
+
+    def close(self) -> None:
+        """Release what the backend holds beyond memory (other ranks, devices). Nothing by default."""
+        return None
+
+    def decode_weight_bytes(self) -> int | None:
+        """Bytes of weights one decode row reads in the backend's own layouts (None: the file's)."""
+        return None
+
+    def copy_bandwidth(self) -> float | None:
+        """The device's copy bandwidth in bytes/s, measured now (None: the benchmark measures it)."""
+        return None
+
+
+def read_vector(reader: GGUFReader, w: WeightRef) -> torch.Tensor:
+    """A 1-D weight (a norm's gain, a bias; a fused one is its parts end to end) as float32 on the
+    host, dequantized from the file: what a GPU backend uploads once."""
+    parts = []
+    for t in w.tensors:
+        info, host = reader.tensors[t.name], torch.from_numpy(reader.tensor_bytes(t.name))
+        parts.append(dequantize(host, info.ggml_type, (info.shape[0],)).float())
+    return torch.cat(parts)

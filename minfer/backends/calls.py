@@ -1,16 +1,19 @@
-"""How a compiled node calls its op, in the terms the picker needs: shared by the backends that
-pick every node's kernel through the contracts (cuda, vulkan), so they build the same calls and
-say the same thing when nothing accepts one."""
+"""What the contract-driven compiler (compile.py) and the op table (bindings.py) speak: a node's
+`Call` of its op for the picker, the `Way` a node runs (one of a backend's kinds), the `Launch`es a
+bound step makes and the `Bound` step itself, and an op's `Binding`."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from ..contracts.picker import Candidate, candidates
-from ..contracts.registry import Registry
-from ..errors import NoKernelError
-from ..graph.ir import Graph, Node, Op, WeightRef
+from ..contracts.registry import BoundKernel
+from ..graph.ir import Node, WeightRef
+from ..quant.types import GGMLType, quant_info
+
+if TYPE_CHECKING:
+    from .compile import Compiler
 
 STRIDED = {"contiguous": False, "strided": True}  # an input that may be a row-strided view
 
@@ -23,113 +26,68 @@ class Call:
     dtypes: dict[str, str]
     shapes_of: Callable[[int], dict[str, tuple[int, ...]]]
     params: dict
-    fixed_layouts: dict | None = None
-    prefer_quantized: bool | None = None  # many-row matmuls: MINFER_MMQ's choice, None = by cost
     layouts_of: Callable[[int], dict | None] | None = None
+    prefer_quantized: bool | None = None  # many-row matmuls: MINFER_MMQ's choice, None = by cost
+    needs: frozenset[str] = frozenset()  # capabilities the kernel must declare (caps.also)
 
     def shapes(self, rows: int) -> dict[str, tuple[int, ...]]:
         return self.shapes_of(rows)
 
     def layouts(self, rows: int) -> dict | None:
-        return self.layouts_of(rows) if self.layouts_of is not None else self.fixed_layouts
+        return self.layouts_of(rows) if self.layouts_of is not None else None
+
+    def needing(self, *caps: str) -> Call:
+        if not caps:
+            return self
+        return Call(self.op, self.dtypes, self.shapes_of, self.params, self.layouts_of, self.prefer_quantized,
+                    self.needs | frozenset(caps))
 
 
-def admissible(call: Call, rows: int, backend: str, registry: Registry, who: str, node: Node,
-               keep: Callable[[list[Candidate]], list[Candidate]] | None = None) -> list[Candidate]:
-    """The kernels that accept `call` at `rows` rows on `backend`, best first (`keep` may narrow
-    them); NoKernelError naming the node, the call and the nearest contracts when there is none."""
-    ok, rejected = candidates(call.op, call.dtypes, call.shapes(rows), call.params, backend,
-                              layouts=call.layouts(rows), registry=registry)
-    if keep is not None and ok:
-        ok = keep(ok)
-    if not ok:
-        near = "; ".join(f"{k.name}: {', '.join(why)}" for k, why in rejected[:3]) or "no contract implements it"
-        raise NoKernelError(f"{who} backend: node {node.name!r} ({call.op}): no kernel accepts dtypes "
-                            f"{call.dtypes}, shapes {call.shapes(rows)}, params {call.params}. "
-                            f"Nearest contracts: {near}")
-    return ok
+@dataclass
+class Launch:
+    """One kernel a node launches in one way of running, and the call it was picked for."""
+
+    call: Call
+    kernel: BoundKernel
 
 
-def add_norm_pairs(graph: Graph) -> dict[int, int]:
-    """add node id -> the RMSNorm node it feeds, where the two can run as one fused kernel
-    (`AddRMSNorm`): the norm reads the add's output, and the add's first operand (the residual) is
-    a buffer of its own (an add's, the embedding's or an all-reduce's output) read by nothing after
-    the add, so the fused kernel may write the sum over it (cuda does; vulkan writes it to a fresh
-    buffer, wgsl_ops.add_rms_norm says why). One rule for every backend that fuses the pair."""
-    last = graph.consumers_last_use()
-    by_id = {n.id: n for n in graph.nodes}
-    pairs = {}
-    for n in graph.nodes:
-        if n.op == Op.RMS_NORM:
-            (src,) = n.inputs
-            add = by_id[src]
-            if add.op == Op.ADD and last[add.inputs[0]] == add.id and by_id[add.inputs[0]].op in (
-                    Op.ADD, Op.GET_ROWS, Op.ALL_REDUCE) and add.inputs[0] != add.inputs[1]:
-                pairs[add.id] = n.id
-    return pairs
+@dataclass
+class Bound:
+    """A node compiled for one way of running: its step function and the launches it makes."""
+
+    fn: Callable
+    launches: list[Launch] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return "+".join(launch.kernel.name for launch in self.launches) or "view"
 
 
-def fused_norm(pairs: dict[int, int], add: Node, graph: Graph, backend: str,
-               registry: Registry) -> tuple[Node, Call] | None:
-    """(the RMSNorm node, the `AddRMSNorm` call) when `add` runs fused with the norm after it: the
-    pair is in `pairs` (`add_norm_pairs`) and a contract of `backend` takes the call (x the residual,
-    y what is added to it, w the norm's weight; contiguous rows of d). Else None, the pair dropped
-    from `pairs`: the add and the norm run apart."""
-    norm_id = pairs.get(add.id)
-    if norm_id is None:
-        return None
-    norm = graph.nodes[norm_id]
-    d, eps = add.shape[-1], norm.params["eps"]
-    call = Call("AddRMSNorm", {"x": "F32", "y": "F32", "w": "F32"}, lambda r: {"x": (r, d), "y": (r, d), "w": (d,)},
-                {"eps": eps})
-    ok, _ = candidates(call.op, call.dtypes, call.shapes(1), call.params, backend, registry=registry)
-    if not ok:
-        del pairs[add.id]
-        return None
-    return norm, call
+@dataclass(frozen=True)
+class Binding:
+    """How the GPU backends call one op: its `call(compiler, node)` for the picker, and
+    `bind(compiler, node, kernel, call, way)` -> the Bound step that launches `kernel`."""
+
+    call: Callable[[Compiler, Node], Call | None]
+    bind: Callable[[Compiler, Node, BoundKernel, Call, Way], Bound]
 
 
-def fused_by(pairs: dict[int, int], norm: Node) -> int | None:
-    """The add node whose fused kernel computes this RMSNorm (`fused_norm`), or None."""
-    return next((a for a, n in pairs.items() if n == norm.id), None)
+@dataclass(frozen=True)
+class Way:
+    """A way of running a node: its name (a `Runtime.kinds` key) and the rows kernels are picked for."""
+
+    kind: str
+    rows: int
 
 
-def rope_key(node: Node) -> tuple:
-    """What a RoPE node's cos/sin tables depend on (nodes with equal keys share one table)."""
-    p, ff = node.params, node.weights.get("freq_factors")
-    return (p["n_rot"], p["base"], p["freq_scale"], ff.name if ff else None)
-
-
-def compile_rope(node: Node, picks: Callable[[Node, Call], dict], ropes: dict) -> tuple[Callable, dict]:
-    """A RoPE node's step function and its kernels: `picks(node, call)` is the backend's picker,
-    `ropes` its cos/sin tables by `rope_key` (filled when the cache is allocated)."""
-    i, pos = node.inputs
-    key = rope_key(node)
-    call, params = rope_call(node)
-    run = picks(node, call)
-
-    def fn(vals, st):
-        cos, sin = ropes[key]
-        return run[st.kind](x=vals[i], positions=vals[pos], cos=cos, sin=sin, **params)
-
-    return fn, run
-
-
-def rope_call(node: Node) -> tuple[Call, dict]:
-    """A RoPE node's call and its launch params (n_heads, head_dim, n_rot, neox)."""
-    p = node.params
-    n_heads, hd, n_rot, neox = p["n_heads"], p["head_dim"], p["n_rot"], p["style"] == "neox"
-    params = {"n_heads": n_heads, "head_dim": hd, "n_rot": n_rot, "neox": neox}
-    call = Call("RoPE", {"x": "F32", "positions": "I32", "cos": "F32", "sin": "F32"},
-                lambda r: {"x": (r, n_heads * hd), "positions": (r,), "cos": (16, n_rot // 2),
-                           "sin": (16, n_rot // 2)}, params, {"x": STRIDED})
-    return call, params
-
-
-def type_runs(w: WeightRef, type_of: Callable[[str], object]) -> list[tuple[WeightRef, object, int, int]]:
-    """A (fused) weight's parts grouped into runs of one storage type (`type_of(tensor name)`), as
-    (weight of the run, its type, first output column, end column): one run unless the parts differ
-    in type (a Q4_K_M file's Q4_K q, k and Q6_K v), each run then multiplied into its columns."""
+def type_runs(w: WeightRef, type_of: Callable[[str], GGMLType],
+              max_bytes: int | None = None) -> list[tuple[WeightRef, GGMLType, int, int]]:
+    """A (fused) weight's parts grouped into runs of one storage type, as (weight of the run, its
+    type, first output column, end column): one run unless the parts differ in type (a Q4_K_M
+    file's Q4_K q, k and Q6_K v), each run then multiplied into its columns. With `max_bytes` (a
+    device that binds at most that many bytes at once: lavapipe's 128 MiB against Gemma's 178 MB
+    tied embedding) a run larger than that is cut into its parts, and a part larger than that
+    into chunks of whole rows (WeightRef.rows)."""
     runs: list[list] = []
     col = 0
     for part in w.tensors:
@@ -142,7 +100,19 @@ def type_runs(w: WeightRef, type_of: Callable[[str], object]) -> list[tuple[Weig
     out = []
     for t, parts, start in runs:
         cols = sum(p.shape[1] for p in parts)
-        ref = parts[0] if len(parts) == 1 else WeightRef("+".join(p.name for p in parts), (w.shape[0], cols),
-                                                         tuple(parts))
-        out.append((ref, t, start, start + cols))
+        row_bytes = quant_info(t).nbytes(w.shape[0])
+        if max_bytes is None or cols * row_bytes <= max_bytes:
+            ref = parts[0] if len(parts) == 1 else WeightRef("+".join(p.name for p in parts), (w.shape[0], cols),
+                                                             tuple(parts))
+            out.append((ref, t, start, start + cols))
+            continue
+        step = max(1, max_bytes // row_bytes)
+        for part in parts:
+            n = part.shape[1]
+            for r0 in range(0, n, step):
+                r1 = min(n, r0 + step)
+                ref = part if (r0, r1) == (0, n) else WeightRef(f"{part.name}[{r0}:{r1}]", (w.shape[0], r1 - r0),
+                                                                (part,), (r0, r1))
+                out.append((ref, t, start + r0, start + r1))
+            start += n
     return out

@@ -1,7 +1,7 @@
 """The KV cache: per-layer key/value buffers, one region per slot, allocated once by a backend.
 
 `k` and `v` are each one tensor [n_layer, n_slots, n_head_kv, n_ctx, head_dim] (a quantized
-cache: [..., row_width] bytes per position, kernels/attention.py's Q8_0 layout): k[layer] is a
+cache: [..., row_width] bytes per position, kernels/triton/attention.py's Q8_0 layout): k[layer] is a
 layer's buffer, k[:, slot] a sequence's keys in every layer, and within a head the keys are
 contiguous rows, the layout attention kernels read. The buffers never move after allocation
 (a CUDA graph captures their addresses).
@@ -15,7 +15,28 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import MinferError
+from ..errors import MinferError, UnsupportedError
+
+
+class KVType:
+    """One way to store cached keys and values: its torch dtype, its contract dtype, bytes per
+    element (a Q8_0 cache: int8 rows of 32-element blocks with an f16 scale each, 17/16)."""
+
+    def __init__(self, name: str, dtype: torch.dtype, contract: str, itemsize: float):
+        self.name, self.dtype, self.contract, self.itemsize = name, dtype, contract, itemsize
+
+
+KV_TYPES = {t.name: t for t in (KVType("f32", torch.float32, "F32", 4), KVType("f16", torch.float16, "F16", 2),
+                                KVType("q8_0", torch.int8, "I8", 17 / 16))}
+
+
+def kv_type(backend: str, asked: str, supported: tuple[str, ...]) -> KVType:
+    """The cache type `asked` ("auto": the backend's first) of a backend supporting `supported`."""
+    name = supported[0] if asked == "auto" else asked
+    if name not in supported:
+        raise UnsupportedError(f"{backend} backend: KV cache dtype {asked!r} is not supported (supported: auto, "
+                               f"{', '.join(supported)})")
+    return KV_TYPES[name]
 
 
 def kv_bytes(n_layer: int, n_slots: int, n_ctx: int, n_head_kv: int, head_dim: int, itemsize: float) -> int:

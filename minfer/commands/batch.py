@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..engine.params import SamplingParams
+from ..engine.params import SamplingParams, check_request
 from ..errors import MinferError
 from . import common
 
@@ -31,15 +31,14 @@ def add_parser(sub) -> None:
                        description=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     common.add_model_args(p, slots=True)
     common.add_sampling_args(p, n_predict=256)
-    p.add_argument("--chat-template", type=Path, default=None, metavar="FILE",
-                   help="use this Jinja chat template instead of the model's")
+    common.add_chat_args(p, system=False)
     p.add_argument("input", type=Path, help="requests, one JSON object per line ('-': stdin)")
     p.add_argument("output", type=Path, help="results, one JSON object per line ('-': stdout)")
     p.set_defaults(func=batch)
 
 
-def parse_request(line: str, defaults: SamplingParams):
-    """(prompt or messages, params, id) of one line; MinferError saying what is wrong."""
+def read_line(line: str) -> dict:
+    """One line's JSON object; MinferError saying what is wrong."""
     if len(line.encode("utf-8", "surrogateescape")) > MAX_LINE_BYTES:
         raise MinferError(f"the line is longer than {MAX_LINE_BYTES} bytes")
     try:
@@ -48,6 +47,12 @@ def parse_request(line: str, defaults: SamplingParams):
         raise MinferError(f"not valid JSON: {e.msg} at column {e.colno}") from None
     if not isinstance(req, dict):
         raise MinferError(f"a request is a JSON object, got {type(req).__name__}")
+    return req
+
+
+def parse_request(req: dict, defaults: SamplingParams):
+    """(prompt or messages, params) of one request object; MinferError saying what is wrong. The
+    bounds are the server's (engine.params.check_request): max_tokens >= 1, temperature <= 2."""
     unknown = sorted(set(req) - _FIELDS - {"prompt", "messages", "id"})
     if unknown:
         raise MinferError(f"unknown field {unknown[0]!r}; a request has prompt or messages, id, and sampling fields")
@@ -59,7 +64,7 @@ def parse_request(line: str, defaults: SamplingParams):
     fields = {k: v for k, v in req.items() if k in _FIELDS}
     if isinstance(fields.get("stop"), list):
         fields["stop"] = tuple(fields["stop"])
-    return prompt, dataclasses.replace(defaults, **fields), req.get("id")
+    return prompt, check_request(dataclasses.replace(defaults, **fields))
 
 
 def _open_in(path: Path):
@@ -81,9 +86,8 @@ def _open_out(path: Path):
 
 
 def batch(a: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     from ..api import result_of
+    from ..progress import bar as progress_bar
 
     defaults = common.sampling(a)
     config = common.engine_config(a)
@@ -98,7 +102,7 @@ def batch(a: argparse.Namespace) -> int:
     n_read = n_err = n_tokens = 0
     lines = iter(src)
     t0 = time.perf_counter()
-    bar = tqdm(desc="batch", unit="req", disable=not common.progress(), leave=False)
+    bar = progress_bar(desc="batch", unit="req", leave=False)
 
     def record(i: int, rid, **fields) -> dict:
         rec = {"index": i}
@@ -130,7 +134,9 @@ def batch(a: argparse.Namespace) -> int:
                 continue
             rid = None
             try:
-                prompt, params, rid = parse_request(line, defaults)
+                req = read_line(line)
+                rid = req.get("id")
+                prompt, params = parse_request(req, defaults)
                 with common.flag_errors():
                     seq = m.submit(prompt, params)
                 pending[i] = (seq, rid)

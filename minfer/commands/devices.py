@@ -16,7 +16,7 @@ def add_parser(sub) -> None:
 def devices(a: argparse.Namespace) -> int:
     import torch
 
-    from ..kernels.wgpu_device import adapters
+    from ..kernels.wgpu.device import adapters
 
     rows = [{"device": "cpu", "name": "torch on the host (the reference)"}]
     for i in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):

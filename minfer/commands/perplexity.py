@@ -3,31 +3,32 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from pathlib import Path
 
 from ..errors import MinferError
 from . import common
 
+DEFAULT_CHUNK = 512  # llama-perplexity's default -c
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("perplexity", help="perplexity of a text file (llama-perplexity's method)",
-                       description="Chunks of --chunk tokens, BOS first, second half of each chunk scored; "
+                       description="Chunks of -c tokens, BOS first, second half of each chunk scored; "
                                    "prints each chunk's running PPL and the final PPL +/- error.")
-    common.add_model_args(p)
-    p.add_argument("--chunk", type=int, default=512, help="tokens per chunk (llama.cpp's n_ctx; default 512)")
+    common.add_model_args(p, ctx_help="tokens per chunk, as llama-perplexity's -c (default 512)")
+    p.add_argument("--chunk", dest="ctx", type=int, default=None, help="the same as -c")
     p.add_argument("file", type=Path, help="UTF-8 text file")
     p.set_defaults(func=perplexity)
 
 
 def perplexity(a: argparse.Namespace) -> int:
-    if a.chunk < 4 or a.chunk % 2:
-        raise MinferError(f"--chunk must be an even number >= 4, got {a.chunk}")
+    chunk = DEFAULT_CHUNK if a.ctx is None else a.ctx
+    if chunk < 4 or chunk % 2:
+        raise MinferError(f"-c/--ctx-size (the chunk size) must be an even number >= 4, got {chunk}")
+    a.ctx = chunk
     config = common.engine_config(a, n_slots=1)
     if common.follower(a, config):
         return 0
-    if config.n_ctx is None or config.n_ctx < a.chunk:
-        config = dataclasses.replace(config, n_ctx=max(config.n_ctx or 0, a.chunk))
     try:
         text = a.file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -37,7 +38,7 @@ def perplexity(a: argparse.Namespace) -> int:
         def on_chunk(i: int, n: int, running: float) -> None:
             print(f"[{i + 1}/{n}] running PPL = {running:.4f}", flush=True)
 
-        r = m.perplexity(text, n_ctx=a.chunk, on_chunk=on_chunk)
+        r = m.perplexity(text, n_ctx=chunk, on_chunk=on_chunk)
     finally:
         common.close_model(m, config)
     print("chunk NLLs: " + " ".join(f"{x:.4f}" for x in r.nll_per_chunk))

@@ -38,28 +38,18 @@ def plan(a: argparse.Namespace) -> int:
     if a.batch < 1 or a.prefill < 0:
         raise MinferError("-b must be >= 1 and --prefill >= 0")
     from ..config import EngineConfig
-    from ..contracts.registry import load_registry
     from ..default_model import default_model_path
+    from ..engine import loader
     from ..gguf.reader import GGUFReader
-    from ..graph.passes import optimize
-    from ..models import registry as models
 
     path = a.model or default_model_path()
     reader = GGUFReader(path)
-    _, graph = models.build(reader)
-    graph = optimize(graph)
     rows_per_step = a.prefill or a.batch
-    if a.device == "cpu":  # matmuls only: the cpu backend's other ops have no contracts
-        from ..backends.cpu import plan_rows
-
-        rows = plan_rows(graph, reader, rows_per_step, prefill=bool(a.prefill))
-    else:
-        from ..backends.cuda import CUDABackend
-
-        reg = load_registry(judge_report=a.judge_report) if a.judge_report else None
-        be = CUDABackend(EngineConfig.from_env(device="cuda"), registry=reg, plan_only=True)
-        be.load(graph, reader, progress=False, upload=False)
-        rows = be.plan_rows(rows_per_step, prefill=bool(a.prefill))
+    # measured launch overheads (a judge report) instead of the contracts' figures, where given
+    config = EngineConfig.from_env(device=a.device, judge_report=str(a.judge_report) if a.judge_report else None)
+    # (cpu: matmuls only; the cpu backend's other ops have no contracts)
+    be = loader.load(reader, config, progress=False, plan_only=True).backend
+    rows = be.plan_rows(rows_per_step, prefill=bool(a.prefill))
     total_ns = sum(r["cost_ns"] for r in rows)
     tok_s = rows_per_step / (total_ns * 1e-9)
     by_kernel: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])

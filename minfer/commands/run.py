@@ -1,4 +1,4 @@
-"""`minfer run`: generate a continuation of one prompt, streamed to stdout."""
+"""`minfer run`: generate a continuation of one prompt, streamed to stdout (`-cnv`: a chat)."""
 
 from __future__ import annotations
 
@@ -6,20 +6,24 @@ import argparse
 import sys
 from pathlib import Path
 
+from . import chat as chat_command
 from . import common
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("run", help="generate a continuation of a prompt, streamed to stdout",
                        description="Generate text from a prompt (special tokens like <|im_start|> are parsed). "
-                                   "Prints prefill and decode tok/s on stderr.")
+                                   "Prints prefill and decode tok/s on stderr. With -cnv it is `minfer chat` "
+                                   "(the prompt, if any, is the first message).")
     common.add_model_args(p)
     common.add_sampling_args(p, n_predict=128)
+    common.add_chat_args(p)
+    chat_command.add_conversation_args(p)
     p.add_argument("--trace", default=None, metavar="PATH", help="record a trace of the run (as MINFER_TRACE)")
     p.add_argument("-p", "--prompt", dest="prompt_flag", default=None, help="the prompt text")
     p.add_argument("-f", "--file", type=Path, default=None, help="read the prompt from this file")
     p.add_argument("prompt", nargs="?", default=None, help="the prompt text; - reads it from stdin")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, stats=False)
 
 
 def run(a: argparse.Namespace) -> int:
@@ -27,9 +31,19 @@ def run(a: argparse.Namespace) -> int:
     config = common.engine_config(a, trace_path=a.trace, n_slots=1)
     if common.follower(a, config):
         return 0
+    template = common.read_template(a.chat_template)
+    if a.conversation:
+        first = common.read_prompt(a) if (a.prompt, a.prompt_flag, a.file) != (None, None, None) else None
+        m = common.load_model(a, config, chat_template=template)
+        try:
+            chat_command.converse(m, a, params, first=first)
+        finally:
+            common.close_model(m, config)
+        return 0
     prompt = common.read_prompt(a)
-    m = common.load_model(a, config)
+    m = common.load_model(a, config, chat_template=template)
     try:
+        common.warn_context(m, params, prompt)
         for piece in m.generate(prompt, stream=True, params=params):
             sys.stdout.write(piece)
             sys.stdout.flush()

@@ -1,7 +1,11 @@
 """`minfer serve`: the OpenAI-compatible HTTP server (docs/SERVER.md).
 
-    minfer serve [-m MODEL] [--host 127.0.0.1] [--port 8080] [-np/--parallel N] [-c/--ctx-size C]
-                 [--device cpu|cuda] [--tp N] [--api-key KEY]
+    minfer serve [-m MODEL | -hf REPO[:QUANT]] [--host 127.0.0.1] [--port 8080] [-np/--parallel N]
+                 [-c/--ctx-size C] [--device cpu|cuda] [--tp N] [--api-key KEY] [--alias NAME]
+                 [sampling defaults: -n, --temp, --top-k, ...] [--chat-template NAME|FILE] [-v]
+                 [--max-body-mb 4] [--read-timeout 30]
+
+`-c` is the total context, split over the `-np` slots, as llama-server's is.
 
 It binds the socket first (so --port 0 picks a free port, printed on stderr), then loads the
 model in the engine's own process (server/process.py; `--no-engine-process`: a thread of this
@@ -12,14 +16,18 @@ other ranks and drives them (engine/tp.py); under torchrun the ranks other than 
 from __future__ import annotations
 
 import argparse
+import logging
 import socket
 import sys
+import threading
 
 from ..config import env
 from ..errors import MinferError
 from . import common
 
 MAX_BODY_MB = 4
+READ_TIMEOUT_S = 30.0
+DEFAULT_SLOTS = 4  # -c without -np is split over this many (llama-server's default)
 
 
 def add_parser(sub) -> None:
@@ -27,13 +35,22 @@ def add_parser(sub) -> None:
                        description="Serve /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics "
                                    "and a chat page at /, on the scheduler (every request is a sequence in "
                                    "the running batch).")
-    common.add_model_args(p, slots=True)
+    common.add_model_args(p, slots=True, ctx_help="total context in tokens, split evenly over the -np slots as "
+                          f"llama-server's -c is (without -np: over {DEFAULT_SLOTS}) (default: each slot gets "
+                          "min(training context, 4096))")
+    common.add_sampling_args(p, n_predict=-1, defaults_of="the server's defaults: what a request's absent fields "
+                             "take (/props shows them)")
+    common.add_chat_args(p, system=False)
+    p.add_argument("--no-access-log", dest="access_log", action="store_false",
+                   help="do not log each request (uvicorn's access log, on stderr)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 = a free port)")
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on /v1/* and /metrics (default: $MINFER_API_KEY "
                         "if set, else no key)")
-    p.add_argument("--alias", default=None, help="model id clients use (default: the file name without .gguf)")
+    p.add_argument("-a", "--alias", default=None,
+                   help="the model's name in /v1/models and in answers (default: the file name without .gguf); "
+                        "requests may name any model: one is served")
     p.add_argument("--max-pending", type=int, default=1024,
                    help="requests admitted at once, running + waiting; beyond it a 503 (default 1024)")
     p.add_argument("--no-engine-process", dest="engine_process", action="store_false",
@@ -41,6 +58,9 @@ def add_parser(sub) -> None:
                         "own (one interpreter lock for HTTP and engine: slower under load; for debugging)")
     p.add_argument("--max-body-mb", type=int, default=MAX_BODY_MB,
                    help=f"largest request body in MiB; beyond it a 413 (default {MAX_BODY_MB})")
+    p.add_argument("--read-timeout", type=float, default=READ_TIMEOUT_S,
+                   help=f"seconds a client has to send a request's headers, and again its body; beyond it a 408 "
+                        f"and the connection is closed (default {READ_TIMEOUT_S:g})")
     p.set_defaults(func=serve)
 
 
@@ -49,14 +69,21 @@ def serve(a: argparse.Namespace) -> int:
         raise MinferError(f"--port must be in 0..65535, got {a.port}")
     if a.max_pending < 1 or a.max_body_mb < 1:
         raise MinferError("--max-pending and --max-body-mb must be >= 1")
+    if not 0 < a.read_timeout <= 3600:
+        raise MinferError(f"--read-timeout must be in (0, 3600] seconds, got {a.read_timeout}")
+    defaults = common.sampling(a)
+    total_ctx = a.ctx
+    if total_ctx is not None:
+        slots = a.parallel or DEFAULT_SLOTS
+        if total_ctx < slots:
+            raise MinferError(f"-c/--ctx-size {total_ctx} is the total context: it must give each of the {slots} "
+                              "slots (-np) at least one token")
+        a.ctx, a.parallel = total_ctx // slots, slots
     config = common.engine_config(a)
+    template = common.read_template(a.chat_template)
     if common.follower(a, config):  # torchrun's ranks other than 0: rank 0 serves
         return 0
-    from pathlib import Path
-
-    from ..default_model import default_model_path
-
-    path = Path(a.model) if a.model is not None else default_model_path()
+    path = common.model_path(a)
     if not path.is_file():
         raise MinferError(f"-m/--model {path}: no such file")
     model_id = a.alias or path.name.removesuffix(".gguf")
@@ -71,11 +98,10 @@ def serve(a: argparse.Namespace) -> int:
     import uvicorn
 
     from ..server.app import create_app
-    from ..server.loop import EngineLoop
+    from ..server.http import head_deadline_protocol
+    from ..server.loop import EngineThread
     from ..server.metrics import Metrics
     from ..server.process import EngineProcess, LoadSpec
-
-    a.model = path
 
     server: uvicorn.Server | None = None
 
@@ -86,24 +112,47 @@ def serve(a: argparse.Namespace) -> int:
     metrics = Metrics()
     if a.engine_process:
         spec_args = argparse.Namespace(**{k: v for k, v in vars(a).items() if k != "func"})
-        spec = LoadSpec(common.load_model, spec_args, config, path)
-        engine_loop = EngineProcess(spec, metrics, on_load_error=load_failed)
+        spec = LoadSpec(common.load_model, spec_args, config, path, chat_template=template)
+        engine = EngineProcess(spec, metrics, on_load_error=load_failed)
     else:
-        engine_loop = EngineLoop(lambda: common.load_model(a, config), metrics, on_load_error=load_failed)
-    app = create_app(engine_loop, model_id=model_id, metrics=metrics, api_key=api_key,
-                     max_body=a.max_body_mb << 20, max_pending=a.max_pending)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2))
+        engine = EngineThread(lambda: common.load_model(a, config, chat_template=template), metrics,
+                              on_load_error=load_failed)
+    app = create_app(engine, model_id=model_id, metrics=metrics, api_key=api_key,
+                     max_body=a.max_body_mb << 20, max_pending=a.max_pending, read_timeout_s=a.read_timeout,
+                     defaults=defaults, model_path=str(path))
+    if a.verbose:  # one line a request (its prompt tokens and sampling settings), uvicorn's debug lines
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s:    %(message)s"))
+        log = logging.getLogger("minfer.server")
+        log.addHandler(handler)
+        log.setLevel(logging.DEBUG)
+    server = uvicorn.Server(uvicorn.Config(app, http=head_deadline_protocol(a.read_timeout),
+                                           log_level="debug" if a.verbose else "info", access_log=a.access_log,
+                                           timeout_graceful_shutdown=2))
     host, port = sock.getsockname()[:2]
-    shown = f"[{host}]" if ":" in host else host
-    print(f"minfer: serving {model_id} on http://{shown}:{port} (loading the model; /health says when ready)",
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    print(f"minfer: serving {model_id} on {url} (loading the model; /health says when ready)",
           file=sys.stderr, flush=True)
-    engine_loop.start()
+    engine.start()
+    announce_ready(engine, url)
     try:
         server.run(sockets=[sock])
     finally:
-        engine_loop.stop()
+        engine.stop()
         sock.close()
-    if engine_loop.load_error is not None:
-        e = engine_loop.load_error
+    if engine.load_error is not None:
+        e = engine.load_error
         raise e if isinstance(e, MinferError) else MinferError(f"loading the model failed: {e}")
     return 0
+
+
+def announce_ready(engine, url: str) -> None:
+    """Print one line when the model is loaded and the server answers: the URL to open."""
+    def wait() -> None:
+        engine.ready.wait()
+        if engine.state == "ok":
+            m = engine.model
+            print(f"minfer: ready: {url} (chat page at /, OpenAI API at {url}/v1; {m.n_slots} slots of "
+                  f"{m.n_ctx} tokens)", file=sys.stderr, flush=True)
+
+    threading.Thread(target=wait, name="minfer-ready", daemon=True).start()

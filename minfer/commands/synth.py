@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
@@ -18,6 +17,9 @@ def add_parser(sub) -> None:
     p.add_argument("out", type=Path, help="output .gguf path")
     p.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     p.add_argument("--vocab", type=int, default=None, help="vocabulary size (default: the preset's)")
+    p.add_argument("--logit-scale", type=float, default=1.0,
+                   help="tiny presets: multiply the logits by this factor (the output norm's weights; default 1): "
+                        "a decisive model for greedy comparisons")
     p.set_defaults(func=run)
 
 
@@ -25,6 +27,6 @@ def run(a: argparse.Namespace) -> int:
     from ..gguf.synth import synth
 
     t0 = time.perf_counter()
-    path = synth(a.preset, a.quant, a.out, seed=a.seed, vocab=a.vocab, progress=None if sys.stderr.isatty() else False)
+    path = synth(a.preset, a.quant, a.out, seed=a.seed, vocab=a.vocab, logit_scale=a.logit_scale, progress=None)
     print(f"wrote {path}: {a.preset} {a.quant}, {path.stat().st_size / 1e6:.1f} MB in {time.perf_counter() - t0:.1f} s")
     return 0

@@ -5,7 +5,8 @@ Modelled on llama.cpp's test-backend-ops. For each bound kernel of the registry:
 1. cases: every dtype combination its `accept` block admits (a quant operand: every storage type
    in `ggml_dtype`; an output dtype chosen by a param: every dtype its tolerance map names) x
    the op's sizes for the size classes `tiny`, `odd`, `boundary` (harness.py), plus SmolLM2's
-   layer sizes with `--full`; sizes its rank / `shape_constraint` refuse are skipped;
+   layer sizes and the `large` class (GEMVs of weights above 2^24 values: the int8-activation path)
+   with `--full`; sizes its rank / `shape_constraint` refuse are skipped;
 2. each case draws fresh random inputs, poisons the output (NaN; 0xFF bytes for byte outputs)
    and launches through the op's keyword interface (`out=` when the launcher takes one);
 3. the result is compared in float64 with the op's reference function using the tolerance the
@@ -24,7 +25,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
-import os
 import secrets
 import sys
 import time
@@ -35,9 +35,10 @@ from typing import Any
 
 import torch
 
+from ..config import set_process_env
 from ..quant import reference
 from ..quant.types import QuantInfo, by_name
-from .harness import HARNESS, MODELS, SIZE_CLASSES, Setting
+from .harness import HARNESS, LARGE, MODELS, SIZE_CLASSES, Setting
 from .ops import torch_dtype
 from .picker import rejections
 from .registry import BoundKernel, Registry, load_registry
@@ -113,7 +114,10 @@ def cases(k: BoundKernel, sizes: tuple[str, ...]) -> Iterator[Case]:
     for dtypes, out_choice in dtype_combinations(k):
         q = _quant_info(k, dtypes)
         for size in sizes:
-            settings = h.model(size, MODELS[size], q) if size in MODELS else h.settings(size, q)
+            if size == LARGE:
+                settings = h.large(q) if h.large else []
+            else:
+                settings = h.model(size, MODELS[size], q) if size in MODELS else h.settings(size, q)
             for s in settings:
                 for laid_out in layouts:
                     yield Case(s, dtypes, out_choice, laid_out)
@@ -151,6 +155,57 @@ def poisoned(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | 
     return t.fill_(math.nan) if dtype.is_floating_point else t.view(torch.uint8).fill_(0xFF).view(dtype)
 
 
+GUARD = 64  # poisoned elements before and after an output (64 bytes at least: the output stays 64-byte aligned)
+
+
+def guarded(shape: tuple[int, ...], dtype: torch.dtype, device, fill: torch.Tensor | None = None) -> tuple:
+    """(buffer, view): a poisoned buffer of GUARD + numel + GUARD elements and the [shape] view in its
+    middle (holding a copy of `fill`, else poison), so a write past either end of the view shows."""
+    n = math.prod(shape)
+    buf = poisoned((n + 2 * GUARD,), dtype, device)
+    view = buf[GUARD:GUARD + n].view(shape)
+    if fill is not None:
+        view.copy_(fill)
+    return buf, view
+
+
+def _guard_damage(buf: torch.Tensor) -> int:
+    """Bytes of the guard regions of a `guarded` buffer that are not poison any more."""
+    b = buf.view(torch.uint8)
+    edge = GUARD * buf.element_size()
+    clean = poisoned((GUARD,), buf.dtype, buf.device).view(torch.uint8)
+    return int((b[:edge] != clean).sum() + (b[-edge:] != clean).sum())
+
+
+def _changed(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Elementwise: do a and b differ in their bytes (NaN payloads included)?"""
+    n = a.element_size()
+    return (a.contiguous().view(torch.uint8).view(-1, n) != b.contiguous().view(torch.uint8).view(-1, n)).any(-1) \
+        .view(a.shape)
+
+
+def side_effects(k: BoundKernel, p: Prepared, args: dict, before: dict, skip: str | None) -> list[str]:
+    """What a launch changed in its inputs beyond what the op writes (harness `writes`), and written
+    elements that do not hold their expected values; `skip`: an in-place output (checked as the output)."""
+    writes = HARNESS[k.op.name].writes
+    allowed = writes(p.inputs, p.params) if writes is not None else {}
+    problems = []
+    for name, old in before.items():
+        new = args[name]
+        if name == skip or not isinstance(new, torch.Tensor) or new.shape != old.shape:
+            continue
+        diff = _changed(new, old)
+        mask, want = allowed.get(name, (None, None))
+        if mask is not None:
+            mask = mask.to(diff.device)
+            if want is not None and bool(_changed(new, want.to(new.device))[mask].any()):
+                problems.append(f"{name}: the elements written differ from the expected values")
+            diff = diff & ~mask
+        if bool(diff.any()):
+            problems.append(f"{name}: {int(diff.sum())} elements changed that the op must not write")
+    return problems
+
+
 WGPU_DEVICES = ("vulkan", "gpu")  # the wgpu kernels take host tensors and run on the process's adapter
 
 
@@ -165,17 +220,31 @@ def device_args(k: BoundKernel, p: Prepared, device) -> dict:
     return k.apply_load_layouts(args, p.params) if p.laid_out else args
 
 
-def launch(k: BoundKernel, p: Prepared, device) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Run once on fresh copies of the inputs; (result tensor, the poisoned out= passed or None).
-    An in-place kernel's result is the input it updates."""
+def launch(k: BoundKernel, p: Prepared, device) -> tuple[torch.Tensor, torch.Tensor | None, list[str]]:
+    """Run once on fresh copies of the inputs; (result tensor, the poisoned out= passed or None,
+    the problems seen around it: guard bytes written, inputs changed beyond the op's writes).
+    An in-place kernel's result is the input it updates (placed between guard regions too)."""
     args = device_args(k, p, device)
     spec = k.contract.outputs[0]
-    if spec.aliasing == "in_place":
+    target = in_place_target(spec.shape_rule) if spec.aliasing == "in_place" else None
+    buf = None
+    if target is not None:
+        t = args[target]
+        buf, args[target] = guarded(tuple(t.shape), t.dtype, t.device, fill=t)
+    before = {n: t.clone() for n, t in args.items() if isinstance(t, torch.Tensor) and n != target}
+    out = None
+    if target is not None:
         k(**args, **p.params)
-        return args[in_place_target(spec.shape_rule)], None
-    out = poisoned(p.out_shape, torch_dtype(p.out_dtype), torch_device(device)) if k.takes_out else None
-    result = k(**args, **p.params, out=out) if out is not None else k(**args, **p.params)
-    return (result if isinstance(result, torch.Tensor) else out), out
+        result = args[target]
+    else:
+        if k.takes_out:
+            buf, out = guarded(p.out_shape, torch_dtype(p.out_dtype), torch_device(device))
+        result = k(**args, **p.params, out=out) if out is not None else k(**args, **p.params)
+        result = result if isinstance(result, torch.Tensor) else out
+    problems = side_effects(k, p, args, before, target)
+    if buf is not None and (damage := _guard_damage(buf)):
+        problems.insert(0, f"wrote {damage} bytes outside its output (the guard regions around it)")
+    return result, out, problems
 
 
 def in_place_target(shape_rule: str) -> str:
@@ -225,8 +294,10 @@ def run_case(k: BoundKernel, case: Case, gen, device: str) -> CaseResult | None:
     res = CaseResult(k.name, case.setting.size, case.label, shapes, False)
     try:
         ref = HARNESS[k.op.name].reference(p.inputs, p.params, case.dtypes)
-        got, out = launch(k, p, device)
-        if out is not None and got.data_ptr() != out.data_ptr():
+        got, out, problems = launch(k, p, device)
+        if problems:
+            res.message = "; ".join(problems)
+        elif out is not None and got.data_ptr() != out.data_ptr():
             res.message = "the launcher ignored out= (its result is another tensor)"
         elif got.dtype != torch_dtype(p.out_dtype):
             res.message = f"output dtype {got.dtype} != the contract's {p.out_dtype}"
@@ -234,7 +305,7 @@ def run_case(k: BoundKernel, case: Case, gen, device: str) -> CaseResult | None:
             res.rel_err, res.abs_err, res.tolerance, res.message = compare(k, got, ref, p.out_dtype)
         rerun = device != "cpu" or case.setting.size == "odd"
         if rerun and not res.message and k.contract.determinism in ("bitwise", "same_hardware_bitwise"):
-            again, _ = launch(k, p, device)
+            again, _, _ = launch(k, p, device)
             res.bit_stable = torch.equal(got.view(torch.uint8), again.view(torch.uint8))
             if not res.bit_stable:
                 res.message = f"declared {k.contract.determinism} but two runs differ"
@@ -258,7 +329,7 @@ def run_conformance(
     reg = registry or load_registry()
     seed = secrets.randbits(31) if seed is None else seed
     gen = torch.Generator().manual_seed(seed)  # inputs are drawn on cpu, then copied to `device`
-    sizes = sizes or (SIZE_CLASSES + ((FULL_MODEL,) if full else ()))
+    sizes = sizes or (SIZE_CLASSES + ((FULL_MODEL, LARGE) if full else ()))
     results = []
     for name, k in reg.kernels.items():
         if kernels and name not in kernels:
@@ -299,7 +370,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m minfer.contracts.conformance", description=__doc__.split("\n")[0]
     )
-    ap.add_argument("--full", action="store_true", help=f"add {FULL_MODEL}'s layer sizes (slow on cpu)")
+    ap.add_argument("--full", action="store_true",
+                    help=f"add {FULL_MODEL}'s layer sizes and weights above 2^24 values (slow on cpu)")
     ap.add_argument("--device", choices=("cpu", "cuda", *WGPU_DEVICES), default="cpu",
                     help="cpu: the Triton interpreter; vulkan: the WGSL kernels on wgpu's Vulkan adapter")
     ap.add_argument("--kernel", action="append", help="only this kernel (repeatable)")
@@ -307,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--failures", action="store_true", help="list failing cases only")
     args = ap.parse_args(argv)
     if args.device == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"  # before the registry imports the triton kernels
+        set_process_env("TRITON_INTERPRET", "1", default_only=False)  # before the registry imports triton
         # the interpreter computes with numpy, which warns on the inf/NaN arithmetic of random bits
         warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
     elif args.device == "cuda" and not torch.cuda.is_available():

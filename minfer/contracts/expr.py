@@ -18,6 +18,7 @@ declared dims and params (rule `CostUnknownSymbol`) before anything is evaluated
 from __future__ import annotations
 
 import ast
+import functools
 import math
 import operator
 import re
@@ -75,6 +76,7 @@ def _c_style_to_python(text: str) -> str:
     return re.sub(r"!(?!=)", " not ", text)
 
 
+@functools.lru_cache(maxsize=8192, typed=True)  # Exprs are immutable; a load asks for the same ones often
 def _compile(text: object, kind: str) -> Expr:
     if isinstance(text, bool) or not isinstance(text, (str, int, float)):
         raise ExprError(f"expected a string or number, found {type(text).__name__}")

@@ -22,6 +22,12 @@ from .ops import torch_dtype
 
 SIZE_CLASSES = ("tiny", "odd", "boundary")
 PREFILL_TOKENS = 512
+# The size class of weights above 2^24 values (kernels/triton/gemv.py Q8_MIN_WEIGHTS), where the Q4 GEMVs read x
+# as two int8 passes and their contracts' bound is 1e-4 (f32 x: 1e-5); with --full only: under the Triton
+# interpreter one such case takes minutes.
+LARGE = "large"
+LARGE_K = 1536  # 6 K-quant super-blocks (SmolLM2's FFN width)
+LARGE_N = 10944  # the first multiple of 64 rows above 2^24 / LARGE_K
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,9 @@ class Setting:
 
 Builder = Callable[[Setting, dict[str, str], "str | None", torch.Generator], tuple[dict, dict]]
 Reference = Callable[[Mapping[str, torch.Tensor], Mapping[str, Any], Mapping[str, str]], torch.Tensor]
+# (inputs, params) -> {input name: (mask of the elements the op writes, their expected new values or None)}
+Writes = Callable[[Mapping[str, torch.Tensor], Mapping[str, Any]],
+                  dict[str, tuple[torch.Tensor, "torch.Tensor | None"]]]
 
 
 Reads = Callable[[Mapping[str, torch.Tensor], Mapping[str, Any]], int]
@@ -71,6 +80,10 @@ class OpHarness:
     build: Builder  # (setting, input dtypes, output dtype choice, generator) -> (inputs, params)
     reference: Reference  # (inputs, params, input dtypes) -> float64 expected output
     reads: Reads = _whole_inputs  # (inputs, params) -> bytes the op must read
+    # inputs the op updates besides its output (the KV cache): which elements, and what they become;
+    # every other element of every input must keep its bytes
+    writes: Writes | None = None
+    large: Callable[[QuantInfo | None], list[Setting]] | None = None  # the LARGE size class's settings
 
 
 def traffic(op: str, inputs: Mapping[str, torch.Tensor], params: Mapping[str, Any], out_bytes: int) -> int:
@@ -116,6 +129,20 @@ def _decode(raw: torch.Tensor, qtype: Any, cols: int) -> torch.Tensor:
 def _silu64(x: torch.Tensor) -> torch.Tensor:
     x = x.double()
     return x * torch.sigmoid(x)
+
+
+def _gelu64(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.gelu(x.double(), approximate="tanh")
+
+
+def _with_params(pair: tuple[Callable, Callable], **params) -> tuple[Callable, Callable]:
+    """_flat's (settings, model) with constant params added to every case."""
+    settings, model = pair
+
+    def add(cases: list[Setting]) -> list[Setting]:
+        return [Setting(c.size, c.shapes, {**c.params, **params}) for c in cases]
+
+    return (lambda size, q: add(settings(size, q))), (lambda name, m, q: add(model(name, m, q)))
 
 
 # ---- elementwise ------------------------------------------------------------------------------
@@ -277,6 +304,11 @@ def _qmatmul_model(name: str, md: ModelDims, q: QuantInfo) -> list[Setting]:
     ]
 
 
+def _large_gemv(q: QuantInfo | None) -> list[Setting]:
+    """One decode row through a weight of LARGE_N x LARGE_K values (> 2^24)."""
+    return [Setting(LARGE, {"x": (1, LARGE_K), "w": (LARGE_N, LARGE_K)}, {"n": LARGE_N, "k": LARGE_K})]
+
+
 def _build_qmatmul(s: Setting, dtypes: dict[str, str], out_dtype: str | None, gen) -> tuple[dict, dict]:
     info = by_name(dtypes["w"])
     n, k = s.shapes["w"]
@@ -313,10 +345,21 @@ def _swiglu_model(name: str, md: ModelDims, q: QuantInfo) -> list[Setting]:
     return [Setting(name, {"x": (1, k), "w": (n, k)}, {"n": n, "k": k})] if k % q.block_elems == 0 else []
 
 
+def _large_rope_mm(q: QuantInfo | None) -> list[Setting]:
+    """The stacked q+k+v GEMV above 2^24 values: 160 rotated heads of 64 and 11 more (v)."""
+    return [_qkv_setting(LARGE, LARGE_N, LARGE_K, 160, 64, 64, True)]
+
+
 def _ref_swiglu_mm(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[str, str]) -> torch.Tensor:
     y = _ref_qmatmul(i, p, d)
     f = p["n"] // 2
     return _silu64(y[:, :f]) * y[:, f:]
+
+
+def _ref_geglu_mm(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[str, str]) -> torch.Tensor:
+    y = _ref_qmatmul(i, p, d)
+    f = p["n"] // 2
+    return _gelu64(y[:, :f]) * y[:, f:]
 
 
 def _qkv_setting(size: str, n: int, k: int, heads: int, hd: int, n_rot: int, neox: bool) -> Setting:
@@ -523,21 +566,23 @@ def _ref_sample(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[
 
 # ---- attention over the KV cache ----------------------------------------------------------------
 
-# (span lengths, n_head, n_head_kv, head_dim, n_ctx); each span is one sequence in its own slot
+# (span lengths, n_head, n_head_kv, head_dim, n_ctx[, window, softcap]); each span is one sequence in its own slot
 _ATTN = {
     "tiny": [((1,), 2, 1, 16, 32), ((1,), 2, 1, 32, 8)],
-    "odd": [((1, 1, 1), 3, 1, 16, 40), ((5,), 4, 2, 32, 24)],
-    "boundary": [((1, 1), 8, 2, 64, 1100), ((65, 1), 4, 4, 64, 130), ((3, 1), 4, 2, 128, 70)],  # hd 128: small tiles
+    "odd": [((1, 1, 1), 3, 1, 16, 40), ((5,), 4, 2, 32, 24), ((7, 1), 2, 1, 32, 40, 3, 0.0)],
+    "boundary": [((1, 1), 8, 2, 64, 1100), ((65, 1), 4, 4, 64, 130), ((3, 1), 4, 2, 128, 70),  # hd 128: small tiles
+                 ((1, 1), 4, 2, 64, 1100, 600, 0.0), ((65, 1), 4, 2, 64, 130, 9, 3.0)],  # windows, soft-cap
 }
 
 
-def _attn_setting(size: str, spans, n_head: int, n_kv: int, hd: int, n_ctx: int) -> Setting:
-    rows, slots = sum(spans), len(spans) + 1  # one extra slot, never attended: must stay untouched
+def _attn_setting(size: str, spans, n_head: int, n_kv: int, hd: int, n_ctx: int, window: int = 0,
+                  softcap: float = 0.0) -> Setting:
+    rows, slots = sum(spans), len(spans) + 1  # one extra slot, never attended: must stay untouched (writes)
     shapes = {"q": (rows, n_head * hd), "k": (rows, n_kv * hd), "v": (rows, n_kv * hd),
               "cache_k": (2, slots, n_kv, n_ctx, hd), "cache_v": (2, slots, n_kv, n_ctx, hd),
               "row_slots": (rows,), "positions": (rows,)}
     return Setting(size, shapes, {"layer": 1, "n_head": n_head, "n_head_kv": n_kv, "head_dim": hd,
-                                  "scale": hd ** -0.5, "spans": spans})
+                                  "scale": hd ** -0.5, "spans": spans, "window": window, "softcap": softcap})
 
 
 def _attn_settings(size: str, q) -> list[Setting]:
@@ -614,12 +659,36 @@ def _ref_attn(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[st
     q = i["q"].double().view(rows, nh, hd)
     out = torch.empty(rows, nh, hd, dtype=torch.float64, device=q.device)
     g = nh // nkv
+    window, cap = p.get("window", 0), p.get("softcap", 0.0)
     for r in range(rows):
-        keys = ck[slots[r], :, : pos[r] + 1].double().repeat_interleave(g, 0)  # [nh, L, hd]
-        vals = cv[slots[r], :, : pos[r] + 1].double().repeat_interleave(g, 0)
-        att = torch.softmax((keys @ q[r][:, :, None])[..., 0] * p["scale"], -1)  # [nh, L]
+        lo = max(0, int(pos[r]) + 1 - window) if window else 0  # a sliding window: the last `window` positions
+        keys = ck[slots[r], :, lo: pos[r] + 1].double().repeat_interleave(g, 0)  # [nh, L, hd]
+        vals = cv[slots[r], :, lo: pos[r] + 1].double().repeat_interleave(g, 0)
+        s = (keys @ q[r][:, :, None])[..., 0] * p["scale"]
+        if cap:
+            s = torch.tanh(s / cap) * cap
+        att = torch.softmax(s, -1)  # [nh, L]
         out[r] = (att[:, None, :] @ vals)[:, 0]
     return out.reshape(rows, nh * hd)
+
+
+def _attn_writes(i: Mapping[str, torch.Tensor], p: Mapping[str, Any]) -> dict:
+    """The cache rows a step writes, cache[layer, slot_r, :, position_r] for every row r (k and v
+    rounded to a float cache's dtype; a Q8_0 cache's codes are left to the output's check): nothing
+    else of either cache may change, the extra slot no span attends included."""
+    layer, nkv, hd = p["layer"], p["n_head_kv"], p["head_dim"]
+    rows, slots, pos = i["q"].shape[0], i["row_slots"].long(), i["positions"].long()
+    out = {}
+    for name, src in (("cache_k", "k"), ("cache_v", "v")):
+        cache = i[name]
+        mask = torch.zeros(cache.shape, dtype=torch.bool, device=cache.device)
+        mask[layer, slots, :, pos] = True
+        want = None
+        if cache.dtype != torch.int8:
+            want = cache.clone()
+            want[layer, slots, :, pos] = i[src].view(rows, nkv, hd).to(cache.dtype)
+        out[name] = (mask, want)
+    return out
 
 
 def _attn_reads(i: Mapping[str, torch.Tensor], p: Mapping[str, Any]) -> int:
@@ -637,6 +706,13 @@ HARNESS: dict[str, OpHarness] = {
     "SwiGLU": OpHarness(
         *_flat("gate", "up", wide=True), _build_floats, lambda i, p, d: _silu64(i["gate"]) * i["up"].double()
     ),
+    "GeGLU": OpHarness(
+        *_flat("gate", "up", wide=True), _build_floats, lambda i, p, d: _gelu64(i["gate"]) * i["up"].double()
+    ),
+    "Scale": OpHarness(*_with_params(_flat("x"), scale=25.3), _build_floats,
+                       lambda i, p, d: i["x"].double() * torch.tensor(p["scale"], dtype=torch.float32).double()),
+    "SoftCap": OpHarness(*_with_params(_flat("x"), cap=1.5), _build_floats,
+                         lambda i, p, d: torch.tanh(i["x"].double() / p["cap"]) * p["cap"]),
     "Convert": OpHarness(*_flat("x"), _build_floats, lambda i, p, d: i["x"].double()),
     "AddBias": OpHarness(
         _bias_settings, _bias_model, _build_floats, lambda i, p, d: i["y"].double() + i["b"].double()
@@ -647,10 +723,11 @@ HARNESS: dict[str, OpHarness] = {
     ),
     "QuantizeQ8_0": OpHarness(_quantize_settings, _quantize_model, _build_floats, _ref_quantize),
     "QMatMul": OpHarness(
-        lambda size, q: _mnk_settings(size, _mnk_for(size, q)), _qmatmul_model, _build_qmatmul, _ref_qmatmul
-    ),
-    "QMatMulSwiGLU": OpHarness(_swiglu_settings, _swiglu_model, _build_qmatmul, _ref_swiglu_mm),
-    "QMatMulRoPE": OpHarness(_rope_mm_settings, _rope_mm_model, _build_rope_mm, _ref_rope_mm),
+        lambda size, q: _mnk_settings(size, _mnk_for(size, q)), _qmatmul_model, _build_qmatmul, _ref_qmatmul,
+        large=_large_gemv),
+    "QMatMulSwiGLU": OpHarness(_swiglu_settings, _swiglu_model, _build_qmatmul, _ref_swiglu_mm, large=_large_gemv),
+    "QMatMulGeGLU": OpHarness(_swiglu_settings, _swiglu_model, _build_qmatmul, _ref_geglu_mm, large=_large_gemv),
+    "QMatMulRoPE": OpHarness(_rope_mm_settings, _rope_mm_model, _build_rope_mm, _ref_rope_mm, large=_large_rope_mm),
     "RMSNorm": OpHarness(_norm_settings, _norm_model, _build_floats, _ref_norm),
     "AddRMSNorm": OpHarness(
         lambda size, q: [_with_y(x) for x in _norm_settings(size, q)],
@@ -659,7 +736,7 @@ HARNESS: dict[str, OpHarness] = {
     "RoPE": OpHarness(_rope_settings, _rope_model, _build_rope, _ref_rope),
     "RowSelect": OpHarness(_select_settings, _select_model, _build_select,
                            lambda i, p, d: i["x"].double()[i["rows"].long()]),
-    "Attention": OpHarness(_attn_settings, _attn_model, _build_attn, _ref_attn, _attn_reads),
+    "Attention": OpHarness(_attn_settings, _attn_model, _build_attn, _ref_attn, _attn_reads, _attn_writes),
     "Sample": OpHarness(_sample_settings, _sample_model, _build_sample, _ref_sample),
     "Argmax": OpHarness(_argmax_settings, _argmax_model, _build_argmax,
                         lambda i, p, d: i["x"].double().argmax(-1).double()),

@@ -86,7 +86,7 @@ def _rows_of(x: tuple[int, ...]) -> int:
 def _attention(s: Shapes, p: Mapping[str, Any]) -> dict[str, int]:
     ck = s["cache_k"]  # [layers, slots, kv heads, ctx, head_dim]
     return {"rows": _rows_of(s["q"]), "ctx": ck[3], "n_head": p["n_head"], "n_head_kv": p["n_head_kv"],
-            "head_dim": p["head_dim"], "cache_item": 2}
+            "head_dim": p["head_dim"], "cache_item": 2, "window": p.get("window") or 0}
 
 
 OPS: dict[str, OpSpec] = {
@@ -102,6 +102,14 @@ OPS: dict[str, OpSpec] = {
         OpSpec(
             "SwiGLU", True, ("gate", "up"), (), ("n",), "out = silu(gate) * up (fused)", _elementwise("gate"),
         ),
+        OpSpec(
+            "GeGLU", True, ("gate", "up"), (), ("n",), "out = gelu_tanh(gate) * up (fused; gemma's feed-forward)",
+            _elementwise("gate"),
+        ),
+        OpSpec("Scale", False, ("x",), ("scale",), ("n",), "out = x * scale (gemma's embedding scale)",
+               _elementwise("x")),
+        OpSpec("SoftCap", False, ("x",), ("cap",), ("n",), "out = cap * tanh(x / cap) (gemma2's logit soft-cap)",
+               _elementwise("x")),
         OpSpec("Convert", False, ("x",), (), ("n",), "out = x rounded to another float dtype",
                _elementwise("x")),
         OpSpec(
@@ -127,15 +135,21 @@ OPS: dict[str, OpSpec] = {
             "with the SwiGLU after it (n: both halves' rows)", _qmatmul,
         ),
         OpSpec(
+            "QMatMulGeGLU", True, ("x", "w"), ("n", "k", "qtype"), ("m", "n", "k"),
+            "out[m, :n/2] = gelu_tanh(y[m, :n/2]) * y[m, n/2:], y = x @ dequant(w)^T: gemma's gate+up projection "
+            "with the GeGLU after it", _qmatmul,
+        ),
+        OpSpec(
             "QMatMulRoPE", True, ("x", "w", "b", "positions", "cos", "sin"),
             ("n", "k", "qtype", "n_heads", "head_dim", "n_rot", "neox"), ("m", "n", "k"),
             "out = x @ dequant(w)^T + b, then RoPE (cos/sin tables, at positions) of its first n_heads * head_dim "
             "columns: a fused q+k+v projection with its bias and the rotation of q and k", _qmatmul,
         ),
         OpSpec(
-            "RMSNorm", False, ("x", "w"), ("eps",), ("rows", "d"),
-            "out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w", lambda s, p: {"rows": _rows_of(s["x"]),
-                                                                                 "d": s["x"][-1]},
+            "RMSNorm", False, ("x", "w"), ("eps", "group"), ("rows", "d", "group"),
+            "out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w; with `group` each run of `group` values of a "
+            "row on its own, w [group] shared by the runs (qwen3's and gemma3's per-head q / k norms)",
+            lambda s, p: {"rows": _rows_of(s["x"]), "d": s["x"][-1], "group": p.get("group") or s["x"][-1]},
         ),
         OpSpec(
             "AddRMSNorm", True, ("x", "y", "w"), ("eps",), ("rows", "d"),
@@ -149,11 +163,12 @@ OPS: dict[str, OpSpec] = {
         ),
         OpSpec(
             "Attention", False, ("q", "k", "v", "cache_k", "cache_v", "row_slots", "positions"),
-            ("layer", "n_head", "n_head_kv", "head_dim", "scale", "spans"),
-            ("rows", "ctx", "n_head", "n_head_kv", "head_dim", "cache_item"),
+            ("layer", "n_head", "n_head_kv", "head_dim", "scale", "spans", "window", "softcap"),
+            ("rows", "ctx", "n_head", "n_head_kv", "head_dim", "cache_item", "window"),
             "write each row's k, v at (slot, position) of the layer's cache, then causal GQA attention of "
             "its q over positions 0..position of its slot (`spans`: the host's (first row, slot, start, rows) "
-            "of each sequence, or None)", _attention,
+            "of each sequence, or None); `window` > 0: only the last `window` positions (sliding-window "
+            "layers); `softcap` > 0: scores s become softcap * tanh(s / softcap) before the softmax", _attention,
         ),
         OpSpec(
             "RowSelect", False, ("x", "rows"), (), ("n_rows", "width"), "out[i, :] = x[rows[i], :]",
@@ -170,6 +185,38 @@ OPS: dict[str, OpSpec] = {
             "out[r] = the index of row r's largest value (the first of equal ones): greedy decoding's token",
             lambda s, p: {"rows": _rows_of(s["x"]), "width": s["x"][-1]},
         ),
+    ]
+}
+
+
+@dataclass(frozen=True)
+class Capability:
+    """Something a kernel can do beyond its op, declared in its contract (`caps.also`) and asked
+    for by the compiler (backends/compile.py) when a fusion of graph/fuse.py pairs two nodes. The
+    launcher takes `keywords` for it (the validator checks)."""
+
+    name: str
+    keywords: tuple[str, ...]
+    summary: str
+
+
+CAPABILITIES: dict[str, Capability] = {
+    c.name: c
+    for c in [
+        Capability("q8_out", ("q8",), "also writes its output's int8 records into `q8` (a buffer of "
+                   "quantize_act_q8's / q8_records' layout) for the matmul that reads them"),
+        Capability("q8_in", ("xq",), "reads x's int8 records from `xq` (written by the node before it) instead of "
+                   "quantizing x; `caps.q8_passes` names the function giving the passes it reads for a weight"),
+        Capability("kv_out_f16", ("cache_k", "cache_v", "row_slots", "layer", "n_head_kv"),
+                   "a fused q+k+v projection that also writes the row's k and v into an f16 KV cache"),
+        Capability("kv_skip", ("kv_written",), "an attention that skips its own KV write (`kv_written=True`) "
+                   "when the projection before it wrote the row's k and v"),
+        Capability("row_chunk", ("first_row", "total_rows"), "a gather whose table is rows first_row.. of a "
+                   "larger one of total_rows rows: it writes only the ids that fall in its rows (ids outside "
+                   "0..total_rows-1 taken as the nearest edge row, as the whole table's gather does), so one call "
+                   "per chunk fills the output (a table larger than the device binds at once)"),
+        Capability("residual_in_place", ("sum_out",), "a fused add + norm whose sum `sum_out` may be x itself "
+                   "(the residual written over in place)"),
     ]
 }
 

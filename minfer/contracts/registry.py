@@ -1,13 +1,15 @@
 """The kernel registry: every contract file of the package, validated, registrable ones bound.
 
-`load_registry()` reads `minfer/kernels/contracts/*.fkc.md` (or the files given), validates each
-section (validate.py), and binds every valid `registrable: true` section to its launcher by
-importing its `entry_point`. A section with errors is listed with them and never bound, so a
-broken contract cannot be dispatched to. A valid section whose module needs a package this
-machine lacks (triton, for the CUDA backend's kernels) is left unbound with that reason
-(`Registry.unbound`); the other backends' kernels bind as usual. Judge measurements (judge.py's JSON report) are read
-back when a report is given or `minfer/kernels/contracts/judge.json` exists; a measurement is
-used only while the kernel's revision hash still matches the one the judge measured.
+`load_registry()` reads every `*.fkc.md` under `minfer/kernels/` (each kernel family's contract
+sits beside its launchers: kernels/triton/, kernels/wgsl/, kernels/cpu/, kernels/sample.fkc.md;
+or the files given), validates each section (validate.py), and binds every valid `registrable:
+true` section to its launcher by importing its `entry_point`. A section with errors is listed with
+them and never bound, so a broken contract cannot be dispatched to. A valid section whose module
+needs a package this machine lacks (triton, for the CUDA backend's kernels) is left unbound with
+that reason (`Registry.unbound`); the other backends' kernels bind as usual. Judge measurements
+(judge.py's JSON report) are read back when a report is given or `minfer/kernels/judge.json`
+exists; a measurement is used only while the kernel's revision hash still matches the one the
+judge measured.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import hashlib
 import inspect
 import json
 import math
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,8 +30,14 @@ from .parser import parse_file
 from .schema import ContractFile, KernelContract
 from .validate import DependencyMissing, resolve_entry_point, validate_file
 
-CONTRACTS_DIR = Path(__file__).resolve().parents[1] / "kernels" / "contracts"
-JUDGE_REPORT = CONTRACTS_DIR / "judge.json"
+KERNELS_DIR = Path(__file__).resolve().parents[1] / "kernels"  # searched recursively for contract files
+JUDGE_REPORT = KERNELS_DIR / "judge.json"
+
+
+def contract_files() -> list[Path]:
+    """Every contract file of the package, in path order (a backend's kernels rank in this order
+    where their costs tie)."""
+    return sorted(KERNELS_DIR.rglob("*.fkc.md"))
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,7 @@ class BoundKernel:
     revision: str
     takes_out: bool  # the launcher has an `out=` parameter (outputs can be preallocated/poisoned)
     load_layouts: dict[str, Callable] = field(default_factory=dict)  # input name -> load-time transform
+    q8_passes: Callable | None = None  # caps.q8_passes: (n, k, qtype, **settings) -> the int8 x passes it reads
 
     @property
     def name(self) -> str:
@@ -131,11 +141,19 @@ def _takes_out(fn: Callable) -> bool:
 
 
 def load_registry(
-    paths: Iterable[str | Path] | None = None, judge_report: str | Path | None = None, trusted: tuple[str, ...] = ()
+    paths: Iterable[str | Path] | None = None, judge_report: str | Path | None = None, trusted: tuple[str, ...] = (),
+    backend: str | None = None,
 ) -> Registry:
-    """Load, validate and bind contract files (default: every .fkc.md of the package). Entry
-    points resolve inside minfer.kernels only, plus the top-level modules in `trusted` (tests)."""
-    files = [parse_file(p) for p in (sorted(CONTRACTS_DIR.glob("*.fkc.md")) if paths is None else paths)]
+    """Load, validate and bind contract files (default: every contract file of the package; with
+    `backend`, only the files with a contract of that backend). Entry points resolve inside
+    minfer.kernels only, plus the top-level modules in `trusted` (tests)."""
+    paths = contract_files() if paths is None else list(paths)
+    if backend is not None:  # (a file that never names the backend has none of its contracts: not parsed)
+        named = re.compile(rf"backend:\s*[\"']?{re.escape(backend)}\b")
+        paths = [p for p in paths if named.search(Path(p).read_text(encoding="utf-8", errors="replace"))]
+    files = [parse_file(p) for p in paths]
+    if backend is not None:
+        files = [cf for cf in files if any(s.backend == backend for s in cf.sections)]
     errors: dict[str, list[ContractError]] = {}
     kernels: dict[str, BoundKernel] = {}
     unbound: dict[str, str] = {}
@@ -155,11 +173,12 @@ def load_registry(
             try:  # validated above, so it resolves unless an optional package is missing
                 fn = resolve_entry_point(sec.entry_point, trusted)
                 layouts = {i.name: resolve_entry_point(i.load_layout, trusted) for i in sec.inputs if i.load_layout}
+                passes = resolve_entry_point(sec.caps.q8_passes, trusted) if sec.caps.q8_passes else None
             except DependencyMissing as e:
                 unbound[sec.kernel] = str(e)
                 continue
             base = cf.provider.revision_base if cf.provider else None
-            kernels[sec.kernel] = BoundKernel(sec, fn, revision_of(sec, fn, base), _takes_out(fn), layouts)
+            kernels[sec.kernel] = BoundKernel(sec, fn, revision_of(sec, fn, base), _takes_out(fn), layouts, passes)
     reg = Registry(files, errors, kernels, unbound=unbound)
     report = Path(judge_report) if judge_report else (JUDGE_REPORT if JUDGE_REPORT.is_file() else None)
     if report is not None:
@@ -184,7 +203,15 @@ def read_judge_report(reg: Registry, path: Path) -> None:
         raise MinferError(f"judge report {path}: unreadable or malformed ({type(e).__name__}: {e})") from None
 
 
-@functools.lru_cache(maxsize=1)
-def default_registry() -> Registry:
-    """The package's registry, loaded once per process (contracts are package data: read-only)."""
-    return load_registry()
+@functools.lru_cache(maxsize=4)
+def default_registry(judge_report: str | None = None) -> Registry:
+    """The package's registry (with a judge report's measurements, when given), loaded once per
+    process (contracts are package data: read-only)."""
+    return load_registry(judge_report=judge_report)
+
+
+@functools.cache
+def backend_registry(backend: str) -> Registry:
+    """The package's contract files of one backend, loaded once per process: the cpu backend's
+    load binds its own kernels and imports no GPU kernel module (Triton's import alone is ~1 s)."""
+    return load_registry(backend=backend)

@@ -12,8 +12,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from . import registry
 from .registry import Registry
 from .validate import check_file
+
+
+def shown_path(path: str | Path) -> str:
+    """A contract file as the listing names it: its path under minfer/kernels/ (triton/norm.fkc.md
+    and wgsl/norm.fkc.md are different files), else its name."""
+    p = Path(path).resolve()
+    try:
+        return p.relative_to(registry.KERNELS_DIR.resolve()).as_posix()
+    except ValueError:
+        return p.name
 
 
 def listing(reg: Registry) -> list[dict]:
@@ -27,7 +38,7 @@ def listing(reg: Registry) -> list[dict]:
             rows.append(
                 {
                     "kernel": sec.kernel,
-                    "file": Path(f.path).name,
+                    "file": shown_path(f.path),
                     "line": sec.location.line,
                     "op": sec.op,
                     "backend": sec.backend,
@@ -43,14 +54,14 @@ def listing(reg: Registry) -> list[dict]:
             )
     for path, errors in reg.errors.items():
         if path.endswith(".md"):  # file-level problems (parse errors, front matter)
-            rows.append({"kernel": "-", "file": Path(path).name, "line": 0, "op": None, "backend": None,
+            rows.append({"kernel": "-", "file": shown_path(path), "line": 0, "op": None, "backend": None,
                          "registrable": False, "valid": False, "errors": [str(e) for e in errors],
                          "launcher": None, "unbound": None, "revision": None, "overhead_ns": None, "blurb": ""})
     return rows
 
 
 def format_listing(rows: list[dict]) -> str:
-    head = f"{'kernel':<18} {'op':<14} {'backend':<8} {'reg':<4} {'contract':<26} {'status':<10} launcher"
+    head = f"{'kernel':<18} {'op':<14} {'backend':<8} {'reg':<4} {'contract':<32} {'status':<10} launcher"
     lines = [head, "-" * len(head)]
     for r in rows:
         status = ("unbound" if r.get("unbound") else "ok") if r["valid"] else f"{len(r['errors'])} error(s)"
@@ -59,7 +70,7 @@ def format_listing(rows: list[dict]) -> str:
         reg = "yes" if r["registrable"] else "no"
         lines.append(
             f"{r['kernel']:<18} {r['op'] or '-':<14} {r['backend'] or '-':<8} {reg:<4} "
-            f"{where:<26} {status:<10} {launcher}"
+            f"{where:<32} {status:<10} {launcher}"
         )
     bad = [r for r in rows if r["errors"]]
     for r in bad:

@@ -118,6 +118,8 @@ SECTION = Spec(
                 "in_place": Spec("bool"),
                 "alignment_bytes": Spec("int"),
                 "access_granularity_bits": Spec("int"),
+                "also": Spec("list", item=Spec("str")),  # capabilities beyond the op (contracts/ops.py CAPABILITIES)
+                "q8_passes": Spec("str"),  # 'module:function' (n, k, qtype, **settings) -> int8 x passes (q8_in)
             },
         ),
         "cost": _req(
@@ -239,6 +241,8 @@ class Caps:
     in_place: bool
     alignment_bytes: int | None
     access_granularity_bits: int | None
+    also: frozenset[str] = frozenset()  # capabilities beyond the op (contracts/ops.py CAPABILITIES)
+    q8_passes: str | None = None  # with q8_in: 'module:function' giving the int8 x passes it reads
 
 
 @dataclass(frozen=True)
@@ -449,6 +453,8 @@ def build_section(raw: dict, location: Location, lines: dict[str, int]) -> Kerne
             caps.get("in_place") is True,
             _int(caps.get("alignment_bytes")),
             _int(caps.get("access_granularity_bits")),
+            frozenset(str(x) for x in _list(caps.get("also"))),
+            _opt_str(caps.get("q8_passes")),
         ),
         cost=Cost(
             _opt_str(cost.get("provenance")),

@@ -26,7 +26,7 @@ from typing import Any
 
 from ..errors import ContractError
 from .expr import ExprError, is_finite_number, parse_arith, parse_pred
-from .ops import CONVENTIONAL_DIMS, DTYPES, OPS, STORAGE_TYPES, op_spec
+from .ops import CAPABILITIES, CONVENTIONAL_DIMS, DTYPES, OPS, STORAGE_TYPES, op_spec
 from .parser import HEADER_SECTION, parse_file
 from .rules import same_as_target, split_call
 from .schema import HEADER, LAYOUT_KEYS, SECTION, ContractFile, KernelContract, Spec
@@ -85,7 +85,10 @@ RULES: dict[str, str] = {
     "op_params fields are among the op's params",
     "EntryPointUnresolved": "a registrable entry_point (and every load_layout) is 'module:attr' of a module of "
     "minfer.kernels, imports, and is callable",
-    "EntryPointSignature": "the launcher accepts every input and param of the op as a keyword",
+    "EntryPointSignature": "the launcher accepts every input and param of the op, and the keywords of every "
+    "capability in caps.also, as keywords",
+    "UnknownCapability": "caps.also names capabilities of minfer.contracts.ops CAPABILITIES; q8_in comes with "
+    "caps.q8_passes ('module:function') and q8_passes only with q8_in",
     "ToleranceMissing": "a registrable section declares max_relative or max_absolute "
     "(the conformance harness and the judge compare with it)",
 }
@@ -524,6 +527,11 @@ def _check_registrable(sec: KernelContract, report: _Report, bind: bool, trusted
     p = sec.precision
     if all(t is None or t == {} for t in (p.max_relative, p.max_absolute)):
         report("ToleranceMissing", "precision", "registrable kernels declare max_relative or max_absolute")
+    unknown = sorted(sec.caps.also - set(CAPABILITIES))
+    if unknown:
+        report("UnknownCapability", "caps.also", f"{unknown}: known capabilities are {', '.join(CAPABILITIES)}")
+    if ("q8_in" in sec.caps.also) != (sec.caps.q8_passes is not None):
+        report("UnknownCapability", "caps.q8_passes", "q8_in and caps.q8_passes go together")
     if not bind:
         return
     for i, inp in enumerate(sec.inputs):
@@ -534,6 +542,11 @@ def _check_registrable(sec: KernelContract, report: _Report, bind: bool, trusted
                 return  # (unbindable here, not invalid: the registry says why)
             except ValueError as e:
                 report("EntryPointUnresolved", f"accept.inputs[{i}].load_layout", str(e))
+    if sec.caps.q8_passes:
+        try:
+            resolve_entry_point(sec.caps.q8_passes, trusted)
+        except ValueError as e:
+            report("EntryPointUnresolved", "caps.q8_passes", str(e))
     try:
         fn = resolve_entry_point(sec.entry_point, trusted)
     except DependencyMissing:
@@ -542,7 +555,8 @@ def _check_registrable(sec: KernelContract, report: _Report, bind: bool, trusted
         report("EntryPointUnresolved", "entry_point", str(e))
         return
     if spec is not None:
-        _check_signature(fn, spec.inputs + spec.params, report)
+        extra = tuple(k for c in sorted(sec.caps.also & set(CAPABILITIES)) for k in CAPABILITIES[c].keywords)
+        _check_signature(fn, spec.inputs + spec.params + extra, report)
 
 
 def _check_signature(fn: Callable, names: tuple[str, ...], report: _Report) -> None:

@@ -33,7 +33,7 @@ from ..config import EngineConfig
 from ..errors import ContextOverflowError, MinferError
 from ..gguf.reader import GGUFReader
 from ..kernels.sample import pack_params
-from . import tp
+from . import loader, tp
 from .params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence, TextStream
@@ -67,12 +67,14 @@ class Engine:
         self.tokenizer = tokenizer
         self.eog_ids = frozenset(tokenizer.eot_ids) if tokenizer is not None else frozenset()
         max_batch = self.config.max_batch_tokens or n_slots + self.config.prefill_chunk
-        prefill_seqs = self.config.prefill_seqs or getattr(backend, "prefill_seqs", 1)
+        prefill_seqs = self.config.prefill_seqs or backend.prefill_seqs
         self.scheduler = Scheduler(n_slots, n_ctx, self.config.prefill_chunk, max_batch, prefill_seqs=prefill_seqs)
         self.recorder = recorder
         self.steps = 0
         self._ids = itertools.count()
-        self._launch = getattr(backend, "decode_pick", None) if self.config.overlap and recorder is None else None
+        # steps picked on the device overlap: step N+1 is queued before step N's tokens are read
+        self._launch = backend.decode_pick if backend.device_pick and self.config.overlap and recorder is None \
+            else None
         self._inflight = None  # (ScheduledStep, the backend's launched step) queued but not read yet
 
     @classmethod
@@ -84,22 +86,21 @@ class Engine:
         that drives the other ranks."""
         config = config or EngineConfig.from_env()
         if comm is None or comm.world == 1:
-            args, graph, backend, view = tp.load_backend(reader, config, comm, progress)
+            m = loader.load(reader, config, comm, progress)
+            backend = m.backend
         else:
             loaded = []
-            tp.agreed(comm, lambda: loaded.append(tp.load_backend(reader, config, comm, progress)),
-                      "loading the model")
-            args, graph, backend, view = loaded[0]
-            backend = tp.Driver(backend, comm)
+            tp.agreed(comm, lambda: loaded.append(loader.load(reader, config, comm, progress)), "loading the model")
+            m = loaded[0]
+            backend = tp.RankDriver(m.backend, comm)
+        args, graph, view = m.args, m.graph, m.view
         n_ctx = config.n_ctx or min(args.n_ctx_train, DEFAULT_N_CTX)
         try:
             n_slots = config.n_slots or _auto_slots(backend, graph.meta, n_ctx)
             backend.allocate(n_slots, n_ctx)
         except BaseException:
-            close = getattr(backend, "close", None)  # the other ranks of a split stop too
-            if close is not None:
-                with contextlib.suppress(Exception):  # (a rank that is gone already: the first error counts)
-                    close()
+            with contextlib.suppress(Exception):  # the other ranks of a split stop too (a rank gone already:
+                backend.close()  # the first error counts)
             raise
         recorder = None
         if config.trace_path:
@@ -207,17 +208,13 @@ class Engine:
     def warmup(self) -> None:
         """Let the backend compile and capture what the first steps would wait for (a server calls
         this before it says it is ready); nothing for a backend that needs none."""
-        warm = getattr(self.backend, "warmup", None)
-        if warm is not None:
-            warm()
+        self.backend.warmup()
 
     def close(self) -> None:
         """Write the trace, if any; stop the other ranks of a tensor-parallel group. Idempotent."""
         if self.recorder is not None:
             self.recorder.close()
-        close = getattr(self.backend, "close", None)
-        if close is not None:
-            close()
+        self.backend.close()
 
 
 def _sampling(seqs: list[Sequence], ahead: int):

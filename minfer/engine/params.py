@@ -19,6 +19,17 @@ from ..errors import ParamError
 
 MAX_STOPS = 16
 MAX_STOP_CHARS = 512
+MAX_REQUEST_TEMPERATURE = 2.0  # OpenAI's range: what one request (HTTP or a batch line) may ask
+
+
+# every numeric field's accepted range: (lowest, highest or None, lowest excluded). One table for the
+# checks below and the server's /openapi.json (server/schema.py), which documents the same ranges
+RANGES: dict[str, tuple[float, float | None, bool]] = {
+    "max_tokens": (0, None, False), "temperature": (0.0, None, False), "top_k": (0, None, False),
+    "top_p": (0.0, 1.0, True), "min_p": (0.0, 1.0, False), "repeat_penalty": (0.0, None, True),
+    "repeat_last_n": (0, None, False), "frequency_penalty": (-2.0, 2.0, False),
+    "presence_penalty": (-2.0, 2.0, False), "seed": (0, 2**64 - 1, False)}
+INTEGERS = ("max_tokens", "top_k", "repeat_last_n", "seed")
 
 
 def _num(name: str, v, lo: float | None = None, hi: float | None = None, lo_open: bool = False) -> None:
@@ -46,18 +57,12 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self):
-        if self.max_tokens is not None:
-            check_int("max_tokens", self.max_tokens, 0)
-        _num("temperature", self.temperature, 0.0)
-        check_int("top_k", self.top_k, 0)
-        _num("top_p", self.top_p, 0.0, 1.0, lo_open=True)
-        _num("min_p", self.min_p, 0.0, 1.0)
-        _num("repeat_penalty", self.repeat_penalty, 0.0, lo_open=True)
-        check_int("repeat_last_n", self.repeat_last_n, 0)
-        _num("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
-        _num("presence_penalty", self.presence_penalty, -2.0, 2.0)
-        if self.seed is not None:
-            check_int("seed", self.seed, 0, 2**64 - 1)
+        for name, (lo, hi, lo_open) in RANGES.items():
+            v = getattr(self, name)
+            if name in INTEGERS:
+                check_int(name, v, lo, hi, none_ok=name in ("max_tokens", "seed"))
+            else:
+                _num(name, v, lo, hi, lo_open)
         if not isinstance(self.ignore_eos, bool):
             raise ParamError("ignore_eos", f"must be true or false, got {self.ignore_eos!r}")
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
@@ -87,3 +92,14 @@ class SamplingParams:
     def penalized(self) -> bool:
         return self.repeat_last_n > 0 and (self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0
                                            or self.presence_penalty != 0.0)
+
+
+def check_request(p: SamplingParams) -> SamplingParams:
+    """The bounds a request adds to SamplingParams' own, the same for an HTTP request and a line
+    of a `minfer batch` file: at least one token (max_tokens >= 1, or None: until the end), and
+    OpenAI's temperature range. Returns `p`; a ParamError names the field."""
+    if p.max_tokens is not None:
+        check_int("max_tokens", p.max_tokens, 1)
+    if p.temperature > MAX_REQUEST_TEMPERATURE:
+        raise ParamError("temperature", f"must be <= {MAX_REQUEST_TEMPERATURE}, got {p.temperature}")
+    return p

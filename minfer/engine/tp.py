@@ -1,8 +1,8 @@
 """Tensor parallelism in the engine: every rank loads its part; rank 0 drives the others.
 
-Rank 0 runs the whole engine (scheduler, sampling, the server) on a `Driver`: its backend,
-which sends each call that runs the model (allocate, warmup, forward, decode_pick) to the other
-ranks through the communicator's control channel before making it itself. A follower
+Rank 0 runs the whole engine (scheduler, sampling, the server) on a `RankDriver`: a Backend that
+sends each call that runs the model (allocate, warmup, forward, decode_pick) to the other ranks
+through the communicator's control channel before making it on its own backend. A follower
 (`follow`) repeats every call it receives on its own part of the model, in the same order, so
 every rank runs the same batch in the same step and meets the same collectives. The logits of
 a step are all-gathered in the graph, so every rank holds the same full logits; only rank 0
@@ -21,29 +21,13 @@ import json
 import sys
 from pathlib import Path
 
-from ..backends import Backend, Batch, create_backend
+from ..backends import Backend, Batch
 from ..config import EngineConfig
 from ..errors import MinferError, ParallelError
 from ..gguf.reader import GGUFReader
-from ..graph.passes import optimize
-from ..models import registry
+from . import loader
 
 KEEP_LAUNCHED = 4  # launched decode steps a follower remembers (a step names the one before it)
-
-
-def load_backend(reader: GGUFReader, config: EngineConfig, comm=None, progress: bool = True):
-    """(args, graph, backend, view) of this process's model: the whole model, or with `comm` of
-    more than one rank, this rank's part (models: build_shard), its weights prepared on the
-    backend; `view` is the file as the backend read it (gguf/shard.py: this rank's tensors)."""
-    if comm is None or comm.world == 1:
-        args, graph = registry.build(reader)
-        view = reader
-    else:
-        args, graph, view = registry.build_shard(reader, comm.rank, comm.world)
-    graph = optimize(graph)
-    backend = create_backend(config, comm)
-    backend.load(graph, view, progress=progress)
-    return args, graph, backend, view
 
 
 def _wire(batch: Batch) -> tuple:
@@ -73,19 +57,28 @@ class Launched:
         return self.step.tokens()
 
 
-class Driver:
-    """Rank 0's backend: the calls that run the model go to every rank, then run here.
-    Everything else (graph, plan, trace_graph, name ...) is the backend's own."""
+class RankDriver(Backend):
+    """Rank 0's backend: the calls that run the model go to every rank, then run on this rank's
+    backend (`inner`); what only describes the model (the trace graph, the plan) is inner's."""
 
     def __init__(self, backend: Backend, comm):
         self.inner, self.comm = backend, comm
+        self.name, self.kv_itemsize = backend.name, backend.kv_itemsize
+        self.prefill_seqs, self.device_pick, self.graph = backend.prefill_seqs, backend.device_pick, backend.graph
         self._sids = itertools.count()
         self._closed = False
-        if hasattr(backend, "decode_pick"):
-            self.decode_pick = self._decode_pick
 
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)
+    def load(self, graph, reader, progress: bool = True) -> None:
+        raise ParallelError("a tensor-parallel group loads on every rank at once (engine/loader.py)")
+
+    def trace_graph(self) -> list[dict]:
+        return self.inner.trace_graph()
+
+    def plan_rows(self, rows: int = 1, prefill: bool = False) -> list[dict]:
+        return self.inner.plan_rows(rows, prefill)
+
+    def decode_weight_bytes(self) -> int | None:
+        return self.inner.decode_weight_bytes()
 
     def _send(self, *cmd) -> None:
         if self._closed:
@@ -103,15 +96,13 @@ class Driver:
 
     def warmup(self) -> None:
         self._send("warmup")
-        warm = getattr(self.inner, "warmup", None)
-        if warm is not None:
-            warm()
+        self.inner.warmup()
 
     def forward(self, batch: Batch, recorder=None):
         self._send("forward", _wire(batch))
         return self.inner.forward(batch, recorder)
 
-    def _decode_pick(self, batch: Batch, after: Launched | None = None, params=None) -> Launched:
+    def decode_pick(self, batch: Batch, after: Launched | None = None, params=None) -> Launched:
         sid = next(self._sids)
         self._send("pick", sid, _wire(batch), None if after is None else after.sid,
                    None if params is None else params.tolist())
@@ -168,9 +159,7 @@ def follow(backend: Backend, comm) -> None:
             elif op == "allocate":
                 agreed(comm, lambda c=cmd: backend.allocate(c[1], c[2]), "allocating the KV cache")
             elif op == "warmup":
-                warm = getattr(backend, "warmup", None)
-                if warm is not None:
-                    warm()
+                backend.warmup()
             else:
                 raise ParallelError(f"rank {comm.rank}: unknown command {op!r} from rank 0")
         except Exception as e:
@@ -191,7 +180,7 @@ def run_follower(model: Path, config: EngineConfig, group) -> None:
 
             def load():
                 nonlocal backend
-                backend = load_backend(reader, config, comm, progress=False)[2]
+                backend = loader.load(reader, config, comm, progress=False).backend
 
             agreed(comm, load, "loading the model")
             follow(backend, comm)

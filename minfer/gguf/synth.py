@@ -31,7 +31,6 @@ from __future__ import annotations
 import functools
 import math
 import random
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -39,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UnsupportedError
+from ..progress import bar as progress_bar
 from ..quant.types import GGMLType, quant_info
 from .reader import ValueType
 from .writer import TensorSpec, Value, array, write_gguf
@@ -66,11 +66,27 @@ class Preset:
     eps: float
     qkv_bias: bool
     tiny: bool = False
+    key_length: int = 0  # attention.key_length when it differs from d_model / n_head (qwen3, gemma)
+    extra: tuple[tuple[str, object], ...] = ()  # more `{arch}.` keys: windows, soft-caps, rope scaling
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_head
+        return self.key_length or self.d_model // self.n_head
 
+    @property
+    def spm(self) -> bool:
+        """Whether the family's tokenizer is SentencePiece (gemma, phi3), else byte-level BPE."""
+        return self.arch in SPM_ARCHS
+
+
+SPM_ARCHS = ("gemma2", "gemma3", "phi3")
+# Metadata of the new families' presets, from their real files (llama.cpp's converters)
+_QWEN3_YARN = (("rope.scaling.type", "yarn"), ("rope.scaling.factor", 4.0),
+               ("rope.scaling.original_context_length", 128))
+_GEMMA3 = (("attention.sliding_window", 512),)
+_GEMMA2 = (("attention.sliding_window", 4096), ("attn_logit_softcapping", 50.0), ("final_logit_softcapping", 30.0))
+_PHI3_128K = (("rope.scaling.original_context_length", 4096), ("rope.scaling.attn_factor", 1.1902380714238083),
+              ("attention.sliding_window", 262144))
 
 PRESETS: dict[str, Preset] = {
     p.name: p
@@ -85,6 +101,32 @@ PRESETS: dict[str, Preset] = {
         # one tied and one untied output so parity tests cover both
         Preset("tiny-llama", "llama", 2, 256, 512, 4, 2, 512, True, 10000.0, 512, 1e-5, False, tiny=True),
         Preset("tiny-qwen2", "qwen2", 2, 256, 512, 4, 2, 512, False, 1e6, 512, 1e-6, True, tiny=True),
+        Preset("qwen3-0.6b", "qwen3", 28, 1024, 3072, 16, 8, 151936, True, 1e6, 40960, 1e-6, False, key_length=128),
+        Preset("qwen3-8b", "qwen3", 36, 4096, 12288, 32, 8, 151936, False, 1e6, 40960, 1e-6, False, key_length=128),
+        Preset("gemma3-270m", "gemma3", 18, 640, 2048, 4, 1, 262144, True, 1e6, 32768, 1e-6, False,
+               key_length=256, extra=_GEMMA3),
+        Preset("gemma3-1b", "gemma3", 26, 1152, 6912, 4, 1, 262144, True, 1e6, 32768, 1e-6, False,
+               key_length=256, extra=_GEMMA3),
+        Preset("gemma2-2b", "gemma2", 26, 2304, 9216, 8, 4, 256000, True, 1e4, 8192, 1e-6, False,
+               key_length=256, extra=_GEMMA2),
+        # Phi-3-mini-128k: LongRoPE factors (rope_factors_long / _short), llama.cpp ignores its window
+        Preset("phi3-mini", "phi3", 32, 3072, 8192, 32, 32, 32064, False, 1e4, 131072, 1e-5, False,
+               extra=_PHI3_128K),
+        # the new families in CI: each exercises its family's special parts at sizes where they bite
+        # (head size != d / n_head, YaRN with an original context of 128; gemma3: a window of 8 on
+        # layer 0, a global layer 1 with linear rope scaling; gemma2: soft-caps of 0.2 on scores (~0.1 here) and
+        # 2 on logits; phi3: LongRoPE's long factors past 128 positions, attn_factor)
+        Preset("tiny-qwen3", "qwen3", 2, 256, 512, 4, 2, 512, False, 1e6, 4096, 1e-6, False, tiny=True,
+               key_length=128, extra=_QWEN3_YARN),
+        Preset("tiny-gemma3", "gemma3", 2, 256, 512, 4, 2, 512, True, 1e6, 4096, 1e-6, False, tiny=True,
+               key_length=128, extra=(("attention.sliding_window", 8), ("attention.sliding_window_pattern", 2),
+                                      ("rope.scaling.type", "linear"), ("rope.scaling.factor", 2.0))),
+        Preset("tiny-gemma2", "gemma2", 2, 256, 512, 4, 2, 512, True, 1e4, 4096, 1e-6, False, tiny=True,
+               key_length=64, extra=(("attention.sliding_window", 8), ("attn_logit_softcapping", 0.2),
+                                     ("final_logit_softcapping", 2.0))),
+        Preset("tiny-phi3", "phi3", 2, 256, 512, 4, 4, 512, False, 1e4, 4096, 1e-5, False, tiny=True,
+               extra=(("rope.scaling.original_context_length", 128), ("rope.scaling.attn_factor", 1.25),
+                      ("attention.sliding_window", 2047))),
     ]
 }
 
@@ -141,7 +183,7 @@ def _matrix_type(quant: str, role: str, ne0: int, tied: bool) -> GGMLType:
 def plan_tensors(p: Preset, quant: str) -> list[tuple[str, tuple[int, ...], GGMLType, str]]:
     """(name, shape in ne order, type, role) of every tensor, in llama.cpp's naming and order.
 
-    role: "norm" | "bias" | "matrix" | "token_embd" | "output".
+    role: "norm" | "bias" | "matrix" | "token_embd" | "output" | "factors_long" | "factors_short".
     """
     if quant not in _MATRIX_TYPE:
         raise UnsupportedError(f"unknown synth quant {quant!r}; choose one of {', '.join(QUANTS)}")
@@ -152,20 +194,39 @@ def plan_tensors(p: Preset, quant: str) -> list[tuple[str, tuple[int, ...], GGML
         kind = "more_bits" if more_bits and quant in _MORE_BITS else "matrix"
         out.append((name, (ne0, ne1), _matrix_type(quant, kind, ne0, p.tied), "matrix"))
 
+    def norm(name: str, n: int = d) -> None:
+        out.append((name, (n,), GGMLType.F32, "norm"))
+
+    if p.arch == "phi3":  # LongRoPE's per-frequency divisors, one pair for every layer
+        out.append(("rope_factors_long.weight", (p.head_dim // 2,), GGMLType.F32, "factors_long"))
+        out.append(("rope_factors_short.weight", (p.head_dim // 2,), GGMLType.F32, "factors_short"))
+    gemma = p.arch in ("gemma2", "gemma3")
     for i in range(p.n_layers):
         b = f"blk.{i}"
         more = use_more_bits(i, p.n_layers)
-        out.append((f"{b}.attn_norm.weight", (d,), GGMLType.F32, "norm"))
-        for proj, dim in (("q", q_dim), ("k", kv_dim), ("v", kv_dim)):
+        norm(f"{b}.attn_norm.weight")
+        if p.arch == "phi3":
+            mat(f"{b}.attn_qkv.weight", d, q_dim + 2 * kv_dim)
+        for proj, dim in (("q", q_dim), ("k", kv_dim), ("v", kv_dim)) if p.arch != "phi3" else ():
             mat(f"{b}.attn_{proj}.weight", d, dim, more and proj == "v")
             if p.qkv_bias:
                 out.append((f"{b}.attn_{proj}.bias", (dim,), GGMLType.F32, "bias"))
+        if p.arch in ("qwen3", "gemma3"):
+            norm(f"{b}.attn_q_norm.weight", p.head_dim)
+            norm(f"{b}.attn_k_norm.weight", p.head_dim)
         mat(f"{b}.attn_output.weight", q_dim, d)
-        out.append((f"{b}.ffn_norm.weight", (d,), GGMLType.F32, "norm"))
-        mat(f"{b}.ffn_gate.weight", d, p.d_ff)
-        mat(f"{b}.ffn_up.weight", d, p.d_ff)
+        if gemma:
+            norm(f"{b}.post_attention_norm.weight")
+        norm(f"{b}.ffn_norm.weight")
+        if p.arch == "phi3":  # gate and up stacked in one matrix
+            mat(f"{b}.ffn_up.weight", d, 2 * p.d_ff)
+        else:
+            mat(f"{b}.ffn_gate.weight", d, p.d_ff)
+            mat(f"{b}.ffn_up.weight", d, p.d_ff)
         mat(f"{b}.ffn_down.weight", p.d_ff, d, more)
-    out.append(("output_norm.weight", (d,), GGMLType.F32, "norm"))
+        if gemma:
+            norm(f"{b}.post_ffw_norm.weight")
+    norm("output_norm.weight")
     if not p.tied:
         out.append(("output.weight", (d, p.vocab), _matrix_type(quant, "output", d, p.tied), "output"))
     return out
@@ -240,8 +301,79 @@ def synth_vocab(vocab_size: int,
     return tokens, types, merges, special_ids
 
 
+SPM_SPACE = "\u2581"  # "▁"
+TOKEN_BYTE = 6
+# SentencePiece specials of each family (ids from 0), and their chat template
+_SPM_SPECIALS = {
+    "gemma": ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"),
+    "phi3": ("<unk>", "<s>", "</s>", "<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"),
+}
+PHI3_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{{'<|system|>\n' + message['content'] + '<|end|>\n'}}"
+    "{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}"
+    "{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}"
+)
+
+
+def spm_vocab(vocab_size: int, specials: tuple[str, ...]) -> tuple[list[str], list[float], list[int]]:
+    """A SentencePiece vocabulary of exactly `vocab_size` tokens: the specials (control), the 256
+    byte tokens `<0xNN>` (byte fallback), "▁" and the printable ASCII characters (as many as fit),
+    then the merged words of `synth_vocab` with "▁" for its space, scored in merge order (SPM merges the
+    pair whose joined piece scores highest, so the earlier merges win, as in BPE). Returns
+    (tokens, scores, token_types); deterministic in its arguments."""
+    room = vocab_size - len(specials) - 256
+    if room < 0:
+        raise UnsupportedError(f"vocab {vocab_size} is too small for a SentencePiece vocabulary: it needs "
+                               f"{len(specials)} specials + 256 byte tokens")
+    singles = ([SPM_SPACE] + [chr(c) for c in range(0x21, 0x7F)])[:room]  # a small vocab keeps the first ones
+    n_words = room - len(singles)
+    _, _, merges, _ = synth_vocab(n_words + 256 + len(SPECIALS), specials_first=False)
+    space = byte_to_unicode()[ord(" ")]
+    words = [m.replace(" ", "").replace(space, SPM_SPACE) for m in merges]
+    tokens = [*specials, *(f"<0x{b:02X}>" for b in range(256)), *singles, *words]
+    scores = [0.0] * (len(specials) + 256) + [-1e6] * len(singles) + [-float(i) for i in range(len(words))]
+    types = [TOKEN_CONTROL] * len(specials) + [TOKEN_BYTE] * 256 + [TOKEN_NORMAL] * (len(singles) + len(words))
+    return tokens, scores, types
+
+
+def spm_tokenizer_metadata(p: Preset) -> dict[str, Value | object]:
+    """The tokenizer.* keys of a gemma or phi3 preset: a SentencePiece ("llama") vocabulary with
+    the family's specials, ids and template (gemma: no space prefix, BOS added; phi3: llama's
+    defaults and its <|user|> / <|assistant|> / <|end|> turns). Gemma files carry no template, as
+    the real Gemma 3 270M file; minfer's tokenizer recognises the vocabulary (chat.builtin_template)."""
+    family = "phi3" if p.arch == "phi3" else "gemma"
+    specials = _SPM_SPECIALS[family]
+    tokens, scores, types = spm_vocab(p.vocab, specials)
+    ids = {t: i for i, t in enumerate(specials)}
+    md: dict[str, Value | object] = {
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.pre": "default",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.scores": array(ValueType.FLOAT32, scores),
+        "tokenizer.ggml.token_type": array(ValueType.INT32, types),
+    }
+    if family == "gemma":  # no template, like the Gemma 3 270M file: the tokenizer's built-in gemma one applies
+        md.update({"tokenizer.ggml.bos_token_id": ids["<bos>"], "tokenizer.ggml.eos_token_id": ids["<eos>"],
+                   "tokenizer.ggml.unknown_token_id": ids["<unk>"], "tokenizer.ggml.padding_token_id": ids["<pad>"],
+                   "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": False,
+                   "tokenizer.ggml.add_space_prefix": False})
+    else:
+        eot = ids["<|endoftext|>"]
+        md.update({"tokenizer.ggml.bos_token_id": ids["<s>"], "tokenizer.ggml.eos_token_id": eot,
+                   "tokenizer.ggml.unknown_token_id": ids["<unk>"], "tokenizer.ggml.padding_token_id": eot,
+                   "tokenizer.ggml.add_bos_token": False, "tokenizer.ggml.add_eos_token": False,
+                   "tokenizer.chat_template": PHI3_TEMPLATE})
+    return md
+
+
 def tokenizer_metadata(p: Preset) -> dict[str, Value | object]:
-    """The tokenizer.* keys: a gpt2 BPE of p.vocab tokens, ChatML specials and template."""
+    """The tokenizer.* keys: a gpt2 BPE of p.vocab tokens, ChatML specials and template (the
+    SentencePiece families: spm_tokenizer_metadata)."""
+    if p.spm:
+        return spm_tokenizer_metadata(p)
     specials_first = p.arch == "llama"
     tokens, types, merges, ids = synth_vocab(p.vocab, specials_first)
     eot, start, end = (ids[s] for s in SPECIALS)
@@ -283,7 +415,12 @@ def model_metadata(p: Preset, quant: str, seed: int) -> dict[str, Value | object
     }
     if a == "llama":
         md[f"{a}.vocab_size"] = p.vocab
+    if a in ("llama", "phi3"):
         md[f"{a}.rope.dimension_count"] = p.head_dim
+    if p.key_length:
+        md[f"{a}.attention.key_length"] = p.key_length
+        md[f"{a}.attention.value_length"] = p.key_length
+    md.update({f"{a}.{k}": v for k, v in p.extra})
     md.update(tokenizer_metadata(p))
     return md
 
@@ -340,14 +477,20 @@ def random_blocks(rng: np.random.Generator, qtype: GGMLType, n_blocks: int) -> n
     return blocks
 
 
-def _real_weights(rng: np.random.Generator, shape: tuple[int, ...], qtype: GGMLType, role: str) -> np.ndarray:
-    """N(0, SIGMA) weights (norms around 1) quantized by the reference codec, or random blocks."""
+def _real_weights(rng: np.random.Generator, shape: tuple[int, ...], qtype: GGMLType, role: str,
+                  gain: float = 1.0) -> np.ndarray:
+    """N(0, SIGMA) weights (norms around 1) quantized by the reference codec, or random blocks;
+    `gain` multiplies the values (the output norm's, for `logit_scale`)."""
     from ..quant.reference import quantize
 
     rows = math.prod(shape[1:])
+    if role.startswith("factors"):
+        return _rope_factors(shape[0], role)
     x = rng.standard_normal((rows, shape[0]), dtype=np.float32) * np.float32(SIGMA)
     if role == "norm":
         x = x * np.float32(5) + np.float32(1)
+    if gain != 1.0:
+        x = x * np.float32(gain)
     try:
         return quantize(x, qtype).numpy()
     except UnsupportedError:
@@ -359,6 +502,9 @@ def _random_chunks(rng: np.random.Generator, shape: tuple[int, ...], qtype: GGML
                    role: str) -> Iterator[np.ndarray]:
     info = quant_info(qtype)
     n_blocks = math.prod(shape) // info.block_elems
+    if role.startswith("factors"):
+        yield _rope_factors(shape[0], role)
+        return
     if role == "norm":  # small: weights around 1, like trained RMSNorm gains
         yield (1 + 0.1 * rng.standard_normal(n_blocks)).astype(np.float32)
         return
@@ -367,36 +513,52 @@ def _random_chunks(rng: np.random.Generator, shape: tuple[int, ...], qtype: GGML
         yield random_blocks(rng, qtype, min(per_chunk, n_blocks - start))
 
 
+def _rope_factors(n: int, role: str) -> np.ndarray:
+    """LongRoPE divisors shaped like Phi-3-128k's: ~1 for the fast frequencies rising to ~3
+    (short) or ~40 (long) for the slowest."""
+    top = 40.0 if role == "factors_long" else 3.0
+    return (1.0 + (top - 1.0) * np.linspace(0.0, 1.0, n) ** 3).astype(np.float32)
+
+
 def _tensor_data(seed: int, index: int, shape, qtype: GGMLType, role: str,
-                 real: bool) -> Callable[[], object]:
+                 real: bool, gain: float = 1.0) -> Callable[[], object]:
     """Lazy data of one tensor; its own generator, so the bytes depend only on (seed, index)."""
 
     def make():
         rng = np.random.Generator(np.random.SFC64(np.random.SeedSequence([seed, index])))
         if real:
-            return _real_weights(rng, shape, qtype, role)
+            return _real_weights(rng, shape, qtype, role, gain)
         return _random_chunks(rng, shape, qtype, role)
 
     return make
 
 
 def synth(preset: str, quant: str, out: str | Path, *, seed: int = 0, vocab: int | None = None,
-          progress: bool | None = None, header_only: bool = False) -> Path:
+          progress: bool | None = None, header_only: bool = False, logit_scale: float = 1.0) -> Path:
     """Write a random-weight GGUF of `preset`'s shapes in quant mix `quant`; returns its path.
 
-    `vocab` overrides the preset's vocabulary size (smaller files); `progress` shows a tqdm bar
+    `vocab` overrides the preset's vocabulary size (smaller files); `progress` shows a progress bar
     on stderr (default: for files of 256 MiB or more). `header_only`: the metadata and tensor
     table, the data a sparse hole of zeros (a 7B file in no disk space and no time: for plans and
-    shape checks; its weights are all zero).
+    shape checks; its weights are all zero). `logit_scale` (tiny presets): multiplies the output
+    norm's weights, so every logit by that factor, and nothing else: a random model's next-token
+    distribution is nearly flat (top-1 / top-2 margins ~0.1 on the tiny presets), a scaled one
+    decisive, so that greedy comparisons between backends have steps to compare (tests).
     """
     if preset not in PRESETS:
         raise UnsupportedError(f"unknown synth preset {preset!r}; choose one of {', '.join(PRESETS)}")
     p = PRESETS[preset]
     if vocab is not None:
         p = replace(p, vocab=int(vocab))
+    if logit_scale != 1.0 and not (p.tiny and math.isfinite(logit_scale) and logit_scale > 0):
+        raise UnsupportedError(f"logit_scale {logit_scale!r}: a finite positive factor, for tiny presets only "
+                               f"({preset} is {'tiny' if p.tiny else 'not tiny'})")
     plan = plan_tensors(p, quant)
     metadata = model_metadata(p, quant, seed)
-    tensors = [TensorSpec(name, shape, qtype, _tensor_data(seed, i, shape, qtype, role, p.tiny))
+    if logit_scale != 1.0:
+        metadata["general.name"] = f"{metadata['general.name']} logit scale {logit_scale:g}"
+    tensors = [TensorSpec(name, shape, qtype, _tensor_data(seed, i, shape, qtype, role, p.tiny,
+                                                           logit_scale if name == "output_norm.weight" else 1.0))
                for i, (name, shape, qtype, role) in enumerate(plan)]
     if header_only:
         return write_gguf(out, metadata, tensors, sparse=True)
@@ -404,8 +566,6 @@ def synth(preset: str, quant: str, out: str | Path, *, seed: int = 0, vocab: int
     show = total >= PROGRESS_MIN_BYTES if progress is None else progress
     if not show:
         return write_gguf(out, metadata, tensors)
-    from tqdm import tqdm
-
-    with tqdm(total=total, unit="B", unit_scale=True, file=sys.stderr, desc=f"synth {preset} {quant}") as bar:
+    with progress_bar(total=total, unit="B", unit_scale=True, desc=f"synth {preset} {quant}") as bar:
         return write_gguf(out, metadata, tensors, progress=bar.update)
 

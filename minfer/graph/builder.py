@@ -58,11 +58,18 @@ class GraphBuilder:
         """GetRows from an activation: out[i] = x[rows[i]] (selects the rows that need logits)."""
         return self._add(name, Op.GET_ROWS, (x, rows), (self.shape(rows)[0], *self.shape(x)[1:]))
 
-    def rms_norm(self, x: int, w: WeightRef, eps: float, name: str, layer: int | None = None) -> int:
+    def rms_norm(self, x: int, w: WeightRef, eps: float, name: str, layer: int | None = None,
+                 group: int | None = None) -> int:
+        """RMSNorm over the whole row, or over each run of `group` values (per-head q/k norms:
+        group = head_dim, one weight of `group` values for every head)."""
         d = self.shape(x)[-1]
-        self._check(w.shape == (d,), name, f"norm weight {w.shape} does not match width {d}")
-        return self._add(name, Op.RMS_NORM, (x,), self.shape(x), layer=layer, weights={"w": w},
-                         eps=float(eps))
+        g = d if group is None else group
+        self._check(g >= 1 and d % g == 0, name, f"norm group {g} does not divide width {d}")
+        self._check(w.shape == (g,), name, f"norm weight {w.shape} does not match width {g}")
+        params = {"eps": float(eps)}
+        if g != d:
+            params["group"] = g
+        return self._add(name, Op.RMS_NORM, (x,), self.shape(x), layer=layer, weights={"w": w}, **params)
 
     def matmul(self, x: int, w: WeightRef, name: str, layer: int | None = None,
                bias: WeightRef | None = None) -> int:
@@ -81,39 +88,81 @@ class GraphBuilder:
 
     def rope(self, x: int, positions: int, *, n_heads: int, head_dim: int, n_rot: int, style: str,
              base: float, freq_scale: float, freq_factors: WeightRef | None, name: str,
-             layer: int | None = None) -> int:
+             layer: int | None = None, attn_factor: float = 1.0, yarn: tuple | None = None,
+             long_factors: WeightRef | None = None, n_ctx_orig: int | None = None) -> int:
         """Rotate the first n_rot dims of every head by angle pos * freq_scale * base^(-2i/n_rot)
         (divided by freq_factors[i] when given). style "normal": adjacent pairs (2i, 2i+1), as
-        llama.cpp's mode 0; "neox": pairs (i, i + n_rot/2)."""
+        llama.cpp's mode 0; "neox": pairs (i, i + n_rot/2). `attn_factor`, `yarn` (ext_factor,
+        n_ctx_orig, beta_fast, beta_slow) and LongRoPE's `long_factors` beyond `n_ctx_orig`: ir.py."""
         self._check(self.shape(x)[-1] == n_heads * head_dim, name,
                     f"width {self.shape(x)[-1]} != {n_heads} heads x {head_dim}")
         self._check(style in ("normal", "neox"), name, f"unknown rope style {style!r}")
         self._check(0 < n_rot <= head_dim and n_rot % 2 == 0, name,
                     f"n_rot {n_rot} not even in 1..{head_dim}")
         self._check(base > 0 and freq_scale > 0, name, f"rope base {base} / freq scale {freq_scale} not > 0")
-        weights = {}
-        if freq_factors is not None:
-            self._check(freq_factors.shape == (n_rot // 2,), name, f"rope factors {freq_factors.shape} "
-                        f"!= ({n_rot // 2},)")
-            weights["freq_factors"] = freq_factors
+        self._check(attn_factor > 0, name, f"rope attn_factor {attn_factor} not > 0")
+        weights, extra = {}, {}
+        for role, ff in (("freq_factors", freq_factors), ("freq_factors_long", long_factors)):
+            if ff is not None:
+                self._check(ff.shape == (n_rot // 2,), name, f"rope factors {ff.shape} != ({n_rot // 2},)")
+                weights[role] = ff
+        if long_factors is not None:
+            self._check(freq_factors is not None and n_ctx_orig is not None and n_ctx_orig >= 1, name,
+                        "LongRoPE needs short factors and n_ctx_orig")
+            extra["n_ctx_orig"] = int(n_ctx_orig)
+        if attn_factor != 1.0:
+            extra["attn_factor"] = float(attn_factor)
+        if yarn is not None:
+            ext, orig, fast, slow = yarn
+            extra["yarn"] = (float(ext), int(orig), float(fast), float(slow))
         return self._add(name, Op.ROPE, (x, positions), self.shape(x), layer=layer, weights=weights,
                          n_heads=n_heads, head_dim=head_dim, n_rot=n_rot, style=style, base=float(base),
-                         freq_scale=float(freq_scale))
+                         freq_scale=float(freq_scale), **extra)
 
     def attention(self, q: int, k: int, v: int, positions: int, *, n_head: int, n_head_kv: int, head_dim: int,
-                  kv_layer: int, name: str, layer: int | None = None) -> int:
+                  kv_layer: int, name: str, layer: int | None = None, scale: float | None = None,
+                  window: int = 0, softcap: float = 0.0) -> int:
         """Causal attention with the KV cache: k, v of this step go to cache layer `kv_layer` at
-        `positions`; each query attends its own sequence's cache up to its position."""
+        `positions`; each query attends its own sequence's cache up to its position (the last
+        `window` positions when window > 0), scores scaled by `scale` (1/sqrt(head_dim) by
+        default) and soft-capped when softcap > 0."""
         self._check(n_head % n_head_kv == 0, name, f"{n_head} heads not a multiple of {n_head_kv} kv heads")
         self._check(self.shape(q)[-1] == n_head * head_dim, name, "q width != n_head * head_dim")
         for t in (k, v):
             self._check(self.shape(t)[-1] == n_head_kv * head_dim, name, "k/v width != n_head_kv * head_dim")
+        scale = head_dim ** -0.5 if scale is None else float(scale)
+        self._check(scale > 0 and window >= 0 and softcap >= 0, name,
+                    f"scale {scale}, window {window}, softcap {softcap}: not sane")
+        extra = {}
+        if window:
+            extra["window"] = int(window)
+        if softcap:
+            extra["softcap"] = float(softcap)
         return self._add(name, Op.ATTENTION, (q, k, v, positions), self.shape(q), layer=layer, n_head=n_head,
-                         n_head_kv=n_head_kv, head_dim=head_dim, kv_layer=kv_layer, scale=head_dim ** -0.5)
+                         n_head_kv=n_head_kv, head_dim=head_dim, kv_layer=kv_layer, scale=scale, **extra)
 
     def swiglu(self, gate: int, up: int, name: str, layer: int | None = None) -> int:
         self._check(self.shape(gate) == self.shape(up), name, "gate and up shapes differ")
         return self._add(name, Op.SWIGLU, (gate, up), self.shape(gate), layer=layer)
+
+    def geglu(self, gate: int, up: int, name: str, layer: int | None = None) -> int:
+        """gelu_tanh(gate) * up (gemma's feed-forward)."""
+        self._check(self.shape(gate) == self.shape(up), name, "gate and up shapes differ")
+        return self._add(name, Op.GEGLU, (gate, up), self.shape(gate), layer=layer)
+
+    def scale(self, x: int, scale: float, name: str, layer: int | None = None) -> int:
+        return self._add(name, Op.SCALE, (x,), self.shape(x), layer=layer, scale=float(scale))
+
+    def softcap(self, x: int, cap: float, name: str, layer: int | None = None) -> int:
+        """cap * tanh(x / cap)."""
+        self._check(cap > 0, name, f"soft-cap {cap} not > 0")
+        return self._add(name, Op.SOFTCAP, (x,), self.shape(x), layer=layer, cap=float(cap))
+
+    def slice(self, x: int, start: int, stop: int, name: str, layer: int | None = None) -> int:
+        """Columns start..stop of x (a view: phi3's fused q+k+v and gate+up outputs)."""
+        self._check(0 <= start < stop <= self.shape(x)[-1], name, f"slice {start}:{stop} outside {self.shape(x)}")
+        return self._add(name, Op.SLICE, (x,), (*self.shape(x)[:-1], stop - start), layer=layer,
+                         start=start, stop=stop)
 
     # ------------------------------------------------------------------ tensor parallelism
     def all_reduce(self, x: int, name: str, layer: int | None = None) -> int:

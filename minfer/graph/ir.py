@@ -31,13 +31,22 @@ class Op(StrEnum):
 
     INPUT = "Input"  # a per-step input: token ids, positions, output-row indices
     GET_ROWS = "GetRows"  # out[i] = table[ids[i]]; table is a weight ("w") or inputs[0]
-    RMS_NORM = "RMSNorm"  # out = x / sqrt(mean(x^2) + eps) * w
+    RMS_NORM = "RMSNorm"  # out = x / sqrt(mean(x^2) + eps) * w, over each run of `group` values (below)
     MATMUL = "MatMul"  # out = x @ w^T (+ b): w is [out, in] in memory, GGUF shape [in, out]
     ADD = "Add"  # out = a + b
     ROPE = "RoPE"  # rotary position embedding of [T, n_heads * head_dim] at positions
     ATTENTION = "Attention"  # write k, v into the layer's KV cache, causal GQA attention of q
     SWIGLU = "SwiGLU"  # out = silu(gate) * up
+    GEGLU = "GeGLU"  # out = gelu_tanh(gate) * up, gelu_tanh(x) = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+    SCALE = "Scale"  # out = x * scale (gemma's embedding scale sqrt(n_embd))
+    SOFTCAP = "SoftCap"  # out = cap * tanh(x / cap) (gemma2's final-logit soft-capping)
     SLICE = "Slice"  # out = x[..., start:stop] (a view: splits a fused MatMul's output)
+    PICK = "Pick"  # out = value `index` of a fused node that returns several (params: index)
+    # fused ops (graph/fuse.py): one node standing for several, with those nodes as its `parts`
+    ADD_RMS_NORM = "AddRMSNorm"  # (h, RMSNorm(h)) with h = a + b: the residual add and the norm after it
+    MATMUL_SWIGLU = "QMatMulSwiGLU"  # SwiGLU of the two halves of a stacked gate+up MatMul
+    MATMUL_GEGLU = "QMatMulGeGLU"  # GeGLU of the two halves of a stacked gate+up MatMul (gemma)
+    MATMUL_ROPE = "QMatMulRoPE"  # (RoPE of the first columns of y, y), y = a stacked q+k+v MatMul (+ bias)
     # tensor parallelism (parallel/, one graph per rank): run by the plan through a communicator
     ALL_REDUCE = "AllReduce"  # out = the sum of x over the ranks (float32)
     ALL_GATHER = "AllGather"  # out = the ranks' x side by side in the last dim (float32)
@@ -46,18 +55,45 @@ class Op(StrEnum):
 
 
 PARALLEL_OPS = frozenset({Op.ALL_REDUCE, Op.ALL_GATHER, Op.LOCAL_IDS, Op.MASK_ROWS})
+FUSED_OPS = frozenset({Op.ADD_RMS_NORM, Op.MATMUL_SWIGLU, Op.MATMUL_GEGLU, Op.MATMUL_ROPE})
+
+# Params beyond each op's base set (qwen3, gemma, phi3). A model sets them only where they differ
+# from the base behaviour, so a llama / qwen2 graph carries none of them. The RoPE ones live in the
+# cos / sin tables (backends/rope.py), so RoPE kernels never see them; the GPU bindings pass the
+# others to kernels whose contracts declare them (backends/bindings.py, contracts/ops.py).
+#
+# RMSNorm  group: int       normalise each run of `group` consecutive values on its own (the
+#                           per-head q / k norms of qwen3 and gemma3: group = head_dim, weight
+#                           (group,) shared by every head); absent: the whole row.
+# RoPE     attn_factor: float   cos and sin multiplied by it (YaRN's and LongRoPE's magnitude
+#                           scaling; YaRN's 1 + 0.1 ln(1 / freq_scale) is already folded in).
+#          yarn: (ext_factor, n_ctx_orig, beta_fast, beta_slow)   YaRN's frequency mix: pair i turns
+#                           at theta_interp (1 - r_i) + theta_extrap r_i, with theta_extrap the
+#                           unscaled angle, theta_interp = freq_scale theta_extrap and r_i =
+#                           ext_factor * ramp(i) (ggml's rope_yarn_ramp over the correction dims
+#                           of beta_fast / beta_slow at n_ctx_orig).
+#          n_ctx_orig: int  + weight "freq_factors_long": LongRoPE (phi3). The "freq_factors"
+#                           weight is the short factors; the long ones divide the frequencies
+#                           instead when the context allocated exceeds n_ctx_orig.
+# Attention window: int     sliding window: query at position p sees keys at p - window < k <= p
+#                           (llama.cpp's LLAMA_SWA_TYPE_STANDARD); absent: every earlier key.
+#           softcap: float  scores s = scale q.k become softcap * tanh(s / softcap) before the softmax.
+# (Attention's `scale` is a base param: 1/sqrt(head_dim) by default, the model's own where it differs.)
 
 
 @dataclass(frozen=True)
 class WeightRef:
     """A weight tensor a node reads: its GGUF name and the shape the model needs (GGUF order).
 
-    A fused weight (graph/passes.py) has `parts`: the real tensors whose rows it stacks, in
-    order; its name is only a label and its shape is (in, sum of the parts' out)."""
+    A fused weight (graph/fuse.py) has `parts`: the real tensors whose rows it stacks, in
+    order; its name is only a label and its shape is (in, sum of the parts' out). A chunk of one
+    tensor (a backend whose device binds fewer bytes than the tensor holds: backends/calls.py
+    `type_runs`) has its one part and `rows` = (first, end) of the part's output rows it takes."""
 
     name: str
     shape: tuple[int, ...]
     parts: tuple[WeightRef, ...] = ()
+    rows: tuple[int, int] | None = None
 
     @property
     def tensors(self) -> tuple[WeightRef, ...]:
@@ -67,7 +103,14 @@ class WeightRef:
 
 @dataclass(frozen=True)
 class Node:
-    """One operation. `inputs` are ids of earlier nodes; `weights` maps a role ("w", "b") to a weight."""
+    """One operation. `inputs` are ids of earlier nodes; `weights` maps a role ("w", "b") to a weight.
+
+    A fused node (op in FUSED_OPS, made by graph/fuse.py) also carries the nodes it stands for:
+    `parts`, a small graph of its own whose ids are local: ids 0..len(inputs)-1 are the fused
+    node's inputs, part j has id len(inputs) + j and reads lower local ids. `exports` are the
+    local ids of the values it returns: one export is its value, several a tuple that Pick nodes
+    read. A backend runs a fused node as one kernel where a contract accepts it, and its parts
+    where none does (e.g. a decode row's fused GEMV epilogue, and the plain kernels for prompts)."""
 
     id: int
     name: str
@@ -78,6 +121,13 @@ class Node:
     layer: int | None = None
     weights: dict[str, WeightRef] = field(default_factory=dict)
     params: dict[str, Any] = field(default_factory=dict)
+    parts: tuple[Node, ...] = ()
+    exports: tuple[int, ...] = ()
+
+    @property
+    def n_values(self) -> int:
+        """How many values the node returns (a fused node with several exports: a tuple)."""
+        return max(1, len(self.exports))
 
 
 @dataclass(frozen=True)
@@ -98,6 +148,12 @@ class Graph:
                 last[i] = n.id
         last[self.output] = len(self.nodes)  # the output outlives the step
         return last
+
+    @property
+    def logits_id(self) -> int:
+        """The matmul that makes the logits: the output, or the node a final SoftCap reads."""
+        out = self.nodes[self.output]
+        return out.inputs[0] if out.op == Op.SOFTCAP else out.id
 
     def trace_nodes(self, kernels: dict[int, str] | None = None) -> list[dict]:
         """Nodes as TraceRecorder.set_graph wants them. Symbolic dims become -1 ("per step");

@@ -13,7 +13,7 @@ def triton_interpreting() -> bool:
     (TRITON_INTERPRET=1: host tensors, tests). DeviceError, one line saying what to install, when
     triton is not installed: the cuda backend needs it, the cpu and vulkan backends do not."""
     try:
-        from ._common import interpreting
+        from .triton._common import interpreting
     except ImportError as e:
         if (e.name or "").split(".")[0] != "triton":
             raise

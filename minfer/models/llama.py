@@ -7,10 +7,12 @@ then logits = W_out · rmsnorm(x_last), W_out = output.weight or (tied) token_em
 RoPE style: llama.cpp's converter permutes the Q/K rows of llama checkpoints so that rotating
 *adjacent* pairs (llama.cpp rope mode 0, our "normal") equals the original rotate-half; so GGUF
 llama files use "normal". Families whose converter keeps rows as they are (qwen2) use "neox".
-Frequencies: base `rope.freq_base`, linear scaling `rope.scaling.factor` (type "linear"), and
-Llama-3 style per-frequency factors from the optional `rope_freqs.weight` tensor.
+Frequencies: base `rope.freq_base`, the scaling of `rope.scaling.*` (linear or YaRN:
+models/rope_scaling.py), and Llama-3 style per-frequency factors from the optional
+`rope_freqs.weight` tensor.
 
-qwen2.py reuses this file: the same Args with `qkv_bias` and the neox rope style.
+qwen2.py and qwen3.py reuse this file: the same Args with `qkv_bias` and the neox rope style
+(qwen2), or `qk_norm` (qwen3: per-head RMSNorm of q and k before RoPE, no biases).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from ..gguf.reader import GGUFReader
 from ..gguf.shard import BY_ROWS, IN_ROW, TensorSlice
 from ..graph.builder import GraphBuilder
 from ..graph.ir import ROWS, TOKENS, Graph
+from .rope_scaling import read_rope_scaling
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,9 @@ class LlamaArgs:
     tied_output: bool  # no output.weight: logits use token_embd.weight
     qkv_bias: bool = False
     rope_style: str = "normal"
+    rope_attn_factor: float = 1.0  # YaRN's / rope.scaling.attn_factor's magnitude on cos and sin
+    rope_yarn: tuple | None = None  # (ext_factor, n_ctx_orig, beta_fast, beta_slow) for YaRN
+    qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (qwen3: attn_q_norm, attn_k_norm)
 
     @classmethod
     def from_gguf(cls, r: GGUFReader, **family) -> LlamaArgs:
@@ -66,6 +72,10 @@ class LlamaArgs:
             raise UnsupportedError(f"{arch}: value_length != key_length is not supported")
         embd = r.tensors.get("token_embd.weight")  # absent: registry.check_tensors names it
         n_vocab = embd.shape[-1] if embd is not None else r.get_int(k + "vocab_size", 0)
+        n_ctx_train = r.get_int(k + "context_length", 2048)
+        scaling = read_rope_scaling(r, k, max(1, min(n_ctx_train, MAX_CONTEXT)), MAX_CONTEXT)
+        if scaling.kind == "longrope":
+            raise UnsupportedError(f"{arch}: rope scaling longrope is supported for phi3 only")
         return cls(
             arch=arch,
             n_layer=r.get_int(k + "block_count"),
@@ -76,10 +86,12 @@ class LlamaArgs:
             head_dim=head_dim,
             n_rot=r.get_int(k + "rope.dimension_count", head_dim),
             n_vocab=n_vocab,
-            n_ctx_train=r.get_int(k + "context_length", 2048),
+            n_ctx_train=n_ctx_train,
             rms_eps=r.get_float(k + "attention.layer_norm_rms_epsilon", 1e-5),
             rope_base=r.get_float(k + "rope.freq_base", 10000.0),
-            rope_freq_scale=_rope_freq_scale(r, k),
+            rope_freq_scale=scaling.freq_scale,
+            rope_attn_factor=scaling.attn_factor,
+            rope_yarn=scaling.yarn,
             rope_freqs="rope_freqs.weight" in r.tensors,
             tied_output="output.weight" not in r.tensors,
             **family,
@@ -124,31 +136,24 @@ def check_args(a: LlamaArgs, r: GGUFReader) -> None:
     for key, v, ok in sane:
         if not (math.isfinite(v) and ok):
             raise MetadataError(k + key, f"is not a sane value: {v}")
+    check_blocks(k, a.n_layer, a.n_head, a.head_dim, r)
+
+
+def check_blocks(k: str, n_layer: int, n_head: int, head_dim: int, r: GGUFReader) -> None:
+    """MetadataError unless the file holds exactly blk.0 .. blk.{n_layer-1} and blk.0's attn_q
+    (where there is one) has n_head * head_dim outputs; `k` is the "arch." key prefix."""
     layers = {int(m.group(1)) for m in (_BLOCK.match(n) for n in r.tensors) if m}
-    if layers != set(range(a.n_layer)):
+    if layers != set(range(n_layer)):
         found = f"blk.0..blk.{max(layers)}" if layers else "no blk.N tensors"
-        raise MetadataError(k + "block_count", f"says {a.n_layer} layers, the file holds {found} "
+        raise MetadataError(k + "block_count", f"says {n_layer} layers, the file holds {found} "
                             f"({len(layers)} distinct)")
     q = r.tensors.get("blk.0.attn_q.weight")
-    if q is not None and (len(q.shape) != 2 or q.shape[-1] != a.n_head * a.head_dim):
-        raise MetadataError(k + "attention.head_count", f"{a.n_head} heads of {a.head_dim} do not match "
+    if q is not None and (len(q.shape) != 2 or q.shape[-1] != n_head * head_dim):
+        raise MetadataError(k + "attention.head_count", f"{n_head} heads of {head_dim} do not match "
                             f"blk.0.attn_q.weight's shape {list(q.shape)}")
 
 
 _BLOCK = re.compile(r"blk\.(\d{1,9})\.")
-
-
-def _rope_freq_scale(r: GGUFReader, k: str) -> float:
-    """1 / linear scaling factor; other scaling types are refused rather than run wrong."""
-    kind = r.get_str(k + "rope.scaling.type", "none")
-    factor = r.get_float(k + "rope.scaling.factor", 0.0) or r.get_float(k + "rope.scale_linear", 0.0)
-    if kind == "none" or (kind == "linear" and factor in (0.0, 1.0)):
-        return 1.0
-    if kind == "linear":
-        if factor <= 0:
-            raise MetadataError(k + "rope.scaling.factor", f"must be > 0, found {factor}")
-        return 1.0 / factor
-    raise UnsupportedError(f"rope scaling type {kind!r} is not supported (supported: none, linear)")
 
 
 @dataclass(frozen=True)
@@ -241,6 +246,10 @@ def build_graph(a: LlamaArgs, part: Partition | None = None) -> Graph:
     freqs = b.weight("rope_freqs.weight", (a.n_rot // 2,)) if a.rope_freqs else None
     rope = dict(head_dim=hd, n_rot=a.n_rot, style=a.rope_style, base=a.rope_base,
                 freq_scale=a.rope_freq_scale, freq_factors=freqs)
+    if a.rope_attn_factor != 1.0:
+        rope["attn_factor"] = a.rope_attn_factor
+    if a.rope_yarn is not None:
+        rope["yarn"] = a.rope_yarn
 
     def reduced(x: int, name: str, layer: int | None = None) -> int:
         return b.all_reduce(x, name + "_allreduce", layer) if tp else x
@@ -264,6 +273,9 @@ def build_graph(a: LlamaArgs, part: Partition | None = None) -> Graph:
         q = b.matmul(n, w("attn_q.weight", d, nq), p + "attn_q", i, bias("attn_q", nq))
         k = b.matmul(n, w("attn_k.weight", d, nkv), p + "attn_k", i, bias("attn_k", nkv))
         v = b.matmul(n, w("attn_v.weight", d, nkv), p + "attn_v", i, bias("attn_v", nkv))
+        if a.qk_norm:  # qwen3: each head's q and k RMS-normed before RoPE
+            q = b.rms_norm(q, w("attn_q_norm.weight", hd), a.rms_eps, p + "attn_q_norm", i, group=hd)
+            k = b.rms_norm(k, w("attn_k_norm.weight", hd), a.rms_eps, p + "attn_k_norm", i, group=hd)
         q = b.rope(q, positions, n_heads=n_head, name=p + "rope_q", layer=i, **rope)
         k = b.rope(k, positions, n_heads=n_head_kv, name=p + "rope_k", layer=i, **rope)
         att = b.attention(q, k, v, positions, n_head=n_head, n_head_kv=n_head_kv, head_dim=hd,

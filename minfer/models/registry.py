@@ -17,7 +17,7 @@ from ..errors import ModelError, UnsupportedError
 from ..gguf.reader import GGUFReader
 from ..gguf.shard import ShardedReader
 from ..graph.ir import Graph
-from . import llama, qwen2
+from . import gemma, llama, phi3, qwen2, qwen3
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,11 @@ ARCHITECTURES: dict[str, Architecture] = {
                      llama.partition, llama.tensor_slices),
         Architecture("qwen2", qwen2.from_gguf, llama.check_args, qwen2.build_graph,
                      llama.partition, llama.tensor_slices),
+        Architecture("qwen3", qwen3.from_gguf, qwen3.check_args, qwen3.build_graph,
+                     llama.partition, llama.tensor_slices),
+        Architecture("gemma2", gemma.GemmaArgs.from_gguf, gemma.check_args, gemma.build_graph),
+        Architecture("gemma3", gemma.GemmaArgs.from_gguf, gemma.check_args, gemma.build_graph),
+        Architecture("phi3", phi3.from_gguf, phi3.check_args, phi3.build_graph),
     ]
 }
 

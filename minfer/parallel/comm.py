@@ -20,12 +20,12 @@ machine's environment (e.g. NCCL_NVLS_ENABLE=0) is inherited as it is.
 from __future__ import annotations
 
 import datetime
-import os
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from ..config import set_process_env
 from ..errors import ParallelError
 
 TIMEOUT_S = 600  # a data collective that waits longer for a rank than this fails (a rank died or hung)
@@ -66,7 +66,7 @@ class Communicator:
             raise ParallelError("torch.distributed is already initialized in this process")
         timeout = datetime.timedelta(seconds=timeout_s)
         if self._nccl:  # a torch setting (not NCCL's), read when the process group is made
-            os.environ.setdefault("TORCH_NCCL_AVOID_RECORD_STREAMS", "1")
+            set_process_env("TORCH_NCCL_AVOID_RECORD_STREAMS", "1")
         dist.init_process_group("nccl" if self._nccl else "gloo", init_method=f"tcp://{addr}:{port}", rank=rank,
                                 world_size=world, timeout=timeout,
                                 **({"device_id": torch.device("cuda", self.local_rank)} if self._nccl else {}))

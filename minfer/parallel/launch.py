@@ -22,7 +22,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from ..config import EngineConfig, dist_env
+from ..config import EngineConfig, child_env, dist_env
 from ..errors import ParallelError
 
 FOLLOWER_MODULE = "minfer.engine.tp"  # what a started rank runs (its `main`)
@@ -113,7 +113,7 @@ def start_ranks(config: EngineConfig, model: Path, world: int, port: int) -> lis
     cmd = [sys.executable, "-m", FOLLOWER_MODULE, os.fspath(model), json.dumps(follower.as_dict())]
     procs = []
     for r in range(1, world):
-        env = {**os.environ, "RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        env = child_env(RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                        MASTER_PORT=str(port))
         procs.append(subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
     return procs

@@ -4,8 +4,9 @@
 A request is checked completely before anything is sent (body size, JSON, schema, model name,
 sampling values, chat template, token ids, prompt + max_tokens against the context): every
 client mistake is OpenAI's error JSON with a 4xx status before any SSE byte. Then it becomes a
-Job for the engine loop (loop.py) and its events come back on an asyncio queue: collected into
-one JSON answer, or streamed as server-sent events. A client that goes away (a failed send, or
+Job for the serving loop (loop.py; its EngineHost runs it in a thread or a child process) and its
+events come back on an asyncio queue: collected into one JSON answer, or streamed as server-sent
+events. A client that goes away (a failed send, or
 `is_disconnected` polled while no token arrives) cancels its job; the loop frees the slot.
 """
 
@@ -25,15 +26,18 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..engine.params import SamplingParams
 from ..errors import MinferError
 from . import schema
 from .errors import APIError, error_body
-from .loop import EngineLoop, Job
+from .llama_routes import add_llama_routes
+from .loop import EngineHost, Job, log
 from .metrics import CONTENT_TYPE, Metrics
 
 MAX_BODY_BYTES = 4 << 20  # a request body beyond this is a 413
+READ_TIMEOUT_S = 30.0  # a request's headers (http.py), and then its body, must each arrive within this; else a 408
 DISCONNECT_POLL_S = 0.25  # how often a request with no new token checks that its client is still there
-CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
+CSP = ("default-src 'none'; script-src 'self' 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
        "img-src data:; base-uri 'none'; form-action 'none'")
 
 
@@ -57,18 +61,26 @@ class EventStream(StreamingResponse):
             await self.body_iterator.aclose()
 
 
-def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_key: str | None = None,
-               max_body: int = MAX_BODY_BYTES, max_pending: int = 1024) -> FastAPI:
-    """`max_pending`: requests admitted at once (running + waiting); beyond it a 503."""
+def create_app(engine: EngineHost, *, model_id: str, metrics: Metrics, api_key: str | None = None,
+               max_body: int = MAX_BODY_BYTES, max_pending: int = 1024, read_timeout_s: float = READ_TIMEOUT_S,
+               defaults: SamplingParams | None = None, model_path: str = "") -> FastAPI:
+    """`max_pending`: requests admitted at once (running + waiting); beyond it a 503. `read_timeout_s`:
+    the time a request's body has to arrive once its headers have; beyond it a 408. `defaults`:
+    the sampling settings a request's absent fields take (`minfer serve`'s flags). One model is
+    served, so any `model` name a request gives means it (as llama-server does); `model_id` is
+    the name /v1/models shows and answers carry."""
+    defaults = defaults if defaults is not None else SamplingParams(max_tokens=None)
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        if hasattr(engine_loop, "attach"):  # an engine in another process: read its pipe on this loop
-            engine_loop.attach(asyncio.get_running_loop())
+        engine.attach(asyncio.get_running_loop())  # (an engine in another process: its pipe is read on this loop)
         yield
-        await run_in_threadpool(engine_loop.stop)  # uvicorn's shutdown (SIGINT/SIGTERM): end the loop cleanly
+        await run_in_threadpool(engine.stop)  # uvicorn's shutdown (SIGINT/SIGTERM): end the loop cleanly
 
-    app = FastAPI(title="minfer", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
-    page = resources.files(__package__).joinpath("static/index.html").read_bytes()
+    app = FastAPI(title="minfer", docs_url=None, redoc_url=None, openapi_url="/openapi.json", lifespan=lifespan)
+    app.openapi = lambda: _openapi(app)
+    static = resources.files(__package__).joinpath("static")
+    page = static.joinpath("index.html").read_bytes()
+    vendor = {f.name: f.read_bytes() for f in static.joinpath("vendor").iterdir() if f.name.endswith(".js")}
     created = int(time.time())
     pending: set[Job] = set()
     key = api_key.encode() if api_key else None
@@ -106,11 +118,13 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
         return piece[0]
 
     def ready_model():
-        if engine_loop.state == "loading":
+        if engine.state == "loading":
             raise APIError(503, "the model is still loading; try again shortly", code="loading")
-        if engine_loop.state != "ok":
-            raise APIError(503, f"the model is not available ({engine_loop.state})")
-        return engine_loop.model
+        if engine.state == "restarting":
+            raise APIError(503, "the engine is restarting after a failure; try again shortly", code="restarting")
+        if engine.state != "ok":
+            raise APIError(503, f"the model is not available ({engine.state})")
+        return engine.model
 
     # ------------------------------------------------------------------ plain routes
     @app.get("/", include_in_schema=False)
@@ -118,9 +132,16 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
         return HTMLResponse(page, headers={"Content-Security-Policy": CSP, "Cache-Control": "no-store",
                                            "X-Content-Type-Options": "nosniff"})
 
+    @app.get("/vendor/{name}", include_in_schema=False)
+    async def vendored(name: str):  # the page's vendored scripts (static/vendor/README.md), nothing else
+        if name not in vendor:
+            raise APIError(404, f"no route GET /vendor/{name}")
+        return Response(vendor[name], media_type="text/javascript",
+                        headers={"Cache-Control": "max-age=86400", "X-Content-Type-Options": "nosniff"})
+
     @app.get("/health")
     async def health():
-        state = engine_loop.state
+        state = engine.state
         return JSONResponse({"status": state}, status_code=200 if state == "ok" else 503)
 
     @app.get("/metrics")
@@ -130,9 +151,9 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
 
     def model_card() -> dict:
         card = {"id": model_id, "object": "model", "created": created, "owned_by": "minfer"}
-        if engine_loop.state == "ok":
-            card["meta"] = {"n_ctx": engine_loop.model.n_ctx, "n_slots": engine_loop.model.n_slots,
-                            "n_vocab": engine_loop.model.n_vocab}
+        if engine.state == "ok":
+            card["meta"] = {"n_ctx": engine.model.n_ctx, "n_slots": engine.model.n_slots,
+                            "n_vocab": engine.model.n_vocab}
         return card
 
     @app.get("/v1/models")
@@ -143,10 +164,10 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
     @app.get("/v1/models/{name:path}")
     async def model(name: str, request: Request):
         authorize(request)
-        if name != model_id:
-            raise APIError(404, f"model {name!r} does not exist; this server serves {model_id!r}",
-                           param="model", code="model_not_found")
-        return model_card()
+        return model_card()  # any name: the one model served
+
+    add_llama_routes(app, ready_model, authorize, lambda request: read_json(request, max_body), defaults=defaults,
+                     model_path=model_path, slots=metrics.sequences)
 
     # ------------------------------------------------------------------ generation
     @app.post("/v1/chat/completions")
@@ -161,14 +182,11 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
         endpoint = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
         try:
             authorize(request)
-            body = await read_json(request, max_body)
+            body = await read_json(request, max_body, read_timeout_s)
             req = schema.parse(schema.ChatRequest if kind == "chat" else schema.CompletionRequest, body)
-            if req.model is not None and req.model != model_id:
-                raise APIError(404, f"model {req.model!r} does not exist; this server serves {model_id!r}",
-                               param="model", code="model_not_found")
             m = ready_model()
             max_tokens = schema.max_tokens_of(req)
-            params = schema.sampling_params(req, max_tokens)
+            params = schema.sampling_params(req, max_tokens, defaults)
             if kind == "chat":
                 messages = schema.messages_of(req)
                 chars = sum(len(x["content"]) for x in messages)
@@ -180,8 +198,9 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
                 if isinstance(req.prompt, str) and len(req.prompt) > m.n_ctx * max_piece(m):
                     raise APIError(400, f"the prompt holds {len(req.prompt)} characters: more than the context of "
                                    f"{m.n_ctx} tokens can hold", param="prompt", code="context_length_exceeded")
-                ids = await run_in_threadpool(_completion_ids, m, req.prompt)
+                ids = await run_in_threadpool(_completion_ids, m, req.prompt, req.suffix)
             check_context(len(ids), max_tokens, m.n_ctx)
+            log.debug("%s: %d prompt tokens, %s", endpoint, len(ids), params)
             if len(pending) >= max_pending:
                 raise APIError(503, f"the server is at its limit of {max_pending} requests in flight; retry later",
                                code="overloaded")
@@ -190,8 +209,11 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
             return JSONResponse(e.body(), status_code=e.status)
         job = Job(ids, params, schema.logprobs_n(req), asyncio.get_running_loop())
         pending.add(job)
-        engine_loop.submit(job)
+        engine.submit(job)
         out = Output(kind, model_id, m.tokenizer, m.eog_ids, params.ignore_eos)
+        if kind == "completion" and req.echo:
+            out.echo = req.prompt if isinstance(req.prompt, str) else (
+                req.prompt[0] if req.prompt and isinstance(req.prompt[0], str) else m.detokenize(ids))
         if req.stream:
             usage = req.stream_options is not None and req.stream_options.include_usage
             return EventStream(stream(job, request, out, usage, endpoint),
@@ -207,7 +229,7 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
         if job in pending:
             pending.discard(job)
             if not job.done:
-                engine_loop.cancel(job)
+                engine.cancel(job)
                 status = status or 499
             metrics.request(endpoint, status or 200)
 
@@ -263,6 +285,35 @@ def create_app(engine_loop: EngineLoop, *, model_id: str, metrics: Metrics, api_
 
 
 # ---------------------------------------------------------------------- helpers
+def _openapi(app: FastAPI) -> dict:
+    """FastAPI's OpenAPI document plus what the handlers read by hand: the request bodies of the
+    two POST routes (schema.py's models) and the error JSON of every 4xx. Clients and the schema
+    fuzzer (tests/server/test_schemathesis.py) read it at /openapi.json."""
+    if app.openapi_schema is not None:
+        return app.openapi_schema
+    from fastapi.openapi.utils import get_openapi
+
+    doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+    components = doc.setdefault("components", {}).setdefault("schemas", {})
+    error = {"type": "object", "required": ["error"], "properties": {"error": {
+        "type": "object", "required": ["message", "type", "param", "code"],
+        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                       "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
+    components["Error"] = error
+    for path, model in (("/v1/chat/completions", schema.ChatRequest), ("/v1/completions", schema.CompletionRequest)):
+        body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(body.pop("$defs", {}))
+        components[model.__name__] = body
+        doc["paths"][path]["post"]["requestBody"] = {"required": True, "content": {"application/json": {
+            "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}
+    for methods in doc["paths"].values():
+        for op in methods.values():
+            op.setdefault("responses", {})["4XX"] = {"description": "OpenAI's error JSON", "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+    app.openapi_schema = doc
+    return doc
+
+
 class Events:
     """A job's events, with the client watched: Disconnected when it is gone (checked at least
     every DISCONNECT_POLL_S, whether or not tokens keep coming)."""
@@ -310,15 +361,23 @@ class Events:
                 getter.cancel()
 
 
-async def read_json(request: Request, limit: int) -> dict:
+async def read_json(request: Request, limit: int, timeout_s: float = READ_TIMEOUT_S) -> dict:
+    """The body as a JSON object: a 413 past `limit` bytes (refused from its Content-Length before
+    a byte is read, or as soon as the bytes read pass it), a 408 when it has not all arrived within
+    `timeout_s` (a client trickling its body holds no connection for long), a 400 for bad JSON."""
     length = request.headers.get("content-length")
     if length is not None and (not length.isdigit() or int(length) > limit):
         raise APIError(413, f"the request body is over the limit of {limit} bytes", code="body_too_large")
     data = bytearray()
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > limit:
-            raise APIError(413, f"the request body is over the limit of {limit} bytes", code="body_too_large")
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                data += chunk
+                if len(data) > limit:
+                    raise APIError(413, f"the request body is over the limit of {limit} bytes", code="body_too_large")
+    except TimeoutError:
+        raise APIError(408, f"the request body did not arrive within {timeout_s:g} s ({len(data)} bytes came)",
+                       code="request_timeout") from None
     try:
         body = json.loads(bytes(data))
     except (ValueError, RecursionError) as e:
@@ -335,13 +394,21 @@ def _tokens(fn, *args) -> list[int]:
         raise APIError(400, str(e), param="messages") from None
 
 
-def _completion_ids(m, prompt) -> list[int]:
+def _completion_ids(m, prompt, suffix: str | None = None) -> list[int]:
     """Token ids of a completion prompt: a string (special tokens parsed, as llama.cpp does),
-    a list of token ids, or a list holding one string."""
+    a list of token ids, or a list holding one string; with a suffix, the fill-in-the-middle
+    prompt around both (Prompting.infill_ids)."""
     if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
         if len(prompt) != 1:
             raise APIError(400, f"one prompt per request (got a list of {len(prompt)})", param="prompt")
         prompt = prompt[0]
+    if suffix is not None:
+        try:
+            ids = m.infill_ids(prompt, suffix)
+            m.check_tokens(ids)
+        except MinferError as e:
+            raise APIError(400, f"suffix: {e}", param="suffix") from None
+        return ids
     try:
         ids = m.prompt_ids(prompt) if isinstance(prompt, str) else list(prompt)
         m.check_tokens(ids)
@@ -377,6 +444,7 @@ class Output:
         self.lps: list[tuple] = []  # (token id, logprob, top list) of reported tokens
         self.with_logprobs = False
         self.offset = 0  # characters so far (completion logprobs' text_offset)
+        self.echo = ""  # completions with echo: the prompt's text, before the generated text
 
     # --- accumulation
     def _reported(self, tokens, lps) -> list[tuple]:
@@ -414,7 +482,7 @@ class Output:
 
     # --- whole answers
     def whole(self, finish_reason: str, usage: dict) -> dict:
-        text = "".join(self.text)
+        text = self.echo + "".join(self.text)
         lps = self._logprobs(self.lps)
         if self.kind == "chat":
             choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": lps,
@@ -439,7 +507,7 @@ class Output:
         if self.kind == "chat":
             return self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                 "finish_reason": None}, usage)
-        return self._chunk({"index": 0, "text": "", "logprobs": None, "finish_reason": None}, usage)
+        return self._chunk({"index": 0, "text": self.echo, "logprobs": None, "finish_reason": None}, usage)
 
     def delta_chunk(self, text: str, tokens, lps, usage: bool) -> dict | None:
         items = self._reported(tokens, lps)

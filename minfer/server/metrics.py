@@ -10,6 +10,7 @@
     minfer_time_to_first_token_seconds           request received -> first token sampled
     minfer_inter_token_latency_seconds           between two tokens of one request
     minfer_e2e_request_latency_seconds           request received -> last token
+    minfer_engine_restarts_total                 engine processes restarted after they died
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class Metrics:
                               buckets=LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("minfer_inter_token_latency_seconds", "time between two tokens of a request",
                              buckets=LATENCY_BUCKETS, registry=r)
+        self.engine_restarts = Counter("minfer_engine_restarts", "engine processes restarted after they died",
+                                       registry=r)
         self.e2e = Histogram("minfer_e2e_request_latency_seconds", "request received to last token",
                              buckets=LATENCY_BUCKETS, registry=r)
 
@@ -50,6 +53,10 @@ class Metrics:
             for a, b in zip(token_times, token_times[1:], strict=False):
                 self.itl.observe(b - a)
         self.e2e.observe(end - arrival)
+
+    def sequences(self) -> tuple[int, int]:
+        """(active, queued) sequences, as the gauges last heard from the engine."""
+        return tuple(int(next(iter(g.collect())).samples[0].value) for g in (self.active, self.queued))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

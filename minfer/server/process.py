@@ -4,12 +4,13 @@ The HTTP side (uvicorn's event loop: parsing, validation, tokenizing, JSON, SSE)
 engine (the scheduler, the backend's launches, detokenizing) are both Python. In one process
 they share one interpreter lock, and the engine waits for it behind the event loop: on the
 H200 a 7B model served 1,542 tok/s through HTTP at 16 clients where the engine alone gives
-2,432 (bench/NOTES.md). Here the child process owns the model and runs the same `Driver` as
-the in-process `EngineLoop`; the parent keeps only what needs no weights (`Frontend`: the
-tokenizer, the chat template, the sizes the child reports when it is ready).
+2,432 (bench/NOTES.md). Here the child process owns the model and runs the serving loop
+(loop.py's `serve_model`, the same function `EngineThread` runs in a thread); the parent keeps
+only what needs no weights (`Frontend`: the tokenizer, the chat template, the sizes the child
+reports when it is ready).
 
 The wire is one `multiprocessing` pipe, pickled tuples both ways:
-  parent -> child  ("add", key, ids, params, logprobs_n) | ("abort", key) | ("stop",)
+  parent -> child  the serving loop's messages: ("add", key, ids, params, logprobs_n) | ("abort", key) | ("stop",)
   child -> parent  ("ready", facts) | ("load_error", message, is_minfer_error)
                    | ("events", [(key, event), ...], running, waiting)   one message per step
 Each side writes from a sender thread of its own: the engine never waits for a parent slow to
@@ -20,8 +21,10 @@ would trade the interpreter lock with the event loop for every step's message. U
 (or in a process without an event loop), a reader thread does it. The child ignores
 SIGINT (the terminal's Ctrl-C reaches the whole process group: the parent decides when the
 engine stops) and exits when the pipe closes, so a parent that dies takes its engine with it.
-If the child dies, every job it held gets an error event, `state` becomes "error", and /health
-says so.
+If the child dies, every job it held, running or queued, gets an error event that says so, and
+a new child is started after a back-off (`state` "restarting": /health and new requests are a
+503 until it is ready); after MAX_RESTARTS deaths within RESTART_WINDOW_S the server gives up and
+exits non-zero (`on_load_error`), for its supervisor to restart.
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ import logging
 import multiprocessing
 import queue
 import signal
+import sys
 import threading
-import traceback
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,10 +45,15 @@ from ..engine.engine import check_tokens
 from ..errors import MinferError
 from ..gguf.reader import GGUFReader
 from ..tokenizer import Tokenizer
-from .loop import Driver, Job, deliver
+from ..tokenizer.render_worker import RenderWorker
+from .loop import EngineHost, Job, deliver, serve_model
 from .metrics import Metrics
 
 log = logging.getLogger("minfer.server")
+
+MAX_RESTARTS = 3  # engine deaths within RESTART_WINDOW_S that are restarted; one more and the server exits
+RESTART_WINDOW_S = 600.0
+BACKOFF_S = (1.0, 2.0, 4.0)  # wait before the 1st, 2nd, 3rd restart in the window
 
 
 @dataclass
@@ -67,8 +76,17 @@ class Frontend(Prompting):
         self.tokenizer = Tokenizer.from_metadata(self.reader.metadata)
         if chat_template is not None:
             self.tokenizer.set_chat_template(chat_template)
+        self.render_worker: RenderWorker | None = None
+        if self.tokenizer.chat_template is not None:  # the file's (or the user's) template: rendered under limits
+            self.render_worker = RenderWorker()
+            self.render_worker.start()  # (~0.3 s, while the engine loads)
+            self.tokenizer.isolate_templates(self.render_worker)
         self.n_ctx = self.n_slots = self.n_vocab = 0  # what the engine reports when it is ready
         self.eog_ids: frozenset[int] = frozenset()
+
+    def close(self) -> None:
+        if self.render_worker is not None:
+            self.render_worker.close()
 
     def set_facts(self, facts: dict) -> None:
         self.n_ctx, self.n_slots, self.n_vocab = facts["n_ctx"], facts["n_slots"], facts["n_vocab"]
@@ -78,53 +96,77 @@ class Frontend(Prompting):
         check_tokens(ids, self.n_vocab, self.n_ctx)
 
 
-class EngineProcess:
-    """`EngineLoop`'s interface (start, submit, cancel, stop, state, model, ready, load_error)
-    with the engine in a child process."""
+class EngineProcess(EngineHost):
+    """The serving loop in a child process (loop.py's EngineHost), restarted when it dies.
 
-    def __init__(self, spec: LoadSpec, metrics: Metrics, on_load_error=None):
+    States: loading (the first load) -> ok; ok -> restarting -> ok when the engine process dies
+    (its jobs, running and queued, end with an error event that says so; new requests are a 503
+    until the new engine is ready); error when the first load fails, or when the engine died more
+    than `max_restarts` times within `window_s` (`on_load_error` is then called: `minfer serve`
+    exits non-zero, so a supervisor restarts the whole server instead of it answering 503
+    forever); stopped. Restarts wait `backoff_s[i]` first (the i-th death in the window)."""
+
+    def __init__(self, spec: LoadSpec, metrics: Metrics, on_load_error=None, *, max_restarts: int = MAX_RESTARTS,
+                 window_s: float = RESTART_WINDOW_S, backoff_s: tuple[float, ...] = BACKOFF_S):
         self.spec, self.metrics, self.on_load_error = spec, metrics, on_load_error
-        self.state = "loading"  # loading -> ok | error; stopped
+        self.max_restarts, self.window_s, self.backoff_s = max_restarts, window_s, backoff_s
+        self.state = "loading"  # loading -> ok <-> restarting; error; stopped
         self.load_error: BaseException | None = None
         self.model: Frontend | None = None
         self.ready = threading.Event()
         self.jobs: dict[int, Job] = {}
+        self.restarts = 0
+        self._deaths: list[float] = []  # monotonic times of the engine's deaths within the window
         self._keys = itertools.count(1)
-        self._outbox: queue.SimpleQueue = queue.SimpleQueue()  # to the child, through the sender thread
-        self._sender = threading.Thread(target=self._send_loop, name="minfer-engine-sender", daemon=True)
         self._front: list = []  # the Frontend (or what building it raised), built while the child loads
         self._front_thread = threading.Thread(target=self._build_front, name="minfer-frontend", daemon=True)
         self._stopping = False
-        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited CUDA or threads
-        self._conn, child_conn = ctx.Pipe()
-        self.proc = ctx.Process(target=_child_main, args=(child_conn, spec), name="minfer-engine", daemon=True)
-        self._child_conn = child_conn
+        self._ever_ready = False
+        self._child_error: str | None = None  # what the current child reported before it exited
+        self._child_exc: BaseException | None = None
+        self._timer: threading.Timer | None = None
+        self._ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited CUDA or threads
         self.reader: threading.Thread | None = None
         self._loop = None  # the event loop reading the pipe, once attached
+        self._new_child()
 
-    # ------------------------------------------------------------------ the event loop's side
-    def start(self) -> None:
+    def _new_child(self) -> None:
+        """A child process, its pipe and its sender thread (one set per engine generation)."""
+        self._conn, self._child_conn = self._ctx.Pipe()
+        self.proc = self._ctx.Process(target=_child_main, args=(self._child_conn, self.spec), name="minfer-engine",
+                                      daemon=True)
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()  # to the child, through the sender thread
+        self._sender = threading.Thread(target=_send_all, args=(self._conn, self._outbox),
+                                        name="minfer-engine-sender", daemon=True)
+        self._child_error, self._child_exc = None, None
+
+    def _start_child(self) -> None:
         self.proc.start()
         self._child_conn.close()  # the child holds its end; EOF reaches us when it exits
         self._sender.start()
+
+    # ------------------------------------------------------------------ the event loop's side
+    def start(self) -> None:
+        self._start_child()
         self._front_thread.start()
 
     def attach(self, loop) -> None:
         """Read the pipe on `loop` (call from it, before serving)."""
         self._loop = loop
-        loop.add_reader(self._conn.fileno(), self._readable)
+        loop.add_reader(self._conn.fileno(), self._readable, self._conn)
 
     def start_reader_thread(self) -> None:
         """Read the pipe in a thread of its own (no event loop to attach to)."""
-        self.reader = threading.Thread(target=self._read, name="minfer-engine-reader", daemon=True)
+        self.reader = threading.Thread(target=self._read, args=(self._conn,), name="minfer-engine-reader",
+                                       daemon=True)
         self.reader.start()
 
     def submit(self, job: Job) -> None:
         job.key = next(self._keys)
-        self.jobs[job.key] = job
-        if not self._send(("add", job.key, job.ids, job.params, job.logprobs_n)):
-            self.jobs.pop(job.key, None)
+        if self.state != "ok" or not self._send(("add", job.key, job.ids, job.params, job.logprobs_n)):
             job.push(("error", f"the engine is not running ({self.state})"))
+            return
+        self.jobs[job.key] = job
 
     def cancel(self, job: Job) -> None:
         job.done = True
@@ -132,19 +174,25 @@ class EngineProcess:
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stopping = True
+        if self._timer is not None:
+            self._timer.cancel()
         self._send(("stop",))
         self._outbox.put(None)
-        self.proc.join(timeout)
-        if self.proc.is_alive():
-            log.error("the engine process did not stop in %.0f s; killing it", timeout)
-            self.proc.kill()
-            self.proc.join(5)
+        if self.proc.pid is not None:
+            self.proc.join(timeout)
+            if self.proc.is_alive():
+                log.error("the engine process did not stop in %.0f s; killing it", timeout)
+                self.proc.kill()
+                self.proc.join(5)
         if self.reader is not None:
             self.reader.join(timeout)
         elif self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._readable)  # take the last events (and the EOF) on the loop
-        if self.state in ("ok", "loading"):
+            conn = self._conn
+            self._loop.call_soon_threadsafe(self._readable, conn)  # the last events (and the EOF) on the loop
+        if self.state in ("ok", "loading", "restarting"):
             self.state = "stopped"
+        if self.model is not None:
+            self.model.close()
 
     def _send(self, msg: tuple) -> bool:
         """Queue a message for the child. The event loop never writes the pipe itself: a long
@@ -155,13 +203,6 @@ class EngineProcess:
         self._outbox.put(msg)
         return True
 
-    def _send_loop(self) -> None:
-        while (msg := self._outbox.get()) is not None:
-            try:
-                self._conn.send(msg)
-            except (OSError, ValueError):  # the child is gone: its end reaches the jobs through the reader
-                return
-
     def _build_front(self) -> None:
         try:
             self._front.append(Frontend(self.spec.path, self.spec.chat_template))
@@ -169,28 +210,28 @@ class EngineProcess:
             self._front.append(e)
 
     # ------------------------------------------------------------------ reading the pipe
-    def _readable(self) -> None:
+    def _readable(self, conn) -> None:
         """The pipe has data (on the event loop): take every whole message waiting."""
-        if self._conn.closed:
+        if conn.closed:
             return
         try:
-            while self._conn.poll():
-                if not self._handle(self._conn.recv(), local=True):
+            while conn.poll():
+                if not self._handle(conn.recv(), local=True):
                     break
             else:
                 return
         except (EOFError, OSError):
             pass
-        self._loop.remove_reader(self._conn.fileno())
-        self._closed()
+        self._loop.remove_reader(conn.fileno())
+        self._closed(conn)
 
-    def _read(self) -> None:
+    def _read(self, conn) -> None:
         try:
-            while self._handle(self._conn.recv(), local=False):
+            while self._handle(conn.recv(), local=False):
                 pass
         except (EOFError, OSError):
             pass
-        self._closed()
+        self._closed(conn)
 
     def _handle(self, msg: tuple, local: bool) -> bool:
         """One message from the child; False when nothing more will come."""
@@ -212,27 +253,66 @@ class EngineProcess:
             self._ready(msg[1])
         elif msg[0] == "load_error":
             _, message, typed = msg
-            self._load_failed(MinferError(message) if typed else RuntimeError(message))
+            self._child_error = message if typed else f"the engine failed to load: {message}"
+            self._child_exc = MinferError(message) if typed else RuntimeError(message)
             return False
         return True
 
-    def _closed(self) -> None:
-        """The pipe closed (or the load failed): the child is on its way out."""
-        if self._conn.closed:
+    def _closed(self, conn) -> None:
+        """A pipe closed: its child is on its way out (exited, killed, or its load failed)."""
+        if conn.closed or conn is not self._conn:
             return
-        self._conn.close()
+        conn.close()
+        self._outbox.put(None)  # this generation's sender ends
         self.proc.join(5)
         code = self.proc.exitcode
+        reason = self._child_error or f"the engine process exited (exit code {code})"
         if self._stopping:
             self.state = "stopped"
-        elif self.state == "loading":
-            self._load_failed(RuntimeError(f"the engine process exited while loading (exit code {code})"))
-        elif self.state == "ok":
-            self.state = "error"
-            log.error("the engine process exited (exit code %s)", code)
+        elif self.state == "error":  # already failed (this side could not build its tokenizer)
+            pass
+        elif not self._ever_ready:  # the first load: a model that does not load is the server's end
+            self._load_failed(self._child_exc or RuntimeError(f"the engine process exited while loading "
+                                                              f"(exit code {code})"))
+        elif self._died(reason):
+            reason += "; restarting it"
+        self.metrics.active.set(0)
+        self.metrics.queued.set(0)
         for job in list(self.jobs.values()):
-            job.push(("error", f"the engine process exited (exit code {code})"))
+            job.push(("error", reason))
         self.jobs.clear()
+
+    def _died(self, reason: str) -> bool:
+        """The engine died after it had served: schedule a restart (True), or give up (False)."""
+        now = time.monotonic()
+        self._deaths = [t for t in self._deaths if now - t < self.window_s] + [now]
+        if len(self._deaths) > self.max_restarts:
+            log.error("%s; it failed %d times in %.0f s: giving up", reason, len(self._deaths), self.window_s)
+            self._load_failed(MinferError(f"the engine process failed {len(self._deaths)} times in "
+                                          f"{self.window_s:.0f} s (last: {reason}); the server stops"))
+            return False
+        delay = self.backoff_s[min(len(self._deaths), len(self.backoff_s)) - 1]
+        log.error("%s; restarting it in %.1f s (failure %d of at most %d in %.0f s)", reason, delay,
+                  len(self._deaths), self.max_restarts, self.window_s)
+        self.state = "restarting"
+        self.restarts += 1
+        self.metrics.engine_restarts.inc()
+        self._timer = threading.Timer(delay, self._restart)
+        self._timer.daemon = True
+        self._timer.start()
+        return True
+
+    def _restart(self) -> None:
+        """(A timer thread.) A new engine process, its pipe read like the first one's."""
+        if self._stopping:
+            return
+        self._new_child()
+        self._start_child()
+        if self._loop is not None:
+            conn = self._conn
+            self._loop.call_soon_threadsafe(lambda: self._loop.add_reader(conn.fileno(), self._readable, conn))
+        else:
+            self.start_reader_thread()
 
     def _ready(self, facts: dict) -> None:
         self._front_thread.join()  # (done long before the engine: a tokenizer, not the weights)
@@ -243,76 +323,63 @@ class EngineProcess:
             return
         front.set_facts(facts)
         self.model = front
-        self.state = "ok"
+        self._ever_ready = True
+        if not self._stopping:
+            self.state = "ok"
         self.ready.set()
-
-    def _load_failed(self, e: BaseException) -> None:
-        self.state, self.load_error = "error", e
-        self.ready.set()
-        if self.on_load_error is not None:
-            self.on_load_error(e)
 
 
 # ---------------------------------------------------------------------- the child
 def _child_main(conn, spec: LoadSpec) -> None:
+    """The engine process: loop.py's serve_model with the pipe as its inbox and outlet."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        model = spec.load(spec.args, spec.config)
-        model.engine.warmup()  # graphs and kernel variants ready before /health says ok
-    except BaseException as e:  # noqa: BLE001 (reported to the parent, which exits with it)
-        conn.send(("load_error", str(e) if isinstance(e, MinferError) else f"{type(e).__name__}: {e}",
-                   isinstance(e, MinferError)))
-        return
-    conn.send(("ready", {"n_ctx": model.n_ctx, "n_slots": model.n_slots, "n_vocab": model.n_vocab,
-                         "eog_ids": sorted(model.eog_ids)}))
-    outbox: queue.SimpleQueue = queue.SimpleQueue()  # each step's message, sent by a thread of its own
+    outbox: queue.SimpleQueue = queue.SimpleQueue()  # every message to the parent, sent by a thread of its own
     sender = threading.Thread(target=_send_all, args=(conn, outbox), name="minfer-engine-sender", daemon=True)
     sender.start()
-    out: list = []
-    driver = Driver(model.engine, lambda key, ev: out.append((key, ev)))
+    sent_counts: list = [None]
+
+    def take(block: bool) -> list:
+        try:
+            if block:
+                conn.poll(None)  # idle: block until the parent says something
+            msgs = []
+            while conn.poll():
+                msgs.append(conn.recv())
+            return msgs
+        except (EOFError, OSError):  # the parent is gone: stop serving
+            return [("stop",)]
+
+    def publish(events: list, running: int, waiting: int) -> None:
+        if events or (running, waiting) != sent_counts[0]:  # (nothing new: nothing sent)
+            outbox.put(("events", events, running, waiting))
+            sent_counts[0] = (running, waiting)
+
+    def ready(model) -> None:
+        outbox.put(("ready", {"n_ctx": model.n_ctx, "n_slots": model.n_slots, "n_vocab": model.n_vocab,
+                              "eog_ids": sorted(model.eog_ids)}))
+
+    def load_failed(e: BaseException) -> None:  # reported to the parent, which exits with it
+        outbox.put(("load_error", str(e) if isinstance(e, MinferError) else f"{type(e).__name__}: {e}",
+                    isinstance(e, MinferError)))
+
+    failed = False
     try:
-        _serve(conn, driver, out, outbox)
-    except (EOFError, OSError):  # the parent is gone
-        pass
-    except BaseException as e:  # noqa: BLE001 (a bug in the loop itself: say so to every waiting client)
-        log.error("engine loop failed:\n%s", traceback.format_exc())
-        driver.fail_all(f"the engine loop failed: {type(e).__name__}: {e}")
-        outbox.put(("events", list(out), 0, 0))
+        serve_model(lambda: spec.load(spec.args, spec.config), take, publish, ready, load_failed)
+    except BaseException:  # noqa: BLE001 (the loop failed: logged, its requests told; the parent restarts it)
+        failed = True
     finally:
         outbox.put(None)
         sender.join(10)  # the last events reach the parent before this process ends
-        model.close()
+    if failed:
+        sys.exit(1)
 
 
 def _send_all(conn, outbox: queue.SimpleQueue) -> None:
-    """Write the engine's messages to the parent: the engine never waits for a parent that is
-    slow to read (a busy event loop); it only queues."""
+    """Write one side's messages to the other from a thread: the engine never waits for a parent
+    that is slow to read (a busy event loop), nor the event loop for a child inside a step; each
+    only queues. Ends at None, or when the other side is gone (its end reaches the reader)."""
     while (msg := outbox.get()) is not None:
         try:
             conn.send(msg)
-        except (OSError, ValueError):  # the parent is gone: the engine loop sees EOF on its next poll
+        except (OSError, ValueError):  # the other side is gone: its loop sees EOF on its next poll
             return
-
-
-def _serve(conn, driver: Driver, out: list, outbox: queue.SimpleQueue) -> None:
-    counts = None
-    while True:
-        if not driver.busy():
-            conn.poll(None)  # idle: block until the parent says something
-        while conn.poll():
-            msg = conn.recv()
-            if msg[0] == "add":
-                driver.add(msg[1], msg[2], msg[3], msg[4])
-            elif msg[0] == "abort":
-                driver.abort(msg[1])
-            elif msg[0] == "stop":
-                driver.fail_all("the server is shutting down")
-                outbox.put(("events", list(out), 0, 0))
-                return
-        if driver.busy():
-            driver.step()
-        now = driver.counts()
-        if out or now != counts:
-            outbox.put(("events", list(out), *now))
-            out.clear()
-            counts = now

@@ -1,30 +1,69 @@
 """The request schema (pydantic, strict types) and its mapping onto SamplingParams.
 
 Types are strict: `"temperature": "0.5"` is a 400, not a coercion (an integer is a valid
-number). Fields the server does not know are ignored, as OpenAI's own API ignores them; fields
-it knows but cannot honour (n > 1, tools, logit_bias, echo, suffix, best_of > 1, a
-response_format other than text) are a 400 that says so, never silently dropped.
+number, and a number without a fraction, `7.0`, a valid integer, as JSON Schema has it). Fields
+the server does not know are ignored, as OpenAI's own API ignores them; fields it knows but
+cannot honour (n > 1, tools, logit_bias, echo with logprobs, best_of > 1, a response_format
+other than text) are a 400 that says so, never silently dropped. `echo` puts the prompt's text
+before the completion; `suffix` makes the completion a fill in the middle (llama.cpp's infill
+prompt: the model's FIM tokens around prompt and suffix). The models' JSON schema
+(/openapi.json) states the bounds the handlers check (`_doc`), so a client, or the schema
+fuzzer, knows them.
 
 Field mapping (docs/SERVER.md has the table): max_completion_tokens (or max_tokens) ->
 max_tokens (absent: until an end token or the end of the context); temperature, top_p, top_k,
 min_p, seed, stop, frequency_penalty, presence_penalty as named; repetition_penalty (also spelled
 repeat_penalty) -> repeat_penalty; repeat_last_n (the window of all three penalties, prompt
-included, default 64). An absent sampling field takes SamplingParams' default (llama.cpp's:
-temperature 0.8, top_k 40, top_p 0.95, min_p 0.05); temperature 0 is greedy.
+included, default 64). An absent field takes the server's default: `minfer serve`'s sampling
+flags, which default to SamplingParams' (llama.cpp's: temperature 0.8, top_k 40, top_p 0.95,
+min_p 0.05; max_tokens: until the end); temperature 0 is greedy.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+import dataclasses
+from typing import Annotated
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from ..engine.logprobs import MAX_TOP_LOGPROBS
-from ..engine.params import SamplingParams
+from ..engine.params import MAX_REQUEST_TEMPERATURE, MAX_STOP_CHARS, MAX_STOPS, RANGES, SamplingParams, check_request
 from ..errors import ParamError
 from .errors import APIError
 
 MAX_MESSAGES = 2048
 ROLES = ("system", "developer", "user", "assistant")  # developer is rendered as system
-MAX_TEMPERATURE = 2.0  # OpenAI's range
+
+
+def _integral(v):
+    """JSON has one number type: 904.0 is the integer 904 (JSON Schema agrees); 904.5 stays a float
+    for the strict check to refuse, and a string or a bool is never a number."""
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+Int = Annotated[int, BeforeValidator(_integral)]  # an integer field: 7 or 7.0, never "7", 7.5 or true
+
+
+def _doc(default=None, **bounds):
+    """A field whose JSON schema (/openapi.json) states what the handlers accept. Documentation
+    only: pydantic checks the types, and the handlers below (and SamplingParams) check these
+    bounds themselves, with a 400 that names the field and the value it got. A keyword applies to
+    the JSON type it is made for (`minimum` to numbers, `maxItems` to arrays), so one field with
+    several types, or null, carries them all."""
+    return Field(default, json_schema_extra=bounds)
+
+
+def _range(name: str, **override) -> dict:
+    """SamplingParams' range of `name` (engine/params.py RANGES) as JSON-schema bounds."""
+    lo, hi, lo_open = RANGES[name]
+    out = {"exclusiveMinimum" if lo_open else "minimum": lo}
+    if hi is not None:
+        out["maximum"] = hi
+    return out | override
+
+
+STOP = {"minLength": 1, "maxLength": MAX_STOP_CHARS, "maxItems": MAX_STOPS,
+        "items": {"minLength": 1, "maxLength": MAX_STOP_CHARS}}
 
 
 class _Strict(BaseModel):
@@ -35,55 +74,69 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+def _require(*names: str):
+    """A model's JSON schema with `names` required and not null (the handler refuses them missing or null)."""
+    def edit(js: dict) -> None:
+        js["required"] = sorted(set(js.get("required", ())) | set(names))
+        for n in names:
+            prop = js["properties"][n]
+            if "anyOf" in prop:
+                prop["anyOf"] = [t for t in prop["anyOf"] if t.get("type") != "null"]
+            prop.pop("default", None)
+    return edit
+
+
 class ContentPart(_Strict):
-    type: str
+    model_config = ConfigDict(json_schema_extra=_require("text"))
+    type: str = _doc(..., enum=["text"])
     text: str | None = None
 
 
 class Message(_Strict):
-    role: str
+    model_config = ConfigDict(json_schema_extra=_require("content"))
+    role: str = _doc(..., enum=list(ROLES))
     content: str | list[ContentPart] | None = None
     name: str | None = None
 
 
 class _Common(_Strict):
     model: str | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    repetition_penalty: float | None = None
-    repeat_penalty: float | None = None
-    repeat_last_n: int | None = None
+    max_tokens: Int | None = _doc(minimum=1)
+    temperature: float | None = _doc(**_range("temperature", maximum=MAX_REQUEST_TEMPERATURE))
+    top_p: float | None = _doc(**_range("top_p"))
+    top_k: Int | None = _doc(**_range("top_k"))
+    min_p: float | None = _doc(**_range("min_p"))
+    seed: Int | None = _doc(**_range("seed"))
+    stop: str | list[str] | None = _doc(**STOP)
+    frequency_penalty: float | None = _doc(**_range("frequency_penalty"))
+    presence_penalty: float | None = _doc(**_range("presence_penalty"))
+    repetition_penalty: float | None = _doc(**_range("repeat_penalty"))
+    repeat_penalty: float | None = _doc(**_range("repeat_penalty"))
+    repeat_last_n: Int | None = _doc(**_range("repeat_last_n"))
     ignore_eos: bool = False
     stream: bool = False
-    stream_options: StreamOptions | None = None
-    n: int = 1
-    logit_bias: dict[str, float] | None = None
+    stream_options: StreamOptions | None = None  # only with stream=true (a 400 otherwise)
+    n: Int = _doc(1, minimum=1, maximum=1)
+    logit_bias: dict[str, float] | None = _doc(maxProperties=0)
     user: str | None = None
 
 
 class ChatRequest(_Common):
-    messages: list[Message]
-    max_completion_tokens: int | None = None
+    messages: list[Message] = _doc(..., minItems=1, maxItems=MAX_MESSAGES)
+    max_completion_tokens: Int | None = _doc(minimum=1)
     logprobs: bool = False
-    top_logprobs: int | None = None
-    tools: list | None = None
+    top_logprobs: Int | None = _doc(minimum=0, maximum=MAX_TOP_LOGPROBS)  # only with logprobs=true
+    tools: list | None = _doc(maxItems=0)
     tool_choice: str | dict | None = None
-    response_format: dict | None = None
+    response_format: dict | None = _doc(properties={"type": {"enum": ["text"]}})
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[int] | list[str]
-    logprobs: int | None = None
+    prompt: str | list[Int] | list[str]
+    logprobs: Int | None = _doc(minimum=0, maximum=MAX_TOP_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: Int | None = _doc(minimum=1, maximum=1)
 
 
 def parse(cls: type[_Common], body: dict) -> _Common:
@@ -117,10 +170,11 @@ def _unsupported(req: _Common) -> None:
             if not req.logprobs:
                 raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
     else:
-        if req.echo:
-            raise APIError(400, "echo is not supported", param="echo")
-        if req.suffix:
-            raise APIError(400, "suffix is not supported", param="suffix")
+        if req.echo and req.logprobs is not None:
+            raise APIError(400, "echo with logprobs is not supported (the prompt's logprobs are not computed)",
+                           param="echo")
+        if req.suffix is not None and not isinstance(req.prompt, str):
+            raise APIError(400, "suffix (fill in the middle) needs the prompt as a string", param="suffix")
         if req.best_of not in (None, 1):
             raise APIError(400, f"best_of must be 1, got {req.best_of}", param="best_of")
         if req.logprobs is not None and not 0 <= req.logprobs <= MAX_TOP_LOGPROBS:
@@ -170,22 +224,25 @@ def logprobs_n(req: _Common) -> int | None:
     return req.logprobs
 
 
-def sampling_params(req: _Common, max_tokens: int | None) -> SamplingParams:
-    """The request as SamplingParams (absent fields: SamplingParams' defaults); a 400 names the field."""
+def sampling_params(req: _Common, max_tokens: int | None, defaults: SamplingParams | None = None) -> SamplingParams:
+    """The request as SamplingParams (absent fields: `defaults`, the server's; else SamplingParams'
+    own, with max_tokens None); a 400 names the field."""
     if req.repetition_penalty is not None and req.repeat_penalty is not None \
             and req.repetition_penalty != req.repeat_penalty:
         raise APIError(400, "repetition_penalty and repeat_penalty disagree (they are the same setting)",
                        param="repetition_penalty")
-    if req.temperature is not None and req.temperature > MAX_TEMPERATURE:
-        raise APIError(400, f"temperature must be <= {MAX_TEMPERATURE}, got {req.temperature}", param="temperature")
     given = dict(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p, seed=req.seed,
                  frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty,
                  repeat_penalty=req.repetition_penalty if req.repetition_penalty is not None else req.repeat_penalty,
                  repeat_last_n=req.repeat_last_n)
     names = {"repeat_penalty": "repetition_penalty"}
+    base = defaults if defaults is not None else SamplingParams(max_tokens=None)
+    given.update(max_tokens=max_tokens, stop=tuple([req.stop] if isinstance(req.stop, str) else req.stop or ()),
+                 ignore_eos=req.ignore_eos or None)
+    if not given["stop"]:
+        del given["stop"]
     try:
-        return SamplingParams(max_tokens=max_tokens, stop=req.stop or (), ignore_eos=req.ignore_eos,
-                              **{k: v for k, v in given.items() if v is not None})
+        return check_request(dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None}))
     except ParamError as e:
         raise APIError(400, f"{names.get(e.param, e.param)} {e.reason}", param=names.get(e.param, e.param)) from None
 

@@ -20,12 +20,19 @@ The sandbox stops code execution but not resource exhaustion, so on top of it:
   `|indent`, `|join` (with `attribute=` too), `|replace`, `|wordwrap`, `|sum`, `|tojson` (its
   separators at most 64 characters, the output estimated from the items, indent and depth),
   `str.join`, `str.expandtabs`, `str.translate` (each character's replacement counted),
-  `n ** m`, ...); integer arguments above 2^20 are refused;
+  `n ** m`, `str.format` / `%` by all their fields together: each one's width and precision and
+  the value it prints, a value named by many fields counted each time), ...); integer arguments
+  above 2^20 are refused;
+- lazy filter results (`map`, `select`, `reject`, `batch`, `unique`, ...) count their items as
+  they are drawn, so `|list` or `|join` of a generator never builds more than the limit;
 - filters and attribute lookups are never constant-folded at compile time (they only run
   inside a render, under these limits).
 
-Any failure or violation is a TemplateError. A model without a template gets ChatML
-(`<|im_start|>{role}\\n{content}<|im_end|>\\n` per message, then `<|im_start|>assistant\\n`).
+Any failure or violation is a TemplateError. A model without a template gets its family's
+built-in template where the vocabulary names the family (`builtin_template`: Gemma's turns for a
+vocabulary with `<start_of_turn>` / `<end_of_turn>`, as the Gemma 3 270M GGUF on PyPI has no
+template), else ChatML (`<|im_start|>{role}\\n{content}<|im_end|>\\n` per message, then
+`<|im_start|>assistant\\n`).
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ import json
 import re
 import string
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -65,6 +72,37 @@ CHATML_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
+
+
+# Gemma 3's own template (text parts): a system message becomes the first user turn's prefix, the
+# assistant is "model", and roles must alternate user / assistant after it: anything else (a
+# second system message, a "tool" turn, two user turns in a row) raises, a TemplateError here.
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}"
+    "{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{%- endif -%}"
+    "{%- if message['role'] == 'assistant' -%}{%- set role = 'model' -%}"
+    "{%- else -%}{%- set role = message['role'] -%}{%- endif -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}"
+    "{{ message['content'] | trim }}"
+    "{{ '<end_of_turn>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
+)
+
+
+def builtin_template(tokens: Mapping[str, int]) -> str | None:
+    """The template of a model family recognised by its vocabulary (`tokens`: text -> id), for
+    files that carry none: Gemma's turn markers -> GEMMA_TEMPLATE; None otherwise (ChatML)."""
+    if "<start_of_turn>" in tokens and "<end_of_turn>" in tokens:
+        return GEMMA_TEMPLATE
+    return None
 
 
 class _Budget:
@@ -142,30 +180,93 @@ def _refuse_if(predicted: int, what: str) -> None:
 _PRINTF_FIELD = re.compile(r"%(?:\([^)]*\))?[#0\- +]*(\*|\d+)?(?:\.(\*|\d+))?")
 
 
+def _text_bound(x: Any) -> int:
+    """An upper bound of len(str(x)) or len(repr(x)) (what a format field can print), stopping
+    early above MAX_SIZE: strings their length (repr: at most 10 characters each, "\\U0001f600"),
+    integers their digits with grouping commas, other scalars 330 (a float's longest form),
+    containers their items' bounds plus separators."""
+    total, stack = 0, [x]
+    while stack and total <= MAX_SIZE:
+        v = stack.pop()
+        if isinstance(v, (str, bytes)):
+            total += 10 * len(v) + 3
+        elif isinstance(v, bool) or v is None:
+            total += 5
+        elif isinstance(v, int):
+            total += v.bit_length() * 41 // 100 + 3
+        elif isinstance(v, _CONTAINERS):
+            if isinstance(v, Namespace):
+                v = v._Namespace__attrs
+            if len(v) > MAX_ELEMENTS:
+                return MAX_SIZE + 1
+            items = [*v.keys(), *v.values()] if isinstance(v, dict) else list(v)
+            total += 4 * len(items) + 16
+            stack.extend(items)
+        else:
+            total += 330
+    return total
+
+
 def _check_printf(fmt: str | bytes, args: Any) -> None:
-    """Refuse printf widths/precisions that would allocate more than MAX_SIZE."""
+    """Refuse printf formats whose result could pass MAX_SIZE: a width or precision above it, or
+    all fields together (each at least its width and precision, and the value it prints)."""
     text = fmt.decode("latin-1") if isinstance(fmt, bytes) else fmt
-    for m in _PRINTF_FIELD.finditer(text):
+    fields = list(_PRINTF_FIELD.finditer(text))
+    pads = 0
+    for m in fields:
         for g in m.groups():
-            if g and g != "*" and int(g) > MAX_SIZE:
-                raise TemplateError("chat template format width is too large")
+            if g and g != "*":
+                if int(g) > MAX_SIZE:
+                    raise TemplateError("chat template format width is too large")
+                pads += int(g)
     if "*" in text:
         _check_ints(args if isinstance(args, tuple) else (args,), {})
+        pads += sum(a for a in (args if isinstance(args, tuple) else (args,)) if isinstance(a, int))
+    if isinstance(args, Mapping):  # "%(a)s" may name one value many times
+        values = max((_text_bound(v) for v in args.values()), default=0) * len(fields)
+    else:
+        values = _text_bound(args)
+    _refuse_if(len(text) + pads + values, "format")
 
 
 def _check_format_spec(fmt: str, args: tuple, kwargs: Mapping[str, Any]) -> None:
-    """Refuse str.format widths above MAX_SIZE, including ones supplied through nested fields."""
+    """Refuse str.format calls whose result could pass MAX_SIZE, before it is built: a width
+    above MAX_SIZE (nested fields included), or the fields together (each one at least its width
+    and precision, and the value it names: a value named by many fields counts each time; one
+    reached through attributes or items counts as the whole argument)."""
     try:
         fields = list(string.Formatter().parse(fmt))
     except ValueError as e:
         raise TemplateError(f"chat template format string: {e}") from None
-    for _, _, spec, _ in fields:
-        if not spec:
+    nested = max((a for a in (*args, *kwargs.values()) if isinstance(a, int) and not isinstance(a, bool)),
+                 default=0)
+    total, auto = 0, 0
+    bounds: dict[Any, int] = {}
+    for literal, name, spec, _ in fields:
+        total += len(literal)
+        if name is None:
             continue
-        if "{" in spec:
-            _check_ints(args, kwargs)
-        if any(int(d) > MAX_SIZE for d in re.findall(r"\d+", spec)):
-            raise TemplateError("chat template format width is too large")
+        pad = 0
+        if spec:
+            if "{" in spec:
+                _check_ints(args, kwargs)
+                pad += 2 * nested
+            digits = [int(d) for d in re.findall(r"\d+", spec)]
+            if any(d > MAX_SIZE for d in digits):
+                raise TemplateError("chat template format width is too large")
+            pad += sum(digits)
+        key = re.split(r"[.\[]", name, maxsplit=1)[0]
+        if key == "":
+            key, auto = auto, auto + 1
+        elif key.isdigit():
+            key = int(key)
+        if key not in bounds:
+            value = (args[key] if key < len(args) else None) if isinstance(key, int) else kwargs.get(key)
+            bounds[key] = _text_bound(value)
+        total += pad + bounds[key]
+        if total > MAX_SIZE:
+            break
+    _refuse_if(total, "format()")
 
 
 def _predict_replace(s: Any, old: Any, new: Any, count: Any) -> None:
@@ -200,6 +301,8 @@ def _guard_str_method(obj: Any, args: tuple, kwargs: dict) -> tuple:
             _refuse_if(len(s) + s.count("\t" if isinstance(s, str) else b"\t") * tab, "expandtabs()")
     elif name == "translate" and args:
         _predict_translate(s, args[0])
+    elif name in ("upper", "lower", "title", "capitalize", "swapcase", "casefold") and isinstance(s, str):
+        _refuse_if(3 * len(s), f"{name}()")  # one character can map to three ("\ufb03".upper() == "FFI")
     return args
 
 
@@ -218,6 +321,16 @@ def _predict_translate(s: Any, table: Any) -> None:
         if total > MAX_SIZE:
             break
     _refuse_if(total, "translate()")
+
+
+def urlize_bound(text: str, target: Any = None, rel: Any = None) -> int:
+    """At least the length of `text|urlize`, from counts (no allocation): every word of the escaped
+    text may become `<a href="https://WORD" rel=".." target="..">WORD</a>` (jinja2.utils.urlize)."""
+    escaped = (len(text) + 4 * (text.count("&") + text.count('"') + text.count("'"))
+               + 3 * (text.count("<") + text.count(">")))
+    words = re.subn(r"\S+", "", text)[1]
+    tag = 64 + 5 * (len(str(target or "")) + len(str(rel or "")))  # the tags, the scheme, rel="nofollow noopener"
+    return 2 * escaped + words * tag
 
 
 def _guard_filter_args(name: str, args: list, kwargs: dict, value_at: int) -> None:
@@ -256,6 +369,12 @@ def _guard_filter_args(name: str, args: list, kwargs: dict, value_at: int) -> No
         wrap = arg(2, "wrapstring", None)
         if isinstance(wrap, str):
             _refuse_if(len(str(value)) * max(len(wrap), 1), "wordwrap")
+    elif name in ("string", "pprint") and not isinstance(value, str):  # repr of a container: escapes, quotes
+        _refuse_if(_text_bound(value), f"|{name}")
+    elif name in ("upper", "lower", "title", "capitalize") and isinstance(value, str):
+        _refuse_if(3 * len(value), f"|{name}")  # one character can map to three ("\ufb03".upper() == "FFI")
+    elif name == "urlize" and value is not None:
+        _refuse_if(urlize_bound(str(value), arg(2, "target", None), arg(3, "rel", None)), "|urlize")
     elif name in ("slice", "batch"):
         n = arg(0, "slices" if name == "slice" else "linecount", 0)
         if isinstance(n, int) and n > MAX_RANGE:
@@ -339,6 +458,27 @@ def _range(*args: Any) -> range:
     return r
 
 
+class _SizedIterator:
+    """A lazy filter result (map, select, batch, unique, ...) whose items are counted as they are
+    drawn: more than MAX_SIZE characters/elements in all is refused before the next item is
+    handed on, so `|list` or `|join` of a generator never builds more than the limit (each
+    item's own size is checked by the filter that made it)."""
+
+    def __init__(self, inner: Any, what: str):
+        self._inner, self._what, self._total = iter(inner), what, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Any:
+        _budget()
+        item = next(self._inner)
+        self._total += max(_size(item), 1)
+        if self._total > MAX_SIZE:
+            raise TemplateError(f"chat template {self._what} result exceeds {MAX_SIZE} characters/elements")
+        return item
+
+
 class _CountedIterable:
     """What a rewritten `{% for %}` iterates: the original iterable, counted against the budget."""
 
@@ -412,7 +552,10 @@ class _GuardedEnvironment(ImmutableSandboxedEnvironment):
             _check_all((*args_l[value_at:], *kwargs.values()), f"|{name} input")
             _check_ints(tuple(args_l[value_at + 1:]), kwargs)
             _guard_filter_args(name, args_l, kwargs, value_at)
-            return _check_size(f(*args_l, **kwargs), f"|{name} result")
+            result = f(*args_l, **kwargs)
+            if isinstance(result, Iterator):  # a lazy result: its items are counted as they are drawn
+                return _SizedIterator(result, f"|{name}")
+            return _check_size(result, f"|{name} result")
 
         return guarded
 

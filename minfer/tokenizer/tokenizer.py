@@ -25,7 +25,7 @@ from typing import Any
 from ..errors import TokenizerError
 from ..gguf.reader import GGUFReader
 from .bpe import BytePairEncoder, SentencePieceEncoder
-from .chat import ChatTemplate, render_chat
+from .chat import ChatTemplate, builtin_template, render_chat
 from .unicode import CHAR_TO_BYTE
 from .vocab import (
     ATTR_BYTE,
@@ -38,6 +38,7 @@ from .vocab import (
 )
 
 _SPM_SPACE = "\u2581"  # "▁"
+_C_SPACE = " \t\n\v\f\r"  # C's isspace(), which llama.cpp's strip attributes use
 _HIDDEN_UNLESS_SPECIAL = ATTR_CONTROL | ATTR_UNKNOWN
 
 
@@ -51,7 +52,8 @@ class Tokenizer:
         else:
             self._spm = SentencePieceEncoder(vocab.token_to_id, vocab.scores, self._spm_byte_ids())
         self._pieces: dict[tuple[int, bool], bytes] = {}
-        self._template = vocab.chat_template
+        self._template = vocab.chat_template or builtin_template(vocab.token_to_id)
+        self._render = render_chat  # (isolate_templates: a render worker process's)
 
     @classmethod
     def from_metadata(cls, meta: Mapping[str, Any]) -> Tokenizer:
@@ -86,6 +88,10 @@ class Tokenizer:
     def eos_id(self) -> int | None:
         return self._v.special["eos"]
 
+    def special_id(self, name: str) -> int | None:
+        """A special token's id by its role (bos, eos, eot, fim_pre, fim_suf, fim_mid, ...), or None."""
+        return self._v.special.get(name)
+
     @property
     def eot_ids(self) -> frozenset[int]:
         """Ids that end generation (llama.cpp's EOG set: eos, eot, eom, <|im_end|>-style tokens)."""
@@ -114,6 +120,12 @@ class Tokenizer:
         a TemplateError here rather than at the first chat."""
         ChatTemplate(source)
         self._template = source
+
+    def isolate_templates(self, worker) -> None:
+        """Render the chat template through `worker` (render_worker.RenderWorker: a child process
+        under memory and CPU limits) instead of in this process; what the server does with a
+        model file's template."""
+        self._render = worker.render
 
     def is_eog(self, token_id: int) -> bool:
         return token_id in self._v.eog_ids
@@ -173,6 +185,8 @@ class Tokenizer:
                 for k, part in enumerate(f.split(tok)):
                     if k:
                         new.append(tid)
+                        if tid in v.rstrip_ids:  # the whitespace after it is dropped (phi3)
+                            part = part.lstrip(_C_SPACE)
                     if part:
                         new.append(part)
             frags = new
@@ -261,8 +275,9 @@ class Tokenizer:
         def text_of(tid: int | None) -> str:
             return self._v.texts[tid] if tid is not None else ""
 
-        return render_chat(self._template, messages, add_generation_prompt=add_generation_prompt,
-                           bos_token=text_of(self.bos_id), eos_token=text_of(self.eos_id), **extra)
+        render = render_chat if self._template is None else self._render  # (ChatML: minfer's own)
+        return render(self._template, messages, add_generation_prompt=add_generation_prompt,
+                      bos_token=text_of(self.bos_id), eos_token=text_of(self.eos_id), **extra)
 
 
 _SPACE_BEFORE_PUNCT = re.compile(rb" (?=[?!.,])")

@@ -87,6 +87,7 @@ class Vocab:
     add_space_prefix: bool
     clean_spaces: bool
     chat_template: str | None
+    rstrip_ids: frozenset[int] = frozenset()  # special tokens that eat the whitespace after them
 
 
 _MISSING = object()
@@ -218,7 +219,21 @@ def load_vocab(meta: Mapping[str, Any]) -> Vocab:
     ))
     template = _value(meta, "tokenizer.chat_template", str, None)
     return Vocab(model, pre, texts, scores, attrs, token_to_id, ranks, special, eog, special_order,
-                 add_bos, add_eos, add_space_prefix, clean_spaces, template)
+                 add_bos, add_eos, add_space_prefix, clean_spaces, template,
+                 _rstrip_ids(meta, token_to_id, special_order))
+
+
+def _rstrip_ids(meta: Mapping[str, Any], token_to_id: dict[str, int], special_order: tuple[int, ...]) -> frozenset[int]:
+    """llama.cpp's per-model token attributes (llama_vocab::impl::load): for a model whose
+    `general.name` contains "phi-3" or "phi3" (any case), every special token and "</s>" strip
+    the whitespace that follows them in the text (RSTRIP), except "<unk>", "<s>", "<|endoftext|>"."""
+    name = meta.get("general.name")
+    if not isinstance(name, str) or not any(k in name.lower() for k in ("phi-3", "phi3")):
+        return frozenset()
+    ids = set(special_order)
+    if "</s>" in token_to_id:
+        ids.add(token_to_id["</s>"])
+    return frozenset(ids - {token_to_id[t] for t in ("<unk>", "<s>", "<|endoftext|>") if t in token_to_id})
 
 
 def _detect_special_tokens(texts: list[str], token_to_id: dict[str, int], attrs: list[int],

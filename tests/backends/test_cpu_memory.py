@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from minfer.backends import cpu
+from minfer.backends.cpu import backend as cpu
 from minfer.config import EngineConfig
 from minfer.engine.engine import Engine
 from minfer.errors import InsufficientMemoryError

@@ -1,8 +1,9 @@
 """The cuda backend against the cpu reference, end to end, on tiny synthetic models of every quant
 mix: logits of prompts and of decode steps, greedy tokens, batched decode, CUDA-graph buckets.
 
-In CI the backend runs under the Triton interpreter (CPU tensors, no graphs); with
-MINFER_TEST_DEVICE=cuda the same tests run the compiled kernels on the GPU, graphs included.
+In CI the backend runs under the Triton interpreter (CPU tensors; its CUDA graphs emulated on the host
+by the `host_graphs` tests: a replay re-runs the captured step on the staged buffers); with
+MINFER_TEST_DEVICE=cuda the same tests run the compiled kernels on the GPU, real graphs included.
 """
 
 from __future__ import annotations
@@ -15,7 +16,23 @@ from minfer.backends.base import Batch
 from minfer.errors import NoKernelError
 
 PROMPT = [3, 17, 42, 99, 5, 250, 7, 311, 64, 128, 2, 77]
-TOL = 1.2e-2  # bf16 matmul operands / f16 KV cache vs the cpu's exact float32 path (contracts: 1e-2, 5e-3)
+# Bounds of ||cuda - ref|| / ||ref|| over logits, measured 2026-12-02 under the Triton interpreter (this
+# file's cases; the largest of each family) with a margin of 3x or less. The cuda side: prompt chunks on bf16
+# matmul operands and an f16 KV cache, decode rows on f32 GEMVs (int8 activations above 2^24 weights).
+# The cpu side is not exact for quantized weights: its VNNI kernel reads activations in two int8 passes
+# (~3e-5), and types it has no C kernel for (Q6_K: the K mixes' output) run torch's int4 kernel on bfloat16
+# activations, hence the K family's larger error. A decode-row RoPE one position off moves the logits by
+# ~1e-2, a 5 % attention scale error by several 1e-2.
+TOL = 1.8e-3  # float and non-K weights vs cpu: measured 6.1e-4 (tiny-llama q4_0 prompt)
+TOL_K = 1.1e-2  # K-quant mixes vs cpu (Q6_K output on the cpu's bfloat16 path): measured 3.6e-3 (q4_k_m)
+TOL_MMQ_K = 2.7e-2  # mmq=True on a K mix (x quantized to int8 once, per 32 values): measured 9.1e-3
+# a backend's decode rows (GEMVs, f32) vs its own prompt rows (bf16 operands) and batch rows vs each alone:
+# measured 5.2e-4 (tiny-qwen2 q4_k)
+TOL_OWN = 1.5e-3
+
+
+def tol(quant: str) -> float:
+    return TOL_K if "_k" in quant else TOL
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -27,24 +44,24 @@ def wide_interpreter_tiles():
     """Under the Triton interpreter a GEMV's cost is mostly per-program overhead, and the tiny models'
     weights take the small-weight tile (8 rows a program: ~600 programs a decode step). Here they
     take 64-row tiles (r 8, 8 lanes along rows: the same kernel, code paths and K order per row;
-    tests/kernels/test_qmatmul.py checks the tiles themselves): ~8x fewer programs, the suite's
+    tests/kernels/triton/test_qmatmul.py checks the tiles themselves): ~8x fewer programs, the suite's
     slowest tests several times faster. Compiled runs (MINFER_TEST_DEVICE=cuda) keep the defaults."""
-    from minfer.kernels import qmatmul
+    from minfer.kernels.triton import gemv
 
-    if not qmatmul.INTERPRETING:
+    if not gemv.INTERPRETING:
         yield
         return
-    small = qmatmul._gemv_config
+    small = gemv._gemv_config
 
-    def wide(n: int, k: int, affine: bool = False) -> qmatmul.GemvConfig:
+    def wide(n: int, k: int, affine: bool = False) -> gemv.GemvConfig:
         cfg = small(n, k, affine)
-        return qmatmul.GemvConfig(r=8, lr=8, wk=cfg.wk) if n * k <= qmatmul.SMALL_WEIGHTS else cfg
+        return gemv.GemvConfig(r=8, lr=8, wk=cfg.wk) if n * k <= gemv.SMALL_WEIGHTS else cfg
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(qmatmul, "_gemv_config", wide)
-        qmatmul.gemv_config.cache_clear()
+        mp.setattr(gemv, "_gemv_config", wide)
+        gemv.gemv_config.cache_clear()
         yield
-    qmatmul.gemv_config.cache_clear()
+    gemv.gemv_config.cache_clear()
 
 
 @pytest.fixture(scope="module")
@@ -71,29 +88,35 @@ CASES = [("tiny-llama", q) for q in ("f32", "f16", "q8_0", "q4_0", "q4_1", "q4_k
 def test_prompt_and_decode_logits_match_cpu(pair, raw, preset, quant):
     cpu, gpu = pair(preset, quant)
     want = raw.prefill(cpu.engine, 0, PROMPT)
-    got = raw.prefill(gpu.engine, 0, PROMPT)
-    assert got.shape == want.shape and _rel(got, want) < TOL
+    got = raw.prefill(gpu.engine, 0, PROMPT).cpu().clone()  # (a step's logits are a buffer the next step reuses)
+    assert got.shape == want.shape and _rel(got, want) < tol(quant)
     # decode steps (the graph-replayed path on a GPU) after a 9-token prompt
     raw.prefill(cpu.engine, 1, PROMPT[:9])
     raw.prefill(gpu.engine, 1, PROMPT[:9])
     steps_c = torch.stack([raw.decode(cpu.engine, 1, t, p) for p, t in enumerate(PROMPT[9:], start=9)])
     steps_g = torch.stack([raw.decode(gpu.engine, 1, t, p).cpu() for p, t in enumerate(PROMPT[9:], start=9)])
-    assert _rel(steps_g, steps_c) < TOL
-    assert _rel(steps_g, want[9:]) < TOL
+    assert _rel(steps_g, steps_c) < tol(quant)
+    assert _rel(steps_g, want[9:]) < tol(quant)
+    # and the backend's decode rows against its own rows of the same positions in the prompt
+    assert _rel(steps_g, got[9:]) < TOL_OWN
+
+
+# decisive greedy steps compared (top-1 / top-2 margin >= 0.5 on the cpu) of 3 prompts x 8 tokens on the
+# decisive tiny model (logit scale 20): measured 23 (q4_0) and 23 (q8_0) of 24 on 2026-12-02
+GREEDY_FLOOR = 16
 
 
 @pytest.mark.parametrize("quant", ["q4_0", "q8_0"])
-def test_greedy_generation_matches_cpu_where_decisive(pair, quant):
-    cpu, gpu = pair("tiny-llama", quant)
+def test_greedy_generation_matches_cpu_where_decisive(tiny_gguf, greedy, quant):
+    path = tiny_gguf("tiny-llama", quant, decisive=True)
+    cpu = load(path, "cpu", n_ctx=64, n_slots=4, progress=False)
+    gpu = load(path, "cuda", n_ctx=64, n_slots=4, progress=False)
     prompts = ["hello there", "the cat", "one two three four"]
     a = cpu.generate_batch(prompts, max_tokens=8, temperature=0)
     b = gpu.generate_batch(prompts, max_tokens=8, temperature=0)
-    for ra, rb, p in zip(a, b, prompts, strict=True):
-        ids = cpu.prompt_ids(p) + ra.token_ids
-        logits = cpu.logits(ids)[len(ids) - len(ra.token_ids) - 1:-1]
-        top2 = logits.topk(2, dim=-1).values
-        firm = next((j for j, m in enumerate((top2[:, 0] - top2[:, 1]).tolist()) if m < 0.5), len(ra.token_ids))
-        assert rb.token_ids[:firm] == ra.token_ids[:firm]
+    decisive = sum(greedy.compare(ra.token_ids, rb.token_ids, greedy.margins(cpu, cpu.prompt_ids(p), ra.token_ids), p)
+                   for ra, rb, p in zip(a, b, prompts, strict=True))
+    assert decisive >= GREEDY_FLOOR, f"only {decisive} decisive steps compared"
 
 
 def test_mixed_type_fused_weights_run_a_gemv_per_type(pair, raw):
@@ -102,31 +125,35 @@ def test_mixed_type_fused_weights_run_a_gemv_per_type(pair, raw):
     copy: its f16 rounding alone would cost ~1e-3), and matches the cpu's exact float32 path."""
     cpu, gpu = pair("tiny-llama", "q4_k_m")
     kernels = {r["name"]: r["kernel"] for r in gpu.engine.backend.plan_rows(1)}
-    assert kernels["blk.1.attn_q+k+v"] == "int4_gemv+q6_k_gemv"
-    assert kernels["blk.0.attn_q+k+v"] == "int4_gemv" and kernels["blk.1.ffn_down"] == "q6_k_gemv"
+    assert kernels["blk.1.attn_q+k+v"] == "int4_gemv+q6_k_gemv"  # (no fused GEMV takes parts of two types)
+    assert kernels["blk.0.attn_q+k+v+rope"] == "gemv_rope" and kernels["blk.1.ffn_down"] == "q6_k_gemv"
     assert "linear_f16" not in set(kernels.values())
     # the compiled step of the mixed node alone, for one row, against float64 math on the parts
-    from minfer.backends.cuda import _Describe
+    from minfer.backends.cuda.graphs import State
     from minfer.quant.reference import dequantize
 
     be, reader = gpu.engine.backend, gpu.reader
-    node = next(n for n in gpu.engine.graph.nodes if n.name == "blk.1.attn_q+k+v")
+    node = next(n for n in be.graph.nodes if n.name.startswith("blk.1.attn_q+k+v"))
     k = node.weights["w"].shape[0]
     w = torch.cat([dequantize(reader.tensor_bytes(t.name), reader.tensors[t.name].ggml_type,
                               (t.shape[1], k)).double() for t in node.weights["w"].tensors])
-    vals = [None] * len(be.plan.steps)
-    vals[node.inputs[0]] = x = torch.randn(1, k).to(be.device)
-    y = be.plan.steps[node.id].fn(vals, _Describe())
-    # f32 GEMVs (two-pass int8 activations on the Q4_K part: ~2e-5), not the f16 copy (~1e-3)
-    from minfer.kernels.qmatmul import act_q8
+    mm = next((p for p in node.parts if str(p.op) == "MatMul"), node)  # a QMatMulRoPE runs its matmul part
+    row = be.compiler.ways()[0]
+    step = be.compiler.bind_part(node, mm, row) if node.parts else be.compiler.bound[node.id]["row"]
+    x = torch.randn(1, k).to(be.device)
+    vals = [x] if node.parts else {node.inputs[0]: x}
+    y = step.fn(vals, State({}, True, 1))
+    # f32 GEMVs on f32 x (the tiny weights are below the int8 activation threshold), not the f16 copy (~1e-3):
+    # measured 1.1e-7 (2026-12-03, interpreter); 1e-6 leaves the GPU's split-K order room (f32 sums over k = 256)
+    from minfer.kernels.triton.gemv import Q8_MIN_WEIGHTS
 
-    assert act_q8() in (0, 2)
-    assert _rel(y, x.double().cpu() @ w.T) < (1e-5 if act_q8() == 0 else 1e-4)
+    assert w.numel() <= Q8_MIN_WEIGHTS
+    assert _rel(y, x.double().cpu() @ w.T) < 1e-6
     raw.prefill(cpu.engine, 1, PROMPT[:9])
     raw.prefill(gpu.engine, 1, PROMPT[:9])
     steps_c = torch.stack([raw.decode(cpu.engine, 1, t, p) for p, t in enumerate(PROMPT[9:11], start=9)])
     steps_g = torch.stack([raw.decode(gpu.engine, 1, t, p).cpu() for p, t in enumerate(PROMPT[9:11], start=9)])
-    assert _rel(steps_g, steps_c) < TOL
+    assert _rel(steps_g, steps_c) < TOL_K
 
 
 def test_batched_decode_rows_match_each_alone(pair):
@@ -139,7 +166,7 @@ def test_batched_decode_rows_match_each_alone(pair):
     together = be.forward(Batch.build([(s, len(t), [11 + s]) for s, t in seqs], [0, 1, 2], n_decode=3)).cpu()
     for i, (s, t) in enumerate(seqs):
         alone = be.forward(Batch.build([(s, len(t), [11 + s])], [0], n_decode=1)).cpu()[0]
-        assert _rel(together[i], alone) < TOL  # batch rows may take another matmul kernel than one row
+        assert _rel(together[i], alone) < TOL_OWN  # batch rows may take another matmul kernel than one row
 
 
 @pytest.mark.parametrize("preset, quant, kernel", [("tiny-llama", "q4_0", "q4_0_matmul"),
@@ -147,7 +174,7 @@ def test_batched_decode_rows_match_each_alone(pair):
 def test_mmq_prompts_and_decode_batches_match_cpu(tiny_gguf, raw, preset, quant, kernel):
     """mmq=True (MINFER_MMQ=1): prompt chunks and decode batches read the quantized weights: the
     int8 MMQ on the GEMVs' packed weights (x quantized to int8 per 32 values: its error on the
-    logits stays within TOL), or for Q4_0 the tiled q4_0_matmul, which costs less by the measured
+    logits: TOL_MMQ_K on the K mix), or for Q4_0 the tiled q4_0_matmul, which costs less by the measured
     rates; a decode row its GEMV as before."""
     path = tiny_gguf(preset, quant)
     cpu = load(path, "cpu", n_ctx=64, n_slots=4, progress=False)
@@ -159,18 +186,19 @@ def test_mmq_prompts_and_decode_batches_match_cpu(tiny_gguf, raw, preset, quant,
     chunk = [r["kernel"] for r in be.plan_rows(512, prefill=True) if r["op"] == "MatMul"]
     assert kernel in chunk and all(k.startswith(quantized) for k in chunk)
     assert not any("mmq" in r["kernel"] for r in be.plan_rows(1))
-    laid = [key for key in be._laid if any("f16_weight" in layout for layout in key[0])]
+    laid = [layout for layout in be.compiler.layouts_made() if "f16_weight" in layout]
     assert not laid  # no f16 copy: the MMQ reads the GEMVs' layouts
+    bound = TOL_MMQ_K if "_k" in quant else TOL  # (q4_0: measured 6.6e-4)
     want = raw.prefill(cpu.engine, 0, PROMPT)
     got = raw.prefill(gpu.engine, 0, PROMPT)
-    assert _rel(got, want) < TOL
+    assert _rel(got, want) < bound
     seqs = [(1, PROMPT[:5]), (2, PROMPT[2:9]), (3, PROMPT[1:4])]
     for slot, toks in seqs:
         raw.prefill(cpu.engine, slot, toks)
         be.forward(Batch.single(toks, 0, slot=slot))
     together = be.forward(Batch.build([(s, len(t), [11 + s]) for s, t in seqs], [0, 1, 2], n_decode=3)).cpu()
     for i, (s, t) in enumerate(seqs):
-        assert _rel(together[i], raw.decode(cpu.engine, s, 11 + s, len(t))) < TOL
+        assert _rel(together[i], raw.decode(cpu.engine, s, 11 + s, len(t))) < bound
 
 
 def test_a_mixed_step_equals_its_parts(pair):
@@ -192,19 +220,23 @@ def test_every_node_is_picked_through_a_contract(pair):
     registered = set(be.registry.kernels)
     assert all(set(k.split("+")) <= registered for k in kernels)
     ops = {r["op"] for r in be.plan_rows()}
-    # a decode row's RoPE and SwiGLU run in the epilogues of the q+k+v and gate+up GEMVs
-    assert ops == {"GetRows", "RMSNorm", "MatMul", "Attention", "Add"}
+    # graph/fuse.py's fused nodes: the q+k+v GEMV with its bias and RoPE, gate+up with its SwiGLU,
+    # every residual add that feeds a norm with that norm
+    assert ops == {"GetRows", "RMSNorm", "QMatMulRoPE", "Attention", "MatMul", "AddRMSNorm", "QMatMulSwiGLU", "Add"}
     by_name = {r["name"]: r["kernel"] for r in be.plan_rows()}
     n_layer = be.graph.meta["n_layer"]
-    assert [by_name[f"blk.{i}.attn_q+k+v"] for i in range(n_layer)] == ["gemv_rope"] * n_layer
-    assert [by_name[f"blk.{i}.ffn_gate+up"] for i in range(n_layer)] == ["gemv_swiglu"] * n_layer
+    assert [by_name[f"blk.{i}.attn_q+k+v+rope"] for i in range(n_layer)] == ["gemv_rope"] * n_layer
+    assert [by_name[f"blk.{i}.ffn_gate+up+swiglu"] for i in range(n_layer)] == ["gemv_swiglu"] * n_layer
     # and the q+k+v GEMV writes the row's k and v into the (f16) cache for every layer's attention
-    attn = [n.id for n in be.graph.nodes if str(n.op) == "Attention"]
-    assert sorted(be.kv_fused) == attn and len(attn) == n_layer
-    batch_ops = {r["op"] for r in be.plan_rows(16)}  # a decode batch runs them as kernels of their own
-    assert batch_ops == {"GetRows", "RMSNorm", "MatMul", "RoPE", "Attention", "Add", "SwiGLU"}
-    # every residual add that feeds a norm runs fused with it (one kernel), the last one alone
-    adds = [r for r in be.plan_rows() if r["op"] == "Add"]
+    row = be.compiler.ways()[0]
+    fused = [n for n in be.graph.nodes if str(n.op) == "QMatMulRoPE"]
+    assert len(fused) == n_layer and all(be.compiler.kv_written(n, row) for n in fused)
+    assert all(n.params["kv_written"] for n in be.graph.nodes if str(n.op) == "Attention")
+    # a decode batch runs the fused nodes' parts, kernels of their own: the GEMVs' epilogues take one row
+    batch = {r["name"]: r["kernel"] for r in be.plan_rows(16)}
+    assert all(batch[f"blk.{i}.attn_q+k+v+rope"].endswith("+add_bias_f32+rope") for i in range(n_layer))
+    assert all(batch[f"blk.{i}.ffn_gate+up+swiglu"].endswith("+swiglu_rows") for i in range(n_layer))
+    adds = [r for r in be.plan_rows() if r["op"] in ("Add", "AddRMSNorm")]
     assert [r["kernel"] for r in adds] == ["add_rms_norm"] * (len(adds) - 1) + ["add_f32"]
     norms = [r for r in be.plan_rows() if r["op"] == "RMSNorm"]
     assert len(norms) == 2  # the first layer's (after the embedding) and the output norm
@@ -217,10 +249,10 @@ def test_a_node_no_contract_accepts_is_a_load_error(tiny_gguf):
 
     reg = default_registry()
     crippled = replace(reg, kernels={k: v for k, v in reg.kernels.items() if v.contract.op != "RMSNorm"})
-    from minfer.backends.cuda import CUDABackend
+    from minfer.backends.cuda.backend import CUDABackend
     from minfer.config import EngineConfig
     from minfer.gguf.reader import GGUFReader
-    from minfer.graph.passes import optimize
+    from minfer.graph.fuse import optimize
     from minfer.models import registry as models
 
     reader = GGUFReader(tiny_gguf("tiny-llama", "q4_0"))
@@ -236,29 +268,33 @@ def test_a_projection_alone_is_the_compiled_steps_matmul(pair):
 
     cpu, gpu = pair("tiny-qwen2", "q4_k")
     be, reader = gpu.engine.backend, gpu.reader
-    nodes = [n for n in gpu.engine.graph.nodes if str(n.op) == "MatMul"]
+    nodes = [n for n in gpu.engine.graph.nodes if str(n.op) == "MatMul"]  # (the graph before fusion)
     picked = [n for n in nodes if len(n.weights["w"].tensors) > 1][:1] + [nodes[-1]]
     assert len(picked) == 2
     for node in picked:
-        kernel, args = be.matmul_args(node)
+        kernel, args = be.matmul_args(node.name)
         parts = [dequantize(torch.from_numpy(reader.tensor_bytes(t.name)), reader.tensors[t.name].ggml_type,
                             tuple(reader.tensors[t.name].torch_shape)).float() for t in node.weights["w"].tensors]
         w = torch.cat(parts)
         assert tuple(w.shape) == (args["n"], args["k"])
         x = torch.randn(1, args["k"], generator=torch.Generator().manual_seed(node.id))
         got = kernel(x=x.to(be.device), **args)
-        assert _rel(got, x @ w.T) < TOL
+        assert _rel(got, x @ w.T) < 1e-6  # f32 GEMVs: measured 2.0e-7; 1e-6 leaves the GPU's split-K order room
 
 
-def test_overlapped_greedy_decode_equals_reading_every_step(tiny_gguf):
+def test_overlapped_greedy_decode_equals_reading_every_step(tiny_gguf, host_graphs):
     """Tokens picked on the device, each step queued before the one ahead of it is read (CUDA
-    graphs chained through their picked tokens on a GPU), against the same backend stepping one
-    read at a time: the same tokens for sequences of different lengths decoding together."""
+    graphs, greedy and sampling, chained through their picked tokens; emulated on the host in CI),
+    against the same backend stepping one read at a time without graphs: the same tokens for
+    sequences of different lengths decoding together."""
     path = tiny_gguf("tiny-llama", "q4_0")
     prompts = ["hello there", "the cat", "one two three four"]
-    runs = []
+    runs, graphs = [], {}
     for overlap in (True, False):
         m = load(path, "cuda", n_ctx=64, n_slots=3, progress=False, overlap=overlap)
+        be = host_graphs(m, prompts=False) if overlap else m.engine.backend
+        be.use_graphs = overlap
+        graphs = be.graphs if overlap else graphs
         launches = []
         real = m.engine.backend.decode_pick
 
@@ -276,6 +312,7 @@ def test_overlapped_greedy_decode_equals_reading_every_step(tiny_gguf):
     assert over == plain and all(len(t) == 9 for t in over)
     assert over_s == plain_s and over_s != over  # sampled on the device = sampled on the host
     assert not none and sum(chained) >= 6  # decode steps launched behind the step before them
+    assert {(4, False), (4, True)} <= set(graphs)  # the greedy and the sampling graph of 3 rows
 
 
 def test_a_q8_0_kv_cache_runs_the_q8_kernels_close_to_the_f16_cache(tiny_gguf, raw):
@@ -292,10 +329,10 @@ def test_a_q8_0_kv_cache_runs_the_q8_kernels_close_to_the_f16_cache(tiny_gguf, r
                                                if r["op"] == "Attention"} == {"attention_prefill_q8"}
     want = raw.prefill(f16.engine, 0, PROMPT)
     got = raw.prefill(q8.engine, 0, PROMPT)
-    assert 0 < _rel(got, want) < 3e-2  # the codes' rounding, no more
+    assert 0 < _rel(got, want) < 1.7e-2  # the codes' rounding, no more: measured 5.6e-3
     steps_f = torch.stack([raw.decode(f16.engine, 0, t, p).cpu() for p, t in enumerate([5, 9, 300], start=12)])
     steps_q = torch.stack([raw.decode(q8.engine, 0, t, p).cpu() for p, t in enumerate([5, 9, 300], start=12)])
-    assert 0 < _rel(steps_q, steps_f) < 3e-2
+    assert 0 < _rel(steps_q, steps_f) < 1.7e-2  # measured 5.4e-3
 
 
 def test_warmup_leaves_generation_unchanged(pair):
@@ -306,30 +343,36 @@ def test_warmup_leaves_generation_unchanged(pair):
     gpu.engine.warmup()
     be = gpu.engine.backend
     if be.use_graphs:  # 4 slots + 512-token chunks: prompt-chunk buckets up to 768 rows
-        assert set(be._graphs) == {(b, s) for b in (1, 2, 4) for s in (False, True)} | {
+        assert set(be.graphs) == {(b, s) for b in (1, 2, 4) for s in (False, True)} | {
             ("prefill", b) for b in (64, 128, 192, 256, 384, 512, 768)}
     after = gpu.generate_batch(["hello there", "the cat"], max_tokens=5, temperature=0)
     assert [r.token_ids for r in after] == [r.token_ids for r in before]
 
 
-def test_prompt_chunks_of_several_spans_replay_as_their_eager_pass(pair):
-    """A prefill step of several prompts (one continuing its slot) and a few logits rows: on a GPU
-    a captured prompt-chunk graph (the tile table read on the device), against the same step run
-    eagerly; under the interpreter the eager pass against each prompt alone."""
+def test_prompt_chunks_of_several_spans_replay_as_their_eager_pass(pair, host_graphs):
+    """A prefill step of several prompts (one continuing its slot) and a few logits rows through the
+    bucket-128 prompt-chunk graph (its tile table and output rows staged for the device, 49 padded
+    rows; emulated on the host in CI), against the same step run eagerly and each prompt alone."""
+    from minfer.kernels.triton._common import interpreting
+
     _, gpu = pair("tiny-qwen2", "f16")
     be = gpu.engine.backend
+    before = be.use_graphs
     be.forward(Batch.single(PROMPT[:5], 0, slot=1))
     spans = [(0, 0, PROMPT), (1, 5, PROMPT[5:]), (2, 0, PROMPT[:3] * 20)]  # 12 + 7 + 60 rows
     batch = Batch.build(spans, [11, 18, 19, 78])
-    got = be.forward(batch).cpu()
-    if be.use_graphs:
-        assert ("prefill", 128) in be._graphs
+    try:
+        host_graphs(gpu)
+        got = be.forward(batch).cpu().clone()  # (a graph's logits are its buffer: .cpu() copies from a GPU only)
+        assert ("prefill", 128) in be.graphs
         be.use_graphs = False
-        try:
-            want = be.forward(batch).cpu()
-        finally:
-            be.use_graphs = True
-        assert _rel(got, want) < 1e-3  # cuBLAS may pick another algorithm for 79 rows than for 128
+        want = be.forward(batch).cpu()  # (the same cache rows written again, slot 1's first 5 read)
+    finally:
+        be.use_graphs = before
+    # interpreter: 128 rows through the matmuls instead of 79 (another cpu GEMM blocking), measured 2.9e-7 on
+    # 2026-12-02, bound < 3x; a GPU: cuBLAS may pick another algorithm for 79 rows than for 128. The rows'
+    # spans or tile table wrong: errors of order 1
+    assert _rel(got, want) < (8e-7 if interpreting() else 1e-3)
     alone = [be.forward(Batch.single(PROMPT, 0, slot=0)).cpu()[0],
              be.forward(Batch.build([(1, 5, PROMPT[5:])], [6])).cpu()[0],
              be.forward(Batch.build([(2, 0, PROMPT[:3] * 20)], [0, 59])).cpu()]
@@ -342,16 +385,17 @@ def test_int8_activations_from_the_norms(tiny_gguf, raw, monkeypatch, quant):
     RMSNorms before the q+k+v, gate+up and output GEMVs write x's int8 form themselves and the GEMVs
     skip their quantize launch: decode logits equal, bit for bit, those of the GEMVs quantizing
     x themselves, and match the cpu within the cuda tolerance."""
-    from minfer.kernels import qmatmul
+    from minfer.kernels.triton import gemv
 
-    monkeypatch.setattr(qmatmul, "Q8_MIN_WEIGHTS", 0)
-    qmatmul.gemv_config.cache_clear()
+    monkeypatch.setattr(gemv, "Q8_MIN_WEIGHTS", 0)
+    gemv.gemv_config.cache_clear()
     try:
         path = tiny_gguf("tiny-llama", quant)
         cpu = load(path, "cpu", n_ctx=32, n_slots=1, progress=False)
         gpu = load(path, "cuda", n_ctx=32, n_slots=1, progress=False)
         be = gpu.engine.backend
-        names = {be.graph.nodes[i].name for i in be.norm_q8}
+        row = be.compiler.ways()[0]
+        names = {n.name for n in be.graph.nodes if n.params.get("q8_out") and be.compiler.q8_link(n, row)}
         layers = {n.split(".")[1] for n in names if n.startswith("blk.")}
         per_layer = {f"blk.{i}.{x}" for i in layers for x in ("attn_norm", "ffn_norm")}
         assert per_layer <= names <= per_layer | {"output_norm"}  # the output's: when its weight is a Q4 type
@@ -360,11 +404,126 @@ def test_int8_activations_from_the_norms(tiny_gguf, raw, monkeypatch, quant):
         raw.prefill(gpu.engine, 0, PROMPT[:5])
         fused = torch.stack([raw.decode(gpu.engine, 0, t, p).cpu().clone() for p, t in enumerate(PROMPT[5:8], start=5)])
         steps_c = torch.stack([raw.decode(cpu.engine, 0, t, p) for p, t in enumerate(PROMPT[5:8], start=5)])
-        assert _rel(fused, steps_c) < TOL
-        be.norm_q8.clear()  # the norms write f32 only; the GEMVs quantize x (the same values)
-        raw.prefill(gpu.engine, 0, PROMPT[:5])
-        alone = torch.stack([raw.decode(gpu.engine, 0, t, p).cpu().clone() for p, t in enumerate(PROMPT[5:8], start=5)])
+        assert _rel(fused, steps_c) < tol(quant)
+        # without graph/fuse.py's int8 rule the norms write f32 only and the GEMVs quantize x (the same values)
+        from minfer.graph import fuse
+
+        monkeypatch.setattr(fuse, "FUSIONS", tuple(r for r in fuse.FUSIONS if r is not fuse.fuse_int8_x))
+        plain = load(path, "cuda", n_ctx=32, n_slots=1, progress=False)
+        assert not any(n.params.get("q8_out") for n in plain.engine.backend.graph.nodes)
+        raw.prefill(plain.engine, 0, PROMPT[:5])
+        steps = enumerate(PROMPT[5:8], start=5)
+        alone = torch.stack([raw.decode(plain.engine, 0, t, p).cpu().clone() for p, t in steps])
         assert torch.equal(fused, alone)
     finally:
         monkeypatch.undo()
-        qmatmul.gemv_config.cache_clear()
+        gemv.gemv_config.cache_clear()
+
+
+# ---------------------------------------------------------------------------------------- CUDA graphs in CI
+class _HostEvent:
+    """torch.cuda.Event on the host: every copy has landed when it is recorded (no streams)."""
+
+    def record(self, *a) -> None: ...
+
+    def synchronize(self) -> None: ...
+
+
+class _HostCuda:
+    """torch.cuda with events on the host; everything else the real module."""
+
+    Event = _HostEvent
+
+    def __getattr__(self, name):
+        return getattr(torch.cuda, name)
+
+
+class _HostTorch:
+    """The cuda backend module's `torch`: host tensors where it asks for pinned memory (none without
+    a GPU), host events; everything else torch."""
+
+    cuda = _HostCuda()
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def zeros(*shape, pin_memory: bool = False, **kw) -> torch.Tensor:
+        return torch.zeros(*shape, **kw)
+
+
+def _write_into(static, new) -> None:
+    """Copy a step's results into the tensors its capture returned (what a replay writes into)."""
+    if isinstance(static, torch.Tensor):
+        static.copy_(new)
+    elif isinstance(static, (tuple, list)):
+        for s, n in zip(static, new, strict=True):
+            _write_into(s, n)
+
+
+class _ReplayedGraph:
+    """A captured CUDA graph emulated under the interpreter: `replay` runs the captured step again (on
+    the same static input buffers, which the launch has just staged) and writes its results into the
+    outputs the capture returned, as a replay writes into the graph's memory. What it checks is the
+    graphs' host side: buckets, staging, padded rows in the spare slot, the prompt chunk's tile table,
+    tokens chained on the device, outputs read from the static buffers."""
+
+    def __init__(self, step):
+        self.step, self.replays = step, 0
+
+    def replay(self) -> None:
+        self.replays += 1
+        _write_into(self.out, self.step())
+
+
+@pytest.fixture
+def host_graphs(monkeypatch):
+    """graphed(model, prompts=True) -> its cuda backend with `use_graphs` on: under the interpreter its
+    graphs emulated on the host (_ReplayedGraph), so the graph paths of decode steps, decode_pick and
+    (`prompts`) prompt chunks run in CI; on a GPU the real graphs (nothing patched)."""
+    from minfer.backends.cuda import graphs as cuda_graphs
+    from minfer.kernels.triton._common import interpreting
+
+    emulate = interpreting()
+    if emulate:
+        def capture(backend, step):
+            graph = _ReplayedGraph(step)
+            graph.out = step()
+            return graph, graph.out
+
+        monkeypatch.setattr(cuda_graphs, "torch", _HostTorch())
+        monkeypatch.setattr(cuda_graphs, "capture", capture)
+
+    def graphed(model, prompts: bool = True):
+        be = model.engine.backend
+        be.use_graphs = True
+        if emulate and not prompts:  # prompt chunks eager (a 64-row bucket costs the interpreter ~10 s)
+            monkeypatch.setattr(cuda_graphs.PrefillGraph, "fits", staticmethod(lambda batch: False))
+        return be
+
+    return graphed
+
+
+def test_decode_graph_buckets_pad_into_the_spare_slot(tiny_gguf, host_graphs):
+    """Three sequences decode through the bucket-4 graph (one padded row, written into the spare slot):
+    the logits equal the eager steps', and the sequences' next step too (the padded row wrote no real
+    slot's cache)."""
+    path = tiny_gguf("tiny-llama", "q4_0")
+    seqs = [(0, PROMPT[:5]), (1, PROMPT[2:9]), (3, PROMPT[1:4])]
+    logits, graphs = [], None
+    for graphed in (True, False):
+        m = load(path, "cuda", n_ctx=64, n_slots=4, progress=False)
+        b = m.engine.backend
+        b.use_graphs = False  # (on a GPU graphs are on from the load: this run's eager steps are eager)
+        for slot, toks in seqs:  # (prompts eagerly: the prompt-chunk graph has its own test)
+            b.forward(Batch.single(toks, 0, slot=slot))
+        if graphed:
+            host_graphs(m)
+            graphs = b.graphs
+        # (clone: a graph's logits are its own buffer, the next replay's; .cpu() copies only from a GPU)
+        steps = [b.forward(Batch.build([(s, len(t) + i, [20 + s + i]) for s, t in seqs], [0, 1, 2], n_decode=3))
+                 .cpu().clone() for i in range(2)]
+        logits.append(torch.stack(steps))
+    # (replays are counted by the interpreter's emulated graph; a real CUDA graph does not count them)
+    assert set(graphs) == {(4, False)} and getattr(graphs[4, False].graph, "replays", 2) == 2
+    assert torch.equal(logits[0], logits[1])

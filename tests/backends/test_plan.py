@@ -7,16 +7,15 @@ import math
 
 import pytest
 
-from minfer.backends.cuda import CUDABackend
 from minfer.cli import main
 from minfer.config import EngineConfig
+from minfer.engine import loader
 from minfer.gguf.reader import GGUFReader
 from minfer.gguf.synth import PRESETS, QUANTS, synth
-from minfer.graph.passes import optimize
-from minfer.kernels import cpu_vnni
-from minfer.models import registry as models
+from minfer.kernels.cpu import vnni as cpu_vnni
 
-BIG = {"qwen2.5-7b", "llama3-8b"}  # f16 / f32 files of these (15-32 GB) are more than a CI machine can map
+# f16 / f32 files of these (15-32 GB) are more than a CI machine can map
+BIG = {"qwen2.5-7b", "llama3-8b", "qwen3-8b", "phi3-mini"}
 # llama3-70b: even its Q4_K header-only file (40 GB mapped) is; tests/parallel/test_shard.py plans 2 of its layers
 CASES = [(p, q) for p in sorted(PRESETS) if p != "llama3-70b" for q in QUANTS
          if not (p in BIG and q in ("f16", "f32"))]
@@ -31,14 +30,11 @@ def headers(tmp_path_factory):
 @pytest.mark.parametrize("preset, quant", CASES)
 def test_every_node_of_every_preset_resolves(headers, preset, quant):
     with GGUFReader(headers[preset, quant]) as reader:
-        _, graph = models.build(reader)
-        graph = optimize(graph)
-        be = CUDABackend(EngineConfig(device="cuda"), plan_only=True)
-        be.load(graph, reader, progress=False, upload=False)
+        be = loader.load(reader, EngineConfig(device="cuda"), progress=False, plan_only=True).backend
     for rows, prefill in ((1, False), (16, False), (512, True)):
         plan = be.plan_rows(rows, prefill)
         assert plan and all(math.isfinite(r["cost_ns"]) and r["cost_ns"] > 0 for r in plan)
-    kernels = {r["kernel"] for r in be.plan_rows(1)}
+    kernels = {k for r in be.plan_rows(1) for k in r["kernel"].split("+")}
     if quant == "q4_0":
         assert "q4_0_gemv" in kernels
     if quant in ("q4_1", "q4_k"):
@@ -47,6 +43,13 @@ def test_every_node_of_every_preset_resolves(headers, preset, quant):
         assert "q8_0_gemv" in kernels and "linear_f16" not in kernels
     if quant == "q4_k" and preset in BIG:  # their Q6_K output (tied small models: the Q6_K embedding)
         assert "q6_k_gemv" in kernels and "linear_f16" not in kernels
+    arch = PRESETS[preset].arch
+    if arch.startswith("gemma"):  # the families' own ops, through their contracts
+        assert "scale_f32" in kernels
+        # a decode row: the gate+up GEMV with the GeGLU in its store where the type has a GEMV
+        assert {"gemv_geglu", "geglu_rows"} & kernels and (quant != "q4_0" or "gemv_geglu" in kernels)
+    if arch == "gemma2":
+        assert "softcap_f32" in kernels
 
 
 def test_plan_command_prints_kernels_and_prediction(headers, capsys):
@@ -67,12 +70,9 @@ def test_plan_command_prints_kernels_and_prediction(headers, capsys):
 def test_every_cpu_matmul_resolves_to_a_cpu_contract(headers, preset, quant, capsys):
     """`minfer plan --device cpu`: each matmul node's weight parts name a cpu kernel contract,
     the same family for one decode row and a prompt chunk."""
-    from minfer.backends.cpu import plan_rows
-
     with GGUFReader(headers[preset, quant]) as reader:
-        _, graph = models.build(reader)
-        graph = optimize(graph)
-        one, chunk = plan_rows(graph, reader, 1), plan_rows(graph, reader, 512, prefill=True)
+        be = loader.load(reader, EngineConfig(device="cpu"), progress=False, plan_only=True).backend
+        one, chunk = be.plan_rows(1), be.plan_rows(512, prefill=True)
     assert one and all(math.isfinite(r["cost_ns"]) and r["cost_ns"] > 0 for r in one + chunk)
     pair32, pair16 = "cpu_int4pack_mm_pair32", "cpu_int4pack_mm_pair16"
     q4 = "cpu_q4_vnni2" if cpu_vnni.available() else "cpu_int4pack_mm"

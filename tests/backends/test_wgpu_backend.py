@@ -18,20 +18,48 @@ import torch
 
 from minfer.contracts.conformance import format_results, run_conformance
 from minfer.contracts.parser import parse_file
-from minfer.contracts.registry import CONTRACTS_DIR
+from minfer.contracts.registry import contract_files
 
-VULKAN_KERNELS = sorted(s.kernel for f in CONTRACTS_DIR.glob("*.fkc.md") for s in parse_file(f).sections
+VULKAN_KERNELS = sorted(s.kernel for f in contract_files() for s in parse_file(f).sections
                         if s.registrable and s.backend == "Vulkan")
 PROMPT = [3, 17, 42, 99, 5, 250, 7, 311, 64, 128, 2, 77]
+# ||vulkan - cpu|| / ||cpu|| of prompt logits, measured 2026-12-02 on lavapipe, margin 3x or less. Vulkan
+# computes in float32 from the file's bytes (qmv8: x in two int8 passes); the cpu side depends on its path
+# for the type: the VNNI kernel (two int8 passes, ~3e-5) where the host has AVX512-VNNI, torch's int4 kernel
+# on bfloat16 activations (~6e-3) without it (MINFER_CPU_VNNI=0) and always for Q6_K / Q3_K / Q2_K.
+# (with the VNNI kernels, without) per type family; a 5 % attention scale error costs ~1e-2.
+VS_CPU = {
+    "float": (1.7e-6, 1.7e-6),  # f16 / f32: 5.8e-7, 5.9e-7
+    "plain": (1.7e-4, 1.9e-2),  # Q4_0 Q4_1 Q8_0 Q5_0 Q5_1: 5.5e-5 (q4_0), 6.3e-3 (q5_0)
+    "kmix": (1.2e-2, 3.1e-2),  # Q4_K / Q5_K with a Q6_K output: 4.0e-3 (q5_k_m), 1.02e-2 (q4_k_m)
+    "lowbit": (2.5e-2, 2.5e-2),  # Q3_K / Q2_K matrices (torch's kernel either way): 1.78e-2 (q2_k), 1.4x: a
+    # deterministic value (fixed model, fixed prompt) on one cpu path
+}
+SMOLLM2_VS_CPU = (5.8e-4, 4.3e-2)  # SmolLM2's Q4_1: 1.93e-4, 1.43e-2
+# a backend's decode rows (GEMVs) vs its own prompt rows (tiled matmuls): measured 0 (bit-equal) on lavapipe;
+# 1e-6 (a few float32 roundings) leaves an adapter room to reduce decode attention in another order than
+# the prompt's; a decode-row RoPE one position off costs ~1e-2
+TOL_OWN = 1e-6
+
+
+def _vs_cpu(bounds: tuple[float, float]) -> float:
+    from minfer.kernels.cpu import vnni as cpu_vnni
+
+    return bounds[0] if cpu_vnni.available() else bounds[1]
+
+
+def _family(quant: str) -> str:
+    return {"f16": "float", "f32": "float", "q3_k": "lowbit", "q2_k": "lowbit"}.get(
+        quant, "kmix" if "_k" in quant else "plain")
 
 
 @pytest.fixture(scope="module", autouse=True)
 def adapter():
     """The Vulkan adapter these tests run on; a clear failure (not a skip) when there is none."""
     from minfer.contracts.registry import default_registry
-    from minfer.kernels.wgpu_device import adapters, describe
+    from minfer.kernels.wgpu.device import adapters, describe
 
-    default_registry()  # (binds every kernel first: triton must load before a lavapipe device, wgpu_device.py)
+    default_registry()  # (binds every kernel first: triton must load before a lavapipe device, wgpu/device.py)
     found = adapters("Vulkan")
     if not found:
         pytest.fail("wgpu finds no Vulkan adapter: install wgpu (pip install 'minfer[vulkan]') and a Vulkan driver "
@@ -44,20 +72,21 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("kernel", VULKAN_KERNELS)
-def test_kernel_conforms_to_its_contract(kernel):
-    results, seed = run_conformance(kernels=[kernel], device="vulkan")
+def test_kernel_conforms_to_its_contract(kernel, test_seed):
+    results, seed = run_conformance(kernels=[kernel], device="vulkan", seed=test_seed)
     assert results, f"no case was generated for {kernel}"
     failed = [r for r in results if not r.passed]
     assert not failed, f"seed {seed}\n" + format_results(failed)
     assert {r.size for r in results} == {"tiny", "odd", "boundary"}
 
 
-def test_the_shared_memory_reductions_conform_too():
+def test_the_shared_memory_reductions_conform_too(test_seed):
     """MINFER_WGPU_SUBGROUPS=0: the kernels that reduce, with the shared-memory tree instead of
     subgroup operations (what an adapter without subgroups runs), through the conformance CLI."""
     reducing = ["vk_qmatvec_q4_0", "vk_matmul_q4_0_tiled", "vk_qmatvec", "vk_rms_norm", "vk_add_rms_norm"]
     env = {**os.environ, "MINFER_WGPU_SUBGROUPS": "0"}
-    args = [sys.executable, "-m", "minfer.contracts.conformance", "--device", "vulkan", "--failures"]
+    args = [sys.executable, "-m", "minfer.contracts.conformance", "--device", "vulkan", "--failures", "--seed",
+            str(test_seed)]
     for k in reducing:
         args += ["--kernel", k]
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
@@ -71,8 +100,8 @@ def test_the_matmuls_read_a_strided_unaligned_x(qtype):
     """A column slice of x at an odd offset takes the scalar-load path (the harness's contiguous x
     takes the vec4 one): both launch configs, against the reference decode."""
     from minfer.contracts.harness import random_blocks
-    from minfer.kernels import wgsl_ops
-    from minfer.kernels.wgpu_device import default_device
+    from minfer.kernels.wgpu.device import default_device
+    from minfer.kernels.wgsl import matmul as vk_matmul
     from minfer.quant.reference import dequantize
     from minfer.quant.types import by_name
 
@@ -83,9 +112,9 @@ def test_the_matmuls_read_a_strided_unaligned_x(qtype):
     raw = random_blocks(q, n, k, gen)
     want = wide[:, 1:k + 1].double() @ dequantize(raw, q.type, (n, k)).double().T
     x, w = dev.upload(wide).cols(1, k + 1), dev.upload(raw)
-    for launch in (wgsl_ops.qmatvec, wgsl_ops.qmatmul_tiled):
+    for launch in (vk_matmul.qmatvec, vk_matmul.qmatmul_tiled):
         got = launch(x=x, w=w, n=n, k=k, qtype=q.type).cpu().double()
-        tol = 2e-4 if wgsl_ops.q8_passes() and q.type in wgsl_ops.QMV8_TYPES else 1e-5  # qmv8: int8 x
+        tol = 2e-4 if vk_matmul.variant_passes(dev.gemv) and q.type in vk_matmul.QMV8_TYPES else 1e-5  # qmv8: int8 x
         assert _rel(got, want) < tol, launch.__name__
 
 
@@ -102,26 +131,29 @@ def test_every_reduction_branch_of_the_gemv_is_right(cfg, monkeypatch):
     over whole subgroups, the tree otherwise; which one runs depends on TPR and the adapter's
     subgroup size, so a spread of TPR reaches each on any adapter (both matmul kernels)."""
     from minfer.contracts.harness import random_blocks
-    from minfer.kernels import wgsl_ops
-    from minfer.kernels.wgpu_device import default_device
+    from minfer.kernels.wgpu.device import default_device
+    from minfer.kernels.wgsl import matmul as vk_matmul
     from minfer.quant.reference import dequantize
     from minfer.quant.types import by_name
 
-    monkeypatch.setattr(wgsl_ops, "GEMV", wgsl_ops.parse_variant(cfg, wgsl_ops.GEMV))
     q, dev = by_name("Q4_0"), default_device()
+    monkeypatch.setattr(dev, "gemv", vk_matmul.parse_variant(cfg, vk_matmul.GEMV))  # the device's variant
     n, k = 37, 32 * 45
     gen = torch.Generator().manual_seed(5)
     x, raw = torch.randn(1, k, generator=gen), random_blocks(q, n, k, gen)
-    got = wgsl_ops.qmatvec(x=dev.upload(x), w=dev.upload(raw), n=n, k=k, qtype=q.type).cpu().double()
-    tol = 2e-4 if wgsl_ops.q8_passes() else 1e-5  # qmv8: int8 x in two passes (vk_qmatvec_q4_0's contract)
+    got = vk_matmul.qmatvec(x=dev.upload(x), w=dev.upload(raw), n=n, k=k, qtype=q.type).cpu().double()
+    tol = 2e-4 if vk_matmul.variant_passes(dev.gemv) else 1e-5  # qmv8: int8 x in two passes (its contract)
     assert _rel(got, x.double() @ dequantize(raw, q.type, (n, k)).double().T) < tol
 
 
 def test_the_subgroup_switch_reaches_the_device(monkeypatch):
-    from minfer.kernels.wgpu_device import Device
+    """MINFER_WGPU_SUBGROUPS=0 is EngineConfig.wgpu_subgroups, which the backend gives its device."""
+    from minfer.backends.vulkan.backend import WGPUBackend
+    from minfer.config import EngineConfig
 
     monkeypatch.setenv("MINFER_WGPU_SUBGROUPS", "0")
-    assert Device("vulkan").subgroups is False
+    config = EngineConfig.from_env(device="vulkan")
+    assert config.wgpu_subgroups is False and WGPUBackend(config).dev.subgroups is False
 
 
 def test_the_judge_measures_the_vulkan_kernels_on_the_adapter():
@@ -139,12 +171,14 @@ def test_the_judge_measures_the_vulkan_kernels_on_the_adapter():
 
 
 def test_no_matching_adapter_is_a_device_error(monkeypatch):
+    from minfer.config import EngineConfig
     from minfer.errors import DeviceError
-    from minfer.kernels.wgpu_device import Device
+    from minfer.kernels.wgpu.device import Device
 
     monkeypatch.setenv("MINFER_WGPU_ADAPTER", "no-such-adapter")
+    adapter = EngineConfig.from_env(device="vulkan").wgpu_adapter  # the switch, read once in config.py
     with pytest.raises(DeviceError, match="no Vulkan adapter matching 'no-such-adapter'"):
-        Device("vulkan")
+        Device("vulkan", adapter=adapter)
 
 
 # ---- end to end -----------------------------------------------------------------------------------
@@ -166,33 +200,35 @@ def test_smollm2_prompt_logits_match_cpu(smollm2, raw):
     want = raw.prefill(cpu.engine, 0, PROMPT)
     got = raw.prefill(vk.engine, 0, PROMPT)
     # the cpu runs Q4_1 on int8 activations in two passes (the VNNI kernel, cpu_vnni contracts) or
-    # torch's int4 kernel on bfloat16 ones (~9e-3 end to end here); vulkan in float32 from the file's
-    # bytes. Each WGSL kernel is held to float64 under its own contract (the conformance tests above):
-    # this bounds the whole model.
-    assert got.shape == want.shape and _rel(got, want) < 2e-2
+    # torch's int4 kernel on bfloat16 ones; vulkan in float32 from the file's bytes (SMOLLM2_VS_CPU).
+    # Each WGSL kernel is held to float64 under its own contract (the conformance tests above): this
+    # bounds the whole model.
+    assert got.shape == want.shape and _rel(got, want) < _vs_cpu(SMOLLM2_VS_CPU)
+    raw.prefill(vk.engine, 1, PROMPT[:9])
+    steps = torch.stack([raw.decode(vk.engine, 1, t, p) for p, t in enumerate(PROMPT[9:], start=9)])
+    assert _rel(steps, got[9:]) <= TOL_OWN  # decode rows = the prompt's rows
 
 
-def test_smollm2_greedy_tokens_equal_cpu_where_decisive(smollm2):
-    """Greedy generation on vulkan equals the cpu backend's at every step whose top-1 / top-2
-    margin (cpu exact logits) is >= 0.5, up to the first step that is not."""
+# decisive steps compared, 2 prompts x 12 tokens: measured 17 on 2026-12-02 (the VNNI cpu)
+SMOLLM2_GREEDY_FLOOR = 12
+
+
+def test_smollm2_greedy_tokens_equal_cpu_where_decisive(smollm2, greedy):
+    """Greedy generation on vulkan equals the cpu backend's up to their first difference, which falls
+    on a step the cpu does not decide (top-1 / top-2 margin < 0.5); enough decisive steps compared."""
     cpu, vk = smollm2
     prompts = ["The capital of France is", "def fibonacci(n):"]
     a = cpu.generate_batch(prompts, max_tokens=12, temperature=0)
     b = vk.generate_batch(prompts, max_tokens=12, temperature=0)
-    checked = 0
-    for ra, rb, p in zip(a, b, prompts, strict=True):
-        ids = cpu.prompt_ids(p) + ra.token_ids
-        logits = cpu.logits(ids)[len(ids) - len(ra.token_ids) - 1:-1]
-        top2 = logits.topk(2, dim=-1).values
-        firm = next((j for j, m in enumerate((top2[:, 0] - top2[:, 1]).tolist()) if m < 0.5), len(ra.token_ids))
-        assert rb.token_ids[:firm] == ra.token_ids[:firm]
-        checked += firm
-    assert checked >= 6, "too few decisive steps to say anything"
+    decisive = sum(greedy.compare(ra.token_ids, rb.token_ids, greedy.margins(cpu, cpu.prompt_ids(p), ra.token_ids), p)
+                   for ra, rb, p in zip(a, b, prompts, strict=True))
+    print("decisive steps compared:", decisive)
+    assert decisive >= SMOLLM2_GREEDY_FLOOR, f"only {decisive} decisive steps compared"
 
 
 def test_every_node_runs_a_vulkan_contract(smollm2):
     from minfer.graph.ir import Op
-    from minfer.kernels import wgsl_ops
+    from minfer.kernels.wgsl import matmul as vk_matmul
 
     _, vk = smollm2
     be = vk.engine.backend
@@ -200,9 +236,12 @@ def test_every_node_runs_a_vulkan_contract(smollm2):
     assert {r["kernel"] for r in rows} <= set(VULKAN_KERNELS)
     by_op = {(r["op"], r["kernel"]) for r in rows if r["op"] == "MatMul"}
     assert {k for _, k in by_op} == {"vk_qmatvec", "vk_matmul_tiled"}  # Q4_1 / Q8_0: GEMV for a row, tiled for more
-    if wgsl_ops.q8_passes():  # qmv8 reads the Q4_1 matmuls' x as int8 records their producers write
-        assert {n.op for n in be.graph.nodes if n.id in be._q8[1]} == {Op.RMS_NORM, Op.SWIGLU, Op.ATTENTION}
-    assert {r["op"] for r in rows} == {"GetRows", "RMSNorm", "MatMul", "RoPE", "Attention", "Add", "SwiGLU"}
+    if vk_matmul.variant_passes(be.dev.gemv):  # qmv8 reads the Q4_1 matmuls' x as int8 records their producers write
+        writers = {n.op for n in be.graph.nodes if n.params.get("q8_out")
+                   and all(be.compiler.q8_link(n, w) for w in be.compiler.ways())}
+        assert writers == {Op.RMS_NORM, Op.ADD_RMS_NORM, Op.SWIGLU, Op.ATTENTION}
+    assert {r["op"] for r in rows} == {"GetRows", "RMSNorm", "MatMul", "RoPE", "Attention", "Add", "AddRMSNorm",
+                                       "SwiGLU"}
 
 
 def test_decode_pick_reads_back_only_tokens_and_chains_on_the_device(smollm2):
@@ -236,8 +275,8 @@ def test_a_rows_numbers_do_not_depend_on_the_batch(tiny_gguf):
 
 
 def test_the_residual_adds_run_fused_with_the_norms_after_them(tiny_gguf):
-    """Every residual add whose sum an RMSNorm reads (calls.add_norm_pairs, cuda's rule too: all but
-    the last, which the row select reads) runs as vk_add_rms_norm, one dispatch for the two nodes: a
+    """Every residual add whose sum an RMSNorm reads (graph/fuse.py's rule, cuda's too: all but the
+    last, which the row select reads) runs as vk_add_rms_norm, one dispatch for the two nodes: a
     captured decode step has that many dispatches fewer than the same model on a registry without
     the fused contract (the add and the norm as two), and the logits of a prompt chunk and of the
     decode steps are the same bits (the fused kernel is bit-equal to the two; with the records
@@ -245,36 +284,35 @@ def test_the_residual_adds_run_fused_with_the_norms_after_them(tiny_gguf):
     from dataclasses import replace
 
     from minfer.api import load
-    from minfer.backends import cuda, wgpu
     from minfer.backends.base import Batch
-    from minfer.backends.calls import add_norm_pairs
+    from minfer.backends.vulkan import backend as wgpu
     from minfer.config import EngineConfig
     from minfer.contracts.registry import default_registry
+    from minfer.graph.ir import Op
 
-    assert cuda.add_norm_pairs is wgpu.add_norm_pairs is add_norm_pairs  # one rule for both backends, not a copy
-    assert cuda.fused_norm is wgpu.fused_norm
     vk = load(tiny_gguf("tiny-llama", "q4_0"), "vulkan", n_ctx=64, n_slots=2, progress=False)
     fused = vk.engine.backend
     reg = default_registry()
     plain = wgpu.WGPUBackend(EngineConfig(device="vulkan"), registry=replace(
         reg, kernels={k: v for k, v in reg.kernels.items() if v.contract.op != "AddRMSNorm"}))
-    plain.load(fused.graph, fused._reader, progress=False)
+    plain.load(vk.engine.graph, fused._reader, progress=False)  # (the graph before the backend's fusions)
     plain.allocate(2, 64)
     graph, n_layer = fused.graph, fused.graph.meta["n_layer"]
-    pairs = add_norm_pairs(graph)
-    assert len(pairs) == 2 * n_layer - 1 and not plain._fused_norms and fused._fused_norms == pairs
-    assert set(pairs.values()) <= fused._q8[1]  # the norms feed qmv8 GEMVs: the fused kernel writes their records
+    pairs = [n for n in graph.nodes if n.op == Op.ADD_RMS_NORM]
+    assert len(pairs) == 2 * n_layer - 1 and not any(n.op == Op.ADD_RMS_NORM for n in plain.graph.nodes)
+    row = fused.compiler.ways()[0]
+    assert all(fused.compiler.q8_link(n, row) for n in pairs)  # they feed qmv8 GEMVs: the fused kernel writes records
     for rows in (fused.plan_rows(), fused.plan_rows(8, prefill=True)):
         kernel = {r["id"]: r["kernel"] for r in rows}
-        assert all(kernel[a] == kernel[n] == "vk_add_rms_norm" for a, n in pairs.items())
-        assert {kernel[n.id] for n in graph.nodes if str(n.op) == "Add" and n.id not in pairs} == {"vk_add"}
+        assert all(kernel[n.id] == "vk_add_rms_norm" for n in pairs)
+        assert {kernel[n.id] for n in graph.nodes if n.op == Op.ADD} == {"vk_add"}
     logits = {}
     for name, be in (("fused", fused), ("plain", plain)):
         out = [be.forward(Batch.build([(0, 0, PROMPT[:9])], list(range(9))))]
         out += [be.forward(Batch.build([(0, p, [t])], [0], n_decode=1)) for p, t in enumerate(PROMPT[9:], start=9)]
         logits[name] = out
     assert all(torch.equal(a, b) for a, b in zip(logits["fused"], logits["plain"], strict=True))
-    steps = {name: len(be._replays[1].rec.entries) for name, be in (("fused", fused), ("plain", plain))}
+    steps = {name: len(be.replays[1].rec.entries) for name, be in (("fused", fused), ("plain", plain))}
     assert steps["plain"] - steps["fused"] == len(pairs), steps
     vk.close()
 
@@ -303,14 +341,14 @@ def test_a_replayed_decode_step_equals_its_eager_run(smollm2):
                 out.setdefault(replay, []).append(be.forward(step))
         finally:
             be.use_replay = True
-    assert 2 in be._replays
+    assert 2 in be.replays
     assert all(torch.equal(a, b) for a, b in zip(out[False], out[True][-2:], strict=True))
     be.warmup()  # (what `minfer serve` runs before it is ready): every row count the slots can fill
-    assert set(be._replays) == {1, 2}
+    assert set(be.replays) == {1, 2}
 
 
 def test_the_c_replay_encoder_encodes_what_the_python_loop_does(smollm2):
-    """With a C compiler (CI has one) a replay is encoded by csrc/wgpu_replay.c in one call; the
+    """With a C compiler (CI has one) a replay is encoded by kernels/wgpu/replay.c in one call; the
     Python loop over wgpu-native's functions (no compiler) encodes the same dispatches: the same
     logits, bit for bit."""
     from minfer.backends.base import Batch
@@ -320,7 +358,7 @@ def test_the_c_replay_encoder_encodes_what_the_python_loop_does(smollm2):
     be.forward(Batch.build([(0, 0, PROMPT[:4]), (1, 0, PROMPT[4:8])], [3, 7]))
     step = Batch.build([(0, 4, [PROMPT[4]]), (1, 4, [PROMPT[8]])], [0, 1], n_decode=2)
     native = be.forward(step)
-    rec = be._replays[2].rec
+    rec = be.replays[2].rec
     assert rec.native is not None and rec.raw is not None
     saved, rec.native = rec.native, None
     try:
@@ -339,10 +377,10 @@ def test_tiny_models_of_other_weight_types_match_cpu(tiny_gguf, raw, preset, qua
     want = raw.prefill(cpu.engine, 0, PROMPT)
     got = raw.prefill(vk.engine, 0, PROMPT)
     # quantized weights: the cpu's kernels round the activations (int8 or bfloat16: cpu contracts)
-    assert _rel(got, want) < (1e-4 if quant in ("f16", "f32") else 2e-2)
+    assert _rel(got, want) < _vs_cpu(VS_CPU[_family(quant)])
     raw.prefill(vk.engine, 1, PROMPT[:9])
     steps = torch.stack([raw.decode(vk.engine, 1, t, p) for p, t in enumerate(PROMPT[9:], start=9)])
-    assert _rel(steps, got[9:]) < 1e-4  # decode rows (the GEMVs) = the prompt's rows (the tiled matmuls)
+    assert _rel(steps, got[9:]) <= TOL_OWN  # decode rows (the GEMVs) = the prompt's rows (the tiled matmuls)
 
 
 def test_a_tiny_bf16_model_matches_cpu(tiny_gguf, rewrite_gguf, raw, tmp_path):
@@ -363,18 +401,18 @@ def test_a_tiny_bf16_model_matches_cpu(tiny_gguf, rewrite_gguf, raw, tmp_path):
     assert {vk.engine.backend._reader.tensors[n].ggml_type for n in mats} == {GGMLType.BF16}
     want = raw.prefill(cpu.engine, 0, PROMPT)
     got = raw.prefill(vk.engine, 0, PROMPT)
-    assert _rel(got, want) < 2e-2
+    assert _rel(got, want) < 1.26e-2  # measured 4.2e-3 (the cpu's BF16 path)
     raw.prefill(vk.engine, 1, PROMPT[:9])
     steps = torch.stack([raw.decode(vk.engine, 1, t, p) for p, t in enumerate(PROMPT[9:], start=9)])
-    assert _rel(steps, got[9:]) < 1e-4
+    assert _rel(steps, got[9:]) <= TOL_OWN
 
 
 @pytest.mark.parametrize("quant", ["q5_k_m", "q5_0", "q5_1", "q3_k", "q2_k"])
 def test_the_whole_blocks_types_match_their_dequantized_twin(tiny_gguf, rewrite_gguf, raw, tmp_path, quant):
     """The quantized tiny model on vulkan against the cpu running its F32 twin (every matrix
     replaced by its reference decode): the same math in f32 on both sides, so a tight bound
-    (~6e-7 on lavapipe), where the mixes' cpu parity above is loose (the cpu's bfloat16
-    activations: 1.7e-2 for q3_k / q2_k)."""
+    (measured 6.9e-7 on lavapipe, 2026-12-02: bound 3x), where the mixes' cpu parity above is loose
+    (the cpu's bfloat16 activations: 1.8e-2 for q3_k / q2_k)."""
     from minfer.api import load
     from minfer.gguf.reader import GGUFReader
     from minfer.quant.reference import dequantize
@@ -388,4 +426,4 @@ def test_the_whole_blocks_types_match_their_dequantized_twin(tiny_gguf, rewrite_
     twin = rewrite_gguf(src, tmp_path / f"tiny-llama-{quant}-f32.gguf", drop=list(mats), add=add)
     cpu = load(twin, "cpu", n_ctx=64, n_slots=2, progress=False)
     vk = load(src, "vulkan", n_ctx=64, n_slots=2, progress=False)
-    assert _rel(raw.prefill(vk.engine, 0, PROMPT), raw.prefill(cpu.engine, 0, PROMPT)) < 1e-4
+    assert _rel(raw.prefill(vk.engine, 0, PROMPT), raw.prefill(cpu.engine, 0, PROMPT)) < 2.1e-6

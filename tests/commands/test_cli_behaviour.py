@@ -75,17 +75,8 @@ def test_minfer_trace_says_where_the_trace_went(tiny_gguf, tmp_path, run_cli, mo
     assert rc == 0 and f"trace written to {path}" in err and path.stat().st_size > 0
 
 
-def test_chat_template_file_replaces_the_models(tiny_gguf, tmp_path, run_cli, monkeypatch):
-    import minfer.api
-
-    seen = []
-    real = minfer.api.Model.chat_tokens
-
-    def spy(self, messages, add_generation_prompt=True):
-        seen.append(self.tokenizer.apply_chat_template(messages, add_generation_prompt))
-        return real(self, messages, add_generation_prompt)
-
-    monkeypatch.setattr(minfer.api.Model, "chat_tokens", spy)
+def test_chat_template_file_replaces_the_models(tiny_gguf, tmp_path, run_cli, rendered_prompts):
+    seen = rendered_prompts
     tpl = tmp_path / "t.jinja"
     tpl.write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}ASSISTANT:")
     rc, _, _ = run_cli(["chat", "-m", str(tiny_gguf()), "-n", "2", "--temp", "0", "--chat-template", str(tpl)],

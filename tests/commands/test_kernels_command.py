@@ -19,10 +19,11 @@ def test_listing_shows_every_section(capsys):
                  "linear_f16"):
         assert name in out
     from minfer.contracts.parser import parse_file
-    from minfer.contracts.registry import CONTRACTS_DIR
+    from minfer.contracts.registry import contract_files
 
-    n = sum(len(parse_file(f).sections) for f in CONTRACTS_DIR.glob("*.fkc.md"))
-    assert n >= 21 and "minfer.kernels.qmatmul:q4_0_gemv" in out and f"{n} sections, {n} bound, 0 with errors" in out
+    n = sum(len(parse_file(f).sections) for f in contract_files())
+    assert n >= 21 and "minfer.kernels.triton.q4_0:q4_0_gemv" in out
+    assert f"{n} sections, {n} bound, 0 with errors" in out
 
 
 def test_listing_json(capsys):
@@ -30,8 +31,8 @@ def test_listing_json(capsys):
     rows = json.loads(capsys.readouterr().out)
     gemv = next(r for r in rows if r["kernel"] == "q4_0_gemv")
     assert gemv["op"] == "QMatMul" and gemv["valid"] and gemv["registrable"]
-    assert gemv["file"] == "qmatmul.fkc.md"
-    assert gemv["launcher"] == "minfer.kernels.qmatmul:q4_0_gemv" and len(gemv["revision"]) == 16
+    assert gemv["file"] == "triton/q4_0.fkc.md"
+    assert gemv["launcher"] == "minfer.kernels.triton.q4_0:q4_0_gemv" and len(gemv["revision"]) == 16
 
 
 def test_check_clean_seed(capsys):
@@ -57,6 +58,6 @@ def test_check_prints_rule_section_field_and_fails(tmp_path, capsys):
 def test_listing_exits_nonzero_when_a_package_contract_is_broken(tmp_path, monkeypatch, capsys):
     bad = SEED.read_text().replace("ggml_dtype: Q4K ", "ggml_dtype: Q4_K_M ")
     (tmp_path / "broken.fkc.md").write_text(bad)
-    monkeypatch.setattr(registry_mod, "CONTRACTS_DIR", tmp_path)
+    monkeypatch.setattr(registry_mod, "KERNELS_DIR", tmp_path)
     assert main(["kernels"]) == 1
     assert "QuantIncoherent" in capsys.readouterr().out

@@ -10,7 +10,8 @@ import pytest
 def test_run_default_model_streams_text_and_reports_speed(run_cli):
     rc, out, err = run_cli(["run", "-n", "6", "--temp", "0", "The capital of France is"])
     assert rc == 0 and out.startswith(" Paris")
-    assert re.search(r"prefill: \d+ tokens .* tok/s\) \| decode: 6 tokens .* tok/s\)", err)
+    # 6 generated: the first from the prefill's logits, 5 decode steps
+    assert re.search(r"prefill: \d+ tokens in .* tok/s.*\) \| decode: 5 tokens in .* tok/s\) \| generated: 6 ", err)
 
 
 def test_run_with_trace(tiny_gguf, run_cli, tmp_path):
@@ -29,14 +30,10 @@ def test_chat_keeps_history_and_handles_commands(tiny_gguf, run_cli):
 
 def test_chat_replies_are_the_models_replies(tiny_gguf, run_cli):
     """Two turns through `minfer chat` print what Model.generate gives for the same conversation."""
-    from minfer.api import load
+    from .conftest import chat_reference
 
     rc, out, _ = run_cli(["chat", "-m", str(tiny_gguf()), "-n", "5", "--temp", "0"], stdin="hello\nthe cat\n/exit\n")
-    with load(tiny_gguf(), progress=False) as m:
-        msgs = [{"role": "user", "content": "hello"}]
-        first = m.generate(msgs, max_tokens=5, temperature=0)
-        msgs += [{"role": "assistant", "content": first}, {"role": "user", "content": "the cat"}]
-        second = m.generate(msgs, max_tokens=5, temperature=0)
+    first, second = chat_reference(tiny_gguf(), ["hello", "the cat"], 5)
     assert rc == 0 and out == first + "\n" + second + "\n"
 
 

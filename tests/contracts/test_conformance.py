@@ -7,14 +7,15 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+import torch
 
 from minfer.contracts.conformance import dtype_combinations, format_results, run_conformance
 from minfer.contracts.parser import parse_file
-from minfer.contracts.registry import CONTRACTS_DIR, load_registry
-from minfer.kernels import cpu_vnni
+from minfer.contracts.registry import KERNELS_DIR, contract_files, load_registry
+from minfer.kernels.cpu import vnni as cpu_vnni
 
 KERNELS = sorted(  # (the Vulkan contracts run on a wgpu adapter: tests/backends/test_wgpu_backend.py)
-    s.kernel for f in CONTRACTS_DIR.glob("*.fkc.md") for s in parse_file(f).sections
+    s.kernel for f in contract_files() for s in parse_file(f).sections
     if s.registrable and s.backend != "Vulkan"
 )
 NUMPY_NOISE = "ignore:(invalid value|overflow|divide by zero) encountered:RuntimeWarning"
@@ -22,15 +23,36 @@ NUMPY_NOISE = "ignore:(invalid value|overflow|divide by zero) encountered:Runtim
 
 @pytest.mark.filterwarnings(NUMPY_NOISE)
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_kernel_conforms_to_its_contract(kernel, registry, device):
+def test_kernel_conforms_to_its_contract(kernel, registry, device, test_seed):
     if registry.kernels[kernel].contract.kernel_source == "c" and not cpu_vnni.available():
         pytest.skip("the C kernels need AVX512-VNNI and a C compiler")  # the cpu backend uses torch's then
-    results, seed = run_conformance(registry, kernels=[kernel], device=device)
+    results, seed = run_conformance(registry, kernels=[kernel], device=device, seed=test_seed)
     assert results, f"no case was generated for {kernel}"
     failed = [r for r in results if not r.passed]
     assert not failed, f"seed {seed}\n" + format_results(failed)
     sizes = {r.size for r in results}
     assert sizes == {"tiny", "odd", "boundary"}
+
+
+def test_full_has_gemv_cases_above_the_int8_activation_threshold(registry):
+    """The Q4 GEMV contracts declare 1e-4 for weights above Q8_MIN_WEIGHTS (x in two int8 passes; 1e-5
+    is f32 x's): `--full` holds a case of each that takes that path, for every type it accepts (run
+    compiled on the GPU: `python -m minfer.contracts.conformance --device cuda --full`; one takes minutes
+    under the interpreter, so here only that the cases exist, are admitted and cross the threshold)."""
+    from minfer.contracts.conformance import cases, prepare
+    from minfer.contracts.harness import LARGE
+    from minfer.kernels.triton.gemv import Q8_MIN_WEIGHTS, gemv_config
+
+    gen = torch.Generator().manual_seed(0)
+    for name in ("q4_0_gemv", "int4_gemv", "gemv_swiglu", "gemv_rope"):
+        k = registry.kernels[name]
+        types = set()
+        for case in cases(k, (LARGE,)):
+            n, kk = case.setting.shapes["w"]
+            assert n * kk > Q8_MIN_WEIGHTS and gemv_config(n, kk).q8 == 2, name
+            types.add(case.dtypes["w"])
+            assert prepare(k, case, gen) is not None, (name, case.label)
+        assert types == set(next(i for i in k.contract.inputs if i.quant).quant.ggml_dtypes), name
 
 
 def test_cases_cover_every_declared_dtype(registry):
@@ -59,6 +81,20 @@ def add_half_written(x, y, out=None):
 def add_wrong_dtype(x, y):  # no out= parameter: the harness checks the returned tensor
     return torch.add(x, y).double()
 
+def add_writes_past_its_end(x, y, out=None):
+    """Correct values, and one more element written after the output (an off-by-one bound)."""
+    out = torch.empty_like(x) if out is None else out
+    torch.add(x, y, out=out)
+    torch.as_strided(out, (out.numel() + 1,), (1,))[-1] = 0.0
+    return out
+
+def add_clobbers_x(x, y, out=None):
+    """Correct values, and its input x overwritten (scratch space it does not own)."""
+    out = torch.empty_like(x) if out is None else out
+    torch.add(x, y, out=out)
+    x.zero_()
+    return out
+
 _calls = [0]
 
 def add_noisy(x, y, out=None):
@@ -77,14 +113,15 @@ def add_noisy(x, y, out=None):
 def broken_registry(tmp_path, monkeypatch):
     (tmp_path / "broken_kernels.py").write_text(textwrap.dedent(BROKEN))
     monkeypatch.syspath_prepend(str(tmp_path))
-    text = (CONTRACTS_DIR / "elementwise.fkc.md").read_text()
+    text = (KERNELS_DIR / "triton" / "elementwise.fkc.md").read_text()
     head, rest = text.split("## add_f32", 1)
     section = "## add_f32" + rest.split("## mul_f32", 1)[0]
     sections = [
         section.replace("kernel: add_f32", f"kernel: {name}")
-        .replace("minfer.kernels.elementwise:add_f32", f"broken_kernels:{name}")
+        .replace("minfer.kernels.triton.elementwise:add_f32", f"broken_kernels:{name}")
         .replace('kernel_source: "triton"', 'kernel_source: "torch"')
-        for name in ("add_wrong", "add_ignores_out", "add_half_written", "add_wrong_dtype", "add_noisy")
+        for name in ("add_wrong", "add_ignores_out", "add_half_written", "add_wrong_dtype", "add_noisy",
+                     "add_writes_past_its_end", "add_clobbers_x")
     ]
     path = tmp_path / "broken.fkc.md"
     path.write_text(head.replace('kernel_source: "triton"', 'kernel_source: "torch"') + "".join(sections))
@@ -101,10 +138,50 @@ def broken_registry(tmp_path, monkeypatch):
         ("add_half_written", "non-finite values"),
         ("add_wrong_dtype", "output dtype"),
         ("add_noisy", "declared bitwise but two runs differ"),
+        ("add_writes_past_its_end", "outside its output (the guard regions"),
+        ("add_clobbers_x", "x: "),
     ],
 )
-def test_harness_catches_broken_launchers(broken_registry, kernel, message):
-    results, _ = run_conformance(broken_registry, kernels=[kernel], device="cpu")
+def test_harness_catches_broken_launchers(broken_registry, kernel, message, test_seed):
+    results, _ = run_conformance(broken_registry, kernels=[kernel], device="cpu", seed=test_seed)
     assert any(message in r.message for r in results), format_results(results)
     if kernel != "add_noisy":  # (on cpu only the odd cases run twice)
         assert not any(r.passed for r in results), format_results(results)
+
+
+BROKEN_ATTENTION = '''
+from minfer.kernels.triton.attention import attention_rows
+
+def attn_touches_the_extra_slot(**kw):
+    """Right output; one byte of the slot no row attends changed (what a stray write does)."""
+    out = attention_rows(**kw)
+    kw["cache_k"][kw["layer"], -1, 0, 0] += 1
+    return out
+
+def attn_writes_one_position_behind(**kw):
+    """k and v stored one position before each row's (the row then attends up to there)."""
+    pos = kw["positions"]
+    return attention_rows(**dict(kw, positions=(pos - 1).clamp(min=0).to(pos.dtype)))
+'''
+
+
+@pytest.mark.parametrize("kernel, message", [
+    ("attn_touches_the_extra_slot", "elements changed that the op must not write"),
+    ("attn_writes_one_position_behind", "cache_k: the elements written differ"),
+])
+def test_harness_checks_every_byte_of_the_kv_cache(tmp_path, monkeypatch, test_seed, kernel, message):
+    """An attention kernel writes its rows' k and v into the cache and nothing else: the harness
+    compares every byte of both caches after the launch (the rows written against k and v)."""
+    (tmp_path / "broken_attention.py").write_text(textwrap.dedent(BROKEN_ATTENTION))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    text = (KERNELS_DIR / "triton" / "attention.fkc.md").read_text()
+    head, rest = text.split("## attention_rows (decode; any rows)", 1)
+    section = "## attention_rows" + rest.split("## attention_rows_q8", 1)[0]
+    section = section.replace("kernel: attention_rows", f"kernel: {kernel}").replace(
+        "minfer.kernels.triton.attention:attention_rows", f"broken_attention:{kernel}")
+    path = tmp_path / "broken_attention.fkc.md"
+    path.write_text(head + section)
+    reg = load_registry([path], trusted=("broken_attention",))
+    assert not any(reg.errors.values()), reg.errors
+    results, _ = run_conformance(reg, kernels=[kernel], device="cpu", seed=test_seed, sizes=("tiny",))
+    assert results and all(message in r.message for r in results), format_results(results)

@@ -11,24 +11,46 @@ import torch
 
 from minfer.contracts.parser import parse_file
 from minfer.contracts.picker import candidates, layout_of, pick
-from minfer.contracts.registry import CONTRACTS_DIR, load_registry
+from minfer.contracts.registry import KERNELS_DIR, contract_files, load_registry
 from minfer.errors import NoKernelError
-from minfer.kernels import (
+from minfer.kernels import sample
+from minfer.kernels.cpu import matmul as cpu_matmul
+from minfer.kernels.cpu import vnni as cpu_vnni
+from minfer.kernels.triton import (
     attention,
-    cpu_matmul,
-    cpu_vnni,
     dequant,
     elementwise,
     embed,
     gemv_fused,
+    int4,
     mmq,
     norm,
-    qmatmul,
+    planes,
+    q4_0,
     quantize,
     rope,
-    sample,
     torch_ops,
-    wgsl_ops,
+)
+from minfer.kernels.wgsl import (
+    attention as vk_attention,
+)
+from minfer.kernels.wgsl import (
+    dequant as vk_dequant,
+)
+from minfer.kernels.wgsl import (
+    elementwise as vk_elementwise,
+)
+from minfer.kernels.wgsl import (
+    matmul as vk_matmul,
+)
+from minfer.kernels.wgsl import (
+    norm as vk_norm,
+)
+from minfer.kernels.wgsl import (
+    quantize as vk_quantize,
+)
+from minfer.kernels.wgsl import (
+    select as vk_select,
 )
 
 LAUNCHERS = {
@@ -42,22 +64,26 @@ LAUNCHERS = {
     "convert_f32_bf16": elementwise.convert_f32_bf16,
     "embed_rows": embed.embed_rows,
     "quantize_q8_0": quantize.quantize_q8_0,
-    "q4_0_gemv": qmatmul.q4_0_gemv,
-    "q4_0_matmul": qmatmul.q4_0_matmul,
+    "q4_0_gemv": q4_0.q4_0_gemv,
+    "q4_0_matmul": q4_0.q4_0_matmul,
     "mmq_q4_0": mmq.mmq_q4_0,
     "mmq_int4": mmq.mmq_int4,
     "mmq_q8_0": mmq.mmq_q8_0,
     "mmq_q6_k": mmq.mmq_q6_k,
     "mmq_planes": mmq.mmq_planes,
-    "int4_gemv": qmatmul.int4_gemv,
-    "q8_0_gemv": qmatmul.q8_0_gemv,
-    "q6_k_gemv": qmatmul.q6_k_gemv,
-    "q5_gemv": qmatmul.q5_gemv,
-    "q3_k_gemv": qmatmul.q3_k_gemv,
-    "q2_k_gemv": qmatmul.q2_k_gemv,
+    "int4_gemv": int4.int4_gemv,
+    "q8_0_gemv": planes.q8_0_gemv,
+    "q6_k_gemv": planes.q6_k_gemv,
+    "q5_gemv": planes.q5_gemv,
+    "q3_k_gemv": planes.q3_k_gemv,
+    "q2_k_gemv": planes.q2_k_gemv,
     "gemv_swiglu": gemv_fused.gemv_swiglu,
+    "gemv_geglu": gemv_fused.gemv_geglu,
     "gemv_rope": gemv_fused.gemv_rope,
     "swiglu_rows": elementwise.swiglu_rows,
+    "geglu_rows": elementwise.geglu_rows,
+    "scale_f32": elementwise.scale_f32,
+    "softcap_f32": elementwise.softcap_f32,
     "rms_norm": norm.rms_norm,
     "add_rms_norm": norm.add_rms_norm,
     "rope": rope.rope,
@@ -72,24 +98,27 @@ LAUNCHERS = {
     "argmax_rows": torch_ops.argmax_rows,
     "sample_rows": sample.sample_rows,
     # the WGSL kernels (backend Vulkan; one launcher serves the seed's per-type contracts)
-    "vk_get_rows": wgsl_ops.get_rows,
-    "vk_dequant_q4_0": wgsl_ops.dequant,
-    "vk_dequant_q8_0": wgsl_ops.dequant,
-    "vk_dequant_q4_k": wgsl_ops.dequant,
-    "vk_qmatvec_q4_0": wgsl_ops.qmatvec,
-    "vk_matmul_q4_0_tiled": wgsl_ops.qmatmul_tiled,
-    "vk_qmatvec": wgsl_ops.qmatvec,
-    "vk_matmul_tiled": wgsl_ops.qmatmul_tiled,
-    "vk_rms_norm": wgsl_ops.rms_norm,
-    "vk_add_rms_norm": wgsl_ops.add_rms_norm,
-    "vk_add": wgsl_ops.add,
-    "vk_add_bias": wgsl_ops.add_bias,
-    "vk_swiglu": wgsl_ops.swiglu,
-    "vk_rope": wgsl_ops.rope,
-    "vk_attention": wgsl_ops.attention,
-    "vk_row_select": wgsl_ops.row_select,
-    "vk_argmax": wgsl_ops.argmax,
-    "vk_quantize_q8_0": wgsl_ops.quantize_q8_0,
+    "vk_get_rows": vk_dequant.get_rows,
+    "vk_dequant_q4_0": vk_dequant.dequant,
+    "vk_dequant_q8_0": vk_dequant.dequant,
+    "vk_dequant_q4_k": vk_dequant.dequant,
+    "vk_qmatvec_q4_0": vk_matmul.qmatvec,
+    "vk_matmul_q4_0_tiled": vk_matmul.qmatmul_tiled,
+    "vk_qmatvec": vk_matmul.qmatvec,
+    "vk_matmul_tiled": vk_matmul.qmatmul_tiled,
+    "vk_rms_norm": vk_norm.rms_norm,
+    "vk_add_rms_norm": vk_norm.add_rms_norm,
+    "vk_add": vk_elementwise.add,
+    "vk_add_bias": vk_elementwise.add_bias,
+    "vk_swiglu": vk_elementwise.swiglu,
+    "vk_geglu": vk_elementwise.geglu,
+    "vk_scale": vk_elementwise.scale,
+    "vk_softcap": vk_elementwise.softcap,
+    "vk_rope": vk_elementwise.rope,
+    "vk_attention": vk_attention.attention,
+    "vk_row_select": vk_select.row_select,
+    "vk_argmax": vk_select.argmax,
+    "vk_quantize_q8_0": vk_quantize.quantize_q8_0,
     "cpu_int4pack_mm": cpu_matmul.int4pack_mm,
     "cpu_int4pack_mm_pair32": cpu_matmul.int4pack_mm,
     "cpu_int4pack_mm_pair16": cpu_matmul.int4pack_mm,
@@ -109,10 +138,10 @@ def _qmatmul_call(m: int, k: int = 576, n: int = 1536, qtype: str = "Q4_0"):
 def test_registry_binds_every_launcher(registry):
     assert all(not errs for errs in registry.errors.values()), registry.errors
     assert {name: k.launcher for name, k in registry.kernels.items()} == LAUNCHERS
-    sections = [s.kernel for f in sorted(CONTRACTS_DIR.glob("*.fkc.md")) for s in parse_file(f).sections]
+    sections = [s.kernel for f in contract_files() for s in parse_file(f).sections]
     assert sorted(sections) == sorted(LAUNCHERS)  # one registrable section per launcher, all bound
     gemv = registry.kernels["q4_0_gemv"]
-    assert gemv.load_layouts == {"w": qmatmul.repack_q4_0} and gemv.takes_out
+    assert gemv.load_layouts == {"w": q4_0.repack_q4_0} and gemv.takes_out
     assert not registry.kernels["add_bias_f32"].takes_out  # in place
     assert len(gemv.revision) == 16
     assert gemv.revision == registry.kernels["q4_0_matmul"].revision  # one module, one revision
@@ -130,9 +159,9 @@ def test_gemv_wins_m1_by_fast_path_though_others_are_admissible(registry):
     ok, rejected = candidates("QMatMul", *_qmatmul_call(1), registry=registry)
     assert [(c.kernel.name, c.fast_path) for c in ok] == [("q4_0_gemv", "m == 1"), ("q4_0_matmul", None),
                                                           ("mmq_q4_0", None), ("linear_f16", None)]
-    assert [k.name for k, _ in rejected if k.contract.backend == "CUDA"] == [  # the other types' kernels
+    assert sorted(k.name for k, _ in rejected if k.contract.backend == "CUDA") == sorted([  # the other types'
         "mmq_int4", "mmq_q8_0", "mmq_q6_k", "mmq_planes", "int4_gemv", "q8_0_gemv", "q6_k_gemv", "q5_gemv",
-        "q3_k_gemv", "q2_k_gemv"]
+        "q3_k_gemv", "q2_k_gemv"])
     ok, rejected = candidates("QMatMul", *_qmatmul_call(8), registry=registry)
     # only linear_f16 has a fast path at 8; the quantized ones (MINFER_MMQ=1's) ranked by cost
     assert [c.kernel.name for c in ok] == ["linear_f16", "q4_0_matmul", "mmq_q4_0"]
@@ -218,7 +247,7 @@ def test_layout_rejection(registry):
 
 def _two_adds(tmp_path):
     """A contract file with two interchangeable Add kernels (same launcher, different names)."""
-    text = (CONTRACTS_DIR / "elementwise.fkc.md").read_text()
+    text = (KERNELS_DIR / "triton" / "elementwise.fkc.md").read_text()
     head, rest = text.split("## add_f32", 1)
     first = "## add_f32" + rest.split("## mul_f32", 1)[0]
     second = first.replace("kernel: add_f32", "kernel: add_f32_b")

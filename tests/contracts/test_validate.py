@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from minfer.contracts.parser import parse_file
-from minfer.contracts.registry import CONTRACTS_DIR
+from minfer.contracts.registry import KERNELS_DIR, contract_files
 from minfer.contracts.validate import RULES, check_file
 
 SEED = Path(__file__).parent / "data" / "seed004.fkc.md"
@@ -20,7 +20,7 @@ HEADER = {"fkc_version": 1, "provider": {"name": "test", "backend": "CUDA", "ker
 
 def _ours() -> dict:
     """A registrable section known to be valid: our add_f32 contract."""
-    return copy.deepcopy(parse_file(CONTRACTS_DIR / "elementwise.fkc.md").sections[0].raw)
+    return copy.deepcopy(parse_file(KERNELS_DIR / "triton" / "elementwise.fkc.md").sections[0].raw)
 
 
 def _seed(i: int = 0) -> dict:
@@ -126,9 +126,10 @@ CASES = {
     ),
     "AliasingIncoherent": (_text([_set(_ours(), "return.outputs.0.aliasing", "in_place")]), "caps.in_place"),
     "AlignmentInvalid": (_text([_set(_ours(), "caps.alignment_bytes", 3)]), "caps.alignment_bytes"),
+    "UnknownCapability": (_text([_set(_ours(), "caps.also", ["telepathy"])]), "caps.also"),
     "BackendUnsupported": (
         _text(
-            [_set(_set(_seed(), "registrable", True), "entry_point", "minfer.kernels.dequant:dequant")],
+            [_set(_set(_seed(), "registrable", True), "entry_point", "minfer.kernels.triton.dequant:dequant")],
             _seed_header(),
         ),
         "kernel_source",  # Vulkan is a backend we run, but through WGSL: the seed's "vulkan-slang" is refused
@@ -136,10 +137,10 @@ CASES = {
     "UnknownOpKind": (_text([_set(_ours(), "op_kind", "Frobnicate")]), "op_kind"),
     "OpSignatureMismatch": (_text([_set(_ours(), "accept.inputs.0.name", "a")]), "accept.inputs"),
     "EntryPointUnresolved": (
-        _text([_set(_ours(), "entry_point", "minfer.kernels.elementwise:nope")]), "entry_point"
+        _text([_set(_ours(), "entry_point", "minfer.kernels.triton.elementwise:nope")]), "entry_point"
     ),
     "EntryPointSignature": (
-        _text([_set(_ours(), "entry_point", "minfer.kernels.elementwise:silu_f32")]),  # silu_f32 takes no y
+        _text([_set(_ours(), "entry_point", "minfer.kernels.triton.elementwise:silu_f32")]),  # silu_f32 takes no y
         "entry_point",
     ),
     "ToleranceMissing": (
@@ -157,6 +158,14 @@ PARSE_RULES = {
 
 def test_every_rule_has_a_broken_contract():
     assert set(CASES) | PARSE_RULES == set(RULES)
+
+
+def test_q8_in_comes_with_its_passes(tmp_path):
+    """A launcher that takes int8 activations names the function that makes them, and only then."""
+    errors = _errors(tmp_path, _text([_set(_ours(), "caps.also", ["q8_in"])]))
+    assert ("UnknownCapability", "caps.q8_passes") in [(e.rule, e.field) for e in errors]
+    errors = _errors(tmp_path, _text([_set(_ours(), "caps.q8_passes", "minfer.kernels.triton.qmatmul:q8_passes")]))
+    assert ("UnknownCapability", "caps.q8_passes") in [(e.rule, e.field) for e in errors]
 
 
 def test_bases_are_clean(tmp_path):
@@ -213,9 +222,10 @@ def test_describe_only_sections_are_not_imported(tmp_path):
 
 
 def test_our_contracts_validate_clean():
-    files = sorted(CONTRACTS_DIR.glob("*.fkc.md"))
-    families = ("elementwise", "dequant", "embed", "quantize", "qmatmul")
-    assert {f.name for f in files} >= {f"{n}.fkc.md" for n in families}
+    files = contract_files()
+    families = ("triton/elementwise", "triton/dequant", "triton/embed", "triton/quantize", "triton/q4_0", "wgsl/matmul",
+                "cpu/vnni", "sample")
+    assert {f.relative_to(KERNELS_DIR).as_posix() for f in files} >= {f"{n}.fkc.md" for n in families}
     for f in files:
         cf, errors = check_file(f)
         assert errors == [], [str(e) for e in errors]
@@ -248,10 +258,10 @@ def test_docs_worked_example_is_valid_but_for_its_launcher(tmp_path, monkeypatch
 def test_entry_point_without_triton_says_how_to_install(monkeypatch):
     from minfer.contracts.validate import resolve_entry_point
 
-    monkeypatch.delitem(sys.modules, "minfer.kernels.rope", raising=False)  # imported again, without triton
+    monkeypatch.delitem(sys.modules, "minfer.kernels.triton.rope", raising=False)  # imported again, without triton
     monkeypatch.setitem(sys.modules, "triton", None)  # as on a machine without triton
     with pytest.raises(ValueError, match=r"pip install 'minfer\[gpu\]'"):
-        resolve_entry_point("minfer.kernels.rope:rope")
+        resolve_entry_point("minfer.kernels.triton.rope:rope")
 
 
 @pytest.mark.parametrize("entry, why", [
@@ -260,7 +270,7 @@ def test_entry_point_without_triton_says_how_to_install(monkeypatch):
     ("minfer.api:load", "outside minfer's kernel package"),
     ("minfer.kernels.nothing_here:fn", "no such module"),
     ("minfer.kernels..rope:rope", "dotted Python names"),
-    ("minfer.kernels.rope:rope; import os", "dotted Python names"),
+    ("minfer.kernels.triton.rope:rope; import os", "dotted Python names"),
 ])
 def test_a_contract_file_cannot_import_outside_the_kernel_package(tmp_path, entry, why, capsys):
     """`minfer kernels --check FILE` on a contract naming another module: a validation error

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from minfer.backends import cpu_ops
+from minfer.backends.cpu import ops as cpu_ops
 
 torch.manual_seed(0)
 

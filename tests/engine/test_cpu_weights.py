@@ -1,7 +1,7 @@
 """cpu weight preparation against the `gguf` package's codecs (an oracle we did not write).
 
-Quantized types run torch's int4 packed matmul on their int4 digits (minfer/kernels/cpu_matmul.py), or
-the C kernels where they run (Q4_x, Q5_x, Q8_0: minfer/kernels/cpu_vnni.py): the digits must encode
+Quantized types run torch's int4 packed matmul on their int4 digits (minfer/kernels/cpu/matmul.py), or
+the C kernels where they run (Q4_x, Q5_x, Q8_0: minfer/kernels/cpu/vnni.py): the digits must encode
 the exact dequantized values, the packing must equal torch's own, and the matmul must agree with
 float64 x @ W^T to its documented precision (bfloat16 activations and scales: ~2^-8 relative; int8
 activations of prompt rows ~5e-3, decode rows' two passes < 1e-3), each row independent of the others.
@@ -15,10 +15,10 @@ import pytest
 import torch
 from gguf import quants
 
-from minfer.backends.cpu_weights import VNNI_KERNELS, EmbeddingTable, Matrix, dense_f32, kernel_name, prepared_bytes
+from minfer.backends.cpu.weights import VNNI_KERNELS, EmbeddingTable, Matrix, dense_f32, kernel_name, prepared_bytes
 from minfer.gguf.reader import GGUFReader
 from minfer.gguf.writer import write_gguf
-from minfer.kernels.cpu_matmul import PLAIN, int4_codes, int_form, pack_int4, pack_plain
+from minfer.kernels.cpu.matmul import PLAIN, int4_codes, int_form, pack_int4, pack_plain
 from minfer.quant.types import QUANT_TABLE, GGMLType
 
 N, K = 48, 512  # 48 rows: not a whole int4 tile of 64 (the padding path)

@@ -8,8 +8,8 @@ import pytest
 
 from minfer.errors import ModelError
 from minfer.graph.builder import GraphBuilder
+from minfer.graph.fuse import optimize
 from minfer.graph.ir import Op
-from minfer.graph.passes import optimize
 from minfer.models.llama import LlamaArgs, build_graph
 
 ARGS = LlamaArgs(arch="llama", n_layer=2, n_embd=64, n_ff=96, n_head=4, n_head_kv=2, head_dim=16, n_rot=16,

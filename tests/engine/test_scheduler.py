@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minfer.backends.base import Batch
+from minfer.backends.base import Backend, Batch
 from minfer.config import EngineConfig
 from minfer.engine.engine import Engine
 from minfer.engine.params import SamplingParams
@@ -25,9 +25,13 @@ NEXT = {t: (t + 1) % V or 1 for t in range(V)}  # greedy successor; EOS only whe
 GREEDY = dict(temperature=0)
 
 
-class ScriptedBackend:
+class ScriptedBackend(Backend):
+    """A backend whose logits are a fixed function of (token, position): the scheduler's
+    choices are visible in the batches it was handed."""
+
     name = "scripted"
     kv_itemsize = 4
+    prefill_seqs = 1
 
     def __init__(self, eos_after: int | None = None):
         self.batches: list[Batch] = []
@@ -35,6 +39,18 @@ class ScriptedBackend:
 
     def kv_budget(self) -> int:
         return 1 << 30
+
+    def load(self, graph, reader, progress=True) -> None:
+        raise AssertionError("the scheduler tests build the engine directly")
+
+    def allocate(self, n_slots: int, n_ctx: int) -> None:
+        pass
+
+    def trace_graph(self) -> list[dict]:
+        return []
+
+    def plan_rows(self, rows: int = 1, prefill: bool = False) -> list[dict]:
+        return []
 
     def forward(self, batch: Batch, recorder=None) -> torch.Tensor:
         self.batches.append(batch)
@@ -264,8 +280,10 @@ class Launched:
 
 
 class OverlapBackend(ScriptedBackend):
-    """The scripted backend with `decode_greedy`: tokens picked "on the device"; a step launched
+    """The scripted backend with `decode_pick`: tokens picked "on the device"; a step launched
     after another takes that step's picked tokens, never the batch's placeholders."""
+
+    device_pick = True
 
     def __init__(self, eos_after: int | None = None):
         super().__init__(eos_after)

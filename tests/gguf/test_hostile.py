@@ -2,7 +2,9 @@
 
 A superset of the classes of llama.cpp's tests/test-gguf.cpp (bad magic/version/counts, bad key
 size/type, duplicate key, bad alignment, bad tensor name/n_dims/shape/type/offset, duplicate
-names, inconsistent alignment, not enough data), plus truncation at every byte of a valid file.
+names, inconsistent alignment, not enough data), the 2026 CVE classes (llama.cpp CVE-2026-27940's
+size computations that wrap, Ollama CVE-2026-7482's offset + size past the file), plus truncation
+at every byte of a valid file.
 Files are built field by field with writer.HeaderBuilder, which can write any value.
 """
 
@@ -29,7 +31,7 @@ from minfer.gguf.writer import (
 )
 
 V = ValueType
-F32, Q4_0, Q6_K = 0, 2, 14
+F32, Q4_0, Q8_0, Q6_K, I8 = 0, 2, 8, 14, 24
 BIG = 4 * (2**31 - 1)  # llama.cpp's NE_TOO_BIG dimension
 
 
@@ -171,6 +173,25 @@ CASES = [
      "starts past the end of the file"),
     ("data_second_tensor_cut", tensor_file(("a", [8], F32, 0), ("t", [32], Q4_0, 32), data=b"\0" * 40),
      "t.offset", "extends past"),
+    # ---------------------------------------------------------------- the 2026 CVE classes
+    # llama.cpp CVE-2026-27940: a tensor-size computation that wraps in 64 bits past the earlier
+    # checks (ne0 * type size / block size; the element count; the row stride times ne1). Sizes
+    # here are Python integers (they cannot wrap) and each is bounded before it is used.
+    ("cve_27940_q4_0_nbytes_wraps", tensor_file(("t", [5124095576030431008], Q4_0, 0)), "t.ne[0]",
+     r"element count overflows"),  # ne0 * 18 = 64 mod 2^64: "2 bytes"
+    ("cve_27940_nelements_negative", tensor_file(("t", [2**63 - 1, 2], I8, 0)), "t.ne[0]",
+     r"element count overflows"),  # INT64_MAX * 2: negative in int64
+    ("cve_27940_nelements_wraps", tensor_file(("t", [2**62, 4], F32, 0)), "t.ne[1]", r"element count overflows"),
+    ("cve_27940_stride_wraps", tensor_file(("t", [1152, 2**42 + 1], Q8_0, 0)), "t.offset",
+     r"data \[96, 5383208929592616\) extends past"),  # (2^42) * stride = 2^64: 0 bytes in int64
+    ("cve_27940_q8_row_bytes_wrap", tensor_file(("t", [2**61, 1], Q8_0, 0)), "t.offset", "extends past"),
+    # Ollama CVE-2026-7482: a declared offset + size beyond the file's length, read past the buffer
+    ("cve_7482_size_past_eof", tensor_file(("t", [1 << 18], F32, 0)), "t.offset",
+     r"data \[64, 1048640\) extends past the file end \(128\)"),
+    ("cve_7482_offset_plus_size_wraps", tensor_file(("a", [8], F32, 0), ("t", [16], F32, 2**64 - 32)), "t.offset",
+     "extends past the file end"),
+    ("cve_7482_second_offset_past_eof", tensor_file(("a", [8], F32, 0), ("t", [8], F32, 1 << 40)), "t.offset",
+     "extends past the file end"),
 ]
 
 

@@ -25,6 +25,7 @@ from minfer.gguf.synth import (
     model_metadata,
     plan_tensors,
     random_blocks,
+    spm_vocab,
     synth,
     synth_vocab,
 )
@@ -64,6 +65,9 @@ def test_smollm2_metadata_mirrors_the_real_file(smollm2_path):
 @pytest.mark.parametrize("preset,n_params", [
     ("smollm2-135m", 134_515_008), ("qwen2.5-0.5b", 494_032_768),
     ("qwen2.5-7b", 7_615_616_512), ("llama3-8b", 8_030_261_248), ("llama3-70b", 70_553_706_496),
+    ("qwen3-0.6b", 596_049_920), ("qwen3-8b", 8_190_735_360), ("gemma3-270m", 268_098_176),
+    ("gemma3-1b", 999_885_952), ("gemma2-2b", 2_614_341_888),
+    ("phi3-mini", 3_821_079_552 + 2 * 48),  # + the two LongRoPE factor vectors (not counted in the published number)
 ])
 def test_parameter_counts_match_the_published_models(preset, n_params):
     assert sum(math.prod(s) for _, s, _, _ in plan_tensors(PRESETS[preset], "q4_0")) == n_params
@@ -186,6 +190,23 @@ def test_vocab_is_a_valid_byte_level_bpe():
         synth_vocab(100, True)
 
 
+def test_spm_vocab_small_sizes_keep_the_first_characters(tmp_path):
+    """`--vocab` below specials + 256 bytes + 95 characters keeps "▁" and the first characters;
+    one below specials + 256 bytes is a typed error."""
+    specials = ("<pad>", "<eos>", "<bos>")
+    tokens, scores, types = spm_vocab(3 + 256 + 5, specials)
+    assert tokens[:3] == list(specials) and tokens[3] == "<0x00>" and tokens[258] == "<0xFF>"
+    assert tokens[259:] == ["\u2581", "!", '"', "#", "$"]
+    assert len(scores) == len(types) == 264 and types[259:] == [1] * 5
+    full = spm_vocab(3 + 256 + 95 + 40, specials)[0]
+    assert len(full) == len(set(full)) == 394 and full[354] == "\u2581a"  # the first merge follows the characters
+    assert full[259:354] == ["\u2581"] + [chr(c) for c in range(0x21, 0x7F)]
+    with pytest.raises(UnsupportedError, match="too small for a SentencePiece"):
+        spm_vocab(3 + 255, specials)
+    r = GGUFReader(synth("tiny-gemma3", "f32", tmp_path / "g.gguf", vocab=300))
+    assert len(r.metadata["tokenizer.ggml.tokens"]) == 300 and r.tensors["token_embd.weight"].shape == (256, 300)
+
+
 def test_hf_transformers_loads_tiny_f32(tiny_file):
     import accelerate  # noqa: F401 (transformers needs it for gguf_file=; both are in the test extra)
     import torch
@@ -226,4 +247,33 @@ def test_bad_requests_are_typed(tmp_path):
         synth("gpt5", "q4_0", tmp_path / "x.gguf")
     with pytest.raises(UnsupportedError, match="unknown synth quant"):
         synth("tiny-llama", "q7_k", tmp_path / "x.gguf")
+    with pytest.raises(UnsupportedError, match=r"logit_scale -2.0: .*smollm2-135m is not tiny"):
+        synth("smollm2-135m", "q4_0", tmp_path / "x.gguf", logit_scale=-2.0)
+    with pytest.raises(UnsupportedError, match="logit_scale 0"):
+        synth("tiny-llama", "q4_0", tmp_path / "x.gguf", logit_scale=0)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_logit_scale_multiplies_the_logits_and_nothing_else(tmp_path):
+    """`logit_scale` (what the decisive tiny models of the greedy tests use): the output norm's
+    weights times the factor, every other tensor's bytes the same, so the logits times the factor."""
+    import torch
+
+    from minfer.api import load
+
+    base = synth("tiny-qwen2", "q4_0", tmp_path / "a.gguf")
+    assert main(["synth", "tiny-qwen2", "q4_0", str(tmp_path / "b.gguf"), "--logit-scale", "20"]) == 0
+    ra, rb = GGUFReader(base), GGUFReader(tmp_path / "b.gguf")
+    for name in ra.tensors:
+        a, b = ra.tensor_bytes(name), rb.tensor_bytes(name)
+        if name == "output_norm.weight":
+            np.testing.assert_array_equal(b.view(np.float32), a.view(np.float32) * np.float32(20))
+        else:
+            assert a.tobytes() == b.tobytes(), name
+    assert "logit scale 20" in rb.get_str("general.name")
+    ids = [5, 9, 200, 31, 7]
+    logits = []
+    for path in (base, tmp_path / "b.gguf"):
+        with load(path, n_ctx=16, n_slots=1, progress=False) as m:
+            logits.append(m.logits(ids).double())
+    assert torch.allclose(logits[1], 20 * logits[0], rtol=1e-5, atol=1e-5 * float(logits[1].abs().max()))

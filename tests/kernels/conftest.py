@@ -5,14 +5,14 @@ decides at decoration time), so it is set here, at collection, unless the run ta
 some earlier module already imported the kernels compiled, the run stops with a clear error
 rather than failing every test on CPU tensors.
 
-Every test draws fresh random inputs from the `gen` fixture; the seed is printed (pytest shows
-it for failing tests) and MINFER_TEST_SEED=<seed> replays it.
+Every test draws its random inputs from the `gen` fixture, seeded with the run's fixed seed
+(tests/conftest.py: DEFAULT_SEED, or --seed / MINFER_TEST_SEED=<seed> for others); a failing
+test's report names the seed.
 """
 
 from __future__ import annotations
 
 import os
-import secrets
 
 import pytest
 
@@ -22,7 +22,7 @@ if DEVICE != "cuda":
 
 import torch  # noqa: E402
 
-from minfer.kernels._common import interpreting  # noqa: E402
+from minfer.kernels.triton._common import interpreting  # noqa: E402
 
 if DEVICE != "cuda" and not interpreting():
     raise pytest.UsageError(
@@ -50,11 +50,9 @@ def device() -> torch.device:
 
 
 @pytest.fixture
-def gen() -> torch.Generator:
-    """A CPU generator with a fresh seed per test (printed; MINFER_TEST_SEED replays one)."""
-    seed = int(os.environ.get("MINFER_TEST_SEED") or secrets.randbits(31))
-    print(f"random seed {seed} (replay: MINFER_TEST_SEED={seed})")
-    return torch.Generator().manual_seed(seed)
+def gen(test_seed) -> torch.Generator:
+    """A CPU generator seeded with the run's seed (tests/conftest.py: fixed unless --seed says otherwise)."""
+    return torch.Generator().manual_seed(test_seed)
 
 
 def poisoned(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -7,14 +7,14 @@ import pytest
 import torch
 
 from minfer.errors import DeviceError
-from minfer.kernels import _common
 from minfer.kernels.sample import pack_params, sample_rows
+from minfer.kernels.triton import _common
 
 
 def test_sample_rows_runs_on_host_tensors_where_compiled_triton_launchers_refuse_them(monkeypatch):
     """As without the interpreter (the vulkan backend's sampled rows, on a machine with Triton):
     sample_rows takes host tensors, a Triton launcher still refuses them."""
-    from minfer.kernels.elementwise import add_f32
+    from minfer.kernels.triton.elementwise import add_f32
 
     monkeypatch.setattr(_common, "_WANTED_DEVICE", "cuda")
     logits = torch.tensor([[0.0, 3.0, 1.0, -2.0], [5.0, 0.0, 0.0, 9.0]])

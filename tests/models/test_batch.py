@@ -29,20 +29,39 @@ def _alone(m, prompt, **kw):
     return r
 
 
+TOP = 20  # logprobs of the sampled token and the 20 most likely: the logits rows, compared bit for bit
+
+
+def _run(m, prompts, params):
+    """Run the prompts together; (result, the logprobs of every step) per prompt."""
+    from minfer.api import result_of
+
+    seqs = [m.submit(p, sp) for p, sp in zip(prompts, params, strict=True)]
+    for s in seqs:
+        s.logprobs_n = TOP
+    m.run(seqs)
+    return [(result_of(s), s.logprobs) for s in seqs]
+
+
 @pytest.mark.parametrize("kind", ["greedy", "seeded"])
 def test_sixteen_prompts_together_equal_each_alone(model16, kind):
-    kw = dict(max_tokens=20, temperature=0) if kind == "greedy" else dict(max_tokens=20, temperature=0.8)
-    params = [dict(kw, seed=100 + i) if kind == "seeded" else kw for i in range(len(PROMPTS))]
-    alone = [_alone(model16, p, **sp) for p, sp in zip(PROMPTS, params, strict=True)]
-    assert len({len(model16.prompt_ids(p)) for p in PROMPTS}) >= 12  # prompts of different lengths
+    """Tokens, text and every step's logits (the log-softmax of the sampled token and the top 20, a
+    function of the whole row) of each request are bit for bit those it gets alone: on the cpu
+    backend every row is computed on its own (docs/ARCHITECTURE.md, batch invariance)."""
     from minfer.engine.params import SamplingParams
 
-    batch = model16.generate_batch(PROMPTS, params=[SamplingParams(**sp) for sp in params])
-    for i, (a, b) in enumerate(zip(alone, batch, strict=True)):
+    kw = dict(max_tokens=20, temperature=0) if kind == "greedy" else dict(max_tokens=20, temperature=0.8)
+    params = [SamplingParams(**(dict(kw, seed=100 + i) if kind == "seeded" else kw)) for i in range(len(PROMPTS))]
+    alone = [_run(model16, [p], [sp])[0] for p, sp in zip(PROMPTS, params, strict=True)]
+    assert len({len(model16.prompt_ids(p)) for p in PROMPTS}) >= 12  # prompts of different lengths
+    batch = _run(model16, PROMPTS, params)
+    for i, ((a, lp_a), (b, lp_b)) in enumerate(zip(alone, batch, strict=True)):
         assert b.token_ids == a.token_ids, (i, PROMPTS[i])
         assert b.text == a.text and b.finish_reason == a.finish_reason
+        assert len(lp_a) == len(a.token_ids) and all(len(top) == TOP for _, top in lp_a)
+        assert lp_b == lp_a, (i, next(j for j, (x, y) in enumerate(zip(lp_a, lp_b, strict=True)) if x != y))
     if kind == "greedy":  # the single-sequence generate() is the same path
-        assert model16.generate(PROMPTS[0], **kw) == alone[0].text
+        assert model16.generate(PROMPTS[0], **kw) == alone[0][0].text
 
 
 def test_batch_command_writes_results_in_order_and_errors_in_place(smollm2_path, tmp_path, capsys):

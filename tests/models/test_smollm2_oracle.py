@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import statistics
 
-import pytest
-
 from minfer.backends.base import Batch
 
-MAX_ABS = 1.0  # every listed logit of the prefill path
-# The decode path's bfloat16 activations and scales add their own ~0.3 % rounding per matmul on top of
-# llama.cpp's 8-bit activations: its worst listed logit moved between 0.77 and 1.00 under exact-math
-# rewrites of RMSNorm and RoPE (same mean error, 0.18). Mean and argmax agreement stay as strict.
-MAX_ABS_DECODE = 1.25
-MAX_MEAN = 0.4  # mean absolute difference over all listed logits
+# Bounds measured 2026-12-02 (SmolLM2 Q4_1 on this host's VNNI kernel; MINFER_CPU_VNNI=0, torch's int4 kernel
+# on bfloat16 activations, in brackets). Both of our paths differ from llama.cpp's 8-bit activations alike.
+MAX_ABS = 1.0  # every listed logit, prefill and decode path: worst 0.837 (0.832)
+MAX_MEAN = 0.3  # mean absolute difference over all listed logits: 0.184 (0.194)
+MIN_DECISIVE = 100  # steps where llama.cpp's top-1 leads by MARGIN: 114 of the 144 listed, all agreeing
 MARGIN = 0.5  # where llama.cpp's top-1 leads top-2 by this much, our argmax must agree
 
 
@@ -30,7 +27,7 @@ def _steps(ref):
         yield case, case["prompt_ids"] + [s["token"] for s in case["steps"]]
 
 
-def _check(rows_of_case, ref, max_abs: float = MAX_ABS) -> dict:
+def _check(rows_of_case, ref) -> dict:
     """rows_of_case(case, ids) -> logits [n_steps, V]; asserts the tolerances, returns the numbers."""
     worst, means, agree, decisive = 0.0, [], 0, 0
     for case, ids in _steps(ref):
@@ -39,12 +36,12 @@ def _check(rows_of_case, ref, max_abs: float = MAX_ABS) -> dict:
             diffs = [abs(rows[j][tid].item() - v) for tid, v in step["top"]]
             worst = max(worst, max(diffs))
             means.append(statistics.mean(diffs))
-            assert max(diffs) <= max_abs, (case["prompt"], j, diffs)
+            assert max(diffs) <= MAX_ABS, (case["prompt"], j, diffs)
             (t1, l1), (_, l2) = step["top"][:2]
             if l1 - l2 >= MARGIN:
                 decisive += 1
                 agree += int(rows[j].argmax().item() == t1)
-    assert agree == decisive
+    assert agree == decisive >= MIN_DECISIVE
     assert statistics.mean(means) <= MAX_MEAN
     return {"max": worst, "mean": statistics.mean(means), "worst_step_mean": max(means), "agree": agree,
             "decisive": decisive}
@@ -56,7 +53,6 @@ def test_prefill_logits_match_llamacpp(smollm2_model, llamacpp_ref):
         return smollm2_model.logits(ids)[n0 - 1:n0 - 1 + len(case["steps"])]
 
     r = _check(rows, llamacpp_ref)
-    assert r["decisive"] > 100 and r["mean"] < 0.3
     print("prefill path vs llama.cpp:", r)
 
 
@@ -70,20 +66,28 @@ def test_decode_path_matches_llamacpp(smollm2_model, llamacpp_ref):
             out.append(backend.forward(Batch.build([(0, pos, [ids[pos]])], [0], n_decode=1))[0])
         return out
 
-    r = _check(rows, llamacpp_ref, MAX_ABS_DECODE)
+    r = _check(rows, llamacpp_ref)
     print("decode path vs llama.cpp:", r)
 
 
-@pytest.mark.parametrize("case_index", range(6))
-def test_greedy_generation_follows_llamacpp(smollm2_model, llamacpp_ref, case_index):
-    """Our greedy tokens equal llama.cpp's up to its first near-tie (margin < MARGIN), where two
-    correct engines may legitimately pick differently."""
+# llama.cpp-decisive steps our greedy generation reproduces before its first difference, over the 6 cases x 24
+# steps: measured 2026-12-02 at 64 (VNNI) and 69 (MINFER_CPU_VNNI=0)
+GREEDY_FLOOR = 40
+
+
+def test_greedy_generation_follows_llamacpp(smollm2_model, llamacpp_ref, greedy):
+    """Our greedy tokens equal llama.cpp's up to the first difference, which must fall on one of its
+    near ties (margin < MARGIN), where two correct engines may legitimately pick differently."""
     from minfer.engine.params import SamplingParams
 
-    case = llamacpp_ref["greedy"][case_index]
-    steps = case["steps"]
-    firm = next((j for j, s in enumerate(steps) if s["top"][0][1] - s["top"][1][1] < MARGIN), len(steps))
     eng = smollm2_model.engine
-    seq = eng.add(case["prompt_ids"], SamplingParams(max_tokens=max(firm, 1), temperature=0), reuse_prefix=False)
-    eng.run([seq])
-    assert seq.generated[:firm] == [s["token"] for s in steps[:firm]]
+    decisive = 0
+    for case in llamacpp_ref["greedy"]:
+        steps = case["steps"]
+        seq = eng.add(case["prompt_ids"], SamplingParams(max_tokens=len(steps), temperature=0, ignore_eos=True),
+                      reuse_prefix=False)
+        eng.run([seq])
+        margins = [s["top"][0][1] - s["top"][1][1] for s in steps]
+        decisive += greedy.compare([s["token"] for s in steps], seq.generated, margins, case["prompt"])
+    print("decisive steps compared:", decisive)
+    assert decisive >= GREEDY_FLOOR, f"only {decisive} decisive steps compared"

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from minfer.backends.cpu_weights import dense_f32
+from minfer.backends.cpu.weights import dense_f32
 from minfer.errors import ParallelError
 from minfer.gguf.reader import GGUFReader
 from minfer.gguf.shard import BY_ROWS, IN_ROW, ShardedReader, TensorSlice
@@ -109,17 +109,17 @@ def test_a_rank_of_the_70b_shape_plans_on_cuda_from_the_header(tmp_path, monkeyp
     rows, half the heads, a Q6_K vocabulary half), no GPU needed."""
     from dataclasses import replace
 
-    from minfer.backends.cuda import CUDABackend
+    from minfer.backends.cuda.backend import CUDABackend
     from minfer.config import EngineConfig
     from minfer.gguf.synth import PRESETS
-    from minfer.graph.passes import optimize
+    from minfer.graph.fuse import optimize
 
     monkeypatch.setitem(PRESETS, "llama3-70b-2", replace(PRESETS["llama3-70b"], name="llama3-70b-2", n_layers=2))
     path = synth("llama3-70b-2", "q4_k", tmp_path / "70b.gguf", header_only=True)
     with GGUFReader(path) as r:
         _, graph, view = models.build_shard(r, 1, 2)
         be = CUDABackend(EngineConfig(device="cuda"), plan_only=True, comm=object())
-        be.load(optimize(graph), view, progress=False, upload=False)
+        be.load(optimize(graph), view, progress=False)
         plan = be.plan_rows(1)
         assert plan and all(math.isfinite(x["cost_ns"]) for x in plan)
         per_rank = sum(view.tensors[n].nbytes for n in view.tensors)

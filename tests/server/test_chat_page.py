@@ -9,6 +9,10 @@ import re
 import pytest
 from playwright.sync_api import expect
 
+from .conftest import HANG_GUARD
+
+WAIT_MS = int(HANG_GUARD * 1000)  # a hang guard, not a speed threshold: each wait ends on what it waits for
+
 
 @pytest.fixture
 def page(chromium, server):
@@ -18,7 +22,7 @@ def page(chromium, server):
     page.on("console", lambda m: m.type == "error" and problems.append(f"console: {m.text}"))
     page.on("request", lambda r: (requests.append(r.url), r.post_data and bodies.append(r.post_data)))
     page.goto(server.url + "/")
-    page.wait_for_selector("body[data-loaded='1']", timeout=15_000)
+    page.wait_for_selector("body[data-loaded='1']", timeout=WAIT_MS)
     page.bodies = bodies
     yield page
     page.close()
@@ -36,7 +40,7 @@ def test_chat_streams_and_shows_tps(page, model_id):
     page.fill("#temperature", "0")
     page.fill("#max-tokens", "16")
     _ask(page, "What is the capital of France?")
-    page.wait_for_selector(".assistant .stats[data-status]", timeout=30_000)
+    page.wait_for_selector(".assistant .stats[data-status]", timeout=WAIT_MS)
     stats = page.locator(".assistant .stats").first
     assert stats.get_attribute("data-status") in ("stop", "length")
     assert float(stats.get_attribute("data-tps")) > 0
@@ -44,17 +48,61 @@ def test_chat_streams_and_shows_tps(page, model_id):
     answer = page.locator(".assistant .text").first.text_content()
     assert "Paris" in answer
     _ask(page, "And of Italy?")
-    expect(page.locator(".assistant .stats[data-status]")).to_have_count(2, timeout=30_000)
+    expect(page.locator(".assistant .stats[data-status]")).to_have_count(2, timeout=WAIT_MS)
     second = json.loads(page.bodies[-1])
     assert [m["role"] for m in second["messages"]] == ["user", "assistant", "user"]
-    assert second["messages"][1]["content"] == answer and second["stream"] is True
+    assert second["messages"][1]["content"] == answer.strip() and second["stream"] is True  # (markdown adds a newline)
 
 
 def test_stop_button(page, server):
+    """Stop ends the stream and the server aborts its sequence (a 499 counted: cancelled, not finished)."""
+    server.wait_idle()
+    aborted = server.requests("/v1/chat/completions", 499)
     page.fill("#max-tokens", "400")
     _ask(page, "Write a very long story about a dragon.")
-    expect(page.locator(".assistant .text").first).to_have_text(re.compile(r".{20}"), timeout=30_000)
+    expect(page.locator(".assistant .text").first).to_have_text(re.compile(r".{20}"), timeout=WAIT_MS)
     page.click("#stop")
-    page.wait_for_selector(".assistant .stats[data-status='stopped']", timeout=5_000)
+    page.wait_for_selector(".assistant .stats[data-status='stopped']", timeout=WAIT_MS)
     assert page.get_attribute("body", "data-busy") == "0"
-    server.wait_idle(1.5)
+    server.wait_idle()
+    assert server.requests("/v1/chat/completions", 499) == aborted + 1
+
+
+ANSWER = "A **bold** claim, `code`, and a list:\n\n- one\n- two\n\n<img src=x onerror=\"document.title='pwned'\">"
+
+
+def _sse_answer(text: str) -> str:
+    chunks = [{"choices": [{"index": 0, "delta": {"content": text[i:i + 7]}, "finish_reason": None}]}
+              for i in range(0, len(text), 7)]
+    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    return "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+
+
+def test_answers_render_as_markdown_and_html_stays_text(page):
+    """The vendored renderer (no network): markdown becomes elements; raw HTML in an answer is
+    shown as text, never run. The answer comes from a stubbed route, so its text is known."""
+    page.route("**/v1/chat/completions", lambda route: route.fulfill(
+        status=200, headers={"Content-Type": "text/event-stream"}, body=_sse_answer(ANSWER)))
+    _ask(page, "hi")
+    page.wait_for_selector(".assistant .stats[data-status='stop']", timeout=10_000)
+    text = page.locator(".assistant .text").first
+    assert text.locator("strong").text_content() == "bold"
+    assert text.locator("code").text_content() == "code"
+    assert text.locator("li").all_text_contents() == ["one", "two"]
+    assert text.locator("img").count() == 0 and "<img src=x" in text.text_content()
+    assert page.title() != "pwned"
+
+
+def test_system_prompt_and_sampling_controls_reach_the_request(page):
+    page.fill("#system", "Answer in French.")
+    page.fill("#temperature", "0")
+    page.fill("#top-k", "5")
+    page.fill("#seed", "7")
+    page.fill("#max-tokens", "3")
+    _ask(page, "Hello")
+    page.wait_for_selector(".assistant .stats[data-status]", timeout=30_000)
+    body = json.loads(page.bodies[-1])
+    assert body["messages"] == [{"role": "system", "content": "Answer in French."},
+                                {"role": "user", "content": "Hello"}]
+    assert (body["temperature"], body["top_k"], body["seed"], body["max_tokens"]) == (0, 5, 7, 3)
+    assert {"top_p", "min_p", "repeat_penalty"} <= set(body)

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from minfer.server.app import create_app
-from minfer.server.loop import EngineLoop
+from minfer.server.loop import EngineThread
 from minfer.server.metrics import Metrics
 
 
@@ -28,7 +28,7 @@ def test_error_after_stream_started(tiny_gguf):
         return real_step()
 
     model.engine.step = step
-    loop = EngineLoop(lambda: model, Metrics())
+    loop = EngineThread(lambda: model, Metrics())
     app = create_app(loop, model_id="tiny", metrics=loop.metrics)
     loop.start()
     assert loop.ready.wait(30) and loop.state == "ok"
@@ -67,7 +67,7 @@ def test_health_says_loading_until_the_model_is_loaded(tiny_gguf):
         assert gate.wait(30)
         return Model(tiny_gguf("tiny-llama", "f32"), n_ctx=64, n_slots=1, progress=False)
 
-    loop = EngineLoop(load, Metrics())
+    loop = EngineThread(load, Metrics())
     app = create_app(loop, model_id="tiny", metrics=loop.metrics)
     loop.start()
 
@@ -93,3 +93,46 @@ def test_health_says_loading_until_the_model_is_loaded(tiny_gguf):
     assert before[1].status_code == 503 and before[1].json()["error"]["code"] == "loading"
     assert after[0].status_code == 200 and after[0].json() == {"status": "ok"}
     assert after[1].status_code == 200 and after[1].json()["usage"]["completion_tokens"] >= 1
+
+
+def test_a_failing_loop_tells_its_requests_and_says_error(tiny_gguf):
+    """A failure of the serving loop itself (not of a step: a bug around it) ends the request it
+    holds with an error event, and the host says "error": /health and new requests a 503."""
+    from minfer.api import Model
+
+    model = Model(tiny_gguf("tiny-llama", "f32"), n_ctx=128, n_slots=2, progress=False)
+    real_has_work, calls = model.engine.scheduler.has_work, {"n": 0, "steps": 0}
+    real_step = model.engine.step
+
+    def step():
+        calls["steps"] += 1
+        return real_step()
+
+    def has_work():
+        if calls["steps"] >= 2:  # a request is live and has run two steps
+            raise RuntimeError("simulated loop bug")
+        return real_has_work()
+
+    model.engine.scheduler.has_work, model.engine.step = has_work, step
+    loop = EngineThread(lambda: model, Metrics())
+    app = create_app(loop, model_id="tiny", metrics=loop.metrics)
+    loop.start()
+    assert loop.ready.wait(30) and loop.state == "ok"
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            body = {"prompt": [1, 2, 3], "max_tokens": 20, "temperature": 0, "ignore_eos": True, "stream": True}
+            failed = await c.post("/v1/completions", json=body)
+            return failed, await c.get("/health"), await c.post("/v1/completions", json={**body, "stream": False})
+
+    try:
+        with ThreadPoolExecutor(1) as ex:
+            failed, health, after = ex.submit(asyncio.run, go()).result(60)
+    finally:
+        loop.stop()
+    events = [e[6:] for e in failed.text.split("\n\n") if e]
+    assert failed.status_code == 200 and events[-1] == "[DONE]", events
+    err = json.loads(events[-2])["error"]
+    assert err["message"] == "the engine loop failed: RuntimeError: simulated loop bug", err
+    assert loop.state == "error" and health.status_code == 503 and health.json() == {"status": "error"}
+    assert after.status_code == 503, after.text

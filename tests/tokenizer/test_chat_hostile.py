@@ -118,6 +118,53 @@ HOSTILE = {
     "namespace_subclasses": "{{ namespace.__class__.__subclasses__() }}",
     "lipsum": "{{ lipsum(5) }}",
     "filter_chain": "{{ 1" + "|string" * 5000 + " }}",
+    # str.format / % by all their fields together (a held-out template's 10^10-character format:
+    # every width under the limit, 10,000 of them)
+    "format_many_fields": "{{ ('{:>1000000}' * 10000).format(*range(10000)) }}",
+    "format_same_arg_many_times": "{% set s = 'a' * 100000 %}{{ ('{0}' * 1000).format(s) }}",
+    "format_named_many_times": "{% set s = 'a' * 100000 %}{{ ('{x}' * 1000).format(x=s) }}",
+    "format_map_many_times": "{% set s = 'a' * 100000 %}{{ ('{x}' * 1000).format_map({'x': s}) }}",
+    "format_precision_many": "{{ ('{:.900000f}' * 100).format(*([1.5] * 100)) }}",
+    "format_attr_many": "{{ ('{0[0]}' * 1000).format(['a' * 100000]) }}",
+    "format_nested_widths_many": "{{ ('{:{}}' * 500).format(*(['a', 900000] * 500)) }}",
+    "printf_many_fields": "{{ ('%1000000s' * 100) % (" + ", ".join(map(str, range(100))) + ") }}",
+    "printf_dict_many": "{% set s = 'a' * 100000 %}{{ ('%(a)s' * 1000) % {'a': s} }}",
+    "printf_precision_many": "{{ ('%.900000f' * 100) % (" + ", ".join(["1.5"] * 100) + ") }}",
+    "format_filter_many": "{{ ('%1000000d' * 100)|format(*range(100)) }}",
+    # a lazy filter's items accumulated (a held-out map('center', N) over a list grew to 2.7 GB)
+    "map_center_list": "{{ range(3000)|map('string')|map('center', 1000000)|list|length }}",
+    "map_center_join": "{{ range(3000)|map('string')|map('center', 1000000)|join }}",
+    "map_indent_list": "{{ range(300)|map('string')|map('replace', '', '\\n' * 500)|map('indent', 1000)|list|length }}",
+    "map_format_list": "{{ (['%1000000d'] * 3000)|map('format', 1)|list|length }}",
+    "map_replace_list": "{{ range(3000)|map('string')|map('replace', '', 'a' * 500)|list|length }}",
+    "map_tojson_list": "{% set l = [1] * 20000 %}"
+                       "{{ range(300)|map('string')|map('replace', '1', l|tojson)|list|length }}",
+    "map_string_of_lists": "{% set l = range(9000)|list %}"
+                           "{{ range(300)|map('string')|map('replace', '1', l|string)|list|length }}",
+    "map_join_list": "{{ range(3000)|map('string')|map('center', 900)|map('join', 'y' * 9)|list|length }}",
+    "select_then_list": "{{ range(3000)|map('string')|map('center', 100000)|select|list|length }}",
+    "reject_then_list": "{{ range(3000)|map('string')|map('center', 100000)|reject('none')|list|length }}",
+    "unique_then_list": "{{ range(3000)|map('string')|map('center', 100000)|unique|list|length }}",
+    "batch_then_list": "{{ range(3000)|map('string')|map('center', 100000)|batch(3)|list|length }}",
+    "map_chain_sum": "{{ range(3000)|map('string')|map('center', 100000)|sum(start='') }}",
+    "map_then_tojson": "{{ range(3000)|map('string')|map('center', 100000)|list|tojson }}",
+    "map_in_loop_collect": "{% set ns = namespace(l=[]) %}{% for x in range(300)|map('string')|map('center', 100000) %}"
+                           "{% set ns.l = ns.l + [x] %}{% endfor %}{{ ns.l|length }}",
+    "map_upper_growth": "{{ range(3000)|map('string')|map('replace', '', '\\u00df' * 100)|map('upper')|list|length }}",
+    # other filters and methods whose result outgrows their input (escapes, case mapping, reprs)
+    "escape_growth": "{{ ('<' * 900000)|escape }}",
+    "forceescape_growth": "{{ ('&' * 900000)|forceescape|length }}",
+    "upper_sharp_s": "{{ ('\\u00df' * 900000)|upper }}",
+    "upper_ligature": "{{ ('\\ufb03' * 500000).upper()|length }}",
+    "title_growth": "{{ ('\\ufb03 ' * 400000)|title|length }}",
+    "pprint_growth": "{% set l = ['\\x00' * 100] * 9000 %}{{ l|pprint|length }}",
+    "xmlattr_growth": "{{ {'a': '\"' * 900000}|xmlattr }}",
+    "urlencode_growth": "{{ ('/' * 50000 + '\\u00e9' * 200000)|urlencode|length }}",
+    "string_of_big_list": "{% set l = ['\\x00' * 100] * 9000 %}{{ l|string|length }}",
+    "list_of_string": "{{ ('x' * 1000000)|list|length }}",
+    "split_growth": "{{ ('a,' * 500000).split(',')|length }}",
+    "splitlines_growth": "{{ ('\\n' * 900000).splitlines()|length }}",
+    "recursive_namespace": "{% set ns = namespace(s='x' * 600000) %}{% set ns.t = ns %}{{ ns.t.t.t.s ~ ns.s }}",
 }
 
 
@@ -198,7 +245,7 @@ REASONS = {
     'dict_fromkeys': 'call result exceeds',
     'loop_output': 'output exceeds',
     'encode_growth': 'call result exceeds',
-    'urlize_growth': '\\|urlize result exceeds',
+    'urlize_growth': '\\|urlize would produce',
     'power_digits': 'power is too large',
     'product_chain': 'integer product is too large',
     'bytes_repetition': 'repetition would produce more than',
@@ -211,8 +258,48 @@ REASONS = {
     'self_dict': 'tried to access TemplateReference\\.__dict__',
     'namespace_subclasses': 'tried to access type\\.__class__',
     'filter_chain': 'is nested too deeply',
+    'format_many_fields': 'format\\(\\) would produce more than',
+    'format_same_arg_many_times': 'format\\(\\) would produce more than',
+    'format_named_many_times': 'format\\(\\) would produce more than',
+    'format_map_many_times': 'format\\(\\) would produce more than',
+    'format_precision_many': 'format\\(\\) would produce more than',
+    'format_attr_many': 'format\\(\\) would produce more than',
+    'format_nested_widths_many': 'format\\(\\) would produce more than',
+    'printf_many_fields': 'chat template format would produce more than',
+    'printf_dict_many': 'chat template format would produce more than',
+    'printf_precision_many': 'chat template format would produce more than',
+    'format_filter_many': 'chat template format would produce more than',
+    'map_center_list': '\\|map result exceeds',
+    'map_center_join': '\\|map result exceeds',
+    'map_indent_list': 'indent would produce more than',
+    'map_format_list': '\\|map result exceeds',
+    'map_replace_list': '\\|map result exceeds',
+    'map_tojson_list': '\\|map result exceeds',
+    'map_string_of_lists': '\\|map result exceeds',
+    'map_join_list': '\\|map result exceeds',
+    'select_then_list': '\\|map result exceeds',
+    'reject_then_list': '\\|map result exceeds',
+    'unique_then_list': '\\|map result exceeds',
+    'batch_then_list': '\\|map result exceeds',
+    'map_chain_sum': '\\|map result exceeds',
+    'map_then_tojson': '\\|map result exceeds',
+    'map_in_loop_collect': '\\|map result exceeds',
+    'map_upper_growth': '\\|map result exceeds',
+    'escape_growth': '\\|escape result exceeds',
+    'forceescape_growth': '\\|forceescape result exceeds',
+    'upper_sharp_s': '\\|upper would produce more than',
+    'upper_ligature': 'upper\\(\\) would produce more than',
+    'title_growth': '\\|title would produce more than',
+    'pprint_growth': '\\|pprint would produce more than',
+    'xmlattr_growth': '\\|xmlattr result exceeds',
+    'urlencode_growth': '\\|urlencode result exceeds',
+    'string_of_big_list': '\\|string would produce more than',
+    'list_of_string': '\\|list result exceeds',
+    'split_growth': 'call result exceeds',
+    'splitlines_growth': 'call result exceeds',
+    'recursive_namespace': 'value exceeds',
 }
-assert len(HOSTILE) >= 70 and set(REASONS) == set(HOSTILE)  # (a collection error, not a test)
+assert len(HOSTILE) >= 120 and set(REASONS) == set(HOSTILE)  # (a collection error, not a test)
 RSS_GROWTH_LIMIT = 256 << 20  # bytes one render may add to the process's peak resident size
 
 
@@ -241,8 +328,23 @@ def test_hostile_template_is_refused_for_its_reason(name, tmp_path):
     t0 = time.perf_counter()
     with pytest.raises(TemplateError, match=REASONS[name]):
         render_chat(source, MSGS)
-    assert time.perf_counter() - t0 < 30.0
+    assert time.perf_counter() - t0 < 30.0  # (the acceptance's 2 s is measured on a quiet machine: bench/NOTES.md)
     if measured:
         growth = _kb("VmHWM") - before
         assert growth < RSS_GROWTH_LIMIT, f"{name} grew the process by {growth >> 20} MB"
     assert not marker.exists(), "the template executed a shell command"
+
+
+@pytest.mark.parametrize("text", [
+    "see www.a.io & <b> x@y.org", "www.a.io " * 50, "https://" + "&" * 40 + ".org", "mailto:x@y.org " * 20,
+    "a" * 100, " " * 30, "x@y.org\t<'\">" * 10, "http://e.com/?q=\"'&<> www.b.io\nc@d.ef"])
+@pytest.mark.parametrize("kw", [{}, {"nofollow": True}, {"target": "_bl&nk", "rel": "me \"x\""}])
+def test_urlize_bound_holds(text, kw):
+    """urlize is refused on a bound computed before it runs: the bound must never be below jinja's result."""
+    import jinja2
+
+    from minfer.tokenizer.chat import urlize_bound
+
+    out = jinja2.Environment().from_string("{{ t|urlize(**kw) }}").render(t=text, kw=kw)
+    assert len(out) <= urlize_bound(text, kw.get("target"), kw.get("rel")), out
+    assert render_chat("{{ messages[0].content|urlize(**kw) }}", [{"role": "user", "content": text}], kw=kw) == out

@@ -14,7 +14,7 @@ import pytest
 import torch
 from playwright.sync_api import expect
 
-from minfer.kernels import cpu_vnni
+from minfer.kernels.cpu import vnni as cpu_vnni
 from minfer.trace import TraceRecorder
 from minfer.trace.server import TraceServer
 

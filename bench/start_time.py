@@ -1,0 +1,143 @@
+"""How fast minfer starts on the cpu backend (issue 23, item 6), side by side with llama.cpp.
+
+    python bench/start_time.py first-token [-m MODEL] [-r 3] [-t N]  # `minfer run` wall time to its first token
+    python bench/start_time.py load -m 8b.gguf [--llama-python /work/llama-venv/bin/python] [-r 3]
+
+first-token: launches `python -m minfer run -n 1 --temp 0 PROMPT` and times from the launch to the
+first byte on stdout (the whole start: interpreter, torch import, load, first prefill), and the
+process's CPU time (less sensitive to other work on a shared machine than the wall time); the first
+run fills the weight cache (MINFER_CACHE points at a fresh directory), the next ones use it.
+
+load: the model load alone, each in a fresh process (import excluded, printed apart): minfer's
+`load(path, n_ctx=512, n_slots=1)` with a cold weight cache once, then warm; llama-cpp-python's
+`Llama(model_path=path, n_ctx=512)`. The file is read once first, so both start from the page cache.
+Prints `uptime` first: the numbers mean something on a quiet machine only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+MINFER_LOAD = """
+import sys, time
+t0 = time.perf_counter()
+from minfer.api import load
+t1 = time.perf_counter()
+m = load(sys.argv[1], n_ctx=512, n_slots=1, progress=False)
+t2 = time.perf_counter()
+print(f"{t1 - t0:.3f} {t2 - t1:.3f}")
+"""
+
+# llama.cpp without its extra buffer types: on this machine its AMX kernels die at their first
+# `ldtilecfg` (the sandbox grants no AMX tile state; bench/cpu_vs_llama.py on the arch branch), and
+# the switch that turns AMX off also turns off its repacked Q4_0 / Q4_K layouts: its load maps the
+# file and repacks nothing.
+LLAMA_PLAIN = """
+import llama_cpp.llama_cpp as C
+_default = C.llama_model_default_params
+def _plain():
+    p = _default(); p.use_extra_bufts = False; return p
+C.llama_model_default_params = _plain
+"""
+
+LLAMA_FIRST_TOKEN = """
+import sys
+from llama_cpp import Llama
+""" + LLAMA_PLAIN + """
+m = Llama(model_path=sys.argv[1], n_ctx=4096, verbose=False)
+for piece in m(sys.argv[2], max_tokens=1, temperature=0, stream=True):
+    sys.stdout.write(piece["choices"][0]["text"] or " ")
+    sys.stdout.flush()
+"""
+
+LLAMA_LOAD = """
+import sys, time
+t0 = time.perf_counter()
+from llama_cpp import Llama
+t1 = time.perf_counter()
+""" + LLAMA_PLAIN + """
+m = Llama(model_path=sys.argv[1], n_ctx=512, verbose=False)
+t2 = time.perf_counter()
+print(f"{t1 - t0:.3f} {t2 - t1:.3f}")
+"""
+
+
+def run_timed(python: str, code: str, path: str, env: dict) -> tuple[float, float]:
+    out = subprocess.run([python, "-c", code, path], capture_output=True, text=True, env=env, timeout=900)
+    if out.returncode:
+        sys.exit(out.stderr[-3000:])
+    imp, ld = out.stdout.split()[-2:]
+    return float(imp), float(ld)
+
+
+def first_token(argv: list[str], env: dict) -> tuple[float, float]:
+    """Wall seconds from launching `argv` to the first byte on its stdout, and the process's CPU
+    seconds (user + system, the whole run: it ends right after its first token)."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    p.stdout.read(1)
+    dt = time.perf_counter() - t0
+    p.stdout.read()
+    _, status, usage = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode:
+        sys.exit(f"{' '.join(argv[:4])} ... exited with {p.returncode}")
+    return dt, usage.ru_utime + usage.ru_stime
+
+
+def _series(xs: list[float]) -> str:
+    return f"{' '.join(f'{x:.2f}' for x in xs)} s (median {statistics.median(xs):.2f}, min {min(xs):.2f})"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("what", choices=["first-token", "load"])
+    ap.add_argument("-m", "--model", default=None)
+    ap.add_argument("-r", "--repetitions", type=int, default=3)
+    ap.add_argument("--llama-python", default="/work/llama-venv/bin/python")
+    ap.add_argument("--prompt", default="The capital of France is")
+    ap.add_argument("-t", "--threads", type=int, default=None, help="first-token: minfer run's -t (default: its own)")
+    a = ap.parse_args()
+    print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, PYTHONPATH=str(ROOT), MINFER_CACHE=cache)
+        if a.what == "first-token":
+            argv = [sys.executable, "-m", "minfer", "run", "-n", "1", "--temp", "0", a.prompt]
+            argv += (["-m", a.model] if a.model else []) + (["-t", str(a.threads)] if a.threads else [])
+            cold = first_token(argv, env)
+            warm = [first_token(argv, env) for _ in range(a.repetitions)]
+            print(f"minfer run, wall to the first token: first {cold[0]:.2f} s (fills the cache); "
+                  f"then {_series([w for w, _ in warm])}")
+            print(f"  CPU time of the process: first {cold[1]:.2f} s; then {_series([c for _, c in warm])}")
+            if a.model and Path(a.llama_python).exists():
+                ll = [first_token([a.llama_python, "-c", LLAMA_FIRST_TOKEN, a.model, a.prompt], dict(os.environ))
+                      for _ in range(a.repetitions)]
+                print(f"llama-cpp-python, the same (import, Llama(n_ctx=4096), one token): "
+                      f"{_series([w for w, _ in ll])}")
+                print(f"  CPU time of the process: {_series([c for _, c in ll])}")
+            return
+        with open(a.model, "rb") as f:  # into the page cache
+            while f.read(64 << 20):
+                pass
+        imp, cold = run_timed(sys.executable, MINFER_LOAD, a.model, env)
+        warm = [run_timed(sys.executable, MINFER_LOAD, a.model, env) for _ in range(a.repetitions)]
+        print(f"minfer load: first {cold:.2f} s (prepares, writes the cache); then {_series([x[1] for x in warm])}; "
+              f"import {imp:.2f} s")
+        if Path(a.llama_python).exists():
+            ll = [run_timed(a.llama_python, LLAMA_LOAD, a.model, dict(os.environ)) for _ in range(a.repetitions)]
+            print(f"llama-cpp-python Llama(n_ctx=512): {_series([x[1] for x in ll])}; import {ll[0][0]:.2f} s")
+            ratio = statistics.median(x[1] for x in warm) / statistics.median(x[1] for x in ll)
+            print(f"minfer second load / llama.cpp load: {ratio:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+"""The cpu backend's op table: for each graph op, how it runs on the cpu (the reference math of
+ops.py, the prepared weights of weights.py, the KV cache the backend owns). Adding an op to the
+cpu is one entry here.
+
+An entry is `compile(backend, node)` -> a step function `fn(values, state)` for every way of
+running, or ({way: fn}, {way: kernel name} or None) where decode rows and prompt chunks differ
+(KINDS: "decode", "prefill")."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from ...graph.ir import Node, Op
+from ...kernels.cpu import vnni as cpu_vnni
+from ..rope import rope_key
+from . import ops as cpu_ops
+
+if TYPE_CHECKING:
+    from .backend import CPUBackend, _State
+
+KINDS = ("decode", "prefill")  # the ways a step runs: decode rows (compact weights), prompt chunks
+
+
+def _add_into(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """x + y written into x when x is the float32 sum (the same values as x + y)."""
+    return x.add_(y) if x.dtype == torch.float32 else x + y
+
+
+
+
+def _input(be: CPUBackend, node: Node):
+    name = node.name
+    return lambda vals, st: getattr(st.batch, name)
+
+
+def _get_rows(be: CPUBackend, node: Node):
+    if "w" in node.weights:
+        (i,), table = node.inputs, be.table(node.weights["w"].name)
+        return lambda vals, st: table(vals[i])
+    i, r = node.inputs
+    return lambda vals, st: vals[i].index_select(0, vals[r])
+
+
+def _rms_norm(be: CPUBackend, node: Node):
+    # bfloat16 straight away when only int4 matmuls read it (they would convert it first)
+    dtype = torch.bfloat16 if be.int4_inputs(node) else torch.float32
+    (i,), norm = node.inputs, cpu_ops.RMSNorm(be.vector(node.weights["w"].name), node.params["eps"], dtype, be.vnni,
+                                              node.params.get("group"))
+    return lambda vals, st: norm(vals[i])
+
+
+def _matmul(be: CPUBackend, node: Node):
+    m = be.matrix(node.weights["w"], node.weights.get("b"))
+    (i,) = node.inputs
+    kernels = {"decode": m.kernel(True), "prefill": m.kernel(False)}
+    if node.id == be.graph.logits_id:  # logits are float32 whatever the weight's path
+        # and the VNNI kernels give them the decode rows' two activation passes in prompts too
+        fn = lambda vals, st: m(vals[i], st.decode, passes=2).float()  # noqa: E731
+        return dict.fromkeys(KINDS, fn), dict.fromkeys(KINDS, m.kernel(True))
+    direct = m.direct()
+    if direct is not None:  # one quantized kernel, no bias: called as it is
+        kind, mm = direct
+        if kind == "vnni":  # two int8 passes of the activations, decode rows and prompts alike
+            fn = lambda vals, st: mm(vals[i], 2)  # noqa: E731
+        else:
+            fn = lambda vals, st: mm(vals[i])  # noqa: E731
+        return dict.fromkeys(KINDS, fn), kernels
+    return {"decode": lambda vals, st: m(vals[i], True), "prefill": lambda vals, st: m(vals[i], False)}, kernels
+
+
+def _add(be: CPUBackend, node: Node):
+    i, j = node.inputs
+    if be.owned_last_use(node, i):  # the residual stream: added to in place
+        return lambda vals, st: _add_into(vals[i], vals[j])
+    return lambda vals, st: vals[i] + vals[j]
+
+
+def _slice(be: CPUBackend, node: Node):
+    (i,), a, b = node.inputs, node.params["start"], node.params["stop"]
+    return lambda vals, st: vals[i][..., a:b]
+
+
+def _swiglu(be: CPUBackend, node: Node):
+    i, j = node.inputs
+    return lambda vals, st: cpu_ops.swiglu(vals[i], vals[j])
+
+
+def _geglu(be: CPUBackend, node: Node):
+    i, j = node.inputs
+    return lambda vals, st: cpu_ops.geglu(vals[i], vals[j])
+
+
+def _scale(be: CPUBackend, node: Node):
+    (i,), c = node.inputs, node.params["scale"]
+    return lambda vals, st: cpu_ops.scale(vals[i], c)
+
+
+def _softcap(be: CPUBackend, node: Node):
+    (i,), c = node.inputs, node.params["cap"]
+    return lambda vals, st: cpu_ops.softcap(vals[i], c)
+
+
+def _rope(be: CPUBackend, node: Node):
+    p = node.params
+    key = rope_key(node)
+    i, pos = node.inputs
+    n_heads, hd, n_rot, style = p["n_heads"], p["head_dim"], p["n_rot"], p["style"]
+
+    def run(vals, st: _State) -> torch.Tensor:
+        rot = st.rope.get(key)
+        if rot is None:  # first RoPE node of the step: the tokens' rotations, for all layers
+            cos, sin = be._ropes[key]
+            positions = vals[pos]
+            rot = st.rope[key] = cpu_ops.rope_rotation(cos[positions], sin[positions])
+        return cpu_ops.apply_rope(vals[i], rot, n_heads, hd, n_rot, style)
+
+    return run
+
+
+def _attention(be: CPUBackend, node: Node):
+    p = node.params
+    q_i, k_i, v_i, _ = node.inputs
+    layer, n_head, n_kv, hd, scale = p["kv_layer"], p["n_head"], p["n_head_kv"], p["head_dim"], p["scale"]
+    window, softcap = p.get("window", 0), p.get("softcap", 0.0)
+
+    def decode(vals, st: _State) -> torch.Tensor:  # one query per sequence, over its own cache
+        q, k, v = vals[q_i], vals[k_i], vals[v_i]
+        rows = q.shape[0]
+        kc, vc = be._flat[0][layer], be._flat[1][layer]  # [slot * n_kv * n_ctx, hd]
+        kc.index_copy_(0, st.at, k.reshape(rows * n_kv, hd).to(kc.dtype))  # each row at its slot, position
+        vc.index_copy_(0, st.at, v.reshape(rows * n_kv, hd).to(vc.dtype))
+        # a window only matters once some row is `window` positions in (the plain paths before that)
+        if softcap or (window and max(s.end for s in st.batch.spans) > window):
+            slots, pos = st.batch.row_slots.tolist(), st.batch.positions.tolist()
+            k_all, v_all = st.cache.k[layer], st.cache.v[layer]
+            if not softcap:  # one query sees a contiguous run of keys: SDPA over the window's slice
+                qs = q.view(rows, 1, n_head, 1, hd).unbind(0)
+                return torch.cat([cpu_ops.attention_decode(
+                    qs[b], k_all[slots[b], :, max(0, pos[b] + 1 - window):pos[b] + 1].unsqueeze(0),
+                    v_all[slots[b], :, max(0, pos[b] + 1 - window):pos[b] + 1].unsqueeze(0), scale).view(1, -1)
+                    for b in range(rows)])
+            qs = q.view(rows, 1, n_head, hd).unbind(0)
+            return torch.cat([cpu_ops.attention_masked(qs[b], k_all[slots[b], :, :pos[b] + 1],
+                                                       v_all[slots[b], :, :pos[b] + 1], pos[b], scale,
+                                                       window, softcap) for b in range(rows)])
+        if st.lens is not None:  # every row in one call (csrc/q4_vnni.c attn_decode)
+            return cpu_vnni.attention_decode(q, st.cache.k[layer], st.cache.v[layer], st.batch.row_slots,
+                                             st.lens, n_head, scale)
+        if rows == 1:
+            keys, values = st.views[0]
+            out = cpu_ops.attention_decode(q.view(1, n_head, 1, hd), keys[layer], values[layer], scale)
+            return out.view(1, n_head * hd)
+        qs = q.view(rows, 1, n_head, 1, hd).unbind(0)
+        return torch.cat([cpu_ops.attention_decode(qs[b], keys[layer], values[layer], scale)
+                          for b, (keys, values) in enumerate(st.views)]).view(rows, n_head * hd)
+
+    def prefill(vals, st: _State) -> torch.Tensor:
+        kc, vc = st.cache.k[layer], st.cache.v[layer]
+        q = vals[q_i].unflatten(-1, (n_head, hd))
+        k = vals[k_i].unflatten(-1, (n_kv, hd)).transpose(0, 1)
+        v = vals[v_i].unflatten(-1, (n_kv, hd)).transpose(0, 1)
+        out = torch.empty(q.shape[0], n_head * hd)
+        for s in st.batch.spans:
+            rows = slice(s.offset, s.offset + s.n_tokens)
+            kc[s.slot, :, s.start:s.end] = k[:, rows]
+            vc[s.slot, :, s.start:s.end] = v[:, rows]
+            w = window if s.end > window else 0  # the window masks nothing before
+            out[rows] = cpu_ops.attention(q[rows], kc[s.slot], vc[s.slot], s.start, scale, w, softcap)
+        return out
+
+    return {"decode": decode, "prefill": prefill}, None
+
+
+CPU_OPS = {
+    Op.INPUT: _input, Op.GET_ROWS: _get_rows, Op.RMS_NORM: _rms_norm, Op.MATMUL: _matmul, Op.ADD: _add,
+    Op.SLICE: _slice, Op.SWIGLU: _swiglu, Op.GEGLU: _geglu, Op.SCALE: _scale, Op.SOFTCAP: _softcap, Op.ROPE: _rope,
+    Op.ATTENTION: _attention,
+}

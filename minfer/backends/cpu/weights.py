@@ -1,0 +1,209 @@
+"""Weight preparation for the cpu backend: GGUF tensor bytes -> the forms torch computes with fast.
+
+A MatMul weight becomes a `Matrix`, prepared once at load, that prefill and decode rows share:
+
+- Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K and Q8_0, where the C kernel can run (AVX512-VNNI, a C compiler): the VNNI
+  form (minfer/kernels/cpu/vnni.py), int8 activations per 32 in two passes, prompt chunks and
+  decode rows alike (the contracts `cpu_q4_vnni2`, `cpu_q8_vnni2`).
+- every other quantized type (and all of them elsewhere) runs torch's int4 packed matmul (group
+  size 32, bfloat16 activations and scales) on the type's int4 digits (minfer/kernels/cpu/matmul.py):
+  4-bit types as they are (0.63 bytes per weight), the others as lo/hi digit pairs (1.25 bytes per
+  weight). No float copy of a quantized weight is made; the file's pages of a packed tensor are
+  released.
+- F32 and BF16 weights are the file's bytes (float32 / bfloat16 GEMM); F16 gets a float32 copy.
+
+The int4 path returns the kernel's own bfloat16 result and takes bfloat16 input as it is: a
+step's activations stay bfloat16 from one int4 matmul to the next (SwiGLU between gate/up and
+down), and float32 consumers promote them (the residual Add, the KV cache copy, RoPE).
+The bfloat16 scales and activations cost ~0.3% relative error per matmul (llama.cpp's 8-bit
+activations cost about as much); tests/engine/test_cpu_weights.py checks every type against the
+`gguf` package's dequantizer in float64.
+
+`dense_f32` (and `Matrix.dense`) decode the exact float32 values by `quant.reference.dequantize`
+(bit-exact with gguf.quants): the numerical reference, computed on demand, never kept.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+
+import torch
+
+from ...contracts.picker import Candidate, candidates
+from ...contracts.registry import backend_registry
+from ...errors import NoKernelError
+from ...gguf.reader import GGUFReader, TensorInfo
+from ...kernels.cpu import vnni as cpu_vnni
+from ...kernels.cpu.matmul import INT4_TYPES, Int4Matmul, _Linear, float_weight, pack_weight, packed_bytes
+from ...quant.reference import dequantize
+from ...quant.types import QUANT_TABLE, GGMLType
+from .weight_cache import WeightCache
+
+
+@functools.cache
+def native_bf16() -> bool:
+    """Whether this CPU has bfloat16 dot-product instructions (AVX512-BF16 or AMX)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return bool(re.search(r"\b(avx512_bf16|amx_bf16)\b", flags))
+
+
+def raw_rows(reader: GGUFReader, info: TensorInfo) -> torch.Tensor:
+    """The tensor's bytes as uint8 [rows, row_bytes] (zero-copy view of the file; a vector is one
+    row, whatever its type)."""
+    rows = info.torch_shape[0] if len(info.shape) > 1 else 1
+    return torch.from_numpy(reader.tensor_bytes(info.name)).view(rows, -1)
+
+
+def decode_rows(rows: torch.Tensor, qtype: GGMLType, width: int) -> torch.Tensor:
+    """Exact float32 [n, width] of raw rows [n, row_bytes], by the reference dequantizer."""
+    return dequantize(rows, qtype, (rows.shape[0], width))
+
+
+def dense_f32(reader: GGUFReader, info: TensorInfo) -> torch.Tensor:
+    """The exact float32 values of a weight, in torch order."""
+    if len(info.shape) == 1:
+        return decode_rows(raw_rows(reader, info).view(1, -1), info.ggml_type, info.shape[0]).view(-1)
+    return decode_rows(raw_rows(reader, info), info.ggml_type, info.torch_shape[-1]).view(info.torch_shape)
+
+
+# the C kernels (kernels/cpu/vnni.fkc.md): prompt chunks -> decode rows (the same weights,
+# activations in two int8 passes)
+VNNI_DECODE = {"cpu_q4_vnni": "cpu_q4_vnni2", "cpu_q8_vnni": "cpu_q8_vnni2"}
+VNNI_KERNELS = set(VNNI_DECODE) | set(VNNI_DECODE.values())
+
+
+@functools.lru_cache(maxsize=1024)  # every layer asks for the same few shapes
+def pick_kernel(qtype: GGMLType, n: int, k: int, rows: int = 1, decode: bool = False, vnni: bool = True) -> Candidate:
+    """The cpu kernel contract for a matmul by an [n, k] weight of this type over `rows` rows of
+    a prompt chunk (or, `decode`, of decode rows), as the picker ranks them
+    (minfer/kernels/cpu/matmul.fkc.md, cpu/vnni.fkc.md); `vnni`: the C kernels may run (the CPU has
+    the instructions, a compiler built them, the configuration allows them)."""
+    info = QUANT_TABLE[qtype]
+    ok, rejected = candidates("QMatMul", {"x": "F32", "w": info.contract_name},
+                              {"x": (rows, k), "w": (n, k // info.block_elems * info.block_bytes)},
+                              {"n": n, "k": k, "qtype": qtype}, "CPU",
+                              registry=backend_registry("CPU"))  # the CPU contract files alone: no GPU kernel imported
+    if not (vnni and cpu_vnni.available()):  # the VNNI kernels need the CPU's instructions and a C compiler
+        ok = [c for c in ok if c.kernel.contract.kernel_source != "c"]
+    # decode rows and prompt chunks alike take the two-pass variant: with one pass on prompts the
+    # default model answered "What is the capital of France?" with "L'Étoile, la Marseillaise..."
+    # (tests/server; two passes and torch's bf16 kernel: "Paris"); the one-pass kernels stay
+    # registered (their contracts, conformance) and are not picked. `decode` changes nothing here.
+    ok = [c for c in ok if c.kernel.name not in VNNI_DECODE]
+    if not ok:
+        raise NoKernelError(f"cpu backend: no kernel contract multiplies by a {qtype.name} [{n}, {k}] weight; "
+                            f"nearest: " + "; ".join(f"{r.name}: {', '.join(why)}" for r, why in rejected[:3]))
+    return ok[0]
+
+
+def prepared_bytes(info: TensorInfo, vnni: bool = True) -> int:
+    """Memory a matrix of this tensor takes once prepared (before preparing it)."""
+    n, k = info.torch_shape
+    if pick_kernel(info.ggml_type, n, k, vnni=vnni).kernel.name in VNNI_KERNELS:
+        return cpu_vnni.packed_bytes(n, k, info.ggml_type)
+    if info.ggml_type in INT4_TYPES:
+        return packed_bytes(n, k, info.ggml_type)
+    return n * k * (4 if info.ggml_type == GGMLType.F16 else info.nbytes // (n * k))
+
+
+def kernel_name(qtype: GGMLType, n: int = 64, k: int = 256, vnni: bool = True) -> str:
+    """The kernel contract a weight of this type runs on (prefill and decode alike)."""
+    return pick_kernel(qtype, n, k, vnni=vnni).kernel.name
+
+
+class Matrix:
+    """y = x @ W^T (+ b) for one prepared weight W [n, k] (a fused weight: its parts' rows stacked).
+
+    Every quantized type runs torch's int4 packed matmul on the type's int4 digits (minfer/kernels/cpu/matmul.py),
+    prefill and decode rows alike: no float copy of a quantized weight exists. Stacked parts of
+    different families (a Q4_K_M file's Q4_K q/k with a Q6_K v) run one kernel per run of parts
+    and their columns are concatenated. Every output row depends on its input row alone."""
+
+    def __init__(self, reader: GGUFReader, infos: list[TensorInfo], bias: torch.Tensor | None, vnni: bool = True,
+                 cache: WeightCache | None = None):
+        """`cache`: where the prepared forms come from (and go to) across loads (weight_cache.py)."""
+        self._cache = cache
+        self._parts = (reader, infos)
+        self.vnni = vnni
+        self.bias = bias
+        self.n, self.k = sum(i.torch_shape[0] for i in infos), infos[0].torch_shape[1]
+        self._runs: list[tuple[str, object]] = []
+        # each part's kernel, as the contracts choose it; consecutive parts on the same kernel
+        # are packed together (one call)
+        names = [pick_kernel(i.ggml_type, *i.torch_shape, vnni=vnni).kernel.name for i in infos]
+        self._decode_names = tuple(dict.fromkeys(
+            pick_kernel(i.ggml_type, *i.torch_shape, decode=True, vnni=vnni).kernel.name for i in infos))
+        run: list[TensorInfo] = []
+        for j, info in enumerate(infos + [None]):
+            if run and (info is None or names[j] != names[j - 1]):
+                self._runs.append(self._prepare(reader, run))
+                run = []
+            if info is not None:
+                run.append(info)
+        self.kernels = tuple(dict.fromkeys(names))
+        self.nbytes = sum(fn.nbytes for _, fn in self._runs)
+
+    def _prepare(self, reader: GGUFReader, infos: list[TensorInfo]) -> tuple[str, object]:
+        vnni = pick_kernel(infos[0].ggml_type, *infos[0].torch_shape, vnni=self.vnni).kernel.name in VNNI_KERNELS
+        if not vnni and infos[0].ggml_type not in INT4_TYPES:
+            ws = [float_weight(raw_rows(reader, i), *i.torch_shape, i.ggml_type) for i in infos]
+            return "linear", _Linear(ws[0] if len(ws) == 1 else torch.cat(ws))
+        kind, cls = ("vnni", cpu_vnni.Q4Vnni) if vnni else ("int4", Int4Matmul)
+        name = f"{kind}:" + ",".join(i.name for i in infos)
+        cache = self._cache
+        stored = cache.get(name) if cache is not None else None
+        if stored is not None:
+            return kind, cls.from_state(stored)
+        if vnni:
+            mm = cpu_vnni.Q4Vnni([(raw_rows(reader, i), i.ggml_type, *i.torch_shape) for i in infos])
+        else:
+            mm = Int4Matmul([pack_weight(raw_rows(reader, i), i.ggml_type, i.torch_shape[1]) for i in infos])
+        for i in infos:
+            reader.release(i.name)  # the file's pages of this tensor are no longer needed
+        if cache is not None:
+            cache.put(name, mm.state())
+        return kind, mm
+
+    @property
+    def dense(self) -> torch.Tensor:
+        """The exact float32 weight [n, k], decoded on each access (tests and references only)."""
+        reader, infos = self._parts
+        parts = [dense_f32(reader, i) for i in infos]
+        return parts[0].contiguous() if len(parts) == 1 else torch.cat(parts)
+
+    def __call__(self, x: torch.Tensor, decode: bool = False, passes: int | None = None) -> torch.Tensor:
+        """[T, n]: bfloat16 from the int4 kernels, float32 from a float32 GEMM (a bias promotes
+        to float32). Decode and prefill rows take the same kernels; `decode` only tells a float32
+        GEMM to run its rows one at a time (sgemm's rounding depends on the row count)."""
+        p = passes or 2  # the VNNI kernel's activation passes (pick_kernel: two, prompts too)
+        ys = [fn(x, decode) if kind == "linear" else fn(x, p) if kind == "vnni" else fn(x) for kind, fn in self._runs]
+        y = ys[0] if len(ys) == 1 else torch.cat([t.to(ys[0].dtype) for t in ys], dim=1)
+        return y if self.bias is None else y + self.bias
+
+    def direct(self) -> tuple[str, object] | None:
+        """(kind, kernel) of the one quantized kernel ("int4": call(x); "vnni": call(x, passes))
+        this matrix is, when it has no bias and no parts on other kernels (the backend calls it
+        without this wrapper), else None."""
+        if self.bias is None and len(self._runs) == 1 and self._runs[0][0] != "linear":
+            return self._runs[0]
+        return None
+
+    def kernel(self, decode: bool = False) -> str:
+        return "+".join(self._decode_names if decode else self.kernels)
+
+
+class EmbeddingTable:
+    """GetRows from a weight: gathers the raw rows of the requested ids, then decodes only those."""
+
+    def __init__(self, reader: GGUFReader, info: TensorInfo):
+        self.qtype = info.ggml_type
+        self.width = info.torch_shape[-1]
+        self.raw = raw_rows(reader, info)
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        return decode_rows(self.raw.index_select(0, ids), self.qtype, self.width)

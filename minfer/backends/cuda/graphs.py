@@ -1,0 +1,193 @@
+"""The cuda backend's captured steps: CUDA graphs of decode steps and prompt chunks.
+
+A decode step of B rows is captured once per batch bucket (1, 2, 4 ... 64; rows padded up to the
+bucket into the spare slot), greedy or sampling; a prompt chunk (every span of the step at once,
+up to PREFILL_SPANS of them) once per row bucket (64 ... 1024), its spans read on the device from
+a tile table. Each graph's inputs are one int32 device buffer filled from pinned staging memory by
+one copy per step, and its picked tokens (decode) go back to pinned host memory, so the engine
+queues step N+1 before it reads step N.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ...kernels.sample import PARAM_ROWS
+from ...kernels.triton._common import as_in_graphs
+from ...kernels.triton.attention import max_prefill_tiles, prefill_tiles
+from ..base import Batch
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # decode batch sizes captured as CUDA graphs
+PREFILL_BUCKETS = (64, 128, 192, 256, 384, 512, 768, 1024)  # prompt-chunk row counts captured as graphs
+PREFILL_SPANS = 8  # prompts one captured prompt-chunk pass holds (the tile table's capacity)
+PREFILL_OUT = 16  # logits rows one captured prompt-chunk pass returns
+
+
+class State:
+    """One pass of the plan: the step's device inputs, the way it runs (`kind`: a decode row, a
+    decode batch or a prompt chunk), its row count, the host's (first row, slot, start, rows) per
+    sequence (None inside graphs), the attention tile table of a prompt chunk, and `aux`: the
+    side values nodes hand each other during the pass (bindings.py)."""
+
+    __slots__ = ("inputs", "rows", "kind", "spans", "tiles", "aux")
+
+    def __init__(self, inputs: dict[str, torch.Tensor], decode: bool, rows: int, spans=None, tiles=None):
+        self.inputs, self.rows, self.spans, self.tiles = inputs, rows, spans, tiles
+        self.kind = ("row" if rows == 1 else "batch") if decode else "chunk"
+        self.aux: dict = {}
+
+
+class CudaPicked:
+    """A launched decode step (`CUDABackend.decode_pick`): its picked tokens, on the device, and
+    (graphs) their pinned host copy with the event that says it has landed."""
+
+    __slots__ = ("rows", "picked", "host", "done")
+
+    def __init__(self, rows: int, picked: torch.Tensor, host: torch.Tensor | None = None, done=None):
+        self.rows, self.picked, self.host, self.done = rows, picked, host, done
+
+    def tokens(self) -> list[int]:
+        """The picked token of every row, in row order (waits for the step)."""
+        if self.done is None:
+            return self.picked[:self.rows].tolist()
+        self.done.synchronize()
+        return self.host[:self.rows].tolist()
+
+
+def capture(backend, step: Callable[[], object]) -> tuple[torch.cuda.CUDAGraph, object]:
+    """`step` run twice eagerly on a side stream (Triton compiles and autotunes outside the
+    capture), then captured into a graph on the backend's shared memory pool; (graph, what the
+    captured call returned: its static outputs)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), as_in_graphs():
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    if backend.pool is None:
+        backend.pool = torch.cuda.graph_pool_handle()
+    with torch.cuda.graph(graph, pool=backend.pool):
+        out = step()
+    return graph, out
+
+
+class DecodeGraph:
+    """The decode step of `bucket` rows, captured once, picking tokens by argmax or (`sampling`)
+    by the Sample contract. Inputs: one int32 [3, bucket] device buffer (tokens, positions, slots;
+    [3 + 7, bucket] with each row's packed sampling parameters), filled from one of two pinned
+    staging buffers by one copy per step (two, so the host stages step N+1 while step N's copy may
+    still be queued); outputs: the logits and the picked tokens, copied to one of two pinned host
+    buffers per step. Padded rows sample at temperature 0 (parameters all zero): the argmax."""
+
+    def __init__(self, backend, bucket: int, sampling: bool = False):
+        dev = backend.device
+        self.bucket, self.sampling = bucket, sampling
+        width = 3 + (PARAM_ROWS if sampling else 0)
+        self.io = torch.zeros(width, bucket, dtype=torch.int32, device=dev)
+        self.io[2].fill_(backend.pad_slot)
+        self.stages = [torch.zeros(width, bucket, dtype=torch.int32, pin_memory=True) for _ in range(2)]
+        self.hosts = [torch.zeros(bucket, dtype=torch.int32, pin_memory=True) for _ in range(2)]
+        self.copied = [torch.cuda.Event() for _ in range(2)]
+        self.turn = 0
+        self.static = {"tokens": self.io[0], "positions": self.io[1], "row_slots": self.io[2],
+                       "out_rows": torch.arange(bucket, dtype=torch.int32, device=dev)}
+        state = State(self.static, True, bucket)
+
+        def step():
+            out = backend.plan.run(state)
+            return out, backend.pick(out, self.io[3:] if sampling else None)
+
+        self.graph, (self.out, self.picked) = capture(backend, step)
+        for e in self.copied:
+            e.record()
+
+    def launch(self, batch: Batch, pad_slot: int, after: CudaPicked | None = None,
+               params: torch.Tensor | None = None) -> int:
+        """Stage the batch's inputs (tokens from `after`'s picked tokens, on the device, when
+        given; `params`, int32 [7, B], the rows' sampling parameters for a sampling graph), replay;
+        returns the turn whose host buffer `pick_to_host` fills."""
+        b, turn = batch.n_tokens, self.turn
+        self.turn ^= 1
+        stage, copied = self.stages[turn], self.copied[turn]
+        copied.synchronize()  # this buffer's previous copy has left it
+        if after is None:
+            stage[0, :b].copy_(batch.tokens)
+        stage[1, :b].copy_(batch.positions)
+        stage[2, :b].copy_(batch.row_slots)
+        if self.sampling:
+            stage[3:, :b].copy_(params)
+        if b < self.bucket:  # padded rows: token 0 at position 0 of the spare slot
+            stage[:2, b:].zero_()
+            stage[2, b:].fill_(pad_slot)
+            stage[3:, b:].zero_()
+        if after is None:
+            self.io.copy_(stage, non_blocking=True)  # one host-to-device copy of the step's inputs
+        else:
+            self.io[1:].copy_(stage[1:], non_blocking=True)
+            self.io[0, :b].copy_(after.picked[:b])  # device to device: the host never saw them
+        copied.record()
+        self.graph.replay()
+        return turn
+
+    def pick_to_host(self, turn: int, rows: int) -> CudaPicked:
+        host = self.hosts[turn]
+        host.copy_(self.picked, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return CudaPicked(rows, self.picked, host, done)
+
+
+class PrefillGraph:
+    """A prompt-chunk pass of `bucket` rows, captured once: up to PREFILL_SPANS spans, up to
+    PREFILL_OUT logits rows. Its inputs are one int32 device buffer (tokens, positions, slots,
+    the attention tile table, the output rows) filled from a pinned staging copy by one copy per
+    step. Padded rows are token 0 at position 0 of the spare slot and in no tile; unused tiles
+    hold 0 rows; padded output rows repeat row 0."""
+
+    def __init__(self, backend, bucket: int):
+        dev = backend.device
+        self.bucket = bucket
+        self.n_tiles = max_prefill_tiles(bucket, PREFILL_SPANS)
+        b, t = bucket, self.n_tiles
+        self.io = torch.zeros(3 * b + 4 * t + PREFILL_OUT, dtype=torch.int32, device=dev)
+        self.stage = torch.zeros(self.io.shape, dtype=torch.int32, pin_memory=True)
+        self.stage[2 * b:3 * b] = backend.pad_slot
+        self.io.copy_(self.stage)
+        self.copied = torch.cuda.Event()
+        self.static = {"tokens": self.io[:b], "positions": self.io[b:2 * b], "row_slots": self.io[2 * b:3 * b],
+                       "out_rows": self.io[3 * b + 4 * t:]}
+        state = State(self.static, False, bucket, tiles=self.io[3 * b:3 * b + 4 * t].view(t, 4))
+        self.graph, self.out = capture(backend, lambda: backend.plan.run(state))
+        self.copied.record()
+
+    @staticmethod
+    def fits(batch: Batch) -> bool:
+        return (batch.kind == "prefill" and batch.n_tokens <= PREFILL_BUCKETS[-1] and len(batch.spans) <= PREFILL_SPANS
+                and len(batch.out_rows) <= PREFILL_OUT)
+
+    def launch(self, batch: Batch, pad_slot: int) -> torch.Tensor:
+        """Stage the batch, replay; the logits of its out_rows (the graph's own buffer: read it
+        before this graph replays again)."""
+        n, b, t, st = batch.n_tokens, self.bucket, self.n_tiles, self.stage
+        self.copied.synchronize()  # the staging buffer's previous copy has left it
+        st[:n].copy_(batch.tokens)
+        st[n:b].zero_()
+        st[b:b + n].copy_(batch.positions)
+        st[b + n:2 * b].zero_()
+        st[2 * b:2 * b + n].copy_(batch.row_slots)
+        st[2 * b + n:3 * b].fill_(pad_slot)
+        tiles = prefill_tiles([(s.offset, s.slot, s.start, s.n_tokens) for s in batch.spans])
+        table = st[3 * b:3 * b + 4 * t].view(t, 4)
+        table.zero_()
+        table[:len(tiles)] = torch.tensor(tiles, dtype=torch.int32)
+        rows = st[3 * b + 4 * t:]
+        r = len(batch.out_rows)
+        rows[:r].copy_(batch.out_rows)
+        rows[r:].zero_()
+        self.io.copy_(st, non_blocking=True)
+        self.copied.record()
+        self.graph.replay()
+        return self.out[:r]

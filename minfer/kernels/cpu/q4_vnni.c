@@ -1,0 +1,437 @@
+/* int4 weights x int8 activations on AVX512-VNNI: the cpu backend's kernel for the 4-bit ggml
+ * types (Q4_0, Q4_1, Q4_K), built by minfer/kernels/cpu/vnni.py with the system C compiler.
+ *
+ * Weight W [n, k] (n a multiple of 32, k of 32), per group of 32 weights along k:
+ * w = S * c + Z with codes c in 0..15 (S, Z float16). Layout: W [n/16][k/32][256] bytes: per
+ * block of 16 output columns and group g, 4 chunks of 64 bytes; byte 4*col + t of chunk j holds
+ * the code of (col, k = 8j + t) in its low nibble and of (col, 8j + 4 + t) in its high nibble,
+ * so one chunk unpacks into the two registers vpdpbusd takes (16 columns x 4 consecutive k).
+ * S, Z: [n/16][k/32][16] float16.
+ *
+ * Activations x [m, k] are quantized per row and group of 32 (llama.cpp's Q8_0 scheme), once
+ * (P = 1) or twice (P = 2: the first pass's rounding error quantized again, ~15 bits in all):
+ * q = round(x / d), d = max|x| / 127, and d * sum q per group for Z (so the result is exactly
+ * the weights times the quantized activations: x's rounding is not multiplied by the codes'
+ * offset). Then y[r, col] = sum_g (d[r,g] * S[col,g] * sum_t c q + Z[col,g] * d[r,g] sum_t q),
+ * the groups in order.
+ * Integer dot products are exact, and each output's float sum runs over the groups in one fixed
+ * order whatever the row count or tiling: a row's result does not depend on the other rows.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- packing (load time) */
+
+static void put_group(uint8_t *Wb, uint16_t *Sb, uint16_t *Zb, int col, const uint8_t *codes, float s, float z) {
+    /* codes[32] of one column's group into the block's 256 bytes */
+    for (int j = 0; j < 4; j++)
+        for (int t = 0; t < 4; t++) {
+            uint8_t lo = codes[8 * j + t], hi = codes[8 * j + 4 + t];
+            Wb[64 * j + 4 * col + t] = (uint8_t)(lo | (hi << 4));
+        }
+    Sb[col] = _cvtss_sh(s, _MM_FROUND_TO_NEAREST_INT);
+    Zb[col] = _cvtss_sh(z, _MM_FROUND_TO_NEAREST_INT);
+}
+
+static inline float f16(const uint8_t *p) { uint16_t h; memcpy(&h, p, 2); return _cvtsh_ss(h); }
+
+static void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
+    if (j < 4) { *sc = q[j] & 63; *m = q[j + 4] & 63; }
+    else { *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4); *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4); }
+}
+
+static void scale_min_k4(int j, const uint8_t *q, int *sc, int *m);
+
+/* 8-bit codes: Q8_0 (qtype 8) u = q + 128, S = d, Z = -128 d; Q5_0 (6) v = 0..31, S = d, Z = -16 d;
+ * Q5_1 (7) S = d, Z = m; Q5_K (13) S = d sc, Z = -dmin m. Layout W [n/16][k/32][512]: byte
+ * 4*col + t of chunk j (64 bytes) is the code of (col, k = 4j + t). S, Z as for the 4-bit types. */
+int q8_pack(const uint8_t *rows, int qtype, int n_rows, int k, int col0, uint8_t *W, uint16_t *S, uint16_t *Z) {
+    int G = k / 32;
+    int row_bytes = qtype == 8 ? G * 34 : qtype == 6 ? G * 22 : qtype == 7 ? G * 24 : qtype == 13 ? k / 256 * 176 : -1;
+    if (row_bytes < 0 || k < 32 || k % (qtype == 13 ? 256 : 32) || n_rows < 0 || col0 < 0) return -1;
+    uint8_t codes[32];
+    for (int i = 0; i < n_rows; i++) {
+        int col = col0 + i, blk = col / 16, c = col % 16;
+        const uint8_t *r = rows + (size_t)i * row_bytes;
+        for (int g = 0; g < G; g++) {
+            float s, z;
+            if (qtype == 8) {
+                const uint8_t *b = r + (size_t)g * 34;
+                for (int j = 0; j < 32; j++) codes[j] = (uint8_t)((int)(int8_t)b[2 + j] + 128);
+                s = f16(b);
+                z = -128.0f * s;
+            } else if (qtype == 6 || qtype == 7) {
+                const uint8_t *b = r + (size_t)g * (qtype == 6 ? 22 : 24);
+                int o = qtype == 6 ? 2 : 4;
+                uint32_t qh;
+                memcpy(&qh, b + o, 4);
+                const uint8_t *qs = b + o + 4;
+                for (int j = 0; j < 16; j++) {
+                    codes[j] = (uint8_t)((qs[j] & 15) | (((qh >> j) & 1) << 4));
+                    codes[j + 16] = (uint8_t)((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
+                }
+                s = f16(b);
+                z = qtype == 6 ? -16.0f * s : f16(b + 2);
+            } else {  /* Q5_K */
+                const uint8_t *b = r + (size_t)(g / 8) * 176;
+                int sub = g % 8, sc, mn;
+                const uint8_t *qh = b + 16, *qs = b + 48 + 32 * (sub / 2);
+                for (int j = 0; j < 32; j++)
+                    codes[j] = (uint8_t)((sub % 2 ? qs[j] >> 4 : qs[j] & 15) | (((qh[j] >> sub) & 1) << 4));
+                scale_min_k4(sub, b + 4, &sc, &mn);
+                s = f16(b) * (float)sc;
+                z = -(f16(b + 2) * (float)mn);
+            }
+            size_t off = (size_t)blk * G + g;
+            uint8_t *Wb = W + off * 512;
+            for (int j = 0; j < 8; j++)
+                for (int t = 0; t < 4; t++) Wb[64 * j + 4 * c + t] = codes[4 * j + t];
+            S[off * 16 + c] = _cvtss_sh(s, _MM_FROUND_TO_NEAREST_INT);
+            Z[off * 16 + c] = _cvtss_sh(z, _MM_FROUND_TO_NEAREST_INT);
+        }
+    }
+    return 0;
+}
+
+/* rows [n_rows, row_bytes] of a Q4_0 (qtype 2), Q4_1 (3) or Q4_K (12) weight -> W, S, Z for
+ * columns col0 .. col0 + n_rows (col0 and the layout's n: multiples of 16). */
+int q4_pack(const uint8_t *rows, int qtype, int n_rows, int k, int col0, uint8_t *W, uint16_t *S, uint16_t *Z) {
+    int G = k / 32;
+    int row_bytes = qtype == 12 ? k / 256 * 144 : qtype == 2 ? G * 18 : G * 20;
+    if ((qtype != 2 && qtype != 3 && qtype != 12) || k < 32 || k % (qtype == 12 ? 256 : 32) || n_rows < 0 || col0 < 0)
+        return -1;
+    uint8_t codes[32];
+    for (int i = 0; i < n_rows; i++) {
+        int col = col0 + i, blk = col / 16, c = col % 16;
+        const uint8_t *r = rows + (size_t)i * row_bytes;
+        for (int g = 0; g < G; g++) {
+            float s, z;
+            if (qtype == 2 || qtype == 3) {
+                const uint8_t *b = r + (size_t)g * (qtype == 2 ? 18 : 20);
+                const uint8_t *qs = b + (qtype == 2 ? 2 : 4);
+                for (int j = 0; j < 16; j++) { codes[j] = qs[j] & 15; codes[j + 16] = qs[j] >> 4; }
+                s = f16(b);
+                z = qtype == 2 ? -8.0f * s : f16(b + 2);
+            } else if (qtype == 12) {
+                const uint8_t *b = r + (size_t)(g / 8) * 144;
+                int sub = g % 8, sc, mn;
+                const uint8_t *qs = b + 16 + 32 * (sub / 2);
+                for (int j = 0; j < 32; j++) codes[j] = sub % 2 ? qs[j] >> 4 : qs[j] & 15;
+                scale_min_k4(sub, b + 4, &sc, &mn);
+                s = f16(b) * (float)sc;
+                z = -(f16(b + 2) * (float)mn);
+            } else {
+                return -1;
+            }
+            size_t off = (size_t)blk * G + g;
+            put_group(W + off * 256, S + off * 16, Z + off * 16, c, codes, s, z);
+        }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- activations */
+
+/* x [m, k] (float32 when bf16 == 0, else bfloat16 bits) -> per row: q [P][k] int8, d [P][k/32],
+ * and sx [k/32] = sum_p d_p sum q_p. P = 1: x ~ d q. P = 2: the rounding error r = x - d q is
+ * quantized again, x ~ d q + d' q' with d' = max|r| / 127 (~15 bits for the pair). */
+static void quantize_rows(const void *x, int bf16, int m, int k, int P, int8_t *q, float *d, float *sx) {
+    int G = k / 32;
+    #pragma omp parallel for schedule(static) if (m >= 16)
+    for (int r = 0; r < m; r++) {
+        for (int g = 0; g < G; g++) {
+            __m512 a, b;
+            size_t at = (size_t)r * k + g * 32;
+            if (bf16) {
+                const uint16_t *p = (const uint16_t *)x + at;
+                a = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+                b = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p + 16))), 16));
+            } else {
+                const float *p = (const float *)x + at;
+                a = _mm512_loadu_ps(p);
+                b = _mm512_loadu_ps(p + 16);
+            }
+            float total = 0.0f;
+            for (int pass = 0; pass < P; pass++) {
+                float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+                float dd = amax / 127.0f;
+                float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+                __m512 vi = _mm512_set1_ps(inv);
+                __m512 ra = _mm512_roundscale_ps(_mm512_mul_ps(a, vi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                __m512 rb = _mm512_roundscale_ps(_mm512_mul_ps(b, vi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                __m512i qa = _mm512_cvtps_epi32(ra), qb = _mm512_cvtps_epi32(rb);
+                int8_t *qr = q + ((size_t)r * P + pass) * k + g * 32;
+                _mm_storeu_si128((__m128i *)qr, _mm512_cvtsepi32_epi8(qa));
+                _mm_storeu_si128((__m128i *)(qr + 16), _mm512_cvtsepi32_epi8(qb));
+                d[((size_t)r * P + pass) * G + g] = dd;
+                total += dd * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+                __m512 vd = _mm512_set1_ps(dd);  /* what is left for the next pass */
+                a = _mm512_fnmadd_ps(ra, vd, a);
+                b = _mm512_fnmadd_ps(rb, vd, b);
+            }
+            sx[(size_t)r * G + g] = total;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- the product */
+
+#define MT 4
+
+/* rows (<= MT) x 32 columns; X: the rows' quantized activations, P passes of k bytes per row */
+static inline __attribute__((always_inline)) void tile(int rows, int P, int B8, const uint8_t *W0, const uint8_t *W1,
+        const uint16_t *S0, const uint16_t *S1, const uint16_t *Z0, const uint16_t *Z1, int G,
+        const int8_t *X, const float *dx, const float *sx, int k, float *Y, int ldy) {
+    __m512 acc0[MT], acc1[MT];
+    for (int r = 0; r < MT; r++) { acc0[r] = _mm512_setzero_ps(); acc1[r] = _mm512_setzero_ps(); }
+    const __m512i mask = _mm512_set1_epi8(0x0F);
+    for (int g = 0; g < G; g++) {
+        __m512i a[8], b[8];
+        if (B8) {  /* 8-bit codes: the registers as stored */
+            const uint8_t *p0 = W0 + (size_t)g * 512, *p1 = W1 + (size_t)g * 512;
+            for (int c = 0; c < 8; c++) {
+                a[c] = _mm512_loadu_si512(p0 + 64 * c);
+                b[c] = _mm512_loadu_si512(p1 + 64 * c);
+            }
+        } else {
+            const uint8_t *p0 = W0 + (size_t)g * 256, *p1 = W1 + (size_t)g * 256;
+            for (int c = 0; c < 4; c++) {
+                __m512i r0 = _mm512_loadu_si512(p0 + 64 * c), r1 = _mm512_loadu_si512(p1 + 64 * c);
+                a[2 * c] = _mm512_and_si512(r0, mask);
+                a[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(r0, 4), mask);
+                b[2 * c] = _mm512_and_si512(r1, mask);
+                b[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(r1, 4), mask);
+            }
+        }
+        __m512 s0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S0 + g * 16)));
+        __m512 s1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S1 + g * 16)));
+        __m512 z0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(Z0 + g * 16)));
+        __m512 z1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(Z1 + g * 16)));
+        for (int r = 0; r < MT; r++) {
+            if (r >= rows) break;
+            for (int pass = 0; pass < P; pass++) {
+                const int32_t *xq = (const int32_t *)(X + ((size_t)r * P + pass) * k + g * 32);
+                __m512i i0 = _mm512_setzero_si512(), i1 = _mm512_setzero_si512();
+                for (int j = 0; j < 8; j++) {
+                    __m512i xb = _mm512_set1_epi32(xq[j]);
+                    i0 = _mm512_dpbusd_epi32(i0, a[j], xb);
+                    i1 = _mm512_dpbusd_epi32(i1, b[j], xb);
+                }
+                __m512 dv = _mm512_set1_ps(dx[((size_t)r * P + pass) * G + g]);
+                acc0[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_mul_ps(s0, dv), acc0[r]);
+                acc1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_mul_ps(s1, dv), acc1[r]);
+            }
+            __m512 sv = _mm512_set1_ps(sx[(size_t)r * G + g]);
+            acc0[r] = _mm512_fmadd_ps(z0, sv, acc0[r]);
+            acc1[r] = _mm512_fmadd_ps(z1, sv, acc1[r]);
+        }
+    }
+    for (int r = 0; r < MT; r++) {
+        if (r >= rows) break;
+        _mm512_storeu_ps(Y + (size_t)r * ldy, acc0[r]);
+        _mm512_storeu_ps(Y + (size_t)r * ldy + 16, acc1[r]);
+    }
+}
+
+/* y [m, n] float32 (row stride ldy) = x [m, k] @ W^T, n a multiple of 32, activations in P = 1
+ * or 2 int8 passes. Returns -1 on sizes outside that contract, -2 when the activations' scratch
+ * cannot be allocated. */
+int q4_gemm(const uint8_t *W, const uint16_t *S, const uint16_t *Z, int n, int k,
+            const void *x, int bf16, int m, float *y, int ldy, int P, int bits) {
+    int G = k / 32, NT = n / 32, MB = (m + MT - 1) / MT;
+    size_t gb = bits == 8 ? 512 : 256;  /* bytes of codes per block of 16 columns and group */
+    if ((P != 1 && P != 2) || (bits != 4 && bits != 8) || m < 1 || n < 32 || n % 32 || k < 32 || k % 32 || ldy < n)
+        return -1;
+    size_t nq = ((size_t)m * P * k + 63) / 64 * 64;
+    int8_t *q = malloc(nq + (size_t)m * G * (P + 1) * sizeof(float));
+    if (q == NULL) return -2;
+    float *d = (float *)(q + nq), *sx = d + (size_t)m * P * G;
+    quantize_rows(x, bf16, m, k, P, q, d, sx);
+    #pragma omp parallel for schedule(static)
+    for (int t = 0; t < NT; t++) {
+        size_t b0 = (size_t)(2 * t) * G, b1 = b0 + G;
+        for (int mb = 0; mb < MB; mb++) {
+            int r0 = mb * MT, rows = m - r0 < MT ? m - r0 : MT;
+#define TILE(R, PP, B8) tile(R, PP, B8, W + b0 * gb, W + b1 * gb, S + b0 * 16, S + b1 * 16, Z + b0 * 16, Z + b1 * 16, \
+                             G, q + (size_t)r0 * PP * k, d + (size_t)r0 * PP * G, sx + (size_t)r0 * G, k,         \
+                             y + (size_t)r0 * ldy + 32 * t, ldy)
+#define ROWS(PP, B8) switch (rows) {  /* a row count known at compile time: the tile's registers unrolled */ \
+                case 4: TILE(4, PP, B8); break;                                                              \
+                case 3: TILE(3, PP, B8); break;                                                              \
+                case 2: TILE(2, PP, B8); break;                                                              \
+                default: TILE(1, PP, B8); break;                                                             \
+            }
+            if (bits == 4) {
+                if (P == 1) { ROWS(1, 0) } else { ROWS(2, 0) }
+            } else {
+                if (P == 1) { ROWS(1, 1) } else { ROWS(2, 1) }
+            }
+#undef ROWS
+#undef TILE
+        }
+    }
+    free(q);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- decode attention */
+
+/* e^x for x <= 0 (softmax arguments): 2^(x log2 e) = 2^n 2^f, |f| <= 1/2, 2^f by its Taylor
+ * series to degree 7 (relative error < 1e-8 before float rounding), 2^n by vscalefps. */
+static inline __m512 exp_neg(__m512 x) {
+    const __m512 log2e = _mm512_set1_ps(1.44269504088896341f), ln2 = _mm512_set1_ps(0.693147180559945309f);
+    __m512 t = _mm512_max_ps(_mm512_mul_ps(x, log2e), _mm512_set1_ps(-150.0f));
+    __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_mul_ps(_mm512_sub_ps(t, n), ln2);  /* e^f, |f| <= ln2 / 2 */
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+#define MAX_GROUP 16   /* query heads per kv head */
+#define MAX_HD 256
+#define CHUNK 128      /* keys per task: a row's keys split by its own length only */
+
+/* keys [l0, l1) of one (row, kv head) for its grp query heads: unnormalised weighted values
+ * o [grp][hd], the max m [grp] and sum s [grp] of the scores' exponentials */
+static void attn_part(const float *Q, const float *K, const float *V, int l0, int l1, int hd, int grp,
+                      float scale, float *sc, float *o, float *mx_out, float *sum_out) {
+    int nv = hd / 16, L = l1 - l0, Lp = (L + 15) / 16 * 16;
+    for (int l = 0; l < L; l++) {
+        __m512 kv[MAX_HD / 16];
+        for (int i = 0; i < nv; i++) kv[i] = _mm512_loadu_ps(K + (size_t)(l0 + l) * hd + 16 * i);
+        for (int j = 0; j < grp; j++) {
+            __m512 acc = _mm512_mul_ps(kv[0], _mm512_loadu_ps(Q + j * hd));
+            for (int i = 1; i < nv; i++) acc = _mm512_fmadd_ps(kv[i], _mm512_loadu_ps(Q + j * hd + 16 * i), acc);
+            sc[(size_t)j * Lp + l] = _mm512_reduce_add_ps(acc) * scale;
+        }
+    }
+    for (int j = 0; j < grp; j++) {
+        float *s = sc + (size_t)j * Lp;
+        for (int l = L; l < Lp; l++) s[l] = -INFINITY;
+        __m512 mx = _mm512_set1_ps(-INFINITY);
+        for (int l = 0; l < Lp; l += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + l));
+        float m = _mm512_reduce_max_ps(mx);
+        __m512 mv = _mm512_set1_ps(m), sum = _mm512_setzero_ps();
+        for (int l = 0; l < Lp; l += 16) {
+            __m512 e = exp_neg(_mm512_sub_ps(_mm512_loadu_ps(s + l), mv));
+            e = _mm512_mask_blend_ps((__mmask16)(l + 16 <= L ? 0xFFFF : (1u << (L - l)) - 1), _mm512_setzero_ps(), e);
+            _mm512_storeu_ps(s + l, e);
+            sum = _mm512_add_ps(sum, e);
+        }
+        mx_out[j] = m;
+        sum_out[j] = _mm512_reduce_add_ps(sum);
+    }
+    __m512 acc[MAX_GROUP][MAX_HD / 16];
+    for (int j = 0; j < grp; j++)
+        for (int i = 0; i < nv; i++) acc[j][i] = _mm512_setzero_ps();
+    for (int l = 0; l < L; l++) {
+        __m512 vv[MAX_HD / 16];
+        for (int i = 0; i < nv; i++) vv[i] = _mm512_loadu_ps(V + (size_t)(l0 + l) * hd + 16 * i);
+        for (int j = 0; j < grp; j++) {
+            __m512 p = _mm512_set1_ps(sc[(size_t)j * Lp + l]);
+            for (int i = 0; i < nv; i++) acc[j][i] = _mm512_fmadd_ps(p, vv[i], acc[j][i]);
+        }
+    }
+    for (int j = 0; j < grp; j++)
+        for (int i = 0; i < nv; i++) _mm512_storeu_ps(o + j * hd + 16 * i, acc[j][i]);
+}
+
+/* One query row per sequence against its cached keys: q [B, n_head * hd] float32 (row stride
+ * ldq), a layer's cache kc, vc [n_slots, n_kv, n_ctx, hd] float32, row b attends keys 0..lens[b]-1
+ * of slot slots[b] (1 <= lens[b] <= n_ctx, 0 <= slots[b] < n_slots: checked); out [B, n_head * hd]. Query head h reads kv head h / (n_head / n_kv). Tasks:
+ * (row, kv head, chunk of CHUNK keys), merged per (row, kv head) in chunk order: the split depends
+ * on the row's own length only, so a row's arithmetic does not depend on the other rows.
+ * hd a multiple of 16, at most 256; n_head / n_kv at most 16. Returns -1 on bad sizes or no memory. */
+int attn_decode(const float *q, int ldq, const float *kc, const float *vc, int n_slots, int n_kv, int n_ctx,
+                int hd, int n_head, const int *slots, const int *lens, int B, float scale, float *out) {
+    if (n_kv < 1 || n_head < 1 || hd < 16 || hd % 16 || hd > MAX_HD || B < 1 || n_ctx < 1 || ldq < n_head * hd)
+        return -1;
+    int grp = n_head / n_kv;
+    if (grp > MAX_GROUP || grp * n_kv != n_head) return -1;
+    for (int b = 0; b < B; b++)
+        if (slots[b] < 0 || slots[b] >= n_slots || lens[b] < 1 || lens[b] > n_ctx) return -1;
+    int *first = malloc(sizeof(int) * (B + 1));  /* first task of row b */
+    if (first == NULL) return -1;
+    first[0] = 0;
+    for (int b = 0; b < B; b++) first[b + 1] = first[b] + n_kv * ((lens[b] + CHUNK - 1) / CHUNK);
+    int T = first[B], per = grp * (hd + 2);
+    float *part = malloc(sizeof(float) * (size_t)T * per);
+    if (part == NULL) { free(first); return -1; }
+    int fail = 0;
+    #pragma omp parallel
+    {
+        float *sc = malloc(sizeof(float) * (size_t)grp * CHUNK);
+        if (sc == NULL) {
+            #pragma omp atomic write
+            fail = 1;
+        }
+        #pragma omp for schedule(static)
+        for (int t = 0; t < T; t++) {
+            if (sc == NULL) continue;
+            int b = 0;
+            while (first[b + 1] <= t) b++;
+            int chunks = (first[b + 1] - first[b]) / n_kv, h = (t - first[b]) / chunks, c = (t - first[b]) % chunks;
+            int l0 = c * CHUNK, l1 = l0 + CHUNK < lens[b] ? l0 + CHUNK : lens[b];
+            size_t base = ((size_t)slots[b] * n_kv + h) * n_ctx * hd;
+            float *pt = part + (size_t)t * per;
+            attn_part(q + (size_t)b * ldq + (size_t)h * grp * hd, kc + base, vc + base, l0, l1, hd, grp, scale,
+                      sc, pt, pt + grp * hd, pt + grp * hd + grp);
+        }
+        #pragma omp for schedule(static)
+        for (int bh = 0; bh < B * n_kv; bh++) {
+            int b = bh / n_kv, h = bh % n_kv, chunks = (first[b + 1] - first[b]) / n_kv;
+            const float *p0 = part + (size_t)(first[b] + h * chunks) * per;
+            float *O = out + (size_t)b * n_head * hd + (size_t)h * grp * hd;
+            for (int j = 0; j < grp; j++) {
+                float M = -INFINITY;
+                for (int c = 0; c < chunks; c++) M = fmaxf(M, p0[(size_t)c * per + grp * hd + j]);
+                float S = 0.0f;
+                for (int i = 0; i < hd; i++) O[j * hd + i] = 0.0f;
+                for (int c = 0; c < chunks; c++) {
+                    const float *pc = p0 + (size_t)c * per;
+                    float f = chunks == 1 ? 1.0f : expf(pc[grp * hd + j] - M);
+                    S += f * pc[grp * hd + grp + j];
+                    for (int i = 0; i < hd; i++) O[j * hd + i] += f * pc[j * hd + i];
+                }
+                float inv = 1.0f / S;
+                for (int i = 0; i < hd; i++) O[j * hd + i] *= inv;
+            }
+        }
+        free(sc);
+    }
+    free(part);
+    free(first);
+    return fail ? -1 : 0;
+}
+
+/* ---------------------------------------------------------------- RMSNorm */
+
+/* y [m, d] = x / sqrt(mean(x^2) + eps) * w per row (float32, contiguous, d a multiple of 16):
+ * each row's sum of squares in 16 lanes, then the lanes in a fixed order. -1 on other sizes. */
+int rms_norm(const float *x, int m, int d, const float *w, float eps, float *y) {
+    if (m < 0 || d < 16 || d % 16) return -1;
+    for (int r = 0; r < m; r++) {
+        const float *xr = x + (size_t)r * d;
+        float *yr = y + (size_t)r * d;
+        __m512 acc = _mm512_setzero_ps();
+        for (int i = 0; i < d; i += 16) {
+            __m512 v = _mm512_loadu_ps(xr + i);
+            acc = _mm512_fmadd_ps(v, v, acc);
+        }
+        float inv = 1.0f / sqrtf(_mm512_reduce_add_ps(acc) / (float)d + eps);
+        __m512 s = _mm512_set1_ps(inv);
+        for (int i = 0; i < d; i += 16)
+            _mm512_storeu_ps(yr + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(xr + i), s), _mm512_loadu_ps(w + i)));
+    }
+    return 0;
+}

@@ -1,0 +1,249 @@
+"""int4 weights x int8 activations on AVX512-VNNI (q4_vnni.c), through ctypes.
+
+The C file is compiled once per machine with the system C compiler (`cc`, or $CC) into
+minfer's cache directory ($MINFER_CACHE, else ~/.cache/minfer; cbuild.py) and loaded after torch, so its
+OpenMP regions run on torch's own libgomp threads. `available()` says whether it can run here:
+a CPU with AVX512-VNNI, a compiler, and MINFER_CPU_VNNI not set to 0. Where it cannot, the cpu
+backend keeps torch's int4 kernel for every type (kernels/cpu/matmul.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import re
+from pathlib import Path
+
+import torch
+
+from ...errors import UnsupportedError
+from ...quant.types import GGMLType, quant_info
+from ..cbuild import build
+from .matmul import rows_call
+
+SOURCE = Path(__file__).parent / "q4_vnni.c"
+REVISION_SOURCES = (SOURCE,)  # the contract's revision hash covers the C file
+FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma", "-fopenmp"]
+TYPES = {GGMLType.Q4_0: 2, GGMLType.Q4_1: 3, GGMLType.Q4_K: 12}  # ggml type ids the packer reads: 4-bit codes
+# 8-bit codes: Q8_0 as q + 128 (zero -128 d), the 5-bit types as their values 0..31
+TYPES8 = {GGMLType.Q8_0: 8, GGMLType.Q5_0: 6, GGMLType.Q5_1: 7, GGMLType.Q5_K: 13}
+COLS = 32  # output columns are padded to a multiple of this (the kernel's tile)
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    m = re.search(r"^flags\s*:(.*)$", text, re.M)
+    return set(m.group(1).split()) if m else set()
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    """The compiled kernel (built on first use), or None where it cannot be built or run."""
+    if not {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma"} <= _cpu_flags():
+        return None
+    so = build(SOURCE, FLAGS, "using torch's int4 kernel")
+    if so is None:
+        return None
+    p, i = ctypes.c_void_p, ctypes.c_int
+    so.q4_pack.argtypes = [p, i, i, i, i, p, p, p]
+    so.q4_pack.restype = i
+    so.q8_pack.argtypes = [p, i, i, i, i, p, p, p]
+    so.q8_pack.restype = i
+    so.q4_gemm.argtypes = [p, p, p, i, i, p, i, i, p, i, i, i]
+    so.q4_gemm.restype = i
+    so.attn_decode.argtypes = [p, i, p, p, i, i, i, i, i, p, p, i, ctypes.c_float, p]
+    so.attn_decode.restype = i
+    so.rms_norm.argtypes = [p, i, i, p, ctypes.c_float, p]
+    so.rms_norm.restype = i
+    return so
+
+
+def available() -> bool:
+    return _library() is not None
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return t.data_ptr()
+
+
+class Q4Vnni:
+    """One weight [n, k] (or stacked weights of one code width) in the VNNI layout, prepared once
+    at load: codes uint8 [n'/16, k/32, 256] (4-bit types: two codes a byte) or [n'/16, k/32, 512]
+    (Q8_0: one byte each, q + 128) and float16 scale, zero [n'/16, k/32, 16], n' = n rounded up to
+    32 (zero columns). `__call__(x)` is y = x @ W^T, float32 [m, n]."""
+
+    def __init__(self, parts: list[tuple[torch.Tensor, GGMLType, int, int]]):
+        """parts: (raw rows uint8 [n_i, row_bytes], type, n_i, k) stacked in this order."""
+        so = _library()
+        if so is None:
+            raise UnsupportedError("the int8-activation VNNI kernel is not available on this machine")
+        k = parts[0][3]
+        if k % 32 or any(p[3] != k for p in parts):
+            raise UnsupportedError(f"q4_vnni: k must be one multiple of 32 for every part, got {[p[3] for p in parts]}")
+        widths = {8 if p[1] in TYPES8 else 4 if p[1] in TYPES else 0 for p in parts}
+        if len(widths) != 1 or 0 in widths:
+            raise UnsupportedError(f"q4_vnni: {', '.join(p[1].name for p in parts)}: the parts must all be 4-bit "
+                                   f"({', '.join(t.name for t in TYPES)}) or all 8-bit codes "
+                                   f"({', '.join(t.name for t in TYPES8)})")
+        self.bits = widths.pop()
+        self.n, self.k = sum(p[2] for p in parts), k
+        n_pad = self.n + -self.n % COLS
+        g = k // 32
+        self.w = torch.zeros(n_pad // 16, g, 64 * self.bits, dtype=torch.uint8)  # 16 columns x 32 codes
+        self.s = torch.zeros(n_pad // 16, g, 16, dtype=torch.float16)
+        self.z = torch.zeros(n_pad // 16, g, 16, dtype=torch.float16)
+        at = 0
+        for rows, qtype, n, _ in parts:
+            rows = rows.contiguous()
+            ptrs = (_ptr(self.w), _ptr(self.s), _ptr(self.z))
+            info = quant_info(qtype)
+            row_bytes = info.nbytes(k) if k % info.block_elems == 0 else None
+            if rows.dtype != torch.uint8 or row_bytes is None or rows.shape != (n, row_bytes):
+                raise UnsupportedError(f"q4_vnni: {qtype.name} rows must be uint8 [{n}, {row_bytes or '?'}] "
+                                       f"(k a multiple of {info.block_elems}), got {rows.dtype} {list(rows.shape)}")
+            done = (so.q8_pack(_ptr(rows), TYPES8[qtype], n, k, at, *ptrs) if self.bits == 8
+                    else so.q4_pack(_ptr(rows), TYPES[qtype], n, k, at, *ptrs))
+            if done != 0:
+                raise UnsupportedError(f"q4_vnni: cannot pack {qtype.name}")
+            at += n
+        self.n_pad = n_pad
+        self._bind(so)
+
+    def _bind(self, so) -> None:
+        self.nbytes = self.w.numel() + 2 * (self.s.numel() + self.z.numel())
+        self._gemm = so.q4_gemm
+        self._ptrs = (_ptr(self.w), _ptr(self.s), _ptr(self.z), self.n_pad, self.k)
+
+    def state(self) -> dict:
+        """The prepared layout as tensors and ints (backends/cpu/weight_cache.py keeps it on disk)."""
+        return {"w": self.w, "s": self.s, "z": self.z, "n": self.n, "k": self.k, "bits": self.bits, "n_pad": self.n_pad}
+
+    @classmethod
+    def from_state(cls, st: dict) -> Q4Vnni:
+        """A Q4Vnni over tensors `state()` gave (e.g. memory-mapped from the cache): no packing."""
+        so = _library()
+        if so is None:
+            raise UnsupportedError("the int8-activation VNNI kernel is not available on this machine")
+        self = cls.__new__(cls)
+        self.w, self.s, self.z = st["w"].contiguous(), st["s"].contiguous(), st["z"].contiguous()
+        self.n, self.k, self.bits, self.n_pad = int(st["n"]), int(st["k"]), int(st["bits"]), int(st["n_pad"])
+        self._bind(so)
+        return self
+
+    def __call__(self, x: torch.Tensor, passes: int = 1) -> torch.Tensor:
+        """y [m, n] float32 = x [m, k] @ W^T (x float32 or bfloat16; anything else is converted),
+        the activations in `passes` int8 quantizations (1: llama.cpp's Q8_0 scheme; 2: its
+        rounding error quantized again, ~15 bits)."""
+        if x.dtype != torch.float32 and x.dtype != torch.bfloat16:
+            x = x.float()
+        if not x.is_contiguous():
+            x = x.contiguous()
+        m = x.shape[0]
+        y = torch.empty(m, self.n_pad)
+        if x.dim() != 2 or x.shape[1] != self.k or m < 1:
+            raise UnsupportedError(f"q4_vnni: x must be [m >= 1, {self.k}], got {list(x.shape)}")
+        rc = self._gemm(*self._ptrs, x.data_ptr(), x.dtype == torch.bfloat16, m, y.data_ptr(), self.n_pad, passes,
+                        self.bits)
+        if rc == -2:
+            raise MemoryError(f"q4_vnni: no memory for {m} x {self.k} quantized activations")
+        if rc:
+            raise UnsupportedError(f"q4_vnni: {passes} activation passes on [{m}, {self.k}] x [{self.n_pad}, "
+                                   f"{self.k}] is outside the kernel's contract")
+        return y if self.n_pad == self.n else y[:, :self.n]
+
+
+def packed_bytes(n: int, k: int, qtype: GGMLType = GGMLType.Q4_0) -> int:
+    """Bytes of a Q4Vnni weight [n, k]: half a byte per code (a byte for Q8_0) and two float16
+    per group of 32."""
+    n_pad = n + -n % COLS
+    return n_pad * k // (1 if qtype in TYPES8 else 2) + n_pad * (k // 32) * 4
+
+
+# ---- the launchers the kernel contract binds (minfer/kernels/cpu/matmul.fkc.md) ----
+
+
+def q4_vnni_weight(w: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str) -> Q4Vnni:
+    """Load layout: a Q4_0 / Q4_1 / Q4_K / Q8_0 weight's raw bytes -> its VNNI form."""
+    if isinstance(w, Q4Vnni):
+        return w
+    from .matmul import _qinfo
+
+    info = _qinfo(qtype)
+    if info.type not in TYPES and info.type not in TYPES8:
+        raise UnsupportedError(f"q4_vnni_weight: {info.name} is not one of "
+                               f"{', '.join(t.name for t in (*TYPES, *TYPES8))}")
+    if k % info.block_elems or w.dtype != torch.uint8 or w.numel() != info.nbytes(n * k):
+        raise UnsupportedError(f"q4_vnni_weight: expected the uint8 bytes of a [{n}, {k}] {info.name} weight "
+                               f"(k a multiple of {info.block_elems}), got {w.dtype} x {w.numel()}")
+    return Q4Vnni([(w.reshape(n, -1), info.type, n, k)])
+
+
+def q4_vnni_mm(x: torch.Tensor, w, n: int, k: int, qtype: GGMLType | int | str,
+               out: torch.Tensor | None = None, passes: int = 1) -> torch.Tensor:
+    """out [m, n] float32 = x [m, k] @ W^T on W's VNNI form (`q4_vnni_weight`; raw bytes are
+    packed on every call: correct, but a full pass over W each time), activations in one int8
+    pass (cpu_q4_vnni)."""
+    mm = q4_vnni_weight(w, n, k, qtype)
+    return rows_call("q4_vnni_mm", x, k, lambda x2: mm(x2, passes), out)
+
+
+def attention_fits(n_head: int, n_kv: int, head_dim: int) -> bool:
+    """Whether attention_decode takes these sizes (head_dim a multiple of 16 up to 256, at most 16
+    query heads per kv head)."""
+    return head_dim % 16 == 0 and head_dim <= 256 and n_head % n_kv == 0 and n_head // n_kv <= 16
+
+
+def attention_decode(q: torch.Tensor, k_layer: torch.Tensor, v_layer: torch.Tensor, slots: torch.Tensor,
+                     lens: torch.Tensor, n_head: int, scale: float) -> torch.Tensor:
+    """One query row per sequence over its cached keys (q4_vnni.c attn_decode): q [B, n_head * hd]
+    float32 (rows may be strided), a layer's cache k/v [n_slots, n_kv, n_ctx, hd] float32, row b
+    attending positions 0..lens[b]-1 of slot slots[b] (int32 [B]). Returns [B, n_head * hd]. A row's
+    result does not depend on the other rows."""
+    so = _library()
+    n_slots, n_kv, n_ctx, hd = k_layer.shape
+    rows = q.shape[0]
+    if q.stride(1) != 1 or q.dtype != torch.float32:
+        q = q.float().contiguous()
+    if (q.shape[1] != n_head * hd or v_layer.shape != k_layer.shape or not k_layer.is_contiguous()
+            or not v_layer.is_contiguous() or slots.dtype != torch.int32 or lens.dtype != torch.int32
+            or slots.shape != (rows,) or lens.shape != (rows,) or not slots.is_contiguous()
+            or not lens.is_contiguous()):
+        raise UnsupportedError(f"attn_decode: q [B, {n_head} * {hd}], contiguous k/v caches of one shape and int32 "
+                               f"slots/lens [B]; got q {list(q.shape)}, k {list(k_layer.shape)}, v "
+                               f"{list(v_layer.shape)}, slots {slots.dtype} {list(slots.shape)}, lens {lens.dtype} "
+                               f"{list(lens.shape)}")
+    out = torch.empty(rows, n_head * hd)
+    if so.attn_decode(q.data_ptr(), q.stride(0), k_layer.data_ptr(), v_layer.data_ptr(), n_slots, n_kv, n_ctx, hd,
+                      n_head, slots.data_ptr(), lens.data_ptr(), rows, scale, out.data_ptr()):
+        raise UnsupportedError(f"attn_decode: head_dim {hd} (a multiple of 16 up to 256) and {n_head} query "
+                               f"heads over {n_kv} kv heads (at most 16 per kv head), every slot in 0..{n_slots - 1} "
+                               f"and length in 1..{n_ctx}, or no memory")
+    return out
+
+
+def q4_vnni2_mm(x: torch.Tensor, w, n: int, k: int, qtype: GGMLType | int | str,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """q4_vnni_mm with the activations in two int8 passes (cpu_q4_vnni2: decode rows)."""
+    return q4_vnni_mm(x, w, n, k, qtype, out, passes=2)
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) * w over the rows of a float32 [m, d] (q4_vnni.c rms_norm;
+    d a multiple of 16, `norm_fits`): one call, each row on its own."""
+    if not x.is_contiguous():
+        x = x.contiguous()
+    m, d = x.shape
+    if w.shape != (d,) or w.dtype != torch.float32 or not w.is_contiguous() or x.dtype != torch.float32:
+        raise UnsupportedError(f"rms_norm: float32 x [m, d] and w [d]; got x {x.dtype} {list(x.shape)}, w {w.dtype} "
+                               f"{list(w.shape)}")
+    y = torch.empty(m, d)
+    if _library().rms_norm(x.data_ptr(), m, d, w.data_ptr(), eps, y.data_ptr()):
+        raise UnsupportedError(f"rms_norm: d must be a multiple of 16, got {d}")
+    return y
+
+
+def norm_fits(x_dtype: torch.dtype, d: int) -> bool:
+    return x_dtype == torch.float32 and d % 16 == 0

@@ -1,0 +1,93 @@
+"""RoPE: rotate each head of x [rows, n_heads * head_dim] by the angles of its row's position.
+
+Pair i of a head, (a_i, b_i), turns by angle_i(p): y_a = x_a cos - x_b sin, y_b = x_a sin + x_b cos,
+with cos/sin read from tables [n_ctx, n_rot / 2] (made once per model, float64 rounded to f32, the
+same tables the cpu backend uses). "normal" pairs adjacent dims (2i, 2i+1) (llama.cpp rope mode
+0), neox pairs (i, i + n_rot/2); dims from n_rot on pass through. One program per (row, head):
+the row's position is read on the device, so the kernel replays in a CUDA graph. The input may be
+a row-strided view (the q/k columns of a fused qkv output); the output is contiguous f32.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...errors import UnsupportedError
+from ._common import (
+    check_device,
+    check_grid,
+    check_int,
+    check_tensor,
+    make_out,
+    pdl_args,
+    release_late,
+    release_next,
+    rows_view,
+    wait_prior,
+)
+
+
+@triton.jit
+def _rope_kernel(x_ptr, pos_ptr, cos_ptr, sin_ptr, out_ptr, stride_x, N, HD, HALF, NEOX: tl.constexpr,
+                 BLOCK_HALF: tl.constexpr, BLOCK_HD: tl.constexpr, PDL: tl.constexpr):
+    release_next(PDL)
+    wait_prior(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    p = tl.load(pos_ptr + row).to(tl.int64)
+    i = tl.arange(0, BLOCK_HALF)
+    mi = i < HALF
+    c = tl.load(cos_ptr + p * HALF + i, mask=mi, other=0.0)
+    s = tl.load(sin_ptr + p * HALF + i, mask=mi, other=0.0)
+    src = x_ptr + row * stride_x + head * HD
+    dst = out_ptr + row * N + head * HD
+    if NEOX:
+        ia = i
+        ib = i + HALF
+    else:
+        ia = 2 * i
+        ib = 2 * i + 1
+    a = tl.load(src + ia, mask=mi, other=0.0).to(tl.float32)
+    b = tl.load(src + ib, mask=mi, other=0.0).to(tl.float32)
+    release_late(PDL)
+    tl.store(dst + ia, a * c - b * s, mask=mi)
+    tl.store(dst + ib, a * s + b * c, mask=mi)
+    j = tl.arange(0, BLOCK_HD)
+    mj = (j >= 2 * HALF) & (j < HD)  # dims past n_rot: copied
+    tl.store(dst + j, tl.load(src + j, mask=mj, other=0.0), mask=mj)
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int,
+         head_dim: int, n_rot: int, neox: bool, out: torch.Tensor | None = None) -> torch.Tensor:
+    """out [rows, n_heads * head_dim] f32 = x rotated at `positions` (int32 [rows]); cos/sin f32
+    [n_ctx, n_rot / 2]. A position outside the tables is the caller's error: the tables must hold
+    n_ctx >= every position (the backend sizes them for its context)."""
+    what = "rope"
+    for name, v in (("n_heads", n_heads), ("head_dim", head_dim), ("n_rot", n_rot)):
+        check_int(what, name, v, 1)
+    if n_rot > head_dim or n_rot % 2:
+        raise UnsupportedError(f"{what}: n_rot must be even and <= head_dim ({head_dim}), got {n_rot}")
+    n = n_heads * head_dim
+    x2 = rows_view(what, "x", x, n)
+    if x2.dtype != torch.float32:
+        raise UnsupportedError(f"{what}: x must be float32, got {x2.dtype}")
+    check_tensor(what, "positions", positions, (torch.int32,), ndim=1)
+    check_tensor(what, "cos", cos, (torch.float32,), ndim=2)
+    check_tensor(what, "sin", sin, (torch.float32,), ndim=2)
+    if cos.shape != sin.shape or cos.shape[1] != n_rot // 2:
+        raise UnsupportedError(f"{what}: cos and sin must both be [n_ctx, {n_rot // 2}], got "
+                               f"{tuple(cos.shape)} and {tuple(sin.shape)}")
+    rows = x2.shape[0]
+    if positions.numel() != rows:
+        raise UnsupportedError(f"{what}: {rows} rows but {positions.numel()} positions")
+    device = check_device(what, x=x2, positions=positions, cos=cos, sin=sin, out=out)
+    out = make_out(what, out, (rows, n), torch.float32, device)
+    if rows:
+        half = n_rot // 2
+        _rope_kernel[check_grid(what, (rows, n_heads))](
+            x2, positions, cos, sin, out, x2.stride(0), n, head_dim, half, NEOX=bool(neox),
+            BLOCK_HALF=triton.next_power_of_2(half), BLOCK_HD=triton.next_power_of_2(head_dim), num_warps=1,
+            **pdl_args())
+    return out

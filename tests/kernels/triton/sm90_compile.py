@@ -1,0 +1,270 @@
+"""Compile every kernel family for Hopper (sm_90) without a GPU, and report its resources.
+
+The interpreter checks what a kernel computes, not whether the compiler accepts it: a construct
+the interpreter runs can still fail to lower, and a config can spill registers. Triton compiles
+for any target on a machine without a GPU (its wheel ships ptxas), so this module compiles one
+variant per kernel family / type / config and checks the cubin: no local-memory spills.
+
+Run as a script (test_compile_sm90.py does, in a subprocess, because the kernel tests import the
+kernels in interpreter mode): prints one line per variant, exits 1 on a compile error or spill.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+TARGET = ("cuda", 90, 32)
+
+
+def variants():
+    """(name, jit function, signature, constexprs, options) for each variant to compile."""
+    import torch
+    import triton.language as tl
+
+    from minfer.kernels.triton import attention, dequant, elementwise, gemv, mmq, norm, planes, q4_0, quantize, rope
+    from minfer.quant.types import QUANT_TABLE
+
+    c = "constexpr"
+    out = []
+    for op, z in [("silu", "*fp32"), ("scale", "*fp32"), ("softcap", "*fp32"), ("copy", "*fp16"), ("copy", "*bf16")]:
+        sig = {"x_ptr": "*fp32", "z_ptr": z, "n": "i64", "c": "fp32", "OP": c, "BLOCK": c, "EVEN": c, "PDL": c}
+        consts = {"OP": op, "BLOCK": elementwise.BLOCK, "EVEN": op == "copy", "PDL": 2}
+        out.append((f"map1[{op}->{z}]", elementwise._map1_kernel, sig, consts, {}))
+    for op, t in [("add", "*fp32"), ("mul", "*fp32"), ("swiglu", "*fp32"), ("swiglu", "*bf16")]:
+        sig = {"x_ptr": t, "y_ptr": t, "z_ptr": t, "n": "i32", "OP": c, "BLOCK": c, "EVEN": c}
+        consts = {"OP": op, "BLOCK": elementwise.BLOCK, "EVEN": False}
+        out.append((f"map2[{op} {t}]", elementwise._map2_kernel, sig, consts, {}))
+    sig = {"y_ptr": "*fp32", "b_ptr": "*fp32", "d": "i32", "BLOCK_D": c, "PDL": c}
+    out.append(("add_bias", elementwise._add_bias_kernel, sig, {"BLOCK_D": elementwise.BIAS_BLOCK, "PDL": 2}, {}))
+
+    storage = {"F32": "*fp32", "F16": "*fp16", "BF16": "*i16"}
+    no_fma = {"enable_fp_fusion": False}
+    sig_base = {"src_ptr": None, "out_ptr": None, "ids_ptr": "*i32", "n_blocks": "i64",
+                "blocks_per_row": "i32", "n_vocab": "i32", "magic": "i32", "QTYPE": c, "BLOCK_BYTES": c,
+                "NSUB": c, "SUBLEN": c, "BLOCK": c, "EVEN": c, "GATHER": c}
+    for info in QUANT_TABLE.values():
+        src = storage.get(info.name, "*u8")
+        meta = dict(dequant.tile_meta(info), BLOCK_BYTES=info.block_bytes if src == "*u8" else 1)
+        # every type to f16; f32 (the most registers) for the quant types; bf16 once per decoder family
+        dsts = ["*fp16"] + ["*fp32"] * (src == "*u8") + ["*bf16"] * (info.name in ("F16", "Q4_0", "Q6_K"))
+        for dst in dsts:
+            sig = dict(sig_base, src_ptr=src, out_ptr=dst)
+            consts = dict(meta, BLOCK=dequant.blocks_per_program(info), EVEN=False, GATHER=False)
+            out.append((f"dequant[{info.name}->{dst}]", dequant._dequant_kernel, sig, consts, no_fma))
+        if info.name in ("F16", "Q8_0", "Q4_K", "Q6_K"):  # the embedding gather: the same kernel, GATHER on
+            sig = dict(sig_base, src_ptr=src, out_ptr="*fp32")
+            consts = dict(meta, BLOCK=dequant.blocks_per_program(info), EVEN=False, GATHER=True)
+            out.append((f"embed[{info.name}]", dequant._dequant_kernel, sig, consts, no_fma))
+
+    sig = {"x_ptr": "*fp32", "out_ptr": "*u8", "n_blocks": "i64", "BLOCK": c}
+    out.append(("quantize_q8_0", quantize._quantize_q8_0_kernel, sig, {"BLOCK": quantize.BLOCK}, no_fma))
+    sig = {"x_ptr": "*fp32", "q_ptr": "*i32", "s_ptr": "*fp32", "n_blocks": "i64", "BLOCK": c, "PASSES": c, "PDL": c}
+    for passes in (1, 2):
+        out.append((f"quantize_act_q8[{passes}]", quantize._quantize_act_kernel, sig,
+                    {"BLOCK": quantize.ACT_BLOCK, "PASSES": passes, "PDL": 2}, {"num_warps": 1}))
+
+    sig = {"x_ptr": "*fp32", "qs_ptr": "*i32", "d_ptr": "*fp16", "out_ptr": "*fp32", "part_ptr": "*fp32",
+           "cnt_ptr": "*i32", "N": "i32", "NKB": "i32", "KB_SPLIT": "i32", "NSPLIT": "i32", "magic": "i32",
+           "half_shift": "i32", "m_ptr": "*fp16", "M_STRIDE": "i32", "h_ptr": "*i32", "hi_shift": "i32", "R": c,
+           "LR": c, "LK": c, "WK": c, "SPLIT": c, "EVEN_K": c, "MODE": c, "PREFETCH": c, "PDL": c, "PLANES": c,
+           "LB": c, "HB": c, "CENTER": c, "e_ptr": "*fp32", "dst_ptr": "*i32", "fi_ptr": "*i32", "cos_ptr": "*fp32",
+           "sin_ptr": "*fp32", "pos_ptr": "*i32", "HALF": "i32", "ck_ptr": "*fp16", "cv_ptr": "*fp16",
+           "slot_ptr": "*i32", "KSTART": "i32", "VSTART": "i32", "HD": "i32", "LAYER_OFF": "i64", "S_STRIDE": "i64",
+           "H_STRIDE": "i64", "EPI": c, "xs_ptr": "*fp32", "Q8X": c}
+    no_planes = {"PLANES": False, "LB": 4, "HB": 0, "CENTER": 0, "EPI": 0}
+
+    def q8(passes):  # the x operand of a GEMV with int8 activations (passes > 0): code words
+        return {"x_ptr": "*i32" if passes else "*fp32"}
+    scale_types = {0: ("*fp16", "*fp16"), 1: ("*fp16", "*fp16"), 2: ("*i16", "*i32")}  # Q4_0, Q4_1, Q4_K
+    for mode, (d_t, m_t) in scale_types.items():
+        for n, k in [(18944, 3584), (3584, 18944)]:  # the configs gemv_config picks: no split, split
+            base = gemv._gemv_config(n, k, affine=mode > 0)  # the f32-activation tile
+            prefetching = [] if base.prefetch else [
+                (gemv.GemvConfig(r=base.r, lr=base.lr, wk=base.wk, split=base.split, prefetch=True,
+                                    maxnreg=gemv.PREFETCH_REGS[mode]), False)]
+            variants = [(base, e) for e in ((True, False) if mode == 0 else (False,))] + prefetching
+            variants += [(gemv.with_act_q8(base, p), False) for p in (1, 2)]  # the int8 activation forms
+            for cfg, even in variants:
+                name = (f"gemv[mode {mode} r{cfg.r} lr{cfg.lr} wk{cfg.wk} split={cfg.split} even={even} "
+                        f"prefetch={cfg.prefetch} q8={cfg.q8}]")
+                consts = dict(R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=cfg.split > 1, EVEN_K=even,
+                              MODE=mode, PREFETCH=cfg.prefetch, PDL=True, Q8X=cfg.q8, **no_planes)
+                opts = {"num_warps": cfg.wk, "maxnreg": cfg.maxnreg}
+                out.append((name, gemv._q4_0_gemv_kernel, dict(sig, d_ptr=d_t, m_ptr=m_t, **q8(cfg.q8)), consts,
+                            opts))
+    # the planes types (planes_gemv): each type at the production configs of a wide and a long-K shape
+    ptr = {torch.int8: "*i8", torch.int16: "*i16", torch.int32: "*i32", torch.float16: "*fp16"}
+    plane_dtypes = {0: (torch.float16, torch.float16), 1: (torch.float16, torch.float16),
+                    2: (torch.int16, torch.int32), 3: (torch.int16, torch.float16), 4: (torch.int16, torch.int32)}
+    for t, pt in planes.PLANE_TYPES.items():
+        d_t, m_t = plane_dtypes[pt.mode]
+        for n, k in [(18944, 3584), (3584, 18944)]:
+            cfg = planes.planes_config(n, k, t)
+            name = f"planes_gemv[{t.name} wk{cfg.wk} split={cfg.split} prefetch={cfg.prefetch} regs={cfg.maxnreg}]"
+            consts = dict(R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=cfg.split > 1, EVEN_K=False,
+                          MODE=pt.mode, PREFETCH=cfg.prefetch, PDL=True, PLANES=True, LB=pt.lb, HB=pt.hb,
+                          CENTER=pt.center, EPI=0, Q8X=0)
+            planes_sig = dict(sig, qs_ptr=ptr[planes._WORD_DTYPES[pt.lb]], d_ptr=ptr[d_t], m_ptr=ptr[m_t],
+                          h_ptr=ptr[planes._WORD_DTYPES[pt.hb]] if pt.hb else ptr[planes._WORD_DTYPES[pt.lb]])
+            opts = {"num_warps": cfg.wk, "maxnreg": cfg.maxnreg}
+            out.append((name, gemv._q4_0_gemv_kernel, planes_sig, consts, opts))
+    # the fused epilogues (gemv_fused.py): SwiGLU on the gate+up configs, bias + RoPE on the q+k+v ones
+    for mode, (d_t, m_t) in [(0, ("*fp16", "*fp16")), (2, ("*i16", "*i32"))]:  # Q4_0, Q4_K
+        for epi, (n, k) in [(1, (37888, 3584)), (3, (4608, 3584)), (1, (28672, 4096)), (2, (6144, 4096))]:
+            cfg = gemv.gemv_config(n, k, affine=mode > 0)
+            name = f"gemv[mode {mode} EPI {epi} {n}x{k} r{cfg.r} wk{cfg.wk} split={cfg.split} prefetch={cfg.prefetch}]"
+            consts = dict(R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=cfg.split > 1, EVEN_K=False,
+                          MODE=mode, PREFETCH=cfg.prefetch, PDL=True, Q8X=cfg.q8, **dict(no_planes, EPI=epi))
+            opts = {"num_warps": cfg.wk, "maxnreg": cfg.maxnreg}
+            out.append((name + f" q8={cfg.q8}", gemv._q4_0_gemv_kernel,
+                        dict(sig, d_ptr=d_t, m_ptr=m_t, **q8(cfg.q8)), consts, opts))
+    sig = {"x_ptr": "*fp32", "qs_ptr": "*i32", "d_ptr": "*fp16", "out_ptr": "*fp32", "M": "i32", "N": "i32",
+           "K": "i32", "NKB": "i32", "M_BUCKET": "i32", "magic": "i32", "half_shift": "i32", "COMPUTE": c,
+           "BLOCK_M": c, "BLOCK_N": c, "BLOCK_K": c, "GROUP_M": c, "EVEN_K": c}
+    for i, cfg in enumerate(q4_0._MATMUL_CONFIGS):
+        for compute in (tl.float16, tl.bfloat16) if i == 0 else (tl.float16,):
+            kw = cfg.kwargs
+            name = f"q4_0_matmul[{kw['BLOCK_M']}x{kw['BLOCK_N']}x{kw['BLOCK_K']} w{cfg.num_warps} {compute}]"
+            opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+            out.append((name, q4_0._q4_0_matmul_kernel, sig, dict(kw, COMPUTE=compute, EVEN_K=True), opts))
+    # the int8 MMQ matmul (mmq.py): every config on Q4_0, the decode / prefill ends on the other types
+    words = {2: "*i16", 4: "*i32", 8: "*i32"}
+    highs = {1: "*i8", 2: "*i16", 8: "*i32"}
+    scales = {0: ("*fp16", "*fp16"), 1: ("*fp16", "*fp16"), 2: ("*i16", "*i32"), 3: ("*i16", "*fp16"),
+              4: ("*i16", "*i32")}
+    sig = {"x_ptr": "*fp32", "lo_ptr": None, "hi_ptr": None, "d_ptr": None, "m_ptr": None, "out_ptr": "*fp32",
+           "part_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "NKB": "i32",
+           "M_STRIDE": "i32", "M_BUCKET": "i32", "KB_SPLIT": "i32", "SPLIT": "i32", "magic": "i32"}
+    layouts = {t: mmq._Q4_LAYOUT.get(t) or (pt.lb, pt.hb, pt.center, pt.mode) for t, pt in
+               [(t, planes.PLANE_TYPES.get(t)) for t in mmq.MMQ_TYPES]}
+    for t, (lb, hb, center, mode) in layouts.items():
+        d_t, m_t = scales[mode]
+        tsig = dict(sig, lo_ptr=words[lb], hi_ptr=highs.get(hb, words[lb]), d_ptr=d_t, m_ptr=m_t)
+        configs = mmq.MMQ_CONFIGS if t.name == "Q4_0" else mmq.MMQ_CONFIGS
+        for cfg in configs:
+            kw = cfg.kwargs
+            name = f"mmq[{t.name} {kw['BLOCK_M']}x{kw['BLOCK_N']} kb{kw['KB']} w{cfg.num_warps}]"
+            consts = dict(kw, LB=lb, HB=hb, CENTER=center, MODE=mode, EVEN=False)
+            opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+            out.append((name, mmq._mmq_kernel, tsig, consts, opts))
+
+    sig = {"x_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32", "D": "i32", "stride_x": "i32", "eps": "fp32",
+           "BLOCK_D": c, "PDL": c}
+    sig.update({"q_ptr": "*i32", "s_ptr": "*fp32", "GROUPS": "i32", "Q8": c})
+    for d in (576, 3584, 8192):
+        block = 1 << (d - 1).bit_length()
+        for q8 in (0, 1, 2):  # the int8 form for the GEMV after it: 1 or 2 passes
+            out.append((f"rms_norm[{d} q8={q8}]", norm._rms_norm_kernel, sig, {"BLOCK_D": block, "PDL": 2, "Q8": q8},
+                        {"num_warps": 4 if block <= 2048 else 8}))
+    sig = {"x_ptr": "*fp32", "y_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32", "sum_ptr": "*fp32", "D": "i32",
+           "eps": "fp32", "q_ptr": "*i32", "s_ptr": "*fp32", "BLOCK_D": c, "WRITE_SUM": c, "Q8": c, "PDL": c}
+    for q8 in (0, 2):
+        out.append((f"add_rms_norm[3584 q8={q8}]", norm._add_rms_norm_kernel, sig,
+                    {"BLOCK_D": 4096, "WRITE_SUM": True, "Q8": q8, "PDL": 2}, {"num_warps": 8}))
+    sig = {"x_ptr": "*fp32", "pos_ptr": "*i32", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "out_ptr": "*fp32",
+           "stride_x": "i32", "N": "i32", "HD": "i32", "HALF": "i32", "NEOX": c, "BLOCK_HALF": c, "BLOCK_HD": c,
+           "PDL": c}
+    for neox, hd in ((False, 64), (True, 128)):
+        out.append((f"rope[neox={neox} hd{hd}]", rope._rope_kernel, sig,
+                    {"NEOX": neox, "BLOCK_HALF": hd // 2, "BLOCK_HD": hd, "PDL": 2}, {"num_warps": 1}))
+    sig = {"k_ptr": "*fp32", "v_ptr": "*fp32", "ck_ptr": "*fp16", "cv_ptr": "*fp16", "slot_ptr": "*i32",
+           "pos_ptr": "*i32", "stride_k": "i32", "stride_v": "i32", "layer_off": "i64", "S_STRIDE": "i64",
+           "H_STRIDE": "i64", "HD": "i32", "RS": "i32", "BLOCK_D": c, "Q8": c, "PDL": c}
+    out.append(("kv_write", attention._kv_write_kernel, sig, {"BLOCK_D": 128, "Q8": False, "PDL": 2}, {"num_warps": 1}))
+    out.append(("kv_write[q8_0]", attention._kv_write_kernel, dict(sig, ck_ptr="*i8", cv_ptr="*i8"),
+                {"BLOCK_D": 128, "Q8": True, "PDL": 2}, {"num_warps": 1}))
+    sig = {"q_ptr": "*fp32", "ck_ptr": "*fp16", "cv_ptr": "*fp16", "slot_ptr": "*i32", "pos_ptr": "*i32",
+           "out_ptr": "*fp32", "po_ptr": "*fp32", "pml_ptr": "*fp32", "stride_q": "i32", "layer_off": "i64",
+           "S_STRIDE": "i64", "H_STRIDE": "i64", "scale": "fp32", "G": "i32", "N_HEAD": "i32", "HD": "i32",
+           "RS": "i32", "SPLIT_LEN": "i32", "NSPLIT": "i32", "window": "i32", "softcap": "fp32", "GP": c, "BLOCK_D": c,
+           "BLOCK_N": c, "SPLIT": c, "Q8": c, "CAP": c, "PDL": c}
+    for hd, split, q8 in ((64, False, False), (128, True, False), (128, False, True)):
+        cache = "*i8" if q8 else "*fp16"
+        out.append((f"attention_rows[hd{hd} split={split} q8={q8}]", attention._attn_rows_kernel,
+                    dict(sig, ck_ptr=cache, cv_ptr=cache),
+                    {"GP": 16, "BLOCK_D": hd, "BLOCK_N": attention.block_n(hd, q8), "SPLIT": split, "Q8": q8,
+                     "CAP": False, "PDL": 2},
+                    {"num_warps": 4}))
+    sig = {"q_ptr": "*fp32", "ck_ptr": "*fp16", "cv_ptr": "*fp16", "tiles_ptr": "*i32", "out_ptr": "*fp32",
+           "stride_q": "i32", "layer_off": "i64", "S_STRIDE": "i64", "H_STRIDE": "i64", "scale": "fp32", "G": "i32",
+           "N_HEAD": "i32", "HD": "i32", "RS": "i32", "window": "i32", "softcap": "fp32", "BLOCK_M": c, "BLOCK_D": c,
+           "BLOCK_N": c, "Q8": c, "CAP": c, "PDL": c}
+    for hd, q8 in ((64, False), (128, False), (64, True), (128, True)):
+        cache = "*i8" if q8 else "*fp16"
+        out.append((f"attention_prefill[hd{hd} q8={q8}]", attention._attn_prefill_kernel,
+                    dict(sig, ck_ptr=cache, cv_ptr=cache),
+                    {"BLOCK_M": attention.PREFILL_BLOCK_M, "BLOCK_D": hd, "BLOCK_N": attention.prefill_block_n(hd, q8),
+                     "Q8": q8, "CAP": False, "PDL": 2}, {"num_warps": 4}))
+    sig = {"po_ptr": "*fp32", "pml_ptr": "*fp32", "out_ptr": "*fp32", "N_HEAD": "i32", "HD": "i32", "NSPLIT": "i32",
+           "SP": c, "BLOCK_D": c, "PDL": c}
+    out.append(("attention_combine", attention._attn_combine_kernel, sig, {"SP": 8, "BLOCK_D": 128, "PDL": 2},
+                {"num_warps": 1}))
+    sig = {"g_ptr": "*fp32", "u_ptr": "*fp32", "z_ptr": "*fp32", "d": "i32", "stride_g": "i32", "stride_u": "i32",
+           "ACT": c, "BLOCK_D": c, "PDL": c}
+    for act in ("silu", "gelu"):  # SwiGLU and GeGLU rows
+        out.append((f"glu_rows_{act}", elementwise._glu_rows_kernel, sig,
+                    {"ACT": act, "BLOCK_D": elementwise.BIAS_BLOCK, "PDL": 2}, {}))
+    return out
+
+
+def resources(cubin: bytes) -> dict[str, int]:
+    """REG / STACK / SHARED / LOCAL of the cubin's kernel, from the cuobjdump Triton ships."""
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        run = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True, check=True)
+    text = run.stdout
+    return {k: int(v) for k, v in re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", text)}
+
+
+def aligned(fn, sig: dict[str, str]) -> dict:
+    """Pointer arguments 16-byte aligned, as Triton specializes them for torch allocations, and an
+    element count `n` divisible by 16, as it specializes the flat kernels' usual sizes."""
+    hinted = [k for k, v in sig.items() if v.startswith("*") or k == "n"]
+    return {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k in hinted}
+
+
+def compile_one(index: int) -> tuple[bool, str]:
+    """Compile variant `index`: (failed, report line)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    name, fn, sig, consts, opts = variants()[index]
+    try:
+        src = ASTSource(fn, sig, consts, aligned(fn, sig))
+        kernel = triton.compile(src, target=GPUTarget(*TARGET), options=opts)
+        res = resources(kernel.asm["cubin"])
+    except Exception as e:  # report every failing variant, not just the first
+        return True, f"FAIL {name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    spills = res.get("LOCAL", 0) + res.get("STACK", 0)
+    status = "SPILL" if spills else "ok"
+    return bool(spills), f"{status:5} {name:48} regs {res.get('REG'):3} smem {kernel.metadata.shared:6} spill {spills}"
+
+
+def main() -> int:
+    if os.environ.get("TRITON_INTERPRET"):
+        print("unset TRITON_INTERPRET: this compiles the real kernels", file=sys.stderr)
+        return 2
+    from concurrent.futures import ProcessPoolExecutor
+
+    only = sys.argv[1] if len(sys.argv) > 1 else ""  # a name substring: compile only those variants
+    chosen = [i for i, v in enumerate(variants()) if only in v[0]]
+    with ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:  # compiles are CPU-bound
+        results = list(pool.map(compile_one, chosen))
+    for _, line in results:
+        print(line)
+    return 1 if any(failed for failed, _ in results) else 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+    raise SystemExit(main())

@@ -1,0 +1,226 @@
+"""minfer's C code (kernels/cpu/q4_vnni.c, kernels/wgpu/replay.c) over random shapes and the
+boundary shapes of its contracts,
+and shapes outside them refused before any memory is touched.
+
+These run in the ordinary suite (the results against float64 / the reference ops) and again under
+AddressSanitizer + UBSan (scripts/sanitize.sh builds the same sources with
+-fsanitize=address,undefined and runs this file with libasan preloaded: any out-of-bounds access,
+overflow or misaligned load aborts it). Shapes stay small: the sanitized build runs ~5x slower.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from minfer.backends.cpu import ops as cpu_ops
+from minfer.errors import UnsupportedError
+from minfer.gguf.synth import random_blocks
+from minfer.kernels.cpu import vnni as cpu_vnni
+from minfer.quant.reference import dequantize, quantize
+from minfer.quant.types import GGMLType, quant_info
+
+pytestmark = pytest.mark.native
+needs_vnni = pytest.mark.skipif(not cpu_vnni.available(), reason="needs AVX512-VNNI and a C compiler")
+K_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K)
+TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q4_K, GGMLType.Q8_0, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q5_K)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b).norm() / b.norm())
+
+
+def _weight(qtype: GGMLType, n: int, k: int, seed: int) -> torch.Tensor:
+    """uint8 [n, row bytes]: quantized normal weights where the reference quantizes the type,
+    else random blocks with sane scales (gguf/synth.py)."""
+    if qtype in (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0):
+        return quantize(torch.randn(n, k, generator=torch.Generator().manual_seed(seed)), qtype)
+    info = quant_info(qtype)
+    blocks = random_blocks(np.random.default_rng(seed), qtype, n * k // info.block_elems)
+    return torch.from_numpy(np.ascontiguousarray(blocks).view(np.uint8).reshape(n, info.nbytes(k)).copy())
+
+
+def _matmul_case(qtype: GGMLType, n: int, k: int, m: int, seed: int, bf16: bool = False) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    raw = _weight(qtype, n, k, seed)
+    w = dequantize(raw, qtype, (n, k)).double()
+    mm = cpu_vnni.Q4Vnni([(raw, qtype, n, k)])
+    x = torch.randn(m, k, generator=gen)
+    if bf16:
+        x = x.bfloat16()
+    want = x.double() @ w.T
+    y = mm(x, 2)
+    assert y.shape == (m, n)
+    # (float16 scale and offset per group: with a few outputs the error is ~1e-4 more than the
+    # ~2e-5 tests/engine/test_cpu_vnni.py sees on bigger ones)
+    assert _rel(y, want) < 1e-3, (qtype.name, n, k, m)
+    assert _rel(mm(x, 1), want) < 3e-2, (qtype.name, n, k, m)
+
+
+@needs_vnni
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_matmul_boundary_shapes(qtype):
+    """The contract's edges: the smallest k (32, or 256 for the K types), n one column and one
+    below/above the 32-column tile, m across the 4-row tile (1, 3, 4, 5), bfloat16 input."""
+    k = 256 if qtype in K_TYPES else 32
+    for i, (n, m) in enumerate([(1, 1), (31, 3), (32, 4), (33, 5), (64, 8)]):
+        _matmul_case(qtype, n, k, m, seed=i)
+    _matmul_case(qtype, 16, k, 2, seed=9, bf16=True)
+
+
+@needs_vnni
+def test_matmul_random_shapes():
+    rnd = random.Random(1234)
+    for i in range(24):
+        qtype = rnd.choice(TYPES)
+        block = 256 if qtype in K_TYPES else 32
+        _matmul_case(qtype, rnd.randint(1, 160), block * rnd.randint(1, 6), rnd.randint(1, 13), seed=100 + i,
+                     bf16=rnd.random() < 0.3)
+
+
+@needs_vnni
+def test_matmul_refuses_what_is_outside_its_contract():
+    raw = quantize(torch.randn(32, 64), GGMLType.Q4_0)
+    with pytest.raises(UnsupportedError, match="k must be one multiple of 32"):
+        cpu_vnni.Q4Vnni([(raw, GGMLType.Q4_0, 32, 48)])
+    with pytest.raises(UnsupportedError, match="rows must be uint8"):  # bytes that are not [n, row bytes]
+        cpu_vnni.Q4Vnni([(raw[:, :-2], GGMLType.Q4_0, 32, 64)])
+    with pytest.raises(UnsupportedError, match="rows must be uint8"):
+        cpu_vnni.Q4Vnni([(quantize(torch.randn(32, 64), GGMLType.Q4_0), GGMLType.Q4_K, 32, 64)])
+    mm = cpu_vnni.Q4Vnni([(raw, GGMLType.Q4_0, 32, 64)])
+    for bad in (torch.randn(2, 32), torch.randn(0, 64), torch.randn(64)):
+        with pytest.raises(UnsupportedError, match=r"x must be \[m >= 1, 64\]"):
+            mm(bad)
+    with pytest.raises(UnsupportedError, match="outside the kernel's contract"):
+        mm(torch.randn(2, 64), passes=3)
+
+
+@needs_vnni
+def test_pack_refuses_bad_sizes_in_c():
+    """The C entry points check their own sizes (a caller that skips the Python checks)."""
+    so = cpu_vnni._library()
+    buf = torch.zeros(4096, dtype=torch.uint8)
+    p = buf.data_ptr()
+    assert so.q4_pack(p, 2, 1, 48, 0, p, p, p) == -1  # k not a multiple of 32
+    assert so.q4_pack(p, 12, 1, 32, 0, p, p, p) == -1  # Q4_K: k not a multiple of 256
+    assert so.q4_pack(p, 99, 1, 32, 0, p, p, p) == -1  # not a 4-bit type
+    assert so.q8_pack(p, 13, 1, 32, 0, p, p, p) == -1
+    assert so.q8_pack(p, 8, -1, 32, 0, p, p, p) == -1
+    for m, n, k, ldy in ((0, 32, 32, 32), (1, 16, 32, 32), (1, 32, 16, 32), (1, 32, 32, 16)):
+        assert so.q4_gemm(p, p, p, n, k, p, 0, m, p, ldy, 1, 4) == -1, (m, n, k, ldy)
+    assert so.rms_norm(p, 1, 8, p, 1e-5, p) == -1
+
+
+def _attention_case(n_slots, n_kv, n_ctx, hd, grp, lens, seed, strided=True):
+    gen = torch.Generator().manual_seed(seed)
+    n_head = n_kv * grp
+    kc = torch.randn(n_slots, n_kv, n_ctx, hd, generator=gen)
+    vc = torch.randn(n_slots, n_kv, n_ctx, hd, generator=gen)
+    b = len(lens)
+    wide = torch.randn(b, n_head * hd + (16 if strided else 0), generator=gen)
+    q = wide[:, :n_head * hd]
+    slots = torch.tensor([(i * 7 + seed) % n_slots for i in range(b)], dtype=torch.int32)
+    ln = torch.tensor(lens, dtype=torch.int32)
+    got = cpu_vnni.attention_decode(q, kc, vc, slots, ln, n_head, hd ** -0.5)
+    for i in range(b):
+        s, L = int(slots[i]), lens[i]
+        want = cpu_ops.attention_one(q[i].reshape(n_head, hd), kc[s, :, :L], vc[s, :, :L], hd ** -0.5)
+        assert torch.allclose(got[i:i + 1], want, atol=5e-6, rtol=1e-5), (hd, grp, L)
+
+
+@needs_vnni
+@pytest.mark.parametrize("hd,grp", [(16, 1), (16, 16), (256, 1), (256, 2), (64, 16)])
+def test_attention_boundary_shapes(hd, grp):
+    """head_dim 16 and 256, 1 and 16 query heads per kv head, lengths 1, the 128-key chunk's edges
+    (127, 128, 129) and the whole context, the last slot."""
+    n_ctx = 260
+    _attention_case(3, 2, n_ctx, hd, grp, [1, 127, 128, 129, n_ctx], seed=hd + grp)
+
+
+@needs_vnni
+def test_attention_random_shapes():
+    rnd = random.Random(99)
+    for i in range(12):
+        n_ctx = rnd.randint(1, 300)
+        lens = [rnd.randint(1, n_ctx) for _ in range(rnd.randint(1, 5))]
+        _attention_case(rnd.randint(1, 4), rnd.randint(1, 3), n_ctx, 16 * rnd.randint(1, 8), rnd.randint(1, 6), lens,
+                        seed=i, strided=rnd.random() < 0.5)
+
+
+@needs_vnni
+def test_attention_refuses_slots_and_lengths_outside_the_cache():
+    kc = torch.randn(2, 1, 8, 16)
+    q = torch.randn(1, 16)
+    for slot, length in ((2, 1), (-1, 1), (0, 9), (0, 0), (0, -5)):
+        with pytest.raises(UnsupportedError, match="every slot in 0..1 and length in 1..8"):
+            cpu_vnni.attention_decode(q, kc, kc, torch.tensor([slot], dtype=torch.int32),
+                                      torch.tensor([length], dtype=torch.int32), 1, 0.25)
+    with pytest.raises(UnsupportedError, match="int32 slots/lens"):
+        cpu_vnni.attention_decode(q, kc, kc, torch.tensor([0]), torch.tensor([1]), 1, 0.25)
+    with pytest.raises(UnsupportedError, match="head_dim 8"):
+        cpu_vnni.attention_decode(torch.randn(1, 8), torch.randn(1, 1, 4, 8), torch.randn(1, 1, 4, 8),
+                                  torch.tensor([0], dtype=torch.int32), torch.tensor([1], dtype=torch.int32), 1, 0.3)
+
+
+@needs_vnni
+@pytest.mark.parametrize("m,d", [(1, 16), (3, 48), (7, 4096), (0, 16)])
+def test_rms_norm_shapes(m, d):
+    x, w = torch.randn(m, d), torch.randn(d)
+    got = cpu_vnni.rms_norm(x, w, 1e-5)
+    want = x.double() / torch.sqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-5) * w.double()
+    assert torch.allclose(got.double(), want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(UnsupportedError):
+        cpu_vnni.rms_norm(torch.randn(2, 24), torch.randn(24), 1e-5)
+
+
+# ---------------------------------------------------------------- kernels/wgpu/replay.c
+SET_PIPELINE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
+SET_GROUP = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t,
+                             ctypes.POINTER(ctypes.c_uint32))
+DISPATCH = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32)
+
+
+def _replay_library():
+    from minfer.kernels.wgpu import device as wgpu_device
+
+    so = wgpu_device._replay_library()
+    if so is None:
+        pytest.fail("kernels/wgpu/replay.c did not build (a C compiler is part of the test setup)")
+    return so
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 397, 1000])
+def test_replay_encoder_calls_in_order(n):
+    """Each dispatch: its pipeline when it changes, its bind group with its one offset, its grid;
+    recorded through C callbacks standing in for wgpu-native's entry points."""
+    so = _replay_library()
+    rnd = random.Random(n)
+    pipes = [rnd.choice([0x1000, 0x2000, 0x3000]) for _ in range(n)]
+    groups = [0x9000 + i for i in range(n)]
+    offsets = [rnd.randrange(0, 1 << 32, 256) for _ in range(n)]
+    grid = [rnd.randint(1, 65535) for _ in range(3 * n)]
+    calls: list[tuple] = []
+    cbs = (SET_PIPELINE(lambda p, pipe: calls.append(("pipe", p, pipe))),
+           SET_GROUP(lambda p, idx, g, k, off: calls.append(("group", p, idx, g, k, off[0]))),
+           DISPATCH(lambda p, x, y, z: calls.append(("dispatch", p, x, y, z))))
+    arr = (ctypes.c_void_p * max(n, 1))
+    so.minfer_replay(ctypes.c_void_p(0x77), n, arr(*pipes), arr(*groups), (ctypes.c_uint32 * max(n, 1))(*offsets),
+                     (ctypes.c_uint32 * max(3 * n, 1))(*grid), *[ctypes.cast(c, ctypes.c_void_p) for c in cbs])
+    want, last = [], None
+    for i in range(n):
+        if pipes[i] != last:
+            want.append(("pipe", 0x77, pipes[i]))
+            last = pipes[i]
+        want.append(("group", 0x77, 0, groups[i], 1, offsets[i]))
+        want.append(("dispatch", 0x77, *grid[3 * i:3 * i + 3]))
+    assert calls == want
+
+
+def test_types_table_covers_the_kernel():
+    """The packers' types, as the C file numbers them (ggml's ids), with their block sizes."""
+    assert {t: cpu_vnni.TYPES.get(t, cpu_vnni.TYPES8.get(t)) for t in TYPES} == {t: int(t) for t in TYPES}
+    assert all(quant_info(t).block_elems == (256 if t in K_TYPES else 32) for t in TYPES)
