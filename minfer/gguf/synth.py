@@ -252,6 +252,15 @@ def byte_to_unicode() -> list[str]:
 
 def synth_vocab(vocab_size: int,
                 specials_first: bool) -> tuple[list[str], list[int], list[str], dict[str, int]]:
+    """`_synth_vocab` (cached: a 262k vocabulary costs seconds, and a test synthesizes many files of
+    one preset), as fresh lists the caller may change."""
+    tokens, types, merges, ids = _synth_vocab(vocab_size, specials_first)
+    return list(tokens), list(types), list(merges), dict(ids)
+
+
+@functools.lru_cache(maxsize=4)
+def _synth_vocab(vocab_size: int,
+                 specials_first: bool) -> tuple[tuple[str, ...], tuple[int, ...], tuple[str, ...], dict[str, int]]:
     """A byte-level BPE vocabulary of exactly `vocab_size` tokens.
 
     Returns (tokens, token_types, merges, special ids by text). Specials sit first (SmolLM2's
@@ -298,7 +307,7 @@ def synth_vocab(vocab_size: int,
     tokens = [*SPECIALS, *body] if specials_first else [*body, *SPECIALS]
     types = [TOKEN_CONTROL if t in SPECIALS else TOKEN_NORMAL for t in tokens]
     special_ids = {s: tokens.index(s) for s in SPECIALS}
-    return tokens, types, merges, special_ids
+    return tuple(tokens), tuple(types), tuple(merges), special_ids  # (immutable: the cache's copy)
 
 
 SPM_SPACE = "\u2581"  # "▁"
@@ -319,6 +328,13 @@ PHI3_TEMPLATE = (
 
 
 def spm_vocab(vocab_size: int, specials: tuple[str, ...]) -> tuple[list[str], list[float], list[int]]:
+    """`_spm_vocab` (cached, as `synth_vocab`), as fresh lists."""
+    tokens, scores, types = _spm_vocab(vocab_size, tuple(specials))
+    return list(tokens), list(scores), list(types)
+
+
+@functools.lru_cache(maxsize=4)
+def _spm_vocab(vocab_size: int, specials: tuple[str, ...]) -> tuple[tuple, tuple, tuple]:
     """A SentencePiece vocabulary of exactly `vocab_size` tokens: the specials (control), the 256
     byte tokens `<0xNN>` (byte fallback), "▁" and the printable ASCII characters (as many as fit),
     then the merged words of `synth_vocab` with "▁" for its space, scored in merge order (SPM merges the
@@ -336,7 +352,7 @@ def spm_vocab(vocab_size: int, specials: tuple[str, ...]) -> tuple[list[str], li
     tokens = [*specials, *(f"<0x{b:02X}>" for b in range(256)), *singles, *words]
     scores = [0.0] * (len(specials) + 256) + [-1e6] * len(singles) + [-float(i) for i in range(len(words))]
     types = [TOKEN_CONTROL] * len(specials) + [TOKEN_BYTE] * 256 + [TOKEN_NORMAL] * (len(singles) + len(words))
-    return tokens, scores, types
+    return tuple(tokens), tuple(scores), tuple(types)
 
 
 def spm_tokenizer_metadata(p: Preset) -> dict[str, Value | object]:
