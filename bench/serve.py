@@ -51,7 +51,8 @@ def pct(xs: list[float], q: float) -> float:
 
 def start_server(a) -> tuple[subprocess.Popen, str]:
     argv = [sys.executable, "-m", "minfer.cli", "serve", "--port", "0", "--device", a.device,
-            "-np", str(max(a.concurrency)), "-c", str(a.prompt_tokens + a.gen_tokens + 8)]
+            # -c is the total context, split over the -np slots (llama-server's meaning)
+            "-np", str(max(a.concurrency)), "-c", str((a.prompt_tokens + a.gen_tokens + 8) * max(a.concurrency))]
     if a.model:
         argv += ["-m", a.model]
     if a.threads:

@@ -225,11 +225,19 @@ def tok_s_per_minute(samples: list[dict], start_t: float) -> list[float]:
         t += 60
 
 
+MAX_REFUSED_PCT = 1.0  # valid requests (stream / whole) answered 4xx: a soak of refusals measures nothing
+
+
 def verdict(samples: list[dict], end_rss: dict, n5xx: float, leaked: float, alive: bool, window_s: float,
-            tol_pct: float) -> dict:
-    """The soak's numbers after warm-up and whether they pass (`ok`, with `why` when not)."""
+            tol_pct: float, outcomes: dict[str, int] | None = None) -> dict:
+    """The soak's numbers after warm-up and whether they pass (`ok`, with `why` when not).
+    `outcomes`: the clients' counts by kind ("stream 2xx", "whole 4xx", ...)."""
     i = warmup_end(samples, window_s, tol_pct)
     why = []
+    valid = {k: n for k, n in (outcomes or {}).items() if k.split()[0] in ("stream", "whole")}
+    refused = sum(n for k, n in valid.items() if k.endswith("4xx"))
+    if valid and refused * 100 > MAX_REFUSED_PCT * sum(valid.values()):
+        why.append(f"{refused} of {sum(valid.values())} valid requests answered 4xx (limit {MAX_REFUSED_PCT:g} %)")
     if n5xx:
         why.append(f"{n5xx:.0f} responses >= 500")
     if leaked:
@@ -306,7 +314,7 @@ def main() -> int:
         except Exception:  # noqa: BLE001
             proc.kill()
     end_rss = {"server_rss_mb": end_server, "engine_rss_mb": end_engine}
-    v = verdict(samples, end_rss, n5xx, leaked, alive, a.warmup_window_s, a.warmup_tol_pct)
+    v = verdict(samples, end_rss, n5xx, leaked, alive, a.warmup_window_s, a.warmup_tol_pct, s.outcomes)
     result = {"clients": a.clients, "minutes": a.minutes, "device": a.device, "outcomes": s.outcomes,
               "5xx": n5xx, "slots_leaked": leaked, "server_alive": alive, "errors": s.errors,
               "rss_end_mb": end_rss, **v, "server_log_tail": list(log), "samples": samples}

@@ -61,3 +61,9 @@ def test_verdict_passes_a_flat_run_and_names_each_failure(soak):
         "tok/s drifted -20 % from the first minute after warm-up to the last"]
     assert soak.verdict(xs, end, 3, 2, False, 60, 1.0)["why"] == [
         "3 responses >= 500", "2 slots held after the clients stopped", "the server exited"]
+    # valid requests refused (the 2026-12-03 H200 soak: the server's -c read as per-slot, 16 tokens a slot)
+    refused = {"stream 4xx": 141945, "whole 4xx": 17552, "stream 2xx": 9, "whole 2xx": 2, "malformed 4xx": 15166}
+    assert soak.verdict(xs, end, 0, 0, True, 60, 1.0, refused)["why"] == [
+        "159497 of 159508 valid requests answered 4xx (limit 1 %)"]
+    served = {"stream 2xx": 990, "whole 2xx": 9, "stream 4xx": 1, "malformed 4xx": 500, "cancelled": 40}
+    assert soak.verdict(xs, end, 0, 0, True, 60, 1.0, served)["ok"]
