@@ -95,19 +95,21 @@ def test_quantized_decode_steps_equal_prefill(tiny_gguf, raw, quant):
 
 
 def test_a_prompt_in_many_chunks_equals_it_in_one(model_path):
-    """Through the scheduler (Model.logits, greedy generate): a prompt run 3 tokens a step equals it
-    run in one step, every row of it and the tokens after it."""
+    """Through the scheduler (Model.logits, greedy generate): a prompt run 3 or 7 tokens a step equals
+    it run in one step, every row of it and the tokens after it. (16 tokens: 3 a step leave a last chunk
+    of 1, 7 a step one of 2, so a chunk lost before the last token shows.)"""
     from minfer.api import load
     from minfer.engine.params import SamplingParams
 
     out = []
-    for chunk in (3, 512):
+    for chunk in (3, 7, 512):
         with load(model_path, n_ctx=64, n_slots=1, prefill_chunk=chunk, progress=False) as m:
             seq = m.engine.add(A + B, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True), reuse_prefix=False)
             m.engine.run([seq])
             out.append((m.logits(A + B), seq.generated))
-    (rows3, toks3), (rows1, toks1) = out
-    assert rows3.shape == (len(A + B), rows1.shape[1]) and _close(rows3, rows1) and toks3 == toks1
+    *chunked, (rows1, toks1) = out
+    for rows, toks in chunked:
+        assert rows.shape == (len(A + B), rows1.shape[1]) and _close(rows, rows1) and toks == toks1
 
 
 def test_trace_records_every_node_of_every_step(tiny_gguf, tmp_path):
