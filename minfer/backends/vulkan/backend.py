@@ -82,10 +82,11 @@ class WGPUBackend(Backend):
         self.replays: dict[int, Replay] = {}  # decode rows -> the captured step
 
     def close(self) -> None:
-        """Release the device (Engine.close): its buffers, pipelines and the wgpu device itself, at
-        once rather than when the garbage collector finds them. A process that loads model after
-        model (a server's restarts, the load fuzzer) would otherwise run the driver out of memory
-        (lavapipe: "Not enough memory left" after ~130 loads). Idempotent."""
+        """Release the device (Engine.close): its buffers and pipelines at once rather than when the
+        garbage collector finds them, and its wgpu device back to the spares (kernels/wgpu/device.py)
+        for the next backend. A process that loads model after model (a server's restarts, the load
+        fuzzer) would otherwise run the driver out of memory (lavapipe: "Not enough memory left" after
+        ~130 loads). Idempotent."""
         dev = self.__dict__.pop("dev", None)
         if dev is None:
             return
