@@ -20,8 +20,9 @@ REPO = "someone/Tiny-Llama-GGUF"
 
 
 def minfer_cli(args: list[str], env: dict, timeout: float = 180) -> subprocess.CompletedProcess:
-    full = dict(os.environ, PYTHONPATH=str(ROOT), **env)
-    full.pop("HF_TOKEN", None)
+    # the caller's token and offline switch stay out (another test may have set HF_HUB_OFFLINE in this process)
+    full = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HF_HUB_OFFLINE")}
+    full.update(PYTHONPATH=str(ROOT), **env)
     return subprocess.run([sys.executable, "-m", "minfer", *args], capture_output=True, text=True, env=full,
                           timeout=timeout, stdin=subprocess.DEVNULL)
 

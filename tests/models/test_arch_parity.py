@@ -25,7 +25,8 @@ IDS = [3, 17, 42, 99, 5, 250, 7, 311, 64, 128, 2, 77, 400, 9, 33, 180, 21, 8, 30
 
 @pytest.fixture(scope="module")
 def hf_logits():
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local: never reach for the hub
+    mp = pytest.MonkeyPatch()  # (undone after the module: the variable must not reach later tests' subprocesses)
+    mp.setenv("HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE", "1"))  # everything is local: never reach for the hub
     import transformers  # test-only dependency (pyproject [test])
 
     def run(path) -> torch.Tensor:
@@ -34,7 +35,8 @@ def hf_logits():
         with torch.no_grad():
             return model(torch.tensor([IDS])).logits[0].float()
 
-    return run
+    yield run
+    mp.undo()
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:

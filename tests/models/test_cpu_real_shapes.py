@@ -21,8 +21,8 @@ IDS = [3, 17, 42, 99, 5, 250, 7, 311, 64, 128, 2, 77, 400, 9, 33, 180]
 
 @pytest.mark.slow
 @pytest.mark.parametrize("quant", ["q4_0", "q8_0"])
-def test_qwen05b_shaped_logits_match_transformers(tmp_path, raw, quant):
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+def test_qwen05b_shaped_logits_match_transformers(tmp_path, raw, quant, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE", "1"))
     import transformers  # test-only dependency
 
     path = synth("qwen2.5-0.5b", quant, tmp_path / f"q05-{quant}.gguf", vocab=4096, progress=False)
