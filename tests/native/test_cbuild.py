@@ -32,6 +32,13 @@ def _source(tmp_path: Path, value: int, name: str = "answer") -> Path:
     return src
 
 
+def _entry(cache: Path, tmp_path: Path, value: int, name: str) -> tuple[Path, Path]:
+    """A source answering `value` and the cache entry its -O1 build would load (the cache made, empty)."""
+    src = _source(tmp_path, value, name)
+    cache.mkdir(parents=True, mode=0o700)
+    return src, cbuild.library_path(src, ["-O1", "-shared", "-fPIC"], cbuild.compiler())
+
+
 def _plant(path: Path, value: int, tmp_path: Path) -> None:
     """A library at `path` that answers `value` (what an attacker would leave there)."""
     evil = tmp_path / "evil.c"
@@ -55,9 +62,7 @@ def test_cache_is_created_private_and_the_library_named_by_its_hash(cache, tmp_p
 
 
 def test_a_group_writable_entry_is_rebuilt_not_loaded(cache, tmp_path):
-    src = _source(tmp_path, 7, "gw")
-    lib = cbuild.library_path(src, ["-O1", "-shared", "-fPIC"], cbuild.compiler())
-    cache.mkdir(parents=True, mode=0o700)
+    src, lib = _entry(cache, tmp_path, 7, "gw")
     _plant(lib, 666, tmp_path)
     lib.chmod(0o775)
     assert cbuild.build(src, ["-O1"], "nothing").answer() == 7
@@ -65,9 +70,7 @@ def test_a_group_writable_entry_is_rebuilt_not_loaded(cache, tmp_path):
 
 
 def test_a_symlinked_entry_is_rebuilt_not_loaded(cache, tmp_path):
-    src = _source(tmp_path, 8, "ln")
-    lib = cbuild.library_path(src, ["-O1", "-shared", "-fPIC"], cbuild.compiler())
-    cache.mkdir(parents=True, mode=0o700)
+    src, lib = _entry(cache, tmp_path, 8, "ln")
     target = tmp_path / "elsewhere.so"
     _plant(target, 666, tmp_path)
     target.chmod(0o700)
@@ -78,9 +81,7 @@ def test_a_symlinked_entry_is_rebuilt_not_loaded(cache, tmp_path):
 
 @root_only
 def test_an_entry_another_user_owns_is_rebuilt_not_loaded(cache, tmp_path):
-    src = _source(tmp_path, 9, "own")
-    lib = cbuild.library_path(src, ["-O1", "-shared", "-fPIC"], cbuild.compiler())
-    cache.mkdir(parents=True, mode=0o700)
+    src, lib = _entry(cache, tmp_path, 9, "own")
     _plant(lib, 666, tmp_path)
     lib.chmod(0o700)
     os.chown(lib, OTHER_UID, -1)
