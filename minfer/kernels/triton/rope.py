@@ -66,6 +66,21 @@ def _rope_kernel(x_ptr, pos_ptr, cos_ptr, sin_ptr, out_ptr, stride_x, N, HD, HAL
     tl.store(dst + j, tl.load(src + j, mask=mj, other=0.0), mask=mj)
 
 
+def _check_rotation(what: str, head_dim: int, n_rot: int, rows: int, positions: torch.Tensor, cos: torch.Tensor,
+                    sin: torch.Tensor) -> None:
+    """The checks rope and norm_rope share: n_rot, the positions of `rows` rows, the cos/sin tables."""
+    if n_rot > head_dim or n_rot % 2:
+        raise UnsupportedError(f"{what}: n_rot must be even and <= head_dim ({head_dim}), got {n_rot}")
+    check_tensor(what, "positions", positions, (torch.int32,), ndim=1)
+    check_tensor(what, "cos", cos, (torch.float32,), ndim=2)
+    check_tensor(what, "sin", sin, (torch.float32,), ndim=2)
+    if cos.shape != sin.shape or cos.shape[1] != n_rot // 2:
+        raise UnsupportedError(f"{what}: cos and sin must both be [n_ctx, {n_rot // 2}], got "
+                               f"{tuple(cos.shape)} and {tuple(sin.shape)}")
+    if positions.numel() != rows:
+        raise UnsupportedError(f"{what}: {rows} rows but {positions.numel()} positions")
+
+
 def rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int,
          head_dim: int, n_rot: int, neox: bool, out: torch.Tensor | None = None) -> torch.Tensor:
     """out [rows, n_heads * head_dim] f32 = x rotated at `positions` (int32 [rows]); cos/sin f32
@@ -74,21 +89,12 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch
     what = "rope"
     for name, v in (("n_heads", n_heads), ("head_dim", head_dim), ("n_rot", n_rot)):
         check_int(what, name, v, 1)
-    if n_rot > head_dim or n_rot % 2:
-        raise UnsupportedError(f"{what}: n_rot must be even and <= head_dim ({head_dim}), got {n_rot}")
     n = n_heads * head_dim
     x2 = rows_view(what, "x", x, n)
     if x2.dtype != torch.float32:
         raise UnsupportedError(f"{what}: x must be float32, got {x2.dtype}")
-    check_tensor(what, "positions", positions, (torch.int32,), ndim=1)
-    check_tensor(what, "cos", cos, (torch.float32,), ndim=2)
-    check_tensor(what, "sin", sin, (torch.float32,), ndim=2)
-    if cos.shape != sin.shape or cos.shape[1] != n_rot // 2:
-        raise UnsupportedError(f"{what}: cos and sin must both be [n_ctx, {n_rot // 2}], got "
-                               f"{tuple(cos.shape)} and {tuple(sin.shape)}")
     rows = x2.shape[0]
-    if positions.numel() != rows:
-        raise UnsupportedError(f"{what}: {rows} rows but {positions.numel()} positions")
+    _check_rotation(what, head_dim, n_rot, rows, positions, cos, sin)
     device = check_device(what, x=x2, positions=positions, cos=cos, sin=sin, out=out)
     out = make_out(what, out, (rows, n), torch.float32, device)
     if rows:
@@ -146,8 +152,6 @@ def norm_rope(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, positions: 
     what = "norm_rope"
     for name, v in (("n_heads", n_heads), ("n_heads_k", n_heads_k), ("head_dim", head_dim), ("n_rot", n_rot)):
         check_int(what, name, v, 1)
-    if n_rot > head_dim or n_rot % 2:
-        raise UnsupportedError(f"{what}: n_rot must be even and <= head_dim ({head_dim}), got {n_rot}")
     if not (isinstance(eps, float | int) and eps >= 0):
         raise UnsupportedError(f"{what}: eps must be a number >= 0, got {eps!r}")
     n = (n_heads + n_heads_k) * head_dim
@@ -160,15 +164,8 @@ def norm_rope(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, positions: 
         check_tensor(what, name, w, (torch.float32,), ndim=1)
         if w.numel() != head_dim:
             raise UnsupportedError(f"{what}: {name} must be [{head_dim}], got {tuple(w.shape)}")
-    check_tensor(what, "positions", positions, (torch.int32,), ndim=1)
-    check_tensor(what, "cos", cos, (torch.float32,), ndim=2)
-    check_tensor(what, "sin", sin, (torch.float32,), ndim=2)
-    if cos.shape != sin.shape or cos.shape[1] != n_rot // 2:
-        raise UnsupportedError(f"{what}: cos and sin must both be [n_ctx, {n_rot // 2}], got "
-                               f"{tuple(cos.shape)} and {tuple(sin.shape)}")
     rows = x.shape[0]
-    if positions.numel() != rows:
-        raise UnsupportedError(f"{what}: {rows} rows but {positions.numel()} positions")
+    _check_rotation(what, head_dim, n_rot, rows, positions, cos, sin)
     device = check_device(what, x=x, w_q=w_q, w_k=w_k, positions=positions, cos=cos, sin=sin, out=out)
     out = make_out(what, out, (rows, n), torch.float32, device)
     if rows:
