@@ -162,16 +162,24 @@ def variants():
             out.append((f"rms_norm[{d} q8={q8}]", norm._rms_norm_kernel, sig, {"BLOCK_D": block, "PDL": 2, "Q8": q8},
                         {"num_warps": 4 if block <= 2048 else 8}))
     sig = {"x_ptr": "*fp32", "y_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32", "sum_ptr": "*fp32", "D": "i32",
-           "eps": "fp32", "q_ptr": "*i32", "s_ptr": "*fp32", "BLOCK_D": c, "WRITE_SUM": c, "Q8": c, "PDL": c}
-    for q8 in (0, 2):
-        out.append((f"add_rms_norm[3584 q8={q8}]", norm._add_rms_norm_kernel, sig,
-                    {"BLOCK_D": 4096, "WRITE_SUM": True, "Q8": q8, "PDL": 2}, {"num_warps": 8}))
+           "eps": "fp32", "q_ptr": "*i32", "s_ptr": "*fp32", "wy_ptr": "*fp32", "BLOCK_D": c, "WRITE_SUM": c,
+           "Q8": c, "NORM_Y": c, "PDL": c}
+    for q8, norm_y in ((0, False), (2, False), (2, True)):  # NORM_Y: gemma's post-norm folded in
+        out.append((f"add_rms_norm[3584 q8={q8} norm_y={norm_y}]", norm._add_rms_norm_kernel, sig,
+                    {"BLOCK_D": 4096, "WRITE_SUM": True, "Q8": q8, "NORM_Y": norm_y, "PDL": 2}, {"num_warps": 8}))
     sig = {"x_ptr": "*fp32", "pos_ptr": "*i32", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "out_ptr": "*fp32",
            "stride_x": "i32", "N": "i32", "HD": "i32", "HALF": "i32", "NEOX": c, "BLOCK_HALF": c, "BLOCK_HD": c,
            "PDL": c}
     for neox, hd in ((False, 64), (True, 128)):
         out.append((f"rope[neox={neox} hd{hd}]", rope._rope_kernel, sig,
                     {"NEOX": neox, "BLOCK_HALF": hd // 2, "BLOCK_HD": hd, "PDL": 2}, {"num_warps": 1}))
+    sig = {"x_ptr": "*fp32", "wq_ptr": "*fp32", "wk_ptr": "*fp32", "pos_ptr": "*i32", "cos_ptr": "*fp32",
+           "sin_ptr": "*fp32", "out_ptr": "*fp32", "stride_x": "i32", "N": "i32", "NQ": "i32", "HD": "i32",
+           "HALF": "i32", "eps": "fp32", "NEOX": c, "BLOCK_HALF": c, "BLOCK_HD": c, "PDL": c}
+    for hd in (128, 256):  # qwen3 and gemma3's head sizes
+        out.append((f"norm_rope[neox=True hd{hd}]", rope._norm_rope_kernel, sig,
+                    {"NEOX": True, "BLOCK_HALF": hd // 2, "BLOCK_HD": hd, "PDL": 2},
+                    {"num_warps": 1 if hd <= 128 else 2}))
     sig = {"k_ptr": "*fp32", "v_ptr": "*fp32", "ck_ptr": "*fp16", "cv_ptr": "*fp16", "slot_ptr": "*i32",
            "pos_ptr": "*i32", "stride_k": "i32", "stride_v": "i32", "layer_off": "i64", "S_STRIDE": "i64",
            "H_STRIDE": "i64", "HD": "i32", "RS": "i32", "BLOCK_D": c, "Q8": c, "PDL": c}
