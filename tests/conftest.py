@@ -14,6 +14,23 @@ import pytest
 if os.environ.get("MINFER_TEST_DEVICE", "cpu") != "cuda":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+
+def _pin_xdist_worker() -> None:
+    """Under pytest-xdist (scripts/test.sh: -n auto), worker k of n runs on every n-th CPU this run may
+    use, starting at the k-th, so that the workers never fight over a core: minfer's cpu backend
+    takes as many torch threads as the cores it may run on (physical_cores(): the affinity), and two
+    workers of 2 threads each on 2 cores wait on descheduled threads (bench/NOTES.md: packing an 8B
+    6x slower with 2 threads than 1 on a busy machine). Subprocesses (servers, ranks) inherit it."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not worker or not count or not hasattr(os, "sched_setaffinity") or os.environ.get("MINFER_TEST_PINNED"):
+        return  # (a pytest a test starts inherits the worker's variables, and its share: it stays there)
+    cpus, n, k = sorted(os.sched_getaffinity(0)), int(count), int(worker.removeprefix("gw"))
+    if len(cpus) >= n:
+        os.sched_setaffinity(0, cpus[k::n])
+        os.environ["MINFER_TEST_PINNED"] = ",".join(map(str, cpus[k::n]))
+
+
+_pin_xdist_worker()
 FIXTURES = Path(__file__).resolve().parent / "fixtures"  # llama.cpp's outputs, copied into the repository
 # Every random input of the suite comes from this seed, so a run is reproducible and a result near a bound
 # does not come and go between runs; `--seed N` or MINFER_TEST_SEED=N draws others (a failing test's

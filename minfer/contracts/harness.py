@@ -272,17 +272,17 @@ def _ref_quantize(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mappin
 
 # ---- quantized matmul -------------------------------------------------------------------------
 
+_PAST_1024 = 1024 + 32  # the boundary class's k: one 32-value block past 1024 values (`_k_scaled`)
 _MNK = {
     "tiny": [(1, 16, 32), (2, 16, 32)],
     "odd": [(1, 7, 96), (3, 7, 96)],
-    "boundary": [(1, 65, 1056), (17, 65, 1056)],
+    "boundary": [(1, 65, _PAST_1024), (17, 65, _PAST_1024)],
 }
 
 
 def _mnk_for(size: str, q: QuantInfo | None) -> list[tuple[int, int, int]]:
-    """The size class's (m, n, k), k scaled to whole blocks of q (K-quants: 256 per block)."""
-    scale = max(1, (q.block_elems if q else 32) // 32)
-    return [(m, n, k * scale) for m, n, k in _MNK[size]]
+    """The size class's (m, n, k), k in whole blocks of q (`_k_scaled`)."""
+    return [(m, n, _k_scaled(k, q)) for m, n, k in _MNK[size]]
 
 
 def _mnk_settings(size: str, mnk: list[tuple[int, int, int]]) -> list[Setting]:
@@ -323,16 +323,24 @@ def _ref_qmatmul(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping
 # ---- fused decode GEMVs (gemv_fused.py): + SwiGLU, + bias and RoPE ------------------------------
 
 # (n, k) of the SwiGLU case: n the stacked gate+up rows (a whole number of 32-row tiles)
-_PAIR_NK = {"tiny": [(32, 32)], "odd": [(96, 96)], "boundary": [(64, 1056)]}
+_PAIR_NK = {"tiny": [(32, 32)], "odd": [(96, 96)], "boundary": [(64, _PAST_1024)]}
 # (n, k, rotated heads, head_dim, n_rot, neox): n = the rotated heads' columns + the rest (v)
 _QKV = {"tiny": [(32, 32, 3, 8, 8, False)], "odd": [(96, 96, 5, 16, 12, True)],
-        "boundary": [(64, 1056, 1, 32, 32, True)]}
+        "boundary": [(64, _PAST_1024, 1, 32, 32, True)]}
 # a model's (q heads, kv heads, head_dim)
 QKV_HEADS = {"SmolLM2-135M": (9, 3, 64), "Qwen2.5-0.5B": (14, 2, 64), "Qwen2.5-7B": (28, 4, 128)}
 
 
 def _k_scaled(k: int, q: QuantInfo | None) -> int:
-    return k * max(1, (q.block_elems if q else 32) // 32)
+    """A size class's k (counted in 32-value blocks) for q's block size: as many blocks of q's
+    (K-quants: 256 values each), except the boundary's one block past 1024 values, which stays one
+    block of q's past 1024 (1280 for a K-quant, as dequant's and get_rows' boundary cases): the same
+    tail, a block count that is not a power of two and K splits that end mid super-block, in a sixth
+    of the 8448 values the scaling would give (each of those cases took 6-13 s under the interpreter)."""
+    be = q.block_elems if q else 32
+    if k == _PAST_1024:
+        return 1024 + be
+    return k * max(1, be // 32)
 
 
 def _swiglu_settings(size: str, q) -> list[Setting]:

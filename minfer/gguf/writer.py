@@ -20,6 +20,7 @@ import os
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -122,6 +123,9 @@ def enc_u64(v: int) -> bytes:
     return struct.pack("<Q", v & 0xFFFFFFFFFFFFFFFF)
 
 
+_PACK_U64 = struct.Struct("<Q").pack
+
+
 def _utf8(s: str | bytes) -> bytes:
     return s if isinstance(s, bytes) else s.encode("utf-8", "surrogateescape")
 
@@ -143,7 +147,9 @@ def enc_scalar(vtype: ValueType, value: Any) -> bytes:
 def enc_array_payload(elem_type: ValueType, values: Sequence) -> bytes:
     """The elements of an array (after its elem type and count)."""
     if elem_type == ValueType.STRING:
-        return b"".join(enc_str(v) for v in values)
+        # enc_str for each, in C-level maps: a 262k-token vocabulary in ~0.1 s instead of ~1 s
+        encoded = [v if isinstance(v, bytes) else v.encode("utf-8", "surrogateescape") for v in values]
+        return b"".join(chain.from_iterable(zip(map(_PACK_U64, map(len, encoded)), encoded, strict=True)))
     if elem_type == ValueType.ARRAY:
         raise GGUFError("metadata", 0, "arrays of arrays are not supported")
     try:

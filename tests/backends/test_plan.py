@@ -21,10 +21,23 @@ CASES = [(p, q) for p in sorted(PRESETS) if p != "llama3-70b" for q in QUANTS
          if not (p in BIG and q in ("f16", "f32"))]
 
 
+class _Headers(dict):
+    """(preset, quant) -> a header-only file of it, written the first time a test asks (under
+    pytest-xdist a worker writes only the ones its tests read)."""
+
+    def __init__(self, root):
+        super().__init__()
+        self.root = root
+
+    def __missing__(self, key):
+        p, q = key
+        self[key] = synth(p, q, self.root / f"{p}-{q}.gguf", header_only=True)
+        return self[key]
+
+
 @pytest.fixture(scope="module")
 def headers(tmp_path_factory):
-    root = tmp_path_factory.mktemp("headers")
-    return {(p, q): synth(p, q, root / f"{p}-{q}.gguf", header_only=True) for p, q in CASES}
+    return _Headers(tmp_path_factory.mktemp("headers"))
 
 
 @pytest.mark.parametrize("preset, quant", CASES)
