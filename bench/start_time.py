@@ -1,12 +1,20 @@
 """How fast minfer starts on the cpu backend (issue 23, item 6), side by side with llama.cpp.
 
-    python bench/start_time.py first-token [-m MODEL] [-r 3] [-t N]  # `minfer run` wall time to its first token
+    python bench/start_time.py first-token [-m MODEL] [-r 5] [-t N] [--quiet]  # wall time to the first token
+    python bench/start_time.py timeline [-m MODEL] [-r 3] [-t N] [--quiet]     # where a start's time goes
     python bench/start_time.py load -m 8b.gguf [--llama-python /work/llama-venv/bin/python] [-r 3]
 
 first-token: launches `python -m minfer run -n 1 --temp 0 PROMPT` and times from the launch to the
 first byte on stdout (the whole start: interpreter, torch import, load, first prefill), and the
 process's CPU time (less sensitive to other work on a shared machine than the wall time); the first
-run fills the weight cache (MINFER_CACHE points at a fresh directory), the next ones use it.
+run fills the weight cache (MINFER_CACHE points at a fresh directory), the next ones use it. Each
+timed run is paired with a `python -c "import torch"` in the same seconds (the floor of any start
+that imports torch), and the medians of both are printed. `--quiet` waits before each pair until
+the machine's cores are idle (IDLE of them over a second, up to QUIET_WAIT s).
+
+timeline: the same command in-process, with a mark at each phase (interpreter up, the parser, torch's
+import, the rest of minfer's imports, the GGUF header, the tokenizer, the cpu backend's load, the
+KV cache, the first prefill): what each costs, per run.
 
 load: the model load alone, each in a fresh process (import excluded, printed apart): minfer's
 `load(path, n_ctx=512, n_slots=1)` with a cold weight cache once, then warm; llama-cpp-python's
@@ -71,6 +79,86 @@ print(f"{t1 - t0:.3f} {t2 - t1:.3f}")
 """
 
 
+# `minfer run` with a mark at each phase of its start (the timeline mode): wraps the functions a
+# start calls, in the order it calls them, and prints "seconds-since-process-start name" lines.
+TIMELINE = r"""
+import os, sys, time, functools
+with open("/proc/self/stat") as f:
+    ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+with open("/proc/uptime") as f:
+    up = float(f.read().split()[0])
+T0 = time.perf_counter() - (up - ticks / os.sysconf("SC_CLK_TCK"))
+marks = [("interpreter up", time.perf_counter() - T0)]
+mark = lambda name: marks.append((name, time.perf_counter() - T0))
+def wrap(obj, attr, name):
+    f = getattr(obj, attr)
+    @functools.wraps(f)
+    def g(*a, **k):
+        r = f(*a, **k)
+        mark(name)
+        return r
+    setattr(obj, attr, g)
+import gc
+import minfer.cli as cli
+args = cli.build_parser().parse_args(sys.argv[1:])
+mark("parser built")
+gc.disable()  # as the command's load_model (start_without_gc) has it around these imports
+import torch
+mark("import torch")
+import minfer.api as api, minfer.backends as backends, minfer.engine.loader as loader
+from minfer.tokenizer.tokenizer import Tokenizer
+import minfer.backends.cpu.backend as cb
+mark("minfer's other imports")
+wrap(api, "GGUFReader", "GGUF header")
+wrap(Tokenizer, "from_metadata", "tokenizer")
+wrap(loader, "model_graph", "graph")
+wrap(cb.CPUBackend, "load", "cpu backend load (registry, cache map, plan)")
+wrap(cb.CPUBackend, "allocate", "KV cache, RoPE tables")
+wrap(cb.CPUBackend, "forward", "first prefill")
+args.func(args)
+prev = 0.0
+for name, t in marks:
+    if name == "first prefill":
+        print(f"MARK {t:.4f} {t - prev:.4f} {name}", file=sys.stderr)
+        break
+    print(f"MARK {t:.4f} {t - prev:.4f} {name}", file=sys.stderr)
+    prev = t
+"""
+
+QUIET_IDLE = 0.9  # --quiet: both cores at least this idle
+QUIET_WAIT = 120.0  # --quiet: the longest wait before a run goes ahead anyway (and says so)
+
+
+def _idle_over(seconds: float = 1.0) -> float:
+    """The fraction of CPU time the machine's cores spent idle over `seconds` (/proc/stat)."""
+    def read() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return v[3] + v[4], sum(v)
+    i0, t0 = read()
+    time.sleep(seconds)
+    i1, t1 = read()
+    return (i1 - i0) / max(t1 - t0, 1)
+
+
+def wait_quiet(enabled: bool) -> str:
+    """Wait (when enabled) for QUIET_IDLE idle cores; '' or a note that it never got quiet."""
+    if not enabled:
+        return ""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < QUIET_WAIT:
+        if _idle_over() >= QUIET_IDLE:
+            return ""
+    return " (not quiet)"
+
+
+def import_torch(env: dict) -> float:
+    """Wall seconds of `python -c "import torch"` (interpreter start included)."""
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import torch"], check=True, env=env)
+    return time.perf_counter() - t0
+
+
 def run_timed(python: str, code: str, path: str, env: dict) -> tuple[float, float]:
     out = subprocess.run([python, "-c", code, path], capture_output=True, text=True, env=env, timeout=900)
     if out.returncode:
@@ -100,9 +188,10 @@ def _series(xs: list[float]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=["first-token", "load"])
+    ap.add_argument("what", choices=["first-token", "timeline", "load"])
     ap.add_argument("-m", "--model", default=None)
-    ap.add_argument("-r", "--repetitions", type=int, default=3)
+    ap.add_argument("-r", "--repetitions", type=int, default=5)
+    ap.add_argument("--quiet", action="store_true", help="wait for idle cores before each timed run")
     ap.add_argument("--llama-python", default="/work/llama-venv/bin/python")
     ap.add_argument("--prompt", default="The capital of France is")
     ap.add_argument("-t", "--threads", type=int, default=None, help="first-token: minfer run's -t (default: its own)")
@@ -110,14 +199,38 @@ def main() -> None:
     print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, PYTHONPATH=str(ROOT), MINFER_CACHE=cache)
+        # bytecode written and read as an installed package has it (a PYTHONDONTWRITEBYTECODE=1
+        # shell would compile minfer's modules from source at every start)
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        flags = ["run", "-n", "1", "--temp", "0", a.prompt]
+        flags += (["-m", a.model] if a.model else []) + (["-t", str(a.threads)] if a.threads else [])
+        if a.what == "timeline":
+            first_token([sys.executable, "-m", "minfer", *flags], env)  # fills the cache
+            for _ in range(a.repetitions):
+                note = wait_quiet(a.quiet)
+                out = subprocess.run([sys.executable, "-c", TIMELINE, *flags], capture_output=True, text=True,
+                                     env=env, check=True)
+                print(f"--- {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}{note}")
+                for line in out.stderr.splitlines():
+                    if line.startswith("MARK "):
+                        _, t, dt, name = line.split(" ", 3)
+                        print(f"  {float(t):6.3f} s  +{float(dt):6.3f}  {name}")
+            return
         if a.what == "first-token":
-            argv = [sys.executable, "-m", "minfer", "run", "-n", "1", "--temp", "0", a.prompt]
-            argv += (["-m", a.model] if a.model else []) + (["-t", str(a.threads)] if a.threads else [])
+            argv = [sys.executable, "-m", "minfer", *flags]
             cold = first_token(argv, env)
-            warm = [first_token(argv, env) for _ in range(a.repetitions)]
+            warm, torch_s, notes = [], [], []
+            for _ in range(a.repetitions):
+                notes.append(wait_quiet(a.quiet))
+                torch_s.append(import_torch(env))
+                warm.append(first_token(argv, env))
             print(f"minfer run, wall to the first token: first {cold[0]:.2f} s (fills the cache); "
-                  f"then {_series([w for w, _ in warm])}")
+                  f"then {_series([w for w, _ in warm])}{''.join(sorted(set(notes)))}")
             print(f"  CPU time of the process: first {cold[1]:.2f} s; then {_series([c for _, c in warm])}")
+            print(f"python -c 'import torch', each just before a run: {_series(torch_s)}")
+            print(f"  minfer's own share (median of run - import torch, pairwise): "
+                  f"{statistics.median(w - t for (w, _), t in zip(warm, torch_s, strict=True)):.2f} s")
+            print(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
             if a.model and Path(a.llama_python).exists():
                 ll = [first_token([a.llama_python, "-c", LLAMA_FIRST_TOKEN, a.model, a.prompt], dict(os.environ))
                       for _ in range(a.repetitions)]

@@ -22,9 +22,7 @@ import hashlib
 import re
 import shutil
 import sys
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -196,6 +194,9 @@ def url_path(url: str) -> Path:
 
 def fetch_url(url: str, *, token: str | None = None, progress: bool = True) -> Path:
     """Download a URL once (a `.part` file resumes an interrupted download); the cached copy after."""
+    import urllib.error  # (here: a run of a local file does not import http.client and ssl)
+    import urllib.request
+
     dest = url_path(url)
     if dest.is_file():
         return dest

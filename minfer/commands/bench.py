@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 
@@ -102,6 +101,8 @@ def decode_bytes(model) -> int:
 
 
 def _mean_sd(xs: list[float]) -> tuple[float, float]:
+    import statistics
+
     return statistics.mean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
 
 
@@ -162,6 +163,8 @@ def run_batched(m, b: int, reps: int, temperature: float = 0.0) -> tuple[list[fl
 
 
 def bench(a: argparse.Namespace) -> int:
+    import statistics
+
     from ..errors import MinferError
 
     sizes = [int(x) for x in a.batch.split(",") if x.strip()] if a.batch else []

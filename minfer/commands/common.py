@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -200,15 +201,38 @@ def read_prompt(a: argparse.Namespace) -> str:
     return sys.stdin.read() if text == "-" else text
 
 
+@contextlib.contextmanager
+def start_without_gc():
+    """Run a command's start (torch's import, the model's load) without the cyclic garbage
+    collector, then freeze what exists and collect as usual. The start allocates ~170k
+    long-lived objects (torch's modules, the vocabulary): the collector's passes over them cost
+    ~480 collections and 0.2-0.4 s of a `minfer run` start on a 2-core machine, and without the
+    freeze the first collection after it walks them all again (0.16 s, at the first token;
+    bench/NOTES.md, 2026-12-03). `gc.freeze` moves them to the permanent generation, which no
+    collection walks, until `close_model` unfreezes them (a process that goes on after the model,
+    e.g. tests calling the CLI in-process, gets them collected as usual). A start that fails
+    freezes nothing (its traceback's frames may hold what it had built)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+        gc.freeze()
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def load_model(a: argparse.Namespace, config: EngineConfig, chat_template: str | None = None):
-    """Load the model with `config`; warn when -c is past the model's training context."""
+    """Load the model with `config` (start_without_gc); warn when -c is past the model's
+    training context."""
     import time
 
     path = model_path(a)
-    from ..api import Model  # torch: only once the flags are known to be good
+    with start_without_gc():
+        from ..api import Model  # torch: only once the flags are known to be good
 
-    t0 = time.perf_counter()
-    m = Model(path, config=config, progress=on_terminal(), chat_template=chat_template)
+        t0 = time.perf_counter()
+        m = Model(path, config=config, progress=on_terminal(), chat_template=chat_template)
     if a.verbose:
         print(f"minfer: loaded {path} ({path.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - t0:.2f} s: "
               f"device {m.config.device}, context {m.n_ctx} x {m.n_slots} sequences, "
@@ -251,8 +275,10 @@ def read_template(spec: str | None) -> str | None:
 
 
 def close_model(m, config: EngineConfig) -> None:
-    """Close the model; say where a trace went."""
+    """Close the model (and let the collector walk again what start_without_gc froze); say where
+    a trace went."""
     m.close()
+    gc.unfreeze()
     if config.trace_path:
         print(f"minfer: trace written to {config.trace_path}", file=sys.stderr)
 

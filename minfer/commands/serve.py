@@ -16,10 +16,7 @@ other ranks and drives them (engine/tp.py); under torchrun the ranks other than 
 from __future__ import annotations
 
 import argparse
-import logging
-import socket
 import sys
-import threading
 
 from ..config import env
 from ..errors import MinferError
@@ -65,6 +62,9 @@ def add_parser(sub) -> None:
 
 
 def serve(a: argparse.Namespace) -> int:
+    import logging  # (here: the other commands' start does not pay for them)
+    import socket
+
     if not 0 <= a.port <= 65535:
         raise MinferError(f"--port must be in 0..65535, got {a.port}")
     if a.max_pending < 1 or a.max_body_mb < 1:
@@ -148,6 +148,8 @@ def serve(a: argparse.Namespace) -> int:
 
 def announce_ready(engine, url: str) -> None:
     """Print one line when the model is loaded and the server answers: the URL to open."""
+    import threading
+
     def wait() -> None:
         engine.ready.wait()
         if engine.state == "ok":

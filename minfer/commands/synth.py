@@ -8,12 +8,12 @@ from pathlib import Path
 
 
 def add_parser(sub) -> None:
-    from ..gguf import synth  # numpy only
+    from ..gguf import presets  # plain data: the writer (numpy) is imported when the command runs
 
     p = sub.add_parser("synth", help="write a random-weight GGUF in the exact shapes of a real model",
-                       description=synth.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("preset", choices=list(synth.PRESETS))
-    p.add_argument("quant", choices=synth.QUANTS)
+                       description=presets.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("preset", choices=list(presets.PRESETS))
+    p.add_argument("quant", choices=presets.QUANTS)
     p.add_argument("out", type=Path, help="output .gguf path")
     p.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     p.add_argument("--vocab", type=int, default=None, help="vocabulary size (default: the preset's)")

@@ -11,14 +11,15 @@ Each handler takes the parsed args and returns a process exit code; errors are M
 from __future__ import annotations
 
 import argparse
-import threading
-import webbrowser
 
 DEFAULT_PORT = 0  # a free port (printed), unless --port names one
 
 
 def cmd_trace_view(args: argparse.Namespace) -> int:
     """Serve the viewer with `args.file` preloaded; block until interrupted."""
+    import threading
+    import webbrowser
+
     from ..trace.server import TraceServer
 
     server = TraceServer(args.file, port=args.port).start()

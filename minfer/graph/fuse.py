@@ -57,7 +57,7 @@ class _Rewriter:
 
     def emit(self, node: Node, old_id: int | None = None, remap: bool = True) -> int:
         inputs = tuple(self.ref[i] for i in node.inputs) if remap else node.inputs
-        new = replace(node, id=len(self.nodes), inputs=inputs)
+        new = node.renumbered(len(self.nodes), inputs)
         self.nodes.append(new)
         if old_id is not None:
             self.ref[old_id] = new.id

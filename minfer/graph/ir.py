@@ -132,6 +132,12 @@ class Node:
         """How many values the node returns (a fused node with several exports: a tuple)."""
         return max(1, len(self.exports))
 
+    def renumbered(self, id: int, inputs: tuple[int, ...]) -> Node:
+        """This node with another id and inputs: `dataclasses.replace(node, id=, inputs=)` without
+        its per-call look at the fields (the graph passes renumber every node of a load)."""
+        return Node(id, self.name, self.op, inputs, self.shape, self.dtype, self.layer, self.weights, self.params,
+                    self.parts, self.exports)
+
 
 @dataclass(frozen=True)
 class Graph:

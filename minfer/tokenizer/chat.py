@@ -29,7 +29,7 @@ The sandbox stops code execution but not resource exhaustion, so on top of it:
   inside a render, under these limits).
 
 Any failure or violation is a TemplateError. A model without a template gets its family's
-built-in template where the vocabulary names the family (`builtin_template`: Gemma's turns for a
+built-in template where the vocabulary names the family (templates.py `builtin_template`: Gemma's turns for a
 vocabulary with `<start_of_turn>` / `<end_of_turn>`, as the Gemma 3 270M GGUF on PyPI has no
 template), else ChatML (`<|im_start|>{role}\\n{content}<|im_end|>\\n` per message, then
 `<|im_start|>assistant\\n`).
@@ -55,6 +55,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.visitor import NodeTransformer
 
 from ..errors import TemplateError
+from .templates import CHATML_TEMPLATE, GEMMA_TEMPLATE, builtin_template  # noqa: F401 (re-exported)
 
 MAX_TEMPLATE_BYTES = 64 * 1024
 MAX_SIZE = 1 << 20  # output characters; also any string/list/dict value the template handles
@@ -65,45 +66,6 @@ MAX_RANGE = 10_000
 MAX_LOOP_ITERATIONS = 100_000
 MAX_JSON_INDENT = 64
 RENDER_SECONDS = 2.0
-
-CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
-
-
-# Gemma 3's own template (text parts): a system message becomes the first user turn's prefix, the
-# assistant is "model", and roles must alternate user / assistant after it: anything else (a
-# second system message, a "tool" turn, two user turns in a row) raises, a TemplateError here.
-GEMMA_TEMPLATE = (
-    "{{ bos_token }}"
-    "{%- if messages[0]['role'] == 'system' -%}"
-    "{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}"
-    "{%- set loop_messages = messages[1:] -%}"
-    "{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}{%- endif -%}"
-    "{%- for message in loop_messages -%}"
-    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
-    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
-    "{%- endif -%}"
-    "{%- if message['role'] == 'assistant' -%}{%- set role = 'model' -%}"
-    "{%- else -%}{%- set role = message['role'] -%}{%- endif -%}"
-    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}"
-    "{{ message['content'] | trim }}"
-    "{{ '<end_of_turn>\n' }}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
-)
-
-
-def builtin_template(tokens: Mapping[str, int]) -> str | None:
-    """The template of a model family recognised by its vocabulary (`tokens`: text -> id), for
-    files that carry none: Gemma's turn markers -> GEMMA_TEMPLATE; None otherwise (ChatML)."""
-    if "<start_of_turn>" in tokens and "<end_of_turn>" in tokens:
-        return GEMMA_TEMPLATE
-    return None
-
 
 class _Budget:
     """Per-render limits: a deadline and the loop-iteration count."""

@@ -8,7 +8,46 @@ template writes it. `--chat-template` takes one of these names or a Jinja file.
 
 from __future__ import annotations
 
-from .chat import CHATML_TEMPLATE
+from collections.abc import Mapping
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+# Gemma 3's own template (text parts): a system message becomes the first user turn's prefix, the
+# assistant is "model", and roles must alternate user / assistant after it: anything else (a
+# second system message, a "tool" turn, two user turns in a row) raises, a TemplateError here.
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}"
+    "{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{%- endif -%}"
+    "{%- if message['role'] == 'assistant' -%}{%- set role = 'model' -%}"
+    "{%- else -%}{%- set role = message['role'] -%}{%- endif -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}"
+    "{{ message['content'] | trim }}"
+    "{{ '<end_of_turn>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
+)
+
+
+def builtin_template(tokens: Mapping[str, int]) -> str | None:
+    """The template of a model family recognised by its vocabulary (`tokens`: text -> id), for
+    files that carry none: Gemma's turn markers -> GEMMA_TEMPLATE; None otherwise (ChatML)."""
+    if "<start_of_turn>" in tokens and "<end_of_turn>" in tokens:
+        return GEMMA_TEMPLATE
+    return None
+
 
 _LLAMA3 = (
     "{% for m in messages %}"

@@ -25,7 +25,7 @@ from typing import Any
 from ..errors import TokenizerError
 from ..gguf.reader import GGUFReader
 from .bpe import BytePairEncoder, SentencePieceEncoder
-from .chat import ChatTemplate, builtin_template, render_chat
+from .templates import builtin_template
 from .unicode import CHAR_TO_BYTE
 from .vocab import (
     ATTR_BYTE,
@@ -53,7 +53,7 @@ class Tokenizer:
             self._spm = SentencePieceEncoder(vocab.token_to_id, vocab.scores, self._spm_byte_ids())
         self._pieces: dict[tuple[int, bool], bytes] = {}
         self._template = vocab.chat_template or builtin_template(vocab.token_to_id)
-        self._render = render_chat  # (isolate_templates: a render worker process's)
+        self._render = None  # render_chat, or isolate_templates' worker (chat.py: jinja2, imported when used)
 
     @classmethod
     def from_metadata(cls, meta: Mapping[str, Any]) -> Tokenizer:
@@ -118,6 +118,8 @@ class Tokenizer:
     def set_chat_template(self, source: str) -> None:
         """Use `source` (Jinja) instead of the file's chat template; compiled now, so a bad one is
         a TemplateError here rather than at the first chat."""
+        from .chat import ChatTemplate
+
         ChatTemplate(source)
         self._template = source
 
@@ -275,7 +277,9 @@ class Tokenizer:
         def text_of(tid: int | None) -> str:
             return self._v.texts[tid] if tid is not None else ""
 
-        render = render_chat if self._template is None else self._render  # (ChatML: minfer's own)
+        from .chat import render_chat
+
+        render = render_chat if self._template is None or self._render is None else self._render  # (ChatML: ours)
         return render(self._template, messages, add_generation_prompt=add_generation_prompt,
                       bos_token=text_of(self.bos_id), eos_token=text_of(self.eos_id), **extra)
 

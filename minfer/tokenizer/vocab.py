@@ -183,13 +183,13 @@ def load_vocab(meta: Mapping[str, Any]) -> Vocab:
     add_space_prefix = _value(meta, K + "add_space_prefix", bool, add_space_prefix)
 
     texts = [t or f"[EMPTY_{i}]" for i, t in enumerate(tokens)] if "" in tokens else tokens
-    token_to_id = {t: i for i, t in enumerate(texts)}
+    token_to_id = dict(zip(texts, range(n), strict=True))  # (a duplicate keeps its last id: caught below)
     if len(token_to_id) != n:
         first: dict[str, int] = {}
         dup = next(i for i, t in enumerate(texts) if first.setdefault(t, i) != i)
         raise TokenizerError(f"{K}tokens: duplicate token {texts[dup]!r} at ids {first[texts[dup]]} and {dup}")
     if types is not None:
-        attrs = [_TYPE_ATTR.get(t, ATTR_UNDEFINED) for t in types[:n]]
+        attrs = list(map(_TYPE_ATTR.get, types[:n], repeat(ATTR_UNDEFINED)))
     else:
         attrs = [ATTR_NORMAL] * n
 

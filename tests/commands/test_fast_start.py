@@ -1,12 +1,23 @@
 """Fast starts (issue 23, item 6): the cpu backend keeps its prepared weights in a cache file
 (backends/cpu/weight_cache.py) and maps it on the next load: the same numbers, no packing, and a
-cache that cannot be trusted (another file, a damaged cache file) is not used."""
+cache that cannot be trusted (another file, a damaged cache file) is not used. A `minfer run`
+imports what the cpu path runs and nothing else (no Triton, server stack, Hub client, jinja2
+without a template to render), and its start runs without the cyclic garbage collector
+(commands/common.py start_without_gc). Wall-clock numbers are in bench/NOTES.md, not here: a
+shared 2-core machine cannot time a start reliably."""
 
 from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+import minfer
 from minfer.api import load
 
 IDS = [1, 5, 9, 200, 17, 3]
@@ -145,3 +156,89 @@ def test_a_cpu_load_binds_the_cpu_contracts_alone(tiny_gguf, tmp_path):
                          text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
+
+
+def _python(code: str, *args: str, cache: Path) -> str:
+    """Run `code` in a fresh interpreter on this tree's minfer; its stdout (an error's stderr fails)."""
+    env = dict(os.environ, PYTHONPATH=str(Path(minfer.__file__).resolve().parent.parent), MINFER_CACHE=str(cache))
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=300,
+                         stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+# what a cpu `minfer run PROMPT` of a local file never needs: GPU kernels, the server, the Hub
+# client, transformers, jinja2 (no template is rendered), torch's compiler stack, the GGUF writer
+NOT_ON_THE_RUN_PATH = ("triton", "wgpu", "fastapi", "uvicorn", "starlette", "huggingface_hub", "transformers",
+                       "jinja2", "sympy", "torch._dynamo", "torch._inductor", "minfer.server",
+                       "minfer.kernels.triton", "minfer.kernels.wgsl", "minfer.kernels.wgpu", "minfer.tokenizer.chat",
+                       "minfer.gguf.synth", "minfer.gguf.writer", "minfer.trace")
+LISTED = ("print('MODULES', sorted(m for m in sys.modules if any(m == n or m.startswith(n + '.') "
+          "for n in sys.argv[1].split(','))))")
+
+
+def _modules(stdout: str) -> str:
+    return next(line for line in stdout.splitlines() if line.startswith("MODULES"))
+
+
+def test_the_parser_imports_no_torch_numpy_or_templates(tmp_path):
+    """`minfer --help` and every command's flag checks run before anything heavy is imported: the
+    parser lists the built-in template names and the synth presets from plain-data modules."""
+    heavy = ("torch", "numpy", "jinja2", "yaml", "urllib.request", "minfer.gguf.synth", "minfer.tokenizer.tokenizer",
+             "minfer.api")
+    out = _python("import sys; import minfer.cli as c; c.build_parser(); " + LISTED, ",".join(heavy), cache=tmp_path)
+    assert _modules(out) == "MODULES []"
+
+
+def test_a_run_imports_the_cpu_path_alone(tiny_gguf, tmp_path):
+    """A whole `minfer run` (parse, load, generate, close) in a fresh process: none of
+    NOT_ON_THE_RUN_PATH is imported, and the collector runs again after the start."""
+    path = tiny_gguf("tiny-llama", "q4_k")
+    code = ("import sys, gc; from minfer.cli import main; "
+            "rc = main(['run', '-m', sys.argv[2], '-n', '3', '--temp', '0', 'hello']); "
+            "print(); print('RC', rc, 'GC', gc.isenabled()); " + LISTED)
+    out = _python(code, ",".join(NOT_ON_THE_RUN_PATH), str(path), cache=tmp_path)
+    assert "RC 0 GC True" in out
+    assert _modules(out) == "MODULES []"
+    # the check can fail: a chat template (compiled when given) brings jinja2
+    out = _python(code.replace("'hello'", "'--chat-template', 'chatml', 'hello'"), "jinja2", str(path), cache=tmp_path)
+    assert "jinja2" in _modules(out)
+
+
+def test_the_second_run_maps_the_cache_and_prepares_nothing(run_cli, tiny_gguf, cache_dir, monkeypatch):
+    """The second `minfer run` of a model takes every prepared matrix from the cache file and
+    writes nothing (the file is untouched)."""
+    from minfer.backends.cpu.weight_cache import WeightCache
+
+    counts: list[tuple[int, int]] = []
+    save = WeightCache.save
+
+    def spy(self):
+        counts.append((self.hits, self.misses))
+        return save(self)
+
+    monkeypatch.setattr(WeightCache, "save", spy)
+    argv = ["run", "-m", str(tiny_gguf("tiny-llama", "q4_1")), "-n", "2", "--temp", "0", "hello"]
+    assert run_cli(argv)[0] == 0
+    (f,) = cache_dir.glob("*.mwc")
+    before = f.stat()
+    assert run_cli(argv)[0] == 0
+    after = f.stat()
+    assert counts[0][1] > 0 and counts[1][1] == 0 and counts[1][0] == counts[0][1]  # hits = the first run's misses
+    assert (after.st_mtime_ns, after.st_size, after.st_ino) == (before.st_mtime_ns, before.st_size, before.st_ino)
+
+
+def test_the_start_runs_without_the_collector_and_freezes_what_it_built():
+    from minfer.commands.common import start_without_gc
+
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    try:
+        with start_without_gc():
+            assert not gc.isenabled()
+            built = [[i] for i in range(1000)]
+        assert gc.isenabled() and gc.get_freeze_count() >= len(built)
+    finally:
+        gc.unfreeze()
+    with pytest.raises(ValueError), start_without_gc():  # a failed start: collector back, nothing frozen
+        raise ValueError("load failed")
+    assert gc.isenabled() and gc.get_freeze_count() == 0
