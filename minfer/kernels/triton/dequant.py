@@ -43,7 +43,7 @@ import triton.language as tl
 
 from ...errors import UnsupportedError
 from ...quant.types import KVALUES_IQ4NL, KVALUES_MXFP4, GGMLType, QuantInfo, by_name, quant_info
-from ._common import cast_for, cdiv, check_device, check_grid, check_int, check_tensor, make_out, view_as
+from ._common import cast_for, cdiv, check_device, check_grid, check_int, check_tensor, e8m0_half, make_out, view_as
 
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -237,9 +237,7 @@ def _decode_iq4_nl(p, sub, l, mask):
 @triton.jit
 def _decode_mxfp4(p, sub, l, mask):
     q = (_u8(p, 1 + l, mask) >> (4 * sub)) & 0xF
-    e = _u8(p, 0, mask)
-    d = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23).to(tl.float32, bitcast=True)  # 2^(e - 128)
-    return _lut(q, _MX_W0, _MX_W1, _MX_W2, _MX_W3) * d
+    return _lut(q, _MX_W0, _MX_W1, _MX_W2, _MX_W3) * e8m0_half(_u8(p, 0, mask))
 
 
 @triton.jit

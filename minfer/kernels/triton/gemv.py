@@ -44,6 +44,7 @@ launcher's `config=` pins one (tests pin one so the interpreter runs one small c
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -59,7 +60,9 @@ from ._common import (
     check_grid,
     check_int,
     check_tensor,
+    e8m0_half,
     gelu_tanh,
+    make_out,
     pdl_args,
     release_late,
     release_next,
@@ -334,25 +337,18 @@ def _dp4a_block(acc, lo, hi, a, c, xq, xs, PASSES: tl.constexpr):
 
 
 @triton.jit
-def _lut_nibble(w, shift, t0, t1, t2, t3):
-    """The table byte (int32 0..255) of the nibble of w at bit `shift`: interpreter form."""
-    q = (w >> shift) & 0xF
-    word = tl.where(q < 8, tl.where(q < 4, t0, t1), tl.where(q < 12, t2, t3))
-    return (word >> ((q & 3) * 8)) & 0xFF
-
-
-@triton.jit
 def _lut_bytes(w, t0, t1, t2, t3):
     """(A, B): the table bytes of the 8 nibbles of lookup words w, A byte i = table[nibble i] (bits
     4 i), B byte i = table[nibble 4 + i] (bits 16 + 4 i); t0..t3 the 16-byte table as 4 words.
     On the GPU per word: two byte permutes pick each code's byte from the table's lower and upper
     8 bytes by its 3 low bits, a third takes the one its 4th bit names (11 instructions / 8 codes)."""
-    if INTERPRETING:
-        a = _lut_nibble(w, 0, t0, t1, t2, t3) | (_lut_nibble(w, 4, t0, t1, t2, t3) << 8)
-        a |= (_lut_nibble(w, 8, t0, t1, t2, t3) << 16) | (_lut_nibble(w, 12, t0, t1, t2, t3) << 24)
-        b = _lut_nibble(w, 16, t0, t1, t2, t3) | (_lut_nibble(w, 20, t0, t1, t2, t3) << 8)
-        b |= (_lut_nibble(w, 24, t0, t1, t2, t3) << 16) | (_lut_nibble(w, 28, t0, t1, t2, t3) << 24)
-        return a, b
+    if INTERPRETING:  # the same lookup by selects, the 8 nibbles along a new last axis (numpy runs it whole)
+        e = tl.arange(0, 8)
+        last: tl.constexpr = len(w.shape)
+        q = (tl.expand_dims(w, last) >> (4 * e)) & 0xF
+        word = tl.where(q < 8, tl.where(q < 4, t0, t1), tl.where(q < 12, t2, t3))
+        byte = ((word >> ((q & 3) * 8)) & 0xFF) << ((e & 3) * 8)
+        return tl.sum(tl.where(e < 4, byte, 0), axis=last), tl.sum(tl.where(e >= 4, byte, 0), axis=last)
     else:
         return tl.inline_asm_elementwise(
             """{
@@ -385,9 +381,7 @@ def _lut_scale(d_rows, m_rows, kbs, first, kb_hi, MODE: tl.constexpr):
         sc = tl.load(d_rows + kbs, mask=ok, other=0).to(tl.float32)
         return tl.load(m_rows + kbs // 8, mask=ok, other=0.0).to(tl.float32) * sc
     else:
-        e = tl.load(d_rows + kbs, mask=ok, other=0).to(tl.int32)
-        bits = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23)
-        return tl.where(ok, bits.to(tl.float32, bitcast=True), 0.0)
+        return tl.where(ok, e8m0_half(tl.load(d_rows + kbs, mask=ok, other=0).to(tl.int32)), 0.0)
 
 
 @triton.jit
@@ -735,6 +729,22 @@ def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n:
         num_warps=cfg.wk, maxnreg=cfg.maxnreg, PLANES=planes is not None, LB=lb, HB=hb, CENTER=center,
         LUT=lut is not None, **pdl_args("gemv"),
     )
+
+
+def gemv_operands(what: str, x: torch.Tensor, words: torch.Tensor, n: int, k: int, out: torch.Tensor | None,
+                  config: GemvConfig | dict | None,
+                  default: Callable[[], GemvConfig]) -> tuple[torch.Tensor, GemvConfig]:
+    """The decode GEMV launchers' shared checks: x f32 [k] or [1, k] (M == 1) on the weight's (`words`)
+    device; (out [1, n] f32, made when None, and the launch config: `config` as a GemvConfig or its
+    fields, else `default()`)."""
+    check_tensor(what, "x", x, (torch.float32,), ndim=(1, 2))
+    if x.numel() != k or (x.dim() == 2 and x.shape[0] != 1):
+        raise UnsupportedError(f"{what}: x must be [{k}] or [1, {k}] (M == 1), got {tuple(x.shape)}")
+    device = check_device(what, x=x, qs=words, out=out)
+    out = make_out(what, out, (1, n), torch.float32, device)
+    if config is None:
+        return out, default()
+    return out, GemvConfig(**config) if isinstance(config, dict) else config
 
 
 def _check_xq(what: str, xq, k: int, passes: int, device) -> tuple[torch.Tensor, torch.Tensor]:

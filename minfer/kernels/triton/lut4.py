@@ -25,7 +25,7 @@ import torch
 
 from ...errors import UnsupportedError
 from ...quant.types import QUANT_TABLE, GGMLType, by_name
-from ._common import check_device, check_tensor, make_out
+from ._common import check_tensor
 from .gemv import (
     _REPACK_CHUNK,
     ACT_Q8_PASSES,
@@ -37,6 +37,7 @@ from .gemv import (
     _split_scratch,
     check_act_q8,
     gemv_config,
+    gemv_operands,
 )
 
 REVISION_SOURCES = (str(Path(__file__).with_name("gemv.py")),)  # the GEMV kernel: editing it retires judge numbers
@@ -208,15 +209,7 @@ def lut4_gemv(
     if (w.n, w.k, w.qtype) != (n, k, t):
         raise UnsupportedError(f"{what}: w is a packed {w.qtype.name} [{w.n}, {w.k}], the call says {t.name} "
                                f"[{n}, {k}]")
-    check_tensor(what, "x", x, (torch.float32,), ndim=(1, 2))
-    if x.numel() != k or (x.dim() == 2 and x.shape[0] != 1):
-        raise UnsupportedError(f"{what}: x must be [{k}] or [1, {k}] (M == 1), got {tuple(x.shape)}")
-    device = check_device(what, x=x, qs=w.qs, out=out)
-    out = make_out(what, out, (1, n), torch.float32, device)
-    if config is None:
-        cfg = lut4_config(n, k, w.act_q8)
-    else:
-        cfg = GemvConfig(**config) if isinstance(config, dict) else config
+    out, cfg = gemv_operands(what, x, w.qs, n, k, out, config, lambda: lut4_config(n, k, w.act_q8))
     launch_lut4(what, x, w, out, cfg, xq=xq)
     return out
 

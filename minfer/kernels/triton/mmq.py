@@ -54,7 +54,7 @@ import triton.language as tl
 
 from ...errors import UnsupportedError
 from ...quant.types import GGMLType
-from ._common import cdiv, check_device, check_grid, check_tensor, grouped_tile, interpreting, make_out
+from ._common import cdiv, check_device, check_grid, check_tensor, e8m0_half, grouped_tile, interpreting, make_out
 from .gemv import _lut_bytes
 from .int4 import INT4_TYPES, Int4Packed
 from .lut4 import LUT4_TYPES, Lut4Packed
@@ -143,11 +143,8 @@ def _w_scales(d_rows, m_rows, b, ok, MODE: tl.constexpr):
     elif MODE == 5:  # IQ4_XS: int8 ls - 32 per block, f16 d per super-block
         a0 = tl.where(ok, tl.load(m_rows + b // 8).to(tl.float32), 0.0) * tl.load(d_rows + b).to(tl.float32)
         return a0, a0, a0, a0
-    elif MODE == 6:  # MXFP4: the E8M0 byte e per block, 2^(e - 128) (two selects: one nested select left
-        # ptxas a 40-byte stack frame at the 16x64 tile, sm_90)
-        e = tl.load(d_rows + b).to(tl.int32)
-        a0 = tl.where(ok & (e >= 2), ((e - 1) << 23).to(tl.float32, bitcast=True), 0.0)
-        a0 += tl.where(ok & (e < 2), (0x00200000 << e).to(tl.float32, bitcast=True), 0.0)
+    elif MODE == 6:  # MXFP4: the E8M0 byte e per block, 2^(e - 128)
+        a0 = tl.where(ok, e8m0_half(tl.load(d_rows + b).to(tl.int32)), 0.0)
         return a0, a0, a0, a0
     else:
         scs = tl.load(d_rows + b).to(tl.int32)
