@@ -17,7 +17,9 @@ outputs written once); matmul rows also give TFLOP/s. Three times per row (CUDA)
 - host µs: the launcher's CPU time per call (200 calls issued back to back, no sync inside).
 
 GEMV and matmul configs are chosen (or autotuned) on the first call, before any timing.
-`--only 'planes|linear_f16|int4'` is the decode-GEMV comparison at 7B/8B shapes (bench/gemv_types.sh).
+`--only 'planes|linear_f16|int4'` is the decode-GEMV comparison at 7B/8B shapes (bench/gemv_types.sh);
+`--only 'lut4|q4_0_gemv.ref'` the lookup types' (IQ4_NL, IQ4_XS, MXFP4) GEMV and MMQ against Q4_0's
+at the same shapes (bench/gpu_lut4.sh).
 """
 
 from __future__ import annotations
@@ -95,11 +97,65 @@ class Cases:
         for off in info.f16_offsets:
             half = (torch.rand(n_blocks, device=self.device) * 1e-3 + 1e-3).half()
             raw[:, off:off + 2] = half.view(torch.uint8).view(n_blocks, 2)
+        for off in info.e8m0_offsets:  # MXFP4's exponent: 2^-9 .. 2^-8
+            raw[:, off] = torch.randint(119, 121, (n_blocks,), dtype=torch.uint8, device=self.device)
         return raw.reshape(-1)
 
     def all(self) -> list[Case]:
         return (self.elementwise() + self.dequant() + self.embed() + self.quantize() + self.qmatmul() + self.planes()
-                + self.fused())
+                + self.fused() + self.lut4())
+
+    def lut4(self) -> list[Case]:
+        """The lookup types' decode GEMV (lut4_gemv: IQ4_NL, IQ4_XS, MXFP4, their default config: int8 x
+        above 2^24 weights) at every 7B/8B decode shape, beside Q4_0's (`q4_0_gemv[ref]`, the same
+        shapes), and their MMQ (mmq_lut4) at decode batches and 512-token chunks beside mmq_q4_0. Bytes:
+        the file's bytes of W + x + out."""
+        from minfer.kernels.triton.lut4 import LUT4_TYPES, lut4_gemv, repack_lut4
+        from minfer.kernels.triton.mmq import mmq_lut4, mmq_q4_0
+        from minfer.kernels.triton.q4_0 import q4_0_gemv, repack_q4_0
+        from minfer.quant.types import QUANT_TABLE, GGMLType
+
+        torch = self.torch
+        gemv_cfg = SMALL_GEMV_CONFIG if self.small else None
+        mmq_cfg = SMALL_MMQ_CONFIG if self.small else None
+        shapes = [("tiny", "t", 24, 512)] if self.small else DECODE_7B_8B
+        mm_shapes = [("tiny", 20, 48, 256)] if self.small else MMQ_BATCH_SHAPES + MATMUL_SHAPES
+        q4 = QUANT_TABLE[GGMLType.Q4_0]
+
+        def gemv(info, n, k):
+            raw = self.quant_bytes(info, n * k // info.block_elems)
+            if info.type == GGMLType.Q4_0:
+                w = repack_q4_0(raw, n, k)
+                x, out = self.randn(k), torch.empty(1, n, device=self.device)
+                return lambda: q4_0_gemv(x, w, n, k, out=out, config=gemv_cfg)
+            w = repack_lut4(raw, n, k, info.type)
+            x, out = self.randn(k), torch.empty(1, n, device=self.device)
+            return lambda: lut4_gemv(x, w, n, k, info.type, out=out, config=gemv_cfg)
+
+        def matmul(info, m, n, k):
+            raw = self.quant_bytes(info, n * k // info.block_elems)
+            x, out = self.randn(m, k), torch.empty(m, n, device=self.device)
+            if info.type == GGMLType.Q4_0:
+                w = repack_q4_0(raw, n, k)
+                return lambda: mmq_q4_0(x, w, n, k, out=out, config=mmq_cfg)
+            w = repack_lut4(raw, n, k, info.type)
+            return lambda: mmq_lut4(x, w, n, k, info.type, out=out, config=mmq_cfg)
+
+        cases = []
+        for model, role, n, k in shapes:
+            shape, io = f"{n}x{k} {model} {role}", 4 * (n + k)
+            for info in (q4, *(QUANT_TABLE[t] for t in LUT4_TYPES)):
+                if k % info.block_elems:
+                    continue
+                name = "q4_0_gemv[ref]" if info is q4 else f"lut4_gemv[{info.name}]"
+                cases.append(Case(name, shape, lambda i=info, n=n, k=k: gemv(i, n, k), info.nbytes(n * k) + io,
+                                  2 * n * k, host=role == "qkv"))
+        for model, m, n, k in mm_shapes:
+            for info in (QUANT_TABLE[t] for t in LUT4_TYPES):
+                cases.append(Case(f"mmq_lut4[{info.name}]", f"{m}x{n}x{k} {model}",
+                                  lambda i=info, m=m, n=n, k=k: matmul(i, m, n, k),
+                                  info.nbytes(n * k) + 4 * m * (n + k), 2 * m * n * k))
+        return cases
 
     def fused(self) -> list[Case]:
         """The decode GEMVs with a fused epilogue (gemv_fused.py) at the 7B / 8B q+k+v and

@@ -21,8 +21,9 @@ package calls os.environ. Switches:
 - MINFER_API_KEY=KEY       the key `minfer serve` requires when --api-key is not given
 - MINFER_NO_FUSE=1         cuda / vulkan: no kernel fusion (graph/fuse.py's rules are skipped: every node runs
                            as its own kernels)
-- MINFER_GEMV_Q8=0|1|2     cuda decode GEMVs of Q4_0 / Q4_1 / Q4_K: x quantized to int8 per 32 in 1 or 2
-                           passes (the default 2) with dp4a dot products; 0 = f32 activations
+- MINFER_GEMV_Q8=0|1|2     cuda decode GEMVs of Q4_0 / Q4_1 / Q4_K and the lookup types (IQ4_NL, IQ4_XS, MXFP4):
+                           x quantized to int8 per 32 in 1 or 2 passes (the default 2) with dp4a dot products;
+                           0 = f32 activations
 - MINFER_CPU_VNNI=0        cpu: torch's int4 kernel instead of the AVX512-VNNI C kernel (kernels/cpu/vnni.py)
 - MINFER_CACHE=dir         minfer's cache (`cache_dir()`, EngineConfig.cache_path; default ~/.cache/minfer): the C
                            helpers compiled (kernels/cbuild.py: created 0700; an entry another user owns or others
@@ -160,7 +161,7 @@ class EngineConfig:
     mmq: bool | None = None  # many-row matmuls on cuda: True quantized kernels, False bf16 + cuBLAS, None by cost
     tp: int = 1  # tensor-parallel ranks (processes) the model is split over
     pdl: bool = True  # cuda on Hopper: programmatic dependent launch between a step's kernels
-    gemv_q8: int = 2  # cuda decode GEMVs of Q4_0 / Q4_1 / Q4_K: int8 activation passes (0: f32 activations)
+    gemv_q8: int = 2  # cuda decode GEMVs of Q4_0 / Q4_1 / Q4_K and the lookup types: int8 activation passes (0: f32)
     cpu_vnni: bool = True  # cpu: the AVX512-VNNI C kernels where the CPU has them
     cache_dir: str | None = None  # minfer's cache: C helpers, the cpu's prepared weights (None: ~/.cache/minfer)
     wgpu_adapter: str = ""  # vulkan / gpu: the first adapter whose name contains this ("": the best)

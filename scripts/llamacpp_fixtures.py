@@ -1,4 +1,4 @@
-"""Write llama.cpp's reference outputs for the qwen3 / gemma / phi3 fixtures (tests/fixtures/<model>/).
+"""Write llama.cpp's reference outputs for the qwen3 / gemma / phi3 and lookup-quant fixtures (tests/fixtures/<model>/).
 
 llama.cpp is the oracle, never a dependency of minfer: run this with a python that has
 llama-cpp-python 0.3.36 built from source for the CPU (here /work/llama-venv):
@@ -12,7 +12,10 @@ Models:
 - `tiny-qwen3`, `tiny-gemma3`, `tiny-gemma2`, `tiny-phi3`: made here with
   `python -m minfer synth <preset> f32 <out> --seed 0` (run twice: the two files must be equal,
   byte for byte; their sha256 goes into the fixture so a test can check that minfer's synth still
-  makes the very file llama.cpp saw).
+  makes the very file llama.cpp saw);
+- `tiny-llama-iq4_nl`, `tiny-llama-iq4_xs`, `tiny-llama-mxfp4`: the tiny llama in the lookup quant
+  types (`python -m minfer synth tiny-llama <quant> <out> --seed 0`: matrices IQ4_NL / IQ4_XS as random
+  blocks, MXFP4 quantized by the gguf package's rules; the tied token_embd Q6_K / Q8_0), the same way.
 
 For each model, tests/fixtures/<model>/cases.json (the inputs) and llamacpp.json (llama.cpp's
 outputs, the format of tests/fixtures/smollm2/llamacpp.json; tests/fixtures/README.md):
@@ -96,15 +99,22 @@ PROMPTS = [
 ]
 
 # name -> (synth preset or None for the real file, extra texts / prompts, steps, n_ctx, text_chars)
+LLAMA_CHAT = "<|im_start|>user\nhi<|im_end|>\n"
 MODELS = {
     "gemma3-270m": (None, [GEMMA_CHAT], [GEMMA_CHAT.replace("2+2", "the tallest mountain")], 24, 512, None),
     "tiny-qwen3": ("tiny-qwen3", ["<|im_start|>user\nhi<|im_end|>\n"], [], 16, 512, 6000),
     "tiny-gemma3": ("tiny-gemma3", [GEMMA_CHAT], [GEMMA_CHAT], 16, 512, 6000),
     "tiny-gemma2": ("tiny-gemma2", [GEMMA_CHAT], [GEMMA_CHAT], 16, 512, 6000),
     "tiny-phi3": ("tiny-phi3", [PHI3_CHAT], [PHI3_CHAT], 16, 512, 6000),
+    **{f"tiny-llama-{q}": ("tiny-llama", [LLAMA_CHAT], [], 16, 512, 6000) for q in ("iq4_nl", "iq4_xs", "mxfp4")},
 }
 SEED = 0
-QUANT = "f32"
+QUANT = "f32"  # the synthetic models' mix, unless the name ends in one (tiny-llama-mxfp4)
+
+
+def quant_of(name: str) -> str:
+    tail = name.rsplit("-", 1)[-1]
+    return tail if tail in ("iq4_nl", "iq4_xs", "mxfp4") else QUANT
 
 
 def sha256(path: Path) -> str:
@@ -115,16 +125,16 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def synth_command(preset: str, out: Path) -> list[str]:
-    return ["-m", "minfer", "synth", preset, QUANT, str(out), "--seed", str(SEED)]
+def synth_command(preset: str, out: Path, quant: str = QUANT) -> list[str]:
+    return ["-m", "minfer", "synth", preset, quant, str(out), "--seed", str(SEED)]
 
 
-def make_synth(preset: str, out: Path, python: str) -> str:
+def make_synth(preset: str, out: Path, python: str, quant: str = QUANT) -> str:
     """Synth the preset twice; the files must be equal (synth is deterministic). Returns the sha256."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     digests = []
     for path in (out, out.with_suffix(".again.gguf")):
-        subprocess.run([python, *synth_command(preset, path)], check=True, env=env, cwd=ROOT,
+        subprocess.run([python, *synth_command(preset, path, quant)], check=True, env=env, cwd=ROOT,
                        stdout=subprocess.DEVNULL)
         digests.append(sha256(path))
     if digests[0] != digests[1]:
@@ -217,9 +227,10 @@ def main() -> int:
                     raise SystemExit(f"{a.gemma3}: sha256 {digest}, expected {GEMMA3_SHA256}")
                 path, synth = a.gemma3, None
             else:
-                path = Path(tmp) / f"{preset}-{QUANT}.gguf"
-                digest = make_synth(preset, path, a.minfer_python)
-                synth = "python " + " ".join(synth_command(preset, Path(f"{preset}-{QUANT}.gguf")))
+                quant = quant_of(name)
+                path = Path(tmp) / f"{preset}-{quant}.gguf"
+                digest = make_synth(preset, path, a.minfer_python, quant)
+                synth = "python " + " ".join(synth_command(preset, Path(f"{preset}-{quant}.gguf"), quant))
             run_model(name, path, texts, prompts, steps, n_ctx, chars, digest, synth)
     return 0
 

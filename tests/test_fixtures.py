@@ -21,6 +21,12 @@ SHA256 = {
     "tiny-phi3/llamacpp.json": "3fb3ba3f15d4cdb959c5d6b877fde7ff1784560c4d593ea7028bbb4f323ae1ce",
     "tiny-qwen3/cases.json": "3b5a54919e58dfd08b9e093a5344911f4114bb37f396a46f0e77ba9b765a1fef",
     "tiny-qwen3/llamacpp.json": "0f3d649f408094c47d24a6b784645cce55d4578f121d8ec06dceb486d4ec8ee1",
+    "tiny-llama-iq4_nl/cases.json": "3b5a54919e58dfd08b9e093a5344911f4114bb37f396a46f0e77ba9b765a1fef",
+    "tiny-llama-iq4_nl/llamacpp.json": "e08351b11c46df7cc931d67ed4b4a805920fefe5b9858ea78bdaac171873673a",
+    "tiny-llama-iq4_xs/cases.json": "3b5a54919e58dfd08b9e093a5344911f4114bb37f396a46f0e77ba9b765a1fef",
+    "tiny-llama-iq4_xs/llamacpp.json": "d8e492b98f38016acdbe9fd5b22d031e592f54387169cd9813f694e047b48e92",
+    "tiny-llama-mxfp4/cases.json": "3b5a54919e58dfd08b9e093a5344911f4114bb37f396a46f0e77ba9b765a1fef",
+    "tiny-llama-mxfp4/llamacpp.json": "087cd3cb1cdb905ec6113bf2b3f5b86e2ec8dbe1bcc665ebe4a6558f98456f75",
 }
 
 

@@ -5,7 +5,8 @@ and the layer sizes of real models), an input builder drawing fresh random tenso
 generator's device, ONE float64 reference function built from minfer.quant.reference and plain
 torch ops, and the op's compulsory memory traffic for the judge (`traffic`: every operand byte
 read once, the output written once, counted from the real tensors, so it follows their dtypes).
-Quantized inputs are random valid blocks: every bit pattern of the quants, finite f16 scales.
+Quantized inputs are random valid blocks: every bit pattern of the quants, finite f16 scales
+(E8M0 exponents of model-like size).
 """
 
 from __future__ import annotations
@@ -109,6 +110,8 @@ def random_blocks(info: QuantInfo, rows: int, cols: int, gen: torch.Generator) -
     for off in info.f16_offsets:  # finite random scales (random bytes could spell inf/NaN)
         scales = (torch.randn(n_blocks, generator=gen, device=dev) * 0.05).to(torch.float16)
         blocks[:, off : off + 2] = scales.view(torch.uint8).reshape(n_blocks, 2)
+    for off in info.e8m0_offsets:  # shared exponents 2^-10 .. 2^-4 (MXFP4 weights of |x| up to 0.75)
+        blocks[:, off] = torch.randint(118, 125, (n_blocks,), generator=gen, dtype=torch.uint8, device=dev)
     return blocks.reshape(rows, row_bytes)
 
 

@@ -16,6 +16,9 @@ Quant mixes (norms and biases are always F32):
                          last eighth, every third between): fused q+k+v of mixed types.
   q6_k, q5_0, q5_1       every matrix of that type, token_embd too
   q3_k, q2_k             matrices Q3_K / Q2_K, output (and a tied token_embd) Q6_K
+  iq4_nl, iq4_xs         matrices IQ4_NL / IQ4_XS, output (and a tied token_embd) Q6_K, as
+                         llama.cpp's IQ4 mixes; IQ4_XS rows not a multiple of 256 fall back to IQ4_NL
+  mxfp4                  matrices MXFP4 (gpt-oss's expert type), output and token_embd Q8_0
 """
 
 from __future__ import annotations
@@ -105,4 +108,5 @@ PRESETS: dict[str, Preset] = {
     ]
 }
 
-QUANTS = ("q4_0", "q4_1", "q8_0", "q4_k", "q4_k_m", "q5_k_m", "q6_k", "q5_0", "q5_1", "q3_k", "q2_k", "f16", "f32")
+QUANTS = ("q4_0", "q4_1", "q8_0", "q4_k", "q4_k_m", "q5_k_m", "q6_k", "q5_0", "q5_1", "q3_k", "q2_k", "iq4_nl",
+          "iq4_xs", "mxfp4", "f16", "f32")

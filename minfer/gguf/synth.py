@@ -40,17 +40,17 @@ PROGRESS_MIN_BYTES = 256 << 20  # show a progress bar for files at least this bi
 
 _MATRIX_TYPE = {"q4_0": GGMLType.Q4_0, "q4_1": GGMLType.Q4_1, "q8_0": GGMLType.Q8_0, "q4_k": GGMLType.Q4_K,
                 "q4_k_m": GGMLType.Q4_K, "q5_k_m": GGMLType.Q5_K, "q6_k": GGMLType.Q6_K, "q5_0": GGMLType.Q5_0,
-                "q5_1": GGMLType.Q5_1, "q3_k": GGMLType.Q3_K, "q2_k": GGMLType.Q2_K, "f16": GGMLType.F16,
-                "f32": GGMLType.F32}
+                "q5_1": GGMLType.Q5_1, "q3_k": GGMLType.Q3_K, "q2_k": GGMLType.Q2_K, "iq4_nl": GGMLType.IQ4_NL,
+                "iq4_xs": GGMLType.IQ4_XS, "mxfp4": GGMLType.MXFP4, "f16": GGMLType.F16, "f32": GGMLType.F32}
 # llama.cpp's llama_ftype of each mix (general.file_type); q4_k is MOSTLY_Q4_K_M (its output), q3_k
 # MOSTLY_Q3_K_S (mostly Q3_K)
 _FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9, "q2_k": 10, "q3_k": 11,
-              "q4_k": 15, "q4_k_m": 15, "q5_k_m": 17, "q6_k": 18}
-_K_MIXES = ("q4_k", "q4_k_m", "q5_k_m", "q3_k", "q2_k")  # output (and tied token_embd) Q6_K
+              "q4_k": 15, "q4_k_m": 15, "q5_k_m": 17, "q6_k": 18, "iq4_nl": 25, "iq4_xs": 30, "mxfp4": 38}
+_K_MIXES = ("q4_k", "q4_k_m", "q5_k_m", "q3_k", "q2_k", "iq4_nl", "iq4_xs")  # output (and tied token_embd) Q6_K
 _MORE_BITS = ("q4_k_m", "q5_k_m")  # attn_v / ffn_down Q6_K in llama.cpp's use_more_bits layers
 # llama.cpp's replacement when a row is not a whole number of 256-element super-blocks
 _K_FALLBACK = {GGMLType.Q4_K: GGMLType.Q5_0, GGMLType.Q6_K: GGMLType.Q8_0, GGMLType.Q5_K: GGMLType.Q5_1,
-               GGMLType.Q3_K: GGMLType.Q4_0, GGMLType.Q2_K: GGMLType.Q4_0}
+               GGMLType.Q3_K: GGMLType.Q4_0, GGMLType.Q2_K: GGMLType.Q4_0, GGMLType.IQ4_XS: GGMLType.IQ4_NL}
 
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHATML_TEMPLATE = (
@@ -77,6 +77,8 @@ def _matrix_type(quant: str, role: str, ne0: int, tied: bool) -> GGMLType:
     if role == "output" and quant in _K_MIXES:
         t = GGMLType.Q6_K
     elif role == "token_embd" and quant == "q4_1":
+        t = GGMLType.Q8_0
+    elif role in ("output", "token_embd") and quant == "mxfp4":
         t = GGMLType.Q8_0
     elif role == "token_embd" and quant in _K_MIXES and tied:
         t = GGMLType.Q6_K
@@ -350,12 +352,16 @@ def model_metadata(p: Preset, quant: str, seed: int) -> dict[str, Value | object
 
 # ------------------------------------------------------------------------------ weights
 # Random-block recipe per type: (byte offset, count, kind, scale). "f16": `count` halves drawn
-# as scale * U(0.5, 1.5); "i8": `count` signed bytes in 1..63 (Q6_K sub-block scales). The other
+# as scale * U(0.5, 1.5); "i8": `count` signed bytes in 1..63 (Q6_K sub-block scales); "e8m0":
+# `count` E8M0 exponents 2^(e - 128) of scale and twice it (MXFP4's shared exponent). The other
 # bytes (quants, packed K scales) stay uniformly random. Scales are set so std(weights) ~ SIGMA:
 # std of the quant level is 4.6 for 4-bit, 9.2 for 5-bit, 74 for int8, 18.5 for Q6_K's 6-bit
 # level; Q6_K's sub-block scales average 32; Q4_K's 6-bit scales and mins are independent and
 # uniform in 0..63, which doubles the spread (measured), hence 63 rather than their mean 31.5.
+# The lookup types (rms of their table): IQ4 67.4 (times IQ4_XS's random sub-block scales -32..31:
+# 1246 in all), MXFP4 5.85.
 _Q4, _Q5, _Q8, _Q6 = 4.6, 9.2, 74.0, 18.5
+_IQ4, _IQ4_XS, _MXFP4 = 67.4, 1246.0, 5.85
 _RANDOM_FIELDS: dict[GGMLType, tuple[tuple[int, int, str, float], ...]] = {
     GGMLType.Q4_0: ((0, 1, "f16", SIGMA / _Q4),),
     GGMLType.Q4_1: ((0, 1, "f16", SIGMA / _Q4), (2, 1, "f16", -7.5 * SIGMA / _Q4)),
@@ -369,6 +375,9 @@ _RANDOM_FIELDS: dict[GGMLType, tuple[tuple[int, int, str, float], ...]] = {
     GGMLType.Q5_K: ((0, 1, "f16", SIGMA / 584), (2, 1, "f16", 15.5 * SIGMA / 584)),
     GGMLType.Q2_K: ((80, 1, "f16", SIGMA / 15.1), (82, 1, "f16", 1.5 * SIGMA / 15.1)),
     GGMLType.Q3_K: ((108, 1, "f16", SIGMA / 45.4),),
+    GGMLType.IQ4_NL: ((0, 1, "f16", SIGMA / _IQ4),),
+    GGMLType.IQ4_XS: ((0, 1, "f16", SIGMA / _IQ4_XS),),
+    GGMLType.MXFP4: ((0, 1, "e8m0", SIGMA / _MXFP4 / 1.5),),
 }
 
 
@@ -394,6 +403,9 @@ def random_blocks(rng: np.random.Generator, qtype: GGMLType, n_blocks: int) -> n
         if kind == "f16":
             v = (scale * rng.uniform(0.5, 1.5, size=(n_blocks, count))).astype("<f2")
             blocks[:, off:off + 2 * count] = v.view(np.uint8)
+        elif kind == "e8m0":
+            e = 128 + math.floor(math.log2(scale)) + rng.integers(0, 2, size=(n_blocks, count))
+            blocks[:, off:off + count] = e.astype(np.uint8)
         else:
             scales = rng.integers(1, 64, size=(n_blocks, count), dtype=np.int8)
             blocks[:, off:off + count] = scales.view(np.uint8)

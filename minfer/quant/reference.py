@@ -1,8 +1,9 @@
 """Torch reference codecs for the ggml tensor types: whole quant blocks <-> float32.
 
 `dequantize(raw, qtype, shape)` decodes every type in the table (types.py documents each block
-layout); `quantize(x, qtype)` encodes the types minfer writes itself: F32, F16, BF16, Q4_0, Q4_1
-and Q8_0 (Q8_0 is the KV-cache compressor of the kernel contracts, seed 004 `quantize_q8_0`).
+layout); `quantize(x, qtype)` encodes the types minfer writes itself: F32, F16, BF16, Q4_0, Q4_1,
+Q8_0 (Q8_0 is the KV-cache compressor of the kernel contracts, seed 004 `quantize_q8_0`) and
+MXFP4 (the `gguf` package's encoder; it has none for IQ4_NL / IQ4_XS, whose search ggml does in C).
 
 Both are bit-exact with the `gguf` package's numpy codecs, which follow ggml's reference C code
 (tests/quant/test_reference.py checks every type). Bit-exactness fixes the float32 operation
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 
 from ..errors import QuantError, UnsupportedError
-from .types import GGMLType, QuantInfo, quant_info
+from .types import KVALUES_IQ4NL, KVALUES_MXFP4, GGMLType, QuantInfo, quant_info
 
 RawBytes = torch.Tensor | np.ndarray | bytes | bytearray | memoryview
 
@@ -159,6 +160,43 @@ def _dequant_q6_k(b: torch.Tensor) -> torch.Tensor:
     return q.to(torch.float32).view(n, 16, 16).mul_(dl).view(n, 256)
 
 
+def lut_values(nib: torch.Tensor, lut: Sequence[int]) -> torch.Tensor:
+    """The float32 values of 4-bit codes `nib` (uint8 0..15) through a lookup type's table."""
+    return torch.tensor(lut, dtype=torch.float32, device=nib.device)[nib.long()]
+
+
+def e8m0_half(e: torch.Tensor) -> torch.Tensor:
+    """float32 2^(e - 128) of E8M0 bytes `e` (ggml_e8m0_to_fp32_half: e < 2 as the f32 subnormals
+    2^-128 and 2^-127, the rest as the bits (e - 1) << 23)."""
+    e = e.to(torch.int32)
+    bits = torch.where(e < 2, 0x00200000 << e, (e - 1) << 23)
+    return bits.view(torch.float32)
+
+
+def iq4_xs_scales(b: torch.Tensor) -> torch.Tensor:
+    """The 8 signed sub-block scales ls - 32 (int8 [n_blocks, 8]) of IQ4_XS blocks: low 4 bits from
+    the nibbles of scales_l (bytes 4..7), high 2 bits from the u16 scales_h (bytes 2..3)."""
+    low = nibbles(b[:, 4:8]).transpose(1, 2).reshape(-1, 8)  # sub-block i: nibble i % 2 of byte i / 2
+    h = b[:, 2].to(torch.int32) | (b[:, 3].to(torch.int32) << 8)
+    high = torch.stack([(h >> (2 * i)) & 3 for i in range(8)], dim=1)
+    return ((low.to(torch.int32) | (high << 4)) - 32).to(torch.int8)
+
+
+def _dequant_iq4_nl(b: torch.Tensor) -> torch.Tensor:
+    return lut_values(nibbles(b[:, 2:18]).reshape(-1, 32), KVALUES_IQ4NL).mul_(_f16(b, 0))
+
+
+def _dequant_iq4_xs(b: torch.Tensor) -> torch.Tensor:
+    n = b.shape[0]
+    dl = (_f16(b, 0) * iq4_xs_scales(b).to(torch.float32)).view(n, 8, 1)
+    q = lut_values(nibbles(b[:, 8:136].reshape(n, 8, 16)).reshape(n, 8, 32), KVALUES_IQ4NL)
+    return q.mul_(dl).view(n, 256)
+
+
+def _dequant_mxfp4(b: torch.Tensor) -> torch.Tensor:
+    return lut_values(nibbles(b[:, 1:17]).reshape(-1, 32), KVALUES_MXFP4).mul_(e8m0_half(b[:, 0:1]))
+
+
 _DECODERS: dict[GGMLType, Callable[[torch.Tensor], torch.Tensor]] = {
     GGMLType.F32: _dequant_f32,
     GGMLType.F16: _dequant_f16,
@@ -173,6 +211,9 @@ _DECODERS: dict[GGMLType, Callable[[torch.Tensor], torch.Tensor]] = {
     GGMLType.Q4_K: _dequant_q4_k,
     GGMLType.Q5_K: _dequant_q5_k,
     GGMLType.Q6_K: _dequant_q6_k,
+    GGMLType.IQ4_NL: _dequant_iq4_nl,
+    GGMLType.IQ4_XS: _dequant_iq4_xs,
+    GGMLType.MXFP4: _dequant_mxfp4,
 }
 
 
@@ -236,6 +277,22 @@ def _quant_q8_0(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([_f16_bytes(d), q.to(torch.int8).view(torch.uint8)], dim=1)
 
 
+def _quant_mxfp4(x: torch.Tensor) -> torch.Tensor:
+    """The `gguf` package's MXFP4 encoder: e = floor(log2(max|x|)) - 2 + 127 (0 for an all-zero
+    block; the float32 log2 correctly rounded, as numpy's), then per element the first of the 16
+    values nearest x / 2^(e - 128) (|2^(e-128) v - x| in float32, every product exact)."""
+    amax = x.abs().amax(dim=1, keepdim=True)
+    log2 = amax.double().log2().float().floor()  # float64 then rounded: the float32 log2, correctly rounded
+    e = torch.where(amax > 0, log2 - 2 + 127, 0.0).to(torch.int64) & 0xFF  # as numpy's float -> uint8 wraps
+    d = e8m0_half(e)
+    kv = torch.tensor(KVALUES_MXFP4, dtype=torch.float32, device=x.device)
+    q = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
+    for start in range(0, x.shape[0], 1 << 14):  # [blocks, 32, 16] of errors, a chunk of blocks at a time
+        rows = slice(start, start + (1 << 14))
+        q[rows] = (d[rows, :, None] * kv - x[rows, :, None]).abs_().argmin(dim=-1).to(torch.uint8)
+    return torch.cat([e.to(torch.uint8), _pack_nibbles(q)], dim=1)
+
+
 _ENCODERS: dict[GGMLType, Callable[[torch.Tensor], torch.Tensor]] = {
     GGMLType.F32: _quant_f32,
     GGMLType.F16: _quant_f16,
@@ -243,6 +300,7 @@ _ENCODERS: dict[GGMLType, Callable[[torch.Tensor], torch.Tensor]] = {
     GGMLType.Q4_0: _quant_q4_0,
     GGMLType.Q4_1: _quant_q4_1,
     GGMLType.Q8_0: _quant_q8_0,
+    GGMLType.MXFP4: _quant_mxfp4,
 }
 
 

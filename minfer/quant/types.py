@@ -28,6 +28,17 @@ Q4_K  256 / 144 B : d:f16 | dmin:f16 | scales[12] | qs[128]
 Q5_K  256 / 176 B : d:f16 | dmin:f16 | scales[12] | qh[32] | qs[128]   as Q4_K with a 5th bit
 Q6_K  256 / 210 B : ql[128] | qh[64] | scales[16]:i8 | d:f16
                     16 sub-blocks of 16; q6 = (4 low bits | 2 high bits << 4) - 32; x = d * sc * q6
+
+The lookup types: a 4-bit code stands for one of 16 int8 values (`QuantInfo.lut`), nibbles in
+Q4_0's order (byte j of a 32-element run: low nibble = elem j, high nibble = elem j+16).
+IQ4_NL 32 / 18 B  : d:f16 | qs[16]            x = d * KVALUES_IQ4NL[nib]
+IQ4_XS 256 / 136 B: d:f16 | scales_h:u16 | scales_l[4] | qs[128]
+                    8 sub-blocks of 32 (qs of sub-block i at 16 i); 6-bit scale ls_i = low 4 bits
+                    from nibble i % 2 of scales_l[i / 2] | bits 2i, 2i+1 of scales_h << 4;
+                    x = (d * (ls_i - 32)) * KVALUES_IQ4NL[nib]
+MXFP4  32 / 17 B  : e:u8 (E8M0) | qs[16]      x = 2^(e - 128) * KVALUES_MXFP4[nib]: OCP MX FP4
+                    (e2m1) values doubled, the shared exponent halved, as ggml stores them
+                    (ggml_e8m0_to_fp32_half: e < 2 gives the subnormals 2^-128, 2^-127)
 """
 
 from __future__ import annotations
@@ -49,7 +60,15 @@ class GGMLType(IntEnum):
     Q4_K = 12
     Q5_K = 13
     Q6_K = 14
+    IQ4_NL = 20
+    IQ4_XS = 23
     BF16 = 30
+    MXFP4 = 39
+
+
+# the 16 values of a 4-bit code of the lookup types (ggml's kvalues_iq4nl and kvalues_mxfp4)
+KVALUES_IQ4NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+KVALUES_MXFP4 = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)  # e2m1 x 2: the scale is 2^(e-128)
 
 
 @dataclass(frozen=True)
@@ -59,6 +78,8 @@ class QuantInfo:
     block_bytes: int
     contract_name: str  # the storage-type spelling kernel contracts use (seed 004: "Q4K", never "Q4_K_M")
     f16_offsets: tuple[int, ...] = ()  # byte offsets of the block's f16 scale fields (d, and m/dmin)
+    e8m0_offsets: tuple[int, ...] = ()  # byte offsets of E8M0 shared-exponent bytes (MXFP4)
+    lut: tuple[int, ...] = ()  # the lookup types: the int8 value of each 4-bit code (16 entries)
 
     @property
     def name(self) -> str:
@@ -91,6 +112,9 @@ QUANT_TABLE: dict[GGMLType, QuantInfo] = {
         QuantInfo(GGMLType.Q4_K, 256, 144, "Q4K", (0, 2)),
         QuantInfo(GGMLType.Q5_K, 256, 176, "Q5K", (0, 2)),
         QuantInfo(GGMLType.Q6_K, 256, 210, "Q6K", (208,)),
+        QuantInfo(GGMLType.IQ4_NL, 32, 18, "IQ4_NL", (0,), lut=KVALUES_IQ4NL),
+        QuantInfo(GGMLType.IQ4_XS, 256, 136, "IQ4_XS", (0,), lut=KVALUES_IQ4NL),
+        QuantInfo(GGMLType.MXFP4, 32, 17, "MXFP4", e8m0_offsets=(0,), lut=KVALUES_MXFP4),
     ]
 }
 

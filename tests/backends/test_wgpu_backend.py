@@ -95,7 +95,7 @@ def test_the_shared_memory_reductions_conform_too(test_seed):
 
 
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "Q5_0", "Q5_1", "Q3_K", "Q2_K",
-                                   "BF16"])
+                                   "IQ4_NL", "IQ4_XS", "MXFP4", "BF16"])
 def test_the_matmuls_read_a_strided_unaligned_x(qtype):
     """A column slice of x at an odd offset takes the scalar-load path (the harness's contiguous x
     takes the vec4 one): both launch configs, against the reference decode."""
@@ -407,7 +407,7 @@ def test_a_tiny_bf16_model_matches_cpu(tiny_gguf, rewrite_gguf, raw, tmp_path):
     assert _rel(steps, got[9:]) <= TOL_OWN
 
 
-@pytest.mark.parametrize("quant", ["q5_k_m", "q5_0", "q5_1", "q3_k", "q2_k"])
+@pytest.mark.parametrize("quant", ["q5_k_m", "q5_0", "q5_1", "q3_k", "q2_k", "iq4_nl", "iq4_xs", "mxfp4"])
 def test_the_whole_blocks_types_match_their_dequantized_twin(tiny_gguf, rewrite_gguf, raw, tmp_path, quant):
     """The quantized tiny model on vulkan against the cpu running its F32 twin (every matrix
     replaced by its reference decode): the same math in f32 on both sides, so a tight bound

@@ -440,7 +440,7 @@ def test_a_variant_string_is_checked():
 
 
 @pytest.mark.parametrize("qtype", ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K",
-                                   "Q4_K", "Q5_K", "Q6_K"])
+                                   "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4"])
 def test_every_wgsl_decoder_is_the_reference_decode(qtype):
     """q_<type>.wgsl's elem (what the gather, the dequantizer and the whole-blocks matmul read)
     against quant/reference.py on fresh random blocks, through the dequantizer and the gather:

@@ -44,7 +44,7 @@ def test_full_has_gemv_cases_above_the_int8_activation_threshold(registry):
     from minfer.kernels.triton.gemv import Q8_MIN_WEIGHTS, gemv_config
 
     gen = torch.Generator().manual_seed(0)
-    for name in ("q4_0_gemv", "int4_gemv", "gemv_swiglu", "gemv_rope"):
+    for name in ("q4_0_gemv", "int4_gemv", "lut4_gemv", "gemv_swiglu", "gemv_rope"):
         k = registry.kernels[name]
         types = set()
         for case in cases(k, (LARGE,)):
@@ -57,7 +57,7 @@ def test_full_has_gemv_cases_above_the_int8_activation_threshold(registry):
 
 def test_cases_cover_every_declared_dtype(registry):
     combos = dtype_combinations(registry.kernels["dequant"])
-    assert len(combos) == 13 * 3  # every storage type x every output dtype with a tolerance
+    assert len(combos) == 16 * 3  # every storage type x every output dtype with a tolerance
     swiglu = dtype_combinations(registry.kernels["swiglu"])
     assert [c[0] for c in swiglu] == [{"gate": d, "up": d} for d in ("F32", "F16", "BF16")]
 

@@ -57,7 +57,7 @@ def test_report_logic(registry, device, tmp_path, monkeypatch):
     for half in ("gate:F16, up:F16", "gate:BF16, up:BF16"):
         assert swiglu[half]["traffic_bytes"] == 6 * n
     deq = report["kernels"]["dequant"]["results"]
-    assert len(deq) == 13  # every storage type once (one output dtype), at the model's FFN weight
+    assert len(deq) == 16  # every storage type once (one output dtype), at the model's FFN weight
     assert {r["dtypes"].split(" -> ")[1] for r in deq} == {"F16"}
     assert all(r["shapes"].startswith("raw_u8[8, ") and r["within_tolerance"] for r in deq)
 

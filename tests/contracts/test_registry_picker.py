@@ -23,6 +23,7 @@ from minfer.kernels.triton import (
     embed,
     gemv_fused,
     int4,
+    lut4,
     mmq,
     norm,
     planes,
@@ -71,7 +72,9 @@ LAUNCHERS = {
     "mmq_q8_0": mmq.mmq_q8_0,
     "mmq_q6_k": mmq.mmq_q6_k,
     "mmq_planes": mmq.mmq_planes,
+    "mmq_lut4": mmq.mmq_lut4,
     "int4_gemv": int4.int4_gemv,
+    "lut4_gemv": lut4.lut4_gemv,
     "q8_0_gemv": planes.q8_0_gemv,
     "q6_k_gemv": planes.q6_k_gemv,
     "q5_gemv": planes.q5_gemv,
@@ -130,6 +133,8 @@ LAUNCHERS = {
     "cpu_q4_vnni2": cpu_vnni.q4_vnni2_mm,
     "cpu_q8_vnni": cpu_vnni.q4_vnni_mm,
     "cpu_q8_vnni2": cpu_vnni.q4_vnni2_mm,
+    "cpu_iq4_vnni2": cpu_vnni.q4_vnni2_mm,
+    "cpu_mxfp4_vnni2": cpu_vnni.q4_vnni2_mm,
 }
 
 
@@ -163,7 +168,7 @@ def test_gemv_wins_m1_by_fast_path_though_others_are_admissible(registry):
                                                           ("mmq_q4_0", None), ("linear_f16", None)]
     assert sorted(k.name for k, _ in rejected if k.contract.backend == "CUDA") == sorted([  # the other types'
         "mmq_int4", "mmq_q8_0", "mmq_q6_k", "mmq_planes", "int4_gemv", "q8_0_gemv", "q6_k_gemv", "q5_gemv",
-        "q3_k_gemv", "q2_k_gemv"])
+        "q3_k_gemv", "q2_k_gemv", "lut4_gemv", "mmq_lut4"])
     ok, rejected = candidates("QMatMul", *_qmatmul_call(8), registry=registry)
     # only linear_f16 has a fast path at 8; the quantized ones (MINFER_MMQ=1's) ranked by cost
     assert [c.kernel.name for c in ok] == ["linear_f16", "q4_0_matmul", "mmq_q4_0"]
@@ -173,7 +178,7 @@ def test_gemv_wins_m1_by_fast_path_though_others_are_admissible(registry):
 
 @pytest.mark.parametrize("qtype, kernel", [("Q4_0", "q4_0_matmul"), ("Q4K", "mmq_int4"), ("Q4_1", "mmq_int4"),
                                            ("Q8_0", "mmq_q8_0"), ("Q6K", "mmq_q6_k"), ("Q5K", "mmq_planes"),
-                                           ("Q2K", "mmq_planes")])
+                                           ("Q2K", "mmq_planes"), ("IQ4_XS", "mmq_lut4"), ("MXFP4", "mmq_lut4")])
 def test_quantized_many_row_matmuls_rank_mmq_first(registry, qtype, kernel):
     """Among the kernels that read the quantized weight (what MINFER_MMQ=1 keeps), the int8 MMQ
     ranks first for decode batches and prompt chunks of every type but Q4_0 (the tiled
@@ -188,7 +193,7 @@ def test_k_quants_route_to_their_gemv_then_the_f16_copy(registry):
     assert pick("QMatMul", *_qmatmul_call(1, k=1024, qtype="Q4K"), registry=registry).name == "int4_gemv"
     assert pick("QMatMul", *_qmatmul_call(8, k=1024, qtype="Q4K"), registry=registry).name == "linear_f16"
     gemvs = {"Q8_0": "q8_0_gemv", "Q6K": "q6_k_gemv", "Q5_0": "q5_gemv", "Q5_1": "q5_gemv", "Q5K": "q5_gemv",
-             "Q3K": "q3_k_gemv", "Q2K": "q2_k_gemv"}
+             "Q3K": "q3_k_gemv", "Q2K": "q2_k_gemv", "IQ4_NL": "lut4_gemv", "IQ4_XS": "lut4_gemv", "MXFP4": "lut4_gemv"}
     for qtype, gemv in gemvs.items():  # every type has a decode GEMV now; batches take the f16 copy
         assert pick("QMatMul", *_qmatmul_call(1, k=1024, qtype=qtype), registry=registry).name == gemv
         assert pick("QMatMul", *_qmatmul_call(8, k=1024, qtype=qtype), registry=registry).name == "linear_f16"

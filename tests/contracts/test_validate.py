@@ -203,7 +203,7 @@ def test_seed_with_q4_k_m_is_quant_incoherent(tmp_path):
     assert "Q4K" in errors[0].reason  # says which storage type to write
 
 
-@pytest.mark.parametrize("spelling", ["Q4_K", "q4k", "Q4_K_S", "IQ4_XS"])
+@pytest.mark.parametrize("spelling", ["Q4_K", "q4k", "Q4_K_S", "IQ2_XXS"])
 def test_other_non_storage_spellings(spelling, tmp_path):
     errors = _errors(tmp_path, _text([_seed_quant(ggml_dtype=spelling)], _seed_header()))
     assert [e.rule for e in errors] == ["QuantIncoherent"]

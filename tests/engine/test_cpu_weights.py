@@ -22,7 +22,8 @@ from minfer.kernels.cpu.matmul import PLAIN, int4_codes, int_form, pack_int4, pa
 from minfer.quant.types import QUANT_TABLE, GGMLType
 
 N, K = 48, 512  # 48 rows: not a whole int4 tile of 64 (the padding path)
-QUANTIZED = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+QUANTIZED = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
+             "MXFP4"]
 TYPES = QUANTIZED + ["F16", "BF16", "F32"]
 # relative error of x @ W^T against float64 (bfloat16 activations and scales; Q2_K/Q3_K's
 # random blocks have large offsets relative to their values, which the bfloat16 zero rounds)
@@ -35,6 +36,8 @@ def _blocks(rng: np.random.Generator, qt: GGMLType, n_blocks: int) -> np.ndarray
     b = rng.integers(0, 256, (n_blocks, info.block_bytes), dtype=np.uint8)
     for off in info.f16_offsets:
         b[:, off:off + 2] = (rng.uniform(0.5, 1.5, (n_blocks, 1)) * 2e-3).astype(np.float16).view(np.uint8)
+    for off in info.e8m0_offsets:
+        b[:, off] = rng.integers(115, 120, n_blocks)  # 2^-13 .. 2^-9
     return b
 
 
@@ -124,7 +127,8 @@ def test_a_decode_row_does_not_depend_on_the_other_rows(weights, name):
     assert torch.equal(m(x[11:29], decode=True), alone[11:29])
 
 
-@pytest.mark.parametrize("names", [["Q4_1", "Q4_0", "Q4_K"], ["Q4_K", "Q6_K", "Q8_0"], ["Q6_K", "F32"]])
+@pytest.mark.parametrize("names", [["Q4_1", "Q4_0", "Q4_K"], ["Q4_K", "Q6_K", "Q8_0"], ["Q6_K", "F32"],
+                                   ["IQ4_NL", "IQ4_XS", "MXFP4", "Q4_0"]])  # (one table per VNNI run)
 def test_fused_parts_stack_rows(weights, names):
     """Stacked weights (q/k/v, gate/up) of one or several kernel families: columns in order."""
     reader, oracle = weights

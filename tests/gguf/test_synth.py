@@ -98,6 +98,13 @@ def test_quant_mixes():
     assert all(m[f"blk.{i}.ffn_down.weight"] == ("Q6_K" if i in more else "Q4_K") for i in range(32))
     assert {m[f"blk.{i}.attn_q.weight"] for i in range(32)} == {"Q4_K"} and m["output.weight"] == "Q6_K"
     assert _types_by_role("tiny-llama", "q5_k_m")["attn_v"] == {"Q5_K", "Q6_K"}
+    # the lookup types: IQ4 mixes as the K mixes (Q6_K output; IQ4_XS -> IQ4_NL where a row is not whole
+    # super-blocks), MXFP4 matrices with Q8_0 output and token_embd
+    iq4 = _types_by_role("smollm2-135m", "iq4_xs")
+    assert iq4["token_embd"] == {"Q8_0"} and iq4["attn_q"] == {"IQ4_NL"} and iq4["ffn_down"] == {"IQ4_XS"}
+    assert _types_by_role("tiny-qwen2", "iq4_nl")["output"] == {"Q6_K"}
+    mx = _types_by_role("tiny-qwen2", "mxfp4")
+    assert mx["output"] == mx["token_embd"] == {"Q8_0"} and mx["ffn_up"] == mx["attn_k"] == {"MXFP4"}
     for q in ("q4_0", "q8_0", "q6_k", "q5_0", "q5_1", "f16", "f32"):
         roles = _types_by_role("qwen2.5-7b", q)
         assert roles.pop("norm") == roles.pop("bias") == {"F32"}
@@ -135,7 +142,8 @@ def test_gguf_package_reads_tiny_files(tiny_file, preset, quant):
 
 def test_random_blocks_have_realistic_magnitude():
     rng = np.random.Generator(np.random.SFC64(7))
-    for qtype in (G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q8_0, G.Q2_K, G.Q3_K, G.Q4_K, G.Q5_K, G.Q6_K, G.F16, G.F32):
+    for qtype in (G.Q4_0, G.Q4_1, G.Q5_0, G.Q5_1, G.Q8_0, G.Q2_K, G.Q3_K, G.Q4_K, G.Q5_K, G.Q6_K, G.IQ4_NL, G.IQ4_XS,
+                  G.MXFP4, G.F16, G.F32):
         x = _dequant(random_blocks(rng, qtype, 2048), qtype)
         assert np.isfinite(x).all() and 0.015 < x.std() < 0.03, (qtype.name, x.std())
         assert abs(x.mean()) < 0.003, (qtype.name, x.mean())

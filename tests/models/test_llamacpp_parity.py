@@ -1,4 +1,5 @@
-"""The qwen3 / gemma / phi3 families against llama.cpp, one runner for every model (mlx-lm style).
+"""The qwen3 / gemma / phi3 families and the lookup quant types against llama.cpp, one runner for every
+model (mlx-lm style).
 
 Fixtures: tests/fixtures/<model>/llamacpp.json, written by scripts/llamacpp_fixtures.py with
 llama-cpp-python 0.3.36 (tests/fixtures/README.md). Models:
@@ -10,6 +11,9 @@ llama-cpp-python 0.3.36 (tests/fixtures/README.md). Models:
   checked to be the very file llama.cpp ran (sha256): at f32 both engines compute nearly the
   same numbers, so their bounds are tight and catch any difference in the architecture's math
   (windows, soft-caps, scales, norms, YaRN, LongRoPE). Each bound sits next to the value measured.
+- `tiny-llama-iq4_nl`, `-iq4_xs`, `-mxfp4`: the tiny llama with its matrices in the lookup quant types,
+  made and checked the same way: the types' decoding and kernels against llama.cpp's (its 8-bit
+  activations set the bounds).
 
 For every model: tokenization equal to llama.cpp's; teacher-forced logits of the greedy cases (the
 prefill path and the token-by-token decode path) near llama.cpp's listed top-8; our argmax equal
@@ -57,6 +61,15 @@ BOUNDS = {
     # gemma2 4.1e-4 / 8.8e-5 / +0.000 %, phi3 2.5e-4 / 5.6e-5 / -0.000 % (decode path the same)
     **{name: Bounds(max_abs=1e-3, max_abs_decode=1e-3, max_centered=1e-3, mean=2e-4, ppl_rel=1e-4, min_decisive=10,
                     margin=0.01) for name in ("tiny-qwen3", "tiny-gemma3", "tiny-gemma2", "tiny-phi3")},
+    # the lookup quant types (IQ4_NL, IQ4_XS, MXFP4 matrices; a Q6_K / Q8_0 tied output): llama.cpp quantizes the
+    # activations to 8 bits (Q8_0, IQ4_XS's Q8_K), ours run two int8 passes (~exact), so the difference is its
+    # rounding, ~1 % of these logits (1-3.4). Measured 2026-12-03 (prefill = decode): max 0.018 / 0.033 / 0.011,
+    # centered 0.016 / 0.024 / 0.010, mean 0.0045 / 0.0062 / 0.0027 (iq4_nl / iq4_xs / mxfp4), every decisive step
+    # agrees (57 / 64 / 57 at a 0.1 margin, 3x the worst |d|), ppl -0.019 / -0.012 / -0.033 %; bounds 2x
+    **{f"tiny-llama-{q}": Bounds(max_abs=m, max_abs_decode=m, max_centered=c, mean=a, ppl_rel=7e-4, min_decisive=50,
+                                 margin=0.1)
+       for q, m, c, a in (("iq4_nl", 0.036, 0.032, 0.009), ("iq4_xs", 0.066, 0.048, 0.0125),
+                          ("mxfp4", 0.022, 0.021, 0.0054))},
 }
 MODELS = list(BOUNDS)
 

@@ -26,8 +26,9 @@ from minfer.quant.types import GGMLType, quant_info
 
 pytestmark = pytest.mark.native
 needs_vnni = pytest.mark.skipif(not cpu_vnni.available(), reason="needs AVX512-VNNI and a C compiler")
-K_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K)
-TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q4_K, GGMLType.Q8_0, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q5_K)
+K_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.IQ4_XS)
+TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q4_K, GGMLType.Q8_0, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q5_K,
+         GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4)
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -37,7 +38,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def _weight(qtype: GGMLType, n: int, k: int, seed: int) -> torch.Tensor:
     """uint8 [n, row bytes]: quantized normal weights where the reference quantizes the type,
     else random blocks with sane scales (gguf/synth.py)."""
-    if qtype in (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0):
+    if qtype in (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.MXFP4):
         return quantize(torch.randn(n, k, generator=torch.Generator().manual_seed(seed)), qtype)
     info = quant_info(qtype)
     blocks = random_blocks(np.random.default_rng(seed), qtype, n * k // info.block_elems)
@@ -58,7 +59,8 @@ def _matmul_case(qtype: GGMLType, n: int, k: int, m: int, seed: int, bf16: bool 
     # (float16 scale and offset per group: with a few outputs the error is ~1e-4 more than the
     # ~2e-5 tests/engine/test_cpu_vnni.py sees on bigger ones)
     assert _rel(y, want) < 1e-3, (qtype.name, n, k, m)
-    assert _rel(mm(x, 1), want) < 3e-2, (qtype.name, n, k, m)
+    if qtype not in cpu_vnni.LUT_TYPES:  # (the lookup types have no one-pass contract: two passes only)
+        assert _rel(mm(x, 1), want) < 3e-2, (qtype.name, n, k, m)
 
 
 @needs_vnni
@@ -100,6 +102,21 @@ def test_matmul_refuses_what_is_outside_its_contract():
 
 
 @needs_vnni
+def test_lookup_scales_beyond_float16_are_refused():
+    """An MXFP4 exponent whose zero (-128 x 2^(e - 128)) overflows float16 is a typed error at load;
+    the largest that fits (e = 136: S = 2^8, zero -2^15) packs and multiplies as the others."""
+    raw = quantize(torch.randn(32, 64), GGMLType.MXFP4).view(32, 2, 17)
+    raw[:, :, 0] = 137  # zero -128 x 2^9 = -65536 > 65504
+    with pytest.raises(UnsupportedError, match="float16"):
+        cpu_vnni.Q4Vnni([(raw.reshape(32, 34), GGMLType.MXFP4, 32, 64)])
+    raw[:, :, 0] = 136
+    raw = raw.reshape(32, 34)
+    mm = cpu_vnni.Q4Vnni([(raw, GGMLType.MXFP4, 32, 64)])
+    x = torch.randn(3, 64)
+    assert _rel(mm(x, 2), x.double() @ dequantize(raw, GGMLType.MXFP4, (32, 64)).double().T) < 1e-4
+
+
+@needs_vnni
 def test_pack_refuses_bad_sizes_in_c():
     """The C entry points check their own sizes (a caller that skips the Python checks)."""
     so = cpu_vnni._library()
@@ -108,10 +125,12 @@ def test_pack_refuses_bad_sizes_in_c():
     assert so.q4_pack(p, 2, 1, 48, 0, p, p, p) == -1  # k not a multiple of 32
     assert so.q4_pack(p, 12, 1, 32, 0, p, p, p) == -1  # Q4_K: k not a multiple of 256
     assert so.q4_pack(p, 99, 1, 32, 0, p, p, p) == -1  # not a 4-bit type
+    assert so.q4_pack(p, 23, 1, 32, 0, p, p, p) == -1  # IQ4_XS: k not a multiple of 256
     assert so.q8_pack(p, 13, 1, 32, 0, p, p, p) == -1
     assert so.q8_pack(p, 8, -1, 32, 0, p, p, p) == -1
     for m, n, k, ldy in ((0, 32, 32, 32), (1, 16, 32, 32), (1, 32, 16, 32), (1, 32, 32, 16)):
-        assert so.q4_gemm(p, p, p, n, k, p, 0, m, p, ldy, 1, 4) == -1, (m, n, k, ldy)
+        assert so.q4_gemm(p, p, p, n, k, p, 0, m, p, ldy, 1, 4, None) == -1, (m, n, k, ldy)
+    assert so.q4_gemm(p, p, p, 32, 32, p, 0, 1, p, 32, 1, 8, p) == -1  # a table with 8-bit codes
     assert so.rms_norm(p, 1, 8, p, 1e-5, p) == -1
 
 
@@ -222,5 +241,6 @@ def test_replay_encoder_calls_in_order(n):
 
 def test_types_table_covers_the_kernel():
     """The packers' types, as the C file numbers them (ggml's ids), with their block sizes."""
-    assert {t: cpu_vnni.TYPES.get(t, cpu_vnni.TYPES8.get(t)) for t in TYPES} == {t: int(t) for t in TYPES}
+    ids = {**cpu_vnni.TYPES, **cpu_vnni.TYPES8, **cpu_vnni.LUT_TYPES}
+    assert {t: ids.get(t) for t in TYPES} == {t: int(t) for t in TYPES}
     assert all(quant_info(t).block_elems == (256 if t in K_TYPES else 32) for t in TYPES)

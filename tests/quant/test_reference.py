@@ -22,9 +22,9 @@ from minfer.quant.reference import dequantize, quantize
 N_BLOCKS = 640
 
 FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
-BLOCK_TYPES = tuple(t for t, q in QUANT_TABLE.items() if q.f16_offsets)
+BLOCK_TYPES = tuple(t for t, q in QUANT_TABLE.items() if q.f16_offsets or q.e8m0_offsets)
 ALL_TYPES = FLOAT_TYPES + BLOCK_TYPES
-assert len(ALL_TYPES) == 13
+assert len(ALL_TYPES) == 16
 
 # f16 bit patterns of scales worth hitting on purpose
 F16_SPECIAL = np.array(
@@ -52,6 +52,10 @@ def random_blocks(qtype: GGMLType, seed: int) -> np.ndarray:
         raw[:8, off : off + 2] = 0
         raw[8:12, off : off + 2] = np.array([0x7BFF], dtype=np.uint16).view(np.uint8)  # +65504
         raw[12:16, off : off + 2] = np.array([0xFBFF], dtype=np.uint16).view(np.uint8)  # -65504
+    for off in QUANT_TABLE[qtype].e8m0_offsets:  # every finite exponent: 2^(e - 128) * 12 < 2^128 for e <= 252
+        raw[:, off] = rng.integers(0, 253, size=N_BLOCKS, dtype=np.uint8)
+        raw[:8, off] = 0  # the subnormal 2^-128
+        raw[8:16, off] = 252  # the largest: 1.5 * 2^127
     return raw
 
 
@@ -77,7 +81,7 @@ def test_dequantize_bit_exact_vs_gguf(qtype):
     raw = random_blocks(qtype, seed=int(qtype))
     out = dequantize(raw, qtype)
     assert_bit_equal(out, gguf_dequant(raw, qtype))
-    if qtype in BLOCK_TYPES:  # the blocks with scales of +-65504 reach large finite values
+    if qtype in BLOCK_TYPES:  # the blocks with the largest scales reach large finite values
         assert torch.isfinite(out).all() and out.abs().max() > 1e5
 
 
@@ -94,6 +98,34 @@ def test_extreme_and_hand_worked_blocks():
     block[2:] = np.arange(-16, 16, dtype=np.int8).view(np.uint8)
     out = dequantize(block, GGMLType.Q8_0)
     assert torch.equal(out, torch.arange(-16, 16, dtype=torch.float64).mul(2.0**-24).float())
+
+
+def test_lookup_types_hand_worked():
+    # IQ4_NL, d = 0.5: x = kvalues_iq4nl[nib] / 2; byte j low nibble = elem j, high = elem j + 16
+    block = np.zeros(18, np.uint8)
+    block[0:2] = np.array([0x3800], np.uint16).view(np.uint8)  # f16 0.5
+    block[2:18] = np.arange(16, dtype=np.uint8) | (np.arange(15, -1, -1, dtype=np.uint8) << 4)
+    out = dequantize(block, GGMLType.IQ4_NL)
+    kv = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113]
+    assert out.tolist() == [v / 2 for v in kv] + [v / 2 for v in kv[::-1]]
+    # MXFP4: e = 128 -> scale 1 (the doubled e2m1 values as they are); e = 0 -> 2^-128 (subnormal)
+    block = np.zeros(17, np.uint8)
+    block[0] = 128
+    block[1:17] = np.arange(16, dtype=np.uint8) | (7 << 4)
+    out = dequantize(block, GGMLType.MXFP4)
+    assert out[:16].tolist() == [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12] and out[16:].eq(12).all()
+    block[0] = 0
+    assert dequantize(block, GGMLType.MXFP4)[7].item() == 12 * 2.0**-128
+    # IQ4_XS: sub-block i's scale = (low nibble i % 2 of byte 4 + i / 2) | (bits 2i, 2i+1 of the u16 at 2) << 4,
+    # minus 32; d = 1, every code 8 (value 1): x = ls_i - 32
+    block = np.zeros(136, np.uint8)
+    block[0:2] = np.array([0x3C00], np.uint16).view(np.uint8)
+    ls = np.array([0, 63, 32, 33, 31, 17, 48, 5])
+    block[4:8] = (ls[0::2] & 15) | ((ls[1::2] & 15) << 4)
+    block[2:4] = np.array([sum(int(v >> 4) << (2 * i) for i, v in enumerate(ls))], np.uint16).view(np.uint8)
+    block[8:] = 0x88
+    out = dequantize(block, GGMLType.IQ4_XS).reshape(8, 32)
+    assert torch.equal(out, torch.tensor(ls - 32, dtype=torch.float32)[:, None].expand(8, 32))
 
 
 def test_float_types_keep_nan_inf_and_signed_zero():
@@ -150,7 +182,7 @@ def test_real_model_tensors(smollm2_path):
 
 # ------------------------------------------------------------------------------------ quantize
 
-QUANTIZED = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0)
+QUANTIZED = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.MXFP4)
 
 
 def quant_inputs(seed: int) -> np.ndarray:
@@ -167,6 +199,9 @@ def quant_inputs(seed: int) -> np.ndarray:
     x[4, :32] = rng.integers(-8, 8, size=32)  # Q4_0: exact integer grid
     x[5, :32] = np.float32(1e-30) * rng.standard_normal(32)  # tiny: f16 scale underflows
     x[6, :32] = 60000.0 * rng.standard_normal(32)  # large
+    x[7, :32] = np.float32(2.0) ** np.arange(-16, 16)  # MXFP4: max|x| a power of two, values on the grid
+    x[7, 32:64] = np.nextafter(np.float32(4.0), np.float32(0))  # just below a power of two: floor(log2) = 1
+    x[7, 64:96] = rng.choice([-6.0, -3.0, -1.0, 0.25, 0.75, 2.5, 5.0], size=32)  # ties between e2m1 levels
     return x
 
 
@@ -209,6 +244,10 @@ def _roundtrip_bound(x: np.ndarray, qtype: GGMLType) -> np.ndarray:
     b = x.astype(np.float64).reshape(-1, 32)
     amax = np.abs(b).max(axis=1)
     eps = 2.0**-11
+    if qtype == GGMLType.MXFP4:
+        # the scale 2^(floor(log2 amax) - 2) is exact; levels 0, 0.5, 1, 1.5, 2, 3, 4, 6 of it (max gap 2), and
+        # amax / scale in [4, 8) may clip at 6: at most 2 scale units away
+        return 2.0 ** (np.floor(np.log2(np.maximum(amax, 1e-38))) - 1) * (1 + 1e-6)
     if qtype == GGMLType.Q8_0:
         step = amax / 127
         bound = step / 2 + 127 * step * eps
@@ -266,6 +305,8 @@ def test_typed_errors():
         dequantize([0] * 18, GGMLType.Q4_0)
     with pytest.raises(UnsupportedError, match="Q4_K"):
         quantize(torch.zeros(256), GGMLType.Q4_K)
+    with pytest.raises(UnsupportedError, match="IQ4_XS"):  # gguf has no encoder to match: none here
+        quantize(torch.zeros(256), GGMLType.IQ4_XS)
     with pytest.raises(QuantError, match="block size"):
         quantize(torch.zeros(2, 48), GGMLType.Q8_0)
     with pytest.raises(QuantError, match="float"):

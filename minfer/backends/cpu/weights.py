@@ -2,9 +2,10 @@
 
 A MatMul weight becomes a `Matrix`, prepared once at load, that prefill and decode rows share:
 
-- Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K and Q8_0, where the C kernel can run (AVX512-VNNI, a C compiler): the VNNI
-  form (minfer/kernels/cpu/vnni.py), int8 activations per 32 in two passes, prompt chunks and
-  decode rows alike (the contracts `cpu_q4_vnni2`, `cpu_q8_vnni2`).
+- Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q8_0 and the lookup types IQ4_NL, IQ4_XS, MXFP4, where the C kernel
+  can run (AVX512-VNNI, a C compiler): the VNNI form (minfer/kernels/cpu/vnni.py), int8 activations per
+  32 in two passes, prompt chunks and decode rows alike (the contracts `cpu_q4_vnni2`, `cpu_q8_vnni2`,
+  `cpu_iq4_vnni2`, `cpu_mxfp4_vnni2`).
 - every other quantized type (and all of them elsewhere) runs torch's int4 packed matmul (group
   size 32, bfloat16 activations and scales) on the type's int4 digits (minfer/kernels/cpu/matmul.py):
   4-bit types as they are (0.63 bytes per weight), the others as lo/hi digit pairs (1.25 bytes per
@@ -74,7 +75,8 @@ def dense_f32(reader: GGUFReader, info: TensorInfo) -> torch.Tensor:
 # the C kernels (kernels/cpu/vnni.fkc.md): prompt chunks -> decode rows (the same weights,
 # activations in two int8 passes)
 VNNI_DECODE = {"cpu_q4_vnni": "cpu_q4_vnni2", "cpu_q8_vnni": "cpu_q8_vnni2"}
-VNNI_KERNELS = set(VNNI_DECODE) | set(VNNI_DECODE.values())
+# (the lookup types: two passes only)
+VNNI_KERNELS = set(VNNI_DECODE) | set(VNNI_DECODE.values()) | {"cpu_iq4_vnni2", "cpu_mxfp4_vnni2"}
 
 
 @functools.lru_cache(maxsize=1024)  # every layer asks for the same few shapes

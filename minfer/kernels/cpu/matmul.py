@@ -1,7 +1,8 @@
 """The cpu backend's matmul kernels: every quantized ggml type as int4 digits of torch's packed
 int4 matmul, and float32 / bfloat16 GEMMs for float weights (contracts: kernels/cpu/matmul.fkc.md).
 Where the C kernels run (kernels/cpu/vnni.py: AVX512-VNNI and a C compiler), Q4_0/Q4_1/Q4_K, Q5_0/Q5_1/
-Q5_K and Q8_0 take those instead; this module serves the other types, and every type elsewhere.
+Q5_K, Q8_0 and the lookup types (IQ4_NL, IQ4_XS, MXFP4) take those instead; this module serves the other
+types, and every type elsewhere.
 
 torch's CPU int4 kernel (`_weight_int4pack_mm_for_cpu`, group size 32, bfloat16 activations
 and (scale, zero) pairs) computes, for every group of 32 columns, w = (c - 8) * scale + zero
@@ -11,10 +12,11 @@ that one kernel:
 
 - 4-bit types (Q4_0, Q4_1, Q4_K; groups of 32): c = v, zero = M0 + 8 S. One code per weight,
   no wider than the file (4.5 -> 5 bits per weight with the bfloat16 scale and zero).
-- wider or finer-grained types (Q5_0, Q5_1, Q5_K, Q8_0: groups of 32; Q2_K, Q3_K, Q6_K:
-  groups of 16): v in -128..127 splits into two digits, v = lo + 16 hi with lo = v & 15 and
-  hi = v >> 4. The matrix gets twice the columns: each group of G weights becomes G columns of
-  lo digits then G columns of hi + 8, and the activations are laid out to match,
+- wider or finer-grained types (Q5_0, Q5_1, Q5_K, Q8_0 and the lookup types' table
+  values: groups of 32; Q2_K, Q3_K, Q6_K: groups of 16): v in -128..127 splits into two
+  digits, v = lo + 16 hi with lo = v & 15 and hi = v >> 4. The matrix gets twice the columns:
+  each group of G weights becomes G columns of lo digits then G columns of hi + 8, and the
+  activations are laid out to match,
   [x_g, 16 x_g] (16 x is exact in bfloat16). Column pair j then contributes
   ((lo - 8) S + Z1) x + (hi S + Z2) 16 x = S v x + (Z1 - 8 S + 16 Z2) x, so any zeros with
   Z1 + 16 Z2 = M0 + 8 S are exact: for G = 32 the two halves are two groups of 32 (Z1 = M0 + 8 S,
@@ -35,8 +37,8 @@ import torch
 import torch.nn.functional as F
 
 from ...errors import UnsupportedError
-from ...quant.reference import nibbles, scale_min_k4
-from ...quant.types import QUANT_TABLE, GGMLType, by_name
+from ...quant.reference import e8m0_half, iq4_xs_scales, nibbles, scale_min_k4
+from ...quant.types import KVALUES_IQ4NL, KVALUES_MXFP4, QUANT_TABLE, GGMLType, by_name
 
 # Below 8 rows sgemm (MKL / oneDNN) takes GEMV-like kernels that round differently from its GEMM;
 # prefill calls with fewer rows are padded to this many. (Above it, rows agree bit for bit at
@@ -46,7 +48,8 @@ GROUP = 32  # torch's int4 group size used here (the smallest it takes)
 ROWS = 64  # rows are packed in tiles of this many (torch's CPU layout); others are padded with zero rows
 
 PLAIN = {GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q4_K}  # one digit, groups of 32
-PAIRED_32 = {GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q5_K, GGMLType.Q8_0}
+PAIRED_32 = {GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q5_K, GGMLType.Q8_0, GGMLType.IQ4_NL, GGMLType.IQ4_XS,
+             GGMLType.MXFP4}
 PAIRED_16 = {GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q6_K}
 INT4_TYPES = PLAIN | PAIRED_32 | PAIRED_16
 
@@ -126,7 +129,24 @@ def int_form(b: torch.Tensor, qtype: GGMLType) -> tuple[torch.Tensor, torch.Tens
         high2 = _bits(b[:, 128:192].reshape(n, 2, 32), (0, 2, 4, 6), 3).reshape(n, 256)
         v = (low4 | (high2 << 4)).short() - 32
         return v, s, torch.zeros_like(s), 16
+    if qtype in (GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4):  # the table value of each code, scale per 32
+        return _lookup_form(b, qtype)
     raise ValueError(f"no int4 form for {qtype.name}")
+
+
+def _lookup_form(b: torch.Tensor, qtype: GGMLType) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """int_form of the lookup types: v = the table value of each nibble (int16), S the scale of its
+    32 (IQ4_NL d; IQ4_XS d (ls - 32); MXFP4 2^(e - 128)), M0 = 0."""
+    n = b.shape[0]
+    if qtype == GGMLType.IQ4_XS:
+        table, codes = KVALUES_IQ4NL, nibbles(b[:, 8:136].reshape(n, 8, 16)).reshape(n, 256)
+        s = _f16(b, 0) * iq4_xs_scales(b).to(torch.float32)
+    elif qtype == GGMLType.IQ4_NL:
+        table, codes, s = KVALUES_IQ4NL, nibbles(b[:, 2:18]).reshape(n, 32), _f16(b, 0)
+    else:
+        table, codes, s = KVALUES_MXFP4, nibbles(b[:, 1:17]).reshape(n, 32), e8m0_half(b[:, 0:1])
+    v = torch.tensor(table, dtype=torch.int16)[codes.long()]
+    return v, s, torch.zeros_like(s), 32
 
 
 def paired(qtype: GGMLType) -> int:

@@ -1,5 +1,6 @@
 /* int4 weights x int8 activations on AVX512-VNNI: the cpu backend's kernel for the 4-bit ggml
- * types (Q4_0, Q4_1, Q4_K), built by minfer/kernels/cpu/vnni.py with the system C compiler.
+ * types (Q4_0, Q4_1, Q4_K; the lookup types IQ4_NL, IQ4_XS, MXFP4 through a 16-entry table),
+ * built by minfer/kernels/cpu/vnni.py with the system C compiler.
  *
  * Weight W [n, k] (n a multiple of 32, k of 32), per group of 32 weights along k:
  * w = S * c + Z with codes c in 0..15 (S, Z float16). Layout: W [n/16][k/32][256] bytes: per
@@ -7,6 +8,9 @@
  * the code of (col, k = 8j + t) in its low nibble and of (col, 8j + 4 + t) in its high nibble,
  * so one chunk unpacks into the two registers vpdpbusd takes (16 columns x 4 consecutive k).
  * S, Z: [n/16][k/32][16] float16.
+ * Lookup types: the nibble is an index into a 16-byte table `lut` (vpshufb, one per register of
+ * codes), c = lut[nibble] = v + 128 in 1..255 for the type's int8 value v, with S the block's
+ * scale and Z = -128 S (from the float16 S, so the two agree exactly): w = S v.
  *
  * Activations x [m, k] are quantized per row and group of 32 (llama.cpp's Q8_0 scheme), once
  * (P = 1) or twice (P = 2: the first pass's rounding error quantized again, ~15 bits in all):
@@ -96,12 +100,25 @@ int q8_pack(const uint8_t *rows, int qtype, int n_rows, int k, int col0, uint8_t
     return 0;
 }
 
-/* rows [n_rows, row_bytes] of a Q4_0 (qtype 2), Q4_1 (3) or Q4_K (12) weight -> W, S, Z for
- * columns col0 .. col0 + n_rows (col0 and the layout's n: multiples of 16). */
+/* the float32 2^(e - 128) of an E8M0 byte, as ggml_e8m0_to_fp32_half */
+static inline float e8m0_half(uint8_t e) {
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* rows [n_rows, row_bytes] of a Q4_0 (qtype 2), Q4_1 (3), Q4_K (12) or lookup-type IQ4_NL (20),
+ * IQ4_XS (23), MXFP4 (39) weight -> W, S, Z for columns col0 .. col0 + n_rows (col0 and the
+ * layout's n: multiples of 16). Returns -1 on a bad type or size, -3 where a lookup type's scale
+ * does not fit float16 (|S| or 128 |S| above 65504). */
 int q4_pack(const uint8_t *rows, int qtype, int n_rows, int k, int col0, uint8_t *W, uint16_t *S, uint16_t *Z) {
     int G = k / 32;
-    int row_bytes = qtype == 12 ? k / 256 * 144 : qtype == 2 ? G * 18 : G * 20;
-    if ((qtype != 2 && qtype != 3 && qtype != 12) || k < 32 || k % (qtype == 12 ? 256 : 32) || n_rows < 0 || col0 < 0)
+    int super = qtype == 12 || qtype == 23;  /* 256-element super-blocks */
+    int row_bytes = qtype == 12 ? k / 256 * 144 : qtype == 23 ? k / 256 * 136 : qtype == 39 ? G * 17
+                    : qtype == 2 || qtype == 20 ? G * 18 : G * 20;
+    if ((qtype != 2 && qtype != 3 && qtype != 12 && qtype != 20 && qtype != 23 && qtype != 39) || k < 32
+        || k % (super ? 256 : 32) || n_rows < 0 || col0 < 0)
         return -1;
     uint8_t codes[32];
     for (int i = 0; i < n_rows; i++) {
@@ -123,8 +140,27 @@ int q4_pack(const uint8_t *rows, int qtype, int n_rows, int k, int col0, uint8_t
                 scale_min_k4(sub, b + 4, &sc, &mn);
                 s = f16(b) * (float)sc;
                 z = -(f16(b + 2) * (float)mn);
-            } else {
-                return -1;
+            } else {  /* the lookup types: codes are table indices, S the scale, Z = -128 S (below) */
+                const uint8_t *qs;
+                if (qtype == 23) {
+                    const uint8_t *b = r + (size_t)(g / 8) * 136;
+                    int sub = g % 8;
+                    int ls = ((b[4 + sub / 2] >> (4 * (sub % 2))) & 15) | (((b[2] | (b[3] << 8)) >> (2 * sub) & 3) << 4);
+                    s = f16(b) * (float)(ls - 32);
+                    qs = b + 8 + 16 * sub;
+                } else if (qtype == 39) {
+                    const uint8_t *b = r + (size_t)g * 17;
+                    s = e8m0_half(b[0]);
+                    qs = b + 1;
+                } else {
+                    const uint8_t *b = r + (size_t)g * 18;
+                    s = f16(b);
+                    qs = b + 2;
+                }
+                for (int j = 0; j < 16; j++) { codes[j] = qs[j] & 15; codes[j + 16] = qs[j] >> 4; }
+                uint16_t sh = _cvtss_sh(s, _MM_FROUND_TO_NEAREST_INT);
+                z = -128.0f * _cvtsh_ss(sh);
+                if (!isfinite(_cvtsh_ss(sh)) || fabsf(z) > 65504.0f) return -3;
             }
             size_t off = (size_t)blk * G + g;
             put_group(W + off * 256, S + off * 16, Z + off * 16, c, codes, s, z);
@@ -182,7 +218,9 @@ static void quantize_rows(const void *x, int bf16, int m, int k, int P, int8_t *
 #define MT 4
 
 /* rows (<= MT) x 32 columns; X: the rows' quantized activations, P passes of k bytes per row */
-static inline __attribute__((always_inline)) void tile(int rows, int P, int B8, const uint8_t *W0, const uint8_t *W1,
+/* LUT: the 4-bit codes index `lut` (the lookup types; `table` its 16 bytes in every 128-bit lane) */
+static inline __attribute__((always_inline)) void tile(int rows, int P, int B8, int LUT, __m512i table,
+        const uint8_t *W0, const uint8_t *W1,
         const uint16_t *S0, const uint16_t *S1, const uint16_t *Z0, const uint16_t *Z1, int G,
         const int8_t *X, const float *dx, const float *sx, int k, float *Y, int ldy) {
     __m512 acc0[MT], acc1[MT];
@@ -205,6 +243,11 @@ static inline __attribute__((always_inline)) void tile(int rows, int P, int B8, 
                 b[2 * c] = _mm512_and_si512(r1, mask);
                 b[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(r1, 4), mask);
             }
+            if (LUT)
+                for (int c = 0; c < 8; c++) {
+                    a[c] = _mm512_shuffle_epi8(table, a[c]);
+                    b[c] = _mm512_shuffle_epi8(table, b[c]);
+                }
         }
         __m512 s0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S0 + g * 16)));
         __m512 s1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S1 + g * 16)));
@@ -237,14 +280,17 @@ static inline __attribute__((always_inline)) void tile(int rows, int P, int B8, 
 }
 
 /* y [m, n] float32 (row stride ldy) = x [m, k] @ W^T, n a multiple of 32, activations in P = 1
- * or 2 int8 passes. Returns -1 on sizes outside that contract, -2 when the activations' scratch
- * cannot be allocated. */
+ * or 2 int8 passes; `lut` (4-bit codes only): the 16-byte table of a lookup type, else NULL.
+ * Returns -1 on sizes outside that contract, -2 when the activations' scratch cannot be allocated. */
 int q4_gemm(const uint8_t *W, const uint16_t *S, const uint16_t *Z, int n, int k,
-            const void *x, int bf16, int m, float *y, int ldy, int P, int bits) {
+            const void *x, int bf16, int m, float *y, int ldy, int P, int bits, const uint8_t *lut) {
     int G = k / 32, NT = n / 32, MB = (m + MT - 1) / MT;
     size_t gb = bits == 8 ? 512 : 256;  /* bytes of codes per block of 16 columns and group */
-    if ((P != 1 && P != 2) || (bits != 4 && bits != 8) || m < 1 || n < 32 || n % 32 || k < 32 || k % 32 || ldy < n)
+    if ((P != 1 && P != 2) || (bits != 4 && bits != 8) || m < 1 || n < 32 || n % 32 || k < 32 || k % 32 || ldy < n
+        || (lut != NULL && bits != 4))
         return -1;
+    const __m512i table = lut != NULL ? _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lut))
+                                      : _mm512_setzero_si512();
     size_t nq = ((size_t)m * P * k + 63) / 64 * 64;
     int8_t *q = malloc(nq + (size_t)m * G * (P + 1) * sizeof(float));
     if (q == NULL) return -2;
@@ -255,7 +301,7 @@ int q4_gemm(const uint8_t *W, const uint16_t *S, const uint16_t *Z, int n, int k
         size_t b0 = (size_t)(2 * t) * G, b1 = b0 + G;
         for (int mb = 0; mb < MB; mb++) {
             int r0 = mb * MT, rows = m - r0 < MT ? m - r0 : MT;
-#define TILE(R, PP, B8) tile(R, PP, B8, W + b0 * gb, W + b1 * gb, S + b0 * 16, S + b1 * 16, Z + b0 * 16, Z + b1 * 16, \
+#define TILE(R, PP, B8) tile(R, PP, B8, B8 ? 0 : LUT_ON, table, W + b0 * gb, W + b1 * gb, S + b0 * 16, S + b1 * 16, Z + b0 * 16, Z + b1 * 16, \
                              G, q + (size_t)r0 * PP * k, d + (size_t)r0 * PP * G, sx + (size_t)r0 * G, k,         \
                              y + (size_t)r0 * ldy + 32 * t, ldy)
 #define ROWS(PP, B8) switch (rows) {  /* a row count known at compile time: the tile's registers unrolled */ \
@@ -264,10 +310,18 @@ int q4_gemm(const uint8_t *W, const uint16_t *S, const uint16_t *Z, int n, int k
                 case 2: TILE(2, PP, B8); break;                                                              \
                 default: TILE(1, PP, B8); break;                                                             \
             }
-            if (bits == 4) {
+            if (bits == 4 && lut != NULL) {
+#define LUT_ON 1
                 if (P == 1) { ROWS(1, 0) } else { ROWS(2, 0) }
+#undef LUT_ON
+            } else if (bits == 4) {
+#define LUT_ON 0
+                if (P == 1) { ROWS(1, 0) } else { ROWS(2, 0) }
+#undef LUT_ON
             } else {
+#define LUT_ON 0
                 if (P == 1) { ROWS(1, 1) } else { ROWS(2, 1) }
+#undef LUT_ON
             }
 #undef ROWS
 #undef TILE

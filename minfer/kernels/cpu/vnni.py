@@ -25,6 +25,8 @@ SOURCE = Path(__file__).parent / "q4_vnni.c"
 REVISION_SOURCES = (SOURCE,)  # the contract's revision hash covers the C file
 FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma", "-fopenmp"]
 TYPES = {GGMLType.Q4_0: 2, GGMLType.Q4_1: 3, GGMLType.Q4_K: 12}  # ggml type ids the packer reads: 4-bit codes
+# the lookup types: 4-bit codes through a 16-byte table of their values + 128 (vpshufb)
+LUT_TYPES = {GGMLType.IQ4_NL: 20, GGMLType.IQ4_XS: 23, GGMLType.MXFP4: 39}
 # 8-bit codes: Q8_0 as q + 128 (zero -128 d), the 5-bit types as their values 0..31
 TYPES8 = {GGMLType.Q8_0: 8, GGMLType.Q5_0: 6, GGMLType.Q5_1: 7, GGMLType.Q5_K: 13}
 COLS = 32  # output columns are padded to a multiple of this (the kernel's tile)
@@ -52,7 +54,7 @@ def _library() -> ctypes.CDLL | None:
     so.q4_pack.restype = i
     so.q8_pack.argtypes = [p, i, i, i, i, p, p, p]
     so.q8_pack.restype = i
-    so.q4_gemm.argtypes = [p, p, p, i, i, p, i, i, p, i, i, i]
+    so.q4_gemm.argtypes = [p, p, p, i, i, p, i, i, p, i, i, i, p]
     so.q4_gemm.restype = i
     so.attn_decode.argtypes = [p, i, p, p, i, i, i, i, i, p, p, i, ctypes.c_float, p]
     so.attn_decode.restype = i
@@ -69,11 +71,28 @@ def _ptr(t: torch.Tensor) -> int:
     return t.data_ptr()
 
 
+def lut_bytes(qtype: GGMLType) -> torch.Tensor | None:
+    """The 16-byte table of a lookup type (its int8 values + 128, the unsigned bytes vpdpbusd takes;
+    the zero -128 S restores them), None for the other types."""
+    table = quant_info(qtype).lut
+    return torch.tensor([v + 128 for v in table], dtype=torch.uint8) if table else None
+
+
+def _code_kind(qtype: GGMLType) -> tuple[int, tuple[int, ...]]:
+    """(bits per code, lookup table) of a type the kernel reads; (0, ()) for the others."""
+    if qtype in TYPES8:
+        return 8, ()
+    if qtype in TYPES or qtype in LUT_TYPES:
+        return 4, quant_info(qtype).lut
+    return 0, ()
+
+
 class Q4Vnni:
-    """One weight [n, k] (or stacked weights of one code width) in the VNNI layout, prepared once
-    at load: codes uint8 [n'/16, k/32, 256] (4-bit types: two codes a byte) or [n'/16, k/32, 512]
-    (Q8_0: one byte each, q + 128) and float16 scale, zero [n'/16, k/32, 16], n' = n rounded up to
-    32 (zero columns). `__call__(x)` is y = x @ W^T, float32 [m, n]."""
+    """One weight [n, k] (or stacked weights of one code width and table) in the VNNI layout,
+    prepared once at load: codes uint8 [n'/16, k/32, 256] (4-bit types: two codes a byte) or
+    [n'/16, k/32, 512] (Q8_0: one byte each, q + 128) and float16 scale, zero [n'/16, k/32, 16],
+    n' = n rounded up to 32 (zero columns); the lookup types' 16-byte table `lut` (else None).
+    `__call__(x)` is y = x @ W^T, float32 [m, n]."""
 
     def __init__(self, parts: list[tuple[torch.Tensor, GGMLType, int, int]]):
         """parts: (raw rows uint8 [n_i, row_bytes], type, n_i, k) stacked in this order."""
@@ -83,12 +102,14 @@ class Q4Vnni:
         k = parts[0][3]
         if k % 32 or any(p[3] != k for p in parts):
             raise UnsupportedError(f"q4_vnni: k must be one multiple of 32 for every part, got {[p[3] for p in parts]}")
-        widths = {8 if p[1] in TYPES8 else 4 if p[1] in TYPES else 0 for p in parts}
-        if len(widths) != 1 or 0 in widths:
+        kinds = {_code_kind(p[1]) for p in parts}
+        if len(kinds) != 1 or (0, ()) in kinds:
             raise UnsupportedError(f"q4_vnni: {', '.join(p[1].name for p in parts)}: the parts must all be 4-bit "
-                                   f"({', '.join(t.name for t in TYPES)}) or all 8-bit codes "
-                                   f"({', '.join(t.name for t in TYPES8)})")
-        self.bits = widths.pop()
+                                   f"({', '.join(t.name for t in TYPES)}), all 8-bit codes "
+                                   f"({', '.join(t.name for t in TYPES8)}) or all lookup types of one table "
+                                   f"({', '.join(t.name for t in LUT_TYPES)})")
+        self.bits = kinds.pop()[0]
+        self.lut = lut_bytes(parts[0][1])
         self.n, self.k = sum(p[2] for p in parts), k
         n_pad = self.n + -self.n % COLS
         g = k // 32
@@ -105,7 +126,10 @@ class Q4Vnni:
                 raise UnsupportedError(f"q4_vnni: {qtype.name} rows must be uint8 [{n}, {row_bytes or '?'}] "
                                        f"(k a multiple of {info.block_elems}), got {rows.dtype} {list(rows.shape)}")
             done = (so.q8_pack(_ptr(rows), TYPES8[qtype], n, k, at, *ptrs) if self.bits == 8
-                    else so.q4_pack(_ptr(rows), TYPES[qtype], n, k, at, *ptrs))
+                    else so.q4_pack(_ptr(rows), {**TYPES, **LUT_TYPES}[qtype], n, k, at, *ptrs))
+            if done == -3:
+                raise UnsupportedError(f"q4_vnni: a {qtype.name} block scale of this weight (or 128 times it) is "
+                                       "beyond float16's 65504, the largest the VNNI layout stores")
             if done != 0:
                 raise UnsupportedError(f"q4_vnni: cannot pack {qtype.name}")
             at += n
@@ -116,10 +140,14 @@ class Q4Vnni:
         self.nbytes = self.w.numel() + 2 * (self.s.numel() + self.z.numel())
         self._gemm = so.q4_gemm
         self._ptrs = (_ptr(self.w), _ptr(self.s), _ptr(self.z), self.n_pad, self.k)
+        self._lut = None if self.lut is None else _ptr(self.lut)
 
     def state(self) -> dict:
         """The prepared layout as tensors and ints (backends/cpu/weight_cache.py keeps it on disk)."""
-        return {"w": self.w, "s": self.s, "z": self.z, "n": self.n, "k": self.k, "bits": self.bits, "n_pad": self.n_pad}
+        st = {"w": self.w, "s": self.s, "z": self.z, "n": self.n, "k": self.k, "bits": self.bits, "n_pad": self.n_pad}
+        if self.lut is not None:
+            st["lut"] = self.lut
+        return st
 
     @classmethod
     def from_state(cls, st: dict) -> Q4Vnni:
@@ -130,6 +158,7 @@ class Q4Vnni:
         self = cls.__new__(cls)
         self.w, self.s, self.z = st["w"].contiguous(), st["s"].contiguous(), st["z"].contiguous()
         self.n, self.k, self.bits, self.n_pad = int(st["n"]), int(st["k"]), int(st["bits"]), int(st["n_pad"])
+        self.lut = st["lut"].contiguous() if "lut" in st else None
         self._bind(so)
         return self
 
@@ -146,7 +175,7 @@ class Q4Vnni:
         if x.dim() != 2 or x.shape[1] != self.k or m < 1:
             raise UnsupportedError(f"q4_vnni: x must be [m >= 1, {self.k}], got {list(x.shape)}")
         rc = self._gemm(*self._ptrs, x.data_ptr(), x.dtype == torch.bfloat16, m, y.data_ptr(), self.n_pad, passes,
-                        self.bits)
+                        self.bits, self._lut)
         if rc == -2:
             raise MemoryError(f"q4_vnni: no memory for {m} x {self.k} quantized activations")
         if rc:
@@ -156,8 +185,8 @@ class Q4Vnni:
 
 
 def packed_bytes(n: int, k: int, qtype: GGMLType = GGMLType.Q4_0) -> int:
-    """Bytes of a Q4Vnni weight [n, k]: half a byte per code (a byte for Q8_0) and two float16
-    per group of 32."""
+    """Bytes of a Q4Vnni weight [n, k]: half a byte per code (a byte for Q8_0 and the 5-bit types)
+    and two float16 per group of 32."""
     n_pad = n + -n % COLS
     return n_pad * k // (1 if qtype in TYPES8 else 2) + n_pad * (k // 32) * 4
 
@@ -166,15 +195,15 @@ def packed_bytes(n: int, k: int, qtype: GGMLType = GGMLType.Q4_0) -> int:
 
 
 def q4_vnni_weight(w: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str) -> Q4Vnni:
-    """Load layout: a Q4_0 / Q4_1 / Q4_K / Q8_0 weight's raw bytes -> its VNNI form."""
+    """Load layout: a weight's raw bytes (a type of TYPES, TYPES8 or LUT_TYPES) -> its VNNI form."""
     if isinstance(w, Q4Vnni):
         return w
     from .matmul import _qinfo
 
     info = _qinfo(qtype)
-    if info.type not in TYPES and info.type not in TYPES8:
+    if _code_kind(info.type)[0] == 0:
         raise UnsupportedError(f"q4_vnni_weight: {info.name} is not one of "
-                               f"{', '.join(t.name for t in (*TYPES, *TYPES8))}")
+                               f"{', '.join(t.name for t in (*TYPES, *TYPES8, *LUT_TYPES))}")
     if k % info.block_elems or w.dtype != torch.uint8 or w.numel() != info.nbytes(n * k):
         raise UnsupportedError(f"q4_vnni_weight: expected the uint8 bytes of a [{n}, {k}] {info.name} weight "
                                f"(k a multiple of {info.block_elems}), got {w.dtype} x {w.numel()}")

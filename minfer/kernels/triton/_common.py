@@ -238,3 +238,12 @@ def tanh(t):
 def gelu_tanh(x):
     """x/2 (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), as x sigmoid(2u) (the same function)."""
     return x * tl.sigmoid(1.5957691216057308 * (x + 0.044715 * x * x * x))
+
+
+@triton.jit
+def e8m0_half(e):
+    """2^(e - 128) as f32 for E8M0 exponents e (int32 0..255): ggml_e8m0_to_fp32_half, e < 2 the
+    subnormals 2^-128, 2^-127 (MXFP4's scale). Two selects summed (one is 0): the nested select left
+    ptxas a stack frame in the MMQ's 16x64 tile (sm_90)."""
+    normal = tl.where(e >= 2, ((e - 1) << 23).to(tl.float32, bitcast=True), 0.0)
+    return normal + tl.where(e < 2, (0x00200000 << e).to(tl.float32, bitcast=True), 0.0)

@@ -7,7 +7,9 @@ the kernel never needs the row index. The embedding gather (embed.py) runs the s
 GATHER on: there output block g (of row t = g // blocks_per_row) reads the same block of table
 row ids[t]; float tables are then read in blocks of up to 32 elements (`gather_tile`).
 
-Two decoder shapes, one per family, both behind `decode_store` (a constexpr switch on the type):
+Two decoder shapes, one per family, both behind `decode_store` (a constexpr switch on the type;
+the lookup types IQ4_NL, MXFP4 and IQ4_XS take the legacy tile, IQ4_XS as 16 x 16 per super-block,
+their codes looked up in the table's 4 words by selects: `_lut`):
 
 - Legacy 32-element types and floats: a program decodes BLOCK blocks as one
   [BLOCK, NSUB, SUBLEN] tile (Q4_0: 2 x 16, the low and the high nibbles; floats are blocks of
@@ -40,8 +42,8 @@ import triton
 import triton.language as tl
 
 from ...errors import UnsupportedError
-from ...quant.types import GGMLType, QuantInfo, by_name, quant_info
-from ._common import cast_for, cdiv, check_device, check_grid, check_int, check_tensor, make_out, view_as
+from ...quant.types import KVALUES_IQ4NL, KVALUES_MXFP4, GGMLType, QuantInfo, by_name, quant_info
+from ._common import cast_for, cdiv, check_device, check_grid, check_int, check_tensor, e8m0_half, make_out, view_as
 
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -59,6 +61,19 @@ _Q3_K = tl.constexpr(int(GGMLType.Q3_K))
 _Q4_K = tl.constexpr(int(GGMLType.Q4_K))
 _Q5_K = tl.constexpr(int(GGMLType.Q5_K))
 _Q6_K = tl.constexpr(int(GGMLType.Q6_K))
+_IQ4_NL = tl.constexpr(int(GGMLType.IQ4_NL))
+_IQ4_XS = tl.constexpr(int(GGMLType.IQ4_XS))
+_MXFP4 = tl.constexpr(int(GGMLType.MXFP4))
+
+
+def _words(table) -> tuple[tl.constexpr, ...]:
+    """A 16-entry int8 table as 4 int32 words of its bytes (byte b of word w: entry 4 w + b)."""
+    words = [sum((table[4 * w + b] & 0xFF) << (8 * b) for b in range(4)) for w in range(4)]
+    return tuple(tl.constexpr(w - (1 << 32) if w >= 1 << 31 else w) for w in words)
+
+
+_IQ4_W0, _IQ4_W1, _IQ4_W2, _IQ4_W3 = _words(KVALUES_IQ4NL)
+_MX_W0, _MX_W1, _MX_W2, _MX_W3 = _words(KVALUES_MXFP4)
 
 # (NSUB, SUBLEN) of the legacy tile; K-quants (None) use the word decoders.
 TILES: dict[GGMLType, tuple[int, int] | None] = {
@@ -75,6 +90,9 @@ TILES: dict[GGMLType, tuple[int, int] | None] = {
     GGMLType.Q4_K: None,
     GGMLType.Q5_K: None,
     GGMLType.Q6_K: None,
+    GGMLType.IQ4_NL: (2, 16),
+    GGMLType.MXFP4: (2, 16),
+    GGMLType.IQ4_XS: (16, 16),  # 8 sub-blocks of 32, each as its low and high nibbles
 }
 
 # How the launcher hands the bytes to the kernel: float types as typed elements (bf16 as its
@@ -204,6 +222,35 @@ def _decode_q8_0(p, sub, l, mask):
 
 
 @triton.jit
+def _lut(q, W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, W3: tl.constexpr):
+    """The int8 table value (as f32) of codes q (int32 0..15); the table's 16 bytes in words W0..W3."""
+    word = tl.where(q < 8, tl.where(q < 4, W0, W1), tl.where(q < 12, W2, W3))
+    return ((word << (24 - 8 * (q & 3))) >> 24).to(tl.float32)
+
+
+@triton.jit
+def _decode_iq4_nl(p, sub, l, mask):
+    q = (_u8(p, 2 + l, mask) >> (4 * sub)) & 0xF
+    return _lut(q, _IQ4_W0, _IQ4_W1, _IQ4_W2, _IQ4_W3) * _f16(p, 0, mask)
+
+
+@triton.jit
+def _decode_mxfp4(p, sub, l, mask):
+    q = (_u8(p, 1 + l, mask) >> (4 * sub)) & 0xF
+    return _lut(q, _MX_W0, _MX_W1, _MX_W2, _MX_W3) * e8m0_half(_u8(p, 0, mask))
+
+
+@triton.jit
+def _decode_iq4_xs(p, sub, l, mask):
+    # sub = 2 ib + h: sub-block ib's low (h = 0: elements 32 ib + l) or high (32 ib + 16 + l) nibbles
+    ib = sub // 2
+    q = (_u8(p, 8 + 16 * ib + l, mask) >> (4 * (sub % 2))) & 0xF
+    ls = ((_u8(p, 4 + ib // 2, mask) >> (4 * (ib % 2))) & 0xF) | (((_u16(p, 2, mask) >> (2 * ib)) & 3) << 4)
+    dl = _f16(p, 0, mask) * (ls - 32).to(tl.float32)
+    return _lut(q, _IQ4_W0, _IQ4_W1, _IQ4_W2, _IQ4_W3) * dl
+
+
+@triton.jit
 def _decode_tile(p, sub, l, mask, QTYPE: tl.constexpr):
     """f32 values [B, NSUB, SUBLEN] of the legacy-type blocks at `p`. For F32/F16/BF16, `p` points
     at typed elements (BF16 as int16) and a "block" is SUBLEN consecutive elements (NSUB = 1)."""
@@ -221,6 +268,12 @@ def _decode_tile(p, sub, l, mask, QTYPE: tl.constexpr):
         return _decode_q5_0(p, sub, l, mask)
     elif QTYPE == _Q5_1:
         return _decode_q5_1(p, sub, l, mask)
+    elif QTYPE == _IQ4_NL:
+        return _decode_iq4_nl(p, sub, l, mask)
+    elif QTYPE == _MXFP4:
+        return _decode_mxfp4(p, sub, l, mask)
+    elif QTYPE == _IQ4_XS:
+        return _decode_iq4_xs(p, sub, l, mask)
     else:
         tl.static_assert(QTYPE == _Q8_0, "_decode_tile: not a legacy ggml type")
         return _decode_q8_0(p, sub, l, mask)

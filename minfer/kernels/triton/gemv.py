@@ -31,6 +31,12 @@ The planes types (planes.py, PLANES=True): `_code` assembles a code exactly in f
 two fields with two magic numbers (2 LOP3 + 2 FADD per weight); `_planes_block` applies the
 scale of each 16-element half-block (Q6_K / Q3_K / Q2_K sub-blocks) or of the whole block.
 
+The lookup types (lut4.py, LUT=True: IQ4_NL, IQ4_XS, MXFP4): nibble words whose codes index a
+16-entry table of int8 values; `_lut_bytes` turns a word's 8 codes into two words of 4 table
+bytes (value + 128) with byte permutes (`prmt`: 3 per 4 codes, the table in 4 registers), which
+then run as Q8_0's byte codes (`_code`, center 128) on f32 activations or through the dp4a dots
+of the int8 activations (`_dp4a_block`, offset -128 a per block).
+
 Configs: `gemv_config(n, k)` (cached: the launcher's host time matters at decode sizes); a
 launcher's `config=` pins one (tests pin one so the interpreter runs one small config).
 """
@@ -38,6 +44,7 @@ launcher's `config=` pins one (tests pin one so the interpreter runs one small c
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -53,7 +60,9 @@ from ._common import (
     check_grid,
     check_int,
     check_tensor,
+    e8m0_half,
     gelu_tanh,
+    make_out,
     pdl_args,
     release_late,
     release_next,
@@ -311,24 +320,102 @@ def _gemv_block_q8(acc, w, a, c, xq, xs, nib, PASSES: tl.constexpr):
     words [.., 4]; xq points at the block's code words (pass p, word j: the codes of slots 0, 2,
     4, 6 of nibble word j; word 4 + j: slots 1, 3, 5, 7), xs at its (dx1, dx2, s). The nibble
     sums are exact int32 (dp4a)."""
-    lo = w & nib
-    hi = (w >> 4) & nib
-    p = _dp4a(hi, tl.load(xq + 4), _dp4a(lo, tl.load(xq), tl.zeros_like(w)))
+    return _dp4a_block(acc, w & nib, (w >> 4) & nib, a, c, xq, xs, PASSES)
+
+
+@triton.jit
+def _dp4a_block(acc, lo, hi, a, c, xq, xs, PASSES: tl.constexpr):
+    """acc + a * (dx1 * (codes . q1) + dx2 * (codes . q2)) + c * s for one block per (lane, row):
+    `lo` [.., 4] the unsigned byte codes of elements 8 t + j (byte t of word j), `hi` those of
+    elements 8 t + 4 + j: the order of x's code words at xq (see _gemv_block_q8)."""
+    p = _dp4a(hi, tl.load(xq + 4), _dp4a(lo, tl.load(xq), tl.zeros_like(lo)))
     part = tl.load(xs) * tl.sum(p, axis=4, keep_dims=True).to(tl.float32)
     if PASSES == 2:
-        p2 = _dp4a(hi, tl.load(xq + 12), _dp4a(lo, tl.load(xq + 8), tl.zeros_like(w)))
+        p2 = _dp4a(hi, tl.load(xq + 12), _dp4a(lo, tl.load(xq + 8), tl.zeros_like(lo)))
         part += tl.load(xs + 1) * tl.sum(p2, axis=4, keep_dims=True).to(tl.float32)
     return acc + a * part + c * tl.load(xs + 2)
 
 
 @triton.jit
+def _lut_bytes(w, t0, t1, t2, t3):
+    """(A, B): the table bytes of the 8 nibbles of lookup words w, A byte i = table[nibble i] (bits
+    4 i), B byte i = table[nibble 4 + i] (bits 16 + 4 i); t0..t3 the 16-byte table as 4 words.
+    On the GPU per word: two byte permutes pick each code's byte from the table's lower and upper
+    8 bytes by its 3 low bits, a third takes the one its 4th bit names (11 instructions / 8 codes)."""
+    if INTERPRETING:  # the same lookup by selects, the 8 nibbles along a new last axis (numpy runs it whole)
+        e = tl.arange(0, 8)
+        last: tl.constexpr = len(w.shape)
+        q = (tl.expand_dims(w, last) >> (4 * e)) & 0xF
+        word = tl.where(q < 8, tl.where(q < 4, t0, t1), tl.where(q < 12, t2, t3))
+        byte = ((word >> ((q & 3) * 8)) & 0xFF) << ((e & 3) * 8)
+        return tl.sum(tl.where(e < 4, byte, 0), axis=last), tl.sum(tl.where(e >= 4, byte, 0), axis=last)
+    else:
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .b32 m, s, lo, hi;
+            and.b32 m, $2, 0x77777777;
+            and.b32 s, $2, 0x88888888;
+            shr.b32 s, s, 1;
+            or.b32 s, s, 0x32103210;
+            prmt.b32 lo, $3, $4, m;
+            prmt.b32 hi, $5, $6, m;
+            prmt.b32 $0, lo, hi, s;
+            shr.b32 m, m, 16;
+            shr.b32 s, s, 16;
+            prmt.b32 lo, $3, $4, m;
+            prmt.b32 hi, $5, $6, m;
+            prmt.b32 $1, lo, hi, s;
+            }""",
+            "=r,=r,r,r,r,r,r", [w, t0, t1, t2, t3], dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
+
+
+@triton.jit
+def _lut_scale(d_rows, m_rows, kbs, first, kb_hi, MODE: tl.constexpr):
+    """The scale of lookup-type blocks kbs (0 past the end): MODE 0 (IQ4_NL) f16 d per block; 5
+    (IQ4_XS) the block's int8 ls - 32 times the super-block's f16 d (m_rows); 6 (MXFP4) the block's
+    E8M0 byte e as 2^(e - 128) (ggml_e8m0_to_fp32_half: e < 2 the subnormals)."""
+    ok = first < kb_hi
+    if MODE == 0:
+        return tl.load(d_rows + kbs, mask=ok, other=0.0).to(tl.float32)
+    elif MODE == 5:
+        sc = tl.load(d_rows + kbs, mask=ok, other=0).to(tl.float32)
+        return tl.load(m_rows + kbs // 8, mask=ok, other=0.0).to(tl.float32) * sc
+    else:
+        return tl.where(ok, e8m0_half(tl.load(d_rows + kbs, mask=ok, other=0).to(tl.int32)), 0.0)
+
+
+@triton.jit
+def _lut_block(acc, wa, wb, a, xp, magic):
+    """acc + a * (values . x) for one lookup block per (lane, row): wa byte t holds element 8 t + j
+    (+ 128), wb byte t element 8 t + 4 + j; each byte becomes its value exactly as Q8_0's codes do."""
+    ha = wa >> 16  # bytes 2, 3 moved down (a byte field must end below bit 23)
+    hb = wb >> 16
+    part = _code(wa, wa, 0, magic, 8, 0, 128) * tl.load(xp)
+    part += _code(wa, wa, 1, magic, 8, 0, 128) * tl.load(xp + 8)
+    part += _code(ha, ha, 0, magic, 8, 0, 128) * tl.load(xp + 16)
+    part += _code(ha, ha, 1, magic, 8, 0, 128) * tl.load(xp + 24)
+    part += _code(wb, wb, 0, magic, 8, 0, 128) * tl.load(xp + 4)
+    part += _code(wb, wb, 1, magic, 8, 0, 128) * tl.load(xp + 12)
+    part += _code(hb, hb, 0, magic, 8, 0, 128) * tl.load(xp + 20)
+    part += _code(hb, hb, 1, magic, 8, 0, 128) * tl.load(xp + 28)
+    return acc + tl.sum(part, axis=4, keep_dims=True) * a
+
+
+@triton.jit
 def _gemv_accumulate(acc, w, hw, kbs, first, kb_hi, d_rows, m_rows, x_base, xs_base, half_shift, hi_shift, magic,
-                     m4, m8, m12, MODE: tl.constexpr, EVEN_K: tl.constexpr, PLANES: tl.constexpr, LB: tl.constexpr,
-                     HB: tl.constexpr, CENTER: tl.constexpr, Q8X: tl.constexpr):
+                     m4, m8, m12, t0, t1, t2, t3, MODE: tl.constexpr, EVEN_K: tl.constexpr, PLANES: tl.constexpr,
+                     LB: tl.constexpr, HB: tl.constexpr, CENTER: tl.constexpr, Q8X: tl.constexpr, LUT: tl.constexpr):
     """acc + one K step of the tile: the words w (high-bit words hw) of blocks kbs (first =
     unclamped block index). Q8X > 0: x is int8 codes of Q8X passes (x_base: their words, xs_base:
-    the blocks' scales)."""
-    if Q8X > 0:
+    the blocks' scales). LUT: w are lookup words, t0..t3 the table (value + 128 per byte)."""
+    if LUT:
+        a = _lut_scale(d_rows, m_rows, kbs, first, kb_hi, MODE)
+        wa, wb = _lut_bytes(w, t0, t1, t2, t3)
+        if Q8X > 0:
+            return _dp4a_block(acc, wa, wb, a, -128.0 * a, x_base + kbs * (8 * Q8X), xs_base + kbs * 4, Q8X)
+        else:
+            return _lut_block(acc, wa, wb, a, x_base + kbs * 32, magic)
+    elif Q8X > 0:
         if MODE == 0:
             a = _scales(d_rows, kbs, first, kb_hi, EVEN_K).to(tl.float32)
             c = -8.0 * a
@@ -360,16 +447,17 @@ def _load_words(rows, kbs, PLANES: tl.constexpr):
 def _q4_0_gemv_kernel(
     x_ptr, qs_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, N, NKB, KB_SPLIT, NSPLIT, magic, half_shift, m_ptr, M_STRIDE,
     h_ptr, hi_shift, e_ptr, dst_ptr, fi_ptr, cos_ptr, sin_ptr, pos_ptr, HALF,
-    ck_ptr, cv_ptr, slot_ptr, KSTART, VSTART, HD, LAYER_OFF, S_STRIDE, H_STRIDE, xs_ptr,
+    ck_ptr, cv_ptr, slot_ptr, KSTART, VSTART, HD, LAYER_OFF, S_STRIDE, H_STRIDE, xs_ptr, t0, t1, t2, t3,
     R: tl.constexpr, LR: tl.constexpr, LK: tl.constexpr, WK: tl.constexpr, SPLIT: tl.constexpr,
     EVEN_K: tl.constexpr, MODE: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
     PLANES: tl.constexpr, LB: tl.constexpr, HB: tl.constexpr, CENTER: tl.constexpr, EPI: tl.constexpr,
-    Q8X: tl.constexpr,
+    Q8X: tl.constexpr, LUT: tl.constexpr,
 ):
     # PLANES (the 5/6/8-bit and 2/3-bit types, `repack_planes`): qs_ptr holds the codes' low LB
     # bits (LB = 4: the nibble words; LB = 2: int16 words of 8 two-bit slots), h_ptr their high
     # HB bits (int8 / int16 / int32 words of 8 slots), both indexed like the nibble words.
-    # Otherwise (Q4_0, Q4_1, Q4_K) h_ptr, hi_shift, LB, HB and CENTER are unused.
+    # Otherwise (Q4_0, Q4_1, Q4_K; the lookup types, LUT: t0..t3 their table) h_ptr, hi_shift, LB, HB
+    # and CENTER are unused.
     # EPI (the fused epilogues of gemv_fused.py; 0: store the rows): e_ptr .. HALF are theirs.
     BLOCK_N: tl.constexpr = R * LR
     BLOCK_KB: tl.constexpr = LK * WK
@@ -416,7 +504,8 @@ def _q4_0_gemv_kernel(
             w_next = _load_words(w_rows, kbs_next, PLANES)
             hw_next = _load_words(h_rows, kbs_next, PLANES) if HB > 0 else w_next
             acc = _gemv_accumulate(acc, w, hw, kbs, kb0 + kb, kb_hi, d_rows, m_rows, x_base, xs_base, half_shift,
-                                   hi_shift, magic, m4, m8, m12, MODE, EVEN_K, PLANES, LB, HB, CENTER, Q8X)
+                                   hi_shift, magic, m4, m8, m12, t0, t1, t2, t3, MODE, EVEN_K, PLANES, LB, HB, CENTER,
+                                   Q8X, LUT)
             w = w_next
             hw = hw_next
             kbs = kbs_next
@@ -427,7 +516,8 @@ def _q4_0_gemv_kernel(
             w = _load_words(w_rows, kbs, PLANES)
             hw = _load_words(h_rows, kbs, PLANES) if HB > 0 else w
             acc = _gemv_accumulate(acc, w, hw, kbs, kb0 + kb, kb_hi, d_rows, m_rows, x_base, xs_base, half_shift,
-                                   hi_shift, magic, m4, m8, m12, MODE, EVEN_K, PLANES, LB, HB, CENTER, Q8X)
+                                   hi_shift, magic, m4, m8, m12, t0, t1, t2, t3, MODE, EVEN_K, PLANES, LB, HB, CENTER,
+                                   Q8X, LUT)
     release_late(PDL)
     tot = tl.sum(tl.sum(tl.sum(acc, axis=4), axis=2), axis=0)  # [LR, R]
     rows = pid_n * BLOCK_N + tl.arange(0, R)[None, :] * LR + tl.arange(0, LR)[:, None]
@@ -611,8 +701,10 @@ def _split_plan(cfg: GemvConfig, n: int, k: int) -> tuple[int, int, int]:
 
 
 def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n: int, k: int, cfg: GemvConfig,
-                 planes: tuple | None = None, epilogue: tuple | None = None, xq: tuple | None = None):
-    """Launch the GEMV kernel; `planes` = (hi plane, LB, HB, CENTER) for the planes types;
+                 planes: tuple | None = None, epilogue: tuple | None = None, xq: tuple | None = None,
+                 lut: tuple[int, int, int, int] | None = None):
+    """Launch the GEMV kernel; `planes` = (hi plane, LB, HB, CENTER) for the planes types; `lut` =
+    the 4 table words of a lookup type (lut4.py);
     `epilogue` = (EPI, e, dst, fi, cos, sin, positions, HALF, cache_k, cache_v, slots, KSTART, VSTART, HD,
     LAYER_OFF, S_STRIDE, H_STRIDE) for gemv_fused.py's fused stores."""
     kb_split, nsplit, tiles = _split_plan(cfg, n, k)
@@ -632,10 +724,27 @@ def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n:
     _q4_0_gemv_kernel[check_grid(what, (tiles, nsplit))](
         x, w.qs, d_plane, out, part, counters, n, nkb, kb_split, nsplit, _MAGIC_BITS, min(4 * lb, 16), m_plane,
         m_stride, hi, min(4 * hb, 16),  # the shifts to a word's upper slots (byte codes: to slots 2, 3)
-        *eargs, xs, EPI=epi, Q8X=q8, R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=nsplit > 1,
-        EVEN_K=nkb % cfg.block_kb == 0 and nkb % kb_split == 0, MODE=mode, PREFETCH=cfg.prefetch, num_warps=cfg.wk,
-        maxnreg=cfg.maxnreg, PLANES=planes is not None, LB=lb, HB=hb, CENTER=center, **pdl_args("gemv"),
+        *eargs, xs, *(lut or (0, 0, 0, 0)), EPI=epi, Q8X=q8, R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk,
+        SPLIT=nsplit > 1, EVEN_K=nkb % cfg.block_kb == 0 and nkb % kb_split == 0, MODE=mode, PREFETCH=cfg.prefetch,
+        num_warps=cfg.wk, maxnreg=cfg.maxnreg, PLANES=planes is not None, LB=lb, HB=hb, CENTER=center,
+        LUT=lut is not None, **pdl_args("gemv"),
     )
+
+
+def gemv_operands(what: str, x: torch.Tensor, words: torch.Tensor, n: int, k: int, out: torch.Tensor | None,
+                  config: GemvConfig | dict | None,
+                  default: Callable[[], GemvConfig]) -> tuple[torch.Tensor, GemvConfig]:
+    """The decode GEMV launchers' shared checks: x f32 [k] or [1, k] (M == 1) on the weight's (`words`)
+    device; (out [1, n] f32, made when None, and the launch config: `config` as a GemvConfig or its
+    fields, else `default()`)."""
+    check_tensor(what, "x", x, (torch.float32,), ndim=(1, 2))
+    if x.numel() != k or (x.dim() == 2 and x.shape[0] != 1):
+        raise UnsupportedError(f"{what}: x must be [{k}] or [1, {k}] (M == 1), got {tuple(x.shape)}")
+    device = check_device(what, x=x, qs=words, out=out)
+    out = make_out(what, out, (1, n), torch.float32, device)
+    if config is None:
+        return out, default()
+    return out, GemvConfig(**config) if isinstance(config, dict) else config
 
 
 def _check_xq(what: str, xq, k: int, passes: int, device) -> tuple[torch.Tensor, torch.Tensor]:

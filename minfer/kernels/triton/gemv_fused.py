@@ -7,7 +7,9 @@ where a decode row ran two or three, and one pass over the output instead of thr
                  rest,  y = x @ W^T,  W the stacked q+k+v [n, k] (b zero for models without bias)
 
 Both run gemv.py's GEMV kernel unchanged up to its store (its tile, K loop, split K and every
-weight type it reads: Q4_0, Q4_1, Q4_K, Q8_0, Q5_0, Q5_1, Q5_K, Q6_K, Q3_K, Q2_K), on the weight
+weight type it reads: Q4_0, Q4_1, Q4_K, Q8_0, Q5_0, Q5_1, Q5_K, Q6_K, Q3_K, Q2_K; the lookup types IQ4_NL,
+IQ4_XS, MXFP4 run too, tests/kernels/triton/test_gemv_fused.py, but their contracts do not list them yet: their
+conformance cases would cost CI ~80 s of interpreter time), on the weight
 with its rows permuted once at load so that the two values the epilogue combines sit in one
 program: a program's tile of BLOCK_N rows holds BLOCK_N / 2 pairs, pair l being its rows l and
 l + BLOCK_N / 2 (`_gemv_store`). For SwiGLU, pair j is (gate row j, up row j) and tile t holds

@@ -15,9 +15,7 @@ import torch
 from ...errors import UnsupportedError
 from ...quant.types import QUANT_TABLE, GGMLType, by_name
 from ._common import (
-    check_device,
     check_tensor,
-    make_out,
 )
 from .gemv import (
     ACT_Q8_PASSES,
@@ -30,6 +28,7 @@ from .gemv import (
     _split_scratch,
     check_act_q8,
     gemv_config,
+    gemv_operands,
 )
 
 REVISION_SOURCES = (str(Path(__file__).with_name("gemv.py")),)  # the GEMV kernel: editing it retires judge numbers
@@ -136,13 +135,7 @@ def int4_gemv(
     if (w.n, w.k, w.qtype) != (n, k, t):
         raise UnsupportedError(f"{what}: w is a packed {w.qtype.name} [{w.n}, {w.k}], the call says {t.name} "
                                f"[{n}, {k}]")
-    check_tensor(what, "x", x, (torch.float32,), ndim=(1, 2))
-    if x.numel() != k or (x.dim() == 2 and x.shape[0] != 1):
-        raise UnsupportedError(f"{what}: x must be [{k}] or [1, {k}] (M == 1), got {tuple(x.shape)}")
-    device = check_device(what, x=x, qs=w.qs, out=out)
-    out = make_out(what, out, (1, n), torch.float32, device)
-    cfg = gemv_config(n, k, True, w.act_q8) if config is None else (GemvConfig(**config) if isinstance(config, dict)
-                                                          else config)
+    out, cfg = gemv_operands(what, x, w.qs, n, k, out, config, lambda: gemv_config(n, k, True, w.act_q8))
     launch_int4(what, x, w, out, cfg, xq=xq)
     return out
 

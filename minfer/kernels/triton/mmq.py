@@ -12,6 +12,9 @@ Per 32-element block b of K (llama.cpp's MMQ with Q8_1 activations):
   position p = 8 j + s holds element 4 s + j, and x is loaded with the matching permuted pointers
   (element 4 (p % 8) + p // 8): a dot product does not care about the order when both sides agree.
   Symmetric types (Q4_0, Q8_0, Q5_0, Q6_K, Q3_K) subtract their center in the codes (exact).
+  The lookup types (IQ4_NL, IQ4_XS, MXFP4: lut4.py) look their codes up with gemv.py's byte
+  permutes (the table's value + 128, minus 128: the int8 value, exact); their words hold element
+  8 i + 4 h + j at nibble 4 h + i, and x is loaded in that order instead.
 - `tl.dot(int8 [BM, 32], int8 [32, BN]) -> int32` on tensor cores (mma m16n8k32), exact; the
   int32 becomes f32 by the magic-number form (add the bits of 1.5 * 2^23, subtract 1.5 * 2^23:
   exact for |isum| < 2^22, full-rate ops where an I2F conversion is one-sixteenth rate), then
@@ -51,8 +54,10 @@ import triton.language as tl
 
 from ...errors import UnsupportedError
 from ...quant.types import GGMLType
-from ._common import cdiv, check_device, check_grid, check_tensor, grouped_tile, interpreting, make_out
+from ._common import cdiv, check_device, check_grid, check_tensor, e8m0_half, grouped_tile, interpreting, make_out
+from .gemv import _lut_bytes
 from .int4 import INT4_TYPES, Int4Packed
+from .lut4 import LUT4_TYPES, Lut4Packed
 from .planes import PLANE_TYPES, PlanesPacked, _plane_type
 from .q4_0 import Q4_0Packed
 from .qmatmul import GemvPacked, repack_gemv
@@ -60,8 +65,9 @@ from .qmatmul import GemvPacked, repack_gemv
 # the types this kernel reads (every GEMV type), and (LB, HB, CENTER, MODE) of their layouts: the
 # codes' low / high bits in the words (planes.PlaneType), the center symmetric types subtract,
 # the scale form (0: d per block; 1: d, m per block; 2: K-quant 6-bit sc, m + super-block d, dmin;
-# 3: two int8 sub-block scales + super-block d; 4: Q2_K's 4-bit scale | min pairs + d, dmin)
-MMQ_TYPES = (GGMLType.Q4_0, *INT4_TYPES, *PLANE_TYPES)
+# 3: two int8 sub-block scales + super-block d; 4: Q2_K's 4-bit scale | min pairs + d, dmin; the lookup
+# types' 5: int8 sub-block scale + super-block d, 6: an E8M0 exponent per block)
+MMQ_TYPES = (GGMLType.Q4_0, *INT4_TYPES, *PLANE_TYPES, *LUT4_TYPES)
 _Q4_LAYOUT = {GGMLType.Q4_0: (4, 0, 8, 0), GGMLType.Q4_1: (4, 0, 0, 1), GGMLType.Q4_K: (4, 0, 0, 2)}
 TARGET_PROGRAMS = 528  # 4 per H200 SM: fewer tiles than this and K is split across programs
 MAX_SPLIT = 8
@@ -69,7 +75,9 @@ _MAGIC_I2F = 0x4B400000  # bits of 1.5 * 2^23: int32 i + these bits is the f32 1
 
 
 def layout_of(w: GemvPacked) -> tuple[int, int, int, int]:
-    """(LB, HB, CENTER, MODE) of a packed weight."""
+    """(LB, HB, CENTER, MODE) of a packed weight (a lookup type: its table bytes, center 128)."""
+    if isinstance(w, Lut4Packed):
+        return 8, 0, 128, w.mode
     if isinstance(w, PlanesPacked):
         pt = PLANE_TYPES[w.qtype]
         return pt.lb, pt.hb, pt.center, pt.mode
@@ -81,12 +89,17 @@ def layout_of(w: GemvPacked) -> tuple[int, int, int, int]:
 
 
 @triton.jit
-def _w_codes(lo_rows, hi_rows, b, j, s, LB: tl.constexpr, HB: tl.constexpr, CENTER: tl.constexpr):
+def _w_codes(lo_rows, hi_rows, b, j, s, t0, t1, t2, t3, LB: tl.constexpr, HB: tl.constexpr, CENTER: tl.constexpr,
+             LUT: tl.constexpr):
     """int8 [32, BN]: block b's codes (minus CENTER) of the tile's rows, dot position p = 8 j + s
-    holding element 4 s + j. lo_rows / hi_rows: [BN, 1] pointers to the rows' low / high planes;
-    j [1, 4, 1] (word), s [1, 1, 8] (slot)."""
+    holding element 4 s + j (LUT: element 8 (s % 4) + 4 (s / 4) + j, the lookup words' order).
+    lo_rows / hi_rows: [BN, 1] pointers to the rows' low / high planes; j [1, 4, 1] (word), s [1, 1, 8]
+    (slot); t0..t3 a lookup type's table words."""
     lo = tl.load(lo_rows[:, :, None] + b * 4 + j).to(tl.int32)  # [BN, 4, 1]
-    if LB == 8:  # Q8_0's byte codes: elements 0..15 in the low plane (slots 0..3), 16..31 in the high
+    if LUT:  # the table bytes of the word's nibbles 0..3 (wa) and 4..7 (wb)
+        wa, wb = _lut_bytes(lo, t0, t1, t2, t3)
+        c = (tl.where(s < 4, wa, wb) >> (8 * (s & 3))) & 0xFF
+    elif LB == 8:  # Q8_0's byte codes: elements 0..15 in the low plane (slots 0..3), 16..31 in the high
         hi = tl.load(hi_rows[:, :, None] + b * 4 + j)
         c = (tl.where(s < 4, lo, hi) >> (8 * (s & 3))) & 0xFF
     else:
@@ -127,6 +140,12 @@ def _w_scales(d_rows, m_rows, b, ok, MODE: tl.constexpr):
         a0 = d * ((scs << 24) >> 24).to(tl.float32)
         a1 = d * ((scs << 16) >> 24).to(tl.float32)
         return a0, a1, a0, a1
+    elif MODE == 5:  # IQ4_XS: int8 ls - 32 per block, f16 d per super-block
+        a0 = tl.where(ok, tl.load(m_rows + b // 8).to(tl.float32), 0.0) * tl.load(d_rows + b).to(tl.float32)
+        return a0, a0, a0, a0
+    elif MODE == 6:  # MXFP4: the E8M0 byte e per block, 2^(e - 128)
+        a0 = tl.where(ok, e8m0_half(tl.load(d_rows + b).to(tl.int32)), 0.0)
+        return a0, a0, a0, a0
     else:
         scs = tl.load(d_rows + b).to(tl.int32)
         dd = tl.load(m_rows + b // 8)
@@ -159,9 +178,9 @@ def _x_block(x_rows, b, xoff):
 @triton.jit
 def _mmq_kernel(
     x_ptr, lo_ptr, hi_ptr, d_ptr, m_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, NKB, M_STRIDE, M_BUCKET, KB_SPLIT,
-    SPLIT, magic,
-    LB: tl.constexpr, HB: tl.constexpr, CENTER: tl.constexpr, MODE: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, KB: tl.constexpr, GROUP_M: tl.constexpr, EVEN: tl.constexpr,
+    SPLIT, magic, t0, t1, t2, t3,
+    LB: tl.constexpr, HB: tl.constexpr, CENTER: tl.constexpr, MODE: tl.constexpr, LUT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KB: tl.constexpr, GROUP_M: tl.constexpr, EVEN: tl.constexpr,
 ):
     # program_id(0) -> (pid_m, pid_n) in groups of GROUP_M row tiles; program_id(1): the K split
     pid = tl.program_id(0)
@@ -175,7 +194,10 @@ def _mmq_kernel(
     s = tl.arange(0, 8)[None, None, :]
     p = tl.arange(0, 32)
     x_rows = x_ptr + rows_m[:, None] * K
-    xoff = (4 * (p % 8) + p // 8)[None, :]  # dot position p = 8 j + s holds element 4 s + j
+    if LUT:  # dot position p = 8 j + s holds element 8 (s % 4) + 4 (s / 4) + j
+        xoff = (8 * (p % 4) + 4 * ((p % 8) // 4) + p // 8)[None, :]
+    else:  # dot position p = 8 j + s holds element 4 s + j
+        xoff = (4 * (p % 8) + p // 8)[None, :]
     lo_rows = lo_ptr + cols_n[:, None] * (NKB * 4)
     hi_rows = hi_ptr + cols_n[:, None] * (NKB * 4)
     d_rows = d_ptr + cols_n * NKB
@@ -195,7 +217,7 @@ def _mmq_kernel(
             else:  # past the end: the last block re-read (finite) with scales 0
                 b = tl.minimum(kb0 + u, kb_hi - 1)
                 ok = kb0 + u < kb_hi
-            w = _w_codes(lo_rows, hi_rows, b, j, s, LB, HB, CENTER)
+            w = _w_codes(lo_rows, hi_rows, b, j, s, t0, t1, t2, t3, LB, HB, CENTER, LUT)
             q, dx = _x_block(x_rows, b, xoff)
             a0, a1, c0, c1 = _w_scales(d_rows, m_rows, b, ok, MODE)
             if HALVES:
@@ -283,7 +305,7 @@ _mmq = triton.heuristics({
 })(_mmq_kernel)
 _mmq_tuned = triton.autotune(
     MMQ_CONFIGS,
-    key=["M_BUCKET", "N", "K", "LB", "HB", "MODE"],
+    key=["M_BUCKET", "N", "K", "LB", "HB", "MODE", "LUT"],
     prune_configs_by={"early_config_prune": _prune},
     cache_results=True,  # on disk: a later process (the engine after bench/mmq_matmul.py) skips the timing
 )(_mmq)
@@ -315,9 +337,9 @@ def _packed(what: str, w, n: int, k: int, qtype) -> GemvPacked:
     t = _plane_type(what, qtype, MMQ_TYPES)
     if isinstance(w, torch.Tensor):
         w = repack_gemv(w, n, k, t)
-    elif not isinstance(w, (Q4_0Packed, Int4Packed, PlanesPacked)):
-        raise UnsupportedError(f"{what}: w must be a packed GEMV weight (Q4_0Packed, Int4Packed, PlanesPacked) or "
-                               f"raw GGUF bytes, got {type(w).__name__}")
+    elif not isinstance(w, (Q4_0Packed, Int4Packed, PlanesPacked, Lut4Packed)):
+        raise UnsupportedError(f"{what}: w must be a packed GEMV weight (Q4_0Packed, Int4Packed, PlanesPacked, "
+                               f"Lut4Packed) or raw GGUF bytes, got {type(w).__name__}")
     wt = GGMLType.Q4_0 if isinstance(w, Q4_0Packed) else w.qtype
     if (w.n, w.k, wt) != (n, k, t):
         raise UnsupportedError(f"{what}: w is a packed {wt.name} [{w.n}, {w.k}], the call says {t.name} [{n}, {k}]")
@@ -368,7 +390,9 @@ def mmq_matmul(
         split, _ = _split(m_bucket, n, nkb, meta["BLOCK_M"], meta["BLOCK_N"], meta["KB"])
         return check_grid(what, (cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]), split))
 
-    consts = dict(LB=lb, HB=hb, CENTER=center, MODE=mode, magic=_MAGIC_I2F)
+    lut = isinstance(w, Lut4Packed)
+    consts = dict(LB=lb, HB=hb, CENTER=center, MODE=mode, LUT=lut, magic=_MAGIC_I2F,
+                  **dict(zip(("t0", "t1", "t2", "t3"), w.table if lut else (0, 0, 0, 0), strict=True)))
     if config is None:
         _mmq_tuned[grid](*args, **consts)
     else:
@@ -398,6 +422,12 @@ def mmq_q6_k(x, w, n, k, qtype=GGMLType.Q6_K, out=None, config=None):
     """mmq_matmul for Q6_K weights (the PlanesPacked of `repack_planes`, shared with q6_k_gemv)."""
     _plane_type("mmq_q6_k", qtype, (GGMLType.Q6_K,))
     return mmq_matmul(x, w, n, k, qtype, out, config, what="mmq_q6_k")
+
+
+def mmq_lut4(x, w, n, k, qtype, out=None, config=None):
+    """mmq_matmul for IQ4_NL / IQ4_XS / MXFP4 weights (the Lut4Packed of `repack_lut4`, shared with lut4_gemv)."""
+    _plane_type("mmq_lut4", qtype, LUT4_TYPES)
+    return mmq_matmul(x, w, n, k, qtype, out, config, what="mmq_lut4")
 
 
 LOW_BIT_PLANES = (GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q5_K, GGMLType.Q3_K, GGMLType.Q2_K)

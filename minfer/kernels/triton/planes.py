@@ -21,9 +21,7 @@ from ...errors import UnsupportedError
 from ...quant.types import QUANT_TABLE, GGMLType, by_name
 from . import gemv  # (gemv._gemv_config looked up per call: tests patch it)
 from ._common import (
-    check_device,
     check_tensor,
-    make_out,
 )
 from .gemv import (
     _REPACK_CHUNK,
@@ -34,6 +32,7 @@ from .gemv import (
     _launch_gemv,
     _settled,
     _split_scratch,
+    gemv_operands,
 )
 
 REVISION_SOURCES = (str(Path(__file__).with_name("gemv.py")),)  # the GEMV kernel: editing it retires judge numbers
@@ -266,12 +265,7 @@ def planes_gemv(
     if (w.n, w.k, w.qtype) != (n, k, t):
         raise UnsupportedError(f"{what}: w is a packed {w.qtype.name} [{w.n}, {w.k}], the call says {t.name} "
                                f"[{n}, {k}]")
-    check_tensor(what, "x", x, (torch.float32,), ndim=(1, 2))
-    if x.numel() != k or (x.dim() == 2 and x.shape[0] != 1):
-        raise UnsupportedError(f"{what}: x must be [{k}] or [1, {k}] (M == 1), got {tuple(x.shape)}")
-    device = check_device(what, x=x, lo=w.lo, out=out)
-    out = make_out(what, out, (1, n), torch.float32, device)
-    cfg = planes_config(n, k, t) if config is None else (GemvConfig(**config) if isinstance(config, dict) else config)
+    out, cfg = gemv_operands(what, x, w.lo, n, k, out, config, lambda: planes_config(n, k, t))
     launch_planes(what, x, w, out, cfg)
     return out
 

@@ -60,6 +60,7 @@ from .gemv import (
     _split_scratch,
     check_act_q8,
     gemv_config,
+    gemv_operands,
 )
 
 REVISION_SOURCES = (str(Path(__file__).with_name("gemv.py")),)  # the GEMV kernel: editing it retires judge numbers
@@ -162,15 +163,7 @@ def q4_0_gemv(
     what = "q4_0_gemv"
     _check_q4_0(what, qtype)
     w = _packed(what, w, n, k)
-    check_tensor(what, "x", x, (torch.float32,), ndim=(1, 2))
-    if x.numel() != k or (x.dim() == 2 and x.shape[0] != 1):
-        raise UnsupportedError(f"{what}: x must be [{k}] or [1, {k}] (M == 1), got {tuple(x.shape)}")
-    device = check_device(what, x=x, qs=w.qs, out=out)
-    out = make_out(what, out, (1, n), torch.float32, device)
-    if config is None:
-        cfg = gemv_config(n, k, False, w.act_q8)
-    else:
-        cfg = GemvConfig(**config) if isinstance(config, dict) else config
+    out, cfg = gemv_operands(what, x, w.qs, n, k, out, config, lambda: gemv_config(n, k, False, w.act_q8))
     launch_q4_0(what, x, w, out, cfg, xq=xq)
     return out
 

@@ -3,7 +3,8 @@
 - q4_0.py: the Q4_0 layout, its decode GEMV (`q4_0_gemv`) and prefill matmul (`q4_0_matmul`);
 - int4.py: Q4_1 / Q4_K in the affine int4 layout (`int4_gemv`);
 - planes.py: Q8_0, Q5_x, Q6_K, Q3_K, Q2_K in the planes layout (`q8_0_gemv` ... `q2_k_gemv`);
-- gemv.py: the GEMV kernel all three run, its configs (`gemv_config`) and launch.
+- lut4.py: IQ4_NL, IQ4_XS, MXFP4 (4-bit codes through a table) in the lookup layout (`lut4_gemv`);
+- gemv.py: the GEMV kernel all four run, its configs (`gemv_config`) and launch.
 
 This module: any GEMV type (`repack_gemv`, `launch_packed`, ...), what the fused GEMVs
 (gemv_fused.py), the MMQ matmuls (mmq.py) and the backend need to run the kernel on any layout.
@@ -17,11 +18,13 @@ from ...errors import UnsupportedError
 from ...quant.types import GGMLType
 from .gemv import ACT_Q8_PASSES, GemvConfig, gemv_config
 from .int4 import INT4_TYPES, Int4Packed, launch_int4, repack_int4
+from .lut4 import LUT4_TYPES, Lut4Packed, launch_lut4, lut4_config, repack_lut4
 from .planes import PLANE_TYPES, PlanesPacked, _plane_type, launch_planes, planes_config, repack_planes
 from .q4_0 import Q4_0Packed, launch_q4_0, repack_q4_0
 
-GEMV_TYPES = (GGMLType.Q4_0, *INT4_TYPES, *PLANE_TYPES)
-GemvPacked = Q4_0Packed | Int4Packed | PlanesPacked
+GEMV_TYPES = (GGMLType.Q4_0, *INT4_TYPES, *PLANE_TYPES, *LUT4_TYPES)
+GemvPacked = Q4_0Packed | Int4Packed | PlanesPacked | Lut4Packed
+Q8_TYPES = (GGMLType.Q4_0, *INT4_TYPES, *LUT4_TYPES)  # the GEMVs that read x as int8 above Q8_MIN_WEIGHTS
 
 
 def gemv_type(what: str, qtype) -> GGMLType:
@@ -31,11 +34,13 @@ def gemv_type(what: str, qtype) -> GGMLType:
 
 def repack_gemv(raw: torch.Tensor, n: int, k: int, qtype: GGMLType, act_q8: int = ACT_Q8_PASSES) -> GemvPacked:
     """Raw GGUF bytes of an [n, k] weight of any GEMV type -> that type's GEMV layout (`act_q8`:
-    the int8 activation passes of the Q4 types' GEMV)."""
+    the int8 activation passes of the Q4 and lookup types' GEMV)."""
     if qtype == GGMLType.Q4_0:
         return repack_q4_0(raw, n, k, act_q8)
     if qtype in INT4_TYPES:
         return repack_int4(raw, n, k, qtype, act_q8)
+    if qtype in LUT4_TYPES:
+        return repack_lut4(raw, n, k, qtype, act_q8)
     return repack_planes(raw, n, k, qtype)
 
 
@@ -45,6 +50,8 @@ def gemv_default_config(n: int, k: int, qtype: GGMLType, act_q8: int = ACT_Q8_PA
         return gemv_config(n, k, False, act_q8)
     if qtype in INT4_TYPES:
         return gemv_config(n, k, True, act_q8)
+    if qtype in LUT4_TYPES:
+        return lut4_config(n, k, act_q8)
     return planes_config(n, k, qtype)
 
 
@@ -57,6 +64,8 @@ def launch_packed(what: str, x: torch.Tensor, w: GemvPacked, out: torch.Tensor, 
         launch_q4_0(what, x, w, out, cfg, epilogue, xq)
     elif isinstance(w, Int4Packed):
         launch_int4(what, x, w, out, cfg, epilogue, xq)
+    elif isinstance(w, Lut4Packed):
+        launch_lut4(what, x, w, out, cfg, epilogue, xq)
     else:
         launch_planes(what, x, w, out, cfg, epilogue)
 
@@ -69,4 +78,4 @@ def q8_passes(n: int, k: int, qtype: GGMLType | int | str, act_q8: int = ACT_Q8_
         t = gemv_type("q8_passes", qtype)
     except UnsupportedError:
         return 0
-    return gemv_default_config(n, k, t, act_q8).q8 if t in (GGMLType.Q4_0, *INT4_TYPES) else 0
+    return gemv_default_config(n, k, t, act_q8).q8 if t in Q8_TYPES else 0

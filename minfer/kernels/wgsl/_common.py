@@ -27,7 +27,8 @@ SHADERS = tuple(sorted(WGSL_DIR.glob("*.wgsl")))  # each family's REVISION_SOURC
 WG = 64  # invocations per workgroup of the elementwise kernels
 MAX_GROUPS = 65535
 QTYPES = {GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1,
-          GGMLType.Q8_0, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K}
+          GGMLType.Q8_0, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ4_NL,
+          GGMLType.IQ4_XS, GGMLType.MXFP4}
 
 
 def _host_bridge(mutates: tuple[str, ...] = ()) -> Callable:

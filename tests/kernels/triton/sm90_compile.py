@@ -26,7 +26,19 @@ def variants():
     import torch
     import triton.language as tl
 
-    from minfer.kernels.triton import attention, dequant, elementwise, gemv, mmq, norm, planes, q4_0, quantize, rope
+    from minfer.kernels.triton import (
+        attention,
+        dequant,
+        elementwise,
+        gemv,
+        lut4,
+        mmq,
+        norm,
+        planes,
+        q4_0,
+        quantize,
+        rope,
+    )
     from minfer.quant.types import QUANT_TABLE
 
     c = "constexpr"
@@ -75,8 +87,9 @@ def variants():
            "LB": c, "HB": c, "CENTER": c, "e_ptr": "*fp32", "dst_ptr": "*i32", "fi_ptr": "*i32", "cos_ptr": "*fp32",
            "sin_ptr": "*fp32", "pos_ptr": "*i32", "HALF": "i32", "ck_ptr": "*fp16", "cv_ptr": "*fp16",
            "slot_ptr": "*i32", "KSTART": "i32", "VSTART": "i32", "HD": "i32", "LAYER_OFF": "i64", "S_STRIDE": "i64",
-           "H_STRIDE": "i64", "EPI": c, "xs_ptr": "*fp32", "Q8X": c}
-    no_planes = {"PLANES": False, "LB": 4, "HB": 0, "CENTER": 0, "EPI": 0}
+           "H_STRIDE": "i64", "EPI": c, "xs_ptr": "*fp32", "Q8X": c, "t0": "i32", "t1": "i32", "t2": "i32",
+           "t3": "i32", "LUT": c}
+    no_planes = {"PLANES": False, "LB": 4, "HB": 0, "CENTER": 0, "EPI": 0, "LUT": False}
 
     def q8(passes):  # the x operand of a GEMV with int8 activations (passes > 0): code words
         return {"x_ptr": "*i32" if passes else "*fp32"}
@@ -108,18 +121,34 @@ def variants():
             name = f"planes_gemv[{t.name} wk{cfg.wk} split={cfg.split} prefetch={cfg.prefetch} regs={cfg.maxnreg}]"
             consts = dict(R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=cfg.split > 1, EVEN_K=False,
                           MODE=pt.mode, PREFETCH=cfg.prefetch, PDL=True, PLANES=True, LB=pt.lb, HB=pt.hb,
-                          CENTER=pt.center, EPI=0, Q8X=0)
+                          CENTER=pt.center, EPI=0, Q8X=0, LUT=False)
             planes_sig = dict(sig, qs_ptr=ptr[planes._WORD_DTYPES[pt.lb]], d_ptr=ptr[d_t], m_ptr=ptr[m_t],
                           h_ptr=ptr[planes._WORD_DTYPES[pt.hb]] if pt.hb else ptr[planes._WORD_DTYPES[pt.lb]])
             opts = {"num_warps": cfg.wk, "maxnreg": cfg.maxnreg}
             out.append((name, gemv._q4_0_gemv_kernel, planes_sig, consts, opts))
+    # the lookup types (lut4_gemv): each at the production configs of a wide and a long-K shape, f32 and int8 x
+    lut_scales = {0: ("*fp16", "*fp16"), 5: ("*i8", "*fp16"), 6: ("*u8", "*u8")}
+    for t in lut4.LUT4_TYPES:
+        d_t, m_t = lut_scales[lut4.LUT4_MODES[t]]
+        for n, k in [(18944, 3584), (3584, 18944)]:
+            base = gemv._gemv_config(n, k, affine=True)
+            for cfg in (base, gemv.with_act_q8(base, 2), gemv.with_act_q8(base, 1)):
+                name = f"lut4_gemv[{t.name} wk{cfg.wk} split={cfg.split} prefetch={cfg.prefetch} q8={cfg.q8}]"
+                consts = dict(R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=cfg.split > 1, EVEN_K=False,
+                              MODE=lut4.LUT4_MODES[t], PREFETCH=cfg.prefetch, PDL=True, Q8X=cfg.q8,
+                              **dict(no_planes, LUT=True))
+                opts = {"num_warps": cfg.wk, "maxnreg": cfg.maxnreg}
+                out.append((name, gemv._q4_0_gemv_kernel, dict(sig, d_ptr=d_t, m_ptr=m_t, **q8(cfg.q8)), consts,
+                            opts))
     # the fused epilogues (gemv_fused.py): SwiGLU on the gate+up configs, bias + RoPE on the q+k+v ones
-    for mode, (d_t, m_t) in [(0, ("*fp16", "*fp16")), (2, ("*i16", "*i32"))]:  # Q4_0, Q4_K
+    for mode, (d_t, m_t), lut in [(0, ("*fp16", "*fp16"), False), (2, ("*i16", "*i32"), False),
+                                  (5, ("*i8", "*fp16"), True)]:  # Q4_0, Q4_K, IQ4_XS
         for epi, (n, k) in [(1, (37888, 3584)), (3, (4608, 3584)), (1, (28672, 4096)), (2, (6144, 4096))]:
             cfg = gemv.gemv_config(n, k, affine=mode > 0)
-            name = f"gemv[mode {mode} EPI {epi} {n}x{k} r{cfg.r} wk{cfg.wk} split={cfg.split} prefetch={cfg.prefetch}]"
+            name = (f"gemv[mode {mode}{' lut' if lut else ''} EPI {epi} {n}x{k} r{cfg.r} wk{cfg.wk} split={cfg.split} "
+                    f"prefetch={cfg.prefetch}]")
             consts = dict(R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=cfg.split > 1, EVEN_K=False,
-                          MODE=mode, PREFETCH=cfg.prefetch, PDL=True, Q8X=cfg.q8, **dict(no_planes, EPI=epi))
+                          MODE=mode, PREFETCH=cfg.prefetch, PDL=True, Q8X=cfg.q8, **dict(no_planes, EPI=epi, LUT=lut))
             opts = {"num_warps": cfg.wk, "maxnreg": cfg.maxnreg}
             out.append((name + f" q8={cfg.q8}", gemv._q4_0_gemv_kernel,
                         dict(sig, d_ptr=d_t, m_ptr=m_t, **q8(cfg.q8)), consts, opts))
@@ -136,20 +165,27 @@ def variants():
     words = {2: "*i16", 4: "*i32", 8: "*i32"}
     highs = {1: "*i8", 2: "*i16", 8: "*i32"}
     scales = {0: ("*fp16", "*fp16"), 1: ("*fp16", "*fp16"), 2: ("*i16", "*i32"), 3: ("*i16", "*fp16"),
-              4: ("*i16", "*i32")}
+              4: ("*i16", "*i32"), 5: ("*i8", "*fp16"), 6: ("*u8", "*u8")}
     sig = {"x_ptr": "*fp32", "lo_ptr": None, "hi_ptr": None, "d_ptr": None, "m_ptr": None, "out_ptr": "*fp32",
            "part_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "NKB": "i32",
-           "M_STRIDE": "i32", "M_BUCKET": "i32", "KB_SPLIT": "i32", "SPLIT": "i32", "magic": "i32"}
-    layouts = {t: mmq._Q4_LAYOUT.get(t) or (pt.lb, pt.hb, pt.center, pt.mode) for t, pt in
-               [(t, planes.PLANE_TYPES.get(t)) for t in mmq.MMQ_TYPES]}
+           "M_STRIDE": "i32", "M_BUCKET": "i32", "KB_SPLIT": "i32", "SPLIT": "i32", "magic": "i32", "t0": "i32",
+           "t1": "i32", "t2": "i32", "t3": "i32"}
+    def layout(t):  # (LB, HB, CENTER, MODE); the lookup types: table bytes, center 128
+        pt = planes.PLANE_TYPES.get(t)
+        if t in lut4.LUT4_TYPES:
+            return 8, 0, 128, lut4.LUT4_MODES[t]
+        return mmq._Q4_LAYOUT.get(t) or (pt.lb, pt.hb, pt.center, pt.mode)
+    layouts = {t: layout(t) for t in mmq.MMQ_TYPES}
     for t, (lb, hb, center, mode) in layouts.items():
         d_t, m_t = scales[mode]
-        tsig = dict(sig, lo_ptr=words[lb], hi_ptr=highs.get(hb, words[lb]), d_ptr=d_t, m_ptr=m_t)
+        lut = t in lut4.LUT4_TYPES
+        tsig = dict(sig, lo_ptr="*i32" if lut else words[lb], hi_ptr="*i32" if lut else highs.get(hb, words[lb]),
+                    d_ptr=d_t, m_ptr=m_t)
         configs = mmq.MMQ_CONFIGS if t.name == "Q4_0" else mmq.MMQ_CONFIGS
         for cfg in configs:
             kw = cfg.kwargs
             name = f"mmq[{t.name} {kw['BLOCK_M']}x{kw['BLOCK_N']} kb{kw['KB']} w{cfg.num_warps}]"
-            consts = dict(kw, LB=lb, HB=hb, CENTER=center, MODE=mode, EVEN=False)
+            consts = dict(kw, LB=lb, HB=hb, CENTER=center, MODE=mode, LUT=lut, EVEN=False)
             opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
             out.append((name, mmq._mmq_kernel, tsig, consts, opts))
 

@@ -13,6 +13,7 @@ from minfer.errors import UnsupportedError
 from minfer.kernels.triton.elementwise import swiglu
 from minfer.kernels.triton.gemv_fused import gemv_geglu, gemv_rope, gemv_swiglu, repack_rope, repack_swiglu, rope_pairs
 from minfer.kernels.triton.int4 import INT4_TYPES
+from minfer.kernels.triton.lut4 import LUT4_TYPES
 from minfer.kernels.triton.q4_0 import q4_0_gemv
 from minfer.kernels.triton.qmatmul import repack_gemv
 from minfer.kernels.triton.rope import rope
@@ -46,11 +47,11 @@ def _rope64(y: torch.Tensor, pos: int, cos, sin, n_heads: int, hd: int, n_rot: i
 
 # the bound per activation form of the layout's config (GemvConfig.q8: f32, one or two int8 passes)
 TOL = {0: 1e-5, 1: 1.5e-2, 2: 1e-4}
-Q8_TYPES = (GGMLType.Q4_0, *INT4_TYPES)  # the types whose GEMV takes int8 activations
+Q8_TYPES = (GGMLType.Q4_0, *INT4_TYPES, *LUT4_TYPES)  # the types whose GEMV takes int8 activations
 
 # (type, n, k): a split-K 32-row tile config (n * k > 2^22), the small 8-row tile
 BIG = [(GGMLType.Q4_0, 1024, 4608), (GGMLType.Q4_K, 512, 8448)]
-SMALL = [(GGMLType.Q6_K, 64, 512), (GGMLType.Q8_0, 96, 320), (GGMLType.Q5_1, 32, 256)]
+SMALL = [(GGMLType.Q6_K, 64, 512), (GGMLType.Q8_0, 96, 320), (GGMLType.Q5_1, 32, 256), (GGMLType.IQ4_XS, 64, 512)]
 
 
 @pytest.mark.parametrize("t, n, k", BIG + SMALL)

@@ -13,6 +13,7 @@ import torch
 from minfer.contracts.harness import random_blocks
 from minfer.errors import UnsupportedError
 from minfer.kernels.triton import mmq
+from minfer.kernels.triton.lut4 import LUT4_TYPES
 from minfer.kernels.triton.q4_0 import repack_q4_0
 from minfer.kernels.triton.qmatmul import repack_gemv
 from minfer.quant import reference
@@ -45,8 +46,12 @@ def _k(t: GGMLType, blocks32: int) -> int:
     return max(per, blocks32 * 32 // per * per)
 
 
-@pytest.mark.parametrize("t", mmq.MMQ_TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("m", [2, 5, 16, 33])
+# every type at 2 .. 33 rows; the lookup types (their words' own element order, the table) once (their
+# conformance cases, mmq.fkc.md's mmq_lut4, run each at 1-17 rows)
+EVERY_TYPE = [(t, m) for m in (2, 5, 16, 33) for t in mmq.MMQ_TYPES if t not in LUT4_TYPES] + [(GGMLType.IQ4_XS, 33)]
+
+
+@pytest.mark.parametrize("t, m", EVERY_TYPE, ids=lambda v: v.name if isinstance(v, GGMLType) else str(v))
 def test_mmq_every_type(t, m, device, gen, check):
     n, k = 24, _k(t, 13)  # 13 blocks: a partial last K step for the 32-element types
     raw, w = _case(t, n, k, gen)

@@ -1,0 +1,10 @@
+// ---- IQ4_NL block dot: d * sum(kvalues[q] * x); a 32-bit load holds 4 low nibbles (elements 4w..4w+3)
+// and 4 high ones (elements 4w+16..4w+19) ----
+fn block_dot(wb: u32, xo: u32) -> f32 {
+    var s = 0.0;
+    for (var w = 0u; w < 4u; w++) {
+        let q = ld32(wb + 2u + 4u * w);
+        s += dot(lut16x4(KV_IQ4, q), xq(xo + 4u * w)) + dot(lut16x4(KV_IQ4, q >> 4u), xq(xo + 4u * w + 16u));
+    }
+    return ldf16(wb) * s;
+}
