@@ -8,6 +8,7 @@
     for piece in m.generate([{"role": "user", "content": "Hi!"}], stream=True):
         print(piece, end="")
     m.generate_batch(["Once upon a time", "The sky is"], max_tokens=32)   # decoded together
+    m.generate("A person as JSON:", json_schema={"type": "object", ...})  # output parses and validates
 
 Every call goes through the engine's one loop (engine/engine.py): a Model has n_slots
 KV-cache slots (default: up to 4, as memory allows) and runs that many sequences per step;
@@ -32,6 +33,7 @@ import torch
 from .config import EngineConfig, dist_env
 from .default_model import default_model_path
 from .engine.engine import Engine
+from .engine.grammar import Grammar
 from .engine.params import SamplingParams
 from .engine.perplexity import PerplexityResult, perplexity
 from .engine.sequence import Sequence
@@ -112,6 +114,19 @@ class GenerationStats:
         # the first generated token comes from the prefill's logits: decode steps = generated - 1
         steps = self.generated_tokens - 1
         return steps / self.decode_seconds if steps > 0 and self.decode_seconds > 0 else 0.0
+
+
+def sampling_params(json_schema: dict | str | None = None, **sampling) -> SamplingParams:
+    """SamplingParams from keywords, with `json_schema` (a schema) or `grammar` (GBNF text or a
+    Grammar) as the grammar the output must match."""
+    grammar = sampling.pop("grammar", None)
+    if json_schema is not None and grammar is not None:
+        raise MinferError("pass json_schema or grammar, not both")
+    if json_schema is not None:
+        grammar = Grammar.json_schema(json_schema)
+    elif isinstance(grammar, str):
+        grammar = Grammar.gbnf(grammar)
+    return SamplingParams.of(grammar=grammar, **sampling)
 
 
 def result_of(seq: Sequence) -> GenerationResult:
@@ -252,16 +267,18 @@ class Model(Prompting):
         return self.engine.add(ids, params, reuse_prefix=params.seed is None)
 
     def generate(self, prompt: Prompt, *, stream: bool = False, params: SamplingParams | None = None,
-                 **sampling) -> str | Iterator[str]:
+                 json_schema: dict | str | None = None, **sampling) -> str | Iterator[str]:
         """Continue a prompt (str; special tokens in it are parsed) or a chat (list of messages).
         Sampling keywords: engine.params.SamplingParams (max_tokens, temperature, top_k, top_p,
         min_p, repeat_penalty, repeat_last_n, frequency_penalty, presence_penalty, seed, stop,
-        ignore_eos); temperature=0 is greedy. Returns the text, or with stream=True an iterator of
-        text pieces (the request starts when it is first iterated). `last_stats` holds the token
-        counts, timings and finish reason of the latest call. `params` replaces the keywords."""
-        if params is not None and sampling:
+        ignore_eos, logit_bias, grammar); temperature=0 is greedy. `json_schema`: the output is
+        JSON matching this schema (a dict or its text; needs llguidance); `grammar` may also be
+        GBNF text or an engine.grammar.Grammar. Returns the text, or with stream=True an iterator
+        of text pieces (the request starts when it is first iterated). `last_stats` holds the
+        token counts, timings and finish reason of the latest call. `params` replaces the keywords."""
+        if params is not None and (sampling or json_schema is not None):
             raise MinferError("generate: pass either params= or sampling keywords, not both")
-        params = params or SamplingParams.of(**sampling)
+        params = params or sampling_params(json_schema, **sampling)
         ids = self.prompt_ids(prompt)
         self.engine.check_tokens(ids)  # errors now, not at the first piece
 
@@ -283,7 +300,7 @@ class Model(Prompting):
         A request's output is the same as when it runs alone (batch invariance; seeded requests
         included)."""
         if params is None:
-            params = [SamplingParams.of(**sampling)] * len(prompts)
+            params = [sampling_params(**sampling)] * len(prompts)
         elif sampling or len(params) != len(prompts):
             raise MinferError("generate_batch: pass either sampling keywords or one SamplingParams per prompt")
         ids = []

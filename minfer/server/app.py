@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import json
 import time
@@ -26,6 +27,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..engine.grammar import check_grammar
 from ..engine.params import SamplingParams
 from ..errors import MinferError
 from . import schema
@@ -187,6 +189,10 @@ def create_app(engine: EngineHost, *, model_id: str, metrics: Metrics, api_key: 
             m = ready_model()
             max_tokens = schema.max_tokens_of(req)
             params = schema.sampling_params(req, max_tokens, defaults)
+            grammar, where = schema.grammar_of(req)
+            if grammar is not None:
+                await run_in_threadpool(_check_grammar, m, grammar, where)
+                params = dataclasses.replace(params, grammar=grammar)
             if kind == "chat":
                 messages = schema.messages_of(req)
                 chars = sum(len(x["content"]) for x in messages)
@@ -385,6 +391,14 @@ async def read_json(request: Request, limit: int, timeout_s: float = READ_TIMEOU
     if not isinstance(body, dict):
         raise APIError(400, f"the body must be a JSON object, got {type(body).__name__}", code="invalid_json")
     return body
+
+
+def _check_grammar(m, grammar, where: str) -> None:
+    """A 400 naming the problem when the grammar does not compile against the model's tokenizer."""
+    try:
+        check_grammar(grammar, m.tokenizer)
+    except MinferError as e:
+        raise APIError(400, f"{where}: {e}", param=where, code="invalid_grammar") from None
 
 
 def _tokens(fn, *args) -> list[int]:

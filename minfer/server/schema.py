@@ -26,12 +26,14 @@ from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from ..engine.grammar import Grammar
 from ..engine.logprobs import MAX_TOP_LOGPROBS
 from ..engine.params import MAX_REQUEST_TEMPERATURE, MAX_STOP_CHARS, MAX_STOPS, RANGES, SamplingParams, check_request
-from ..errors import ParamError
+from ..errors import GrammarError, ParamError
 from .errors import APIError
 
 MAX_MESSAGES = 2048
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 ROLES = ("system", "developer", "user", "assistant")  # developer is rendered as system
 
 
@@ -119,6 +121,8 @@ class _Common(_Strict):
     n: Int = _doc(1, minimum=1, maximum=1)
     logit_bias: dict[str, float] | None = _doc(maxProperties=0)
     user: str | None = None
+    grammar: str | None = None  # llama-server's: GBNF (or llguidance's Lark) the output must match
+    json_schema: dict | None = None  # llama-server's: a JSON schema the output must match
 
 
 class ChatRequest(_Common):
@@ -128,7 +132,7 @@ class ChatRequest(_Common):
     top_logprobs: Int | None = _doc(minimum=0, maximum=MAX_TOP_LOGPROBS)  # only with logprobs=true
     tools: list | None = _doc(maxItems=0)
     tool_choice: str | dict | None = None
-    response_format: dict | None = _doc(properties={"type": {"enum": ["text"]}})
+    response_format: dict | None = _doc(properties={"type": {"enum": list(RESPONSE_FORMATS)}})
 
 
 class CompletionRequest(_Common):
@@ -161,8 +165,6 @@ def _unsupported(req: _Common) -> None:
     if isinstance(req, ChatRequest):
         if req.tools:
             raise APIError(400, "tools are not supported", param="tools")
-        if req.response_format is not None and req.response_format.get("type", "text") != "text":
-            raise APIError(400, "only response_format {'type': 'text'} is supported", param="response_format")
         if req.top_logprobs is not None:
             if not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
                 raise APIError(400, f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {req.top_logprobs}",
@@ -205,6 +207,39 @@ def messages_of(req: ChatRequest) -> list[dict]:
             raise APIError(400, f"messages[{i}].content is missing", param=f"messages[{i}].content")
         out.append({"role": "system" if m.role == "developer" else m.role, "content": content})
     return out
+
+
+def grammar_of(req: _Common) -> tuple[Grammar | None, str | None]:
+    """The grammar the output must match and the field that gave it: `response_format` (chat:
+    json_object, or json_schema with its `json_schema.schema`), llama-server's `json_schema` or
+    `grammar` (GBNF); (None, None) when none. A 400 when several are given or one is malformed
+    (whether it compiles is checked against the model's tokenizer: app.py)."""
+    found: list[tuple[Grammar, str]] = []
+    try:
+        rf = req.response_format if isinstance(req, ChatRequest) else None
+        if rf is not None:
+            kind = rf.get("type", "text")
+            if kind not in RESPONSE_FORMATS:
+                raise APIError(400, f"response_format.type must be one of {', '.join(RESPONSE_FORMATS)}, got "
+                               f"{kind!r}", param="response_format")
+            if kind == "json_object":
+                found.append((Grammar.json_object(), "response_format"))
+            elif kind == "json_schema":
+                spec = rf.get("json_schema")
+                if not isinstance(spec, dict):
+                    raise APIError(400, "response_format.json_schema must be an object with a 'schema'",
+                                   param="response_format")
+                found.append((Grammar.json_schema(spec.get("schema", {})), "response_format"))
+        if req.json_schema is not None:
+            found.append((Grammar.json_schema(req.json_schema), "json_schema"))
+        if req.grammar is not None:
+            found.append((Grammar.gbnf(req.grammar), "grammar"))
+    except GrammarError as e:
+        raise APIError(400, f"{e}", param="response_format") from None
+    if len(found) > 1:
+        raise APIError(400, f"give one of response_format, json_schema and grammar, not {len(found)}",
+                       param=found[1][1])
+    return found[0] if found else (None, None)
 
 
 def max_tokens_of(req: _Common) -> int | None:
