@@ -6,9 +6,9 @@
 
 For each of the 20 schemas of tests/server/test_structured.py: the time to compile the schema
 and compute its first mask (llguidance: the grammar and its matcher, built lazily; xgrammar:
-compile_json_schema), and the time of each later token mask, over one valid answer (a random walk through llguidance's masks: the
-same tokens fed to both). Also the import time and GBNF support. One thread each (the engine
-computes a batch's masks in parallel; this measures one row).
+compile_json_schema), and the time of each later token mask, over one valid answer (a random
+walk through llguidance's masks: the same tokens fed to both). Also the import time. One thread
+each (the engine computes a batch's masks in parallel; this measures one row).
 """
 
 from __future__ import annotations
@@ -28,10 +28,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "server"))
 
+from test_structured import SCHEMAS  # noqa: E402
+
 from minfer.default_model import default_model_path  # noqa: E402
 from minfer.engine.grammar import JSON_OPTIONS, ll_tokenizer  # noqa: E402
 from minfer.tokenizer import Tokenizer  # noqa: E402
-from test_structured import SCHEMAS  # noqa: E402
 
 
 def walk(lt, tok, schema: dict, rng: random.Random, limit: int = 120) -> list[int]:
@@ -96,8 +97,8 @@ def time_xgrammar(compiler, info, schema: dict, path: list[int]) -> tuple[float,
 
 def summary(name: str, compiles: list[float], masks: list[float]) -> str:
     us = sorted(x * 1e6 for x in masks)
-    return (f"| {name} | {statistics.median(compiles) * 1e3:.2f} | {max(compiles) * 1e3:.1f} | {statistics.mean(us):.0f} "
-            f"| {us[len(us) // 2]:.0f} | {us[int(len(us) * 0.99)]:.0f} | {len(us)} |")
+    return (f"| {name} | {statistics.median(compiles) * 1e3:.2f} | {max(compiles) * 1e3:.1f} "
+            f"| {statistics.mean(us):.0f} | {us[len(us) // 2]:.0f} | {us[int(len(us) * 0.99)]:.0f} | {len(us)} |")
 
 
 def main() -> None:
@@ -115,7 +116,8 @@ def main() -> None:
     ll_tok_s = time.perf_counter() - t0
     rng = random.Random(0)
     paths = [walk(lt, tok, s, rng) for _, s in SCHEMAS]
-    rows = ["| library | compile ms (median) | compile ms (max) | mask µs mean | p50 | p99 | tokens |", "|---|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| library | compile ms (median) | compile ms (max) | mask µs mean | p50 | p99 | tokens |",
+            "|---|---:|---:|---:|---:|---:|---:|"]
     c, mk = [], []
     for (_, s), p in zip(SCHEMAS, paths, strict=True):
         a, b = time_llguidance(lt, s, p)
