@@ -148,12 +148,15 @@ class Prompting:
     def detokenize(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids)
 
-    def chat_tokens(self, messages: Messages, add_generation_prompt: bool = True) -> list[int]:
+    def chat_tokens(self, messages: Messages, add_generation_prompt: bool = True,
+                    tools: list[dict] | None = None) -> list[int]:
         """Render messages with the model's chat template and tokenize (special tokens parsed).
-        A template that already writes BOS does not get a second one."""
+        A template that already writes BOS does not get a second one. `tools`: OpenAI's tool
+        list, for the template's `tools` variable."""
         if not isinstance(messages, list):
             raise TemplateError("messages must be a list of {'role': ..., 'content': ...} dicts")
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        extra = {"tools": tools} if tools else {}
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **extra)
         ids = self.tokenizer.encode(text, add_special=True, parse_special=True)
         bos = self.tokenizer.bos_id
         if len(ids) >= 2 and ids[0] == ids[1] == bos:

@@ -58,11 +58,16 @@ class Job:
     arrival: float = field(default_factory=time.perf_counter)
     key: int = 0  # the engine side's name for it (EngineProcess numbers its jobs)
     done: bool = False  # set on the event loop when the final event was taken (or the job cancelled)
+    index: int = 0  # its choice among a request's n (the n jobs share one `events` queue)
+
+    def put(self, event: tuple) -> None:
+        """Hand an event to the job's stream, as (index, event) (on its event loop)."""
+        self.events.put_nowait((self.index, event))
 
     def push(self, event: tuple) -> None:
         """Hand an event to the job's stream (any thread)."""
         try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+            self.loop.call_soon_threadsafe(self.put, event)
         except RuntimeError:  # the event loop is closed (shutdown): nobody is listening
             pass
 

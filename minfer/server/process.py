@@ -244,7 +244,7 @@ class EngineProcess(EngineHost):
                 if ev[0] in ("done", "error"):
                     del self.jobs[key]
                 if local and ev[0] != "end":
-                    job.events.put_nowait(ev)  # (on the job's own loop: no hop)
+                    job.put(ev)  # (on the job's own loop: no hop)
                 else:
                     deliver(job, ev, self.metrics)
             self.metrics.active.set(running)

@@ -22,19 +22,30 @@ min_p 0.05; max_tokens: until the end); temperature 0 is greedy.
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from ..engine.grammar import Grammar
 from ..engine.logprobs import MAX_TOP_LOGPROBS
-from ..engine.params import MAX_REQUEST_TEMPERATURE, MAX_STOP_CHARS, MAX_STOPS, RANGES, SamplingParams, check_request
+from ..engine.params import (
+    MAX_LOGIT_BIAS,
+    MAX_REQUEST_TEMPERATURE,
+    MAX_STOP_CHARS,
+    MAX_STOPS,
+    RANGES,
+    SamplingParams,
+    check_request,
+)
 from ..errors import GrammarError, ParamError
 from .errors import APIError
+from .tools import MAX_TOOLS
 
 MAX_MESSAGES = 2048
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
-ROLES = ("system", "developer", "user", "assistant")  # developer is rendered as system
+ROLES = ("system", "developer", "user", "assistant", "tool")  # developer is rendered as system
+MAX_N = 16  # choices per request
 
 
 def _integral(v):
@@ -94,11 +105,23 @@ class ContentPart(_Strict):
     text: str | None = None
 
 
+class FunctionCall(_Strict):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(_Strict):
+    id: str | None = None
+    type: str = _doc("function", enum=["function"])
+    function: FunctionCall
+
+
 class Message(_Strict):
-    model_config = ConfigDict(json_schema_extra=_require("content"))
     role: str = _doc(..., enum=list(ROLES))
-    content: str | list[ContentPart] | None = None
+    content: str | list[ContentPart] | None = None  # (null only for an assistant message with tool_calls)
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's calls, sent back in the conversation
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
 
 class _Common(_Strict):
@@ -118,8 +141,8 @@ class _Common(_Strict):
     ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None  # only with stream=true (a 400 otherwise)
-    n: Int = _doc(1, minimum=1, maximum=1)
-    logit_bias: dict[str, float] | None = _doc(maxProperties=0)
+    n: Int = _doc(1, minimum=1, maximum=MAX_N)
+    logit_bias: dict[str, float] | None = _doc(maxProperties=MAX_LOGIT_BIAS)
     user: str | None = None
     grammar: str | None = None  # llama-server's: GBNF (or llguidance's Lark) the output must match
     json_schema: dict | None = None  # llama-server's: a JSON schema the output must match
@@ -130,8 +153,9 @@ class ChatRequest(_Common):
     max_completion_tokens: Int | None = _doc(minimum=1)
     logprobs: bool = False
     top_logprobs: Int | None = _doc(minimum=0, maximum=MAX_TOP_LOGPROBS)  # only with logprobs=true
-    tools: list | None = _doc(maxItems=0)
-    tool_choice: str | dict | None = None
+    tools: list | None = _doc(maxItems=MAX_TOOLS)  # [{"type": "function", "function": {name, description, parameters}}]
+    tool_choice: str | dict | None = None  # "none" | "auto" | "required" | {"type": "function", "function": {"name"}}
+    parallel_tool_calls: bool | None = None
     response_format: dict | None = _doc(properties={"type": {"enum": list(RESPONSE_FORMATS)}})
 
 
@@ -156,15 +180,11 @@ def parse(cls: type[_Common], body: dict) -> _Common:
 
 
 def _unsupported(req: _Common) -> None:
-    if req.n != 1:
-        raise APIError(400, f"n must be 1: this server returns one choice per request (got n={req.n})", param="n")
-    if req.logit_bias:
-        raise APIError(400, "logit_bias is not supported", param="logit_bias")
+    if not 1 <= req.n <= MAX_N:
+        raise APIError(400, f"n must be in 1..{MAX_N}, got {req.n}", param="n")
     if req.stream_options is not None and not req.stream:
         raise APIError(400, "stream_options is only allowed with stream=true", param="stream_options")
     if isinstance(req, ChatRequest):
-        if req.tools:
-            raise APIError(400, "tools are not supported", param="tools")
         if req.top_logprobs is not None:
             if not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
                 raise APIError(400, f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {req.top_logprobs}",
@@ -184,7 +204,9 @@ def _unsupported(req: _Common) -> None:
 
 
 def messages_of(req: ChatRequest) -> list[dict]:
-    """The messages as the chat template sees them: {"role", "content"} with string content."""
+    """The messages as the chat template sees them: {"role", "content"} with string content; an
+    assistant's `tool_calls` with their arguments as objects (what templates expect), a tool
+    message's `tool_call_id` (and `name`)."""
     if not req.messages:
         raise APIError(400, "messages must hold at least one message", param="messages")
     if len(req.messages) > MAX_MESSAGES:
@@ -203,10 +225,33 @@ def messages_of(req: ChatRequest) -> list[dict]:
                                    f"(got type {part.type!r})", param=f"messages[{i}].content")
                 texts.append(part.text)
             content = "".join(texts)
-        if content is None:
+        if content is None and not (m.role == "assistant" and m.tool_calls):
             raise APIError(400, f"messages[{i}].content is missing", param=f"messages[{i}].content")
-        out.append({"role": "system" if m.role == "developer" else m.role, "content": content})
+        msg = {"role": "system" if m.role == "developer" else m.role, "content": content or ""}
+        if m.tool_calls:
+            if m.role != "assistant":
+                raise APIError(400, f"messages[{i}]: only assistant messages carry tool_calls",
+                               param=f"messages[{i}].tool_calls")
+            msg["tool_calls"] = [{"id": c.id or f"call_{i}_{j}", "type": "function", "function": {
+                "name": c.function.name, "arguments": _arguments(c.function.arguments,
+                                                                 f"messages[{i}].tool_calls[{j}]")}}
+                for j, c in enumerate(m.tool_calls)]
+        if m.role == "tool":
+            msg["tool_call_id"] = m.tool_call_id or ""
+            if m.name is not None:
+                msg["name"] = m.name
+        out.append(msg)
     return out
+
+
+def _arguments(text: str, where: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise APIError(400, f"{where}.function.arguments is not JSON", param=where) from None
+    if not isinstance(value, dict):
+        raise APIError(400, f"{where}.function.arguments must be a JSON object", param=where)
+    return value
 
 
 def grammar_of(req: _Common) -> tuple[Grammar | None, str | None]:
@@ -273,7 +318,7 @@ def sampling_params(req: _Common, max_tokens: int | None, defaults: SamplingPara
     names = {"repeat_penalty": "repetition_penalty"}
     base = defaults if defaults is not None else SamplingParams(max_tokens=None)
     given.update(max_tokens=max_tokens, stop=tuple([req.stop] if isinstance(req.stop, str) else req.stop or ()),
-                 ignore_eos=req.ignore_eos or None)
+                 ignore_eos=req.ignore_eos or None, logit_bias=_logit_bias(req.logit_bias) or None)
     if not given["stop"]:
         del given["stop"]
     try:
@@ -282,7 +327,19 @@ def sampling_params(req: _Common, max_tokens: int | None, defaults: SamplingPara
         raise APIError(400, f"{names.get(e.param, e.param)} {e.reason}", param=names.get(e.param, e.param)) from None
 
 
-_FIELDS = {f for cls in (ChatRequest, CompletionRequest, Message, ContentPart, StreamOptions) for f in cls.model_fields}
+def _logit_bias(raw: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+    """OpenAI's logit_bias ({"token id": bias in -100..100}) as (id, bias) pairs; a 400 for a key
+    that is not a token id (the vocabulary's bound is the engine's check)."""
+    out = []
+    for k, v in (raw or {}).items():
+        if not k.isdigit():
+            raise APIError(400, f"logit_bias keys are token ids, got {k!r}", param="logit_bias")
+        out.append((int(k), v))
+    return tuple(out)
+
+
+_FIELDS = {f for cls in (ChatRequest, CompletionRequest, Message, ContentPart, StreamOptions, ToolCall, FunctionCall)
+           for f in cls.model_fields}
 
 
 def _where(loc: tuple) -> str:
