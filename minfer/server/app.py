@@ -216,7 +216,7 @@ def create_app(engine: EngineHost, *, model_id: str, metrics: Metrics, api_key: 
                                    f"{m.n_ctx} tokens can hold", param="prompt", code="context_length_exceeded")
                 ids = await run_in_threadpool(_completion_ids, m, req.prompt, req.suffix)
             check_context(len(ids), max_tokens, m.n_ctx)
-            log.debug("%s: %d prompt tokens, n %d, %s", endpoint, len(ids), req.n, params)
+            log.debug("%s: %d prompt tokens, %s, n %d", endpoint, len(ids), params, req.n)
             if len(pending) + req.n > max_pending:
                 raise APIError(503, f"the server is at its limit of {max_pending} requests in flight; retry later",
                                code="overloaded")

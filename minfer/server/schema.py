@@ -3,8 +3,9 @@
 Types are strict: `"temperature": "0.5"` is a 400, not a coercion (an integer is a valid
 number, and a number without a fraction, `7.0`, a valid integer, as JSON Schema has it). Fields
 the server does not know are ignored, as OpenAI's own API ignores them; fields it knows but
-cannot honour (n > 1, tools, logit_bias, echo with logprobs, best_of > 1, a response_format
-other than text) are a 400 that says so, never silently dropped. `echo` puts the prompt's text
+cannot honour (echo with logprobs, best_of > 1) are a 400 that says so, never silently dropped.
+`response_format` / `json_schema` / `grammar` become the request's Grammar (`grammar_of`);
+`tools` and `tool_choice` are read by tools.py; `logit_bias` maps token ids to biases. `echo` puts the prompt's text
 before the completion; `suffix` makes the completion a fill in the middle (llama.cpp's infill
 prompt: the model's FIM tokens around prompt and suffix). The models' JSON schema
 (/openapi.json) states the bounds the handlers check (`_doc`), so a client, or the schema
