@@ -9,6 +9,7 @@
         print(piece, end="")
     m.generate_batch(["Once upon a time", "The sky is"], max_tokens=32)   # decoded together
     m.generate("A person as JSON:", json_schema={"type": "object", ...})  # output parses and validates
+    m.embed(["first text", "second text"])             # L2-normalised vectors (pooling: the file's, or mean)
 
 Every call goes through the engine's one loop (engine/engine.py): a Model has n_slots
 KV-cache slots (default: up to 4, as memory allows) and runs that many sequences per step;
@@ -36,6 +37,7 @@ from .engine.engine import Engine
 from .engine.grammar import Grammar
 from .engine.params import SamplingParams
 from .engine.perplexity import PerplexityResult, perplexity
+from .engine.pooling import default_pooling
 from .engine.sequence import Sequence
 from .errors import MinferError, ParallelError, TemplateError
 from .gguf.reader import GGUFReader
@@ -334,6 +336,25 @@ class Model(Prompting):
             for s in seqs:
                 if not s.finished:
                     self.engine.abort(s)
+
+    def embed(self, texts: str | list[str] | list[list[int]], pooling: str | None = None) -> list[list[float]]:
+        """One L2-normalised embedding per text (or token-id list): the final hidden states of its
+        tokens pooled by `pooling` ("mean", "cls", "last"; default: the file's pooling type, else
+        mean). Texts are tokenized as prompts (BOS as the model adds it) and run together, n_slots at
+        a time, each alone in its slot: an embedding is the same alone and in a batch."""
+        pooling = pooling or default_pooling(self.reader.metadata)
+        items = [texts] if isinstance(texts, str) else list(texts)
+        ids = []
+        for i, t in enumerate(items):
+            x = self.tokenize(t) if isinstance(t, str) else list(t)
+            try:
+                self.engine.check_tokens(x)
+            except MinferError as e:
+                raise type(e)(f"text {i}: {e}") from None
+            ids.append(x)
+        seqs = [self.engine.add(x, pooling=pooling) for x in ids]
+        self.run(seqs)
+        return [s.embedding() for s in seqs]
 
     def perplexity(self, text: str, n_ctx: int = 512, on_chunk=None) -> PerplexityResult:
         """llama-perplexity's measure of `text` (see engine.perplexity); chunks of n_ctx tokens."""

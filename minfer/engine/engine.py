@@ -40,6 +40,8 @@ from . import loader, tp
 from .grammar import Matcher
 from .masks import Masks
 from .params import SamplingParams
+from .pooling import check_pooling
+from .pooling import rows_of as pooling_rows
 from .scheduler import Scheduler
 from .sequence import Sequence, TextStream
 
@@ -126,9 +128,14 @@ class Engine:
         check_tokens(tokens, self.n_vocab, self.n_ctx)
 
     def add(self, prompt: list[int], params: SamplingParams | None = None, *, logit_rows: range | None = None,
-            reuse_prefix: bool = True) -> Sequence:
+            reuse_prefix: bool = True, pooling: str | None = None) -> Sequence:
         """Queue a sequence. `logit_rows`: prompt positions whose logits to keep (a contiguous range);
-        `reuse_prefix`: may start from the tokens a free slot holds (chat turns)."""
+        `reuse_prefix`: may start from the tokens a free slot holds (chat turns). `pooling`: an
+        embedding of the prompt pooled so (engine/pooling.py; `Sequence.embedding()` when finished)."""
+        if pooling is not None:
+            check_pooling(pooling)
+            params = SamplingParams(max_tokens=0)
+            logit_rows, reuse_prefix = pooling_rows(len(prompt), pooling) if prompt else None, False
         prompt = [int(t) if isinstance(t, numbers.Integral) and not isinstance(t, bool) else t for t in prompt]
         self.check_tokens(prompt)
         params = params or SamplingParams()
@@ -143,7 +150,7 @@ class Engine:
             raise MinferError(f"logit_bias token ids {bad[:5]} are outside the vocabulary [0, {self.n_vocab})")
         matcher = Matcher(params.grammar, self.tokenizer, self.n_vocab) if params.grammar is not None else None
         seq = Sequence(next(self._ids), prompt, params, eog_ids=self.eog_ids, text=text, logit_rows=logit_rows,
-                       reuse_prefix=reuse_prefix, matcher=matcher)
+                       reuse_prefix=reuse_prefix, matcher=matcher, pooling=pooling)
         self.scheduler.add(seq)
         return seq
 
@@ -180,6 +187,10 @@ class Engine:
 
     def _run(self, plan) -> list[tuple[Sequence, int]]:
         """One step the host samples from: the backend's logits, read before the next step."""
+        if plan.hidden:  # embedding chunks: their rows' final hidden states, nothing sampled
+            self.steps += 1
+            self.scheduler.postprocess(plan, self.backend.hidden(plan.batch))
+            return []
         rec = self.recorder
         if rec is not None:
             rec.begin_step(self.steps, plan.batch.kind, plan.batch.n_tokens)

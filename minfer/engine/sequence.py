@@ -19,6 +19,7 @@ import torch
 from ..errors import MinferError
 from ..kernels.sample import KMAX
 from .params import SamplingParams
+from .pooling import pool
 from .sampler import Sampler
 
 
@@ -99,10 +100,12 @@ class SequenceStats:
 class Sequence:
     def __init__(self, seq_id: int, prompt: list[int], params: SamplingParams, *, eog_ids: frozenset[int] = frozenset(),
                  text: TextStream | None = None, logit_rows: range | None = None, reuse_prefix: bool = True,
-                 matcher=None):
+                 matcher=None, pooling: str | None = None):
         """`logit_rows`: prompt positions whose logits to keep (scoring; `prompt_logits`).
         `reuse_prefix`: may start from tokens a free slot already holds. `matcher`: the parser
-        state of its grammar (engine/grammar.py Matcher), advanced by every token it samples."""
+        state of its grammar (engine/grammar.py Matcher), advanced by every token it samples.
+        `pooling`: an embedding (engine/pooling.py): its steps keep the hidden states of
+        `logit_rows` in `prompt_logits` instead of logits, and it samples nothing."""
         self.id = seq_id
         self.prompt = list(prompt)
         self.tokens = list(prompt)  # prompt, then every sampled token
@@ -113,6 +116,7 @@ class Sequence:
         self.logit_rows = logit_rows
         self.reuse_prefix = reuse_prefix
         self.matcher = matcher
+        self.pooling = pooling
         self.prompt_logits: list[torch.Tensor] = []
         self.status = Status.WAITING
         self.slot: int | None = None
@@ -156,6 +160,10 @@ class Sequence:
         next one to sample (kernels.sample.pack_params's row)."""
         p = self.params
         return (p.top_k, p.temperature, p.top_p, p.min_p, self.sampler.seed, len(self.generated) + ahead)
+
+    def embedding(self) -> list[float]:
+        """The pooled, normalised embedding of a finished embedding sequence."""
+        return pool(torch.cat(self.prompt_logits)).tolist()
 
     def take_text(self) -> str:
         """The text generated since the last call."""

@@ -13,10 +13,12 @@ events. A client that goes away (a failed send, or
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import hmac
 import json
+import struct
 import time
 from collections.abc import AsyncIterator, Callable
 from importlib import resources
@@ -28,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..engine.grammar import check_grammar
 from ..engine.params import SamplingParams
+from ..engine.pooling import default_pooling
 from ..errors import MinferError
 from . import schema
 from . import tools as tool_calls
@@ -66,7 +69,7 @@ class EventStream(StreamingResponse):
 
 def create_app(engine: EngineHost, *, model_id: str, metrics: Metrics, api_key: str | None = None,
                max_body: int = MAX_BODY_BYTES, max_pending: int = 1024, read_timeout_s: float = READ_TIMEOUT_S,
-               defaults: SamplingParams | None = None, model_path: str = "") -> FastAPI:
+               defaults: SamplingParams | None = None, model_path: str = "", pooling: str | None = None) -> FastAPI:
     """`max_pending`: requests admitted at once (running + waiting); beyond it a 503. `read_timeout_s`:
     the time a request's body has to arrive once its headers have; beyond it a 408. `defaults`:
     the sampling settings a request's absent fields take (`minfer serve`'s flags). One model is
@@ -180,6 +183,57 @@ def create_app(engine: EngineHost, *, model_id: str, metrics: Metrics, api_key: 
     @app.post("/v1/completions")
     async def completions(request: Request):
         return await generate(request, "completion")
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request):
+        """OpenAI's embeddings: each input's final hidden states pooled (`pooling`: the request's,
+        else `minfer serve --pooling`, else the file's pooling type, else mean), L2-normalised."""
+        endpoint = "/v1/embeddings"
+        try:
+            authorize(request)
+            req = schema.parse(schema.EmbeddingRequest, await read_json(request, max_body, read_timeout_s))
+            m = ready_model()
+            items = schema.embedding_inputs(req)
+            ids = await run_in_threadpool(_embedding_ids, m, items)
+            how = req.pooling or pooling or default_pooling(m.reader.metadata)
+            if len(pending) + len(ids) > max_pending:
+                raise APIError(503, f"the server is at its limit of {max_pending} requests in flight; retry later",
+                               code="overloaded")
+        except APIError as e:
+            metrics.request(endpoint, e.status)
+            return JSONResponse(e.body(), status_code=e.status)
+        events: asyncio.Queue = asyncio.Queue()
+        jobs = [Job(x, SamplingParams(max_tokens=0), None, asyncio.get_running_loop(), events, index=i, pooling=how)
+                for i, x in enumerate(ids)]
+        pending.update(jobs)
+        for job in jobs:
+            engine.submit(job)
+        vectors: dict[int, list[float]] = {}
+        ended: set[int] = set()
+        try:
+            stream = Events(events, request)
+            while len(ended) < len(jobs):
+                i, ev = await stream.next()
+                if ev[0] == "embedding":
+                    vectors[i] = ev[1]
+                    continue
+                jobs[i].done = True
+                if ev[0] == "done" and i in vectors:
+                    ended.add(i)
+                    continue
+                finish(jobs, endpoint, 500)
+                msg = ev[1] if ev[0] == "error" else f"the request ended early ({ev[1]})"
+                return JSONResponse(error_body(500, msg), status_code=500)
+        except Disconnected:
+            finish(jobs, endpoint, 499)
+            return Response(status_code=499)
+        finally:
+            finish(jobs, endpoint, None)
+        n = sum(len(x) for x in ids)
+        data = [{"object": "embedding", "index": i, "embedding": _encoded(vectors[i], req.encoding_format)}
+                for i in range(len(jobs))]
+        return JSONResponse({"object": "list", "data": data, "model": model_id,
+                             "usage": {"prompt_tokens": n, "total_tokens": n}})
 
     async def generate(request: Request, kind: str):
         endpoint = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
@@ -328,7 +382,8 @@ def _openapi(app: FastAPI) -> dict:
         "properties": {"message": {"type": "string"}, "type": {"type": "string"},
                        "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
     components["Error"] = error
-    for path, model in (("/v1/chat/completions", schema.ChatRequest), ("/v1/completions", schema.CompletionRequest)):
+    for path, model in (("/v1/chat/completions", schema.ChatRequest), ("/v1/completions", schema.CompletionRequest),
+                        ("/v1/embeddings", schema.EmbeddingRequest)):
         body = model.model_json_schema(ref_template="#/components/schemas/{model}")
         components.update(body.pop("$defs", {}))
         components[model.__name__] = body
@@ -423,6 +478,27 @@ def _check_grammar(m, grammar, where: str) -> None:
         check_grammar(grammar, m.tokenizer)
     except MinferError as e:
         raise APIError(400, f"{where}: {e}", param=where, code="invalid_grammar") from None
+
+
+def _embedding_ids(m, items: list) -> list[list[int]]:
+    """Token ids of each embeddings input: a text tokenized as a prompt (BOS as the model adds it;
+    special tokens not parsed), or token ids as given; a 400 naming the input."""
+    out = []
+    for i, x in enumerate(items):
+        try:
+            ids = m.tokenize(x) if isinstance(x, str) else list(x)
+            m.check_tokens(ids)
+        except MinferError as e:
+            raise APIError(400, f"input[{i}]: {e}", param="input") from None
+        out.append(ids)
+    return out
+
+
+def _encoded(vector: list[float], encoding: str):
+    """The vector as OpenAI sends it: a list of floats, or base64 of its float32 bytes."""
+    if encoding == "base64":
+        return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+    return vector
 
 
 def _choice_params(params: SamplingParams, i: int) -> SamplingParams:

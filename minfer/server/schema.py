@@ -168,6 +168,35 @@ class CompletionRequest(_Common):
     best_of: Int | None = _doc(minimum=1, maximum=1)
 
 
+MAX_INPUTS = 2048  # texts per embeddings request (OpenAI's limit)
+
+
+class EmbeddingRequest(_Strict):
+    model_config = ConfigDict(json_schema_extra=_require("input"))
+    input: str | list[str] | list[Int] | list[list[Int]] = _doc(..., minLength=1, minItems=1, maxItems=MAX_INPUTS)
+    model: str | None = None
+    encoding_format: str = _doc("float", enum=["float", "base64"])
+    pooling: str | None = _doc(enum=["mean", "cls", "last"])  # extension: overrides the server's
+    user: str | None = None
+
+
+def embedding_inputs(req: EmbeddingRequest) -> list[str | list[int]]:
+    """The request's texts (or token-id lists), each non-empty; a 400 naming the first bad one."""
+    raw = req.input
+    items = [raw] if isinstance(raw, str) or (raw and isinstance(raw[0], int)) else list(raw)
+    if not items or len(items) > MAX_INPUTS:
+        raise APIError(400, f"input must hold 1..{MAX_INPUTS} texts, got {len(items)}", param="input")
+    for i, x in enumerate(items):
+        if not x:
+            raise APIError(400, f"input[{i}] is empty", param="input")
+    if req.encoding_format not in ("float", "base64"):
+        raise APIError(400, f"encoding_format must be float or base64, got {req.encoding_format!r}",
+                       param="encoding_format")
+    if req.pooling is not None and req.pooling not in ("mean", "cls", "last"):
+        raise APIError(400, f"pooling must be mean, cls or last, got {req.pooling!r}", param="pooling")
+    return items
+
+
 def parse(cls: type[_Common], body: dict) -> _Common:
     """The request model, or a 400 naming the first bad field."""
     try:
@@ -176,7 +205,8 @@ def parse(cls: type[_Common], body: dict) -> _Common:
         err = e.errors()[0]
         loc = _where(err["loc"])
         raise APIError(400, f"{loc or 'body'}: {err['msg']}", param=loc or None) from None
-    _unsupported(req)
+    if isinstance(req, _Common):
+        _unsupported(req)
     return req
 
 
@@ -339,8 +369,8 @@ def _logit_bias(raw: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
     return tuple(out)
 
 
-_FIELDS = {f for cls in (ChatRequest, CompletionRequest, Message, ContentPart, StreamOptions, ToolCall, FunctionCall)
-           for f in cls.model_fields}
+_FIELDS = {f for cls in (ChatRequest, CompletionRequest, Message, ContentPart, StreamOptions, ToolCall, FunctionCall,
+                         EmbeddingRequest) for f in cls.model_fields}
 
 
 def _where(loc: tuple) -> str:

@@ -91,7 +91,11 @@ CASES = [
     ("tokenize without content", "POST", "/tokenize", {"tokens": "x"}, 400, "content"),
     ("detokenize id out of vocab", "POST", "/detokenize", {"tokens": [10**9]}, 400, "outside the vocabulary"),
     ("completion logprobs too many", "POST", COMP, {"prompt": "a", "logprobs": 99}, 400, "logprobs"),
-    ("unknown route", "POST", "/v1/embeddings", chat(), 404, "no route"),
+    ("unknown route", "POST", "/v1/nothing", chat(), 404, "no route"),
+    ("embeddings input missing", "POST", "/v1/embeddings", {"model": "m"}, 400, "input"),
+    ("embeddings empty text", "POST", "/v1/embeddings", {"input": ["a", ""]}, 400, "input[1] is empty"),
+    ("embeddings bad pooling", "POST", "/v1/embeddings", {"input": "a", "pooling": "max"}, 400, "pooling"),
+    ("embeddings id out of vocab", "POST", "/v1/embeddings", {"input": [1, 10**9]}, 400, "outside the vocabulary"),
     ("wrong method", "GET", CHAT, None, 405, "Method Not Allowed"),
     ("body too large", "POST", CHAT, b'{"messages": "' + b"a" * (5 << 20) + b'"}', 413, "over the limit"),
 ]
@@ -148,5 +152,6 @@ def test_errors_are_json_for_clients(client, model_id):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=model_id, messages=MSG, max_tokens=100_000)
     assert e.value.status_code == 400 and "512" in str(e.value)
-    with pytest.raises(openai.NotFoundError):
-        client.embeddings.create(model=model_id, input="x")  # no such route
+    with pytest.raises(openai.BadRequestError) as e:
+        client.embeddings.create(model=model_id, input=[""])
+    assert e.value.status_code == 400 and "input[0] is empty" in str(e.value)
