@@ -15,4 +15,4 @@ case "${MODEL:-0.5b}" in
 esac
 [ -f "$F" ] || python3 -m minfer.cli synth "$P" q4_0 "$F" > /dev/null
 timeout $(( ${MIN:-9} * 60 + 120 )) python3 bench/soak.py -m "$F" --device cuda --clients ${CLIENTS:-64} \
-  --minutes ${MIN:-9} --ctx ${CTX:-1024} --json "$OUT/soak.json" 2>&1 | tee "$OUT/soak.log" | tail -16
+  --minutes ${MIN:-9} --ctx ${CTX:-1024} --json "$OUT/soak.json" --server-log "$OUT/server.log" 2>&1 | tee "$OUT/soak.log" | tail -16

@@ -192,6 +192,11 @@ async def sampler(s: Soak, server_pid: int, samples: list, every: float) -> None
             samples.append({"t": time.monotonic() - t0, "server_rss_mb": rss_mb(server_pid),
                             "engine_rss_mb": rss_mb(eng) if eng else 0.0,
                             "tokens": s.tokens, "5xx": five_xx(text)})
+            if len(samples) % max(1, round(60 / every)) == 0:  # a line a minute: a run cut short says how far it got
+                x = samples[-1]
+                print(f"soak: {x['t']:.0f} s, {x['tokens']} tokens, server {x['server_rss_mb']:.0f} MB, engine "
+                      f"{x['engine_rss_mb']:.0f} MB, 5xx {x['5xx']:.0f}, {dict(sorted(s.outcomes.items()))}",
+                      flush=True)
             await asyncio.sleep(every)
 
 
@@ -263,10 +268,15 @@ def verdict(samples: list[dict], end_rss: dict, n5xx: float, leaked: float, aliv
             "rss_growth_pct": growth, "tok_s_per_minute": per_min, "tok_s_drift_pct": drift}
 
 
-def drain(pipe, keep: deque) -> None:
-    """Reads the server's stderr for the whole run (a pipe nobody reads stalls its writer once full)."""
+def drain(pipe, keep: deque, copy_to: str | None = None) -> None:
+    """Reads the server's stderr for the whole run (a pipe nobody reads stalls its writer once full),
+    keeping the last lines and, with `copy_to`, all of it in that file (to see why a server died)."""
+    f = open(copy_to, "w") if copy_to else None  # noqa: SIM115 (open for the thread's whole life)
     for line in pipe:
         keep.append(line.rstrip())
+        if f:
+            f.write(line)
+            f.flush()
 
 
 def main() -> int:
@@ -282,6 +292,7 @@ def main() -> int:
     ap.add_argument("--warmup-tol-pct", type=float, default=1.0, help="'flat': rising less than this %%")
     ap.add_argument("--sample-s", type=float, default=5.0)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--server-log", default=None, help="write the server's whole stderr to this file")
     a = ap.parse_args()
     srv = argparse.Namespace(device=a.device, concurrency=[a.clients], prompt_tokens=a.ctx - 8, gen_tokens=0,
                              model=a.model, threads=a.threads, serve_arg=[])
@@ -290,7 +301,7 @@ def main() -> int:
 
     proc, url = start_server(srv)
     log: deque = deque(maxlen=50)
-    threading.Thread(target=drain, args=(proc.stderr, log), daemon=True).start()
+    threading.Thread(target=drain, args=(proc.stderr, log, a.server_log), daemon=True).start()
     samples: list[dict] = []
     try:
         s = Soak(a, url)
@@ -302,10 +313,13 @@ def main() -> int:
 
         asyncio.run(run())
         time.sleep(2.0)  # the last cancellations reach the engine
-        text = httpx.get(url + "/metrics", timeout=30).text
+        alive = proc.poll() is None
+        try:
+            text = httpx.get(url + "/metrics", timeout=30).text
+        except httpx.HTTPError:  # a dead or wedged server: the verdict says so (alive False), nothing is hidden
+            text, alive = "", False
         leaked = metric(text, "minfer_active_sequences") + metric(text, "minfer_queued_sequences")
         n5xx = five_xx(text)
-        alive = proc.poll() is None
         end_server, end_engine = rss_mb(proc.pid), rss_mb(engine_pid(proc.pid) or 0)
     finally:
         proc.terminate()

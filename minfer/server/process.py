@@ -33,6 +33,7 @@ from __future__ import annotations
 import itertools
 import logging
 import multiprocessing
+import os
 import queue
 import signal
 import sys
@@ -154,7 +155,7 @@ class EngineProcess(EngineHost):
     def attach(self, loop) -> None:
         """Read the pipe on `loop` (call from it, before serving)."""
         self._loop = loop
-        loop.add_reader(self._conn.fileno(), self._readable, self._conn)
+        watch_pipe(loop, self._conn, self._readable)
 
     def start_reader_thread(self) -> None:
         """Read the pipe in a thread of its own (no event loop to attach to)."""
@@ -311,7 +312,7 @@ class EngineProcess(EngineHost):
         self._start_child()
         if self._loop is not None:
             conn = self._conn
-            self._loop.call_soon_threadsafe(lambda: self._loop.add_reader(conn.fileno(), self._readable, conn))
+            self._loop.call_soon_threadsafe(watch_pipe, self._loop, conn, self._readable)
         else:
             self.start_reader_thread()
 
@@ -328,6 +329,17 @@ class EngineProcess(EngineHost):
         if not self._stopping:
             self.state = "ok"
         self.ready.set()
+
+
+def watch_pipe(loop, conn, callback) -> None:
+    """`callback(conn)` on `loop` whenever `conn` has data, with the pipe left blocking. uvloop's
+    `add_reader` (libuv's uv_poll_init) makes the descriptor non-blocking; then a `recv` of a
+    message not yet whole raises BlockingIOError, which reads as the child's death (an H200 soak
+    restarted a healthy engine three times so), and the sender thread's `send` into a full pipe
+    fails the same way. Blocking, a `recv` that starts a message waits for its rest: the child
+    writes each message whole, from a thread that does nothing else."""
+    loop.add_reader(conn.fileno(), callback, conn)
+    os.set_blocking(conn.fileno(), True)
 
 
 # ---------------------------------------------------------------------- the child

@@ -219,7 +219,9 @@ class CUDABackend(Backend):
                 return self._run(batch, recorder)
             out = torch.empty(len(batch.out_rows), self.graph.meta["n_vocab"], device=self.device)
             for part, idx in parts:
-                out[torch.tensor(idx, device=self.device)] = self._run(part, recorder)
+                logits = self._run(part, recorder)  # (a prompt chunk that is not its prompt's last has no rows)
+                if idx:
+                    out[torch.tensor(idx, dtype=torch.long, device=self.device)] = logits
             return out
 
     def hidden(self, batch: Batch) -> torch.Tensor:

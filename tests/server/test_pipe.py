@@ -1,0 +1,62 @@
+"""The engine pipe as the server's event loop reads it (server/process.py `watch_pipe`): under
+uvloop, whose `add_reader` makes a descriptor non-blocking, messages larger than the socket's
+buffer still arrive whole, in order, and the sending side's writes into a full pipe still block
+instead of failing. (The H200 soak saw the alternative: a BlockingIOError mid-message, read as the
+engine's death, restarted a healthy engine three times in ten minutes.)"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import threading
+
+import pytest
+
+from minfer.server.process import watch_pipe
+
+uvloop = pytest.importorskip("uvloop", reason="uvloop comes with the server extra (uvicorn's loop)")
+
+N_MESSAGES = 40
+SIZE = 3 << 20  # 3 MiB each: many times the socket buffer, so every message arrives in pieces
+
+
+def test_big_messages_arrive_whole_under_uvloop():
+    ours, theirs = multiprocessing.Pipe()
+    got: list[bytes] = []
+    failed: list[BaseException] = []
+
+    def writer() -> None:  # the child's sender: whole messages, back to back
+        for i in range(N_MESSAGES):
+            theirs.send(bytes([i]) * SIZE)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def readable(conn) -> None:  # as EngineProcess._readable: every whole message waiting
+            try:
+                while conn.poll():
+                    got.append(conn.recv())
+                    if len(got) == N_MESSAGES and not done.done():
+                        done.set_result(None)
+            except BaseException as e:  # noqa: BLE001 (what the server would read as a dead engine)
+                failed.append(e)
+                loop.remove_reader(conn.fileno())
+                done.set_result(None)
+
+        watch_pipe(loop, ours, readable)
+        assert os.get_blocking(ours.fileno())
+        # the parent's own sender thread writes the same socket: it must block on a full pipe, not fail
+        sender = threading.Thread(target=lambda: ours.send(b"x" * SIZE))
+        threading.Thread(target=writer, daemon=True).start()
+        sender.start()
+        await asyncio.wait_for(done, 120)
+        loop.remove_reader(ours.fileno())
+        await asyncio.to_thread(sender.join, 60)
+
+    uvloop.run(main())
+    assert not failed, failed
+    assert [m[0] for m in got] == list(range(N_MESSAGES))
+    assert all(len(m) == SIZE and m.count(m[:1]) == SIZE for m in got)
+    assert theirs.recv() == b"x" * SIZE
