@@ -30,6 +30,8 @@ import itertools
 import numbers
 from collections.abc import Iterable, Iterator
 
+import torch
+
 from ..backends import Backend
 from ..backends.kv_cache import kv_bytes
 from ..config import EngineConfig
@@ -83,7 +85,8 @@ class Engine:
         self._launch = backend.decode_pick if backend.device_pick and self.config.overlap and recorder is None \
             else None
         self._inflight = None  # (ScheduledStep, the backend's launched step) queued but not read yet
-        self.masks = Masks(pinned=backend.name == "cuda")  # grammar masks and logit biases (engine/masks.py)
+        # grammar masks and logit biases (engine/masks.py); their bitmasks staged in pinned memory for a GPU
+        self.masks = Masks(pinned=backend.name == "cuda" and torch.cuda.is_available())
 
     @classmethod
     def load(cls, reader: GGUFReader, config: EngineConfig | None = None, *, tokenizer=None,
