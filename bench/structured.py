@@ -10,6 +10,7 @@ first token to the last one's last token (the prompts' prefill excluded). Prints
 per (B, mode), the best of --rounds after one warm-up round, and the cost in %.
 
 On the H200 (synthetic 7B; llguidance travels as a wheel, pure Rust, abi3):
+    (or bench/gpu_structured.sh: the wheel, the 7B, the cuda tests and this, in one device call)
     pip download --no-deps llguidance==1.9.1 -d .whl        # here, once
     python3 -m pip install -q --no-index --no-deps --target /tmp/pylib .whl/*.whl
     PYTHONPATH=.:/tmp/pylib python3 -m minfer.cli synth qwen2.5-7b q4_0 /tmp/q7.gguf

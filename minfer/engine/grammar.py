@@ -77,7 +77,7 @@ class Grammar:
             if self.kind == "json_schema":
                 return llg.LLMatcher.grammar_from_json_schema(self.text, defaults=JSON_OPTIONS)
             return llg.grammar_from("gbnf" if self.kind == "gbnf" else self.kind, self.text)
-        except ValueError as e:
+        except Exception as e:  # noqa: BLE001 (ValueError mostly; any failure to convert is the grammar's)
             raise GrammarError(f"{self.kind}: {e}") from None
 
 
@@ -127,7 +127,10 @@ def check_grammar(grammar: Grammar, tokenizer=None) -> None:
     llg = llguidance()
     compiled = grammar.compiled()
     lt = ll_tokenizer(tokenizer) if tokenizer is not None else None
-    error, messages = llg.LLMatcher.validate_grammar_with_warnings(compiled, lt)
+    try:
+        error, messages = llg.LLMatcher.validate_grammar_with_warnings(compiled, lt)
+    except Exception as e:  # noqa: BLE001 (whatever the library raises on a client's grammar is the client's 400)
+        raise GrammarError(f"{grammar.kind}: {e}") from None
     if error:
         raise GrammarError(f"{grammar.kind}: {messages[0] if messages else 'invalid grammar'}")
 

@@ -176,6 +176,19 @@ def create_app(engine: EngineHost, *, model_id: str, metrics: Metrics, api_key: 
                      model_path=model_path, slots=metrics.sequences)
 
     # ------------------------------------------------------------------ generation
+    def check_room(n: int) -> None:
+        """A 503 when n more jobs would pass --max-pending."""
+        if len(pending) + n > max_pending:
+            raise APIError(503, f"the server is at its limit of {max_pending} requests in flight; retry later",
+                           code="overloaded")
+
+    def start(jobs: list[Job]) -> list[Job]:
+        """Hand a request's jobs to the engine (they count as pending until `finish`)."""
+        pending.update(jobs)
+        for job in jobs:
+            engine.submit(job)
+        return jobs
+
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         return await generate(request, "chat")
@@ -196,18 +209,13 @@ def create_app(engine: EngineHost, *, model_id: str, metrics: Metrics, api_key: 
             items = schema.embedding_inputs(req)
             ids = await run_in_threadpool(_embedding_ids, m, items)
             how = req.pooling or pooling or default_pooling(m.reader.metadata)
-            if len(pending) + len(ids) > max_pending:
-                raise APIError(503, f"the server is at its limit of {max_pending} requests in flight; retry later",
-                               code="overloaded")
+            check_room(len(ids))
         except APIError as e:
             metrics.request(endpoint, e.status)
             return JSONResponse(e.body(), status_code=e.status)
         events: asyncio.Queue = asyncio.Queue()
-        jobs = [Job(x, SamplingParams(max_tokens=0), None, asyncio.get_running_loop(), events, index=i, pooling=how)
-                for i, x in enumerate(ids)]
-        pending.update(jobs)
-        for job in jobs:
-            engine.submit(job)
+        jobs = start([Job(x, SamplingParams(max_tokens=0), None, asyncio.get_running_loop(), events, index=i,
+                          pooling=how) for i, x in enumerate(ids)])
         vectors: dict[int, list[float]] = {}
         ended: set[int] = set()
         try:
@@ -271,18 +279,13 @@ def create_app(engine: EngineHost, *, model_id: str, metrics: Metrics, api_key: 
                 ids = await run_in_threadpool(_completion_ids, m, req.prompt, req.suffix)
             check_context(len(ids), max_tokens, m.n_ctx)
             log.debug("%s: %d prompt tokens, %s, n %d", endpoint, len(ids), params, req.n)
-            if len(pending) + req.n > max_pending:
-                raise APIError(503, f"the server is at its limit of {max_pending} requests in flight; retry later",
-                               code="overloaded")
+            check_room(req.n)
         except APIError as e:
             metrics.request(endpoint, e.status)
             return JSONResponse(e.body(), status_code=e.status)
         events: asyncio.Queue = asyncio.Queue()
-        jobs = [Job(ids, _choice_params(params, i), schema.logprobs_n(req), asyncio.get_running_loop(), events,
-                    index=i) for i in range(req.n)]
-        pending.update(jobs)
-        for job in jobs:
-            engine.submit(job)
+        jobs = start([Job(ids, _choice_params(params, i), schema.logprobs_n(req), asyncio.get_running_loop(), events,
+                          index=i) for i in range(req.n)])
         out = Output(kind, model_id, m.tokenizer, m.eog_ids, params.ignore_eos, req.n, tool_mode)
         if kind == "completion" and req.echo:
             out.echo = req.prompt if isinstance(req.prompt, str) else (

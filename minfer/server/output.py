@@ -2,9 +2,9 @@
 choices and, for a chat with tools, each choice's output read as content and tool calls
 (tools.py's ToolStream).
 
-Each choice is fed what its sequence produced ("delta" events: text, token ids, logprobs). A
-choice that parses tool calls reads its token ids again with special tokens spelled out (the
-formats' markers may be control tokens), end tokens left out. Chunks of a stream carry the
+Each choice is fed what its sequence produced ("delta" events: text, token ids, logprobs); a
+choice that parses tool calls feeds its text (stop strings applied, control tokens not shown, as
+any answer's) to its ToolStream. Chunks of a stream carry the
 choice's `index`; a choice's completed tool calls go out as one delta each (OpenAI's
 `tool_calls` delta with index, id, type, name and the whole arguments); its finish reason is
 `tool_calls` when it made any.
@@ -21,12 +21,12 @@ from .tools import ToolStream
 class Choice:
     """One choice's accumulated text, reported logprobs and (tools) parser state."""
 
-    def __init__(self, index: int, tools: ToolStream | None, decoder):
+    def __init__(self, index: int, tools: ToolStream | None):
         self.index = index
         self.text: list[str] = []
         self.lps: list[tuple] = []  # (token id, logprob, top list) of reported tokens
         self.offset = 0  # characters so far (completion logprobs' text_offset)
-        self.tools, self.decoder = tools, decoder
+        self.tools = tools
         self.calls: list[dict] = []
 
 
@@ -38,8 +38,7 @@ class Output:
         self.tok, self.eog, self.ignore_eos = tokenizer, eog_ids, ignore_eos
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
-        self.choices = [Choice(i, ToolStream(*tools) if tools else None,
-                               tokenizer.stream_decoder(special=True) if tools else None) for i in range(n)]
+        self.choices = [Choice(i, ToolStream(*tools) if tools else None) for i in range(n)]
         self.with_logprobs = False
         self.echo = ""  # completions with echo: the prompt's text, before the generated text
 
@@ -51,22 +50,20 @@ class Output:
         return [(t, lp, top) for t, (lp, top) in zip(tokens, lps, strict=True)
                 if self.ignore_eos or t not in self.eog]
 
-    def _read(self, c: Choice, text: str, tokens, end: bool = False) -> tuple[str, list[dict]]:
+    def _read(self, c: Choice, text: str, end: bool = False) -> tuple[str, list[dict]]:
         """(content, completed calls) of new output; without tools, the text as it is."""
         if c.tools is None:
             return text, []
-        spelled = c.decoder.feed([t for t in tokens if self.ignore_eos or t not in self.eog])
-        content, calls = c.tools.feed(spelled)
+        content, calls = c.tools.feed(text)
         if end:
-            more, late = c.tools.feed(c.decoder.flush())
             rest, last = c.tools.finish()
-            content, calls = content + more + rest, calls + late + last
+            content, calls = content + rest, calls + last
         c.calls += calls
         return content, calls
 
     def add(self, index: int, text: str, tokens, lps) -> None:
         c = self.choices[index]
-        content, _ = self._read(c, text, tokens)
+        content, _ = self._read(c, text)
         c.text.append(content)
         c.lps += self._reported(tokens, lps)
 
@@ -75,7 +72,7 @@ class Output:
         c = self.choices[index]
         if c.tools is None:
             return "", []
-        content, calls = self._read(c, "", [], end=True)
+        content, calls = self._read(c, "", end=True)
         c.text.append(content)
         return content, calls
 
@@ -145,7 +142,7 @@ class Output:
 
     def delta_chunks(self, index: int, text: str, tokens, lps, usage: bool) -> list[dict]:
         c = self.choices[index]
-        content, calls = self._read(c, text, tokens)
+        content, calls = self._read(c, text)
         items = self._reported(tokens, lps)
         out = []
         if content or items:
@@ -162,7 +159,7 @@ class Output:
         c = self.choices[index]
         out = []
         if c.tools is not None:
-            content, calls = self._read(c, "", [], end=True)
+            content, calls = self._read(c, "", end=True)
             if content:
                 out.append(self._chunk({"index": index, "delta": {"content": content}, "logprobs": None,
                                         "finish_reason": None}, usage))

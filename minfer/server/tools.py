@@ -5,6 +5,9 @@ The template family (`family`) decides the output format the parser reads:
   hermes   Qwen 2.5 / 3, Hermes, SmolLM3 ...: <tool_call>{"name": ..., "arguments": {...}}</tool_call>, one per call
   llama3   Llama 3.1 / 3.2 / 3.3: [<|python_tag|>]{"name": ..., "parameters": {...}} (several joined by ";")
   mistral  Mistral / Mixtral: [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]
+The parser reads the answer's text, where control tokens are not shown: Llama's <|python_tag|> and
+Mistral's [TOOL_CALLS] are control tokens in their vocabularies, so a bare JSON call (llama3) or a
+bare JSON array of calls at the start of the answer (mistral) is read as the call(s) too.
 A template that does not render tools at all (SmolLM2's ChatML) gets them as a system message in
 the hermes format, and its output is parsed as hermes.
 
@@ -16,8 +19,7 @@ function its arguments (matching the function's `parameters`), for "required" an
 
 `ToolStream` parses as the text streams: content before a call streams as it comes; a call is
 held until it is complete, then handed out whole (OpenAI's tool-call delta with the id, the name
-and the arguments in one piece, which the spec allows); the text is read with special tokens
-spelled out (`<|python_tag|>`, `[TOOL_CALLS]` are control tokens in their vocabularies).
+and the arguments in one piece, which the spec allows).
 """
 
 from __future__ import annotations
@@ -184,6 +186,7 @@ class ToolStream:
         self.inside = False  # within a call (hermes: after <tool_call>; mistral: after [TOOL_CALLS])
         self.calls: list[dict] = []
         self.started = False  # content has been handed out (llama3: its output is not a call then)
+        self.bare = False  # mistral: the answer opened with "[" (a call list without its control token)
 
     def feed(self, text: str) -> tuple[str, list[dict]]:
         """(content to hand out now, calls completed now)."""
@@ -201,6 +204,14 @@ class ToolStream:
             self.started = True
             out, self.held = self.held, ""
             return out, []
+        if self.mode == "mistral" and not self.started and not self.inside:
+            head = self.held.lstrip()
+            opener = OPEN["mistral"]
+            if self.bare or not head or (head[0] == "[" and not opener.startswith(head[:len(opener)])
+                                         and not head.startswith(opener)):
+                self.bare = self.bare or bool(head)
+                return "", []  # (a bare list of calls, or nothing yet: held to the end)
+            self.started = not opener.startswith(head[:len(opener)]) and not head.startswith(opener)
         return self._scan()
 
     def _scan(self) -> tuple[str, list[dict]]:
@@ -252,14 +263,14 @@ class ToolStream:
             calls = [_from_obj(v) for v in values] if values else None
             if calls is not None and None in calls:
                 calls = None
-        elif self.mode == "mistral" and self.inside:
+        elif self.mode == "mistral" and (self.inside or self.bare):
             values = _json_values(text)
             items = values[0] if values and len(values) == 1 else None
             items = [items] if isinstance(items, dict) else items
             calls = [_from_obj(v) for v in items] if isinstance(items, list) else None
             if calls is not None and None in calls:
                 calls = None
-            if calls is None:
+            if calls is None and self.inside:
                 text = OPEN["mistral"] + text
         elif self.mode == "hermes" and self.inside:  # an unterminated last call
             call = _from_obj(_single(text))

@@ -29,6 +29,9 @@ CASES = [  # (mode, output text, content, calls)
                 '{"name": "get_time", "arguments": {"tz": "UTC"}}]', "", [WEATHER, TIME]),
     ("mistral", 'Sure. [TOOL_CALLS] [{"name": "get_time", "arguments": {"tz": "UTC"}}]', "Sure. ", [TIME]),
     ("mistral", "[TOOL_CALLS] broken", "[TOOL_CALLS] broken", []),
+    ("mistral", '[{"name": "get_time", "arguments": {"tz": "UTC"}}]', "", [TIME]),  # the control token not shown
+    ("mistral", "[1, 2] is a list", "[1, 2] is a list", []),
+    ("mistral", "Plain [TOOL] text", "Plain [TOOL] text", []),
     ("required", '[{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}]', "", [WEATHER]),
 ]
 
