@@ -8,6 +8,8 @@
     for piece in m.generate([{"role": "user", "content": "Hi!"}], stream=True):
         print(piece, end="")
     m.generate_batch(["Once upon a time", "The sky is"], max_tokens=32)   # decoded together
+    m.generate("A person as JSON:", json_schema={"type": "object", ...})  # output parses and validates
+    m.embed(["first text", "second text"])             # L2-normalised vectors (pooling: the file's, or mean)
 
 Every call goes through the engine's one loop (engine/engine.py): a Model has n_slots
 KV-cache slots (default: up to 4, as memory allows) and runs that many sequences per step;
@@ -32,8 +34,10 @@ import torch
 from .config import EngineConfig, dist_env
 from .default_model import default_model_path
 from .engine.engine import Engine
+from .engine.grammar import Grammar
 from .engine.params import SamplingParams
 from .engine.perplexity import PerplexityResult, perplexity
+from .engine.pooling import default_pooling
 from .engine.sequence import Sequence
 from .errors import MinferError, ParallelError, TemplateError
 from .gguf.reader import GGUFReader
@@ -114,6 +118,19 @@ class GenerationStats:
         return steps / self.decode_seconds if steps > 0 and self.decode_seconds > 0 else 0.0
 
 
+def sampling_params(json_schema: dict | str | None = None, **sampling) -> SamplingParams:
+    """SamplingParams from keywords, with `json_schema` (a schema) or `grammar` (GBNF text or a
+    Grammar) as the grammar the output must match."""
+    grammar = sampling.pop("grammar", None)
+    if json_schema is not None and grammar is not None:
+        raise MinferError("pass json_schema or grammar, not both")
+    if json_schema is not None:
+        grammar = Grammar.json_schema(json_schema)
+    elif isinstance(grammar, str):
+        grammar = Grammar.gbnf(grammar)
+    return SamplingParams.of(grammar=grammar, **sampling)
+
+
 def result_of(seq: Sequence) -> GenerationResult:
     st = seq.stats
     end = st.finished or st.arrival
@@ -133,12 +150,15 @@ class Prompting:
     def detokenize(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids)
 
-    def chat_tokens(self, messages: Messages, add_generation_prompt: bool = True) -> list[int]:
+    def chat_tokens(self, messages: Messages, add_generation_prompt: bool = True,
+                    tools: list[dict] | None = None) -> list[int]:
         """Render messages with the model's chat template and tokenize (special tokens parsed).
-        A template that already writes BOS does not get a second one."""
+        A template that already writes BOS does not get a second one. `tools`: OpenAI's tool
+        list, for the template's `tools` variable."""
         if not isinstance(messages, list):
             raise TemplateError("messages must be a list of {'role': ..., 'content': ...} dicts")
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        extra = {"tools": tools} if tools else {}
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **extra)
         ids = self.tokenizer.encode(text, add_special=True, parse_special=True)
         bos = self.tokenizer.bos_id
         if len(ids) >= 2 and ids[0] == ids[1] == bos:
@@ -252,16 +272,18 @@ class Model(Prompting):
         return self.engine.add(ids, params, reuse_prefix=params.seed is None)
 
     def generate(self, prompt: Prompt, *, stream: bool = False, params: SamplingParams | None = None,
-                 **sampling) -> str | Iterator[str]:
+                 json_schema: dict | str | None = None, **sampling) -> str | Iterator[str]:
         """Continue a prompt (str; special tokens in it are parsed) or a chat (list of messages).
         Sampling keywords: engine.params.SamplingParams (max_tokens, temperature, top_k, top_p,
         min_p, repeat_penalty, repeat_last_n, frequency_penalty, presence_penalty, seed, stop,
-        ignore_eos); temperature=0 is greedy. Returns the text, or with stream=True an iterator of
-        text pieces (the request starts when it is first iterated). `last_stats` holds the token
-        counts, timings and finish reason of the latest call. `params` replaces the keywords."""
-        if params is not None and sampling:
+        ignore_eos, logit_bias, grammar); temperature=0 is greedy. `json_schema`: the output is
+        JSON matching this schema (a dict or its text; needs llguidance); `grammar` may also be
+        GBNF text or an engine.grammar.Grammar. Returns the text, or with stream=True an iterator
+        of text pieces (the request starts when it is first iterated). `last_stats` holds the
+        token counts, timings and finish reason of the latest call. `params` replaces the keywords."""
+        if params is not None and (sampling or json_schema is not None):
             raise MinferError("generate: pass either params= or sampling keywords, not both")
-        params = params or SamplingParams.of(**sampling)
+        params = params or sampling_params(json_schema, **sampling)
         ids = self.prompt_ids(prompt)
         self.engine.check_tokens(ids)  # errors now, not at the first piece
 
@@ -283,7 +305,7 @@ class Model(Prompting):
         A request's output is the same as when it runs alone (batch invariance; seeded requests
         included)."""
         if params is None:
-            params = [SamplingParams.of(**sampling)] * len(prompts)
+            params = [sampling_params(**sampling)] * len(prompts)
         elif sampling or len(params) != len(prompts):
             raise MinferError("generate_batch: pass either sampling keywords or one SamplingParams per prompt")
         ids = []
@@ -314,6 +336,25 @@ class Model(Prompting):
             for s in seqs:
                 if not s.finished:
                     self.engine.abort(s)
+
+    def embed(self, texts: str | list[str] | list[list[int]], pooling: str | None = None) -> list[list[float]]:
+        """One L2-normalised embedding per text (or token-id list): the final hidden states of its
+        tokens pooled by `pooling` ("mean", "cls", "last"; default: the file's pooling type, else
+        mean). Texts are tokenized as prompts (BOS as the model adds it) and run together, n_slots at
+        a time, each alone in its slot: an embedding is the same alone and in a batch."""
+        pooling = pooling or default_pooling(self.reader.metadata)
+        items = [texts] if isinstance(texts, str) else list(texts)
+        ids = []
+        for i, t in enumerate(items):
+            x = self.tokenize(t) if isinstance(t, str) else list(t)
+            try:
+                self.engine.check_tokens(x)
+            except MinferError as e:
+                raise type(e)(f"text {i}: {e}") from None
+            ids.append(x)
+        seqs = [self.engine.add(x, pooling=pooling) for x in ids]
+        self.run(seqs)
+        return [s.embedding() for s in seqs]
 
     def perplexity(self, text: str, n_ctx: int = 512, on_chunk=None) -> PerplexityResult:
         """llama-perplexity's measure of `text` (see engine.perplexity); chunks of n_ctx tokens."""

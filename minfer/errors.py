@@ -70,6 +70,10 @@ class TemplateError(MinferError):
     """A chat template failed to render, or tried something the sandbox forbids."""
 
 
+class GrammarError(MinferError):
+    """A request's grammar or JSON schema does not compile (the message names the problem)."""
+
+
 class ContextOverflowError(MinferError):
     """A prompt (plus the requested tokens) does not fit the context window."""
 

@@ -21,7 +21,7 @@ from typing import Protocol
 
 import torch
 
-from ..errors import ContextOverflowError, MinferError
+from ..errors import ContextOverflowError, MinferError, UnsupportedError
 from ..gguf.reader import GGUFReader
 from ..graph.ir import Graph, WeightRef
 from ..quant.reference import dequantize
@@ -173,6 +173,11 @@ class Backend(ABC):
     @abstractmethod
     def forward(self, batch: Batch, recorder=None) -> torch.Tensor:
         """float32 logits [R, n_vocab] of the batch's out_rows; writes the step's keys/values."""
+
+    def hidden(self, batch: Batch) -> torch.Tensor:
+        """float32 [R, n_embd]: the final hidden state (after the output norm) of the batch's
+        out_rows, for embeddings; writes the step's keys/values like `forward`."""
+        raise UnsupportedError(f"the {self.name} backend does not compute embeddings (cpu and cuda do)")
 
     @abstractmethod
     def trace_graph(self) -> list[dict]:

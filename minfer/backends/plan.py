@@ -71,12 +71,22 @@ class Plan:
     def kernel(self, node_id: int, kind: str) -> str:
         return self.steps[node_id].kernels[kind]
 
-    def run(self, state: Any, recorder=None) -> torch.Tensor:
+    def run(self, state: Any, recorder=None, until: int | None = None) -> torch.Tensor:
         """Execute every node for one step, the way `state.kind` says; the graph output's value.
         With a recorder, each node is timed (after `sync`) and reported with its output (a node
-        of several values: its first)."""
+        of several values: its first). `until`: stop after that node and return its value (its
+        first, if several): the final hidden state for embeddings (graph.hidden_id)."""
         order = self._orders[state.kind]
         vals: list = [None] * len(order)
+        if until is not None:
+            for nid, fn, dead in order:
+                vals[nid] = fn(vals, state)
+                if nid == until:
+                    out = vals[nid]
+                    return out[0] if isinstance(out, tuple) else out
+                for d in dead:
+                    vals[d] = None
+            raise ValueError(f"plan: no node {until}")
         if recorder is None:
             for nid, fn, dead in order:
                 vals[nid] = fn(vals, state)

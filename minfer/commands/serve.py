@@ -3,7 +3,7 @@
     minfer serve [-m MODEL | -hf REPO[:QUANT]] [--host 127.0.0.1] [--port 8080] [-np/--parallel N]
                  [-c/--ctx-size C] [--device cpu|cuda] [--tp N] [--api-key KEY] [--alias NAME]
                  [sampling defaults: -n, --temp, --top-k, ...] [--chat-template NAME|FILE] [-v]
-                 [--max-body-mb 4] [--read-timeout 30]
+                 [--max-body-mb 4] [--read-timeout 30] [--pooling mean|cls|last]
 
 `-c` is the total context, split over the `-np` slots, as llama-server's is.
 
@@ -29,8 +29,8 @@ DEFAULT_SLOTS = 4  # -c without -np is split over this many (llama-server's defa
 
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (chat page at /)",
-                       description="Serve /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics "
-                                   "and a chat page at /, on the scheduler (every request is a sequence in "
+                       description="Serve /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models, /health, "
+                                   "/metrics and a chat page at /, on the scheduler (every request is a sequence in "
                                    "the running batch).")
     common.add_model_args(p, slots=True, ctx_help="total context in tokens, split evenly over the -np slots as "
                           f"llama-server's -c is (without -np: over {DEFAULT_SLOTS}) (default: each slot gets "
@@ -48,6 +48,9 @@ def add_parser(sub) -> None:
     p.add_argument("-a", "--alias", default=None,
                    help="the model's name in /v1/models and in answers (default: the file name without .gguf); "
                         "requests may name any model: one is served")
+    p.add_argument("--pooling", choices=("mean", "cls", "last"), default=None,
+                   help="how /v1/embeddings pools a text's hidden states (default: the file's pooling type, "
+                        "else mean)")
     p.add_argument("--max-pending", type=int, default=1024,
                    help="requests admitted at once, running + waiting; beyond it a 503 (default 1024)")
     p.add_argument("--no-engine-process", dest="engine_process", action="store_false",
@@ -119,7 +122,7 @@ def serve(a: argparse.Namespace) -> int:
                               on_load_error=load_failed)
     app = create_app(engine, model_id=model_id, metrics=metrics, api_key=api_key,
                      max_body=a.max_body_mb << 20, max_pending=a.max_pending, read_timeout_s=a.read_timeout,
-                     defaults=defaults, model_path=str(path))
+                     defaults=defaults, model_path=str(path), pooling=a.pooling)
     if a.verbose:  # one line a request (its prompt tokens and sampling settings), uvicorn's debug lines
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(levelname)s:    %(message)s"))

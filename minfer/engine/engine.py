@@ -15,7 +15,10 @@ the engine queues the next step, whose input tokens the device takes from the st
 host's work on step N (reading its tokens, stop strings, text) then runs while the GPU computes
 step N+1, and the GPU does not wait for the host between steps. At most one step is in flight
 after `step()` returns; it is read by the next call. A sequence that ends by an end token or a
-stop string has run one speculative row past its end, which changes nothing it returns. With a trace recorder
+stop string has run one speculative row past its end, which changes nothing it returns.
+A sequence with a grammar or a logit bias (SamplingParams.guided) is sampled on the host: its
+step's masks are computed (engine/masks.py) while the backend runs the forward, then applied
+to its logits row before the sampler sees it. With a trace recorder
 (MINFER_TRACE / EngineConfig.trace_path) each step is recorded node by node, with one token per
 sequence.
 """
@@ -27,6 +30,8 @@ import itertools
 import numbers
 from collections.abc import Iterable, Iterator
 
+import torch
+
 from ..backends import Backend
 from ..backends.kv_cache import kv_bytes
 from ..config import EngineConfig
@@ -34,7 +39,11 @@ from ..errors import ContextOverflowError, MinferError
 from ..gguf.reader import GGUFReader
 from ..kernels.sample import pack_params
 from . import loader, tp
+from .grammar import Matcher
+from .masks import Masks
 from .params import SamplingParams
+from .pooling import check_pooling
+from .pooling import rows_of as pooling_rows
 from .scheduler import Scheduler
 from .sequence import Sequence, TextStream
 
@@ -76,6 +85,8 @@ class Engine:
         self._launch = backend.decode_pick if backend.device_pick and self.config.overlap and recorder is None \
             else None
         self._inflight = None  # (ScheduledStep, the backend's launched step) queued but not read yet
+        # grammar masks and logit biases (engine/masks.py); their bitmasks staged in pinned memory for a GPU
+        self.masks = Masks(pinned=backend.name == "cuda" and torch.cuda.is_available())
 
     @classmethod
     def load(cls, reader: GGUFReader, config: EngineConfig | None = None, *, tokenizer=None,
@@ -120,9 +131,14 @@ class Engine:
         check_tokens(tokens, self.n_vocab, self.n_ctx)
 
     def add(self, prompt: list[int], params: SamplingParams | None = None, *, logit_rows: range | None = None,
-            reuse_prefix: bool = True) -> Sequence:
+            reuse_prefix: bool = True, pooling: str | None = None) -> Sequence:
         """Queue a sequence. `logit_rows`: prompt positions whose logits to keep (a contiguous range);
-        `reuse_prefix`: may start from the tokens a free slot holds (chat turns)."""
+        `reuse_prefix`: may start from the tokens a free slot holds (chat turns). `pooling`: an
+        embedding of the prompt pooled so (engine/pooling.py; `Sequence.embedding()` when finished)."""
+        if pooling is not None:
+            check_pooling(pooling)
+            params = SamplingParams(max_tokens=0)
+            logit_rows, reuse_prefix = pooling_rows(len(prompt), pooling) if prompt else None, False
         prompt = [int(t) if isinstance(t, numbers.Integral) and not isinstance(t, bool) else t for t in prompt]
         self.check_tokens(prompt)
         params = params or SamplingParams()
@@ -130,10 +146,14 @@ class Engine:
                 len(logit_rows) and not 0 <= logit_rows.start < logit_rows.stop <= len(prompt))):
             raise MinferError(f"logit rows {logit_rows} are not a contiguous range inside 0..{len(prompt)}")
         text = TextStream(self.tokenizer, params.stop) if self.tokenizer is not None else None
-        if text is None and params.stop:
-            raise MinferError("stop strings need a tokenizer to turn tokens into text")
+        if text is None and (params.stop or params.grammar is not None):
+            raise MinferError("stop strings and grammars need a tokenizer to turn tokens into text")
+        bad = [t for t, _ in params.logit_bias if t >= self.n_vocab]
+        if bad:
+            raise MinferError(f"logit_bias token ids {bad[:5]} are outside the vocabulary [0, {self.n_vocab})")
+        matcher = Matcher(params.grammar, self.tokenizer, self.n_vocab) if params.grammar is not None else None
         seq = Sequence(next(self._ids), prompt, params, eog_ids=self.eog_ids, text=text, logit_rows=logit_rows,
-                       reuse_prefix=reuse_prefix)
+                       reuse_prefix=reuse_prefix, matcher=matcher, pooling=pooling)
         self.scheduler.add(seq)
         return seq
 
@@ -170,11 +190,20 @@ class Engine:
 
     def _run(self, plan) -> list[tuple[Sequence, int]]:
         """One step the host samples from: the backend's logits, read before the next step."""
+        if plan.hidden:  # embedding chunks: their rows' final hidden states, nothing sampled
+            self.steps += 1
+            self.scheduler.postprocess(plan, self.backend.hidden(plan.batch))
+            return []
         rec = self.recorder
         if rec is not None:
             rec.begin_step(self.steps, plan.batch.kind, plan.batch.n_tokens)
         self.steps += 1
-        logits = self.backend.forward(plan.batch, rec)
+        live = [(s, row) for s, row in plan.samples if not s.finished]
+        masks = self.masks.begin([(s.matcher, row) for s, row in live if s.matcher is not None], self.n_vocab)
+        logits = self.backend.forward(plan.batch, rec)  # (the masks are computed meanwhile)
+        if masks is not None or any(s.params.logit_bias for s, _ in live):
+            logits = self.masks.finish(masks, logits, [(s.params.logit_bias, row) for s, row in live
+                                                       if s.params.logit_bias])
         sampled = self.scheduler.postprocess(plan, logits)
         if rec is not None:
             for seq, tok, row in sampled:
@@ -214,6 +243,7 @@ class Engine:
         """Write the trace, if any; stop the other ranks of a tensor-parallel group. Idempotent."""
         if self.recorder is not None:
             self.recorder.close()
+        self.masks.close()
         self.backend.close()
 
 

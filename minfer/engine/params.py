@@ -16,9 +16,11 @@ from dataclasses import dataclass, field, fields
 
 from ..config import check_int
 from ..errors import ParamError
+from .grammar import Grammar
 
 MAX_STOPS = 16
 MAX_STOP_CHARS = 512
+MAX_LOGIT_BIAS = 300  # OpenAI's limit on logit_bias entries; each bias in [-100, 100]
 MAX_REQUEST_TEMPERATURE = 2.0  # OpenAI's range: what one request (HTTP or a batch line) may ask
 
 
@@ -55,6 +57,8 @@ class SamplingParams:
     seed: int | None = None  # None: a fresh random seed
     stop: tuple[str, ...] = field(default=())
     ignore_eos: bool = False
+    grammar: Grammar | None = None  # the output must match it (engine/grammar.py: JSON schema, GBNF, ...)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit), OpenAI's logit_bias
 
     def __post_init__(self):
         for name, (lo, hi, lo_open) in RANGES.items():
@@ -71,6 +75,17 @@ class SamplingParams:
         if len(stop) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in stop):
             raise ParamError("stop", f"allows at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters")
         object.__setattr__(self, "stop", tuple(stop))
+        if self.grammar is not None and not isinstance(self.grammar, Grammar):
+            raise ParamError("grammar", f"must be a Grammar (engine/grammar.py), got {type(self.grammar).__name__}")
+        bias = tuple(self.logit_bias.items()) if isinstance(self.logit_bias, dict) else self.logit_bias
+        if not isinstance(bias, tuple | list) or len(bias) > MAX_LOGIT_BIAS:
+            raise ParamError("logit_bias", f"must map at most {MAX_LOGIT_BIAS} token ids to biases")
+        for pair in bias:
+            if not (isinstance(pair, tuple | list) and len(pair) == 2):
+                raise ParamError("logit_bias", f"entries are (token id, bias) pairs, got {pair!r}")
+            check_int("logit_bias token id", pair[0], 0)
+            _num("logit_bias", pair[1], -100.0, 100.0)
+        object.__setattr__(self, "logit_bias", tuple((int(t), float(b)) for t, b in bias))
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -87,6 +102,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def guided(self) -> bool:
+        """Its logits are changed before sampling (a grammar's mask or a logit bias): the host samples."""
+        return self.grammar is not None or bool(self.logit_bias)
 
     @property
     def penalized(self) -> bool:

@@ -44,6 +44,7 @@ class ScheduledStep:
     prefills: list[tuple[Sequence, int]]  # (sequence, tokens of its prompt chunk), in row order after decode
     samples: list[tuple[Sequence, int]]  # (sequence, logits row) to sample a token from
     keep: list[tuple[Sequence, list[int]]]  # (sequence, logits rows) of prompt positions to store
+    hidden: bool = False  # an embedding step: its rows are final hidden states, not logits
 
 
 def _continued(cached: list[int], prompt: list[int]) -> int:
@@ -68,6 +69,7 @@ class Scheduler:
         self.slot_tokens: list[list[int]] = [[] for _ in range(n_slots)]  # what a free slot's cache holds
         self._last_used = [0] * n_slots
         self._clock = 0
+        self._embedded = False  # the last step ran embedding chunks
 
     # ------------------------------------------------------------------ queue
     def add(self, seq: Sequence) -> None:
@@ -126,8 +128,16 @@ class Scheduler:
 
     # ------------------------------------------------------------------ steps
     def schedule(self) -> ScheduledStep | None:
-        """The next step, or None when nothing is waiting or running."""
+        """The next step, or None when nothing is waiting or running. A step holding embedding
+        chunks holds nothing else (its rows return hidden states, not logits); when one is next
+        in line and sequences are generating, embedding and generating steps alternate."""
         decode = [s for s in self.running if not s.prefilling]
+        waiting = [s for s in self.running if s.prefilling]  # admitted, prompt not done (admission order)
+        head = waiting[0] if waiting else (self.waiting[0] if self.waiting and self.free else None)
+        embed = head is not None and head.pooling is not None and not (self._embedded and decode)
+        self._embedded = embed
+        if embed:
+            decode = []
         spans = [(s.slot, s.n_cached, [s.tokens[-1]]) for s in decode]
         rows: dict[int, int] = {}  # batch row -> index in out_rows
 
@@ -139,14 +149,15 @@ class Scheduler:
         prefills: list[tuple[Sequence, int]] = []
         budget = self.max_batch_tokens - len(decode)
         offset = len(decode)
-        waiting = [s for s in self.running if s.prefilling]  # admitted, prompt not done (admission order)
         while budget > 0 and len(prefills) < self.prefill_seqs:
             if len(prefills) == len(waiting):
-                if not (self.waiting and self.free):
+                if not (self.waiting and self.free) or (self.waiting[0].pooling is not None) != embed:
                     break
                 self._admit(self.waiting.popleft())
                 waiting.append(self.running[-1])
             pre = waiting[len(prefills)]
+            if (pre.pooling is not None) != embed:
+                break
             start = pre.n_cached
             chunk = min(self.prefill_chunk, budget, pre.n_prompt - start)
             spans.append((pre.slot, start, pre.tokens[start:start + chunk]))
@@ -164,7 +175,7 @@ class Scheduler:
         if not decode and not prefills:
             return None
         batch = Batch.build(spans, list(rows), n_decode=len(decode), device=self.device)
-        return ScheduledStep(batch, decode, prefills, samples, keep)
+        return ScheduledStep(batch, decode, prefills, samples, keep, hidden=embed)
 
     def continue_decode(self, step: ScheduledStep) -> ScheduledStep | None:
         """The decode step that follows `step` (launched, its tokens not read yet) when nothing can
@@ -226,7 +237,7 @@ class Scheduler:
         pres = [pre for pre, _ in step.prefills]
         for pre in pres:
             if not pre.prefilling and pre.params.max_tokens == 0:
-                pre.finish("length")
+                pre.finish("stop" if pre.pooling is not None else "length")
         for seq in [*step.decode, *pres]:
             if seq.finished:
                 self._release(seq)

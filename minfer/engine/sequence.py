@@ -2,8 +2,8 @@
 
 A `Sequence` is made by `Engine.add`, waits in the scheduler's queue, gets a KV-cache slot,
 prefills its prompt chunk by chunk, then decodes one token per step until it finishes:
-an end-of-generation token ("stop", unless ignore_eos), a stop string ("stop"), max_tokens or
-the end of the context ("length"), or an abort ("abort"). Every token it samples is in
+an end-of-generation token ("stop", unless ignore_eos), a stop string ("stop"), its grammar
+complete ("stop"), max_tokens or the end of the context ("length"), or an abort ("abort"). Every token it samples is in
 `tokens`; its text (stop strings applied, never split inside a UTF-8 character) comes out of
 `take_text()` as it grows.
 """
@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..errors import MinferError
 from ..kernels.sample import KMAX
 from .params import SamplingParams
+from .pooling import pool
 from .sampler import Sampler
 
 
@@ -97,9 +99,13 @@ class SequenceStats:
 
 class Sequence:
     def __init__(self, seq_id: int, prompt: list[int], params: SamplingParams, *, eog_ids: frozenset[int] = frozenset(),
-                 text: TextStream | None = None, logit_rows: range | None = None, reuse_prefix: bool = True):
+                 text: TextStream | None = None, logit_rows: range | None = None, reuse_prefix: bool = True,
+                 matcher=None, pooling: str | None = None):
         """`logit_rows`: prompt positions whose logits to keep (scoring; `prompt_logits`).
-        `reuse_prefix`: may start from tokens a free slot already holds."""
+        `reuse_prefix`: may start from tokens a free slot already holds. `matcher`: the parser
+        state of its grammar (engine/grammar.py Matcher), advanced by every token it samples.
+        `pooling`: an embedding (engine/pooling.py): its steps keep the hidden states of
+        `logit_rows` in `prompt_logits` instead of logits, and it samples nothing."""
         self.id = seq_id
         self.prompt = list(prompt)
         self.tokens = list(prompt)  # prompt, then every sampled token
@@ -109,6 +115,8 @@ class Sequence:
         self.text = text
         self.logit_rows = logit_rows
         self.reuse_prefix = reuse_prefix
+        self.matcher = matcher
+        self.pooling = pooling
         self.prompt_logits: list[torch.Tensor] = []
         self.status = Status.WAITING
         self.slot: int | None = None
@@ -142,16 +150,20 @@ class Sequence:
     @property
     def device_pickable(self) -> bool:
         """Its next token depends on its logits row alone and nothing else of them is kept (no
-        penalties, no logprobs; greedy, or sampling from at most KMAX candidates): a backend may
-        pick it on the device."""
+        penalties, no logprobs, no grammar or logit bias; greedy, or sampling from at most KMAX
+        candidates): a backend may pick it on the device."""
         p = self.params
-        return not p.penalized and self.logprobs_n is None and (p.greedy or 1 <= p.top_k <= KMAX)
+        return not p.penalized and not p.guided and self.logprobs_n is None and (p.greedy or 1 <= p.top_k <= KMAX)
 
     def sampling_row(self, ahead: int = 0) -> tuple[int, float, float, float, int, int]:
         """(top_k, temperature, top_p, min_p, seed, index) of the token `ahead` steps after the
         next one to sample (kernels.sample.pack_params's row)."""
         p = self.params
         return (p.top_k, p.temperature, p.top_p, p.min_p, self.sampler.seed, len(self.generated) + ahead)
+
+    def embedding(self) -> list[float]:
+        """The pooled, normalised embedding of a finished embedding sequence."""
+        return pool(torch.cat(self.prompt_logits)).tolist()
 
     def take_text(self) -> str:
         """The text generated since the last call."""
@@ -168,11 +180,16 @@ class Sequence:
             st.first_token = now
         st.token_times.append(now)
         eog = token in self.eog_ids and not self.params.ignore_eos
+        complete = False
+        if self.matcher is not None and not eog:
+            if not self.matcher.consume(token):  # (masked rows never sample a refused token)
+                raise MinferError(f"sequence {self.id}: its grammar refused token {token}: {self.matcher.error}")
+            complete = self.matcher.done
         if self.text is not None and not eog:
             piece, self._stopped = self.text.feed(token)
             if piece:
                 self._text_out.append(piece)
-        if eog or self._stopped:
+        if eog or self._stopped or complete:
             self.finish("stop")
         elif self.params.max_tokens is not None and len(self.generated) >= self.params.max_tokens:
             self.finish("length")

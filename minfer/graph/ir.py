@@ -164,6 +164,12 @@ class Graph:
         out = self.nodes[self.output]
         return out.inputs[0] if out.op == Op.SOFTCAP else out.id
 
+    @property
+    def hidden_id(self) -> int:
+        """The node the logits matmul reads: the final hidden state (after the output norm) of
+        the rows asked for; what embeddings pool."""
+        return self.nodes[self.logits_id].inputs[0]
+
     def trace_nodes(self, kernels: dict[int, str] | None = None) -> list[dict]:
         """Nodes as TraceRecorder.set_graph wants them. Symbolic dims become -1 ("per step");
         `shape_symbolic` keeps their names."""

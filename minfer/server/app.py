@@ -13,11 +13,13 @@ events. A client that goes away (a failed send, or
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import dataclasses
 import hmac
 import json
+import struct
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from importlib import resources
 
@@ -26,13 +28,17 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..engine.grammar import check_grammar
 from ..engine.params import SamplingParams
+from ..engine.pooling import default_pooling
 from ..errors import MinferError
 from . import schema
+from . import tools as tool_calls
 from .errors import APIError, error_body
 from .llama_routes import add_llama_routes
 from .loop import EngineHost, Job, log
 from .metrics import CONTENT_TYPE, Metrics
+from .output import Output, merged_usage
 
 MAX_BODY_BYTES = 4 << 20  # a request body beyond this is a 413
 READ_TIMEOUT_S = 30.0  # a request's headers (http.py), and then its body, must each arrive within this; else a 408
@@ -63,7 +69,7 @@ class EventStream(StreamingResponse):
 
 def create_app(engine: EngineHost, *, model_id: str, metrics: Metrics, api_key: str | None = None,
                max_body: int = MAX_BODY_BYTES, max_pending: int = 1024, read_timeout_s: float = READ_TIMEOUT_S,
-               defaults: SamplingParams | None = None, model_path: str = "") -> FastAPI:
+               defaults: SamplingParams | None = None, model_path: str = "", pooling: str | None = None) -> FastAPI:
     """`max_pending`: requests admitted at once (running + waiting); beyond it a 503. `read_timeout_s`:
     the time a request's body has to arrive once its headers have; beyond it a 408. `defaults`:
     the sampling settings a request's absent fields take (`minfer serve`'s flags). One model is
@@ -170,6 +176,19 @@ def create_app(engine: EngineHost, *, model_id: str, metrics: Metrics, api_key: 
                      model_path=model_path, slots=metrics.sequences)
 
     # ------------------------------------------------------------------ generation
+    def check_room(n: int) -> None:
+        """A 503 when n more jobs would pass --max-pending."""
+        if len(pending) + n > max_pending:
+            raise APIError(503, f"the server is at its limit of {max_pending} requests in flight; retry later",
+                           code="overloaded")
+
+    def start(jobs: list[Job]) -> list[Job]:
+        """Hand a request's jobs to the engine (they count as pending until `finish`)."""
+        pending.update(jobs)
+        for job in jobs:
+            engine.submit(job)
+        return jobs
+
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         return await generate(request, "chat")
@@ -177,6 +196,52 @@ def create_app(engine: EngineHost, *, model_id: str, metrics: Metrics, api_key: 
     @app.post("/v1/completions")
     async def completions(request: Request):
         return await generate(request, "completion")
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request):
+        """OpenAI's embeddings: each input's final hidden states pooled (`pooling`: the request's,
+        else `minfer serve --pooling`, else the file's pooling type, else mean), L2-normalised."""
+        endpoint = "/v1/embeddings"
+        try:
+            authorize(request)
+            req = schema.parse(schema.EmbeddingRequest, await read_json(request, max_body, read_timeout_s))
+            m = ready_model()
+            items = schema.embedding_inputs(req)
+            ids = await run_in_threadpool(_embedding_ids, m, items)
+            how = req.pooling or pooling or default_pooling(m.reader.metadata)
+            check_room(len(ids))
+        except APIError as e:
+            metrics.request(endpoint, e.status)
+            return JSONResponse(e.body(), status_code=e.status)
+        events: asyncio.Queue = asyncio.Queue()
+        jobs = start([Job(x, SamplingParams(max_tokens=0), None, asyncio.get_running_loop(), events, index=i,
+                          pooling=how) for i, x in enumerate(ids)])
+        vectors: dict[int, list[float]] = {}
+        ended: set[int] = set()
+        try:
+            stream = Events(events, request)
+            while len(ended) < len(jobs):
+                i, ev = await stream.next()
+                if ev[0] == "embedding":
+                    vectors[i] = ev[1]
+                    continue
+                jobs[i].done = True
+                if ev[0] == "done" and i in vectors:
+                    ended.add(i)
+                    continue
+                finish(jobs, endpoint, 500)
+                msg = ev[1] if ev[0] == "error" else f"the request ended early ({ev[1]})"
+                return JSONResponse(error_body(500, msg), status_code=500)
+        except Disconnected:
+            finish(jobs, endpoint, 499)
+            return Response(status_code=499)
+        finally:
+            finish(jobs, endpoint, None)
+        n = sum(len(x) for x in ids)
+        data = [{"object": "embedding", "index": i, "embedding": _encoded(vectors[i], req.encoding_format)}
+                for i in range(len(jobs))]
+        return JSONResponse({"object": "list", "data": data, "model": model_id,
+                             "usage": {"prompt_tokens": n, "total_tokens": n}})
 
     async def generate(request: Request, kind: str):
         endpoint = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
@@ -187,99 +252,119 @@ def create_app(engine: EngineHost, *, model_id: str, metrics: Metrics, api_key: 
             m = ready_model()
             max_tokens = schema.max_tokens_of(req)
             params = schema.sampling_params(req, max_tokens, defaults)
+            bad = [t for t, _ in params.logit_bias if t >= m.n_vocab]
+            if bad:
+                raise APIError(400, f"logit_bias token ids {bad[:5]} are outside the vocabulary [0, {m.n_vocab})",
+                               param="logit_bias")
+            grammar, where = schema.grammar_of(req)
+            if grammar is not None:
+                await run_in_threadpool(_check_grammar, m, grammar, where)
+                params = dataclasses.replace(params, grammar=grammar)
+            tools = tool_mode = None
             if kind == "chat":
                 messages = schema.messages_of(req)
+                tools, tool_mode, forced, messages = _tools_of(req, m, messages, grammar is not None)
+                if forced is not None:
+                    await run_in_threadpool(_check_grammar, m, forced, "tool_choice")
+                    params = dataclasses.replace(params, grammar=forced)
                 chars = sum(len(x["content"]) for x in messages)
                 if chars > m.n_ctx * max_piece(m):  # surely over the context: refuse without tokenizing
                     raise APIError(400, f"the messages hold {chars} characters: more than the context of "
                                    f"{m.n_ctx} tokens can hold", param="messages", code="context_length_exceeded")
-                ids = await run_in_threadpool(_tokens, m.chat_tokens, messages)
+                ids = await run_in_threadpool(_tokens, m.chat_tokens, messages, True, tools)
             else:
                 if isinstance(req.prompt, str) and len(req.prompt) > m.n_ctx * max_piece(m):
                     raise APIError(400, f"the prompt holds {len(req.prompt)} characters: more than the context of "
                                    f"{m.n_ctx} tokens can hold", param="prompt", code="context_length_exceeded")
                 ids = await run_in_threadpool(_completion_ids, m, req.prompt, req.suffix)
             check_context(len(ids), max_tokens, m.n_ctx)
-            log.debug("%s: %d prompt tokens, %s", endpoint, len(ids), params)
-            if len(pending) >= max_pending:
-                raise APIError(503, f"the server is at its limit of {max_pending} requests in flight; retry later",
-                               code="overloaded")
+            log.debug("%s: %d prompt tokens, %s, n %d", endpoint, len(ids), params, req.n)
+            check_room(req.n)
         except APIError as e:
             metrics.request(endpoint, e.status)
             return JSONResponse(e.body(), status_code=e.status)
-        job = Job(ids, params, schema.logprobs_n(req), asyncio.get_running_loop())
-        pending.add(job)
-        engine.submit(job)
-        out = Output(kind, model_id, m.tokenizer, m.eog_ids, params.ignore_eos)
+        events: asyncio.Queue = asyncio.Queue()
+        jobs = start([Job(ids, _choice_params(params, i), schema.logprobs_n(req), asyncio.get_running_loop(), events,
+                          index=i) for i in range(req.n)])
+        out = Output(kind, model_id, m.tokenizer, m.eog_ids, params.ignore_eos, req.n, tool_mode)
         if kind == "completion" and req.echo:
             out.echo = req.prompt if isinstance(req.prompt, str) else (
                 req.prompt[0] if req.prompt and isinstance(req.prompt[0], str) else m.detokenize(ids))
         if req.stream:
             usage = req.stream_options is not None and req.stream_options.include_usage
-            return EventStream(stream(job, request, out, usage, endpoint),
-                               on_close=lambda: finish(job, endpoint, None),
+            return EventStream(stream(jobs, request, out, usage, endpoint),
+                               on_close=lambda: finish(jobs, endpoint, None),
                                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
-            return await collect(job, request, out, endpoint)
+            return await collect(jobs, request, out, endpoint)
         finally:
-            finish(job, endpoint, None)
+            finish(jobs, endpoint, None)
 
-    def finish(job: Job, endpoint: str, status: int | None) -> None:
-        """The job's end, once: cancel it in the loop if it has not finished; count it."""
-        if job in pending:
-            pending.discard(job)
-            if not job.done:
-                engine.cancel(job)
-                status = status or 499
+    def finish(jobs: list[Job], endpoint: str, status: int | None) -> None:
+        """The request's end, once: cancel in the loop what has not finished; count it."""
+        if jobs[0] in pending:
+            pending.difference_update(jobs)
+            for job in jobs:
+                if not job.done:
+                    engine.cancel(job)
+                    status = status or 499
             metrics.request(endpoint, status or 200)
 
-    async def collect(job: Job, request: Request, out: Output, endpoint: str):
-        events = Events(job, request)
+    async def collect(jobs: list[Job], request: Request, out: Output, endpoint: str):
+        events = Events(jobs[0].events, request)
+        reasons: dict[int, str] = {}
+        usages: dict[int, dict] = {}
         try:
-            while True:
-                ev = await events.next()
+            while len(reasons) < len(jobs):
+                i, ev = await events.next()
                 if ev[0] == "delta":
-                    out.add(ev[1], ev[2], ev[3])
-                elif ev[0] == "done":
-                    job.done = True
-                    if ev[1] not in ("stop", "length"):
-                        finish(job, endpoint, 500)
-                        return JSONResponse(error_body(500, f"the request ended early ({ev[1]})"), status_code=500)
-                    finish(job, endpoint, 200)
-                    return JSONResponse(out.whole(ev[1], ev[2]))
-                else:
-                    job.done = True
-                    finish(job, endpoint, 500)
-                    return JSONResponse(error_body(500, ev[1]), status_code=500)
+                    out.add(i, ev[1], ev[2], ev[3])
+                    continue
+                jobs[i].done = True
+                if ev[0] == "done" and ev[1] in ("stop", "length"):
+                    out.end(i)
+                    reasons[i], usages[i] = ev[1], ev[2]
+                    continue
+                finish(jobs, endpoint, 500)
+                msg = ev[1] if ev[0] == "error" else f"the request ended early ({ev[1]})"
+                return JSONResponse(error_body(500, msg), status_code=500)
+            finish(jobs, endpoint, 200)
+            return JSONResponse(out.whole([reasons[i] for i in range(len(jobs))],
+                                          merged_usage([usages[i] for i in range(len(jobs))])))
         except Disconnected:
-            finish(job, endpoint, 499)
+            finish(jobs, endpoint, 499)
             return Response(status_code=499)
 
-    async def stream(job: Job, request: Request, out: Output, usage: bool, endpoint: str) -> AsyncIterator[bytes]:
+    async def stream(jobs: list[Job], request: Request, out: Output, usage: bool,
+                     endpoint: str) -> AsyncIterator[bytes]:
+        usages: dict[int, dict] = {}
         try:
-            yield sse(out.first_chunk(usage))
-            events = Events(job, request)
-            while True:
-                ev = events.merged(await events.next())
+            for chunk in out.first_chunks(usage):
+                yield sse(chunk)
+            events = Events(jobs[0].events, request)
+            while len(usages) < len(jobs):
+                i, ev = events.merged(await events.next())
                 if ev[0] == "delta":
-                    chunk = out.delta_chunk(ev[1], ev[2], ev[3], usage)
-                    if chunk is not None:
+                    for chunk in out.delta_chunks(i, ev[1], ev[2], ev[3], usage):
                         yield sse(chunk)
                     continue
-                job.done = True
+                jobs[i].done = True
                 if ev[0] == "done" and ev[1] in ("stop", "length"):
-                    yield sse(out.final_chunk(ev[1], usage))
-                    if usage:
-                        yield sse(out.usage_chunk(ev[2]))
-                    finish(job, endpoint, 200)
-                else:
-                    msg = ev[1] if ev[0] == "error" else f"the request ended early ({ev[1]})"
-                    yield sse(error_body(500, msg))
-                    finish(job, endpoint, 500)
+                    for chunk in out.final_chunks(i, ev[1], usage):
+                        yield sse(chunk)
+                    usages[i] = ev[2]
+                    continue
+                msg = ev[1] if ev[0] == "error" else f"the request ended early ({ev[1]})"
+                yield sse(error_body(500, msg))
+                finish(jobs, endpoint, 500)
                 yield b"data: [DONE]\n\n"
                 return
+            if usage:
+                yield sse(out.usage_chunk(merged_usage([usages[i] for i in range(len(jobs))])))
+            finish(jobs, endpoint, 200)
+            yield b"data: [DONE]\n\n"
         except Disconnected:
-            finish(job, endpoint, 499)
+            finish(jobs, endpoint, 499)
 
     return app
 
@@ -300,7 +385,8 @@ def _openapi(app: FastAPI) -> dict:
         "properties": {"message": {"type": "string"}, "type": {"type": "string"},
                        "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
     components["Error"] = error
-    for path, model in (("/v1/chat/completions", schema.ChatRequest), ("/v1/completions", schema.CompletionRequest)):
+    for path, model in (("/v1/chat/completions", schema.ChatRequest), ("/v1/completions", schema.CompletionRequest),
+                        ("/v1/embeddings", schema.EmbeddingRequest)):
         body = model.model_json_schema(ref_template="#/components/schemas/{model}")
         components.update(body.pop("$defs", {}))
         components[model.__name__] = body
@@ -315,38 +401,40 @@ def _openapi(app: FastAPI) -> dict:
 
 
 class Events:
-    """A job's events, with the client watched: Disconnected when it is gone (checked at least
-    every DISCONNECT_POLL_S, whether or not tokens keep coming)."""
+    """A request's events, (choice index, event), with the client watched: Disconnected when it is
+    gone (checked at least every DISCONNECT_POLL_S, whether or not tokens keep coming)."""
 
-    def __init__(self, job: Job, request: Request):
-        self.job, self.request = job, request
+    def __init__(self, queue: asyncio.Queue, request: Request):
+        self.queue, self.request = queue, request
         self.checked = time.monotonic()
         self.held: tuple | None = None  # an event taken while merging deltas, next in line
 
-    def merged(self, ev: tuple) -> tuple:
-        """A delta with the deltas queued right behind it (a stream that fell behind the engine
-        catches up in one chunk instead of one per token); other events keep their order."""
-        if ev[0] != "delta" or self.job.events.empty():
-            return ev
+    def merged(self, item: tuple) -> tuple:
+        """A delta with the deltas of the same choice queued right behind it (a stream that fell
+        behind the engine catches up in one chunk instead of one per token); other events keep
+        their order."""
+        index, ev = item
+        if ev[0] != "delta" or self.queue.empty():
+            return item
         text, ids, lps = ev[1], list(ev[2]), None if ev[3] is None else list(ev[3])
-        while not self.job.events.empty():
-            nxt = self.job.events.get_nowait()
-            if nxt[0] != "delta":
+        while not self.queue.empty():
+            nxt = self.queue.get_nowait()
+            if nxt[0] != index or nxt[1][0] != "delta":
                 self.held = nxt
                 break
-            text += nxt[1]
-            ids += nxt[2]
+            text += nxt[1][1]
+            ids += nxt[1][2]
             if lps is not None:
-                lps += nxt[3]
-        return ("delta", text, ids, lps)
+                lps += nxt[1][3]
+        return index, ("delta", text, ids, lps)
 
     async def next(self) -> tuple:
         if self.held is not None:
             ev, self.held = self.held, None
             return ev
-        if not self.job.events.empty() and time.monotonic() - self.checked < DISCONNECT_POLL_S:
-            return self.job.events.get_nowait()  # (the common case while tokens flow: no future, no timer)
-        getter = asyncio.ensure_future(self.job.events.get())
+        if not self.queue.empty() and time.monotonic() - self.checked < DISCONNECT_POLL_S:
+            return self.queue.get_nowait()  # (the common case while tokens flow: no future, no timer)
+        getter = asyncio.ensure_future(self.queue.get())
         try:
             while True:
                 done, _ = await asyncio.wait({getter}, timeout=DISCONNECT_POLL_S)
@@ -385,6 +473,69 @@ async def read_json(request: Request, limit: int, timeout_s: float = READ_TIMEOU
     if not isinstance(body, dict):
         raise APIError(400, f"the body must be a JSON object, got {type(body).__name__}", code="invalid_json")
     return body
+
+
+def _check_grammar(m, grammar, where: str) -> None:
+    """A 400 naming the problem when the grammar does not compile against the model's tokenizer."""
+    try:
+        check_grammar(grammar, m.tokenizer)
+    except MinferError as e:
+        raise APIError(400, f"{where}: {e}", param=where, code="invalid_grammar") from None
+
+
+def _embedding_ids(m, items: list) -> list[list[int]]:
+    """Token ids of each embeddings input: a text tokenized as a prompt (BOS as the model adds it;
+    special tokens not parsed), or token ids as given; a 400 naming the input."""
+    out = []
+    for i, x in enumerate(items):
+        try:
+            ids = m.tokenize(x) if isinstance(x, str) else list(x)
+            m.check_tokens(ids)
+        except MinferError as e:
+            raise APIError(400, f"input[{i}]: {e}", param="input") from None
+        out.append(ids)
+    return out
+
+
+def _encoded(vector: list[float], encoding: str):
+    """The vector as OpenAI sends it: a list of floats, or base64 of its float32 bytes."""
+    if encoding == "base64":
+        return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+    return vector
+
+
+def _choice_params(params: SamplingParams, i: int) -> SamplingParams:
+    """Choice i's parameters: a seeded request's choices draw from seed, seed + 1, ... (different
+    texts, each reproducible); unseeded ones each from a fresh seed."""
+    if i == 0 or params.seed is None:
+        return params
+    return dataclasses.replace(params, seed=(params.seed + i) % 2**64)
+
+
+def _tools_of(req, m, messages: list[dict], has_grammar: bool):
+    """(tools for the template or None, the output's tool mode for Output or None, the grammar an
+    enforced tool_choice needs or None, the messages) of a chat request."""
+    tools = tool_calls.tools_of(req.tools)
+    choice = tool_calls.choice_of(req.tool_choice, tools)
+    if choice is None:
+        return None, None, None, messages
+    parallel = req.parallel_tool_calls is not False
+    fam = tool_calls.family(m.tokenizer.chat_template)
+    if fam is None:  # a template that does not render tools: they go in a system message (hermes format)
+        prompt = tool_calls.system_prompt(tools)
+        if messages and messages[0]["role"] == "system":
+            messages = [{**messages[0], "content": messages[0]["content"] + "\n\n" + prompt}, *messages[1:]]
+        else:
+            messages = [{"role": "system", "content": prompt}, *messages]
+    listed = tool_calls.template_tools(tools) if fam is not None else None
+    if choice == "auto":
+        return listed, (fam or "hermes", None), None, messages
+    if has_grammar:
+        raise APIError(400, "tool_choice 'required' or a named function cannot be combined with response_format, "
+                       "json_schema or grammar", param="tool_choice")
+    forced = tool_calls.forced_grammar(choice, tools, parallel)
+    mode = ("required", None) if choice == "required" else ("named", choice.name)
+    return listed, mode, forced, messages
 
 
 def _tokens(fn, *args) -> list[int]:
@@ -430,105 +581,3 @@ def check_context(n_prompt: int, max_tokens: int | None, n_ctx: int) -> None:
 
 def sse(obj: dict) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
-
-
-class Output:
-    """OpenAI's response shapes for one request (chat or completion), streamed or whole."""
-
-    def __init__(self, kind: str, model_id: str, tokenizer, eog_ids, ignore_eos: bool):
-        self.kind, self.model = kind, model_id
-        self.tok, self.eog, self.ignore_eos = tokenizer, eog_ids, ignore_eos
-        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
-        self.created = int(time.time())
-        self.text: list[str] = []
-        self.lps: list[tuple] = []  # (token id, logprob, top list) of reported tokens
-        self.with_logprobs = False
-        self.offset = 0  # characters so far (completion logprobs' text_offset)
-        self.echo = ""  # completions with echo: the prompt's text, before the generated text
-
-    # --- accumulation
-    def _reported(self, tokens, lps) -> list[tuple]:
-        if lps is None:
-            return []
-        self.with_logprobs = True
-        return [(t, lp, top) for t, (lp, top) in zip(tokens, lps, strict=True)
-                if self.ignore_eos or t not in self.eog]
-
-    def add(self, text: str, tokens, lps) -> None:
-        self.text.append(text)
-        self.lps += self._reported(tokens, lps)
-
-    # --- logprobs shapes
-    def _piece(self, t: int) -> bytes:
-        return self.tok.token_to_piece(t, special=True)
-
-    def _logprobs(self, items: list[tuple]) -> dict | None:
-        if not self.with_logprobs:
-            return None
-        if self.kind == "chat":
-            def one(t, lp):
-                b = self._piece(t)
-                return {"token": b.decode("utf-8", "replace"), "logprob": lp, "bytes": list(b)}
-            return {"content": [{**one(t, lp), "top_logprobs": [one(i, v) for i, v in top]} for t, lp, top in items]}
-        tokens, offsets = [], []
-        for t, _, _ in items:
-            s = self._piece(t).decode("utf-8", "replace")
-            tokens.append(s)
-            offsets.append(self.offset)
-            self.offset += len(s)
-        return {"tokens": tokens, "token_logprobs": [lp for _, lp, _ in items],
-                "top_logprobs": [{self._piece(i).decode("utf-8", "replace"): v for i, v in top} for _, _, top in items],
-                "text_offset": offsets}
-
-    # --- whole answers
-    def whole(self, finish_reason: str, usage: dict) -> dict:
-        text = self.echo + "".join(self.text)
-        lps = self._logprobs(self.lps)
-        if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": lps,
-                      "finish_reason": finish_reason}
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": text, "logprobs": lps, "finish_reason": finish_reason}
-            obj = "text_completion"
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [choice],
-                "usage": _usage(usage)}
-
-    # --- stream chunks
-    def _chunk(self, choice: dict | None, usage: bool) -> dict:
-        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
-        out = {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-               "choices": [choice] if choice is not None else []}
-        if usage:
-            out["usage"] = None
-        return out
-
-    def first_chunk(self, usage: bool) -> dict:
-        if self.kind == "chat":
-            return self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                "finish_reason": None}, usage)
-        return self._chunk({"index": 0, "text": self.echo, "logprobs": None, "finish_reason": None}, usage)
-
-    def delta_chunk(self, text: str, tokens, lps, usage: bool) -> dict | None:
-        items = self._reported(tokens, lps)
-        if not text and not items:
-            return None
-        lp = self._logprobs(items)
-        if self.kind == "chat":
-            return self._chunk({"index": 0, "delta": {"content": text}, "logprobs": lp, "finish_reason": None}, usage)
-        return self._chunk({"index": 0, "text": text, "logprobs": lp, "finish_reason": None}, usage)
-
-    def final_chunk(self, finish_reason: str, usage: bool) -> dict:
-        if self.kind == "chat":
-            return self._chunk({"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason}, usage)
-        return self._chunk({"index": 0, "text": "", "logprobs": None, "finish_reason": finish_reason}, usage)
-
-    def usage_chunk(self, usage: dict) -> dict:
-        out = self._chunk(None, False)
-        out["usage"] = _usage(usage)
-        return out
-
-
-def _usage(u: dict) -> dict:
-    return {"prompt_tokens": u["prompt_tokens"], "completion_tokens": u["completion_tokens"],
-            "total_tokens": u["total_tokens"], "prompt_tokens_details": {"cached_tokens": u["cached_tokens"]}}

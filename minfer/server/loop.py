@@ -15,9 +15,10 @@ warm up, say ready, serve until told to stop, close. Two hosts run that same fun
 A host hands the loop its messages through `take(block)` and receives each round's events through
 `publish(events, running, waiting)`; only these two differ (a queue or a pipe, a thread hop or a
 pickled message). The messages:
-  ("add", key, ids, params, logprobs_n) | ("abort", key) | ("stop",)
-Events a request receives, in order: ("delta", text, token_ids, logprobs)*, then exactly one of
-("done", finish_reason, usage) or ("error", message). Before the last one the loop emits
+  ("add", key, ids, params, logprobs_n, pooling) | ("abort", key) | ("stop",)
+Events a request receives, in order: ("delta", text, token_ids, logprobs)* (an embedding request:
+one ("embedding", vector) instead), then exactly one of ("done", finish_reason, usage) or
+("error", message). Before the last one the loop emits
 ("end", n_prompt, token_times, end_time) for the metrics (not handed to the job). A step that
 raises fails the requests then running with an error event (their streams end with an error event
 and [DONE]) and the loop goes on serving. A failure of the loop itself (a bug) tells every request
@@ -58,11 +59,17 @@ class Job:
     arrival: float = field(default_factory=time.perf_counter)
     key: int = 0  # the engine side's name for it (EngineProcess numbers its jobs)
     done: bool = False  # set on the event loop when the final event was taken (or the job cancelled)
+    index: int = 0  # its choice among a request's n (the n jobs share one `events` queue)
+    pooling: str | None = None  # an embedding request: how its hidden states pool (engine/pooling.py)
+
+    def put(self, event: tuple) -> None:
+        """Hand an event to the job's stream, as (index, event) (on its event loop)."""
+        self.events.put_nowait((self.index, event))
 
     def push(self, event: tuple) -> None:
         """Hand an event to the job's stream (any thread)."""
         try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+            self.loop.call_soon_threadsafe(self.put, event)
         except RuntimeError:  # the event loop is closed (shutdown): nobody is listening
             pass
 
@@ -132,9 +139,10 @@ class ServingLoop:
         s = self.engine.scheduler
         return len(s.running), len(s.waiting)
 
-    def add(self, key: Hashable, ids: list[int], params: SamplingParams, logprobs_n: int | None) -> None:
+    def add(self, key: Hashable, ids: list[int], params: SamplingParams, logprobs_n: int | None,
+            pooling: str | None = None) -> None:
         try:
-            seq = self.engine.add(ids, params, reuse_prefix=params.seed is None)
+            seq = self.engine.add(ids, params, reuse_prefix=params.seed is None, pooling=pooling)
         except Exception as e:  # noqa: BLE001 (the handler validated the request; this is a late surprise)
             self.out.append((key, ("error", str(e) if isinstance(e, MinferError) else f"{type(e).__name__}: {e}")))
             return
@@ -181,6 +189,8 @@ class ServingLoop:
             self.out.append((key, ("delta", text, new, lps)))
         if seq.finished:
             del self.live[key]
+            if seq.pooling is not None and seq.finish_reason == "stop":
+                self.out.append((key, ("embedding", seq.embedding())))
             self._end(key, seq)
             usage = {"prompt_tokens": seq.n_prompt, "completion_tokens": len(seq.generated),
                      "total_tokens": seq.n_prompt + len(seq.generated), "cached_tokens": seq.stats.cached_tokens}
@@ -286,7 +296,7 @@ class EngineThread(EngineHost):
     def submit(self, job: Job) -> None:
         with self._lock:
             if self._open:
-                self.inbox.put(("add", job, job.ids, job.params, job.logprobs_n))
+                self.inbox.put(("add", job, job.ids, job.params, job.logprobs_n, job.pooling))
                 return
         job.push(("error", f"the engine is not running ({self.state})"))
 

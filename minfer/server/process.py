@@ -10,7 +10,8 @@ only what needs no weights (`Frontend`: the tokenizer, the chat template, the si
 reports when it is ready).
 
 The wire is one `multiprocessing` pipe, pickled tuples both ways:
-  parent -> child  the serving loop's messages: ("add", key, ids, params, logprobs_n) | ("abort", key) | ("stop",)
+  parent -> child  the serving loop's messages: ("add", key, ids, params, logprobs_n, pooling) | ("abort", key)
+                   | ("stop",)
   child -> parent  ("ready", facts) | ("load_error", message, is_minfer_error)
                    | ("events", [(key, event), ...], running, waiting)   one message per step
 Each side writes from a sender thread of its own: the engine never waits for a parent slow to
@@ -164,7 +165,7 @@ class EngineProcess(EngineHost):
 
     def submit(self, job: Job) -> None:
         job.key = next(self._keys)
-        if self.state != "ok" or not self._send(("add", job.key, job.ids, job.params, job.logprobs_n)):
+        if self.state != "ok" or not self._send(("add", job.key, job.ids, job.params, job.logprobs_n, job.pooling)):
             job.push(("error", f"the engine is not running ({self.state})"))
             return
         self.jobs[job.key] = job
@@ -245,7 +246,7 @@ class EngineProcess(EngineHost):
                 if ev[0] in ("done", "error"):
                     del self.jobs[key]
                 if local and ev[0] != "end":
-                    job.events.put_nowait(ev)  # (on the job's own loop: no hop)
+                    job.put(ev)  # (on the job's own loop: no hop)
                 else:
                     deliver(job, ev, self.metrics)
             self.metrics.active.set(running)

@@ -129,6 +129,11 @@ class Tokenizer:
         model file's template."""
         self._render = worker.render
 
+    @property
+    def vocab_attrs(self) -> list[int]:
+        """Every token's attribute bits (vocab.py ATTR_*: normal, control, user-defined, byte ...)."""
+        return self._v.attrs
+
     def is_eog(self, token_id: int) -> bool:
         return token_id in self._v.eog_ids
 

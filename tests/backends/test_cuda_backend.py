@@ -333,6 +333,18 @@ def test_overlapped_greedy_decode_equals_reading_every_step(tiny_gguf, host_grap
     assert {(4, False), (4, True)} <= set(graphs)  # the greedy and the sampling graph of 3 rows
 
 
+def test_structured_output_and_embeddings(pair):
+    """A grammar's masks applied on the backend's logits (where they are: the device on a GPU), and
+    embeddings (the plan run up to the final hidden state) close to the cpu's."""
+    import json
+
+    cpu, gpu = pair("tiny-llama", "q4_0")
+    out = gpu.generate("x", json_schema={"enum": ["north", "south"]}, temperature=0, max_tokens=8)
+    assert json.loads(out) in ("north", "south") and gpu.last_stats.finish_reason == "stop"
+    texts = ["hello there", "the cat sat"]
+    assert _rel(torch.tensor(gpu.embed(texts)), torch.tensor(cpu.embed(texts))) < TOL
+
+
 def test_a_q8_0_kv_cache_runs_the_q8_kernels_close_to_the_f16_cache(tiny_gguf, raw):
     """--kv-cache q8_0: an int8 cache of Q8_0 rows (17/32 of the f16 cache's bytes), written
     quantized and read dequantized by the *_q8 attention contracts, for prompts and decode steps."""

@@ -79,3 +79,14 @@ def test_bad_sampling_arguments(smollm2_model, bad, param, why):
     assert e.value.param == param
     with pytest.raises(minfer.errors.ParamError, match=why):
         smollm2_model.generate_batch(["hi"], **bad)
+
+
+def test_prompt_longer_than_a_chunk(tiny_gguf):
+    """A prompt's chunks before its last return no logits: the output matmul gets no rows (a
+    quantized tied output once refused them)."""
+    path = tiny_gguf("tiny-llama", "q8_0")
+    ids = [5 + i % 400 for i in range(70)]
+    with minfer.api.load(path, n_ctx=128, prefill_chunk=32, progress=False) as m:
+        seq = m.engine.add(ids, minfer.api.SamplingParams(temperature=0, max_tokens=3))
+        m.run([seq])
+        assert seq.finish_reason == "length" and len(seq.generated) == 3

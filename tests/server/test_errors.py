@@ -28,7 +28,6 @@ CASES = [
     ("messages empty", "POST", CHAT, {"messages": []}, 400, "at least one"),
     ("unknown role", "POST", CHAT, {"messages": [{"role": "wizard", "content": "x"}]}, 400, "wizard"),
     ("role wrong type", "POST", CHAT, {"messages": [{"role": 7, "content": "x"}]}, 400, "role"),
-    ("tool role", "POST", CHAT, {"messages": [{"role": "tool", "content": "x"}]}, 400, "tool"),
     ("content wrong type", "POST", CHAT, {"messages": [{"role": "user", "content": 5}]}, 400, "content"),
     ("image part", "POST", CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
      "only text"),
@@ -60,15 +59,26 @@ CASES = [
     ("stop wrong type", "POST", CHAT, chat(stop=5), 400, "stop"),
     ("stop empty string", "POST", CHAT, chat(stop=[""]), 400, "stop"),
     ("too many stops", "POST", CHAT, chat(stop=[f"s{i}" for i in range(40)]), 400, "at most 16"),
-    ("n > 1", "POST", CHAT, chat(n=3), 400, "n must be 1"),
+    ("n too large", "POST", CHAT, chat(n=99), 400, "n must be in 1..16"),
+    ("n zero", "POST", CHAT, chat(n=0), 400, "n must be in"),
     ("stream not bool", "POST", CHAT, chat(stream="yes"), 400, "stream"),
     ("stream_options without stream", "POST", CHAT, chat(stream=False, stream_options={"include_usage": True}), 400,
      "stream_options"),
     ("top_logprobs without logprobs", "POST", CHAT, chat(top_logprobs=2), 400, "logprobs"),
     ("top_logprobs too many", "POST", CHAT, chat(logprobs=True, top_logprobs=50), 400, "top_logprobs"),
-    ("tools", "POST", CHAT, chat(tools=[{"type": "function"}]), 400, "tools"),
-    ("logit_bias", "POST", CHAT, chat(logit_bias={"5": 10}), 400, "logit_bias"),
-    ("json response_format", "POST", CHAT, chat(response_format={"type": "json_object"}), 400, "response_format"),
+    ("tool without function", "POST", CHAT, chat(tools=[{"type": "function"}]), 400, "tools[0]"),
+    ("tool bad name", "POST", CHAT, chat(tools=[{"type": "function", "function": {"name": "a b"}}]), 400, "name"),
+    ("tool_choice unknown function", "POST", CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}],
+                                                        tool_choice={"type": "function", "function": {"name": "g"}}),
+     400, "'g'"),
+    ("tool_choice without tools", "POST", CHAT, chat(tool_choice="required"), 400, "tool_choice needs tools"),
+    ("tool_calls arguments not JSON", "POST", CHAT, {"messages": [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{oops"}}]}]}, 400, "not JSON"),
+    ("logit_bias key", "POST", CHAT, chat(logit_bias={"abc": 10}), 400, "logit_bias"),
+    ("logit_bias range", "POST", CHAT, chat(logit_bias={"5": 1000}), 400, "logit_bias"),
+    ("logit_bias id out of vocab", "POST", CHAT, chat(logit_bias={"99999999": 1}), 400, "outside the vocabulary"),
+    ("unknown response_format", "POST", CHAT, chat(response_format={"type": "xml"}), 400, "response_format"),
+    ("json_schema not a schema", "POST", CHAT, chat(json_schema={"type": 5}), 400, "json_schema"),
     ("completion prompt missing", "POST", COMP, {"max_tokens": 3}, 400, "prompt"),
     ("completion prompt number", "POST", COMP, {"prompt": 42}, 400, "prompt"),
     ("completion token id out of vocab", "POST", COMP, {"prompt": [1, 10**9]}, 400, "outside the vocabulary"),
@@ -81,7 +91,11 @@ CASES = [
     ("tokenize without content", "POST", "/tokenize", {"tokens": "x"}, 400, "content"),
     ("detokenize id out of vocab", "POST", "/detokenize", {"tokens": [10**9]}, 400, "outside the vocabulary"),
     ("completion logprobs too many", "POST", COMP, {"prompt": "a", "logprobs": 99}, 400, "logprobs"),
-    ("unknown route", "POST", "/v1/embeddings", chat(), 404, "no route"),
+    ("unknown route", "POST", "/v1/nothing", chat(), 404, "no route"),
+    ("embeddings input missing", "POST", "/v1/embeddings", {"model": "m"}, 400, "input"),
+    ("embeddings empty text", "POST", "/v1/embeddings", {"input": ["a", ""]}, 400, "input[1] is empty"),
+    ("embeddings bad pooling", "POST", "/v1/embeddings", {"input": "a", "pooling": "max"}, 400, "pooling"),
+    ("embeddings id out of vocab", "POST", "/v1/embeddings", {"input": [1, 10**9]}, 400, "outside the vocabulary"),
     ("wrong method", "GET", CHAT, None, 405, "Method Not Allowed"),
     ("body too large", "POST", CHAT, b'{"messages": "' + b"a" * (5 << 20) + b'"}', 413, "over the limit"),
 ]
@@ -138,5 +152,6 @@ def test_errors_are_json_for_clients(client, model_id):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=model_id, messages=MSG, max_tokens=100_000)
     assert e.value.status_code == 400 and "512" in str(e.value)
-    with pytest.raises(openai.NotFoundError):
-        client.embeddings.create(model=model_id, input="x")  # no such route
+    with pytest.raises(openai.BadRequestError) as e:
+        client.embeddings.create(model=model_id, input=[""])
+    assert e.value.status_code == 400 and "input[0] is empty" in str(e.value)

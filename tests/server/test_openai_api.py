@@ -154,3 +154,37 @@ def test_seeded_sampling_is_reproducible(client, model_id):
     b = client.chat.completions.create(**kw).choices[0].message.content
     c = client.chat.completions.create(**{**kw, "seed": 99}).choices[0].message.content
     assert a == b and a != c
+
+
+def test_n_choices_whole_and_streamed(client, model_id):
+    kw = dict(model=model_id, messages=HELLO, max_tokens=12, n=3)
+    greedy = client.chat.completions.create(**kw, temperature=0)
+    assert [c.index for c in greedy.choices] == [0, 1, 2]
+    assert len({c.message.content for c in greedy.choices}) == 1  # greedy: the same answer three times
+    one = client.chat.completions.create(**{**kw, "n": 1}, temperature=0)
+    assert greedy.choices[0].message.content == one.choices[0].message.content
+    assert greedy.usage.prompt_tokens == one.usage.prompt_tokens
+    assert greedy.usage.completion_tokens == 3 * one.usage.completion_tokens
+    sampled = client.chat.completions.create(**kw, temperature=1.0, seed=11)
+    chunks = list(client.chat.completions.create(**kw, temperature=1.0, seed=11, stream=True,
+                                                 stream_options={"include_usage": True}))
+    texts = ["", "", ""]
+    for ch in chunks[:-1]:
+        texts[ch.choices[0].index] += ch.choices[0].delta.content or ""
+    assert texts == [c.message.content for c in sampled.choices]
+    assert len(set(texts)) > 1  # seeds seed, seed + 1, seed + 2: different draws
+    assert sorted(ch.choices[0].index for ch in chunks if ch.choices and ch.choices[0].finish_reason) == [0, 1, 2]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == sampled.usage.completion_tokens
+
+
+def test_logit_bias(client, model_id, smollm2_path):
+    from minfer.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_gguf(smollm2_path).encode(" banana", add_special=False)[0]
+    r = client.completions.create(model=model_id, prompt="The capital of France is", temperature=0, max_tokens=4,
+                                  logit_bias={str(tok): 100})
+    assert r.choices[0].text == Tokenizer.from_gguf(smollm2_path).decode([tok] * 4)
+    banned = client.completions.create(model=model_id, prompt="The capital of France is", temperature=0,
+                                       max_tokens=4, logit_bias={str(t): -100 for t in
+                                                                 Tokenizer.from_gguf(smollm2_path).encode(" Paris")})
+    assert "Paris" not in banned.choices[0].text

@@ -332,6 +332,17 @@ class CPUBackend(Backend):
                 out[idx] = logits
             return out
 
+    def hidden(self, batch: Batch) -> torch.Tensor:
+        """Final hidden states [R, n_embd] float32 of the batch's out_rows (a prompt chunk: embeddings)."""
+        if self.cache is None:
+            raise ModelError("cpu backend: allocate() the KV cache before running a step")
+        batch.check(self.cache.n_slots, self.cache.n_ctx)
+        if len(batch.split()) != 1:
+            raise ModelError("cpu backend: hidden states of a step mixing decode rows and prompts")
+        with torch.inference_mode():
+            return self.plan.run(_State(batch, self.cache, batch.kind == "decode", self._c_attention),
+                                 until=self.graph.hidden_id).float()
+
     def trace_graph(self) -> list[dict]:
         """The graph's nodes for TraceRecorder.set_graph, each with its decode-step kernel."""
         return self.plan.trace_nodes("decode")

@@ -183,6 +183,8 @@ class Matrix:
         to float32). Decode and prefill rows take the same kernels; `decode` only tells a float32
         GEMM to run its rows one at a time (sgemm's rounding depends on the row count)."""
         p = passes or 2  # the VNNI kernel's activation passes (pick_kernel: two, prompts too)
+        if not x.shape[0]:  # (a prompt chunk whose logits nobody asked: the output matmul gets no rows)
+            return torch.zeros(0, self.n, dtype=torch.float32)
         ys = [fn(x, decode) if kind == "linear" else fn(x, p) if kind == "vnni" else fn(x) for kind, fn in self._runs]
         y = ys[0] if len(ys) == 1 else torch.cat([t.to(ys[0].dtype) for t in ys], dim=1)
         return y if self.bias is None else y + self.bias

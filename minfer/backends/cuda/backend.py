@@ -224,6 +224,15 @@ class CUDABackend(Backend):
                     out[torch.tensor(idx, dtype=torch.long, device=self.device)] = logits
             return out
 
+    def hidden(self, batch: Batch) -> torch.Tensor:
+        """Final hidden states [R, n_embd] float32 (on the device) of the batch's out_rows, run
+        eagerly (embeddings: a prompt chunk)."""
+        self._check(batch)
+        if len(batch.split()) != 1:
+            raise MinferError("cuda backend: hidden states of a step mixing decode rows and prompts")
+        with torch.inference_mode():
+            return self.plan.run(self._state(batch, self._inputs(batch)), until=self.graph.hidden_id).float()
+
     def _run(self, batch: Batch, recorder) -> torch.Tensor:
         decode, rows = batch.kind == "decode", batch.n_tokens
         if decode and self.use_graphs and recorder is None and rows <= BUCKETS[-1]:
