@@ -21,6 +21,10 @@ SHA256 = {
     "tiny-phi3/llamacpp.json": "3fb3ba3f15d4cdb959c5d6b877fde7ff1784560c4d593ea7028bbb4f323ae1ce",
     "tiny-qwen3/cases.json": "3b5a54919e58dfd08b9e093a5344911f4114bb37f396a46f0e77ba9b765a1fef",
     "tiny-qwen3/llamacpp.json": "0f3d649f408094c47d24a6b784645cce55d4578f121d8ec06dceb486d4ec8ee1",
+    "tiny-mixtral/cases.json": "fce2c99722eb9441a6c7f6f8a2817461a13b9afdcab23168760c778524ea888d",
+    "tiny-mixtral/llamacpp.json": "6d024119423ad2b42e714a5d43b75f7bd1e0f3b2540a769f65d067bf15774782",
+    "tiny-qwen3moe/cases.json": "3b5a54919e58dfd08b9e093a5344911f4114bb37f396a46f0e77ba9b765a1fef",
+    "tiny-qwen3moe/llamacpp.json": "91547a293c52dac9533196444c1c4e2b29b72b80b2831e815247e43485fcfd34",
 }
 
 

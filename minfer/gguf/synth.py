@@ -68,6 +68,14 @@ class Preset:
     tiny: bool = False
     key_length: int = 0  # attention.key_length when it differs from d_model / n_head (qwen3, gemma)
     extra: tuple[tuple[str, object], ...] = ()  # more `{arch}.` keys: windows, soft-caps, rope scaling
+    n_expert: int = 0  # a mixture of experts: expert_count (0: a dense FFN)
+    n_expert_used: int = 0  # expert_used_count
+    d_ff_exp: int = 0  # expert_feed_forward_length (qwen3moe); mixtral's experts are d_ff wide
+
+    @property
+    def expert_ff(self) -> int:
+        """Each expert's FFN width."""
+        return self.d_ff_exp or self.d_ff
 
     @property
     def head_dim(self) -> int:
@@ -127,6 +135,17 @@ PRESETS: dict[str, Preset] = {
         Preset("tiny-phi3", "phi3", 2, 256, 512, 4, 4, 512, False, 1e4, 4096, 1e-5, False, tiny=True,
                extra=(("rope.scaling.original_context_length", 128), ("rope.scaling.attn_factor", 1.25),
                       ("attention.sliding_window", 2047))),
+        # mixtures of experts: Qwen3-30B-A3B (128 experts of 768, 8 used; feed_forward_length 6144 is
+        # the dense width its config also lists) and Mixtral-8x7B (GGUF arch llama, 8 experts of
+        # 14336, 2 used); the tiny ones route over few experts with an odd k (tiny-qwen3moe: 3 of 8)
+        Preset("qwen3-30b-a3b", "qwen3moe", 48, 2048, 6144, 32, 4, 151936, False, 1e6, 40960, 1e-6, False,
+               key_length=128, n_expert=128, n_expert_used=8, d_ff_exp=768),
+        Preset("mixtral-8x7b", "llama", 32, 4096, 14336, 32, 8, 32000, False, 1e6, 32768, 1e-5, False,
+               n_expert=8, n_expert_used=2),
+        Preset("tiny-qwen3moe", "qwen3moe", 2, 256, 512, 4, 2, 512, False, 1e6, 4096, 1e-6, False, tiny=True,
+               key_length=128, n_expert=8, n_expert_used=3, d_ff_exp=128),
+        Preset("tiny-mixtral", "llama", 2, 256, 256, 4, 2, 512, False, 1e6, 4096, 1e-5, False, tiny=True,
+               n_expert=4, n_expert_used=2),
     ]
 }
 
@@ -175,6 +194,10 @@ def _matrix_type(quant: str, role: str, ne0: int, tied: bool) -> GGMLType:
         t = GGMLType.Q6_K
     elif role == "more_bits":
         t = GGMLType.Q6_K
+    elif role == "kv_8x":
+        t = GGMLType.Q8_0
+    elif role == "attn_output_8x":
+        t = GGMLType.Q5_K
     if ne0 % quant_info(t).block_elems:
         t = _K_FALLBACK[t]
     return t
@@ -190,9 +213,10 @@ def plan_tensors(p: Preset, quant: str) -> list[tuple[str, tuple[int, ...], GGML
     d, q_dim, kv_dim = p.d_model, p.n_head * p.head_dim, p.n_kv_head * p.head_dim
     out = [("token_embd.weight", (d, p.vocab), _matrix_type(quant, "token_embd", d, p.tied), "token_embd")]
 
-    def mat(name: str, ne0: int, ne1: int, more_bits: bool = False) -> None:
-        kind = "more_bits" if more_bits and quant in _MORE_BITS else "matrix"
-        out.append((name, (ne0, ne1), _matrix_type(quant, kind, ne0, p.tied), "matrix"))
+    def mat(name: str, ne0: int, ne1: int, more_bits: bool = False, experts: int = 0, kind: str = "") -> None:
+        kind = kind or ("more_bits" if more_bits and quant in _MORE_BITS else "matrix")
+        shape = (ne0, ne1, experts) if experts else (ne0, ne1)
+        out.append((name, shape, _matrix_type(quant, kind, ne0, p.tied), "matrix"))
 
     def norm(name: str, n: int = d) -> None:
         out.append((name, (n,), GGMLType.F32, "norm"))
@@ -201,6 +225,8 @@ def plan_tensors(p: Preset, quant: str) -> list[tuple[str, tuple[int, ...], GGML
         out.append(("rope_factors_long.weight", (p.head_dim // 2,), GGMLType.F32, "factors_long"))
         out.append(("rope_factors_short.weight", (p.head_dim // 2,), GGMLType.F32, "factors_short"))
     gemma = p.arch in ("gemma2", "gemma3")
+    # llama.cpp's K-quant mixes for 8-expert models (Mixtral): attn_k and attn_v Q8_0, attn_output Q5_K
+    eight_experts = "kv_8x" if p.n_expert == 8 and quant in _K_MIXES else ""
     for i in range(p.n_layers):
         b = f"blk.{i}"
         more = use_more_bits(i, p.n_layers)
@@ -208,22 +234,28 @@ def plan_tensors(p: Preset, quant: str) -> list[tuple[str, tuple[int, ...], GGML
         if p.arch == "phi3":
             mat(f"{b}.attn_qkv.weight", d, q_dim + 2 * kv_dim)
         for proj, dim in (("q", q_dim), ("k", kv_dim), ("v", kv_dim)) if p.arch != "phi3" else ():
-            mat(f"{b}.attn_{proj}.weight", d, dim, more and proj == "v")
+            mat(f"{b}.attn_{proj}.weight", d, dim, more and proj == "v", kind=eight_experts if proj != "q" else "")
             if p.qkv_bias:
                 out.append((f"{b}.attn_{proj}.bias", (dim,), GGMLType.F32, "bias"))
-        if p.arch in ("qwen3", "gemma3"):
+        if p.arch in ("qwen3", "qwen3moe", "gemma3"):
             norm(f"{b}.attn_q_norm.weight", p.head_dim)
             norm(f"{b}.attn_k_norm.weight", p.head_dim)
-        mat(f"{b}.attn_output.weight", q_dim, d)
+        mat(f"{b}.attn_output.weight", q_dim, d, kind="attn_output_8x" if eight_experts else "")
         if gemma:
             norm(f"{b}.post_attention_norm.weight")
         norm(f"{b}.ffn_norm.weight")
-        if p.arch == "phi3":  # gate and up stacked in one matrix
+        if p.n_expert:  # llama.cpp never quantizes the router
+            out.append((f"{b}.ffn_gate_inp.weight", (d, p.n_expert), GGMLType.F32, "matrix"))
+            mat(f"{b}.ffn_gate_exps.weight", d, p.expert_ff, experts=p.n_expert)
+            mat(f"{b}.ffn_down_exps.weight", p.expert_ff, d, more, experts=p.n_expert)
+            mat(f"{b}.ffn_up_exps.weight", d, p.expert_ff, experts=p.n_expert)
+        elif p.arch == "phi3":  # gate and up stacked in one matrix
             mat(f"{b}.ffn_up.weight", d, 2 * p.d_ff)
         else:
             mat(f"{b}.ffn_gate.weight", d, p.d_ff)
             mat(f"{b}.ffn_up.weight", d, p.d_ff)
-        mat(f"{b}.ffn_down.weight", p.d_ff, d, more)
+        if not p.n_expert:
+            mat(f"{b}.ffn_down.weight", p.d_ff, d, more)
         if gemma:
             norm(f"{b}.post_ffw_norm.weight")
     norm("output_norm.weight")
@@ -433,6 +465,11 @@ def model_metadata(p: Preset, quant: str, seed: int) -> dict[str, Value | object
         md[f"{a}.vocab_size"] = p.vocab
     if a in ("llama", "phi3"):
         md[f"{a}.rope.dimension_count"] = p.head_dim
+    if p.n_expert:
+        md[f"{a}.expert_count"] = p.n_expert
+        md[f"{a}.expert_used_count"] = p.n_expert_used
+        if p.d_ff_exp:
+            md[f"{a}.expert_feed_forward_length"] = p.d_ff_exp
     if p.key_length:
         md[f"{a}.attention.key_length"] = p.key_length
         md[f"{a}.attention.value_length"] = p.key_length

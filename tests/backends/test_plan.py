@@ -16,8 +16,10 @@ from minfer.kernels.cpu import vnni as cpu_vnni
 
 # f16 / f32 files of these (15-32 GB) are more than a CI machine can map
 BIG = {"qwen2.5-7b", "llama3-8b", "qwen3-8b", "phi3-mini"}
-# llama3-70b: even its Q4_K header-only file (40 GB mapped) is; tests/parallel/test_shard.py plans 2 of its layers
-CASES = [(p, q) for p in sorted(PRESETS) if p != "llama3-70b" for q in QUANTS
+# llama3-70b: even its Q4_K header-only file (40 GB mapped) is; tests/parallel/test_shard.py plans 2 of its
+# layers; so are the mixtures of experts' (17-26 GB at Q4_0; tests/models/test_moe.py plans 2 of their layers)
+HUGE = {"llama3-70b", "qwen3-30b-a3b", "mixtral-8x7b"}
+CASES = [(p, q) for p in sorted(PRESETS) if p not in HUGE for q in QUANTS
          if not (p in BIG and q in ("f16", "f32"))]
 
 
@@ -27,7 +29,7 @@ def headers(tmp_path_factory):
     return {(p, q): synth(p, q, root / f"{p}-{q}.gguf", header_only=True) for p, q in CASES}
 
 
-@pytest.mark.parametrize("preset, quant", CASES)
+@pytest.mark.parametrize("preset, quant", [c for c in CASES if PRESETS[c[0]].n_expert == 0])  # MoE: cuda next
 def test_every_node_of_every_preset_resolves(headers, preset, quant):
     with GGUFReader(headers[preset, quant]) as reader:
         be = loader.load(reader, EngineConfig(device="cuda"), progress=False, plan_only=True).backend

@@ -57,6 +57,10 @@ BOUNDS = {
     # gemma2 4.1e-4 / 8.8e-5 / +0.000 %, phi3 2.5e-4 / 5.6e-5 / -0.000 % (decode path the same)
     **{name: Bounds(max_abs=1e-3, max_abs_decode=1e-3, max_centered=1e-3, mean=2e-4, ppl_rel=1e-4, min_decisive=10,
                     margin=0.01) for name in ("tiny-qwen3", "tiny-gemma3", "tiny-gemma2", "tiny-phi3")},
+    # mixtures of experts (f32): the same math plus routing; a near-tie between two experts' probs
+    # could route differently, so these bounds also say no token took another expert
+    **{name: Bounds(max_abs=1e-3, max_abs_decode=1e-3, max_centered=1e-3, mean=2e-4, ppl_rel=1e-4, min_decisive=10,
+                    margin=0.01) for name in ("tiny-qwen3moe", "tiny-mixtral")},
 }
 MODELS = list(BOUNDS)
 

@@ -75,8 +75,10 @@ class Q4Vnni:
     (Q8_0: one byte each, q + 128) and float16 scale, zero [n'/16, k/32, 16], n' = n rounded up to
     32 (zero columns). `__call__(x)` is y = x @ W^T, float32 [m, n]."""
 
-    def __init__(self, parts: list[tuple[torch.Tensor, GGMLType, int, int]]):
-        """parts: (raw rows uint8 [n_i, row_bytes], type, n_i, k) stacked in this order."""
+    def __init__(self, parts: list[tuple[torch.Tensor, GGMLType, int, int]], aligned: bool = False):
+        """parts: (raw rows uint8 [n_i, row_bytes], type, n_i, k) stacked in this order; `aligned`:
+        each part starts at a multiple of COLS columns (its own zero columns after it), so a part's
+        columns can be run alone (`run_cols`: one expert of a 3-D expert tensor)."""
         so = _library()
         if so is None:
             raise UnsupportedError("the int8-activation VNNI kernel is not available on this machine")
@@ -90,7 +92,7 @@ class Q4Vnni:
                                    f"({', '.join(t.name for t in TYPES8)})")
         self.bits = widths.pop()
         self.n, self.k = sum(p[2] for p in parts), k
-        n_pad = self.n + -self.n % COLS
+        n_pad = sum(p[2] + -p[2] % COLS for p in parts) if aligned else self.n + -self.n % COLS
         g = k // 32
         self.w = torch.zeros(n_pad // 16, g, 64 * self.bits, dtype=torch.uint8)  # 16 columns x 32 codes
         self.s = torch.zeros(n_pad // 16, g, 16, dtype=torch.float16)
@@ -108,7 +110,7 @@ class Q4Vnni:
                     else so.q4_pack(_ptr(rows), TYPES[qtype], n, k, at, *ptrs))
             if done != 0:
                 raise UnsupportedError(f"q4_vnni: cannot pack {qtype.name}")
-            at += n
+            at += n + (-n % COLS if aligned else 0)
         self.n_pad = n_pad
         self._bind(so)
 
@@ -133,25 +135,41 @@ class Q4Vnni:
         self._bind(so)
         return self
 
-    def __call__(self, x: torch.Tensor, passes: int = 1) -> torch.Tensor:
-        """y [m, n] float32 = x [m, k] @ W^T (x float32 or bfloat16; anything else is converted),
-        the activations in `passes` int8 quantizations (1: llama.cpp's Q8_0 scheme; 2: its
-        rounding error quantized again, ~15 bits)."""
+    def run_cols(self, x: torch.Tensor, col0: int, n: int, passes: int = 1) -> torch.Tensor:
+        """y [m, n] float32 = x [m, k] @ W[col0:col0 + n]^T: columns col0.. alone (col0 a multiple
+        of COLS, the columns up to the next multiple computed and dropped): one expert of an
+        `aligned` expert tensor."""
+        if col0 % COLS or not 0 <= col0 < col0 + n <= self.n_pad:
+            raise UnsupportedError(f"q4_vnni: columns {col0}..{col0 + n} are not a run of whole tiles of "
+                                   f"0..{self.n_pad}")
+        width = n + -n % COLS
+        t0, gb = col0 // 16, (self.k // 32) * 64 * self.bits  # first tile of 16 columns, code bytes per tile
+        sz = (self.k // 32) * 16 * 2  # scale / zero bytes per tile
+        ptrs = (self._ptrs[0] + t0 * gb, self._ptrs[1] + t0 * sz, self._ptrs[2] + t0 * sz, width, self.k)
+        return self._gemm_into(ptrs, x, passes)[:, :n]
+
+    def _gemm_into(self, ptrs: tuple, x: torch.Tensor, passes: int) -> torch.Tensor:
         if x.dtype != torch.float32 and x.dtype != torch.bfloat16:
             x = x.float()
         if not x.is_contiguous():
             x = x.contiguous()
-        m = x.shape[0]
-        y = torch.empty(m, self.n_pad)
+        m, width = x.shape[0], ptrs[3]
         if x.dim() != 2 or x.shape[1] != self.k or m < 1:
             raise UnsupportedError(f"q4_vnni: x must be [m >= 1, {self.k}], got {list(x.shape)}")
-        rc = self._gemm(*self._ptrs, x.data_ptr(), x.dtype == torch.bfloat16, m, y.data_ptr(), self.n_pad, passes,
-                        self.bits)
+        y = torch.empty(m, width)
+        rc = self._gemm(*ptrs, x.data_ptr(), x.dtype == torch.bfloat16, m, y.data_ptr(), width, passes, self.bits)
         if rc == -2:
             raise MemoryError(f"q4_vnni: no memory for {m} x {self.k} quantized activations")
         if rc:
-            raise UnsupportedError(f"q4_vnni: {passes} activation passes on [{m}, {self.k}] x [{self.n_pad}, "
+            raise UnsupportedError(f"q4_vnni: {passes} activation passes on [{m}, {self.k}] x [{width}, "
                                    f"{self.k}] is outside the kernel's contract")
+        return y
+
+    def __call__(self, x: torch.Tensor, passes: int = 1) -> torch.Tensor:
+        """y [m, n] float32 = x [m, k] @ W^T (x float32 or bfloat16; anything else is converted),
+        the activations in `passes` int8 quantizations (1: llama.cpp's Q8_0 scheme; 2: its
+        rounding error quantized again, ~15 bits)."""
+        y = self._gemm_into(self._ptrs, x, passes)
         return y if self.n_pad == self.n else y[:, :self.n]
 
 
