@@ -699,6 +699,108 @@ def _attn_reads(i: Mapping[str, torch.Tensor], p: Mapping[str, Any]) -> int:
     return qkv + int((i["positions"].long() + 1).sum()) * per_pos
 
 
+# ---- mixture of experts -------------------------------------------------------------------------
+
+# (rows, experts, used, gating, norm, scale): every gating function, a bias on all but tiny, llama.cpp's
+# largest expert count
+_ROUTE = {"tiny": [(1, 8, 2, "softmax", True, 1.0)], "odd": [(3, 37, 5, "sigmoid", False, 2.5)],
+          "boundary": [(5, 128, 8, "softmax_weight", True, 1.0), (2, 1024, 8, "softmax", True, 0.5)]}
+
+
+def _route_settings(size: str, q) -> list[Setting]:
+    return [Setting(size, {"logits": (t, e), "bias": (e,)}, {"n_used": k, "gating": g, "norm": nm, "scale": sc})
+            for t, e, k, g, nm, sc in _ROUTE[size]]
+
+
+def _build_route(s: Setting, dtypes: dict[str, str], out_dtype: str | None, gen) -> tuple[dict, dict]:
+    t, e = s.shapes["logits"]
+    logits = torch.randn(t, e, generator=gen, device=gen.device) * 3
+    bias = torch.randn(e, generator=gen, device=gen.device) * 0.3 if s.size != "tiny" else \
+        torch.zeros(e, device=gen.device)
+    return {"logits": logits, "bias": bias}, dict(s.params)
+
+
+def _ref_route(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[str, str]) -> tuple:
+    """(weights, ids) in float64: graph/ir.py's MoERoute written out (stable order: lower index first)."""
+    x = i["logits"].double()
+    probs = {"softmax": lambda: torch.softmax(x, -1), "sigmoid": lambda: torch.sigmoid(x)}.get(p["gating"], lambda: x)()
+    ids = torch.argsort(probs + i["bias"].double(), dim=-1, descending=True, stable=True)[:, :p["n_used"]]
+    w = probs.gather(-1, ids)
+    if p["gating"] == "softmax_weight":
+        w = torch.softmax(w, -1)
+    if p["norm"]:
+        w = w / w.sum(-1, keepdim=True).clamp(min=6.103515625e-5)
+    return w * p["scale"], ids.to(torch.int32)
+
+
+# (tokens, used, experts, n, k, x per slot): x [T, k] feeds every chosen expert (gate, up), x [T, used, k] one each
+# (small: under the Triton interpreter a program costs per step, and one launch runs tokens x used of them)
+_MOE_MM = {"tiny": [(1, 1, 2, 8, 32, False)], "odd": [(2, 3, 5, 7, 96, True)],
+           "boundary": [(2, 2, 3, 33, 32, False)]}
+
+
+# The expert kernels run the GEMV's and the MMQ's arithmetic per type (each type's own contracts test it at
+# every size); what is theirs (slots, expert ids, x rows, the row offset every plane of a layout takes) does
+# not depend on the type, and a case costs ~1 s per launch under the Triton interpreter: the tiny case runs a
+# type of each other layout family (nibbles, planes in 16-value halves, byte codes), the odd and boundary
+# ones the affine nibbles (Q4_K: the 30B-A3B's experts) and the float experts (F16)
+_MOE_MM_TINY = (GGMLType.Q4_0, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.F16)
+_MOE_MM_ALL = (GGMLType.Q4_K, GGMLType.F16)
+
+
+def _moe_mm_settings(size: str, q) -> list[Setting]:
+    if q is not None and q.type not in (_MOE_MM_TINY if size == "tiny" else _MOE_MM_ALL):
+        return []
+    out = []
+    for t, used, e, n, k, per_slot in _MOE_MM[size]:
+        kk = _k_scaled(k, q)
+        out.append(Setting(size, {"x": (t, used, kk) if per_slot else (t, kk), "ids": (t, used), "w": (e * n, kk)},
+                           {"n": n, "k": kk, "n_expert": e}))
+    return out
+
+
+def _build_moe_mm(s: Setting, dtypes: dict[str, str], out_dtype: str | None, gen) -> tuple[dict, dict]:
+    info = by_name(dtypes["w"])
+    e, (t, used) = s.params["n_expert"], s.shapes["ids"]
+    ids = torch.randint(0, e, (t, used), generator=gen, dtype=torch.int32, device=gen.device)
+    ids.view(-1)[0], ids.view(-1)[-1] = e - 1, 0  # both ends of the expert tensor, every time
+    inputs = {"x": _randn(s.shapes["x"], dtypes["x"], gen), "ids": ids,
+              "w": random_blocks(info, *s.shapes["w"], gen)}
+    return inputs, {**s.params, "qtype": info.type}
+
+
+def _ref_moe_mm(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[str, str]) -> torch.Tensor:
+    e, n, k = p["n_expert"], p["n"], p["k"]
+    dense = _decode(i["w"], d["w"], k).view(e, n, k)
+    ids = i["ids"].long()
+    x = i["x"].double()
+    x = x if x.dim() == 3 else x.unsqueeze(1).expand(-1, ids.shape[1], -1)
+    return torch.einsum("tjk,tjnk->tjn", x, dense[ids])
+
+
+def _moe_mm_reads(i: Mapping[str, torch.Tensor], p: Mapping[str, Any]) -> int:
+    """x, the ids and the chosen experts' bytes, each expert once."""
+    per_expert = i["w"].numel() * i["w"].element_size() // p["n_expert"]
+    return sum(i[n].numel() * i[n].element_size() for n in ("x", "ids")) + \
+        int(torch.unique(i["ids"]).numel()) * per_expert
+
+
+_MOE_SUM = {"tiny": [(1, 2, 5)], "odd": [(3, 3, 37)], "boundary": [(5, 8, 257)]}
+
+
+def _moe_sum_settings(size: str, q) -> list[Setting]:
+    return [Setting(size, {"y": (t, k, n), "weights": (t, k)}) for t, k, n in _MOE_SUM[size]]
+
+
+def _ref_moe_sum(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[str, str]) -> torch.Tensor:
+    return (i["y"].double() * i["weights"].double().unsqueeze(-1)).sum(1)
+
+
+def _no_model(name: str, m: ModelDims, q) -> list[Setting]:
+    """No dense model's layer sizes: the MoE kernels' real sizes (Qwen3-30B-A3B) run in bench/moe_gpu.sh."""
+    return []
+
+
 HARNESS: dict[str, OpHarness] = {
     "Add": OpHarness(*_flat("x", "y"), _build_floats, lambda i, p, d: i["x"].double() + i["y"].double()),
     "Mul": OpHarness(*_flat("x", "y"), _build_floats, lambda i, p, d: i["x"].double() * i["y"].double()),
@@ -740,4 +842,7 @@ HARNESS: dict[str, OpHarness] = {
     "Sample": OpHarness(_sample_settings, _sample_model, _build_sample, _ref_sample),
     "Argmax": OpHarness(_argmax_settings, _argmax_model, _build_argmax,
                         lambda i, p, d: i["x"].double().argmax(-1).double()),
+    "MoERoute": OpHarness(_route_settings, _no_model, _build_route, _ref_route),
+    "MoEMatMul": OpHarness(_moe_mm_settings, _no_model, _build_moe_mm, _ref_moe_mm, _moe_mm_reads),
+    "MoESum": OpHarness(_moe_sum_settings, _no_model, _build_floats, _ref_moe_sum),
 }

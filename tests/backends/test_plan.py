@@ -29,7 +29,7 @@ def headers(tmp_path_factory):
     return {(p, q): synth(p, q, root / f"{p}-{q}.gguf", header_only=True) for p, q in CASES}
 
 
-@pytest.mark.parametrize("preset, quant", [c for c in CASES if PRESETS[c[0]].n_expert == 0])  # MoE: cuda next
+@pytest.mark.parametrize("preset, quant", CASES)
 def test_every_node_of_every_preset_resolves(headers, preset, quant):
     with GGUFReader(headers[preset, quant]) as reader:
         be = loader.load(reader, EngineConfig(device="cuda"), progress=False, plan_only=True).backend
@@ -41,8 +41,8 @@ def test_every_node_of_every_preset_resolves(headers, preset, quant):
         assert "q4_0_gemv" in kernels
     if quant in ("q4_1", "q4_k"):
         assert "int4_gemv" in kernels
-    if quant == "q8_0":
-        assert "q8_0_gemv" in kernels and "linear_f16" not in kernels
+    if quant == "q8_0":  # (a mixture of experts' router is F32 in every mix, as llama.cpp keeps it: linear_f16)
+        assert "q8_0_gemv" in kernels and ("linear_f16" not in kernels or PRESETS[preset].n_expert)
     if quant == "q4_k" and preset in BIG:  # their Q6_K output (tied small models: the Q6_K embedding)
         assert "q6_k_gemv" in kernels and "linear_f16" not in kernels
     arch = PRESETS[preset].arch
@@ -52,6 +52,11 @@ def test_every_node_of_every_preset_resolves(headers, preset, quant):
         assert {"gemv_geglu", "geglu_rows"} & kernels and (quant != "q4_0" or "gemv_geglu" in kernels)
     if arch == "gemma2":
         assert "softcap_f32" in kernels
+    if PRESETS[preset].n_expert:  # a decode row: the router, then the chosen experts' GEMVs (or f16 copies)
+        assert "moe_route_rows" in kernels and "moe_sum_rows" in kernels
+        assert ("moe_matmul_f16" if quant in ("f16", "f32") else "moe_gemv") in kernels
+        chunk = {k for r in be.plan_rows(512, True) for k in r["kernel"].split("+")}
+        assert quant in ("f16", "f32") or "moe_mmq" in chunk  # prompts: rows grouped by expert
 
 
 def test_plan_command_prints_kernels_and_prediction(headers, capsys):

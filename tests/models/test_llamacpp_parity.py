@@ -63,6 +63,7 @@ BOUNDS = {
                     margin=0.01) for name in ("tiny-qwen3moe", "tiny-mixtral")},
 }
 MODELS = list(BOUNDS)
+MOE = ("tiny-qwen3moe", "tiny-mixtral")
 
 
 def _ref(name: str) -> dict:
@@ -143,7 +144,7 @@ def test_decode_logits_match_llamacpp(name, model, raw, oracle):
     _assert_within(name, oracle.compare(_ref(name), rows, BOUNDS[name].margin), BOUNDS[name].max_abs_decode)
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", [m for m in MODELS if m not in MOE])  # (MoE: the decode logits' argmax above)
 def test_greedy_generation_follows_llamacpp(name, model):
     """Our greedy tokens equal llama.cpp's up to its first near-tie (top-1 / top-2 margin < the model's)."""
     from minfer.engine.params import SamplingParams
@@ -159,7 +160,7 @@ def test_greedy_generation_follows_llamacpp(name, model):
         assert seq.generated[:firm] == [s["token"] for s in steps[:firm]], case["prompt"]
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", [m for m in MODELS if m not in MOE])  # (MoE: the logits above; the suite's time)
 def test_perplexity_matches_llamacpp(name, model):
     ref = _ref(name)["perplexity"]
     text = (FIXTURES / "text" / ref["text"]).read_text(encoding="utf-8")

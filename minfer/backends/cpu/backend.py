@@ -32,7 +32,7 @@ from ..plan import Plan, Step
 from ..rope import rope_tables
 from .steps import CPU_OPS, KINDS
 from .weight_cache import WeightCache
-from .weights import EmbeddingTable, Experts, Matrix, dense_f32, pick_kernel, prepared_bytes
+from .weights import MOE_VNNI, EmbeddingTable, Experts, Matrix, dense_f32, expert_kernel, pick_kernel, prepared_bytes
 
 # A KV cache larger than this fraction of physical memory is refused.
 KV_BUDGET = 0.5
@@ -101,8 +101,8 @@ def available_memory() -> int:
 
 
 def plan_rows(graph: Graph, reader: GGUFReader, rows: int = 1, prefill: bool = False, vnni: bool = True) -> list[dict]:
-    """Per matmul node (an expert matmul: one expert's kernel, its cost times the experts a row
-    runs): the cpu kernel contract(s) its weight parts run on for a decode step of
+    """Per matmul node (an expert matmul: its kernel, the cost of one expert's matrix times the
+    experts a row runs): the cpu kernel contract(s) its weight parts run on for a decode step of
     `rows` rows (or a prompt chunk of `rows` tokens, `prefill`; its output projection gets one
     row, the last token's) and the cost the picker predicts, in ns. Reads the header only:
     nothing is packed. The other ops run as plain torch calls with no contract: not listed."""
@@ -114,12 +114,18 @@ def plan_rows(graph: Graph, reader: GGUFReader, rows: int = 1, prefill: bool = F
         n_rows = 1 if prefill and node.id == graph.logits_id else rows  # a prompt's logits: its last row
         for t in node.weights["w"].tensors:
             info = reader.tensors[t.name]
-            shape = info.torch_shape[-2:]  # an expert tensor: one expert's matrix, once per expert chosen
+            if node.op == Op.MOE_MATMUL:  # the cost: one expert's matrix per expert a row runs
+                e, n, k = info.torch_shape
+                name = expert_kernel(info.ggml_type, n, k, e, vnni)
+                c = pick_kernel(info.ggml_type, n, k, rows=n_rows, decode=True, vnni=vnni and name == MOE_VNNI)
+                names.append(name)
+                cost += c.cost_ns * node.shape[1]
+                continue
             # the logits take the decode rows' kernel in prompts too (two activation passes on VNNI)
-            c = pick_kernel(info.ggml_type, *shape, rows=n_rows,
+            c = pick_kernel(info.ggml_type, *info.torch_shape, rows=n_rows,
                             decode=not prefill or node.id == graph.logits_id, vnni=vnni)
             names.append(c.kernel.name)
-            cost += c.cost_ns * (node.shape[1] if node.op == Op.MOE_MATMUL else 1)
+            cost += c.cost_ns
         out.append({"id": node.id, "name": node.name, "op": str(node.op), "layer": node.layer,
                     "kernel": "+".join(dict.fromkeys(names)), "cost_ns": cost, "measured": False})
     return out

@@ -77,6 +77,7 @@ def dense_f32(reader: GGUFReader, info: TensorInfo) -> torch.Tensor:
 # activations in two int8 passes)
 VNNI_DECODE = {"cpu_q4_vnni": "cpu_q4_vnni2", "cpu_q8_vnni": "cpu_q8_vnni2"}
 VNNI_KERNELS = set(VNNI_DECODE) | set(VNNI_DECODE.values())
+MOE_VNNI = "cpu_vnni2_moe"  # the chosen experts of a VNNI type in one call (kernels/cpu/vnni.fkc.md)
 
 
 @functools.lru_cache(maxsize=1024)  # every layer asks for the same few shapes
@@ -103,12 +104,25 @@ def pick_kernel(qtype: GGMLType, n: int, k: int, rows: int = 1, decode: bool = F
     return ok[0]
 
 
+@functools.lru_cache(maxsize=256)
+def expert_kernel(qtype: GGMLType, n: int, k: int, n_expert: int, vnni: bool = True) -> str:
+    """The cpu kernel of an expert tensor (n_expert matrices [n, k]): the grouped VNNI contract
+    (`cpu_vnni2_moe`) where it takes the type and the C kernels run, else the QMatMul kernel each
+    chosen expert runs on (torch's int4 form, a float GEMM)."""
+    ok, _ = candidates("MoEMatMul", {"x": "F32", "ids": "I32", "w": QUANT_TABLE[qtype].contract_name},
+                       {"x": (1, k), "ids": (1, 1), "w": (n_expert * n, k)},
+                       {"n": n, "k": k, "qtype": qtype, "n_expert": n_expert}, "CPU", registry=backend_registry("CPU"))
+    if ok and vnni and cpu_vnni.available():
+        return ok[0].kernel.name
+    return pick_kernel(qtype, n, k, vnni=False).kernel.name
+
+
 def prepared_bytes(info: TensorInfo, vnni: bool = True) -> int:
     """Memory a matrix of this tensor takes once prepared (before preparing it); a 3-D expert
     tensor: its E matrices (each padded to the kernel's tile)."""
     if len(info.shape) == 3:
         e, n, k = info.torch_shape
-        if pick_kernel(info.ggml_type, n, k, vnni=vnni).kernel.name in VNNI_KERNELS:
+        if expert_kernel(info.ggml_type, n, k, e, vnni) == MOE_VNNI:
             return e * cpu_vnni.packed_bytes(n + -n % cpu_vnni.COLS, k, info.ggml_type)
         return e * prepared_bytes(TensorInfo(info.name, (k, n), info.ggml_type, 0, info.nbytes // e, n * k), vnni)
     n, k = info.torch_shape
@@ -219,18 +233,18 @@ class Experts:
         self.e, self.n, self.k = info.torch_shape
         self.qtype = info.ggml_type
         self._parts = (reader, info)
-        self.kernel = pick_kernel(self.qtype, self.n, self.k, vnni=vnni).kernel.name
+        self.kernel = expert_kernel(self.qtype, self.n, self.k, self.e, vnni)
         raw = raw_rows(reader, info).view(self.e * self.n, -1)
         rows = [raw[i * self.n:(i + 1) * self.n] for i in range(self.e)]
         name = f"{self.kernel}:{info.name}"
         stored = cache.get(name) if cache is not None else None
-        self.vnni = self.kernel in VNNI_KERNELS
+        self.vnni = self.kernel == MOE_VNNI
         if self.vnni:
             self.stride = self.n + -self.n % cpu_vnni.COLS
             if stored is not None:
                 self.mm = cpu_vnni.Q4Vnni.from_state(stored)
             else:
-                self.mm = cpu_vnni.Q4Vnni([(r, self.qtype, self.n, self.k) for r in rows], aligned=True)
+                self.mm = cpu_vnni.vnni_experts(raw, self.n, self.k, self.qtype, self.e)
                 if cache is not None:
                     cache.put(name, self.mm.state())
             self.nbytes = self.mm.nbytes
@@ -258,7 +272,15 @@ class Experts:
 
     def __call__(self, x: torch.Tensor, ids: torch.Tensor, decode: bool = True) -> torch.Tensor:
         """y [T, k, N] float32: x [T, K] feeds every chosen expert of its row, x [T, k, K] slot j
-        feeds expert ids[t, j]. Rows are grouped by expert (one kernel call per expert chosen)."""
+        feeds expert ids[t, j]. Rows are grouped by expert: the VNNI form runs them in one C call
+        (threads across experts, kernels/cpu/vnni.fkc.md cpu_vnni2_moe), the others one kernel
+        call per expert chosen."""
+        if self.vnni:
+            return self.mm.run_experts(x, ids, self.n, self.e, passes=2)
+        return self.per_expert(x, ids, decode)
+
+    def per_expert(self, x: torch.Tensor, ids: torch.Tensor, decode: bool = True) -> torch.Tensor:
+        """__call__ by one kernel call per expert chosen (the reference path of the grouped call)."""
         t, used = ids.shape
         flat = ids.reshape(-1).long()
         if flat.numel() and not (0 <= int(flat.min()) and int(flat.max()) < self.e):

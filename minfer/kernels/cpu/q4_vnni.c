@@ -277,6 +277,57 @@ int q4_gemm(const uint8_t *W, const uint16_t *S, const uint16_t *Z, int n, int k
     return 0;
 }
 
+/* The chosen experts of an expert tensor packed with each expert on a tile boundary (vnni.py
+ * Q4Vnni aligned: expert e's columns start at e * stride, stride a multiple of 32): x [m, k] holds
+ * rows grouped by expert, run r being rows rs[r] .. rs[r + 1] - 1 for expert ex[r] (0 <= ex[r] <
+ * n_expert); y [m, ldy] gets each row's n columns of its expert (ldy >= n rounded up to 32). The
+ * activations are quantized once for all rows, then one parallel region runs every (run, column
+ * tile) pair: the threads share the experts' work, and a row's numbers are those q4_gemm gives it
+ * alone (the same tiles, the same order of groups). Returns -1 outside that contract, -2 when the
+ * activations' scratch cannot be allocated. */
+int q4_gemm_experts(const uint8_t *W, const uint16_t *S, const uint16_t *Z, int stride, int n, int n_expert, int k,
+                    const void *x, int bf16, int m, const int *rs, const int *ex, int runs, float *y, int ldy, int P,
+                    int bits) {
+    int G = k / 32, NT = (n + 31) / 32;
+    size_t gb = bits == 8 ? 512 : 256;
+    if ((P != 1 && P != 2) || (bits != 4 && bits != 8) || m < 1 || n < 1 || stride % 32 || stride < NT * 32 ||
+        k < 32 || k % 32 || ldy < NT * 32 || runs < 1 || rs[0] != 0 || rs[runs] != m)
+        return -1;
+    for (int r = 0; r < runs; r++)
+        if (ex[r] < 0 || ex[r] >= n_expert || rs[r + 1] <= rs[r]) return -1;
+    size_t nq = ((size_t)m * P * k + 63) / 64 * 64;
+    int8_t *q = malloc(nq + (size_t)m * G * (P + 1) * sizeof(float));
+    if (q == NULL) return -2;
+    float *d = (float *)(q + nq), *sx = d + (size_t)m * P * G;
+    quantize_rows(x, bf16, m, k, P, q, d, sx);
+    #pragma omp parallel for schedule(dynamic, 1)
+    for (int item = 0; item < runs * NT; item++) {
+        int r = item / NT, t = item % NT;
+        size_t b0 = ((size_t)ex[r] * stride / 16 + 2 * (size_t)t) * G, b1 = b0 + G;
+        for (int r0 = rs[r]; r0 < rs[r + 1]; r0 += MT) {
+            int rows = rs[r + 1] - r0 < MT ? rs[r + 1] - r0 : MT;
+#define TILE(R, PP, B8) tile(R, PP, B8, W + b0 * gb, W + b1 * gb, S + b0 * 16, S + b1 * 16, Z + b0 * 16, Z + b1 * 16, \
+                             G, q + (size_t)r0 * PP * k, d + (size_t)r0 * PP * G, sx + (size_t)r0 * G, k,         \
+                             y + (size_t)r0 * ldy + 32 * t, ldy)
+#define ROWS(PP, B8) switch (rows) {                                                                         \
+                case 4: TILE(4, PP, B8); break;                                                              \
+                case 3: TILE(3, PP, B8); break;                                                              \
+                case 2: TILE(2, PP, B8); break;                                                              \
+                default: TILE(1, PP, B8); break;                                                             \
+            }
+            if (bits == 4) {
+                if (P == 1) { ROWS(1, 0) } else { ROWS(2, 0) }
+            } else {
+                if (P == 1) { ROWS(1, 1) } else { ROWS(2, 1) }
+            }
+#undef ROWS
+#undef TILE
+        }
+    }
+    free(q);
+    return 0;
+}
+
 /* ---------------------------------------------------------------- decode attention */
 
 /* e^x for x <= 0 (softmax arguments): 2^(x log2 e) = 2^n 2^f, |f| <= 1/2, 2^f by its Taylor

@@ -54,6 +54,8 @@ def _library() -> ctypes.CDLL | None:
     so.q8_pack.restype = i
     so.q4_gemm.argtypes = [p, p, p, i, i, p, i, i, p, i, i, i]
     so.q4_gemm.restype = i
+    so.q4_gemm_experts.argtypes = [p, p, p, i, i, i, i, p, i, i, p, p, i, p, i, i, i]
+    so.q4_gemm_experts.restype = i
     so.attn_decode.argtypes = [p, i, p, p, i, i, i, i, i, p, p, i, ctypes.c_float, p]
     so.attn_decode.restype = i
     so.rms_norm.argtypes = [p, i, i, p, ctypes.c_float, p]
@@ -117,6 +119,7 @@ class Q4Vnni:
     def _bind(self, so) -> None:
         self.nbytes = self.w.numel() + 2 * (self.s.numel() + self.z.numel())
         self._gemm = so.q4_gemm
+        self._experts = so.q4_gemm_experts
         self._ptrs = (_ptr(self.w), _ptr(self.s), _ptr(self.z), self.n_pad, self.k)
 
     def state(self) -> dict:
@@ -165,6 +168,46 @@ class Q4Vnni:
                                    f"{self.k}] is outside the kernel's contract")
         return y
 
+    def run_experts(self, x: torch.Tensor, ids: torch.Tensor, n: int, n_expert: int, passes: int = 2) -> torch.Tensor:
+        """y [T, k_used, n] float32 of an `aligned` stack of n_expert experts of n columns (x [T, k]:
+        each row's x feeds its k_used experts; x [T, k_used, k]: one x per slot): the slots grouped
+        by expert and one C call for all of them (q4_gemm_experts: the activations quantized once,
+        threads across the experts' column tiles). A slot's numbers are `run_cols`'s for its row alone."""
+        t, used = ids.shape
+        stride = n + -n % COLS
+        if self.n_pad != n_expert * stride or ids.dtype != torch.int32 or x.shape[-1] != self.k or x.shape[0] != t \
+                or (x.dim() == 3 and x.shape[1] != used) or x.dim() not in (2, 3):
+            raise UnsupportedError(f"q4_vnni experts: {n_expert} experts of {n} columns ({self.n_pad} packed), int32 "
+                                   f"ids "
+                                   f"[T, k] and x [T, {self.k}] or [T, k, {self.k}]; got ids {ids.dtype} "
+                                   f"{list(ids.shape)}, x {list(x.shape)}")
+        flat = ids.reshape(-1).long()
+        if flat.numel() == 0:
+            return torch.empty(t, used, n)
+        order = torch.argsort(flat, stable=True)
+        experts, counts = torch.unique_consecutive(flat[order], return_counts=True)
+        if int(experts[0]) < 0 or int(experts[-1]) >= n_expert:
+            raise UnsupportedError(f"q4_vnni experts: ids must be in 0..{n_expert - 1}, got {int(experts[0])}.."
+                                   f"{int(experts[-1])}")
+        src = x.reshape(t * used, self.k).index_select(0, order) if x.dim() == 3 else x.index_select(0, order // used)
+        if src.dtype != torch.float32 and src.dtype != torch.bfloat16:
+            src = src.float()
+        src = src.contiguous()
+        starts = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int32)
+        ex = experts.to(torch.int32)
+        y = torch.empty(flat.numel(), stride)
+        rc = self._experts(self._ptrs[0], self._ptrs[1], self._ptrs[2], stride, n, n_expert, self.k, src.data_ptr(),
+                           src.dtype == torch.bfloat16, src.shape[0], starts.data_ptr(), ex.data_ptr(), ex.numel(),
+                           y.data_ptr(), stride, passes, self.bits)
+        if rc == -2:
+            raise MemoryError(f"q4_vnni experts: no memory for {src.shape[0]} x {self.k} quantized activations")
+        if rc:
+            raise UnsupportedError(f"q4_vnni experts: {passes} activation passes on {src.shape[0]} rows of {self.k} "
+                                   f"x {n_expert} experts of {n} is outside the kernel's contract")
+        out = torch.empty(flat.numel(), n)
+        out[order] = y[:, :n]
+        return out.view(t, used, n)
+
     def __call__(self, x: torch.Tensor, passes: int = 1) -> torch.Tensor:
         """y [m, n] float32 = x [m, k] @ W^T (x float32 or bfloat16; anything else is converted),
         the activations in `passes` int8 quantizations (1: llama.cpp's Q8_0 scheme; 2: its
@@ -206,6 +249,39 @@ def q4_vnni_mm(x: torch.Tensor, w, n: int, k: int, qtype: GGMLType | int | str,
     pass (cpu_q4_vnni)."""
     mm = q4_vnni_weight(w, n, k, qtype)
     return rows_call("q4_vnni_mm", x, k, lambda x2: mm(x2, passes), out)
+
+
+def vnni_experts(w: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str, n_expert: int) -> Q4Vnni:
+    """Load layout: a 3-D expert tensor's raw bytes (n_expert matrices [n, k] of a VNNI type) -> one
+    VNNI form with each expert on a tile boundary (`Q4Vnni(aligned=True)`)."""
+    if isinstance(w, Q4Vnni):
+        return w
+    from .matmul import _qinfo
+
+    info = _qinfo(qtype)
+    if info.type not in TYPES and info.type not in TYPES8:
+        names = ", ".join(t.name for t in (*TYPES, *TYPES8))
+        raise UnsupportedError(f"vnni_experts: {info.name} is not one of {names}")
+    if k % info.block_elems or w.dtype != torch.uint8 or w.numel() != n_expert * info.nbytes(n * k):
+        raise UnsupportedError(f"vnni_experts: expected the uint8 bytes of {n_expert} [{n}, {k}] {info.name} experts "
+                               f"(k a multiple of {info.block_elems}), got {w.dtype} x {w.numel()}")
+    rows = w.reshape(n_expert * n, -1)
+    return Q4Vnni([(rows[e * n:(e + 1) * n], info.type, n, k) for e in range(n_expert)], aligned=True)
+
+
+def vnni2_experts_mm(x: torch.Tensor, ids: torch.Tensor, w, n: int, k: int, qtype: GGMLType | int | str,
+                     n_expert: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """out [T, k_used, n] float32: slot (t, j) = x[t] (or x[t, j]) @ expert ids[t, j]'s matrix, on the
+    VNNI form of every expert (`vnni_experts`; raw bytes are packed per call), activations in two
+    int8 passes, the slots grouped by expert in one call (cpu_vnni2_moe)."""
+    mm = vnni_experts(w, n, k, qtype, n_expert)
+    y = mm.run_experts(x, ids, n, n_expert, passes=2)
+    if out is None:
+        return y
+    if out.shape != y.shape or out.dtype != y.dtype:
+        raise UnsupportedError(f"vnni2_experts_mm: out must be {tuple(y.shape)} {y.dtype}, got {tuple(out.shape)} "
+                               f"{out.dtype}")
+    return out.copy_(y)
 
 
 def attention_fits(n_head: int, n_kv: int, head_dim: int) -> bool:
