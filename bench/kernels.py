@@ -110,7 +110,7 @@ class Cases:
         from minfer.quant.types import QUANT_TABLE, by_name
 
         torch = self.torch
-        e, used, d, ff = (8, 2, 256, 64) if self.small else (128, 8, 2048, 768)
+        e, used, d, ff = (8, 2, 256, 256) if self.small else (128, 8, 2048, 768)
         model = "tiny" if self.small else "Qwen3-30B-A3B"
 
         def ids_of(rows):

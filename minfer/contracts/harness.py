@@ -43,7 +43,10 @@ MODELS = {
     "SmolLM2-135M": ModelDims(576, 1536, 49152),
     "Qwen2.5-0.5B": ModelDims(896, 4864, 151936),
     "Qwen2.5-7B": ModelDims(3584, 18944, 152064),
+    # a mixture of experts (the MoE ops' model sizes: 128 experts of 768, 8 used; ffn: its dense width 6144)
+    "Qwen3-30B-A3B": ModelDims(2048, 6144, 151936),
 }
+MOE_MODELS = {"Qwen3-30B-A3B": (128, 8, 768)}  # (experts, used, expert width)
 
 
 @dataclass(frozen=True)
@@ -328,7 +331,8 @@ _PAIR_NK = {"tiny": [(32, 32)], "odd": [(96, 96)], "boundary": [(64, 1056)]}
 _QKV = {"tiny": [(32, 32, 3, 8, 8, False)], "odd": [(96, 96, 5, 16, 12, True)],
         "boundary": [(64, 1056, 1, 32, 32, True)]}
 # a model's (q heads, kv heads, head_dim)
-QKV_HEADS = {"SmolLM2-135M": (9, 3, 64), "Qwen2.5-0.5B": (14, 2, 64), "Qwen2.5-7B": (28, 4, 128)}
+QKV_HEADS = {"SmolLM2-135M": (9, 3, 64), "Qwen2.5-0.5B": (14, 2, 64), "Qwen2.5-7B": (28, 4, 128),
+             "Qwen3-30B-A3B": (32, 4, 128)}
 
 
 def _k_scaled(k: int, q: QuantInfo | None) -> int:
@@ -796,9 +800,35 @@ def _ref_moe_sum(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping
     return (i["y"].double() * i["weights"].double().unsqueeze(-1)).sum(1)
 
 
-def _no_model(name: str, m: ModelDims, q) -> list[Setting]:
-    """No dense model's layer sizes: the MoE kernels' real sizes (Qwen3-30B-A3B) run in bench/moe_gpu.sh."""
-    return []
+def _route_model(name: str, m: ModelDims, q) -> list[Setting]:
+    """A mixture of experts' router: a decode row, a decode batch of 16, a 512-token prompt."""
+    if name not in MOE_MODELS:
+        return []
+    e, used, _ = MOE_MODELS[name]
+    return [Setting(name, {"logits": (t, e), "bias": (e,)}, {"n_used": used, "gating": "softmax", "norm": True,
+                                                           "scale": 1.0}) for t in (1, 16, PREFILL_TOKENS)]
+
+
+def _moe_mm_model(name: str, m: ModelDims, q) -> list[Setting]:
+    """The expert matmuls of a mixture of experts: gate / up (x [T, d]) and down (x [T, used, ff]) at a
+    decode row, a decode batch of 16 and a 512-token prompt."""
+    if name not in MOE_MODELS or (q is not None and (m.d % q.block_elems or MOE_MODELS[name][2] % q.block_elems)):
+        return []
+    e, used, ff = MOE_MODELS[name]
+    out = []
+    for t in (1, 16, PREFILL_TOKENS):
+        out.append(Setting(name, {"x": (t, m.d), "ids": (t, used), "w": (e * ff, m.d)},
+                           {"n": ff, "k": m.d, "n_expert": e}))
+        out.append(Setting(name, {"x": (t, used, ff), "ids": (t, used), "w": (e * m.d, ff)},
+                           {"n": m.d, "k": ff, "n_expert": e}))
+    return out
+
+
+def _moe_sum_model(name: str, m: ModelDims, q) -> list[Setting]:
+    if name not in MOE_MODELS:
+        return []
+    used = MOE_MODELS[name][1]
+    return [Setting(name, {"y": (t, used, m.d), "weights": (t, used)}) for t in (1, 16, PREFILL_TOKENS)]
 
 
 HARNESS: dict[str, OpHarness] = {
@@ -842,7 +872,7 @@ HARNESS: dict[str, OpHarness] = {
     "Sample": OpHarness(_sample_settings, _sample_model, _build_sample, _ref_sample),
     "Argmax": OpHarness(_argmax_settings, _argmax_model, _build_argmax,
                         lambda i, p, d: i["x"].double().argmax(-1).double()),
-    "MoERoute": OpHarness(_route_settings, _no_model, _build_route, _ref_route),
-    "MoEMatMul": OpHarness(_moe_mm_settings, _no_model, _build_moe_mm, _ref_moe_mm, _moe_mm_reads),
-    "MoESum": OpHarness(_moe_sum_settings, _no_model, _build_floats, _ref_moe_sum),
+    "MoERoute": OpHarness(_route_settings, _route_model, _build_route, _ref_route),
+    "MoEMatMul": OpHarness(_moe_mm_settings, _moe_mm_model, _build_moe_mm, _ref_moe_mm, _moe_mm_reads),
+    "MoESum": OpHarness(_moe_sum_settings, _moe_sum_model, _build_floats, _ref_moe_sum),
 }
