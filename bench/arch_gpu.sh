@@ -40,7 +40,9 @@ build)
   MINFER_TEST_DEVICE=cuda timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/triton/test_families.py \
     tests/backends/test_families_gpu.py -k "not vulkan" 2>&1 | grep -v XDG | tail -3
   MINFER_TEST_DEVICE=cuda timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/triton/test_gemv_fused.py \
-    tests/contracts/test_conformance.py -k "geglu or scale or softcap or rms_norm or attention" 2>&1 | tail -2
+    tests/contracts/test_conformance.py -k "geglu or scale or softcap or rms_norm or attention or norm_rope" 2>&1 | tail -2
+  MINFER_TEST_DEVICE=cuda timeout 120 python3 -m pytest -q -p no:cacheprovider tests/backends/test_cuda_backend.py \
+    -k "post_norms" 2>&1 | tail -2  # the fused q/k norm + RoPE and gemma's post-norms, compiled
   wait
   ls -la $LB "$M" ;;
 bench)

@@ -197,6 +197,40 @@ class Cases:
                               info.nbytes(n * k) + io + 12 * n, 2 * n * k))
             cases.append(Case("rope_f32 (unfused)", f"{heads}x{hd} {model}",
                               lambda n=n, h=heads, d=hd: rope_alone(n, h, d), 8 * heads * hd, 0))
+        # qwen3-8b (32 q + 8 k heads of 128), gemma3-1b (4 + 1 of 256): the per-head q / k norms and their RoPEs
+        # in one launch (norm_rope) beside the four it replaced (two grouped rms_norm, two rope)
+        from minfer.kernels.triton.norm import rms_norm
+        from minfer.kernels.triton.rope import norm_rope
+        qk = [("tiny", 2, 1, 16)] if self.small else [("qwen3-8b", 32, 8, 128), ("gemma3-1b", 4, 1, 256)]
+
+        def norm_rope_fused(nq, nk, hd):
+            x, w = self.randn(1, (nq + 2 * nk) * hd), self.randn(hd)
+            cos, sin = self.randn(4096, hd // 2), self.randn(4096, hd // 2)
+            pos = torch.tensor([4000], dtype=torch.int32, device=self.device)
+            out = torch.empty(1, (nq + nk) * hd, device=self.device)
+            return lambda: norm_rope(x, w, w, pos, cos, sin, nq, nk, hd, hd, True, 1e-6, out=out)
+
+        def norm_rope_parts(nq, nk, hd):
+            x, w = self.randn(1, (nq + 2 * nk) * hd), self.randn(hd)
+            cos, sin = self.randn(4096, hd // 2), self.randn(4096, hd // 2)
+            pos = torch.tensor([4000], dtype=torch.int32, device=self.device)
+            q, k = x[:, :nq * hd], x[:, nq * hd:(nq + nk) * hd]
+            nqo, nko = torch.empty_like(q), torch.empty_like(k)
+            qo, ko = torch.empty_like(q), torch.empty_like(k)
+
+            def run():
+                rms_norm(q, w, 1e-6, out=nqo, group=hd)
+                rms_norm(k, w, 1e-6, out=nko, group=hd)
+                rope(nqo, pos, cos, sin, nq, hd, hd, True, out=qo)
+                rope(nko, pos, cos, sin, nk, hd, hd, True, out=ko)
+            return run
+
+        for model, nq, nk, hd in qk:
+            io = 12 * (nq + nk) * hd
+            cases.append(Case("norm_rope", f"{nq}+{nk}x{hd} {model}", lambda a=nq, b=nk, d=hd: norm_rope_fused(a, b, d),
+                              io, 0))
+            cases.append(Case("rms_norm x2 + rope x2 (unfused)", f"{nq}+{nk}x{hd} {model}",
+                              lambda a=nq, b=nk, d=hd: norm_rope_parts(a, b, d), 2 * io, 0))
         for model, n, k in gu:
             shape, io = f"{n}x{k} {model} gate+up", 4 * (n // 2 + k)
             cases.append(Case("gemv_swiglu[Q4_0]", shape, lambda n=n, k=k: fused_swiglu(n, k),

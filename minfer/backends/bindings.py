@@ -176,6 +176,30 @@ def _rope_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, way: Wa
     return Bound(fn, [Launch(call, kernel)])
 
 
+def _norm_rope_call(c: Compiler, node: Node) -> Call:
+    params = {**_rope_params(node.params), "n_heads_k": node.params["n_heads_k"], "eps": node.params["eps"]}
+    width, hd, half = c.node_of(node.inputs[0]).shape[-1], params["head_dim"], params["n_rot"] // 2
+    return Call("NormRoPE", {"x": "F32", "w_q": "F32", "w_k": "F32", "positions": "I32", "cos": "F32", "sin": "F32"},
+                lambda r: {"x": (r, width), "w_q": (hd,), "w_k": (hd,), "positions": (r,), "cos": (16, half),
+                           "sin": (16, half)}, params)
+
+
+def _norm_rope_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, way: Way) -> Bound:
+    """(rotated q, rotated k): two column views of the kernel's one output."""
+    i, pos = node.inputs
+    key, rt, params = rope_key(node), c.rt, call.params
+    w_q, w_k = c.vector(node.weights["q_norm"]), c.vector(node.weights["k_norm"])
+    nq = params["n_heads"] * params["head_dim"]
+    n = nq + params["n_heads_k"] * params["head_dim"]
+
+    def fn(vals, st):
+        cos, sin = rt.rope(key)
+        y = kernel(x=vals[i], w_q=w_q, w_k=w_k, positions=vals[pos], cos=cos, sin=sin, **params)
+        return rt.cols(y, 0, nq), rt.cols(y, nq, n)
+
+    return Bound(fn, [Launch(call, kernel)])
+
+
 def _attention_call(c: Compiler, node: Node) -> Call:
     p = node.params
     nh, nkv, hd = p["n_head"], p["n_head_kv"], p["head_dim"]
@@ -336,23 +360,24 @@ def _matmul_rope_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, 
 # ---------------------------------------------------------------------- fused norms
 def _add_rms_norm_call(c: Compiler, node: Node) -> Call:
     d, eps = node.shape[-1], node.params["eps"]
-    return Call("AddRMSNorm", {"x": "F32", "y": "F32", "w": "F32"}, lambda r: {"x": (r, d), "y": (r, d), "w": (d,)},
-                {"eps": eps})
+    ws = ("w_y", "w") if "w_y" in node.weights else ("w",)  # NormAddRMSNorm: the post-norm's weight too
+    return Call(str(node.op), {"x": "F32", "y": "F32", **dict.fromkeys(ws, "F32")},
+                lambda r: {"x": (r, d), "y": (r, d), **dict.fromkeys(ws, (d,))}, {"eps": eps})
 
 
 def _add_rms_norm_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, way: Way) -> Bound:
-    """(h, RMSNorm(h)), h = x + y written over x where the kernel works in place (the rule made
-    sure nothing reads x after), else into a fresh buffer."""
+    """(h, RMSNorm(h)), h = x + y (x + RMSNorm(y) for NormAddRMSNorm) written over x where the
+    kernel works in place (the rule made sure nothing reads x after), else into a fresh buffer."""
     i, j = node.inputs
-    w, eps = c.vector(node.weights["w"]), node.params["eps"]
-    rt, in_place = c.rt, "residual_in_place" in kernel.contract.caps.also
+    ws = {r: c.vector(w) for r, w in node.weights.items()}
+    eps, rt, in_place = node.params["eps"], c.rt, "residual_in_place" in kernel.contract.caps.also
     records = _q8_writer(c, node, way, node.shape[-1])
 
     def fn(vals, st):
         x = vals[i]
         h = x if in_place else rt.empty(x.shape)
         more = {} if records is None else {"q8": records(st, _rows(x))}
-        return h, kernel(x=x, y=vals[j], w=w, eps=eps, sum_out=h, **more)
+        return h, kernel(x=x, y=vals[j], **ws, eps=eps, sum_out=h, **more)
 
     return Bound(fn, [Launch(call, kernel)])
 
@@ -417,4 +442,6 @@ BINDINGS: dict[Op, Binding] = {
     Op.MOE_ROUTE: Binding(_moe_route_call, _moe_route_bind),
     Op.MOE_MATMUL: Binding(_moe_matmul_call, _moe_matmul_bind),
     Op.MOE_SUM: Binding(_moe_sum_call, _moe_sum_bind),
+    Op.NORM_ADD_RMS_NORM: Binding(_add_rms_norm_call, _add_rms_norm_bind),
+    Op.NORM_ROPE: Binding(_norm_rope_call, _norm_rope_bind),
 }

@@ -413,9 +413,10 @@ def _norm_model(name: str, m: ModelDims, q) -> list[Setting]:
     return [Setting(name, {"x": (t, m.d), "w": (m.d,)}, {"eps": 1e-6}) for t in (1, PREFILL_TOKENS)]
 
 
-def _with_y(s: Setting) -> Setting:
-    """A norm setting with a second operand y of x's shape (the fused residual add)."""
-    return Setting(s.size, {**s.shapes, "y": s.shapes["x"]}, s.params)
+def _with_y(s: Setting, *weights: str) -> Setting:
+    """A norm setting with a second operand y of x's shape (the fused residual add), and more
+    weights of w's shape (`weights`: the post-norm's w_y)."""
+    return Setting(s.size, {**s.shapes, "y": s.shapes["x"], **dict.fromkeys(weights, s.shapes["w"])}, s.params)
 
 
 def _ref_norm(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[str, str]) -> torch.Tensor:
@@ -830,6 +831,34 @@ def _moe_sum_model(name: str, m: ModelDims, q) -> list[Setting]:
     used = MOE_MODELS[name][1]
     return [Setting(name, {"y": (t, used, m.d), "weights": (t, used)}) for t in (1, 16, PREFILL_TOKENS)]
 
+# (rows, q heads, k heads, head_dim, n_rot, neox): gemma3's head of 256, qwen3's of 128, a partial rotation
+_NORM_ROPE = {"tiny": [(1, 1, 1, 8, 8, True)], "odd": [(3, 3, 1, 24, 16, False)],
+              "boundary": [(5, 4, 1, 256, 256, True), (2, 8, 2, 128, 96, True)]}
+
+
+def _norm_rope_setting(size: str, rows: int, nq: int, nk: int, hd: int, n_rot: int, neox: bool) -> Setting:
+    # x one head wider than q and k (a v after them, untouched): the kernel's rows are strided
+    return Setting(size, {"x": (rows, (nq + nk + 1) * hd), "w_q": (hd,), "w_k": (hd,), "positions": (rows,),
+                          "cos": (ROPE_CTX, n_rot // 2), "sin": (ROPE_CTX, n_rot // 2)},
+                   {"n_heads": nq, "n_heads_k": nk, "head_dim": hd, "n_rot": n_rot, "neox": neox, "eps": 1e-6})
+
+
+def _build_norm_rope(s: Setting, dtypes: dict[str, str], out_dtype: str | None, gen) -> tuple[dict, dict]:
+    inputs, _ = _build_rope(Setting(s.size, {"x": s.shapes["x"], "cos": s.shapes["cos"]}), dtypes, out_dtype, gen)
+    hd = s.params["head_dim"]
+    inputs.update(w_q=_randn((hd,), "F32", gen) + 1.0, w_k=_randn((hd,), "F32", gen) + 1.0)
+    return inputs, dict(s.params)
+
+
+def _ref_norm_rope(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[str, str]) -> torch.Tensor:
+    hd, nq, nk = p["head_dim"], p["n_heads"], p["n_heads_k"]
+    rows = i["x"].shape[0]
+    h = i["x"].double()[:, :(nq + nk) * hd].reshape(rows, nq + nk, hd)
+    w = torch.cat([i["w_q"].double().expand(nq, hd), i["w_k"].double().expand(nk, hd)])
+    normed = h / torch.sqrt((h * h).mean(-1, keepdim=True) + p["eps"]) * w
+    qk = {"x": normed.reshape(rows, -1), "positions": i["positions"], "cos": i["cos"], "sin": i["sin"]}
+    return _ref_rope(qk, {**p, "n_heads": nq + nk}, d)
+
 
 HARNESS: dict[str, OpHarness] = {
     "Add": OpHarness(*_flat("x", "y"), _build_floats, lambda i, p, d: i["x"].double() + i["y"].double()),
@@ -865,7 +894,17 @@ HARNESS: dict[str, OpHarness] = {
         lambda size, q: [_with_y(x) for x in _norm_settings(size, q)],
         lambda name, m, q: [_with_y(x) for x in _norm_model(name, m, q)],
         _build_floats, lambda i, p, d: _ref_norm({"x": i["x"].double() + i["y"].double(), "w": i["w"]}, p, d)),
+    "NormAddRMSNorm": OpHarness(
+        lambda size, q: [_with_y(x, "w_y") for x in _norm_settings(size, q)],
+        lambda name, m, q: [_with_y(x, "w_y") for x in _norm_model(name, m, q)],
+        _build_floats, lambda i, p, d: _ref_norm({"x": i["x"].double() + _ref_norm({"x": i["y"], "w": i["w_y"]}, p, d),
+                                                  "w": i["w"]}, p, d)),
     "RoPE": OpHarness(_rope_settings, _rope_model, _build_rope, _ref_rope),
+    "NormRoPE": OpHarness(
+        lambda size, q: [_norm_rope_setting(size, *c) for c in _NORM_ROPE[size]],
+        lambda name, m, q: [_norm_rope_setting(name, t, *QKV_HEADS[name], QKV_HEADS[name][2], True)
+                            for t in (1, PREFILL_TOKENS)],
+        _build_norm_rope, _ref_norm_rope),
     "RowSelect": OpHarness(_select_settings, _select_model, _build_select,
                            lambda i, p, d: i["x"].double()[i["rows"].long()]),
     "Attention": OpHarness(_attn_settings, _attn_model, _build_attn, _ref_attn, _attn_reads, _attn_writes),

@@ -162,6 +162,18 @@ OPS: dict[str, OpSpec] = {
             lambda s, p: {"rows": _rows_of(s["x"]), "d": s["x"][-1]},
         ),
         OpSpec(
+            "NormAddRMSNorm", True, ("x", "y", "w_y", "w"), ("eps",), ("rows", "d"),
+            "out = RMSNorm(x + RMSNorm(y) with w_y) with w (gemma's post-norm, the residual add and the next norm)",
+            lambda s, p: {"rows": _rows_of(s["x"]), "d": s["x"][-1]},
+        ),
+        OpSpec(
+            "NormRoPE", True, ("x", "w_q", "w_k", "positions", "cos", "sin"),
+            ("n_heads", "n_heads_k", "head_dim", "n_rot", "neox", "eps"), ("rows", "n"),
+            "out = RoPE of x's first n_heads (q) and next n_heads_k (k) heads, each RMS-normed on its own with "
+            "w_q / w_k first (qwen3's and gemma3's per-head q / k norms with the rotation after them)",
+            lambda s, p: {"rows": s["x"][0], "n": (p["n_heads"] + p["n_heads_k"]) * p["head_dim"]},
+        ),
+        OpSpec(
             "RoPE", False, ("x", "positions", "cos", "sin"), ("n_heads", "head_dim", "n_rot", "neox"),
             ("rows", "n"), "rotary position embedding of [rows, n_heads * head_dim] at positions (cos/sin tables)",
             lambda s, p: {"rows": s["x"][0], "n": p["n_heads"] * p["head_dim"]},

@@ -15,10 +15,15 @@ for, in at least one way of running; the callback keeps graph/ below contracts/)
 
 - `fuse_add_rms_norm`: a residual Add and the RMSNorm of its sum -> AddRMSNorm (exports the
   sum and the normed value).
+- `fuse_norm_add_rms_norm`: gemma's post-norm of a block's output, the residual Add and the next
+  RMSNorm -> NormAddRMSNorm (exports the sum and the normed value; before fuse_add_rms_norm,
+  which takes the add and norm where this rule did not fire).
 - `fuse_matmul_swiglu`: a stacked gate+up MatMul and the SwiGLU of its halves -> QMatMulSwiGLU
   (the GeGLU of its halves -> QMatMulGeGLU).
 - `fuse_matmul_rope`: a stacked q+k+v MatMul (with or without bias) and the RoPE of its q and k
   columns -> QMatMulRoPE (exports the rotated columns and the whole output).
+- `fuse_norm_rope`: the per-head RMSNorms of q and k (qwen3, gemma3) and their RoPEs -> NormRoPE
+  (exports the rotated q and k).
 - `fuse_kv_write`: an Attention whose k and v come from one QMatMulRoPE: that node writes the
   row's keys and values into the layer's cache (param `kv_layer`) and the Attention skips its
   write (param `kv_written`).
@@ -239,14 +244,13 @@ def _rewrite(graph: Graph, fusions: dict[int, tuple[Node, list[Node], tuple[Node
     return rw.result()
 
 
-def fuse_add_rms_norm(graph: Graph, supports: Supports) -> Graph:
-    """Add -> RMSNorm pairs as AddRMSNorm, where the norm reads the add's sum and the add's first
+def _residual_add_norms(graph: Graph):
+    """(add, norm) pairs where an RMSNorm of whole rows reads an Add's sum and the add's first
     operand (the residual) is a value of its own (an Add's, an embedding's or its Scale's, an
-    all-reduce's or an earlier AddRMSNorm's sum) that nothing reads after the add: the fused kernel may write the sum
-    over it (where its contract says `in_place`)."""
+    all-reduce's or an earlier AddRMSNorm's sum) that nothing reads after the add: a fused kernel
+    may write the sum over it (where its contract says `in_place`)."""
     last = graph.consumers_last_use()
     by_id = {n.id: n for n in graph.nodes}
-    fusions = {}
     for n in graph.nodes:
         if n.op != Op.RMS_NORM or n.params.get("group"):
             continue
@@ -256,6 +260,32 @@ def fuse_add_rms_norm(graph: Graph, supports: Supports) -> Graph:
             continue
         if by_id[add.inputs[0]].op not in (Op.ADD, Op.GET_ROWS, Op.SCALE, Op.ALL_REDUCE, Op.PICK):
             continue
+        yield add, n
+
+
+def fuse_norm_add_rms_norm(graph: Graph, supports: Supports) -> Graph:
+    """Gemma's post-norms: RMSNorm -> residual Add -> RMSNorm, where the first norm (whole rows,
+    the same eps) is the add's second operand and read by nothing else -> NormAddRMSNorm
+    (exports the sum and the normed value, as AddRMSNorm)."""
+    readers = readers_of(graph)
+    by_id = {n.id: n for n in graph.nodes}
+    fusions = {}
+    for add, n in _residual_add_norms(graph):
+        post = by_id[add.inputs[1]]
+        if (post.op != Op.RMS_NORM or post.params.get("group") or readers.get(post.id) != [add]
+                or post.params["eps"] != n.params["eps"]):
+            continue
+        fused = _fused([post, add, n], Op.NORM_ADD_RMS_NORM, n.name, (add.inputs[0], post.inputs[0]), (add.id, n.id),
+                       {"w_y": post.weights["w"], "w": n.weights["w"]}, dict(n.params), n.shape)
+        if supports(fused, graph):
+            fusions[n.id] = (fused, [post, add, n], (add, n))
+    return _rewrite(graph, fusions) if fusions else graph
+
+
+def fuse_add_rms_norm(graph: Graph, supports: Supports) -> Graph:
+    """Add -> RMSNorm pairs as AddRMSNorm (`_residual_add_norms`: the residual a value of its own)."""
+    fusions = {}
+    for add, n in _residual_add_norms(graph):
         fused = _fused([add, n], Op.ADD_RMS_NORM, n.name, add.inputs, (add.id, n.id), dict(n.weights),
                        dict(n.params), n.shape)
         if supports(fused, graph):
@@ -324,6 +354,49 @@ def fuse_matmul_rope(graph: Graph, supports: Supports) -> Graph:
     return _rewrite(graph, fusions) if fusions else graph
 
 
+def fuse_norm_rope(graph: Graph, supports: Supports) -> Graph:
+    """The per-head q and k norms of qwen3 / gemma3 and the RoPEs after them -> NormRoPE: where
+    a MatMul's columns 0..nq (q) and nq..nq+nk (k) are sliced, each normed per head (a grouped
+    RMSNorm of group head_dim, same eps) and rotated alike (RoPEs equal but for n_heads), and
+    nothing else reads the slices, norms or RoPEs' inputs. Exports the rotated q and k."""
+    readers = readers_of(graph)
+    fusions = {}
+
+    def only(nid: int, op: Op) -> Node | None:
+        rs = readers.get(nid, [])
+        return rs[0] if len(rs) == 1 and rs[0].op == op and rs[0].inputs[0] == nid else None
+
+    for m in graph.nodes:
+        rs = _slices(readers, m) if m.op == Op.MATMUL else None
+        if rs is None:
+            continue
+        by_start = {r.params["start"]: r for r in rs}
+        sq = by_start.get(0)
+        sk = by_start.get(sq.params["stop"]) if sq is not None else None
+        if sk is None:
+            continue
+        nq, nk = only(sq.id, Op.RMS_NORM), only(sk.id, Op.RMS_NORM)
+        if nq is None or nk is None:
+            continue
+        rq, rk = only(nq.id, Op.ROPE), only(nk.id, Op.ROPE)
+        if rq is None or rk is None or rq.inputs[1] != rk.inputs[1]:
+            continue
+        hd = rq.params["head_dim"]
+        same_rope = ({k: v for k, v in rq.params.items() if k != "n_heads"}
+                     == {k: v for k, v in rk.params.items() if k != "n_heads"} and rq.weights == rk.weights)
+        groups = [n.params.get("group", n.shape[-1]) for n in (nq, nk)]  # (absent: the whole row, one head)
+        if not (same_rope and groups == [hd, hd] and nq.params["eps"] == nk.params["eps"]):
+            continue
+        group = [sq, sk, nq, nk, rq, rk]
+        params = {**rq.params, "n_heads_k": rk.params["n_heads"], "eps": nq.params["eps"]}
+        weights = {"q_norm": nq.weights["w"], "k_norm": nk.weights["w"], **rq.weights}
+        fused = _fused(group, Op.NORM_ROPE, _common_name([rq.name, rk.name]) + "+norm", (m.id, rq.inputs[1]),
+                       (rq.id, rk.id), weights, params, (*rq.shape[:-1], rq.shape[-1] + rk.shape[-1]))
+        if supports(fused, graph):
+            fusions[rq.id] = (fused, group, (rq, rk))
+    return _rewrite(graph, fusions) if fusions else graph
+
+
 def _view_of(by_id: dict[int, Node], nid: int, op: Op) -> tuple[Node, Node] | None:
     """(the view node, the node it views) when node `nid` is a Slice of a Pick of an `op` node."""
     s = by_id[nid]
@@ -370,7 +443,7 @@ def _with_params(graph: Graph, marks: dict[int, dict]) -> Graph:
     return replace(graph, nodes=tuple(replace(n, params=marks[n.id]) if n.id in marks else n for n in graph.nodes))
 
 
-Q8_PRODUCERS = (Op.RMS_NORM, Op.ADD_RMS_NORM, Op.SWIGLU, Op.MATMUL_SWIGLU, Op.ATTENTION)
+Q8_PRODUCERS = (Op.RMS_NORM, Op.ADD_RMS_NORM, Op.NORM_ADD_RMS_NORM, Op.SWIGLU, Op.MATMUL_SWIGLU, Op.ATTENTION)
 Q8_CONSUMERS = (Op.MATMUL, Op.MATMUL_SWIGLU, Op.MATMUL_GEGLU, Op.MATMUL_ROPE)
 
 
@@ -397,7 +470,8 @@ def fuse_int8_x(graph: Graph, supports: Supports) -> Graph:
 
 
 FUSIONS: tuple[Callable[[Graph, Supports], Graph], ...] = (
-    fuse_add_rms_norm, fuse_matmul_swiglu, fuse_matmul_rope, fuse_kv_write, fuse_int8_x)
+    fuse_norm_add_rms_norm, fuse_add_rms_norm, fuse_matmul_swiglu, fuse_matmul_rope, fuse_norm_rope, fuse_kv_write,
+    fuse_int8_x)
 
 
 def fuse(graph: Graph, supports: Supports, rules: Iterable[Callable[[Graph, Supports], Graph]] | None = None) -> Graph:

@@ -106,23 +106,33 @@ def test_fused_nodes_keep_the_values_their_readers_need():
 
 
 def test_gemma_graph_fuses_where_its_shapes_allow(tmp_path):
-    """gemma3: gate+up with its GeGLU -> QMatMulGeGLU, every residual add into the norm after it (the
-    first layer's reads the embedding's Scale); the per-head q / k norms (group) stay RMSNorms, so the
-    q+k+v matmul keeps its RoPEs apart (no QMatMulRoPE: a norm sits between); the unfused graph stays
-    a valid graph of the same nodes."""
+    """gemma3: gate+up with its GeGLU -> QMatMulGeGLU; the per-head q / k norms sit between the q+k+v
+    matmul and its RoPEs (no QMatMulRoPE): norms and RoPEs -> one NormRoPE a layer; each post-norm
+    with the residual add and the norm after it -> NormAddRMSNorm (the first layer's add reads the
+    embedding's Scale). Without those two rules (a backend with no such kernels) the q / k norms stay
+    grouped RMSNorms, the RoPEs apart, and the adds fuse into AddRMSNorms; both graphs well formed."""
     path = synth("tiny-gemma3", "f32", tmp_path / "g.gguf", header_only=True)
     with GGUFReader(path) as r:
         _, graph = registry.build(r)
     base = F.optimize(graph)
+    n_layer = graph.meta["n_layer"]
     g = F.fuse(base, everything)
     _check_well_formed(g)
     ops = [n.op for n in g.nodes]
-    n_layer = graph.meta["n_layer"]
     assert ops.count(Op.MATMUL_GEGLU) == n_layer and Op.GEGLU not in ops
+    assert Op.MATMUL_ROPE not in ops and Op.ROPE not in ops and ops.count(Op.NORM_ROPE) == n_layer
+    assert not [n for n in g.nodes if n.op == Op.RMS_NORM and n.params.get("group")]
+    # per layer 2 adds feed a norm (ffn_norm, the next attn_norm) but the last one's second
+    assert ops.count(Op.NORM_ADD_RMS_NORM) == 2 * n_layer - 1 and Op.ADD_RMS_NORM not in ops
+    assert g.nodes[next(n.id for n in g.nodes if n.op == Op.NORM_ADD_RMS_NORM)].name == "blk.0.ffn_norm"
+
+    rules = tuple(r for r in F.FUSIONS if r not in (F.fuse_norm_rope, F.fuse_norm_add_rms_norm))
+    g = F.fuse(base, everything, rules)
+    _check_well_formed(g)
+    ops = [n.op for n in g.nodes]
     assert Op.MATMUL_ROPE not in ops and ops.count(Op.ROPE) == 2 * n_layer
     grouped = [n for n in g.nodes if n.op == Op.RMS_NORM and n.params.get("group")]
     assert len(grouped) == 2 * n_layer  # attn_q_norm, attn_k_norm
-    # per layer 2 adds feed a norm (ffn_norm, the next attn_norm) but the last one's second
     assert ops.count(Op.ADD_RMS_NORM) == 2 * n_layer - 1
     assert g.nodes[next(n.id for n in g.nodes if n.op == Op.ADD_RMS_NORM)].name == "blk.0.ffn_norm"
 

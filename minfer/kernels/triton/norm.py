@@ -1,6 +1,7 @@
 """RMSNorm: out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w, alone or fused with the
 residual add before it (`add_rms_norm`: h = x + y, out = RMSNorm(h), and h written back where
-the caller asks, e.g. into x: one pass instead of an add kernel and a norm kernel).
+the caller asks, e.g. into x: one pass instead of an add kernel and a norm kernel), or with
+gemma's post-norm of y as well (`norm_add_rms_norm`: h = x + RMSNorm(y): three ops, one pass).
 
 One program per row (a transformer row is at most a few thousand floats: it fits one program's
 registers), the whole row loaded once, the mean of squares reduced in f32 in the program, the
@@ -62,14 +63,18 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, D, stride_x, eps, q_ptr, s_ptr, GROU
 
 
 @triton.jit
-def _add_rms_norm_kernel(x_ptr, y_ptr, w_ptr, out_ptr, sum_ptr, D, eps, q_ptr, s_ptr,
-                         BLOCK_D: tl.constexpr, WRITE_SUM: tl.constexpr, Q8: tl.constexpr, PDL: tl.constexpr):
+def _add_rms_norm_kernel(x_ptr, y_ptr, w_ptr, out_ptr, sum_ptr, D, eps, q_ptr, s_ptr, wy_ptr,
+                         BLOCK_D: tl.constexpr, WRITE_SUM: tl.constexpr, Q8: tl.constexpr, NORM_Y: tl.constexpr,
+                         PDL: tl.constexpr):
     release_next(PDL)
     wait_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
     mask = cols < D
-    h = tl.load(x_ptr + row * D + cols, mask=mask, other=0.0) + tl.load(y_ptr + row * D + cols, mask=mask, other=0.0)
+    y = tl.load(y_ptr + row * D + cols, mask=mask, other=0.0)
+    if NORM_Y:  # gemma's post-norm of the block's output, before the residual add
+        y = y * (1.0 / tl.sqrt(tl.sum(y * y, axis=0) / D + eps)) * tl.load(wy_ptr + cols, mask=mask, other=0.0)
+    h = tl.load(x_ptr + row * D + cols, mask=mask, other=0.0) + y
     release_late(PDL)
     if WRITE_SUM:
         tl.store(sum_ptr + row * D + cols, h, mask=mask)
@@ -84,7 +89,24 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, eps: float, 
     `sum_out` (which may be x itself: the residual updated in place) x + y is stored there too;
     with `q8` = (codes, scales) buffers of quantize_act_q8's shapes, out's int8 form as well (the
     values quantize_act_q8(out) computes: the GEMV after it reads them, one launch fewer)."""
-    what = "add_rms_norm"
+    return _add_rms_norm("add_rms_norm", x, y, None, w, eps, out, sum_out, q8)
+
+
+def norm_add_rms_norm(x: torch.Tensor, y: torch.Tensor, w_y: torch.Tensor, w: torch.Tensor, eps: float,
+                      out: torch.Tensor | None = None, sum_out: torch.Tensor | None = None,
+                      q8: tuple | None = None) -> torch.Tensor:
+    """out = RMSNorm(x + RMSNorm(y) with w_y) with w, both norms with `eps`: gemma's post-norm of a
+    block's output, the residual add and the next block's norm, in one pass; `sum_out` and `q8`
+    as for add_rms_norm (the sum is x + RMSNorm(y))."""
+    what = "norm_add_rms_norm"
+    check_tensor(what, "w_y", w_y, (torch.float32,), ndim=1)
+    if w_y.shape != w.shape:
+        raise UnsupportedError(f"{what}: w_y and w must both be [d], got {tuple(w_y.shape)} and {tuple(w.shape)}")
+    return _add_rms_norm(what, x, y, w_y, w, eps, out, sum_out, q8)
+
+
+def _add_rms_norm(what: str, x: torch.Tensor, y: torch.Tensor, w_y: torch.Tensor | None, w: torch.Tensor, eps: float,
+                  out: torch.Tensor | None, sum_out: torch.Tensor | None, q8: tuple | None) -> torch.Tensor:
     check_tensor(what, "w", w, (torch.float32,), ndim=1)
     d = w.numel()
     if not 1 <= d <= MAX_D:
@@ -95,7 +117,7 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, eps: float, 
         raise UnsupportedError(f"{what}: x and y must both be [rows, {d}], got {tuple(x.shape)} and {tuple(y.shape)}")
     if not (isinstance(eps, float | int) and eps >= 0):
         raise UnsupportedError(f"{what}: eps must be a number >= 0, got {eps!r}")
-    device = check_device(what, x=x, y=y, w=w, out=out, sum_out=sum_out)
+    device = check_device(what, x=x, y=y, w=w, w_y=w_y, out=out, sum_out=sum_out)
     out = make_out(what, out, x.shape, torch.float32, device)
     if sum_out is not None:
         make_out(what, sum_out, x.shape, torch.float32, device)
@@ -104,8 +126,9 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, eps: float, 
     if rows:
         block = triton.next_power_of_2(d)
         _add_rms_norm_kernel[check_grid(what, (rows,))](
-            x, y, w, out, sum_out if sum_out is not None else out, d, float(eps), codes, scales, BLOCK_D=block,
-            WRITE_SUM=sum_out is not None, Q8=passes, num_warps=4 if block <= 2048 else 8, **pdl_args())
+            x, y, w, out, sum_out if sum_out is not None else out, d, float(eps), codes, scales,
+            w if w_y is None else w_y, BLOCK_D=block, WRITE_SUM=sum_out is not None, Q8=passes,
+            NORM_Y=w_y is not None, num_warps=4 if block <= 2048 else 8, **pdl_args())
     return out
 
 
