@@ -236,12 +236,35 @@ static inline __attribute__((always_inline)) void tile(int rows, int P, int B8, 
     }
 }
 
+/* rows (<= MT) rows from r0 of the quantized activations (q, d, sx: quantize_rows') against the 32
+ * columns whose two 16-column blocks start at W0 / W1 (S0 / S1, Z0 / Z1), into y + r0 * ldy: tile() with
+ * its row count, passes and code width known at compile time (the registers unrolled). */
+static void tile_rows(int rows, int P, int bits, const uint8_t *W0, const uint8_t *W1, const uint16_t *S0,
+                      const uint16_t *S1, const uint16_t *Z0, const uint16_t *Z1, int G, const int8_t *q,
+                      const float *d, const float *sx, int k, int r0, float *y, int ldy) {
+#define TILE(R, PP, B8) tile(R, PP, B8, W0, W1, S0, S1, Z0, Z1, G, q + (size_t)r0 * PP * k, d + (size_t)r0 * PP * G, \
+                             sx + (size_t)r0 * G, k, y + (size_t)r0 * ldy, ldy)
+#define ROWS(PP, B8) switch (rows) {    \
+        case 4: TILE(4, PP, B8); break; \
+        case 3: TILE(3, PP, B8); break; \
+        case 2: TILE(2, PP, B8); break; \
+        default: TILE(1, PP, B8); break; \
+    }
+    if (bits == 4) {
+        if (P == 1) { ROWS(1, 0) } else { ROWS(2, 0) }
+    } else {
+        if (P == 1) { ROWS(1, 1) } else { ROWS(2, 1) }
+    }
+#undef ROWS
+#undef TILE
+}
+
 /* y [m, n] float32 (row stride ldy) = x [m, k] @ W^T, n a multiple of 32, activations in P = 1
  * or 2 int8 passes. Returns -1 on sizes outside that contract, -2 when the activations' scratch
  * cannot be allocated. */
 int q4_gemm(const uint8_t *W, const uint16_t *S, const uint16_t *Z, int n, int k,
             const void *x, int bf16, int m, float *y, int ldy, int P, int bits) {
-    int G = k / 32, NT = n / 32, MB = (m + MT - 1) / MT;
+    int G = k / 32, NT = n / 32;
     size_t gb = bits == 8 ? 512 : 256;  /* bytes of codes per block of 16 columns and group */
     if ((P != 1 && P != 2) || (bits != 4 && bits != 8) || m < 1 || n < 32 || n % 32 || k < 32 || k % 32 || ldy < n)
         return -1;
@@ -252,26 +275,10 @@ int q4_gemm(const uint8_t *W, const uint16_t *S, const uint16_t *Z, int n, int k
     quantize_rows(x, bf16, m, k, P, q, d, sx);
     #pragma omp parallel for schedule(static)
     for (int t = 0; t < NT; t++) {
-        size_t b0 = (size_t)(2 * t) * G, b1 = b0 + G;
-        for (int mb = 0; mb < MB; mb++) {
-            int r0 = mb * MT, rows = m - r0 < MT ? m - r0 : MT;
-#define TILE(R, PP, B8) tile(R, PP, B8, W + b0 * gb, W + b1 * gb, S + b0 * 16, S + b1 * 16, Z + b0 * 16, Z + b1 * 16, \
-                             G, q + (size_t)r0 * PP * k, d + (size_t)r0 * PP * G, sx + (size_t)r0 * G, k,         \
-                             y + (size_t)r0 * ldy + 32 * t, ldy)
-#define ROWS(PP, B8) switch (rows) {  /* a row count known at compile time: the tile's registers unrolled */ \
-                case 4: TILE(4, PP, B8); break;                                                              \
-                case 3: TILE(3, PP, B8); break;                                                              \
-                case 2: TILE(2, PP, B8); break;                                                              \
-                default: TILE(1, PP, B8); break;                                                             \
-            }
-            if (bits == 4) {
-                if (P == 1) { ROWS(1, 0) } else { ROWS(2, 0) }
-            } else {
-                if (P == 1) { ROWS(1, 1) } else { ROWS(2, 1) }
-            }
-#undef ROWS
-#undef TILE
-        }
+        size_t b0 = (size_t)(2 * t) * G;
+        for (int r0 = 0; r0 < m; r0 += MT)
+            tile_rows(m - r0 < MT ? m - r0 : MT, P, bits, W + b0 * gb, W + (b0 + G) * gb, S + b0 * 16,
+                      S + (b0 + G) * 16, Z + b0 * 16, Z + (b0 + G) * 16, G, q, d, sx, k, r0, y + 32 * t, ldy);
     }
     free(q);
     return 0;
@@ -303,26 +310,11 @@ int q4_gemm_experts(const uint8_t *W, const uint16_t *S, const uint16_t *Z, int 
     #pragma omp parallel for schedule(dynamic, 1)
     for (int item = 0; item < runs * NT; item++) {
         int r = item / NT, t = item % NT;
-        size_t b0 = ((size_t)ex[r] * stride / 16 + 2 * (size_t)t) * G, b1 = b0 + G;
-        for (int r0 = rs[r]; r0 < rs[r + 1]; r0 += MT) {
-            int rows = rs[r + 1] - r0 < MT ? rs[r + 1] - r0 : MT;
-#define TILE(R, PP, B8) tile(R, PP, B8, W + b0 * gb, W + b1 * gb, S + b0 * 16, S + b1 * 16, Z + b0 * 16, Z + b1 * 16, \
-                             G, q + (size_t)r0 * PP * k, d + (size_t)r0 * PP * G, sx + (size_t)r0 * G, k,         \
-                             y + (size_t)r0 * ldy + 32 * t, ldy)
-#define ROWS(PP, B8) switch (rows) {                                                                         \
-                case 4: TILE(4, PP, B8); break;                                                              \
-                case 3: TILE(3, PP, B8); break;                                                              \
-                case 2: TILE(2, PP, B8); break;                                                              \
-                default: TILE(1, PP, B8); break;                                                             \
-            }
-            if (bits == 4) {
-                if (P == 1) { ROWS(1, 0) } else { ROWS(2, 0) }
-            } else {
-                if (P == 1) { ROWS(1, 1) } else { ROWS(2, 1) }
-            }
-#undef ROWS
-#undef TILE
-        }
+        size_t b0 = ((size_t)ex[r] * stride / 16 + 2 * (size_t)t) * G;
+        for (int r0 = rs[r]; r0 < rs[r + 1]; r0 += MT)
+            tile_rows(rs[r + 1] - r0 < MT ? rs[r + 1] - r0 : MT, P, bits, W + b0 * gb, W + (b0 + G) * gb,
+                      S + b0 * 16, S + (b0 + G) * 16, Z + b0 * 16, Z + (b0 + G) * 16, G, q, d, sx, k, r0,
+                      y + 32 * t, ldy);
     }
     free(q);
     return 0;

@@ -19,7 +19,7 @@ import torch
 from ...errors import UnsupportedError
 from ...quant.types import GGMLType, quant_info
 from ..cbuild import build
-from .matmul import rows_call
+from .matmul import into, rows_call
 
 SOURCE = Path(__file__).parent / "q4_vnni.c"
 REVISION_SOURCES = (SOURCE,)  # the contract's revision hash covers the C file
@@ -275,13 +275,7 @@ def vnni2_experts_mm(x: torch.Tensor, ids: torch.Tensor, w, n: int, k: int, qtyp
     VNNI form of every expert (`vnni_experts`; raw bytes are packed per call), activations in two
     int8 passes, the slots grouped by expert in one call (cpu_vnni2_moe)."""
     mm = vnni_experts(w, n, k, qtype, n_expert)
-    y = mm.run_experts(x, ids, n, n_expert, passes=2)
-    if out is None:
-        return y
-    if out.shape != y.shape or out.dtype != y.dtype:
-        raise UnsupportedError(f"vnni2_experts_mm: out must be {tuple(y.shape)} {y.dtype}, got {tuple(out.shape)} "
-                               f"{out.dtype}")
-    return out.copy_(y)
+    return into("vnni2_experts_mm", mm.run_experts(x, ids, n, n_expert, passes=2), out)
 
 
 def attention_fits(n_head: int, n_kv: int, head_dim: int) -> bool:

@@ -161,12 +161,8 @@ def repack_experts(w: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str,
     return repack_gemv(w.reshape(n_expert * n, -1), n_expert * n, k, t, act_q8=0)
 
 
-def moe_gemv(x: torch.Tensor, ids: torch.Tensor, w: GemvPacked | torch.Tensor, n: int, k: int,
-             qtype: GGMLType | int | str, n_expert: int, out: torch.Tensor | None = None) -> torch.Tensor:
-    """out f32 [T, k_used, n]: slot (t, j) = x[t] (x [T, k]) or x[t, j] (x [T, k_used, k]) @ the
-    expert ids[t, j]'s [n, k] matrix of `w` (`repack_experts`; raw bytes are repacked per call).
-    Ids outside 0..n_expert-1 read out of bounds: the router makes them (moe_route_rows)."""
-    what = "moe_gemv"
+def _packed_call(what: str, x, ids, w, n: int, k: int, qtype, n_expert: int, out):
+    """(packed w, its type, (T, k used, XDIV), out) of an expert call on a GEMV layout, all checked."""
     t_type = gemv_type(what, qtype)
     w = repack_experts(w, n, k, t_type, n_expert)
     if w.n != n_expert * n or w.k != k:
@@ -174,7 +170,16 @@ def moe_gemv(x: torch.Tensor, ids: torch.Tensor, w: GemvPacked | torch.Tensor, n
                                f"[{n_expert * n}, {k}]")
     t, used, xdiv = _check_moe_call(what, x, ids, n, k, n_expert)
     device = check_device(what, x=x, ids=ids, qs=w.qs, out=out)
-    out = make_out(what, out, (t, used, n), torch.float32, device)
+    return w, t_type, (t, used, xdiv), make_out(what, out, (t, used, n), torch.float32, device)
+
+
+def moe_gemv(x: torch.Tensor, ids: torch.Tensor, w: GemvPacked | torch.Tensor, n: int, k: int,
+             qtype: GGMLType | int | str, n_expert: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """out f32 [T, k_used, n]: slot (t, j) = x[t] (x [T, k]) or x[t, j] (x [T, k_used, k]) @ the
+    expert ids[t, j]'s [n, k] matrix of `w` (`repack_experts`; raw bytes are repacked per call).
+    Ids outside 0..n_expert-1 read out of bounds: the router makes them (moe_route_rows)."""
+    what = "moe_gemv"
+    w, t_type, (t, used, xdiv), out = _packed_call(what, x, ids, w, n, k, qtype, n_expert, out)
     if t:
         cfg = gemv_default_config(n, k, t_type, act_q8=0)
         launch_packed(what, x, w, out, cfg, moe=(ids, t * used, xdiv, n))
@@ -225,14 +230,7 @@ def moe_mmq(x: torch.Tensor, ids: torch.Tensor, w: GemvPacked | torch.Tensor, n:
     weights are read once per block of rows, not once per slot. `config` pins the tile (keys of
     mmq's configs); else `moe_config`."""
     what = "moe_mmq"
-    t_type = gemv_type(what, qtype)
-    w = repack_experts(w, n, k, t_type, n_expert)
-    if w.n != n_expert * n or w.k != k:
-        raise UnsupportedError(f"{what}: w holds [{w.n}, {w.k}], {n_expert} experts of [{n}, {k}] need "
-                               f"[{n_expert * n}, {k}]")
-    t, used, xdiv = _check_moe_call(what, x, ids, n, k, n_expert)
-    device = check_device(what, x=x, ids=ids, qs=w.qs, out=out)
-    out = make_out(what, out, (t, used, n), torch.float32, device)
+    w, _, (t, used, xdiv), out = _packed_call(what, x, ids, w, n, k, qtype, n_expert, out)
     if t:
         cfg = dict(config) if config is not None else moe_config(t * used, n_expert, n)
         table = moe_align(ids, n_expert, cfg["BLOCK_M"])
