@@ -100,6 +100,10 @@ def test_graphs_route_through_the_moe_ops(tiny_gguf):
     with GGUFReader(tiny_gguf("tiny-mixtral")) as r:
         with pytest.raises(ParallelError, match="mixture-of-experts"):
             registry.check_split(r, 2)
+    from minfer.inspect import inspect_file
+
+    assert "experts        8 (3 used a token, 128 wide)" in inspect_file(tiny_gguf("tiny-qwen3moe"))
+    assert "experts" not in inspect_file(tiny_gguf("tiny-llama"))
 
 
 @pytest.mark.parametrize("preset,kv_type", [("qwen3-30b-a3b", GGMLType.Q4_K), ("mixtral-8x7b", GGMLType.Q8_0)])
