@@ -103,7 +103,7 @@ class Cases:
 
     def all(self) -> list[Case]:
         return (self.elementwise() + self.dequant() + self.embed() + self.quantize() + self.qmatmul() + self.planes()
-                + self.fused() + self.lut4())
+                + self.fused() + self.lut4() + self.moe())
 
     def lut4(self) -> list[Case]:
         """The lookup types' decode GEMV (lut4_gemv: IQ4_NL, IQ4_XS, MXFP4, their default config: int8 x
@@ -155,6 +155,53 @@ class Cases:
                 cases.append(Case(f"mmq_lut4[{info.name}]", f"{m}x{n}x{k} {model}",
                                   lambda i=info, m=m, n=n, k=k: matmul(i, m, n, k),
                                   info.nbytes(n * k) + 4 * m * (n + k), 2 * m * n * k))
+        return cases
+
+    def moe(self) -> list[Case]:
+        """The mixture-of-experts kernels (moe.py) at Qwen3-30B-A3B's shapes (128 experts of 768, 8
+        used, d 2048; Q4_K gate / up, Q6_K down as its Q4_K_M file's more-bits layers): the router,
+        the expert GEMV of one decode row (8 slots), the grouped MMQ of a decode batch of 16 and a
+        512-token prompt, the weighted sum. Bytes: the chosen experts' (distinct ids) + x + out."""
+        from minfer.kernels.triton import moe
+        from minfer.quant.types import QUANT_TABLE, by_name
+
+        torch = self.torch
+        e, used, d, ff = (8, 2, 256, 256) if self.small else (128, 8, 2048, 768)
+        model = "tiny" if self.small else "Qwen3-30B-A3B"
+
+        def ids_of(rows):
+            return torch.stack([torch.randperm(e, device=self.device)[:used] for _ in range(rows)]).int()
+
+        def route(rows):
+            logits, bias = self.randn(rows, e), torch.zeros(e, device=self.device)
+            return lambda: moe.moe_route_rows(logits, bias, used, "softmax", True, 1.0)
+
+        def experts(kernel, info, rows, n, k, per_slot):
+            w = moe.repack_experts(self.quant_bytes(info, e * n * k // info.block_elems), n, k, info.type, e)
+            x = self.randn(rows, used, k) if per_slot else self.randn(rows, k)
+            ids, out = ids_of(rows), torch.empty(rows, used, n, device=self.device)
+            return lambda: kernel(x, ids, w, n, k, info.type, e, out=out)
+
+        def weighted_sum(rows):
+            y, w, out = self.randn(rows, used, d), self.randn(rows, used), torch.empty(rows, d, device=self.device)
+            return lambda: moe.moe_sum_rows(y, w, out=out)
+
+        cases = []
+        for rows in (1, 16, 512):
+            cases.append(Case("moe_route_rows", f"{rows}x{e} k{used} {model}", lambda r=rows: route(r),
+                              rows * e * 4 + rows * used * 8))
+            cases.append(Case("moe_sum_rows", f"{rows}x{used}x{d} {model}", lambda r=rows: weighted_sum(r),
+                              rows * used * d * 4 + rows * d * 4))
+        for name, n, k, per_slot in (("Q4_K", ff, d, False), ("Q6_K", d, ff, True)):
+            info = QUANT_TABLE[by_name(name).type]
+            role = "down" if per_slot else "gate"
+            for rows, kernel in ((1, moe.moe_gemv), (16, moe.moe_gemv), (16, moe.moe_mmq), (512, moe.moe_mmq)):
+                io = rows * k * 4 + rows * used * n * 4
+                # the chosen experts' bytes: every expert a batch or a prompt touches (~all at 512 rows)
+                touched = min(e, rows * used)
+                cases.append(Case(f"{kernel.__name__}[{name}]", f"{rows}x{used} {n}x{k} {model} {role}",
+                                  lambda kn=kernel, i=info, r=rows, n=n, k=k, p=per_slot: experts(kn, i, r, n, k, p),
+                                  touched * info.nbytes(n * k) + io, 2 * rows * used * n * k))
         return cases
 
     def fused(self) -> list[Case]:

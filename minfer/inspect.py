@@ -41,6 +41,9 @@ def summarize(r: GGUFReader) -> dict[str, Any]:
         "n_ff": a("feed_forward_length"),
         "n_head": a("attention.head_count"),
         "n_head_kv": a("attention.head_count_kv"),
+        "n_expert": a("expert_count"),  # a mixture of experts (None: a dense FFN)
+        "n_expert_used": a("expert_used_count"),
+        "n_ff_expert": a("expert_feed_forward_length"),
         "context_length": a("context_length"),
         "rope_freq_base": a("rope.freq_base"),
         "n_params": sum(t.n_elems for t in r.tensors.values()),
@@ -85,6 +88,8 @@ def render_text(s: dict[str, Any], tensors: list[dict[str, Any]] | None) -> str:
                              f"none: not a supported architecture ({', '.join(SUPPORT)})"),
         f"layers         {s['n_layers']}   d_model {s['n_embd']}   d_ff {s['n_ff']}   "
         f"heads {s['n_head']} (kv {s['n_head_kv']})",
+        *([f"experts        {s['n_expert']} ({s['n_expert_used']} used a token"
+            + (f", {s['n_ff_expert']} wide)" if s["n_ff_expert"] else ")")] if s["n_expert"] else []),
         f"context        {s['context_length']}   rope base {s['rope_freq_base']}",
         f"parameters     {_fmt_count(s['n_params'])} ({s['n_params']:,})",
         f"tensors        {s['n_tensors']} ({s['tensor_bytes'] / 2**20:.1f} MiB)",

@@ -2,16 +2,18 @@
 """Whole-load mutation fuzzer: hostile GGUF files past the reader (runs in CI through
 tests/gguf/test_fuzz_load.py).
 
-Seeds: two `minfer synth` files with their real data (tiny-llama Q4_0 and tiny-qwen2 Q4_K, small
-vocabularies), mutated by scripts/fuzz_gguf.py's field-aware mutator with the metadata values
-(scalars: the hyperparameters, the tokenizer's counts and strings) drawn most often. Every case is
-taken as far as it goes in-process: the reader, the tokenizer, the graph, the cpu backend's load
-and allocation, the chat template, one prompt and two greedy decode steps. Plus fixed cases: the
-32 KB mutant's block_count = 2,591,894,889 and context_length 2^34 (typed rejections),
-context_length 2^24 (loads; allocations follow the context asked for), and the 2026 GGUF CVE
-classes written into the tiny-llama file's tensor table (`CVE_CASES`: llama.cpp CVE-2026-27940's
-size computations that wrap in 64 bits, Ollama CVE-2026-7482's offset + size past the file's end,
-and a shape the file holds that is not the model's). The mutator draws the same values
+Seeds: three `minfer synth` files with their real data (tiny-llama Q4_0, tiny-qwen2 Q4_K and the
+mixture of experts tiny-qwen3moe Q4_0, small vocabularies), mutated by scripts/fuzz_gguf.py's
+field-aware mutator with the metadata values (scalars: the hyperparameters, the tokenizer's counts
+and strings) drawn most often. Every case is taken as far as it goes in-process: the reader, the
+tokenizer, the graph, the cpu backend's load and allocation, the chat template, one prompt and two
+greedy decode steps. Plus fixed cases: the 32 KB mutant's block_count = 2,591,894,889 and
+context_length 2^34 (typed rejections), context_length 2^24 (loads; allocations follow the context
+asked for), and the 2026 GGUF CVE classes written into the tiny-llama file's tensor table
+(`CVE_CASES`: llama.cpp CVE-2026-27940's size computations that wrap in 64 bits, Ollama
+CVE-2026-7482's offset + size past the file's end, and a shape the file holds that is not the
+model's; `MOE_CASES`, in the tiny-qwen3moe file's: a router or expert tensor whose shape disagrees
+with the expert metadata, an expert tensor past the end). The mutator draws the same values
 (fuzz_gguf.CVE_VALUES). `--device vulkan` loads every case on the vulkan backend (lavapipe in
 CI) and counts its dispatches: its shaders run without bounds checks, so a load-time rejection
 (GGUFError, MetadataError, ModelError) after any dispatch is a failure.
@@ -139,12 +141,24 @@ CVE_CASES = [
 ]
 
 
-def cve_cases(workdir: Path, seed, st: Stats) -> list[str]:
-    """The 2026 CVE classes, each written into a header field of the seed: the outcome each must
-    have, within 1 s, and (vulkan) before any dispatch."""
+# the same, written into the mixture-of-experts seed (tiny-qwen3moe): a router or expert tensor whose shape
+# disagrees with the metadata, an expert tensor past the file's end
+MOE_CASES = [
+    ("a router of fewer experts than expert_count", "blk.0.ffn_gate_inp.weight.ne[1]", lambda old: old // 2,
+     "rejected: MetadataError"),
+    ("an expert tensor of other experts than layer 0's", "blk.1.ffn_up_exps.weight.ne[2]", lambda old: old // 2,
+     "rejected: ModelError"),
+    ("an expert tensor past the file's end", "blk.1.ffn_down_exps.weight.ne[2]", lambda old: old << 20,
+     "rejected: GGUFError"),
+]
+
+
+def cve_cases(workdir: Path, seed, st: Stats, cases=CVE_CASES) -> list[str]:
+    """The 2026 CVE classes (or `cases`), each written into a header field of the seed: the outcome
+    each must have, within 1 s, and (vulkan) before any dispatch."""
     failures = []
     fields = {f.label: f for f in seed.fields}
-    for what, label, value, want in CVE_CASES:
+    for what, label, value, want in cases:
         f = fields[label]
         m = fz.Mutant(bytearray(seed.header), seed.size)
         width = f.end - f.start
@@ -215,15 +229,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         llama = synth("tiny-llama", "q4_0", workdir / "llama.gguf", vocab=300, progress=False)
         qwen2 = synth("tiny-qwen2", "q4_k", workdir / "qwen2.gguf", vocab=300, progress=False)
+        moe = synth("tiny-qwen3moe", "q4_0", workdir / "qwen3moe.gguf", vocab=300, progress=False)
         seeds = [fz._seed_from("tiny-llama", llama, None, 0.5, keep_data=True),
-                 fz._seed_from("tiny-qwen2", qwen2, None, 0.5, keep_data=True)]
+                 fz._seed_from("tiny-qwen2", qwen2, None, 0.5, keep_data=True),
+                 fz._seed_from("tiny-qwen3moe", moe, None, 0.5, keep_data=True)]
         run_case(llama, "warm-up", Stats())  # imports and first compilations outside the cap and the clock
         soft, hard = resource.getrlimit(resource.RLIMIT_AS)
         vm = int(Path("/proc/self/statm").read_text().split()[0]) * resource.getpagesize()
         cap = vm + AS_HEADROOM
         resource.setrlimit(resource.RLIMIT_AS, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard))
         st = Stats()
-        failed_fixed = fixed_cases(workdir, llama, st) + cve_cases(workdir, seeds[0], st)
+        failed_fixed = (fixed_cases(workdir, llama, st) + cve_cases(workdir, seeds[0], st)
+                        + cve_cases(workdir, seeds[2], st, MOE_CASES))
         path = workdir / "mutant.gguf"
         t0 = time.perf_counter()
         for i in [args.only] if args.only is not None else range(args.cases):

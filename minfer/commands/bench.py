@@ -76,7 +76,8 @@ def copy_bandwidth(device: str, backend=None) -> float:
 
 def decode_bytes(model) -> int:
     """Weight bytes one decode row reads: each matmul weight once, in its stored size (on cpu: in
-    the packed form the backend multiplies by, `decode_weight_bytes`), plus one embedding row
+    the packed form the backend multiplies by, `decode_weight_bytes`; an expert tensor: the k of its
+    E experts a row runs, the roofline of a mixture of experts), plus one embedding row
     (norm weights and biases are negligible). Split over ranks (--tp): what one rank reads, its
     part of each tensor (GB/s and % copy bandwidth are then per GPU)."""
     from ..graph.ir import Op
@@ -95,6 +96,9 @@ def decode_bytes(model) -> int:
                 if node.op == Op.MATMUL and role == "w":
                     seen.add(t.name)
                     total += info.nbytes
+                elif node.op == Op.MOE_MATMUL and role == "w":  # the k experts a row runs, of E
+                    seen.add(t.name)
+                    total += info.nbytes * node.shape[1] // node.params["n_expert"]
                 elif node.op == Op.GET_ROWS:
                     total += info.nbytes // info.torch_shape[0]
     return total

@@ -240,7 +240,7 @@ def launch(k: BoundKernel, p: Prepared, device) -> tuple[torch.Tensor, torch.Ten
         if k.takes_out:
             buf, out = guarded(p.out_shape, torch_dtype(p.out_dtype), torch_device(device))
         result = k(**args, **p.params, out=out) if out is not None else k(**args, **p.params)
-        result = result if isinstance(result, torch.Tensor) else out
+        result = result if isinstance(result, (torch.Tensor, tuple)) else out  # (a tuple: several outputs)
     problems = side_effects(k, p, args, before, target)
     if buf is not None and (damage := _guard_damage(buf)):
         problems.insert(0, f"wrote {damage} bytes outside its output (the guard regions around it)")
@@ -285,6 +285,24 @@ def compare(
     return rel, abs_err, " ".join(tol), "; ".join(why)
 
 
+def compare_outputs(k: BoundKernel, got: tuple, ref: tuple, out_dtype: str,
+                    out: torch.Tensor | None) -> tuple[float, float, str, str]:
+    """compare() for an op of several outputs (MoERoute: weights, then ids): the first within the
+    contract's tolerance (in `out` when one was passed), every integer one equal to the reference."""
+    if not isinstance(ref, tuple) or len(got) != len(ref):
+        return math.nan, math.nan, "", f"{len(got)} outputs, the op has {len(ref) if isinstance(ref, tuple) else 1}"
+    if out is not None and got[0].data_ptr() != out.data_ptr():
+        return math.nan, math.nan, "", "the launcher ignored out= (its first result is another tensor)"
+    if got[0].dtype != torch_dtype(out_dtype):
+        return math.nan, math.nan, "", f"output dtype {got[0].dtype} != the contract's {out_dtype}"
+    rel, abs_err, tol, why = compare(k, got[0], ref[0], out_dtype)
+    for j, (g, r) in enumerate(zip(got[1:], ref[1:], strict=True), 1):
+        if g.dtype != r.dtype or tuple(g.shape) != tuple(r.shape) or not torch.equal(g.cpu(), r.cpu()):
+            why = "; ".join(filter(None, [why, f"output {j} ({g.dtype} {tuple(g.shape)}) differs from the reference's "
+                                               f"({r.dtype} {tuple(r.shape)}), which it must equal"]))
+    return rel, abs_err, tol, why
+
+
 def run_case(k: BoundKernel, case: Case, gen, device: str) -> CaseResult | None:
     """Build, launch, compare one case (twice for bit-stable kernels); None if not admitted."""
     p = prepare(k, case, gen)
@@ -297,6 +315,8 @@ def run_case(k: BoundKernel, case: Case, gen, device: str) -> CaseResult | None:
         got, out, problems = launch(k, p, device)
         if problems:
             res.message = "; ".join(problems)
+        elif isinstance(got, tuple):
+            res.rel_err, res.abs_err, res.tolerance, res.message = compare_outputs(k, got, ref, p.out_dtype, out)
         elif out is not None and got.data_ptr() != out.data_ptr():
             res.message = "the launcher ignored out= (its result is another tensor)"
         elif got.dtype != torch_dtype(p.out_dtype):
@@ -306,7 +326,8 @@ def run_case(k: BoundKernel, case: Case, gen, device: str) -> CaseResult | None:
         rerun = device != "cpu" or case.setting.size == "odd"
         if rerun and not res.message and k.contract.determinism in ("bitwise", "same_hardware_bitwise"):
             again, _, _ = launch(k, p, device)
-            res.bit_stable = torch.equal(got.view(torch.uint8), again.view(torch.uint8))
+            pairs = zip(got, again, strict=True) if isinstance(got, tuple) else [(got, again)]
+            res.bit_stable = all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in pairs)
             if not res.bit_stable:
                 res.message = f"declared {k.contract.determinism} but two runs differ"
     except Exception as e:  # noqa: BLE001 - any exception from a launch is a failed case, not a crash

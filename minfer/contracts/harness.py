@@ -44,7 +44,10 @@ MODELS = {
     "SmolLM2-135M": ModelDims(576, 1536, 49152),
     "Qwen2.5-0.5B": ModelDims(896, 4864, 151936),
     "Qwen2.5-7B": ModelDims(3584, 18944, 152064),
+    # a mixture of experts (the MoE ops' model sizes: 128 experts of 768, 8 used; ffn: its dense width 6144)
+    "Qwen3-30B-A3B": ModelDims(2048, 6144, 151936),
 }
+MOE_MODELS = {"Qwen3-30B-A3B": (128, 8, 768)}  # (experts, used, expert width)
 
 
 @dataclass(frozen=True)
@@ -331,7 +334,8 @@ _PAIR_NK = {"tiny": [(32, 32)], "odd": [(96, 96)], "boundary": [(64, _PAST_1024)
 _QKV = {"tiny": [(32, 32, 3, 8, 8, False)], "odd": [(96, 96, 5, 16, 12, True)],
         "boundary": [(64, _PAST_1024, 1, 32, 32, True)]}
 # a model's (q heads, kv heads, head_dim)
-QKV_HEADS = {"SmolLM2-135M": (9, 3, 64), "Qwen2.5-0.5B": (14, 2, 64), "Qwen2.5-7B": (28, 4, 128)}
+QKV_HEADS = {"SmolLM2-135M": (9, 3, 64), "Qwen2.5-0.5B": (14, 2, 64), "Qwen2.5-7B": (28, 4, 128),
+             "Qwen3-30B-A3B": (32, 4, 128)}
 
 
 def _k_scaled(k: int, q: QuantInfo | None) -> int:
@@ -711,6 +715,133 @@ def _attn_reads(i: Mapping[str, torch.Tensor], p: Mapping[str, Any]) -> int:
     return qkv + int((i["positions"].long() + 1).sum()) * per_pos
 
 
+# ---- mixture of experts -------------------------------------------------------------------------
+
+# (rows, experts, used, gating, norm, scale): every gating function, a bias on all but tiny, llama.cpp's
+# largest expert count
+_ROUTE = {"tiny": [(1, 8, 2, "softmax", True, 1.0)], "odd": [(3, 37, 5, "sigmoid", False, 2.5)],
+          "boundary": [(5, 128, 8, "softmax_weight", True, 1.0), (2, 1024, 8, "softmax", True, 0.5)]}
+
+
+def _route_settings(size: str, q) -> list[Setting]:
+    return [Setting(size, {"logits": (t, e), "bias": (e,)}, {"n_used": k, "gating": g, "norm": nm, "scale": sc})
+            for t, e, k, g, nm, sc in _ROUTE[size]]
+
+
+def _build_route(s: Setting, dtypes: dict[str, str], out_dtype: str | None, gen) -> tuple[dict, dict]:
+    t, e = s.shapes["logits"]
+    logits = torch.randn(t, e, generator=gen, device=gen.device) * 3
+    bias = torch.randn(e, generator=gen, device=gen.device) * 0.3 if s.size != "tiny" else \
+        torch.zeros(e, device=gen.device)
+    return {"logits": logits, "bias": bias}, dict(s.params)
+
+
+def _ref_route(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[str, str]) -> tuple:
+    """(weights, ids) in float64: graph/ir.py's MoERoute written out (stable order: lower index first)."""
+    x = i["logits"].double()
+    probs = {"softmax": lambda: torch.softmax(x, -1), "sigmoid": lambda: torch.sigmoid(x)}.get(p["gating"], lambda: x)()
+    ids = torch.argsort(probs + i["bias"].double(), dim=-1, descending=True, stable=True)[:, :p["n_used"]]
+    w = probs.gather(-1, ids)
+    if p["gating"] == "softmax_weight":
+        w = torch.softmax(w, -1)
+    if p["norm"]:
+        w = w / w.sum(-1, keepdim=True).clamp(min=6.103515625e-5)
+    return w * p["scale"], ids.to(torch.int32)
+
+
+# (tokens, used, experts, n, k, x per slot): x [T, k] feeds every chosen expert (gate, up), x [T, used, k] one each
+# (small: under the Triton interpreter a program costs per step, and one launch runs tokens x used of them)
+_MOE_MM = {"tiny": [(1, 1, 2, 8, 32, False)], "odd": [(2, 3, 5, 7, 96, True)],
+           "boundary": [(2, 2, 3, 33, 32, False)]}
+
+
+# The expert kernels run the GEMV's and the MMQ's arithmetic per type (each type's own contracts test it at
+# every size); what is theirs (slots, expert ids, x rows, the row offset every plane of a layout takes) does
+# not depend on the type, and a case costs ~1 s per launch under the Triton interpreter: the tiny case runs a
+# type of each other layout family (nibbles, planes in 16-value halves, byte codes), the odd and boundary
+# ones the affine nibbles (Q4_K: the 30B-A3B's experts) and the float experts (F16)
+_MOE_MM_TINY = (GGMLType.Q4_0, GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.F16)
+_MOE_MM_ALL = (GGMLType.Q4_K, GGMLType.F16)
+
+
+def _moe_mm_settings(size: str, q) -> list[Setting]:
+    if q is not None and q.type not in (_MOE_MM_TINY if size == "tiny" else _MOE_MM_ALL):
+        return []
+    out = []
+    for t, used, e, n, k, per_slot in _MOE_MM[size]:
+        kk = _k_scaled(k, q)
+        out.append(Setting(size, {"x": (t, used, kk) if per_slot else (t, kk), "ids": (t, used), "w": (e * n, kk)},
+                           {"n": n, "k": kk, "n_expert": e}))
+    return out
+
+
+def _build_moe_mm(s: Setting, dtypes: dict[str, str], out_dtype: str | None, gen) -> tuple[dict, dict]:
+    info = by_name(dtypes["w"])
+    e, (t, used) = s.params["n_expert"], s.shapes["ids"]
+    ids = torch.randint(0, e, (t, used), generator=gen, dtype=torch.int32, device=gen.device)
+    ids.view(-1)[0], ids.view(-1)[-1] = e - 1, 0  # both ends of the expert tensor, every time
+    inputs = {"x": _randn(s.shapes["x"], dtypes["x"], gen), "ids": ids,
+              "w": random_blocks(info, *s.shapes["w"], gen)}
+    return inputs, {**s.params, "qtype": info.type}
+
+
+def _ref_moe_mm(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[str, str]) -> torch.Tensor:
+    e, n, k = p["n_expert"], p["n"], p["k"]
+    dense = _decode(i["w"], d["w"], k).view(e, n, k)
+    ids = i["ids"].long()
+    x = i["x"].double()
+    x = x if x.dim() == 3 else x.unsqueeze(1).expand(-1, ids.shape[1], -1)
+    return torch.einsum("tjk,tjnk->tjn", x, dense[ids])
+
+
+def _moe_mm_reads(i: Mapping[str, torch.Tensor], p: Mapping[str, Any]) -> int:
+    """x, the ids and the chosen experts' bytes, each expert once."""
+    per_expert = i["w"].numel() * i["w"].element_size() // p["n_expert"]
+    return sum(i[n].numel() * i[n].element_size() for n in ("x", "ids")) + \
+        int(torch.unique(i["ids"]).numel()) * per_expert
+
+
+_MOE_SUM = {"tiny": [(1, 2, 5)], "odd": [(3, 3, 37)], "boundary": [(5, 8, 257)]}
+
+
+def _moe_sum_settings(size: str, q) -> list[Setting]:
+    return [Setting(size, {"y": (t, k, n), "weights": (t, k)}) for t, k, n in _MOE_SUM[size]]
+
+
+def _ref_moe_sum(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[str, str]) -> torch.Tensor:
+    return (i["y"].double() * i["weights"].double().unsqueeze(-1)).sum(1)
+
+
+def _route_model(name: str, m: ModelDims, q) -> list[Setting]:
+    """A mixture of experts' router: a decode row, a decode batch of 16, a 512-token prompt."""
+    if name not in MOE_MODELS:
+        return []
+    e, used, _ = MOE_MODELS[name]
+    return [Setting(name, {"logits": (t, e), "bias": (e,)}, {"n_used": used, "gating": "softmax", "norm": True,
+                                                           "scale": 1.0}) for t in (1, 16, PREFILL_TOKENS)]
+
+
+def _moe_mm_model(name: str, m: ModelDims, q) -> list[Setting]:
+    """The expert matmuls of a mixture of experts: gate / up (x [T, d]) and down (x [T, used, ff]) at a
+    decode row, a decode batch of 16 and a 512-token prompt."""
+    if name not in MOE_MODELS or (q is not None and (m.d % q.block_elems or MOE_MODELS[name][2] % q.block_elems)):
+        return []
+    e, used, ff = MOE_MODELS[name]
+    out = []
+    for t in (1, 16, PREFILL_TOKENS):
+        out.append(Setting(name, {"x": (t, m.d), "ids": (t, used), "w": (e * ff, m.d)},
+                           {"n": ff, "k": m.d, "n_expert": e}))
+        out.append(Setting(name, {"x": (t, used, ff), "ids": (t, used), "w": (e * m.d, ff)},
+                           {"n": m.d, "k": ff, "n_expert": e}))
+    return out
+
+
+def _moe_sum_model(name: str, m: ModelDims, q) -> list[Setting]:
+    if name not in MOE_MODELS:
+        return []
+    used = MOE_MODELS[name][1]
+    return [Setting(name, {"y": (t, used, m.d), "weights": (t, used)}) for t in (1, 16, PREFILL_TOKENS)]
+
 # (rows, q heads, k heads, head_dim, n_rot, neox): gemma3's head of 256, qwen3's of 128, a partial rotation
 _NORM_ROPE = {"tiny": [(1, 1, 1, 8, 8, True)], "odd": [(3, 3, 1, 24, 16, False)],
               "boundary": [(5, 4, 1, 256, 256, True), (2, 8, 2, 128, 96, True)]}
@@ -791,4 +922,7 @@ HARNESS: dict[str, OpHarness] = {
     "Sample": OpHarness(_sample_settings, _sample_model, _build_sample, _ref_sample),
     "Argmax": OpHarness(_argmax_settings, _argmax_model, _build_argmax,
                         lambda i, p, d: i["x"].double().argmax(-1).double()),
+    "MoERoute": OpHarness(_route_settings, _route_model, _build_route, _ref_route),
+    "MoEMatMul": OpHarness(_moe_mm_settings, _moe_mm_model, _build_moe_mm, _ref_moe_mm, _moe_mm_reads),
+    "MoESum": OpHarness(_moe_sum_settings, _moe_sum_model, _build_floats, _ref_moe_sum),
 }

@@ -89,6 +89,11 @@ def _attention(s: Shapes, p: Mapping[str, Any]) -> dict[str, int]:
             "head_dim": p["head_dim"], "cache_item": 2, "window": p.get("window") or 0}
 
 
+def _moe_matmul(s: Shapes, p: Mapping[str, Any]) -> dict[str, int]:
+    t, used = s["ids"]
+    return {"m": t, "n_used": used, "slots": t * used, "n": p["n"], "k": p["k"], "n_expert": p["n_expert"]}
+
+
 OPS: dict[str, OpSpec] = {
     o.name: o
     for o in [
@@ -181,6 +186,25 @@ OPS: dict[str, OpSpec] = {
             "its q over positions 0..position of its slot (`spans`: the host's (first row, slot, start, rows) "
             "of each sequence, or None); `window` > 0: only the last `window` positions (sliding-window "
             "layers); `softcap` > 0: scores s become softcap * tanh(s / softcap) before the softmax", _attention,
+        ),
+        OpSpec(
+            "MoERoute", False, ("logits", "bias"), ("n_used", "gating", "norm", "scale"),
+            ("rows", "n_expert", "n_used"),
+            "(weights [rows, n_used] f32, ids [rows, n_used] i32): the n_used experts of largest gating(logits) + "
+            "bias (softmax, sigmoid or the logits themselves; bias zeros for none), largest first; their gating "
+            "values (softmaxed for softmax_weight), divided by their sum when norm, times scale",
+            lambda s, p: {"rows": _rows_of(s["logits"]), "n_expert": s["logits"][-1], "n_used": p["n_used"]},
+        ),
+        OpSpec(
+            "MoEMatMul", False, ("x", "ids", "w"), ("n", "k", "qtype", "n_expert"),
+            ("m", "n_used", "slots", "n", "k", "n_expert"),
+            "out[t, j, :] = x[t] (x [m, k]) or x[t, j] (x [m, n_used, k]) @ dequant(w)[ids[t, j]]^T: w the "
+            "n_expert matrices [n, k] of a 3-D expert tensor (qtype), only the chosen ones read", _moe_matmul,
+        ),
+        OpSpec(
+            "MoESum", False, ("y", "weights"), (), ("rows", "n_used", "n"),
+            "out[t, :] = sum over j = 0..n_used-1, in that order, of weights[t, j] * y[t, j, :]",
+            lambda s, p: {"rows": s["y"][0], "n_used": s["y"][1], "n": s["y"][2]},
         ),
         OpSpec(
             "RowSelect", False, ("x", "rows"), (), ("n_rows", "width"), "out[i, :] = x[rows[i], :]",

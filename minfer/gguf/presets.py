@@ -46,6 +46,14 @@ class Preset:
     tiny: bool = False
     key_length: int = 0  # attention.key_length when it differs from d_model / n_head (qwen3, gemma)
     extra: tuple[tuple[str, object], ...] = ()  # more `{arch}.` keys: windows, soft-caps, rope scaling
+    n_expert: int = 0  # a mixture of experts: expert_count (0: a dense FFN)
+    n_expert_used: int = 0  # expert_used_count
+    d_ff_exp: int = 0  # expert_feed_forward_length (qwen3moe); mixtral's experts are d_ff wide
+
+    @property
+    def expert_ff(self) -> int:
+        """Each expert's FFN width."""
+        return self.d_ff_exp or self.d_ff
 
     @property
     def head_dim(self) -> int:
@@ -105,6 +113,17 @@ PRESETS: dict[str, Preset] = {
         Preset("tiny-phi3", "phi3", 2, 256, 512, 4, 4, 512, False, 1e4, 4096, 1e-5, False, tiny=True,
                extra=(("rope.scaling.original_context_length", 128), ("rope.scaling.attn_factor", 1.25),
                       ("attention.sliding_window", 2047))),
+        # mixtures of experts: Qwen3-30B-A3B (128 experts of 768, 8 used; feed_forward_length 6144 is
+        # the dense width its config also lists) and Mixtral-8x7B (GGUF arch llama, 8 experts of
+        # 14336, 2 used); the tiny ones route over few experts with an odd k (tiny-qwen3moe: 3 of 8)
+        Preset("qwen3-30b-a3b", "qwen3moe", 48, 2048, 6144, 32, 4, 151936, False, 1e6, 40960, 1e-6, False,
+               key_length=128, n_expert=128, n_expert_used=8, d_ff_exp=768),
+        Preset("mixtral-8x7b", "llama", 32, 4096, 14336, 32, 8, 32000, False, 1e6, 32768, 1e-5, False,
+               n_expert=8, n_expert_used=2),
+        Preset("tiny-qwen3moe", "qwen3moe", 2, 256, 512, 4, 2, 512, False, 1e6, 4096, 1e-6, False, tiny=True,
+               key_length=128, n_expert=8, n_expert_used=3, d_ff_exp=128),
+        Preset("tiny-mixtral", "llama", 2, 256, 256, 4, 2, 512, False, 1e6, 4096, 1e-5, False, tiny=True,
+               n_expert=4, n_expert_used=2),
     ]
 }
 

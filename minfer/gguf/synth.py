@@ -84,6 +84,10 @@ def _matrix_type(quant: str, role: str, ne0: int, tied: bool) -> GGMLType:
         t = GGMLType.Q6_K
     elif role == "more_bits":
         t = GGMLType.Q6_K
+    elif role == "kv_8x":
+        t = GGMLType.Q8_0
+    elif role == "attn_output_8x":
+        t = GGMLType.Q5_K
     if ne0 % quant_info(t).block_elems:
         t = _K_FALLBACK[t]
     return t
@@ -99,9 +103,10 @@ def plan_tensors(p: Preset, quant: str) -> list[tuple[str, tuple[int, ...], GGML
     d, q_dim, kv_dim = p.d_model, p.n_head * p.head_dim, p.n_kv_head * p.head_dim
     out = [("token_embd.weight", (d, p.vocab), _matrix_type(quant, "token_embd", d, p.tied), "token_embd")]
 
-    def mat(name: str, ne0: int, ne1: int, more_bits: bool = False) -> None:
-        kind = "more_bits" if more_bits and quant in _MORE_BITS else "matrix"
-        out.append((name, (ne0, ne1), _matrix_type(quant, kind, ne0, p.tied), "matrix"))
+    def mat(name: str, ne0: int, ne1: int, more_bits: bool = False, experts: int = 0, kind: str = "") -> None:
+        kind = kind or ("more_bits" if more_bits and quant in _MORE_BITS else "matrix")
+        shape = (ne0, ne1, experts) if experts else (ne0, ne1)
+        out.append((name, shape, _matrix_type(quant, kind, ne0, p.tied), "matrix"))
 
     def norm(name: str, n: int = d) -> None:
         out.append((name, (n,), GGMLType.F32, "norm"))
@@ -110,6 +115,8 @@ def plan_tensors(p: Preset, quant: str) -> list[tuple[str, tuple[int, ...], GGML
         out.append(("rope_factors_long.weight", (p.head_dim // 2,), GGMLType.F32, "factors_long"))
         out.append(("rope_factors_short.weight", (p.head_dim // 2,), GGMLType.F32, "factors_short"))
     gemma = p.arch in ("gemma2", "gemma3")
+    # llama.cpp's K-quant mixes for 8-expert models (Mixtral): attn_k and attn_v Q8_0, attn_output Q5_K
+    eight_experts = "kv_8x" if p.n_expert == 8 and quant in _K_MIXES else ""
     for i in range(p.n_layers):
         b = f"blk.{i}"
         more = use_more_bits(i, p.n_layers)
@@ -117,22 +124,28 @@ def plan_tensors(p: Preset, quant: str) -> list[tuple[str, tuple[int, ...], GGML
         if p.arch == "phi3":
             mat(f"{b}.attn_qkv.weight", d, q_dim + 2 * kv_dim)
         for proj, dim in (("q", q_dim), ("k", kv_dim), ("v", kv_dim)) if p.arch != "phi3" else ():
-            mat(f"{b}.attn_{proj}.weight", d, dim, more and proj == "v")
+            mat(f"{b}.attn_{proj}.weight", d, dim, more and proj == "v", kind=eight_experts if proj != "q" else "")
             if p.qkv_bias:
                 out.append((f"{b}.attn_{proj}.bias", (dim,), GGMLType.F32, "bias"))
-        if p.arch in ("qwen3", "gemma3"):
+        if p.arch in ("qwen3", "qwen3moe", "gemma3"):
             norm(f"{b}.attn_q_norm.weight", p.head_dim)
             norm(f"{b}.attn_k_norm.weight", p.head_dim)
-        mat(f"{b}.attn_output.weight", q_dim, d)
+        mat(f"{b}.attn_output.weight", q_dim, d, kind="attn_output_8x" if eight_experts else "")
         if gemma:
             norm(f"{b}.post_attention_norm.weight")
         norm(f"{b}.ffn_norm.weight")
-        if p.arch == "phi3":  # gate and up stacked in one matrix
+        if p.n_expert:  # llama.cpp never quantizes the router
+            out.append((f"{b}.ffn_gate_inp.weight", (d, p.n_expert), GGMLType.F32, "matrix"))
+            mat(f"{b}.ffn_gate_exps.weight", d, p.expert_ff, experts=p.n_expert)
+            mat(f"{b}.ffn_down_exps.weight", p.expert_ff, d, more, experts=p.n_expert)
+            mat(f"{b}.ffn_up_exps.weight", d, p.expert_ff, experts=p.n_expert)
+        elif p.arch == "phi3":  # gate and up stacked in one matrix
             mat(f"{b}.ffn_up.weight", d, 2 * p.d_ff)
         else:
             mat(f"{b}.ffn_gate.weight", d, p.d_ff)
             mat(f"{b}.ffn_up.weight", d, p.d_ff)
-        mat(f"{b}.ffn_down.weight", p.d_ff, d, more)
+        if not p.n_expert:
+            mat(f"{b}.ffn_down.weight", p.d_ff, d, more)
         if gemma:
             norm(f"{b}.post_ffw_norm.weight")
     norm("output_norm.weight")
@@ -342,6 +355,11 @@ def model_metadata(p: Preset, quant: str, seed: int) -> dict[str, Value | object
         md[f"{a}.vocab_size"] = p.vocab
     if a in ("llama", "phi3"):
         md[f"{a}.rope.dimension_count"] = p.head_dim
+    if p.n_expert:
+        md[f"{a}.expert_count"] = p.n_expert
+        md[f"{a}.expert_used_count"] = p.n_expert_used
+        if p.d_ff_exp:
+            md[f"{a}.expert_feed_forward_length"] = p.d_ff_exp
     if p.key_length:
         md[f"{a}.attention.key_length"] = p.key_length
         md[f"{a}.attention.value_length"] = p.key_length

@@ -164,6 +164,57 @@ class GraphBuilder:
         return self._add(name, Op.SLICE, (x,), (*self.shape(x)[:-1], stop - start), layer=layer,
                          start=start, stop=stop)
 
+    def pick(self, x: int, index: int, name: str, shape: tuple[Dim, ...], dtype: str = "F32",
+             layer: int | None = None) -> int:
+        """Value `index` of a node that returns several (MoERoute's weights and ids)."""
+        return self._add(name, Op.PICK, (x,), shape, dtype=dtype, layer=layer, index=index)
+
+    # ------------------------------------------------------------------ mixture of experts
+    GATINGS = ("softmax", "sigmoid", "softmax_weight")
+
+    def moe_route(self, logits: int, *, n_used: int, gating: str, norm: bool, scale: float, name: str,
+                  layer: int | None = None, bias: WeightRef | None = None) -> tuple[int, int]:
+        """(weights [T, k], ids [T, k] I32) of the k = n_used experts chosen from router logits
+        [T, E] (graph/ir.py MoERoute: gating, selection bias, normalisation, scale)."""
+        n_exp = self.shape(logits)[-1]
+        self._check(isinstance(n_exp, int) and 1 <= n_used <= n_exp, name,
+                    f"{n_used} experts used of {n_exp}: not in 1..{n_exp}")
+        self._check(gating in self.GATINGS, name, f"unknown gating {gating!r}; one of {', '.join(self.GATINGS)}")
+        self._check(scale > 0 and scale == scale and scale != float("inf"), name, f"weights scale {scale} not > 0")
+        weights = {}
+        if bias is not None:
+            self._check(bias.shape == (n_exp,), name, f"selection bias {bias.shape} != ({n_exp},)")
+            weights["b"] = bias
+        t = self.shape(logits)[0]
+        route = self._add(name, Op.MOE_ROUTE, (logits,), (t, n_used), layer=layer, weights=weights, n_used=n_used,
+                          gating=gating, norm=bool(norm), scale=float(scale))
+        return (self.pick(route, 0, name + "_weights", (t, n_used), "F32", layer),
+                self.pick(route, 1, name + "_ids", (t, n_used), "I32", layer))
+
+    def moe_matmul(self, x: int, ids: int, w: WeightRef, name: str, layer: int | None = None,
+                   bias: WeightRef | None = None) -> int:
+        """out [T, k, N]: each row's chosen experts (ids [T, k]) applied to x [T, K] (every chosen
+        expert of a row reads its row) or x [T, k, K] (slot j feeds expert ids[t, j]); w (K, N, E)."""
+        self._check(len(w.shape) == 3, name, f"expert weight {w.name!r} is not 3-D: {w.shape}")
+        k_in, n, n_exp = w.shape
+        t, used = self.shape(ids)
+        xs = self.shape(x)
+        self._check(xs[-1] == k_in, name, f"input width {xs[-1]} != expert in-dim {k_in}")
+        self._check(len(xs) == 2 or (len(xs) == 3 and xs[1] == used), name,
+                    f"input {xs} is neither [T, {k_in}] nor [T, {used}, {k_in}]")
+        weights = {"w": w}
+        if bias is not None:
+            self._check(bias.shape == (n, n_exp), name, f"expert bias {bias.shape} != ({n}, {n_exp})")
+            weights["b"] = bias
+        return self._add(name, Op.MOE_MATMUL, (x, ids), (t, used, n), layer=layer, weights=weights,
+                         n_expert=n_exp)
+
+    def moe_sum(self, y: int, weights: int, name: str, layer: int | None = None) -> int:
+        """out [T, N] = sum_j weights[t, j] * y[t, j] (in slot order)."""
+        t, used, n = self.shape(y)
+        self._check(self.shape(weights) == (t, used), name, f"weights {self.shape(weights)} != {(t, used)}")
+        return self._add(name, Op.MOE_SUM, (y, weights), (t, n), layer=layer)
+
     # ------------------------------------------------------------------ tensor parallelism
     def all_reduce(self, x: int, name: str, layer: int | None = None) -> int:
         """The sum of x over the ranks (the partial outputs of a row-parallel matmul)."""

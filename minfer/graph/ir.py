@@ -41,7 +41,11 @@ class Op(StrEnum):
     SCALE = "Scale"  # out = x * scale (gemma's embedding scale sqrt(n_embd))
     SOFTCAP = "SoftCap"  # out = cap * tanh(x / cap) (gemma2's final-logit soft-capping)
     SLICE = "Slice"  # out = x[..., start:stop] (a view: splits a fused MatMul's output)
-    PICK = "Pick"  # out = value `index` of a fused node that returns several (params: index)
+    PICK = "Pick"  # out = value `index` of a node that returns several (params: index)
+    # mixture of experts (models/moe.py builds the FFN from these; ids stay on the device)
+    MOE_ROUTE = "MoERoute"  # (weights [T, k] F32, ids [T, k] I32) of router logits [T, E]: gating, top-k (below)
+    MOE_MATMUL = "MoEMatMul"  # out[t, j] = x[t] (or x[t, j]) @ w[ids[t, j]]^T (+ b[ids[t, j]]): chosen experts only
+    MOE_SUM = "MoESum"  # out[t] = sum over j = 0..k-1, in that order, of weights[t, j] * y[t, j]
     # fused ops (graph/fuse.py): one node standing for several, with those nodes as its `parts`
     ADD_RMS_NORM = "AddRMSNorm"  # (h, RMSNorm(h)) with h = a + b: the residual add and the norm after it
     NORM_ADD_RMS_NORM = "NormAddRMSNorm"  # (h, RMSNorm(h)) with h = a + RMSNorm(b): gemma's post-norm too
@@ -82,6 +86,20 @@ FUSED_OPS = frozenset({Op.ADD_RMS_NORM, Op.NORM_ADD_RMS_NORM, Op.MATMUL_SWIGLU, 
 #                           (llama.cpp's LLAMA_SWA_TYPE_STANDARD); absent: every earlier key.
 #           softcap: float  scores s = scale q.k become softcap * tanh(s / softcap) before the softmax.
 # (Attention's `scale` is a base param: 1/sqrt(head_dim) by default, the model's own where it differs.)
+#
+# Mixture of experts (llama.cpp's build_moe_ffn), E experts of which k run per token:
+# MoERoute n_used: int       k
+#          gating: str       "softmax" (probs = softmax(logits)), "sigmoid" (probs = sigmoid(logits)) or
+#                            "softmax_weight" (probs = logits; the k chosen weights softmaxed: gpt-oss)
+#          norm: bool        the k weights divided by their sum (clamped below at 2^-14, as llama.cpp)
+#          scale: float      the weights multiplied by it (1.0: not applied)
+#          weight "b" [E]    optional selection bias (DeepSeek-V3's exp_probs_b): experts are chosen by
+#                            probs + b, weighted by probs. The k chosen are the k largest, largest first,
+#                            the lower expert index first among equal values.
+#          Its value is a tuple: Pick index 0 the weights, 1 the ids.
+# MoEMatMul weight "w" (K, N, E) in GGUF order: E matrices [N, K] (a 3-D ffn_*_exps tensor); optional "b"
+#                            (N, E): each expert's bias (gpt-oss). x [T, K] feeds every chosen expert of its
+#                            row (gate / up), x [T, k, K] feeds slot j to expert ids[t, j] (down).
 
 
 @dataclass(frozen=True)
@@ -129,8 +147,8 @@ class Node:
 
     @property
     def n_values(self) -> int:
-        """How many values the node returns (a fused node with several exports: a tuple)."""
-        return max(1, len(self.exports))
+        """How many values the node returns (a fused node with several exports, or MoERoute: a tuple)."""
+        return 2 if self.op == Op.MOE_ROUTE else max(1, len(self.exports))
 
     def renumbered(self, id: int, inputs: tuple[int, ...]) -> Node:
         """This node with another id and inputs: `dataclasses.replace(node, id=, inputs=)` without

@@ -26,6 +26,7 @@ from ..gguf.reader import GGUFReader
 from ..gguf.shard import BY_ROWS, IN_ROW, TensorSlice
 from ..graph.builder import GraphBuilder
 from ..graph.ir import ROWS, TOKENS, Graph
+from .moe import MoEArgs, build_moe_ffn, check_moe, read_moe
 from .rope_scaling import read_rope_scaling
 
 
@@ -51,10 +52,13 @@ class LlamaArgs:
     rope_attn_factor: float = 1.0  # YaRN's / rope.scaling.attn_factor's magnitude on cos and sin
     rope_yarn: tuple | None = None  # (ext_factor, n_ctx_orig, beta_fast, beta_slow) for YaRN
     qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (qwen3: attn_q_norm, attn_k_norm)
+    moe: MoEArgs | None = None  # the FFN routes tokens to experts (mixtral, qwen3moe: models/moe.py)
 
     @classmethod
-    def from_gguf(cls, r: GGUFReader, **family) -> LlamaArgs:
-        """Fill from `{arch}.*` metadata; shapes of the embedding decide n_vocab."""
+    def from_gguf(cls, r: GGUFReader, moe: dict | None = None, **family) -> LlamaArgs:
+        """Fill from `{arch}.*` metadata; shapes of the embedding decide n_vocab. `moe`: the
+        family's expert defaults (models/moe.py read_moe's keywords, `n_ff` a function of the
+        dense n_ff and the experts used) where its files may route tokens to experts."""
         arch = r.get_str("general.architecture")
         k = f"{arch}."
         n_embd = r.get_int(k + "embedding_length")
@@ -76,11 +80,15 @@ class LlamaArgs:
         scaling = read_rope_scaling(r, k, max(1, min(n_ctx_train, MAX_CONTEXT)), MAX_CONTEXT)
         if scaling.kind == "longrope":
             raise UnsupportedError(f"{arch}: rope scaling longrope is supported for phi3 only")
+        n_ff = r.get_int(k + "feed_forward_length")
+        if moe is not None:
+            expert_ff = moe["n_ff"](n_ff, max(1, r.get_int(k + "expert_used_count", 1)))
+            family["moe"] = read_moe(r, arch, **{**moe, "n_ff": expert_ff})
         return cls(
             arch=arch,
             n_layer=r.get_int(k + "block_count"),
             n_embd=n_embd,
-            n_ff=r.get_int(k + "feed_forward_length"),
+            n_ff=n_ff,
             n_head=n_head,
             n_head_kv=n_head_kv,
             head_dim=head_dim,
@@ -96,6 +104,16 @@ class LlamaArgs:
             tied_output="output.weight" not in r.tensors,
             **family,
         )
+
+
+# Mixtral (llama.cpp: arch `llama` with expert tensors): the experts are feed_forward_length wide,
+# softmax gating, the chosen weights normalised (llama.cpp's llm_build_llama passes norm_w = true)
+MIXTRAL_MOE = {"n_ff": lambda n_ff, n_used: n_ff, "norm": True, "gating": "softmax"}
+
+
+def from_gguf(r: GGUFReader) -> LlamaArgs:
+    """A llama file's Args; one with `llama.expert_count` > 0 is a Mixtral-style mixture of experts."""
+    return LlamaArgs.from_gguf(r, moe=MIXTRAL_MOE)
 
 
 # Bounds on hyperparameters, far past any released model, checked before anything is built or
@@ -137,6 +155,8 @@ def check_args(a: LlamaArgs, r: GGUFReader) -> None:
         if not (math.isfinite(v) and ok):
             raise MetadataError(k + key, f"is not a sane value: {v}")
     check_blocks(k, a.n_layer, a.n_head, a.head_dim, r)
+    if a.moe is not None:
+        check_moe(a.moe, a.arch, a.n_embd, r)
 
 
 def check_blocks(k: str, n_layer: int, n_head: int, head_dim: int, r: GGUFReader) -> None:
@@ -172,6 +192,9 @@ class Partition:
 
 def partition(a: LlamaArgs, rank: int, world: int) -> Partition:
     """The split of `a` for one rank; ParallelError when `world` does not divide the model."""
+    if a.moe is not None and world > 1:
+        raise ParallelError(f"--tp {world}: a mixture-of-experts model ({a.n_layer} layers of {a.moe.n_expert} "
+                            "experts) has no tensor-parallel split yet")
     if not 0 <= rank < world:
         raise ParallelError(f"rank {rank} is outside 0..{world - 1}")
     if a.n_head % world:
@@ -283,6 +306,9 @@ def build_graph(a: LlamaArgs, part: Partition | None = None) -> Graph:
         o = reduced(b.matmul(att, w("attn_output.weight", nq, d), p + "attn_output", i), p + "attn_output", i)
         h = b.add(x, o, p + "attn_residual", i)
         m = b.rms_norm(h, w("ffn_norm.weight", d), a.rms_eps, p + "ffn_norm", i)
+        if a.moe is not None:  # mixtral, qwen3moe: the chosen experts' FFNs (models/moe.py)
+            x = b.add(h, build_moe_ffn(b, m, p, i, a.moe, d), p + "ffn_residual", i)
+            continue
         gate = b.matmul(m, w("ffn_gate.weight", d, n_ff), p + "ffn_gate", i)
         up = b.matmul(m, w("ffn_up.weight", d, n_ff), p + "ffn_up", i)
         act = b.swiglu(gate, up, p + "ffn_swiglu", i)

@@ -17,7 +17,7 @@ from ..errors import ModelError, UnsupportedError
 from ..gguf.reader import GGUFReader
 from ..gguf.shard import ShardedReader
 from ..graph.ir import Graph
-from . import gemma, llama, phi3, qwen2, qwen3
+from . import gemma, llama, phi3, qwen2, qwen3, qwen3moe
 
 
 @dataclass(frozen=True)
@@ -33,12 +33,13 @@ class Architecture:
 ARCHITECTURES: dict[str, Architecture] = {
     a.name: a
     for a in [
-        Architecture("llama", llama.LlamaArgs.from_gguf, llama.check_args, llama.build_graph,
+        Architecture("llama", llama.from_gguf, llama.check_args, llama.build_graph,
                      llama.partition, llama.tensor_slices),
         Architecture("qwen2", qwen2.from_gguf, llama.check_args, qwen2.build_graph,
                      llama.partition, llama.tensor_slices),
         Architecture("qwen3", qwen3.from_gguf, qwen3.check_args, qwen3.build_graph,
                      llama.partition, llama.tensor_slices),
+        Architecture("qwen3moe", qwen3moe.from_gguf, qwen3moe.check_args, qwen3moe.build_graph),
         Architecture("gemma2", gemma.GemmaArgs.from_gguf, gemma.check_args, gemma.build_graph),
         Architecture("gemma3", gemma.GemmaArgs.from_gguf, gemma.check_args, gemma.build_graph),
         Architecture("phi3", phi3.from_gguf, phi3.check_args, phi3.build_graph),

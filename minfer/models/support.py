@@ -15,6 +15,7 @@ SUPPORT: dict[str, tuple[str, ...]] = {
     "llama": _ALL,
     "qwen2": _ALL,
     "qwen3": _ALL,
+    "qwen3moe": _ALL,
     "gemma2": _ALL,
     "gemma3": _ALL,
     "phi3": _ALL,

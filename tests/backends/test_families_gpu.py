@@ -23,8 +23,10 @@ from dataclasses import dataclass
 import pytest
 
 from minfer.api import load
+from minfer.kernels.triton._common import interpreting
 
-FAMILIES = ("tiny-qwen3", "tiny-gemma3", "tiny-gemma2", "tiny-phi3")
+MOE = ("tiny-qwen3moe", "tiny-mixtral")  # mixtures of experts: routing, the expert kernels (moe.fkc.md)
+FAMILIES = ("tiny-qwen3", "tiny-gemma3", "tiny-gemma2", "tiny-phi3", *MOE)
 
 
 @dataclass(frozen=True)
@@ -78,9 +80,15 @@ def model(device, synth_file, oracle):
 def test_logits_match_llamacpp(name, device, model, raw, oracle):
     """The prompt path's logits of every step of two greedy cases, then the decode path's after the
     first case's prompt (teacher-forced: llama.cpp's tokens; past the tiny files' window of 8)."""
+    light = device == "cuda" and name in MOE and interpreting()  # the routed FFN doubles an interpreted step's
+    if light and name != MOE[0]:  # kernels: one MoE file (tiny-mixtral runs the same kernels), one case, 8 steps
+        pytest.skip("interpreted, tiny-qwen3moe runs the cuda MoE kernels (this file: the compiled GPU, vulkan)")
     m, b = model(name), BOUNDS[device]
     ref = oracle.ref(name)
     ref = {**ref, "greedy": ref["greedy"][:2]}  # (the suite's time: each step runs every kernel interpreted)
+    if light:
+        case = ref["greedy"][0]
+        ref = {**ref, "greedy": [{**case, "steps": case["steps"][:8]}]}
 
     def prompt_rows(case, ids):
         n0 = len(case["prompt_ids"])
@@ -108,7 +116,6 @@ def test_first_perplexity_chunk_matches_llamacpp(name, device, model, oracle):
     alone). The cuda variant needs a GPU: interpreted, the chunk costs 2.5 minutes of CI for the path
     the vulkan variant (lavapipe) and the cuda logits tests above already run in CI."""
     from minfer.engine.perplexity import perplexity
-    from minfer.kernels.triton._common import interpreting
 
     if device == "cuda" and interpreting():
         pytest.skip("the cuda prompt kernels over a 512-token chunk run on a GPU (MINFER_TEST_DEVICE=cuda)")

@@ -16,8 +16,10 @@ from minfer.kernels.cpu import vnni as cpu_vnni
 
 # f16 / f32 files of these (15-32 GB) are more than a CI machine can map
 BIG = {"qwen2.5-7b", "llama3-8b", "qwen3-8b", "phi3-mini"}
-# llama3-70b: even its Q4_K header-only file (40 GB mapped) is; tests/parallel/test_shard.py plans 2 of its layers
-CASES = [(p, q) for p in sorted(PRESETS) if p != "llama3-70b" for q in QUANTS
+# llama3-70b: even its Q4_K header-only file (40 GB mapped) is; tests/parallel/test_shard.py plans 2 of its
+# layers; so are the mixtures of experts' (17-26 GB at Q4_0; tests/models/test_moe.py plans 2 of their layers)
+HUGE = {"llama3-70b", "qwen3-30b-a3b", "mixtral-8x7b"}
+CASES = [(p, q) for p in sorted(PRESETS) if p not in HUGE for q in QUANTS
          if not (p in BIG and q in ("f16", "f32"))]
 
 
@@ -52,8 +54,8 @@ def test_every_node_of_every_preset_resolves(headers, preset, quant):
         assert "q4_0_gemv" in kernels
     if quant in ("q4_1", "q4_k"):
         assert "int4_gemv" in kernels
-    if quant == "q8_0":
-        assert "q8_0_gemv" in kernels and "linear_f16" not in kernels
+    if quant == "q8_0":  # (a mixture of experts' router is F32 in every mix, as llama.cpp keeps it: linear_f16)
+        assert "q8_0_gemv" in kernels and ("linear_f16" not in kernels or PRESETS[preset].n_expert)
     if quant == "q4_k" and preset in BIG:  # their Q6_K output (tied small models: the Q6_K embedding)
         assert "q6_k_gemv" in kernels and "linear_f16" not in kernels
     arch = PRESETS[preset].arch
@@ -63,6 +65,11 @@ def test_every_node_of_every_preset_resolves(headers, preset, quant):
         assert {"gemv_geglu", "geglu_rows"} & kernels and (quant != "q4_0" or "gemv_geglu" in kernels)
     if arch == "gemma2":
         assert "softcap_f32" in kernels
+    if PRESETS[preset].n_expert:  # a decode row: the router, then the chosen experts' GEMVs (or f16 copies)
+        assert "moe_route_rows" in kernels and "moe_sum_rows" in kernels
+        assert ("moe_matmul_f16" if quant in ("f16", "f32") else "moe_gemv") in kernels
+        chunk = {k for r in be.plan_rows(512, True) for k in r["kernel"].split("+")}
+        assert quant in ("f16", "f32") or "moe_mmq" in chunk  # prompts: rows grouped by expert
 
 
 def test_plan_command_prints_kernels_and_prediction(headers, capsys):

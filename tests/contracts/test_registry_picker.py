@@ -25,6 +25,7 @@ from minfer.kernels.triton import (
     int4,
     lut4,
     mmq,
+    moe,
     norm,
     planes,
     q4_0,
@@ -43,6 +44,9 @@ from minfer.kernels.wgsl import (
 )
 from minfer.kernels.wgsl import (
     matmul as vk_matmul,
+)
+from minfer.kernels.wgsl import (
+    moe as vk_moe,
 )
 from minfer.kernels.wgsl import (
     norm as vk_norm,
@@ -101,6 +105,11 @@ LAUNCHERS = {
     "linear_f16": torch_ops.linear_f16,
     "row_select": torch_ops.row_select,
     "argmax_rows": torch_ops.argmax_rows,
+    "moe_route_rows": moe.moe_route_rows,
+    "moe_gemv": moe.moe_gemv,
+    "moe_mmq": moe.moe_mmq,
+    "moe_matmul_f16": moe.moe_matmul_f16,
+    "moe_sum_rows": moe.moe_sum_rows,
     "sample_rows": sample.sample_rows,
     # the WGSL kernels (backend Vulkan; one launcher serves the seed's per-type contracts)
     "vk_get_rows": vk_dequant.get_rows,
@@ -124,6 +133,9 @@ LAUNCHERS = {
     "vk_row_select": vk_select.row_select,
     "vk_argmax": vk_select.argmax,
     "vk_quantize_q8_0": vk_quantize.quantize_q8_0,
+    "vk_moe_route": vk_moe.moe_route,
+    "vk_moe_qmatmul": vk_moe.moe_qmatmul,
+    "vk_moe_sum": vk_moe.moe_sum,
     "cpu_int4pack_mm": cpu_matmul.int4pack_mm,
     "cpu_int4pack_mm_pair32": cpu_matmul.int4pack_mm,
     "cpu_int4pack_mm_pair16": cpu_matmul.int4pack_mm,
@@ -135,6 +147,7 @@ LAUNCHERS = {
     "cpu_q8_vnni2": cpu_vnni.q4_vnni2_mm,
     "cpu_iq4_vnni2": cpu_vnni.q4_vnni2_mm,
     "cpu_mxfp4_vnni2": cpu_vnni.q4_vnni2_mm,
+    "cpu_vnni2_moe": cpu_vnni.vnni2_experts_mm,
 }
 
 

@@ -70,8 +70,13 @@ BOUNDS = {
                                  margin=0.1)
        for q, m, c, a in (("iq4_nl", 0.036, 0.032, 0.009), ("iq4_xs", 0.066, 0.048, 0.0125),
                           ("mxfp4", 0.022, 0.021, 0.0054))},
+    # mixtures of experts (f32): the same math plus routing; a near-tie between two experts' probs
+    # could route differently, so these bounds also say no token took another expert
+    **{name: Bounds(max_abs=1e-3, max_abs_decode=1e-3, max_centered=1e-3, mean=2e-4, ppl_rel=1e-4, min_decisive=10,
+                    margin=0.01) for name in ("tiny-qwen3moe", "tiny-mixtral")},
 }
 MODELS = list(BOUNDS)
+MOE = ("tiny-qwen3moe", "tiny-mixtral")
 
 
 def _ref(name: str) -> dict:
@@ -152,7 +157,7 @@ def test_decode_logits_match_llamacpp(name, model, raw, oracle):
     _assert_within(name, oracle.compare(_ref(name), rows, BOUNDS[name].margin), BOUNDS[name].max_abs_decode)
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", [m for m in MODELS if m not in MOE])  # (MoE: the decode logits' argmax above)
 def test_greedy_generation_follows_llamacpp(name, model):
     """Our greedy tokens equal llama.cpp's up to its first near-tie (top-1 / top-2 margin < the model's)."""
     from minfer.engine.params import SamplingParams
@@ -168,7 +173,7 @@ def test_greedy_generation_follows_llamacpp(name, model):
         assert seq.generated[:firm] == [s["token"] for s in steps[:firm]], case["prompt"]
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", [m for m in MODELS if m not in MOE])  # (MoE: the logits above; the suite's time)
 def test_perplexity_matches_llamacpp(name, model):
     ref = _ref(name)["perplexity"]
     text = (FIXTURES / "text" / ref["text"]).read_text(encoding="utf-8")

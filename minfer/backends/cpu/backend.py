@@ -32,7 +32,7 @@ from ..plan import Plan, Step
 from ..rope import rope_tables
 from .steps import CPU_OPS, KINDS
 from .weight_cache import WeightCache
-from .weights import EmbeddingTable, Matrix, dense_f32, pick_kernel, prepared_bytes
+from .weights import MOE_VNNI, EmbeddingTable, Experts, Matrix, dense_f32, expert_kernel, pick_kernel, prepared_bytes
 
 # A KV cache larger than this fraction of physical memory is refused.
 KV_BUDGET = 0.5
@@ -101,18 +101,26 @@ def available_memory() -> int:
 
 
 def plan_rows(graph: Graph, reader: GGUFReader, rows: int = 1, prefill: bool = False, vnni: bool = True) -> list[dict]:
-    """Per matmul node: the cpu kernel contract(s) its weight parts run on for a decode step of
+    """Per matmul node (an expert matmul: its kernel, the cost of one expert's matrix times the
+    experts a row runs): the cpu kernel contract(s) its weight parts run on for a decode step of
     `rows` rows (or a prompt chunk of `rows` tokens, `prefill`; its output projection gets one
     row, the last token's) and the cost the picker predicts, in ns. Reads the header only:
     nothing is packed. The other ops run as plain torch calls with no contract: not listed."""
     out = []
     for node in graph.nodes:
-        if node.op != Op.MATMUL:
+        if node.op not in (Op.MATMUL, Op.MOE_MATMUL):
             continue
         names, cost = [], 0.0
         n_rows = 1 if prefill and node.id == graph.logits_id else rows  # a prompt's logits: its last row
         for t in node.weights["w"].tensors:
             info = reader.tensors[t.name]
+            if node.op == Op.MOE_MATMUL:  # the cost: one expert's matrix per expert a row runs
+                e, n, k = info.torch_shape
+                name = expert_kernel(info.ggml_type, n, k, e, vnni)
+                c = pick_kernel(info.ggml_type, n, k, rows=n_rows, decode=True, vnni=vnni and name == MOE_VNNI)
+                names.append(name)
+                cost += c.cost_ns * node.shape[1]
+                continue
             # the logits take the decode rows' kernel in prompts too (two activation passes on VNNI)
             c = pick_kernel(info.ggml_type, *info.torch_shape, rows=n_rows,
                             decode=not prefill or node.id == graph.logits_id, vnni=vnni)
@@ -182,6 +190,7 @@ class CPUBackend(Backend):
         self._vectors: dict[str, torch.Tensor] = {}
         self._matrices: dict[tuple[WeightRef, WeightRef | None], Matrix] = {}
         self._tables: dict[str, EmbeddingTable] = {}
+        self._experts: dict[str, Experts] = {}
         self._cache: WeightCache = WeightCache(None)  # the prepared weights on disk (load)
         self._ropes: dict[tuple, torch.Tensor] = {}  # rope setting -> (cos, sin) [n_ctx, n_rot/2]
         self.readers: dict[int, list[Node]] = {}  # node id -> the nodes reading its value
@@ -235,15 +244,25 @@ class CPUBackend(Backend):
                 trim_heap()
         return self._matrices[key]
 
+    def experts(self, name: str) -> Experts:
+        """The prepared matrices of a 3-D expert tensor (ffn_{gate,up,down}_exps)."""
+        if name not in self._experts:
+            self._experts[name] = ex = Experts(self._reader, self._reader.tensors[name], vnni=self.vnni,
+                                               cache=self._cache)
+            if ex.e * ex.n * ex.k >= TRIM_WEIGHTS:
+                trim_heap()
+        return self._experts[name]
+
     def table(self, name: str) -> EmbeddingTable:
         if name not in self._tables:
             self._tables[name] = EmbeddingTable(self._reader, self._reader.tensors[name])
         return self._tables[name]
 
     def weight_bytes(self, graph: Graph, reader: GGUFReader) -> int:
-        """Bytes the prepared matrices will take (the packed int4 forms, float copies of F16)."""
+        """Bytes the prepared matrices will take (the packed int4 forms, float copies of F16; every
+        expert of an expert tensor)."""
         return sum(prepared_bytes(reader.tensors[t.name], vnni=self.vnni) for t in
-                   {t for n in graph.nodes if n.op == Op.MATMUL for t in n.weights["w"].tensors})
+                   {t for n in graph.nodes if n.op in (Op.MATMUL, Op.MOE_MATMUL) for t in n.weights["w"].tensors})
 
     def check_memory(self, graph: Graph, reader: GGUFReader) -> None:
         """Refuse, before anything is prepared, a model whose weights do not fit the memory available."""
@@ -283,10 +302,13 @@ class CPUBackend(Backend):
                 and (src.op in (Op.ADD, Op.SCALE) or (src.op == Op.GET_ROWS and "w" in src.weights)))
 
     def decode_weight_bytes(self) -> int:
-        """Bytes of weights one decode row reads: every prepared matrix once (its packed form)
-        and one row of each embedding table."""
+        """Bytes of weights one decode row reads: every prepared matrix once (its packed form),
+        k of the E experts of each expert tensor, and one row of each embedding table."""
         rows = sum(t.raw.shape[1] for t in self._tables.values())
-        return sum(m.nbytes for m in self._matrices.values()) + rows
+        # an expert tensor: the k of its E experts a row runs
+        experts = sum(self._experts[n.weights["w"].name].nbytes * n.shape[1] // n.params["n_expert"]
+                      for n in self.graph.nodes if n.op == Op.MOE_MATMUL)
+        return sum(m.nbytes for m in self._matrices.values()) + rows + experts
 
     # ------------------------------------------------------------------ memory
     def kv_budget(self) -> int:

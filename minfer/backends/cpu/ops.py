@@ -169,3 +169,39 @@ def attention_masked(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     p = torch.softmax(s, -1).view(n_kv, n_head // n_kv * n, -1)
     out = torch.bmm(p, v).view(n_head, n, hd)
     return out.transpose(0, 1).reshape(n, n_head * hd)
+
+
+def moe_route(logits: torch.Tensor, n_used: int, gating: str, norm: bool, scale: float,
+              bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights [T, k] float32, ids [T, k] int32) of router logits [T, E] (graph/ir.py MoERoute,
+    llama.cpp's build_moe_ffn): probs by the gating function; the k experts of largest probs
+    (+ the selection bias), largest first, the lower index first among equal values; their probs
+    as weights (softmaxed for "softmax_weight"), normalised by their sum (clamped at 2^-14) and
+    scaled. Each row on its own."""
+    x = logits.float()
+    if gating == "softmax":
+        probs = torch.softmax(x, dim=-1)
+    elif gating == "sigmoid":
+        probs = torch.sigmoid(x)
+    else:  # "softmax_weight": the logits themselves, the chosen ones softmaxed below
+        probs = x
+    select = probs if bias is None else probs + bias
+    ids = torch.argsort(select, dim=-1, descending=True, stable=True)[:, :n_used]
+    w = probs.gather(-1, ids)
+    if gating == "softmax_weight":
+        w = torch.softmax(w, dim=-1)
+    if norm:
+        w = w / w.sum(-1, keepdim=True).clamp_(min=6.103515625e-5)
+    if scale != 1.0:
+        w = w * scale
+    return w.contiguous(), ids.to(torch.int32)
+
+
+def moe_sum(y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """out [T, N] = sum_j weights[t, j] * y[t, j] of y [T, k, N], added in slot order j = 0, 1, ...
+    (as llama.cpp adds its experts' views)."""
+    w = weights.float()
+    out = y[:, 0].float() * w[:, :1]
+    for j in range(1, y.shape[1]):
+        out.add_(y[:, j].float() * w[:, j:j + 1])
+    return out

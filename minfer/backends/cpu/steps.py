@@ -173,8 +173,35 @@ def _attention(be: CPUBackend, node: Node):
     return {"decode": decode, "prefill": prefill}, None
 
 
+def _pick(be: CPUBackend, node: Node):
+    (i,), j = node.inputs, node.params["index"]
+    return lambda vals, st: vals[i][j]
+
+
+def _moe_route(be: CPUBackend, node: Node):
+    (i,), p = node.inputs, node.params
+    bias = be.vector(node.weights["b"].name) if "b" in node.weights else None
+    n_used, gating, norm, scale = p["n_used"], p["gating"], p["norm"], p["scale"]
+    return lambda vals, st: cpu_ops.moe_route(vals[i], n_used, gating, norm, scale, bias)
+
+
+def _moe_matmul(be: CPUBackend, node: Node):
+    x, ids = node.inputs
+    experts = be.experts(node.weights["w"].name)
+    bias = be.vector(node.weights["b"].name).view(experts.e, experts.n) if "b" in node.weights else None
+    if bias is None:
+        return lambda vals, st: experts(vals[x], vals[ids], st.decode)
+    return lambda vals, st: experts(vals[x], vals[ids], st.decode).add_(bias[vals[ids].long()])
+
+
+def _moe_sum(be: CPUBackend, node: Node):
+    y, w = node.inputs
+    return lambda vals, st: cpu_ops.moe_sum(vals[y], vals[w])
+
+
 CPU_OPS = {
     Op.INPUT: _input, Op.GET_ROWS: _get_rows, Op.RMS_NORM: _rms_norm, Op.MATMUL: _matmul, Op.ADD: _add,
     Op.SLICE: _slice, Op.SWIGLU: _swiglu, Op.GEGLU: _geglu, Op.SCALE: _scale, Op.SOFTCAP: _softcap, Op.ROPE: _rope,
-    Op.ATTENTION: _attention,
+    Op.ATTENTION: _attention, Op.PICK: _pick, Op.MOE_ROUTE: _moe_route, Op.MOE_MATMUL: _moe_matmul,
+    Op.MOE_SUM: _moe_sum,
 }

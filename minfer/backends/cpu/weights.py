@@ -27,6 +27,7 @@ activations cost about as much); tests/engine/test_cpu_weights.py checks every t
 from __future__ import annotations
 
 import functools
+import math
 import re
 from pathlib import Path
 
@@ -34,7 +35,7 @@ import torch
 
 from ...contracts.picker import Candidate, candidates
 from ...contracts.registry import backend_registry
-from ...errors import NoKernelError
+from ...errors import NoKernelError, UnsupportedError
 from ...gguf.reader import GGUFReader, TensorInfo
 from ...kernels.cpu import vnni as cpu_vnni
 from ...kernels.cpu.matmul import INT4_TYPES, Int4Matmul, _Linear, float_weight, pack_weight, packed_bytes
@@ -69,7 +70,8 @@ def dense_f32(reader: GGUFReader, info: TensorInfo) -> torch.Tensor:
     """The exact float32 values of a weight, in torch order."""
     if len(info.shape) == 1:
         return decode_rows(raw_rows(reader, info).view(1, -1), info.ggml_type, info.shape[0]).view(-1)
-    return decode_rows(raw_rows(reader, info), info.ggml_type, info.torch_shape[-1]).view(info.torch_shape)
+    rows = raw_rows(reader, info).view(math.prod(info.torch_shape[:-1]), -1)  # a 3-D tensor: E * N rows
+    return decode_rows(rows, info.ggml_type, info.torch_shape[-1]).view(info.torch_shape)
 
 
 # the C kernels (kernels/cpu/vnni.fkc.md): prompt chunks -> decode rows (the same weights,
@@ -77,6 +79,7 @@ def dense_f32(reader: GGUFReader, info: TensorInfo) -> torch.Tensor:
 VNNI_DECODE = {"cpu_q4_vnni": "cpu_q4_vnni2", "cpu_q8_vnni": "cpu_q8_vnni2"}
 # (the lookup types: two passes only)
 VNNI_KERNELS = set(VNNI_DECODE) | set(VNNI_DECODE.values()) | {"cpu_iq4_vnni2", "cpu_mxfp4_vnni2"}
+MOE_VNNI = "cpu_vnni2_moe"  # the chosen experts of a VNNI type in one call (kernels/cpu/vnni.fkc.md)
 
 
 @functools.lru_cache(maxsize=1024)  # every layer asks for the same few shapes
@@ -103,8 +106,27 @@ def pick_kernel(qtype: GGMLType, n: int, k: int, rows: int = 1, decode: bool = F
     return ok[0]
 
 
+@functools.lru_cache(maxsize=256)
+def expert_kernel(qtype: GGMLType, n: int, k: int, n_expert: int, vnni: bool = True) -> str:
+    """The cpu kernel of an expert tensor (n_expert matrices [n, k]): the grouped VNNI contract
+    (`cpu_vnni2_moe`) where it takes the type and the C kernels run, else the QMatMul kernel each
+    chosen expert runs on (torch's int4 form, a float GEMM)."""
+    ok, _ = candidates("MoEMatMul", {"x": "F32", "ids": "I32", "w": QUANT_TABLE[qtype].contract_name},
+                       {"x": (1, k), "ids": (1, 1), "w": (n_expert * n, k)},
+                       {"n": n, "k": k, "qtype": qtype, "n_expert": n_expert}, "CPU", registry=backend_registry("CPU"))
+    if ok and vnni and cpu_vnni.available():
+        return ok[0].kernel.name
+    return pick_kernel(qtype, n, k, vnni=False).kernel.name
+
+
 def prepared_bytes(info: TensorInfo, vnni: bool = True) -> int:
-    """Memory a matrix of this tensor takes once prepared (before preparing it)."""
+    """Memory a matrix of this tensor takes once prepared (before preparing it); a 3-D expert
+    tensor: its E matrices (each padded to the kernel's tile)."""
+    if len(info.shape) == 3:
+        e, n, k = info.torch_shape
+        if expert_kernel(info.ggml_type, n, k, e, vnni) == MOE_VNNI:
+            return e * cpu_vnni.packed_bytes(n + -n % cpu_vnni.COLS, k, info.ggml_type)
+        return e * prepared_bytes(TensorInfo(info.name, (k, n), info.ggml_type, 0, info.nbytes // e, n * k), vnni)
     n, k = info.torch_shape
     if pick_kernel(info.ggml_type, n, k, vnni=vnni).kernel.name in VNNI_KERNELS:
         return cpu_vnni.packed_bytes(n, k, info.ggml_type)
@@ -199,6 +221,91 @@ class Matrix:
 
     def kernel(self, decode: bool = False) -> str:
         return "+".join(self._decode_names if decode else self.kernels)
+
+
+class Experts:
+    """The E matrices [N, K] of a 3-D expert tensor (GGUF shape [K, N, E]), prepared once at load
+    on the kernel the contracts choose for one expert's [N, K] (as `Matrix` does for a 2-D weight),
+    and run on the chosen experts only: `__call__(x, ids, decode)` -> y [T, k, N] with y[t, j] =
+    x's row @ W[ids[t, j]]^T. The VNNI form holds every expert in one packed tensor, each starting
+    on a tile boundary (`Q4Vnni(aligned=True)`), so an expert's columns run alone; torch's int4 form
+    and float weights keep one matrix per expert. Every decode row depends on its input row and
+    its expert alone (the quantized kernels' rows never depend on the others'; float weights run
+    decode rows one at a time, `_Linear`); a prompt's float rows share one sgemm per expert."""
+
+    def __init__(self, reader: GGUFReader, info: TensorInfo, vnni: bool = True, cache: WeightCache | None = None):
+        self.e, self.n, self.k = info.torch_shape
+        self.qtype = info.ggml_type
+        self._parts = (reader, info)
+        self.kernel = expert_kernel(self.qtype, self.n, self.k, self.e, vnni)
+        raw = raw_rows(reader, info).view(self.e * self.n, -1)
+        rows = [raw[i * self.n:(i + 1) * self.n] for i in range(self.e)]
+        name = f"{self.kernel}:{info.name}"
+        stored = cache.get(name) if cache is not None else None
+        self.vnni = self.kernel == MOE_VNNI
+        if self.vnni:
+            self.stride = self.n + -self.n % cpu_vnni.COLS
+            if stored is not None:
+                self.mm = cpu_vnni.Q4Vnni.from_state(stored)
+            else:
+                self.mm = cpu_vnni.vnni_experts(raw, self.n, self.k, self.qtype, self.e)
+                if cache is not None:
+                    cache.put(name, self.mm.state())
+            self.nbytes = self.mm.nbytes
+        elif self.qtype in INT4_TYPES:
+            self.mms = []
+            for i, r in enumerate(rows):
+                st = cache.get(f"{name}#{i}") if cache is not None else None
+                mm = Int4Matmul.from_state(st) if st is not None else Int4Matmul([pack_weight(r, self.qtype, self.k)])
+                if st is None and cache is not None:
+                    cache.put(f"{name}#{i}", mm.state())
+                self.mms.append(mm)
+            self.nbytes = sum(m.nbytes for m in self.mms)
+        else:
+            self.mms = [_Linear(float_weight(r, self.n, self.k, self.qtype)) for r in rows]
+            self.nbytes = sum(m.nbytes for m in self.mms)
+        if self.vnni or self.qtype in INT4_TYPES:
+            reader.release(info.name)  # the file's pages of this tensor are no longer needed
+
+    def expert(self, e: int, x: torch.Tensor, decode: bool = True) -> torch.Tensor:
+        """x [m, K] @ W[e]^T: [m, N] (float32, or the int4 kernel's bfloat16)."""
+        if self.vnni:
+            return self.mm.run_cols(x, e * self.stride, self.n, passes=2)
+        mm = self.mms[e]
+        return mm(x, decode) if isinstance(mm, _Linear) else mm(x)
+
+    def __call__(self, x: torch.Tensor, ids: torch.Tensor, decode: bool = True) -> torch.Tensor:
+        """y [T, k, N] float32: x [T, K] feeds every chosen expert of its row, x [T, k, K] slot j
+        feeds expert ids[t, j]. Rows are grouped by expert: the VNNI form runs them in one C call
+        (threads across experts, kernels/cpu/vnni.fkc.md cpu_vnni2_moe), the others one kernel
+        call per expert chosen."""
+        if self.vnni:
+            return self.mm.run_experts(x, ids, self.n, self.e, passes=2)
+        return self.per_expert(x, ids, decode)
+
+    def per_expert(self, x: torch.Tensor, ids: torch.Tensor, decode: bool = True) -> torch.Tensor:
+        """__call__ by one kernel call per expert chosen (the reference path of the grouped call)."""
+        t, used = ids.shape
+        flat = ids.reshape(-1).long()
+        if flat.numel() and not (0 <= int(flat.min()) and int(flat.max()) < self.e):
+            raise UnsupportedError(f"experts: ids must be in 0..{self.e - 1}, got {flat.min()}..{flat.max()}")
+        xs = x.reshape(t * used, self.k) if x.dim() == 3 else x
+        out = torch.empty(t * used, self.n)
+        order = torch.argsort(flat, stable=True)
+        experts, counts = torch.unique_consecutive(flat[order], return_counts=True)
+        at = 0
+        for e, c in zip(experts.tolist(), counts.tolist(), strict=True):
+            slots = order[at:at + c]
+            at += c
+            rows = xs.index_select(0, slots if x.dim() == 3 else slots // used)
+            out.index_copy_(0, slots, self.expert(e, rows, decode).float())
+        return out.view(t, used, self.n)
+
+    @property
+    def dense(self) -> torch.Tensor:
+        """The exact float32 weights [E, N, K], decoded on each access (tests and references only)."""
+        reader, info = self._parts
+        return dense_f32(reader, info)
 
 
 class EmbeddingTable:

@@ -349,7 +349,11 @@ def rows_call(what: str, x: torch.Tensor, k: int, mm, out: torch.Tensor | None) 
     x2 = x.reshape(1, -1) if x.dim() == 1 else x
     if x2.dim() != 2 or x2.shape[1] != k:
         raise UnsupportedError(f"{what}: x must be [m, {k}], got {tuple(x.shape)}")
-    y = mm(x2)
+    return into(what, mm(x2), out)
+
+
+def into(what: str, y: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """y, or y copied into `out` (its shape and dtype checked): the cpu launchers' `out=`."""
     if out is None:
         return y
     if out.shape != y.shape or out.dtype != y.dtype:

@@ -279,12 +279,43 @@ static inline __attribute__((always_inline)) void tile(int rows, int P, int B8, 
     }
 }
 
+/* rows (<= MT) rows from r0 of the quantized activations (q, d, sx: quantize_rows') against the 32
+ * columns whose two 16-column blocks start at W0 / W1 (S0 / S1, Z0 / Z1), into y + r0 * ldy: tile() with
+ * its row count, passes and code width known at compile time (the registers unrolled). */
+static void tile_rows(int rows, int P, int bits, int lut, __m512i table, const uint8_t *W0, const uint8_t *W1,
+                      const uint16_t *S0, const uint16_t *S1, const uint16_t *Z0, const uint16_t *Z1, int G,
+                      const int8_t *q, const float *d, const float *sx, int k, int r0, float *y, int ldy) {
+#define TILE(R, PP, B8) tile(R, PP, B8, B8 ? 0 : LUT_ON, table, W0, W1, S0, S1, Z0, Z1, G, q + (size_t)r0 * PP * k, \
+                             d + (size_t)r0 * PP * G, sx + (size_t)r0 * G, k, y + (size_t)r0 * ldy, ldy)
+#define ROWS(PP, B8) switch (rows) {    \
+        case 4: TILE(4, PP, B8); break; \
+        case 3: TILE(3, PP, B8); break; \
+        case 2: TILE(2, PP, B8); break; \
+        default: TILE(1, PP, B8); break; \
+    }
+    if (bits == 4 && lut) {
+#define LUT_ON 1
+        if (P == 1) { ROWS(1, 0) } else { ROWS(2, 0) }
+#undef LUT_ON
+    } else if (bits == 4) {
+#define LUT_ON 0
+        if (P == 1) { ROWS(1, 0) } else { ROWS(2, 0) }
+#undef LUT_ON
+    } else {
+#define LUT_ON 0
+        if (P == 1) { ROWS(1, 1) } else { ROWS(2, 1) }
+#undef LUT_ON
+    }
+#undef ROWS
+#undef TILE
+}
+
 /* y [m, n] float32 (row stride ldy) = x [m, k] @ W^T, n a multiple of 32, activations in P = 1
  * or 2 int8 passes; `lut` (4-bit codes only): the 16-byte table of a lookup type, else NULL.
  * Returns -1 on sizes outside that contract, -2 when the activations' scratch cannot be allocated. */
 int q4_gemm(const uint8_t *W, const uint16_t *S, const uint16_t *Z, int n, int k,
             const void *x, int bf16, int m, float *y, int ldy, int P, int bits, const uint8_t *lut) {
-    int G = k / 32, NT = n / 32, MB = (m + MT - 1) / MT;
+    int G = k / 32, NT = n / 32;
     size_t gb = bits == 8 ? 512 : 256;  /* bytes of codes per block of 16 columns and group */
     if ((P != 1 && P != 2) || (bits != 4 && bits != 8) || m < 1 || n < 32 || n % 32 || k < 32 || k % 32 || ldy < n
         || (lut != NULL && bits != 4))
@@ -298,34 +329,50 @@ int q4_gemm(const uint8_t *W, const uint16_t *S, const uint16_t *Z, int n, int k
     quantize_rows(x, bf16, m, k, P, q, d, sx);
     #pragma omp parallel for schedule(static)
     for (int t = 0; t < NT; t++) {
-        size_t b0 = (size_t)(2 * t) * G, b1 = b0 + G;
-        for (int mb = 0; mb < MB; mb++) {
-            int r0 = mb * MT, rows = m - r0 < MT ? m - r0 : MT;
-#define TILE(R, PP, B8) tile(R, PP, B8, B8 ? 0 : LUT_ON, table, W + b0 * gb, W + b1 * gb, S + b0 * 16, S + b1 * 16, Z + b0 * 16, Z + b1 * 16, \
-                             G, q + (size_t)r0 * PP * k, d + (size_t)r0 * PP * G, sx + (size_t)r0 * G, k,         \
-                             y + (size_t)r0 * ldy + 32 * t, ldy)
-#define ROWS(PP, B8) switch (rows) {  /* a row count known at compile time: the tile's registers unrolled */ \
-                case 4: TILE(4, PP, B8); break;                                                              \
-                case 3: TILE(3, PP, B8); break;                                                              \
-                case 2: TILE(2, PP, B8); break;                                                              \
-                default: TILE(1, PP, B8); break;                                                             \
-            }
-            if (bits == 4 && lut != NULL) {
-#define LUT_ON 1
-                if (P == 1) { ROWS(1, 0) } else { ROWS(2, 0) }
-#undef LUT_ON
-            } else if (bits == 4) {
-#define LUT_ON 0
-                if (P == 1) { ROWS(1, 0) } else { ROWS(2, 0) }
-#undef LUT_ON
-            } else {
-#define LUT_ON 0
-                if (P == 1) { ROWS(1, 1) } else { ROWS(2, 1) }
-#undef LUT_ON
-            }
-#undef ROWS
-#undef TILE
-        }
+        size_t b0 = (size_t)(2 * t) * G;
+        for (int r0 = 0; r0 < m; r0 += MT)
+            tile_rows(m - r0 < MT ? m - r0 : MT, P, bits, lut != NULL, table, W + b0 * gb, W + (b0 + G) * gb,
+                      S + b0 * 16, S + (b0 + G) * 16, Z + b0 * 16, Z + (b0 + G) * 16, G, q, d, sx, k, r0, y + 32 * t,
+                      ldy);
+    }
+    free(q);
+    return 0;
+}
+
+/* The chosen experts of an expert tensor packed with each expert on a tile boundary (vnni.py
+ * Q4Vnni aligned: expert e's columns start at e * stride, stride a multiple of 32): x [m, k] holds
+ * rows grouped by expert, run r being rows rs[r] .. rs[r + 1] - 1 for expert ex[r] (0 <= ex[r] <
+ * n_expert); y [m, ldy] gets each row's n columns of its expert (ldy >= n rounded up to 32);
+ * `lut` as q4_gemm's. The activations are quantized once for all rows, then one parallel region runs every (run, column
+ * tile) pair: the threads share the experts' work, and a row's numbers are those q4_gemm gives it
+ * alone (the same tiles, the same order of groups). Returns -1 outside that contract, -2 when the
+ * activations' scratch cannot be allocated. */
+int q4_gemm_experts(const uint8_t *W, const uint16_t *S, const uint16_t *Z, int stride, int n, int n_expert, int k,
+                    const void *x, int bf16, int m, const int *rs, const int *ex, int runs, float *y, int ldy, int P,
+                    int bits, const uint8_t *lut) {
+    int G = k / 32, NT = (n + 31) / 32;
+    size_t gb = bits == 8 ? 512 : 256;
+    if ((P != 1 && P != 2) || (bits != 4 && bits != 8) || m < 1 || n < 1 || stride % 32 || stride < NT * 32 ||
+        k < 32 || k % 32 || ldy < NT * 32 || runs < 1 || rs[0] != 0 || rs[runs] != m || (lut != NULL && bits != 4))
+        return -1;
+    const __m512i table = lut != NULL ? _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lut))
+                                      : _mm512_setzero_si512();
+    for (int r = 0; r < runs; r++)
+        if (ex[r] < 0 || ex[r] >= n_expert || rs[r + 1] <= rs[r]) return -1;
+    size_t nq = ((size_t)m * P * k + 63) / 64 * 64;
+    int8_t *q = malloc(nq + (size_t)m * G * (P + 1) * sizeof(float));
+    if (q == NULL) return -2;
+    float *d = (float *)(q + nq), *sx = d + (size_t)m * P * G;
+    quantize_rows(x, bf16, m, k, P, q, d, sx);
+    #pragma omp parallel for schedule(dynamic, 1)
+    for (int item = 0; item < runs * NT; item++) {
+        int r = item / NT, t = item % NT;
+        size_t b0 = ((size_t)ex[r] * stride / 16 + 2 * (size_t)t) * G;
+        for (int r0 = rs[r]; r0 < rs[r + 1]; r0 += MT)
+            tile_rows(rs[r + 1] - r0 < MT ? rs[r + 1] - r0 : MT, P, bits, lut != NULL, table,
+                      W + b0 * gb, W + (b0 + G) * gb,
+                      S + b0 * 16, S + (b0 + G) * 16, Z + b0 * 16, Z + (b0 + G) * 16, G, q, d, sx, k, r0,
+                      y + 32 * t, ldy);
     }
     free(q);
     return 0;

@@ -19,7 +19,7 @@ import torch
 from ...errors import UnsupportedError
 from ...quant.types import GGMLType, quant_info
 from ..cbuild import build
-from .matmul import rows_call
+from .matmul import into, rows_call
 
 SOURCE = Path(__file__).parent / "q4_vnni.c"
 REVISION_SOURCES = (SOURCE,)  # the contract's revision hash covers the C file
@@ -56,6 +56,8 @@ def _library() -> ctypes.CDLL | None:
     so.q8_pack.restype = i
     so.q4_gemm.argtypes = [p, p, p, i, i, p, i, i, p, i, i, i, p]
     so.q4_gemm.restype = i
+    so.q4_gemm_experts.argtypes = [p, p, p, i, i, i, i, p, i, i, p, p, i, p, i, i, i, p]
+    so.q4_gemm_experts.restype = i
     so.attn_decode.argtypes = [p, i, p, p, i, i, i, i, i, p, p, i, ctypes.c_float, p]
     so.attn_decode.restype = i
     so.rms_norm.argtypes = [p, i, i, p, ctypes.c_float, p]
@@ -94,8 +96,10 @@ class Q4Vnni:
     n' = n rounded up to 32 (zero columns); the lookup types' 16-byte table `lut` (else None).
     `__call__(x)` is y = x @ W^T, float32 [m, n]."""
 
-    def __init__(self, parts: list[tuple[torch.Tensor, GGMLType, int, int]]):
-        """parts: (raw rows uint8 [n_i, row_bytes], type, n_i, k) stacked in this order."""
+    def __init__(self, parts: list[tuple[torch.Tensor, GGMLType, int, int]], aligned: bool = False):
+        """parts: (raw rows uint8 [n_i, row_bytes], type, n_i, k) stacked in this order; `aligned`:
+        each part starts at a multiple of COLS columns (its own zero columns after it), so a part's
+        columns can be run alone (`run_cols`: one expert of a 3-D expert tensor)."""
         so = _library()
         if so is None:
             raise UnsupportedError("the int8-activation VNNI kernel is not available on this machine")
@@ -111,7 +115,7 @@ class Q4Vnni:
         self.bits = kinds.pop()[0]
         self.lut = lut_bytes(parts[0][1])
         self.n, self.k = sum(p[2] for p in parts), k
-        n_pad = self.n + -self.n % COLS
+        n_pad = sum(p[2] + -p[2] % COLS for p in parts) if aligned else self.n + -self.n % COLS
         g = k // 32
         self.w = torch.zeros(n_pad // 16, g, 64 * self.bits, dtype=torch.uint8)  # 16 columns x 32 codes
         self.s = torch.zeros(n_pad // 16, g, 16, dtype=torch.float16)
@@ -132,13 +136,14 @@ class Q4Vnni:
                                        "beyond float16's 65504, the largest the VNNI layout stores")
             if done != 0:
                 raise UnsupportedError(f"q4_vnni: cannot pack {qtype.name}")
-            at += n
+            at += n + (-n % COLS if aligned else 0)
         self.n_pad = n_pad
         self._bind(so)
 
     def _bind(self, so) -> None:
         self.nbytes = self.w.numel() + 2 * (self.s.numel() + self.z.numel())
         self._gemm = so.q4_gemm
+        self._experts = so.q4_gemm_experts
         self._ptrs = (_ptr(self.w), _ptr(self.s), _ptr(self.z), self.n_pad, self.k)
         self._lut = None if self.lut is None else _ptr(self.lut)
 
@@ -162,25 +167,82 @@ class Q4Vnni:
         self._bind(so)
         return self
 
-    def __call__(self, x: torch.Tensor, passes: int = 1) -> torch.Tensor:
-        """y [m, n] float32 = x [m, k] @ W^T (x float32 or bfloat16; anything else is converted),
-        the activations in `passes` int8 quantizations (1: llama.cpp's Q8_0 scheme; 2: its
-        rounding error quantized again, ~15 bits)."""
+    def run_cols(self, x: torch.Tensor, col0: int, n: int, passes: int = 1) -> torch.Tensor:
+        """y [m, n] float32 = x [m, k] @ W[col0:col0 + n]^T: columns col0.. alone (col0 a multiple
+        of COLS, the columns up to the next multiple computed and dropped): one expert of an
+        `aligned` expert tensor."""
+        if col0 % COLS or not 0 <= col0 < col0 + n <= self.n_pad:
+            raise UnsupportedError(f"q4_vnni: columns {col0}..{col0 + n} are not a run of whole tiles of "
+                                   f"0..{self.n_pad}")
+        width = n + -n % COLS
+        t0, gb = col0 // 16, (self.k // 32) * 64 * self.bits  # first tile of 16 columns, code bytes per tile
+        sz = (self.k // 32) * 16 * 2  # scale / zero bytes per tile
+        ptrs = (self._ptrs[0] + t0 * gb, self._ptrs[1] + t0 * sz, self._ptrs[2] + t0 * sz, width, self.k)
+        return self._gemm_into(ptrs, x, passes)[:, :n]
+
+    def _gemm_into(self, ptrs: tuple, x: torch.Tensor, passes: int) -> torch.Tensor:
         if x.dtype != torch.float32 and x.dtype != torch.bfloat16:
             x = x.float()
         if not x.is_contiguous():
             x = x.contiguous()
-        m = x.shape[0]
-        y = torch.empty(m, self.n_pad)
+        m, width = x.shape[0], ptrs[3]
         if x.dim() != 2 or x.shape[1] != self.k or m < 1:
             raise UnsupportedError(f"q4_vnni: x must be [m >= 1, {self.k}], got {list(x.shape)}")
-        rc = self._gemm(*self._ptrs, x.data_ptr(), x.dtype == torch.bfloat16, m, y.data_ptr(), self.n_pad, passes,
-                        self.bits, self._lut)
+        y = torch.empty(m, width)
+        rc = self._gemm(*ptrs, x.data_ptr(), x.dtype == torch.bfloat16, m, y.data_ptr(), width, passes, self.bits,
+                        self._lut)
         if rc == -2:
             raise MemoryError(f"q4_vnni: no memory for {m} x {self.k} quantized activations")
         if rc:
-            raise UnsupportedError(f"q4_vnni: {passes} activation passes on [{m}, {self.k}] x [{self.n_pad}, "
+            raise UnsupportedError(f"q4_vnni: {passes} activation passes on [{m}, {self.k}] x [{width}, "
                                    f"{self.k}] is outside the kernel's contract")
+        return y
+
+    def run_experts(self, x: torch.Tensor, ids: torch.Tensor, n: int, n_expert: int, passes: int = 2) -> torch.Tensor:
+        """y [T, k_used, n] float32 of an `aligned` stack of n_expert experts of n columns (x [T, k]:
+        each row's x feeds its k_used experts; x [T, k_used, k]: one x per slot): the slots grouped
+        by expert and one C call for all of them (q4_gemm_experts: the activations quantized once,
+        threads across the experts' column tiles). A slot's numbers are `run_cols`'s for its row alone."""
+        t, used = ids.shape
+        stride = n + -n % COLS
+        if self.n_pad != n_expert * stride or ids.dtype != torch.int32 or x.shape[-1] != self.k or x.shape[0] != t \
+                or (x.dim() == 3 and x.shape[1] != used) or x.dim() not in (2, 3):
+            raise UnsupportedError(f"q4_vnni experts: {n_expert} experts of {n} columns ({self.n_pad} packed), int32 "
+                                   f"ids "
+                                   f"[T, k] and x [T, {self.k}] or [T, k, {self.k}]; got ids {ids.dtype} "
+                                   f"{list(ids.shape)}, x {list(x.shape)}")
+        flat = ids.reshape(-1).long()
+        if flat.numel() == 0:
+            return torch.empty(t, used, n)
+        order = torch.argsort(flat, stable=True)
+        experts, counts = torch.unique_consecutive(flat[order], return_counts=True)
+        if int(experts[0]) < 0 or int(experts[-1]) >= n_expert:
+            raise UnsupportedError(f"q4_vnni experts: ids must be in 0..{n_expert - 1}, got {int(experts[0])}.."
+                                   f"{int(experts[-1])}")
+        src = x.reshape(t * used, self.k).index_select(0, order) if x.dim() == 3 else x.index_select(0, order // used)
+        if src.dtype != torch.float32 and src.dtype != torch.bfloat16:
+            src = src.float()
+        src = src.contiguous()
+        starts = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int32)
+        ex = experts.to(torch.int32)
+        y = torch.empty(flat.numel(), stride)
+        rc = self._experts(self._ptrs[0], self._ptrs[1], self._ptrs[2], stride, n, n_expert, self.k, src.data_ptr(),
+                           src.dtype == torch.bfloat16, src.shape[0], starts.data_ptr(), ex.data_ptr(), ex.numel(),
+                           y.data_ptr(), stride, passes, self.bits, self._lut)
+        if rc == -2:
+            raise MemoryError(f"q4_vnni experts: no memory for {src.shape[0]} x {self.k} quantized activations")
+        if rc:
+            raise UnsupportedError(f"q4_vnni experts: {passes} activation passes on {src.shape[0]} rows of {self.k} "
+                                   f"x {n_expert} experts of {n} is outside the kernel's contract")
+        out = torch.empty(flat.numel(), n)
+        out[order] = y[:, :n]
+        return out.view(t, used, n)
+
+    def __call__(self, x: torch.Tensor, passes: int = 1) -> torch.Tensor:
+        """y [m, n] float32 = x [m, k] @ W^T (x float32 or bfloat16; anything else is converted),
+        the activations in `passes` int8 quantizations (1: llama.cpp's Q8_0 scheme; 2: its
+        rounding error quantized again, ~15 bits)."""
+        y = self._gemm_into(self._ptrs, x, passes)
         return y if self.n_pad == self.n else y[:, :self.n]
 
 
@@ -217,6 +279,33 @@ def q4_vnni_mm(x: torch.Tensor, w, n: int, k: int, qtype: GGMLType | int | str,
     pass (cpu_q4_vnni)."""
     mm = q4_vnni_weight(w, n, k, qtype)
     return rows_call("q4_vnni_mm", x, k, lambda x2: mm(x2, passes), out)
+
+
+def vnni_experts(w: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str, n_expert: int) -> Q4Vnni:
+    """Load layout: a 3-D expert tensor's raw bytes (n_expert matrices [n, k] of a VNNI type) -> one
+    VNNI form with each expert on a tile boundary (`Q4Vnni(aligned=True)`)."""
+    if isinstance(w, Q4Vnni):
+        return w
+    from .matmul import _qinfo
+
+    info = _qinfo(qtype)
+    if info.type not in TYPES and info.type not in TYPES8:
+        names = ", ".join(t.name for t in (*TYPES, *TYPES8))
+        raise UnsupportedError(f"vnni_experts: {info.name} is not one of {names}")
+    if k % info.block_elems or w.dtype != torch.uint8 or w.numel() != n_expert * info.nbytes(n * k):
+        raise UnsupportedError(f"vnni_experts: expected the uint8 bytes of {n_expert} [{n}, {k}] {info.name} experts "
+                               f"(k a multiple of {info.block_elems}), got {w.dtype} x {w.numel()}")
+    rows = w.reshape(n_expert * n, -1)
+    return Q4Vnni([(rows[e * n:(e + 1) * n], info.type, n, k) for e in range(n_expert)], aligned=True)
+
+
+def vnni2_experts_mm(x: torch.Tensor, ids: torch.Tensor, w, n: int, k: int, qtype: GGMLType | int | str,
+                     n_expert: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """out [T, k_used, n] float32: slot (t, j) = x[t] (or x[t, j]) @ expert ids[t, j]'s matrix, on the
+    VNNI form of every expert (`vnni_experts`; raw bytes are packed per call), activations in two
+    int8 passes, the slots grouped by expert in one call (cpu_vnni2_moe)."""
+    mm = vnni_experts(w, n, k, qtype, n_expert)
+    return into("vnni2_experts_mm", mm.run_experts(x, ids, n, n_expert, passes=2), out)
 
 
 def attention_fits(n_head: int, n_kv: int, head_dim: int) -> bool:

@@ -447,11 +447,12 @@ def _load_words(rows, kbs, PLANES: tl.constexpr):
 def _q4_0_gemv_kernel(
     x_ptr, qs_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, N, NKB, KB_SPLIT, NSPLIT, magic, half_shift, m_ptr, M_STRIDE,
     h_ptr, hi_shift, e_ptr, dst_ptr, fi_ptr, cos_ptr, sin_ptr, pos_ptr, HALF,
-    ck_ptr, cv_ptr, slot_ptr, KSTART, VSTART, HD, LAYER_OFF, S_STRIDE, H_STRIDE, xs_ptr, t0, t1, t2, t3,
+    ck_ptr, cv_ptr, slot_ptr, KSTART, VSTART, HD, LAYER_OFF, S_STRIDE, H_STRIDE, xs_ptr, t0, t1, t2, t3, ids_ptr,
+    XDIV,
     R: tl.constexpr, LR: tl.constexpr, LK: tl.constexpr, WK: tl.constexpr, SPLIT: tl.constexpr,
     EVEN_K: tl.constexpr, MODE: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
     PLANES: tl.constexpr, LB: tl.constexpr, HB: tl.constexpr, CENTER: tl.constexpr, EPI: tl.constexpr,
-    Q8X: tl.constexpr, LUT: tl.constexpr,
+    Q8X: tl.constexpr, LUT: tl.constexpr = False, MOE: tl.constexpr = False,
 ):
     # PLANES (the 5/6/8-bit and 2/3-bit types, `repack_planes`): qs_ptr holds the codes' low LB
     # bits (LB = 4: the nibble words; LB = 2: int16 words of 8 two-bit slots), h_ptr their high
@@ -459,6 +460,9 @@ def _q4_0_gemv_kernel(
     # Otherwise (Q4_0, Q4_1, Q4_K; the lookup types, LUT: t0..t3 their table) h_ptr, hi_shift, LB, HB
     # and CENTER are unused.
     # EPI (the fused epilogues of gemv_fused.py; 0: store the rows): e_ptr .. HALF are theirs.
+    # MOE (moe.py: the chosen experts of a 3-D expert tensor, stacked as E blocks of N rows):
+    # program_id(1) is a slot s (no split K); it reads expert ids[s]'s N rows, x row s // XDIV and
+    # writes out row s, so one launch runs every expert chosen for every row of the step.
     BLOCK_N: tl.constexpr = R * LR
     BLOCK_KB: tl.constexpr = LK * WK
     pid_n = tl.program_id(0)
@@ -467,7 +471,15 @@ def _q4_0_gemv_kernel(
     wk = tl.arange(0, WK)[None, None, :, None, None]
     r = tl.arange(0, R)[None, None, None, :, None]
     j = tl.arange(0, 4)[None, None, None, None, :]
-    rows_ld = tl.minimum(pid_n * BLOCK_N + r * LR + lr, N - 1).to(tl.int64)  # clamped loads, masked store
+    if MOE:  # the ids are the router's output: wait for the kernels before this one first
+        wait_prior(PDL)
+        slot = tl.program_id(1)
+        row0 = tl.load(ids_ptr + slot).to(tl.int64) * N
+        x_ptr += (slot // XDIV).to(tl.int64) * (NKB * 32)
+        out_ptr += slot.to(tl.int64) * N
+    else:
+        row0 = 0
+    rows_ld = tl.minimum(pid_n * BLOCK_N + r * LR + lr, N - 1).to(tl.int64) + row0  # clamped loads, masked store
     kb = wk * LK + lk
     w_rows = qs_ptr + rows_ld * (NKB * 4) + j
     h_rows = h_ptr + rows_ld * (NKB * 4) + j
@@ -510,7 +522,8 @@ def _q4_0_gemv_kernel(
             hw = hw_next
             kbs = kbs_next
     else:
-        wait_prior(PDL)
+        if not MOE:
+            wait_prior(PDL)
         for kb0 in range(kb_lo, kb_hi, BLOCK_KB):
             kbs = tl.minimum(kb0 + kb, kb_hi - 1)
             w = _load_words(w_rows, kbs, PLANES)
@@ -702,11 +715,14 @@ def _split_plan(cfg: GemvConfig, n: int, k: int) -> tuple[int, int, int]:
 
 def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n: int, k: int, cfg: GemvConfig,
                  planes: tuple | None = None, epilogue: tuple | None = None, xq: tuple | None = None,
-                 lut: tuple[int, int, int, int] | None = None):
+                 lut: tuple[int, int, int, int] | None = None, moe: tuple | None = None):
     """Launch the GEMV kernel; `planes` = (hi plane, LB, HB, CENTER) for the planes types; `lut` =
     the 4 table words of a lookup type (lut4.py);
     `epilogue` = (EPI, e, dst, fi, cos, sin, positions, HALF, cache_k, cache_v, slots, KSTART, VSTART, HD,
-    LAYER_OFF, S_STRIDE, H_STRIDE) for gemv_fused.py's fused stores."""
+    LAYER_OFF, S_STRIDE, H_STRIDE) for gemv_fused.py's fused stores; `moe` = (ids, slots, XDIV): one
+    program column per slot over the experts stacked in w (`n` rows each; moe.py), f32 x, no split."""
+    if moe is not None:
+        cfg = replace(cfg, split=1, q8=0, prefetch=False)
     kb_split, nsplit, tiles = _split_plan(cfg, n, k)
     part, counters = out, out  # unused without a split
     if nsplit > 1:
@@ -721,13 +737,14 @@ def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n:
         x, xs = quantize_act_q8(x.reshape(1, k), q8)
     epi, *eargs = epilogue if epilogue is not None else (0, out, counters, counters, out, out, counters, 0,
                                                          out, out, counters, 0, 0, 1, 0, 0, 0)
-    _q4_0_gemv_kernel[check_grid(what, (tiles, nsplit))](
+    ids, slots, xdiv = moe if moe is not None else (counters, nsplit, 1)
+    _q4_0_gemv_kernel[check_grid(what, (tiles, slots))](
         x, w.qs, d_plane, out, part, counters, n, nkb, kb_split, nsplit, _MAGIC_BITS, min(4 * lb, 16), m_plane,
         m_stride, hi, min(4 * hb, 16),  # the shifts to a word's upper slots (byte codes: to slots 2, 3)
-        *eargs, xs, *(lut or (0, 0, 0, 0)), EPI=epi, Q8X=q8, R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk,
-        SPLIT=nsplit > 1, EVEN_K=nkb % cfg.block_kb == 0 and nkb % kb_split == 0, MODE=mode, PREFETCH=cfg.prefetch,
-        num_warps=cfg.wk, maxnreg=cfg.maxnreg, PLANES=planes is not None, LB=lb, HB=hb, CENTER=center,
-        LUT=lut is not None, **pdl_args("gemv"),
+        *eargs, xs, *(lut or (0, 0, 0, 0)), ids, xdiv, MOE=moe is not None, EPI=epi, Q8X=q8, R=cfg.r, LR=cfg.lr,
+        LK=32 // cfg.lr, WK=cfg.wk, SPLIT=nsplit > 1, EVEN_K=nkb % cfg.block_kb == 0 and nkb % kb_split == 0,
+        MODE=mode, PREFETCH=cfg.prefetch, num_warps=cfg.wk, maxnreg=cfg.maxnreg, PLANES=planes is not None, LB=lb,
+        HB=hb, CENTER=center, LUT=lut is not None, **pdl_args("gemv"),
     )
 
 

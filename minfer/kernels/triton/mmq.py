@@ -178,18 +178,30 @@ def _x_block(x_rows, b, xoff):
 @triton.jit
 def _mmq_kernel(
     x_ptr, lo_ptr, hi_ptr, d_ptr, m_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, NKB, M_STRIDE, M_BUCKET, KB_SPLIT,
-    SPLIT, magic, t0, t1, t2, t3,
+    SPLIT, magic, t0, t1, t2, t3, sorted_ptr, bexp_ptr, XDIV, NEXP,
     LB: tl.constexpr, HB: tl.constexpr, CENTER: tl.constexpr, MODE: tl.constexpr, LUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KB: tl.constexpr, GROUP_M: tl.constexpr, EVEN: tl.constexpr,
+    MOE: tl.constexpr = False,
 ):
-    # program_id(0) -> (pid_m, pid_n) in groups of GROUP_M row tiles; program_id(1): the K split
+    # program_id(0) -> (pid_m, pid_n) in groups of GROUP_M row tiles; program_id(1): the K split.
+    # MOE (moe.py, no split): row tile pid_m is block pid_m of the rows sorted by expert (`moe_align`):
+    # sorted_ptr holds its BLOCK_M slots (-1: padding), bexp_ptr its expert (NEXP: an unused block);
+    # slot s reads x row s // XDIV and the expert's N rows of the stacked weight, and writes out row s.
     pid = tl.program_id(0)
     pid_m, pid_n, grid_m, grid_n = grouped_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows_m = tl.minimum(offs_m, M - 1).to(tl.int64)  # clamped loads, masked stores
-    cols_n = tl.minimum(offs_n, N - 1).to(tl.int64)
+    if MOE:
+        expert = tl.load(bexp_ptr + pid_m)
+        if expert >= NEXP:
+            return
+        slots = tl.load(sorted_ptr + offs_m)
+        rows_m = tl.where(slots >= 0, slots // XDIV, 0).to(tl.int64)
+        cols_n = tl.minimum(offs_n, N - 1).to(tl.int64) + expert.to(tl.int64) * N
+    else:
+        rows_m = tl.minimum(offs_m, M - 1).to(tl.int64)  # clamped loads, masked stores
+        cols_n = tl.minimum(offs_n, N - 1).to(tl.int64)
     j = tl.arange(0, 4)[None, :, None]
     s = tl.arange(0, 8)[None, None, :]
     p = tl.arange(0, 32)
@@ -236,8 +248,12 @@ def _mmq_kernel(
                 if AFFINE:
                     acc += (tl.sum(q, axis=1).to(tl.float32) * dx)[:, None] * c0[None, :]
 
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    at = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    if MOE:
+        mask = (slots[:, None] >= 0) & (offs_n[None, :] < N)
+        at = slots.to(tl.int64)[:, None] * N + offs_n[None, :]
+    else:
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        at = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
     if SPLIT > 1:
         # each program stores its partial sums (the tile's own BM x BN run of the scratch: unmasked,
         # one base pointer); the last of the tile's SPLIT programs to arrive (one acq_rel atomic per
@@ -385,6 +401,7 @@ def mmq_matmul(
     if counters is None:
         counters = torch.zeros(max(n_tiles, 1), dtype=torch.int32, device=device)
     args = (x, w.qs, hi, w.d, m_plane, out, part, counters, m, n, k, nkb, m_plane.shape[1], m_bucket)
+    moe = {"sorted_ptr": counters, "bexp_ptr": counters, "XDIV": 1, "NEXP": 1}  # (unused off the MOE mode)
 
     def grid(meta):
         split, _ = _split(m_bucket, n, nkb, meta["BLOCK_M"], meta["BLOCK_N"], meta["KB"])
@@ -394,10 +411,37 @@ def mmq_matmul(
     consts = dict(LB=lb, HB=hb, CENTER=center, MODE=mode, LUT=lut, magic=_MAGIC_I2F,
                   **dict(zip(("t0", "t1", "t2", "t3"), w.table if lut else (0, 0, 0, 0), strict=True)))
     if config is None:
-        _mmq_tuned[grid](*args, **consts)
+        _mmq_tuned[grid](*args, **moe, **consts)
     else:
-        _mmq[grid](*args, **consts, **config)
+        _mmq[grid](*args, **moe, **consts, **config)
     return out
+
+
+# the grouped expert matmul (moe.py moe_mmq): no split K (each program a whole row of K)
+_mmq_moe = triton.heuristics({
+    "SPLIT": lambda a: 1,
+    "KB_SPLIT": lambda a: a["NKB"],
+    "EVEN": lambda a: a["NKB"] % a["KB"] == 0,
+})(_mmq_kernel)
+
+
+def launch_mmq_moe(what: str, x: torch.Tensor, w: GemvPacked, out: torch.Tensor, n: int, k: int, table: tuple,
+                   xdiv: int, n_expert: int, config: dict) -> None:
+    """The MMQ kernel's MOE mode over a packed stack of `n_expert` experts of `n` rows (x, out and w
+    checked by the caller): `table` = (sorted slots, block experts) of moe.moe_align with
+    config["BLOCK_M"]-row blocks; one program per block and column tile, blocks of no expert exit."""
+    sorted_slots, block_expert = table
+    hi = w.hi if isinstance(w, PlanesPacked) and w.hi is not None else w.qs
+    m_plane = w.m if not isinstance(w, Q4_0Packed) else w.d
+    lb, hb, center, mode = layout_of(w)
+    rows = sorted_slots.numel()
+    grid = check_grid(what, (cdiv(rows, config["BLOCK_M"]) * cdiv(n, config["BLOCK_N"]),))
+    lut = isinstance(w, Lut4Packed)
+    t0, t1, t2, t3 = w.table if lut else (0, 0, 0, 0)
+    _mmq_moe[grid](x, w.qs, hi, w.d, m_plane, out, out, block_expert, rows, n, k, k // 32, m_plane.shape[1],
+                   rows, magic=_MAGIC_I2F, t0=t0, t1=t1, t2=t2, t3=t3, sorted_ptr=sorted_slots,
+                   bexp_ptr=block_expert, XDIV=xdiv, NEXP=n_expert, LB=lb, HB=hb, CENTER=center, MODE=mode, LUT=lut,
+                   MOE=True, **config)
 
 
 def mmq_q4_0(x, w, n, k, qtype=GGMLType.Q4_0, out=None, config=None):

@@ -56,18 +56,19 @@ def gemv_default_config(n: int, k: int, qtype: GGMLType, act_q8: int = ACT_Q8_PA
 
 
 def launch_packed(what: str, x: torch.Tensor, w: GemvPacked, out: torch.Tensor, cfg: GemvConfig,
-                  epilogue: tuple | None = None, xq: tuple | None = None) -> None:
+                  epilogue: tuple | None = None, xq: tuple | None = None, moe: tuple | None = None) -> None:
     """Launch the GEMV kernel on a packed weight of any GEMV type (x, out checked by the caller).
     `xq`: x already quantized (quantize_act_q8's (codes, scales), e.g. by the RMSNorm before it),
-    used when the config takes int8 activations of as many passes."""
+    used when the config takes int8 activations of as many passes. `moe` = (ids, slots, XDIV, rows
+    per expert): w stacks experts of that many rows; one launch runs slot s's expert ids[s] (moe.py)."""
     if isinstance(w, Q4_0Packed):
-        launch_q4_0(what, x, w, out, cfg, epilogue, xq)
+        launch_q4_0(what, x, w, out, cfg, epilogue, xq, moe)
     elif isinstance(w, Int4Packed):
-        launch_int4(what, x, w, out, cfg, epilogue, xq)
+        launch_int4(what, x, w, out, cfg, epilogue, xq, moe)
     elif isinstance(w, Lut4Packed):
-        launch_lut4(what, x, w, out, cfg, epilogue, xq)
+        launch_lut4(what, x, w, out, cfg, epilogue, xq, moe)
     else:
-        launch_planes(what, x, w, out, cfg, epilogue)
+        launch_planes(what, x, w, out, cfg, epilogue, moe)
 
 
 def q8_passes(n: int, k: int, qtype: GGMLType | int | str, act_q8: int = ACT_Q8_PASSES, **_) -> int:

@@ -53,10 +53,15 @@ def geglu(gate: VkTensor, up: VkTensor, out: VkTensor | None = None) -> VkTensor
 
 
 def _glu(what: str, gelu: int, gate: VkTensor, up: VkTensor, out: VkTensor | None, q8: VkTensor | None) -> VkTensor:
-    _check(what, "gate", gate, "F32", (1, 2))
-    _check(what, "up", up, "F32", (1, 2))
+    _check(what, "gate", gate, "F32", (1, 2, 3))
+    _check(what, "up", up, "F32", (1, 2, 3))
     if gate.shape != up.shape:
         raise UnsupportedError(f"{what}: gate and up differ in shape: {gate.shape} and {up.shape}")
+    if len(gate.shape) == 3:  # a mixture of experts' [T, k, d] (contiguous): its T * k rows
+        t, used, d = gate.shape
+        flat = _glu(what, gelu, gate.view(t * used, d), up.view(t * used, d),
+                    None if out is None else out.view(t * used, d), q8)
+        return flat.view(t, used, d)
     d, rows = gate.shape[-1], _rows(gate)
     out = _out(what, out, gate, gate.shape)
     params = [d, rows, gate.offset, gate.stride, up.offset, up.stride]

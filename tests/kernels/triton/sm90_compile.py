@@ -23,7 +23,10 @@ TARGET = ("cuda", 90, 32)
 
 def variants():
     """(name, jit function, signature, constexprs, options) for each variant to compile."""
+    from dataclasses import replace
+
     import torch
+    import triton
     import triton.language as tl
 
     from minfer.kernels.triton import (
@@ -33,13 +36,14 @@ def variants():
         gemv,
         lut4,
         mmq,
+        moe,
         norm,
         planes,
         q4_0,
         quantize,
         rope,
     )
-    from minfer.quant.types import QUANT_TABLE
+    from minfer.quant.types import QUANT_TABLE, GGMLType
 
     c = "constexpr"
     out = []
@@ -88,8 +92,8 @@ def variants():
            "sin_ptr": "*fp32", "pos_ptr": "*i32", "HALF": "i32", "ck_ptr": "*fp16", "cv_ptr": "*fp16",
            "slot_ptr": "*i32", "KSTART": "i32", "VSTART": "i32", "HD": "i32", "LAYER_OFF": "i64", "S_STRIDE": "i64",
            "H_STRIDE": "i64", "EPI": c, "xs_ptr": "*fp32", "Q8X": c, "t0": "i32", "t1": "i32", "t2": "i32",
-           "t3": "i32", "LUT": c}
-    no_planes = {"PLANES": False, "LB": 4, "HB": 0, "CENTER": 0, "EPI": 0, "LUT": False}
+           "t3": "i32", "ids_ptr": "*i32", "XDIV": "i32", "LUT": c, "MOE": c}
+    no_planes = {"PLANES": False, "LB": 4, "HB": 0, "CENTER": 0, "EPI": 0, "LUT": False, "MOE": False}
 
     def q8(passes):  # the x operand of a GEMV with int8 activations (passes > 0): code words
         return {"x_ptr": "*i32" if passes else "*fp32"}
@@ -140,6 +144,23 @@ def variants():
                 opts = {"num_warps": cfg.wk, "maxnreg": cfg.maxnreg}
                 out.append((name, gemv._q4_0_gemv_kernel, dict(sig, d_ptr=d_t, m_ptr=m_t, **q8(cfg.q8)), consts,
                             opts))
+    # the expert GEMV (moe.py): Qwen3-30B-A3B's gate / up (Q4_K [768, 2048]) and down (Q6_K [2048, 768]), Q4_0
+    for t, (n, k) in [(GGMLType.Q4_K, (768, 2048)), (GGMLType.Q6_K, (2048, 768)), (GGMLType.Q4_0, (768, 2048))]:
+        from minfer.kernels.triton.qmatmul import gemv_default_config
+
+        cfg = replace(gemv_default_config(n, k, t, act_q8=0), split=1, prefetch=False)
+        pt = planes.PLANE_TYPES.get(t)
+        mode = pt.mode if pt else (2 if t == GGMLType.Q4_K else 0)
+        consts = dict(R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=False, EVEN_K=False, MODE=mode,
+                      PREFETCH=False, PDL=True, Q8X=0, **dict(no_planes, MOE=True))
+        tsig = dict(sig, d_ptr=scale_types.get(mode, ("*fp16",))[0], m_ptr=scale_types.get(mode, (0, "*fp16"))[1])
+        if pt:
+            d_t, m_t = plane_dtypes[pt.mode]
+            consts.update(PLANES=True, LB=pt.lb, HB=pt.hb, CENTER=pt.center)
+            tsig = dict(sig, qs_ptr=ptr[planes._WORD_DTYPES[pt.lb]], d_ptr=ptr[d_t], m_ptr=ptr[m_t],
+                        h_ptr=ptr[planes._WORD_DTYPES[pt.hb]] if pt.hb else ptr[planes._WORD_DTYPES[pt.lb]])
+        out.append((f"moe_gemv[{t.name} {n}x{k} r{cfg.r} wk{cfg.wk}]", gemv._q4_0_gemv_kernel, tsig, consts,
+                    {"num_warps": cfg.wk, "maxnreg": cfg.maxnreg}))
     # the fused epilogues (gemv_fused.py): SwiGLU on the gate+up configs, bias + RoPE on the q+k+v ones
     for mode, (d_t, m_t), lut in [(0, ("*fp16", "*fp16"), False), (2, ("*i16", "*i32"), False),
                                   (5, ("*i8", "*fp16"), True)]:  # Q4_0, Q4_K, IQ4_XS
@@ -169,7 +190,9 @@ def variants():
     sig = {"x_ptr": "*fp32", "lo_ptr": None, "hi_ptr": None, "d_ptr": None, "m_ptr": None, "out_ptr": "*fp32",
            "part_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "NKB": "i32",
            "M_STRIDE": "i32", "M_BUCKET": "i32", "KB_SPLIT": "i32", "SPLIT": "i32", "magic": "i32", "t0": "i32",
-           "t1": "i32", "t2": "i32", "t3": "i32"}
+           "t1": "i32", "t2": "i32", "t3": "i32", "sorted_ptr": "*i32", "bexp_ptr": "*i32", "XDIV": "i32",
+           "NEXP": "i32", "MOE": c}
+
     def layout(t):  # (LB, HB, CENTER, MODE); the lookup types: table bytes, center 128
         pt = planes.PLANE_TYPES.get(t)
         if t in lut4.LUT4_TYPES:
@@ -185,9 +208,11 @@ def variants():
         for cfg in configs:
             kw = cfg.kwargs
             name = f"mmq[{t.name} {kw['BLOCK_M']}x{kw['BLOCK_N']} kb{kw['KB']} w{cfg.num_warps}]"
-            consts = dict(kw, LB=lb, HB=hb, CENTER=center, MODE=mode, LUT=lut, EVEN=False)
+            consts = dict(kw, LB=lb, HB=hb, CENTER=center, MODE=mode, LUT=lut, EVEN=False, MOE=False)
             opts = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
             out.append((name, mmq._mmq_kernel, tsig, consts, opts))
+            if t.name in ("Q4_K", "Q6_K", "Q4_0"):  # the grouped expert matmul (moe.py moe_mmq): its MOE mode
+                out.append(("moe_" + name, mmq._mmq_kernel, tsig, dict(consts, MOE=True), opts))
 
     sig = {"x_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32", "D": "i32", "stride_x": "i32", "eps": "fp32",
            "BLOCK_D": c, "PDL": c}
@@ -253,6 +278,17 @@ def variants():
     for act in ("silu", "gelu"):  # SwiGLU and GeGLU rows
         out.append((f"glu_rows_{act}", elementwise._glu_rows_kernel, sig,
                     {"ACT": act, "BLOCK_D": elementwise.BIAS_BLOCK, "PDL": 2}, {}))
+    sig = {"l_ptr": "*fp32", "b_ptr": "*fp32", "w_ptr": "*fp32", "id_ptr": "*i32", "E": "i32", "L_STRIDE": "i32",
+           "scale": "fp32", "K": c, "KB": c, "BLOCK_E": c, "GATING": c, "NORM": c, "PDL": c}
+    for e, k, gating in ((128, 8, 0), (8, 2, 0), (32, 4, 2)):  # qwen3moe, mixtral, gpt-oss-20b
+        out.append((f"moe_route[{e} k{k} gating {gating}]", moe._route_kernel, sig,
+                    {"K": k, "KB": triton.next_power_of_2(k), "BLOCK_E": e, "GATING": gating, "NORM": True, "PDL": 2},
+                    {"num_warps": 4}))
+    sig = {"x_ptr": "*fp32", "w_ptr": "*fp16", "id_ptr": "*i32", "out_ptr": "*fp32", "N": "i32", "K": "i32",
+           "XDIV": "i32", "BLOCK_N": c, "BLOCK_K": c, "PDL": c}
+    out.append(("moe_matmul_f16", moe._f16_kernel, sig, {"BLOCK_N": 64, "BLOCK_K": 256, "PDL": 2}, {"num_warps": 4}))
+    sig = {"y_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32", "N": "i32", "K": c, "BLOCK_N": c, "PDL": c}
+    out.append(("moe_sum", moe._sum_kernel, sig, {"K": 8, "BLOCK_N": 256, "PDL": 2}, {"num_warps": 4}))
     return out
 
 

@@ -1,0 +1,332 @@
+"""Mixture-of-experts kernels (graph/ir.py MoERoute, MoEMatMul, MoESum; contracts in moe.fkc.md).
+
+    route:   (weights [T, k], ids [T, k]) = top-k of gating(logits [T, E]) (+ selection bias)
+    experts: out[t, j] = x[t] (or x[t, j]) @ W[ids[t, j]]^T,  W the 3-D expert tensor [E, N, K]
+    sum:     out[t] = sum_j weights[t, j] * y[t, j]
+
+The ids never leave the device: the expert GEMV reads them in the kernel, so a decode step stays
+one CUDA graph with no host sync, and one launch runs every chosen expert of every row of a layer.
+
+- `moe_route_rows`: one program per row holds the row's E logits (E <= 1024, llama.cpp's limit),
+  computes the gating in f32 (softmax, sigmoid, or the logits themselves for gpt-oss's
+  softmax-over-the-chosen), adds the selection bias for the choice only, and picks the k largest
+  one at a time (the lower expert index first among equal values, as the cpu reference's stable
+  sort), then softmaxes (gpt-oss), normalises (sum clamped at 2^-14, llama.cpp's) and scales.
+- `moe_gemv`: gemv.py's GEMV kernel (every GEMV type: Q4_0, Q4_1, Q4_K, Q5_x, Q6_K, Q8_0, Q3_K,
+  Q2_K) over the expert tensor packed as one [E * N, K] weight (`repack_experts`, the GEMV
+  layouts of q4_0.py / int4.py / planes.py: the file's bytes, E blocks of N rows), its MOE mode:
+  program column s is slot s = t * k + j, reading expert ids[s]'s rows and x row t (x [T, K]:
+  gate and up) or s (x [T, k, K]: down). A slot reads only its expert's bytes.
+- `moe_matmul_f16`: float expert tensors (F32 / F16 / BF16 files: the tiny test models) on an f16
+  copy (`f16_experts`), one program per (slot, block of N rows), f32 sums.
+- `moe_sum_rows`: the weighted sum of a row's k expert outputs, in slot order (as llama.cpp adds
+  its experts' views).
+
+- `moe_mmq`: many rows (decode batches, prompt chunks) grouped by expert: the slots sorted by
+  expert on the device (`moe_align`: torch ops, no host sync, shapes fixed by the row count), each
+  expert's run padded to whole row blocks, and mmq.py's int8 tensor-core kernel in its MOE mode
+  over the blocks (a block of no expert exits at once), so an expert's weights are read once per
+  block of its rows instead of once per slot.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...errors import UnsupportedError
+from ...quant.types import GGMLType, by_name, quant_info
+from ._common import (
+    cdiv,
+    check_device,
+    check_grid,
+    check_int,
+    check_tensor,
+    make_out,
+    pdl_args,
+    release_next,
+    wait_prior,
+)
+from .mmq import MMQ_CONFIGS, launch_mmq_moe
+from .qmatmul import GEMV_TYPES, GemvPacked, gemv_default_config, gemv_type, launch_packed, repack_gemv
+
+GATINGS = {"softmax": 0, "sigmoid": 1, "softmax_weight": 2}
+MAX_EXPERTS = 1024
+MAX_USED = 64
+FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
+
+
+# ---------------------------------------------------------------------------------------------
+# routing
+
+
+@triton.jit
+def _route_kernel(l_ptr, b_ptr, w_ptr, id_ptr, E, L_STRIDE, scale, K: tl.constexpr, KB: tl.constexpr,
+                  BLOCK_E: tl.constexpr, GATING: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr):
+    release_next(PDL)
+    wait_prior(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_E)
+    ok = offs < E
+    x = tl.load(l_ptr + row * L_STRIDE + offs, mask=ok, other=0.0).to(tl.float32)
+    if GATING == 0:
+        m = tl.max(tl.where(ok, x, float("-inf")), axis=0)
+        ex = tl.where(ok, tl.exp(x - m), 0.0)
+        probs = ex / tl.sum(ex, axis=0)
+    elif GATING == 1:
+        probs = tl.sigmoid(x)
+    else:
+        probs = x
+    sel = tl.where(ok, probs + tl.load(b_ptr + offs, mask=ok, other=0.0), float("-inf"))
+    slots = tl.arange(0, KB)
+    wsel = tl.zeros([KB], dtype=tl.float32)
+    isel = tl.zeros([KB], dtype=tl.int32)
+    for j in tl.static_range(K):
+        best = tl.max(sel, axis=0)
+        idx = tl.min(tl.where(sel == best, offs, BLOCK_E), axis=0)  # the lowest index of the largest
+        wsel = tl.where(slots == j, tl.sum(tl.where(offs == idx, probs, 0.0), axis=0), wsel)
+        isel = tl.where(slots == j, idx, isel)
+        sel = tl.where(offs == idx, float("-inf"), sel)
+    used = slots < K
+    if GATING == 2:  # gpt-oss: the chosen logits softmaxed
+        m = tl.max(tl.where(used, wsel, float("-inf")), axis=0)
+        ex = tl.where(used, tl.exp(wsel - m), 0.0)
+        wsel = ex / tl.sum(ex, axis=0)
+    if NORM:
+        wsel = wsel / tl.maximum(tl.sum(tl.where(used, wsel, 0.0), axis=0), 6.103515625e-5)
+    wsel = wsel * scale
+    tl.store(w_ptr + row * K + slots, wsel, mask=used)
+    tl.store(id_ptr + row * K + slots, isel, mask=used)
+
+
+def moe_route_rows(logits: torch.Tensor, bias: torch.Tensor, n_used: int, gating: str, norm: bool, scale: float,
+                   out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights f32 [T, k], ids int32 [T, k]) of router logits f32 [T, E] (rows may be strided):
+    graph/ir.py's MoERoute. `bias` f32 [E]: the selection bias (zeros for none). `out`: the
+    weights' tensor."""
+    what = "moe_route_rows"
+    check_tensor(what, "logits", logits, (torch.float32,), ndim=2)
+    check_tensor(what, "bias", bias, (torch.float32,), ndim=1)
+    t, e = logits.shape
+    check_int(what, "n_used", n_used, 1)
+    if not 1 <= e <= MAX_EXPERTS or not n_used <= min(e, MAX_USED) or bias.shape != (e,):
+        raise UnsupportedError(f"{what}: 1 <= n_used <= min(E, {MAX_USED}), 1 <= E <= {MAX_EXPERTS} and bias [E]; got "
+                               f"E {e}, n_used {n_used}, bias {tuple(bias.shape)}")
+    if gating not in GATINGS:
+        raise UnsupportedError(f"{what}: gating {gating!r} is not one of {', '.join(GATINGS)}")
+    if logits.stride(1) != 1 or not bias.is_contiguous():
+        raise UnsupportedError(f"{what}: logits rows and bias must be contiguous")
+    device = check_device(what, logits=logits, bias=bias, out=out)
+    weights = make_out(what, out, (t, n_used), torch.float32, device)
+    ids = torch.empty(t, n_used, dtype=torch.int32, device=device)
+    if t:
+        _route_kernel[check_grid(what, (t,))](
+            logits, bias, weights, ids, e, logits.stride(0), float(scale), K=n_used,
+            KB=triton.next_power_of_2(n_used), BLOCK_E=triton.next_power_of_2(e), GATING=GATINGS[gating],
+            NORM=bool(norm), num_warps=4, **pdl_args())
+    return weights, ids
+
+
+# ---------------------------------------------------------------------------------------------
+# expert matmuls
+
+
+def _check_moe_call(what: str, x: torch.Tensor, ids: torch.Tensor, n: int, k: int, n_expert: int):
+    """(T, k used, XDIV) of an expert call after checking x, ids and the sizes."""
+    check_tensor(what, "x", x, (torch.float32,), ndim=(2, 3))
+    check_tensor(what, "ids", ids, (torch.int32,), ndim=2)
+    for name, v in (("n", n), ("k", k), ("n_expert", n_expert)):
+        check_int(what, name, v, 1)
+    t, used = ids.shape
+    if x.shape[-1] != k or x.shape[0] != t or (x.dim() == 3 and x.shape[1] != used):
+        raise UnsupportedError(f"{what}: x must be [{t}, {k}] or [{t}, {used}, {k}] for ids [{t}, {used}], got "
+                               f"{tuple(x.shape)}")
+    if not x.is_contiguous() or not ids.is_contiguous():
+        raise UnsupportedError(f"{what}: x and ids must be contiguous")
+    return t, used, used if x.dim() == 2 else 1
+
+
+def repack_experts(w: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str, n_expert: int) -> GemvPacked:
+    """Load layout: a 3-D expert tensor's raw GGUF bytes (E matrices [n, k], any GEMV type) -> one
+    packed GEMV weight of E * n rows (expert e: rows e n .. e n + n - 1); f32 x (no int8 records)."""
+    what = "repack_experts"
+    if isinstance(w, GemvPacked):
+        return w
+    t = gemv_type(what, qtype)
+    check_tensor(what, "w", w, (torch.uint8,))
+    if w.numel() != n_expert * quant_info(t).nbytes(n * k):
+        raise UnsupportedError(f"{what}: {n_expert} {t.name} experts [{n}, {k}] are "
+                               f"{n_expert * quant_info(t).nbytes(n * k)} bytes, got {w.numel()}")
+    return repack_gemv(w.reshape(n_expert * n, -1), n_expert * n, k, t, act_q8=0)
+
+
+def _packed_call(what: str, x, ids, w, n: int, k: int, qtype, n_expert: int, out):
+    """(packed w, its type, (T, k used, XDIV), out) of an expert call on a GEMV layout, all checked."""
+    t_type = gemv_type(what, qtype)
+    w = repack_experts(w, n, k, t_type, n_expert)
+    if w.n != n_expert * n or w.k != k:
+        raise UnsupportedError(f"{what}: w holds [{w.n}, {w.k}], {n_expert} experts of [{n}, {k}] need "
+                               f"[{n_expert * n}, {k}]")
+    t, used, xdiv = _check_moe_call(what, x, ids, n, k, n_expert)
+    device = check_device(what, x=x, ids=ids, qs=w.qs, out=out)
+    return w, t_type, (t, used, xdiv), make_out(what, out, (t, used, n), torch.float32, device)
+
+
+def moe_gemv(x: torch.Tensor, ids: torch.Tensor, w: GemvPacked | torch.Tensor, n: int, k: int,
+             qtype: GGMLType | int | str, n_expert: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """out f32 [T, k_used, n]: slot (t, j) = x[t] (x [T, k]) or x[t, j] (x [T, k_used, k]) @ the
+    expert ids[t, j]'s [n, k] matrix of `w` (`repack_experts`; raw bytes are repacked per call).
+    Ids outside 0..n_expert-1 read out of bounds: the router makes them (moe_route_rows)."""
+    what = "moe_gemv"
+    w, t_type, (t, used, xdiv), out = _packed_call(what, x, ids, w, n, k, qtype, n_expert, out)
+    if t:
+        cfg = gemv_default_config(n, k, t_type, act_q8=0)
+        launch_packed(what, x, w, out, cfg, moe=(ids, t * used, xdiv, n))
+    return out
+
+
+def moe_align(ids: torch.Tensor, n_expert: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sorted slots int32 [blocks * block_m], block experts int32 [blocks]): the step's slots
+    (t * k + j) grouped by expert, each expert's run padded to whole blocks of block_m (padding
+    -1), the experts in order and their slots in order; blocks past the last used one name
+    expert n_expert (none). blocks = cdiv(slots, block_m) + min(n_expert, slots) bounds any
+    routing, so the shapes depend on the row count alone: torch ops on the device, no host sync
+    (a CUDA graph captures them)."""
+    flat = ids.reshape(-1).long()
+    s, device = flat.numel(), ids.device
+    order = torch.argsort(flat, stable=True)
+    counts = torch.zeros(n_expert, dtype=torch.long, device=device).scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    ends = torch.cumsum(padded, 0)
+    first = ends - padded  # each expert's first position in the padded table
+    seen = torch.cumsum(counts, 0) - counts  # its first position among the sorted slots
+    experts = flat[order]
+    pos = first[experts] + torch.arange(s, device=device) - seen[experts]
+    n_blocks = cdiv(s, block_m) + min(n_expert, s)
+    sorted_slots = torch.full((n_blocks * block_m,), -1, dtype=torch.int32, device=device)
+    sorted_slots[pos] = order.to(torch.int32)
+    starts = torch.arange(n_blocks, device=device) * block_m
+    block_expert = torch.searchsorted(ends, starts, right=True).to(torch.int32)
+    return sorted_slots, block_expert
+
+
+def moe_config(slots: int, n_expert: int, n: int) -> dict:
+    """The MMQ tile of a grouped expert matmul: rows per block near the slots an expert gets on
+    average (16..64: a decode batch's few rows per expert, a prompt's many), one of mmq.py's
+    spill-free configs."""
+    per = max(1, slots // max(1, n_expert))
+    bm = 16 if per <= 16 else 32 if per <= 32 else 64
+    cfg = next(c for c in MMQ_CONFIGS if c.kwargs["BLOCK_M"] == bm)
+    return dict(cfg.kwargs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def moe_mmq(x: torch.Tensor, ids: torch.Tensor, w: GemvPacked | torch.Tensor, n: int, k: int,
+            qtype: GGMLType | int | str, n_expert: int, out: torch.Tensor | None = None,
+            config: dict | None = None) -> torch.Tensor:
+    """moe_gemv's result for many rows, grouped by expert: the step's slots sorted by expert
+    (`moe_align`, on the device) and each block of one expert's rows multiplied on int8 tensor
+    cores by mmq.py's kernel (x quantized per 32 in the kernel, as mmq_matmul), so each expert's
+    weights are read once per block of rows, not once per slot. `config` pins the tile (keys of
+    mmq's configs); else `moe_config`."""
+    what = "moe_mmq"
+    w, _, (t, used, xdiv), out = _packed_call(what, x, ids, w, n, k, qtype, n_expert, out)
+    if t:
+        cfg = dict(config) if config is not None else moe_config(t * used, n_expert, n)
+        table = moe_align(ids, n_expert, cfg["BLOCK_M"])
+        launch_mmq_moe(what, x, w, out, n, k, table, xdiv, n_expert, cfg)
+    return out
+
+
+def f16_experts(w: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str, n_expert: int) -> torch.Tensor:
+    """Load layout: a float expert tensor's raw bytes (F32, F16, BF16) -> its f16 copy [E * n, k]."""
+    what = "f16_experts"
+    if isinstance(w, torch.Tensor) and w.dtype == torch.float16:
+        return w.reshape(n_expert * n, k)
+    info = by_name(qtype) if isinstance(qtype, str) else quant_info(qtype)
+    if info.type not in FLOAT_TYPES:
+        raise UnsupportedError(f"{what}: {info.name} is not a float type ({', '.join(t.name for t in FLOAT_TYPES)})")
+    check_tensor(what, "w", w, (torch.uint8,))
+    if w.numel() != n_expert * n * k * info.block_bytes:
+        raise UnsupportedError(f"{what}: {n_expert} {info.name} experts [{n}, {k}] are "
+                               f"{n_expert * n * k * info.block_bytes} bytes, got {w.numel()}")
+    dtype = {GGMLType.F32: torch.float32, GGMLType.F16: torch.float16, GGMLType.BF16: torch.bfloat16}[info.type]
+    return w.reshape(-1).view(dtype).reshape(n_expert * n, k).to(torch.float16)
+
+
+@triton.jit
+def _f16_kernel(x_ptr, w_ptr, id_ptr, out_ptr, N, K, XDIV, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                PDL: tl.constexpr):
+    release_next(PDL)
+    wait_prior(PDL)
+    slot = tl.program_id(0).to(tl.int64)
+    rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    expert = tl.load(id_ptr + slot).to(tl.int64)
+    w_rows = w_ptr + (expert * N + tl.minimum(rows, N - 1))[:, None] * K
+    x_row = x_ptr + (slot // XDIV) * K
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        cols = k0 + tl.arange(0, BLOCK_K)
+        xv = tl.load(x_row + cols, mask=cols < K, other=0.0)
+        wv = tl.load(w_rows + cols[None, :], mask=cols[None, :] < K, other=0.0).to(tl.float32)
+        acc += tl.sum(wv * xv[None, :], axis=1)
+    tl.store(out_ptr + slot * N + rows, acc, mask=rows < N)
+
+
+def moe_matmul_f16(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, n: int, k: int,
+                   qtype: GGMLType | int | str, n_expert: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """moe_gemv for float expert tensors, on their f16 copy (`f16_experts`; raw bytes converted
+    per call): f32 x and sums."""
+    what = "moe_matmul_f16"
+    w = f16_experts(w, n, k, qtype, n_expert)
+    if tuple(w.shape) != (n_expert * n, k):
+        raise UnsupportedError(f"{what}: w must be the f16 [{n_expert * n}, {k}] of {n_expert} experts, got "
+                               f"{tuple(w.shape)}")
+    t, used, xdiv = _check_moe_call(what, x, ids, n, k, n_expert)
+    device = check_device(what, x=x, ids=ids, w=w, out=out)
+    out = make_out(what, out, (t, used, n), torch.float32, device)
+    if t:
+        block_n = 64  # wide tiles: few loop steps (the interpreter pays per step, not per element)
+        _f16_kernel[check_grid(what, (t * used, cdiv(n, block_n)))](
+            x, w, ids, out, n, k, xdiv, BLOCK_N=block_n, BLOCK_K=256, num_warps=4, **pdl_args())
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the weighted sum
+
+
+@triton.jit
+def _sum_kernel(y_ptr, w_ptr, out_ptr, N, K: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+    release_next(PDL)
+    wait_prior(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ok = cols < N
+    acc = tl.load(y_ptr + row * K * N + cols, mask=ok, other=0.0) * tl.load(w_ptr + row * K)
+    for j in tl.static_range(1, K):
+        acc += tl.load(y_ptr + (row * K + j) * N + cols, mask=ok, other=0.0) * tl.load(w_ptr + row * K + j)
+    tl.store(out_ptr + row * N + cols, acc, mask=ok)
+
+
+def moe_sum_rows(y: torch.Tensor, weights: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """out f32 [T, n] = sum over j, in slot order, of weights[t, j] * y[t, j] (y f32 [T, k, n])."""
+    what = "moe_sum_rows"
+    check_tensor(what, "y", y, (torch.float32,), ndim=3)
+    check_tensor(what, "weights", weights, (torch.float32,), ndim=2)
+    t, used, n = y.shape
+    if tuple(weights.shape) != (t, used) or not y.is_contiguous() or not weights.is_contiguous():
+        raise UnsupportedError(f"{what}: contiguous y [T, k, n] and weights [T, k]; got {tuple(y.shape)}, "
+                               f"{tuple(weights.shape)}")
+    check_int(what, "k", used, 1)
+    device = check_device(what, y=y, weights=weights, out=out)
+    out = make_out(what, out, (t, n), torch.float32, device)
+    if t and n:
+        block = 256
+        _sum_kernel[check_grid(what, (t, cdiv(n, block)))](y, weights, out, n, K=used, BLOCK_N=block, num_warps=4,
+                                                           **pdl_args())
+    return out
+
+
+__all__ = ["GEMV_TYPES", "moe_route_rows", "moe_gemv", "moe_mmq", "moe_align", "moe_matmul_f16", "moe_sum_rows",
+           "repack_experts", "f16_experts"]
