@@ -344,7 +344,7 @@ def _k_scaled(k: int, q: QuantInfo | None) -> int:
     block of q's past 1024 (1280 for a K-quant, as dequant's and get_rows' boundary cases): the same
     tail, a block count that is not a power of two and K splits that end mid super-block, in a sixth
     of the 8448 values the scaling would give (each of those cases took 6-13 s under the interpreter)."""
-    be = q.block_elems if q else 32
+    be = max(q.block_elems, 32) if q else 32  # float types: 32-value blocks like the rest (1056)
     if k == _PAST_1024:
         return 1024 + be
     return k * max(1, be // 32)

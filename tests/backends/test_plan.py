@@ -100,13 +100,15 @@ def test_every_cpu_matmul_resolves_to_a_cpu_contract(headers, preset, quant, cap
     # decode rows and prompt chunks share each weight's kernel (the VNNI ones: their two-pass variants)
     decode = [r["kernel"] for r in one]
     assert decode == [r["kernel"] for r in chunk]
-    assert all("_vnni" not in k or k.endswith("_vnni2") for ks in decode + [r["kernel"] for r in chunk]
+    assert all("_vnni" not in k or k.endswith(("_vnni2", "_vnni2_moe")) for ks in decode + [r["kernel"] for r in chunk]
                for k in ks.split("+"))
+    iq4 = "cpu_iq4_vnni2" if cpu_vnni.available() else pair32  # the lookup types: their table's kernel
+    mxfp4 = "cpu_mxfp4_vnni2" if cpu_vnni.available() else pair32
     want = {"q4_0": q4, "q4_1": q4, "q4_k": q4, "q4_k_m": q4, "q8_0": q8, "q5_k_m": q8, "q5_0": q8,
-            "q5_1": q8,
+            "q5_1": q8, "iq4_nl": iq4, "iq4_xs": iq4, "mxfp4": mxfp4,
             "q6_k": pair16, "q3_k": pair16, "q2_k": pair16, "f32": "cpu_linear_f32"}[quant]
-    assert want in {r["kernel"] for r in chunk}
-    if preset in BIG and quant in ("q4_k", "q4_k_m", "q5_k_m", "q3_k", "q2_k"):  # Q6_K output
+    assert want in {k for r in chunk for k in r["kernel"].split("+")}  # (8 experts: q+k+v of mixed types)
+    if preset in BIG and quant in ("q4_k", "q4_k_m", "q5_k_m", "q3_k", "q2_k", "iq4_nl", "iq4_xs"):  # Q6_K output
         assert one[-1]["kernel"] == "cpu_int4pack_mm_pair16"
     assert main(["plan", "--device", "cpu", "-m", str(headers[preset, quant])]) == 0
     assert "predicted:" in capsys.readouterr().out

@@ -150,7 +150,8 @@ CASES = [
      "not a multiple of Q4_0's block"),
     ("ne0_not_superblock_multiple", tensor_file(("t", [128], Q6_K, 0)), "t.ne[0]", "Q6_K's block size 256"),
     ("type_4_removed", tensor_file(("t", [32], 4, 0)), "t.type", "unknown ggml type id 4"),
-    ("type_39", tensor_file(("t", [32], 39, 0)), "t.type", "unknown ggml type id 39"),
+    # MXFP4 (39) is the last type ggml has
+    ("type_40_past_the_table", tensor_file(("t", [32], 40, 0)), "t.type", "unknown ggml type id 40"),
     ("type_minus_1", tensor_file(("t", [32], -1, 0)), "t.type", "unknown ggml type id 4294967295"),
     ("offset_misaligned", tensor_file(("t", [8], F32, 1)), "t.offset", "offset 1 is not aligned to 32"),
     ("offset_minus_1", tensor_file(("t", [8], F32, -1)), "t.offset", "not aligned"),

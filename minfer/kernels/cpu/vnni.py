@@ -289,8 +289,8 @@ def vnni_experts(w: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str, n
     from .matmul import _qinfo
 
     info = _qinfo(qtype)
-    if info.type not in TYPES and info.type not in TYPES8:
-        names = ", ".join(t.name for t in (*TYPES, *TYPES8))
+    if info.type not in TYPES and info.type not in TYPES8 and info.type not in LUT_TYPES:
+        names = ", ".join(t.name for t in (*TYPES, *TYPES8, *LUT_TYPES))
         raise UnsupportedError(f"vnni_experts: {info.name} is not one of {names}")
     if k % info.block_elems or w.dtype != torch.uint8 or w.numel() != n_expert * info.nbytes(n * k):
         raise UnsupportedError(f"vnni_experts: expected the uint8 bytes of {n_expert} [{n}, {k}] {info.name} experts "
