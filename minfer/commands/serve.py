@@ -146,16 +146,8 @@ def serve(a: argparse.Namespace) -> int:
           file=sys.stderr, flush=True)
     engine.start()
     announce_ready(engine, url)
-    if clock is not None:
-        def idle() -> None:
-            print(f"minfer: idle for {resident.format_duration(keep_alive_s)}: exiting", file=sys.stderr, flush=True)
-            if a.state_file is not None:
-                resident.remove_state(a.state_file)  # (first: no new run finds a process on its way out)
-            server.should_exit = True
-
-        clock.watch(keep_alive_s, idle)
-    if a.state_file is not None:
-        mark_ready_when_serving(engine, server, a.state_file, url)
+    if clock is not None or a.state_file is not None:
+        when_serving(engine, server, url, clock, keep_alive_s, a.state_file)
     try:
         server.run(sockets=[sock])
     finally:
@@ -169,22 +161,35 @@ def serve(a: argparse.Namespace) -> int:
     return 0
 
 
-def mark_ready_when_serving(engine, server, state_file: Path, url: str) -> None:
-    """A resident process: its address into its state file once the model is loaded and uvicorn
-    accepts connections (commands/resident.py)."""
+def when_serving(engine, server, url: str, clock, keep_alive_s: float | None, state_file: Path | None) -> None:
+    """A resident process of `minfer run` (commands/resident.py), once the model is loaded and
+    uvicorn accepts connections: its address into its state file, and the keep-alive's clock
+    started (it exits after keep_alive_s without a request in flight, its state file removed
+    first: no new run finds a process on its way out)."""
     import threading
     import time
 
     from . import resident
 
+    def idle() -> None:
+        print(f"minfer: idle for {resident.format_duration(keep_alive_s)}: exiting", file=sys.stderr, flush=True)
+        if state_file is not None:
+            resident.remove_state(state_file)
+        server.should_exit = True
+
     def wait() -> None:
         engine.ready.wait()
         while not server.started and not server.should_exit:
             time.sleep(0.01)
-        if engine.state == "ok" and server.started:
+        if engine.state != "ok" or not server.started:
+            return
+        if clock is not None:
+            clock.reset()
+            clock.watch(keep_alive_s, idle)
+        if state_file is not None:
             resident.mark_ready(state_file, url)
 
-    threading.Thread(target=wait, name="minfer-resident-ready", daemon=True).start()
+    threading.Thread(target=wait, name="minfer-serving", daemon=True).start()
 
 
 def announce_ready(engine, url: str) -> None:

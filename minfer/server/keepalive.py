@@ -29,6 +29,10 @@ class IdleClock:
             self.since = time.monotonic()
         self.in_flight = n
 
+    def reset(self) -> None:
+        """Idle from now (the server starts serving: its load was no idle time)."""
+        self.since = time.monotonic()
+
     def idle_seconds(self) -> float:
         """Seconds since the last request ended (or since the start); 0 while one is in flight."""
         return 0.0 if self.in_flight else time.monotonic() - self.since
