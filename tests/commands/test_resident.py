@@ -133,17 +133,22 @@ def test_ctrl_c_aborts_the_request_and_leaves_the_process(resident_env, tiny_ggu
     assert NOTICE not in again.stderr and "generated: 3" in again.stderr
 
 
-def test_other_settings_get_another_process_and_ps_stop_see_them(resident_env, tiny_gguf):
+def test_other_settings_get_another_process_and_ps_stop_see_them(resident_env, run_cli, tiny_gguf):
     env, pids = resident_env
     path = tiny_gguf("tiny-llama", "q4_k")
     base = ["run", "-m", str(path), "--keep-alive", KEEP, "-n", "2", "--temp", "0", "hi"]
     minfer(env, *base)
-    other = minfer(env, *base, "-c", "128")  # another context: other numbers' settings
+    long = ["-c", "24", "-n", "40", "-s", "5", "--temp", "0.8", "--ignore-eos"]  # another context: another process
+    other = minfer(env, *base, *long)
     assert NOTICE in other.stderr
+    rc, want, err = run_cli([*base, *long, "--no-daemon"])  # -n past the context: the same warning, the same tokens
+    warning = [x for x in err.splitlines() if "more than the context leaves" in x]
+    assert rc == 0 and len(warning) == 1 and warning[0] in other.stderr
+    assert other.stdout == want and tail(other.stderr) == tail(err)
     sts = states(env["MINFER_CACHE"])
     pids.update(s["pid"] for s in sts)
     assert len(sts) == 2 and sts[0]["pid"] != sts[1]["pid"]
-    assert {s["options"]["config"]["n_ctx"] for s in sts} == {None, 128}
+    assert {s["options"]["config"]["n_ctx"] for s in sts} == {None, 24}
     listed = json.loads(minfer(env, "ps", "--json").stdout)
     assert sorted(r["pid"] for r in listed) == sorted(s["pid"] for s in sts)
     assert all(r["model"] == path.name and isinstance(r["idle"], float) for r in listed)
