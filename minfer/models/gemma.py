@@ -110,7 +110,7 @@ class GemmaArgs:
             rope=rope,
             freq_scale_swa=rope.freq_scale if arch == "gemma2" else 1.0,
             window=window,
-            swa_layers=_swa_layers(r, k, n_layer, period_default) if window > 0 else (False,) * n_layer,
+            swa_layers=swa_pattern(r, k, n_layer, period_default) if window > 0 else (False,) * n_layer,
             attn_scale=1.0 / math.sqrt(scale_dim) if scale_dim > 0 else 0.0,
             attn_softcap=r.get_float(k + "attn_logit_softcapping", attn_cap_default) if arch == "gemma2" else 0.0,
             final_softcap=r.get_float(k + "final_logit_softcapping", final_cap_default),
@@ -119,7 +119,7 @@ class GemmaArgs:
         )
 
 
-def _swa_layers(r: GGUFReader, k: str, n_layer: int, period: int) -> tuple[bool, ...]:
+def swa_pattern(r: GGUFReader, k: str, n_layer: int, period: int) -> tuple[bool, ...]:
     """llama.cpp's load_swa_pattern: an array of one flag per layer, else a period n (layer i
     slides when i % n < n - 1; n = 0: every layer slides)."""
     key = k + "attention.sliding_window_pattern"
