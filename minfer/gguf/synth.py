@@ -343,12 +343,11 @@ def spm_tokenizer_metadata(p: Preset) -> dict[str, Value | object]:
 
 def harmony_tokenizer_metadata(p: Preset) -> dict[str, Value | object]:
     """gpt-oss's tokenizer keys: a gpt2 BPE of p.vocab tokens with the harmony specials last, as
-    o200k_harmony has them, and the harmony chat template. The pre-tokenizer is qwen2's: the real
-    file's "gpt-4o" is not one minfer's tokenizer knows yet (tokenizer/pretokenize.py)."""
+    o200k_harmony has them, the real file's pre-tokenizer ("gpt-4o") and the harmony chat template."""
     tokens, types, merges, ids = synth_vocab(p.vocab, False, HARMONY_SPECIALS)
     return {
         "tokenizer.ggml.model": "gpt2",
-        "tokenizer.ggml.pre": "qwen2",
+        "tokenizer.ggml.pre": "gpt-4o",
         "tokenizer.ggml.tokens": tokens,
         "tokenizer.ggml.token_type": array(ValueType.INT32, types),
         "tokenizer.ggml.merges": array(ValueType.STRING, merges),
