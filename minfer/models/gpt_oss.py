@@ -32,8 +32,8 @@ from ..errors import MetadataError
 from ..gguf.reader import GGUFReader
 from ..graph.builder import GraphBuilder
 from ..graph.ir import ROWS, TOKENS, Graph
-from .gemma import swa_pattern
-from .llama import MAX_CONTEXT, MAX_DIM, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, check_blocks
+from .gemma import check_attention_args, read_shape, swa_pattern
+from .llama import MAX_CONTEXT, check_blocks
 from .moe import MoEArgs, build_moe_ffn, check_moe, read_moe
 from .rope_scaling import RopeScaling, read_rope_scaling
 
@@ -66,17 +66,7 @@ def from_gguf(r: GGUFReader) -> GptOssArgs:
     and the norm epsilon are required keys)."""
     arch = r.get_str("general.architecture")
     k = f"{arch}."
-    n_layer = r.get_int(k + "block_count")
-    n_embd = r.get_int(k + "embedding_length")
-    n_head = r.get_int(k + "attention.head_count")
-    for key, v in (("block_count", n_layer), ("embedding_length", n_embd), ("attention.head_count", n_head)):
-        if v < 1:
-            raise MetadataError(k + key, f"must be >= 1, found {v}")
-    if n_layer > MAX_LAYERS:
-        raise MetadataError(k + "block_count", f"must be in 1..{MAX_LAYERS}, found {n_layer}")
-    head_dim = r.get_int(k + "attention.key_length", n_embd // n_head)
-    if r.get_int(k + "attention.value_length", head_dim) != head_dim:
-        raise MetadataError(k + "attention.value_length", f"must equal key_length {head_dim}")
+    n_layer, n_embd, n_head, head_dim = read_shape(r, k)
     n_ctx_train = r.get_int(k + "context_length", 131072)
     rope = read_rope_scaling(r, k, max(1, min(n_ctx_train, MAX_CONTEXT)), MAX_CONTEXT)
     if rope.kind == "longrope":
@@ -108,24 +98,7 @@ def check_args(a: GptOssArgs, r: GGUFReader) -> None:
     against the embedding and blk.0's q / sinks, the experts against the router and expert tensors
     (models/moe.py), the layer count against the blk.N tensors."""
     k = f"{a.arch}."
-
-    def bound(key: str, v: int, hi: int, lo: int = 1) -> None:
-        if not lo <= v <= hi:
-            raise MetadataError(k + key, f"must be in {lo}..{hi}, found {v}")
-
-    bound("embedding_length", a.n_embd, MAX_DIM)
-    bound("attention.head_count", a.n_head, MAX_HEADS)
-    bound("attention.head_count_kv", a.n_head_kv, a.n_head)
-    if a.n_head % a.n_head_kv:
-        raise MetadataError(k + "attention.head_count_kv", f"{a.n_head_kv} does not divide head_count {a.n_head}")
-    bound("attention.key_length", a.head_dim, MAX_HEAD_DIM)
-    bound("rope.dimension_count", a.n_rot, a.head_dim, lo=2)
-    if a.n_rot % 2:
-        raise MetadataError(k + "rope.dimension_count", f"must be even, found {a.n_rot}")
-    bound("context_length", a.n_ctx_train, MAX_CONTEXT)
-    embd = r.tensors.get("token_embd.weight")
-    if embd is not None and (len(embd.shape) != 2 or embd.shape[0] != a.n_embd):
-        raise MetadataError(k + "embedding_length", f"is {a.n_embd}, token_embd.weight has shape {list(embd.shape)}")
+    check_attention_args(a, r)
     sane = (("rope.freq_base", a.rope_base, a.rope_base > 0),
             ("attention.layer_norm_rms_epsilon", a.rms_eps, 0 <= a.rms_eps < 1))
     for key, v, ok in sane:
