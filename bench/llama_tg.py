@@ -3,12 +3,23 @@
 Run with the llama-cpp-python venv (never a minfer dependency): /work/llama-venv/bin/python bench/llama_tg.py FILE 32 2
 Alone, not beside minfer: both engines hold ~12 GB of a gpt-oss-20b file and this machine has 23 GB.
 """
-import json, resource, sys, time
+import json
+import resource
+import sys
+import time
+
 import llama_cpp.llama_cpp as C
 from llama_cpp import Llama
+
 _d = C.llama_model_default_params
+
+
 def _plain():
-    p = _d(); p.use_extra_bufts = False; return p
+    p = _d()
+    p.use_extra_bufts = False
+    return p
+
+
 C.llama_model_default_params = _plain  # AMX buffer types crash in this sandbox (bench/cpu_vs_llama.py)
 path, n, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 t0 = time.perf_counter()
