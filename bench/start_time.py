@@ -5,11 +5,14 @@
     python bench/start_time.py load -m 8b.gguf [--llama-python /work/llama-venv/bin/python] [-r 3]
 
 first-token: launches `python -m minfer run -n 1 --temp 0 PROMPT` and times from the launch to the
-first byte on stdout (the whole start: interpreter, torch import, load, first prefill), and the
-process's CPU time (less sensitive to other work on a shared machine than the wall time); the first
-run fills the weight cache (MINFER_CACHE points at a fresh directory), the next ones use it. Each
-timed run is paired with a `python -c "import torch"` in the same seconds (the floor of any start
-that imports torch), and the medians of both are printed. `--quiet` waits before each pair until
+first byte on stdout, and the process's CPU time (less sensitive to other work on a shared machine
+than the wall time), two ways: with a resident process (the default `minfer run`: the first run
+starts it, with a 10m keep-alive; the timed runs are the later ones, which connect to it) and
+in-process (`--no-daemon`: the whole start, interpreter, torch import, load, first prefill); the
+first in-process run fills the weight cache (MINFER_CACHE points at a fresh directory), the next
+ones use it. Each timed pair is paired with a `python -c "import torch"` in the same seconds (the
+floor of any start that imports torch), and the medians are printed; the resident process is
+stopped at the end. `--quiet` waits before each pair until
 the machine's cores are idle (IDLE of them over a second, up to QUIET_WAIT s).
 
 timeline: the same command in-process, with a mark at each phase (interpreter up, the parser, torch's
@@ -204,6 +207,7 @@ def main() -> None:
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         flags = ["run", "-n", "1", "--temp", "0", a.prompt]
         flags += (["-m", a.model] if a.model else []) + (["-t", str(a.threads)] if a.threads else [])
+        flags += ["--keep-alive", "0"] if a.what != "first-token" else []
         if a.what == "timeline":
             first_token([sys.executable, "-m", "minfer", *flags], env)  # fills the cache
             for _ in range(a.repetitions):
@@ -217,15 +221,25 @@ def main() -> None:
                         print(f"  {float(t):6.3f} s  +{float(dt):6.3f}  {name}")
             return
         if a.what == "first-token":
-            argv = [sys.executable, "-m", "minfer", *flags]
+            argv = [sys.executable, "-m", "minfer", *flags, "--no-daemon"]
+            kept = [sys.executable, "-m", "minfer", *flags, "--keep-alive", "10m"]
             cold = first_token(argv, env)
-            warm, torch_s, notes = [], [], []
-            for _ in range(a.repetitions):
-                notes.append(wait_quiet(a.quiet))
-                torch_s.append(import_torch(env))
-                warm.append(first_token(argv, env))
-            print(f"minfer run, wall to the first token: first {cold[0]:.2f} s (fills the cache); "
-                  f"then {_series([w for w, _ in warm])}{''.join(sorted(set(notes)))}")
+            started = first_token(kept, env)
+            warm, resident, torch_s, notes = [], [], [], []
+            try:
+                for _ in range(a.repetitions):
+                    notes.append(wait_quiet(a.quiet))
+                    torch_s.append(import_torch(env))
+                    resident.append(first_token(kept, env))
+                    warm.append(first_token(argv, env))
+            finally:
+                subprocess.run([sys.executable, "-m", "minfer", "stop"], env=env, capture_output=True)
+            print(f"minfer run (resident process), wall to the first token: first {started[0]:.2f} s (starts it, "
+                  f"loads); then {_series([w for w, _ in resident])}{''.join(sorted(set(notes)))}")
+            print(f"  CPU time of the client process: first {started[1]:.2f} s; "
+                  f"then {_series([c for _, c in resident])}")
+            print(f"minfer run --no-daemon (in-process), wall to the first token: first {cold[0]:.2f} s (fills the "
+                  f"cache); then {_series([w for w, _ in warm])}")
             print(f"  CPU time of the process: first {cold[1]:.2f} s; then {_series([c for _, c in warm])}")
             print(f"python -c 'import torch', each just before a run: {_series(torch_s)}")
             print(f"  minfer's own share (median of run - import torch, pairwise): "

@@ -39,6 +39,7 @@ from .engine.params import SamplingParams
 from .engine.perplexity import PerplexityResult, perplexity
 from .engine.pooling import default_pooling
 from .engine.sequence import Sequence
+from .engine.stats import GenerationStats
 from .errors import MinferError, ParallelError, TemplateError
 from .gguf.reader import GGUFReader
 from .tokenizer import Tokenizer
@@ -87,35 +88,6 @@ class GenerationResult:
     @property
     def completion_tokens(self) -> int:
         return len(self.token_ids)
-
-
-@dataclass
-class GenerationStats:
-    """Counts and timings of the latest `generate` call (Model.last_stats)."""
-
-    prompt_tokens: int = 0
-    prefilled_tokens: int = 0  # prompt tokens actually run (the rest came from the slot's cache)
-    generated_tokens: int = 0
-    prefill_seconds: float = 0.0
-    decode_seconds: float = 0.0
-    finish_reason: str | None = None
-    first_step: bool = False  # the prefill was the model's first step: its time includes one-time warm-up
-
-    @classmethod
-    def of(cls, seq: Sequence, first_step: bool = False) -> GenerationStats:
-        st = seq.stats
-        return cls(seq.n_prompt, seq.n_prompt - st.cached_tokens, len(seq.generated), st.prefill_seconds,
-                   st.decode_seconds, seq.finish_reason, first_step)
-
-    @property
-    def prefill_tps(self) -> float:
-        return self.prefilled_tokens / self.prefill_seconds if self.prefill_seconds > 0 else 0.0
-
-    @property
-    def decode_tps(self) -> float:
-        # the first generated token comes from the prefill's logits: decode steps = generated - 1
-        steps = self.generated_tokens - 1
-        return steps / self.decode_seconds if steps > 0 and self.decode_seconds > 0 else 0.0
 
 
 def sampling_params(json_schema: dict | str | None = None, **sampling) -> SamplingParams:

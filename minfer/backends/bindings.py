@@ -202,6 +202,8 @@ def _norm_rope_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, wa
 
 def _attention_call(c: Compiler, node: Node) -> Call:
     p = node.params
+    if "sinks" in node.weights:
+        raise UnsupportedError(f"{c.who} backend: node {node.name!r}: attention sinks (gpt-oss) are not implemented")
     nh, nkv, hd = p["n_head"], p["n_head_kv"], p["head_dim"]
     cache, dt = c.rt.kv_shape(c.graph.meta["n_layer"], nkv, hd), c.rt.kv_dtype
     dtypes = {"q": "F32", "k": "F32", "v": "F32", "cache_k": dt, "cache_v": dt, "row_slots": "I32", "positions": "I32"}

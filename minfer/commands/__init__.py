@@ -5,4 +5,4 @@ what it runs (torch, the engine) when it runs, so `minfer --help` and `minfer in
 """
 
 MODULES = ("run", "chat", "batch", "serve", "perplexity", "bench", "plan", "inspect", "synth", "kernels", "trace",
-           "devices", "models")
+           "devices", "models", "ps")

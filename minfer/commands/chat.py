@@ -188,6 +188,6 @@ def converse(m, a: argparse.Namespace, params, first: str | None) -> None:
             sys.stdout.flush()
             history.append({"role": "assistant", "content": "".join(reply)})
             if a.stats:
-                common.print_stats(m)
+                common.print_stats(m.last_stats)
     finally:
         reader.save()

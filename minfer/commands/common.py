@@ -288,11 +288,15 @@ def warn_context(m, params, prompt) -> None:
     if params.max_tokens is None:
         return
     n_prompt = len(m.prompt_ids(prompt))
-    room = m.n_ctx - n_prompt
-    if params.max_tokens > room:
-        print(f"minfer: warning: -n/--n-predict {params.max_tokens} is more than the context leaves: "
-              f"{m.n_ctx} tokens (-c/--ctx-size) - {n_prompt} of prompt = at most {max(room, 0)} generated",
-              file=sys.stderr)
+    if params.max_tokens > m.n_ctx - n_prompt:
+        context_warning(params.max_tokens, m.n_ctx, n_prompt)
+
+
+def context_warning(max_tokens: int, n_ctx: int, n_prompt: int) -> None:
+    """The warning of warn_context: -n asks for more tokens than the context leaves."""
+    print(f"minfer: warning: -n/--n-predict {max_tokens} is more than the context leaves: "
+          f"{n_ctx} tokens (-c/--ctx-size) - {n_prompt} of prompt = at most {max(n_ctx - n_prompt, 0)} generated",
+          file=sys.stderr)
 
 
 def stats_line(s) -> str:
@@ -310,6 +314,7 @@ def stats_line(s) -> str:
     return f"{pre} | {dec} | generated: {s.generated_tokens} | stop: {s.finish_reason}"
 
 
-def print_stats(m) -> None:
-    if m.last_stats is not None:
-        print("\n" + stats_line(m.last_stats), file=sys.stderr)
+def print_stats(stats) -> None:
+    """The stats line of a generation (engine/stats.py GenerationStats; None: nothing), on stderr."""
+    if stats is not None:
+        print("\n" + stats_line(stats), file=sys.stderr)

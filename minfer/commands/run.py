@@ -1,4 +1,8 @@
-"""`minfer run`: generate a continuation of one prompt, streamed to stdout (`-cnv`: a chat)."""
+"""`minfer run`: generate a continuation of one prompt, streamed to stdout (`-cnv`: a chat).
+
+A prompt run goes to a resident process that keeps the model loaded between runs (resident.py,
+Ollama's keep-alive), started by the first run; `--keep-alive 0` / `--no-daemon` (or a trace, a
+chat, tensor parallelism) runs in this process instead."""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..config import KEEP_ALIVE_DEFAULT, dist_env, keep_alive
 from . import chat as chat_command
 from . import common
 
@@ -23,6 +28,12 @@ def add_parser(sub) -> None:
     p.add_argument("-p", "--prompt", dest="prompt_flag", default=None, help="the prompt text")
     p.add_argument("-f", "--file", type=Path, default=None, help="read the prompt from this file")
     p.add_argument("prompt", nargs="?", default=None, help="the prompt text; - reads it from stdin")
+    p.add_argument("--keep-alive", default=None, metavar="DURATION",
+                   help="keep the model loaded in a resident process for this long after the run, for the next "
+                        f"runs with the same settings (e.g. 30s, 5m, 1h; -1 = until `minfer stop`; 0 = no resident "
+                        f"process) (default: $MINFER_KEEP_ALIVE, else {KEEP_ALIVE_DEFAULT})")
+    p.add_argument("--no-daemon", action="store_true",
+                   help="load and run the model in this process (as --keep-alive 0)")
     p.set_defaults(func=run, stats=False)
 
 
@@ -40,7 +51,13 @@ def run(a: argparse.Namespace) -> int:
         finally:
             common.close_model(m, config)
         return 0
+    keep_s = 0.0 if a.no_daemon else keep_alive(a.keep_alive)
     prompt = common.read_prompt(a)
+    if keep_s > 0 and config.trace_path is None and config.tp == 1 and dist_env() is None:
+        from . import resident
+
+        if resident.run(a, config, params, prompt, template, keep_s):
+            return 0
     m = common.load_model(a, config, chat_template=template)
     try:
         common.warn_context(m, params, prompt)
@@ -48,7 +65,7 @@ def run(a: argparse.Namespace) -> int:
             sys.stdout.write(piece)
             sys.stdout.flush()
         sys.stdout.write("\n")
-        common.print_stats(m)
+        common.print_stats(m.last_stats)
     finally:
         common.close_model(m, config)
     return 0

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from ..config import env
+from ..config import env, parse_duration
 from ..errors import MinferError
 from . import common
 
@@ -61,6 +62,9 @@ def add_parser(sub) -> None:
     p.add_argument("--read-timeout", type=float, default=READ_TIMEOUT_S,
                    help=f"seconds a client has to send a request's headers, and again its body; beyond it a 408 "
                         f"and the connection is closed (default {READ_TIMEOUT_S:g})")
+    # a resident process of `minfer run` (commands/resident.py): exit after this long idle; its state file
+    p.add_argument("--keep-alive", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--state-file", type=Path, default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=serve)
 
 
@@ -74,6 +78,7 @@ def serve(a: argparse.Namespace) -> int:
         raise MinferError("--max-pending and --max-body-mb must be >= 1")
     if not 0 < a.read_timeout <= 3600:
         raise MinferError(f"--read-timeout must be in (0, 3600] seconds, got {a.read_timeout}")
+    keep_alive_s = None if a.keep_alive is None else parse_duration(a.keep_alive, "--keep-alive")
     defaults = common.sampling(a)
     total_ctx = a.ctx
     if total_ctx is not None:
@@ -102,9 +107,11 @@ def serve(a: argparse.Namespace) -> int:
 
     from ..server.app import create_app
     from ..server.http import head_deadline_protocol
+    from ..server.keepalive import IdleClock
     from ..server.loop import EngineThread
     from ..server.metrics import Metrics
     from ..server.process import EngineProcess, LoadSpec
+    from . import resident
 
     server: uvicorn.Server | None = None
 
@@ -113,6 +120,7 @@ def serve(a: argparse.Namespace) -> int:
             server.should_exit = True
 
     metrics = Metrics()
+    clock = IdleClock() if keep_alive_s is not None else None
     if a.engine_process:
         spec_args = argparse.Namespace(**{k: v for k, v in vars(a).items() if k != "func"})
         spec = LoadSpec(common.load_model, spec_args, config, path, chat_template=template)
@@ -122,7 +130,7 @@ def serve(a: argparse.Namespace) -> int:
                               on_load_error=load_failed)
     app = create_app(engine, model_id=model_id, metrics=metrics, api_key=api_key,
                      max_body=a.max_body_mb << 20, max_pending=a.max_pending, read_timeout_s=a.read_timeout,
-                     defaults=defaults, model_path=str(path), pooling=a.pooling)
+                     defaults=defaults, model_path=str(path), pooling=a.pooling, clock=clock)
     if a.verbose:  # one line a request (its prompt tokens and sampling settings), uvicorn's debug lines
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(levelname)s:    %(message)s"))
@@ -138,15 +146,50 @@ def serve(a: argparse.Namespace) -> int:
           file=sys.stderr, flush=True)
     engine.start()
     announce_ready(engine, url)
+    if clock is not None or a.state_file is not None:
+        when_serving(engine, server, url, clock, keep_alive_s, a.state_file)
     try:
         server.run(sockets=[sock])
     finally:
         engine.stop()
         sock.close()
+        if a.state_file is not None:
+            resident.remove_state(a.state_file)
     if engine.load_error is not None:
         e = engine.load_error
         raise e if isinstance(e, MinferError) else MinferError(f"loading the model failed: {e}")
     return 0
+
+
+def when_serving(engine, server, url: str, clock, keep_alive_s: float | None, state_file: Path | None) -> None:
+    """A resident process of `minfer run` (commands/resident.py), once the model is loaded and
+    uvicorn accepts connections: its address into its state file, and the keep-alive's clock
+    started (it exits after keep_alive_s without a request in flight, its state file removed
+    first: no new run finds a process on its way out)."""
+    import threading
+    import time
+
+    from . import resident
+
+    def idle() -> None:
+        print(f"minfer: idle for {resident.format_duration(keep_alive_s)}: exiting", file=sys.stderr, flush=True)
+        if state_file is not None:
+            resident.remove_state(state_file)
+        server.should_exit = True
+
+    def wait() -> None:
+        engine.ready.wait()
+        while not server.started and not server.should_exit:
+            time.sleep(0.01)
+        if engine.state != "ok" or not server.started:
+            return
+        if clock is not None:
+            clock.reset()
+            clock.watch(keep_alive_s, idle)
+        if state_file is not None:
+            resident.mark_ready(state_file, url)
+
+    threading.Thread(target=wait, name="minfer-serving", daemon=True).start()
 
 
 def announce_ready(engine, url: str) -> None:

@@ -20,6 +20,7 @@ from ..gguf.reader import GGUFReader
 from ..graph.fuse import optimize
 from ..graph.ir import Graph
 from ..models import registry
+from ..models.support import check_backend
 
 
 @dataclass
@@ -48,6 +49,7 @@ def load(reader: GGUFReader, config: EngineConfig, comm=None, progress: bool = T
     """The model in `reader` on the backend `config` names, its weights prepared (`plan_only`:
     its kernels picked only)."""
     args, graph, view = model_graph(reader, comm)
+    check_backend(graph.meta["arch"], config.device)  # a typed refusal before any device or weight is touched
     backend = create_backend(config, comm, plan_only=plan_only)
     try:
         backend.load(graph, view, progress=progress)

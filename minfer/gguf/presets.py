@@ -18,7 +18,9 @@ Quant mixes (norms and biases are always F32):
   q3_k, q2_k             matrices Q3_K / Q2_K, output (and a tied token_embd) Q6_K
   iq4_nl, iq4_xs         matrices IQ4_NL / IQ4_XS, output (and a tied token_embd) Q6_K, as
                          llama.cpp's IQ4 mixes; IQ4_XS rows not a multiple of 256 fall back to IQ4_NL
-  mxfp4                  matrices MXFP4 (gpt-oss's expert type), output and token_embd Q8_0
+  mxfp4                  matrices MXFP4 (gpt-oss's expert type), output and token_embd Q8_0; for
+                         gpt-oss the real file's mix (ggml-org/gpt-oss-20b-GGUF): experts MXFP4,
+                         attention, token_embd and output Q8_0, router, biases, sinks and norms F32
 """
 
 from __future__ import annotations
@@ -71,6 +73,9 @@ _QWEN3_YARN = (("rope.scaling.type", "yarn"), ("rope.scaling.factor", 4.0),
                ("rope.scaling.original_context_length", 128))
 _GEMMA3 = (("attention.sliding_window", 512),)
 _GEMMA2 = (("attention.sliding_window", 4096), ("attn_logit_softcapping", 50.0), ("final_logit_softcapping", 30.0))
+# gpt-oss-20b (HF config: sliding_window 128, rope_scaling yarn factor 32 over 4096, rope_theta 150000)
+_GPT_OSS = (("attention.sliding_window", 128), ("rope.scaling.type", "yarn"), ("rope.scaling.factor", 32.0),
+            ("rope.scaling.original_context_length", 4096))
 _PHI3_128K = (("rope.scaling.original_context_length", 4096), ("rope.scaling.attn_factor", 1.1902380714238083),
               ("attention.sliding_window", 262144))
 
@@ -124,6 +129,15 @@ PRESETS: dict[str, Preset] = {
                key_length=128, n_expert=8, n_expert_used=3, d_ff_exp=128),
         Preset("tiny-mixtral", "llama", 2, 256, 256, 4, 2, 512, False, 1e6, 4096, 1e-5, False, tiny=True,
                n_expert=4, n_expert_used=2),
+        # gpt-oss-20b: 24 layers of d 2880, 64 query heads of 64 (q is 4096 wide), 8 KV heads, 32 experts of
+        # 2880 with 4 used, sliding window 128 on the even layers, YaRN 32x over 4096, attention sinks,
+        # biases on q/k/v/o, router and experts; the tiny one: a window of 8 on layer 0, YaRN over 128
+        Preset("gpt-oss-20b", "gpt-oss", 24, 2880, 2880, 64, 8, 201088, False, 150000.0, 131072, 1e-5, True,
+               key_length=64, extra=_GPT_OSS, n_expert=32, n_expert_used=4, d_ff_exp=2880),
+        Preset("tiny-gpt-oss", "gpt-oss", 2, 256, 256, 8, 2, 512, False, 150000.0, 4096, 1e-5, True, tiny=True,
+               key_length=64, extra=(("attention.sliding_window", 8), ("rope.scaling.type", "yarn"),
+                                     ("rope.scaling.factor", 4.0), ("rope.scaling.original_context_length", 128)),
+               n_expert=8, n_expert_used=3, d_ff_exp=128),
     ]
 }
 

@@ -53,6 +53,22 @@ _K_FALLBACK = {GGMLType.Q4_K: GGMLType.Q5_0, GGMLType.Q6_K: GGMLType.Q8_0, GGMLT
                GGMLType.Q3_K: GGMLType.Q4_0, GGMLType.Q2_K: GGMLType.Q4_0, GGMLType.IQ4_XS: GGMLType.IQ4_NL}
 
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+# gpt-oss's harmony specials (o200k_harmony: <|startoftext|> is BOS, <|return|> EOS, <|endoftext|> padding)
+HARMONY_SPECIALS = ("<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>", "<|channel|>", "<|start|>",
+                    "<|end|>", "<|message|>", "<|call|>")
+# The harmony format as llama.cpp's built-in gpt-oss formatter writes it (src/llama-chat.cpp
+# LLM_CHAT_TEMPLATE_OPENAI_MOE, which it picks for a template holding <|start|> and <|channel|>):
+# <|start|>ROLE<|message|>CONTENT<|end|> per message, an earlier assistant reply on the final
+# channel closed by <|end|> as gpt-oss's own template writes it (llama.cpp's formatter closes it with
+# <|return|>), and <|start|>assistant to open the reply.
+HARMONY_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m['role'] == 'assistant' %}"
+    "{{ '<|start|>assistant<|channel|>final<|message|>' + m['content'] + '<|end|>' }}"
+    "{% else %}{{ '<|start|>' + m['role'] + '<|message|>' + m['content'] + '<|end|>' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start|>assistant' }}{% endif %}"
+)
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
@@ -115,8 +131,14 @@ def plan_tensors(p: Preset, quant: str) -> list[tuple[str, tuple[int, ...], GGML
         out.append(("rope_factors_long.weight", (p.head_dim // 2,), GGMLType.F32, "factors_long"))
         out.append(("rope_factors_short.weight", (p.head_dim // 2,), GGMLType.F32, "factors_short"))
     gemma = p.arch in ("gemma2", "gemma3")
+    oss = p.arch == "gpt-oss"
     # llama.cpp's K-quant mixes for 8-expert models (Mixtral): attn_k and attn_v Q8_0, attn_output Q5_K
-    eight_experts = "kv_8x" if p.n_expert == 8 and quant in _K_MIXES else ""
+    eight_experts = "kv_8x" if p.n_expert == 8 and quant in _K_MIXES and not oss else ""
+    # gpt-oss's MXFP4 file (ggml-org/gpt-oss-20b-GGUF): attention Q8_0, only the experts MXFP4
+    attn_kind = "kv_8x" if oss and quant == "mxfp4" else ""
+
+    def bias(name: str, *shape: int) -> None:
+        out.append((name, shape, GGMLType.F32, "bias"))
     for i in range(p.n_layers):
         b = f"blk.{i}"
         more = use_more_bits(i, p.n_layers)
@@ -124,21 +146,33 @@ def plan_tensors(p: Preset, quant: str) -> list[tuple[str, tuple[int, ...], GGML
         if p.arch == "phi3":
             mat(f"{b}.attn_qkv.weight", d, q_dim + 2 * kv_dim)
         for proj, dim in (("q", q_dim), ("k", kv_dim), ("v", kv_dim)) if p.arch != "phi3" else ():
-            mat(f"{b}.attn_{proj}.weight", d, dim, more and proj == "v", kind=eight_experts if proj != "q" else "")
+            mat(f"{b}.attn_{proj}.weight", d, dim, more and proj == "v",
+                kind=attn_kind or (eight_experts if proj != "q" else ""))
             if p.qkv_bias:
-                out.append((f"{b}.attn_{proj}.bias", (dim,), GGMLType.F32, "bias"))
+                bias(f"{b}.attn_{proj}.bias", dim)
         if p.arch in ("qwen3", "qwen3moe", "gemma3"):
             norm(f"{b}.attn_q_norm.weight", p.head_dim)
             norm(f"{b}.attn_k_norm.weight", p.head_dim)
-        mat(f"{b}.attn_output.weight", q_dim, d, kind="attn_output_8x" if eight_experts else "")
-        if gemma:
+        mat(f"{b}.attn_output.weight", q_dim, d, kind=attn_kind or ("attn_output_8x" if eight_experts else ""))
+        if oss:  # the output projection's bias, each head's sink logit, and the FFN's norm under gemma's name
+            bias(f"{b}.attn_output.bias", d)
+            bias(f"{b}.attn_sinks.weight", p.n_head)
+        if gemma or oss:
             norm(f"{b}.post_attention_norm.weight")
-        norm(f"{b}.ffn_norm.weight")
+        if not oss:
+            norm(f"{b}.ffn_norm.weight")
         if p.n_expert:  # llama.cpp never quantizes the router
-            out.append((f"{b}.ffn_gate_inp.weight", (d, p.n_expert), GGMLType.F32, "matrix"))
-            mat(f"{b}.ffn_gate_exps.weight", d, p.expert_ff, experts=p.n_expert)
-            mat(f"{b}.ffn_down_exps.weight", p.expert_ff, d, more, experts=p.n_expert)
-            mat(f"{b}.ffn_up_exps.weight", d, p.expert_ff, experts=p.n_expert)
+            e, ff = p.n_expert, p.expert_ff
+            out.append((f"{b}.ffn_gate_inp.weight", (d, e), GGMLType.F32, "matrix"))
+            if oss:
+                bias(f"{b}.ffn_gate_inp.bias", e)
+            mat(f"{b}.ffn_gate_exps.weight", d, ff, experts=e)
+            mat(f"{b}.ffn_down_exps.weight", ff, d, more, experts=e)
+            mat(f"{b}.ffn_up_exps.weight", d, ff, experts=e)
+            if oss:
+                bias(f"{b}.ffn_gate_exps.bias", ff, e)
+                bias(f"{b}.ffn_down_exps.bias", d, e)
+                bias(f"{b}.ffn_up_exps.bias", ff, e)
         elif p.arch == "phi3":  # gate and up stacked in one matrix
             mat(f"{b}.ffn_up.weight", d, 2 * p.d_ff)
         else:
@@ -172,17 +206,17 @@ def byte_to_unicode() -> list[str]:
     return out
 
 
-def synth_vocab(vocab_size: int,
-                specials_first: bool) -> tuple[list[str], list[int], list[str], dict[str, int]]:
+def synth_vocab(vocab_size: int, specials_first: bool,
+                specials: tuple[str, ...] = SPECIALS) -> tuple[list[str], list[int], list[str], dict[str, int]]:
     """`_synth_vocab` (cached: a 262k vocabulary costs seconds, and a test synthesizes many files of
     one preset), as fresh lists the caller may change."""
-    tokens, types, merges, ids = _synth_vocab(vocab_size, specials_first)
+    tokens, types, merges, ids = _synth_vocab(vocab_size, specials_first, specials)
     return list(tokens), list(types), list(merges), dict(ids)
 
 
 @functools.lru_cache(maxsize=4)
-def _synth_vocab(vocab_size: int,
-                 specials_first: bool) -> tuple[tuple[str, ...], tuple[int, ...], tuple[str, ...], dict[str, int]]:
+def _synth_vocab(vocab_size: int, specials_first: bool, specials: tuple[str, ...] = SPECIALS
+                 ) -> tuple[tuple[str, ...], tuple[int, ...], tuple[str, ...], dict[str, int]]:
     """A byte-level BPE vocabulary of exactly `vocab_size` tokens.
 
     Returns (tokens, token_types, merges, special ids by text). Specials sit first (SmolLM2's
@@ -192,10 +226,10 @@ def _synth_vocab(vocab_size: int,
     token is thus reachable by the merges before it, as BPE requires. Deterministic in
     `vocab_size` alone.
     """
-    n_merges = vocab_size - 256 - len(SPECIALS)
+    n_merges = vocab_size - 256 - len(specials)
     if n_merges < 0:
         raise UnsupportedError(f"vocab {vocab_size} is too small: it needs 256 byte tokens "
-                               f"+ {len(SPECIALS)} specials")
+                               f"+ {len(specials)} specials")
     b2u = byte_to_unicode()
     chars = [b2u[b] for b in b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,'-"]
     space = b2u[ord(" ")]
@@ -226,9 +260,9 @@ def _synth_vocab(vocab_size: int,
         if len(merges) > before:
             pool.append(merged[-1])
     body = b2u + merged
-    tokens = [*SPECIALS, *body] if specials_first else [*body, *SPECIALS]
-    types = [TOKEN_CONTROL if t in SPECIALS else TOKEN_NORMAL for t in tokens]
-    special_ids = {s: tokens.index(s) for s in SPECIALS}
+    tokens = [*specials, *body] if specials_first else [*body, *specials]
+    types = [TOKEN_CONTROL if t in specials else TOKEN_NORMAL for t in tokens]
+    special_ids = {s: tokens.index(s) for s in specials}
     return tuple(tokens), tuple(types), tuple(merges), special_ids  # (immutable: the cache's copy)
 
 
@@ -307,11 +341,32 @@ def spm_tokenizer_metadata(p: Preset) -> dict[str, Value | object]:
     return md
 
 
+def harmony_tokenizer_metadata(p: Preset) -> dict[str, Value | object]:
+    """gpt-oss's tokenizer keys: a gpt2 BPE of p.vocab tokens with the harmony specials last, as
+    o200k_harmony has them, the real file's pre-tokenizer ("gpt-4o") and the harmony chat template."""
+    tokens, types, merges, ids = synth_vocab(p.vocab, False, HARMONY_SPECIALS)
+    return {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "gpt-4o",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": array(ValueType.INT32, types),
+        "tokenizer.ggml.merges": array(ValueType.STRING, merges),
+        "tokenizer.ggml.bos_token_id": ids["<|startoftext|>"],
+        "tokenizer.ggml.eos_token_id": ids["<|return|>"],
+        "tokenizer.ggml.padding_token_id": ids["<|endoftext|>"],
+        "tokenizer.ggml.add_bos_token": False,
+        "tokenizer.ggml.add_space_prefix": False,
+        "tokenizer.chat_template": HARMONY_TEMPLATE,
+    }
+
+
 def tokenizer_metadata(p: Preset) -> dict[str, Value | object]:
     """The tokenizer.* keys: a gpt2 BPE of p.vocab tokens, ChatML specials and template (the
     SentencePiece families: spm_tokenizer_metadata)."""
     if p.spm:
         return spm_tokenizer_metadata(p)
+    if p.arch == "gpt-oss":
+        return harmony_tokenizer_metadata(p)
     specials_first = p.arch == "llama"
     tokens, types, merges, ids = synth_vocab(p.vocab, specials_first)
     eot, start, end = (ids[s] for s in SPECIALS)

@@ -121,11 +121,12 @@ class GraphBuilder:
 
     def attention(self, q: int, k: int, v: int, positions: int, *, n_head: int, n_head_kv: int, head_dim: int,
                   kv_layer: int, name: str, layer: int | None = None, scale: float | None = None,
-                  window: int = 0, softcap: float = 0.0) -> int:
+                  window: int = 0, softcap: float = 0.0, sinks: WeightRef | None = None) -> int:
         """Causal attention with the KV cache: k, v of this step go to cache layer `kv_layer` at
         `positions`; each query attends its own sequence's cache up to its position (the last
         `window` positions when window > 0), scores scaled by `scale` (1/sqrt(head_dim) by
-        default) and soft-capped when softcap > 0."""
+        default) and soft-capped when softcap > 0; `sinks` [n_head]: one logit per head added to
+        the softmax's denominator (gpt-oss; graph/ir.py)."""
         self._check(n_head % n_head_kv == 0, name, f"{n_head} heads not a multiple of {n_head_kv} kv heads")
         self._check(self.shape(q)[-1] == n_head * head_dim, name, "q width != n_head * head_dim")
         for t in (k, v):
@@ -138,12 +139,27 @@ class GraphBuilder:
             extra["window"] = int(window)
         if softcap:
             extra["softcap"] = float(softcap)
-        return self._add(name, Op.ATTENTION, (q, k, v, positions), self.shape(q), layer=layer, n_head=n_head,
+        weights = {}
+        if sinks is not None:
+            self._check(sinks.shape == (n_head,), name, f"attention sinks {sinks.shape} != ({n_head},)")
+            weights["sinks"] = sinks
+        return self._add(name, Op.ATTENTION, (q, k, v, positions), self.shape(q), layer=layer, weights=weights,
+                         n_head=n_head,
                          n_head_kv=n_head_kv, head_dim=head_dim, kv_layer=kv_layer, scale=scale, **extra)
 
     def swiglu(self, gate: int, up: int, name: str, layer: int | None = None) -> int:
         self._check(self.shape(gate) == self.shape(up), name, "gate and up shapes differ")
         return self._add(name, Op.SWIGLU, (gate, up), self.shape(gate), layer=layer)
+
+    def swiglu_oai(self, gate: int, up: int, name: str, layer: int | None = None, *, alpha: float,
+                   limit: float) -> int:
+        """gpt-oss's clamped SwiGLU: g = min(gate, limit), u = clamp(up, -limit, limit),
+        g * sigmoid(alpha g) * (u + 1) (ggml's swiglu_oai)."""
+        self._check(self.shape(gate) == self.shape(up), name, "gate and up shapes differ")
+        self._check(alpha > 0 and limit > 0 and alpha != float("inf") and limit != float("inf"), name,
+                    f"alpha {alpha} / limit {limit}: not finite and > 0")
+        return self._add(name, Op.SWIGLU_OAI, (gate, up), self.shape(gate), layer=layer, alpha=float(alpha),
+                         limit=float(limit))
 
     def geglu(self, gate: int, up: int, name: str, layer: int | None = None) -> int:
         """gelu_tanh(gate) * up (gemma's feed-forward)."""

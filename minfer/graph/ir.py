@@ -37,6 +37,7 @@ class Op(StrEnum):
     ROPE = "RoPE"  # rotary position embedding of [T, n_heads * head_dim] at positions
     ATTENTION = "Attention"  # write k, v into the layer's KV cache, causal GQA attention of q
     SWIGLU = "SwiGLU"  # out = silu(gate) * up
+    SWIGLU_OAI = "SwiGLUOAI"  # gpt-oss's clamped SwiGLU (ggml's swiglu_oai; params alpha, limit: below)
     GEGLU = "GeGLU"  # out = gelu_tanh(gate) * up, gelu_tanh(x) = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
     SCALE = "Scale"  # out = x * scale (gemma's embedding scale sqrt(n_embd))
     SOFTCAP = "SoftCap"  # out = cap * tanh(x / cap) (gemma2's final-logit soft-capping)
@@ -85,6 +86,11 @@ FUSED_OPS = frozenset({Op.ADD_RMS_NORM, Op.NORM_ADD_RMS_NORM, Op.MATMUL_SWIGLU, 
 # Attention window: int     sliding window: query at position p sees keys at p - window < k <= p
 #                           (llama.cpp's LLAMA_SWA_TYPE_STANDARD); absent: every earlier key.
 #           softcap: float  scores s = scale q.k become softcap * tanh(s / softcap) before the softmax.
+#           weight "sinks" [n_head]: attention sinks (gpt-oss, ggml_soft_max_add_sinks): head h's learned
+#                           logit sinks[h] joins the softmax's denominator and nothing else: p_j =
+#                           exp(s_j - m) / (sum_i exp(s_i - m) + exp(sinks[h] - m)), m = max(max_i s_i, sinks[h]).
+# SwiGLUOAI alpha: float, limit: float   g = min(gate, limit), u = clamp(up, -limit, limit),
+#                           out = g * sigmoid(alpha * g) * (u + 1)   (gpt-oss: alpha 1.702, limit 7).
 # (Attention's `scale` is a base param: 1/sqrt(head_dim) by default, the model's own where it differs.)
 #
 # Mixture of experts (llama.cpp's build_moe_ffn), E experts of which k run per token:

@@ -76,17 +76,7 @@ class GemmaArgs:
         arch = r.get_str("general.architecture")
         k = f"{arch}."
         win_default, period_default, attn_cap_default, final_cap_default = _DEFAULTS[arch]
-        n_layer = r.get_int(k + "block_count")
-        n_embd = r.get_int(k + "embedding_length")
-        n_head = r.get_int(k + "attention.head_count")
-        for key, v in (("block_count", n_layer), ("embedding_length", n_embd), ("attention.head_count", n_head)):
-            if v < 1:
-                raise MetadataError(k + key, f"must be >= 1, found {v}")
-        if n_layer > MAX_LAYERS:
-            raise MetadataError(k + "block_count", f"must be in 1..{MAX_LAYERS}, found {n_layer}")
-        head_dim = r.get_int(k + "attention.key_length", n_embd // n_head)
-        if r.get_int(k + "attention.value_length", head_dim) != head_dim:
-            raise MetadataError(k + "attention.value_length", f"must equal key_length {head_dim}")
+        n_layer, n_embd, n_head, head_dim = read_shape(r, k)
         n_ctx_train = r.get_int(k + "context_length", 8192)
         window = r.get_int(k + "attention.sliding_window", win_default)
         embd = r.tensors.get("token_embd.weight")
@@ -110,7 +100,7 @@ class GemmaArgs:
             rope=rope,
             freq_scale_swa=rope.freq_scale if arch == "gemma2" else 1.0,
             window=window,
-            swa_layers=_swa_layers(r, k, n_layer, period_default) if window > 0 else (False,) * n_layer,
+            swa_layers=swa_pattern(r, k, n_layer, period_default) if window > 0 else (False,) * n_layer,
             attn_scale=1.0 / math.sqrt(scale_dim) if scale_dim > 0 else 0.0,
             attn_softcap=r.get_float(k + "attn_logit_softcapping", attn_cap_default) if arch == "gemma2" else 0.0,
             final_softcap=r.get_float(k + "final_logit_softcapping", final_cap_default),
@@ -119,7 +109,24 @@ class GemmaArgs:
         )
 
 
-def _swa_layers(r: GGUFReader, k: str, n_layer: int, period: int) -> tuple[bool, ...]:
+def read_shape(r: GGUFReader, k: str) -> tuple[int, int, int, int]:
+    """(n_layer, n_embd, n_head, head_dim) of `k` ("arch."), each >= 1 (the layers <= MAX_LAYERS) before
+    anything divides by them; head_dim from key_length (default n_embd / n_head), value_length equal."""
+    n_layer = r.get_int(k + "block_count")
+    n_embd = r.get_int(k + "embedding_length")
+    n_head = r.get_int(k + "attention.head_count")
+    for key, v in (("block_count", n_layer), ("embedding_length", n_embd), ("attention.head_count", n_head)):
+        if v < 1:
+            raise MetadataError(k + key, f"must be >= 1, found {v}")
+    if n_layer > MAX_LAYERS:
+        raise MetadataError(k + "block_count", f"must be in 1..{MAX_LAYERS}, found {n_layer}")
+    head_dim = r.get_int(k + "attention.key_length", n_embd // n_head)
+    if r.get_int(k + "attention.value_length", head_dim) != head_dim:
+        raise MetadataError(k + "attention.value_length", f"must equal key_length {head_dim}")
+    return n_layer, n_embd, n_head, head_dim
+
+
+def swa_pattern(r: GGUFReader, k: str, n_layer: int, period: int) -> tuple[bool, ...]:
     """llama.cpp's load_swa_pattern: an array of one flag per layer, else a period n (layer i
     slides when i % n < n - 1; n = 0: every layer slides)."""
     key = k + "attention.sliding_window_pattern"
@@ -133,29 +140,37 @@ def _swa_layers(r: GGUFReader, k: str, n_layer: int, period: int) -> tuple[bool,
     return tuple(raw == 0 or i % raw < raw - 1 for i in range(n_layer))
 
 
-def check_args(a: GemmaArgs, r: GGUFReader) -> None:
-    """MetadataError for a hyperparameter out of bounds or disagreeing with the tensors."""
+def bound(k: str, key: str, v: int, hi: int, lo: int = 1) -> None:
+    """MetadataError unless lo <= v <= hi (`k`: the "arch." key prefix)."""
+    if not lo <= v <= hi:
+        raise MetadataError(k + key, f"must be in {lo}..{hi}, found {v}")
+
+
+def check_attention_args(a, r: GGUFReader) -> None:
+    """The checks every family with its own Args shares (gemma, gpt-oss): widths, heads, head size,
+    RoPE dimensions and training context bounded, and the embedding's shape against n_embd."""
     k = f"{a.arch}."
-
-    def bound(key: str, v: int, hi: int, lo: int = 1) -> None:
-        if not lo <= v <= hi:
-            raise MetadataError(k + key, f"must be in {lo}..{hi}, found {v}")
-
-    bound("embedding_length", a.n_embd, MAX_DIM)
-    bound("feed_forward_length", a.n_ff, MAX_DIM)
-    bound("attention.head_count", a.n_head, MAX_HEADS)
-    bound("attention.head_count_kv", a.n_head_kv, a.n_head)
+    bound(k, "embedding_length", a.n_embd, MAX_DIM)
+    bound(k, "attention.head_count", a.n_head, MAX_HEADS)
+    bound(k, "attention.head_count_kv", a.n_head_kv, a.n_head)
     if a.n_head % a.n_head_kv:
         raise MetadataError(k + "attention.head_count_kv", f"{a.n_head_kv} does not divide head_count {a.n_head}")
-    bound("attention.key_length", a.head_dim, MAX_HEAD_DIM)
-    bound("rope.dimension_count", a.n_rot, a.head_dim, lo=2)
+    bound(k, "attention.key_length", a.head_dim, MAX_HEAD_DIM)
+    bound(k, "rope.dimension_count", a.n_rot, a.head_dim, lo=2)
     if a.n_rot % 2:
         raise MetadataError(k + "rope.dimension_count", f"must be even, found {a.n_rot}")
-    bound("context_length", a.n_ctx_train, MAX_CONTEXT)
-    bound("attention.sliding_window", a.window, MAX_CONTEXT, lo=0)
+    bound(k, "context_length", a.n_ctx_train, MAX_CONTEXT)
     embd = r.tensors.get("token_embd.weight")
     if embd is not None and (len(embd.shape) != 2 or embd.shape[0] != a.n_embd):
         raise MetadataError(k + "embedding_length", f"is {a.n_embd}, token_embd.weight has shape {list(embd.shape)}")
+
+
+def check_args(a: GemmaArgs, r: GGUFReader) -> None:
+    """MetadataError for a hyperparameter out of bounds or disagreeing with the tensors."""
+    k = f"{a.arch}."
+    check_attention_args(a, r)
+    bound(k, "feed_forward_length", a.n_ff, MAX_DIM)
+    bound(k, "attention.sliding_window", a.window, MAX_CONTEXT, lo=0)
     sane = (("rope.freq_base", a.rope_base, a.rope_base > 0),
             ("rope.freq_base_swa", a.rope_base_swa, a.rope_base_swa > 0),
             ("attention.layer_norm_rms_epsilon", a.rms_eps, 0 <= a.rms_eps < 1),

@@ -1,16 +1,18 @@
 """The mixture-of-experts feed-forward, as llama.cpp's build_moe_ffn computes it
 (src/llama-graph.cpp), for every family whose layers route tokens to experts (qwen3moe; mixtral,
-which is GGUF arch `llama` with expert tensors).
+which is GGUF arch `llama` with expert tensors; gpt-oss: router and expert biases, softmax over
+the chosen logits, the clamped SwiGLU).
 
 Per layer, with m = rmsnorm(h) (ffn_norm) and E experts of which k run per token:
 
-    logits = W_router m                                   ffn_gate_inp [n_embd, E] (llama.cpp never quantizes it)
+    logits = W_router m (+ b_router)                      ffn_gate_inp [n_embd, E] (llama.cpp never quantizes it)
     probs  = softmax(logits) | sigmoid(logits) | logits   expert_gating_func 1 | 2 | 3 (3: gpt-oss, the
                                                           chosen weights softmaxed after the top-k)
     ids    = top-k of probs (+ exp_probs_b, the selection bias, where the file has one)
     w      = probs[ids], / sum(w) (expert_weights_norm), * expert_weights_scale
     y_j    = W_down[ids_j] (silu(W_gate[ids_j] m) * W_up[ids_j] m)   ffn_{gate,up,down}_exps: 3-D, one
                                                                       [n_ff_exp, n_embd] matrix per expert
+             (gpt-oss: each matmul + its expert's bias ffn_*_exps.bias, and swiglu_oai for silu * up)
     out    = sum_j w_j y_j                                (slot order: the largest weight first)
 
 The graph ops are MoERoute (gating, bias, top-k, norm, scale: weights and ids), MoEMatMul (the
@@ -32,6 +34,7 @@ from ..graph.builder import GraphBuilder
 
 MAX_EXPERTS = 1024  # llama.cpp's LLAMA_MAX_EXPERTS
 MAX_EXPERT_FF = 1 << 17
+SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT = 1.702, 7.0  # llama.cpp's constants for LLM_FFN_SWIGLU_OAI_MOE
 GATING_FUNCS = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}  # llama.cpp's expert_gating_func values
 
 
@@ -44,13 +47,16 @@ class MoEArgs:
     norm: bool = True  # expert_weights_norm: the k weights divided by their sum
     scale: float = 1.0  # expert_weights_scale (0 in a file: not applied, as llama.cpp)
     selection_bias: bool = False  # the file has exp_probs_b.bias (DeepSeek-V3 style selection bias)
+    biases: bool = False  # router and experts have biases (gpt-oss: ffn_gate_inp.bias, ffn_{gate,up,down}_exps.bias)
+    act: str = "swiglu"  # the experts' activation: "swiglu" or gpt-oss's "swiglu_oai" (alpha 1.702, limit 7)
 
 
 def read_moe(r: GGUFReader, arch: str, *, n_ff: int, norm: bool = True, gating: str = "softmax",
-             required: bool = False) -> MoEArgs | None:
+             required: bool = False, biases: bool = False, act: str = "swiglu") -> MoEArgs | None:
     """The expert hyperparameters of `arch`, or None when the file has no experts (expert_count
     absent or 0; a MetadataError when `required`). `n_ff`, `norm`, `gating`: the family's
-    defaults for the expert width, the weights' normalisation and the gating function."""
+    defaults for the expert width, the weights' normalisation and the gating function; `biases`,
+    `act`: the family's router / expert biases and activation (fixed by the family, as llama.cpp)."""
     k = f"{arch}."
     n_expert = r.get_int(k + "expert_count", 0)
     if n_expert == 0:
@@ -72,6 +78,8 @@ def read_moe(r: GGUFReader, arch: str, *, n_ff: int, norm: bool = True, gating: 
         norm=r.get_bool(k + "expert_weights_norm", norm),
         scale=1.0 if scale == 0.0 else scale,
         selection_bias="blk.0.exp_probs_b.bias" in r.tensors,
+        biases=biases,
+        act=act,
     )
 
 
@@ -102,10 +110,16 @@ def check_moe(a: MoEArgs, arch: str, n_embd: int, r: GGUFReader) -> None:
         key = "expert_count" if len(t.shape) != 3 or t.shape[2] != a.n_expert else "expert_feed_forward_length"
         raise MetadataError(k + key, f"{a.n_expert} experts of width {a.n_ff} (input {n_embd}) need "
                             f"blk.0.{name}.weight of shape {list(shape)}, found {list(t.shape)}")
-    bias = r.tensors.get("blk.0.exp_probs_b.bias")
-    if bias is not None and tuple(bias.shape) != (a.n_expert,):
-        raise MetadataError(k + "expert_count", f"says {a.n_expert} experts, blk.0.exp_probs_b.bias has shape "
-                            f"{list(bias.shape)}")
+    biases = {"exp_probs_b.bias": (a.n_expert,)}
+    if a.biases:
+        biases.update({"ffn_gate_inp.bias": (a.n_expert,), "ffn_gate_exps.bias": (a.n_ff, a.n_expert),
+                       "ffn_up_exps.bias": (a.n_ff, a.n_expert), "ffn_down_exps.bias": (n_embd, a.n_expert)})
+    for name, shape in biases.items():
+        t = r.tensors.get(f"blk.0.{name}")
+        if t is not None and tuple(t.shape) != shape:
+            key = "expert_count" if t.shape[-1:] != (a.n_expert,) else "expert_feed_forward_length"
+            raise MetadataError(k + key, f"{a.n_expert} experts of width {a.n_ff} (input {n_embd}) need "
+                                f"blk.0.{name} of shape {list(shape)}, found {list(t.shape)}")
 
 
 def build_moe_ffn(b: GraphBuilder, m: int, p: str, layer: int, a: MoEArgs, n_embd: int) -> int:
@@ -114,13 +128,21 @@ def build_moe_ffn(b: GraphBuilder, m: int, p: str, layer: int, a: MoEArgs, n_emb
     def w(name: str, *shape: int):
         return b.weight(p + name, shape)
 
+    def bias(name: str, *shape: int):
+        return w(name + ".bias", *shape) if a.biases else None
+
     d, ff, e = n_embd, a.n_ff, a.n_expert
-    logits = b.matmul(m, w("ffn_gate_inp.weight", d, e), p + "ffn_moe_logits", layer)
-    bias = w("exp_probs_b.bias", e) if a.selection_bias else None
+    logits = b.matmul(m, w("ffn_gate_inp.weight", d, e), p + "ffn_moe_logits", layer, bias("ffn_gate_inp", e))
+    sel = w("exp_probs_b.bias", e) if a.selection_bias else None
     weights, ids = b.moe_route(logits, n_used=a.n_used, gating=a.gating, norm=a.norm, scale=a.scale,
-                               name=p + "ffn_moe_route", layer=layer, bias=bias)
-    gate = b.moe_matmul(m, ids, w("ffn_gate_exps.weight", d, ff, e), p + "ffn_moe_gate", layer)
-    up = b.moe_matmul(m, ids, w("ffn_up_exps.weight", d, ff, e), p + "ffn_moe_up", layer)
-    act = b.swiglu(gate, up, p + "ffn_moe_swiglu", layer)
-    down = b.moe_matmul(act, ids, w("ffn_down_exps.weight", ff, d, e), p + "ffn_moe_down", layer)
+                               name=p + "ffn_moe_route", layer=layer, bias=sel)
+    gate = b.moe_matmul(m, ids, w("ffn_gate_exps.weight", d, ff, e), p + "ffn_moe_gate", layer,
+                        bias("ffn_gate_exps", ff, e))
+    up = b.moe_matmul(m, ids, w("ffn_up_exps.weight", d, ff, e), p + "ffn_moe_up", layer, bias("ffn_up_exps", ff, e))
+    if a.act == "swiglu_oai":
+        act = b.swiglu_oai(gate, up, p + "ffn_moe_swiglu_oai", layer, alpha=SWIGLU_OAI_ALPHA, limit=SWIGLU_OAI_LIMIT)
+    else:
+        act = b.swiglu(gate, up, p + "ffn_moe_swiglu", layer)
+    down = b.moe_matmul(act, ids, w("ffn_down_exps.weight", ff, d, e), p + "ffn_moe_down", layer,
+                        bias("ffn_down_exps", d, e))
     return b.moe_sum(down, weights, p + "ffn_moe_out", layer)

@@ -17,7 +17,7 @@ from ..errors import ModelError, UnsupportedError
 from ..gguf.reader import GGUFReader
 from ..gguf.shard import ShardedReader
 from ..graph.ir import Graph
-from . import gemma, llama, phi3, qwen2, qwen3, qwen3moe
+from . import gemma, gpt_oss, llama, phi3, qwen2, qwen3, qwen3moe
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture("gemma2", gemma.GemmaArgs.from_gguf, gemma.check_args, gemma.build_graph),
         Architecture("gemma3", gemma.GemmaArgs.from_gguf, gemma.check_args, gemma.build_graph),
         Architecture("phi3", phi3.from_gguf, phi3.check_args, phi3.build_graph),
+        Architecture("gpt-oss", gpt_oss.from_gguf, gpt_oss.check_args, gpt_oss.build_graph),
     ]
 }
 

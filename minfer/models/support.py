@@ -3,11 +3,15 @@ docs/SUPPORT-MATRIX.md shows (tests/models/test_support.py keeps it equal to the
 
 "yes": runs, tested against llama.cpp or HF transformers (on cuda and vulkan: the tiny synthetic
 files of each family against their llama.cpp fixtures, tests/backends/test_families_gpu.py).
-An architecture with no row is refused at load with one typed error naming the supported list
-(models/registry.py).
+"no": the backend lacks an op the family needs (gpt-oss: attention sinks and the clamped SwiGLU
+have cpu implementations only); `check_backend` refuses it at load with a typed error, before
+any weight is read. An architecture with no row is refused at load with one typed error naming
+the supported list (models/registry.py).
 """
 
 from __future__ import annotations
+
+from ..errors import UnsupportedError
 
 BACKENDS = ("cpu", "cuda", "vulkan")
 _ALL = ("yes", "yes", "yes")
@@ -19,13 +23,25 @@ SUPPORT: dict[str, tuple[str, ...]] = {
     "gemma2": _ALL,
     "gemma3": _ALL,
     "phi3": _ALL,
+    "gpt-oss": ("yes", "no", "no"),
 }
+DEVICE_BACKEND = {"cpu": "cpu", "cuda": "cuda", "vulkan": "vulkan", "gpu": "vulkan"}  # config.device -> column
 
 
 def support(arch: str) -> dict[str, str] | None:
     """backend -> "yes" for `arch`, None when no backend runs it."""
     row = SUPPORT.get(arch)
     return dict(zip(BACKENDS, row, strict=True)) if row else None
+
+
+def check_backend(arch: str, device: str) -> None:
+    """UnsupportedError when the table says the backend of `device` does not run `arch`."""
+    row = support(arch)
+    backend = DEVICE_BACKEND.get(device, device)
+    if row is not None and row.get(backend, "yes") != "yes":
+        runs = ", ".join(b for b, v in row.items() if v == "yes") or "none"
+        raise UnsupportedError(f"architecture {arch!r} does not run on the {backend} backend yet "
+                               f"(device {device!r}); backends that run it: {runs}")
 
 
 def matrix_text() -> str:

@@ -35,6 +35,7 @@ from ..errors import MinferError
 from . import schema
 from . import tools as tool_calls
 from .errors import APIError, error_body
+from .keepalive import IdleClock
 from .llama_routes import add_llama_routes
 from .loop import EngineHost, Job, log
 from .metrics import CONTENT_TYPE, Metrics
@@ -69,12 +70,14 @@ class EventStream(StreamingResponse):
 
 def create_app(engine: EngineHost, *, model_id: str, metrics: Metrics, api_key: str | None = None,
                max_body: int = MAX_BODY_BYTES, max_pending: int = 1024, read_timeout_s: float = READ_TIMEOUT_S,
-               defaults: SamplingParams | None = None, model_path: str = "", pooling: str | None = None) -> FastAPI:
+               defaults: SamplingParams | None = None, model_path: str = "", pooling: str | None = None,
+               clock: IdleClock | None = None) -> FastAPI:
     """`max_pending`: requests admitted at once (running + waiting); beyond it a 503. `read_timeout_s`:
     the time a request's body has to arrive once its headers have; beyond it a 408. `defaults`:
     the sampling settings a request's absent fields take (`minfer serve`'s flags). One model is
     served, so any `model` name a request gives means it (as llama-server does); `model_id` is
-    the name /v1/models shows and answers carry."""
+    the name /v1/models shows and answers carry. `clock`: told the count of requests in flight
+    whenever it changes (a resident process's keep-alive, keepalive.py); /health then says `idle_s`."""
     defaults = defaults if defaults is not None else SamplingParams(max_tokens=None)
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -148,7 +151,8 @@ def create_app(engine: EngineHost, *, model_id: str, metrics: Metrics, api_key: 
     @app.get("/health")
     async def health():
         state = engine.state
-        return JSONResponse({"status": state}, status_code=200 if state == "ok" else 503)
+        body = {"status": state} if clock is None else {"status": state, "idle_s": round(clock.idle_seconds(), 3)}
+        return JSONResponse(body, status_code=200 if state == "ok" else 503)
 
     @app.get("/metrics")
     async def metrics_route(request: Request):
@@ -185,6 +189,8 @@ def create_app(engine: EngineHost, *, model_id: str, metrics: Metrics, api_key: 
     def start(jobs: list[Job]) -> list[Job]:
         """Hand a request's jobs to the engine (they count as pending until `finish`)."""
         pending.update(jobs)
+        if clock is not None:
+            clock.set_in_flight(len(pending))
         for job in jobs:
             engine.submit(job)
         return jobs
@@ -285,7 +291,7 @@ def create_app(engine: EngineHost, *, model_id: str, metrics: Metrics, api_key: 
             return JSONResponse(e.body(), status_code=e.status)
         events: asyncio.Queue = asyncio.Queue()
         jobs = start([Job(ids, _choice_params(params, i), schema.logprobs_n(req), asyncio.get_running_loop(), events,
-                          index=i) for i in range(req.n)])
+                          index=i, reuse=req.cache_prompt) for i in range(req.n)])
         out = Output(kind, model_id, m.tokenizer, m.eog_ids, params.ignore_eos, req.n, tool_mode)
         if kind == "completion" and req.echo:
             out.echo = req.prompt if isinstance(req.prompt, str) else (
@@ -304,6 +310,8 @@ def create_app(engine: EngineHost, *, model_id: str, metrics: Metrics, api_key: 
         """The request's end, once: cancel in the loop what has not finished; count it."""
         if jobs[0] in pending:
             pending.difference_update(jobs)
+            if clock is not None:
+                clock.set_in_flight(len(pending))
             for job in jobs:
                 if not job.done:
                     engine.cancel(job)

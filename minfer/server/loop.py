@@ -15,7 +15,8 @@ warm up, say ready, serve until told to stop, close. Two hosts run that same fun
 A host hands the loop its messages through `take(block)` and receives each round's events through
 `publish(events, running, waiting)`; only these two differ (a queue or a pipe, a thread hop or a
 pickled message). The messages:
-  ("add", key, ids, params, logprobs_n, pooling) | ("abort", key) | ("stop",)
+  ("add", key, ids, params, logprobs_n, pooling, reuse) | ("abort", key) | ("stop",)
+(`reuse`: the request may start from a slot's cached prefix of its prompt; a seeded one never does.)
 Events a request receives, in order: ("delta", text, token_ids, logprobs)* (an embedding request:
 one ("embedding", vector) instead), then exactly one of ("done", finish_reason, usage) or
 ("error", message). Before the last one the loop emits
@@ -61,6 +62,7 @@ class Job:
     done: bool = False  # set on the event loop when the final event was taken (or the job cancelled)
     index: int = 0  # its choice among a request's n (the n jobs share one `events` queue)
     pooling: str | None = None  # an embedding request: how its hidden states pool (engine/pooling.py)
+    reuse: bool = True  # may start from a slot's cached prefix of its prompt (llama-server's cache_prompt)
 
     def put(self, event: tuple) -> None:
         """Hand an event to the job's stream, as (index, event) (on its event loop)."""
@@ -140,9 +142,9 @@ class ServingLoop:
         return len(s.running), len(s.waiting)
 
     def add(self, key: Hashable, ids: list[int], params: SamplingParams, logprobs_n: int | None,
-            pooling: str | None = None) -> None:
+            pooling: str | None = None, reuse: bool = True) -> None:
         try:
-            seq = self.engine.add(ids, params, reuse_prefix=params.seed is None, pooling=pooling)
+            seq = self.engine.add(ids, params, reuse_prefix=reuse and params.seed is None, pooling=pooling)
         except Exception as e:  # noqa: BLE001 (the handler validated the request; this is a late surprise)
             self.out.append((key, ("error", str(e) if isinstance(e, MinferError) else f"{type(e).__name__}: {e}")))
             return
@@ -193,7 +195,8 @@ class ServingLoop:
                 self.out.append((key, ("embedding", seq.embedding())))
             self._end(key, seq)
             usage = {"prompt_tokens": seq.n_prompt, "completion_tokens": len(seq.generated),
-                     "total_tokens": seq.n_prompt + len(seq.generated), "cached_tokens": seq.stats.cached_tokens}
+                     "total_tokens": seq.n_prompt + len(seq.generated), "cached_tokens": seq.stats.cached_tokens,
+                     "prefill_seconds": seq.stats.prefill_seconds, "decode_seconds": seq.stats.decode_seconds}
             self.out.append((key, ("done", seq.finish_reason, usage)))
 
     def _end(self, key: Hashable, seq) -> None:
@@ -296,7 +299,7 @@ class EngineThread(EngineHost):
     def submit(self, job: Job) -> None:
         with self._lock:
             if self._open:
-                self.inbox.put(("add", job, job.ids, job.params, job.logprobs_n, job.pooling))
+                self.inbox.put(("add", job, job.ids, job.params, job.logprobs_n, job.pooling, job.reuse))
                 return
         job.push(("error", f"the engine is not running ({self.state})"))
 

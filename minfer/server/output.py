@@ -172,6 +172,7 @@ class Output:
     def usage_chunk(self, usage: dict) -> dict:
         out = self._chunk(None, False)
         out["usage"] = usage_json(usage)
+        out["timings"] = timings_json(usage)
         return out
 
 
@@ -180,9 +181,25 @@ def usage_json(u: dict) -> dict:
             "total_tokens": u["total_tokens"], "prompt_tokens_details": {"cached_tokens": u["cached_tokens"]}}
 
 
+def timings_json(u: dict) -> dict:
+    """llama-server's `timings` (the last chunk of a stream that asks for usage): the prompt tokens
+    actually run (prompt_n; cache_n came from a slot's cache) and their time, the generated tokens
+    (predicted_n) and the decode steps' time; rates per second where there is a time (the first
+    generated token comes from the prefill: predicted_ms covers predicted_n - 1 steps)."""
+    prompt_n = u["prompt_tokens"] - u["cached_tokens"]
+    prompt_ms, predicted_ms = u["prefill_seconds"] * 1e3, u["decode_seconds"] * 1e3
+    steps = u["completion_tokens"] - 1
+    return {"cache_n": u["cached_tokens"], "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+            "prompt_per_second": prompt_n / prompt_ms * 1e3 if prompt_ms > 0 else 0.0,
+            "predicted_n": u["completion_tokens"], "predicted_ms": predicted_ms,
+            "predicted_per_second": steps / predicted_ms * 1e3 if steps > 0 and predicted_ms > 0 else 0.0}
+
+
 def merged_usage(usages: list[dict]) -> dict:
-    """The usage of n choices sharing one prompt: the prompt once, every choice's completion."""
+    """The usage of n choices sharing one prompt: the prompt once, every choice's completion (the
+    timings: the first choice's prefill, the longest decode)."""
     prompt = usages[0]["prompt_tokens"]
     completion = sum(u["completion_tokens"] for u in usages)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "cached_tokens": usages[0]["cached_tokens"]}
+            "cached_tokens": usages[0]["cached_tokens"], "prefill_seconds": usages[0]["prefill_seconds"],
+            "decode_seconds": max(u["decode_seconds"] for u in usages)}

@@ -10,7 +10,7 @@ only what needs no weights (`Frontend`: the tokenizer, the chat template, the si
 reports when it is ready).
 
 The wire is one `multiprocessing` pipe, pickled tuples both ways:
-  parent -> child  the serving loop's messages: ("add", key, ids, params, logprobs_n, pooling) | ("abort", key)
+  parent -> child  the serving loop's messages: ("add", key, ids, params, logprobs_n, pooling, reuse) | ("abort", key)
                    | ("stop",)
   child -> parent  ("ready", facts) | ("load_error", message, is_minfer_error)
                    | ("events", [(key, event), ...], running, waiting)   one message per step
@@ -165,7 +165,8 @@ class EngineProcess(EngineHost):
 
     def submit(self, job: Job) -> None:
         job.key = next(self._keys)
-        if self.state != "ok" or not self._send(("add", job.key, job.ids, job.params, job.logprobs_n, job.pooling)):
+        if self.state != "ok" or not self._send(("add", job.key, job.ids, job.params, job.logprobs_n, job.pooling,
+                                                   job.reuse)):
             job.push(("error", f"the engine is not running ({self.state})"))
             return
         self.jobs[job.key] = job

@@ -147,6 +147,7 @@ class _Common(_Strict):
     user: str | None = None
     grammar: str | None = None  # llama-server's: GBNF (or llguidance's Lark) the output must match
     json_schema: dict | None = None  # llama-server's: a JSON schema the output must match
+    cache_prompt: bool = True  # llama-server's: false runs the whole prompt (no slot's cached prefix reused)
 
 
 class ChatRequest(_Common):

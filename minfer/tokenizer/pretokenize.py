@@ -29,6 +29,12 @@ LLAMA3_REGEX_CI = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}
                    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2_REGEX = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# o200k (gpt-4o, gpt-oss): llama.cpp's ECMAScript spelling of tokenizer.json's case classes (words as
+# upper-then-lower runs through lookaheads), run as a regex on the collapsed text as llama.cpp runs it
+_CASED = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+GPT4O_REGEX = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+" + _CASED +
+               r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*" + _CASED +
+               r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,7 @@ _GPT2 = (GPT2_REGEX,)
 _LLAMA3 = (LLAMA3_REGEX,)
 _QWEN2 = (QWEN2_REGEX,)
 _SMOLLM = (r"\p{N}", GPT2_REGEX)
+_GPT4O = (GPT4O_REGEX,)
 
 
 def _variants() -> dict[str, PreTokenizer]:
@@ -66,6 +73,7 @@ def _variants() -> dict[str, PreTokenizer]:
     add("qwen2 deepseek-r1-qwen kormo f2llmv2 hunyuan solar-open", _QWEN2, clean_spaces=False)
     add("stablelm2 megrez", _QWEN2)
     add("smollm command-r", _SMOLLM, clean_spaces=False)
+    add("gpt-4o llama4 kanana2 talkie minimax-m2", _GPT4O, clean_spaces=False)
     add("starcoder refact codeshell exaone minerva-7b mellum2", _SMOLLM)
     return table
 

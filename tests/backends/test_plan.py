@@ -10,15 +10,17 @@ import pytest
 from minfer.cli import main
 from minfer.config import EngineConfig
 from minfer.engine import loader
+from minfer.errors import UnsupportedError
 from minfer.gguf.reader import GGUFReader
 from minfer.gguf.synth import PRESETS, QUANTS, synth
 from minfer.kernels.cpu import vnni as cpu_vnni
+from minfer.models.support import support
 
 # f16 / f32 files of these (15-32 GB) are more than a CI machine can map
 BIG = {"qwen2.5-7b", "llama3-8b", "qwen3-8b", "phi3-mini"}
 # llama3-70b: even its Q4_K header-only file (40 GB mapped) is; tests/parallel/test_shard.py plans 2 of its
 # layers; so are the mixtures of experts' (17-26 GB at Q4_0; tests/models/test_moe.py plans 2 of their layers)
-HUGE = {"llama3-70b", "qwen3-30b-a3b", "mixtral-8x7b"}
+HUGE = {"llama3-70b", "qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-20b"}  # (gpt-oss-20b f32: 80 GB mapped)
 CASES = [(p, q) for p in sorted(PRESETS) if p not in HUGE for q in QUANTS
          if not (p in BIG and q in ("f16", "f32"))]
 
@@ -44,6 +46,10 @@ def headers(tmp_path_factory):
 
 @pytest.mark.parametrize("preset, quant", CASES)
 def test_every_node_of_every_preset_resolves(headers, preset, quant):
+    if (support(PRESETS[preset].arch) or {}).get("cuda") == "no":  # (gpt-oss: its sinks and clamped SwiGLU, cpu only)
+        with GGUFReader(headers[preset, quant]) as reader, pytest.raises(UnsupportedError, match="cuda backend"):
+            loader.load(reader, EngineConfig(device="cuda"), progress=False, plan_only=True)
+        return
     with GGUFReader(headers[preset, quant]) as reader:
         be = loader.load(reader, EngineConfig(device="cuda"), progress=False, plan_only=True).backend
     for rows, prefill in ((1, False), (16, False), (512, True)):
@@ -107,6 +113,8 @@ def test_every_cpu_matmul_resolves_to_a_cpu_contract(headers, preset, quant, cap
     want = {"q4_0": q4, "q4_1": q4, "q4_k": q4, "q4_k_m": q4, "q8_0": q8, "q5_k_m": q8, "q5_0": q8,
             "q5_1": q8, "iq4_nl": iq4, "iq4_xs": iq4, "mxfp4": mxfp4,
             "q6_k": pair16, "q3_k": pair16, "q2_k": pair16, "f32": "cpu_linear_f32"}[quant]
+    if PRESETS[preset].arch == "gpt-oss" and quant == "mxfp4":  # its mix: MXFP4 experts only, the rest Q8_0
+        want = "cpu_vnni2_moe" if cpu_vnni.available() else want
     assert want in {k for r in chunk for k in r["kernel"].split("+")}  # (8 experts: q+k+v of mixed types)
     if preset in BIG and quant in ("q4_k", "q4_k_m", "q5_k_m", "q3_k", "q2_k", "iq4_nl", "iq4_xs"):  # Q6_K output
         assert one[-1]["kernel"] == "cpu_int4pack_mm_pair16"

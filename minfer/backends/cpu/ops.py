@@ -54,6 +54,14 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate).mul_(up)
 
 
+def swiglu_oai(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """gpt-oss's clamped SwiGLU (ggml's swiglu_oai): g = min(gate, limit), u = clamp(up, -limit,
+    limit), g * sigmoid(alpha g) * (u + 1), in float32."""
+    g = gate.float().clamp(max=limit)
+    u = up.float().clamp(-limit, limit).add_(1.0)
+    return torch.sigmoid(g * alpha).mul_(g).mul_(u)
+
+
 def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """gelu_tanh(gate) * up (gemma's GeGLU; llama.cpp's ggml_gelu is the tanh form)."""
     return F.gelu(gate, approximate="tanh").mul_(up)
@@ -127,15 +135,16 @@ def attention_decode(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
 
 
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int,
-              scale: float, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
+              scale: float, window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of one sequence's queries q [n, n_head, hd] at positions start..start+n-1
     over its cache k/v [n_head_kv, >= start+n, hd] (already holding this step's keys).
     `window` > 0: query p sees keys p - window < k <= p only; `softcap` > 0: scores s become
-    softcap * tanh(s / softcap) before the softmax. Returns [n, n_head * hd]."""
+    softcap * tanh(s / softcap) before the softmax; `sinks` [n_head]: each head's logit added to
+    the softmax's denominator (graph/ir.py). Returns [n, n_head * hd]."""
     n, n_head, hd = q.shape
     length = start + n
-    if window or softcap:
-        return attention_masked(q, k_cache[:, :length], v_cache[:, :length], start, scale, window, softcap)
+    if window or softcap or sinks is not None:
+        return attention_masked(q, k_cache[:, :length], v_cache[:, :length], start, scale, window, softcap, sinks)
     qh = q.transpose(0, 1).unsqueeze(0)
     k = k_cache[:, :length].unsqueeze(0)
     v = v_cache[:, :length].unsqueeze(0)
@@ -148,10 +157,11 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
 
 
 def attention_masked(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scale: float,
-                     window: int, softcap: float) -> torch.Tensor:
-    """attention() with a sliding window and/or soft-capped scores, spelled out (SDPA has no
-    soft-cap): q [n, n_head, hd] at positions start.., keys/values [n_kv, start + n, hd].
-    Only the keys some query can see are read (the last window + n - 1 of them)."""
+                     window: int, softcap: float, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """attention() with a sliding window, soft-capped scores and/or attention sinks, spelled out
+    (SDPA has neither soft-cap nor sinks): q [n, n_head, hd] at positions start.., keys/values
+    [n_kv, start + n, hd]. Only the keys some query can see are read (the last window + n - 1 of
+    them). A sink is a column of the softmax that no value row follows (ggml_soft_max_add_sinks)."""
     n, n_head, hd = q.shape
     n_kv, length, _ = keys.shape
     lo = max(0, start - window + 1) if window else 0  # first key any query of the chunk sees
@@ -166,7 +176,11 @@ def attention_masked(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     if window:
         visible &= qpos - kpos < window
     s = s.view(n_kv, n_head // n_kv, n, -1).masked_fill_(~visible, float("-inf"))
-    p = torch.softmax(s, -1).view(n_kv, n_head // n_kv * n, -1)
+    if sinks is not None:  # head h = kv * group + g: its sink as one more column, dropped after the softmax
+        sink = sinks.float().view(n_kv, n_head // n_kv, 1, 1).expand(n_kv, n_head // n_kv, n, 1)
+        p = torch.softmax(torch.cat([s, sink], -1), -1)[..., :-1].reshape(n_kv, n_head // n_kv * n, -1)
+    else:
+        p = torch.softmax(s, -1).view(n_kv, n_head // n_kv * n, -1)
     out = torch.bmm(p, v).view(n_head, n, hd)
     return out.transpose(0, 1).reshape(n, n_head * hd)
 

@@ -87,6 +87,11 @@ def _swiglu(be: CPUBackend, node: Node):
     return lambda vals, st: cpu_ops.swiglu(vals[i], vals[j])
 
 
+def _swiglu_oai(be: CPUBackend, node: Node):
+    (i, j), alpha, limit = node.inputs, node.params["alpha"], node.params["limit"]
+    return lambda vals, st: cpu_ops.swiglu_oai(vals[i], vals[j], alpha, limit)
+
+
 def _geglu(be: CPUBackend, node: Node):
     i, j = node.inputs
     return lambda vals, st: cpu_ops.geglu(vals[i], vals[j])
@@ -124,6 +129,7 @@ def _attention(be: CPUBackend, node: Node):
     q_i, k_i, v_i, _ = node.inputs
     layer, n_head, n_kv, hd, scale = p["kv_layer"], p["n_head"], p["n_head_kv"], p["head_dim"], p["scale"]
     window, softcap = p.get("window", 0), p.get("softcap", 0.0)
+    sinks = be.vector(node.weights["sinks"].name) if "sinks" in node.weights else None
 
     def decode(vals, st: _State) -> torch.Tensor:  # one query per sequence, over its own cache
         q, k, v = vals[q_i], vals[k_i], vals[v_i]
@@ -132,10 +138,10 @@ def _attention(be: CPUBackend, node: Node):
         kc.index_copy_(0, st.at, k.reshape(rows * n_kv, hd).to(kc.dtype))  # each row at its slot, position
         vc.index_copy_(0, st.at, v.reshape(rows * n_kv, hd).to(vc.dtype))
         # a window only matters once some row is `window` positions in (the plain paths before that)
-        if softcap or (window and max(s.end for s in st.batch.spans) > window):
+        if softcap or sinks is not None or (window and max(s.end for s in st.batch.spans) > window):
             slots, pos = st.batch.row_slots.tolist(), st.batch.positions.tolist()
             k_all, v_all = st.cache.k[layer], st.cache.v[layer]
-            if not softcap:  # one query sees a contiguous run of keys: SDPA over the window's slice
+            if not softcap and sinks is None:  # one query sees a contiguous run of keys: SDPA over the window's slice
                 qs = q.view(rows, 1, n_head, 1, hd).unbind(0)
                 return torch.cat([cpu_ops.attention_decode(
                     qs[b], k_all[slots[b], :, max(0, pos[b] + 1 - window):pos[b] + 1].unsqueeze(0),
@@ -144,7 +150,7 @@ def _attention(be: CPUBackend, node: Node):
             qs = q.view(rows, 1, n_head, hd).unbind(0)
             return torch.cat([cpu_ops.attention_masked(qs[b], k_all[slots[b], :, :pos[b] + 1],
                                                        v_all[slots[b], :, :pos[b] + 1], pos[b], scale,
-                                                       window, softcap) for b in range(rows)])
+                                                       window, softcap, sinks) for b in range(rows)])
         if st.lens is not None:  # every row in one call (csrc/q4_vnni.c attn_decode)
             return cpu_vnni.attention_decode(q, st.cache.k[layer], st.cache.v[layer], st.batch.row_slots,
                                              st.lens, n_head, scale)
@@ -167,7 +173,7 @@ def _attention(be: CPUBackend, node: Node):
             kc[s.slot, :, s.start:s.end] = k[:, rows]
             vc[s.slot, :, s.start:s.end] = v[:, rows]
             w = window if s.end > window else 0  # the window masks nothing before
-            out[rows] = cpu_ops.attention(q[rows], kc[s.slot], vc[s.slot], s.start, scale, w, softcap)
+            out[rows] = cpu_ops.attention(q[rows], kc[s.slot], vc[s.slot], s.start, scale, w, softcap, sinks)
         return out
 
     return {"decode": decode, "prefill": prefill}, None
@@ -201,7 +207,8 @@ def _moe_sum(be: CPUBackend, node: Node):
 
 CPU_OPS = {
     Op.INPUT: _input, Op.GET_ROWS: _get_rows, Op.RMS_NORM: _rms_norm, Op.MATMUL: _matmul, Op.ADD: _add,
-    Op.SLICE: _slice, Op.SWIGLU: _swiglu, Op.GEGLU: _geglu, Op.SCALE: _scale, Op.SOFTCAP: _softcap, Op.ROPE: _rope,
+    Op.SLICE: _slice, Op.SWIGLU: _swiglu, Op.SWIGLU_OAI: _swiglu_oai, Op.GEGLU: _geglu, Op.SCALE: _scale,
+    Op.SOFTCAP: _softcap, Op.ROPE: _rope,
     Op.ATTENTION: _attention, Op.PICK: _pick, Op.MOE_ROUTE: _moe_route, Op.MOE_MATMUL: _moe_matmul,
     Op.MOE_SUM: _moe_sum,
 }

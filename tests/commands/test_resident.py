@@ -1,0 +1,223 @@
+"""`minfer run` through a resident model process (commands/resident.py, Ollama's keep-alive): the
+first run starts one, later runs with the same settings stream from it and print what the
+in-process run prints, other settings get another process, a stale state file is replaced, an idle
+process exits, `minfer ps` / `minfer stop` see and end them, Ctrl-C aborts the request and leaves
+the process, and the client imports no torch. Real processes, short keep-alives; every process a
+test starts is stopped by the fixture."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTICE = "model kept loaded for"
+KEEP = "60s"
+
+
+@pytest.fixture
+def resident_env(tmp_path, monkeypatch):
+    """A fresh MINFER_CACHE for this test and its subprocesses; afterwards every resident process
+    it started is stopped (SIGKILL after a grace period) and none is left."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("MINFER_CACHE", str(cache))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MINFER_CACHE": str(cache)}
+    pids: set[int] = set()
+    yield env, pids
+    from minfer.commands import resident
+
+    for st in resident.all_states():
+        pids.add(st.pid)
+        resident.stop(st, wait_s=5)
+    for pid in pids:
+        if resident.process_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def minfer(env, *argv, check: bool = True) -> subprocess.CompletedProcess:
+    """Run `python -m minfer ARGV`; its output as text, byte for byte (no newline translation: a
+    sampled "\r" stays one)."""
+    out = subprocess.run([sys.executable, "-m", "minfer", *argv], capture_output=True, env=env, timeout=300)
+    out.stdout, out.stderr = out.stdout.decode(), out.stderr.decode()
+    if check:
+        assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+def states(cache: str) -> list[dict]:
+    d = Path(cache) / "resident"
+    return [json.loads(f.read_text()) for f in sorted(d.glob("*.json"))] if d.is_dir() else []
+
+
+def tail(stderr: str) -> str:
+    """The stats line's counts (its timings differ from run to run)."""
+    line = [x for x in stderr.splitlines() if x.startswith("prefill:")][-1]
+    return line.split(" | ", 2)[2]  # "generated: N | stop: R"
+
+
+def in_process(run_cli, argv) -> tuple[str, str]:
+    rc, out, err = run_cli(["run", *argv, "--no-daemon"])
+    assert rc == 0, err
+    return out, tail(err)
+
+
+CASES = [  # greedy; seeded sampling with every filter; a stop string; penalties
+    ["-n", "12", "--temp", "0", "hello world"],
+    ["-n", "12", "--temp", "0.9", "--top-k", "20", "--top-p", "0.9", "--min-p", "0.02", "-s", "7", "hello world"],
+    ["-n", "16", "--temp", "0.8", "-s", "3", "--stop", "g", "the"],
+    ["-n", "12", "--temp", "0.7", "-s", "11", "--repeat-penalty", "1.3", "--presence-penalty", "0.5",
+     "--frequency-penalty", "0.2", "--repeat-last-n", "8", "abc"],
+]
+
+
+def test_second_run_connects_and_prints_what_the_in_process_run_prints(resident_env, run_cli, tiny_gguf):
+    env, pids = resident_env
+    model = ["-m", str(tiny_gguf("tiny-llama", "q4_k"))]
+    first = minfer(env, "run", *model, "--keep-alive", KEEP, *CASES[0])
+    assert NOTICE in first.stderr  # said once, when the process starts
+    (st,) = states(env["MINFER_CACHE"])
+    pids.add(st["pid"])
+    assert st["status"] == "ready" and st["url"].startswith("http://127.0.0.1:")
+    assert oct(Path(env["MINFER_CACHE"], "resident", f"{st['key']}.json").stat().st_mode & 0o777) == "0o600"
+    for argv in CASES:
+        want_out, want_tail = in_process(run_cli, [*model, *argv])
+        got = minfer(env, "run", *model, "--keep-alive", KEEP, *argv)
+        assert NOTICE not in got.stderr  # no noise on later runs
+        assert got.stdout == want_out, argv
+        assert tail(got.stderr) == want_tail, argv
+    assert first.stdout == in_process(run_cli, [*model, *CASES[0]])[0]
+    assert [s["pid"] for s in states(env["MINFER_CACHE"])] == [st["pid"]]  # one process served every run
+
+    # the client side imports no torch / numpy / server stack
+    probe = ("import sys; from minfer.cli import main; rc = main(sys.argv[1:]); "
+             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in "
+             "('torch', 'numpy', 'jinja2', 'fastapi', 'uvicorn', 'httpx', 'triton')); "
+             "print('HEAVY', rc, heavy, file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", probe, "run", *model, "--keep-alive", KEEP, *CASES[0]],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert "HEAVY 0 []" in out.stderr, out.stderr[-2000:]
+
+
+def test_ctrl_c_aborts_the_request_and_leaves_the_process(resident_env, tiny_gguf):
+    env, pids = resident_env
+    model = ["-m", str(tiny_gguf("tiny-llama", "q4_k")), "--keep-alive", KEEP]
+    minfer(env, "run", *model, "-n", "2", "--temp", "0", "hi")
+    (st,) = states(env["MINFER_CACHE"])
+    pids.add(st["pid"])
+    p = subprocess.Popen([sys.executable, "-m", "minfer", "run", *model,
+                          "--ignore-eos", "--temp", "0", "-n", "-1", "go"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=env)
+    assert p.stdout.read(1)  # generating
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 130 and "interrupted" in err.decode()
+    from minfer.commands import resident
+
+    client = resident.Client(st["url"], st["token"])
+    deadline = time.monotonic() + 10
+    while True:  # the server saw the client go and aborted the request: its slot is free
+        _, slots = client.json("GET", "/slots")
+        if not slots[0]["is_processing"]:
+            break
+        assert time.monotonic() < deadline, "the request was not aborted"
+        time.sleep(0.1)
+    assert resident.process_alive(st["pid"])
+    again = minfer(env, "run", *model, "-n", "3", "--temp", "0", "hi")
+    assert NOTICE not in again.stderr and "generated: 3" in again.stderr
+
+
+def test_other_settings_get_another_process_and_ps_stop_see_them(resident_env, run_cli, tiny_gguf):
+    env, pids = resident_env
+    path = tiny_gguf("tiny-llama", "q4_k")
+    base = ["run", "-m", str(path), "--keep-alive", KEEP, "-n", "2", "--temp", "0", "hi"]
+    minfer(env, *base)
+    long = ["-c", "24", "-n", "40", "-s", "5", "--temp", "0.8", "--ignore-eos"]  # another context: another process
+    other = minfer(env, *base, *long)
+    assert NOTICE in other.stderr
+    rc, want, err = run_cli([*base, *long, "--no-daemon"])  # -n past the context: the same warning, the same tokens
+    warning = [x for x in err.splitlines() if "more than the context leaves" in x]
+    assert rc == 0 and len(warning) == 1 and warning[0] in other.stderr
+    assert other.stdout == want and tail(other.stderr) == tail(err)
+    sts = states(env["MINFER_CACHE"])
+    pids.update(s["pid"] for s in sts)
+    assert len(sts) == 2 and sts[0]["pid"] != sts[1]["pid"]
+    assert {s["options"]["config"]["n_ctx"] for s in sts} == {None, 24}
+    listed = json.loads(minfer(env, "ps", "--json").stdout)
+    assert sorted(r["pid"] for r in listed) == sorted(s["pid"] for s in sts)
+    assert all(r["model"] == path.name and isinstance(r["idle"], float) for r in listed)
+    table = minfer(env, "ps").stdout
+    assert table.startswith("MODEL") and table.count(path.name) == 2
+    assert "no resident process serves" in minfer(env, "stop", "other.gguf", check=False).stderr
+    stopped = minfer(env, "stop", path.stem)
+    assert stopped.stderr.count("stopped") == 2
+    from minfer.commands import resident
+
+    assert not any(resident.process_alive(p) for p in pids)
+    assert states(env["MINFER_CACHE"]) == []
+    assert "no resident model processes" in minfer(env, "ps").stderr
+
+
+def test_a_stale_state_file_is_replaced_by_a_fresh_process(resident_env, tiny_gguf):
+    env, pids = resident_env
+    argv = ["run", "-m", str(tiny_gguf("tiny-llama", "q4_k")), "--keep-alive", KEEP, "-n", "3", "--temp", "0", "hi"]
+    want = minfer(env, *argv).stdout
+    (st,) = states(env["MINFER_CACHE"])
+    pids.add(st["pid"])
+    os.kill(st["pid"], signal.SIGKILL)  # dies without removing its state file
+    time.sleep(0.2)
+    again = minfer(env, *argv)
+    assert NOTICE in again.stderr and again.stdout == want
+    (st2,) = states(env["MINFER_CACHE"])
+    pids.add(st2["pid"])
+    assert st2["pid"] != st["pid"]
+
+    # a live process that refuses connections (here: the state file's port is wrong): ended, replaced
+    file = Path(env["MINFER_CACHE"], "resident", f"{st2['key']}.json")
+    file.write_text(json.dumps({**st2, "url": "http://127.0.0.1:9"}))
+    third = minfer(env, *argv)
+    assert NOTICE in third.stderr and third.stdout == want
+    (st3,) = states(env["MINFER_CACHE"])
+    pids.add(st3["pid"])
+    from minfer.commands import resident
+
+    assert st3["pid"] != st2["pid"] and not resident.process_alive(st2["pid"])
+
+    # a file that is not a state file at all: ignored and overwritten
+    Path(file).write_text("{not json")
+    os.kill(st3["pid"], signal.SIGKILL)
+    fourth = minfer(env, *argv)
+    assert fourth.stdout == want and "Traceback" not in fourth.stderr
+    pids.update(s["pid"] for s in states(env["MINFER_CACHE"]))
+
+
+def test_an_idle_process_exits_after_its_keep_alive(resident_env, tiny_gguf):
+    env, pids = resident_env
+    minfer(env, "run", "-m", str(tiny_gguf("tiny-llama", "q4_k")), "--keep-alive", "2s", "-n", "2", "--temp", "0",
+           "hi")
+    (st,) = states(env["MINFER_CACHE"])
+    pids.add(st["pid"])
+    from minfer.commands import resident
+
+    deadline = time.monotonic() + 30
+    while resident.process_alive(st["pid"]):
+        assert time.monotonic() < deadline, "the resident process outlived its keep-alive"
+        time.sleep(0.2)
+    assert states(env["MINFER_CACHE"]) == []  # it removed its state file
+
+
+def test_keep_alive_zero_and_no_daemon_run_in_process(resident_env, tiny_gguf):
+    env, _ = resident_env
+    model = ["-m", str(tiny_gguf("tiny-llama", "q4_k")), "-n", "2", "--temp", "0", "hi"]
+    for flags in (["--keep-alive", "0"], ["--no-daemon"]):
+        out = minfer(env, "run", *model, *flags)
+        assert NOTICE not in out.stderr and "one-time warm-up" in out.stderr  # the process's own first step
+    assert states(env["MINFER_CACHE"]) == []
+    bad = minfer(env, "run", *model, "--keep-alive", "soon", check=False)
+    assert bad.returncode == 2 and "--keep-alive expects a duration" in bad.stderr
