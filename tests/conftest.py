@@ -73,6 +73,75 @@ def _seeded_global_rngs(test_seed):
     random.seed(test_seed)
 
 
+# The suite's long tests (seconds a call on one core of this 2-core machine, scripts/test.sh's
+# --durations, 2026-12-03): under pytest-xdist they are spread over the workers' first tests (below). An
+# order only: a missing or stale entry costs wall time, never a result.
+SLOW_TESTS = {
+    "tests/server/test_schemathesis.py::": 90,
+    "tests/contracts/test_conformance.py::test_kernel_conforms_to_its_contract[mmq_planes]": 64,
+    "tests/backends/test_families_gpu.py::test_real_gemma3_270m_matches_llamacpp[vulkan]": 58,
+    "tests/contracts/test_conformance.py::test_kernel_conforms_to_its_contract[gemv_geglu]": 56,
+    "tests/contracts/test_conformance.py::test_kernel_conforms_to_its_contract[gemv_swiglu]": 56,
+    "tests/models/test_llamacpp_parity.py::test_perplexity_matches_llamacpp[gemma3-270m]": 54,
+    "tests/contracts/test_conformance.py::test_kernel_conforms_to_its_contract[gemv_rope]": 51,
+    "tests/kernels/triton/test_gemv_fused.py::test_fused_equals_the_kernels_it_replaces": 50,
+    "tests/backends/test_cuda_backend.py::test_mmq_prompts_and_decode_batches_match_cpu": 50,
+    "tests/backends/test_cuda_backend.py::test_prompt_chunks_of_several_spans_replay_as_their_eager_pass": 60,
+    "tests/backends/test_cuda_backend.py::test_overlapped_greedy_decode_equals_reading_every_step": 48,
+    "tests/server/test_chat_page.py::test_stop_button": 43,
+    "tests/contracts/test_conformance.py::test_kernel_conforms_to_its_contract[attention_prefill_q8]": 41,
+    "tests/contracts/test_conformance.py::test_kernel_conforms_to_its_contract[mmq_lut4]": 40,
+    "tests/commands/test_models_by_name.py::test_run_hf_downloads_caches_and_runs_offline": 40,
+    "tests/backends/test_families_gpu.py::test_logits_match_llamacpp[cuda-tiny-qwen3moe]": 40,
+    "tests/backends/test_cuda_backend.py::test_int8_activations_from_the_norms": 28,
+    "tests/backends/test_cuda_backend.py::test_qk_norms_ropes_and_post_norms_run_fused": 23,
+    "tests/backends/test_wgpu_backend.py::test_the_judge_measures_the_vulkan_kernels_on_the_adapter": 37,
+    "tests/contracts/test_conformance.py::test_kernel_conforms_to_its_contract[attention_rows_q8]": 37,
+    "tests/gguf/test_fuzz_load.py::test_fuzz_the_whole_load_path_on_vulkan": 35,
+    "tests/commands/test_without_triton.py::test_vulkan_samples_a_continuation_without_triton": 35,
+    "tests/native/test_sanitizers.py::test_c_code_is_clean_under_asan_and_ubsan": 34,
+    "tests/server/test_process.py::test_repeated_engine_deaths_stop_the_server_non_zero": 25,
+    "tests/parallel/test_tp_gloo.py::test_the_cuda_backend_split_under_the_triton_interpreter": 33,
+    "tests/backends/test_wgpu_backend.py::test_smollm2_greedy_tokens_equal_cpu_where_decisive": 32,
+    "tests/backends/test_wgpu_backend.py::test_smollm2_prompt_logits_match_cpu": 30,
+}
+
+
+def _slow_estimate(nodeid: str) -> float:
+    return max((s for prefix, s in SLOW_TESTS.items() if nodeid.startswith(prefix)), default=0.0)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (scripts/test.sh), the long tests first and spread evenly: worksteal hands worker
+    k the k-th contiguous share of the collection and lets an idle worker take the *end* of a busy one's
+    queue, so a long test collected late, or all long tests in one share, leaves one worker running them
+    while the other has finished (the 37-minute run of 2026-12-03 ended so). Each share starts with its
+    long tests (longest first, each given to the share with the least long work so far), then the
+    other tests in their collected order (modules stay together: their fixtures load once). Every worker
+    collects, and orders, the same way. Without xdist the order is pytest's."""
+    n = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    slow = sorted((it for it in items if _slow_estimate(it.nodeid)), key=lambda it: -_slow_estimate(it.nodeid))
+    if n <= 1 or not slow:
+        return
+    taken = {id(it) for it in slow}
+    rest = [it for it in items if id(it) not in taken]
+    # worksteal's first shares: len // n each, the last one the remainder (xdist/scheduler/worksteal.py)
+    sizes = [len(items) // n] * (n - 1) + [len(items) - (len(items) // n) * (n - 1)]
+    heads: list[list] = [[] for _ in range(n)]
+    load = [0.0] * n
+    for it in slow:
+        k = min(range(n), key=lambda j: (load[j], j))
+        heads[k].append(it)
+        load[k] += _slow_estimate(it.nodeid)
+    ordered, i = [], 0
+    for k in range(n):
+        fill = max(0, sizes[k] - len(heads[k]))
+        ordered += heads[k] + rest[i:i + fill]
+        i += fill
+    ordered += rest[i:]
+    items[:] = ordered
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """A failing test's report says which seed its random inputs came from and how to replay it."""

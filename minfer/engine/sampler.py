@@ -52,12 +52,16 @@ def apply_repeat_penalty(logits: torch.Tensor, recent: list[int], penalty: float
 
 
 def apply_penalties(logits: torch.Tensor, recent: list[int], p: SamplingParams) -> torch.Tensor:
-    """Repetition, frequency and presence penalties over the tokens in `recent`. A new tensor."""
+    """Repetition, frequency and presence penalties over the tokens in `recent`. A new tensor.
+    A token masked out (-inf: a grammar refuses it) stays -inf: a repeat penalty that rounds to 0 in
+    float32 (any valid value below ~1e-45; the schema fuzz sent 5e-324) would otherwise make it
+    -inf * 0 = NaN, which greedy's argmax picks (a grammar-refused token, a 500)."""
     out = logits.clone()
     ids, counts = torch.tensor(recent, dtype=torch.long).unique(return_counts=True)
     seen = out[ids]
     if p.repeat_penalty != 1.0:
-        seen = torch.where(seen > 0, seen / p.repeat_penalty, seen * p.repeat_penalty)
+        scaled = torch.where(seen > 0, seen / p.repeat_penalty, seen * p.repeat_penalty)
+        seen = torch.where(seen == float("-inf"), seen, scaled)
     seen = seen - p.frequency_penalty * counts.to(seen.dtype) - p.presence_penalty
     out[ids] = seen
     return out

@@ -73,6 +73,16 @@ def test_repeat_penalty_divides_positive_multiplies_negative():
     assert out.tolist() == [1.0, -2.0, 0.5]
 
 
+def test_a_masked_token_stays_masked_under_a_vanishing_repeat_penalty():
+    """5e-324 is a valid repeat_penalty (> 0) that is 0 in float32: a grammar-masked (-inf) token in the
+    history must stay -inf, not become -inf * 0 = NaN, which greedy's argmax would pick (the schema
+    fuzz found it: a 500 "its grammar refused token")."""
+    logits = torch.tensor([float("-inf"), 1.0, -2.0, float("-inf")])
+    out = apply_repeat_penalty(logits, [0, 2, 3], 5e-324)
+    assert out[0] == float("-inf") and out[3] == float("-inf") and not out.isnan().any()
+    assert Sampler(SamplingParams(temperature=0.0, repeat_penalty=5e-324))(logits, [0, 2, 3]) == 1
+
+
 def test_repeat_penalty_changes_greedy_choice_only_within_window():
     logits = torch.tensor([3.0, 2.0, 0.0])
     greedy = dict(temperature=0, repeat_penalty=2.0)

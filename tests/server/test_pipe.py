@@ -17,7 +17,9 @@ from minfer.server.process import watch_pipe
 
 uvloop = pytest.importorskip("uvloop", reason="uvloop comes with the server extra (uvicorn's loop)")
 
-N_MESSAGES = 40
+# A few messages are enough: each is ~15x the socket buffer (~200 KiB), so each arrives in many pieces and
+# a non-blocking recv would raise mid-message on the first one (once 40 messages; the bug needs no more).
+N_MESSAGES = 4
 SIZE = 3 << 20  # 3 MiB each: many times the socket buffer, so every message arrives in pieces
 
 
@@ -30,7 +32,16 @@ def test_big_messages_arrive_whole_under_uvloop():
         for i in range(N_MESSAGES):
             theirs.send(bytes([i]) * SIZE)
 
+    def send_ours() -> None:  # the parent's sender: nobody reads the other end until the loop is done
+        try:
+            ours.send(b"x" * SIZE)
+        except BaseException as e:  # noqa: BLE001 (a non-blocking pipe: BlockingIOError mid-message)
+            failed.append(e)
+
+    sender: threading.Thread | None = None
+
     async def main() -> None:
+        nonlocal sender
         loop = asyncio.get_running_loop()
         done = loop.create_future()
 
@@ -48,12 +59,11 @@ def test_big_messages_arrive_whole_under_uvloop():
         watch_pipe(loop, ours, readable)
         assert os.get_blocking(ours.fileno())
         # the parent's own sender thread writes the same socket: it must block on a full pipe, not fail
-        sender = threading.Thread(target=lambda: ours.send(b"x" * SIZE))
+        sender = threading.Thread(target=send_ours)
         threading.Thread(target=writer, daemon=True).start()
         sender.start()
         await asyncio.wait_for(done, 120)
         loop.remove_reader(ours.fileno())
-        await asyncio.to_thread(sender.join, 60)
 
     # in a thread of its own: a test before this one (the chat page's browser) may leave a loop running in this one
     runner = threading.Thread(target=lambda: uvloop.run(main()))
@@ -63,4 +73,10 @@ def test_big_messages_arrive_whole_under_uvloop():
     assert not failed, failed
     assert [m[0] for m in got] == list(range(N_MESSAGES))
     assert all(len(m) == SIZE and m.count(m[:1]) == SIZE for m in got)
+    # the parent's message, written into a full pipe while nobody read it, arrives whole once read; its
+    # sender then finishes (it waited on the full pipe rather than failing: joined only now, no sleep)
+    assert theirs.poll(60)
     assert theirs.recv() == b"x" * SIZE
+    sender.join(60)
+    assert not sender.is_alive()
+    assert not failed, failed

@@ -116,10 +116,12 @@ def test_engine_death_fails_running_and_queued_then_restarts(tmp_path, smollm2_p
         stop_server(s)
 
 
-def test_repeated_engine_deaths_stop_the_server_non_zero(tmp_path, smollm2_path):
+def test_repeated_engine_deaths_stop_the_server_non_zero(tmp_path, tiny_gguf):
     """Killed again each time it comes back: restarted 3 times, the 4th death ends the server with a
-    non-zero exit code (a supervisor's cue), the reason in its log; its engine goes with it."""
-    s = start_server(tmp_path, "-np", "1", model=smollm2_path)
+    non-zero exit code (a supervisor's cue), the reason in its log; its engine goes with it. A tiny
+    model: what is tested is the supervision, and each of the four engines loads in a fraction of
+    SmolLM2's time (the test took 33 s in the suite with SmolLM2, 2026-12-03)."""
+    s = start_server(tmp_path, "-np", "1", model=tiny_gguf("tiny-llama", "q8_0"))
     try:
         for i in range(4):
             child = engine_pid(s.proc.pid)
@@ -141,16 +143,16 @@ def test_repeated_engine_deaths_stop_the_server_non_zero(tmp_path, smollm2_path)
             stop_server(s)
 
 
-def test_killed_server_takes_its_engine(tmp_path, smollm2_path):
-    s = start_server(tmp_path, "-np", "1", model=smollm2_path)
+def test_killed_server_takes_its_engine(tmp_path, tiny_gguf):
+    s = start_server(tmp_path, "-np", "1", model=tiny_gguf("tiny-llama", "q8_0"))  # (supervision: any model)
     child = engine_pid(s.proc.pid)
     s.proc.kill()
     s.proc.wait(HANG_GUARD)
     assert gone(child, HANG_GUARD), "the engine process outlived its server"
 
 
-def test_sigint_stops_server_and_engine(tmp_path, smollm2_path):
-    s = start_server(tmp_path, "-np", "1", model=smollm2_path)
+def test_sigint_stops_server_and_engine(tmp_path, tiny_gguf):
+    s = start_server(tmp_path, "-np", "1", model=tiny_gguf("tiny-llama", "q8_0"))  # (supervision: any model)
     child = engine_pid(s.proc.pid)
     s.proc.send_signal(signal.SIGINT)
     try:
