@@ -107,7 +107,9 @@ def test_second_run_connects_and_prints_what_the_in_process_run_prints(resident_
 
 def test_ctrl_c_aborts_the_request_and_leaves_the_process(resident_env, tiny_gguf):
     env, pids = resident_env
-    model = ["-m", str(tiny_gguf("tiny-llama", "q4_k")), "--keep-alive", KEEP]
+    # a context of 8192 (the tiny model's own is 512, which it fills in ~0.3 s: the run could end before
+    # the signal arrives on a busy machine)
+    model = ["-m", str(tiny_gguf("tiny-llama", "q4_k")), "-c", "8192", "--keep-alive", KEEP]
     minfer(env, "run", *model, "-n", "2", "--temp", "0", "hi")
     (st,) = states(env["MINFER_CACHE"])
     pids.add(st["pid"])
