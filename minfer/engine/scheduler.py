@@ -17,6 +17,13 @@ one request's numbers depend on which request ran before it (the cached rows wer
 other chunks, and the decode path's bfloat16 rounding turns such differences into different
 tokens), while a continuation only depends on the conversation itself.
 
+Across requests (a shared system prompt, an agent's growing context), the prefix cache
+(engine/prefix.py) reuses whole blocks of `prefix_block` prompt tokens from ANY slot: the new
+sequence's slot gets them by one KV copy from the slot that holds them (the step's `copies`,
+made by the engine before the step runs). Its numbers stay those of a fresh run: prompt chunks
+end at block boundaries (except at the prompt's end), so a block's rows are always computed by
+a chunk that starts at a block boundary, and only such blocks are ever reused.
+
 The scheduler owns slots and queues; it never touches tensors except to hand logits rows to the
 sequences' samplers (`postprocess`).
 """
@@ -25,13 +32,14 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from ..backends.base import Batch
 from ..errors import MinferError
 from .logprobs import token_logprobs
+from .prefix import PrefixCache
 from .sequence import Sequence, Status
 
 
@@ -45,6 +53,7 @@ class ScheduledStep:
     samples: list[tuple[Sequence, int]]  # (sequence, logits row) to sample a token from
     keep: list[tuple[Sequence, list[int]]]  # (sequence, logits rows) of prompt positions to store
     hidden: bool = False  # an embedding step: its rows are final hidden states, not logits
+    copies: list[tuple[int, int, int]] = field(default_factory=list)  # (from slot, to slot, tokens): KV to copy first
 
 
 def _continued(cached: list[int], prompt: list[int]) -> int:
@@ -55,7 +64,10 @@ def _continued(cached: list[int], prompt: list[int]) -> int:
 
 class Scheduler:
     def __init__(self, n_slots: int, n_ctx: int, prefill_chunk: int, max_batch_tokens: int,
-                 device: str | torch.device = "cpu", prefill_seqs: int = 1):
+                 device: str | torch.device = "cpu", prefill_seqs: int = 1, prefix_block: int = 32,
+                 prefix_cache: bool = True):
+        """`prefix_block`: the prefix cache's block size, which prompt chunks are aligned to
+        whether the cache is on or not; `prefix_cache`: reuse cached blocks across requests."""
         if min(n_slots, n_ctx, prefill_chunk) < 1 or max_batch_tokens < n_slots + 1:
             raise MinferError(f"scheduler: slots {n_slots}, context {n_ctx} and prefill chunk {prefill_chunk} must "
                               f"be >= 1 and max_batch_tokens ({max_batch_tokens}) >= slots + 1")
@@ -70,6 +82,11 @@ class Scheduler:
         self._last_used = [0] * n_slots
         self._clock = 0
         self._embedded = False  # the last step ran embedding chunks
+        self.block = max(1, prefix_block)
+        self.prefix = PrefixCache(n_slots, self.block) if prefix_cache else None
+        self._copies: list[tuple[int, int, int]] = []  # made by admissions of the step being formed
+        self.hit_tokens = 0  # prompt tokens not run: reused from a cached block or a slot's continuation
+        self.miss_tokens = 0  # prompt tokens run
 
     # ------------------------------------------------------------------ queue
     def add(self, seq: Sequence) -> None:
@@ -92,6 +109,8 @@ class Scheduler:
         """Drop what free slots remember: the next sequences run their whole prompts."""
         for slot in self.free:
             self.slot_tokens[slot] = []
+        if self.prefix is not None:
+            self.prefix.forget(self.free)
 
     @property
     def slots_in_use(self) -> int:
@@ -102,19 +121,38 @@ class Scheduler:
 
     # ------------------------------------------------------------------ slots
     def _admit(self, seq: Sequence) -> None:
+        """Give `seq` the free slot that holds most of its prompt (a chat continuation, or its
+        cached blocks; ties: the least recently used), then copy in any longer cached prefix
+        another slot holds."""
+        B, reuse, prefix = self.block, seq.reuse_prefix, self.prefix
+        limit = seq.n_prompt - 1  # (the prompt's last token always runs: its logits give the first token)
+        if seq.logit_rows is not None and len(seq.logit_rows):
+            limit = min(limit, seq.logit_rows.start)
+        own = {slot: prefix.depth(slot, seq.prompt, limit // B) if prefix is not None and reuse else 0
+               for slot in self.free}
+
         def score(slot: int) -> tuple[int, int]:
-            shared = _continued(self.slot_tokens[slot], seq.prompt) if seq.reuse_prefix else 0
-            return shared, -self._last_used[slot]
+            shared = _continued(self.slot_tokens[slot], seq.prompt) if reuse else 0
+            return max(shared, own[slot] * B), -self._last_used[slot]
 
         slot = max(sorted(self.free), key=score)
-        keep = score(slot)[0]
-        keep = min(keep, seq.n_prompt - 1)
-        if seq.logit_rows is not None and len(seq.logit_rows):
-            keep = min(keep, seq.logit_rows.start)
+        keep = min(score(slot)[0], limit)
+        blocks = own[slot] if keep == own[slot] * B else min(own[slot], keep // B)
+        exact = keep == blocks * B  # what the slot keeps is cached blocks only: new blocks may join them
+        if prefix is not None and reuse:
+            n, src = prefix.lookup(seq.prompt, limit // B)
+            if n * B > keep and src is not None and src != slot:
+                self._copies.append((src, slot, n * B))
+                keep, blocks, exact = n * B, n, True
+        if prefix is not None:
+            prefix.copied(slot, seq.prompt, blocks)
         self.free.discard(slot)
         self.slot_tokens[slot] = []
         seq.slot, seq.n_cached, seq.status = slot, keep, Status.RUNNING
+        seq.prefix_exact = exact
         seq.stats.cached_tokens = keep
+        self.hit_tokens += keep
+        self.miss_tokens += seq.n_prompt - keep
         self.running.append(seq)
 
     def _release(self, seq: Sequence) -> None:
@@ -160,6 +198,13 @@ class Scheduler:
                 break
             start = pre.n_cached
             chunk = min(self.prefill_chunk, budget, pre.n_prompt - start)
+            end = (start + chunk) // self.block * self.block  # (a block's rows: one chunk's, from its start)
+            if start + chunk < pre.n_prompt and end > start:
+                chunk = end - start
+            elif start + chunk < pre.n_prompt and chunk % self.block:
+                if prefills and self.prefill_chunk >= self.block:  # (no room left for a whole block: next step)
+                    break
+                pre.prefix_exact = False  # (a chunk smaller than a block: its blocks are not cached)
             spans.append((pre.slot, start, pre.tokens[start:start + chunk]))
             if pre.logit_rows is not None:
                 want = [p for p in range(start, start + chunk) if p in pre.logit_rows]
@@ -175,7 +220,8 @@ class Scheduler:
         if not decode and not prefills:
             return None
         batch = Batch.build(spans, list(rows), n_decode=len(decode), device=self.device)
-        return ScheduledStep(batch, decode, prefills, samples, keep, hidden=embed)
+        copies, self._copies = self._copies, []
+        return ScheduledStep(batch, decode, prefills, samples, keep, hidden=embed, copies=copies)
 
     def continue_decode(self, step: ScheduledStep) -> ScheduledStep | None:
         """The decode step that follows `step` (launched, its tokens not read yet) when nothing can
@@ -207,6 +253,8 @@ class Scheduler:
                 s.n_cached += 1
         for pre, chunk in step.prefills:
             pre.n_cached += chunk
+            if self.prefix is not None and pre.prefix_exact:
+                self.prefix.register(pre.slot, pre.prompt, pre.n_cached)
         for seq, idx in step.keep:  # (indexing copies; host tensors whatever the backend)
             seq.prompt_logits.append(logits[idx].cpu())
         live = [(seq, row) for seq, row in step.samples if not seq.finished]  # (aborted ones are skipped)
