@@ -19,7 +19,7 @@ from minfer.engine.engine import Engine
 from minfer.engine.params import SamplingParams
 from minfer.engine.prefix import PrefixCache
 
-from .test_scheduler import NEXT, GREEDY, V, PieceTokenizer, ScriptedBackend
+from .test_scheduler import GREEDY, NEXT, PieceTokenizer, ScriptedBackend, V
 
 B = 4  # block size of these tests
 
