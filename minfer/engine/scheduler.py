@@ -155,6 +155,25 @@ class Scheduler:
         self.miss_tokens += seq.n_prompt - keep
         self.running.append(seq)
 
+    def _computing(self, seq: Sequence) -> bool:
+        """A running prompt is computing blocks of `seq`'s prefix that no slot holds yet: `seq`
+        waits for them (requests that arrive together with one system prompt compute it once,
+        then copy it) rather than compute them again."""
+        if self.prefix is None or not seq.reuse_prefix:
+            return False
+        B = self.block
+        limit = (seq.n_prompt - 1) // B
+        have = self.prefix.lookup(seq.prompt, limit)[0]
+        for r in self.running:
+            if r.prefilling and r.prefix_exact:
+                n = have
+                while n < limit and r.prompt[n * B:(n + 1) * B] == seq.prompt[n * B:(n + 1) * B] \
+                        and (n + 1) * B <= r.n_prompt:
+                    n += 1
+                if n > have:
+                    return True
+        return False
+
     def _release(self, seq: Sequence) -> None:
         if seq in self.running:
             self.running.remove(seq)
@@ -190,6 +209,8 @@ class Scheduler:
         while budget > 0 and len(prefills) < self.prefill_seqs:
             if len(prefills) == len(waiting):
                 if not (self.waiting and self.free) or (self.waiting[0].pooling is not None) != embed:
+                    break
+                if self._computing(self.waiting[0]):
                     break
                 self._admit(self.waiting.popleft())
                 waiting.append(self.running[-1])

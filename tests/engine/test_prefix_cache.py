@@ -162,3 +162,16 @@ def test_the_index_never_trusts_a_key_without_its_tokens():
     assert cache.lookup([1, 2, 3, 4, 5, 6, 7, 8, 9], 2) == (1, 0)
     cache.keep(0, 0)
     assert cache.lookup([1, 2, 3, 4, 5, 6, 7, 8, 9], 2) == (0, None) and cache.cached_blocks == 0
+
+
+def test_requests_arriving_together_compute_their_shared_prefix_once():
+    system = list(range(1, 21))
+    eng, be = make(n_slots=3, chunk=8, prefill_seqs=3, max_batch_tokens=11)
+    seqs = [eng.add(system + [25 + i, 20 - i], greedy(3)) for i in range(3)]
+    eng.run(seqs)
+    assert [s.stats.cached_tokens for s in seqs] == [0, 20, 20]
+    assert sum(sp.n_tokens for b in be.batches for sp in b.spans[b.n_decode:]) == 22 + 2 + 2
+    off, _ = make(n_slots=3, chunk=8, prefill_seqs=3, max_batch_tokens=11, prefix_cache=False)
+    plain = [off.add(s.prompt, greedy(3)) for s in seqs]
+    off.run(plain)
+    assert [s.generated for s in seqs] == [s.generated for s in plain]
