@@ -11,18 +11,21 @@ cuda default) fill the GPU when many requests arrive at once.
 A new sequence goes to the free slot whose cached tokens its prompt continues (the longest
 such; ties and no match: the least recently used slot), and only the rest of its prompt is run:
 a chat's next turn pays only for the new turn. At least the prompt's last token always runs,
-since its logits give the first new token. A slot is reused only when the prompt extends ALL
-its tokens, never for a partial match such as a shared system prompt: a partial match would let
-one request's numbers depend on which request ran before it (the cached rows were computed in
-other chunks, and the decode path's bfloat16 rounding turns such differences into different
-tokens), while a continuation only depends on the conversation itself.
+since its logits give the first new token. A slot's own tokens are reused whole only when the
+prompt extends ALL of them (a chat continuation, which may include rows the decode path
+computed); a partial match such as a shared system prompt is reused only through the prefix
+cache below, block by block, and only rows that a fresh run computes the same way: otherwise one
+request's numbers would depend on which request ran before it (rows computed in other chunks,
+or by the decode path, whose bfloat16 rounding turns such differences into different tokens).
 
 Across requests (a shared system prompt, an agent's growing context), the prefix cache
 (engine/prefix.py) reuses whole blocks of `prefix_block` prompt tokens from ANY slot: the new
 sequence's slot gets them by one KV copy from the slot that holds them (the step's `copies`,
 made by the engine before the step runs). Its numbers stay those of a fresh run: prompt chunks
 end at block boundaries (except at the prompt's end), so a block's rows are always computed by
-a chunk that starts at a block boundary, and only such blocks are ever reused.
+a chunk that starts at a block boundary, and only such blocks are ever reused. A waiting request
+whose prefix a running prompt is still computing waits for those blocks (requests that arrive
+together with one system prompt compute it once).
 
 The scheduler owns slots and queues; it never touches tensors except to hand logits rows to the
 sequences' samplers (`postprocess`).
