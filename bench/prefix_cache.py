@@ -36,34 +36,13 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve import pct, start_server  # noqa: E402  (bench/serve.py: the server it starts)
+from serve import pct, start_server, streams  # noqa: E402  (bench/serve.py: its server and streams)
 
 
-async def one(client: httpx.AsyncClient, url: str, model: str, prompt: list[int], gen: int) -> dict:
-    body = {"model": model, "prompt": prompt, "max_tokens": gen, "temperature": 0, "ignore_eos": True,
-            "stream": True}
+def round_(url: str, model: str, prompts: list[list[int]], gen: int) -> tuple[list[dict], float]:
+    """Every prompt as one stream, all sent at once: the results and the round's wall time."""
     t0 = time.perf_counter()
-    first, text = None, []
-    async with client.stream("POST", url + "/v1/completions", json=body) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:300]!r}")
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            ev = json.loads(line[6:])
-            if "error" in ev:
-                raise RuntimeError(ev["error"]["message"])
-            if ev["choices"] and ev["choices"][0]["text"]:
-                first = first or time.perf_counter()
-                text.append(ev["choices"][0]["text"])
-    return {"ttft": (first or float("nan")) - t0, "text": "".join(text), "end": time.perf_counter()}
-
-
-async def round_(url: str, model: str, prompts: list[list[int]], gen: int) -> tuple[list[dict], float]:
-    limits = httpx.Limits(max_connections=len(prompts) + 4, max_keepalive_connections=len(prompts) + 4)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(900), limits=limits) as client:
-        t0 = time.perf_counter()
-        res = await asyncio.gather(*(one(client, url, model, p, gen) for p in prompts))
+    res = asyncio.run(streams(url, model, prompts, gen, t0))
     return res, max(r["end"] for r in res) - t0
 
 
@@ -82,12 +61,12 @@ def mode(a, on: bool) -> dict:
         model, vocab = card["id"], card.get("meta", {}).get("n_vocab", 32000)
         rng = random.Random(a.seed)  # the same prompts in both modes
         prefix = [rng.randrange(vocab) for _ in range(a.prefix_tokens)]
-        asyncio.run(round_(url, model, [prefix + [rng.randrange(vocab) for _ in range(a.own_tokens)]], 4))
+        round_(url, model, [prefix + [rng.randrange(vocab) for _ in range(a.own_tokens)]], 4)
         hits0, miss0 = (metric(url, f"minfer_prefix_cache_{k}_tokens_total") for k in ("hit", "miss"))
         ttft, tps, texts = [], [], []
         for _ in range(a.rounds):
             prompts = [prefix + [rng.randrange(vocab) for _ in range(a.own_tokens)] for _ in range(a.concurrency)]
-            res, wall = asyncio.run(round_(url, model, prompts, a.gen_tokens))
+            res, wall = round_(url, model, prompts, a.gen_tokens)
             ttft += [r["ttft"] for r in res]
             tps.append(a.concurrency * a.gen_tokens / wall)
             texts += [r["text"] for r in res]
