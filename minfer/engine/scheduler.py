@@ -88,8 +88,6 @@ class Scheduler:
         self.block = max(1, prefix_block)
         self.prefix = PrefixCache(n_slots, self.block) if prefix_cache else None
         self._copies: list[tuple[int, int, int]] = []  # made by admissions of the step being formed
-        self.hit_tokens = 0  # prompt tokens not run: reused from a cached block or a slot's continuation
-        self.miss_tokens = 0  # prompt tokens run
 
     # ------------------------------------------------------------------ queue
     def add(self, seq: Sequence) -> None:
@@ -154,8 +152,6 @@ class Scheduler:
         seq.slot, seq.n_cached, seq.status = slot, keep, Status.RUNNING
         seq.prefix_exact = exact
         seq.stats.cached_tokens = keep
-        self.hit_tokens += keep
-        self.miss_tokens += seq.n_prompt - keep
         self.running.append(seq)
 
     def _computing(self, seq: Sequence) -> bool:
@@ -169,9 +165,9 @@ class Scheduler:
         have = self.prefix.lookup(seq.prompt, limit)[0]
         for r in self.running:
             if r.prefilling and r.prefix_exact:
-                n = have
-                while n < limit and r.prompt[n * B:(n + 1) * B] == seq.prompt[n * B:(n + 1) * B] \
-                        and (n + 1) * B <= r.n_prompt:
+                n = 0  # whole blocks the two prompts share, from the first (a block counts after its prefix)
+                while n < limit and (n + 1) * B <= r.n_prompt and \
+                        r.prompt[n * B:(n + 1) * B] == seq.prompt[n * B:(n + 1) * B]:
                     n += 1
                 if n > have:
                     return True

@@ -175,3 +175,15 @@ def test_requests_arriving_together_compute_their_shared_prefix_once():
     plain = [off.add(s.prompt, greedy(3)) for s in seqs]
     off.run(plain)
     assert [s.generated for s in seqs] == [s.generated for s in plain]
+
+
+def test_a_request_waits_only_for_blocks_of_its_own_prefix():
+    """A running prompt that shares later blocks' tokens but not the first block computes nothing
+    the waiting request could reuse (a block counts only after its whole prefix): the request is
+    admitted at once, with the blocks that are cached."""
+    eng, _ = make(n_slots=3, chunk=8, prefill_seqs=3, max_batch_tokens=11)
+    eng.run([eng.add(list(range(1, 9)) + [30, 31], greedy(1))])  # caches blocks [1..4], [5..8]
+    running = eng.add([9, 9, 9, 9, 5, 6, 7, 8] + list(range(10, 26)), greedy(1))
+    waiting = eng.add(list(range(1, 9)) + list(range(10, 26)), greedy(1))  # blocks 1.. equal running's
+    eng.step()
+    assert running.slot is not None and waiting.slot is not None and waiting.stats.cached_tokens == 8
