@@ -1,7 +1,8 @@
 """One scenario run by tests/parallel/test_tp_gloo.py in a fresh process, split over `tp` ranks
 (this process is rank 0 and starts the others): teacher-forced logits of prompts, decode
 batches and a mixed step, straight through the backend; then greedy and seeded generations
-through the engine, and greedy ones reusing a cached prefix block. Everything is saved to OUT for the test to compare across tp.
+through the engine, and greedy ones reusing a cached prefix block. Everything is saved to OUT
+for the test to compare across tp.
 
     python tp_scenario.py MODEL TP OUT
 """
