@@ -84,7 +84,7 @@ async def one(client: httpx.AsyncClient, url: str, model: str, prompt: list[int]
     body = {"model": model, "prompt": prompt, "max_tokens": gen, "temperature": 0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
-    times, tokens = [], 0
+    times, tokens, text = [], 0, []
     async with client.stream("POST", url + "/v1/completions", json=body) as r:
         if r.status_code != 200:
             raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:300]!r}")
@@ -98,9 +98,11 @@ async def one(client: httpx.AsyncClient, url: str, model: str, prompt: list[int]
                 tokens = ev["usage"]["completion_tokens"]
             if ev["choices"] and ev["choices"][0]["text"]:
                 times.append(time.perf_counter())
+                text.append(ev["choices"][0]["text"])
     end = time.perf_counter()
     gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
-    return {"ttft": times[0] - t0 if times else float("nan"), "itl": gaps, "tokens": tokens, "seconds": end - t0}
+    return {"ttft": times[0] - t0 if times else float("nan"), "itl": gaps, "tokens": tokens, "seconds": end - t0,
+            "text": "".join(text)}
 
 
 async def streams(url: str, model: str, prompts: list[list[int]], gen: int, start_at: float) -> list[dict]:

@@ -189,6 +189,8 @@ class EngineConfig:
     n_slots: int | None = None  # sequences in flight at once (KV-cache slots)
     max_batch_tokens: int | None = None  # tokens one step may carry
     prefill_chunk: int = 512  # prompt tokens per step: bounds a step's time and activation memory
+    prefix_cache: bool = True  # reuse cached KV blocks of prompt prefixes across requests (engine/prefix.py)
+    prefix_block: int = 32  # the prefix cache's block, in tokens; prompt chunks end at its multiples
     prefill_seqs: int | None = None  # prompts with a chunk in one step (None: the backend's; cpu 1, cuda 8)
     kv_dtype: str = "auto"
     threads: int | None = None  # cpu threads (torch.set_num_threads; a process-wide setting)
@@ -217,6 +219,7 @@ class EngineConfig:
         check_int("n_ctx", self.n_ctx, 1, MAX_CTX, none_ok=True)
         check_int("n_slots", self.n_slots, 1, MAX_SLOTS, none_ok=True)
         check_int("prefill_chunk", self.prefill_chunk, 1, MAX_CTX)
+        check_int("prefix_block", self.prefix_block, 1, MAX_CTX)
         check_int("prefill_seqs", self.prefill_seqs, 1, MAX_SLOTS, none_ok=True)
         check_int("max_batch_tokens", self.max_batch_tokens, 1, MAX_CTX + MAX_SLOTS, none_ok=True)
         check_int("threads", self.threads, 1, 4096, none_ok=True)

@@ -86,6 +86,8 @@ SLOW_TESTS = {
     "tests/contracts/test_conformance.py::test_kernel_conforms_to_its_contract[gemv_rope]": 51,
     "tests/kernels/triton/test_gemv_fused.py::test_fused_equals_the_kernels_it_replaces": 50,
     "tests/backends/test_cuda_backend.py::test_mmq_prompts_and_decode_batches_match_cpu": 50,
+    "tests/backends/test_cuda_backend.py::test_prefix_cache_copies_blocks_and_decodes_as_without_it": 60,
+    "tests/server/test_prefix_cache.py::": 40,
     "tests/backends/test_cuda_backend.py::test_prompt_chunks_of_several_spans_replay_as_their_eager_pass": 60,
     "tests/backends/test_cuda_backend.py::test_overlapped_greedy_decode_equals_reading_every_step": 48,
     "tests/server/test_chat_page.py::test_stop_button": 43,

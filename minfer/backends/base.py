@@ -155,6 +155,7 @@ class Backend(ABC):
     kv_itemsize: float  # bytes per cached key/value element (17/16 for a Q8_0 cache)
     prefill_seqs: int  # prompts the scheduler may chunk into one step (1: rows independent of the batch)
     device_pick: bool = False  # decode_pick picks tokens on the device: the engine queues step N+1 before reading N
+    kv_copy: bool = False  # copy_kv works: the engine's prefix cache may reuse blocks across slots
     graph: Graph | None = None
 
     @abstractmethod
@@ -203,6 +204,11 @@ class Backend(ABC):
         if params is None:
             return HostPicked(torch.argmax(logits, dim=-1).tolist())
         return HostPicked(sample_rows(logits, params.cpu()).tolist())
+
+    def copy_kv(self, src: int, dst: int, n: int) -> None:
+        """Copy the cached keys/values of positions 0..n from slot `src` to slot `dst` (every
+        layer), ordered before the next step. Backends with `kv_copy` implement it."""
+        raise UnsupportedError(f"the {self.name} backend cannot copy KV rows between slots (cpu and cuda can)")
 
     def warmup(self) -> None:
         """Compile and capture what the first requests would otherwise wait for (a server calls

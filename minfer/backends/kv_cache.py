@@ -59,3 +59,12 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
+
+    def copy(self, src: int, dst: int, n: int) -> None:
+        """Positions 0..n of slot `src` into slot `dst`, every layer, keys and values: two copies
+        (the prefix cache's reuse of another slot's blocks; in stream order on a GPU)."""
+        if not (0 <= src < self.n_slots and 0 <= dst < self.n_slots and 0 < n <= self.n_ctx):
+            raise MinferError(f"KV copy of {n} positions from slot {src} to slot {dst}: expected slots in "
+                              f"0..{self.n_slots - 1} and 1..{self.n_ctx} positions")
+        for t in (self.k, self.v):
+            t[:, dst, :, :n].copy_(t[:, src, :, :n])

@@ -31,6 +31,7 @@ FLAGS = {
     "top_p": "--top-p", "min_p": "--min-p", "repeat_penalty": "--repeat-penalty",
     "repeat_last_n": "--repeat-last-n", "frequency_penalty": "--frequency-penalty",
     "presence_penalty": "--presence-penalty", "seed": "-s/--seed", "stop": "--stop", "tp": "--tp",
+    "prefix_block": "--prefix-block",
 }
 
 
@@ -63,6 +64,12 @@ def add_model_args(p: argparse.ArgumentParser, *, slots: bool = False, ctx_help:
     if slots:
         p.add_argument("-np", "--parallel", dest="parallel", type=int, default=None,
                        help="sequences decoded at once (default: up to 4, as memory allows)")
+        p.add_argument("--no-prefix-cache", "--no-enable-prefix-caching", dest="prefix_cache", action="store_false",
+                       help="do not reuse cached KV blocks of prompt prefixes across requests (vLLM's spelling "
+                            "too); a chat's continuation of its own slot is still reused")
+        p.add_argument("--prefix-block", type=int, default=_EC["prefix_block"], metavar="N",
+                       help=f"prefix cache block, in tokens; prompt chunks end at its multiples "
+                            f"(default {_EC['prefix_block']})")
 
 
 def add_source_args(p: argparse.ArgumentParser) -> None:
@@ -165,7 +172,8 @@ def engine_config(a: argparse.Namespace, **extra) -> EngineConfig:
         print(f"minfer: -ngl {a.n_gpu_layers}: minfer runs every layer on --device {a.device} (it does not split "
               "a model's layers between devices)", file=sys.stderr)
     settings = dict(device=a.device, n_ctx=a.ctx, threads=a.threads, prefill_chunk=a.prefill_chunk,
-                    n_slots=getattr(a, "parallel", None), kv_dtype=a.kv_cache, tp=getattr(a, "tp", None))
+                    n_slots=getattr(a, "parallel", None), kv_dtype=a.kv_cache, tp=getattr(a, "tp", None),
+                    prefix_cache=getattr(a, "prefix_cache", None), prefix_block=getattr(a, "prefix_block", None))
     settings.update(extra)
     with flag_errors():
         return EngineConfig.from_env(**settings)

@@ -77,7 +77,10 @@ class Engine:
         self.eog_ids = frozenset(tokenizer.eot_ids) if tokenizer is not None else frozenset()
         max_batch = self.config.max_batch_tokens or n_slots + self.config.prefill_chunk
         prefill_seqs = self.config.prefill_seqs or backend.prefill_seqs
-        self.scheduler = Scheduler(n_slots, n_ctx, self.config.prefill_chunk, max_batch, prefill_seqs=prefill_seqs)
+        # the prefix cache reuses KV blocks across slots by copying them (Backend.copy_kv)
+        self.scheduler = Scheduler(n_slots, n_ctx, self.config.prefill_chunk, max_batch, prefill_seqs=prefill_seqs,
+                                   prefix_block=self.config.prefix_block,
+                                   prefix_cache=self.config.prefix_cache and backend.kv_copy)
         self.recorder = recorder
         self.steps = 0
         self._ids = itertools.count()
@@ -175,6 +178,8 @@ class Engine:
             plan = self.scheduler.schedule()
             if plan is None:
                 return []
+            for src, dst, n in plan.copies:  # cached prefix blocks into new sequences' slots, before the step
+                self.backend.copy_kv(src, dst, n)
             if self._launch is None or plan.batch.kind != "decode" or not all(s.device_pickable for s in plan.decode):
                 return self._run(plan)
             launched = self._launch(plan.batch, params=_sampling(plan.decode, 0))

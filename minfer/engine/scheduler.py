@@ -11,11 +11,21 @@ cuda default) fill the GPU when many requests arrive at once.
 A new sequence goes to the free slot whose cached tokens its prompt continues (the longest
 such; ties and no match: the least recently used slot), and only the rest of its prompt is run:
 a chat's next turn pays only for the new turn. At least the prompt's last token always runs,
-since its logits give the first new token. A slot is reused only when the prompt extends ALL
-its tokens, never for a partial match such as a shared system prompt: a partial match would let
-one request's numbers depend on which request ran before it (the cached rows were computed in
-other chunks, and the decode path's bfloat16 rounding turns such differences into different
-tokens), while a continuation only depends on the conversation itself.
+since its logits give the first new token. A slot's own tokens are reused whole only when the
+prompt extends ALL of them (a chat continuation, which may include rows the decode path
+computed); a partial match such as a shared system prompt is reused only through the prefix
+cache below, block by block, and only rows that a fresh run computes the same way: otherwise one
+request's numbers would depend on which request ran before it (rows computed in other chunks,
+or by the decode path, whose bfloat16 rounding turns such differences into different tokens).
+
+Across requests (a shared system prompt, an agent's growing context), the prefix cache
+(engine/prefix.py) reuses whole blocks of `prefix_block` prompt tokens from ANY slot: the new
+sequence's slot gets them by one KV copy from the slot that holds them (the step's `copies`,
+made by the engine before the step runs). Its numbers stay those of a fresh run: prompt chunks
+end at block boundaries (except at the prompt's end), so a block's rows are always computed by
+a chunk that starts at a block boundary, and only such blocks are ever reused. A waiting request
+whose prefix a running prompt is still computing waits for those blocks (requests that arrive
+together with one system prompt compute it once).
 
 The scheduler owns slots and queues; it never touches tensors except to hand logits rows to the
 sequences' samplers (`postprocess`).
@@ -25,13 +35,14 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from ..backends.base import Batch
 from ..errors import MinferError
 from .logprobs import token_logprobs
+from .prefix import PrefixCache
 from .sequence import Sequence, Status
 
 
@@ -45,6 +56,7 @@ class ScheduledStep:
     samples: list[tuple[Sequence, int]]  # (sequence, logits row) to sample a token from
     keep: list[tuple[Sequence, list[int]]]  # (sequence, logits rows) of prompt positions to store
     hidden: bool = False  # an embedding step: its rows are final hidden states, not logits
+    copies: list[tuple[int, int, int]] = field(default_factory=list)  # (from slot, to slot, tokens): KV to copy first
 
 
 def _continued(cached: list[int], prompt: list[int]) -> int:
@@ -55,7 +67,10 @@ def _continued(cached: list[int], prompt: list[int]) -> int:
 
 class Scheduler:
     def __init__(self, n_slots: int, n_ctx: int, prefill_chunk: int, max_batch_tokens: int,
-                 device: str | torch.device = "cpu", prefill_seqs: int = 1):
+                 device: str | torch.device = "cpu", prefill_seqs: int = 1, prefix_block: int = 32,
+                 prefix_cache: bool = True):
+        """`prefix_block`: the prefix cache's block size, which prompt chunks are aligned to
+        whether the cache is on or not; `prefix_cache`: reuse cached blocks across requests."""
         if min(n_slots, n_ctx, prefill_chunk) < 1 or max_batch_tokens < n_slots + 1:
             raise MinferError(f"scheduler: slots {n_slots}, context {n_ctx} and prefill chunk {prefill_chunk} must "
                               f"be >= 1 and max_batch_tokens ({max_batch_tokens}) >= slots + 1")
@@ -70,6 +85,9 @@ class Scheduler:
         self._last_used = [0] * n_slots
         self._clock = 0
         self._embedded = False  # the last step ran embedding chunks
+        self.block = max(1, prefix_block)
+        self.prefix = PrefixCache(n_slots, self.block) if prefix_cache else None
+        self._copies: list[tuple[int, int, int]] = []  # made by admissions of the step being formed
 
     # ------------------------------------------------------------------ queue
     def add(self, seq: Sequence) -> None:
@@ -92,6 +110,8 @@ class Scheduler:
         """Drop what free slots remember: the next sequences run their whole prompts."""
         for slot in self.free:
             self.slot_tokens[slot] = []
+        if self.prefix is not None:
+            self.prefix.forget(self.free)
 
     @property
     def slots_in_use(self) -> int:
@@ -102,20 +122,56 @@ class Scheduler:
 
     # ------------------------------------------------------------------ slots
     def _admit(self, seq: Sequence) -> None:
+        """Give `seq` the free slot that holds most of its prompt (a chat continuation, or its
+        cached blocks; ties: the least recently used), then copy in any longer cached prefix
+        another slot holds."""
+        B, reuse, prefix = self.block, seq.reuse_prefix, self.prefix
+        limit = seq.n_prompt - 1  # (the prompt's last token always runs: its logits give the first token)
+        if seq.logit_rows is not None and len(seq.logit_rows):
+            limit = min(limit, seq.logit_rows.start)
+        own = {slot: prefix.depth(slot, seq.prompt, limit // B) if prefix is not None and reuse else 0
+               for slot in self.free}
+
         def score(slot: int) -> tuple[int, int]:
-            shared = _continued(self.slot_tokens[slot], seq.prompt) if seq.reuse_prefix else 0
-            return shared, -self._last_used[slot]
+            shared = _continued(self.slot_tokens[slot], seq.prompt) if reuse else 0
+            return max(shared, own[slot] * B), -self._last_used[slot]
 
         slot = max(sorted(self.free), key=score)
-        keep = score(slot)[0]
-        keep = min(keep, seq.n_prompt - 1)
-        if seq.logit_rows is not None and len(seq.logit_rows):
-            keep = min(keep, seq.logit_rows.start)
+        keep = min(score(slot)[0], limit)
+        blocks = own[slot] if keep == own[slot] * B else min(own[slot], keep // B)
+        exact = keep == blocks * B  # what the slot keeps is cached blocks only: new blocks may join them
+        if prefix is not None and reuse:
+            n, src = prefix.lookup(seq.prompt, limit // B)
+            if n * B > keep and src is not None and src != slot:
+                self._copies.append((src, slot, n * B))
+                keep, blocks, exact = n * B, n, True
+        if prefix is not None:
+            prefix.copied(slot, seq.prompt, blocks)
         self.free.discard(slot)
         self.slot_tokens[slot] = []
         seq.slot, seq.n_cached, seq.status = slot, keep, Status.RUNNING
+        seq.prefix_exact = exact
         seq.stats.cached_tokens = keep
         self.running.append(seq)
+
+    def _computing(self, seq: Sequence) -> bool:
+        """A running prompt is computing blocks of `seq`'s prefix that no slot holds yet: `seq`
+        waits for them (requests that arrive together with one system prompt compute it once,
+        then copy it) rather than compute them again."""
+        if self.prefix is None or not seq.reuse_prefix:
+            return False
+        B = self.block
+        limit = (seq.n_prompt - 1) // B
+        have = self.prefix.lookup(seq.prompt, limit)[0]
+        for r in self.running:
+            if r.prefilling and r.prefix_exact:
+                n = 0  # whole blocks the two prompts share, from the first (a block counts after its prefix)
+                while n < limit and (n + 1) * B <= r.n_prompt and \
+                        r.prompt[n * B:(n + 1) * B] == seq.prompt[n * B:(n + 1) * B]:
+                    n += 1
+                if n > have:
+                    return True
+        return False
 
     def _release(self, seq: Sequence) -> None:
         if seq in self.running:
@@ -153,6 +209,8 @@ class Scheduler:
             if len(prefills) == len(waiting):
                 if not (self.waiting and self.free) or (self.waiting[0].pooling is not None) != embed:
                     break
+                if self._computing(self.waiting[0]):
+                    break
                 self._admit(self.waiting.popleft())
                 waiting.append(self.running[-1])
             pre = waiting[len(prefills)]
@@ -160,6 +218,13 @@ class Scheduler:
                 break
             start = pre.n_cached
             chunk = min(self.prefill_chunk, budget, pre.n_prompt - start)
+            end = (start + chunk) // self.block * self.block  # (a block's rows: one chunk's, from its start)
+            if start + chunk < pre.n_prompt and end > start:
+                chunk = end - start
+            elif start + chunk < pre.n_prompt and chunk % self.block:
+                if prefills and self.prefill_chunk >= self.block:  # (no room left for a whole block: next step)
+                    break
+                pre.prefix_exact = False  # (a chunk smaller than a block: its blocks are not cached)
             spans.append((pre.slot, start, pre.tokens[start:start + chunk]))
             if pre.logit_rows is not None:
                 want = [p for p in range(start, start + chunk) if p in pre.logit_rows]
@@ -175,7 +240,8 @@ class Scheduler:
         if not decode and not prefills:
             return None
         batch = Batch.build(spans, list(rows), n_decode=len(decode), device=self.device)
-        return ScheduledStep(batch, decode, prefills, samples, keep, hidden=embed)
+        copies, self._copies = self._copies, []
+        return ScheduledStep(batch, decode, prefills, samples, keep, hidden=embed, copies=copies)
 
     def continue_decode(self, step: ScheduledStep) -> ScheduledStep | None:
         """The decode step that follows `step` (launched, its tokens not read yet) when nothing can
@@ -207,6 +273,8 @@ class Scheduler:
                 s.n_cached += 1
         for pre, chunk in step.prefills:
             pre.n_cached += chunk
+            if self.prefix is not None and pre.prefix_exact:
+                self.prefix.register(pre.slot, pre.prompt, pre.n_cached)
         for seq, idx in step.keep:  # (indexing copies; host tensors whatever the backend)
             seq.prompt_logits.append(logits[idx].cpu())
         live = [(seq, row) for seq, row in step.samples if not seq.finished]  # (aborted ones are skipped)

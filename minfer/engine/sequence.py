@@ -121,6 +121,7 @@ class Sequence:
         self.status = Status.WAITING
         self.slot: int | None = None
         self.n_cached = 0  # tokens whose keys/values are in the slot
+        self.prefix_exact = True  # its prompt rows so far are a fresh run's: their blocks may be cached
         self.finish_reason: str | None = None
         self.abort_requested = False
         self.error: Exception | None = None

@@ -65,6 +65,7 @@ class RankDriver(Backend):
         self.inner, self.comm = backend, comm
         self.name, self.kv_itemsize = backend.name, backend.kv_itemsize
         self.prefill_seqs, self.device_pick, self.graph = backend.prefill_seqs, backend.device_pick, backend.graph
+        self.kv_copy = backend.kv_copy
         self._sids = itertools.count()
         self._closed = False
 
@@ -93,6 +94,10 @@ class RankDriver(Backend):
     def allocate(self, n_slots: int, n_ctx: int) -> None:
         self._send("allocate", n_slots, n_ctx)
         agreed(self.comm, lambda: self.inner.allocate(n_slots, n_ctx), "allocating the KV cache")
+
+    def copy_kv(self, src: int, dst: int, n: int) -> None:
+        self._send("copy_kv", src, dst, n)
+        self.inner.copy_kv(src, dst, n)
 
     def warmup(self) -> None:
         self._send("warmup")
@@ -158,6 +163,8 @@ def follow(backend: Backend, comm) -> None:
                 comm.min_int(backend.kv_budget())
             elif op == "allocate":
                 agreed(comm, lambda c=cmd: backend.allocate(c[1], c[2]), "allocating the KV cache")
+            elif op == "copy_kv":
+                backend.copy_kv(*cmd[1:])
             elif op == "warmup":
                 backend.warmup()
             else:

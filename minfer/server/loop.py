@@ -20,7 +20,7 @@ pickled message). The messages:
 Events a request receives, in order: ("delta", text, token_ids, logprobs)* (an embedding request:
 one ("embedding", vector) instead), then exactly one of ("done", finish_reason, usage) or
 ("error", message). Before the last one the loop emits
-("end", n_prompt, token_times, end_time) for the metrics (not handed to the job). A step that
+("end", n_prompt, token_times, end_time, cached_tokens) for the metrics (not handed to the job). A step that
 raises fails the requests then running with an error event (their streams end with an error event
 and [DONE]) and the loop goes on serving. A failure of the loop itself (a bug) tells every request
 it holds or has been sent, then ends the loop with the exception: the host reports it (the thread
@@ -201,7 +201,8 @@ class ServingLoop:
 
     def _end(self, key: Hashable, seq) -> None:
         st = seq.stats
-        self.out.append((key, ("end", seq.n_prompt, list(st.token_times), st.finished or time.perf_counter())))
+        self.out.append((key, ("end", seq.n_prompt, list(st.token_times), st.finished or time.perf_counter(),
+                               st.cached_tokens)))
 
 
 def serve_model(load: Callable[[], object], take: Take, publish: Publish, on_ready: Callable[[object], None],
@@ -228,7 +229,7 @@ def serve_model(load: Callable[[], object], take: Take, publish: Publish, on_rea
 def deliver(job: Job, event: tuple, metrics: Metrics) -> None:
     """An event from the serving loop to its job (an "end" goes to the metrics)."""
     if event[0] == "end":
-        metrics.finished(job.arrival, event[1], event[2], event[3])
+        metrics.finished(job.arrival, event[1], event[2], event[3], cached=event[4])
     else:
         job.push(event)
 

@@ -7,6 +7,9 @@
     minfer_queued_sequences                      sequences waiting for a slot
     minfer_prompt_tokens_total                   prompt tokens of finished requests
     minfer_generation_tokens_total               tokens generated (aborted requests included)
+    minfer_prefix_cache_hit_tokens_total         prompt tokens not run: their KV came from the cache
+                                                 (cached prefix blocks, or the slot's own chat turn)
+    minfer_prefix_cache_miss_tokens_total        prompt tokens run
     minfer_time_to_first_token_seconds           request received -> first token sampled
     minfer_inter_token_latency_seconds           between two tokens of one request
     minfer_e2e_request_latency_seconds           request received -> last token
@@ -32,6 +35,9 @@ class Metrics:
         self.queued = Gauge("minfer_queued_sequences", "sequences waiting for a slot", registry=r)
         self.prompt_tokens = Counter("minfer_prompt_tokens", "prompt tokens of finished requests", registry=r)
         self.generated_tokens = Counter("minfer_generation_tokens", "generated tokens", registry=r)
+        self.prefix_hits = Counter("minfer_prefix_cache_hit_tokens", "prompt tokens whose KV came from the cache",
+                                   registry=r)
+        self.prefix_misses = Counter("minfer_prefix_cache_miss_tokens", "prompt tokens run", registry=r)
         self.ttft = Histogram("minfer_time_to_first_token_seconds", "request received to first token",
                               buckets=LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("minfer_inter_token_latency_seconds", "time between two tokens of a request",
@@ -44,9 +50,12 @@ class Metrics:
     def request(self, endpoint: str, status: int) -> None:
         self.requests.labels(endpoint, str(status)).inc()
 
-    def finished(self, arrival: float, n_prompt: int, token_times: list[float], end: float) -> None:
-        """One sequence ended (finished or aborted): its tokens and latencies."""
+    def finished(self, arrival: float, n_prompt: int, token_times: list[float], end: float, cached: int = 0) -> None:
+        """One sequence ended (finished or aborted): its tokens and latencies; `cached`: its prompt
+        tokens reused from the cache."""
         self.prompt_tokens.inc(n_prompt)
+        self.prefix_hits.inc(cached)
+        self.prefix_misses.inc(n_prompt - cached)
         self.generated_tokens.inc(len(token_times))
         if token_times:
             self.ttft.observe(token_times[0] - arrival)

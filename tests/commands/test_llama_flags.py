@@ -39,6 +39,10 @@ def parse(*argv: str):
     (["perplexity", "-c", "128", "f.txt"], "ctx", 128),
     (["serve", "-a", "my-model"], "alias", "my-model"),
     (["run", "-n", "5", "x"], "n_predict", 5),
+    (["serve"], "prefix_cache", True),
+    (["serve", "--no-prefix-cache"], "prefix_cache", False),
+    (["serve", "--no-enable-prefix-caching"], "prefix_cache", False),  # vLLM's spelling
+    (["batch", "--prefix-block", "16", "in.jsonl", "out.jsonl"], "prefix_block", 16),
 ])
 def test_llama_cpp_spellings_parse_to_what_they_mean(argv, field, want):
     assert getattr(parse(*argv), field) == want

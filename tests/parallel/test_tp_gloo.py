@@ -62,9 +62,12 @@ def scenario(models, tmp_path_factory):
 def test_split_ranks_give_the_logits_and_tokens_of_one_process(scenario, model, tp):
     one, split = scenario(model, 1), scenario(model, tp)
     assert one["tp_world"] == 1 and split["tp_world"] == tp
-    for key in ("prefill_a", "prefill_b", "decode", "mixed"):
+    for key in ("prefill_a", "prefill_b", "decode", "mixed", "prefix_logits"):
         assert _rel(split[key], one[key]) < (1e-4 if model == "llama-f16" else 2e-2), key
     assert split["greedy"] == one["greedy"]
+    assert split["prefix"] == one["prefix"] and one["prefix"][1] == [32, 32]  # (one kept in its slot, one copied)
+    # a reused block, then the prompt's rest in a smaller chunk than a fresh run's: its logits agree to rounding
+    assert _rel(one["prefix_logits"], one["prefix_fresh"]) < 1e-5
     if model == "llama-f16":  # sampled from logits equal to 1e-7: the same draws
         assert split["sampled"] == one["sampled"]
 

@@ -1,7 +1,8 @@
 """One scenario run by tests/parallel/test_tp_gloo.py in a fresh process, split over `tp` ranks
 (this process is rank 0 and starts the others): teacher-forced logits of prompts, decode
 batches and a mixed step, straight through the backend; then greedy and seeded generations
-through the engine. Everything is saved to OUT for the test to compare across tp.
+through the engine, and greedy ones reusing a cached prefix block. Everything is saved to OUT
+for the test to compare across tp.
 
     python tp_scenario.py MODEL TP OUT
 """
@@ -31,6 +32,19 @@ def main(path: str, tp: int, out: str) -> None:
         res["greedy"] = [r.token_ids for r in greedy]
         sampled = m.generate_batch(["Once upon a time"], max_tokens=16, temperature=0.9, seed=5, ignore_eos=True)
         res["sampled"] = sampled[0].token_ids
+        # the prefix cache: a 32-token block cached by one request, then kept by one and copied
+        # into the other slot (every rank's KV copied) for two requests decoding together
+        shared = [(5 * i + 2) % v for i in range(34)]
+        params = minfer.api.SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+        m.engine.run([m.engine.add(shared + [1], params)])
+        rows = range(34, 36)  # (the logits of the tokens after the block: they read the reused keys/values)
+        seqs = [m.engine.add(shared + [k, k + 1], params, logit_rows=rows) for k in (2, 3)]
+        m.engine.run(seqs)
+        res["prefix"] = ([s.generated for s in seqs], [s.stats.cached_tokens for s in seqs])
+        res["prefix_logits"] = torch.stack([torch.cat(s.prompt_logits) for s in seqs])
+        fresh = [m.engine.add(shared + [k, k + 1], params, logit_rows=rows, reuse_prefix=False) for k in (2, 3)]
+        m.engine.run(fresh)
+        res["prefix_fresh"] = torch.stack([torch.cat(s.prompt_logits) for s in fresh])
         res["tp_world"] = m.engine.graph.meta.get("tp_world", 1)
     torch.save(res, out)
 

@@ -170,6 +170,7 @@ class CPUBackend(Backend):
     name = "cpu"
     kv_itemsize = 4
     prefill_seqs = 1  # one prompt per step: every row's numbers independent of the other requests
+    kv_copy = True
 
     def __init__(self, config: EngineConfig | None = None, comm=None, plan_only: bool = False):
         """`plan_only`: `load` keeps the graph and the file's header for `plan_rows`, nothing more."""
@@ -315,6 +316,11 @@ class CPUBackend(Backend):
         """An eighth of physical memory (split over ranks: of this rank's share) for a cache whose
         size the engine chooses."""
         return self._memory // 8
+
+    def copy_kv(self, src: int, dst: int, n: int) -> None:
+        if self.cache is None:
+            raise ModelError("cpu backend: allocate() the KV cache before copying in it")
+        self.cache.copy(src, dst, n)
 
     def allocate(self, n_slots: int, n_ctx: int) -> None:
         """The KV cache for n_slots sequences of n_ctx tokens, and RoPE tables for n_ctx positions."""

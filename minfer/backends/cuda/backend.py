@@ -47,6 +47,7 @@ class CUDABackend(Backend):
     name = "cuda"
     prefill_seqs = 8  # prompts per step when many arrive at once (rows' numbers then depend on the batch)
     device_pick = True
+    kv_copy = True
     contract_backend = "CUDA"
     kinds = KINDS
     column_outputs = False  # [m, n] column slices are contiguous only for one row
@@ -167,6 +168,11 @@ class CUDABackend(Backend):
             return 1 << 30
         free, _ = torch.cuda.mem_get_info()
         return free // 2
+
+    def copy_kv(self, src: int, dst: int, n: int) -> None:
+        if self.cache is None:
+            raise ModelError("cuda backend: allocate() the KV cache before copying in it")
+        self.cache.copy(src, dst, n)
 
     def allocate(self, n_slots: int, n_ctx: int) -> None:
         """The KV cache (n_slots + 1 slots: the last takes the padded rows of graph buckets) and the
