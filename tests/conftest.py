@@ -88,6 +88,7 @@ SLOW_TESTS = {
     "tests/backends/test_cuda_backend.py::test_mmq_prompts_and_decode_batches_match_cpu": 50,
     "tests/backends/test_cuda_backend.py::test_prefix_cache_copies_blocks_and_decodes_as_without_it": 60,
     "tests/server/test_prefix_cache.py::": 40,
+    "tests/server/test_speculative.py::": 40,
     "tests/backends/test_cuda_backend.py::test_prompt_chunks_of_several_spans_replay_as_their_eager_pass": 60,
     "tests/backends/test_cuda_backend.py::test_overlapped_greedy_decode_equals_reading_every_step": 48,
     "tests/server/test_chat_page.py::test_stop_button": 43,
