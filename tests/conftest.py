@@ -96,6 +96,8 @@ SLOW_TESTS = {
     "tests/commands/test_models_by_name.py::test_run_hf_downloads_caches_and_runs_offline": 40,
     "tests/backends/test_families_gpu.py::test_logits_match_llamacpp[cuda-tiny-qwen3moe]": 40,
     "tests/backends/test_families_gpu.py::test_logits_match_llamacpp[cuda-tiny-gpt-oss]": 72,
+    "tests/backends/test_families_gpu.py::test_logits_match_llamacpp[vulkan-tiny-gpt-oss-mxfp4]": 50,
+    "tests/backends/test_families_gpu.py::test_logits_match_llamacpp[vulkan-tiny-gpt-oss]": 34,
     "tests/backends/test_cuda_backend.py::test_int8_activations_from_the_norms": 28,
     "tests/backends/test_cuda_backend.py::test_qk_norms_ropes_and_post_norms_run_fused": 23,
     "tests/backends/test_wgpu_backend.py::test_the_judge_measures_the_vulkan_kernels_on_the_adapter": 37,

@@ -27,7 +27,7 @@ import pytest
 from minfer.api import load
 from minfer.kernels.triton._common import interpreting
 
-MOE = ("tiny-qwen3moe", "tiny-mixtral", "tiny-gpt-oss")  # mixtures of experts: routing, the expert kernels
+MOE = ("tiny-qwen3moe", "tiny-mixtral", "tiny-gpt-oss", "tiny-gpt-oss-mxfp4")  # routing, the expert kernels
 # interpreted (CI): tiny-qwen3moe runs the cuda MoE kernels, tiny-gpt-oss its own (sinks, swiglu_oai, biases)
 INTERPRETED_MOE = ("tiny-qwen3moe", "tiny-gpt-oss")
 FAMILIES = ("tiny-qwen3", "tiny-gemma3", "tiny-gemma2", "tiny-phi3", *MOE)
@@ -45,9 +45,13 @@ class Bounds:
 # vulkan as the cpu backend (max ~6e-4)
 BOUNDS = {"vulkan": Bounds(1e-3, 2e-4, 1e-4, 0.01), "cuda": Bounds(5e-3, 1e-3, 2e-4, 0.01)}
 # tiny-gpt-oss (sinks, the clamped SwiGLU, router and expert biases), measured 2026-12-03: cuda (interpreter) max
-# 5.4e-4, mean 1.7e-4; vulkan (lavapipe) max 2.0e-4, mean 6.1e-5; bounds at <= 3x of those
+# 5.4e-4, mean 1.7e-4; vulkan (lavapipe) max 2.0e-4, mean 6.1e-5; its MXFP4 mix (llama.cpp's 8-bit activations:
+# margin 0.1, as tests/models/test_llamacpp_parity.py) on vulkan max 9.5e-3, mean 2.7e-3. Bounds at <= 3x of
+# those; the MXFP4 file on cuda runs compiled only (not yet measured: the cpu backend's bounds until the H200 run)
 FAMILY_BOUNDS = {("cuda", "tiny-gpt-oss"): Bounds(1.5e-3, 5e-4, 2e-4, 0.01),
-                 ("vulkan", "tiny-gpt-oss"): Bounds(6e-4, 1.8e-4, 1e-4, 0.01)}
+                 ("vulkan", "tiny-gpt-oss"): Bounds(6e-4, 1.8e-4, 1e-4, 0.01),
+                 ("vulkan", "tiny-gpt-oss-mxfp4"): Bounds(0.028, 0.008, 1e-4, 0.1),
+                 ("cuda", "tiny-gpt-oss-mxfp4"): Bounds(0.11, 0.0057, 1e-4, 0.1)}
 
 
 @pytest.fixture(scope="module", params=["cuda", "vulkan"])
