@@ -20,9 +20,10 @@ one CUDA graph with no host sync, and one launch runs every chosen expert of eve
 - `moe_matmul_f16`: float expert tensors (F32 / F16 / BF16 files: the tiny test models) on an f16
   copy (`f16_experts`), one program per (slot, block of N rows), f32 sums.
 - expert biases (gpt-oss's ffn_*_exps.bias, `bias=` f32 [E * N]: the `expert_bias` capability):
-  out[t, j] += bias[ids[t, j]] with the ids read on the device: in `moe_matmul_f16`'s store, and
-  for the GEMV and MMQ kernels (shared with every dense matmul) by `_expert_bias_kernel` launched
-  right after them by the same launcher (one more launch; no host sync, CUDA-graph safe).
+  out[t, j] += bias[ids[t, j]] with the ids read on the device: in the store of `moe_matmul_f16`
+  and of the GEMV (`moe_gemv`: its MOE_BIAS constexpr), and for the MMQ kernel (shared with every
+  dense matmul) by `_expert_bias_kernel` launched right after it by the same launcher (one more
+  launch per prompt chunk; no host sync, CUDA-graph safe).
 - `moe_sum_rows`: the weighted sum of a row's k expert outputs, in slot order (as llama.cpp adds
   its experts' views).
 
@@ -221,8 +222,7 @@ def moe_gemv(x: torch.Tensor, ids: torch.Tensor, w: GemvPacked | torch.Tensor, n
     check_expert_bias(what, bias, n, n_expert, x)
     if t:
         cfg = gemv_default_config(n, k, t_type, act_q8=0)
-        launch_packed(what, x, w, out, cfg, moe=(ids, t * used, xdiv, n))
-        _add_expert_bias(what, out, ids, bias, n)
+        launch_packed(what, x, w, out, cfg, moe=(ids, t * used, xdiv, n, *([] if bias is None else [bias])))
     return out
 
 
