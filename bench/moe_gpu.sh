@@ -16,6 +16,14 @@
 #                                            the grouped MMQ of B=16 and of a 512-token prompt (moe_gemv vs moe_mmq at
 #                                            B=16 decides the picker's fast path), the weighted sum
 #   PART=mixtral (no carry; after build)     mixtral-8x7b Q4_K_M (~26 GB) tg128 / pp512, minfer and llama.cpp
+#   PART=gptoss-build  carry [".anchor", ".whl"]   llama.cpp's CUDA build (as PART=build, skipped when there), the
+#                                            synthetic gpt-oss-20b MXFP4 (12.1 GB, ggml-org's mix: experts MXFP4,
+#                                            attention / embd / output Q8_0) and the gpt-oss GPU tests (compiled
+#                                            kernels: the sink / expert-bias / swiglu_oai conformance cases, tiny-gpt-oss
+#                                            against llama.cpp)
+#   PART=gptoss  (no carry; after gptoss-build)  gpt-oss-20b MXFP4 tg128 / pp512, minfer and llama-bench
+#                                            interleaved twice, the ratio table (issue target: tg128 >= 1.3x) and
+#                                            the % of copy bandwidth counting only the 4 chosen experts of 32
 # Tables print last; logs in $OUT.
 set -uo pipefail
 PART=${PART:-build}
@@ -27,6 +35,7 @@ wheels() { for w in .whl/*.whl; do [ -f "$w" ] && python3 -m zipfile -e "$w" /tm
 LB=/tmp/llama.cpp/build-cuda/bin/llama-bench
 LBB=/tmp/llama.cpp/build-cuda/bin/llama-batched-bench
 F="$M/qwen3-30b-a3b-q4_k_m.gguf"
+G="$M/gpt-oss-20b-mxfp4.gguf"
 
 # minfer_rows FILE LABEL ARGS...: `minfer bench --json` rows as {engine, file, test, tok_s, gbps, pct}
 minfer_rows() {
@@ -46,6 +55,32 @@ for r in json.load(sys.stdin):
     t = ('pp%d' % r['n_prompt']) if r['n_prompt'] else ('tg%d' % r['n_gen'])
     print(json.dumps({'engine': 'llama.cpp', 'file': '$label', 'test': t, 'tok_s': r['avg_ts']}))" \
     | tee -a "$OUT/moe-bench.jsonl"
+}
+
+# table: the ratio table of $OUT/moe-bench.jsonl (median of each engine's runs) against the issue's targets
+table() {
+  echo "== table $(since)"
+  python3 - "$OUT/moe-bench.jsonl" <<'PY'
+import json, sys, collections, statistics
+rows, pct = collections.defaultdict(list), {}
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    test = r["test"]  # (minfer's b16: the decode phase, as llama-batched-bench's S_TG; b16e2e: whole requests)
+    rows[(r["file"], test, r["engine"])].append(r["tok_s"])
+    if r["engine"] == "minfer" and r.get("pct") is not None and test.startswith("tg"):
+        pct[(r["file"], test)] = r["pct"]  # a decode row reads k of E experts: minfer bench's weight bytes
+target = {("qwen3-30b-a3b", "tg128"): 1.3, ("qwen3-30b-a3b", "pp512"): 2.0, ("qwen3-30b-a3b", "b16"): 1.3,
+          ("gpt-oss-20b", "tg128"): 1.3}
+print(f"{'file':16} {'test':6} {'minfer':>10} {'llama.cpp':>10} {'ratio':>7} {'target':>7} {'% copy (chosen experts)':>24}")
+for (f, t) in sorted({(f, t) for f, t, _ in rows}):
+    m, l = rows.get((f, t, "minfer")), rows.get((f, t, "llama.cpp"))
+    if not m or not l:
+        continue
+    mm, ll = statistics.median(m), statistics.median(l)
+    p = pct.get((f, t))
+    print(f"{f:16} {t:6} {mm:10.1f} {ll:10.1f} {mm / ll:7.2f} {target.get((f, t), float('nan')):7.1f} "
+          f"{'' if p is None else f'{p:.1f}':>24}")
+PY
 }
 
 case $PART in
@@ -77,27 +112,7 @@ for line in sys.stdin:  # |    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s
     if len(f) > 9 and f[3] == '16':
         print(json.dumps({'engine': 'llama.cpp', 'file': 'qwen3-30b-a3b', 'test': 'b16', 'tok_s': float(f[8])}))" \
     | tee -a "$OUT/moe-bench.jsonl"
-  echo "== table $(since)"
-  python3 - "$OUT/moe-bench.jsonl" <<'PY'
-import json, sys, collections, statistics
-rows, pct = collections.defaultdict(list), {}
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    test = r["test"]  # (minfer's b16: the decode phase, as llama-batched-bench's S_TG; b16e2e: whole requests)
-    rows[(r["file"], test, r["engine"])].append(r["tok_s"])
-    if r["engine"] == "minfer" and r.get("pct") is not None and test.startswith("tg"):
-        pct[(r["file"], test)] = r["pct"]  # a decode row reads k of E experts: minfer bench's weight bytes
-target = {"tg128": 1.3, "pp512": 2.0, "b16": 1.3}
-print(f"{'file':16} {'test':6} {'minfer':>10} {'llama.cpp':>10} {'ratio':>7} {'target':>7} {'% copy (chosen experts)':>24}")
-for (f, t) in sorted({(f, t) for f, t, _ in rows}):
-    m, l = rows.get((f, t, "minfer")), rows.get((f, t, "llama.cpp"))
-    if not m or not l:
-        continue
-    mm, ll = statistics.median(m), statistics.median(l)
-    p = pct.get((f, t))
-    print(f"{f:16} {t:6} {mm:10.1f} {ll:10.1f} {mm / ll:7.2f} {target.get(t, float('nan')):7.1f} "
-          f"{'' if p is None else f'{p:.1f}':>24}")
-PY
+  table
   ;;
 kernels)
   timeout 500 python3 bench/kernels.py --only moe 2>&1 | tail -20 ;;
@@ -107,6 +122,27 @@ mixtral)
   : > "$OUT/moe-bench.jsonl"
   minfer_rows "$M/mixtral-8x7b-q4_k_m.gguf" mixtral-8x7b -p 512 -n 128 -r 3
   llama_rows "$M/mixtral-8x7b-q4_k_m.gguf" mixtral-8x7b ;;
-*) echo "PART must be build, bench, kernels or mixtral"; exit 2 ;;
+gptoss-build)
+  wheels
+  if [ -x $LB ]; then echo "llama.cpp: built already"; else
+    (bash .anchor/device_build.sh cuda > "$OUT/llama-build.txt" 2>&1; tail -1 "$OUT/llama-build.txt") &
+  fi
+  (synth gpt-oss-20b mxfp4; echo "synth done $(since)") &
+  echo "== cuda tests (compiled kernels) $(since)"
+  MINFER_TEST_DEVICE=cuda timeout 300 python3 -m pytest -q -p no:cacheprovider tests/contracts/test_conformance.py \
+    tests/backends/test_families_gpu.py -k "(attention or moe or swiglu_oai or gpt-oss) and not vulkan" 2>&1 | grep -v XDG | tail -3
+  wait
+  ls -la $LB "$M" ;;
+gptoss)
+  [ -x $LB ] || { echo "!! no $LB: run PART=gptoss-build first (same warm machine)"; exit 1; }
+  synth gpt-oss-20b mxfp4
+  : > "$OUT/moe-bench.jsonl"
+  for round in 1 2; do
+    echo "== gpt-oss-20b round $round $(since)"
+    minfer_rows "$G" gpt-oss-20b -p 512 -n 128 -r 3
+    llama_rows "$G" gpt-oss-20b
+  done
+  table ;;
+*) echo "PART must be build, bench, kernels, mixtral, gptoss-build or gptoss"; exit 2 ;;
 esac
 echo "== done $(since)"

@@ -55,7 +55,8 @@ def load(path: str | os.PathLike | None = None, device: str = "cpu", *, progress
     backend). `settings` are EngineConfig fields: n_ctx (tokens per sequence, default
     min(training context, 4096)), n_slots, prefill_chunk, max_batch_tokens, kv_dtype, threads,
     cuda_graph, overlap, prefill_seqs, mmq, prefix_cache (reuse cached KV blocks of prompt prefixes
-    across requests; default on), prefix_block. `trace` records a trace file (as MINFER_TRACE does); `chat_template`
+    across requests; default on), prefix_block, spec ("ngram": speculative decoding with prompt-lookup
+    drafts), draft_max. `trace` records a trace file (as MINFER_TRACE does); `chat_template`
     replaces the file's chat template (Jinja source). A ready `config` replaces device, trace
     and settings."""
     return Model(path, device, progress=progress, trace=trace, chat_template=chat_template, config=config,

@@ -161,6 +161,9 @@ KV_DTYPES = ("auto", "f32", "f16", "bf16", "q8_0")
 MAX_CTX = 1 << 20  # a context beyond a million tokens per sequence is refused before any allocation
 MAX_SLOTS = 1024
 MAX_TP = 64
+SPEC_METHODS = ("", "ngram")  # speculative decoding: off, prompt-lookup drafts (engine/draft.py)
+DRAFT_MAX = 64  # the most draft tokens a step may verify for one sequence
+NGRAM_MAX = 64  # the longest n-gram a prompt-lookup drafter may match (a dictionary entry per length per token)
 
 
 def check_int(name: str, v, lo: int, hi: int | None = None, none_ok: bool = False) -> None:
@@ -192,6 +195,10 @@ class EngineConfig:
     prefix_cache: bool = True  # reuse cached KV blocks of prompt prefixes across requests (engine/prefix.py)
     prefix_block: int = 32  # the prefix cache's block, in tokens; prompt chunks end at its multiples
     prefill_seqs: int | None = None  # prompts with a chunk in one step (None: the backend's; cpu 1, cuda 8)
+    spec: str = ""  # speculative decoding: "" off, "ngram" prompt-lookup drafts (engine/draft.py)
+    draft_max: int = 8  # the most draft tokens one sequence's step may verify
+    draft_ngram_max: int = 3  # prompt lookup: the longest suffix matched (tokens)
+    draft_ngram_min: int = 2  # ... and the shortest
     kv_dtype: str = "auto"
     threads: int | None = None  # cpu threads (torch.set_num_threads; a process-wide setting)
     trace_path: str | None = None
@@ -224,6 +231,12 @@ class EngineConfig:
         check_int("max_batch_tokens", self.max_batch_tokens, 1, MAX_CTX + MAX_SLOTS, none_ok=True)
         check_int("threads", self.threads, 1, 4096, none_ok=True)
         check_int("tp", self.tp, 1, MAX_TP)
+        if self.spec not in SPEC_METHODS:
+            raise ParamError("spec", f"must be {' or '.join(repr(m) for m in SPEC_METHODS if m)} (or '' for off), "
+                                     f"got {self.spec!r}")
+        check_int("draft_max", self.draft_max, 1, DRAFT_MAX)
+        check_int("draft_ngram_max", self.draft_ngram_max, 1, NGRAM_MAX)
+        check_int("draft_ngram_min", self.draft_ngram_min, 1, self.draft_ngram_max)
         if self.kv_dtype not in KV_DTYPES:
             raise ParamError("kv_dtype", f"must be one of {', '.join(KV_DTYPES)}, got {self.kv_dtype!r}")
         if self.trace_path is not None and not isinstance(self.trace_path, str | os.PathLike):

@@ -15,6 +15,7 @@ as `spans` for backends that loop over sequences.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Protocol
@@ -230,9 +231,10 @@ class Backend(ABC):
 
 def read_vector(reader: GGUFReader, w: WeightRef) -> torch.Tensor:
     """A 1-D weight (a norm's gain, a bias; a fused one is its parts end to end) as float32 on the
-    host, dequantized from the file: what a GPU backend uploads once."""
+    host, dequantized from the file: what a GPU backend uploads once. A 2-D one (gpt-oss's expert
+    biases (n, E)) comes flat, in memory order: expert e's n values at e * n."""
     parts = []
     for t in w.tensors:
         info, host = reader.tensors[t.name], torch.from_numpy(reader.tensor_bytes(t.name))
-        parts.append(dequantize(host, info.ggml_type, (info.shape[0],)).float())
+        parts.append(dequantize(host, info.ggml_type, (math.prod(info.shape),)).float())
     return torch.cat(parts)

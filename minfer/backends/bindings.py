@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 
 from ..contracts.ops import op_spec
 from ..contracts.registry import BoundKernel
-from ..errors import UnsupportedError
 from ..graph.ir import Node, Op
 from ..quant.types import GGMLType, quant_info
 from .calls import STRIDED, Binding, Bound, Call, Launch, Way, type_runs
@@ -202,8 +201,6 @@ def _norm_rope_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, wa
 
 def _attention_call(c: Compiler, node: Node) -> Call:
     p = node.params
-    if "sinks" in node.weights:
-        raise UnsupportedError(f"{c.who} backend: node {node.name!r}: attention sinks (gpt-oss) are not implemented")
     nh, nkv, hd = p["n_head"], p["n_head_kv"], p["head_dim"]
     cache, dt = c.rt.kv_shape(c.graph.meta["n_layer"], nkv, hd), c.rt.kv_dtype
     dtypes = {"q": "F32", "k": "F32", "v": "F32", "cache_k": dt, "cache_v": dt, "row_slots": "I32", "positions": "I32"}
@@ -214,7 +211,9 @@ def _attention_call(c: Compiler, node: Node) -> Call:
         return {"q": (rows, nh * hd), "k": (rows, nkv * hd), "v": (rows, nkv * hd), "cache_k": cache,
                 "cache_v": cache, "row_slots": (rows,), "positions": (rows,)}
 
-    return Call("Attention", dtypes, shapes, params, lambda r: {"q": STRIDED, "k": STRIDED, "v": STRIDED})
+    needs = frozenset({"sinks"}) if "sinks" in node.weights else frozenset()  # gpt-oss: a kernel that takes them
+    return Call("Attention", dtypes, shapes, params, lambda r: {"q": STRIDED, "k": STRIDED, "v": STRIDED},
+                needs=needs)
 
 
 def _attention_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, way: Way) -> Bound:
@@ -223,6 +222,8 @@ def _attention_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, wa
     params = {n: call.params[n] for n in ("n_head", "n_head_kv", "head_dim", "scale", "window", "softcap")}
     if "kv_skip" in call.needs:  # the q+k+v GEMV before it wrote this row's keys and values
         params["kv_written"] = True
+    if "sinks" in node.weights:
+        params["sinks"] = c.vector(node.weights["sinks"])
     records = _q8_writer(c, node, way, node.shape[-1])
 
     def fn(vals, st):
@@ -409,15 +410,19 @@ def _moe_matmul_call(c: Compiler, node: Node) -> Call:
     used = node.shape[1]
     per_slot = len(x_shape) == 3
     params = {"n": n, "k": k, "qtype": t, "n_expert": e}
+    needs = frozenset({"expert_bias"}) if "b" in node.weights else frozenset()  # gpt-oss: added in the epilogue
     return Call("MoEMatMul", {"x": "F32", "ids": "I32", "w": quant_info(t).contract_name},
-                lambda r: {"x": (r, used, k) if per_slot else (r, k), "ids": (r, used), "w": (e * n, k)}, params)
+                lambda r: {"x": (r, used, k) if per_slot else (r, k), "ids": (r, used), "w": (e * n, k)}, params,
+                needs=needs)
 
 
 def _moe_matmul_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, way: Way) -> Bound:
     x, ids = node.inputs
     laid, params = c.laid_out(kernel, node.weights["w"], call.params), call.params
-    if "b" in node.weights:
-        raise UnsupportedError(f"{c.who} backend: node {node.name!r}: expert biases (gpt-oss) are not implemented")
+    if "b" in node.weights:  # each chosen expert's bias, [E, n] (GGUF (n, E)) as one f32 vector
+        bias = c.vector(node.weights["b"])
+        return Bound(lambda vals, st: kernel(x=vals[x], ids=vals[ids], w=laid, **params, bias=bias),
+                     [Launch(call, kernel)])
     return Bound(lambda vals, st: kernel(x=vals[x], ids=vals[ids], w=laid, **params), [Launch(call, kernel)])
 
 

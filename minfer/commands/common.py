@@ -31,7 +31,8 @@ FLAGS = {
     "top_p": "--top-p", "min_p": "--min-p", "repeat_penalty": "--repeat-penalty",
     "repeat_last_n": "--repeat-last-n", "frequency_penalty": "--frequency-penalty",
     "presence_penalty": "--presence-penalty", "seed": "-s/--seed", "stop": "--stop", "tp": "--tp",
-    "prefix_block": "--prefix-block",
+    "prefix_block": "--prefix-block", "spec": "--spec", "draft_max": "--draft-max",
+    "draft_ngram_max": "--draft-ngram-max", "draft_ngram_min": "--draft-ngram-min",
 }
 
 
@@ -61,6 +62,16 @@ def add_model_args(p: argparse.ArgumentParser, *, slots: bool = False, ctx_help:
                    help="tensor parallelism: split the model over N ranks (processes; cuda: one GPU each), "
                         "started by this command, or by torchrun (default: torchrun's WORLD_SIZE, else 1)")
     p.add_argument("-v", "--verbose", action="store_true", help="say more: the model file, settings, load time")
+    p.add_argument("--spec", default=_EC["spec"], metavar="METHOD",
+                   help="speculative decoding: 'ngram' drafts tokens by finding the text's last few tokens earlier in "
+                        "the prompt or output (prompt lookup; no second model) and keeps those the model itself picks: "
+                        "the same text, faster where the output repeats its input (default: off)")
+    p.add_argument("--draft-max", "--draft", "--draft-n", dest="draft_max", type=int, default=_EC["draft_max"],
+                   metavar="N", help=f"the most draft tokens verified per step (default {_EC['draft_max']})")
+    p.add_argument("--draft-ngram-max", type=int, default=_EC["draft_ngram_max"], metavar="N",
+                   help=f"--spec ngram: the longest suffix matched, in tokens (default {_EC['draft_ngram_max']})")
+    p.add_argument("--draft-ngram-min", type=int, default=_EC["draft_ngram_min"], metavar="N",
+                   help=f"--spec ngram: the shortest suffix matched (default {_EC['draft_ngram_min']})")
     if slots:
         p.add_argument("-np", "--parallel", dest="parallel", type=int, default=None,
                        help="sequences decoded at once (default: up to 4, as memory allows)")
@@ -173,7 +184,8 @@ def engine_config(a: argparse.Namespace, **extra) -> EngineConfig:
               "a model's layers between devices)", file=sys.stderr)
     settings = dict(device=a.device, n_ctx=a.ctx, threads=a.threads, prefill_chunk=a.prefill_chunk,
                     n_slots=getattr(a, "parallel", None), kv_dtype=a.kv_cache, tp=getattr(a, "tp", None),
-                    prefix_cache=getattr(a, "prefix_cache", None), prefix_block=getattr(a, "prefix_block", None))
+                    prefix_cache=getattr(a, "prefix_cache", None), prefix_block=getattr(a, "prefix_block", None),
+                    **{k: getattr(a, k, None) for k in ("spec", "draft_max", "draft_ngram_max", "draft_ngram_min")})
     settings.update(extra)
     with flag_errors():
         return EngineConfig.from_env(**settings)
@@ -319,7 +331,11 @@ def stats_line(s) -> str:
         dec = f"decode: {steps} tokens in {s.decode_seconds:.3f} s ({s.decode_tps:.1f} tok/s)"
     else:
         dec = "decode: none (the only token came from the prefill)" if s.generated_tokens == 1 else "decode: none"
-    return f"{pre} | {dec} | generated: {s.generated_tokens} | stop: {s.finish_reason}"
+    drafts = ""
+    if s.draft_tokens:
+        drafts = (f" | drafts: {s.draft_accepted}/{s.draft_tokens} accepted "
+                  f"({100 * s.draft_accepted / s.draft_tokens:.0f} %)")
+    return f"{pre} | {dec}{drafts} | generated: {s.generated_tokens} | stop: {s.finish_reason}"
 
 
 def print_stats(stats) -> None:

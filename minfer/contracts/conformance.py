@@ -119,6 +119,8 @@ def cases(k: BoundKernel, sizes: tuple[str, ...]) -> Iterator[Case]:
             else:
                 settings = h.model(size, MODELS[size], q) if size in MODELS else h.settings(size, q)
             for s in settings:
+                if not set(s.needs) <= k.contract.caps.also:  # extra inputs the kernel does not take
+                    continue
                 for laid_out in layouts:
                     yield Case(s, dtypes, out_choice, laid_out)
 

@@ -53,11 +53,14 @@ MOE_MODELS = {"Qwen3-30B-A3B": (128, 8, 768)}  # (experts, used, expert width)
 @dataclass(frozen=True)
 class Setting:
     """Sizes of one case: input shapes (a quant operand: its [rows, cols] of elements) and the
-    numeric params; `size` names its size class or model."""
+    numeric params; `size` names its size class or model; `needs`: the capabilities (ops.py
+    CAPABILITIES) the case's extra inputs ask of a kernel (only kernels whose contract declares
+    them in `caps.also` run it)."""
 
     size: str
     shapes: dict[str, tuple[int, ...]]
     params: dict[str, int] = field(default_factory=dict)
+    needs: tuple[str, ...] = ()
 
 
 Builder = Callable[[Setting, dict[str, str], "str | None", torch.Generator], tuple[dict, dict]]
@@ -135,6 +138,12 @@ def _decode(raw: torch.Tensor, qtype: Any, cols: int) -> torch.Tensor:
 def _silu64(x: torch.Tensor) -> torch.Tensor:
     x = x.double()
     return x * torch.sigmoid(x)
+
+
+def _swiglu_oai64(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """ggml's swiglu_oai in float64: g = min(gate, limit), u = clamp(up, -limit, limit), g sigmoid(alpha g) (u + 1)."""
+    g = gate.double().clamp(max=limit)
+    return g * torch.sigmoid(alpha * g) * (up.double().clamp(-limit, limit) + 1.0)
 
 
 def _gelu64(x: torch.Tensor) -> torch.Tensor:
@@ -601,8 +610,20 @@ def _attn_setting(size: str, spans, n_head: int, n_kv: int, hd: int, n_ctx: int,
                                   "scale": hd ** -0.5, "spans": spans, "window": window, "softcap": softcap})
 
 
+# gpt-oss's attention sinks (caps.also: sinks): a decode row, a prompt of 5 with a window, and a context of
+# several splits (the combine kernel's share)
+_ATTN_SINKS = {"tiny": [((1,), 2, 1, 32, 8)], "odd": [((5, 1), 4, 2, 32, 24, 3, 0.0)],
+               "boundary": [((1, 1), 8, 2, 64, 1100)]}
+
+
 def _attn_settings(size: str, q) -> list[Setting]:
-    return [_attn_setting(size, *c) for c in _ATTN[size]]
+    plain = [_attn_setting(size, *c) for c in _ATTN[size]]
+    return plain + [_with_sinks(_attn_setting(size, *c)) for c in _ATTN_SINKS[size]]
+
+
+def _with_sinks(s: Setting) -> Setting:
+    """The case with one sink logit per query head (`sinks` [n_head])."""
+    return Setting(s.size, {**s.shapes, "sinks": (s.params["n_head"],)}, s.params, ("sinks",))
 
 
 def _attn_model(name: str, m: ModelDims, q) -> list[Setting]:
@@ -638,6 +659,8 @@ def _build_attn(s: Setting, dtypes: dict[str, str], out_dtype: str | None, gen) 
         positions += range(start, start + n)
     inputs["row_slots"] = torch.tensor(slots, dtype=torch.int32, device=dev)
     inputs["positions"] = torch.tensor(positions, dtype=torch.int32, device=dev)
+    if "sinks" in s.shapes:  # logits of the scores' size, a few well above them (most weight on the sink)
+        inputs["sinks"] = torch.randn(s.shapes["sinks"], generator=gen, device=dev) * 2.0
     return inputs, p
 
 
@@ -683,7 +706,10 @@ def _ref_attn(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[st
         s = (keys @ q[r][:, :, None])[..., 0] * p["scale"]
         if cap:
             s = torch.tanh(s / cap) * cap
-        att = torch.softmax(s, -1)  # [nh, L]
+        if "sinks" in i:  # each head's sink joins the softmax as one more logit with no value
+            att = torch.softmax(torch.cat([s, i["sinks"].double().to(s.device)[:, None]], -1), -1)[:, :-1]
+        else:
+            att = torch.softmax(s, -1)  # [nh, L]
         out[r] = (att[:, None, :] @ vals)[:, 0]
     return out.reshape(rows, nh * hd)
 
@@ -753,6 +779,8 @@ def _ref_route(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[s
 # (small: under the Triton interpreter a program costs per step, and one launch runs tokens x used of them)
 _MOE_MM = {"tiny": [(1, 1, 2, 8, 32, False)], "odd": [(2, 3, 5, 7, 96, True)],
            "boundary": [(2, 2, 3, 33, 32, False)]}
+# with each expert's bias (caps.also: expert_bias, gpt-oss): gate / up and down, in the odd class's types
+_MOE_MM_BIAS = {"tiny": [], "odd": [(2, 2, 3, 33, 32, False), (3, 2, 4, 9, 64, True)], "boundary": []}
 
 
 # The expert kernels run the GEMV's and the MMQ's arithmetic per type (each type's own contracts test it at
@@ -768,10 +796,13 @@ def _moe_mm_settings(size: str, q) -> list[Setting]:
     if q is not None and q.type not in (_MOE_MM_TINY if size == "tiny" else _MOE_MM_ALL):
         return []
     out = []
-    for t, used, e, n, k, per_slot in _MOE_MM[size]:
-        kk = _k_scaled(k, q)
-        out.append(Setting(size, {"x": (t, used, kk) if per_slot else (t, kk), "ids": (t, used), "w": (e * n, kk)},
-                           {"n": n, "k": kk, "n_expert": e}))
+    for cases, bias in ((_MOE_MM[size], False), (_MOE_MM_BIAS[size], True)):
+        for t, used, e, n, k, per_slot in cases:
+            kk = _k_scaled(k, q)
+            shapes = {"x": (t, used, kk) if per_slot else (t, kk), "ids": (t, used), "w": (e * n, kk)}
+            if bias:
+                shapes["bias"] = (e * n,)
+            out.append(Setting(size, shapes, {"n": n, "k": kk, "n_expert": e}, ("expert_bias",) if bias else ()))
     return out
 
 
@@ -782,6 +813,8 @@ def _build_moe_mm(s: Setting, dtypes: dict[str, str], out_dtype: str | None, gen
     ids.view(-1)[0], ids.view(-1)[-1] = e - 1, 0  # both ends of the expert tensor, every time
     inputs = {"x": _randn(s.shapes["x"], dtypes["x"], gen), "ids": ids,
               "w": random_blocks(info, *s.shapes["w"], gen)}
+    if "bias" in s.shapes:
+        inputs["bias"] = _randn(s.shapes["bias"], "F32", gen)
     return inputs, {**s.params, "qtype": info.type}
 
 
@@ -791,7 +824,10 @@ def _ref_moe_mm(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[
     ids = i["ids"].long()
     x = i["x"].double()
     x = x if x.dim() == 3 else x.unsqueeze(1).expand(-1, ids.shape[1], -1)
-    return torch.einsum("tjk,tjnk->tjn", x, dense[ids])
+    out = torch.einsum("tjk,tjnk->tjn", x, dense[ids])
+    if "bias" in i:  # each slot's expert's bias
+        out = out + i["bias"].double().view(e, n)[ids]
+    return out
 
 
 def _moe_mm_reads(i: Mapping[str, torch.Tensor], p: Mapping[str, Any]) -> int:
@@ -881,6 +917,9 @@ HARNESS: dict[str, OpHarness] = {
     "GeGLU": OpHarness(
         *_flat("gate", "up", wide=True), _build_floats, lambda i, p, d: _gelu64(i["gate"]) * i["up"].double()
     ),
+    # limit 1.5 (gpt-oss: 7): a tenth of the normal inputs clamped, on both sides of up
+    "SwiGLUOAI": OpHarness(*_with_params(_flat("gate", "up", wide=True), alpha=1.702, limit=1.5), _build_floats,
+                           lambda i, p, d: _swiglu_oai64(i["gate"], i["up"], p["alpha"], p["limit"])),
     "Scale": OpHarness(*_with_params(_flat("x"), scale=25.3), _build_floats,
                        lambda i, p, d: i["x"].double() * torch.tensor(p["scale"], dtype=torch.float32).double()),
     "SoftCap": OpHarness(*_with_params(_flat("x"), cap=1.5), _build_floats,

@@ -111,6 +111,11 @@ OPS: dict[str, OpSpec] = {
             "GeGLU", True, ("gate", "up"), (), ("n",), "out = gelu_tanh(gate) * up (fused; gemma's feed-forward)",
             _elementwise("gate"),
         ),
+        OpSpec(
+            "SwiGLUOAI", True, ("gate", "up"), ("alpha", "limit"), ("n",),
+            "out = g * sigmoid(alpha * g) * (u + 1), g = min(gate, limit), u = clamp(up, -limit, limit) (fused; "
+            "gpt-oss's clamped SwiGLU, ggml's swiglu_oai)", _elementwise("gate"),
+        ),
         OpSpec("Scale", False, ("x",), ("scale",), ("n",), "out = x * scale (gemma's embedding scale)",
                _elementwise("x")),
         OpSpec("SoftCap", False, ("x",), ("cap",), ("n",), "out = cap * tanh(x / cap) (gemma2's logit soft-cap)",
@@ -251,6 +256,12 @@ CAPABILITIES: dict[str, Capability] = {
                    "larger one of total_rows rows: it writes only the ids that fall in its rows (ids outside "
                    "0..total_rows-1 taken as the nearest edge row, as the whole table's gather does), so one call "
                    "per chunk fills the output (a table larger than the device binds at once)"),
+        Capability("sinks", ("sinks",), "an attention with one learned logit per query head (`sinks` f32 "
+                   "[n_head], gpt-oss; ggml_soft_max_add_sinks): it joins the softmax's max and denominator and "
+                   "adds no value"),
+        Capability("expert_bias", ("bias",), "an expert matmul that adds each chosen expert's bias in its "
+                   "epilogue: `bias` f32 [n_expert * n] (expert e's n values at e * n), row ids[t, j] of it "
+                   "added to out[t, j] (gpt-oss's ffn_*_exps.bias), the ids read on the device"),
         Capability("residual_in_place", ("sum_out",), "a fused add + norm whose sum `sum_out` may be x itself "
                    "(the residual written over in place)"),
     ]

@@ -39,6 +39,7 @@ from ..errors import ContextOverflowError, MinferError
 from ..gguf.reader import GGUFReader
 from ..kernels.sample import pack_params
 from . import loader, tp
+from .draft import DraftBudget, NgramDrafter
 from .grammar import Matcher
 from .masks import Masks
 from .params import SamplingParams
@@ -157,6 +158,10 @@ class Engine:
         matcher = Matcher(params.grammar, self.tokenizer, self.n_vocab) if params.grammar is not None else None
         seq = Sequence(next(self._ids), prompt, params, eog_ids=self.eog_ids, text=text, logit_rows=logit_rows,
                        reuse_prefix=reuse_prefix, matcher=matcher, pooling=pooling)
+        c = self.config
+        if c.spec == "ngram" and matcher is None and pooling is None:  # (a grammar's mask is one row's)
+            seq.drafter = NgramDrafter(c.draft_ngram_max, c.draft_ngram_min)
+            seq.draft_budget = DraftBudget(c.draft_max)
         self.scheduler.add(seq)
         return seq
 
@@ -180,7 +185,8 @@ class Engine:
                 return []
             for src, dst, n in plan.copies:  # cached prefix blocks into new sequences' slots, before the step
                 self.backend.copy_kv(src, dst, n)
-            if self._launch is None or plan.batch.kind != "decode" or not all(s.device_pickable for s in plan.decode):
+            if self._launch is None or plan.batch.kind != "decode" or plan.drafts or \
+                    not all(s.device_pickable for s in plan.decode):
                 return self._run(plan)
             launched = self._launch(plan.batch, params=_sampling(plan.decode, 0))
             self.steps += 1

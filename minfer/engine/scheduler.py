@@ -57,6 +57,7 @@ class ScheduledStep:
     keep: list[tuple[Sequence, list[int]]]  # (sequence, logits rows) of prompt positions to store
     hidden: bool = False  # an embedding step: its rows are final hidden states, not logits
     copies: list[tuple[int, int, int]] = field(default_factory=list)  # (from slot, to slot, tokens): KV to copy first
+    drafts: dict[int, list[int]] = field(default_factory=dict)  # id(sequence) -> its draft tokens (speculative rows)
 
 
 def _continued(cached: list[int], prompt: list[int]) -> int:
@@ -194,17 +195,23 @@ class Scheduler:
         self._embedded = embed
         if embed:
             decode = []
-        spans = [(s.slot, s.n_cached, [s.tokens[-1]]) for s in decode]
+        drafts = self._drafts(decode, bool(waiting or self.waiting))
+        spans = []
         rows: dict[int, int] = {}  # batch row -> index in out_rows
 
         def out(row: int) -> int:
             return rows.setdefault(row, len(rows))
 
-        samples = [(s, out(i)) for i, s in enumerate(decode)]
+        samples = []
+        for s in decode:  # its next token's row, then one row per draft token (the same slot, the next positions)
+            for i, tok in enumerate([s.tokens[-1], *drafts.get(id(s), ())]):
+                samples.append((s, out(len(spans))))
+                spans.append((s.slot, s.n_cached + i, [tok]))
         keep: list[tuple[Sequence, list[int]]] = []
         prefills: list[tuple[Sequence, int]] = []
-        budget = self.max_batch_tokens - len(decode)
-        offset = len(decode)
+        n_decode = len(spans)
+        budget = self.max_batch_tokens - n_decode
+        offset = n_decode
         while budget > 0 and len(prefills) < self.prefill_seqs:
             if len(prefills) == len(waiting):
                 if not (self.waiting and self.free) or (self.waiting[0].pooling is not None) != embed:
@@ -239,9 +246,27 @@ class Scheduler:
             offset += chunk
         if not decode and not prefills:
             return None
-        batch = Batch.build(spans, list(rows), n_decode=len(decode), device=self.device)
+        batch = Batch.build(spans, list(rows), n_decode=n_decode, device=self.device)
         copies, self._copies = self._copies, []
-        return ScheduledStep(batch, decode, prefills, samples, keep, hidden=embed, copies=copies)
+        return ScheduledStep(batch, decode, prefills, samples, keep, hidden=embed, copies=copies, drafts=drafts)
+
+    def _drafts(self, decode: list[Sequence], prompts_waiting: bool) -> dict[int, list[int]]:
+        """Draft tokens of the generating sequences that have a drafter (engine/draft.py), as many
+        as each one's budget, its context, its max_tokens and the step's row budget allow (a
+        prompt chunk waiting keeps its `prefill_chunk` rows)."""
+        room = self.max_batch_tokens - len(decode) - (self.prefill_chunk if prompts_waiting else 0)
+        out: dict[int, list[int]] = {}
+        for s in decode:
+            if s.drafter is None or room <= 0 or not s.draft_budget.ready():
+                continue
+            k = min(s.draft_budget.next, room, self.n_ctx - len(s.tokens))  # (rows end at position n_ctx - 1)
+            if s.params.max_tokens is not None:
+                k = min(k, s.params.max_tokens - len(s.generated) - 1)  # (a step samples k + 1 tokens at most)
+            draft = s.drafter.propose(s.tokens, k)
+            if draft:
+                out[id(s)] = draft
+                room -= len(draft)
+        return out
 
     def continue_decode(self, step: ScheduledStep) -> ScheduledStep | None:
         """The decode step that follows `step` (launched, its tokens not read yet) when nothing can
@@ -252,6 +277,8 @@ class Scheduler:
         stop string wastes its row of the next step, whose token postprocess drops."""
         seqs = step.decode
         if step.prefills or not seqs or len(self.running) != len(seqs) or (self.waiting and self.free):
+            return None
+        if any(s.drafter is not None for s in seqs):  # (its drafts depend on the tokens not read yet)
             return None
         for s in seqs:
             if s.finished or s.prefilling or len(s.tokens) + 1 >= self.n_ctx or (
@@ -269,8 +296,8 @@ class Scheduler:
         every token sampled."""
         now = time.perf_counter()
         for s in step.decode:
-            if not s.finished:  # (a sequence that ended at the step before keeps its count)
-                s.n_cached += 1
+            if not s.finished and id(s) not in step.drafts:  # (a sequence that ended at the step before keeps its
+                s.n_cached += 1  # count; a drafting one counts the rows it keeps, below)
         for pre, chunk in step.prefills:
             pre.n_cached += chunk
             if self.prefix is not None and pre.prefix_exact:
@@ -280,28 +307,42 @@ class Scheduler:
         live = [(seq, row) for seq, row in step.samples if not seq.finished]  # (aborted ones are skipped)
         # plain greedy rows: one argmax over all of them (one device read on a GPU); the rest go
         # through their own samplers, on host copies of their rows
-        greedy = [(s, r) for s, r in live if s.params.greedy and not s.params.penalized]
-        other = [(s, r) for s, r in live if not (s.params.greedy and not s.params.penalized)]
-        tokens: dict[int, int] = {}
+        greedy = [r for s, r in live if s.params.greedy and not s.params.penalized]
+        other = [r for s, r in live if not (s.params.greedy and not s.params.penalized)]
+        tokens: dict[int, int] = {}  # logits row -> its token (a sampler's: drawn below, in order)
         if picked is not None:
             if not all(s.device_pickable for s, _ in live):
                 raise MinferError("scheduler: tokens picked on the device need rows without penalties or logprobs")
-            tokens.update((id(s), picked[r]) for s, r in live)
-            greedy = other = []
+            tokens.update((r, picked[r]) for _, r in live)
+            other = []
         elif greedy:
-            rows = [r for _, r in greedy]
-            picked = (logits if rows == list(range(logits.shape[0])) else logits[rows]).argmax(-1).tolist()
-            tokens.update((id(s), t) for (s, _), t in zip(greedy, picked, strict=True))
-        if other:
-            rows = logits[[r for _, r in other]].float().cpu()
-            tokens.update((id(s), s.sampler(rows[i], s.tokens, len(s.generated))) for i, (s, _) in enumerate(other))
-        sampled = []
+            picked = (logits if greedy == list(range(logits.shape[0])) else logits[greedy]).argmax(-1).tolist()
+            tokens.update(zip(greedy, picked, strict=True))
+        host = dict(zip(other, logits[other].float().cpu(), strict=True)) if other else {}
+        rows_of: dict[int, tuple[Sequence, list[int]]] = {}  # a sequence's rows, in order (several: drafts)
         for seq, row in live:
-            tok = tokens[id(seq)]
-            if seq.logprobs_n is not None:
-                seq.logprobs.append(token_logprobs(logits[row], tok, seq.logprobs_n))
-            seq.append(tok, self.n_ctx, now)
-            sampled.append((seq, tok, row))
+            rows_of.setdefault(id(seq), (seq, []))[1].append(row)
+        sampled = []
+        for seq, rows in rows_of.values():
+            draft = step.drafts.get(id(seq))
+            for i, row in enumerate(rows):
+                # a draft row's token is the one its sampler draws there (the same counter-based
+                # random number as without drafts): kept rows give exactly the tokens decoding one
+                # by one would, and a draft token is kept with probability p(draft), as in the
+                # standard rejection rule
+                tok = tokens[row] if row in tokens else seq.sampler(host[row], seq.tokens, len(seq.generated))
+                if seq.logprobs_n is not None:
+                    seq.logprobs.append(token_logprobs(logits[row], tok, seq.logprobs_n))
+                seq.append(tok, self.n_ctx, now)
+                sampled.append((seq, tok, row))
+                if draft is None:
+                    break
+                seq.n_cached += 1  # (row i's input token is the sequence's: its keys and values stand)
+                if seq.finished or i == len(draft) or tok != draft[i]:
+                    seq.draft_budget.update(len(draft), i)
+                    seq.stats.draft_tokens += len(draft)
+                    seq.stats.draft_accepted += i
+                    break
         pres = [pre for pre, _ in step.prefills]
         for pre in pres:
             if not pre.prefilling and pre.params.max_tokens == 0:

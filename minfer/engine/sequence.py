@@ -82,6 +82,8 @@ class SequenceStats:
     first_token: float | None = None
     finished: float | None = None
     cached_tokens: int = 0  # prompt tokens reused from the slot's cache (not run)
+    draft_tokens: int = 0  # speculative decoding: draft tokens proposed (engine/draft.py)
+    draft_accepted: int = 0  # ... and kept (the sampler picked them)
     token_times: list[float] = field(default_factory=list)  # when each generated token was sampled
 
     @property
@@ -117,6 +119,8 @@ class Sequence:
         self.reuse_prefix = reuse_prefix
         self.matcher = matcher
         self.pooling = pooling
+        self.drafter = None  # speculative decoding: engine/draft.py's NgramDrafter (set by the engine), or None
+        self.draft_budget = None  # ... and its DraftBudget
         self.prompt_logits: list[torch.Tensor] = []
         self.status = Status.WAITING
         self.slot: int | None = None

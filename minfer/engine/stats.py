@@ -22,19 +22,22 @@ class GenerationStats:
     decode_seconds: float = 0.0
     finish_reason: str | None = None
     first_step: bool = False  # the prefill was the model's first step: its time includes one-time warm-up
+    draft_tokens: int = 0  # speculative decoding: draft tokens proposed
+    draft_accepted: int = 0  # ... and kept
 
     @classmethod
     def of(cls, seq: Sequence, first_step: bool = False) -> GenerationStats:
         st = seq.stats
         return cls(seq.n_prompt, seq.n_prompt - st.cached_tokens, len(seq.generated), st.prefill_seconds,
-                   st.decode_seconds, seq.finish_reason, first_step)
+                   st.decode_seconds, seq.finish_reason, first_step, st.draft_tokens, st.draft_accepted)
 
     @classmethod
     def of_timings(cls, usage: dict, timings: dict, finish_reason: str | None) -> GenerationStats:
         """From a server's answer: OpenAI's `usage` and llama-server's `timings` (server/output.py
         timings_json: the same numbers `of` reads, in milliseconds)."""
         return cls(usage["prompt_tokens"], timings["prompt_n"], usage["completion_tokens"],
-                   timings["prompt_ms"] / 1e3, timings["predicted_ms"] / 1e3, finish_reason)
+                   timings["prompt_ms"] / 1e3, timings["predicted_ms"] / 1e3, finish_reason,
+                   draft_tokens=timings.get("draft_n", 0), draft_accepted=timings.get("draft_n_accepted", 0))
 
     @property
     def prefill_tps(self) -> float:

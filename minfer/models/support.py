@@ -3,10 +3,10 @@ docs/SUPPORT-MATRIX.md shows (tests/models/test_support.py keeps it equal to the
 
 "yes": runs, tested against llama.cpp or HF transformers (on cuda and vulkan: the tiny synthetic
 files of each family against their llama.cpp fixtures, tests/backends/test_families_gpu.py).
-"no": the backend lacks an op the family needs (gpt-oss: attention sinks and the clamped SwiGLU
-have cpu implementations only); `check_backend` refuses it at load with a typed error, before
-any weight is read. An architecture with no row is refused at load with one typed error naming
-the supported list (models/registry.py).
+"no": the backend lacks an op the family needs (no row says it today: gpt-oss's attention sinks,
+clamped SwiGLU and expert biases run on every backend since 2026-12-03); `check_backend` refuses
+such a backend at load with a typed error, before any weight is read. An architecture with no row
+is refused at load with one typed error naming the supported list (models/registry.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ SUPPORT: dict[str, tuple[str, ...]] = {
     "gemma2": _ALL,
     "gemma3": _ALL,
     "phi3": _ALL,
-    "gpt-oss": ("yes", "no", "no"),
+    "gpt-oss": _ALL,
 }
 DEVICE_BACKEND = {"cpu": "cpu", "cuda": "cuda", "vulkan": "vulkan", "gpu": "vulkan"}  # config.device -> column
 

@@ -196,7 +196,8 @@ class ServingLoop:
             self._end(key, seq)
             usage = {"prompt_tokens": seq.n_prompt, "completion_tokens": len(seq.generated),
                      "total_tokens": seq.n_prompt + len(seq.generated), "cached_tokens": seq.stats.cached_tokens,
-                     "prefill_seconds": seq.stats.prefill_seconds, "decode_seconds": seq.stats.decode_seconds}
+                     "prefill_seconds": seq.stats.prefill_seconds, "decode_seconds": seq.stats.decode_seconds,
+                     "draft_tokens": seq.stats.draft_tokens, "draft_accepted": seq.stats.draft_accepted}
             self.out.append((key, ("done", seq.finish_reason, usage)))
 
     def _end(self, key: Hashable, seq) -> None:

@@ -185,14 +185,17 @@ def timings_json(u: dict) -> dict:
     """llama-server's `timings` (the last chunk of a stream that asks for usage): the prompt tokens
     actually run (prompt_n; cache_n came from a slot's cache) and their time, the generated tokens
     (predicted_n) and the decode steps' time; rates per second where there is a time (the first
-    generated token comes from the prefill: predicted_ms covers predicted_n - 1 steps)."""
+    generated token comes from the prefill: predicted_ms covers predicted_n - 1 steps); with speculative
+    decoding, the draft tokens proposed and accepted (draft_n, draft_n_accepted)."""
     prompt_n = u["prompt_tokens"] - u["cached_tokens"]
     prompt_ms, predicted_ms = u["prefill_seconds"] * 1e3, u["decode_seconds"] * 1e3
     steps = u["completion_tokens"] - 1
     return {"cache_n": u["cached_tokens"], "prompt_n": prompt_n, "prompt_ms": prompt_ms,
             "prompt_per_second": prompt_n / prompt_ms * 1e3 if prompt_ms > 0 else 0.0,
             "predicted_n": u["completion_tokens"], "predicted_ms": predicted_ms,
-            "predicted_per_second": steps / predicted_ms * 1e3 if steps > 0 and predicted_ms > 0 else 0.0}
+            "predicted_per_second": steps / predicted_ms * 1e3 if steps > 0 and predicted_ms > 0 else 0.0,
+            **({"draft_n": u["draft_tokens"], "draft_n_accepted": u["draft_accepted"]} if u.get("draft_tokens")
+               else {})}
 
 
 def merged_usage(usages: list[dict]) -> dict:
@@ -202,4 +205,6 @@ def merged_usage(usages: list[dict]) -> dict:
     completion = sum(u["completion_tokens"] for u in usages)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
             "cached_tokens": usages[0]["cached_tokens"], "prefill_seconds": usages[0]["prefill_seconds"],
-            "decode_seconds": max(u["decode_seconds"] for u in usages)}
+            "decode_seconds": max(u["decode_seconds"] for u in usages),
+            "draft_tokens": sum(u.get("draft_tokens", 0) for u in usages),
+            "draft_accepted": sum(u.get("draft_accepted", 0) for u in usages)}

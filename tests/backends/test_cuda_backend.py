@@ -109,6 +109,17 @@ def test_prompt_and_decode_logits_match_cpu(pair, raw, preset, quant):
     assert _rel(steps_g, got[9:]) < TOL_OWN
 
 
+
+def test_draft_rows_of_one_slot_agree_with_decode_steps(pair):
+    """Speculative decoding's verification rows (tests/backends/test_draft_rows.py): one slot's
+    consecutive positions as decode rows of one step, against a decode step each."""
+    from .test_draft_rows import rows_together_and_alone
+
+    _, gpu = pair("tiny-llama", "q4_0")
+    together, one = rows_together_and_alone(gpu.engine.backend, 3)
+    assert _rel(together, one) < TOL_OWN  # (measured 4.2e-4, 2026-12-03: the many-row kernels' bf16 operands)
+
+
 # decisive greedy steps compared (top-1 / top-2 margin >= 0.5 on the cpu) of 3 prompts x 8 tokens on the
 # decisive tiny model (logit scale 20): measured 23 (q4_0) and 23 (q8_0) of 24 on 2026-12-02
 GREEDY_FLOOR = 16

@@ -1,7 +1,8 @@
 """The WGSL kernels of the qwen3 / gemma / phi3 ops against the cpu backend's reference math
 (backends/cpu/ops.py), on whatever Vulkan adapter wgpu finds (lavapipe in CI): grouped RMSNorm,
-GeGLU, Scale, SoftCap, and attention with a sliding window and soft-capped scores, split over the
-context and single-pass. Fresh random inputs, outputs poisoned with NaN; tolerances the contracts'."""
+GeGLU, Scale, SoftCap, and attention with a sliding window and soft-capped scores or gpt-oss's sinks,
+split over the context and single-pass. Fresh random inputs, outputs poisoned with NaN; tolerances the
+contracts'."""
 
 from __future__ import annotations
 
@@ -79,6 +80,19 @@ def test_geglu_scale_softcap(dev, gen):
 def test_attention_window_and_softcap(dev, gen, monkeypatch, split, hd, window, softcap):
     """Rows at the context's last position, its first, and chunk edges; chunks of 64 positions, so a
     window of 7 leaves a row's earlier chunks empty; gemma's head_dim 256 on the split kernel."""
+    _check_attention(dev, gen, monkeypatch, split, hd, window, softcap, None)
+
+
+@pytest.mark.parametrize("split", [True, False], ids=["split", "single-pass"])
+@pytest.mark.parametrize("window", [0, 7])
+def test_attention_sinks(dev, gen, monkeypatch, split, window):
+    """gpt-oss's per-head sink logits (some far above the scores: most weight on the sink) in the
+    split merge and at the single-pass kernel's end, with and without a window (head_dim 64)."""
+    sinks = torch.randn(4, generator=gen) * 2 + torch.tensor([0.0, 4.0, -3.0, 1.0])
+    _check_attention(dev, gen, monkeypatch, split, 64, window, 0.0, sinks)
+
+
+def _check_attention(dev, gen, monkeypatch, split, hd, window, softcap, sinks):
     from minfer.kernels.wgsl import attention as vk_attention
 
     monkeypatch.setattr(dev, "attn", {**vk_attention.ATTN, "CH": 64, "split": split})
@@ -96,14 +110,15 @@ def test_attention_window_and_softcap(dev, gen, monkeypatch, split, hd, window, 
         ref_k[0, slots[r], :, pos[r]] = k[r].view(n_kv, hd)
         ref_v[0, slots[r], :, pos[r]] = v[r].view(n_kv, hd)
     want = torch.cat([cpu_ops.attention_masked(q[r].view(1, n_head, hd), ref_k[0, slots[r], :, :pos[r] + 1],
-                                               ref_v[0, slots[r], :, :pos[r] + 1], pos[r], scale, window, softcap)
-                      for r in range(4)])
+                                               ref_v[0, slots[r], :, :pos[r] + 1], pos[r], scale, window, softcap,
+                                               sinks) for r in range(4)])
     up, i32 = dev.upload, torch.int32
     got = vk_attention.attention(q=up(q), k=up(k), v=up(v), cache_k=up(ck), cache_v=up(cv),
                                  row_slots=up(torch.tensor(slots, dtype=i32)),
                                  positions=up(torch.tensor(pos, dtype=i32)),
                                  layer=0, n_head=n_head, n_head_kv=n_kv, head_dim=hd, scale=scale,
-                                 out=_poisoned(dev, (4, n_head * hd)), window=window, softcap=softcap).cpu()
+                                 out=_poisoned(dev, (4, n_head * hd)), window=window, softcap=softcap,
+                                 sinks=None if sinks is None else up(sinks)).cpu()
     assert _rel(got, want) < 1e-5
 
 

@@ -43,6 +43,9 @@ def parse(*argv: str):
     (["serve", "--no-prefix-cache"], "prefix_cache", False),
     (["serve", "--no-enable-prefix-caching"], "prefix_cache", False),  # vLLM's spelling
     (["batch", "--prefix-block", "16", "in.jsonl", "out.jsonl"], "prefix_block", 16),
+    (["serve", "--spec", "ngram"], "spec", "ngram"),
+    (["run", "--draft", "5", "x"], "draft_max", 5),  # llama.cpp's spellings of --draft-max
+    (["run", "--draft-n", "6", "x"], "draft_max", 6),
 ])
 def test_llama_cpp_spellings_parse_to_what_they_mean(argv, field, want):
     assert getattr(parse(*argv), field) == want

@@ -26,6 +26,7 @@ B = 4  # block size of these tests
 
 class KVBackend(ScriptedBackend):
     kv_copy = True
+    PULL = 1.0  # added to the successor's logit (NEXT): a weak pull, most tokens depend on the whole history
 
     def __init__(self):
         super().__init__()
@@ -54,7 +55,7 @@ class KVBackend(ScriptedBackend):
             assert None not in seen, f"slot {slot} read a position never written"
             g = torch.Generator().manual_seed(hash(tuple(seen)) % (1 << 31))
             out[i] = torch.randn(V, generator=g)
-            out[i, NEXT[seen[-1]]] += 1.0  # (a weak pull: most tokens depend on the whole history)
+            out[i, NEXT[seen[-1]]] += self.PULL
         return out
 
 

@@ -4,8 +4,8 @@ its metadata and tensor checks, its chat template, and the backends that refuse 
 - the clamped SwiGLU (graph/ir.py SwiGLUOAI, ggml's swiglu_oai) and attention sinks (a per-head
   logit in the softmax's denominator) of the cpu reference against float64 definitions;
 - hostile metadata and tensor shapes (sinks, router / expert biases) are typed errors at load;
-- cuda and vulkan refuse the architecture up front with a typed error (models/support.py).
-(Logits against llama.cpp: tests/models/test_llamacpp_parity.py, tiny-gpt-oss and -mxfp4.)
+(Logits against llama.cpp: tests/models/test_llamacpp_parity.py, tiny-gpt-oss and -mxfp4 on the cpu;
+tests/backends/test_families_gpu.py, tiny-gpt-oss on cuda and vulkan.)
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 
 from minfer.api import load
 from minfer.backends.cpu import ops as cpu_ops
-from minfer.errors import MetadataError, ModelError, UnsupportedError
+from minfer.errors import MetadataError, ModelError
 from minfer.gguf.reader import GGUFReader, ValueType
 from minfer.graph.ir import Op
 from minfer.models import registry
@@ -112,12 +112,6 @@ def test_missing_window_or_sinks_is_named(tiny_gguf, rewrite_gguf, tmp_path):
     path = rewrite_gguf(tiny_gguf("tiny-gpt-oss"), tmp_path / "m.gguf", drop=("blk.1.attn_sinks.weight",))
     with pytest.raises(ModelError, match=r"'blk\.1\.attn_sinks\.weight' is missing"):
         load(path, progress=False)
-
-
-@pytest.mark.parametrize("device", ["cuda", "vulkan"])
-def test_gpu_backends_refuse_it_up_front(tiny_gguf, device):
-    with pytest.raises(UnsupportedError, match=f"'gpt-oss' does not run on the {device} backend.*: cpu"):
-        load(tiny_gguf("tiny-gpt-oss"), device=device, progress=False)
 
 
 def test_harmony_template_and_end_of_generation(tiny_gguf):

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import pytest
 
+from minfer.api import load
 from minfer.cli import main
+from minfer.errors import UnsupportedError
 from minfer.gguf.reader import GGUFReader
 from minfer.gguf.synth import PRESETS, synth
-from minfer.models import registry
+from minfer.models import registry, support
 from minfer.models.support import BACKENDS, SUPPORT
 
 
@@ -24,6 +26,15 @@ def test_inspect_prints_the_table_and_a_files_row(tiny_gguf, capsys):
     assert {line.split()[0] for line in out[1:]} == set(SUPPORT)
     assert main(["inspect", str(tiny_gguf("tiny-gemma3"))]) == 0
     assert "backends       cpu yes · cuda yes · vulkan yes" in capsys.readouterr().out
+
+
+def test_a_backend_marked_no_is_refused_up_front(tiny_gguf, monkeypatch):
+    """A row's "no" (a backend lacking an op the family needs) is a typed error naming the backends
+    that run it, at load (before any weight is read); the same file loads on a "yes" backend."""
+    monkeypatch.setitem(support.SUPPORT, "gpt-oss", ("yes", "no", "no"))
+    with pytest.raises(UnsupportedError, match="'gpt-oss' does not run on the vulkan backend.*: cpu$"):
+        load(tiny_gguf("tiny-gpt-oss"), device="vulkan", progress=False)
+    load(tiny_gguf("tiny-gpt-oss"), progress=False).close()
 
 
 # llama3-70b's 40 GB header-only file cannot be memory-mapped on an 8-24 GB machine (tests/parallel

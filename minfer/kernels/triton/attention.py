@@ -132,10 +132,20 @@ def _softmax_step(q, ck_ptr, cv_ptr, kv_rows, d, kv_m, keep, m_i, l_i, acc, HD, 
 
 
 @triton.jit
-def _attn_rows_kernel(q_ptr, ck_ptr, cv_ptr, slot_ptr, pos_ptr, out_ptr, po_ptr, pml_ptr, stride_q, layer_off,
-                      S_STRIDE, H_STRIDE, scale, G, N_HEAD, HD, RS, SPLIT_LEN, NSPLIT, window, softcap,
+def _add_sink(sink_ptr, heads, hm, m_i, l_i, acc):
+    """The heads' learned sink logits (gpt-oss; ggml_soft_max_add_sinks) joined to a finished online
+    softmax: the max becomes max(m, sink), the sum gains exp(sink - max), no value is added."""
+    sk = tl.load(sink_ptr + heads, mask=hm, other=0.0)
+    m_f = tl.maximum(m_i, sk)
+    c = tl.exp(m_i - m_f)  # (m -inf, a row that saw no key: c 0)
+    return m_f, l_i * c + tl.exp(sk - m_f), acc * c[:, None]
+
+
+@triton.jit
+def _attn_rows_kernel(q_ptr, ck_ptr, cv_ptr, slot_ptr, pos_ptr, out_ptr, po_ptr, pml_ptr, sink_ptr, stride_q,
+                      layer_off, S_STRIDE, H_STRIDE, scale, G, N_HEAD, HD, RS, SPLIT_LEN, NSPLIT, window, softcap,
                       GP: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                      Q8: tl.constexpr, CAP: tl.constexpr, PDL: tl.constexpr):
+                      Q8: tl.constexpr, CAP: tl.constexpr, SINK: tl.constexpr, PDL: tl.constexpr):
     release_next(PDL)
     wait_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -172,13 +182,15 @@ def _attn_rows_kernel(q_ptr, ck_ptr, cv_ptr, slot_ptr, pos_ptr, out_ptr, po_ptr,
         tl.store(pml_ptr + part * 2, m_i, mask=gm)
         tl.store(pml_ptr + part * 2 + 1, l_i, mask=gm)
     else:
+        if SINK:
+            m_i, l_i, acc = _add_sink(sink_ptr, heads, gm, m_i, l_i, acc)
         o = acc / l_i[:, None]
         tl.store(out_ptr + row * N_HEAD * HD + heads[:, None] * HD + d[None, :], o, mask=gm[:, None] & dm[None, :])
 
 
 @triton.jit
-def _attn_combine_kernel(po_ptr, pml_ptr, out_ptr, N_HEAD, HD, NSPLIT, SP: tl.constexpr, BLOCK_D: tl.constexpr,
-                         PDL: tl.constexpr):
+def _attn_combine_kernel(po_ptr, pml_ptr, out_ptr, sink_ptr, N_HEAD, HD, NSPLIT, SP: tl.constexpr,
+                         BLOCK_D: tl.constexpr, SINK: tl.constexpr, PDL: tl.constexpr):
     release_next(PDL)
     wait_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -191,18 +203,24 @@ def _attn_combine_kernel(po_ptr, pml_ptr, out_ptr, N_HEAD, HD, NSPLIT, SP: tl.co
     m = tl.load(pml_ptr + part * 2, mask=sm, other=float("-inf"))
     l_s = tl.load(pml_ptr + part * 2 + 1, mask=sm, other=0.0)
     mx = tl.max(m, axis=0)  # finite: the split of the row's own position holds a key
+    if SINK:  # the head's sink logit joins the max and the denominator (no value)
+        sk = tl.load(sink_ptr + head)
+        mx = tl.maximum(mx, sk)
     w = tl.where(m > float("-inf"), tl.exp(m - mx), 0.0)  # empty splits (before a window) weigh nothing
     o = tl.load(po_ptr + part[:, None] * HD + d[None, :], mask=sm[:, None] & dm[None, :], other=0.0)
     num = tl.sum(o * w[:, None], axis=0)
     den = tl.sum(l_s * w, axis=0)
+    if SINK:
+        den += tl.exp(sk - mx)
     release_late(PDL)
     tl.store(out_ptr + row * N_HEAD * HD + head * HD + d, num / den, mask=dm)
 
 
 @triton.jit
-def _attn_prefill_kernel(q_ptr, ck_ptr, cv_ptr, tiles_ptr, out_ptr, stride_q, layer_off, S_STRIDE, H_STRIDE, scale,
-                         G, N_HEAD, HD, RS, window, softcap, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-                         BLOCK_N: tl.constexpr, Q8: tl.constexpr, CAP: tl.constexpr, PDL: tl.constexpr):
+def _attn_prefill_kernel(q_ptr, ck_ptr, cv_ptr, tiles_ptr, out_ptr, sink_ptr, stride_q, layer_off, S_STRIDE,
+                         H_STRIDE, scale, G, N_HEAD, HD, RS, window, softcap, BLOCK_M: tl.constexpr,
+                         BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, Q8: tl.constexpr, CAP: tl.constexpr,
+                         SINK: tl.constexpr, PDL: tl.constexpr):
     release_next(PDL)
     wait_prior(PDL)
     t = tl.program_id(0)
@@ -235,6 +253,8 @@ def _attn_prefill_kernel(q_ptr, ck_ptr, cv_ptr, tiles_ptr, out_ptr, stride_q, la
         m_i, l_i, acc = _softmax_step(q, ck_ptr, cv_ptr, kv_rows, d, kv_m, causal, m_i, l_i, acc, HD, softcap,
                                       Q8, CAP)
     release_late(PDL)
+    if SINK:
+        m_i, l_i, acc = _add_sink(sink_ptr, tl.full([BLOCK_M], 0, tl.int32) + head, mm, m_i, l_i, acc)
     o = acc / tl.where(mm, l_i, 1.0)[:, None]  # (a row of the tile holds key 0 at least: l_i > 0)
     tl.store(out_ptr + rows[:, None] * (N_HEAD * HD) + head * HD + d[None, :], o, mask=mm[:, None] & dm[None, :])
 
@@ -303,6 +323,17 @@ def check_window(what: str, window: int, softcap: float) -> None:
         raise UnsupportedError(f"{what}: softcap must be a finite number >= 0 (0: none), got {softcap!r}")
 
 
+def check_sinks(what: str, sinks, n_head: int, like: torch.Tensor) -> None:
+    """None, or the per-head sink logits: contiguous f32 [n_head] on the call's device."""
+    if sinks is None:
+        return
+    check_tensor(what, "sinks", sinks, (torch.float32,), ndim=1)
+    if sinks.numel() != n_head or not sinks.is_contiguous():
+        raise UnsupportedError(f"{what}: sinks must be contiguous f32 [{n_head}] (one logit per query head), got "
+                               f"{tuple(sinks.shape)}")
+    check_device(what, q=like, sinks=sinks)
+
+
 def kv_write(k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
              row_slots: torch.Tensor, positions: torch.Tensor, layer: int) -> None:
     """cache[layer, slot_r, :, position_r] = k[r], v[r] for every row r (rounded to the cache dtype,
@@ -335,7 +366,7 @@ def attention_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: t
                    row_slots: torch.Tensor, positions: torch.Tensor, layer: int, n_head: int, n_head_kv: int,
                    head_dim: int, scale: float, spans=None, tiles=None,
                    out: torch.Tensor | None = None, kv_written: bool = False, window: int = 0,
-                   softcap: float = 0.0) -> torch.Tensor:
+                   softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Write k/v into the cache at (row_slots, positions), then out [rows, n_head * head_dim] f32 =
     softmax(q K^T * scale) V over positions 0..position of each row's slot. q/k/v: f32 rows
     (row-strided views are fine), cache f16 [layers, slots, n_head_kv, n_ctx, head_dim]. `spans`
@@ -343,26 +374,29 @@ def attention_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: t
     `kv_written`: the producer of k and v already wrote them into the cache (gemv_rope's KV
     epilogue), so the write is skipped. `window` > 0: a row attends its last `window` positions
     only (sliding-window layers; the cache keeps every position); `softcap` > 0: scores s become
-    softcap * tanh(s / softcap) before the softmax (gemma2)."""
+    softcap * tanh(s / softcap) before the softmax (gemma2). `sinks` f32 [n_head]: each head's learned
+    logit joins the softmax's max and denominator, adding no value (gpt-oss; ggml_soft_max_add_sinks)."""
     return _attention_rows("attention_rows", torch.float16, q, k, v, cache_k, cache_v, row_slots, positions, layer,
-                           n_head, n_head_kv, head_dim, scale, out, kv_written, window, softcap)
+                           n_head, n_head_kv, head_dim, scale, out, kv_written, window, softcap, sinks)
 
 
 def attention_rows_q8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor,
                       cache_v: torch.Tensor, row_slots: torch.Tensor, positions: torch.Tensor, layer: int, n_head: int,
                       n_head_kv: int, head_dim: int, scale: float, spans=None, tiles=None,
-                      out: torch.Tensor | None = None, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
+                      out: torch.Tensor | None = None, window: int = 0, softcap: float = 0.0,
+                      sinks: torch.Tensor | None = None) -> torch.Tensor:
     """`attention_rows` over a Q8_0 cache (int8, rows of q8_row_bytes(head_dim)): k/v quantized as
     they are written, keys and values dequantized to f16 tiles as they are read."""
     return _attention_rows("attention_rows_q8", torch.int8, q, k, v, cache_k, cache_v, row_slots, positions, layer,
-                           n_head, n_head_kv, head_dim, scale, out, False, window, softcap)
+                           n_head, n_head_kv, head_dim, scale, out, False, window, softcap, sinks)
 
 
 def _attention_rows(what, cache_dtype, q, k, v, cache_k, cache_v, row_slots, positions, layer, n_head, n_head_kv,
-                    head_dim, scale, out, kv_written=False, window=0, softcap=0.0):
+                    head_dim, scale, out, kv_written=False, window=0, softcap=0.0, sinks=None):
     q2, k2, v2, shape, device = check_attention_call(what, q, k, v, cache_k, cache_v, row_slots, positions, layer,
                                                      n_head, n_head_kv, head_dim, cache_dtype)
     check_window(what, window, softcap)
+    check_sinks(what, sinks, n_head, q2)
     rows = q2.shape[0]
     out = make_out(what, out, (rows, n_head * head_dim), torch.float32, device)
     if not rows:
@@ -380,15 +414,16 @@ def _attention_rows(what, cache_dtype, q, k, v, cache_k, cache_v, row_slots, pos
         po = torch.empty(rows * n_head * nsplit * hd, dtype=torch.float32, device=device)
         pml = torch.empty(rows * n_head * nsplit * 2, dtype=torch.float32, device=device)
     _attn_rows_kernel[check_grid(what, (rows, nkv, nsplit))](
-        q2, cache_k, cache_v, row_slots, positions, out, po, pml, q2.stride(0), layer * n_slots * nkv * n_ctx * rs,
+        q2, cache_k, cache_v, row_slots, positions, out, po, pml, out if sinks is None else sinks, q2.stride(0),
+        layer * n_slots * nkv * n_ctx * rs,
         nkv * n_ctx * rs, n_ctx * rs, float(scale), g, n_head, hd, rs, split_len, nsplit, int(window),
         float(softcap) or 1.0, GP=gp, BLOCK_D=block_d, BLOCK_N=block_n(hd, cache_dtype == torch.int8),
-        SPLIT=nsplit > 1, Q8=cache_dtype == torch.int8, CAP=softcap > 0, num_warps=4,
+        SPLIT=nsplit > 1, Q8=cache_dtype == torch.int8, CAP=softcap > 0, SINK=sinks is not None, num_warps=4,
         **pdl_args())
     if nsplit > 1:
         _attn_combine_kernel[check_grid(what, (rows, n_head))](
-            po, pml, out, n_head, hd, nsplit, SP=triton.next_power_of_2(nsplit), BLOCK_D=block_d, num_warps=1,
-            **pdl_args())
+            po, pml, out, out if sinks is None else sinks, n_head, hd, nsplit, SP=triton.next_power_of_2(nsplit),
+            BLOCK_D=block_d, SINK=sinks is not None, num_warps=1, **pdl_args())
     return out
 
 
@@ -421,24 +456,25 @@ def max_prefill_tiles(rows: int, spans: int, block_m: int = PREFILL_BLOCK_M) -> 
 def attention_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor,
                       cache_v: torch.Tensor, row_slots: torch.Tensor, positions: torch.Tensor, layer: int, n_head: int,
                       n_head_kv: int, head_dim: int, scale: float, spans=None, tiles: torch.Tensor | None = None,
-                      out: torch.Tensor | None = None, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
+                      out: torch.Tensor | None = None, window: int = 0, softcap: float = 0.0,
+                      sinks: torch.Tensor | None = None) -> torch.Tensor:
     """`attention_rows` for prompt chunks: k/v written, then flash-attention per tile of up to
     PREFILL_BLOCK_M rows of one span. `tiles`: the int32 [T, 4] device tile table (CUDA graphs;
     rows not in a tile are left unwritten); else it is built from `spans` or, without them, from
-    the slots and positions (host reads). `window`, `softcap`: as attention_rows (a tile's key
+    the slots and positions (host reads). `window`, `softcap`, `sinks`: as attention_rows (a tile's key
     loop starts at the first key its first query sees)."""
     return _attention_prefill("attention_prefill", torch.float16, q, k, v, cache_k, cache_v, row_slots, positions,
-                              layer, n_head, n_head_kv, head_dim, scale, spans, tiles, out, window, softcap)
+                              layer, n_head, n_head_kv, head_dim, scale, spans, tiles, out, window, softcap, sinks)
 
 
 def attention_prefill_q8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor,
                          cache_v: torch.Tensor, row_slots: torch.Tensor, positions: torch.Tensor, layer: int,
                          n_head: int, n_head_kv: int, head_dim: int, scale: float, spans=None,
                          tiles: torch.Tensor | None = None, out: torch.Tensor | None = None, window: int = 0,
-                         softcap: float = 0.0) -> torch.Tensor:
+                         softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """`attention_prefill` over a Q8_0 cache (k/v quantized as written, tiles dequantized as read)."""
     return _attention_prefill("attention_prefill_q8", torch.int8, q, k, v, cache_k, cache_v, row_slots, positions,
-                              layer, n_head, n_head_kv, head_dim, scale, spans, tiles, out, window, softcap)
+                              layer, n_head, n_head_kv, head_dim, scale, spans, tiles, out, window, softcap, sinks)
 
 
 def prefill_block_n(head_dim: int, q8: bool = False) -> int:
@@ -450,10 +486,11 @@ def prefill_block_n(head_dim: int, q8: bool = False) -> int:
 
 
 def _attention_prefill(what, cache_dtype, q, k, v, cache_k, cache_v, row_slots, positions, layer, n_head, n_head_kv,
-                       head_dim, scale, spans, tiles, out, window=0, softcap=0.0):
+                       head_dim, scale, spans, tiles, out, window=0, softcap=0.0, sinks=None):
     q2, k2, v2, shape, device = check_attention_call(what, q, k, v, cache_k, cache_v, row_slots, positions, layer,
                                                      n_head, n_head_kv, head_dim, cache_dtype)
     check_window(what, window, softcap)
+    check_sinks(what, sinks, n_head, q2)
     rows = q2.shape[0]
     out = make_out(what, out, (rows, n_head * head_dim), torch.float32, device)
     if not rows:
@@ -472,9 +509,10 @@ def _attention_prefill(what, cache_dtype, q, k, v, cache_k, cache_v, row_slots, 
     rs = cache_k.shape[4]
     q8 = cache_dtype == torch.int8
     _attn_prefill_kernel[check_grid(what, (tiles.shape[0], n_head))](
-        q2, cache_k, cache_v, tiles, out, q2.stride(0), layer * n_slots * nkv * n_ctx * rs, nkv * n_ctx * rs,
+        q2, cache_k, cache_v, tiles, out, out if sinks is None else sinks, q2.stride(0),
+        layer * n_slots * nkv * n_ctx * rs, nkv * n_ctx * rs,
         n_ctx * rs, float(scale), n_head // n_head_kv, n_head, hd, rs, int(window), float(softcap) or 1.0,
         BLOCK_M=PREFILL_BLOCK_M, BLOCK_D=max(16, triton.next_power_of_2(hd)), BLOCK_N=prefill_block_n(hd, q8), Q8=q8,
-        CAP=softcap > 0, num_warps=4,
+        CAP=softcap > 0, SINK=sinks is not None, num_warps=4,
         **pdl_args())
     return out

@@ -1,5 +1,6 @@
 """Elementwise kernels: residual add, bias add, mul, SiLU, SwiGLU and GeGLU (flat, and over
-row-strided halves of a fused gate/up output), scale, soft-cap and the f32 -> f16/bf16 converts.
+row-strided halves of a fused gate/up output), gpt-oss's clamped SwiGLU (flat: its experts'
+[T, k, ff] outputs), scale, soft-cap and the f32 -> f16/bf16 converts.
 
 gelu_tanh(x) = x/2 (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), is computed as x sigmoid(2u)
 (the same function: (1 + tanh(u)) / 2 = sigmoid(2u)), and tanh(t) as 2 sigmoid(2t) - 1, so every
@@ -82,8 +83,9 @@ def _map1_kernel(x_ptr, z_ptr, n, c, OP: tl.constexpr, BLOCK: tl.constexpr, EVEN
 
 
 @triton.jit
-def _map2_kernel(x_ptr, y_ptr, z_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr):
-    """z = op(x, y) over n elements; OP is "add", "mul" or "swiglu" (silu(x) * y)."""
+def _map2_kernel(x_ptr, y_ptr, z_ptr, n, alpha, limit, OP: tl.constexpr, BLOCK: tl.constexpr, EVEN: tl.constexpr):
+    """z = op(x, y) over n elements; OP is "add", "mul", "swiglu" (silu(x) * y) or "swiglu_oai"
+    (g sigmoid(alpha g) (u + 1), g = min(x, limit), u = clamp(y, -limit, limit): gpt-oss)."""
     offs, mask = _offsets(n, BLOCK, EVEN)
     x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
     y = tl.load(y_ptr + offs, mask=mask).to(tl.float32)
@@ -91,6 +93,9 @@ def _map2_kernel(x_ptr, y_ptr, z_ptr, n, OP: tl.constexpr, BLOCK: tl.constexpr, 
         z = x + y
     elif OP == "mul":
         z = x * y
+    elif OP == "swiglu_oai":
+        g = tl.minimum(x, limit)
+        z = g * tl.sigmoid(alpha * g) * (tl.minimum(tl.maximum(y, -limit), limit) + 1.0)
     else:
         z = x * tl.sigmoid(x) * y
     tl.store(z_ptr + offs, cast_for(z, z_ptr), mask=mask)
@@ -140,7 +145,7 @@ def _flat_launch(what: str, kernel, tensors: tuple, out: torch.Tensor, op: str, 
     return out
 
 
-def _binary(what: str, x, y, out, op: str, dtypes) -> torch.Tensor:
+def _binary(what: str, x, y, out, op: str, dtypes, alpha: float = 0.0, limit: float = 0.0) -> torch.Tensor:
     check_tensor(what, "x", x, dtypes)
     check_tensor(what, "y", y, (x.dtype,))
     if x.shape != y.shape:
@@ -148,7 +153,7 @@ def _binary(what: str, x, y, out, op: str, dtypes) -> torch.Tensor:
         raise UnsupportedError(f"{what}: x and y must have the same shape, got {shapes}")
     device = check_device(what, x=x, y=y, out=out)
     out = make_out(what, out, x.shape, x.dtype, device)
-    return _flat_launch(what, _map2_kernel, (x, y), out, op)
+    return _flat_launch(what, _map2_kernel, (x, y), out, op, float(alpha), float(limit))
 
 
 def _unary(what: str, x, out, op: str, out_dtype: torch.dtype, c: float = 0.0) -> torch.Tensor:
@@ -171,6 +176,16 @@ def mul_f32(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None = None) -
 def swiglu(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """out = silu(gate) * up, computed in f32; f32, f16 or bf16 storage (gate, up, out alike)."""
     return _binary("swiglu", gate, up, out, "swiglu", FLOATS)
+
+
+def swiglu_oai(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """out = g * sigmoid(alpha g) * (u + 1), g = min(gate, limit), u = clamp(up, -limit, limit):
+    gpt-oss's clamped SwiGLU (ggml's swiglu_oai; alpha 1.702, limit 7), f32 math; f32, f16 or bf16
+    storage (gate, up, out alike), any contiguous shape (the experts' [T, k, ff])."""
+    check_float("swiglu_oai", "alpha", alpha)
+    check_float("swiglu_oai", "limit", limit, positive=True)
+    return _binary("swiglu_oai", gate, up, out, "swiglu_oai", FLOATS, alpha, limit)
 
 
 def swiglu_rows(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

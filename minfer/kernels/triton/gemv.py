@@ -452,7 +452,7 @@ def _q4_0_gemv_kernel(
     R: tl.constexpr, LR: tl.constexpr, LK: tl.constexpr, WK: tl.constexpr, SPLIT: tl.constexpr,
     EVEN_K: tl.constexpr, MODE: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
     PLANES: tl.constexpr, LB: tl.constexpr, HB: tl.constexpr, CENTER: tl.constexpr, EPI: tl.constexpr,
-    Q8X: tl.constexpr, LUT: tl.constexpr = False, MOE: tl.constexpr = False,
+    Q8X: tl.constexpr, LUT: tl.constexpr = False, MOE: tl.constexpr = False, MOE_BIAS: tl.constexpr = False,
 ):
     # PLANES (the 5/6/8-bit and 2/3-bit types, `repack_planes`): qs_ptr holds the codes' low LB
     # bits (LB = 4: the nibble words; LB = 2: int16 words of 8 two-bit slots), h_ptr their high
@@ -462,7 +462,9 @@ def _q4_0_gemv_kernel(
     # EPI (the fused epilogues of gemv_fused.py; 0: store the rows): e_ptr .. HALF are theirs.
     # MOE (moe.py: the chosen experts of a 3-D expert tensor, stacked as E blocks of N rows):
     # program_id(1) is a slot s (no split K); it reads expert ids[s]'s N rows, x row s // XDIV and
-    # writes out row s, so one launch runs every expert chosen for every row of the step.
+    # writes out row s, so one launch runs every expert chosen for every row of the step. MOE_BIAS
+    # (gpt-oss's expert biases): e_ptr holds the experts' biases [E * N], row0 + rows of it added in the
+    # store (EPI is 0 in MOE mode, so e_ptr is free).
     BLOCK_N: tl.constexpr = R * LR
     BLOCK_KB: tl.constexpr = LK * WK
     pid_n = tl.program_id(0)
@@ -549,6 +551,8 @@ def _q4_0_gemv_kernel(
                         ck_ptr, cv_ptr, slot_ptr, KSTART, VSTART, HD, LAYER_OFF, S_STRIDE, H_STRIDE, BLOCK_N, EPI)
             tl.atomic_xchg(cnt_ptr + pid_n, 0, sem="relaxed", scope="gpu")
     else:
+        if MOE_BIAS:
+            tot += tl.load(e_ptr + row0 + rows, mask=rows < N, other=0.0)
         _gemv_store(out_ptr, tot, rows, N, pid_n, e_ptr, dst_ptr, fi_ptr, cos_ptr, sin_ptr, pos_ptr, HALF,
                     ck_ptr, cv_ptr, slot_ptr, KSTART, VSTART, HD, LAYER_OFF, S_STRIDE, H_STRIDE, BLOCK_N, EPI)
 
@@ -719,8 +723,9 @@ def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n:
     """Launch the GEMV kernel; `planes` = (hi plane, LB, HB, CENTER) for the planes types; `lut` =
     the 4 table words of a lookup type (lut4.py);
     `epilogue` = (EPI, e, dst, fi, cos, sin, positions, HALF, cache_k, cache_v, slots, KSTART, VSTART, HD,
-    LAYER_OFF, S_STRIDE, H_STRIDE) for gemv_fused.py's fused stores; `moe` = (ids, slots, XDIV): one
-    program column per slot over the experts stacked in w (`n` rows each; moe.py), f32 x, no split."""
+    LAYER_OFF, S_STRIDE, H_STRIDE) for gemv_fused.py's fused stores; `moe` = (ids, slots, XDIV[, bias]):
+    one program column per slot over the experts stacked in w (`n` rows each; moe.py), f32 x, no split;
+    `bias` (f32 [E * n], or None): each slot's expert's bias added in the store."""
     if moe is not None:
         cfg = replace(cfg, split=1, q8=0, prefetch=False)
     kb_split, nsplit, tiles = _split_plan(cfg, n, k)
@@ -737,11 +742,15 @@ def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n:
         x, xs = quantize_act_q8(x.reshape(1, k), q8)
     epi, *eargs = epilogue if epilogue is not None else (0, out, counters, counters, out, out, counters, 0,
                                                          out, out, counters, 0, 0, 1, 0, 0, 0)
-    ids, slots, xdiv = moe if moe is not None else (counters, nsplit, 1)
+    ids, slots, xdiv, *rest = moe if moe is not None else (counters, nsplit, 1)
+    bias = rest[0] if rest else None
+    if bias is not None:  # (MOE mode has no epilogue: its pointer carries the biases)
+        eargs[0] = bias
     _q4_0_gemv_kernel[check_grid(what, (tiles, slots))](
         x, w.qs, d_plane, out, part, counters, n, nkb, kb_split, nsplit, _MAGIC_BITS, min(4 * lb, 16), m_plane,
         m_stride, hi, min(4 * hb, 16),  # the shifts to a word's upper slots (byte codes: to slots 2, 3)
-        *eargs, xs, *(lut or (0, 0, 0, 0)), ids, xdiv, MOE=moe is not None, EPI=epi, Q8X=q8, R=cfg.r, LR=cfg.lr,
+        *eargs, xs, *(lut or (0, 0, 0, 0)), ids, xdiv, MOE=moe is not None, MOE_BIAS=bias is not None, EPI=epi,
+        Q8X=q8, R=cfg.r, LR=cfg.lr,
         LK=32 // cfg.lr, WK=cfg.wk, SPLIT=nsplit > 1, EVEN_K=nkb % cfg.block_kb == 0 and nkb % kb_split == 0,
         MODE=mode, PREFETCH=cfg.prefetch, num_warps=cfg.wk, maxnreg=cfg.maxnreg, PLANES=planes is not None, LB=lb,
         HB=hb, CENTER=center, LUT=lut is not None, **pdl_args("gemv"),

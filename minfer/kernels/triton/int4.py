@@ -145,4 +145,4 @@ def launch_int4(what: str, x: torch.Tensor, w: Int4Packed, out: torch.Tensor, cf
     """Launch the GEMV kernel on an Int4Packed weight (x, out checked by the caller; `moe`: gemv.py)."""
     n = w.n if moe is None else moe[3]
     _launch_gemv(what, x, w, w.d, w.m, w.m.shape[1], w.mode, out, n, w.k, cfg, epilogue=epilogue, xq=xq,
-                 moe=moe and moe[:3])
+                 moe=moe and moe[:3] + moe[4:])

@@ -19,6 +19,11 @@ one CUDA graph with no host sync, and one launch runs every chosen expert of eve
   gate and up) or s (x [T, k, K]: down). A slot reads only its expert's bytes.
 - `moe_matmul_f16`: float expert tensors (F32 / F16 / BF16 files: the tiny test models) on an f16
   copy (`f16_experts`), one program per (slot, block of N rows), f32 sums.
+- expert biases (gpt-oss's ffn_*_exps.bias, `bias=` f32 [E * N]: the `expert_bias` capability):
+  out[t, j] += bias[ids[t, j]] with the ids read on the device: in the store of `moe_matmul_f16`
+  and of the GEMV (`moe_gemv`: its MOE_BIAS constexpr), and for the MMQ kernel (shared with every
+  dense matmul) by `_expert_bias_kernel` launched right after it by the same launcher (one more
+  launch per prompt chunk; no host sync, CUDA-graph safe).
 - `moe_sum_rows`: the weighted sum of a row's k expert outputs, in slot order (as llama.cpp adds
   its experts' views).
 
@@ -161,6 +166,38 @@ def repack_experts(w: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str,
     return repack_gemv(w.reshape(n_expert * n, -1), n_expert * n, k, t, act_q8=0)
 
 
+def check_expert_bias(what: str, bias, n: int, n_expert: int, like: torch.Tensor) -> None:
+    """None, or the experts' biases: contiguous f32 [n_expert * n] on the call's device."""
+    if bias is None:
+        return
+    check_tensor(what, "bias", bias, (torch.float32,))
+    if bias.numel() != n_expert * n or not bias.is_contiguous():
+        raise UnsupportedError(f"{what}: bias must be contiguous f32 of {n_expert} experts x {n} values, got "
+                               f"{tuple(bias.shape)}")
+    check_device(what, x=like, bias=bias)
+
+
+@triton.jit
+def _expert_bias_kernel(out_ptr, id_ptr, b_ptr, N, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+    """out[slot, :] += b[ids[slot], :] for the slot of program axis 0, BLOCK_N columns per axis-1 program."""
+    release_next(PDL)
+    wait_prior(PDL)
+    slot = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ok = cols < N
+    expert = tl.load(id_ptr + slot).to(tl.int64)
+    y = tl.load(out_ptr + slot * N + cols, mask=ok)
+    tl.store(out_ptr + slot * N + cols, y + tl.load(b_ptr + expert * N + cols, mask=ok), mask=ok)
+
+
+def _add_expert_bias(what: str, out: torch.Tensor, ids: torch.Tensor, bias: torch.Tensor | None, n: int) -> None:
+    slots = ids.numel()
+    if bias is not None and slots:
+        block = 256
+        _expert_bias_kernel[check_grid(what, (slots, cdiv(n, block)))](out, ids, bias, n, BLOCK_N=block, num_warps=4,
+                                                                      **pdl_args())
+
+
 def _packed_call(what: str, x, ids, w, n: int, k: int, qtype, n_expert: int, out):
     """(packed w, its type, (T, k used, XDIV), out) of an expert call on a GEMV layout, all checked."""
     t_type = gemv_type(what, qtype)
@@ -174,15 +211,18 @@ def _packed_call(what: str, x, ids, w, n: int, k: int, qtype, n_expert: int, out
 
 
 def moe_gemv(x: torch.Tensor, ids: torch.Tensor, w: GemvPacked | torch.Tensor, n: int, k: int,
-             qtype: GGMLType | int | str, n_expert: int, out: torch.Tensor | None = None) -> torch.Tensor:
+             qtype: GGMLType | int | str, n_expert: int, out: torch.Tensor | None = None,
+             bias: torch.Tensor | None = None) -> torch.Tensor:
     """out f32 [T, k_used, n]: slot (t, j) = x[t] (x [T, k]) or x[t, j] (x [T, k_used, k]) @ the
     expert ids[t, j]'s [n, k] matrix of `w` (`repack_experts`; raw bytes are repacked per call).
-    Ids outside 0..n_expert-1 read out of bounds: the router makes them (moe_route_rows)."""
+    Ids outside 0..n_expert-1 read out of bounds: the router makes them (moe_route_rows).
+    `bias` f32 [n_expert * n]: each slot's expert's bias added (gpt-oss)."""
     what = "moe_gemv"
     w, t_type, (t, used, xdiv), out = _packed_call(what, x, ids, w, n, k, qtype, n_expert, out)
+    check_expert_bias(what, bias, n, n_expert, x)
     if t:
         cfg = gemv_default_config(n, k, t_type, act_q8=0)
-        launch_packed(what, x, w, out, cfg, moe=(ids, t * used, xdiv, n))
+        launch_packed(what, x, w, out, cfg, moe=(ids, t * used, xdiv, n, *([] if bias is None else [bias])))
     return out
 
 
@@ -223,18 +263,20 @@ def moe_config(slots: int, n_expert: int, n: int) -> dict:
 
 def moe_mmq(x: torch.Tensor, ids: torch.Tensor, w: GemvPacked | torch.Tensor, n: int, k: int,
             qtype: GGMLType | int | str, n_expert: int, out: torch.Tensor | None = None,
-            config: dict | None = None) -> torch.Tensor:
+            config: dict | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
     """moe_gemv's result for many rows, grouped by expert: the step's slots sorted by expert
     (`moe_align`, on the device) and each block of one expert's rows multiplied on int8 tensor
     cores by mmq.py's kernel (x quantized per 32 in the kernel, as mmq_matmul), so each expert's
     weights are read once per block of rows, not once per slot. `config` pins the tile (keys of
-    mmq's configs); else `moe_config`."""
+    mmq's configs); else `moe_config`. `bias`: as moe_gemv."""
     what = "moe_mmq"
     w, _, (t, used, xdiv), out = _packed_call(what, x, ids, w, n, k, qtype, n_expert, out)
+    check_expert_bias(what, bias, n, n_expert, x)
     if t:
         cfg = dict(config) if config is not None else moe_config(t * used, n_expert, n)
         table = moe_align(ids, n_expert, cfg["BLOCK_M"])
         launch_mmq_moe(what, x, w, out, n, k, table, xdiv, n_expert, cfg)
+        _add_expert_bias(what, out, ids, bias, n)
     return out
 
 
@@ -255,8 +297,8 @@ def f16_experts(w: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str, n_
 
 
 @triton.jit
-def _f16_kernel(x_ptr, w_ptr, id_ptr, out_ptr, N, K, XDIV, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                PDL: tl.constexpr):
+def _f16_kernel(x_ptr, w_ptr, id_ptr, out_ptr, b_ptr, N, K, XDIV, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                BIAS: tl.constexpr, PDL: tl.constexpr):
     release_next(PDL)
     wait_prior(PDL)
     slot = tl.program_id(0).to(tl.int64)
@@ -270,13 +312,16 @@ def _f16_kernel(x_ptr, w_ptr, id_ptr, out_ptr, N, K, XDIV, BLOCK_N: tl.constexpr
         xv = tl.load(x_row + cols, mask=cols < K, other=0.0)
         wv = tl.load(w_rows + cols[None, :], mask=cols[None, :] < K, other=0.0).to(tl.float32)
         acc += tl.sum(wv * xv[None, :], axis=1)
+    if BIAS:  # the slot's expert's bias, in the store
+        acc += tl.load(b_ptr + expert * N + rows, mask=rows < N, other=0.0)
     tl.store(out_ptr + slot * N + rows, acc, mask=rows < N)
 
 
 def moe_matmul_f16(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, n: int, k: int,
-                   qtype: GGMLType | int | str, n_expert: int, out: torch.Tensor | None = None) -> torch.Tensor:
+                   qtype: GGMLType | int | str, n_expert: int, out: torch.Tensor | None = None,
+                   bias: torch.Tensor | None = None) -> torch.Tensor:
     """moe_gemv for float expert tensors, on their f16 copy (`f16_experts`; raw bytes converted
-    per call): f32 x and sums."""
+    per call): f32 x and sums; `bias` (as moe_gemv's) added in the store."""
     what = "moe_matmul_f16"
     w = f16_experts(w, n, k, qtype, n_expert)
     if tuple(w.shape) != (n_expert * n, k):
@@ -284,11 +329,13 @@ def moe_matmul_f16(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, n: int, 
                                f"{tuple(w.shape)}")
     t, used, xdiv = _check_moe_call(what, x, ids, n, k, n_expert)
     device = check_device(what, x=x, ids=ids, w=w, out=out)
+    check_expert_bias(what, bias, n, n_expert, x)
     out = make_out(what, out, (t, used, n), torch.float32, device)
     if t:
         block_n = 64  # wide tiles: few loop steps (the interpreter pays per step, not per element)
         _f16_kernel[check_grid(what, (t * used, cdiv(n, block_n)))](
-            x, w, ids, out, n, k, xdiv, BLOCK_N=block_n, BLOCK_K=256, num_warps=4, **pdl_args())
+            x, w, ids, out, out if bias is None else bias, n, k, xdiv, BLOCK_N=block_n, BLOCK_K=256,
+            BIAS=bias is not None, num_warps=4, **pdl_args())
     return out
 
 

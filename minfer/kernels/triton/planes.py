@@ -324,4 +324,4 @@ def launch_planes(what: str, x: torch.Tensor, w: PlanesPacked, out: torch.Tensor
     hi = w.hi if w.hi is not None else w.lo
     n = w.n if moe is None else moe[3]
     _launch_gemv(what, x, w, w.d, w.m, w.m.shape[1], pt.mode, out, n, w.k, cfg, (hi, pt.lb, pt.hb, pt.center),
-                 epilogue, moe=moe and moe[:3])
+                 epilogue, moe=moe and moe[:3] + moe[4:])

@@ -60,7 +60,8 @@ def launch_packed(what: str, x: torch.Tensor, w: GemvPacked, out: torch.Tensor, 
     """Launch the GEMV kernel on a packed weight of any GEMV type (x, out checked by the caller).
     `xq`: x already quantized (quantize_act_q8's (codes, scales), e.g. by the RMSNorm before it),
     used when the config takes int8 activations of as many passes. `moe` = (ids, slots, XDIV, rows
-    per expert): w stacks experts of that many rows; one launch runs slot s's expert ids[s] (moe.py)."""
+    per expert[, bias]): w stacks experts of that many rows; one launch runs slot s's expert ids[s]
+    (moe.py), adding its bias (f32 [E * rows]) in the store when given."""
     if isinstance(w, Q4_0Packed):
         launch_q4_0(what, x, w, out, cfg, epilogue, xq, moe)
     elif isinstance(w, Int4Packed):

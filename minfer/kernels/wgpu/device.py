@@ -737,12 +737,17 @@ def _read(name: str) -> str:
 
 
 def _bindings(code: str) -> tuple[int, set[int]]:
-    """Storage bindings of a shader (group 0, bindings 1..n) and which are read_write."""
-    n, writable = 0, set()
+    """Storage bindings of a shader (group 0, bindings 1..n) and which are read_write. A binding may
+    be named by a u32 constant of the variant (`@binding(SINK_AT)`, `const SINK_AT: u32 = 7u;`)."""
+    n, writable, consts = 0, set(), {}
     for line in code.splitlines():
         line = line.strip()
+        if line.startswith("const ") and ": u32 = " in line:
+            name, _, value = line[6:].partition(": u32 = ")
+            consts[name] = value.rstrip("u;")
         if line.startswith("@group(0) @binding(") and "var<storage" in line:
-            b = int(line.split("@binding(")[1].split(")")[0])
+            token = line.split("@binding(")[1].split(")")[0]
+            b = int(consts.get(token, token))
             n = max(n, b)
             if "read_write" in line:
                 writable.add(b - 1)

@@ -34,11 +34,23 @@ def attn_variant(text: str) -> dict:
     return out
 
 
+def _sinks(shader: str, consts: dict, sinks, at: int) -> tuple[str, dict]:
+    """(shader, consts) of a kernel's variant with or without attention sinks (SINKS; attn_sinks.wgsl
+    binds them at `at`, the shader's next free binding)."""
+    if sinks is None:
+        return "attn_no_sinks+" + shader, {**consts, "SINKS": 0}
+    return "attn_sinks+" + shader, {**consts, "SINKS": 1, "SINK_AT": at}
+
+
+def _bound(sinks) -> list:
+    return [] if sinks is None else [sinks]
+
+
 @_host_bridge(mutates=("cache_k", "cache_v"))
 def attention(q: VkTensor, k: VkTensor, v: VkTensor, cache_k: VkTensor, cache_v: VkTensor, row_slots: VkTensor,
               positions: VkTensor, layer: int, n_head: int, n_head_kv: int, head_dim: int, scale: float,
               spans=None, tiles=None, out: VkTensor | None = None, q8: VkTensor | None = None, window: int = 0,
-              softcap: float = 0.0) -> VkTensor:
+              softcap: float = 0.0, sinks: VkTensor | None = None) -> VkTensor:
     """Write each row's k, v at (its slot, its position) of layer `layer` of the f32 cache
     [layers, slots, n_kv, ctx, head_dim], then each row's causal GQA attention over positions
     0..its position of its slot. Two dispatches: every row's keys are written before any is read.
@@ -46,7 +58,9 @@ def attention(q: VkTensor, k: VkTensor, v: VkTensor, cache_k: VkTensor, cache_v:
     merge where it runs (head_dim a multiple of 32), else by a dispatch of their own. `spans`,
     `tiles`: the host's spans / a prompt's tile table (other backends' kernels; read on the device here).
     `window` > 0: each row attends its last `window` positions only (the cache keeps every
-    position); `softcap` > 0: scores s become softcap * tanh(s / softcap) before the softmax."""
+    position); `softcap` > 0: scores s become softcap * tanh(s / softcap) before the softmax.
+    `sinks` f32 [n_head]: each head's learned logit joins the softmax's max and denominator, adding
+    no value (gpt-oss): in the single-pass kernel's end, or the split merge."""
     what = "vk attention"
     if isinstance(window, bool) or not isinstance(window, int) or window < 0:
         raise UnsupportedError(f"{what}: window must be an int >= 0 (0: none), got {window!r}")
@@ -70,6 +84,11 @@ def attention(q: VkTensor, k: VkTensor, v: VkTensor, cache_k: VkTensor, cache_v:
     if n_head % n_head_kv or hd > 4 * ATTN_WG or row_slots.numel != rows or positions.numel != rows:
         raise UnsupportedError(f"{what}: {n_head} heads over {n_head_kv} kv heads, head_dim {hd} <= {4 * ATTN_WG}, "
                                "one slot and one position per row")
+    if sinks is not None:
+        _check(what, "sinks", sinks, "F32", (1,), contiguous=True)
+        if sinks.numel != n_head:
+            raise UnsupportedError(f"{what}: sinks must be f32 [{n_head}] (one logit per query head), got "
+                                   f"{sinks.shape}")
     base = cache_k.offset + layer * slots * nkv * ctx * hd
     if cache_v.offset != cache_k.offset:
         raise UnsupportedError(f"{what}: cache_k and cache_v must start at the same element")
@@ -84,7 +103,8 @@ def attention(q: VkTensor, k: VkTensor, v: VkTensor, cache_k: VkTensor, cache_v:
             raise UnsupportedError(f"{what}: head_dim {hd} > {SINGLE_PASS_MAX_HEAD_DIM} runs the split kernel only "
                                    "(the single-pass one gave wrong results there on NVIDIA's driver, bench/NOTES.md "
                                    "run 37): it needs head_dim % 4 == 0 and the split variant")
-        dev.dispatch(dev.pipeline("attention", {"WG": ATTN_WG}), [q, cache_k, cache_v, row_slots, positions, _at(out)],
+        dev.dispatch(dev.pipeline(*_sinks("attention", {"WG": ATTN_WG}, sinks, 7)),
+                     [q, cache_k, cache_v, row_slots, positions, _at(out), *_bound(sinks)],
                      [n_head, nkv, hd, ctx, base, q.offset, q.stride, float(scale), window, float(softcap)],
                      (n_head, rows))
         if passes:
@@ -103,11 +123,12 @@ def attention(q: VkTensor, k: VkTensor, v: VkTensor, cache_k: VkTensor, cache_v:
                  [n_head, nkv, hd, ctx, base, q.offset, q.stride, float(scale), ch, n_split, window, float(softcap)],
                  (n_head, rows, n_split))
     if passes and hd % 32 == 0:
-        dev.dispatch(dev.pipeline("q8_act+merge_splits+attention_merge_q8", {"WG": ATTN_WG, "P8": passes}),
-                     [part, positions, _at(out), q8], [n_head, hd, ch, n_split], (n_head, rows))
+        dev.dispatch(dev.pipeline(*_sinks("q8_act+merge_splits+attention_merge_q8", {"WG": ATTN_WG, "P8": passes},
+                                          sinks, 5)),
+                     [part, positions, _at(out), q8, *_bound(sinks)], [n_head, hd, ch, n_split], (n_head, rows))
         return out
-    dev.dispatch(dev.pipeline("merge_splits+attention_merge", {"WG": ATTN_WG}), [part, positions, _at(out)],
-                 [n_head, hd, ch, n_split], (n_head, rows))
+    dev.dispatch(dev.pipeline(*_sinks("merge_splits+attention_merge", {"WG": ATTN_WG}, sinks, 4)),
+                 [part, positions, _at(out), *_bound(sinks)], [n_head, hd, ch, n_split], (n_head, rows))
     if passes:
         quantize_q8_1(x=out, passes=passes, out=q8)
     return out

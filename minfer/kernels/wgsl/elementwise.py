@@ -1,5 +1,5 @@
-"""The WGSL elementwise kernels (vk_add, vk_add_bias, vk_swiglu, vk_geglu, vk_scale, vk_softcap, vk_rope:
-elementwise.fkc.md)."""
+"""The WGSL elementwise kernels (vk_add, vk_add_bias, vk_swiglu, vk_geglu, vk_swiglu_oai, vk_scale, vk_softcap,
+vk_rope: elementwise.fkc.md)."""
 
 from __future__ import annotations
 
@@ -43,23 +43,39 @@ def add_bias(y: VkTensor, b: VkTensor, n_rows: int) -> VkTensor:
 def swiglu(gate: VkTensor, up: VkTensor, out: VkTensor | None = None, q8: VkTensor | None = None) -> VkTensor:
     """out [rows, d] = silu(gate) * up; gate and up may be column slices of one matmul output.
     q8: a q8_records buffer the same dispatch fills with out's int8 records (as rms_norm's)."""
-    return _glu("vk swiglu", 0, gate, up, out, q8)
+    return _glu("vk swiglu", (0, 0.0, 0.0), gate, up, out, q8)
 
 
 @_host_bridge()
 def geglu(gate: VkTensor, up: VkTensor, out: VkTensor | None = None) -> VkTensor:
     """out [rows, d] = gelu_tanh(gate) * up (gemma's feed-forward), as swiglu."""
-    return _glu("vk geglu", 1, gate, up, out, None)
+    return _glu("vk geglu", (1, 0.0, 0.0), gate, up, out, None)
 
 
-def _glu(what: str, gelu: int, gate: VkTensor, up: VkTensor, out: VkTensor | None, q8: VkTensor | None) -> VkTensor:
+@_host_bridge()
+def swiglu_oai(gate: VkTensor, up: VkTensor, alpha: float, limit: float, out: VkTensor | None = None) -> VkTensor:
+    """out = g * sigmoid(alpha g) * (u + 1), g = min(gate, limit), u = clamp(up, -limit, limit):
+    gpt-oss's clamped SwiGLU (ggml's swiglu_oai), as swiglu ([T, k, d] experts' outputs too); alpha
+    and limit are constants of the compiled variant (one per model)."""
+    what = "vk swiglu_oai"
+    for name, v in (("alpha", alpha), ("limit", limit)):
+        bad = isinstance(v, bool) or not isinstance(v, float | int) or not math.isfinite(v)
+        if bad or (name == "limit" and v <= 0):
+            raise UnsupportedError(f"{what}: {name} must be a finite number{' > 0' if name == 'limit' else ''}, "
+                                   f"got {v!r}")
+    return _glu(what, (2, float(alpha), float(limit)), gate, up, out, None)
+
+
+def _glu(what: str, act: tuple[int, float, float], gate: VkTensor, up: VkTensor, out: VkTensor | None,
+         q8: VkTensor | None) -> VkTensor:
+    """act: (ACT, ALPHA, LIMIT) of swiglu.wgsl's variant (0 silu, 1 gelu_tanh, 2 the clamped SwiGLU)."""
     _check(what, "gate", gate, "F32", (1, 2, 3))
     _check(what, "up", up, "F32", (1, 2, 3))
     if gate.shape != up.shape:
         raise UnsupportedError(f"{what}: gate and up differ in shape: {gate.shape} and {up.shape}")
     if len(gate.shape) == 3:  # a mixture of experts' [T, k, d] (contiguous): its T * k rows
         t, used, d = gate.shape
-        flat = _glu(what, gelu, gate.view(t * used, d), up.view(t * used, d),
+        flat = _glu(what, act, gate.view(t * used, d), up.view(t * used, d),
                     None if out is None else out.view(t * used, d), q8)
         return flat.view(t, used, d)
     d, rows = gate.shape[-1], _rows(gate)
@@ -70,7 +86,8 @@ def _glu(what: str, gelu: int, gate: VkTensor, up: VkTensor, out: VkTensor | Non
         gate.dev.dispatch(gate.dev.pipeline("q8_act+swiglu_q8", {"WG": WG, "P8": passes}), [gate, up, _at(out), q8],
                           params, (-(-d // (4 * WG)), rows))
         return out
-    gate.dev.dispatch(gate.dev.pipeline("swiglu", {"WG": WG, "GELU": gelu}), [gate, up, _at(out)], params,
+    consts = {"WG": WG, "ACT": act[0], "ALPHA": act[1], "LIMIT": act[2]}
+    gate.dev.dispatch(gate.dev.pipeline("swiglu", consts), [gate, up, _at(out)], params,
                       (-(-d // WG), rows))
     return out
 

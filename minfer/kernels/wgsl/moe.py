@@ -51,10 +51,11 @@ moe_route.wgpu_device = default_device  # (as _host_bridge's launchers: what the
 
 @_host_bridge()
 def moe_qmatmul(x: VkTensor, ids: VkTensor, w: VkTensor, n: int, k: int, qtype, n_expert: int,
-                out: VkTensor | None = None) -> VkTensor:
+                out: VkTensor | None = None, bias: VkTensor | None = None) -> VkTensor:
     """out [T, k_used, n] = x[t] (x [T, k]) or x[t, j] (x [T, k_used, k]) @ dequant(expert ids[t, j])^T,
     w the GGUF bytes of n_expert stacked [n, k] matrices of any weight type; one dispatch, a
-    workgroup row per slot."""
+    workgroup row per slot. `bias` f32 [n_expert * n]: each slot's expert's bias added in the store
+    (gpt-oss's ffn_*_exps.bias)."""
     what = "vk moe_qmatmul"
     q = _qinfo(what, qtype)
     _check(what, "x", x, "F32", (2, 3), contiguous=True)
@@ -69,14 +70,19 @@ def moe_qmatmul(x: VkTensor, ids: VkTensor, w: VkTensor, n: int, k: int, qtype, 
     if w.numel != n_expert * n * row_bytes or w.offset:
         raise UnsupportedError(f"{what}: w must be {n_expert} experts of {n} rows of {row_bytes} bytes ({q.name}) "
                                f"from byte 0, got {w.numel} bytes")
+    if bias is not None:
+        _check(what, "bias", bias, "F32", contiguous=True)
+        if bias.numel != n_expert * n or bias.offset:
+            raise UnsupportedError(f"{what}: bias must be f32 [{n_expert} x {n}] from element 0, got {bias.shape}")
     slots = t * used
     if slots > MAX_GROUPS:
         raise UnsupportedError(f"{what}: {slots} slots exceed one dispatch ({MAX_GROUPS})")
     out = _out(what, out, x, (t, used, n))
     if slots:
         gx, gz = _grid_2d(n, EXPERT_WG // EXPERT_TPR)
-        pipe = x.dev.pipeline("qmatmul_x+moe_qmatmul", {"WG": EXPERT_WG, "TPR": EXPERT_TPR}, q.name, dot=True)
-        x.dev.dispatch(pipe, [w, x, _at(out), ids],
+        shader = "qmatmul_x+moe_no_bias+moe_qmatmul" if bias is None else "qmatmul_x+moe_bias+moe_qmatmul"
+        pipe = x.dev.pipeline(shader, {"WG": EXPERT_WG, "TPR": EXPERT_TPR}, q.name, dot=True)
+        x.dev.dispatch(pipe, [w, x, _at(out), ids, *([] if bias is None else [bias])],
                        [slots, n, k, x.offset, used if len(x.shape) == 2 else 1, row_bytes, gx], (gx, slots, gz))
     return out
 

@@ -51,8 +51,10 @@ def variants():
         sig = {"x_ptr": "*fp32", "z_ptr": z, "n": "i64", "c": "fp32", "OP": c, "BLOCK": c, "EVEN": c, "PDL": c}
         consts = {"OP": op, "BLOCK": elementwise.BLOCK, "EVEN": op == "copy", "PDL": 2}
         out.append((f"map1[{op}->{z}]", elementwise._map1_kernel, sig, consts, {}))
-    for op, t in [("add", "*fp32"), ("mul", "*fp32"), ("swiglu", "*fp32"), ("swiglu", "*bf16")]:
-        sig = {"x_ptr": t, "y_ptr": t, "z_ptr": t, "n": "i32", "OP": c, "BLOCK": c, "EVEN": c}
+    for op, t in [("add", "*fp32"), ("mul", "*fp32"), ("swiglu", "*fp32"), ("swiglu", "*bf16"),
+                  ("swiglu_oai", "*fp32")]:
+        sig = {"x_ptr": t, "y_ptr": t, "z_ptr": t, "n": "i32", "alpha": "fp32", "limit": "fp32", "OP": c, "BLOCK": c,
+               "EVEN": c}
         consts = {"OP": op, "BLOCK": elementwise.BLOCK, "EVEN": False}
         out.append((f"map2[{op} {t}]", elementwise._map2_kernel, sig, consts, {}))
     sig = {"y_ptr": "*fp32", "b_ptr": "*fp32", "d": "i32", "BLOCK_D": c, "PDL": c}
@@ -92,8 +94,9 @@ def variants():
            "sin_ptr": "*fp32", "pos_ptr": "*i32", "HALF": "i32", "ck_ptr": "*fp16", "cv_ptr": "*fp16",
            "slot_ptr": "*i32", "KSTART": "i32", "VSTART": "i32", "HD": "i32", "LAYER_OFF": "i64", "S_STRIDE": "i64",
            "H_STRIDE": "i64", "EPI": c, "xs_ptr": "*fp32", "Q8X": c, "t0": "i32", "t1": "i32", "t2": "i32",
-           "t3": "i32", "ids_ptr": "*i32", "XDIV": "i32", "LUT": c, "MOE": c}
-    no_planes = {"PLANES": False, "LB": 4, "HB": 0, "CENTER": 0, "EPI": 0, "LUT": False, "MOE": False}
+           "t3": "i32", "ids_ptr": "*i32", "XDIV": "i32", "LUT": c, "MOE": c, "MOE_BIAS": c}
+    no_planes = {"PLANES": False, "LB": 4, "HB": 0, "CENTER": 0, "EPI": 0, "LUT": False, "MOE": False,
+                 "MOE_BIAS": False}
 
     def q8(passes):  # the x operand of a GEMV with int8 activations (passes > 0): code words
         return {"x_ptr": "*i32" if passes else "*fp32"}
@@ -248,31 +251,36 @@ def variants():
     out.append(("kv_write[q8_0]", attention._kv_write_kernel, dict(sig, ck_ptr="*i8", cv_ptr="*i8"),
                 {"BLOCK_D": 128, "Q8": True, "PDL": 2}, {"num_warps": 1}))
     sig = {"q_ptr": "*fp32", "ck_ptr": "*fp16", "cv_ptr": "*fp16", "slot_ptr": "*i32", "pos_ptr": "*i32",
-           "out_ptr": "*fp32", "po_ptr": "*fp32", "pml_ptr": "*fp32", "stride_q": "i32", "layer_off": "i64",
-           "S_STRIDE": "i64", "H_STRIDE": "i64", "scale": "fp32", "G": "i32", "N_HEAD": "i32", "HD": "i32",
-           "RS": "i32", "SPLIT_LEN": "i32", "NSPLIT": "i32", "window": "i32", "softcap": "fp32", "GP": c, "BLOCK_D": c,
-           "BLOCK_N": c, "SPLIT": c, "Q8": c, "CAP": c, "PDL": c}
-    for hd, split, q8 in ((64, False, False), (128, True, False), (128, False, True)):
+           "out_ptr": "*fp32", "po_ptr": "*fp32", "pml_ptr": "*fp32", "sink_ptr": "*fp32", "stride_q": "i32",
+           "layer_off": "i64", "S_STRIDE": "i64", "H_STRIDE": "i64", "scale": "fp32", "G": "i32", "N_HEAD": "i32",
+           "HD": "i32", "RS": "i32", "SPLIT_LEN": "i32", "NSPLIT": "i32", "window": "i32", "softcap": "fp32", "GP": c,
+           "BLOCK_D": c, "BLOCK_N": c, "SPLIT": c, "Q8": c, "CAP": c, "SINK": c, "PDL": c}
+    # (the last: gpt-oss's head of 64 with its sinks)
+    for hd, split, q8, sink in ((64, False, False, False), (128, True, False, False), (128, False, True, False),
+                                (64, False, False, True)):
         cache = "*i8" if q8 else "*fp16"
-        out.append((f"attention_rows[hd{hd} split={split} q8={q8}]", attention._attn_rows_kernel,
+        out.append((f"attention_rows[hd{hd} split={split} q8={q8} sink={sink}]", attention._attn_rows_kernel,
                     dict(sig, ck_ptr=cache, cv_ptr=cache),
                     {"GP": 16, "BLOCK_D": hd, "BLOCK_N": attention.block_n(hd, q8), "SPLIT": split, "Q8": q8,
-                     "CAP": False, "PDL": 2},
+                     "CAP": False, "SINK": sink, "PDL": 2},
                     {"num_warps": 4}))
     sig = {"q_ptr": "*fp32", "ck_ptr": "*fp16", "cv_ptr": "*fp16", "tiles_ptr": "*i32", "out_ptr": "*fp32",
-           "stride_q": "i32", "layer_off": "i64", "S_STRIDE": "i64", "H_STRIDE": "i64", "scale": "fp32", "G": "i32",
-           "N_HEAD": "i32", "HD": "i32", "RS": "i32", "window": "i32", "softcap": "fp32", "BLOCK_M": c, "BLOCK_D": c,
-           "BLOCK_N": c, "Q8": c, "CAP": c, "PDL": c}
-    for hd, q8 in ((64, False), (128, False), (64, True), (128, True)):
+           "sink_ptr": "*fp32", "stride_q": "i32", "layer_off": "i64", "S_STRIDE": "i64", "H_STRIDE": "i64",
+           "scale": "fp32", "G": "i32", "N_HEAD": "i32",
+           "HD": "i32", "RS": "i32", "window": "i32", "softcap": "fp32", "BLOCK_M": c, "BLOCK_D": c,
+           "BLOCK_N": c, "Q8": c, "CAP": c, "SINK": c, "PDL": c}
+    for hd, q8, sink in ((64, False, False), (128, False, False), (64, True, False), (128, True, False),
+                         (64, False, True)):
         cache = "*i8" if q8 else "*fp16"
-        out.append((f"attention_prefill[hd{hd} q8={q8}]", attention._attn_prefill_kernel,
+        out.append((f"attention_prefill[hd{hd} q8={q8} sink={sink}]", attention._attn_prefill_kernel,
                     dict(sig, ck_ptr=cache, cv_ptr=cache),
                     {"BLOCK_M": attention.PREFILL_BLOCK_M, "BLOCK_D": hd, "BLOCK_N": attention.prefill_block_n(hd, q8),
-                     "Q8": q8, "CAP": False, "PDL": 2}, {"num_warps": 4}))
-    sig = {"po_ptr": "*fp32", "pml_ptr": "*fp32", "out_ptr": "*fp32", "N_HEAD": "i32", "HD": "i32", "NSPLIT": "i32",
-           "SP": c, "BLOCK_D": c, "PDL": c}
-    out.append(("attention_combine", attention._attn_combine_kernel, sig, {"SP": 8, "BLOCK_D": 128, "PDL": 2},
-                {"num_warps": 1}))
+                     "Q8": q8, "CAP": False, "SINK": sink, "PDL": 2}, {"num_warps": 4}))
+    sig = {"po_ptr": "*fp32", "pml_ptr": "*fp32", "out_ptr": "*fp32", "sink_ptr": "*fp32", "N_HEAD": "i32",
+           "HD": "i32", "NSPLIT": "i32", "SP": c, "BLOCK_D": c, "SINK": c, "PDL": c}
+    for sink in (False, True):
+        out.append((f"attention_combine[sink={sink}]", attention._attn_combine_kernel, sig,
+                    {"SP": 8, "BLOCK_D": 128, "SINK": sink, "PDL": 2}, {"num_warps": 1}))
     sig = {"g_ptr": "*fp32", "u_ptr": "*fp32", "z_ptr": "*fp32", "d": "i32", "stride_g": "i32", "stride_u": "i32",
            "ACT": c, "BLOCK_D": c, "PDL": c}
     for act in ("silu", "gelu"):  # SwiGLU and GeGLU rows
@@ -284,9 +292,13 @@ def variants():
         out.append((f"moe_route[{e} k{k} gating {gating}]", moe._route_kernel, sig,
                     {"K": k, "KB": triton.next_power_of_2(k), "BLOCK_E": e, "GATING": gating, "NORM": True, "PDL": 2},
                     {"num_warps": 4}))
-    sig = {"x_ptr": "*fp32", "w_ptr": "*fp16", "id_ptr": "*i32", "out_ptr": "*fp32", "N": "i32", "K": "i32",
-           "XDIV": "i32", "BLOCK_N": c, "BLOCK_K": c, "PDL": c}
-    out.append(("moe_matmul_f16", moe._f16_kernel, sig, {"BLOCK_N": 64, "BLOCK_K": 256, "PDL": 2}, {"num_warps": 4}))
+    sig = {"x_ptr": "*fp32", "w_ptr": "*fp16", "id_ptr": "*i32", "out_ptr": "*fp32", "b_ptr": "*fp32", "N": "i32",
+           "K": "i32", "XDIV": "i32", "BLOCK_N": c, "BLOCK_K": c, "BIAS": c, "PDL": c}
+    for bias in (False, True):
+        out.append((f"moe_matmul_f16[bias={bias}]", moe._f16_kernel, sig,
+                    {"BLOCK_N": 64, "BLOCK_K": 256, "BIAS": bias, "PDL": 2}, {"num_warps": 4}))
+    sig = {"out_ptr": "*fp32", "id_ptr": "*i32", "b_ptr": "*fp32", "N": "i32", "BLOCK_N": c, "PDL": c}
+    out.append(("moe_expert_bias", moe._expert_bias_kernel, sig, {"BLOCK_N": 256, "PDL": 2}, {"num_warps": 4}))
     sig = {"y_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32", "N": "i32", "K": c, "BLOCK_N": c, "PDL": c}
     out.append(("moe_sum", moe._sum_kernel, sig, {"K": 8, "BLOCK_N": 256, "PDL": 2}, {"num_warps": 4}))
     return out

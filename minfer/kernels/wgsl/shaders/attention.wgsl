@@ -4,7 +4,8 @@
 // running max (online softmax, the accumulator rescaled), then every invocation adds the tile's
 // weighted values for the dims it owns (d = lid, lid + WG, ...; head_dim <= 4 * WG). f32 throughout;
 // a fixed visiting order, so the result is the same on every run. window > 0: only the row's last `window`
-// positions; softcap > 0: scores s become softcap * tanh(s / softcap).
+// positions; softcap > 0: scores s become softcap * tanh(s / softcap). SINKS 1: head h's sink logit
+// (attn_sinks.wgsl) joins the max and the denominator after the last tile, adding no value.
 struct Params {
     n_head: u32, n_kv: u32, hd: u32, ctx: u32, base: u32,
     q_off: u32, q_stride: u32, scale: f32, window: u32, softcap: f32,
@@ -66,6 +67,13 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wg: ve
         }
         m = m_new;
         workgroupBarrier();
+    }
+    if (SINKS != 0u) {
+        let sk = sink_logit(h);
+        let mf = max(m, sk);
+        let c = exp(m - mf);
+        l = l * c + exp(sk - mf);
+        for (var i = 0u; i < 4u; i++) { acc[i] *= c; }
     }
     for (var i = 0u; i < 4u; i++) {
         let d = lid + i * WG;

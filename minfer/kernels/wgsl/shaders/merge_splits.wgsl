@@ -1,7 +1,8 @@
 // ---- what attention_merge.wgsl and attention_merge_q8.wgsl share: the split records of
 // attention_split.wgsl (per (row, head) n_split of hd + 2 floats: m_s, l_s, acc_s[hd]) and their
 // merge. Only the splits up to the row's position were written (n_s of them); M = max_s m_s,
-// L = sum_s l_s * exp(m_s - M), element d = sum_s acc_s[d] * exp(m_s - M) / L. ----
+// L = sum_s l_s * exp(m_s - M), element d = sum_s acc_s[d] * exp(m_s - M) / L. SINKS 1: head h's sink
+// logit (attn_sinks.wgsl) joins M and adds exp(sink - M) to L (gpt-oss). ----
 struct Params { n_head: u32, hd: u32, ch: u32, n_split: u32 }
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read> part: array<f32>;
@@ -18,6 +19,10 @@ fn merge_stats(h: u32, r: u32) -> Merge {
     var mm = -3.0e38;
     for (var s = 0u; s < n_s; s++) { mm = max(mm, part[pb + s * (P.hd + 2u)]); }
     var l = 0.0;
+    if (SINKS != 0u) {
+        mm = max(mm, sink_logit(h));
+        l = exp(sink_logit(h) - mm);
+    }
     for (var s = 0u; s < n_s; s++) {
         let o = pb + s * (P.hd + 2u);
         l += part[o + 1u] * exp(part[o] - mm);

@@ -2,7 +2,8 @@
 // (s = t * k + j; XDIV = k: x [T, K] feeds every chosen expert of its row, XDIV = 1: x [T, k, K] one a
 // slot), W the n_expert stacked [N, K] matrices of a 3-D expert tensor in its GGUF bytes. qmatmul.wgsl's
 // walk (TPR invocations a column, each its blocks b = t, t + TPR, ...) with workgroup row y a slot:
-// only the chosen experts' rows are read. ----
+// only the chosen experts' rows are read. Each slot's expert's bias added in the store (expert_bias:
+// moe_bias.wgsl, gpt-oss; moe_no_bias.wgsl: 0). ----
 struct Params {
     slots: u32, n: u32, k: u32,
     x_off: u32, xdiv: u32,
@@ -27,5 +28,5 @@ fn main(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
         for (var b = t; b < nb; b += TPR) { acc += block_dot(base + b * BB, xo + b * BE); }
     }
     let v = seg_sum(acc, TPR, lane);
-    if (t == 0u && col < P.n) { out[s * P.n + col] = v; }
+    if (t == 0u && col < P.n) { out[s * P.n + col] = v + expert_bias(ids[s] * P.n + col); }
 }
