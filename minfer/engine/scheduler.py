@@ -255,17 +255,21 @@ class Scheduler:
         as each one's budget, its context, its max_tokens and the step's row budget allow (a
         prompt chunk waiting keeps its `prefill_chunk` rows)."""
         room = self.max_batch_tokens - len(decode) - (self.prefill_chunk if prompts_waiting else 0)
-        out: dict[int, list[int]] = {}
+        asks: dict[int, tuple[object, list[tuple[Sequence, int]]]] = {}  # one call per drafter (a draft model: one)
         for s in decode:
             if s.drafter is None or room <= 0 or not s.draft_budget.ready():
                 continue
             k = min(s.draft_budget.next, room, self.n_ctx - len(s.tokens))  # (rows end at position n_ctx - 1)
             if s.params.max_tokens is not None:
                 k = min(k, s.params.max_tokens - len(s.generated) - 1)  # (a step samples k + 1 tokens at most)
-            draft = s.drafter.propose(s.tokens, k)
-            if draft:
-                out[id(s)] = draft
-                room -= len(draft)
+            if k > 0:
+                asks.setdefault(id(s.drafter), (s.drafter, []))[1].append((s, k))
+                room -= k
+        out: dict[int, list[int]] = {}
+        for drafter, items in asks.values():
+            for (s, _), draft in zip(items, drafter.draft(items), strict=True):
+                if draft:
+                    out[id(s)] = draft
         return out
 
     def continue_decode(self, step: ScheduledStep) -> ScheduledStep | None:

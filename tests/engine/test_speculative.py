@@ -201,3 +201,50 @@ def test_smollm2_text_is_the_same_with_drafts_and_most_drafts_of_a_copy_are_kept
     # greedy copies the text and keeps 31 of 32 drafts; sampled at 0.8 it rephrases: 13 of 25 (2026-12-03)
     (g_kept, g_drafts), (s_kept, s_drafts) = kept
     assert g_kept >= 0.8 * g_drafts > 0 and s_drafts > 0, kept
+
+
+# ---------------------------------------------------------------------- a draft model
+def test_a_draft_model_keeps_the_text_and_its_guesses_are_kept(smollm2_path, smollm2_model):
+    """SmolLM2 drafting for itself: every greedy draft is the model's own choice (41 of 41 kept,
+    2026-12-03); the text is the same greedy and seeded. The draft's own slots catch up on the
+    tokens kept between proposals (a stale draft cache would lower the kept share)."""
+    from minfer.api import load
+
+    msgs = [{"role": "user", "content": "Write a short poem about the sea."}]
+    with load(smollm2_path, n_ctx=1024, spec="model", draft_model=str(smollm2_path), progress=False) as spec:
+        kept = []
+        for params in (SamplingParams(max_tokens=40, temperature=0),
+                       SamplingParams(max_tokens=40, temperature=0.8, seed=7)):
+            want = smollm2_model.submit(msgs, params)
+            smollm2_model.run([want])
+            got = spec.submit(msgs, params)
+            spec.run([got])
+            assert got.generated == want.generated
+            kept.append((got.stats.draft_accepted, got.stats.draft_tokens))
+    (g_kept, g_drafts), (_, s_drafts) = kept
+    assert g_kept >= 0.9 * g_drafts > 0 and s_drafts > 0, kept
+
+
+def test_a_draft_model_with_other_tokens_is_refused_at_load(tiny_gguf):
+    from minfer.api import load
+    from minfer.errors import ModelError
+
+    with pytest.raises(ModelError, match="draft model .*(token|tokenizer)"):
+        load(tiny_gguf("tiny-llama", "f32"), n_ctx=64, spec="model", draft_model=str(tiny_gguf("tiny-gemma3", "f32")),
+             progress=False)
+
+
+def test_several_sequences_draft_from_one_draft_model_as_they_would_alone(tiny_gguf):
+    """A q4_0 draft of a f32 tiny model (the same vocabulary): three sequences at once, drafts
+    batched across them, the same tokens as without drafts."""
+    from minfer.api import load
+
+    target, draft = tiny_gguf("tiny-llama", "f32", decisive=True), tiny_gguf("tiny-llama", "q4_0", decisive=True)
+    prompts = ["one two three one two three one two", "hello there", "the cat sat on the mat, the cat"]
+    with load(target, n_ctx=128, n_slots=3, progress=False) as off:
+        want = off.generate_batch(prompts, max_tokens=24, temperature=0, ignore_eos=True)
+    with load(target, n_ctx=128, n_slots=3, spec="model", draft_model=str(draft), progress=False) as on:
+        seqs = [on.submit(p, SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)) for p in prompts]
+        on.run(seqs)
+    assert [s.generated for s in seqs] == [r.token_ids for r in want]
+    assert sum(s.stats.draft_accepted for s in seqs) > 0
