@@ -184,47 +184,35 @@ COPY = ("Alice went to the market on Saturday to buy apples, pears and oranges f
         "She met Bob, who was carrying a large basket of fresh bread from the bakery.")
 
 
-def test_smollm2_text_is_the_same_with_drafts_and_most_drafts_of_a_copy_are_kept(smollm2_path, smollm2_model):
+# (spec, the message, the least share of greedy drafts kept). Measured 2026-12-03: prompt lookup on a copy
+# keeps 31 of 32 greedy drafts (sampled at 0.8 the text rephrases: 13 of 25); SmolLM2 drafting for itself
+# keeps 41 of 41 (its draft slots catch up on the tokens kept between proposals: a stale one keeps fewer)
+SMOLLM2_CASES = [("ngram", "Repeat this text exactly, word for word:\n\n" + COPY, 0.8),
+                 ("model", "Write a short poem about the sea.", 0.9)]
+
+
+@pytest.mark.parametrize("spec, message, floor", SMOLLM2_CASES)
+def test_smollm2_text_is_the_same_with_drafts_and_most_greedy_drafts_are_kept(smollm2_path, smollm2_model, spec,
+                                                                              message, floor):
     from minfer.api import load
 
-    msgs = [{"role": "user", "content": "Repeat this text exactly, word for word:\n\n" + COPY}]
-    with load(smollm2_path, n_ctx=1024, spec="ngram", progress=False) as spec:
-        kept = []
-        for params in (SamplingParams(max_tokens=48, temperature=0),
-                       SamplingParams(max_tokens=48, temperature=0.8, seed=7)):
-            want = smollm2_model.submit(msgs, params)
-            smollm2_model.run([want])
-            got = spec.submit(msgs, params)
-            spec.run([got])
-            assert got.generated == want.generated
-            kept.append((got.stats.draft_accepted, got.stats.draft_tokens))
-    # greedy copies the text and keeps 31 of 32 drafts; sampled at 0.8 it rephrases: 13 of 25 (2026-12-03)
-    (g_kept, g_drafts), (s_kept, s_drafts) = kept
-    assert g_kept >= 0.8 * g_drafts > 0 and s_drafts > 0, kept
-
-
-# ---------------------------------------------------------------------- a draft model
-def test_a_draft_model_keeps_the_text_and_its_guesses_are_kept(smollm2_path, smollm2_model):
-    """SmolLM2 drafting for itself: every greedy draft is the model's own choice (41 of 41 kept,
-    2026-12-03); the text is the same greedy and seeded. The draft's own slots catch up on the
-    tokens kept between proposals (a stale draft cache would lower the kept share)."""
-    from minfer.api import load
-
-    msgs = [{"role": "user", "content": "Write a short poem about the sea."}]
-    with load(smollm2_path, n_ctx=1024, spec="model", draft_model=str(smollm2_path), progress=False) as spec:
+    msgs = [{"role": "user", "content": message}]
+    draft = str(smollm2_path) if spec == "model" else None
+    with load(smollm2_path, n_ctx=1024, spec=spec, draft_model=draft, progress=False) as m:
         kept = []
         for params in (SamplingParams(max_tokens=40, temperature=0),
                        SamplingParams(max_tokens=40, temperature=0.8, seed=7)):
             want = smollm2_model.submit(msgs, params)
             smollm2_model.run([want])
-            got = spec.submit(msgs, params)
-            spec.run([got])
+            got = m.submit(msgs, params)
+            m.run([got])
             assert got.generated == want.generated
             kept.append((got.stats.draft_accepted, got.stats.draft_tokens))
     (g_kept, g_drafts), (_, s_drafts) = kept
-    assert g_kept >= 0.9 * g_drafts > 0 and s_drafts > 0, kept
+    assert g_kept >= floor * g_drafts > 0 and s_drafts > 0, kept
 
 
+# ---------------------------------------------------------------------- a draft model
 def test_a_draft_model_with_other_tokens_is_refused_at_load(tiny_gguf):
     from minfer.api import load
     from minfer.errors import ModelError
