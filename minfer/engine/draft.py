@@ -179,8 +179,9 @@ def check_same_vocab(target: GGUFReader, draft: GGUFReader) -> None:
 class DraftBudget:
     """How many draft tokens to propose next for one sequence, and when: the count doubles after a
     full acceptance (up to `most`) and falls to one more than the accepted count after a partial
-    one; a proposal with nothing kept pauses drafting for 1, 3, 7, ... steps (up to MAX_PAUSE) as
-    such misses repeat, so text the drafts cannot guess pays for a few rows, not one every step."""
+    one; a proposal with nothing kept, or none to make, pauses drafting for 1, 3, 7, ... steps (up
+    to MAX_PAUSE) as such misses repeat, so text the drafts cannot guess pays for a few rows, not
+    one every step, and a GPU's overlapped decode runs in the pauses."""
 
     MAX_PAUSE = 31
 
@@ -203,9 +204,14 @@ class DraftBudget:
         if proposed <= 0:
             return
         if accepted == 0:
-            self.misses += 1
-            self.pause = min(self.MAX_PAUSE, 2 ** self.misses - 1)
+            self.missed()
             self.next = 1
         else:
             self.misses = 0
             self.next = min(self.most, 2 * self.next) if accepted >= proposed else min(self.most, accepted + 1)
+
+    def missed(self) -> None:
+        """A proposal with nothing kept, or none to make (no suffix matched): pause (steps a
+        sequence does not draft may overlap on a GPU: scheduler.continue_decode)."""
+        self.misses += 1
+        self.pause = min(self.MAX_PAUSE, 2 ** self.misses - 1)

@@ -270,6 +270,8 @@ class Scheduler:
             for (s, _), draft in zip(items, drafter.draft(items), strict=True):
                 if draft:
                     out[id(s)] = draft
+                else:
+                    s.draft_budget.missed()
         return out
 
     def continue_decode(self, step: ScheduledStep) -> ScheduledStep | None:
@@ -282,12 +284,15 @@ class Scheduler:
         seqs = step.decode
         if step.prefills or not seqs or len(self.running) != len(seqs) or (self.waiting and self.free):
             return None
-        if any(s.drafter is not None for s in seqs):  # (its drafts depend on the tokens not read yet)
+        drafting = [s.draft_budget for s in seqs if s.drafter is not None]
+        if any(not b.pause for b in drafting):  # (its drafts would depend on the tokens not read yet)
             return None
         for s in seqs:
             if s.finished or s.prefilling or len(s.tokens) + 1 >= self.n_ctx or (
                     s.params.max_tokens is not None and len(s.generated) + 1 >= s.params.max_tokens):
                 return None
+        for b in drafting:  # (every drafting sequence is pausing: this step counts as one of its pauses)
+            b.ready()
         spans = [(s.slot, s.n_cached + 1, [0]) for s in seqs]
         batch = Batch.build(spans, list(range(len(seqs))), n_decode=len(seqs), device=self.device)
         return ScheduledStep(batch, list(seqs), [], [(s, i) for i, s in enumerate(seqs)], [])
