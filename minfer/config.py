@@ -161,7 +161,7 @@ KV_DTYPES = ("auto", "f32", "f16", "bf16", "q8_0")
 MAX_CTX = 1 << 20  # a context beyond a million tokens per sequence is refused before any allocation
 MAX_SLOTS = 1024
 MAX_TP = 64
-SPEC_METHODS = ("", "ngram")  # speculative decoding: off, prompt-lookup drafts (engine/draft.py)
+SPEC_METHODS = ("", "ngram", "model")  # speculative decoding: off, prompt-lookup drafts, a draft model
 DRAFT_MAX = 64  # the most draft tokens a step may verify for one sequence
 NGRAM_MAX = 64  # the longest n-gram a prompt-lookup drafter may match (a dictionary entry per length per token)
 
@@ -199,6 +199,7 @@ class EngineConfig:
     draft_max: int = 8  # the most draft tokens one sequence's step may verify
     draft_ngram_max: int = 3  # prompt lookup: the longest suffix matched (tokens)
     draft_ngram_min: int = 2  # ... and the shortest
+    draft_model: str | None = None  # spec "model": the draft model's GGUF file (the same vocabulary)
     kv_dtype: str = "auto"
     threads: int | None = None  # cpu threads (torch.set_num_threads; a process-wide setting)
     trace_path: str | None = None
@@ -234,6 +235,9 @@ class EngineConfig:
         if self.spec not in SPEC_METHODS:
             raise ParamError("spec", f"must be {' or '.join(repr(m) for m in SPEC_METHODS if m)} (or '' for off), "
                                      f"got {self.spec!r}")
+        if (self.spec == "model") != (self.draft_model is not None):
+            raise ParamError("draft_model", "is the draft model of spec 'model', and only that: give both or neither "
+                                            f"(spec {self.spec!r}, draft_model {self.draft_model!r})")
         check_int("draft_max", self.draft_max, 1, DRAFT_MAX)
         check_int("draft_ngram_max", self.draft_ngram_max, 1, NGRAM_MAX)
         check_int("draft_ngram_min", self.draft_ngram_min, 1, self.draft_ngram_max)

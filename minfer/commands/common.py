@@ -32,7 +32,7 @@ FLAGS = {
     "repeat_last_n": "--repeat-last-n", "frequency_penalty": "--frequency-penalty",
     "presence_penalty": "--presence-penalty", "seed": "-s/--seed", "stop": "--stop", "tp": "--tp",
     "prefix_block": "--prefix-block", "spec": "--spec", "draft_max": "--draft-max",
-    "draft_ngram_max": "--draft-ngram-max", "draft_ngram_min": "--draft-ngram-min",
+    "draft_ngram_max": "--draft-ngram-max", "draft_ngram_min": "--draft-ngram-min", "draft_model": "-md/--model-draft",
 }
 
 
@@ -65,7 +65,12 @@ def add_model_args(p: argparse.ArgumentParser, *, slots: bool = False, ctx_help:
     p.add_argument("--spec", default=_EC["spec"], metavar="METHOD",
                    help="speculative decoding: 'ngram' drafts tokens by finding the text's last few tokens earlier in "
                         "the prompt or output (prompt lookup; no second model) and keeps those the model itself picks: "
-                        "the same text, faster where the output repeats its input (default: off)")
+                        "the same text, faster where the output repeats its input; 'model' drafts with a smaller "
+                        "model (-md/--model-draft, which implies it) (default: off)")
+    p.add_argument("-md", "--model-draft", dest="model_draft", default=None, metavar="FILE",
+                   help="speculative decoding with a draft model: a smaller GGUF model with the same vocabulary "
+                        "proposes the next tokens, the model keeps those it picks itself (--spec model; the same "
+                        "text, faster when the draft guesses well)")
     p.add_argument("--draft-max", "--draft", "--draft-n", dest="draft_max", type=int, default=_EC["draft_max"],
                    metavar="N", help=f"the most draft tokens verified per step (default {_EC['draft_max']})")
     p.add_argument("--draft-ngram-max", type=int, default=_EC["draft_ngram_max"], metavar="N",
@@ -185,7 +190,9 @@ def engine_config(a: argparse.Namespace, **extra) -> EngineConfig:
     settings = dict(device=a.device, n_ctx=a.ctx, threads=a.threads, prefill_chunk=a.prefill_chunk,
                     n_slots=getattr(a, "parallel", None), kv_dtype=a.kv_cache, tp=getattr(a, "tp", None),
                     prefix_cache=getattr(a, "prefix_cache", None), prefix_block=getattr(a, "prefix_block", None),
-                    **{k: getattr(a, k, None) for k in ("spec", "draft_max", "draft_ngram_max", "draft_ngram_min")})
+                    **{k: getattr(a, k, None) for k in ("draft_max", "draft_ngram_max", "draft_ngram_min")},
+                    spec=getattr(a, "spec", None) or ("model" if getattr(a, "model_draft", None) else None),
+                    draft_model=str(Path(a.model_draft).resolve()) if getattr(a, "model_draft", None) else None)
     settings.update(extra)
     with flag_errors():
         return EngineConfig.from_env(**settings)

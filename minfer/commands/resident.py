@@ -258,6 +258,11 @@ def serve_argv(a, path: Path, keep_alive_s: float, file: Path) -> list[str]:
     if a.chat_template is not None:
         spec = a.chat_template
         argv += ["--chat-template", str(Path(spec).resolve()) if Path(spec).is_file() else spec]
+    if getattr(a, "spec", "") or getattr(a, "model_draft", None):  # speculative decoding (engine/draft.py)
+        argv += ["--spec", a.spec or "model", "--draft-max", str(a.draft_max), "--draft-ngram-max",
+                 str(a.draft_ngram_max), "--draft-ngram-min", str(a.draft_ngram_min)]
+        if a.model_draft:
+            argv += ["-md", str(Path(a.model_draft).resolve())]
     return argv
 
 

@@ -20,8 +20,18 @@ drafts cannot guess so pays for a few rows, not one every step.
 
 from __future__ import annotations
 
-from ..config import DRAFT_MAX, NGRAM_MAX
-from ..errors import MinferError
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from ..backends.base import Backend, Batch
+from ..config import DRAFT_MAX, NGRAM_MAX, EngineConfig
+from ..errors import MinferError, ModelError
+from ..gguf.reader import GGUFReader
+
+if TYPE_CHECKING:
+    from .sequence import Sequence
+
+VOCAB_SLACK = 128  # token ids a draft model's vocabulary may have more or fewer than the model's (llama.cpp's)
 
 
 class NgramDrafter:
@@ -55,11 +65,123 @@ class NgramDrafter:
         return []
 
 
+    def draft(self, items: list[tuple[Sequence, int]]) -> list[list[int]]:
+        """The scheduler's call: drafts for (sequence, at most k tokens) pairs (this sequence's)."""
+        return [self.propose(seq.tokens, k) for seq, k in items]
+
+
+class ModelDrafter:
+    """Drafts from a second, smaller model with the same vocabulary (`--model-draft`), greedy, for
+    every drafting sequence of a step at once. The draft model has its own KV cache with one slot
+    per engine slot; `held[slot]` is what that slot holds. A proposal first runs the tokens of the
+    sequence its slot does not hold yet (its prompt the first time; after that the tokens the
+    engine kept since, from the first one that differs from what the draft fed itself), whose
+    last row gives the first draft token, then one decode step per further draft token, all
+    drafting sequences as rows of one batch."""
+
+    def __init__(self, backend: Backend, n_vocab: int, n_slots: int, chunk: int, reader=None):
+        self.backend = backend
+        self.n_vocab = n_vocab  # the target model's: a draft token past it ends the draft
+        self.held: list[list[int]] = [[] for _ in range(n_slots)]
+        self.chunk = chunk  # prompt tokens per catch-up step of one sequence
+        self.reader = reader  # the draft file, closed with the drafter
+
+    def draft(self, items: list[tuple[Sequence, int]]) -> list[list[int]]:
+        drafts: list[list[int]] = [[] for _ in items]
+        last: list[tuple[int, int, list[int]]] = []  # (slot, start, tokens): each sequence's final catch-up piece
+        for seq, _ in items:
+            toks, held = seq.tokens, self.held[seq.slot]
+            start = next((i for i, (a, b) in enumerate(zip(held, toks, strict=False)) if a != b), min(len(held),
+                                                                                                        len(toks)))
+            start = min(start, len(toks) - 1)  # (the last token always runs: its row gives the first draft)
+            while len(toks) - start > self.chunk:  # (a long prompt: whole pieces first, no rows returned)
+                self.backend.forward(Batch.build([(seq.slot, start, toks[start:start + self.chunk])], []))
+                start += self.chunk
+            last.append((seq.slot, start, toks[start:]))
+            self.held[seq.slot] = list(toks)
+        ends, n = [], 0
+        for _, _, piece in last:
+            n += len(piece)
+            ends.append(n - 1)
+        picked = self._pick(Batch.build(last, ends))
+        want = [k for _, k in items]
+        live = []
+        for i, t in enumerate(picked):
+            if t < self.n_vocab:
+                drafts[i].append(t)
+                live.append(i)
+        while True:
+            live = [i for i in live if len(drafts[i]) < want[i]]
+            if not live:
+                return drafts
+            rows = []
+            for i in live:
+                seq = items[i][0]
+                rows.append((seq.slot, len(self.held[seq.slot]), [drafts[i][-1]]))
+                self.held[seq.slot].append(drafts[i][-1])
+            picked = self._pick(Batch.build(rows, list(range(len(rows))), n_decode=len(rows)))
+            nxt = []
+            for i, t in zip(live, picked, strict=True):
+                if t < self.n_vocab:
+                    drafts[i].append(t)
+                    nxt.append(i)
+            live = nxt
+
+    def _pick(self, batch: Batch) -> list[int]:
+        return self.backend.forward(batch).argmax(-1).tolist()
+
+    def close(self) -> None:
+        self.backend.close()
+        if self.reader is not None:
+            self.reader.close()
+
+
+def load_draft_model(target: GGUFReader, config: EngineConfig, n_slots: int, n_ctx: int, n_vocab: int,
+                     progress: bool = True) -> ModelDrafter:
+    """`config.draft_model` on `config.device` with a KV cache of the target's slots and context,
+    after checking that its vocabulary is the target's (a typed ModelError naming the difference:
+    the draft's token ids must mean the target's)."""
+    from . import loader
+
+    reader = GGUFReader(config.draft_model)
+    try:
+        check_same_vocab(target, reader)
+        m = loader.load(reader, replace(config, spec="", draft_model=None, trace_path=None), None, progress)
+        try:
+            m.backend.allocate(n_slots, n_ctx)
+        except BaseException:
+            m.backend.close()
+            raise
+    except BaseException:
+        reader.close()
+        raise
+    return ModelDrafter(m.backend, n_vocab, n_slots, config.prefill_chunk, reader)
+
+
+def check_same_vocab(target: GGUFReader, draft: GGUFReader) -> None:
+    """A draft model's tokens are the target's: the same tokenizer model, token lists that agree
+    wherever both have the id, sizes within VOCAB_SLACK (llama.cpp's rule for its draft models)."""
+    a, b = target.metadata, draft.metadata
+    ma, mb = a.get("tokenizer.ggml.model"), b.get("tokenizer.ggml.model")
+    if ma != mb:
+        raise ModelError(f"draft model {draft.path}: its tokenizer is {mb!r}, the model's is {ma!r}")
+    ta, tb = list(a.get("tokenizer.ggml.tokens") or ()), list(b.get("tokenizer.ggml.tokens") or ())
+    if not ta or not tb:
+        raise ModelError(f"draft model {draft.path}: a file without tokenizer.ggml.tokens cannot be compared")
+    if abs(len(ta) - len(tb)) > VOCAB_SLACK:
+        raise ModelError(f"draft model {draft.path}: {len(tb)} tokens against the model's {len(ta)} (at most "
+                         f"{VOCAB_SLACK} apart)")
+    bad = next((i for i, (x, y) in enumerate(zip(ta, tb, strict=False)) if x != y), None)
+    if bad is not None:
+        raise ModelError(f"draft model {draft.path}: token {bad} is {tb[bad]!r} there and {ta[bad]!r} in the model")
+
+
 class DraftBudget:
     """How many draft tokens to propose next for one sequence, and when: the count doubles after a
     full acceptance (up to `most`) and falls to one more than the accepted count after a partial
-    one; a proposal with nothing kept pauses drafting for 1, 3, 7, ... steps (up to MAX_PAUSE) as
-    such misses repeat, so text the drafts cannot guess pays for a few rows, not one every step."""
+    one; a proposal with nothing kept, or none to make, pauses drafting for 1, 3, 7, ... steps (up
+    to MAX_PAUSE) as such misses repeat, so text the drafts cannot guess pays for a few rows, not
+    one every step, and a GPU's overlapped decode runs in the pauses."""
 
     MAX_PAUSE = 31
 
@@ -82,9 +204,14 @@ class DraftBudget:
         if proposed <= 0:
             return
         if accepted == 0:
-            self.misses += 1
-            self.pause = min(self.MAX_PAUSE, 2 ** self.misses - 1)
+            self.missed()
             self.next = 1
         else:
             self.misses = 0
             self.next = min(self.most, 2 * self.next) if accepted >= proposed else min(self.most, accepted + 1)
+
+    def missed(self) -> None:
+        """A proposal with nothing kept, or none to make (no suffix matched): pause (steps a
+        sequence does not draft may overlap on a GPU: scheduler.continue_decode)."""
+        self.misses += 1
+        self.pause = min(self.MAX_PAUSE, 2 ** self.misses - 1)

@@ -39,7 +39,7 @@ from ..errors import ContextOverflowError, MinferError
 from ..gguf.reader import GGUFReader
 from ..kernels.sample import pack_params
 from . import loader, tp
-from .draft import DraftBudget, NgramDrafter
+from .draft import DraftBudget, ModelDrafter, NgramDrafter, load_draft_model
 from .grammar import Matcher
 from .masks import Masks
 from .params import SamplingParams
@@ -67,10 +67,12 @@ def check_tokens(tokens: list[int], n_vocab: int, n_ctx: int) -> None:
 class Engine:
     def __init__(self, backend: Backend, *, n_vocab: int, n_ctx: int, n_slots: int,
                  config: EngineConfig | None = None, tokenizer=None, recorder=None, args=None, graph=None,
-                 weights=None):
+                 weights=None, draft_model: ModelDrafter | None = None):
         """An engine over a backend that is loaded and allocated for n_slots x n_ctx (see `load`).
-        `weights`: the file as the backend read it (split over ranks: this rank's part)."""
+        `weights`: the file as the backend read it (split over ranks: this rank's part).
+        `draft_model`: the drafter of `spec="model"` (speculative decoding; engine/draft.py)."""
         self.config = config or EngineConfig()
+        self.draft_model = draft_model
         self.backend = backend
         self.args, self.graph, self.weights = args, graph, weights
         self.n_vocab, self.n_ctx, self.n_slots = n_vocab, n_ctx, n_slots
@@ -110,9 +112,12 @@ class Engine:
             backend = tp.RankDriver(m.backend, comm)
         args, graph, view = m.args, m.graph, m.view
         n_ctx = config.n_ctx or min(args.n_ctx_train, DEFAULT_N_CTX)
+        drafter = None
         try:
             n_slots = config.n_slots or _auto_slots(backend, graph.meta, n_ctx)
             backend.allocate(n_slots, n_ctx)
+            if config.spec == "model":
+                drafter = load_draft_model(reader, config, n_slots, n_ctx, args.n_vocab, progress)
         except BaseException:
             with contextlib.suppress(Exception):  # the other ranks of a split stop too (a rank gone already:
                 backend.close()  # the first error counts)
@@ -127,7 +132,7 @@ class Engine:
             recorder = TraceRecorder(config.trace_path, model_info=info, detokenize=text)
             recorder.set_graph(backend.trace_graph())
         return cls(backend, n_vocab=args.n_vocab, n_ctx=n_ctx, n_slots=n_slots, config=config, tokenizer=tokenizer,
-                   recorder=recorder, args=args, graph=graph, weights=view)
+                   recorder=recorder, args=args, graph=graph, weights=view, draft_model=drafter)
 
     # ------------------------------------------------------------------ requests
     def check_tokens(self, tokens: list[int]) -> None:
@@ -159,8 +164,9 @@ class Engine:
         seq = Sequence(next(self._ids), prompt, params, eog_ids=self.eog_ids, text=text, logit_rows=logit_rows,
                        reuse_prefix=reuse_prefix, matcher=matcher, pooling=pooling)
         c = self.config
-        if c.spec == "ngram" and matcher is None and pooling is None:  # (a grammar's mask is one row's)
-            seq.drafter = NgramDrafter(c.draft_ngram_max, c.draft_ngram_min)
+        if c.spec and matcher is None and pooling is None:  # (a grammar's mask is one row's)
+            seq.drafter = self.draft_model if c.spec == "model" else NgramDrafter(c.draft_ngram_max,
+                                                                                   c.draft_ngram_min)
             seq.draft_budget = DraftBudget(c.draft_max)
         self.scheduler.add(seq)
         return seq
@@ -255,6 +261,9 @@ class Engine:
         if self.recorder is not None:
             self.recorder.close()
         self.masks.close()
+        if self.draft_model is not None:
+            self.draft_model.close()
+            self.draft_model = None
         self.backend.close()
 
 

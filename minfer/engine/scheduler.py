@@ -255,17 +255,23 @@ class Scheduler:
         as each one's budget, its context, its max_tokens and the step's row budget allow (a
         prompt chunk waiting keeps its `prefill_chunk` rows)."""
         room = self.max_batch_tokens - len(decode) - (self.prefill_chunk if prompts_waiting else 0)
-        out: dict[int, list[int]] = {}
+        asks: dict[int, tuple[object, list[tuple[Sequence, int]]]] = {}  # one call per drafter (a draft model: one)
         for s in decode:
             if s.drafter is None or room <= 0 or not s.draft_budget.ready():
                 continue
             k = min(s.draft_budget.next, room, self.n_ctx - len(s.tokens))  # (rows end at position n_ctx - 1)
             if s.params.max_tokens is not None:
                 k = min(k, s.params.max_tokens - len(s.generated) - 1)  # (a step samples k + 1 tokens at most)
-            draft = s.drafter.propose(s.tokens, k)
-            if draft:
-                out[id(s)] = draft
-                room -= len(draft)
+            if k > 0:
+                asks.setdefault(id(s.drafter), (s.drafter, []))[1].append((s, k))
+                room -= k
+        out: dict[int, list[int]] = {}
+        for drafter, items in asks.values():
+            for (s, _), draft in zip(items, drafter.draft(items), strict=True):
+                if draft:
+                    out[id(s)] = draft
+                else:
+                    s.draft_budget.missed()
         return out
 
     def continue_decode(self, step: ScheduledStep) -> ScheduledStep | None:
@@ -278,12 +284,15 @@ class Scheduler:
         seqs = step.decode
         if step.prefills or not seqs or len(self.running) != len(seqs) or (self.waiting and self.free):
             return None
-        if any(s.drafter is not None for s in seqs):  # (its drafts depend on the tokens not read yet)
+        drafting = [s.draft_budget for s in seqs if s.drafter is not None]
+        if any(not b.pause for b in drafting):  # (its drafts would depend on the tokens not read yet)
             return None
         for s in seqs:
             if s.finished or s.prefilling or len(s.tokens) + 1 >= self.n_ctx or (
                     s.params.max_tokens is not None and len(s.generated) + 1 >= s.params.max_tokens):
                 return None
+        for b in drafting:  # (every drafting sequence is pausing: this step counts as one of its pauses)
+            b.ready()
         spans = [(s.slot, s.n_cached + 1, [0]) for s in seqs]
         batch = Batch.build(spans, list(range(len(seqs))), n_decode=len(seqs), device=self.device)
         return ScheduledStep(batch, list(seqs), [], [(s, i) for i, s in enumerate(seqs)], [])

@@ -617,26 +617,7 @@ def test_qk_norms_ropes_and_post_norms_run_fused(tiny_gguf, raw, monkeypatch, pr
 
 
 def test_prefix_cache_copies_blocks_and_decodes_as_without_it(tiny_gguf):
-    """The prefix cache on cuda: requests sharing a 40-token prefix, the later ones given its
-    blocks by a KV copy from a running sequence's slot (in stream order before their chunk), decode
-    the greedy tokens of the same requests with the cache off."""
-    from minfer.engine.params import SamplingParams
+    """The prefix cache on cuda (tests/backends/prefix_runs.py)."""
+    from .prefix_runs import prefix_cache_runs
 
-    shared = list(range(3, 43))
-    prompts = [shared + [50 + i, 60 + i] for i in range(3)]
-    runs = []
-    for on in (True, False):
-        m = load(tiny_gguf("tiny-llama", "q4_0", decisive=True), "cuda", n_ctx=96, n_slots=3, progress=False,
-                 prefix_cache=on, prefix_block=8, prefill_seqs=1)
-        eng = m.engine
-        params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
-        first = eng.add(prompts[0], params)
-        while first.prefilling:
-            eng.step()
-        rest = [eng.add(p, params) for p in prompts[1:]]  # (first is decoding: its slot is the source)
-        eng.run([first, *rest])
-        runs.append(([s.generated for s in (first, *rest)], [s.stats.cached_tokens for s in rest]))
-        m.close()
-    (on_tokens, on_cached), (off_tokens, off_cached) = runs
-    assert on_cached == [40, 40] and off_cached == [0, 0]
-    assert on_tokens == off_tokens and all(len(t) == 8 for t in on_tokens)
+    prefix_cache_runs(tiny_gguf("tiny-llama", "q4_0", decisive=True), "cuda")

@@ -269,6 +269,14 @@ def test_decode_pick_reads_back_only_tokens_and_chains_on_the_device(smollm2):
     assert t1 == l1.argmax(-1).tolist() and t2 == l2.argmax(-1).tolist()
 
 
+def test_prefix_cache_copies_blocks_and_decodes_as_without_it(tiny_gguf):
+    """The prefix cache on vulkan: its blocks copied between slots by device copies
+    (WGPUBackend.copy_kv; tests/backends/prefix_runs.py)."""
+    from .prefix_runs import prefix_cache_runs
+
+    prefix_cache_runs(tiny_gguf("tiny-llama", "q4_0", decisive=True), "vulkan")
+
+
 def test_a_rows_numbers_do_not_depend_on_the_batch(tiny_gguf):
     """Batch invariance: a decode row alone (the GEMVs), the same row beside a prompt chunk (the
     tiled matmuls: a row accumulated exactly as the GEMV does), bit for bit."""

@@ -35,7 +35,8 @@ def test_help_and_inspect_do_not_import_torch(argv, smollm2_path):
     (["--presence-penalty", "9"], "--presence-penalty must be <= 2.0"),
     (["--spec", "ngram", "--draft-max", "0"], "--draft-max must be >= 1"),
     (["--spec", "ngram", "--draft-ngram-min", "5"], "--draft-ngram-min must be >= 1 and <= 3"),
-    (["--spec", "medusa"], "--spec must be 'ngram' (or '' for off), got 'medusa'"),
+    (["--spec", "model"], "-md/--model-draft is the draft model of spec 'model'"),
+    (["--spec", "medusa"], "--spec must be 'ngram' or 'model' (or '' for off), got 'medusa'"),
 ])
 def test_bad_flags_fail_before_the_model_loads_and_name_the_flag(run_cli, flags, message, tmp_path):
     missing = tmp_path / "no-such-model.gguf"  # never opened: the flags are checked first

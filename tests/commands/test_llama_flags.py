@@ -46,6 +46,7 @@ def parse(*argv: str):
     (["serve", "--spec", "ngram"], "spec", "ngram"),
     (["run", "--draft", "5", "x"], "draft_max", 5),  # llama.cpp's spellings of --draft-max
     (["run", "--draft-n", "6", "x"], "draft_max", 6),
+    (["serve", "-md", "small.gguf"], "model_draft", "small.gguf"),  # llama.cpp's --model-draft
 ])
 def test_llama_cpp_spellings_parse_to_what_they_mean(argv, field, want):
     assert getattr(parse(*argv), field) == want

@@ -223,3 +223,21 @@ def test_keep_alive_zero_and_no_daemon_run_in_process(resident_env, tiny_gguf):
     assert states(env["MINFER_CACHE"]) == []
     bad = minfer(env, "run", *model, "--keep-alive", "soon", check=False)
     assert bad.returncode == 2 and "--keep-alive expects a duration" in bad.stderr
+
+
+def test_the_resident_process_loads_with_the_runs_speculative_settings(tmp_path):
+    """`minfer run --spec ... / -md FILE` through a resident process: the process's `serve` command
+    line carries the speculative settings, so its engine config is the run's (the settings key
+    that picks the process covers them too)."""
+    from minfer.cli import build_parser
+    from minfer.commands.common import engine_config
+    from minfer.commands.resident import serve_argv
+
+    draft = tmp_path / "small.gguf"
+    for argv in (["run", "--spec", "ngram", "--draft-max", "5", "--draft-ngram-min", "1", "x"],
+                 ["run", "-md", str(draft), "--draft-max", "3", "x"]):
+        a = build_parser().parse_args(argv)
+        served = build_parser().parse_args(serve_argv(a, tmp_path / "m.gguf", 60.0, tmp_path / "state")[3:])
+        want, got = engine_config(a), engine_config(served)
+        assert (got.spec, got.draft_max, got.draft_ngram_min, got.draft_model) == \
+            (want.spec, want.draft_max, want.draft_ngram_min, want.draft_model) and want.spec

@@ -184,20 +184,74 @@ COPY = ("Alice went to the market on Saturday to buy apples, pears and oranges f
         "She met Bob, who was carrying a large basket of fresh bread from the bakery.")
 
 
-def test_smollm2_text_is_the_same_with_drafts_and_most_drafts_of_a_copy_are_kept(smollm2_path, smollm2_model):
+# (spec, the message, the least share of greedy drafts kept). Measured 2026-12-03: prompt lookup on a copy
+# keeps 31 of 32 greedy drafts (sampled at 0.8 the text rephrases: 13 of 25); SmolLM2 drafting for itself
+# keeps 41 of 41 (its draft slots catch up on the tokens kept between proposals: a stale one keeps fewer)
+SMOLLM2_CASES = [("ngram", "Repeat this text exactly, word for word:\n\n" + COPY, 0.8),
+                 ("model", "Write a short poem about the sea.", 0.9)]
+
+
+@pytest.mark.parametrize("spec, message, floor", SMOLLM2_CASES)
+def test_smollm2_text_is_the_same_with_drafts_and_most_greedy_drafts_are_kept(smollm2_path, smollm2_model, spec,
+                                                                              message, floor):
     from minfer.api import load
 
-    msgs = [{"role": "user", "content": "Repeat this text exactly, word for word:\n\n" + COPY}]
-    with load(smollm2_path, n_ctx=1024, spec="ngram", progress=False) as spec:
+    msgs = [{"role": "user", "content": message}]
+    draft = str(smollm2_path) if spec == "model" else None
+    with load(smollm2_path, n_ctx=1024, spec=spec, draft_model=draft, progress=False) as m:
         kept = []
-        for params in (SamplingParams(max_tokens=48, temperature=0),
-                       SamplingParams(max_tokens=48, temperature=0.8, seed=7)):
+        for params in (SamplingParams(max_tokens=40, temperature=0),
+                       SamplingParams(max_tokens=40, temperature=0.8, seed=7)):
             want = smollm2_model.submit(msgs, params)
             smollm2_model.run([want])
-            got = spec.submit(msgs, params)
-            spec.run([got])
+            got = m.submit(msgs, params)
+            m.run([got])
             assert got.generated == want.generated
             kept.append((got.stats.draft_accepted, got.stats.draft_tokens))
-    # greedy copies the text and keeps 31 of 32 drafts; sampled at 0.8 it rephrases: 13 of 25 (2026-12-03)
-    (g_kept, g_drafts), (s_kept, s_drafts) = kept
-    assert g_kept >= 0.8 * g_drafts > 0 and s_drafts > 0, kept
+    (g_kept, g_drafts), (_, s_drafts) = kept
+    assert g_kept >= floor * g_drafts > 0 and s_drafts > 0, kept
+
+
+# ---------------------------------------------------------------------- a draft model
+def test_a_draft_model_with_other_tokens_is_refused_at_load(tiny_gguf):
+    from minfer.api import load
+    from minfer.errors import ModelError
+
+    with pytest.raises(ModelError, match="draft model .*(token|tokenizer)"):
+        load(tiny_gguf("tiny-llama", "f32"), n_ctx=64, spec="model", draft_model=str(tiny_gguf("tiny-gemma3", "f32")),
+             progress=False)
+
+
+def test_several_sequences_draft_from_one_draft_model_as_they_would_alone(tiny_gguf):
+    """A q4_0 draft of a f32 tiny model (the same vocabulary): three sequences at once, drafts
+    batched across them, the same tokens as without drafts."""
+    from minfer.api import load
+
+    target, draft = tiny_gguf("tiny-llama", "f32", decisive=True), tiny_gguf("tiny-llama", "q4_0", decisive=True)
+    prompts = ["one two three one two three one two", "hello there", "the cat sat on the mat, the cat"]
+    with load(target, n_ctx=128, n_slots=3, progress=False) as off:
+        want = off.generate_batch(prompts, max_tokens=24, temperature=0, ignore_eos=True)
+    with load(target, n_ctx=128, n_slots=3, spec="model", draft_model=str(draft), progress=False) as on:
+        seqs = [on.submit(p, SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)) for p in prompts]
+        on.run(seqs)
+    assert [s.generated for s in seqs] == [r.token_ids for r in want]
+    assert sum(s.stats.draft_accepted for s in seqs) > 0
+
+
+def test_overlapped_decode_runs_while_drafts_pause():
+    """On a backend that picks tokens on the device (cuda), a step is queued before the one ahead
+    of it is read only when no sequence would draft at it: text no suffix of which occurred before
+    pauses the drafter (1, 3, 7, ... steps), and those steps overlap; the tokens are the plain
+    loop's."""
+    from .test_scheduler import OverlapBackend, ScriptedBackend
+
+    out = []
+    for backend, spec in ((ScriptedBackend(), ""), (OverlapBackend(), "ngram")):
+        config = EngineConfig(n_slots=2, n_ctx=64, prefill_chunk=8, spec=spec)
+        eng = Engine(backend, n_vocab=V, n_ctx=64, n_slots=2, config=config, tokenizer=PieceTokenizer())
+        seqs = [eng.add(p, SamplingParams(max_tokens=24, ignore_eos=True, **GREEDY)) for p in ([3, 4], [9])]
+        eng.run(seqs)
+        out.append(([s.generated for s in seqs], backend))
+    (plain, _), (spec_tokens, be) = out
+    assert spec_tokens == plain
+    assert be.ahead() >= 12, be.ahead()  # (measured 15, 2026-12-03; 0 if drafting sequences never overlapped)

@@ -49,6 +49,7 @@ KV_SUPPORTED = ("f32",)
 class WGPUBackend(Backend):
     prefill_seqs = 4  # prompts per step: a row's numbers do not depend on the rest of the batch
     device_pick = True
+    kv_copy = True
     contract_backend = "Vulkan"
     kinds = KINDS
     column_outputs = True  # the matmuls write into column views of a wider output
@@ -196,6 +197,19 @@ class WGPUBackend(Backend):
         self.n_slots, self.n_ctx = n_slots, n_ctx
         tables = rope_tables(self.graph, n_ctx, lambda w: self.vector(w).cpu())
         self._ropes = {key: (self.dev.upload(cos), self.dev.upload(sin)) for key, (cos, sin) in tables.items()}
+
+    def copy_kv(self, src: int, dst: int, n: int) -> None:
+        """Positions 0..n of slot `src` into slot `dst`: one device copy per layer, keys and values,
+        and kv head (a head's positions are contiguous in a slot), in one command encoder."""
+        if self.cache is None:
+            raise ModelError("vulkan backend: allocate() the KV cache before copying in it")
+        if not (0 <= src < self.n_slots and 0 <= dst < self.n_slots and 0 < n <= self.n_ctx):
+            raise MinferError(f"KV copy of {n} positions from slot {src} to slot {dst}: expected slots in "
+                              f"0..{self.n_slots - 1} and 1..{self.n_ctx} positions")
+        _, _, heads, ctx, hd = self.cache[0][0].shape
+        spans = [(t, ((src * heads + h) * ctx) * hd, t, ((dst * heads + h) * ctx) * hd, n * hd)
+                 for layers in self.cache for t in layers for h in range(heads)]
+        self.dev.copy_spans(spans)
 
     # ------------------------------------------------------------------ run
     def _inputs(self, batch: Batch, tokens: VkTensor | None = None) -> dict[str, VkTensor]:

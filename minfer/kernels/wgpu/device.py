@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ...errors import DeviceError, UnsupportedError
+from ...errors import DeviceError, MinferError, UnsupportedError
 from ..cbuild import build
 
 WGSL_DIR = Path(__file__).resolve().parents[1] / "wgsl" / "shaders"  # the WGSL kernels' shaders
@@ -137,6 +137,7 @@ class Device:
         self._fence = self.buffer(4)
         self._capturing = False
         self._deferred: list = []  # encoded replays not yet submitted
+        self._copy_scratch = None  # copy_spans' staging buffer (grown as needed)
         self._ts = None  # the timestamp writes of the passes `gpu_seconds` times
 
     def close(self) -> None:
@@ -390,6 +391,28 @@ class Device:
             self._deferred.append(enc.finish())
         else:
             self.queue.submit([enc.finish()])
+
+    def copy_spans(self, spans: list[tuple[VkTensor, int, VkTensor, int, int]]) -> None:
+        """Device copies (src, src element, dst, dst element, elements) of f32/int32 tensors, in one
+        command encoder, in queue order after everything recorded or deferred before. Each goes
+        through a scratch buffer (WebGPU copies no buffer into itself; an encoder's copies run in
+        order, so one scratch serves them all)."""
+        for src, a, dst, b, n in spans:
+            if not (0 <= a and a + n <= src.numel and 0 <= b and b + n <= dst.numel):
+                raise MinferError(f"wgpu: a copy of {n} elements at {a} -> {b} falls outside its tensors "
+                                  f"({src.numel}, {dst.numel} elements)")
+        need = max((n for *_, n in spans), default=0) * 4
+        if not need:
+            return
+        if self._copy_scratch is None or self._copy_scratch.size < need:
+            u = self.wgpu.BufferUsage
+            self._copy_scratch = self.device.create_buffer(size=need, usage=u.COPY_SRC | u.COPY_DST)
+        self.flush()
+        enc = self.device.create_command_encoder()
+        for src, a, dst, b, n in spans:
+            enc.copy_buffer_to_buffer(src.storage.buf, (src.offset + a) * 4, self._copy_scratch, 0, n * 4)
+            enc.copy_buffer_to_buffer(self._copy_scratch, 0, dst.storage.buf, (dst.offset + b) * 4, n * 4)
+        self.queue.submit([enc.finish()])
 
     def submit_deferred(self) -> None:
         if self._deferred:
