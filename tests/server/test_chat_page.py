@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 
 import pytest
 from playwright.sync_api import expect
@@ -70,9 +71,20 @@ def test_stop_button(page, server):
 
     page.route("**/v1/chat/completions", no_early_end)
     page.fill("#max-tokens", str(N_CTX - 64))
-    _ask(page, "Write a very long story about a dragon.")
-    expect(page.locator(".assistant .text").first).to_have_text(re.compile(r"\S"), timeout=WAIT_MS)  # streaming
-    assert page.get_attribute("body", "data-busy") == "1"  # (the stream still open: Stop is enabled)
+    ended = []  # what a stream that ended before the click showed (two full-suite runs under load had one)
+    for _ in range(2):
+        page.click("#reset")
+        _ask(page, "Write a very long story about a dragon.")
+        expect(page.locator(".assistant .text").first).to_have_text(re.compile(r"\S"), timeout=WAIT_MS)  # streaming
+        if page.get_attribute("body", "data-busy") == "1":  # (the stream still open: Stop is enabled)
+            break
+        page.wait_for_selector(".assistant .stats[data-status]", timeout=WAIT_MS)
+        ended.append(page.locator(".assistant").first.text_content())
+    else:
+        pytest.fail(f"every stream ended before Stop could be clicked: {ended}")
+    if ended:
+        warnings.warn(f"a chat-page stream ended before Stop could be clicked: {ended[0]!r}", stacklevel=1)
+        aborted = server.requests("/v1/chat/completions", 499)  # (however the first one ended)
     page.click("#stop")
     page.wait_for_selector(".assistant .stats[data-status='stopped']", timeout=WAIT_MS)
     assert page.get_attribute("body", "data-busy") == "0"
