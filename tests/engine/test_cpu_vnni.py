@@ -1,8 +1,9 @@
 """The C kernels of the cpu backend (minfer/kernels/cpu/q4_vnni.c) against float64: the int4 x int8
 matmul in one and two activation passes, rows independent of each other, and the one-call decode
 attention against float64 math. Every test runs on the path this host takes (`host`: the C kernels
-where it has AVX512-VNNI and a compiler, torch's int4 kernel and one SDPA call per sequence elsewhere)
-and on torch's path forced (`torch`: what EngineConfig.cpu_vnni=False runs), so no host skips them."""
+where it has AVX2 or AVX512-VNNI and a compiler, torch's int4 kernel and one SDPA call per sequence
+elsewhere), on the avxvnni and avx2 builds of the C kernels forced (where the CPU has them: MINFER_CPU_ISA)
+and on torch's path forced (`torch`: what EngineConfig.cpu_vnni=False runs), so no host skips them all."""
 
 from __future__ import annotations
 
@@ -20,11 +21,21 @@ from minfer.quant.reference import dequantize, quantize
 from minfer.quant.types import GGMLType
 
 
-@pytest.fixture(params=["host", "torch"])
-def path(request) -> str:
-    """The cpu kernels under test: 'vnni' (the C kernels, where this host has them) or 'torch' (its int4
-    matmul, SDPA: what the backend runs without them or with EngineConfig.cpu_vnni off)."""
-    return "vnni" if request.param == "host" and cpu_vnni.available() else "torch"
+@pytest.fixture(params=["host", "avxvnni", "avx2", "torch"])
+def path(request):
+    """The cpu kernels under test: 'vnni' (the C kernels: the build this host picks, or the avxvnni /
+    avx2 build forced where the CPU has it) or 'torch' (its int4 matmul, SDPA: what the backend runs
+    without them or with EngineConfig.cpu_vnni off)."""
+    if request.param in ("host", "torch"):
+        yield "vnni" if request.param == "host" and cpu_vnni.available() else "torch"
+        return
+    cpu_vnni.use_isa(request.param)
+    try:
+        if cpu_vnni.isa() is None:
+            pytest.skip(f"this CPU (or compiler) has no {request.param} build")
+        yield "vnni"
+    finally:
+        cpu_vnni.use_isa("auto")
 
 
 def _matmul(path: str, parts: list[tuple]):
@@ -134,3 +145,48 @@ def test_decode_attention_matches_float64_and_ignores_the_other_rows(path, lens)
         # measured 2026-12-02: max |got - float64| 3.0e-7 (C kernel), 3.1e-7 (SDPA); bound 3x
         assert float((got[i:i + 1].double() - want).abs().max()) < 9.3e-7, i
         assert torch.equal(attend(slice(i, i + 1)), got[i:i + 1])
+
+
+def test_the_isa_switch_reaches_the_backend_and_bad_names_are_refused(monkeypatch):
+    """EngineConfig.cpu_isa (MINFER_CPU_ISA) picks the C kernels' build the backend runs and reports
+    (`cpu_isa`, what `minfer bench --device cpu` prints); a name outside CPU_ISAS is a typed error."""
+    from minfer.backends import create_backend
+    from minfer.config import EngineConfig
+    from minfer.errors import MinferError
+
+    try:
+        for isa in cpu_vnni.ISAS:
+            monkeypatch.setenv("MINFER_CPU_ISA", isa.upper())
+            cpu_vnni.use_isa(isa)
+            have = cpu_vnni.isa() is not None
+            be = create_backend(EngineConfig.from_env(device="cpu"))
+            assert be.cpu_isa == (isa if have else "torch") and be.vnni == have, isa
+        monkeypatch.setenv("MINFER_CPU_ISA", "sse9")
+        with pytest.raises(MinferError, match="cpu_isa.*auto, avx512, avxvnni, avx2"):
+            EngineConfig.from_env(device="cpu")
+    finally:
+        cpu_vnni.use_isa("auto")
+
+
+def test_a_model_on_the_avx2_build_gives_the_avx512_bits(smollm2_path):
+    """SmolLM2 end to end (prompt, greedy decode, every step's top-20 log-probabilities) with the
+    avx2 build forced: the avx512 build's tokens and numbers bit for bit."""
+    from minfer.api import load
+    from minfer.engine.params import SamplingParams
+
+    builds = [i for i in ("avx512", "avx2") if (cpu_vnni.use_isa(i), cpu_vnni.isa())[1] == i]
+    cpu_vnni.use_isa("auto")
+    if builds != ["avx512", "avx2"]:
+        pytest.skip(f"needs the avx512 and avx2 builds (this host runs {builds})")
+    runs = []
+    try:
+        for isa in builds:
+            with load(smollm2_path, n_ctx=256, n_slots=2, progress=False, cpu_isa=isa) as m:
+                assert m.engine.backend.cpu_isa == isa
+                seq = m.submit("The capital of France is", SamplingParams(max_tokens=12, temperature=0))
+                seq.logprobs_n = 20
+                m.run([seq])
+                runs.append((list(seq.generated), seq.logprobs))
+    finally:
+        cpu_vnni.use_isa("auto")
+    assert runs[0][0] and runs[1] == runs[0]
