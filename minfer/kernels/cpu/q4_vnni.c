@@ -36,9 +36,9 @@
  * the same fused or unfused float op per lane, GCC's order for the horizontal reductions
  * (avx512fintrin.h's _mm512_reduce_add_ps / _mm512_reduce_max_ps: the 256-bit halves, then the
  * 128-bit halves, then the shuffles), exact integer dot products (vpdpbusd on AVX-VNNI; else
- * vpmaddubsw + vpmaddwd, whose int16 pair sums stay below 32767 for the 4-bit codes, and for the
- * 8-bit and table codes with the codes shifted to signed bytes, DOT_SHIFT): both builds give the
- * same bits. */
+ * vpmaddubsw + vpmaddwd: the 4-bit codes' int16 pair sums added over a group's 8 registers stay
+ * below 32767, and the 8-bit and table codes are shifted to signed bytes so no pair sum
+ * saturates, DOT_SHIFT): every build gives the same bits. */
 #define INL static inline __attribute__((always_inline))
 #ifdef MINFER_AVX2
 typedef struct { __m256 lo, hi; } vf;
@@ -130,13 +130,24 @@ INL vi v_dot_u8(vi acc, vi a, vi x) {  /* unsigned a x signed x, 4 bytes per int
 }
 #else
 #define DOT_SHIFT 1  /* codes above 127 (8-bit, table): as signed bytes code - 128, v_dot_s8, 128 sum x added */
-INL __m256i dot8(__m256i acc, __m256i a, __m256i x) {  /* a unsigned, |pair sums| < 32768 */
+INL __m256i dot8(__m256i acc, __m256i a, __m256i x) {  /* a unsigned, |pair sums| < 32768: exact */
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, x), _mm256_set1_epi16(1)));
 }
-INL vi v_dot_u8(vi acc, vi a, vi x) { return vi_of(dot8(acc.lo, a.lo, x.lo), dot8(acc.hi, a.hi, x.hi)); }
 INL vi v_dot_s8(vi acc, vi a, vi x) {  /* signed a x signed x (|x| <= 127): |a| a x sign(a) */
     return vi_of(dot8(acc.lo, _mm256_abs_epi8(a.lo), _mm256_sign_epi8(x.lo, a.lo)),
                  dot8(acc.hi, _mm256_abs_epi8(a.hi), _mm256_sign_epi8(x.hi, a.hi)));
+}
+/* the 4-bit codes (0..15): vpmaddubsw's pair sums (|.| <= 2 * 15 * 127) of the 8 registers of a group
+ * summed in int16 (<= 30480: exact), then one vpmaddwd: `i` + the group's 4-k dot products */
+INL vi v_dot4_group(vi i, const vi *a, const int32_t *xq) {
+    __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) {
+        __m256i xb = _mm256_set1_epi32(xq[j]);
+        lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(a[j].lo, xb));
+        hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(a[j].hi, xb));
+    }
+    const __m256i one = _mm256_set1_epi16(1);
+    return vi_of(_mm256_add_epi32(i.lo, _mm256_madd_epi16(lo, one)), _mm256_add_epi32(i.hi, _mm256_madd_epi16(hi, one)));
 }
 INL int group_sum(const int8_t *x) {  /* the 32 bytes' sum */
     __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_loadu_si256((const __m256i *)x)),
@@ -427,23 +438,25 @@ static inline __attribute__((always_inline)) void tile(int rows, int P, int B8, 
             for (int pass = 0; pass < P; pass++) {
                 const int32_t *xq = (const int32_t *)(X + ((size_t)r * P + pass) * k + g * 32);
                 vi i0 = v_setzero_si512(), i1 = v_setzero_si512();
-                for (int j = 0; j < 8; j++) {
-                    vi xb = v_set1_epi32(xq[j]);
-#if DOT_SHIFT
-                    if (B8 || LUT) {
+#if DOT_SHIFT  /* AVX2 without VNNI */
+                if (!B8 && !LUT) {
+                    i0 = v_dot4_group(i0, a, xq);
+                    i1 = v_dot4_group(i1, b, xq);
+                } else {  /* the codes were shifted by -128: sum (c - 128) q + 128 sum q */
+                    for (int j = 0; j < 8; j++) {
+                        vi xb = v_set1_epi32(xq[j]);
                         i0 = v_dot_s8(i0, a[j], xb);
                         i1 = v_dot_s8(i1, b[j], xb);
-                        continue;
                     }
-#endif
-                    i0 = v_dot_u8(i0, a[j], xb);
-                    i1 = v_dot_u8(i1, b[j], xb);
-                }
-#if DOT_SHIFT
-                if (B8 || LUT) {  /* the codes were shifted by -128 */
                     vi c = v_set1_epi32(128 * group_sum((const int8_t *)xq));
                     i0 = v_add_epi32(i0, c);
                     i1 = v_add_epi32(i1, c);
+                }
+#else
+                for (int j = 0; j < 8; j++) {
+                    vi xb = v_set1_epi32(xq[j]);
+                    i0 = v_dot_u8(i0, a[j], xb);
+                    i1 = v_dot_u8(i1, b[j], xb);
                 }
 #endif
                 vf dv = v_set1_ps(dx[((size_t)r * P + pass) * G + g]);
