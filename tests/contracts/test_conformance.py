@@ -44,13 +44,10 @@ C_KERNELS = sorted(
 @pytest.mark.parametrize("kernel", C_KERNELS)
 def test_c_kernel_conforms_on_every_isa_build(kernel, isa, registry, device, test_seed):
     """The C kernels' AVX2 builds (MINFER_CPU_ISA=avx2 / avxvnni forced) under the same contracts."""
-    cpu_vnni.use_isa(isa)
-    try:
-        if cpu_vnni.isa() is None:
+    with cpu_vnni.isa_forced(isa) as got:
+        if got is None:
             pytest.skip(f"this CPU (or compiler) has no {isa} build")
         results, seed = run_conformance(registry, kernels=[kernel], device=device, seed=test_seed)
-    finally:
-        cpu_vnni.use_isa("auto")
     assert results, f"no case was generated for {kernel}"
     failed = [r for r in results if not r.passed]
     assert not failed, f"seed {seed}\n" + format_results(failed)

@@ -29,13 +29,10 @@ def path(request):
     if request.param in ("host", "torch"):
         yield "vnni" if request.param == "host" and cpu_vnni.available() else "torch"
         return
-    cpu_vnni.use_isa(request.param)
-    try:
-        if cpu_vnni.isa() is None:
+    with cpu_vnni.isa_forced(request.param) as got:
+        if got is None:
             pytest.skip(f"this CPU (or compiler) has no {request.param} build")
         yield "vnni"
-    finally:
-        cpu_vnni.use_isa("auto")
 
 
 def _matmul(path: str, parts: list[tuple]):
@@ -174,8 +171,10 @@ def test_a_model_on_the_avx2_build_gives_the_avx512_bits(smollm2_path):
     from minfer.api import load
     from minfer.engine.params import SamplingParams
 
-    builds = [i for i in ("avx512", "avx2") if (cpu_vnni.use_isa(i), cpu_vnni.isa())[1] == i]
-    cpu_vnni.use_isa("auto")
+    builds = []
+    for i in ("avx512", "avx2"):
+        with cpu_vnni.isa_forced(i) as got:
+            builds += [got] if got == i else []
     if builds != ["avx512", "avx2"]:
         pytest.skip(f"needs the avx512 and avx2 builds (this host runs {builds})")
     runs = []

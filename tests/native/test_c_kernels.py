@@ -31,13 +31,10 @@ ISAS = tuple(cpu_vnni.ISAS)
 @pytest.fixture(params=ISAS)
 def isa(request):
     """Each build of the C kernels (avx512, avxvnni, avx2: cpu_vnni.ISAS) in turn, where this CPU has it."""
-    cpu_vnni.use_isa(request.param)
-    try:
-        if cpu_vnni.isa() is None:
+    with cpu_vnni.isa_forced(request.param) as got:
+        if got is None:
             pytest.skip(f"this CPU (or compiler) has no {request.param} build")
         yield request.param
-    finally:
-        cpu_vnni.use_isa("auto")
 
 
 def needs_vnni(test):
@@ -153,12 +150,9 @@ def test_pack_refuses_bad_sizes_in_c():
 
 
 def _on(isa: str, fn):
-    """fn() with the C kernels' `isa` build (the default choice afterwards)."""
-    cpu_vnni.use_isa(isa)
-    try:
+    """fn() with the C kernels' `isa` build."""
+    with cpu_vnni.isa_forced(isa):
         return fn()
-    finally:
-        cpu_vnni.use_isa("auto")
 
 
 def _builds() -> list[str]:

@@ -15,6 +15,7 @@ use off). Where none can, the cpu backend keeps torch's int4 kernel for every ty
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import re
@@ -61,6 +62,18 @@ def use_isa(name: str) -> None:
     if name != "auto" and name not in ISAS:
         raise UnsupportedError(f"cpu ISA {name!r}: expected auto or one of {', '.join(ISAS)}")
     _ISA[0] = name
+
+
+@contextlib.contextmanager
+def isa_forced(name: str):
+    """`use_isa(name)` for a block (the choice before it afterwards); yields `isa()`: the build that
+    runs, None where this CPU or compiler has none (tests run each build on an AVX-512 machine)."""
+    before = _ISA[0]
+    use_isa(name)
+    try:
+        yield isa()
+    finally:
+        use_isa(before)
 
 
 def isa() -> str | None:
