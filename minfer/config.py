@@ -27,7 +27,7 @@ package calls os.environ. Switches:
 - MINFER_GEMV_Q8=0|1|2     cuda decode GEMVs of Q4_0 / Q4_1 / Q4_K and the lookup types (IQ4_NL, IQ4_XS, MXFP4):
                            x quantized to int8 per 32 in 1 or 2 passes (the default 2) with dp4a dot products;
                            0 = f32 activations
-- MINFER_CPU_VNNI=0        cpu: torch's int4 kernel instead of the AVX512-VNNI C kernel (kernels/cpu/vnni.py)
+- MINFER_CPU_VNNI=0        cpu: torch's int4 kernel instead of the C kernels (kernels/cpu/vnni.py)
 - MINFER_CPU_ISA=NAME      cpu: which build of the C kernels runs: auto (the default: the CPU's flags pick avx512,
                            else avxvnni, else avx2, else torch's int4 kernel), or avx512 / avxvnni / avx2 forced
                            (where the CPU has that ISA; the same results bit for bit: kernels/cpu/vnni.py)
@@ -215,7 +215,7 @@ class EngineConfig:
     tp: int = 1  # tensor-parallel ranks (processes) the model is split over
     pdl: bool = True  # cuda on Hopper: programmatic dependent launch between a step's kernels
     gemv_q8: int = 2  # cuda decode GEMVs of Q4_0 / Q4_1 / Q4_K and the lookup types: int8 activation passes (0: f32)
-    cpu_vnni: bool = True  # cpu: the AVX512-VNNI C kernels where the CPU has them
+    cpu_vnni: bool = True  # cpu: the C kernels (AVX512-VNNI or AVX2 builds) where the CPU has them
     cpu_isa: str = "auto"  # cpu: the C kernels' build (CPU_ISAS; "auto": the best the CPU's flags allow)
     cache_dir: str | None = None  # minfer's cache: C helpers, the cpu's prepared weights (None: ~/.cache/minfer)
     wgpu_adapter: str = ""  # vulkan / gpu: the first adapter whose name contains this ("": the best)
