@@ -106,14 +106,19 @@ class Case:
         return text + (" +layout" if self.laid_out else "")
 
 
-def cases(k: BoundKernel, sizes: tuple[str, ...]) -> Iterator[Case]:
+def cases(k: BoundKernel, sizes: tuple[str, ...], covering: bool = False) -> Iterator[Case]:
     """Every case of a kernel for `sizes` (CI size classes and/or model names of harness.MODELS);
-    operands with a load_layout are tried both raw and laid out."""
+    operands with a load_layout are tried both raw and laid out. `covering`: every size and layout
+    with the first dtype combination, and every other combination once, at size i mod len(sizes) and
+    layout i mod 2 (for kernels whose per-dtype paths another kernel's conformance runs at every
+    size: the fused GEMVs, whose weight loops are the GEMV's)."""
     h = HARNESS[k.op.name]
     layouts = (False, True) if k.load_layouts else (False,)
-    for dtypes, out_choice in dtype_combinations(k):
+    for i, (dtypes, out_choice) in enumerate(dtype_combinations(k)):
         q = _quant_info(k, dtypes)
-        for size in sizes:
+        picked = sizes if not covering or i == 0 else (sizes[i % len(sizes)],)
+        lays = layouts if not covering or i == 0 else (layouts[i % len(layouts)],)
+        for size in picked:
             if size == LARGE:
                 settings = h.large(q) if h.large else []
             else:
@@ -121,7 +126,7 @@ def cases(k: BoundKernel, sizes: tuple[str, ...]) -> Iterator[Case]:
             for s in settings:
                 if not set(s.needs) <= k.contract.caps.also:  # extra inputs the kernel does not take
                     continue
-                for laid_out in layouts:
+                for laid_out in lays:
                     yield Case(s, dtypes, out_choice, laid_out)
 
 
@@ -346,9 +351,11 @@ def run_conformance(
     kernels: list[str] | None = None,
     seed: int | None = None,
     sizes: tuple[str, ...] | None = None,
+    covering: bool = False,
 ) -> tuple[list[CaseResult], int]:
     """Run every case of every registrable kernel of the device's backend (or those named):
-    Vulkan contracts on a wgpu device, the others on cpu / cuda; (results, seed used)."""
+    Vulkan contracts on a wgpu device, the others on cpu / cuda; (results, seed used).
+    `covering`: `cases`' covering subset."""
     reg = registry or load_registry()
     seed = secrets.randbits(31) if seed is None else seed
     gen = torch.Generator().manual_seed(seed)  # inputs are drawn on cpu, then copied to `device`
@@ -362,7 +369,7 @@ def run_conformance(
         if k.op.name not in HARNESS:
             results.append(CaseResult(name, "-", "-", "-", False, message=f"no harness for op {k.op.name}"))
             continue
-        for case in cases(k, sizes):
+        for case in cases(k, sizes, covering):
             r = run_case(k, case, gen, device)
             if r is not None:
                 results.append(r)

@@ -23,6 +23,13 @@ CASES = [(p, q) for p in sorted(PRESETS) if p not in HUGE for q in QUANTS
          if not (p in BIG and q in ("f16", "f32"))]
 
 
+# `minfer plan --device cpu` run as a command (~0.3 CPU-s each, a third of a case) for a covering subset: the
+# first case (in CPU_CASES' order) of every preset and of every quant, so each architecture and each weight type
+# goes through the command once; every case still loads its plan and checks its kernels without it.
+CPU_CASES = [c for c in CASES if c[1] != "f16"]
+CPU_COMMAND_CASES = {c for key in (0, 1) for c in {case[key]: case for case in reversed(CPU_CASES)}.values()}
+
+
 class _Headers(dict):
     """(preset, quant) -> a header-only file of it, written the first time a test asks (under
     pytest-xdist a worker writes only the ones its tests read)."""
@@ -86,7 +93,7 @@ def test_plan_command_prints_kernels_and_prediction(headers, capsys):
     assert main(["plan", "-m", str(path), "-b", "0"]) == 2
 
 
-@pytest.mark.parametrize("preset, quant", [c for c in CASES if c[1] != "f16"])
+@pytest.mark.parametrize("preset, quant", CPU_CASES)
 def test_every_cpu_matmul_resolves_to_a_cpu_contract(headers, preset, quant, capsys):
     """`minfer plan --device cpu`: each matmul node's weight parts name a cpu kernel contract,
     the same family for one decode row and a prompt chunk."""
@@ -112,5 +119,6 @@ def test_every_cpu_matmul_resolves_to_a_cpu_contract(headers, preset, quant, cap
     assert want in {k for r in chunk for k in r["kernel"].split("+")}  # (8 experts: q+k+v of mixed types)
     if preset in BIG and quant in ("q4_k", "q4_k_m", "q5_k_m", "q3_k", "q2_k", "iq4_nl", "iq4_xs"):  # Q6_K output
         assert one[-1]["kernel"] == "cpu_int4pack_mm_pair16"
-    assert main(["plan", "--device", "cpu", "-m", str(headers[preset, quant])]) == 0
-    assert "predicted:" in capsys.readouterr().out
+    if (preset, quant) in CPU_COMMAND_CASES:
+        assert main(["plan", "--device", "cpu", "-m", str(headers[preset, quant])]) == 0
+        assert "predicted:" in capsys.readouterr().out

@@ -84,8 +84,86 @@ def _fix_interpreter_index() -> None:
     interpreter._patch_lang_tensor = patched
 
 
+def _patch_lang_once_per_launch() -> None:
+    """Stop the interpreter re-patching triton.language on every call of a nested @triton.jit helper.
+
+    The interpreter maps tl's builtins to its own before a launch (`GridExecutor.__call__` ->
+    `_patch_lang`, undone after) and again on *every* call of a device function inside the kernel
+    (`InterpretedFunction.__call__`), each time walking tl, tl.core, tl.math and tl.tensor with
+    inspect.getmembers: ~20-30 % of a GEMV's interpreted time (cProfile of the fused-GEMV conformance
+    cases, 2026-12-03). When the running launch already patched every language module the helper can
+    see, the repeat only re-sets what is set (the patches it adds are never undone, triton 3.6-3.7),
+    so it is skipped; a helper that sees a module the kernel does not still patches it. Same outputs,
+    bit for bit. Interpreter only; a triton without these hooks is left as it is.
+    """
+    import inspect
+    import threading
+
+    from triton.runtime import interpreter
+
+    original_patch, executor = getattr(interpreter, "_patch_lang", None), getattr(interpreter, "GridExecutor", None)
+    if (original_patch is None or executor is None or not hasattr(interpreter, "_LangPatchScope")
+            or getattr(original_patch, "minfer_once", False)):
+        return
+    original_call, running = executor.__call__, threading.local()  # per thread: the launches running in it
+
+    seen: dict = {}  # jit function -> the language modules its globals hold
+
+    def languages(fn) -> list:
+        if fn not in seen:
+            seen[fn] = [v for v in fn.__globals__.values() if inspect.ismodule(v) and (v is tl or v is tl.core)]
+        return seen[fn]
+
+    def patch_lang(fn):
+        stack = getattr(running, "stack", None)
+        if stack and stack[-1] is not None and all(any(m is p for p in stack[-1]) for m in languages(fn)):
+            return interpreter._LangPatchScope()  # (nothing to undo)
+        scope = original_patch(fn)
+        if stack and stack[-1] is None:  # the launch's own patch: what its helpers may skip
+            stack[-1] = languages(fn)
+        return scope
+
+    def call(self, *args, **kwargs):
+        stack = running.__dict__.setdefault("stack", [])
+        stack.append(None)
+        try:
+            return original_call(self, *args, **kwargs)
+        finally:
+            stack.pop()
+
+    patch_lang.minfer_once = True
+    interpreter._patch_lang = patch_lang
+    executor.__call__ = call
+    original_builtin = getattr(interpreter, "_patch_builtin", None)
+    if original_builtin is not None and hasattr(interpreter, "_patch_attr"):
+        names: dict = {}  # module or class -> dir() of it: the names never change, only what they hold
+
+        def patch_builtin(pkg, builder, scope):
+            """`_patch_builtin` without inspect.getmembers' sorted (name, value) list on every launch."""
+            for name in names.setdefault(pkg, dir(pkg)):
+                member = getattr(pkg, name, None)
+                if tl.core.is_builtin(member):
+                    interpreter._patch_attr(pkg, name, member, builder, scope)
+
+        interpreter._patch_builtin = patch_builtin
+    original_np_dtype = getattr(interpreter, "_get_np_dtype", None)
+    if original_np_dtype is not None:
+        np_dtypes: dict = {}  # a scalar tl dtype -> its numpy dtype (the original builds a 19-entry dict a call)
+
+        def get_np_dtype(tt_dtype):
+            element = tt_dtype.element_ty if isinstance(tt_dtype, tl.block_type) else tt_dtype
+            if isinstance(element, tl.pointer_type):
+                return original_np_dtype(tt_dtype)
+            if element not in np_dtypes:
+                np_dtypes[element] = original_np_dtype(element)
+            return np_dtypes[element]
+
+        interpreter._get_np_dtype = get_np_dtype
+
+
 if interpreting():
     _fix_interpreter_index()
+    _patch_lang_once_per_launch()
 
 _WANTED_DEVICE = "cpu" if interpreting() else "cuda"
 _PDL_WANTED = [True]  # the cuda backend's setting (configure_pdl)
