@@ -27,7 +27,10 @@ package calls os.environ. Switches:
 - MINFER_GEMV_Q8=0|1|2     cuda decode GEMVs of Q4_0 / Q4_1 / Q4_K and the lookup types (IQ4_NL, IQ4_XS, MXFP4):
                            x quantized to int8 per 32 in 1 or 2 passes (the default 2) with dp4a dot products;
                            0 = f32 activations
-- MINFER_CPU_VNNI=0        cpu: torch's int4 kernel instead of the AVX512-VNNI C kernel (kernels/cpu/vnni.py)
+- MINFER_CPU_VNNI=0        cpu: torch's int4 kernel instead of the C kernels (kernels/cpu/vnni.py)
+- MINFER_CPU_ISA=NAME      cpu: which build of the C kernels runs: auto (the default: the CPU's flags pick avx512,
+                           else avxvnni, else avx2, else torch's int4 kernel), or avx512 / avxvnni / avx2 forced
+                           (where the CPU has that ISA; the same results bit for bit: kernels/cpu/vnni.py)
 - MINFER_CACHE=dir         minfer's cache (`cache_dir()`, EngineConfig.cache_path; default ~/.cache/minfer): the C
                            helpers compiled (kernels/cbuild.py: created 0700; an entry another user owns or others
                            can write is rebuilt, not loaded), models downloaded from URLs (hub.py), the chat's
@@ -67,6 +70,7 @@ _KNOWN = {
     "MINFER_NO_FUSE": bool,
     "MINFER_GEMV_Q8": int,
     "MINFER_CPU_VNNI": bool,
+    "MINFER_CPU_ISA": str,
     "MINFER_CACHE": str,
     "MINFER_SANITIZE": bool,
     "MINFER_WEIGHT_CACHE": bool,
@@ -158,6 +162,7 @@ def no_color() -> bool:
 
 
 KV_DTYPES = ("auto", "f32", "f16", "bf16", "q8_0")
+CPU_ISAS = ("auto", "avx512", "avxvnni", "avx2")  # the cpu C kernels' builds (kernels/cpu/vnni.py ISAS)
 MAX_CTX = 1 << 20  # a context beyond a million tokens per sequence is refused before any allocation
 MAX_SLOTS = 1024
 MAX_TP = 64
@@ -210,7 +215,8 @@ class EngineConfig:
     tp: int = 1  # tensor-parallel ranks (processes) the model is split over
     pdl: bool = True  # cuda on Hopper: programmatic dependent launch between a step's kernels
     gemv_q8: int = 2  # cuda decode GEMVs of Q4_0 / Q4_1 / Q4_K and the lookup types: int8 activation passes (0: f32)
-    cpu_vnni: bool = True  # cpu: the AVX512-VNNI C kernels where the CPU has them
+    cpu_vnni: bool = True  # cpu: the C kernels (AVX512-VNNI or AVX2 builds) where the CPU has them
+    cpu_isa: str = "auto"  # cpu: the C kernels' build (CPU_ISAS; "auto": the best the CPU's flags allow)
     cache_dir: str | None = None  # minfer's cache: C helpers, the cpu's prepared weights (None: ~/.cache/minfer)
     wgpu_adapter: str = ""  # vulkan / gpu: the first adapter whose name contains this ("": the best)
     wgpu_subgroups: bool = True  # vulkan / gpu: subgroup reductions where the adapter has them
@@ -245,6 +251,8 @@ class EngineConfig:
             raise ParamError("kv_dtype", f"must be one of {', '.join(KV_DTYPES)}, got {self.kv_dtype!r}")
         if self.trace_path is not None and not isinstance(self.trace_path, str | os.PathLike):
             raise ParamError("trace", f"must be a file path, got {self.trace_path!r}")
+        if self.cpu_isa not in CPU_ISAS:
+            raise ParamError("cpu_isa", f"must be one of {', '.join(CPU_ISAS)} (MINFER_CPU_ISA), got {self.cpu_isa!r}")
         if self.gemv_q8 not in (0, 1, 2):
             raise ParamError("gemv_q8", f"must be 0, 1 or 2 (MINFER_GEMV_Q8), got {self.gemv_q8!r}")
 
@@ -267,6 +275,7 @@ class EngineConfig:
             pdl=not env("MINFER_NO_PDL", False),
             gemv_q8=env("MINFER_GEMV_Q8", 2),
             cpu_vnni=env("MINFER_CPU_VNNI", True),
+            cpu_isa=env("MINFER_CPU_ISA", "auto").strip().lower() or "auto",
             cache_dir=env("MINFER_CACHE", "") or None,
             wgpu_adapter=env("MINFER_WGPU_ADAPTER", ""),
             wgpu_subgroups=env("MINFER_WGPU_SUBGROUPS", True),

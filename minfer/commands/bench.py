@@ -187,6 +187,12 @@ def bench(a: argparse.Namespace) -> int:
         bw = copy_bandwidth(config.device, m.engine.backend)
         info = {"model": m.path.name, "size_gb": m.path.stat().st_size / 1e9, "backend": config.device,
                 "tp": m.engine.graph.meta.get("tp_world", 1), "copy_gbs": bw / 1e9, "weight_bytes_per_token": wbytes}
+        isa = getattr(m.engine.backend, "cpu_isa", None)  # the cpu backend's kernel path (MINFER_CPU_ISA)
+        if isa is not None:
+            info["cpu_isa"] = isa
+            if not a.json:
+                print(f"cpu kernels: {isa if isa == 'torch' else f'C, {isa} build'} (MINFER_CPU_ISA picks)",
+                      file=sys.stderr)
 
         def row(test: str, runs: list[float], steps_per_s: float | None = None) -> None:
             mean, sd = _mean_sd(runs)

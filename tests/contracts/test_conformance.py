@@ -40,6 +40,25 @@ def test_kernel_conforms_to_its_contract(kernel, registry, device, test_seed):
     assert sizes == {"tiny", "odd", "boundary"}
 
 
+C_KERNELS = sorted(
+    s.kernel for f in contract_files() for s in parse_file(f).sections if s.registrable and s.kernel_source == "c"
+)
+
+
+@pytest.mark.filterwarnings(NUMPY_NOISE)
+@pytest.mark.parametrize("isa", [i for i in cpu_vnni.ISAS if i != "avx512"])
+@pytest.mark.parametrize("kernel", C_KERNELS)
+def test_c_kernel_conforms_on_every_isa_build(kernel, isa, registry, device, test_seed):
+    """The C kernels' AVX2 builds (MINFER_CPU_ISA=avx2 / avxvnni forced) under the same contracts."""
+    with cpu_vnni.isa_forced(isa) as got:
+        if got is None:
+            pytest.skip(f"this CPU (or compiler) has no {isa} build")
+        results, seed = run_conformance(registry, kernels=[kernel], device=device, seed=test_seed)
+    assert results, f"no case was generated for {kernel}"
+    failed = [r for r in results if not r.passed]
+    assert not failed, f"seed {seed}\n" + format_results(failed)
+
+
 def test_full_has_gemv_cases_above_the_int8_activation_threshold(registry):
     """The Q4 GEMV contracts declare 1e-4 for weights above Q8_MIN_WEIGHTS (x in two int8 passes; 1e-5
     is f32 x's): `--full` holds a case of each that takes that path, for every type it accepts (run

@@ -1,8 +1,9 @@
 """The C kernels of the cpu backend (minfer/kernels/cpu/q4_vnni.c) against float64: the int4 x int8
 matmul in one and two activation passes, rows independent of each other, and the one-call decode
 attention against float64 math. Every test runs on the path this host takes (`host`: the C kernels
-where it has AVX512-VNNI and a compiler, torch's int4 kernel and one SDPA call per sequence elsewhere)
-and on torch's path forced (`torch`: what EngineConfig.cpu_vnni=False runs), so no host skips them."""
+where it has AVX2 or AVX512-VNNI and a compiler, torch's int4 kernel and one SDPA call per sequence
+elsewhere), on the avxvnni and avx2 builds of the C kernels forced (where the CPU has them: MINFER_CPU_ISA)
+and on torch's path forced (`torch`: what EngineConfig.cpu_vnni=False runs), so no host skips them all."""
 
 from __future__ import annotations
 
@@ -20,11 +21,18 @@ from minfer.quant.reference import dequantize, quantize
 from minfer.quant.types import GGMLType
 
 
-@pytest.fixture(params=["host", "torch"])
-def path(request) -> str:
-    """The cpu kernels under test: 'vnni' (the C kernels, where this host has them) or 'torch' (its int4
-    matmul, SDPA: what the backend runs without them or with EngineConfig.cpu_vnni off)."""
-    return "vnni" if request.param == "host" and cpu_vnni.available() else "torch"
+@pytest.fixture(params=["host", "avxvnni", "avx2", "torch"])
+def path(request):
+    """The cpu kernels under test: 'vnni' (the C kernels: the build this host picks, or the avxvnni /
+    avx2 build forced where the CPU has it) or 'torch' (its int4 matmul, SDPA: what the backend runs
+    without them or with EngineConfig.cpu_vnni off)."""
+    if request.param in ("host", "torch"):
+        yield "vnni" if request.param == "host" and cpu_vnni.available() else "torch"
+        return
+    with cpu_vnni.isa_forced(request.param) as got:
+        if got is None:
+            pytest.skip(f"this CPU (or compiler) has no {request.param} build")
+        yield "vnni"
 
 
 def _matmul(path: str, parts: list[tuple]):
@@ -134,3 +142,25 @@ def test_decode_attention_matches_float64_and_ignores_the_other_rows(path, lens)
         # measured 2026-12-02: max |got - float64| 3.0e-7 (C kernel), 3.1e-7 (SDPA); bound 3x
         assert float((got[i:i + 1].double() - want).abs().max()) < 9.3e-7, i
         assert torch.equal(attend(slice(i, i + 1)), got[i:i + 1])
+
+
+def test_the_isa_switch_reaches_the_backend_and_bad_names_are_refused(monkeypatch):
+    """EngineConfig.cpu_isa (MINFER_CPU_ISA) picks the C kernels' build the backend runs and reports
+    (`cpu_isa`, what `minfer bench --device cpu` prints); a name outside CPU_ISAS is a typed error."""
+    from minfer.backends import create_backend
+    from minfer.config import EngineConfig
+    from minfer.errors import MinferError
+
+    try:
+        for isa in cpu_vnni.ISAS:
+            monkeypatch.setenv("MINFER_CPU_ISA", isa.upper())
+            cpu_vnni.use_isa(isa)
+            have = cpu_vnni.isa() is not None
+            be = create_backend(EngineConfig.from_env(device="cpu"))
+            assert be.cpu_isa == (isa if have else "torch") and be.vnni == have, isa
+        monkeypatch.setenv("MINFER_CPU_ISA", "sse9")
+        with pytest.raises(MinferError, match="cpu_isa.*auto, avx512, avxvnni, avx2"):
+            EngineConfig.from_env(device="cpu")
+    finally:
+        cpu_vnni.use_isa("auto")
+

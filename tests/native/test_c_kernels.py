@@ -25,7 +25,22 @@ from minfer.quant.reference import dequantize, quantize
 from minfer.quant.types import GGMLType, quant_info
 
 pytestmark = pytest.mark.native
-needs_vnni = pytest.mark.skipif(not cpu_vnni.available(), reason="needs AVX512-VNNI and a C compiler")
+ISAS = tuple(cpu_vnni.ISAS)
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    """Each build of the C kernels (avx512, avxvnni, avx2: cpu_vnni.ISAS) in turn, where this CPU has it."""
+    with cpu_vnni.isa_forced(request.param) as got:
+        if got is None:
+            pytest.skip(f"this CPU (or compiler) has no {request.param} build")
+        yield request.param
+
+
+def needs_vnni(test):
+    """A test of the C kernels: run on every ISA build this host has (the `isa` fixture)."""
+    return pytest.mark.skipif(not cpu_vnni.available(), reason="needs AVX2 (or AVX512-VNNI) and a C compiler")(
+        pytest.mark.usefixtures("isa")(test))
 K_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.IQ4_XS)
 TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q4_K, GGMLType.Q8_0, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q5_K,
          GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4)
@@ -132,6 +147,86 @@ def test_pack_refuses_bad_sizes_in_c():
         assert so.q4_gemm(p, p, p, n, k, p, 0, m, p, ldy, 1, 4, None) == -1, (m, n, k, ldy)
     assert so.q4_gemm(p, p, p, 32, 32, p, 0, 1, p, 32, 1, 8, p) == -1  # a table with 8-bit codes
     assert so.rms_norm(p, 1, 8, p, 1e-5, p) == -1
+
+
+def _on(isa: str, fn):
+    """fn() with the C kernels' `isa` build."""
+    with cpu_vnni.isa_forced(isa):
+        return fn()
+
+
+def _builds() -> list[str]:
+    """The ISA builds other than avx512 this host runs (their results are checked against avx512's)."""
+    have = [i for i in ISAS if _on(i, cpu_vnni.isa) == i]
+    if "avx512" not in have or len(have) < 2:
+        pytest.skip(f"needs the avx512 build and another to compare (this host runs {have or 'none'})")
+    return [i for i in have if i != "avx512"]
+
+
+def _activations(m: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    """Random rows with the awkward groups too: all zero, one large value, tiny values."""
+    x = torch.randn(m, k, generator=gen) * torch.exp(torch.randn(m, 1, generator=gen))
+    x[0, :32] = 0.0
+    if k >= 64:
+        x[-1, 32:64] *= 1e-6
+    x[m // 2, k - 1] = 300.0
+    return x
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_every_isa_build_gives_the_avx512_bits(qtype):
+    """The avx2 and avxvnni builds against the avx512 one on fresh random inputs: the same packed
+    bytes, and torch.equal products for float32 and bfloat16 x, one and two activation passes, row
+    counts across the 4-row tile, and the grouped experts call."""
+    others = _builds()
+    k = 512 if qtype in K_TYPES else 96
+    n, n_expert = 72, 3
+    for seed, m in enumerate((1, 3, 4, 5, 13)):
+        gen = torch.Generator().manual_seed(1000 + seed)
+        raw = _weight(qtype, n, k, seed)
+        x = _activations(m, k, gen)
+        ref = _on("avx512", lambda raw=raw: cpu_vnni.Q4Vnni([(raw, qtype, n, k)]))
+        want = [ref(x, p) for p in (1, 2)] + [ref(x.bfloat16(), 2)]
+        for isa in others:
+            mm = _on(isa, lambda raw=raw: cpu_vnni.Q4Vnni([(raw, qtype, n, k)]))
+            assert all(torch.equal(a, b) for a, b in zip(mm.state().values(), ref.state().values(), strict=True)
+                       if isinstance(a, torch.Tensor)), (isa, "packing")
+            got = [mm(x, p) for p in (1, 2)] + [mm(x.bfloat16(), 2)]
+            for what, a, b in zip(("1 pass", "2 passes", "bf16"), got, want, strict=True):
+                assert torch.equal(a, b), (isa, qtype.name, m, what, float((a - b).abs().max()))
+    gen = torch.Generator().manual_seed(7)
+    raw = _weight(qtype, n * n_expert, k, 77)
+    x = _activations(9, k, gen)
+    ids = torch.randint(0, n_expert, (9, 2), generator=gen, dtype=torch.int32)
+    want = _on("avx512", lambda: cpu_vnni.vnni_experts(raw, n, k, qtype, n_expert)).run_experts(x, ids, n, n_expert)
+    for isa in others:
+        got = _on(isa, lambda: cpu_vnni.vnni_experts(raw, n, k, qtype, n_expert)).run_experts(x, ids, n, n_expert)
+        assert torch.equal(got, want), (isa, qtype.name, "experts")
+
+
+def test_every_isa_build_gives_the_avx512_attention_and_norm():
+    """Decode attention (chunk edges, padding lanes, 1..16 query heads a kv head, the exponentials'
+    underflow) and RMSNorm: torch.equal between the builds."""
+    others = _builds()
+    gen = torch.Generator().manual_seed(5)
+    for hd, grp, lens in ((16, 1, [1, 17, 129]), (64, 16, [127, 128, 300]), (256, 2, [5, 260])):
+        n_kv, n_ctx = 2, 300
+        kc = torch.randn(2, n_kv, n_ctx, hd, generator=gen) * 4  # wide scores: some exponentials underflow
+        vc = torch.randn(2, n_kv, n_ctx, hd, generator=gen)
+        q = torch.randn(len(lens), n_kv * grp * hd, generator=gen)
+        slots = torch.tensor([i % 2 for i in range(len(lens))], dtype=torch.int32)
+        ln = torch.tensor(lens, dtype=torch.int32)
+
+        def attn(q=q, kc=kc, vc=vc, slots=slots, ln=ln, n_head=n_kv * grp, hd=hd):
+            return cpu_vnni.attention_decode(q, kc, vc, slots, ln, n_head, hd ** -0.5)
+
+        want = _on("avx512", attn)
+        for isa in others:
+            assert torch.equal(_on(isa, attn), want), (isa, hd, grp, lens)
+    x, w = torch.randn(5, 4096, generator=gen), torch.randn(4096, generator=gen)
+    want = _on("avx512", lambda: cpu_vnni.rms_norm(x, w, 1e-5))
+    for isa in others:
+        assert torch.equal(_on(isa, lambda: cpu_vnni.rms_norm(x, w, 1e-5)), want), isa
 
 
 def _attention_case(n_slots, n_kv, n_ctx, hd, grp, lens, seed, strided=True):

@@ -183,7 +183,10 @@ class CPUBackend(Backend):
         torch.set_num_threads(self.threads)  # torch's setting is per process
         kv_type("cpu", self.config.kv_dtype, KV_SUPPORTED)
         use_cache_dir(self.config.cache_path)  # where the VNNI kernels are built
+        cpu_vnni.use_isa(self.config.cpu_isa)  # which build of them (avx512, avxvnni, avx2)
         self.vnni = self.config.cpu_vnni and cpu_vnni.available()
+        # the quantized matmuls' path: the C kernels' build (avx512, avxvnni, avx2) or torch's int4 kernel
+        self.cpu_isa = cpu_vnni.isa() if self.vnni else "torch"
         self.graph: Graph | None = None
         self.plan: Plan | None = None
         self.cache: KVCache | None = None

@@ -3,7 +3,7 @@
 A MatMul weight becomes a `Matrix`, prepared once at load, that prefill and decode rows share:
 
 - Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q8_0 and the lookup types IQ4_NL, IQ4_XS, MXFP4, where the C kernel
-  can run (AVX512-VNNI, a C compiler): the VNNI form (minfer/kernels/cpu/vnni.py), int8 activations per
+  can run (AVX512-VNNI or AVX2, a C compiler): the VNNI form (minfer/kernels/cpu/vnni.py), int8 activations per
   32 in two passes, prompt chunks and decode rows alike (the contracts `cpu_q4_vnni2`, `cpu_q8_vnni2`,
   `cpu_iq4_vnni2`, `cpu_mxfp4_vnni2`).
 - every other quantized type (and all of them elsewhere) runs torch's int4 packed matmul (group

@@ -1,6 +1,7 @@
-/* int4 weights x int8 activations on AVX512-VNNI: the cpu backend's kernel for the 4-bit ggml
- * types (Q4_0, Q4_1, Q4_K; the lookup types IQ4_NL, IQ4_XS, MXFP4 through a 16-entry table),
- * built by minfer/kernels/cpu/vnni.py with the system C compiler.
+/* int4 weights x int8 activations on AVX512-VNNI, or AVX2 (the vector layer below: -DMINFER_AVX2,
+ * the same bits): the cpu backend's kernel for the 4-bit ggml types (Q4_0, Q4_1, Q4_K; the lookup
+ * types IQ4_NL, IQ4_XS, MXFP4 through a 16-entry table) and the 8-bit codes, built by
+ * minfer/kernels/cpu/vnni.py with the system C compiler.
  *
  * Weight W [n, k] (n a multiple of 32, k of 32), per group of 32 weights along k:
  * w = S * c + Z with codes c in 0..15 (S, Z float16). Layout: W [n/16][k/32][256] bytes: per
@@ -26,6 +27,176 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* ---------------------------------------------------------------- the vector layer
+ * The kernels below are written on 16-lane vectors: vf (16 float32) and vi (512 bits of integers),
+ * through v_* operations. Built as is, these are the AVX-512 registers and intrinsics. Built with
+ * -DMINFER_AVX2 (vnni.py's "avx2" and "avxvnni" builds), each is two 256-bit halves (lo: lanes
+ * 0-7, hi: 8-15) and every operation does on each half what the AVX-512 one does on its lanes:
+ * the same fused or unfused float op per lane, GCC's order for the horizontal reductions
+ * (avx512fintrin.h's _mm512_reduce_add_ps / _mm512_reduce_max_ps: the 256-bit halves, then the
+ * 128-bit halves, then the shuffles), exact integer dot products (vpdpbusd on AVX-VNNI; else
+ * vpmaddubsw + vpmaddwd: the 4-bit codes' int16 pair sums added over a group's 8 registers stay
+ * below 32767, and the 8-bit and table codes are shifted to signed bytes so no pair sum
+ * saturates, DOT_SHIFT): every build gives the same bits. */
+#define INL static inline __attribute__((always_inline))
+#ifdef MINFER_AVX2
+typedef struct { __m256 lo, hi; } vf;
+typedef struct { __m256i lo, hi; } vi;
+INL vf vf_of(__m256 lo, __m256 hi) { vf r = {lo, hi}; return r; }
+INL vi vi_of(__m256i lo, __m256i hi) { vi r = {lo, hi}; return r; }
+INL vf v_setzero_ps(void) { return vf_of(_mm256_setzero_ps(), _mm256_setzero_ps()); }
+INL vi v_setzero_si512(void) { return vi_of(_mm256_setzero_si256(), _mm256_setzero_si256()); }
+INL vf v_set1_ps(float a) { return vf_of(_mm256_set1_ps(a), _mm256_set1_ps(a)); }
+INL vi v_set1_epi8(char a) { return vi_of(_mm256_set1_epi8(a), _mm256_set1_epi8(a)); }
+INL vi v_set1_epi32(int a) { return vi_of(_mm256_set1_epi32(a), _mm256_set1_epi32(a)); }
+INL vf v_loadu_ps(const float *p) { return vf_of(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)); }
+INL void v_storeu_ps(float *p, vf a) { _mm256_storeu_ps(p, a.lo); _mm256_storeu_ps(p + 8, a.hi); }
+INL vi v_loadu_si512(const void *p) {
+    return vi_of(_mm256_loadu_si256((const __m256i *)p), _mm256_loadu_si256((const __m256i *)p + 1));
+}
+INL vf v_add_ps(vf a, vf b) { return vf_of(_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)); }
+INL vf v_sub_ps(vf a, vf b) { return vf_of(_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)); }
+INL vf v_mul_ps(vf a, vf b) { return vf_of(_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)); }
+INL vf v_max_ps(vf a, vf b) { return vf_of(_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)); }
+INL vf v_fmadd_ps(vf a, vf b, vf c) { return vf_of(_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)); }
+INL vf v_fnmadd_ps(vf a, vf b, vf c) {
+    return vf_of(_mm256_fnmadd_ps(a.lo, b.lo, c.lo), _mm256_fnmadd_ps(a.hi, b.hi, c.hi));
+}
+INL vf v_abs_ps(vf a) {  /* as GCC's _mm512_abs_ps: the sign bit cleared */
+    const __m256 m = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    return vf_of(_mm256_and_ps(a.lo, m), _mm256_and_ps(a.hi, m));
+}
+#define v_roundscale_ps(a, mode) vf_of(_mm256_round_ps((a).lo, mode), _mm256_round_ps((a).hi, mode))
+#define v_srli_epi16(a, n) vi_of(_mm256_srli_epi16((a).lo, n), _mm256_srli_epi16((a).hi, n))
+#define v_slli_epi32(a, n) vi_of(_mm256_slli_epi32((a).lo, n), _mm256_slli_epi32((a).hi, n))
+INL vi v_and_si512(vi a, vi b) { return vi_of(_mm256_and_si256(a.lo, b.lo), _mm256_and_si256(a.hi, b.hi)); }
+INL vi v_xor_si512(vi a, vi b) { return vi_of(_mm256_xor_si256(a.lo, b.lo), _mm256_xor_si256(a.hi, b.hi)); }
+INL vi v_add_epi32(vi a, vi b) { return vi_of(_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)); }
+INL vf v_castsi512_ps(vi a) { return vf_of(_mm256_castsi256_ps(a.lo), _mm256_castsi256_ps(a.hi)); }
+INL vi v_cvtps_epi32(vf a) { return vi_of(_mm256_cvtps_epi32(a.lo), _mm256_cvtps_epi32(a.hi)); }
+INL vf v_cvtepi32_ps(vi a) { return vf_of(_mm256_cvtepi32_ps(a.lo), _mm256_cvtepi32_ps(a.hi)); }
+INL vi v_cvtepu16_epi32(__m256i a) {
+    return vi_of(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(a)), _mm256_cvtepu16_epi32(_mm256_extracti128_si256(a, 1)));
+}
+INL vf v_cvtph_ps(__m256i h) {
+    return vf_of(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)));
+}
+INL __m128i v_cvtsepi32_epi8(vi a) {  /* 16 int32 -> 16 int8, saturated (int16 first: the same result) */
+    __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(a.lo, a.hi), 0xD8);
+    return _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+}
+INL vi v_broadcast_i32x4(__m128i a) { __m256i t = _mm256_broadcastsi128_si256(a); return vi_of(t, t); }
+INL vi v_shuffle_epi8(vi t, vi a) { return vi_of(_mm256_shuffle_epi8(t.lo, a.lo), _mm256_shuffle_epi8(t.hi, a.hi)); }
+INL vf v_mask_blend_ps(unsigned m, vf a, vf b) {  /* lane i: b where bit i of m is set, else a */
+    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    __m256i lo = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)(m & 255)), bit), bit);
+    __m256i hi = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)(m >> 8 & 255)), bit), bit);
+    return vf_of(_mm256_blendv_ps(a.lo, b.lo, _mm256_castsi256_ps(lo)), _mm256_blendv_ps(a.hi, b.hi, _mm256_castsi256_ps(hi)));
+}
+/* p 2^n for integral n in [-190, 63] and p of exponent -1 or 0 (exp_neg's): p 2^(n + 64) is exact,
+ * so the one rounding is the final 2^-64's, as vscalefps rounds p 2^n once */
+INL __m256 scalef8(__m256 p, __m256 n) {
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127 + 64)), 23);
+    return _mm256_mul_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), _mm256_set1_ps(0x1p-64f));
+}
+INL vf v_scalef_ps(vf p, vf n) { return vf_of(scalef8(p.lo, n.lo), scalef8(p.hi, n.hi)); }
+INL int v_reduce_add_epi32(vi a) {  /* exact: any order */
+    __m256i s = _mm256_add_epi32(a.lo, a.hi);
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+    return _mm_cvtsi128_si32(t);
+}
+INL float v_reduce_add_ps(vf a) {  /* avx512fintrin.h's order */
+    __m256 t3 = a.hi + a.lo;
+    __m128 t4 = _mm256_extractf128_ps(t3, 1), t5 = _mm256_extractf128_ps(t3, 0);
+    __m128 t6 = t4 + t5;
+    __m128 t7 = __builtin_shuffle(t6, (__v4si){2, 3, 0, 1});
+    __m128 t8 = t6 + t7;
+    return t8[0] + t8[1];
+}
+INL float v_reduce_max_ps(vf a) {  /* avx512fintrin.h's order (and operand order: max is not symmetric) */
+    __m256 t3 = _mm256_max_ps(a.hi, a.lo);
+    __m128 t6 = _mm_max_ps(_mm256_extractf128_ps(t3, 1), _mm256_extractf128_ps(t3, 0));
+    __m128 t8 = _mm_max_ps(t6, __builtin_shuffle(t6, (__v4si){2, 3, 0, 1}));
+    __m128 t10 = _mm_max_ps(t8, __builtin_shuffle(t8, (__v4si){1, 0, 1, 0}));
+    return t10[0];
+}
+#ifdef __AVXVNNI__
+#define DOT_SHIFT 0
+INL vi v_dot_u8(vi acc, vi a, vi x) {  /* unsigned a x signed x, 4 bytes per int32 lane */
+    return vi_of(_mm256_dpbusd_avx_epi32(acc.lo, a.lo, x.lo), _mm256_dpbusd_avx_epi32(acc.hi, a.hi, x.hi));
+}
+#else
+#define DOT_SHIFT 1  /* codes above 127 (8-bit, table): as signed bytes code - 128, v_dot_s8, 128 sum x added */
+INL __m256i dot8(__m256i acc, __m256i a, __m256i x) {  /* a unsigned, |pair sums| < 32768: exact */
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, x), _mm256_set1_epi16(1)));
+}
+INL vi v_dot_s8(vi acc, vi a, vi x) {  /* signed a x signed x (|x| <= 127): |a| a x sign(a) */
+    return vi_of(dot8(acc.lo, _mm256_abs_epi8(a.lo), _mm256_sign_epi8(x.lo, a.lo)),
+                 dot8(acc.hi, _mm256_abs_epi8(a.hi), _mm256_sign_epi8(x.hi, a.hi)));
+}
+/* the 4-bit codes (0..15): vpmaddubsw's pair sums (|.| <= 2 * 15 * 127) of the 8 registers of a group
+ * summed in int16 (<= 30480: exact), then one vpmaddwd: `i` + the group's 4-k dot products */
+INL vi v_dot4_group(vi i, const vi *a, const int32_t *xq) {
+    __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) {
+        __m256i xb = _mm256_set1_epi32(xq[j]);
+        lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(a[j].lo, xb));
+        hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(a[j].hi, xb));
+    }
+    const __m256i one = _mm256_set1_epi16(1);
+    return vi_of(_mm256_add_epi32(i.lo, _mm256_madd_epi16(lo, one)), _mm256_add_epi32(i.hi, _mm256_madd_epi16(hi, one)));
+}
+INL int group_sum(const int8_t *x) {  /* the 32 bytes' sum */
+    __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_loadu_si256((const __m256i *)x)),
+                                  _mm256_set1_epi16(1));
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+    return _mm_cvtsi128_si32(t);
+}
+#endif
+#else
+typedef __m512 vf;
+typedef __m512i vi;
+#define DOT_SHIFT 0
+#define v_setzero_ps _mm512_setzero_ps
+#define v_setzero_si512 _mm512_setzero_si512
+#define v_set1_ps _mm512_set1_ps
+#define v_set1_epi8 _mm512_set1_epi8
+#define v_set1_epi32 _mm512_set1_epi32
+#define v_loadu_ps _mm512_loadu_ps
+#define v_storeu_ps _mm512_storeu_ps
+#define v_loadu_si512 _mm512_loadu_si512
+#define v_add_ps _mm512_add_ps
+#define v_sub_ps _mm512_sub_ps
+#define v_mul_ps _mm512_mul_ps
+#define v_max_ps _mm512_max_ps
+#define v_fmadd_ps _mm512_fmadd_ps
+#define v_fnmadd_ps _mm512_fnmadd_ps
+#define v_abs_ps _mm512_abs_ps
+#define v_roundscale_ps _mm512_roundscale_ps
+#define v_srli_epi16 _mm512_srli_epi16
+#define v_slli_epi32 _mm512_slli_epi32
+#define v_and_si512 _mm512_and_si512
+#define v_add_epi32 _mm512_add_epi32
+#define v_castsi512_ps _mm512_castsi512_ps
+#define v_cvtps_epi32 _mm512_cvtps_epi32
+#define v_cvtepi32_ps _mm512_cvtepi32_ps
+#define v_cvtepu16_epi32 _mm512_cvtepu16_epi32
+#define v_cvtph_ps _mm512_cvtph_ps
+#define v_cvtsepi32_epi8 _mm512_cvtsepi32_epi8
+#define v_broadcast_i32x4 _mm512_broadcast_i32x4
+#define v_shuffle_epi8 _mm512_shuffle_epi8
+#define v_mask_blend_ps(m, a, b) _mm512_mask_blend_ps((__mmask16)(m), a, b)
+#define v_scalef_ps _mm512_scalef_ps
+#define v_reduce_add_epi32 _mm512_reduce_add_epi32
+#define v_reduce_add_ps _mm512_reduce_add_ps
+#define v_reduce_max_ps _mm512_reduce_max_ps
+#define v_dot_u8 _mm512_dpbusd_epi32
+#endif
 
 /* ---------------------------------------------------------------- packing (load time) */
 
@@ -179,34 +350,34 @@ static void quantize_rows(const void *x, int bf16, int m, int k, int P, int8_t *
     #pragma omp parallel for schedule(static) if (m >= 16)
     for (int r = 0; r < m; r++) {
         for (int g = 0; g < G; g++) {
-            __m512 a, b;
+            vf a, b;
             size_t at = (size_t)r * k + g * 32;
             if (bf16) {
                 const uint16_t *p = (const uint16_t *)x + at;
-                a = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-                b = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p + 16))), 16));
+                a = v_castsi512_ps(v_slli_epi32(v_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+                b = v_castsi512_ps(v_slli_epi32(v_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p + 16))), 16));
             } else {
                 const float *p = (const float *)x + at;
-                a = _mm512_loadu_ps(p);
-                b = _mm512_loadu_ps(p + 16);
+                a = v_loadu_ps(p);
+                b = v_loadu_ps(p + 16);
             }
             float total = 0.0f;
             for (int pass = 0; pass < P; pass++) {
-                float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+                float amax = v_reduce_max_ps(v_max_ps(v_abs_ps(a), v_abs_ps(b)));
                 float dd = amax / 127.0f;
                 float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-                __m512 vi = _mm512_set1_ps(inv);
-                __m512 ra = _mm512_roundscale_ps(_mm512_mul_ps(a, vi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-                __m512 rb = _mm512_roundscale_ps(_mm512_mul_ps(b, vi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-                __m512i qa = _mm512_cvtps_epi32(ra), qb = _mm512_cvtps_epi32(rb);
+                vf vinv = v_set1_ps(inv);
+                vf ra = v_roundscale_ps(v_mul_ps(a, vinv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                vf rb = v_roundscale_ps(v_mul_ps(b, vinv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                vi qa = v_cvtps_epi32(ra), qb = v_cvtps_epi32(rb);
                 int8_t *qr = q + ((size_t)r * P + pass) * k + g * 32;
-                _mm_storeu_si128((__m128i *)qr, _mm512_cvtsepi32_epi8(qa));
-                _mm_storeu_si128((__m128i *)(qr + 16), _mm512_cvtsepi32_epi8(qb));
+                _mm_storeu_si128((__m128i *)qr, v_cvtsepi32_epi8(qa));
+                _mm_storeu_si128((__m128i *)(qr + 16), v_cvtsepi32_epi8(qb));
                 d[((size_t)r * P + pass) * G + g] = dd;
-                total += dd * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
-                __m512 vd = _mm512_set1_ps(dd);  /* what is left for the next pass */
-                a = _mm512_fnmadd_ps(ra, vd, a);
-                b = _mm512_fnmadd_ps(rb, vd, b);
+                total += dd * (float)v_reduce_add_epi32(v_add_epi32(qa, qb));
+                vf vd = v_set1_ps(dd);  /* what is left for the next pass */
+                a = v_fnmadd_ps(ra, vd, a);
+                b = v_fnmadd_ps(rb, vd, b);
             }
             sx[(size_t)r * G + g] = total;
         }
@@ -219,70 +390,95 @@ static void quantize_rows(const void *x, int bf16, int m, int k, int P, int8_t *
 
 /* rows (<= MT) x 32 columns; X: the rows' quantized activations, P passes of k bytes per row */
 /* LUT: the 4-bit codes index `lut` (the lookup types; `table` its 16 bytes in every 128-bit lane) */
-static inline __attribute__((always_inline)) void tile(int rows, int P, int B8, int LUT, __m512i table,
+static inline __attribute__((always_inline)) void tile(int rows, int P, int B8, int LUT, vi table,
         const uint8_t *W0, const uint8_t *W1,
         const uint16_t *S0, const uint16_t *S1, const uint16_t *Z0, const uint16_t *Z1, int G,
         const int8_t *X, const float *dx, const float *sx, int k, float *Y, int ldy) {
-    __m512 acc0[MT], acc1[MT];
-    for (int r = 0; r < MT; r++) { acc0[r] = _mm512_setzero_ps(); acc1[r] = _mm512_setzero_ps(); }
-    const __m512i mask = _mm512_set1_epi8(0x0F);
+    vf acc0[MT], acc1[MT];
+    for (int r = 0; r < MT; r++) { acc0[r] = v_setzero_ps(); acc1[r] = v_setzero_ps(); }
+    const vi mask = v_set1_epi8(0x0F);
     for (int g = 0; g < G; g++) {
-        __m512i a[8], b[8];
+        vi a[8], b[8];
         if (B8) {  /* 8-bit codes: the registers as stored */
             const uint8_t *p0 = W0 + (size_t)g * 512, *p1 = W1 + (size_t)g * 512;
             for (int c = 0; c < 8; c++) {
-                a[c] = _mm512_loadu_si512(p0 + 64 * c);
-                b[c] = _mm512_loadu_si512(p1 + 64 * c);
+                a[c] = v_loadu_si512(p0 + 64 * c);
+                b[c] = v_loadu_si512(p1 + 64 * c);
             }
         } else {
             const uint8_t *p0 = W0 + (size_t)g * 256, *p1 = W1 + (size_t)g * 256;
             for (int c = 0; c < 4; c++) {
-                __m512i r0 = _mm512_loadu_si512(p0 + 64 * c), r1 = _mm512_loadu_si512(p1 + 64 * c);
-                a[2 * c] = _mm512_and_si512(r0, mask);
-                a[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(r0, 4), mask);
-                b[2 * c] = _mm512_and_si512(r1, mask);
-                b[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(r1, 4), mask);
+                vi r0 = v_loadu_si512(p0 + 64 * c), r1 = v_loadu_si512(p1 + 64 * c);
+                a[2 * c] = v_and_si512(r0, mask);
+                a[2 * c + 1] = v_and_si512(v_srli_epi16(r0, 4), mask);
+                b[2 * c] = v_and_si512(r1, mask);
+                b[2 * c + 1] = v_and_si512(v_srli_epi16(r1, 4), mask);
             }
             if (LUT)
                 for (int c = 0; c < 8; c++) {
-                    a[c] = _mm512_shuffle_epi8(table, a[c]);
-                    b[c] = _mm512_shuffle_epi8(table, b[c]);
+                    a[c] = v_shuffle_epi8(table, a[c]);
+                    b[c] = v_shuffle_epi8(table, b[c]);
                 }
         }
-        __m512 s0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S0 + g * 16)));
-        __m512 s1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S1 + g * 16)));
-        __m512 z0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(Z0 + g * 16)));
-        __m512 z1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(Z1 + g * 16)));
+#if DOT_SHIFT
+        if (B8 || LUT) {  /* codes 0..255 as signed bytes code - 128 (v_dot_s8) */
+            const vi top = v_set1_epi8((char)0x80);
+            for (int c = 0; c < 8; c++) {
+                a[c] = v_xor_si512(a[c], top);
+                b[c] = v_xor_si512(b[c], top);
+            }
+        }
+#endif
+        vf s0 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S0 + g * 16)));
+        vf s1 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S1 + g * 16)));
+        vf z0 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(Z0 + g * 16)));
+        vf z1 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(Z1 + g * 16)));
         for (int r = 0; r < MT; r++) {
             if (r >= rows) break;
             for (int pass = 0; pass < P; pass++) {
                 const int32_t *xq = (const int32_t *)(X + ((size_t)r * P + pass) * k + g * 32);
-                __m512i i0 = _mm512_setzero_si512(), i1 = _mm512_setzero_si512();
-                for (int j = 0; j < 8; j++) {
-                    __m512i xb = _mm512_set1_epi32(xq[j]);
-                    i0 = _mm512_dpbusd_epi32(i0, a[j], xb);
-                    i1 = _mm512_dpbusd_epi32(i1, b[j], xb);
+                vi i0 = v_setzero_si512(), i1 = v_setzero_si512();
+#if DOT_SHIFT  /* AVX2 without VNNI */
+                if (!B8 && !LUT) {
+                    i0 = v_dot4_group(i0, a, xq);
+                    i1 = v_dot4_group(i1, b, xq);
+                } else {  /* the codes were shifted by -128: sum (c - 128) q + 128 sum q */
+                    for (int j = 0; j < 8; j++) {
+                        vi xb = v_set1_epi32(xq[j]);
+                        i0 = v_dot_s8(i0, a[j], xb);
+                        i1 = v_dot_s8(i1, b[j], xb);
+                    }
+                    vi c = v_set1_epi32(128 * group_sum((const int8_t *)xq));
+                    i0 = v_add_epi32(i0, c);
+                    i1 = v_add_epi32(i1, c);
                 }
-                __m512 dv = _mm512_set1_ps(dx[((size_t)r * P + pass) * G + g]);
-                acc0[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_mul_ps(s0, dv), acc0[r]);
-                acc1[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_mul_ps(s1, dv), acc1[r]);
+#else
+                for (int j = 0; j < 8; j++) {
+                    vi xb = v_set1_epi32(xq[j]);
+                    i0 = v_dot_u8(i0, a[j], xb);
+                    i1 = v_dot_u8(i1, b[j], xb);
+                }
+#endif
+                vf dv = v_set1_ps(dx[((size_t)r * P + pass) * G + g]);
+                acc0[r] = v_fmadd_ps(v_cvtepi32_ps(i0), v_mul_ps(s0, dv), acc0[r]);
+                acc1[r] = v_fmadd_ps(v_cvtepi32_ps(i1), v_mul_ps(s1, dv), acc1[r]);
             }
-            __m512 sv = _mm512_set1_ps(sx[(size_t)r * G + g]);
-            acc0[r] = _mm512_fmadd_ps(z0, sv, acc0[r]);
-            acc1[r] = _mm512_fmadd_ps(z1, sv, acc1[r]);
+            vf sv = v_set1_ps(sx[(size_t)r * G + g]);
+            acc0[r] = v_fmadd_ps(z0, sv, acc0[r]);
+            acc1[r] = v_fmadd_ps(z1, sv, acc1[r]);
         }
     }
     for (int r = 0; r < MT; r++) {
         if (r >= rows) break;
-        _mm512_storeu_ps(Y + (size_t)r * ldy, acc0[r]);
-        _mm512_storeu_ps(Y + (size_t)r * ldy + 16, acc1[r]);
+        v_storeu_ps(Y + (size_t)r * ldy, acc0[r]);
+        v_storeu_ps(Y + (size_t)r * ldy + 16, acc1[r]);
     }
 }
 
 /* rows (<= MT) rows from r0 of the quantized activations (q, d, sx: quantize_rows') against the 32
  * columns whose two 16-column blocks start at W0 / W1 (S0 / S1, Z0 / Z1), into y + r0 * ldy: tile() with
  * its row count, passes and code width known at compile time (the registers unrolled). */
-static void tile_rows(int rows, int P, int bits, int lut, __m512i table, const uint8_t *W0, const uint8_t *W1,
+static void tile_rows(int rows, int P, int bits, int lut, vi table, const uint8_t *W0, const uint8_t *W1,
                       const uint16_t *S0, const uint16_t *S1, const uint16_t *Z0, const uint16_t *Z1, int G,
                       const int8_t *q, const float *d, const float *sx, int k, int r0, float *y, int ldy) {
 #define TILE(R, PP, B8) tile(R, PP, B8, B8 ? 0 : LUT_ON, table, W0, W1, S0, S1, Z0, Z1, G, q + (size_t)r0 * PP * k, \
@@ -320,8 +516,8 @@ int q4_gemm(const uint8_t *W, const uint16_t *S, const uint16_t *Z, int n, int k
     if ((P != 1 && P != 2) || (bits != 4 && bits != 8) || m < 1 || n < 32 || n % 32 || k < 32 || k % 32 || ldy < n
         || (lut != NULL && bits != 4))
         return -1;
-    const __m512i table = lut != NULL ? _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lut))
-                                      : _mm512_setzero_si512();
+    const vi table = lut != NULL ? v_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lut))
+                                      : v_setzero_si512();
     size_t nq = ((size_t)m * P * k + 63) / 64 * 64;
     int8_t *q = malloc(nq + (size_t)m * G * (P + 1) * sizeof(float));
     if (q == NULL) return -2;
@@ -355,8 +551,8 @@ int q4_gemm_experts(const uint8_t *W, const uint16_t *S, const uint16_t *Z, int 
     if ((P != 1 && P != 2) || (bits != 4 && bits != 8) || m < 1 || n < 1 || stride % 32 || stride < NT * 32 ||
         k < 32 || k % 32 || ldy < NT * 32 || runs < 1 || rs[0] != 0 || rs[runs] != m || (lut != NULL && bits != 4))
         return -1;
-    const __m512i table = lut != NULL ? _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lut))
-                                      : _mm512_setzero_si512();
+    const vi table = lut != NULL ? v_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lut))
+                                      : v_setzero_si512();
     for (int r = 0; r < runs; r++)
         if (ex[r] < 0 || ex[r] >= n_expert || rs[r + 1] <= rs[r]) return -1;
     size_t nq = ((size_t)m * P * k + 63) / 64 * 64;
@@ -382,20 +578,20 @@ int q4_gemm_experts(const uint8_t *W, const uint16_t *S, const uint16_t *Z, int 
 
 /* e^x for x <= 0 (softmax arguments): 2^(x log2 e) = 2^n 2^f, |f| <= 1/2, 2^f by its Taylor
  * series to degree 7 (relative error < 1e-8 before float rounding), 2^n by vscalefps. */
-static inline __m512 exp_neg(__m512 x) {
-    const __m512 log2e = _mm512_set1_ps(1.44269504088896341f), ln2 = _mm512_set1_ps(0.693147180559945309f);
-    __m512 t = _mm512_max_ps(_mm512_mul_ps(x, log2e), _mm512_set1_ps(-150.0f));
-    __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 f = _mm512_mul_ps(_mm512_sub_ps(t, n), ln2);  /* e^f, |f| <= ln2 / 2 */
-    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 720.0f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
+static inline vf exp_neg(vf x) {
+    const vf log2e = v_set1_ps(1.44269504088896341f), ln2 = v_set1_ps(0.693147180559945309f);
+    vf t = v_max_ps(v_mul_ps(x, log2e), v_set1_ps(-150.0f));
+    vf n = v_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    vf f = v_mul_ps(v_sub_ps(t, n), ln2);  /* e^f, |f| <= ln2 / 2 */
+    vf p = v_set1_ps(1.0f / 5040.0f);
+    p = v_fmadd_ps(p, f, v_set1_ps(1.0f / 720.0f));
+    p = v_fmadd_ps(p, f, v_set1_ps(1.0f / 120.0f));
+    p = v_fmadd_ps(p, f, v_set1_ps(1.0f / 24.0f));
+    p = v_fmadd_ps(p, f, v_set1_ps(1.0f / 6.0f));
+    p = v_fmadd_ps(p, f, v_set1_ps(0.5f));
+    p = v_fmadd_ps(p, f, v_set1_ps(1.0f));
+    p = v_fmadd_ps(p, f, v_set1_ps(1.0f));
+    return v_scalef_ps(p, n);
 }
 
 #define MAX_GROUP 16   /* query heads per kv head */
@@ -408,43 +604,43 @@ static void attn_part(const float *Q, const float *K, const float *V, int l0, in
                       float scale, float *sc, float *o, float *mx_out, float *sum_out) {
     int nv = hd / 16, L = l1 - l0, Lp = (L + 15) / 16 * 16;
     for (int l = 0; l < L; l++) {
-        __m512 kv[MAX_HD / 16];
-        for (int i = 0; i < nv; i++) kv[i] = _mm512_loadu_ps(K + (size_t)(l0 + l) * hd + 16 * i);
+        vf kv[MAX_HD / 16];
+        for (int i = 0; i < nv; i++) kv[i] = v_loadu_ps(K + (size_t)(l0 + l) * hd + 16 * i);
         for (int j = 0; j < grp; j++) {
-            __m512 acc = _mm512_mul_ps(kv[0], _mm512_loadu_ps(Q + j * hd));
-            for (int i = 1; i < nv; i++) acc = _mm512_fmadd_ps(kv[i], _mm512_loadu_ps(Q + j * hd + 16 * i), acc);
-            sc[(size_t)j * Lp + l] = _mm512_reduce_add_ps(acc) * scale;
+            vf acc = v_mul_ps(kv[0], v_loadu_ps(Q + j * hd));
+            for (int i = 1; i < nv; i++) acc = v_fmadd_ps(kv[i], v_loadu_ps(Q + j * hd + 16 * i), acc);
+            sc[(size_t)j * Lp + l] = v_reduce_add_ps(acc) * scale;
         }
     }
     for (int j = 0; j < grp; j++) {
         float *s = sc + (size_t)j * Lp;
         for (int l = L; l < Lp; l++) s[l] = -INFINITY;
-        __m512 mx = _mm512_set1_ps(-INFINITY);
-        for (int l = 0; l < Lp; l += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + l));
-        float m = _mm512_reduce_max_ps(mx);
-        __m512 mv = _mm512_set1_ps(m), sum = _mm512_setzero_ps();
+        vf mx = v_set1_ps(-INFINITY);
+        for (int l = 0; l < Lp; l += 16) mx = v_max_ps(mx, v_loadu_ps(s + l));
+        float m = v_reduce_max_ps(mx);
+        vf mv = v_set1_ps(m), sum = v_setzero_ps();
         for (int l = 0; l < Lp; l += 16) {
-            __m512 e = exp_neg(_mm512_sub_ps(_mm512_loadu_ps(s + l), mv));
-            e = _mm512_mask_blend_ps((__mmask16)(l + 16 <= L ? 0xFFFF : (1u << (L - l)) - 1), _mm512_setzero_ps(), e);
-            _mm512_storeu_ps(s + l, e);
-            sum = _mm512_add_ps(sum, e);
+            vf e = exp_neg(v_sub_ps(v_loadu_ps(s + l), mv));
+            e = v_mask_blend_ps((unsigned)(l + 16 <= L ? 0xFFFF : (1u << (L - l)) - 1), v_setzero_ps(), e);
+            v_storeu_ps(s + l, e);
+            sum = v_add_ps(sum, e);
         }
         mx_out[j] = m;
-        sum_out[j] = _mm512_reduce_add_ps(sum);
+        sum_out[j] = v_reduce_add_ps(sum);
     }
-    __m512 acc[MAX_GROUP][MAX_HD / 16];
+    vf acc[MAX_GROUP][MAX_HD / 16];
     for (int j = 0; j < grp; j++)
-        for (int i = 0; i < nv; i++) acc[j][i] = _mm512_setzero_ps();
+        for (int i = 0; i < nv; i++) acc[j][i] = v_setzero_ps();
     for (int l = 0; l < L; l++) {
-        __m512 vv[MAX_HD / 16];
-        for (int i = 0; i < nv; i++) vv[i] = _mm512_loadu_ps(V + (size_t)(l0 + l) * hd + 16 * i);
+        vf vv[MAX_HD / 16];
+        for (int i = 0; i < nv; i++) vv[i] = v_loadu_ps(V + (size_t)(l0 + l) * hd + 16 * i);
         for (int j = 0; j < grp; j++) {
-            __m512 p = _mm512_set1_ps(sc[(size_t)j * Lp + l]);
-            for (int i = 0; i < nv; i++) acc[j][i] = _mm512_fmadd_ps(p, vv[i], acc[j][i]);
+            vf p = v_set1_ps(sc[(size_t)j * Lp + l]);
+            for (int i = 0; i < nv; i++) acc[j][i] = v_fmadd_ps(p, vv[i], acc[j][i]);
         }
     }
     for (int j = 0; j < grp; j++)
-        for (int i = 0; i < nv; i++) _mm512_storeu_ps(o + j * hd + 16 * i, acc[j][i]);
+        for (int i = 0; i < nv; i++) v_storeu_ps(o + j * hd + 16 * i, acc[j][i]);
 }
 
 /* One query row per sequence against its cached keys: q [B, n_head * hd] float32 (row stride
@@ -524,15 +720,15 @@ int rms_norm(const float *x, int m, int d, const float *w, float eps, float *y) 
     for (int r = 0; r < m; r++) {
         const float *xr = x + (size_t)r * d;
         float *yr = y + (size_t)r * d;
-        __m512 acc = _mm512_setzero_ps();
+        vf acc = v_setzero_ps();
         for (int i = 0; i < d; i += 16) {
-            __m512 v = _mm512_loadu_ps(xr + i);
-            acc = _mm512_fmadd_ps(v, v, acc);
+            vf v = v_loadu_ps(xr + i);
+            acc = v_fmadd_ps(v, v, acc);
         }
-        float inv = 1.0f / sqrtf(_mm512_reduce_add_ps(acc) / (float)d + eps);
-        __m512 s = _mm512_set1_ps(inv);
+        float inv = 1.0f / sqrtf(v_reduce_add_ps(acc) / (float)d + eps);
+        vf s = v_set1_ps(inv);
         for (int i = 0; i < d; i += 16)
-            _mm512_storeu_ps(yr + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(xr + i), s), _mm512_loadu_ps(w + i)));
+            v_storeu_ps(yr + i, v_mul_ps(v_mul_ps(v_loadu_ps(xr + i), s), v_loadu_ps(w + i)));
     }
     return 0;
 }

@@ -1,14 +1,21 @@
-"""int4 weights x int8 activations on AVX512-VNNI (q4_vnni.c), through ctypes.
+"""int4 weights x int8 activations in C (q4_vnni.c), through ctypes.
 
-The C file is compiled once per machine with the system C compiler (`cc`, or $CC) into
+The C file is compiled once per machine and ISA with the system C compiler (`cc`, or $CC) into
 minfer's cache directory ($MINFER_CACHE, else ~/.cache/minfer; cbuild.py) and loaded after torch, so its
-OpenMP regions run on torch's own libgomp threads. `available()` says whether it can run here:
-a CPU with AVX512-VNNI, a compiler, and MINFER_CPU_VNNI not set to 0. Where it cannot, the cpu
-backend keeps torch's int4 kernel for every type (kernels/cpu/matmul.py).
+OpenMP regions run on torch's own libgomp threads. One source, three builds (`ISAS`): "avx512"
+(AVX512-VNNI), "avxvnni" (AVX2 with the 256-bit AVX-VNNI dot product: Intel client CPUs since
+Alder Lake) and "avx2" (AVX2 + FMA + F16C: AMD Zen 2/3, older Intel) — the AVX2 builds model each
+512-bit register as two 256-bit halves with the same float operations in the same order, so every
+build gives the same bits. `use_isa` picks one ("auto": the best the CPU's flags allow; the
+backend passes EngineConfig.cpu_isa, MINFER_CPU_ISA); `isa()` says which runs. `available()` says
+whether any can run here (the ISA's CPU flags and a compiler; MINFER_CPU_VNNI=0 turns the backend's
+use off). Where none can, the cpu backend keeps torch's int4 kernel for every type
+(kernels/cpu/matmul.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import re
@@ -24,6 +31,14 @@ from .matmul import into, rows_call
 SOURCE = Path(__file__).parent / "q4_vnni.c"
 REVISION_SOURCES = (SOURCE,)  # the contract's revision hash covers the C file
 FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma", "-fopenmp"]
+# ISA -> (the /proc/cpuinfo flags it needs, its compiler flags), best first (the order "auto" tries)
+ISAS = {
+    "avx512": ({"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma"}, FLAGS),
+    "avxvnni": ({"avx2", "avx_vnni", "f16c", "fma"},
+                ["-O3", "-mavx2", "-mavxvnni", "-mf16c", "-mfma", "-DMINFER_AVX2", "-fopenmp"]),
+    "avx2": ({"avx2", "f16c", "fma"}, ["-O3", "-mavx2", "-mf16c", "-mfma", "-DMINFER_AVX2", "-fopenmp"]),
+}
+_ISA = ["auto"]  # the requested build (use_isa)
 TYPES = {GGMLType.Q4_0: 2, GGMLType.Q4_1: 3, GGMLType.Q4_K: 12}  # ggml type ids the packer reads: 4-bit codes
 # the lookup types: 4-bit codes through a 16-byte table of their values + 128 (vpshufb)
 LUT_TYPES = {GGMLType.IQ4_NL: 20, GGMLType.IQ4_XS: 23, GGMLType.MXFP4: 39}
@@ -41,12 +56,50 @@ def _cpu_flags() -> set[str]:
     return set(m.group(1).split()) if m else set()
 
 
+def use_isa(name: str) -> None:
+    """Which build of the C kernels this process runs from now on: "auto" (the first of ISAS the
+    CPU has) or one of ISAS (none runs where the CPU lacks it). Weights prepared before keep theirs."""
+    if name != "auto" and name not in ISAS:
+        raise UnsupportedError(f"cpu ISA {name!r}: expected auto or one of {', '.join(ISAS)}")
+    _ISA[0] = name
+
+
+@contextlib.contextmanager
+def isa_forced(name: str):
+    """`use_isa(name)` for a block (the choice before it afterwards); yields `isa()`: the build that
+    runs, None where this CPU or compiler has none (tests run each build on an AVX-512 machine)."""
+    before = _ISA[0]
+    use_isa(name)
+    try:
+        yield isa()
+    finally:
+        use_isa(before)
+
+
+def isa() -> str | None:
+    """The build the C kernels run as (a key of ISAS), or None where none can run here."""
+    return _resolve(_ISA[0])
+
+
 @functools.cache
+def _resolve(requested: str) -> str | None:
+    names = list(ISAS) if requested == "auto" else [requested]
+    return next((n for n in names if _build(n) is not None), None)
+
+
 def _library() -> ctypes.CDLL | None:
-    """The compiled kernel (built on first use), or None where it cannot be built or run."""
-    if not {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma"} <= _cpu_flags():
+    """The compiled kernel of the chosen ISA (built on first use), or None where it cannot be built or run."""
+    name = isa()
+    return None if name is None else _build(name)
+
+
+@functools.cache
+def _build(name: str) -> ctypes.CDLL | None:
+    """The kernel built for ISA `name`, or None where the CPU lacks it or it cannot be built."""
+    need, flags = ISAS[name]
+    if not need <= _cpu_flags():
         return None
-    so = build(SOURCE, FLAGS, "using torch's int4 kernel")
+    so = build(SOURCE, flags, "using torch's int4 kernel")
     if so is None:
         return None
     p, i = ctypes.c_void_p, ctypes.c_int
