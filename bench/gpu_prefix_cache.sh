@@ -3,13 +3,7 @@
 # (carried), a 7B Q4_0 synthetic model, the cuda test of the cache compiled, then 64 concurrent
 # requests sharing a 2,000-token prefix + 100 own tokens through HTTP, cache on vs off (TTFT p50,
 # aggregate tok/s, hit / miss tokens, greedy outputs identical). Run from the repo root on the GPU machine.
-set -uo pipefail
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; M=${M:-/tmp/models}; mkdir -p "$OUT" "$M"
-python3 -m pip install -q --no-index --no-deps --target /tmp/pylib .whl/*.whl 2>&1 | tail -2
-export PYTHONPATH=.:/tmp/pylib
-F=$M/qwen2.5-7b-q4_0.gguf
-[ -f "$F" ] || python3 -m minfer.cli synth qwen2.5-7b q4_0 "$F" > /dev/null
+source bench/gpu_server_env.sh  # (.whl deps, OUT, M, F: the 7B Q4_0 synthetic model)
 echo "== pytest (compiled kernels)"
 MINFER_TEST_DEVICE=cuda timeout 200 python3 -m pytest -q -x -p no:cacheprovider \
   tests/backends/test_cuda_backend.py -k prefix_cache 2>&1 | tail -4

@@ -2,13 +2,7 @@
 # One device call for the server on the H200: the server's deps from .whl/ (carried), a 7B synthetic
 # model, the engine's batched numbers (decode phase and whole request), the engine alone under the
 # server's workload, then the server through HTTP. Run from the repo root on the GPU machine.
-set -uo pipefail
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; M=${M:-/tmp/models}; mkdir -p "$OUT" "$M"
-python3 -m pip install -q --no-index --no-deps --target /tmp/pylib .whl/*.whl 2>&1 | tail -2
-export PYTHONPATH=.:/tmp/pylib
-F=$M/qwen2.5-7b-q4_0.gguf
-[ -f "$F" ] || python3 -m minfer.cli synth qwen2.5-7b q4_0 "$F" > /dev/null
+source bench/gpu_server_env.sh  # (.whl deps, OUT, M, F: the 7B Q4_0 synthetic model)
 C=${CONC:-1,16,64}
 if [ -n "${TESTS:-}" ]; then
   echo "== pytest $TESTS"

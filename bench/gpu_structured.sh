@@ -5,13 +5,7 @@
 #   pip download llguidance==1.9.1 --no-deps --only-binary=:all: --python-version 3.12 \
 #       --platform manylinux_2_31_x86_64 -d .whl                       # here, once (one abi3 wheel, no deps)
 #   device: bash bench/gpu_structured.sh        carry [".whl"]
-set -uo pipefail
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; M=${M:-/tmp/models}; mkdir -p "$OUT" "$M"
-python3 -m pip install -q --no-index --no-deps --target /tmp/pylib .whl/*.whl 2>&1 | tail -2
-export PYTHONPATH=.:/tmp/pylib
-F=$M/qwen2.5-7b-q4_0.gguf
-[ -f "$F" ] || python3 -m minfer.cli synth qwen2.5-7b q4_0 "$F" > /dev/null
+source bench/gpu_server_env.sh  # (.whl deps, OUT, M, F: the 7B Q4_0 synthetic model)
 echo "== cuda tests: the grammar masks and embeddings on the device"
 MINFER_TEST_DEVICE=cuda timeout 200 python3 -m pytest -q -x -p no:cacheprovider \
   tests/backends/test_cuda_backend.py -k structured tests/engine/test_grammar.py 2>&1 | tail -4
