@@ -156,6 +156,7 @@ class Backend(ABC):
     kv_itemsize: float  # bytes per cached key/value element (17/16 for a Q8_0 cache)
     prefill_seqs: int  # prompts the scheduler may chunk into one step (1: rows independent of the batch)
     device_pick: bool = False  # decode_pick picks tokens on the device: the engine queues step N+1 before reading N
+    masked_pick: bool = False  # decode_pick(masked=True): the pick waits for the rows' grammar bitmasks (`pick(bits)`)
     kv_copy: bool = False  # copy_kv works: the engine's prefix cache may reuse blocks across slots
     graph: Graph | None = None
 

@@ -16,9 +16,12 @@ host's work on step N (reading its tokens, stop strings, text) then runs while t
 step N+1, and the GPU does not wait for the host between steps. At most one step is in flight
 after `step()` returns; it is read by the next call. A sequence that ends by an end token or a
 stop string has run one speculative row past its end, which changes nothing it returns.
-A sequence with a grammar or a logit bias (SamplingParams.guided) is sampled on the host: its
-step's masks are computed (engine/masks.py) while the backend runs the forward, then applied
-to its logits row before the sampler sees it. With a trace recorder
+A sequence with a grammar overlaps the same way on a backend with `masked_pick` (cuda): step N+1's
+forward is queued before step N's tokens are read; once they are, the grammars advance, the
+masks of step N+1 are computed on the host while its forward runs on the device, and its pick
+is queued behind them (engine/masks.py computes them, the backend applies them before its pick).
+Elsewhere (and with a logit bias) the host samples: the step's masks are computed while the
+backend runs the forward, then applied to the logits before the sampler sees them. With a trace recorder
 (MINFER_TRACE / EngineConfig.trace_path) each step is recorded node by node, with one token per
 sequence.
 """
@@ -191,19 +194,50 @@ class Engine:
                 return []
             for src, dst, n in plan.copies:  # cached prefix blocks into new sequences' slots, before the step
                 self.backend.copy_kv(src, dst, n)
-            if self._launch is None or plan.batch.kind != "decode" or plan.drafts or \
-                    not all(s.device_pickable for s in plan.decode):
+            if not self._launchable(plan):
                 return self._run(plan)
-            launched = self._launch(plan.batch, params=_sampling(plan.decode, 0))
+            launched = self._queue(plan)
             self.steps += 1
         nxt = self.scheduler.continue_decode(plan)
         if nxt is not None:  # queued behind `plan` on the device before its tokens are read
-            self._inflight = (nxt, self._launch(nxt.batch, after=launched, params=_sampling(nxt.decode, 1)))
+            self._inflight = (nxt, self._queue(nxt, after=launched))
             self.steps += 1
-        sampled = [(seq, tok) for seq, tok, _ in self.scheduler.postprocess(plan, picked=launched.tokens())]
+        try:
+            sampled = [(seq, tok) for seq, tok, _ in self.scheduler.postprocess(plan, picked=launched.tokens())]
+        finally:
+            if self._inflight is not None:  # the grammars have taken `plan`'s tokens: the next step's masks
+                self._pick_masked(*self._inflight)
         if not sampled and self._inflight is None:  # every row of it had ended: run what is next
             return self.step()
         return sampled
+
+    def _launchable(self, plan) -> bool:
+        """Whether the backend launches `plan` and picks its tokens on the device (and may queue
+        the next step before they are read): a decode step without drafts whose rows pick from
+        their logits alone, or also from a grammar's mask where the backend applies one."""
+        return self._launch is not None and plan.batch.kind == "decode" and not plan.drafts and \
+            all(s.device_pickable for s in plan.decode) and \
+            (self.backend.masked_pick or all(s.matcher is None for s in plan.decode))
+
+    def _queue(self, plan, after=None):
+        """Launch `plan` (`after`: the launched step before it, whose tokens are its inputs). Rows
+        under a grammar are launched masked: their pick waits for `_pick_masked`, here when the
+        step before is read already (its tokens are known: the masks are computed while the
+        forward runs), else after `step` has read it."""
+        if not any(s.matcher is not None for s in plan.decode):
+            return self._launch(plan.batch, after=after, params=_sampling(plan.decode, 0 if after is None else 1))
+        launched = self._launch(plan.batch, after=after, params=_sampling(plan.decode, 0 if after is None else 1),
+                                masked=True)
+        if after is None:
+            self._pick_masked(plan, launched)
+        return launched
+
+    def _pick_masked(self, plan, launched) -> None:
+        """Queue a masked step's pick with its rows' bitmasks (nothing for a step launched unmasked).
+        A sequence that has finished meanwhile gets every token allowed: its row's token is dropped."""
+        if getattr(launched, "pending", False):
+            matchers = [None if s.finished else s.matcher for s in plan.decode]
+            launched.pick(self.masks.rows(matchers, self.n_vocab))
 
     def _run(self, plan) -> list[tuple[Sequence, int]]:
         """One step the host samples from: the backend's logits, read before the next step."""

@@ -1,5 +1,9 @@
 """Per-step logits changes before sampling: grammar masks (engine/grammar.py) and logit biases.
 
+`Masks.rows(matchers)` computes the bitmasks of a decode step whose tokens the backend picks on the
+device (`Backend.masked_pick`): one row per sequence, every token allowed where a row has no
+grammar; the engine calls it while the step's forward runs and hands the result to the launched
+step's `pick(bits)`.
 `Masks.begin(rows)` starts computing the allowed-token bitmasks of the step's constrained rows
 on the host (a worker thread; llguidance's executor spreads the rows over its own threads with
 the GIL released) and returns at once, so the backend runs the step's forward meanwhile (on cuda
@@ -14,15 +18,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
+from ..kernels.sample import apply_bitmask
 from .grammar import Matcher, llguidance
-
-
-def apply_bitmask(logits: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
-    """`logits` [R, V] with every token whose bit is 0 in `bits` (int32 [R, ceil(V / 32)], on
-    the logits' device; bit j of word w is token 32 w + j) set to -inf. Out of place."""
-    shifts = torch.arange(32, dtype=torch.int32, device=bits.device)
-    allowed = ((bits.unsqueeze(-1) >> shifts) & 1).reshape(bits.shape[0], -1)[:, :logits.shape[-1]]
-    return logits.masked_fill(allowed == 0, float("-inf"))
 
 
 def add_logit_bias(logits: torch.Tensor, biases: list[tuple[tuple[tuple[int, float], ...], int]]) -> torch.Tensor:
@@ -53,13 +50,30 @@ class Masks:
             self._buffer = torch.empty(max(rows, 8), words, dtype=torch.int32, pin_memory=self.pinned)
         return self._buffer[:rows]
 
+    def _ready(self) -> None:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="minfer-masks")
+            self._executor = llguidance().LLExecutor()
+
+    def rows(self, matchers: list[Matcher | None], n_vocab: int) -> torch.Tensor:
+        """int32 [len(matchers), ceil(n_vocab / 32)] (pinned on cuda): each row's allowed tokens
+        under its matcher, all ones where the matcher is None. Computed now, one matcher after
+        another in this thread (each call releases the GIL): on the H200's host 16 rows of a
+        length-bounded-string grammar took 5.5 ms so and 8.3 ms through llguidance's parallel
+        executor (bench/NOTES.md, stop 37)."""
+        bits = self._bits(len(matchers), (n_vocab + 31) // 32)
+        bits.fill_(-1)
+        row_bytes = bits.shape[1] * 4
+        for i, m in enumerate(matchers):
+            if m is not None:
+                m.inner.unsafe_compute_mask_ptr(bits.data_ptr() + i * row_bytes, row_bytes)
+        return bits
+
     def begin(self, rows: list[tuple[Matcher, int]], n_vocab: int) -> Pending | None:
         """Start the masks of (matcher, logits row) pairs; None when there are none."""
         if not rows:
             return None
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="minfer-masks")
-            self._executor = llguidance().LLExecutor()
+        self._ready()
         bits = self._bits(len(rows), (n_vocab + 31) // 32)
         pairs = [(m.inner, i) for i, (m, _) in enumerate(rows)]
 

@@ -104,11 +104,6 @@ class SamplingParams:
         return self.temperature == 0
 
     @property
-    def guided(self) -> bool:
-        """Its logits are changed before sampling (a grammar's mask or a logit bias): the host samples."""
-        return self.grammar is not None or bool(self.logit_bias)
-
-    @property
     def penalized(self) -> bool:
         return self.repeat_last_n > 0 and (self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0
                                            or self.presence_penalty != 0.0)

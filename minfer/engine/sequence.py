@@ -154,11 +154,13 @@ class Sequence:
 
     @property
     def device_pickable(self) -> bool:
-        """Its next token depends on its logits row alone and nothing else of them is kept (no
-        penalties, no logprobs, no grammar or logit bias; greedy, or sampling from at most KMAX
-        candidates): a backend may pick it on the device."""
+        """Its next token depends on its logits row alone (and its grammar's mask, if any, which a
+        backend with `masked_pick` applies) and nothing else of them is kept (no penalties, no
+        logprobs, no logit bias; greedy, or sampling from at most KMAX candidates): a backend may
+        pick it on the device."""
         p = self.params
-        return not p.penalized and not p.guided and self.logprobs_n is None and (p.greedy or 1 <= p.top_k <= KMAX)
+        return not p.penalized and not p.logit_bias and self.logprobs_n is None and \
+            (p.greedy or 1 <= p.top_k <= KMAX)
 
     def sampling_row(self, ahead: int = 0) -> tuple[int, float, float, float, int, int]:
         """(top_k, temperature, top_p, min_p, seed, index) of the token `ahead` steps after the

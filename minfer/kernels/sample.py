@@ -10,6 +10,9 @@ the same token from the same logits (up to float rounding of the softmax at a CD
 - `pick_from_top(values, ids, top_k, temp, top_p, min_p, u)`: rows of candidates sorted largest
   first -> the chosen ids. Works for any number of candidates (the host passes all top_k of them,
   or the whole vocabulary when top_k is 0).
+- `apply_bitmask(logits, bits)`: a grammar's allowed tokens (one bit per token, llguidance's
+  layout) applied to logits rows: every refused token -inf (engine/masks.py on any backend's
+  logits; inside the cuda backend's masked decode graphs).
 - `sample_rows(x, params)`: the `Sample` contract: logits [B, V] and per-row parameters packed in
   one int32 [7, B] tensor (`pack_params`); rows with temperature 0 take the argmax (the first
   index of equal values, as the Argmax contract), the others the chain over the KMAX largest
@@ -74,6 +77,15 @@ def pick_from_top(values: torch.Tensor, ids: torch.Tensor, top_k: torch.Tensor, 
     choice = (cdf <= u[:, None] * cdf[:, -1:]).sum(-1, keepdim=True)
     choice = torch.minimum(choice, keep - 1)
     return ids.gather(1, choice)[:, 0]
+
+
+def apply_bitmask(logits: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
+    """`logits` [R, V] with every token whose bit is 0 in `bits` (int32 [R, ceil(V / 32)], on
+    the logits' device; bit j of word w is token 32 w + j) set to -inf. Out of place; no host
+    value is read (graph-safe)."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bits.device)
+    allowed = ((bits.unsqueeze(-1) >> shifts) & 1).reshape(bits.shape[0], -1)[:, :logits.shape[-1]]
+    return logits.masked_fill(allowed == 0, float("-inf"))
 
 
 def pack_params(rows: list[tuple[int, float, float, float, int, int]]) -> torch.Tensor:

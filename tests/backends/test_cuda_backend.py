@@ -343,7 +343,7 @@ def test_overlapped_greedy_decode_equals_reading_every_step(tiny_gguf, host_grap
     assert over == plain and all(len(t) == 9 for t in over)
     assert over_s == plain_s and over_s != over  # sampled on the device = sampled on the host
     assert not none and sum(chained) >= 6  # decode steps launched behind the step before them
-    assert {(4, False), (4, True)} <= set(graphs)  # the greedy and the sampling graph of 3 rows
+    assert {(4, False, False), (4, True, False)} <= set(graphs)  # the greedy and the sampling graph of 3 rows
 
 
 def test_structured_output_and_embeddings(pair):
@@ -356,6 +356,49 @@ def test_structured_output_and_embeddings(pair):
     assert json.loads(out) in ("north", "south") and gpu.last_stats.finish_reason == "stop"
     texts = ["hello there", "the cat sat"]
     assert _rel(torch.tensor(gpu.embed(texts)), torch.tensor(cpu.embed(texts))) < TOL
+
+
+def test_grammar_rows_pick_on_the_device_behind_the_step_before(tiny_gguf, host_graphs):
+    """Rows under a grammar overlap like free ones (`masked_pick`): each step's forward is queued
+    before the step ahead of it is read, its masks computed meanwhile and its pick queued behind
+    them (masked decode graphs; emulated on the host in CI). Against the host path (no overlap:
+    the host masks the logits and samples): the same tokens for a batch mixing a greedy and a
+    sampled grammar row with a free row, and every grammar row's text matches its schema."""
+    import json
+
+    from minfer.api import sampling_params
+
+    path = tiny_gguf("tiny-llama", "q4_0")
+    schema = {"type": "array", "items": {"enum": ["north", "south", "east", "west"]}, "minItems": 2, "maxItems": 2}
+    params = [sampling_params(json_schema=schema, temperature=0, max_tokens=24),
+              sampling_params(json_schema=schema, temperature=0.9, top_k=20, seed=5, max_tokens=24),
+              sampling_params(temperature=0, max_tokens=8, ignore_eos=True)]
+    prompts = ["hello there", "the cat", "one two three four"]
+    runs, graphs = [], {}
+    for overlap in (True, False):
+        m = load(path, "cuda", n_ctx=64, n_slots=3, progress=False, overlap=overlap)
+        be = host_graphs(m, prompts=False) if overlap else m.engine.backend
+        be.use_graphs = overlap
+        graphs = be.graphs if overlap else graphs
+        launches = []
+        real = be.decode_pick
+
+        def counting(batch, after=None, params=None, masked=False, real=real, launches=launches):
+            launches.append((after is not None, masked))
+            return real(batch, after=after, params=params, masked=masked)
+
+        if m.engine._launch is not None:
+            m.engine._launch = counting
+        seqs = [m.submit(p, q) for p, q in zip(prompts, params, strict=True)]
+        m.run(seqs)
+        runs.append(([s.generated for s in seqs], [m.tokenizer.decode(s.generated) for s in seqs], launches))
+    (over, texts, chained), (plain, _, none) = runs
+    assert over == plain
+    for text in texts[:2]:
+        value = json.loads(text)
+        assert len(value) == 2 and set(value) <= {"north", "south", "east", "west"}
+    assert not none and sum(1 for after, masked in chained if after and masked) >= 4
+    assert (4, True, True) in graphs  # the masked sampling graph of 3 rows ran
 
 
 def test_a_q8_0_kv_cache_runs_the_q8_kernels_close_to_the_f16_cache(tiny_gguf, raw):

@@ -12,9 +12,9 @@ import torch
 
 from minfer.api import load, sampling_params
 from minfer.engine.grammar import Grammar, check_grammar
-from minfer.engine.masks import apply_bitmask
 from minfer.engine.params import SamplingParams
 from minfer.errors import GrammarError, ParamError
+from minfer.kernels.sample import apply_bitmask
 
 
 def test_apply_bitmask_keeps_exactly_the_set_bits():

@@ -13,7 +13,9 @@ a prompt chunk runs the two parts separately.
 `decode_pick` launches a decode step whose tokens are picked on the device (the Argmax
 contract, or the Sample contract for rows that sample) and returns at once; given the step
 before it, it reads that step's picked tokens on the device, so the engine can queue step N+1
-before it has read step N's tokens.
+before it has read step N's tokens. Rows under a grammar pick the same way (`masked`): the
+forward is launched first and the pick waits for the bitmasks the engine uploads once it has
+read step N's tokens and advanced the grammars (the forward of N+1 runs meanwhile).
 
 Under the Triton interpreter (TRITON_INTERPRET=1, CI) the same backend runs on CPU tensors,
 without graphs: every GPU code path of it is exercised at small sizes without a GPU.
@@ -29,7 +31,7 @@ from ...errors import MinferError, ModelError
 from ...gguf.reader import GGUFReader
 from ...graph.fuse import fuse
 from ...graph.ir import Graph, Op, WeightRef
-from ...kernels.sample import KMAX, PARAM_ROWS, pack_params
+from ...kernels.sample import KMAX, PARAM_ROWS, apply_bitmask, pack_params
 from ...kernels.triton._common import configure_pdl, interpreting
 from ...kernels.triton.attention import prefill_tiles, q8_row_bytes
 from ..base import Backend, Batch, read_vector
@@ -47,6 +49,7 @@ class CUDABackend(Backend):
     name = "cuda"
     prefill_seqs = 8  # prompts per step when many arrive at once (rows' numbers then depend on the batch)
     device_pick = True
+    masked_pick = True
     kv_copy = True
     contract_backend = "CUDA"
     kinds = KINDS
@@ -255,24 +258,26 @@ class CUDABackend(Backend):
             self.graphs["prefill", bucket] = PrefillGraph(self, bucket)
         return self.graphs["prefill", bucket]
 
-    def _decode_graph(self, rows: int, sampling: bool = False) -> DecodeGraph:
+    def _decode_graph(self, rows: int, sampling: bool = False, masked: bool = False) -> DecodeGraph:
         bucket = next(x for x in BUCKETS if x >= rows)
-        if (bucket, sampling) not in self.graphs:
-            self.graphs[bucket, sampling] = DecodeGraph(self, bucket, sampling)
-        return self.graphs[bucket, sampling]
+        if (bucket, sampling, masked) not in self.graphs:
+            self.graphs[bucket, sampling, masked] = DecodeGraph(self, bucket, sampling, masked)
+        return self.graphs[bucket, sampling, masked]
 
     def pick(self, logits: torch.Tensor, params: torch.Tensor | None) -> torch.Tensor:
         """The rows' tokens picked on the device: argmax, or the Sample contract under `params`."""
         return self.argmax(x=logits) if params is None else self.sample(x=logits, params=params)
 
     def decode_pick(self, batch: Batch, after: CudaPicked | None = None,
-                    params: torch.Tensor | None = None) -> CudaPicked:
+                    params: torch.Tensor | None = None, masked: bool = False) -> CudaPicked:
         """Launch a decode step of `batch` (one token per sequence, out_rows 0..B-1 in order) whose
         next tokens are picked on the device: the argmax of each row's logits, or with `params`
         (int32 [7, B], kernels.sample.pack_params; rows with top_k in 1..KMAX) each row's draw
         under its sampling parameters; return without waiting. `after`: the launched step before
         it, of the same sequences in the same rows: this step's input tokens are that step's
-        picked tokens, read on the device (batch.tokens is ignored)."""
+        picked tokens, read on the device (batch.tokens is ignored). `masked`: launch the forward
+        only; the returned step's `pick(bits)` queues the pick from the logits masked by the rows'
+        grammar bitmasks (the engine computes them while the forward runs)."""
         self._check(batch)
         b = batch.n_tokens
         if batch.kind != "decode" or not torch.equal(batch.out_rows, torch.arange(b, dtype=torch.int32,
@@ -280,18 +285,29 @@ class CUDABackend(Backend):
             raise MinferError("decode_pick: the batch must be decode rows only, returning rows 0..B-1 in order")
         if after is not None and after.rows != b:
             raise MinferError(f"decode_pick: the step before had {after.rows} rows, this one {b}")
+        if after is not None and after.pending:
+            raise MinferError("decode_pick: the step before was launched masked and not picked yet")
         if params is not None and (params.dtype != torch.int32 or tuple(params.shape) != (PARAM_ROWS, b)
                                    or not bool(((params[0] >= 1) & (params[0] <= KMAX)).all())):
             raise MinferError(f"decode_pick: params must be int32 [{PARAM_ROWS}, {b}] with top_k in 1..{KMAX}")
         with torch.inference_mode():
             if self.use_graphs and b <= BUCKETS[-1]:
-                g = self._decode_graph(b, params is not None)
+                g = self._decode_graph(b, params is not None, masked)
                 return g.pick_to_host(g.launch(batch, self.pad_slot, after, params), b)
             inputs = self._inputs(batch)
             if after is not None:
                 inputs["tokens"] = after.picked[:b]
             logits = self.plan.run(self._state(batch, inputs))
-            return CudaPicked(b, self.pick(logits, None if params is None else params.to(self.device)))
+            dev_params = None if params is None else params.to(self.device)
+            if not masked:
+                return CudaPicked(b, self.pick(logits, dev_params))
+
+            def finish(bits: torch.Tensor) -> None:
+                with torch.inference_mode():
+                    out.picked = self.pick(apply_bitmask(logits, bits.to(self.device)), dev_params)
+
+            out = CudaPicked(b, None, finish=finish)
+            return out
 
     def warmup(self) -> None:
         """Compile and capture now what the first requests would otherwise wait for: the decode

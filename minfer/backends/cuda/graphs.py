@@ -1,11 +1,13 @@
 """The cuda backend's captured steps: CUDA graphs of decode steps and prompt chunks.
 
 A decode step of B rows is captured once per batch bucket (1, 2, 4 ... 64; rows padded up to the
-bucket into the spare slot), greedy or sampling; a prompt chunk (every span of the step at once,
-up to PREFILL_SPANS of them) once per row bucket (64 ... 1024), its spans read on the device from
-a tile table. Each graph's inputs are one int32 device buffer filled from pinned staging memory by
-one copy per step, and its picked tokens (decode) go back to pinned host memory, so the engine
-queues step N+1 before it reads step N.
+bucket into the spare slot), greedy or sampling, and for rows under a grammar (`masked`) as two
+graphs: the forward, then the pick from logits masked by a bitmask the host uploads once the
+grammar's state after the step before is known (the forward is queued before that); a prompt
+chunk (every span of the step at once, up to PREFILL_SPANS of them) once per row bucket
+(64 ... 1024), its spans read on the device from a tile table. Each graph's inputs are one int32
+device buffer filled from pinned staging memory by one copy per step, and its picked tokens
+(decode) go back to pinned host memory, so the engine queues step N+1 before it reads step N.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from ...kernels.sample import PARAM_ROWS
+from ...kernels.sample import PARAM_ROWS, apply_bitmask
 from ...kernels.triton._common import as_in_graphs
 from ...kernels.triton.attention import max_prefill_tiles, prefill_tiles
 from ..base import Batch
@@ -41,15 +43,36 @@ class State:
 
 class CudaPicked:
     """A launched decode step (`CUDABackend.decode_pick`): its picked tokens, on the device, and
-    (graphs) their pinned host copy with the event that says it has landed."""
+    (graphs) their pinned host copy with the event that says it has landed. A masked step
+    (`decode_pick(masked=True)`) is launched without its pick: `pick(bits)` queues it, with the
+    rows' grammar bitmasks, before its tokens are read or a step is launched after it."""
 
-    __slots__ = ("rows", "picked", "host", "done")
+    __slots__ = ("rows", "picked", "host", "done", "_finish")
 
-    def __init__(self, rows: int, picked: torch.Tensor, host: torch.Tensor | None = None, done=None):
-        self.rows, self.picked, self.host, self.done = rows, picked, host, done
+    def __init__(self, rows: int, picked: torch.Tensor | None, host: torch.Tensor | None = None, done=None,
+                 finish: Callable[[torch.Tensor], None] | None = None):
+        self.rows, self.picked, self.host, self.done, self._finish = rows, picked, host, done, finish
+
+    @property
+    def pending(self) -> bool:
+        """Launched without its pick: `pick(bits)` has not been called yet."""
+        return self._finish is not None
+
+    def pick(self, bits: torch.Tensor) -> None:
+        """Queue the masked pick: `bits` int32 [rows, ceil(V / 32)] (host, pinned on a GPU), bit j
+        of word w allowing token 32 w + j in that row (-1: every token)."""
+        if self._finish is None:
+            raise RuntimeError("CudaPicked.pick: this step was not launched masked, or was picked already")
+        if bits.dtype != torch.int32 or bits.dim() != 2 or bits.shape[0] != self.rows:
+            raise RuntimeError(f"CudaPicked.pick: bits must be int32 [{self.rows}, words], got "
+                               f"{bits.dtype} {tuple(bits.shape)}")
+        finish, self._finish = self._finish, None
+        finish(bits)
 
     def tokens(self) -> list[int]:
         """The picked token of every row, in row order (waits for the step)."""
+        if self._finish is not None:
+            raise RuntimeError("CudaPicked.tokens: a masked step's pick(bits) must come first")
         if self.done is None:
             return self.picked[:self.rows].tolist()
         self.done.synchronize()
@@ -80,11 +103,13 @@ class DecodeGraph:
     [3 + 7, bucket] with each row's packed sampling parameters), filled from one of two pinned
     staging buffers by one copy per step (two, so the host stages step N+1 while step N's copy may
     still be queued); outputs: the logits and the picked tokens, copied to one of two pinned host
-    buffers per step. Padded rows sample at temperature 0 (parameters all zero): the argmax."""
+    buffers per step. Padded rows sample at temperature 0 (parameters all zero): the argmax.
+    `masked`: the forward and the pick are two graphs; the pick reads the logits through a device
+    bitmask (int32 [bucket, ceil(V / 32)], padded rows all ones) that `pick` fills first."""
 
-    def __init__(self, backend, bucket: int, sampling: bool = False):
+    def __init__(self, backend, bucket: int, sampling: bool = False, masked: bool = False):
         dev = backend.device
-        self.bucket, self.sampling = bucket, sampling
+        self.bucket, self.sampling, self.masked = bucket, sampling, masked
         width = 3 + (PARAM_ROWS if sampling else 0)
         self.io = torch.zeros(width, bucket, dtype=torch.int32, device=dev)
         self.io[2].fill_(backend.pad_slot)
@@ -95,12 +120,19 @@ class DecodeGraph:
         self.static = {"tokens": self.io[0], "positions": self.io[1], "row_slots": self.io[2],
                        "out_rows": torch.arange(bucket, dtype=torch.int32, device=dev)}
         state = State(self.static, True, bucket)
+        params = self.io[3:] if sampling else None
 
-        def step():
-            out = backend.plan.run(state)
-            return out, backend.pick(out, self.io[3:] if sampling else None)
+        if masked:
+            self.graph, self.out = capture(backend, lambda: backend.plan.run(state))
+            self.bits = torch.full((bucket, (self.out.shape[-1] + 31) // 32), -1, dtype=torch.int32, device=dev)
+            self.pick_graph, self.picked = capture(backend, lambda: backend.pick(apply_bitmask(self.out, self.bits),
+                                                                                 params))
+        else:
+            def step():
+                out = backend.plan.run(state)
+                return out, backend.pick(out, params)
 
-        self.graph, (self.out, self.picked) = capture(backend, step)
+            self.graph, (self.out, self.picked) = capture(backend, step)
         for e in self.copied:
             e.record()
 
@@ -133,11 +165,30 @@ class DecodeGraph:
         return turn
 
     def pick_to_host(self, turn: int, rows: int) -> CudaPicked:
+        """The launched step's picked tokens; for a masked graph a pending step whose `pick(bits)`
+        uploads the bitmask (pinned host memory, read before the next step's tokens are: one
+        buffer is enough) and replays the pick."""
+        if not self.masked:
+            return self._to_host(CudaPicked(rows, self.picked), turn)
+
+        def finish(bits: torch.Tensor) -> None:
+            with torch.inference_mode():
+                self.bits[:rows].copy_(bits, non_blocking=True)
+                if rows < self.bucket:
+                    self.bits[rows:].fill_(-1)  # (padded rows: whatever an earlier, larger step left)
+                self.pick_graph.replay()
+                self._to_host(picked, turn)
+
+        picked = CudaPicked(rows, self.picked, finish=finish)
+        return picked
+
+    def _to_host(self, picked: CudaPicked, turn: int) -> CudaPicked:
         host = self.hosts[turn]
         host.copy_(self.picked, non_blocking=True)
         done = torch.cuda.Event()
         done.record()
-        return CudaPicked(rows, self.picked, host, done)
+        picked.host, picked.done = host, done
+        return picked
 
 
 class PrefillGraph:
