@@ -56,6 +56,7 @@ log = logging.getLogger("minfer.server")
 MAX_RESTARTS = 3  # engine deaths within RESTART_WINDOW_S that are restarted; one more and the server exits
 RESTART_WINDOW_S = 600.0
 BACKOFF_S = (1.0, 2.0, 4.0)  # wait before the 1st, 2nd, 3rd restart in the window
+PIPE_BATCH = 4  # messages (engine steps' events) the event loop takes from the pipe per wake-up
 
 
 @dataclass
@@ -214,11 +215,17 @@ class EngineProcess(EngineHost):
 
     # ------------------------------------------------------------------ reading the pipe
     def _readable(self, conn) -> None:
-        """The pipe has data (on the event loop): take every whole message waiting."""
+        """The pipe has data (on the event loop): take up to PIPE_BATCH whole messages, then give
+        the loop back (the reader fires again while data waits). Draining the pipe instead held
+        the loop for as long as the child kept it fed: on a loaded machine a streamed answer's
+        events all arrived here on time while none of its chunks reached the client before the
+        end (the chat page showed the whole answer at once)."""
         if conn.closed:
             return
         try:
-            while conn.poll():
+            for _ in range(PIPE_BATCH):
+                if not conn.poll():
+                    return
                 if not self._handle(conn.recv(), local=True):
                     break
             else:

@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from minfer.server.process import watch_pipe
+from minfer.server.process import PIPE_BATCH, EngineProcess, watch_pipe
 
 uvloop = pytest.importorskip("uvloop", reason="uvloop comes with the server extra (uvicorn's loop)")
 
@@ -80,3 +80,47 @@ def test_big_messages_arrive_whole_under_uvloop():
     sender.join(60)
     assert not sender.is_alive()
     assert not failed, failed
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_the_loop_runs_between_batches_of_pipe_messages(loop_kind):
+    """A pipe the child keeps full does not hold the event loop: EngineProcess._readable takes at most
+    PIPE_BATCH messages per wake-up and returns, so what the loop has queued meanwhile (the streams'
+    writes to their clients) runs between them. Draining the pipe instead delivered a whole streamed
+    answer to the chat page at once on a loaded machine, though every event reached the parent on time."""
+    ours, theirs = multiprocessing.Pipe()
+    n = 10 * PIPE_BATCH
+    for i in range(n):  # all waiting before the loop looks (small: they fit the socket's buffer)
+        theirs.send(("events", i))
+    handled: list[int] = []
+    seen_by_loop: list[int] = []
+
+    class Stub:  # what _readable touches of an EngineProcess
+        _loop = None
+
+        def _handle(self, msg, local):
+            handled.append(msg[1])
+            if len(handled) == 1:  # a stream's write, queued by the first event
+                self._loop.call_soon(lambda: seen_by_loop.append(len(handled)))
+            return True
+
+        def _closed(self, conn):
+            raise AssertionError("the pipe did not close")
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        stub = Stub()
+        stub._loop = loop
+        watch_pipe(loop, ours, lambda conn: EngineProcess._readable(stub, conn))
+        for _ in range(1000):
+            if len(handled) == n:
+                break
+            await asyncio.sleep(0)
+        loop.remove_reader(ours.fileno())
+
+    runner = threading.Thread(target=lambda: (uvloop.run if loop_kind == "uvloop" else asyncio.run)(main()))
+    runner.start()
+    runner.join(60)
+    assert not runner.is_alive()
+    assert handled == list(range(n))  # every message, in order
+    assert seen_by_loop and seen_by_loop[0] <= PIPE_BATCH  # the queued write ran before the next batch
