@@ -313,36 +313,48 @@ def test_a_projection_alone_is_the_compiled_steps_matmul(pair):
         assert _rel(got, x @ w.T) < 1e-6  # f32 GEMVs: measured 2.0e-7; 1e-6 leaves the GPU's split-K order room
 
 
-def test_overlapped_greedy_decode_equals_reading_every_step(tiny_gguf, host_graphs):
-    """Tokens picked on the device, each step queued before the one ahead of it is read (CUDA
-    graphs, greedy and sampling, chained through their picked tokens; emulated on the host in CI),
-    against the same backend stepping one read at a time without graphs: the same tokens for
-    sequences of different lengths decoding together."""
-    path = tiny_gguf("tiny-llama", "q4_0")
-    prompts = ["hello there", "the cat", "one two three four"]
-    runs, graphs = [], {}
+def _overlapped_and_not(host_graphs, path: str, run):
+    """`run(model)` on a cuda model decoding overlapped (device picks chained on the device; its CUDA
+    graphs emulated on the host in CI) and on one stepping one read at a time without graphs:
+    [(what run returned, its launches: (queued behind the step before, masked) each)] in that order,
+    and the overlapped backend's graphs."""
+    results, graphs = [], {}
     for overlap in (True, False):
         m = load(path, "cuda", n_ctx=64, n_slots=3, progress=False, overlap=overlap)
         be = host_graphs(m, prompts=False) if overlap else m.engine.backend
         be.use_graphs = overlap
         graphs = be.graphs if overlap else graphs
         launches = []
-        real = m.engine.backend.decode_pick
+        real = be.decode_pick
 
-        def counting(batch, after=None, params=None, real=real, launches=launches):
-            launches.append(after is not None)
-            return real(batch, after=after, params=params)
+        def counting(batch, after=None, params=None, masked=False, real=real, launches=launches):
+            launches.append((after is not None, masked))
+            return real(batch, after=after, params=params, masked=masked)
 
-        m.engine.backend.decode_pick = counting
+        be.decode_pick = counting
         if m.engine._launch is not None:
             m.engine._launch = counting
+        results.append((run(m), launches))
+    return results, graphs
+
+
+def test_overlapped_greedy_decode_equals_reading_every_step(tiny_gguf, host_graphs):
+    """Tokens picked on the device, each step queued before the one ahead of it is read (CUDA
+    graphs, greedy and sampling, chained through their picked tokens; emulated on the host in CI),
+    against the same backend stepping one read at a time without graphs: the same tokens for
+    sequences of different lengths decoding together."""
+    prompts = ["hello there", "the cat", "one two three four"]
+
+    def run(m):
         out = m.generate_batch(prompts, max_tokens=9, temperature=0, ignore_eos=True)
         sampled = m.generate_batch(prompts, max_tokens=9, temperature=0.9, top_k=30, seed=11, ignore_eos=True)
-        runs.append(([r.token_ids for r in out], [r.token_ids for r in sampled], launches))
-    (over, over_s, chained), (plain, plain_s, none) = runs
+        return [r.token_ids for r in out], [r.token_ids for r in sampled]
+
+    (((over, over_s), chained), ((plain, plain_s), none)), graphs = _overlapped_and_not(
+        host_graphs, tiny_gguf("tiny-llama", "q4_0"), run)
     assert over == plain and all(len(t) == 9 for t in over)
     assert over_s == plain_s and over_s != over  # sampled on the device = sampled on the host
-    assert not none and sum(chained) >= 6  # decode steps launched behind the step before them
+    assert not none and sum(after for after, _ in chained) >= 6  # decode steps launched behind the step before
     assert {(4, False, False), (4, True, False)} <= set(graphs)  # the greedy and the sampling graph of 3 rows
 
 
@@ -368,31 +380,19 @@ def test_grammar_rows_pick_on_the_device_behind_the_step_before(tiny_gguf, host_
 
     from minfer.api import sampling_params
 
-    path = tiny_gguf("tiny-llama", "q4_0")
     schema = {"type": "array", "items": {"enum": ["north", "south", "east", "west"]}, "minItems": 2, "maxItems": 2}
     params = [sampling_params(json_schema=schema, temperature=0, max_tokens=24),
               sampling_params(json_schema=schema, temperature=0.9, top_k=20, seed=5, max_tokens=24),
               sampling_params(temperature=0, max_tokens=8, ignore_eos=True)]
     prompts = ["hello there", "the cat", "one two three four"]
-    runs, graphs = [], {}
-    for overlap in (True, False):
-        m = load(path, "cuda", n_ctx=64, n_slots=3, progress=False, overlap=overlap)
-        be = host_graphs(m, prompts=False) if overlap else m.engine.backend
-        be.use_graphs = overlap
-        graphs = be.graphs if overlap else graphs
-        launches = []
-        real = be.decode_pick
 
-        def counting(batch, after=None, params=None, masked=False, real=real, launches=launches):
-            launches.append((after is not None, masked))
-            return real(batch, after=after, params=params, masked=masked)
-
-        if m.engine._launch is not None:
-            m.engine._launch = counting
+    def run(m):
         seqs = [m.submit(p, q) for p, q in zip(prompts, params, strict=True)]
         m.run(seqs)
-        runs.append(([s.generated for s in seqs], [m.tokenizer.decode(s.generated) for s in seqs], launches))
-    (over, texts, chained), (plain, _, none) = runs
+        return [s.generated for s in seqs], [m.tokenizer.decode(s.generated) for s in seqs]
+
+    (((over, texts), chained), ((plain, _), none)), graphs = _overlapped_and_not(
+        host_graphs, tiny_gguf("tiny-llama", "q4_0"), run)
     assert over == plain
     for text in texts[:2]:
         value = json.loads(text)
