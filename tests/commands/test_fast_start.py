@@ -52,6 +52,34 @@ def test_second_load_maps_the_cache_and_computes_the_same(tiny_gguf, cache_dir, 
     assert torch.equal(first, want) and torch.equal(again, want)  # bit for bit
 
 
+def test_the_first_load_continues_from_the_file_it_writes(tiny_gguf, cache_dir, monkeypatch):
+    """The first load writes each prepared matrix to the cache file as it goes and computes from a map
+    of it (its packed copy freed), so it never holds every prepared weight in memory at once; the
+    finished file is the one mapped. A load that fails midway leaves no file behind."""
+    path = tiny_gguf("tiny-llama", "q4_1")
+    with _load(path) as m:
+        (f,) = cache_dir.glob("*.mwc")
+        maps = Path("/proc/self/maps").read_text()
+        assert str(f) in maps  # the prepared weights are pages of the cache file, not anonymous copies
+        assert m.engine.backend._cache.misses > 0
+    for old in cache_dir.glob("*.mwc"):
+        old.unlink()
+    from minfer.backends.cpu import weights
+
+    real, calls = weights.cpu_vnni.Q4Vnni.from_state, []
+
+    def fail_third(st):  # the load dies after a few matrices were written
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("planted")
+        return real(st)
+
+    monkeypatch.setattr(weights.cpu_vnni.Q4Vnni, "from_state", staticmethod(fail_third))
+    with pytest.raises(RuntimeError, match="planted"):
+        _load(path)
+    assert not list(cache_dir.iterdir())  # no cache file, no temporary left
+
+
 def test_another_file_gets_another_key(tiny_gguf, rewrite_gguf, tmp_path, cache_dir):
     a = tiny_gguf("tiny-llama", "q4_1")
     b = rewrite_gguf(a, tmp_path / a.name, meta={"general.name": "changed"})  # same name, other bytes
@@ -85,7 +113,7 @@ def test_run_twice_from_the_command_line(run_cli, tiny_gguf, cache_dir):
 
 
 def test_the_flat_file_gives_back_what_was_written(tmp_path):
-    from minfer.backends.cpu.weight_cache import CacheFileError, map_file, write_file
+    from minfer.backends.cpu.weight_cache import CacheFileError, Writer, map_file
     g = torch.Generator().manual_seed(0)
     want = {
         "vnni:a": {"w": torch.randint(0, 255, (96, 40), dtype=torch.uint8, generator=g),
@@ -94,20 +122,26 @@ def test_the_flat_file_gives_back_what_was_written(tmp_path):
                    "pair": 0},
     }
     path = tmp_path / "x.mwc"
-    write_file(path, want)
-    got = map_file(path)
-    assert got.keys() == want.keys()
-    for name, fields in want.items():
-        assert got[name].keys() == fields.keys()
-        for k, v in fields.items():
-            if isinstance(v, torch.Tensor):
-                assert got[name][k].dtype == v.dtype and torch.equal(got[name][k], v), (name, k)
-                assert got[name][k].data_ptr() % 64 == 0 or v.numel() == 0  # aligned views of the map
-            else:
-                assert got[name][k] == v and isinstance(got[name][k], int)
+    w = Writer(path)
+    written = {name: w.add(name, fields) for name, fields in want.items()}  # mapped back as they are written
+    w.finish()
+    for got in (written, map_file(path)):
+        assert got.keys() == want.keys()
+        for name, fields in want.items():
+            assert got[name].keys() == fields.keys()
+            for k, v in fields.items():
+                if isinstance(v, torch.Tensor):
+                    assert got[name][k].dtype == v.dtype and torch.equal(got[name][k], v), (name, k)
+                    assert got[name][k].data_ptr() % 64 == 0 or v.numel() == 0  # aligned views of the map
+                else:
+                    assert got[name][k] == v and isinstance(got[name][k], int)
     torch.save(want, tmp_path / "old.pt")  # the first format (torch.save): not this one
     with pytest.raises(CacheFileError, match="MINFERWC"):
         map_file(tmp_path / "old.pt")
+    cut = tmp_path / "cut.mwc"
+    cut.write_bytes(path.read_bytes()[:-5])  # a file cut short (a load killed while it wrote the header)
+    with pytest.raises(CacheFileError, match="no header"):
+        map_file(cut)
 
 
 def test_another_model_with_a_longer_name_keeps_its_cache(tiny_gguf, tmp_path, cache_dir):

@@ -220,6 +220,9 @@ class CPUBackend(Backend):
         self._cache = self._weight_cache(reader)
         try:
             self.plan = Plan(graph, self._compile, KINDS, progress=progress, comm=self.comm)
+        except BaseException:
+            self._cache.abandon()  # (the half-written cache file)
+            raise
         finally:
             torch.set_num_threads(self.threads)
         self._cache.save()

@@ -189,9 +189,8 @@ class Matrix:
             mm = Int4Matmul([pack_weight(raw_rows(reader, i), i.ggml_type, i.torch_shape[1]) for i in infos])
         for i in infos:
             reader.release(i.name)  # the file's pages of this tensor are no longer needed
-        if cache is not None:
-            cache.put(name, mm.state())
-        return kind, mm
+        mapped = cache.put(name, mm.state()) if cache is not None else None
+        return kind, (cls.from_state(mapped) if mapped is not None else mm)  # (mapped: the packed copy is freed)
 
     @property
     def dense(self) -> torch.Tensor:
@@ -249,17 +248,17 @@ class Experts:
                 self.mm = cpu_vnni.Q4Vnni.from_state(stored)
             else:
                 self.mm = cpu_vnni.vnni_experts(raw, self.n, self.k, self.qtype, self.e)
-                if cache is not None:
-                    cache.put(name, self.mm.state())
+                mapped = cache.put(name, self.mm.state()) if cache is not None else None
+                if mapped is not None:  # continue from the file's map: the packed copy is freed
+                    self.mm = cpu_vnni.Q4Vnni.from_state(mapped)
             self.nbytes = self.mm.nbytes
         elif self.qtype in INT4_TYPES:
             self.mms = []
             for i, r in enumerate(rows):
                 st = cache.get(f"{name}#{i}") if cache is not None else None
                 mm = Int4Matmul.from_state(st) if st is not None else Int4Matmul([pack_weight(r, self.qtype, self.k)])
-                if st is None and cache is not None:
-                    cache.put(f"{name}#{i}", mm.state())
-                self.mms.append(mm)
+                mapped = cache.put(f"{name}#{i}", mm.state()) if st is None and cache is not None else None
+                self.mms.append(Int4Matmul.from_state(mapped) if mapped is not None else mm)
             self.nbytes = sum(m.nbytes for m in self.mms)
         else:
             self.mms = [_Linear(float_weight(r, self.n, self.k, self.qtype)) for r in rows]
