@@ -614,7 +614,7 @@ def test_decode_graph_buckets_pad_into_the_spare_slot(tiny_gguf, host_graphs):
                  .cpu().clone() for i in range(2)]
         logits.append(torch.stack(steps))
     # (replays are counted by the interpreter's emulated graph; a real CUDA graph does not count them)
-    assert set(graphs) == {(4, False)} and getattr(graphs[4, False].graph, "replays", 2) == 2
+    assert set(graphs) == {(4, False, False)} and getattr(graphs[4, False, False].graph, "replays", 2) == 2
     assert torch.equal(logits[0], logits[1])
 
 
