@@ -105,6 +105,13 @@ def test_second_run_connects_and_prints_what_the_in_process_run_prints(resident_
     assert "HEAVY 0 []" in out.stderr, out.stderr[-2000:]
 
 
+def _default_ctrl_c() -> None:
+    """A terminal's Ctrl-C for the client: a test worker may run with SIGINT ignored (something
+    earlier in the same process set it so), which a child inherits, and then Python never installs
+    its KeyboardInterrupt handler (the client ran to its end, exit 0, in two full-suite runs)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_aborts_the_request_and_leaves_the_process(resident_env, tiny_gguf):
     env, pids = resident_env
     # a context of 8192 (the tiny model's own is 512, which it fills in ~0.3 s: the run could end before
@@ -115,7 +122,7 @@ def test_ctrl_c_aborts_the_request_and_leaves_the_process(resident_env, tiny_ggu
     pids.add(st["pid"])
     p = subprocess.Popen([sys.executable, "-m", "minfer", "run", *model,
                           "--ignore-eos", "--temp", "0", "-n", "-1", "go"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, env=env)
+                         stderr=subprocess.PIPE, env=env, preexec_fn=_default_ctrl_c)
     assert p.stdout.read(1)  # generating
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=30)
