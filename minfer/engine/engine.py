@@ -224,10 +224,10 @@ class Engine:
         under a grammar are launched masked: their pick waits for `_pick_masked`, here when the
         step before is read already (its tokens are known: the masks are computed while the
         forward runs), else after `step` has read it."""
-        if not any(s.matcher is not None for s in plan.decode):
-            return self._launch(plan.batch, after=after, params=_sampling(plan.decode, 0 if after is None else 1))
-        launched = self._launch(plan.batch, after=after, params=_sampling(plan.decode, 0 if after is None else 1),
-                                masked=True)
+        params = _sampling(plan.decode, 0 if after is None else 1)
+        if all(s.matcher is None for s in plan.decode):
+            return self._launch(plan.batch, after=after, params=params)
+        launched = self._launch(plan.batch, after=after, params=params, masked=True)
         if after is None:
             self._pick_masked(plan, launched)
         return launched

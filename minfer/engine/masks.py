@@ -50,11 +50,6 @@ class Masks:
             self._buffer = torch.empty(max(rows, 8), words, dtype=torch.int32, pin_memory=self.pinned)
         return self._buffer[:rows]
 
-    def _ready(self) -> None:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="minfer-masks")
-            self._executor = llguidance().LLExecutor()
-
     def rows(self, matchers: list[Matcher | None], n_vocab: int) -> torch.Tensor:
         """int32 [len(matchers), ceil(n_vocab / 32)] (pinned on cuda): each row's allowed tokens
         under its matcher, all ones where the matcher is None. Computed now, one matcher after
@@ -73,7 +68,9 @@ class Masks:
         """Start the masks of (matcher, logits row) pairs; None when there are none."""
         if not rows:
             return None
-        self._ready()
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="minfer-masks")
+            self._executor = llguidance().LLExecutor()
         bits = self._bits(len(rows), (n_vocab + 31) // 32)
         pairs = [(m.inner, i) for i, (m, _) in enumerate(rows)]
 

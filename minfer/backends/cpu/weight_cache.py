@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import mmap
 import os
 import re
@@ -114,24 +115,18 @@ class Writer:
 def _views(f, entry: dict, mm: mmap.mmap | None = None) -> dict:
     """An entry's fields with each tensor a view of `mm` (or of a map of the file's range it lies in)."""
     fields: dict = dict(entry["ints"])
-    spans = [(off, off + _count(shape) * getattr(torch, dt).itemsize) for dt, shape, off in entry["tensors"].values()]
+    spans = [(off, off + math.prod(shape) * getattr(torch, dt).itemsize)
+             for dt, shape, off in entry["tensors"].values()]
     base = 0
     if mm is None and spans:
         base = min(a for a, _ in spans) // ALIGN * ALIGN
         end = max(b for _, b in spans)
         mm = mmap.mmap(f.fileno(), end - base, access=mmap.ACCESS_COPY, offset=base) if end > base else None
     for k, (dtype, shape, off) in entry["tensors"].items():
-        dt, count = getattr(torch, dtype), _count(shape)
+        dt, count = getattr(torch, dtype), math.prod(shape)
         fields[k] = (torch.frombuffer(mm, dtype=dt, count=count, offset=off - base).view(shape) if count
                      else torch.empty(shape, dtype=dt))
     return fields
-
-
-def _count(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def map_file(path: Path) -> dict[str, dict]:

@@ -306,7 +306,7 @@ class CUDABackend(Backend):
                 with torch.inference_mode():
                     out.picked = self.pick(apply_bitmask(logits, bits.to(self.device)), dev_params)
 
-            out = CudaPicked(b, None, finish=finish)
+            out = CudaPicked(b, None, finish=finish)  # (`finish` fills it in)
             return out
 
     def warmup(self) -> None:

@@ -179,7 +179,7 @@ class DecodeGraph:
                 self.pick_graph.replay()
                 self._to_host(picked, turn)
 
-        picked = CudaPicked(rows, self.picked, finish=finish)
+        picked = CudaPicked(rows, self.picked, finish=finish)  # (`finish` completes it)
         return picked
 
     def _to_host(self, picked: CudaPicked, turn: int) -> CudaPicked:
