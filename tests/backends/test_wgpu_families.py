@@ -7,6 +7,7 @@ contracts'."""
 from __future__ import annotations
 
 import math
+import os
 import secrets
 
 import pytest
@@ -29,8 +30,10 @@ def dev():
 
 @pytest.fixture
 def gen() -> torch.Generator:
-    seed = secrets.randbits(31)
-    print(f"random seed {seed}")
+    """Fresh random inputs every run; a failing test's captured output names its seed, and
+    MINFER_FRESH_SEED=<seed> replays it."""
+    seed = int(os.environ.get("MINFER_FRESH_SEED") or secrets.randbits(31))
+    print(f"random seed {seed} (replay: MINFER_FRESH_SEED={seed})")
     return torch.Generator().manual_seed(seed)
 
 
@@ -69,7 +72,9 @@ def test_geglu_scale_softcap(dev, gen):
     scaled = ew.scale(x=dev.upload(x), scale=c, out=_poisoned(dev, x.shape)).cpu()
     assert torch.equal(scaled, cpu_ops.scale(x, torch.tensor(c, dtype=torch.float32).item()))
     capped = ew.softcap(x=dev.upload(x), cap=c, out=_poisoned(dev, x.shape)).cpu()
-    assert _rel(capped, cpu_ops.softcap(x.double(), c)) < 1e-6 and float(capped.abs().max()) <= c
+    assert _rel(capped, cpu_ops.softcap(x.double(), c)) < 1e-6
+    # the kernel holds the cap in float32: |out| <= float32(c), which may round above the double c
+    assert float(capped.abs().max()) <= torch.tensor(c, dtype=torch.float32).item()
     with pytest.raises(UnsupportedError, match="cap must be a finite number > 0"):
         ew.softcap(x=dev.upload(x), cap=-1.0)
 

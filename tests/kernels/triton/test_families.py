@@ -54,7 +54,8 @@ def test_scale_and_softcap(shape, device, gen, check):
     check.same_values(out, cpu_ops.scale(x.cpu(), torch.tensor(c, dtype=torch.float32).item()))
     capped = ew.softcap_f32(x, c, out=check.poisoned(shape, torch.float32, device))
     assert check.rel_err(capped, cpu_ops.softcap(x.cpu().double(), c)) < 1e-6
-    assert float(capped.abs().max()) <= c
+    # the kernel holds the cap in float32: |out| <= float32(c), which may round above the double c
+    assert float(capped.abs().max()) <= torch.tensor(c, dtype=torch.float32).item()
     with pytest.raises(UnsupportedError, match="cap must be a finite number > 0"):
         ew.softcap_f32(x, 0.0)
 
