@@ -103,7 +103,9 @@ def test_every_cpu_matmul_resolves_to_a_cpu_contract(headers, preset, quant, cap
     assert one and all(math.isfinite(r["cost_ns"]) and r["cost_ns"] > 0 for r in one + chunk)
     pair32, pair16 = "cpu_int4pack_mm_pair32", "cpu_int4pack_mm_pair16"
     q4 = "cpu_q4_vnni2" if cpu_vnni.available() else "cpu_int4pack_mm"
-    q8 = "cpu_q8_vnni2" if cpu_vnni.available() else pair32  # 8-bit codes: Q8_0 and the Q5 types
+    q8 = "cpu_q8_vnni2" if cpu_vnni.available() else pair32  # 8-bit codes: Q8_0
+    q5 = "cpu_q5_vnni2" if cpu_vnni.available() else pair32  # 5-bit codes: the Q5 types
+    q6 = "cpu_q6k_vnni2" if cpu_vnni.available() else pair16
     # decode rows and prompt chunks share each weight's kernel (the VNNI ones: their two-pass variants)
     decode = [r["kernel"] for r in one]
     assert decode == [r["kernel"] for r in chunk]
@@ -111,14 +113,14 @@ def test_every_cpu_matmul_resolves_to_a_cpu_contract(headers, preset, quant, cap
                for k in ks.split("+"))
     iq4 = "cpu_iq4_vnni2" if cpu_vnni.available() else pair32  # the lookup types: their table's kernel
     mxfp4 = "cpu_mxfp4_vnni2" if cpu_vnni.available() else pair32
-    want = {"q4_0": q4, "q4_1": q4, "q4_k": q4, "q4_k_m": q4, "q8_0": q8, "q5_k_m": q8, "q5_0": q8,
-            "q5_1": q8, "iq4_nl": iq4, "iq4_xs": iq4, "mxfp4": mxfp4,
-            "q6_k": pair16, "q3_k": pair16, "q2_k": pair16, "f32": "cpu_linear_f32"}[quant]
+    want = {"q4_0": q4, "q4_1": q4, "q4_k": q4, "q4_k_m": q4, "q8_0": q8, "q5_k_m": q5, "q5_0": q5,
+            "q5_1": q5, "iq4_nl": iq4, "iq4_xs": iq4, "mxfp4": mxfp4,
+            "q6_k": q6, "q3_k": pair16, "q2_k": pair16, "f32": "cpu_linear_f32"}[quant]
     if PRESETS[preset].arch == "gpt-oss" and quant == "mxfp4":  # its mix: MXFP4 experts only, the rest Q8_0
         want = "cpu_vnni2_moe" if cpu_vnni.available() else want
     assert want in {k for r in chunk for k in r["kernel"].split("+")}  # (8 experts: q+k+v of mixed types)
     if preset in BIG and quant in ("q4_k", "q4_k_m", "q5_k_m", "q3_k", "q2_k", "iq4_nl", "iq4_xs"):  # Q6_K output
-        assert one[-1]["kernel"] == "cpu_int4pack_mm_pair16"
+        assert one[-1]["kernel"] == q6
     if (preset, quant) in CPU_COMMAND_CASES:
         assert main(["plan", "--device", "cpu", "-m", str(headers[preset, quant])]) == 0
         assert "predicted:" in capsys.readouterr().out

@@ -147,6 +147,8 @@ LAUNCHERS = {
     "cpu_q4_vnni2": cpu_vnni.q4_vnni2_mm,
     "cpu_q8_vnni": cpu_vnni.q4_vnni_mm,
     "cpu_q8_vnni2": cpu_vnni.q4_vnni2_mm,
+    "cpu_q5_vnni2": cpu_vnni.q4_vnni2_mm,
+    "cpu_q6k_vnni2": cpu_vnni.q4_vnni2_mm,
     "cpu_iq4_vnni2": cpu_vnni.q4_vnni2_mm,
     "cpu_mxfp4_vnni2": cpu_vnni.q4_vnni2_mm,
     "cpu_vnni2_moe": cpu_vnni.vnni2_experts_mm,

@@ -41,9 +41,9 @@ def needs_vnni(test):
     """A test of the C kernels: run on every ISA build this host has (the `isa` fixture)."""
     return pytest.mark.skipif(not cpu_vnni.available(), reason="needs AVX2 (or AVX512-VNNI) and a C compiler")(
         pytest.mark.usefixtures("isa")(test))
-K_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.IQ4_XS)
+K_TYPES = (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.IQ4_XS)
 TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q4_K, GGMLType.Q8_0, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q5_K,
-         GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4)
+         GGMLType.Q6_K, GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.MXFP4)
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -118,13 +118,14 @@ def test_matmul_refuses_what_is_outside_its_contract():
 
 @needs_vnni
 def test_lookup_scales_beyond_float16_are_refused():
-    """An MXFP4 exponent whose zero (-128 x 2^(e - 128)) overflows float16 is a typed error at load;
-    the largest that fits (e = 136: S = 2^8, zero -2^15) packs and multiplies as the others."""
+    """An MXFP4 exponent whose scale 2^(e - 128) overflows float16 is a typed error at load; the
+    largest that fits (e = 143: S = 2^15; its zero -128 S = -2^22 is made in float32 by the kernel,
+    no float16 zero is stored) packs and multiplies as the others."""
     raw = quantize(torch.randn(32, 64), GGMLType.MXFP4).view(32, 2, 17)
-    raw[:, :, 0] = 137  # zero -128 x 2^9 = -65536 > 65504
+    raw[:, :, 0] = 144  # S = 2^16 > 65504
     with pytest.raises(UnsupportedError, match="float16"):
         cpu_vnni.Q4Vnni([(raw.reshape(32, 34), GGMLType.MXFP4, 32, 64)])
-    raw[:, :, 0] = 136
+    raw[:, :, 0] = 143
     raw = raw.reshape(32, 34)
     mm = cpu_vnni.Q4Vnni([(raw, GGMLType.MXFP4, 32, 64)])
     x = torch.randn(3, 64)
@@ -141,12 +142,18 @@ def test_pack_refuses_bad_sizes_in_c():
     assert so.q4_pack(p, 12, 1, 32, 0, p, p, p) == -1  # Q4_K: k not a multiple of 256
     assert so.q4_pack(p, 99, 1, 32, 0, p, p, p) == -1  # not a 4-bit type
     assert so.q4_pack(p, 23, 1, 32, 0, p, p, p) == -1  # IQ4_XS: k not a multiple of 256
-    assert so.q8_pack(p, 13, 1, 32, 0, p, p, p) == -1
+    assert so.q8_pack(p, 13, 1, 32, 0, p, p, p) == -1  # Q5_K is not an 8-bit type
     assert so.q8_pack(p, 8, -1, 32, 0, p, p, p) == -1
+    assert so.q56_pack(p, 8, 1, 32, 0, p, p, p) == -1  # Q8_0 is not a 5- or 6-bit type
+    assert so.q56_pack(p, 14, 1, 32, 0, p, p, p) == -1  # Q6_K: k not a multiple of 256
+    assert so.q56_pack(p, 6, 1, 48, 0, p, p, p) == -1
     for m, n, k, ldy in ((0, 32, 32, 32), (1, 16, 32, 32), (1, 32, 16, 32), (1, 32, 32, 16)):
-        assert so.q4_gemm(p, p, p, n, k, p, 0, m, p, ldy, 1, 4, None) == -1, (m, n, k, ldy)
-    assert so.q4_gemm(p, p, p, 32, 32, p, 0, 1, p, 32, 1, 8, p) == -1  # a table with 8-bit codes
+        assert so.q4_gemm(p, p, p, 0.0, n, k, p, 0, m, p, ldy, 1, 4, None) == -1, (m, n, k, ldy)
+    assert so.q4_gemm(p, p, p, 0.0, 32, 32, p, 0, 1, p, 32, 1, 8, p) == -1  # a table with 8-bit codes
+    assert so.q4_gemm(p, p, None, 0.0, 32, 32, p, 0, 1, p, 32, 1, 4, None) == -1  # no zeros and no zero multiple
+    assert so.q4_gemm(p, p, p, 0.0, 32, 32, p, 0, 1, p, 32, 1, 7, None) == -1  # no 7-bit codes
     assert so.rms_norm(p, 1, 8, p, 1e-5, p) == -1
+    assert so.rope_f32(p, 8, 1, 1, 8, 9, 0, p, p, p) == -1  # an odd rotated width
 
 
 def _on(isa: str, fn):
@@ -266,6 +273,42 @@ def test_attention_random_shapes():
 
 
 @needs_vnni
+@pytest.mark.parametrize("window, softcap, with_sinks", [(7, 0.0, False), (130, 0.0, False), (0, 5.0, False),
+                                                       (0, 0.0, True), (100, 30.0, True)])
+def test_attention_window_softcap_sinks(window, softcap, with_sinks, test_seed):
+    """A sliding window (each row's first key: len - window, chunks of 128 from there), soft-capped
+    scores and gpt-oss's sinks against ops.attention_masked, the reference, on rows of several lengths
+    (before, at and past the window; one chunk and several) and slots, fresh inputs, wide scores."""
+    gen = torch.Generator().manual_seed(test_seed)
+    n_slots, n_kv, n_ctx, hd, grp = 3, 2, 400, 64, 4
+    n_head = n_kv * grp
+    kc = torch.randn(n_slots, n_kv, n_ctx, hd, generator=gen) * 2
+    vc = torch.randn(n_slots, n_kv, n_ctx, hd, generator=gen)
+    lens = [1, 6, 7, 8, 129, 131, 260, 400]
+    q = torch.randn(len(lens), n_head * hd, generator=gen)
+    slots = torch.tensor([i % n_slots for i in range(len(lens))], dtype=torch.int32)
+    ln = torch.tensor(lens, dtype=torch.int32)
+    starts = (ln - window).clamp(min=0) if window else None
+    sinks = torch.randn(n_head, generator=gen) * 3 if with_sinks else None
+    got = cpu_vnni.attention_decode(q, kc, vc, slots, ln, n_head, hd ** -0.5, starts, softcap, sinks)
+    for i, L in enumerate(lens):
+        s = int(slots[i])
+        want = cpu_ops.attention_masked(q[i].view(1, n_head, hd), kc[s, :, :L], vc[s, :, :L], L - 1, hd ** -0.5,
+                                        window, softcap, sinks)
+        assert torch.allclose(got[i:i + 1], want, atol=5e-6, rtol=1e-5), (L, float((got[i] - want[0]).abs().max()))
+    # each row alone gives its bits in the batch
+    for i in (0, 5, 7):
+        alone = cpu_vnni.attention_decode(q[i:i + 1], kc, vc, slots[i:i + 1], ln[i:i + 1], n_head, hd ** -0.5,
+                                          None if starts is None else starts[i:i + 1].contiguous(), softcap,
+                                          sinks)
+        assert torch.equal(alone, got[i:i + 1])
+    with pytest.raises(UnsupportedError, match="each start below its length"):
+        cpu_vnni.attention_decode(q[:1], kc, vc, slots[:1], ln[:1], n_head, 0.1, ln[:1].clone())
+    with pytest.raises(UnsupportedError, match="soft-cap"):
+        cpu_vnni.attention_decode(q[:1], kc, vc, slots[:1], ln[:1], n_head, 0.1, None, float("inf"))
+
+
+@needs_vnni
 def test_attention_refuses_slots_and_lengths_outside_the_cache():
     kc = torch.randn(2, 1, 8, 16)
     q = torch.randn(1, 16)
@@ -336,6 +379,7 @@ def test_replay_encoder_calls_in_order(n):
 
 def test_types_table_covers_the_kernel():
     """The packers' types, as the C file numbers them (ggml's ids), with their block sizes."""
-    ids = {**cpu_vnni.TYPES, **cpu_vnni.TYPES8, **cpu_vnni.LUT_TYPES}
+    ids = {**cpu_vnni.TYPES, **cpu_vnni.TYPES5, **cpu_vnni.TYPES6, **cpu_vnni.TYPES8, **cpu_vnni.LUT_TYPES}
+    assert set(ids) == set(cpu_vnni.ALL_TYPES)
     assert {t: ids.get(t) for t in TYPES} == {t: int(t) for t in TYPES}
     assert all(quant_info(t).block_elems == (256 if t in K_TYPES else 32) for t in TYPES)

@@ -138,10 +138,10 @@ class _State:
     layers (a tuple lookup per node instead of tensor selects): keys and values n_layer x
     [n_kv, L, hd]."""
 
-    __slots__ = ("batch", "cache", "decode", "kind", "rope", "views", "at", "lens")
+    __slots__ = ("batch", "cache", "decode", "kind", "rope", "views", "at", "lens", "starts")
 
     def __init__(self, batch: Batch, cache: KVCache | None, decode: bool, c_attention: bool = False):
-        self.batch, self.cache, self.decode, self.rope = batch, cache, decode, {}
+        self.batch, self.cache, self.decode, self.rope, self.starts = batch, cache, decode, {}, {}
         self.kind = "decode" if decode else "prefill"
         self.views, self.at, self.lens = [], None, None
         if decode and cache is not None:

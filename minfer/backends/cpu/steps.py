@@ -113,6 +113,19 @@ def _rope(be: CPUBackend, node: Node):
     i, pos = node.inputs
     n_heads, hd, n_rot, style = p["n_heads"], p["head_dim"], p["n_rot"], p["style"]
 
+    if be.vnni and cpu_vnni.available() and style in ("normal", "neox"):  # the C kernel: one call a node
+        neox = style == "neox"
+
+        def run_c(vals, st: _State) -> torch.Tensor:
+            rows = st.rope.get(key)
+            if rows is None:  # first RoPE node of the step: the tokens' cos / sin rows, for all layers
+                cos, sin = be._ropes[key]
+                positions = vals[pos]
+                rows = st.rope[key] = (cos[positions].contiguous(), sin[positions].contiguous())
+            return cpu_vnni.rope(vals[i], *rows, n_heads, hd, n_rot, neox)
+
+        return run_c
+
     def run(vals, st: _State) -> torch.Tensor:
         rot = st.rope.get(key)
         if rot is None:  # first RoPE node of the step: the tokens' rotations, for all layers
@@ -137,6 +150,14 @@ def _attention(be: CPUBackend, node: Node):
         kc, vc = be._flat[0][layer], be._flat[1][layer]  # [slot * n_kv * n_ctx, hd]
         kc.index_copy_(0, st.at, k.reshape(rows * n_kv, hd).to(kc.dtype))  # each row at its slot, position
         vc.index_copy_(0, st.at, v.reshape(rows * n_kv, hd).to(vc.dtype))
+        if st.lens is not None:  # every row in one call (q4_vnni.c attn_decode), a window's first key per row
+            starts = None
+            if window:  # (once a step per window size)
+                starts = st.starts.get(window)
+                if starts is None:
+                    starts = st.starts[window] = (st.lens - window).clamp_(min=0)
+            return cpu_vnni.attention_decode(q, st.cache.k[layer], st.cache.v[layer], st.batch.row_slots,
+                                             st.lens, n_head, scale, starts, softcap, sinks)
         # a window only matters once some row is `window` positions in (the plain paths before that)
         if softcap or sinks is not None or (window and max(s.end for s in st.batch.spans) > window):
             slots, pos = st.batch.row_slots.tolist(), st.batch.positions.tolist()
@@ -151,9 +172,6 @@ def _attention(be: CPUBackend, node: Node):
             return torch.cat([cpu_ops.attention_masked(qs[b], k_all[slots[b], :, :pos[b] + 1],
                                                        v_all[slots[b], :, :pos[b] + 1], pos[b], scale,
                                                        window, softcap, sinks) for b in range(rows)])
-        if st.lens is not None:  # every row in one call (csrc/q4_vnni.c attn_decode)
-            return cpu_vnni.attention_decode(q, st.cache.k[layer], st.cache.v[layer], st.batch.row_slots,
-                                             st.lens, n_head, scale)
         if rows == 1:
             keys, values = st.views[0]
             out = cpu_ops.attention_decode(q.view(1, n_head, 1, hd), keys[layer], values[layer], scale)

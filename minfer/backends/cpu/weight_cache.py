@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-LAYOUT_VERSION = 3  # 3: the header last, written as the load prepares (2: the header first; 1: torch.save's)
+LAYOUT_VERSION = 4  # 4: 5-/6-bit VNNI codes, no zeros for the symmetric types; 3: the header last (2: first)
 MAGIC = b"MINFERWC"
 ALIGN = mmap.ALLOCATIONGRANULARITY  # each tensor on a page: a prepared matrix maps its own range while written
 SUFFIX = ".mwc"

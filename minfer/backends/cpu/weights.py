@@ -2,10 +2,10 @@
 
 A MatMul weight becomes a `Matrix`, prepared once at load, that prefill and decode rows share:
 
-- Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q8_0 and the lookup types IQ4_NL, IQ4_XS, MXFP4, where the C kernel
-  can run (AVX512-VNNI or AVX2, a C compiler): the VNNI form (minfer/kernels/cpu/vnni.py), int8 activations per
-  32 in two passes, prompt chunks and decode rows alike (the contracts `cpu_q4_vnni2`, `cpu_q8_vnni2`,
-  `cpu_iq4_vnni2`, `cpu_mxfp4_vnni2`).
+- Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0 and the lookup types IQ4_NL, IQ4_XS, MXFP4, where the C
+  kernel can run (AVX512-VNNI or AVX2, a C compiler): the VNNI form (minfer/kernels/cpu/vnni.py), int8
+  activations per 32 in two passes, prompt chunks and decode rows alike (the contracts `cpu_q4_vnni2`,
+  `cpu_q5_vnni2`, `cpu_q6k_vnni2`, `cpu_q8_vnni2`, `cpu_iq4_vnni2`, `cpu_mxfp4_vnni2`).
 - every other quantized type (and all of them elsewhere) runs torch's int4 packed matmul (group
   size 32, bfloat16 activations and scales) on the type's int4 digits (minfer/kernels/cpu/matmul.py):
   4-bit types as they are (0.63 bytes per weight), the others as lo/hi digit pairs (1.25 bytes per
@@ -78,7 +78,8 @@ def dense_f32(reader: GGUFReader, info: TensorInfo) -> torch.Tensor:
 # activations in two int8 passes)
 VNNI_DECODE = {"cpu_q4_vnni": "cpu_q4_vnni2", "cpu_q8_vnni": "cpu_q8_vnni2"}
 # (the lookup types: two passes only)
-VNNI_KERNELS = set(VNNI_DECODE) | set(VNNI_DECODE.values()) | {"cpu_iq4_vnni2", "cpu_mxfp4_vnni2"}
+VNNI_KERNELS = set(VNNI_DECODE) | set(VNNI_DECODE.values()) | {"cpu_q5_vnni2", "cpu_q6k_vnni2", "cpu_iq4_vnni2",
+                                                              "cpu_mxfp4_vnni2"}
 MOE_VNNI = "cpu_vnni2_moe"  # the chosen experts of a VNNI type in one call (kernels/cpu/vnni.fkc.md)
 
 

@@ -1,17 +1,22 @@
 /* int4 weights x int8 activations on AVX512-VNNI, or AVX2 (the vector layer below: -DMINFER_AVX2,
  * the same bits): the cpu backend's kernel for the 4-bit ggml types (Q4_0, Q4_1, Q4_K; the lookup
- * types IQ4_NL, IQ4_XS, MXFP4 through a 16-entry table) and the 8-bit codes, built by
- * minfer/kernels/cpu/vnni.py with the system C compiler.
+ * types IQ4_NL, IQ4_XS, MXFP4 through a 16-entry table), the 5-bit types (Q5_0, Q5_1, Q5_K), Q6_K
+ * and Q8_0, built by minfer/kernels/cpu/vnni.py with the system C compiler; also the cpu backend's
+ * decode attention, RMSNorm and RoPE.
  *
  * Weight W [n, k] (n a multiple of 32, k of 32), per group of 32 weights along k:
  * w = S * c + Z with codes c in 0..15 (S, Z float16). Layout: W [n/16][k/32][256] bytes: per
  * block of 16 output columns and group g, 4 chunks of 64 bytes; byte 4*col + t of chunk j holds
  * the code of (col, k = 8j + t) in its low nibble and of (col, 8j + 4 + t) in its high nibble,
  * so one chunk unpacks into the two registers vpdpbusd takes (16 columns x 4 consecutive k).
- * S, Z: [n/16][k/32][16] float16.
+ * S, Z: [n/16][k/32][16] float16. The symmetric types store no Z: it is zm S (zm = -8, -16,
+ * -128: exactly the float16 a stored Z would hold), made by the kernel.
  * Lookup types: the nibble is an index into a 16-byte table `lut` (vpshufb, one per register of
  * codes), c = lut[nibble] = v + 128 in 1..255 for the type's int8 value v, with S the block's
- * scale and Z = -128 S (from the float16 S, so the two agree exactly): w = S v.
+ * scale and Z = -128 S: w = S v.
+ * 5- and 6-bit codes (q56_pack): the low 4 bits as above, then per register a 64-bit mask of the
+ * code's bit 4 (and bit 5), added back by a masked byte add. Q6_K: two scales a group (one per
+ * 16 weights), its zero -32 applied to the integer sums. 8-bit codes (Q8_0): a byte per code.
  *
  * Activations x [m, k] are quantized per row and group of 32 (llama.cpp's Q8_0 scheme), once
  * (P = 1) or twice (P = 2: the first pass's rounding error quantized again, ~15 bits in all):
@@ -123,6 +128,18 @@ INL float v_reduce_max_ps(vf a) {  /* avx512fintrin.h's order (and operand order
     __m128 t10 = _mm_max_ps(t8, __builtin_shuffle(t8, (__v4si){1, 0, 1, 0}));
     return t10[0];
 }
+/* a + add in the bytes whose bit of m is set (byte i of the register: bit i; lo: bits 0-31, hi: 32-63) */
+INL __m256i hibits8(__m256i a, uint32_t m, char add) {
+    const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                          2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    __m256i b = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)m), pick), bit);
+    return _mm256_add_epi8(a, _mm256_and_si256(_mm256_cmpeq_epi8(b, bit), _mm256_set1_epi8(add)));
+}
+INL vi v_hibits(vi a, uint64_t m, char add) {
+    return vi_of(hibits8(a.lo, (uint32_t)m, add), hibits8(a.hi, (uint32_t)(m >> 32), add));
+}
+INL vi v_sub_epi32(vi a, vi b) { return vi_of(_mm256_sub_epi32(a.lo, b.lo), _mm256_sub_epi32(a.hi, b.hi)); }
 #ifdef __AVXVNNI__
 #define DOT_SHIFT 0
 INL vi v_dot_u8(vi acc, vi a, vi x) {  /* unsigned a x signed x, 4 bytes per int32 lane */
@@ -132,6 +149,9 @@ INL vi v_dot_u8(vi acc, vi a, vi x) {  /* unsigned a x signed x, 4 bytes per int
 #define DOT_SHIFT 1  /* codes above 127 (8-bit, table): as signed bytes code - 128, v_dot_s8, 128 sum x added */
 INL __m256i dot8(__m256i acc, __m256i a, __m256i x) {  /* a unsigned, |pair sums| < 32768: exact */
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, x), _mm256_set1_epi16(1)));
+}
+INL vi v_dot_small(vi acc, vi a, vi x) {  /* codes 0..63 (5- and 6-bit) x signed x: pair sums < 16129 */
+    return vi_of(dot8(acc.lo, a.lo, x.lo), dot8(acc.hi, a.hi, x.hi));
 }
 INL vi v_dot_s8(vi acc, vi a, vi x) {  /* signed a x signed x (|x| <= 127): |a| a x sign(a) */
     return vi_of(dot8(acc.lo, _mm256_abs_epi8(a.lo), _mm256_sign_epi8(x.lo, a.lo)),
@@ -196,19 +216,26 @@ typedef __m512i vi;
 #define v_reduce_add_ps _mm512_reduce_add_ps
 #define v_reduce_max_ps _mm512_reduce_max_ps
 #define v_dot_u8 _mm512_dpbusd_epi32
+#define v_sub_epi32 _mm512_sub_epi32
+INL vi v_hibits(vi a, uint64_t m, char add) { return _mm512_mask_add_epi8(a, (__mmask64)m, a, _mm512_set1_epi8(add)); }
 #endif
 
 /* ---------------------------------------------------------------- packing (load time) */
 
-static void put_group(uint8_t *Wb, uint16_t *Sb, uint16_t *Zb, int col, const uint8_t *codes, float s, float z) {
-    /* codes[32] of one column's group into the block's 256 bytes */
+static void put_nibbles(uint8_t *Wb, int col, const uint8_t *codes) {
+    /* the low 4 bits of codes[32] of one column's group into the block's 256 bytes */
     for (int j = 0; j < 4; j++)
         for (int t = 0; t < 4; t++) {
-            uint8_t lo = codes[8 * j + t], hi = codes[8 * j + 4 + t];
+            uint8_t lo = codes[8 * j + t] & 15, hi = codes[8 * j + 4 + t] & 15;
             Wb[64 * j + 4 * col + t] = (uint8_t)(lo | (hi << 4));
         }
+}
+
+/* codes[32] of one column's group into the block's 256 bytes, its S and (Zb: where stored) Z */
+static void put_group(uint8_t *Wb, uint16_t *Sb, uint16_t *Zb, int col, const uint8_t *codes, float s, float z) {
+    put_nibbles(Wb, col, codes);
     Sb[col] = _cvtss_sh(s, _MM_FROUND_TO_NEAREST_INT);
-    Zb[col] = _cvtss_sh(z, _MM_FROUND_TO_NEAREST_INT);
+    if (Zb != NULL) Zb[col] = _cvtss_sh(z, _MM_FROUND_TO_NEAREST_INT);
 }
 
 static inline float f16(const uint8_t *p) { uint16_t h; memcpy(&h, p, 2); return _cvtsh_ss(h); }
@@ -220,25 +247,49 @@ static void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
 
 static void scale_min_k4(int j, const uint8_t *q, int *sc, int *m);
 
-/* 8-bit codes: Q8_0 (qtype 8) u = q + 128, S = d, Z = -128 d; Q5_0 (6) v = 0..31, S = d, Z = -16 d;
- * Q5_1 (7) S = d, Z = m; Q5_K (13) S = d sc, Z = -dmin m. Layout W [n/16][k/32][512]: byte
- * 4*col + t of chunk j (64 bytes) is the code of (col, k = 4j + t). S, Z as for the 4-bit types. */
+/* 8-bit codes: Q8_0 (qtype 8) u = q + 128, S = d, zero -128 d (Z: where stored). Layout W
+ * [n/16][k/32][512]: byte 4*col + t of chunk j (64 bytes) is the code of (col, k = 4j + t). */
 int q8_pack(const uint8_t *rows, int qtype, int n_rows, int k, int col0, uint8_t *W, uint16_t *S, uint16_t *Z) {
     int G = k / 32;
-    int row_bytes = qtype == 8 ? G * 34 : qtype == 6 ? G * 22 : qtype == 7 ? G * 24 : qtype == 13 ? k / 256 * 176 : -1;
-    if (row_bytes < 0 || k < 32 || k % (qtype == 13 ? 256 : 32) || n_rows < 0 || col0 < 0) return -1;
+    if (qtype != 8 || k < 32 || k % 32 || n_rows < 0 || col0 < 0) return -1;
+    for (int i = 0; i < n_rows; i++) {
+        int col = col0 + i, blk = col / 16, c = col % 16;
+        const uint8_t *r = rows + (size_t)i * G * 34;
+        for (int g = 0; g < G; g++) {
+            const uint8_t *b = r + (size_t)g * 34;
+            size_t off = (size_t)blk * G + g;
+            uint8_t *Wb = W + off * 512;
+            for (int j = 0; j < 8; j++)
+                for (int t = 0; t < 4; t++) Wb[64 * j + 4 * c + t] = (uint8_t)((int)(int8_t)b[2 + 4 * j + t] + 128);
+            float s = f16(b);
+            S[off * 16 + c] = _cvtss_sh(s, _MM_FROUND_TO_NEAREST_INT);
+            if (Z != NULL) Z[off * 16 + c] = _cvtss_sh(-128.0f * s, _MM_FROUND_TO_NEAREST_INT);
+        }
+    }
+    return 0;
+}
+
+/* 5- and 6-bit codes: Q5_0 (qtype 6), Q5_1 (7), Q5_K (13): codes 0..31; Q6_K (14): 0..63. Their
+ * low 4 bits as the 4-bit layout's 256 bytes, then the high bits as 64-bit masks, one per register
+ * of 16 columns x 4 k (bit 4*col + t of mask c: the code of k = 4c + t): 8 masks of bit 4 for the
+ * 5-bit codes (320 bytes a block and group), 16 for Q6_K (mask 2c: bit 4, 2c + 1: bit 5; 384 bytes).
+ * Q5_0: S = d, zero -16 S; Q5_1: S = d, Z = m; Q5_K: S = d sc, Z = -dmin m (Z: where stored).
+ * Q6_K: a scale per 16 weights, S [n/16][k/32][32] (the group's first 16 k, then its second 16),
+ * S = d sc, the zero -32 S applied by the kernel (Z unused). W must start zeroed (masks are OR-ed). */
+int q56_pack(const uint8_t *rows, int qtype, int n_rows, int k, int col0, uint8_t *W, uint16_t *S, uint16_t *Z) {
+    int G = k / 32;
+    int super = qtype == 13 || qtype == 14;
+    int row_bytes = qtype == 6 ? G * 22 : qtype == 7 ? G * 24 : qtype == 13 ? k / 256 * 176 : qtype == 14 ? k / 256 * 210
+                    : -1;
+    if (row_bytes < 0 || k < 32 || k % (super ? 256 : 32) || n_rows < 0 || col0 < 0) return -1;
+    size_t gb = qtype == 14 ? 384 : 320;
     uint8_t codes[32];
     for (int i = 0; i < n_rows; i++) {
         int col = col0 + i, blk = col / 16, c = col % 16;
         const uint8_t *r = rows + (size_t)i * row_bytes;
         for (int g = 0; g < G; g++) {
-            float s, z;
-            if (qtype == 8) {
-                const uint8_t *b = r + (size_t)g * 34;
-                for (int j = 0; j < 32; j++) codes[j] = (uint8_t)((int)(int8_t)b[2 + j] + 128);
-                s = f16(b);
-                z = -128.0f * s;
-            } else if (qtype == 6 || qtype == 7) {
+            float s = 0.0f, z = 0.0f, s2 = 0.0f;
+            if (qtype == 6 || qtype == 7) {
                 const uint8_t *b = r + (size_t)g * (qtype == 6 ? 22 : 24);
                 int o = qtype == 6 ? 2 : 4;
                 uint32_t qh;
@@ -250,7 +301,7 @@ int q8_pack(const uint8_t *rows, int qtype, int n_rows, int k, int col0, uint8_t
                 }
                 s = f16(b);
                 z = qtype == 6 ? -16.0f * s : f16(b + 2);
-            } else {  /* Q5_K */
+            } else if (qtype == 13) {
                 const uint8_t *b = r + (size_t)(g / 8) * 176;
                 int sub = g % 8, sc, mn;
                 const uint8_t *qh = b + 16, *qs = b + 48 + 32 * (sub / 2);
@@ -259,13 +310,39 @@ int q8_pack(const uint8_t *rows, int qtype, int n_rows, int k, int col0, uint8_t
                 scale_min_k4(sub, b + 4, &sc, &mn);
                 s = f16(b) * (float)sc;
                 z = -(f16(b + 2) * (float)mn);
+            } else {  /* Q6_K: ql[128] qh[64] scales[16] d; element e = 128 h + 32 quarter + l */
+                const uint8_t *b = r + (size_t)(g / 8) * 210;
+                for (int j = 0; j < 32; j++) {
+                    int e = 32 * (g % 8) + j, h = e / 128, quarter = e % 128 / 32, l = e % 32;
+                    const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
+                    int lo = quarter & 1 ? ql[l + 32] : ql[l];
+                    codes[j] = (uint8_t)((quarter & 2 ? lo >> 4 : lo & 15) | (((qh[l] >> (2 * quarter)) & 3) << 4));
+                }
+                float d = f16(b + 208);
+                s = d * (float)(int8_t)b[192 + 2 * (g % 8)];
+                s2 = d * (float)(int8_t)b[192 + 2 * (g % 8) + 1];
             }
             size_t off = (size_t)blk * G + g;
-            uint8_t *Wb = W + off * 512;
-            for (int j = 0; j < 8; j++)
-                for (int t = 0; t < 4; t++) Wb[64 * j + 4 * c + t] = codes[4 * j + t];
-            S[off * 16 + c] = _cvtss_sh(s, _MM_FROUND_TO_NEAREST_INT);
-            Z[off * 16 + c] = _cvtss_sh(z, _MM_FROUND_TO_NEAREST_INT);
+            uint8_t *Wb = W + off * gb;
+            put_nibbles(Wb, c, codes);
+            for (int reg = 0; reg < 8; reg++)
+                for (int t = 0; t < 4; t++) {
+                    int code = codes[4 * reg + t];
+                    uint64_t bit = (uint64_t)1 << (4 * c + t);
+                    uint64_t *m4 = (uint64_t *)(Wb + 256) + (qtype == 14 ? 2 * reg : reg);
+                    if (code & 16) *m4 |= bit;
+                    if (qtype == 14 && (code & 32)) m4[1] |= bit;
+                }
+            if (qtype == 14) {
+                if (!isfinite(_cvtsh_ss(_cvtss_sh(s, _MM_FROUND_TO_NEAREST_INT)))
+                    || !isfinite(_cvtsh_ss(_cvtss_sh(s2, _MM_FROUND_TO_NEAREST_INT))))
+                    return -3;
+                S[off * 32 + c] = _cvtss_sh(s, _MM_FROUND_TO_NEAREST_INT);
+                S[off * 32 + 16 + c] = _cvtss_sh(s2, _MM_FROUND_TO_NEAREST_INT);
+            } else {
+                S[off * 16 + c] = _cvtss_sh(s, _MM_FROUND_TO_NEAREST_INT);
+                if (Z != NULL) Z[off * 16 + c] = _cvtss_sh(z, _MM_FROUND_TO_NEAREST_INT);
+            }
         }
     }
     return 0;
@@ -282,7 +359,7 @@ static inline float e8m0_half(uint8_t e) {
 /* rows [n_rows, row_bytes] of a Q4_0 (qtype 2), Q4_1 (3), Q4_K (12) or lookup-type IQ4_NL (20),
  * IQ4_XS (23), MXFP4 (39) weight -> W, S, Z for columns col0 .. col0 + n_rows (col0 and the
  * layout's n: multiples of 16). Returns -1 on a bad type or size, -3 where a lookup type's scale
- * does not fit float16 (|S| or 128 |S| above 65504). */
+ * does not fit float16 (|S|, or 128 |S| where Z is stored, above 65504). */
 int q4_pack(const uint8_t *rows, int qtype, int n_rows, int k, int col0, uint8_t *W, uint16_t *S, uint16_t *Z) {
     int G = k / 32;
     int super = qtype == 12 || qtype == 23;  /* 256-element super-blocks */
@@ -331,10 +408,10 @@ int q4_pack(const uint8_t *rows, int qtype, int n_rows, int k, int col0, uint8_t
                 for (int j = 0; j < 16; j++) { codes[j] = qs[j] & 15; codes[j + 16] = qs[j] >> 4; }
                 uint16_t sh = _cvtss_sh(s, _MM_FROUND_TO_NEAREST_INT);
                 z = -128.0f * _cvtsh_ss(sh);
-                if (!isfinite(_cvtsh_ss(sh)) || fabsf(z) > 65504.0f) return -3;
+                if (!isfinite(_cvtsh_ss(sh)) || (Z != NULL && fabsf(z) > 65504.0f)) return -3;
             }
             size_t off = (size_t)blk * G + g;
-            put_group(W + off * 256, S + off * 16, Z + off * 16, c, codes, s, z);
+            put_group(W + off * 256, S + off * 16, Z != NULL ? Z + off * 16 : NULL, c, codes, s, z);
         }
     }
     return 0;
@@ -343,9 +420,10 @@ int q4_pack(const uint8_t *rows, int qtype, int n_rows, int k, int col0, uint8_t
 /* ---------------------------------------------------------------- activations */
 
 /* x [m, k] (float32 when bf16 == 0, else bfloat16 bits) -> per row: q [P][k] int8, d [P][k/32],
- * and sx [k/32] = sum_p d_p sum q_p. P = 1: x ~ d q. P = 2: the rounding error r = x - d q is
+ * and sx [k/32] = sum_p d_p sum q_p; x16 (unless NULL) [P][k/32][2] the sums of q over each half group
+ * (the 6-bit codes' zeros). P = 1: x ~ d q. P = 2: the rounding error r = x - d q is
  * quantized again, x ~ d q + d' q' with d' = max|r| / 127 (~15 bits for the pair). */
-static void quantize_rows(const void *x, int bf16, int m, int k, int P, int8_t *q, float *d, float *sx) {
+static void quantize_rows(const void *x, int bf16, int m, int k, int P, int8_t *q, float *d, float *sx, int *x16) {
     int G = k / 32;
     #pragma omp parallel for schedule(static) if (m >= 16)
     for (int r = 0; r < m; r++) {
@@ -375,6 +453,11 @@ static void quantize_rows(const void *x, int bf16, int m, int k, int P, int8_t *
                 _mm_storeu_si128((__m128i *)(qr + 16), v_cvtsepi32_epi8(qb));
                 d[((size_t)r * P + pass) * G + g] = dd;
                 total += dd * (float)v_reduce_add_epi32(v_add_epi32(qa, qb));
+                if (x16 != NULL) {
+                    int *h = x16 + (((size_t)r * P + pass) * G + g) * 2;
+                    h[0] = v_reduce_add_epi32(qa);
+                    h[1] = v_reduce_add_epi32(qb);
+                }
                 vf vd = v_set1_ps(dd);  /* what is left for the next pass */
                 a = v_fnmadd_ps(ra, vd, a);
                 b = v_fnmadd_ps(rb, vd, b);
@@ -388,25 +471,32 @@ static void quantize_rows(const void *x, int bf16, int m, int k, int P, int8_t *
 
 #define MT 4
 
-/* rows (<= MT) x 32 columns; X: the rows' quantized activations, P passes of k bytes per row */
-/* LUT: the 4-bit codes index `lut` (the lookup types; `table` its 16 bytes in every 128-bit lane) */
-static inline __attribute__((always_inline)) void tile(int rows, int P, int B8, int LUT, vi table,
+/* bytes of codes per block of 16 columns and group of 32, by code width (4, 5, 6, 8 bits) */
+static inline size_t group_bytes(int bits) { return bits == 8 ? 512 : bits == 6 ? 384 : bits == 5 ? 320 : 256; }
+
+/* rows (<= MT) x 32 columns; X: the rows' quantized activations, P passes of k bytes per row.
+ * BITS: 4 (LUT: the codes index `table`, its 16 bytes in every 128-bit lane), 5 and 6 (the 4-bit
+ * layout + high-bit masks), 8. Z0 / Z1 NULL: the zero is zm S (the symmetric types). BITS 6
+ * (Q6_K): two scales a group (S0 [G][32]), the zero -32 S applied in integers: per pass and half
+ * group, (sum c q) - 32 (sum q) with the halves' sums of q in X16. */
+static inline __attribute__((always_inline)) void tile(int rows, int P, int BITS, int LUT, vi table,
         const uint8_t *W0, const uint8_t *W1,
-        const uint16_t *S0, const uint16_t *S1, const uint16_t *Z0, const uint16_t *Z1, int G,
-        const int8_t *X, const float *dx, const float *sx, int k, float *Y, int ldy) {
+        const uint16_t *S0, const uint16_t *S1, const uint16_t *Z0, const uint16_t *Z1, float zm, int G,
+        const int8_t *X, const float *dx, const float *sx, const int *X16, int k, float *Y, int ldy) {
     vf acc0[MT], acc1[MT];
     for (int r = 0; r < MT; r++) { acc0[r] = v_setzero_ps(); acc1[r] = v_setzero_ps(); }
     const vi mask = v_set1_epi8(0x0F);
+    const size_t gb = group_bytes(BITS);
+    const int sw = BITS == 6 ? 32 : 16;  /* scales per block and group */
     for (int g = 0; g < G; g++) {
         vi a[8], b[8];
-        if (B8) {  /* 8-bit codes: the registers as stored */
-            const uint8_t *p0 = W0 + (size_t)g * 512, *p1 = W1 + (size_t)g * 512;
+        const uint8_t *p0 = W0 + (size_t)g * gb, *p1 = W1 + (size_t)g * gb;
+        if (BITS == 8) {  /* 8-bit codes: the registers as stored */
             for (int c = 0; c < 8; c++) {
                 a[c] = v_loadu_si512(p0 + 64 * c);
                 b[c] = v_loadu_si512(p1 + 64 * c);
             }
         } else {
-            const uint8_t *p0 = W0 + (size_t)g * 256, *p1 = W1 + (size_t)g * 256;
             for (int c = 0; c < 4; c++) {
                 vi r0 = v_loadu_si512(p0 + 64 * c), r1 = v_loadu_si512(p1 + 64 * c);
                 a[2 * c] = v_and_si512(r0, mask);
@@ -419,9 +509,21 @@ static inline __attribute__((always_inline)) void tile(int rows, int P, int B8, 
                     a[c] = v_shuffle_epi8(table, a[c]);
                     b[c] = v_shuffle_epi8(table, b[c]);
                 }
+            if (BITS >= 5) {  /* the high bits: 16 (and 32) where the masks say */
+                const uint64_t *m0 = (const uint64_t *)(p0 + 256), *m1 = (const uint64_t *)(p1 + 256);
+                for (int c = 0; c < 8; c++) {
+                    int at = BITS == 6 ? 2 * c : c;
+                    a[c] = v_hibits(a[c], m0[at], 16);
+                    b[c] = v_hibits(b[c], m1[at], 16);
+                    if (BITS == 6) {
+                        a[c] = v_hibits(a[c], m0[at + 1], 32);
+                        b[c] = v_hibits(b[c], m1[at + 1], 32);
+                    }
+                }
+            }
         }
 #if DOT_SHIFT
-        if (B8 || LUT) {  /* codes 0..255 as signed bytes code - 128 (v_dot_s8) */
+        if (BITS == 8 || LUT) {  /* codes 0..255 as signed bytes code - 128 (v_dot_s8) */
             const vi top = v_set1_epi8((char)0x80);
             for (int c = 0; c < 8; c++) {
                 a[c] = v_xor_si512(a[c], top);
@@ -429,19 +531,40 @@ static inline __attribute__((always_inline)) void tile(int rows, int P, int B8, 
             }
         }
 #endif
-        vf s0 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S0 + g * 16)));
-        vf s1 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S1 + g * 16)));
-        vf z0 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(Z0 + g * 16)));
-        vf z1 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(Z1 + g * 16)));
+        vf s0 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S0 + g * sw)));
+        vf s1 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S1 + g * sw)));
+        vf s0h = s0, s1h = s1, z0 = s0, z1 = s1;
+        if (BITS == 6) {
+            s0h = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S0 + g * sw + 16)));
+            s1h = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S1 + g * sw + 16)));
+        } else if (Z0 != NULL) {
+            z0 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(Z0 + g * 16)));
+            z1 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(Z1 + g * 16)));
+        } else {  /* exactly the float16 zm S a stored Z would hold (zm a power of two) */
+            z0 = v_mul_ps(s0, v_set1_ps(zm));
+            z1 = v_mul_ps(s1, v_set1_ps(zm));
+        }
         for (int r = 0; r < MT; r++) {
             if (r >= rows) break;
             for (int pass = 0; pass < P; pass++) {
                 const int32_t *xq = (const int32_t *)(X + ((size_t)r * P + pass) * k + g * 32);
                 vi i0 = v_setzero_si512(), i1 = v_setzero_si512();
+                vi h0 = v_setzero_si512(), h1 = v_setzero_si512();  /* BITS 6: the second half's */
 #if DOT_SHIFT  /* AVX2 without VNNI */
-                if (!B8 && !LUT) {
+                if (BITS == 4 && !LUT) {
                     i0 = v_dot4_group(i0, a, xq);
                     i1 = v_dot4_group(i1, b, xq);
+                } else if (BITS == 5 || BITS == 6) {  /* codes below 64: each register's pair sums */
+                    for (int j = 0; j < 8; j++) {
+                        vi xb = v_set1_epi32(xq[j]);
+                        if (BITS == 6 && j >= 4) {
+                            h0 = v_dot_small(h0, a[j], xb);
+                            h1 = v_dot_small(h1, b[j], xb);
+                        } else {
+                            i0 = v_dot_small(i0, a[j], xb);
+                            i1 = v_dot_small(i1, b[j], xb);
+                        }
+                    }
                 } else {  /* the codes were shifted by -128: sum (c - 128) q + 128 sum q */
                     for (int j = 0; j < 8; j++) {
                         vi xb = v_set1_epi32(xq[j]);
@@ -455,17 +578,33 @@ static inline __attribute__((always_inline)) void tile(int rows, int P, int B8, 
 #else
                 for (int j = 0; j < 8; j++) {
                     vi xb = v_set1_epi32(xq[j]);
-                    i0 = v_dot_u8(i0, a[j], xb);
-                    i1 = v_dot_u8(i1, b[j], xb);
+                    if (BITS == 6 && j >= 4) {
+                        h0 = v_dot_u8(h0, a[j], xb);
+                        h1 = v_dot_u8(h1, b[j], xb);
+                    } else {
+                        i0 = v_dot_u8(i0, a[j], xb);
+                        i1 = v_dot_u8(i1, b[j], xb);
+                    }
                 }
 #endif
                 vf dv = v_set1_ps(dx[((size_t)r * P + pass) * G + g]);
-                acc0[r] = v_fmadd_ps(v_cvtepi32_ps(i0), v_mul_ps(s0, dv), acc0[r]);
-                acc1[r] = v_fmadd_ps(v_cvtepi32_ps(i1), v_mul_ps(s1, dv), acc1[r]);
+                if (BITS == 6) {  /* sum (c - 32) q per half group, exact in integers */
+                    const int *qs = X16 + (((size_t)r * P + pass) * G + g) * 2;
+                    vi z = v_set1_epi32(32 * qs[0]), zh = v_set1_epi32(32 * qs[1]);
+                    acc0[r] = v_fmadd_ps(v_cvtepi32_ps(v_sub_epi32(i0, z)), v_mul_ps(s0, dv), acc0[r]);
+                    acc1[r] = v_fmadd_ps(v_cvtepi32_ps(v_sub_epi32(i1, z)), v_mul_ps(s1, dv), acc1[r]);
+                    acc0[r] = v_fmadd_ps(v_cvtepi32_ps(v_sub_epi32(h0, zh)), v_mul_ps(s0h, dv), acc0[r]);
+                    acc1[r] = v_fmadd_ps(v_cvtepi32_ps(v_sub_epi32(h1, zh)), v_mul_ps(s1h, dv), acc1[r]);
+                } else {
+                    acc0[r] = v_fmadd_ps(v_cvtepi32_ps(i0), v_mul_ps(s0, dv), acc0[r]);
+                    acc1[r] = v_fmadd_ps(v_cvtepi32_ps(i1), v_mul_ps(s1, dv), acc1[r]);
+                }
             }
-            vf sv = v_set1_ps(sx[(size_t)r * G + g]);
-            acc0[r] = v_fmadd_ps(z0, sv, acc0[r]);
-            acc1[r] = v_fmadd_ps(z1, sv, acc1[r]);
+            if (BITS != 6) {
+                vf sv = v_set1_ps(sx[(size_t)r * G + g]);
+                acc0[r] = v_fmadd_ps(z0, sv, acc0[r]);
+                acc1[r] = v_fmadd_ps(z1, sv, acc1[r]);
+            }
         }
     }
     for (int r = 0; r < MT; r++) {
@@ -475,63 +614,91 @@ static inline __attribute__((always_inline)) void tile(int rows, int P, int B8, 
     }
 }
 
-/* rows (<= MT) rows from r0 of the quantized activations (q, d, sx: quantize_rows') against the 32
- * columns whose two 16-column blocks start at W0 / W1 (S0 / S1, Z0 / Z1), into y + r0 * ldy: tile() with
- * its row count, passes and code width known at compile time (the registers unrolled). */
-static void tile_rows(int rows, int P, int bits, int lut, vi table, const uint8_t *W0, const uint8_t *W1,
-                      const uint16_t *S0, const uint16_t *S1, const uint16_t *Z0, const uint16_t *Z1, int G,
-                      const int8_t *q, const float *d, const float *sx, int k, int r0, float *y, int ldy) {
-#define TILE(R, PP, B8) tile(R, PP, B8, B8 ? 0 : LUT_ON, table, W0, W1, S0, S1, Z0, Z1, G, q + (size_t)r0 * PP * k, \
-                             d + (size_t)r0 * PP * G, sx + (size_t)r0 * G, k, y + (size_t)r0 * ldy, ldy)
-#define ROWS(PP, B8) switch (rows) {    \
-        case 4: TILE(4, PP, B8); break; \
-        case 3: TILE(3, PP, B8); break; \
-        case 2: TILE(2, PP, B8); break; \
-        default: TILE(1, PP, B8); break; \
+/* One weight's layout for the product: codes W, scales S, zeros Z (NULL: zm S), code width, table */
+typedef struct {
+    const uint8_t *W;
+    const uint16_t *S, *Z;
+    float zm;
+    int bits;
+    const uint8_t *lut;
+    vi table;
+} layout;
+
+/* rows (<= MT) rows from r0 of the quantized activations (q, d, sx, x16: quantize_rows') against the
+ * 32 columns of tile pair b0 (the index of its first block's group 0) of layout L, into y + r0 * ldy:
+ * tile() with its row count, passes and code width known at compile time (the registers unrolled). */
+static void tile_rows(int rows, int P, const layout *L, size_t b0, int G, const int8_t *q, const float *d,
+                      const float *sx, const int *x16, int k, int r0, float *y, int ldy) {
+    size_t gb = group_bytes(L->bits), sw = L->bits == 6 ? 32 : 16;
+    const uint8_t *W0 = L->W + b0 * gb, *W1 = L->W + (b0 + G) * gb;
+    const uint16_t *S0 = L->S + b0 * sw, *S1 = L->S + (b0 + G) * sw;
+    const uint16_t *Z0 = L->Z != NULL ? L->Z + b0 * 16 : NULL, *Z1 = L->Z != NULL ? L->Z + (b0 + G) * 16 : NULL;
+    vi table = L->table;
+    float zm = L->zm;
+#define TILE(R, PP, BB, LU) tile(R, PP, BB, LU, table, W0, W1, S0, S1, Z0, Z1, zm, G, q + (size_t)r0 * PP * k, \
+                                 d + (size_t)r0 * PP * G, sx + (size_t)r0 * G, \
+                                 x16 != NULL ? x16 + (size_t)r0 * PP * G * 2 : NULL, k, y + (size_t)r0 * ldy, ldy)
+#define ROWS(PP, BB, LU) switch (rows) {    \
+        case 4: TILE(4, PP, BB, LU); break; \
+        case 3: TILE(3, PP, BB, LU); break; \
+        case 2: TILE(2, PP, BB, LU); break; \
+        default: TILE(1, PP, BB, LU); break; \
     }
-    if (bits == 4 && lut) {
-#define LUT_ON 1
-        if (P == 1) { ROWS(1, 0) } else { ROWS(2, 0) }
-#undef LUT_ON
-    } else if (bits == 4) {
-#define LUT_ON 0
-        if (P == 1) { ROWS(1, 0) } else { ROWS(2, 0) }
-#undef LUT_ON
-    } else {
-#define LUT_ON 0
-        if (P == 1) { ROWS(1, 1) } else { ROWS(2, 1) }
-#undef LUT_ON
+#define PASSES(BB, LU) if (P == 1) { ROWS(1, BB, LU) } else { ROWS(2, BB, LU) }
+    switch (L->bits) {
+        case 4: if (L->lut != NULL) { PASSES(4, 1) } else { PASSES(4, 0) } break;
+        case 5: PASSES(5, 0) break;
+        case 6: PASSES(6, 0) break;
+        default: PASSES(8, 0) break;
     }
+#undef PASSES
 #undef ROWS
 #undef TILE
+}
+
+/* the activations' scratch: q [m][P][k] int8, d [m][P][G], sx [m][G], x16 [m][P][G][2] (6-bit codes) */
+typedef struct { int8_t *q; float *d, *sx; int *x16; } acts;
+
+static int quantize_acts(const void *x, int bf16, int m, int k, int P, int bits, acts *A) {
+    int G = k / 32;
+    size_t nq = ((size_t)m * P * k + 63) / 64 * 64;
+    A->q = malloc(nq + (size_t)m * G * (P + 1) * sizeof(float) + (bits == 6 ? (size_t)m * P * G * 2 * sizeof(int) : 0));
+    if (A->q == NULL) return -2;
+    A->d = (float *)(A->q + nq);
+    A->sx = A->d + (size_t)m * P * G;
+    A->x16 = bits == 6 ? (int *)(A->sx + (size_t)m * G) : NULL;
+    quantize_rows(x, bf16, m, k, P, A->q, A->d, A->sx, A->x16);
+    return 0;
+}
+
+static int layout_ok(int P, int bits, const uint8_t *lut, const uint16_t *Z, float zm) {
+    return (P == 1 || P == 2) && (bits == 4 || bits == 5 || bits == 6 || bits == 8) && (lut == NULL || bits == 4)
+           && (bits == 6 || Z != NULL || zm != 0.0f);
+}
+
+static layout make_layout(const uint8_t *W, const uint16_t *S, const uint16_t *Z, float zm, int bits,
+                          const uint8_t *lut) {
+    layout L = {W, S, bits == 6 ? NULL : Z, zm, bits, lut,
+                lut != NULL ? v_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lut)) : v_setzero_si512()};
+    return L;
 }
 
 /* y [m, n] float32 (row stride ldy) = x [m, k] @ W^T, n a multiple of 32, activations in P = 1
  * or 2 int8 passes; `lut` (4-bit codes only): the 16-byte table of a lookup type, else NULL.
  * Returns -1 on sizes outside that contract, -2 when the activations' scratch cannot be allocated. */
-int q4_gemm(const uint8_t *W, const uint16_t *S, const uint16_t *Z, int n, int k,
+int q4_gemm(const uint8_t *W, const uint16_t *S, const uint16_t *Z, float zm, int n, int k,
             const void *x, int bf16, int m, float *y, int ldy, int P, int bits, const uint8_t *lut) {
     int G = k / 32, NT = n / 32;
-    size_t gb = bits == 8 ? 512 : 256;  /* bytes of codes per block of 16 columns and group */
-    if ((P != 1 && P != 2) || (bits != 4 && bits != 8) || m < 1 || n < 32 || n % 32 || k < 32 || k % 32 || ldy < n
-        || (lut != NULL && bits != 4))
-        return -1;
-    const vi table = lut != NULL ? v_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lut))
-                                      : v_setzero_si512();
-    size_t nq = ((size_t)m * P * k + 63) / 64 * 64;
-    int8_t *q = malloc(nq + (size_t)m * G * (P + 1) * sizeof(float));
-    if (q == NULL) return -2;
-    float *d = (float *)(q + nq), *sx = d + (size_t)m * P * G;
-    quantize_rows(x, bf16, m, k, P, q, d, sx);
+    if (!layout_ok(P, bits, lut, Z, zm) || m < 1 || n < 32 || n % 32 || k < 32 || k % 32 || ldy < n) return -1;
+    layout L = make_layout(W, S, Z, zm, bits, lut);
+    acts A;
+    if (quantize_acts(x, bf16, m, k, P, bits, &A)) return -2;
     #pragma omp parallel for schedule(static)
-    for (int t = 0; t < NT; t++) {
-        size_t b0 = (size_t)(2 * t) * G;
+    for (int t = 0; t < NT; t++)
         for (int r0 = 0; r0 < m; r0 += MT)
-            tile_rows(m - r0 < MT ? m - r0 : MT, P, bits, lut != NULL, table, W + b0 * gb, W + (b0 + G) * gb,
-                      S + b0 * 16, S + (b0 + G) * 16, Z + b0 * 16, Z + (b0 + G) * 16, G, q, d, sx, k, r0, y + 32 * t,
-                      ldy);
-    }
-    free(q);
+            tile_rows(m - r0 < MT ? m - r0 : MT, P, &L, (size_t)(2 * t) * G, G, A.q, A.d, A.sx, A.x16, k, r0,
+                      y + 32 * t, ldy);
+    free(A.q);
     return 0;
 }
 
@@ -543,34 +710,27 @@ int q4_gemm(const uint8_t *W, const uint16_t *S, const uint16_t *Z, int n, int k
  * tile) pair: the threads share the experts' work, and a row's numbers are those q4_gemm gives it
  * alone (the same tiles, the same order of groups). Returns -1 outside that contract, -2 when the
  * activations' scratch cannot be allocated. */
-int q4_gemm_experts(const uint8_t *W, const uint16_t *S, const uint16_t *Z, int stride, int n, int n_expert, int k,
-                    const void *x, int bf16, int m, const int *rs, const int *ex, int runs, float *y, int ldy, int P,
-                    int bits, const uint8_t *lut) {
+int q4_gemm_experts(const uint8_t *W, const uint16_t *S, const uint16_t *Z, float zm, int stride, int n,
+                    int n_expert, int k, const void *x, int bf16, int m, const int *rs, const int *ex, int runs,
+                    float *y, int ldy, int P, int bits, const uint8_t *lut) {
     int G = k / 32, NT = (n + 31) / 32;
-    size_t gb = bits == 8 ? 512 : 256;
-    if ((P != 1 && P != 2) || (bits != 4 && bits != 8) || m < 1 || n < 1 || stride % 32 || stride < NT * 32 ||
-        k < 32 || k % 32 || ldy < NT * 32 || runs < 1 || rs[0] != 0 || rs[runs] != m || (lut != NULL && bits != 4))
+    if (!layout_ok(P, bits, lut, Z, zm) || m < 1 || n < 1 || stride % 32 || stride < NT * 32 || k < 32 || k % 32
+        || ldy < NT * 32 || runs < 1 || rs[0] != 0 || rs[runs] != m)
         return -1;
-    const vi table = lut != NULL ? v_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lut))
-                                      : v_setzero_si512();
     for (int r = 0; r < runs; r++)
         if (ex[r] < 0 || ex[r] >= n_expert || rs[r + 1] <= rs[r]) return -1;
-    size_t nq = ((size_t)m * P * k + 63) / 64 * 64;
-    int8_t *q = malloc(nq + (size_t)m * G * (P + 1) * sizeof(float));
-    if (q == NULL) return -2;
-    float *d = (float *)(q + nq), *sx = d + (size_t)m * P * G;
-    quantize_rows(x, bf16, m, k, P, q, d, sx);
+    layout L = make_layout(W, S, Z, zm, bits, lut);
+    acts A;
+    if (quantize_acts(x, bf16, m, k, P, bits, &A)) return -2;
     #pragma omp parallel for schedule(dynamic, 1)
     for (int item = 0; item < runs * NT; item++) {
         int r = item / NT, t = item % NT;
         size_t b0 = ((size_t)ex[r] * stride / 16 + 2 * (size_t)t) * G;
         for (int r0 = rs[r]; r0 < rs[r + 1]; r0 += MT)
-            tile_rows(rs[r + 1] - r0 < MT ? rs[r + 1] - r0 : MT, P, bits, lut != NULL, table,
-                      W + b0 * gb, W + (b0 + G) * gb,
-                      S + b0 * 16, S + (b0 + G) * 16, Z + b0 * 16, Z + (b0 + G) * 16, G, q, d, sx, k, r0,
+            tile_rows(rs[r + 1] - r0 < MT ? rs[r + 1] - r0 : MT, P, &L, b0, G, A.q, A.d, A.sx, A.x16, k, r0,
                       y + 32 * t, ldy);
     }
-    free(q);
+    free(A.q);
     return 0;
 }
 
@@ -597,19 +757,23 @@ static inline vf exp_neg(vf x) {
 #define MAX_GROUP 16   /* query heads per kv head */
 #define MAX_HD 256
 #define CHUNK 128      /* keys per task: a row's keys split by its own length only */
+#define AHEAD 4        /* keys' rows prefetched ahead */
 
 /* keys [l0, l1) of one (row, kv head) for its grp query heads: unnormalised weighted values
  * o [grp][hd], the max m [grp] and sum s [grp] of the scores' exponentials */
 static void attn_part(const float *Q, const float *K, const float *V, int l0, int l1, int hd, int grp,
-                      float scale, float *sc, float *o, float *mx_out, float *sum_out) {
+                      float scale, float softcap, float *sc, float *o, float *mx_out, float *sum_out) {
     int nv = hd / 16, L = l1 - l0, Lp = (L + 15) / 16 * 16;
     for (int l = 0; l < L; l++) {
+        if (l + AHEAD < L)  /* the cache streams from memory: fetch a later key's row while this one runs */
+            for (int i = 0; i < hd; i += 16) _mm_prefetch((const char *)(K + (size_t)(l0 + l + AHEAD) * hd + i), _MM_HINT_T0);
         vf kv[MAX_HD / 16];
         for (int i = 0; i < nv; i++) kv[i] = v_loadu_ps(K + (size_t)(l0 + l) * hd + 16 * i);
         for (int j = 0; j < grp; j++) {
             vf acc = v_mul_ps(kv[0], v_loadu_ps(Q + j * hd));
             for (int i = 1; i < nv; i++) acc = v_fmadd_ps(kv[i], v_loadu_ps(Q + j * hd + 16 * i), acc);
-            sc[(size_t)j * Lp + l] = v_reduce_add_ps(acc) * scale;
+            float v = v_reduce_add_ps(acc) * scale;
+            sc[(size_t)j * Lp + l] = softcap > 0.0f ? softcap * tanhf(v / softcap) : v;
         }
     }
     for (int j = 0; j < grp; j++) {
@@ -632,6 +796,8 @@ static void attn_part(const float *Q, const float *K, const float *V, int l0, in
     for (int j = 0; j < grp; j++)
         for (int i = 0; i < nv; i++) acc[j][i] = v_setzero_ps();
     for (int l = 0; l < L; l++) {
+        if (l + AHEAD < L)
+            for (int i = 0; i < hd; i += 16) _mm_prefetch((const char *)(V + (size_t)(l0 + l + AHEAD) * hd + i), _MM_HINT_T0);
         vf vv[MAX_HD / 16];
         for (int i = 0; i < nv; i++) vv[i] = v_loadu_ps(V + (size_t)(l0 + l) * hd + 16 * i);
         for (int j = 0; j < grp; j++) {
@@ -644,23 +810,34 @@ static void attn_part(const float *Q, const float *K, const float *V, int l0, in
 }
 
 /* One query row per sequence against its cached keys: q [B, n_head * hd] float32 (row stride
- * ldq), a layer's cache kc, vc [n_slots, n_kv, n_ctx, hd] float32, row b attends keys 0..lens[b]-1
- * of slot slots[b] (1 <= lens[b] <= n_ctx, 0 <= slots[b] < n_slots: checked); out [B, n_head * hd]. Query head h reads kv head h / (n_head / n_kv). Tasks:
- * (row, kv head, chunk of CHUNK keys), merged per (row, kv head) in chunk order: the split depends
- * on the row's own length only, so a row's arithmetic does not depend on the other rows.
- * hd a multiple of 16, at most 256; n_head / n_kv at most 16. Returns -1 on bad sizes or no memory. */
+ * ldq), a layer's cache kc, vc [n_slots, n_kv, n_ctx, hd] float32, row b attends keys
+ * starts[b]..lens[b]-1 of slot slots[b] (starts NULL: from 0; 0 <= starts[b] < lens[b] <= n_ctx,
+ * 0 <= slots[b] < n_slots: checked); out [B, n_head * hd]. Query head h reads kv head h / (n_head / n_kv).
+ * softcap > 0: a score s (scaled) becomes softcap tanh(s / softcap) before the softmax; sinks
+ * (NULL: none): head h's logit sinks[h] is one more column of its softmax, with no value row
+ * (gpt-oss; ggml_soft_max_add_sinks). Tasks: (row, kv head, chunk of CHUNK keys from starts[b]),
+ * merged per (row, kv head) in chunk order: the split depends on the row's own keys only, so a
+ * row's arithmetic does not depend on the other rows. hd a multiple of 16, at most 256; n_head /
+ * n_kv at most 16. Returns -1 on bad sizes or no memory. */
 int attn_decode(const float *q, int ldq, const float *kc, const float *vc, int n_slots, int n_kv, int n_ctx,
-                int hd, int n_head, const int *slots, const int *lens, int B, float scale, float *out) {
-    if (n_kv < 1 || n_head < 1 || hd < 16 || hd % 16 || hd > MAX_HD || B < 1 || n_ctx < 1 || ldq < n_head * hd)
+                int hd, int n_head, const int *slots, const int *starts, const int *lens, int B, float scale,
+                float softcap, const float *sinks, float *out) {
+    if (n_kv < 1 || n_head < 1 || hd < 16 || hd % 16 || hd > MAX_HD || B < 1 || n_ctx < 1 || ldq < n_head * hd
+        || !(softcap >= 0.0f) || isinf(softcap))
         return -1;
     int grp = n_head / n_kv;
     if (grp > MAX_GROUP || grp * n_kv != n_head) return -1;
     for (int b = 0; b < B; b++)
-        if (slots[b] < 0 || slots[b] >= n_slots || lens[b] < 1 || lens[b] > n_ctx) return -1;
+        if (slots[b] < 0 || slots[b] >= n_slots || lens[b] < 1 || lens[b] > n_ctx
+            || (starts != NULL && (starts[b] < 0 || starts[b] >= lens[b])))
+            return -1;
     int *first = malloc(sizeof(int) * (B + 1));  /* first task of row b */
     if (first == NULL) return -1;
     first[0] = 0;
-    for (int b = 0; b < B; b++) first[b + 1] = first[b] + n_kv * ((lens[b] + CHUNK - 1) / CHUNK);
+    for (int b = 0; b < B; b++) {
+        int l0 = starts != NULL ? starts[b] : 0;
+        first[b + 1] = first[b] + n_kv * ((lens[b] - l0 + CHUNK - 1) / CHUNK);
+    }
     int T = first[B], per = grp * (hd + 2);
     float *part = malloc(sizeof(float) * (size_t)T * per);
     if (part == NULL) { free(first); return -1; }
@@ -678,11 +855,11 @@ int attn_decode(const float *q, int ldq, const float *kc, const float *vc, int n
             int b = 0;
             while (first[b + 1] <= t) b++;
             int chunks = (first[b + 1] - first[b]) / n_kv, h = (t - first[b]) / chunks, c = (t - first[b]) % chunks;
-            int l0 = c * CHUNK, l1 = l0 + CHUNK < lens[b] ? l0 + CHUNK : lens[b];
+            int l0 = (starts != NULL ? starts[b] : 0) + c * CHUNK, l1 = l0 + CHUNK < lens[b] ? l0 + CHUNK : lens[b];
             size_t base = ((size_t)slots[b] * n_kv + h) * n_ctx * hd;
             float *pt = part + (size_t)t * per;
             attn_part(q + (size_t)b * ldq + (size_t)h * grp * hd, kc + base, vc + base, l0, l1, hd, grp, scale,
-                      sc, pt, pt + grp * hd, pt + grp * hd + grp);
+                      softcap, sc, pt, pt + grp * hd, pt + grp * hd + grp);
         }
         #pragma omp for schedule(static)
         for (int bh = 0; bh < B * n_kv; bh++) {
@@ -690,13 +867,13 @@ int attn_decode(const float *q, int ldq, const float *kc, const float *vc, int n
             const float *p0 = part + (size_t)(first[b] + h * chunks) * per;
             float *O = out + (size_t)b * n_head * hd + (size_t)h * grp * hd;
             for (int j = 0; j < grp; j++) {
-                float M = -INFINITY;
+                float M = sinks != NULL ? sinks[h * grp + j] : -INFINITY;
                 for (int c = 0; c < chunks; c++) M = fmaxf(M, p0[(size_t)c * per + grp * hd + j]);
-                float S = 0.0f;
+                float S = sinks != NULL ? expf(sinks[h * grp + j] - M) : 0.0f;
                 for (int i = 0; i < hd; i++) O[j * hd + i] = 0.0f;
                 for (int c = 0; c < chunks; c++) {
                     const float *pc = p0 + (size_t)c * per;
-                    float f = chunks == 1 ? 1.0f : expf(pc[grp * hd + j] - M);
+                    float f = chunks == 1 && sinks == NULL ? 1.0f : expf(pc[grp * hd + j] - M);
                     S += f * pc[grp * hd + grp + j];
                     for (int i = 0; i < hd; i++) O[j * hd + i] += f * pc[j * hd + i];
                 }
@@ -729,6 +906,41 @@ int rms_norm(const float *x, int m, int d, const float *w, float eps, float *y) 
         vf s = v_set1_ps(inv);
         for (int i = 0; i < d; i += 16)
             v_storeu_ps(yr + i, v_mul_ps(v_mul_ps(v_loadu_ps(xr + i), s), v_loadu_ps(w + i)));
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- RoPE */
+
+/* out [T, n_heads * hd] (contiguous) = x [T, n_heads * hd] (row stride ldx) with pair i of each
+ * head turned by token t's angle i: (a, b) -> (a c - b s, a s + b c), c = cs[t, i], s = sn[t, i]
+ * (cs, sn [T, n_rot / 2]); "normal" (neox 0) pairs dims (2i, 2i + 1), NEOX (1) pairs (i, i + n_rot / 2);
+ * dims from n_rot on pass through. Elementwise: a row's result does not depend on the others.
+ * -1 on bad sizes. */
+int rope_f32(const float *x, int ldx, int T, int n_heads, int hd, int n_rot, int neox, const float *cs,
+             const float *sn, float *out) {
+    if (T < 0 || n_heads < 1 || hd < 2 || n_rot < 2 || n_rot > hd || n_rot % 2 || ldx < n_heads * hd) return -1;
+    int half = n_rot / 2;
+    #pragma omp parallel for schedule(static) if (T >= 16)
+    for (int t = 0; t < T; t++) {
+        const float *c = cs + (size_t)t * half, *s = sn + (size_t)t * half;
+        for (int h = 0; h < n_heads; h++) {
+            const float *xp = x + (size_t)t * ldx + (size_t)h * hd;
+            float *op = out + ((size_t)t * n_heads + h) * hd;
+            if (neox)
+                for (int i = 0; i < half; i++) {
+                    float a = xp[i], b = xp[i + half];
+                    op[i] = a * c[i] - b * s[i];
+                    op[i + half] = a * s[i] + b * c[i];
+                }
+            else
+                for (int i = 0; i < half; i++) {
+                    float a = xp[2 * i], b = xp[2 * i + 1];
+                    op[2 * i] = a * c[i] - b * s[i];
+                    op[2 * i + 1] = a * s[i] + b * c[i];
+                }
+            for (int i = n_rot; i < hd; i++) op[i] = xp[i];
+        }
     }
     return 0;
 }

@@ -42,8 +42,15 @@ _ISA = ["auto"]  # the requested build (use_isa)
 TYPES = {GGMLType.Q4_0: 2, GGMLType.Q4_1: 3, GGMLType.Q4_K: 12}  # ggml type ids the packer reads: 4-bit codes
 # the lookup types: 4-bit codes through a 16-byte table of their values + 128 (vpshufb)
 LUT_TYPES = {GGMLType.IQ4_NL: 20, GGMLType.IQ4_XS: 23, GGMLType.MXFP4: 39}
-# 8-bit codes: Q8_0 as q + 128 (zero -128 d), the 5-bit types as their values 0..31
-TYPES8 = {GGMLType.Q8_0: 8, GGMLType.Q5_0: 6, GGMLType.Q5_1: 7, GGMLType.Q5_K: 13}
+TYPES8 = {GGMLType.Q8_0: 8}  # 8-bit codes: Q8_0 as q + 128 (zero -128 d)
+# 5- and 6-bit codes: the 4-bit layout of their low bits + masks of the high bits (q56_pack)
+TYPES5 = {GGMLType.Q5_0: 6, GGMLType.Q5_1: 7, GGMLType.Q5_K: 13}
+TYPES6 = {GGMLType.Q6_K: 14}
+# the symmetric types: zero = ZERO_MULT x scale, computed by the kernel, no Z stored (Q6_K: in integers)
+ZERO_MULT = {GGMLType.Q4_0: -8.0, GGMLType.Q8_0: -128.0, GGMLType.Q5_0: -16.0, GGMLType.IQ4_NL: -128.0,
+             GGMLType.IQ4_XS: -128.0, GGMLType.MXFP4: -128.0}
+GROUP_BYTES = {4: 256, 5: 320, 6: 384, 8: 512}  # code bytes per 16 columns and group of 32, by code width
+ALL_TYPES = (*TYPES, *TYPES5, *TYPES6, *TYPES8, *LUT_TYPES)  # every type the kernel reads
 COLS = 32  # output columns are padded to a multiple of this (the kernel's tile)
 
 
@@ -102,17 +109,18 @@ def _build(name: str) -> ctypes.CDLL | None:
     so = build(SOURCE, flags, "using torch's int4 kernel")
     if so is None:
         return None
-    p, i = ctypes.c_void_p, ctypes.c_int
-    so.q4_pack.argtypes = [p, i, i, i, i, p, p, p]
-    so.q4_pack.restype = i
-    so.q8_pack.argtypes = [p, i, i, i, i, p, p, p]
-    so.q8_pack.restype = i
-    so.q4_gemm.argtypes = [p, p, p, i, i, p, i, i, p, i, i, i, p]
+    p, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+    for pack in (so.q4_pack, so.q8_pack, so.q56_pack):
+        pack.argtypes = [p, i, i, i, i, p, p, p]
+        pack.restype = i
+    so.q4_gemm.argtypes = [p, p, p, f, i, i, p, i, i, p, i, i, i, p]
     so.q4_gemm.restype = i
-    so.q4_gemm_experts.argtypes = [p, p, p, i, i, i, i, p, i, i, p, p, i, p, i, i, i, p]
+    so.q4_gemm_experts.argtypes = [p, p, p, f, i, i, i, i, p, i, i, p, p, i, p, i, i, i, p]
     so.q4_gemm_experts.restype = i
-    so.attn_decode.argtypes = [p, i, p, p, i, i, i, i, i, p, p, i, ctypes.c_float, p]
+    so.attn_decode.argtypes = [p, i, p, p, i, i, i, i, i, p, p, p, i, ctypes.c_float, ctypes.c_float, p, p]
     so.attn_decode.restype = i
+    so.rope_f32.argtypes = [p, i, i, i, i, i, i, p, p, p]
+    so.rope_f32.restype = i
     so.rms_norm.argtypes = [p, i, i, p, ctypes.c_float, p]
     so.rms_norm.restype = i
     return so
@@ -137,6 +145,10 @@ def _code_kind(qtype: GGMLType) -> tuple[int, tuple[int, ...]]:
     """(bits per code, lookup table) of a type the kernel reads; (0, ()) for the others."""
     if qtype in TYPES8:
         return 8, ()
+    if qtype in TYPES5:
+        return 5, ()
+    if qtype in TYPES6:
+        return 6, ()
     if qtype in TYPES or qtype in LUT_TYPES:
         return 4, quant_info(qtype).lut
     return 0, ()
@@ -144,9 +156,11 @@ def _code_kind(qtype: GGMLType) -> tuple[int, tuple[int, ...]]:
 
 class Q4Vnni:
     """One weight [n, k] (or stacked weights of one code width and table) in the VNNI layout,
-    prepared once at load: codes uint8 [n'/16, k/32, 256] (4-bit types: two codes a byte) or
-    [n'/16, k/32, 512] (Q8_0: one byte each, q + 128) and float16 scale, zero [n'/16, k/32, 16],
-    n' = n rounded up to 32 (zero columns); the lookup types' 16-byte table `lut` (else None).
+    prepared once at load: codes uint8 [n'/16, k/32, GROUP_BYTES[bits]] (4-bit types: two codes a
+    byte; 5-, 6-bit: their low 4 bits so, then masks of the high bits; Q8_0: one byte each, q + 128)
+    and float16 scales [n'/16, k/32, 16] (Q6_K: 32, one per 16 weights), n' = n rounded up to 32
+    (zero columns); zeros [n'/16, k/32, 16] float16, or none where every part's zero is `zm` times
+    its scale (ZERO_MULT: the symmetric types); the lookup types' 16-byte table `lut` (else None).
     `__call__(x)` is y = x @ W^T, float32 [m, n]."""
 
     def __init__(self, parts: list[tuple[torch.Tensor, GGMLType, int, int]], aligned: bool = False):
@@ -162,28 +176,32 @@ class Q4Vnni:
         kinds = {_code_kind(p[1]) for p in parts}
         if len(kinds) != 1 or (0, ()) in kinds:
             raise UnsupportedError(f"q4_vnni: {', '.join(p[1].name for p in parts)}: the parts must all be 4-bit "
-                                   f"({', '.join(t.name for t in TYPES)}), all 8-bit codes "
-                                   f"({', '.join(t.name for t in TYPES8)}) or all lookup types of one table "
-                                   f"({', '.join(t.name for t in LUT_TYPES)})")
+                                   f"({', '.join(t.name for t in TYPES)}), all 5-bit "
+                                   f"({', '.join(t.name for t in TYPES5)}), all Q6_K, all Q8_0 or all lookup "
+                                   f"types of one table ({', '.join(t.name for t in LUT_TYPES)})")
         self.bits = kinds.pop()[0]
         self.lut = lut_bytes(parts[0][1])
         self.n, self.k = sum(p[2] for p in parts), k
+        zms = {ZERO_MULT.get(p[1], 0.0) for p in parts}
+        self.zm = zms.pop() if len(zms) == 1 else 0.0  # 0: zeros stored (Q6_K: none either way)
         n_pad = sum(p[2] + -p[2] % COLS for p in parts) if aligned else self.n + -self.n % COLS
         g = k // 32
-        self.w = torch.zeros(n_pad // 16, g, 64 * self.bits, dtype=torch.uint8)  # 16 columns x 32 codes
-        self.s = torch.zeros(n_pad // 16, g, 16, dtype=torch.float16)
-        self.z = torch.zeros(n_pad // 16, g, 16, dtype=torch.float16)
+        self.w = torch.zeros(n_pad // 16, g, GROUP_BYTES[self.bits], dtype=torch.uint8)  # 16 columns x 32 codes
+        self.s = torch.zeros(n_pad // 16, g, 32 if self.bits == 6 else 16, dtype=torch.float16)
+        stored = self.zm == 0.0 and self.bits != 6
+        self.z = torch.zeros(n_pad // 16 if stored else 0, g, 16, dtype=torch.float16)
         at = 0
         for rows, qtype, n, _ in parts:
             rows = rows.contiguous()
-            ptrs = (_ptr(self.w), _ptr(self.s), _ptr(self.z))
+            ptrs = (_ptr(self.w), _ptr(self.s), _ptr(self.z) if stored else None)
             info = quant_info(qtype)
             row_bytes = info.nbytes(k) if k % info.block_elems == 0 else None
             if rows.dtype != torch.uint8 or row_bytes is None or rows.shape != (n, row_bytes):
                 raise UnsupportedError(f"q4_vnni: {qtype.name} rows must be uint8 [{n}, {row_bytes or '?'}] "
                                        f"(k a multiple of {info.block_elems}), got {rows.dtype} {list(rows.shape)}")
-            done = (so.q8_pack(_ptr(rows), TYPES8[qtype], n, k, at, *ptrs) if self.bits == 8
-                    else so.q4_pack(_ptr(rows), {**TYPES, **LUT_TYPES}[qtype], n, k, at, *ptrs))
+            pack, ids = ((so.q8_pack, TYPES8) if self.bits == 8 else (so.q56_pack, {**TYPES5, **TYPES6})
+                         if self.bits in (5, 6) else (so.q4_pack, {**TYPES, **LUT_TYPES}))
+            done = pack(_ptr(rows), ids[qtype], n, k, at, *ptrs)
             if done == -3:
                 raise UnsupportedError(f"q4_vnni: a {qtype.name} block scale of this weight (or 128 times it) is "
                                        "beyond float16's 65504, the largest the VNNI layout stores")
@@ -197,12 +215,14 @@ class Q4Vnni:
         self.nbytes = self.w.numel() + 2 * (self.s.numel() + self.z.numel())
         self._gemm = so.q4_gemm
         self._experts = so.q4_gemm_experts
-        self._ptrs = (_ptr(self.w), _ptr(self.s), _ptr(self.z), self.n_pad, self.k)
+        z = _ptr(self.z) if self.z.numel() else None
+        self._ptrs = (_ptr(self.w), _ptr(self.s), z, self.zm, self.n_pad, self.k)
         self._lut = None if self.lut is None else _ptr(self.lut)
 
     def state(self) -> dict:
-        """The prepared layout as tensors and ints (backends/cpu/weight_cache.py keeps it on disk)."""
-        st = {"w": self.w, "s": self.s, "z": self.z, "n": self.n, "k": self.k, "bits": self.bits, "n_pad": self.n_pad}
+        """The prepared layout as tensors and numbers (backends/cpu/weight_cache.py keeps it on disk)."""
+        st = {"w": self.w, "s": self.s, "z": self.z, "zm": self.zm, "n": self.n, "k": self.k, "bits": self.bits,
+              "n_pad": self.n_pad}
         if self.lut is not None:
             st["lut"] = self.lut
         return st
@@ -216,6 +236,7 @@ class Q4Vnni:
         self = cls.__new__(cls)
         self.w, self.s, self.z = st["w"].contiguous(), st["s"].contiguous(), st["z"].contiguous()
         self.n, self.k, self.bits, self.n_pad = int(st["n"]), int(st["k"]), int(st["bits"]), int(st["n_pad"])
+        self.zm = float(st["zm"])
         self.lut = st["lut"].contiguous() if "lut" in st else None
         self._bind(so)
         return self
@@ -228,9 +249,11 @@ class Q4Vnni:
             raise UnsupportedError(f"q4_vnni: columns {col0}..{col0 + n} are not a run of whole tiles of "
                                    f"0..{self.n_pad}")
         width = n + -n % COLS
-        t0, gb = col0 // 16, (self.k // 32) * 64 * self.bits  # first tile of 16 columns, code bytes per tile
-        sz = (self.k // 32) * 16 * 2  # scale / zero bytes per tile
-        ptrs = (self._ptrs[0] + t0 * gb, self._ptrs[1] + t0 * sz, self._ptrs[2] + t0 * sz, width, self.k)
+        g = self.k // 32
+        t0 = col0 // 16  # first block of 16 columns
+        w, s, z, zm = self._ptrs[:4]
+        ptrs = (w + t0 * g * self.w.shape[2], s + t0 * g * self.s.shape[2] * 2, z and z + t0 * g * 32, zm, width,
+                self.k)
         return self._gemm_into(ptrs, x, passes)[:, :n]
 
     def _gemm_into(self, ptrs: tuple, x: torch.Tensor, passes: int) -> torch.Tensor:
@@ -238,7 +261,7 @@ class Q4Vnni:
             x = x.float()
         if not x.is_contiguous():
             x = x.contiguous()
-        m, width = x.shape[0], ptrs[3]
+        m, width = x.shape[0], ptrs[4]
         if x.dim() != 2 or x.shape[1] != self.k or m < 1:
             raise UnsupportedError(f"q4_vnni: x must be [m >= 1, {self.k}], got {list(x.shape)}")
         y = torch.empty(m, width)
@@ -279,7 +302,7 @@ class Q4Vnni:
         starts = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int32)
         ex = experts.to(torch.int32)
         y = torch.empty(flat.numel(), stride)
-        rc = self._experts(self._ptrs[0], self._ptrs[1], self._ptrs[2], stride, n, n_expert, self.k, src.data_ptr(),
+        rc = self._experts(*self._ptrs[:4], stride, n, n_expert, self.k, src.data_ptr(),
                            src.dtype == torch.bfloat16, src.shape[0], starts.data_ptr(), ex.data_ptr(), ex.numel(),
                            y.data_ptr(), stride, passes, self.bits, self._lut)
         if rc == -2:
@@ -300,17 +323,19 @@ class Q4Vnni:
 
 
 def packed_bytes(n: int, k: int, qtype: GGMLType = GGMLType.Q4_0) -> int:
-    """Bytes of a Q4Vnni weight [n, k]: half a byte per code (a byte for Q8_0 and the 5-bit types)
-    and two float16 per group of 32."""
-    n_pad = n + -n % COLS
-    return n_pad * k // (1 if qtype in TYPES8 else 2) + n_pad * (k // 32) * 4
+    """Bytes of a Q4Vnni weight [n, k] of one type: its codes (GROUP_BYTES per 16 columns and group
+    of 32) and float16 scales (Q6_K: two a group) and zeros (none for the symmetric types)."""
+    n_pad, g = n + -n % COLS, k // 32
+    bits = _code_kind(qtype)[0]
+    halves = (2 if bits == 6 else 1) + (0 if bits == 6 or qtype in ZERO_MULT else 1)  # float16 per column and group
+    return n_pad // 16 * g * GROUP_BYTES[bits] + n_pad * g * 2 * halves
 
 
 # ---- the launchers the kernel contract binds (minfer/kernels/cpu/matmul.fkc.md) ----
 
 
 def q4_vnni_weight(w: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str) -> Q4Vnni:
-    """Load layout: a weight's raw bytes (a type of TYPES, TYPES8 or LUT_TYPES) -> its VNNI form."""
+    """Load layout: a weight's raw bytes (a type of ALL_TYPES) -> its VNNI form."""
     if isinstance(w, Q4Vnni):
         return w
     from .matmul import _qinfo
@@ -318,7 +343,7 @@ def q4_vnni_weight(w: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str)
     info = _qinfo(qtype)
     if _code_kind(info.type)[0] == 0:
         raise UnsupportedError(f"q4_vnni_weight: {info.name} is not one of "
-                               f"{', '.join(t.name for t in (*TYPES, *TYPES8, *LUT_TYPES))}")
+                               f"{', '.join(t.name for t in ALL_TYPES)}")
     if k % info.block_elems or w.dtype != torch.uint8 or w.numel() != info.nbytes(n * k):
         raise UnsupportedError(f"q4_vnni_weight: expected the uint8 bytes of a [{n}, {k}] {info.name} weight "
                                f"(k a multiple of {info.block_elems}), got {w.dtype} x {w.numel()}")
@@ -342,9 +367,8 @@ def vnni_experts(w: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str, n
     from .matmul import _qinfo
 
     info = _qinfo(qtype)
-    if info.type not in TYPES and info.type not in TYPES8 and info.type not in LUT_TYPES:
-        names = ", ".join(t.name for t in (*TYPES, *TYPES8, *LUT_TYPES))
-        raise UnsupportedError(f"vnni_experts: {info.name} is not one of {names}")
+    if info.type not in ALL_TYPES:
+        raise UnsupportedError(f"vnni_experts: {info.name} is not one of {', '.join(t.name for t in ALL_TYPES)}")
     if k % info.block_elems or w.dtype != torch.uint8 or w.numel() != n_expert * info.nbytes(n * k):
         raise UnsupportedError(f"vnni_experts: expected the uint8 bytes of {n_expert} [{n}, {k}] {info.name} experts "
                                f"(k a multiple of {info.block_elems}), got {w.dtype} x {w.numel()}")
@@ -368,30 +392,42 @@ def attention_fits(n_head: int, n_kv: int, head_dim: int) -> bool:
 
 
 def attention_decode(q: torch.Tensor, k_layer: torch.Tensor, v_layer: torch.Tensor, slots: torch.Tensor,
-                     lens: torch.Tensor, n_head: int, scale: float) -> torch.Tensor:
+                     lens: torch.Tensor, n_head: int, scale: float, starts: torch.Tensor | None = None,
+                     softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """One query row per sequence over its cached keys (q4_vnni.c attn_decode): q [B, n_head * hd]
     float32 (rows may be strided), a layer's cache k/v [n_slots, n_kv, n_ctx, hd] float32, row b
-    attending positions 0..lens[b]-1 of slot slots[b] (int32 [B]). Returns [B, n_head * hd]. A row's
-    result does not depend on the other rows."""
+    attending positions starts[b]..lens[b]-1 (starts None: from 0; a sliding window's first key)
+    of slot slots[b] (int32 [B]); `softcap` > 0: scores become softcap tanh(s / softcap); `sinks`
+    [n_head]: each head's logit as one more softmax column (ops.attention_masked's meaning).
+    Returns [B, n_head * hd]. A row's result does not depend on the other rows."""
     so = _library()
     n_slots, n_kv, n_ctx, hd = k_layer.shape
     rows = q.shape[0]
     if q.stride(1) != 1 or q.dtype != torch.float32:
         q = q.float().contiguous()
+    if sinks is not None:
+        sinks = sinks.float().contiguous()
     if (q.shape[1] != n_head * hd or v_layer.shape != k_layer.shape or not k_layer.is_contiguous()
             or not v_layer.is_contiguous() or slots.dtype != torch.int32 or lens.dtype != torch.int32
             or slots.shape != (rows,) or lens.shape != (rows,) or not slots.is_contiguous()
-            or not lens.is_contiguous()):
-        raise UnsupportedError(f"attn_decode: q [B, {n_head} * {hd}], contiguous k/v caches of one shape and int32 "
-                               f"slots/lens [B]; got q {list(q.shape)}, k {list(k_layer.shape)}, v "
-                               f"{list(v_layer.shape)}, slots {slots.dtype} {list(slots.shape)}, lens {lens.dtype} "
-                               f"{list(lens.shape)}")
+            or not lens.is_contiguous()
+            or (starts is not None and (starts.dtype != torch.int32 or starts.shape != (rows,)
+                                        or not starts.is_contiguous()))
+            or (sinks is not None and sinks.shape != (n_head,))):
+        raise UnsupportedError(f"attn_decode: q [B, {n_head} * {hd}], contiguous k/v caches of one shape, int32 "
+                               f"slots/lens/starts [B] and sinks [{n_head}]; got q {list(q.shape)}, k "
+                               f"{list(k_layer.shape)}, v {list(v_layer.shape)}, slots {slots.dtype} "
+                               f"{list(slots.shape)}, lens {lens.dtype} {list(lens.shape)}"
+                               + ("" if starts is None else f", starts {starts.dtype} {list(starts.shape)}")
+                               + ("" if sinks is None else f", sinks {list(sinks.shape)}"))
     out = torch.empty(rows, n_head * hd)
     if so.attn_decode(q.data_ptr(), q.stride(0), k_layer.data_ptr(), v_layer.data_ptr(), n_slots, n_kv, n_ctx, hd,
-                      n_head, slots.data_ptr(), lens.data_ptr(), rows, scale, out.data_ptr()):
+                      n_head, slots.data_ptr(), None if starts is None else starts.data_ptr(), lens.data_ptr(), rows,
+                      scale, softcap, None if sinks is None else sinks.data_ptr(), out.data_ptr()):
         raise UnsupportedError(f"attn_decode: head_dim {hd} (a multiple of 16 up to 256) and {n_head} query "
                                f"heads over {n_kv} kv heads (at most 16 per kv head), every slot in 0..{n_slots - 1} "
-                               f"and length in 1..{n_ctx}, or no memory")
+                               f"and length in 1..{n_ctx} (each start below its length), a finite soft-cap >= 0, "
+                               "or no memory")
     return out
 
 
@@ -418,3 +454,21 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 def norm_fits(x_dtype: torch.dtype, d: int) -> bool:
     return x_dtype == torch.float32 and d % 16 == 0
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int, head_dim: int, n_rot: int,
+         neox: bool) -> torch.Tensor:
+    """x [T, n_heads * head_dim] float32 (rows may be strided: a column view) rotated by the tokens'
+    cos / sin [T, n_rot / 2] float32 (q4_vnni.c rope_f32; backends/cpu/ops.py apply_rope's meaning):
+    a new contiguous [T, n_heads * head_dim]."""
+    t = x.shape[0]
+    if x.dtype != torch.float32 or x.dim() != 2 or x.stride(1) != 1 or x.shape[1] != n_heads * head_dim:
+        x = x.float().contiguous().view(t, n_heads * head_dim)
+    cos, sin = cos.float().contiguous(), sin.float().contiguous()
+    if cos.shape != (t, n_rot // 2) or sin.shape != cos.shape:
+        raise UnsupportedError(f"rope: cos / sin [{t}, {n_rot // 2}], got {list(cos.shape)} / {list(sin.shape)}")
+    out = torch.empty(t, n_heads * head_dim)
+    if t and _library().rope_f32(x.data_ptr(), x.stride(0), t, n_heads, head_dim, n_rot, int(neox), cos.data_ptr(),
+                                 sin.data_ptr(), out.data_ptr()):
+        raise UnsupportedError(f"rope: {n_heads} heads of {head_dim} with {n_rot} rotated dims (even, <= head_dim)")
+    return out
