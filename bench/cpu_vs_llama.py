@@ -36,6 +36,7 @@ from minfer.config import EngineConfig
 from minfer.default_model import default_model_path
 from minfer.engine.engine import Engine
 from minfer.gguf.reader import GGUFReader
+from minfer.kernels.cpu import vnni as cpu_vnni
 
 LLAMA_WORKER = r"""
 import json, sys, time
@@ -104,6 +105,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--ctx", type=int, default=1024)
+    ap.add_argument("--isa", default="auto", help="minfer's C kernel build (EngineConfig.cpu_isa: auto, avx512, "
+                    "avxvnni, avx2); pair avx2 with a llama.cpp built for AVX2 only")
     ap.add_argument("--llama-extra-bufts", action="store_true",
                     help="let llama.cpp use its extra buffer types (AMX, repacked Q4_0/Q4_K); off by default")
     a = ap.parse_args()
@@ -116,7 +119,7 @@ def main() -> None:
     llama_load = json.loads(llama.stdout.readline())["load"]
     t0 = time.perf_counter()
     slots = max(1, a.batch)
-    engine = Engine.load(GGUFReader(path), EngineConfig(n_slots=slots, n_ctx=a.ctx, threads=a.threads),
+    engine = Engine.load(GGUFReader(path), EngineConfig(n_slots=slots, n_ctx=a.ctx, threads=a.threads, cpu_isa=a.isa),
                          progress=False)
     minfer_load = time.perf_counter() - t0
     minfer_round(engine, 8, 2)  # warm-up
@@ -134,7 +137,8 @@ def main() -> None:
     def med(rows, key):
         return statistics.median(r[key] for r in rows)
 
-    print(f"model {path.name}, {a.threads} threads, {a.repeats} rounds (median)")
+    print(f"model {path.name}, {a.threads} threads, {a.repeats} rounds (median), minfer's C build "
+          f"{cpu_vnni.isa() or 'none'}")
     print(f"load: minfer {minfer_load:.1f} s, llama.cpp {llama_load:.1f} s")
     for key, label in (("pp", f"pp{a.pp}"), ("tg", f"tg{a.tg}")):
         m, ll = med(ours, key), med(theirs, key)

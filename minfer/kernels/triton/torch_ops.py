@@ -14,8 +14,9 @@
 - `argmax_rows`: out[r] = argmax of row r (greedy decoding's token, picked on the device so that
   only the token ids cross to the host; the first index of equal values, as torch.argmax).
 
-On the CPU (the Triton interpreter in CI) the same functions run with the same roundings in
-float32 arithmetic, so their tests check the semantics the GPU path has.
+On the CPU (the Triton interpreter in CI) the same functions run with the same operand roundings
+(`linear_f16` sums in float64 there, rounded once to float32, so that its rows do not depend on the
+batch's row count), so their tests check the semantics the GPU path has.
 """
 
 from __future__ import annotations
@@ -62,8 +63,10 @@ def linear_f16(x: torch.Tensor, w: torch.Tensor, n: int, k: int, qtype: GGMLType
     xb = x2.to(torch.float16)
     if device.type == "cuda":
         res = torch.mm(xb, wb.t(), out_dtype=torch.float32)
-    else:  # the interpreter's CPU stand-in: the same f16 operands, f32 products and sums
-        res = torch.mm(xb.float(), wb.float().t())
+    else:  # the interpreter's CPU stand-in: the same f16 operands, summed in f64 and rounded once to f32, so
+        # a row's result does not depend on the rows beside it (a CPU BLAS picks its kernel, and with it the
+        # order of a row's sums, by the row count: a decode graph's padded bucket must equal the eager step)
+        res = torch.mm(xb.double(), wb.double().t()).float()
     if out is None:
         return res
     make_out(what, out, res.shape, torch.float32, device).copy_(res)
