@@ -42,7 +42,9 @@ from pathlib import Path
 
 import torch
 
-LAYOUT_VERSION = 4  # 4: 5-/6-bit VNNI codes, no zeros for the symmetric types; 3: the header last (2: first)
+# 5: the 5-/6-bit codes' high bits in byte planes; 4: 5-/6-bit VNNI codes, no zeros for the symmetric types;
+# 3: the header last (2: first)
+LAYOUT_VERSION = 5
 MAGIC = b"MINFERWC"
 ALIGN = mmap.ALLOCATIONGRANULARITY  # each tensor on a page: a prepared matrix maps its own range while written
 SUFFIX = ".mwc"

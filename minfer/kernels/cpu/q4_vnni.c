@@ -14,8 +14,8 @@
  * Lookup types: the nibble is an index into a 16-byte table `lut` (vpshufb, one per register of
  * codes), c = lut[nibble] = v + 128 in 1..255 for the type's int8 value v, with S the block's
  * scale and Z = -128 S: w = S v.
- * 5- and 6-bit codes (q56_pack): the low 4 bits as above, then per register a 64-bit mask of the
- * code's bit 4 (and bit 5), added back by a masked byte add. Q6_K: two scales a group (one per
+ * 5- and 6-bit codes (q56_pack): the low 4 bits as above, then the codes' bit 4 (and bit 5) in
+ * byte planes aligned with the registers' bytes, OR-ed back after a shift and a mask. Q6_K: two scales a group (one per
  * 16 weights), its zero -32 applied to the integer sums. 8-bit codes (Q8_0): a byte per code.
  *
  * Activations x [m, k] are quantized per row and group of 32 (llama.cpp's Q8_0 scheme), once
@@ -41,8 +41,8 @@
  * the same fused or unfused float op per lane, GCC's order for the horizontal reductions
  * (avx512fintrin.h's _mm512_reduce_add_ps / _mm512_reduce_max_ps: the 256-bit halves, then the
  * 128-bit halves, then the shuffles), exact integer dot products (vpdpbusd on AVX-VNNI; else
- * vpmaddubsw + vpmaddwd: the 4-bit codes' int16 pair sums added over a group's 8 registers stay
- * below 32767, and the 8-bit and table codes are shifted to signed bytes so no pair sum
+ * vpmaddubsw + vpmaddwd: the codes' int16 pair sums added over 8 registers (4-bit codes), 4
+ * (5-bit) or 2 (6-bit) stay below 32767, and the 8-bit and table codes are shifted to signed bytes so no pair sum
  * saturates, DOT_SHIFT): every build gives the same bits. */
 #define INL static inline __attribute__((always_inline))
 #ifdef MINFER_AVX2
@@ -74,9 +74,11 @@ INL vf v_abs_ps(vf a) {  /* as GCC's _mm512_abs_ps: the sign bit cleared */
 }
 #define v_roundscale_ps(a, mode) vf_of(_mm256_round_ps((a).lo, mode), _mm256_round_ps((a).hi, mode))
 #define v_srli_epi16(a, n) vi_of(_mm256_srli_epi16((a).lo, n), _mm256_srli_epi16((a).hi, n))
+#define v_slli_epi16(a, n) vi_of(_mm256_slli_epi16((a).lo, n), _mm256_slli_epi16((a).hi, n))
 #define v_slli_epi32(a, n) vi_of(_mm256_slli_epi32((a).lo, n), _mm256_slli_epi32((a).hi, n))
 INL vi v_and_si512(vi a, vi b) { return vi_of(_mm256_and_si256(a.lo, b.lo), _mm256_and_si256(a.hi, b.hi)); }
 INL vi v_xor_si512(vi a, vi b) { return vi_of(_mm256_xor_si256(a.lo, b.lo), _mm256_xor_si256(a.hi, b.hi)); }
+INL vi v_or_si512(vi a, vi b) { return vi_of(_mm256_or_si256(a.lo, b.lo), _mm256_or_si256(a.hi, b.hi)); }
 INL vi v_add_epi32(vi a, vi b) { return vi_of(_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)); }
 INL vf v_castsi512_ps(vi a) { return vf_of(_mm256_castsi256_ps(a.lo), _mm256_castsi256_ps(a.hi)); }
 INL vi v_cvtps_epi32(vf a) { return vi_of(_mm256_cvtps_epi32(a.lo), _mm256_cvtps_epi32(a.hi)); }
@@ -128,17 +130,6 @@ INL float v_reduce_max_ps(vf a) {  /* avx512fintrin.h's order (and operand order
     __m128 t10 = _mm_max_ps(t8, __builtin_shuffle(t8, (__v4si){1, 0, 1, 0}));
     return t10[0];
 }
-/* a + add in the bytes whose bit of m is set (byte i of the register: bit i; lo: bits 0-31, hi: 32-63) */
-INL __m256i hibits8(__m256i a, uint32_t m, char add) {
-    const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                          2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    __m256i b = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)m), pick), bit);
-    return _mm256_add_epi8(a, _mm256_and_si256(_mm256_cmpeq_epi8(b, bit), _mm256_set1_epi8(add)));
-}
-INL vi v_hibits(vi a, uint64_t m, char add) {
-    return vi_of(hibits8(a.lo, (uint32_t)m, add), hibits8(a.hi, (uint32_t)(m >> 32), add));
-}
 INL vi v_sub_epi32(vi a, vi b) { return vi_of(_mm256_sub_epi32(a.lo, b.lo), _mm256_sub_epi32(a.hi, b.hi)); }
 #ifdef __AVXVNNI__
 #define DOT_SHIFT 0
@@ -150,18 +141,16 @@ INL vi v_dot_u8(vi acc, vi a, vi x) {  /* unsigned a x signed x, 4 bytes per int
 INL __m256i dot8(__m256i acc, __m256i a, __m256i x) {  /* a unsigned, |pair sums| < 32768: exact */
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, x), _mm256_set1_epi16(1)));
 }
-INL vi v_dot_small(vi acc, vi a, vi x) {  /* codes 0..63 (5- and 6-bit) x signed x: pair sums < 16129 */
-    return vi_of(dot8(acc.lo, a.lo, x.lo), dot8(acc.hi, a.hi, x.hi));
-}
 INL vi v_dot_s8(vi acc, vi a, vi x) {  /* signed a x signed x (|x| <= 127): |a| a x sign(a) */
     return vi_of(dot8(acc.lo, _mm256_abs_epi8(a.lo), _mm256_sign_epi8(x.lo, a.lo)),
                  dot8(acc.hi, _mm256_abs_epi8(a.hi), _mm256_sign_epi8(x.hi, a.hi)));
 }
-/* the 4-bit codes (0..15): vpmaddubsw's pair sums (|.| <= 2 * 15 * 127) of the 8 registers of a group
- * summed in int16 (<= 30480: exact), then one vpmaddwd: `i` + the group's 4-k dot products */
-INL vi v_dot4_group(vi i, const vi *a, const int32_t *xq) {
+/* `i` + the 4-k dot products of the n registers a[j0 ..] (codes 0..c) with xq[j0 ..]: vpmaddubsw's
+ * pair sums (|.| <= 2 c 127) added in int16, exact while n 2 c 127 < 32768 (4-bit codes: 8 registers,
+ * 30480; 5-bit: 4, 31496; 6-bit: 2, 32004), then one vpmaddwd */
+INL vi v_dot_run(vi i, const vi *a, const int32_t *xq, int j0, int n) {
     __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
-    for (int j = 0; j < 8; j++) {
+    for (int j = j0; j < j0 + n; j++) {
         __m256i xb = _mm256_set1_epi32(xq[j]);
         lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(a[j].lo, xb));
         hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(a[j].hi, xb));
@@ -217,8 +206,17 @@ typedef __m512i vi;
 #define v_reduce_max_ps _mm512_reduce_max_ps
 #define v_dot_u8 _mm512_dpbusd_epi32
 #define v_sub_epi32 _mm512_sub_epi32
-INL vi v_hibits(vi a, uint64_t m, char add) { return _mm512_mask_add_epi8(a, (__mmask64)m, a, _mm512_set1_epi8(add)); }
+#define v_or_si512 _mm512_or_si512
+#define v_slli_epi16 _mm512_slli_epi16
 #endif
+
+/* a | the bits `m` of H shifted left by s (right by -s) in 16-bit lanes: a 5- or 6-bit code's high bits
+ * from their byte plane (q56_pack) into bits 4 (and 5) of the code bytes; every bit a lane's shift
+ * carries across its byte boundary falls outside m (|s| <= 4, m within bits 4-5) */
+INL vi v_hi_into(vi a, vi H, int s, vi m) {
+    vi t = s > 0 ? v_slli_epi16(H, s) : s < 0 ? v_srli_epi16(H, -s) : H;
+    return v_or_si512(a, v_and_si512(t, m));
+}
 
 /* ---------------------------------------------------------------- packing (load time) */
 
@@ -270,12 +268,14 @@ int q8_pack(const uint8_t *rows, int qtype, int n_rows, int k, int col0, uint8_t
 }
 
 /* 5- and 6-bit codes: Q5_0 (qtype 6), Q5_1 (7), Q5_K (13): codes 0..31; Q6_K (14): 0..63. Their
- * low 4 bits as the 4-bit layout's 256 bytes, then the high bits as 64-bit masks, one per register
- * of 16 columns x 4 k (bit 4*col + t of mask c: the code of k = 4c + t): 8 masks of bit 4 for the
- * 5-bit codes (320 bytes a block and group), 16 for Q6_K (mask 2c: bit 4, 2c + 1: bit 5; 384 bytes).
+ * low 4 bits as the 4-bit layout's 256 bytes, then the high bits in byte planes aligned with the
+ * code registers' bytes (byte 4*col + t of register c: the code of k = 4c + t): the 5-bit codes'
+ * bit 4 of register c as bit c of plane byte 4*col + t (64 bytes: 320 a block and group); Q6_K's
+ * bits 4-5 of register c as bits 2 (c % 4), + 1 of plane c / 4 (128 bytes: 384). A register's high
+ * bits are then a shift and a mask of its plane, on AVX2 as on AVX-512.
  * Q5_0: S = d, zero -16 S; Q5_1: S = d, Z = m; Q5_K: S = d sc, Z = -dmin m (Z: where stored).
  * Q6_K: a scale per 16 weights, S [n/16][k/32][32] (the group's first 16 k, then its second 16),
- * S = d sc, the zero -32 S applied by the kernel (Z unused). W must start zeroed (masks are OR-ed). */
+ * S = d sc, the zero -32 S applied by the kernel (Z unused). W must start zeroed (the planes are OR-ed). */
 int q56_pack(const uint8_t *rows, int qtype, int n_rows, int k, int col0, uint8_t *W, uint16_t *S, uint16_t *Z) {
     int G = k / 32;
     int super = qtype == 13 || qtype == 14;
@@ -325,13 +325,11 @@ int q56_pack(const uint8_t *rows, int qtype, int n_rows, int k, int col0, uint8_
             size_t off = (size_t)blk * G + g;
             uint8_t *Wb = W + off * gb;
             put_nibbles(Wb, c, codes);
-            for (int reg = 0; reg < 8; reg++)
+            for (int reg = 0; reg < 8; reg++)  /* the high bits into their byte planes */
                 for (int t = 0; t < 4; t++) {
-                    int code = codes[4 * reg + t];
-                    uint64_t bit = (uint64_t)1 << (4 * c + t);
-                    uint64_t *m4 = (uint64_t *)(Wb + 256) + (qtype == 14 ? 2 * reg : reg);
-                    if (code & 16) *m4 |= bit;
-                    if (qtype == 14 && (code & 32)) m4[1] |= bit;
+                    int code = codes[4 * reg + t], at = 4 * c + t;
+                    if (qtype == 14) Wb[256 + 64 * (reg / 4) + at] |= (uint8_t)((code >> 4 & 3) << (2 * (reg % 4)));
+                    else Wb[256 + at] |= (uint8_t)((code >> 4 & 1) << reg);
                 }
             if (qtype == 14) {
                 if (!isfinite(_cvtsh_ss(_cvtss_sh(s, _MM_FROUND_TO_NEAREST_INT)))
@@ -476,7 +474,7 @@ static inline size_t group_bytes(int bits) { return bits == 8 ? 512 : bits == 6 
 
 /* rows (<= MT) x 32 columns; X: the rows' quantized activations, P passes of k bytes per row.
  * BITS: 4 (LUT: the codes index `table`, its 16 bytes in every 128-bit lane), 5 and 6 (the 4-bit
- * layout + high-bit masks), 8. Z0 / Z1 NULL: the zero is zm S (the symmetric types). BITS 6
+ * layout + the high bits' byte planes), 8. Z0 / Z1 NULL: the zero is zm S (the symmetric types). BITS 6
  * (Q6_K): two scales a group (S0 [G][32]), the zero -32 S applied in integers: per pass and half
  * group, (sum c q) - 32 (sum q) with the halves' sums of q in X16. */
 static inline __attribute__((always_inline)) void tile(int rows, int P, int BITS, int LUT, vi table,
@@ -509,15 +507,20 @@ static inline __attribute__((always_inline)) void tile(int rows, int P, int BITS
                     a[c] = v_shuffle_epi8(table, a[c]);
                     b[c] = v_shuffle_epi8(table, b[c]);
                 }
-            if (BITS >= 5) {  /* the high bits: 16 (and 32) where the masks say */
-                const uint64_t *m0 = (const uint64_t *)(p0 + 256), *m1 = (const uint64_t *)(p1 + 256);
+            if (BITS == 5) {  /* bit 4 of register c's codes: bit c of the plane's bytes */
+                const vi m = v_set1_epi8(0x10);
+                vi h0 = v_loadu_si512(p0 + 256), h1 = v_loadu_si512(p1 + 256);
                 for (int c = 0; c < 8; c++) {
-                    int at = BITS == 6 ? 2 * c : c;
-                    a[c] = v_hibits(a[c], m0[at], 16);
-                    b[c] = v_hibits(b[c], m1[at], 16);
-                    if (BITS == 6) {
-                        a[c] = v_hibits(a[c], m0[at + 1], 32);
-                        b[c] = v_hibits(b[c], m1[at + 1], 32);
+                    a[c] = v_hi_into(a[c], h0, 4 - c, m);
+                    b[c] = v_hi_into(b[c], h1, 4 - c, m);
+                }
+            } else if (BITS == 6) {  /* bits 4-5 of register c's codes: bits 2 (c % 4), + 1 of plane c / 4 */
+                const vi m = v_set1_epi8(0x30);
+                for (int p = 0; p < 2; p++) {
+                    vi h0 = v_loadu_si512(p0 + 256 + 64 * p), h1 = v_loadu_si512(p1 + 256 + 64 * p);
+                    for (int c = 0; c < 4; c++) {
+                        a[4 * p + c] = v_hi_into(a[4 * p + c], h0, 4 - 2 * c, m);
+                        b[4 * p + c] = v_hi_into(b[4 * p + c], h1, 4 - 2 * c, m);
                     }
                 }
             }
@@ -552,18 +555,19 @@ static inline __attribute__((always_inline)) void tile(int rows, int P, int BITS
                 vi h0 = v_setzero_si512(), h1 = v_setzero_si512();  /* BITS 6: the second half's */
 #if DOT_SHIFT  /* AVX2 without VNNI */
                 if (BITS == 4 && !LUT) {
-                    i0 = v_dot4_group(i0, a, xq);
-                    i1 = v_dot4_group(i1, b, xq);
-                } else if (BITS == 5 || BITS == 6) {  /* codes below 64: each register's pair sums */
-                    for (int j = 0; j < 8; j++) {
-                        vi xb = v_set1_epi32(xq[j]);
-                        if (BITS == 6 && j >= 4) {
-                            h0 = v_dot_small(h0, a[j], xb);
-                            h1 = v_dot_small(h1, b[j], xb);
-                        } else {
-                            i0 = v_dot_small(i0, a[j], xb);
-                            i1 = v_dot_small(i1, b[j], xb);
-                        }
+                    i0 = v_dot_run(i0, a, xq, 0, 8);
+                    i1 = v_dot_run(i1, b, xq, 0, 8);
+                } else if (BITS == 5) {
+                    for (int j = 0; j < 8; j += 4) {
+                        i0 = v_dot_run(i0, a, xq, j, 4);
+                        i1 = v_dot_run(i1, b, xq, j, 4);
+                    }
+                } else if (BITS == 6) {  /* the group's two halves apart (their scales) */
+                    for (int j = 0; j < 4; j += 2) {
+                        i0 = v_dot_run(i0, a, xq, j, 2);
+                        i1 = v_dot_run(i1, b, xq, j, 2);
+                        h0 = v_dot_run(h0, a, xq, j + 4, 2);
+                        h1 = v_dot_run(h1, b, xq, j + 4, 2);
                     }
                 } else {  /* the codes were shifted by -128: sum (c - 128) q + 128 sum q */
                     for (int j = 0; j < 8; j++) {

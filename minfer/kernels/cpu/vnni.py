@@ -43,7 +43,7 @@ TYPES = {GGMLType.Q4_0: 2, GGMLType.Q4_1: 3, GGMLType.Q4_K: 12}  # ggml type ids
 # the lookup types: 4-bit codes through a 16-byte table of their values + 128 (vpshufb)
 LUT_TYPES = {GGMLType.IQ4_NL: 20, GGMLType.IQ4_XS: 23, GGMLType.MXFP4: 39}
 TYPES8 = {GGMLType.Q8_0: 8}  # 8-bit codes: Q8_0 as q + 128 (zero -128 d)
-# 5- and 6-bit codes: the 4-bit layout of their low bits + masks of the high bits (q56_pack)
+# 5- and 6-bit codes: the 4-bit layout of their low bits + byte planes of the high bits (q56_pack)
 TYPES5 = {GGMLType.Q5_0: 6, GGMLType.Q5_1: 7, GGMLType.Q5_K: 13}
 TYPES6 = {GGMLType.Q6_K: 14}
 # the symmetric types: zero = ZERO_MULT x scale, computed by the kernel, no Z stored (Q6_K: in integers)
@@ -157,7 +157,7 @@ def _code_kind(qtype: GGMLType) -> tuple[int, tuple[int, ...]]:
 class Q4Vnni:
     """One weight [n, k] (or stacked weights of one code width and table) in the VNNI layout,
     prepared once at load: codes uint8 [n'/16, k/32, GROUP_BYTES[bits]] (4-bit types: two codes a
-    byte; 5-, 6-bit: their low 4 bits so, then masks of the high bits; Q8_0: one byte each, q + 128)
+    byte; 5-, 6-bit: their low 4 bits so, then byte planes of the high bits; Q8_0: one byte each, q + 128)
     and float16 scales [n'/16, k/32, 16] (Q6_K: 32, one per 16 weights), n' = n rounded up to 32
     (zero columns); zeros [n'/16, k/32, 16] float16, or none where every part's zero is `zm` times
     its scale (ZERO_MULT: the symmetric types); the lookup types' 16-byte table `lut` (else None).
