@@ -31,6 +31,8 @@ package calls os.environ. Switches:
 - MINFER_CPU_ISA=NAME      cpu: which build of the C kernels runs: auto (the default: the CPU's flags pick avx512,
                            else avxvnni, else avx2, else torch's int4 kernel), or avx512 / avxvnni / avx2 forced
                            (where the CPU has that ISA; the same results bit for bit: kernels/cpu/vnni.py)
+- MINFER_CPU_PROMPT_PASSES=N cpu: a prompt chunk's int8 activation passes on the C kernels: 1 (the default,
+                           llama.cpp's int8 activations) or 2 (the decode rows' ~15 bits, ~1.7x the prompt's time)
 - MINFER_CACHE=dir         minfer's cache (`cache_dir()`, EngineConfig.cache_path; default ~/.cache/minfer): the C
                            helpers compiled (kernels/cbuild.py: created 0700; an entry another user owns or others
                            can write is rebuilt, not loaded), models downloaded from URLs (hub.py), the chat's
@@ -71,6 +73,7 @@ _KNOWN = {
     "MINFER_GEMV_Q8": int,
     "MINFER_CPU_VNNI": bool,
     "MINFER_CPU_ISA": str,
+    "MINFER_CPU_PROMPT_PASSES": int,
     "MINFER_CACHE": str,
     "MINFER_SANITIZE": bool,
     "MINFER_WEIGHT_CACHE": bool,
@@ -217,6 +220,7 @@ class EngineConfig:
     gemv_q8: int = 2  # cuda decode GEMVs of Q4_0 / Q4_1 / Q4_K and the lookup types: int8 activation passes (0: f32)
     cpu_vnni: bool = True  # cpu: the C kernels (AVX512-VNNI or AVX2 builds) where the CPU has them
     cpu_isa: str = "auto"  # cpu: the C kernels' build (CPU_ISAS; "auto": the best the CPU's flags allow)
+    cpu_prompt_passes: int = 1  # cpu: a prompt chunk's int8 activation passes on the C kernels (decode rows: 2)
     cache_dir: str | None = None  # minfer's cache: C helpers, the cpu's prepared weights (None: ~/.cache/minfer)
     wgpu_adapter: str = ""  # vulkan / gpu: the first adapter whose name contains this ("": the best)
     wgpu_subgroups: bool = True  # vulkan / gpu: subgroup reductions where the adapter has them
@@ -253,6 +257,9 @@ class EngineConfig:
             raise ParamError("trace", f"must be a file path, got {self.trace_path!r}")
         if self.cpu_isa not in CPU_ISAS:
             raise ParamError("cpu_isa", f"must be one of {', '.join(CPU_ISAS)} (MINFER_CPU_ISA), got {self.cpu_isa!r}")
+        if self.cpu_prompt_passes not in (1, 2):
+            raise ParamError("cpu_prompt_passes",
+                             f"must be 1 or 2 (MINFER_CPU_PROMPT_PASSES), got {self.cpu_prompt_passes!r}")
         if self.gemv_q8 not in (0, 1, 2):
             raise ParamError("gemv_q8", f"must be 0, 1 or 2 (MINFER_GEMV_Q8), got {self.gemv_q8!r}")
 
@@ -276,6 +283,7 @@ class EngineConfig:
             gemv_q8=env("MINFER_GEMV_Q8", 2),
             cpu_vnni=env("MINFER_CPU_VNNI", True),
             cpu_isa=env("MINFER_CPU_ISA", "auto").strip().lower() or "auto",
+            cpu_prompt_passes=env("MINFER_CPU_PROMPT_PASSES", 1),
             cache_dir=env("MINFER_CACHE", "") or None,
             wgpu_adapter=env("MINFER_WGPU_ADAPTER", ""),
             wgpu_subgroups=env("MINFER_WGPU_SUBGROUPS", True),

@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from minfer.backends.cpu.weights import VNNI_DECODE
 from minfer.cli import main
 from minfer.config import EngineConfig
 from minfer.engine import loader
@@ -95,22 +96,29 @@ def test_plan_command_prints_kernels_and_prediction(headers, capsys):
 
 @pytest.mark.parametrize("preset, quant", CPU_CASES)
 def test_every_cpu_matmul_resolves_to_a_cpu_contract(headers, preset, quant, capsys):
-    """`minfer plan --device cpu`: each matmul node's weight parts name a cpu kernel contract,
-    the same family for one decode row and a prompt chunk."""
+    """`minfer plan --device cpu`: each matmul node's weight parts name a cpu kernel contract; a
+    prompt chunk's are the decode row's but the VNNI kernels' one-pass variants where a type has
+    them (its logits: the decode row's), and all the decode row's with cpu_prompt_passes=2."""
     with GGUFReader(headers[preset, quant]) as reader:
         be = loader.load(reader, EngineConfig(device="cpu"), progress=False, plan_only=True).backend
         one, chunk = be.plan_rows(1), be.plan_rows(512, prefill=True)
+        be2 = loader.load(reader, EngineConfig(device="cpu", cpu_prompt_passes=2), progress=False,
+                          plan_only=True).backend
+        chunk2 = be2.plan_rows(512, prefill=True)
+        logits_id = be.graph.logits_id
     assert one and all(math.isfinite(r["cost_ns"]) and r["cost_ns"] > 0 for r in one + chunk)
     pair32, pair16 = "cpu_int4pack_mm_pair32", "cpu_int4pack_mm_pair16"
     q4 = "cpu_q4_vnni2" if cpu_vnni.available() else "cpu_int4pack_mm"
     q8 = "cpu_q8_vnni2" if cpu_vnni.available() else pair32  # 8-bit codes: Q8_0
     q5 = "cpu_q5_vnni2" if cpu_vnni.available() else pair32  # 5-bit codes: the Q5 types
     q6 = "cpu_q6k_vnni2" if cpu_vnni.available() else pair16
-    # decode rows and prompt chunks share each weight's kernel (the VNNI ones: their two-pass variants)
     decode = [r["kernel"] for r in one]
-    assert decode == [r["kernel"] for r in chunk]
-    assert all("_vnni" not in k or k.endswith(("_vnni2", "_vnni2_moe")) for ks in decode + [r["kernel"] for r in chunk]
-               for k in ks.split("+"))
+    assert all("_vnni" not in k or k.endswith(("_vnni2", "_vnni2_moe")) for ks in decode for k in ks.split("+"))
+    one_pass = {v: k for k, v in VNNI_DECODE.items()}
+    assert [r["kernel"] for r in chunk] == [
+        ks if r["id"] == logits_id else "+".join(one_pass.get(k, k) for k in ks.split("+"))
+        for r, ks in zip(one, decode, strict=True)]
+    assert [r["kernel"] for r in chunk2] == decode
     iq4 = "cpu_iq4_vnni2" if cpu_vnni.available() else pair32  # the lookup types: their table's kernel
     mxfp4 = "cpu_mxfp4_vnni2" if cpu_vnni.available() else pair32
     want = {"q4_0": q4, "q4_1": q4, "q4_k": q4, "q4_k_m": q4, "q8_0": q8, "q5_k_m": q5, "q5_0": q5,
@@ -118,7 +126,7 @@ def test_every_cpu_matmul_resolves_to_a_cpu_contract(headers, preset, quant, cap
             "q6_k": q6, "q3_k": pair16, "q2_k": pair16, "f32": "cpu_linear_f32"}[quant]
     if PRESETS[preset].arch == "gpt-oss" and quant == "mxfp4":  # its mix: MXFP4 experts only, the rest Q8_0
         want = "cpu_vnni2_moe" if cpu_vnni.available() else want
-    assert want in {k for r in chunk for k in r["kernel"].split("+")}  # (8 experts: q+k+v of mixed types)
+    assert want in {k for r in one for k in r["kernel"].split("+")}  # (8 experts: q+k+v of mixed types)
     if preset in BIG and quant in ("q4_k", "q4_k_m", "q5_k_m", "q3_k", "q2_k", "iq4_nl", "iq4_xs"):  # Q6_K output
         assert one[-1]["kernel"] == q6
     if (preset, quant) in CPU_COMMAND_CASES:

@@ -25,7 +25,8 @@ VULKAN_KERNELS = sorted(s.kernel for f in contract_files() for s in parse_file(f
 PROMPT = [3, 17, 42, 99, 5, 250, 7, 311, 64, 128, 2, 77]
 # ||vulkan - cpu|| / ||cpu|| of prompt logits, measured 2026-12-02 on lavapipe, margin 3x or less. Vulkan
 # computes in float32 from the file's bytes (qmv8: x in two int8 passes); the cpu side depends on its path
-# for the type: the VNNI kernel (two int8 passes, ~3e-5) where the host has AVX512-VNNI, torch's int4 kernel
+# for the type: the VNNI kernel (two int8 passes, ~3e-5: cpu_prompt_passes=2, the decode rows' precision; a
+# prompt's default one pass differs by ~1e-2) where the host has AVX512-VNNI or AVX2, torch's int4 kernel
 # on bfloat16 activations (~6e-3) without it (MINFER_CPU_VNNI=0) and always for Q6_K / Q3_K / Q2_K.
 # (with the VNNI kernels, without) per type family; a 5 % attention scale error costs ~1e-2.
 VS_CPU = {
@@ -188,7 +189,7 @@ def test_no_matching_adapter_is_a_device_error(monkeypatch):
 def smollm2(smollm2_path):
     from minfer.api import load
 
-    cpu = load(smollm2_path, "cpu", n_ctx=256, n_slots=2, progress=False)
+    cpu = load(smollm2_path, "cpu", n_ctx=256, n_slots=2, cpu_prompt_passes=2, progress=False)
     vk = load(smollm2_path, "vulkan", n_ctx=256, n_slots=2, progress=False)
     yield cpu, vk
     cpu.close()
@@ -403,7 +404,7 @@ def test_tiny_models_of_other_weight_types_match_cpu(tiny_gguf, raw, preset, qua
     from minfer.api import load
 
     path = tiny_gguf(preset, quant)
-    cpu = load(path, "cpu", n_ctx=64, n_slots=2, progress=False)
+    cpu = load(path, "cpu", n_ctx=64, n_slots=2, cpu_prompt_passes=2, progress=False)
     vk = load(path, "vulkan", n_ctx=64, n_slots=2, progress=False)
     want = raw.prefill(cpu.engine, 0, PROMPT)
     got = raw.prefill(vk.engine, 0, PROMPT)

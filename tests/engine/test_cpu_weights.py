@@ -15,7 +15,15 @@ import pytest
 import torch
 from gguf import quants
 
-from minfer.backends.cpu.weights import VNNI_KERNELS, EmbeddingTable, Matrix, dense_f32, kernel_name, prepared_bytes
+from minfer.backends.cpu.weights import (
+    VNNI_DECODE,
+    VNNI_KERNELS,
+    EmbeddingTable,
+    Matrix,
+    dense_f32,
+    kernel_name,
+    prepared_bytes,
+)
 from minfer.gguf.reader import GGUFReader
 from minfer.gguf.writer import write_gguf
 from minfer.kernels.cpu.matmul import PLAIN, int4_codes, int_form, pack_int4, pack_plain
@@ -106,12 +114,20 @@ def test_matmul_matches_float64(weights, name):
     m = Matrix(reader, [reader.tensors[name]], bias)
     assert m.kernel() == kernel_name(GGMLType[name])
     tol = TOL.get(name, 8e-3)
-    vnni = m.kernel() in VNNI_KERNELS  # the C kernels: two int8 passes of the activations, ~2e-5
+    vnni = m.kernel() in VNNI_KERNELS
+    # the C kernels: decode rows' two int8 passes of the activations ~2e-5; a prompt's one pass (the
+    # types with a one-pass kernel) ~5e-3, llama.cpp's int8 activations (measured 3.6e-3..4.9e-3)
+    one_pass = m.kernel() in VNNI_DECODE
     for rows, decode in ((16, True), (1, False), (5, False), (19, False)):
         x = torch.randn(rows, K)
         want = x.double() @ oracle[name].double().T + bias.double()
-        bound = 1e-3 if vnni else tol
+        bound = (1e-2 if one_pass and not decode else 1e-3) if vnni else tol
         assert _rel(m(x, decode=decode), want) < bound, (rows, decode)
+    if one_pass:  # a prompt in two passes where the configuration asks: the decode rows' precision
+        m2 = Matrix(reader, [reader.tensors[name]], bias, prompt_passes=2)
+        x = torch.randn(5, K)
+        assert _rel(m2(x), x.double() @ oracle[name].double().T + bias.double()) < 1e-3
+        assert torch.equal(m2(x), m2(x, decode=True))
 
 
 @pytest.mark.parametrize("name", TYPES)

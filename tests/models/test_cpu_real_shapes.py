@@ -2,7 +2,7 @@
 Qwen2.5-0.5B-shaped Q4_0 and Q8_0 files
 (synthetic weights, a 4096-token vocabulary to keep the files small) against HF transformers'
 float32 forward pass on the same GGUF (it dequantizes the file itself), prefill and decode,
-within the 2e-2 the cpu contracts' precision adds up to over 24 layers."""
+within the 2e-2 the cpu contracts' precision adds up to over 24 layers (a prompt's one int8 pass: 3e-2)."""
 
 from __future__ import annotations
 
@@ -37,4 +37,6 @@ def test_qwen05b_shaped_logits_match_transformers(tmp_path, raw, quant, monkeypa
     steps = [raw.prefill(eng, 0, IDS[:4])[-1]] + [raw.decode(eng, 0, t, p) for p, t in enumerate(IDS[4:], start=4)]
     rel_decode = float((torch.stack(steps).double() - ref[3:]).norm() / ref[3:].norm())
     print(f"qwen2.5-0.5b {quant}: prefill {rel:.2e}, decode {rel_decode:.2e}")
-    assert rel < 2e-2 and rel_decode < 2e-2
+    # a prompt's one int8 activation pass (llama.cpp's) adds ~1e-2 on Q8_0 (measured 2.50e-2; decode rows' two
+    # passes 1.58e-2), nothing measurable on Q4_0
+    assert rel < 3e-2 and rel_decode < 2e-2

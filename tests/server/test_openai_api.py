@@ -7,7 +7,9 @@ import json
 
 import httpx
 
-HELLO = [{"role": "user", "content": "What is the capital of France?"}]
+# (not "What is the capital of France?": the default model's first token there is a tie, top-2 margin 0.08-0.15,
+# where llama.cpp answers "L'Étoile, ..." and so does minfer on llama.cpp's int8 prompt activations; here 1.4-1.8)
+HELLO = [{"role": "user", "content": "Name the capital of France."}]
 
 
 def _sse(url: str, path: str, body: dict) -> list:

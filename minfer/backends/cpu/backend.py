@@ -100,11 +100,13 @@ def available_memory() -> int:
     return physical_memory()
 
 
-def plan_rows(graph: Graph, reader: GGUFReader, rows: int = 1, prefill: bool = False, vnni: bool = True) -> list[dict]:
+def plan_rows(graph: Graph, reader: GGUFReader, rows: int = 1, prefill: bool = False, vnni: bool = True,
+              prompt_passes: int = 1) -> list[dict]:
     """Per matmul node (an expert matmul: its kernel, the cost of one expert's matrix times the
     experts a row runs): the cpu kernel contract(s) its weight parts run on for a decode step of
     `rows` rows (or a prompt chunk of `rows` tokens, `prefill`; its output projection gets one
-    row, the last token's) and the cost the picker predicts, in ns. Reads the header only:
+    row, the last token's) and the cost the picker predicts, in ns; `prompt_passes` 2: a prompt's
+    VNNI kernels are the decode rows' two-pass ones (EngineConfig.cpu_prompt_passes). Reads the header only:
     nothing is packed. The other ops run as plain torch calls with no contract: not listed."""
     out = []
     for node in graph.nodes:
@@ -123,7 +125,7 @@ def plan_rows(graph: Graph, reader: GGUFReader, rows: int = 1, prefill: bool = F
                 continue
             # the logits take the decode rows' kernel in prompts too (two activation passes on VNNI)
             c = pick_kernel(info.ggml_type, *info.torch_shape, rows=n_rows,
-                            decode=not prefill or node.id == graph.logits_id, vnni=vnni)
+                            decode=not prefill or node.id == graph.logits_id or prompt_passes == 2, vnni=vnni)
             names.append(c.kernel.name)
             cost += c.cost_ns
         out.append({"id": node.id, "name": node.name, "op": str(node.op), "layer": node.layer,
@@ -246,7 +248,8 @@ class CPUBackend(Backend):
         if key not in self._matrices:
             bias = torch.cat([self.vector(t.name) for t in b.tensors]) if b else None
             infos = [self._reader.tensors[t.name] for t in w.tensors]
-            self._matrices[key] = m = Matrix(self._reader, infos, bias, vnni=self.vnni, cache=self._cache)
+            self._matrices[key] = m = Matrix(self._reader, infos, bias, vnni=self.vnni, cache=self._cache,
+                                             prompt_passes=self.config.cpu_prompt_passes)
             if m.n * m.k >= TRIM_WEIGHTS:
                 trim_heap()
         return self._matrices[key]
@@ -382,4 +385,4 @@ class CPUBackend(Backend):
         return self.plan.trace_nodes("decode")
 
     def plan_rows(self, rows: int = 1, prefill: bool = False) -> list[dict]:
-        return plan_rows(self.graph, self._reader, rows, prefill, self.vnni)
+        return plan_rows(self.graph, self._reader, rows, prefill, self.vnni, self.config.cpu_prompt_passes)

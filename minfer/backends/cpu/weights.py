@@ -4,8 +4,9 @@ A MatMul weight becomes a `Matrix`, prepared once at load, that prefill and deco
 
 - Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0 and the lookup types IQ4_NL, IQ4_XS, MXFP4, where the C
   kernel can run (AVX512-VNNI or AVX2, a C compiler): the VNNI form (minfer/kernels/cpu/vnni.py), int8
-  activations per 32 in two passes, prompt chunks and decode rows alike (the contracts `cpu_q4_vnni2`,
-  `cpu_q5_vnni2`, `cpu_q6k_vnni2`, `cpu_q8_vnni2`, `cpu_iq4_vnni2`, `cpu_mxfp4_vnni2`).
+  activations per 32 in two passes for decode rows (the contracts `cpu_q4_vnni2`, `cpu_q5_vnni2`,
+  `cpu_q6k_vnni2`, `cpu_q8_vnni2`, `cpu_iq4_vnni2`, `cpu_mxfp4_vnni2`), in one for prompt chunks where
+  the type has a one-pass kernel (`cpu_q4_vnni`, `cpu_q8_vnni`; EngineConfig.cpu_prompt_passes = 2: two).
 - every other quantized type (and all of them elsewhere) runs torch's int4 packed matmul (group
   size 32, bfloat16 activations and scales) on the type's int4 digits (minfer/kernels/cpu/matmul.py):
   4-bit types as they are (0.63 bytes per weight), the others as lo/hi digit pairs (1.25 bytes per
@@ -74,8 +75,8 @@ def dense_f32(reader: GGUFReader, info: TensorInfo) -> torch.Tensor:
     return decode_rows(rows, info.ggml_type, info.torch_shape[-1]).view(info.torch_shape)
 
 
-# the C kernels (kernels/cpu/vnni.fkc.md): prompt chunks -> decode rows (the same weights,
-# activations in two int8 passes)
+# the C kernels (kernels/cpu/vnni.fkc.md): prompt chunks (activations in one int8 pass) -> decode
+# rows (the same weights, two passes)
 VNNI_DECODE = {"cpu_q4_vnni": "cpu_q4_vnni2", "cpu_q8_vnni": "cpu_q8_vnni2"}
 # (the lookup types: two passes only)
 VNNI_KERNELS = set(VNNI_DECODE) | set(VNNI_DECODE.values()) | {"cpu_q5_vnni2", "cpu_q6k_vnni2", "cpu_iq4_vnni2",
@@ -96,11 +97,10 @@ def pick_kernel(qtype: GGMLType, n: int, k: int, rows: int = 1, decode: bool = F
                               registry=backend_registry("CPU"))  # the CPU contract files alone: no GPU kernel imported
     if not (vnni and cpu_vnni.available()):  # the VNNI kernels need the CPU's instructions and a C compiler
         ok = [c for c in ok if c.kernel.contract.kernel_source != "c"]
-    # decode rows and prompt chunks alike take the two-pass variant: with one pass on prompts the
-    # default model answered "What is the capital of France?" with "L'Étoile, la Marseillaise..."
-    # (tests/server; two passes and torch's bf16 kernel: "Paris"); the one-pass kernels stay
-    # registered (their contracts, conformance) and are not picked. `decode` changes nothing here.
-    ok = [c for c in ok if c.kernel.name not in VNNI_DECODE]
+    # decode rows take the two-pass variants (memory-bound: the second pass costs no time); prompt
+    # chunks the one-pass ones where a type has one (llama.cpp's int8 activations: its greedy
+    # answers on the default model, at 1.7x the two-pass speed on an 8B's prompts)
+    ok = [c for c in ok if c.kernel.name not in (VNNI_DECODE if decode else VNNI_DECODE.values())]
     if not ok:
         raise NoKernelError(f"cpu backend: no kernel contract multiplies by a {qtype.name} [{n}, {k}] weight; "
                             f"nearest: " + "; ".join(f"{r.name}: {', '.join(why)}" for r, why in rejected[:3]))
@@ -150,8 +150,10 @@ class Matrix:
     and their columns are concatenated. Every output row depends on its input row alone."""
 
     def __init__(self, reader: GGUFReader, infos: list[TensorInfo], bias: torch.Tensor | None, vnni: bool = True,
-                 cache: WeightCache | None = None):
-        """`cache`: where the prepared forms come from (and go to) across loads (weight_cache.py)."""
+                 cache: WeightCache | None = None, prompt_passes: int = 1):
+        """`cache`: where the prepared forms come from (and go to) across loads (weight_cache.py);
+        `prompt_passes`: a prompt's int8 activation passes on the VNNI kernels (2: the decode rows'
+        kernels for prompts too; EngineConfig.cpu_prompt_passes)."""
         self._cache = cache
         self._parts = (reader, infos)
         self.vnni = vnni
@@ -160,17 +162,21 @@ class Matrix:
         self._runs: list[tuple[str, object]] = []
         # each part's kernel, as the contracts choose it; consecutive parts on the same kernel
         # are packed together (one call)
-        names = [pick_kernel(i.ggml_type, *i.torch_shape, vnni=vnni).kernel.name for i in infos]
+        names = [pick_kernel(i.ggml_type, *i.torch_shape, decode=prompt_passes == 2, vnni=vnni).kernel.name
+                 for i in infos]
         self._decode_names = tuple(dict.fromkeys(
             pick_kernel(i.ggml_type, *i.torch_shape, decode=True, vnni=vnni).kernel.name for i in infos))
         run: list[TensorInfo] = []
+        passes: list[int] = []  # a prompt's activation passes on each run (one where the type has a one-pass kernel)
         for j, info in enumerate(infos + [None]):
             if run and (info is None or names[j] != names[j - 1]):
                 self._runs.append(self._prepare(reader, run))
+                passes.append(1 if names[j - 1] in VNNI_DECODE else 2)
                 run = []
             if info is not None:
                 run.append(info)
         self.kernels = tuple(dict.fromkeys(names))
+        self.prefill_passes = tuple(passes)
         self.nbytes = sum(fn.nbytes for _, fn in self._runs)
 
     def _prepare(self, reader: GGUFReader, infos: list[TensorInfo]) -> tuple[str, object]:
@@ -202,12 +208,14 @@ class Matrix:
 
     def __call__(self, x: torch.Tensor, decode: bool = False, passes: int | None = None) -> torch.Tensor:
         """[T, n]: bfloat16 from the int4 kernels, float32 from a float32 GEMM (a bias promotes
-        to float32). Decode and prefill rows take the same kernels; `decode` only tells a float32
-        GEMM to run its rows one at a time (sgemm's rounding depends on the row count)."""
-        p = passes or 2  # the VNNI kernel's activation passes (pick_kernel: two, prompts too)
+        to float32). Decode and prefill rows take the same weights; `decode`: the VNNI kernels' two
+        activation passes (prompts: one where the type has a one-pass kernel; `passes` overrides),
+        and a float32 GEMM's rows one at a time (sgemm's rounding depends on the row count)."""
         if not x.shape[0]:  # (a prompt chunk whose logits nobody asked: the output matmul gets no rows)
             return torch.zeros(0, self.n, dtype=torch.float32)
-        ys = [fn(x, decode) if kind == "linear" else fn(x, p) if kind == "vnni" else fn(x) for kind, fn in self._runs]
+        ps = (passes,) * len(self._runs) if passes else (2,) * len(self._runs) if decode else self.prefill_passes
+        ys = [fn(x, decode) if kind == "linear" else fn(x, p) if kind == "vnni" else fn(x)
+              for (kind, fn), p in zip(self._runs, ps, strict=True)]
         y = ys[0] if len(ys) == 1 else torch.cat([t.to(ys[0].dtype) for t in ys], dim=1)
         return y if self.bias is None else y + self.bias
 
