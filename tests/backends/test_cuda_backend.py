@@ -79,7 +79,7 @@ def pair(tiny_gguf, request):
     def get(preset: str, quant: str):
         if (preset, quant) not in made:
             path = tiny_gguf(preset, quant)
-            made[preset, quant] = (load(path, "cpu", n_ctx=64, n_slots=4, progress=False),
+            made[preset, quant] = (load(path, "cpu", n_ctx=64, n_slots=4, cpu_prompt_passes=2, progress=False),
                                    load(path, "cuda", n_ctx=64, n_slots=4, progress=False))
         return made[preset, quant]
 
@@ -128,7 +128,7 @@ GREEDY_FLOOR = 16
 @pytest.mark.parametrize("quant", ["q4_0", "q8_0"])
 def test_greedy_generation_matches_cpu_where_decisive(tiny_gguf, greedy, quant):
     path = tiny_gguf("tiny-llama", quant, decisive=True)
-    cpu = load(path, "cpu", n_ctx=64, n_slots=4, progress=False)
+    cpu = load(path, "cpu", n_ctx=64, n_slots=4, cpu_prompt_passes=2, progress=False)
     gpu = load(path, "cuda", n_ctx=64, n_slots=4, progress=False)
     prompts = ["hello there", "the cat", "one two three four"]
     a = cpu.generate_batch(prompts, max_tokens=8, temperature=0)
@@ -197,7 +197,7 @@ def test_mmq_prompts_and_decode_batches_match_cpu(tiny_gguf, raw, preset, quant,
     logits: TOL_MMQ_K on the K mix), or for Q4_0 the tiled q4_0_matmul, which costs less by the measured
     rates; a decode row its GEMV as before."""
     path = tiny_gguf(preset, quant)
-    cpu = load(path, "cpu", n_ctx=64, n_slots=4, progress=False)
+    cpu = load(path, "cpu", n_ctx=64, n_slots=4, cpu_prompt_passes=2, progress=False)
     gpu = load(path, "cuda", n_ctx=64, n_slots=4, progress=False, mmq=True)
     be = gpu.engine.backend
     projections = [r["kernel"] for r in be.plan_rows(16) if r["op"] == "MatMul"]
@@ -477,7 +477,7 @@ def test_int8_activations_from_the_norms(tiny_gguf, raw, monkeypatch, quant):
     gemv.gemv_config.cache_clear()
     try:
         path = tiny_gguf("tiny-llama", quant)
-        cpu = load(path, "cpu", n_ctx=32, n_slots=1, progress=False)
+        cpu = load(path, "cpu", n_ctx=32, n_slots=1, cpu_prompt_passes=2, progress=False)
         gpu = load(path, "cuda", n_ctx=32, n_slots=1, progress=False)
         be = gpu.engine.backend
         row = be.compiler.ways()[0]
