@@ -71,10 +71,11 @@ def test_bench_reports_the_table_and_json(run_cli, tiny_gguf):
     assert rc == 0
     for test in ("pp32", "tg6", "b1", "b3", "b1e2e", "b3e2e"):
         assert re.search(rf"\b{test}\s+[\d.]+ ±", out), out
-    assert "copy bandwidth" in err
+    assert "copy bandwidth" in err and "cpu kernels: " in err  # the cpu path it took (issue 26 item 5)
     rc, out, _ = run_cli(["bench", "-m", str(tiny_gguf()), "-p", "16", "-n", "4", "-r", "2", "--json"])
     doc = json.loads(out)
     tg = next(r for r in doc["results"] if r["test"] == "tg4")
     assert rc == 0 and len(tg["runs"]) == 2 and tg["tok_s"] > 0 and tg["gbs"] > 0 and doc["weight_bytes_per_token"] > 0
+    assert doc["cpu_isa"] in ("avx512", "avxvnni", "avx2", "torch") and doc["cpu_prompt_passes"] == 1
     rc, _, err = run_cli(["bench", "-m", str(tiny_gguf()), "-r", "0"])
     assert rc == 2 and "-r must be >= 1" in err
