@@ -133,9 +133,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "cpu_vnni_one_pass",
         "the cpu backend's VNNI matmuls read a decode row's activations in one int8 pass instead of two (its "
         "contract: 5e-3 declared against ~2e-5 measured; prompts take one pass by design)",
-        "minfer/backends/cpu/steps.py",
-        '"decode": lambda vals, st: mm(vals[i], 2)',
-        '"decode": lambda vals, st: mm(vals[i], 1)',
+        "minfer/backends/cpu/weights.py",
+        "return (2,) * len(self._runs) if decode else self.prefill_passes",
+        "return (1,) * len(self._runs) if decode else self.prefill_passes",
         (ORACLE, "tests/models/test_engine_consistency.py"),
         devices=("cpu",),
     ),

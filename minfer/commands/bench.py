@@ -193,8 +193,8 @@ def bench(a: argparse.Namespace) -> int:
             info["cpu_prompt_passes"] = passes = config.cpu_prompt_passes  # the C kernels' int8 passes on prompts
             if not a.json:
                 how = "torch" if isa == "torch" else (f"C, {isa} build; int8 activations in {passes} pass"
-                                                      f"{'es' if passes > 1 else ''} on prompts (Q4_0/Q4_1/Q4_K/Q8_0;"
-                                                      " the other types 2), 2 on decode rows")
+                                                      f"{'es' if passes > 1 else ''} on prompts where the type has"
+                                                      " a one-pass kernel, 2 on decode rows")
                 print(f"cpu kernels: {how} (MINFER_CPU_ISA, MINFER_CPU_PROMPT_PASSES pick)", file=sys.stderr)
 
         def row(test: str, runs: list[float], steps_per_s: float | None = None) -> None:

@@ -62,9 +62,9 @@ def _matmul(be: CPUBackend, node: Node):
     direct = m.direct()
     if direct is not None:  # one quantized kernel, no bias: called as it is
         kind, mm = direct
-        if kind == "vnni":  # the activations in two int8 passes on decode rows, a prompt's as its kernel says
-            (p,) = m.prefill_passes
-            return {"decode": lambda vals, st: mm(vals[i], 2), "prefill": lambda vals, st: mm(vals[i], p)}, kernels
+        if kind == "vnni":  # the activations' int8 passes: Matrix.passes
+            (pd,), (pp,) = m.passes(True), m.passes(False)
+            return {"decode": lambda vals, st: mm(vals[i], pd), "prefill": lambda vals, st: mm(vals[i], pp)}, kernels
         fn = lambda vals, st: mm(vals[i])  # noqa: E731
         return dict.fromkeys(KINDS, fn), kernels
     return {"decode": lambda vals, st: m(vals[i], True), "prefill": lambda vals, st: m(vals[i], False)}, kernels

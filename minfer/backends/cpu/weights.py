@@ -213,11 +213,15 @@ class Matrix:
         and a float32 GEMM's rows one at a time (sgemm's rounding depends on the row count)."""
         if not x.shape[0]:  # (a prompt chunk whose logits nobody asked: the output matmul gets no rows)
             return torch.zeros(0, self.n, dtype=torch.float32)
-        ps = (passes,) * len(self._runs) if passes else (2,) * len(self._runs) if decode else self.prefill_passes
+        ps = (passes,) * len(self._runs) if passes else self.passes(decode)
         ys = [fn(x, decode) if kind == "linear" else fn(x, p) if kind == "vnni" else fn(x)
               for (kind, fn), p in zip(self._runs, ps, strict=True)]
         y = ys[0] if len(ys) == 1 else torch.cat([t.to(ys[0].dtype) for t in ys], dim=1)
         return y if self.bias is None else y + self.bias
+
+    def passes(self, decode: bool) -> tuple[int, ...]:
+        """Each run's int8 activation passes on a VNNI kernel: two for decode rows, a prompt's as its kernel says."""
+        return (2,) * len(self._runs) if decode else self.prefill_passes
 
     def direct(self) -> tuple[str, object] | None:
         """(kind, kernel) of the one quantized kernel ("int4": call(x); "vnni": call(x, passes))
