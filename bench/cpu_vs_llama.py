@@ -119,8 +119,8 @@ def main() -> None:
     llama_load = json.loads(llama.stdout.readline())["load"]
     t0 = time.perf_counter()
     slots = max(1, a.batch)
-    engine = Engine.load(GGUFReader(path), EngineConfig(n_slots=slots, n_ctx=a.ctx, threads=a.threads, cpu_isa=a.isa),
-                         progress=False)
+    config = EngineConfig.from_env(n_slots=slots, n_ctx=a.ctx, threads=a.threads, cpu_isa=a.isa)  # (MINFER_* too)
+    engine = Engine.load(GGUFReader(path), config, progress=False)
     minfer_load = time.perf_counter() - t0
     minfer_round(engine, 8, 2)  # warm-up
     ours, theirs = [], []

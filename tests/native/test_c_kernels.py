@@ -100,6 +100,19 @@ def test_matmul_random_shapes():
 
 
 @needs_vnni
+@pytest.mark.parametrize("passes", [1, 2])
+def test_many_rows_in_blocks_give_each_row_its_own_numbers(passes):
+    """A prompt's rows run in blocks of 64 per work item (q4_vnni.c ROW_BLOCK): a row's result, with a bias
+    too, is the one it gets alone, in every block and at the edges (150 rows: blocks of 64, 64, 22)."""
+    raw = _weight(GGMLType.Q4_K, 64, 256, seed=3)
+    mm = cpu_vnni.Q4Vnni([(raw, GGMLType.Q4_K, 64, 256)])
+    x = torch.randn(150, 256, generator=torch.Generator().manual_seed(4))
+    y = mm(x, passes)
+    for r in (0, 3, 63, 64, 100, 127, 128, 149):
+        assert torch.equal(y[r], mm(x[r:r + 1], passes)[0]), r
+
+
+@needs_vnni
 def test_matmul_refuses_what_is_outside_its_contract():
     raw = quantize(torch.randn(32, 64), GGMLType.Q4_0)
     with pytest.raises(UnsupportedError, match="k must be one multiple of 32"):
@@ -114,6 +127,32 @@ def test_matmul_refuses_what_is_outside_its_contract():
             mm(bad)
     with pytest.raises(UnsupportedError, match="outside the kernel's contract"):
         mm(torch.randn(2, 64), passes=3)
+
+
+@needs_vnni
+def test_device_tensors_are_refused_not_dereferenced():
+    """A tensor not in host memory (here `meta`; on the H200 a CUDA one, which segfaulted the MoE
+    conformance run of 2026-12-04) is a typed error at each C entry point, before any address is read."""
+    off = "meta"
+    raw = quantize(torch.randn(32, 64), GGMLType.Q4_0)
+    with pytest.raises(UnsupportedError, match="host tensors"):
+        cpu_vnni.Q4Vnni([(raw.to(off), GGMLType.Q4_0, 32, 64)])
+    mm = cpu_vnni.Q4Vnni([(raw, GGMLType.Q4_0, 32, 64)])
+    with pytest.raises(UnsupportedError, match="host tensors"):
+        mm(torch.randn(2, 64, device=off))
+    experts = cpu_vnni.vnni_experts(torch.cat([raw.flatten(), raw.flatten()]), 32, 64, GGMLType.Q4_0, 2)
+    with pytest.raises(UnsupportedError, match="host tensors"):
+        experts.run_experts(torch.randn(3, 64, device=off), torch.zeros(3, 1, dtype=torch.int32), 32, 2)
+    with pytest.raises(UnsupportedError, match="host tensors"):
+        cpu_vnni.rms_norm(torch.randn(2, 32, device=off), torch.ones(32), 1e-6)
+    cos = torch.ones(2, 8)
+    with pytest.raises(UnsupportedError, match="host tensors"):
+        cpu_vnni.rope(torch.randn(2, 32, device=off), cos, cos, 2, 16, 16, False)
+    kv = torch.randn(1, 1, 8, 16)
+    lens = torch.tensor([4], dtype=torch.int32)
+    with pytest.raises(UnsupportedError, match="host tensors"):
+        cpu_vnni.attention_decode(torch.randn(1, 16), kv.to(off), kv.to(off), torch.zeros(1, dtype=torch.int32),
+                                  lens, 1, 0.25)
 
 
 @needs_vnni

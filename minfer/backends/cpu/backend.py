@@ -30,6 +30,7 @@ from ..base import Backend, Batch
 from ..kv_cache import KVCache, kv_bytes, kv_type
 from ..plan import Plan, Step
 from ..rope import rope_tables
+from .native import DecodeProgram, program_reason
 from .steps import CPU_OPS, KINDS
 from .weight_cache import WeightCache
 from .weights import MOE_VNNI, EmbeddingTable, Experts, Matrix, dense_f32, expert_kernel, pick_kernel, prepared_bytes
@@ -203,6 +204,8 @@ class CPUBackend(Backend):
         self.last_use: dict[int, int] = {}  # node id -> the last node reading its value
         self._flat: tuple = ((), ())  # the cache's per-layer [-1, hd] views (allocate)
         self._c_attention = False  # decode attention by the C kernel (allocate: where it runs, for these shapes)
+        self.native_reason: str | None = "not allocated"  # why decode steps are not one C call (None: they are)
+        self._program: DecodeProgram | None = None  # the decode program (native.py), for up to its `rows` rows
 
     # ------------------------------------------------------------------ load
     def load(self, graph: Graph, reader: GGUFReader, progress: bool = True) -> None:
@@ -350,6 +353,9 @@ class CPUBackend(Backend):
             cpu_vnni.attention_fits(n.params["n_head"], n.params["n_head_kv"], n.params["head_dim"])
             for n in self.graph.nodes if n.op == Op.ATTENTION)
         self._ropes = rope_tables(self.graph, n_ctx, lambda w: self.vector(w.name))
+        self._program = None  # (its steps hold the old cache's addresses)
+        self.native_reason = ("turned off (MINFER_CPU_NATIVE=0)" if not self.config.cpu_native
+                              else program_reason(self) if self._c_attention else "attention off the C kernel")
 
     # ------------------------------------------------------------------ run
     def forward(self, batch: Batch, recorder=None) -> torch.Tensor:
@@ -361,6 +367,8 @@ class CPUBackend(Backend):
         with torch.inference_mode():  # no autograd bookkeeping: a third less per-op overhead
             parts = batch.split()
             c_attn = self._c_attention
+            if len(parts) == 1 and batch.kind == "decode" and recorder is None and self.native_reason is None:
+                return self.decode_program(batch.n_tokens).run(batch)
             if len(parts) == 1:
                 return self.plan.run(_State(batch, cache, batch.kind == "decode", c_attn), recorder)
             out = torch.empty(len(batch.out_rows), self.graph.meta["n_vocab"])
@@ -368,6 +376,15 @@ class CPUBackend(Backend):
                 logits = self.plan.run(_State(part, cache, part.kind == "decode", c_attn), recorder)
                 out[idx] = logits
             return out
+
+    def decode_program(self, rows: int) -> DecodeProgram:
+        """The decode program that runs `rows` rows: one program runs any row count up to its own, so it is
+        made again only for more rows than it has (a power of two, at most the cache's slots: a few times)."""
+        prog = self._program
+        if prog is None or prog.rows < rows:
+            self._program = prog = None  # (the old one's buffers freed first)
+            self._program = prog = DecodeProgram(self, min(self.cache.n_slots, 1 << (rows - 1).bit_length()))
+        return prog
 
     def hidden(self, batch: Batch) -> torch.Tensor:
         """Final hidden states [R, n_embd] float32 of the batch's out_rows (a prompt chunk: embeddings)."""

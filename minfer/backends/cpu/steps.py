@@ -84,6 +84,15 @@ def _slice(be: CPUBackend, node: Node):
 
 def _swiglu(be: CPUBackend, node: Node):
     i, j = node.inputs
+    if be.vnni and cpu_vnni.available():  # float32 rows: the C kernel (the decode program's SwiGLU, native.py)
+
+        def run_c(vals, st):
+            g, u = vals[i], vals[j]
+            if g.dtype == torch.float32 and g.dim() == 2 and g.stride(1) == 1 and u.stride(1) == 1:
+                return cpu_vnni.swiglu(g, u)
+            return cpu_ops.swiglu(g, u)
+
+        return dict.fromkeys(KINDS, run_c), dict.fromkeys(KINDS, "cpu_swiglu")
     return lambda vals, st: cpu_ops.swiglu(vals[i], vals[j])
 
 

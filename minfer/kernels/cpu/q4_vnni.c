@@ -421,53 +421,67 @@ int q4_pack(const uint8_t *rows, int qtype, int n_rows, int k, int col0, uint8_t
  * and sx [k/32] = sum_p d_p sum q_p; x16 (unless NULL) [P][k/32][2] the sums of q over each half group
  * (the 6-bit codes' zeros). P = 1: x ~ d q. P = 2: the rounding error r = x - d q is
  * quantized again, x ~ d q + d' q' with d' = max|r| / 127 (~15 bits for the pair). */
-static void quantize_rows(const void *x, int bf16, int m, int k, int P, int8_t *q, float *d, float *sx, int *x16) {
+static void quantize_row(const void *x, int bf16, int k, int P, int8_t *q, float *d, float *sx, int *x16, int g0,
+                         int g1) {
     int G = k / 32;
-    #pragma omp parallel for schedule(static) if (m >= 16)
-    for (int r = 0; r < m; r++) {
-        for (int g = 0; g < G; g++) {
-            vf a, b;
-            size_t at = (size_t)r * k + g * 32;
-            if (bf16) {
-                const uint16_t *p = (const uint16_t *)x + at;
-                a = v_castsi512_ps(v_slli_epi32(v_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-                b = v_castsi512_ps(v_slli_epi32(v_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p + 16))), 16));
-            } else {
-                const float *p = (const float *)x + at;
-                a = v_loadu_ps(p);
-                b = v_loadu_ps(p + 16);
-            }
-            float total = 0.0f;
-            for (int pass = 0; pass < P; pass++) {
-                float amax = v_reduce_max_ps(v_max_ps(v_abs_ps(a), v_abs_ps(b)));
-                float dd = amax / 127.0f;
-                float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-                vf vinv = v_set1_ps(inv);
-                vf ra = v_roundscale_ps(v_mul_ps(a, vinv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-                vf rb = v_roundscale_ps(v_mul_ps(b, vinv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-                vi qa = v_cvtps_epi32(ra), qb = v_cvtps_epi32(rb);
-                int8_t *qr = q + ((size_t)r * P + pass) * k + g * 32;
-                _mm_storeu_si128((__m128i *)qr, v_cvtsepi32_epi8(qa));
-                _mm_storeu_si128((__m128i *)(qr + 16), v_cvtsepi32_epi8(qb));
-                d[((size_t)r * P + pass) * G + g] = dd;
-                total += dd * (float)v_reduce_add_epi32(v_add_epi32(qa, qb));
-                if (x16 != NULL) {
-                    int *h = x16 + (((size_t)r * P + pass) * G + g) * 2;
-                    h[0] = v_reduce_add_epi32(qa);
-                    h[1] = v_reduce_add_epi32(qb);
-                }
-                vf vd = v_set1_ps(dd);  /* what is left for the next pass */
-                a = v_fnmadd_ps(ra, vd, a);
-                b = v_fnmadd_ps(rb, vd, b);
-            }
-            sx[(size_t)r * G + g] = total;
+    for (int g = g0; g < g1; g++) {
+        vf a, b;
+        size_t at = (size_t)g * 32;
+        if (bf16) {
+            const uint16_t *p = (const uint16_t *)x + at;
+            a = v_castsi512_ps(v_slli_epi32(v_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+            b = v_castsi512_ps(v_slli_epi32(v_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p + 16))), 16));
+        } else {
+            const float *p = (const float *)x + at;
+            a = v_loadu_ps(p);
+            b = v_loadu_ps(p + 16);
         }
+        float total = 0.0f;
+        for (int pass = 0; pass < P; pass++) {
+            float amax = v_reduce_max_ps(v_max_ps(v_abs_ps(a), v_abs_ps(b)));
+            float dd = amax / 127.0f;
+            float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            vf vinv = v_set1_ps(inv);
+            vf ra = v_roundscale_ps(v_mul_ps(a, vinv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            vf rb = v_roundscale_ps(v_mul_ps(b, vinv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            vi qa = v_cvtps_epi32(ra), qb = v_cvtps_epi32(rb);
+            int8_t *qr = q + (size_t)pass * k + g * 32;
+            _mm_storeu_si128((__m128i *)qr, v_cvtsepi32_epi8(qa));
+            _mm_storeu_si128((__m128i *)(qr + 16), v_cvtsepi32_epi8(qb));
+            d[(size_t)pass * G + g] = dd;
+            total += dd * (float)v_reduce_add_epi32(v_add_epi32(qa, qb));
+            if (x16 != NULL) {
+                int *h = x16 + ((size_t)pass * G + g) * 2;
+                h[0] = v_reduce_add_epi32(qa);
+                h[1] = v_reduce_add_epi32(qb);
+            }
+            vf vd = v_set1_ps(dd);  /* what is left for the next pass */
+            a = v_fnmadd_ps(ra, vd, a);
+            b = v_fnmadd_ps(rb, vd, b);
+        }
+        sx[g] = total;
     }
+}
+
+/* quantize_row's groups g0 .. g1 - 1 of row r of x [m, k] (row stride ldx elements) into the m-row scratch
+ * q, d, sx, x16 (each group on its own: any split of a row's groups gives the same bytes) */
+static inline void quantize_row_at(const void *x, int bf16, size_t ldx, int k, int P, int r, int8_t *q, float *d,
+                                   float *sx, int *x16, int g0, int g1) {
+    int G = k / 32;
+    const void *xr = bf16 ? (const void *)((const uint16_t *)x + (size_t)r * ldx) : (const void *)((const float *)x + (size_t)r * ldx);
+    quantize_row(xr, bf16, k, P, q + (size_t)r * P * k, d + (size_t)r * P * G, sx + (size_t)r * G,
+                 x16 != NULL ? x16 + (size_t)r * P * G * 2 : NULL, g0, g1);
+}
+
+static void quantize_rows(const void *x, int bf16, int m, int k, int P, int8_t *q, float *d, float *sx, int *x16) {
+    #pragma omp parallel for schedule(static) if (m >= 16)
+    for (int r = 0; r < m; r++) quantize_row_at(x, bf16, (size_t)k, k, P, r, q, d, sx, x16, 0, k / 32);
 }
 
 /* ---------------------------------------------------------------- the product */
 
 #define MT 4
+#define ROW_BLOCK 64  /* rows of one work item of a many-row product (a multiple of MT) */
 
 /* bytes of codes per block of 16 columns and group of 32, by code width (4, 5, 6, 8 bits) */
 static inline size_t group_bytes(int bits) { return bits == 8 ? 512 : bits == 6 ? 384 : bits == 5 ? 320 : 256; }
@@ -687,6 +701,24 @@ static layout make_layout(const uint8_t *W, const uint16_t *S, const uint16_t *Z
     return L;
 }
 
+/* Inside a parallel region: the NT column tiles of y [m, 32 NT] (row stride ldy) shared by the team
+ * (a work-shared loop, ending in its barrier), every row of a tile in groups of MT; `bias` (NULL:
+ * none) added to each output after its sum, as y + b. */
+static void gemm_tiles(const layout *L, int NT, int G, const acts *A, int k, int m, int P, float *y, int ldy,
+                       const float *bias) {
+    int RB = (m + ROW_BLOCK - 1) / ROW_BLOCK;  /* a prompt's rows in blocks: work for every thread on narrow weights */
+    #pragma omp for schedule(static)
+    for (int item = 0; item < NT * RB; item++) {  /* (a thread's items: consecutive blocks of the same tiles) */
+        int t = item / RB, r1 = (item % RB + 1) * ROW_BLOCK < m ? (item % RB + 1) * ROW_BLOCK : m;
+        for (int r0 = item % RB * ROW_BLOCK; r0 < r1; r0 += MT)
+            tile_rows(r1 - r0 < MT ? r1 - r0 : MT, P, L, (size_t)(2 * t) * G, G, A->q, A->d, A->sx, A->x16, k, r0,
+                      y + 32 * t, ldy);
+        if (bias != NULL)
+            for (int r = item % RB * ROW_BLOCK; r < r1; r++)
+                for (int c = 0; c < 32; c++) y[(size_t)r * ldy + 32 * t + c] += bias[32 * t + c];
+    }
+}
+
 /* y [m, n] float32 (row stride ldy) = x [m, k] @ W^T, n a multiple of 32, activations in P = 1
  * or 2 int8 passes; `lut` (4-bit codes only): the 16-byte table of a lookup type, else NULL.
  * Returns -1 on sizes outside that contract, -2 when the activations' scratch cannot be allocated. */
@@ -697,11 +729,8 @@ int q4_gemm(const uint8_t *W, const uint16_t *S, const uint16_t *Z, float zm, in
     layout L = make_layout(W, S, Z, zm, bits, lut);
     acts A;
     if (quantize_acts(x, bf16, m, k, P, bits, &A)) return -2;
-    #pragma omp parallel for schedule(static)
-    for (int t = 0; t < NT; t++)
-        for (int r0 = 0; r0 < m; r0 += MT)
-            tile_rows(m - r0 < MT ? m - r0 : MT, P, &L, (size_t)(2 * t) * G, G, A.q, A.d, A.sx, A.x16, k, r0,
-                      y + 32 * t, ldy);
+    #pragma omp parallel
+    gemm_tiles(&L, NT, G, &A, k, m, P, y, ldy, NULL);
     free(A.q);
     return 0;
 }
@@ -823,68 +852,99 @@ static void attn_part(const float *Q, const float *K, const float *V, int l0, in
  * merged per (row, kv head) in chunk order: the split depends on the row's own keys only, so a
  * row's arithmetic does not depend on the other rows. hd a multiple of 16, at most 256; n_head /
  * n_kv at most 16. Returns -1 on bad sizes or no memory. */
-int attn_decode(const float *q, int ldq, const float *kc, const float *vc, int n_slots, int n_kv, int n_ctx,
-                int hd, int n_head, const int *slots, const int *starts, const int *lens, int B, float scale,
-                float softcap, const float *sinks, float *out) {
-    if (n_kv < 1 || n_head < 1 || hd < 16 || hd % 16 || hd > MAX_HD || B < 1 || n_ctx < 1 || ldq < n_head * hd
-        || !(softcap >= 0.0f) || isinf(softcap))
-        return -1;
-    int grp = n_head / n_kv;
-    if (grp > MAX_GROUP || grp * n_kv != n_head) return -1;
-    for (int b = 0; b < B; b++)
-        if (slots[b] < 0 || slots[b] >= n_slots || lens[b] < 1 || lens[b] > n_ctx
-            || (starts != NULL && (starts[b] < 0 || starts[b] >= lens[b])))
-            return -1;
-    int *first = malloc(sizeof(int) * (B + 1));  /* first task of row b */
-    if (first == NULL) return -1;
+/* row b's first task first[b] (chunks of CHUNK keys from its start, per kv head); first[B]: the tasks of all rows */
+static int attn_first(int B, int n_kv, const int *starts, const int *lens, int *first) {
     first[0] = 0;
     for (int b = 0; b < B; b++) {
         int l0 = starts != NULL ? starts[b] : 0;
         first[b + 1] = first[b] + n_kv * ((lens[b] - l0 + CHUNK - 1) / CHUNK);
     }
-    int T = first[B], per = grp * (hd + 2);
+    return first[B];
+}
+
+/* Inside a parallel region: every task into `part` (grp * (hd + 2) floats each), then each (row, kv
+ * head) merged into out (row stride ldo): two work-shared loops, each ending in the team's barrier.
+ * sc: this thread's scores (grp * CHUNK floats; NULL: its tasks are skipped, the caller fails). */
+static void attn_work(const float *q, int ldq, const float *kc, const float *vc, int n_kv, int n_ctx, int hd,
+                      int n_head, const int *slots, const int *starts, const int *lens, int B, float scale,
+                      float softcap, const float *sinks, const int *first, float *part, float *sc, float *out,
+                      int ldo) {
+    int grp = n_head / n_kv, per = grp * (hd + 2), T = first[B];
+    #pragma omp for schedule(static)
+    for (int t = 0; t < T; t++) {
+        if (sc == NULL) continue;
+        int b = 0;
+        while (first[b + 1] <= t) b++;
+        int chunks = (first[b + 1] - first[b]) / n_kv, h = (t - first[b]) / chunks, c = (t - first[b]) % chunks;
+        int l0 = (starts != NULL ? starts[b] : 0) + c * CHUNK, l1 = l0 + CHUNK < lens[b] ? l0 + CHUNK : lens[b];
+        size_t base = ((size_t)slots[b] * n_kv + h) * n_ctx * hd;
+        float *pt = part + (size_t)t * per;
+        attn_part(q + (size_t)b * ldq + (size_t)h * grp * hd, kc + base, vc + base, l0, l1, hd, grp, scale,
+                  softcap, sc, pt, pt + grp * hd, pt + grp * hd + grp);
+    }
+    #pragma omp for schedule(static)
+    for (int bh = 0; bh < B * n_kv; bh++) {
+        int b = bh / n_kv, h = bh % n_kv, chunks = (first[b + 1] - first[b]) / n_kv;
+        const float *p0 = part + (size_t)(first[b] + h * chunks) * per;
+        float *O = out + (size_t)b * ldo + (size_t)h * grp * hd;
+        for (int j = 0; j < grp; j++) {
+            float M = sinks != NULL ? sinks[h * grp + j] : -INFINITY;
+            for (int c = 0; c < chunks; c++) M = fmaxf(M, p0[(size_t)c * per + grp * hd + j]);
+            float S = sinks != NULL ? expf(sinks[h * grp + j] - M) : 0.0f;
+            for (int i = 0; i < hd; i++) O[j * hd + i] = 0.0f;
+            for (int c = 0; c < chunks; c++) {
+                const float *pc = p0 + (size_t)c * per;
+                float f = chunks == 1 && sinks == NULL ? 1.0f : expf(pc[grp * hd + j] - M);
+                S += f * pc[grp * hd + grp + j];
+                for (int i = 0; i < hd; i++) O[j * hd + i] += f * pc[j * hd + i];
+            }
+            float inv = 1.0f / S;
+            for (int i = 0; i < hd; i++) O[j * hd + i] *= inv;
+        }
+    }
+}
+
+/* a thread's attention scores (grp * CHUNK floats), or NULL with *fail set */
+static float *attn_scratch(int grp, int *fail) {
+    float *sc = malloc(sizeof(float) * (size_t)grp * CHUNK);
+    if (sc == NULL) {
+        #pragma omp atomic write
+        *fail = 1;
+    }
+    return sc;
+}
+
+static int attn_sizes_ok(int n_kv, int n_head, int hd, int n_ctx, float softcap) {
+    return n_kv >= 1 && n_head >= 1 && hd >= 16 && hd % 16 == 0 && hd <= MAX_HD && n_ctx >= 1 && softcap >= 0.0f
+           && !isinf(softcap) && n_head % n_kv == 0 && n_head / n_kv <= MAX_GROUP;
+}
+
+static int attn_rows_ok(int B, int n_slots, int n_ctx, const int *slots, const int *starts, const int *lens) {
+    for (int b = 0; b < B; b++)
+        if (slots[b] < 0 || slots[b] >= n_slots || lens[b] < 1 || lens[b] > n_ctx
+            || (starts != NULL && (starts[b] < 0 || starts[b] >= lens[b])))
+            return 0;
+    return 1;
+}
+
+int attn_decode(const float *q, int ldq, const float *kc, const float *vc, int n_slots, int n_kv, int n_ctx,
+                int hd, int n_head, const int *slots, const int *starts, const int *lens, int B, float scale,
+                float softcap, const float *sinks, float *out) {
+    if (!attn_sizes_ok(n_kv, n_head, hd, n_ctx, softcap) || B < 1 || ldq < n_head * hd
+        || !attn_rows_ok(B, n_slots, n_ctx, slots, starts, lens))
+        return -1;
+    int grp = n_head / n_kv;
+    int *first = malloc(sizeof(int) * (B + 1));  /* first task of row b */
+    if (first == NULL) return -1;
+    int T = attn_first(B, n_kv, starts, lens, first), per = grp * (hd + 2);
     float *part = malloc(sizeof(float) * (size_t)T * per);
     if (part == NULL) { free(first); return -1; }
     int fail = 0;
     #pragma omp parallel
     {
-        float *sc = malloc(sizeof(float) * (size_t)grp * CHUNK);
-        if (sc == NULL) {
-            #pragma omp atomic write
-            fail = 1;
-        }
-        #pragma omp for schedule(static)
-        for (int t = 0; t < T; t++) {
-            if (sc == NULL) continue;
-            int b = 0;
-            while (first[b + 1] <= t) b++;
-            int chunks = (first[b + 1] - first[b]) / n_kv, h = (t - first[b]) / chunks, c = (t - first[b]) % chunks;
-            int l0 = (starts != NULL ? starts[b] : 0) + c * CHUNK, l1 = l0 + CHUNK < lens[b] ? l0 + CHUNK : lens[b];
-            size_t base = ((size_t)slots[b] * n_kv + h) * n_ctx * hd;
-            float *pt = part + (size_t)t * per;
-            attn_part(q + (size_t)b * ldq + (size_t)h * grp * hd, kc + base, vc + base, l0, l1, hd, grp, scale,
-                      softcap, sc, pt, pt + grp * hd, pt + grp * hd + grp);
-        }
-        #pragma omp for schedule(static)
-        for (int bh = 0; bh < B * n_kv; bh++) {
-            int b = bh / n_kv, h = bh % n_kv, chunks = (first[b + 1] - first[b]) / n_kv;
-            const float *p0 = part + (size_t)(first[b] + h * chunks) * per;
-            float *O = out + (size_t)b * n_head * hd + (size_t)h * grp * hd;
-            for (int j = 0; j < grp; j++) {
-                float M = sinks != NULL ? sinks[h * grp + j] : -INFINITY;
-                for (int c = 0; c < chunks; c++) M = fmaxf(M, p0[(size_t)c * per + grp * hd + j]);
-                float S = sinks != NULL ? expf(sinks[h * grp + j] - M) : 0.0f;
-                for (int i = 0; i < hd; i++) O[j * hd + i] = 0.0f;
-                for (int c = 0; c < chunks; c++) {
-                    const float *pc = p0 + (size_t)c * per;
-                    float f = chunks == 1 && sinks == NULL ? 1.0f : expf(pc[grp * hd + j] - M);
-                    S += f * pc[grp * hd + grp + j];
-                    for (int i = 0; i < hd; i++) O[j * hd + i] += f * pc[j * hd + i];
-                }
-                float inv = 1.0f / S;
-                for (int i = 0; i < hd; i++) O[j * hd + i] *= inv;
-            }
-        }
+        float *sc = attn_scratch(grp, &fail);
+        attn_work(q, ldq, kc, vc, n_kv, n_ctx, hd, n_head, slots, starts, lens, B, scale, softcap, sinks, first, part,
+                  sc, out, n_head * hd);
         free(sc);
     }
     free(part);
@@ -896,21 +956,21 @@ int attn_decode(const float *q, int ldq, const float *kc, const float *vc, int n
 
 /* y [m, d] = x / sqrt(mean(x^2) + eps) * w per row (float32, contiguous, d a multiple of 16):
  * each row's sum of squares in 16 lanes, then the lanes in a fixed order. -1 on other sizes. */
+static void rms_norm_row(const float *xr, int d, const float *w, float eps, float *yr) {
+    vf acc = v_setzero_ps();
+    for (int i = 0; i < d; i += 16) {
+        vf v = v_loadu_ps(xr + i);
+        acc = v_fmadd_ps(v, v, acc);
+    }
+    float inv = 1.0f / sqrtf(v_reduce_add_ps(acc) / (float)d + eps);
+    vf s = v_set1_ps(inv);
+    for (int i = 0; i < d; i += 16)
+        v_storeu_ps(yr + i, v_mul_ps(v_mul_ps(v_loadu_ps(xr + i), s), v_loadu_ps(w + i)));
+}
+
 int rms_norm(const float *x, int m, int d, const float *w, float eps, float *y) {
     if (m < 0 || d < 16 || d % 16) return -1;
-    for (int r = 0; r < m; r++) {
-        const float *xr = x + (size_t)r * d;
-        float *yr = y + (size_t)r * d;
-        vf acc = v_setzero_ps();
-        for (int i = 0; i < d; i += 16) {
-            vf v = v_loadu_ps(xr + i);
-            acc = v_fmadd_ps(v, v, acc);
-        }
-        float inv = 1.0f / sqrtf(v_reduce_add_ps(acc) / (float)d + eps);
-        vf s = v_set1_ps(inv);
-        for (int i = 0; i < d; i += 16)
-            v_storeu_ps(yr + i, v_mul_ps(v_mul_ps(v_loadu_ps(xr + i), s), v_loadu_ps(w + i)));
-    }
+    for (int r = 0; r < m; r++) rms_norm_row(x + (size_t)r * d, d, w, eps, y + (size_t)r * d);
     return 0;
 }
 
@@ -921,30 +981,197 @@ int rms_norm(const float *x, int m, int d, const float *w, float eps, float *y) 
  * (cs, sn [T, n_rot / 2]); "normal" (neox 0) pairs dims (2i, 2i + 1), NEOX (1) pairs (i, i + n_rot / 2);
  * dims from n_rot on pass through. Elementwise: a row's result does not depend on the others.
  * -1 on bad sizes. */
+static void rope_head(const float *xp, int hd, int n_rot, int neox, const float *c, const float *s, float *op) {
+    int half = n_rot / 2;
+    if (neox)
+        for (int i = 0; i < half; i++) {
+            float a = xp[i], b = xp[i + half];
+            op[i] = a * c[i] - b * s[i];
+            op[i + half] = a * s[i] + b * c[i];
+        }
+    else
+        for (int i = 0; i < half; i++) {
+            float a = xp[2 * i], b = xp[2 * i + 1];
+            op[2 * i] = a * c[i] - b * s[i];
+            op[2 * i + 1] = a * s[i] + b * c[i];
+        }
+    for (int i = n_rot; i < hd; i++) op[i] = xp[i];
+}
+
 int rope_f32(const float *x, int ldx, int T, int n_heads, int hd, int n_rot, int neox, const float *cs,
              const float *sn, float *out) {
     if (T < 0 || n_heads < 1 || hd < 2 || n_rot < 2 || n_rot > hd || n_rot % 2 || ldx < n_heads * hd) return -1;
     int half = n_rot / 2;
     #pragma omp parallel for schedule(static) if (T >= 16)
-    for (int t = 0; t < T; t++) {
-        const float *c = cs + (size_t)t * half, *s = sn + (size_t)t * half;
-        for (int h = 0; h < n_heads; h++) {
-            const float *xp = x + (size_t)t * ldx + (size_t)h * hd;
-            float *op = out + ((size_t)t * n_heads + h) * hd;
-            if (neox)
-                for (int i = 0; i < half; i++) {
-                    float a = xp[i], b = xp[i + half];
-                    op[i] = a * c[i] - b * s[i];
-                    op[i + half] = a * s[i] + b * c[i];
-                }
-            else
-                for (int i = 0; i < half; i++) {
-                    float a = xp[2 * i], b = xp[2 * i + 1];
-                    op[2 * i] = a * c[i] - b * s[i];
-                    op[2 * i + 1] = a * s[i] + b * c[i];
-                }
-            for (int i = n_rot; i < hd; i++) op[i] = xp[i];
-        }
-    }
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < n_heads; h++)
+            rope_head(x + (size_t)t * ldx + (size_t)h * hd, hd, n_rot, neox, cs + (size_t)t * half,
+                      sn + (size_t)t * half, out + ((size_t)t * n_heads + h) * hd);
     return 0;
+}
+
+/* ---------------------------------------------------------------- SwiGLU */
+
+/* y = silu(g) u = g / (1 + e^-g) u over columns c0 .. c1 of one row (libm's expf) */
+static inline void swiglu_span(const float *g, const float *u, float *y, int c0, int c1) {
+    for (int i = c0; i < c1; i++) y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+/* y [m, n] (row stride ldy) = silu(g) u for g, u [m, n] float32 (row strides ldg, ldu): each
+ * element on its own (the decode program's PS_SWIGLU does the same). -1 on bad sizes. */
+int swiglu_f32(const float *g, int ldg, const float *u, int ldu, int m, int n, float *y, int ldy) {
+    if (m < 0 || n < 0 || ldg < n || ldu < n || ldy < n) return -1;
+    #pragma omp parallel for schedule(static) if ((size_t)m * n >= 65536)
+    for (int r = 0; r < m; r++) swiglu_span(g + (size_t)r * ldg, u + (size_t)r * ldu, y + (size_t)r * ldy, 0, n);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- the decode step program
+ * A decode step of the cpu backend as one call (backends/cpu/native.py compiles the graph into it):
+ * a list of steps over buffers made once, run by one team of threads in one parallel region. Each
+ * step is a work-shared loop ending in the team's barrier, so the steps run in order with no return
+ * to Python and no thread start between them. The steps call the kernels above (the same tiles,
+ * rows and heads in the same order), so a row's numbers are what the per-op calls give it and do
+ * not depend on the other rows or on the thread count. */
+enum { PS_NORM = 1, PS_QUANT, PS_GEMM, PS_ROPE, PS_KV, PS_ATTN, PS_ADD, PS_SWIGLU, PS_SWIGLU_Q, PS_ROW };
+
+typedef struct {
+    int op, n, k, ldx, ldy, ldz;   /* widths; row strides in elements */
+    int a0, a1, a2, a3, a4, a5;    /* the step's integers (below) */
+    float f0, f1;
+    void *x, *y, *z, *w, *s, *zz, *b, *lut, *aux0, *aux1;
+} pstep;
+
+/* rows B; the rows' cache slots, positions and lengths (int32 [B]) for RoPE, the KV write and attention */
+static void pstep_run(const pstep *p, int B, const int *slots, const int *pos, const int *lens, float *sc) {
+    switch (p->op) {
+    case PS_NORM:  /* y = rms_norm(x) * w: n wide, eps f0 */
+        #pragma omp for schedule(static)
+        for (int r = 0; r < B; r++)
+            rms_norm_row((const float *)p->x + (size_t)r * p->ldx, p->n, (const float *)p->w, p->f0,
+                         (float *)p->y + (size_t)r * p->ldy);
+        break;
+    case PS_QUANT: {  /* x's k wide rows -> the activations' scratch (y: q, aux0: d, aux1: sx, z: x16), a0
+                       * passes; the rows' groups shared out 8 at a time (a row of one decode row spans threads) */
+        int G = p->k / 32, parts = (G + 7) / 8;
+        #pragma omp for schedule(static)
+        for (int rp = 0; rp < B * parts; rp++) {
+            int r = rp / parts, g0 = rp % parts * 8, g1 = g0 + 8 < G ? g0 + 8 : G;
+            quantize_row_at(p->x, 0, (size_t)p->ldx, p->k, p->a0, r, (int8_t *)p->y, (float *)p->aux0,
+                            (float *)p->aux1, (int *)p->z, g0, g1);
+        }
+        break;
+    }
+    case PS_GEMM: {  /* y (ldy) = the scratch's rows (x: q, aux0: d, aux1: sx, z: x16) @ W^T (+ b): n columns,
+                      * W, S, Z: w, s, zz; zm f0; bits a0; passes a1; lut */
+        layout L = make_layout((const uint8_t *)p->w, (const uint16_t *)p->s, (const uint16_t *)p->zz, p->f0, p->a0,
+                               (const uint8_t *)p->lut);
+        acts A = {(int8_t *)p->x, (float *)p->aux0, (float *)p->aux1, (int *)p->z};
+        gemm_tiles(&L, p->n / 32, p->k / 32, &A, p->k, B, p->a1, (float *)p->y, p->ldy, (const float *)p->b);
+        break;
+    }
+    case PS_ROPE: {  /* y (contiguous heads, ldy) = x (ldx) turned: a0 heads of a1, a2 rotated, a3 neox; cos /
+                      * sin tables w, s [n_ctx][a2 / 2] read at the rows' positions */
+        int heads = p->a0, hd = p->a1, half = p->a2 / 2;
+        #pragma omp for schedule(static)
+        for (int th = 0; th < B * heads; th++) {
+            int t = th / heads, h = th % heads;
+            rope_head((const float *)p->x + (size_t)t * p->ldx + (size_t)h * hd, hd, p->a2, p->a3,
+                      (const float *)p->w + (size_t)pos[t] * half, (const float *)p->s + (size_t)pos[t] * half,
+                      (float *)p->y + (size_t)t * p->ldy + (size_t)h * hd);
+        }
+        break;
+    }
+    case PS_KV: {  /* the rows' keys x (ldx) and values z (ldz), a0 kv heads of a1, into the layer's caches w, s
+                    * [n_slots][a0][a2][a1] at (slot, position) */
+        int n_kv = p->a0, hd = p->a1, n_ctx = p->a2;
+        #pragma omp for schedule(static)
+        for (int bh = 0; bh < B * n_kv; bh++) {
+            int b = bh / n_kv, h = bh % n_kv;
+            size_t at = (((size_t)slots[b] * n_kv + h) * n_ctx + pos[b]) * hd;
+            memcpy((float *)p->w + at, (const float *)p->x + (size_t)b * p->ldx + (size_t)h * hd, sizeof(float) * hd);
+            memcpy((float *)p->s + at, (const float *)p->z + (size_t)b * p->ldz + (size_t)h * hd, sizeof(float) * hd);
+        }
+        break;
+    }
+    case PS_ATTN:  /* y (ldy) = attention of the queries x (ldx) over caches w, s: a0 kv heads, a1 head size, a2
+                    * query heads, a3 n_ctx, scale f0; b: the tasks' first indices [B + 1] (prog_run fills them
+                    * before the team starts), zz: their parts */
+        attn_work((const float *)p->x, p->ldx, (const float *)p->w, (const float *)p->s, p->a0, p->a3, p->a1, p->a2,
+                  slots, NULL, lens, B, p->f0, 0.0f, NULL, (const int *)p->b, (float *)p->zz, sc, (float *)p->y,
+                  p->ldy);
+        break;
+    case PS_SWIGLU_Q: {  /* PS_SWIGLU, then the result's groups quantized as PS_QUANT (into zz: q, aux0: d, aux1: sx,
+                          * b: x16; a0 passes), 8 groups a work item: one step where two were */
+        int G = p->n / 32, parts = (G + 7) / 8;
+        #pragma omp for schedule(static)
+        for (int rp = 0; rp < B * parts; rp++) {
+            int r = rp / parts, g0 = rp % parts * 8, g1 = g0 + 8 < G ? g0 + 8 : G;
+            swiglu_span((const float *)p->x + (size_t)r * p->ldx, (const float *)p->z + (size_t)r * p->ldz,
+                        (float *)p->y + (size_t)r * p->ldy, 32 * g0, 32 * g1);
+            quantize_row_at(p->y, 0, (size_t)p->ldy, p->n, p->a0, r, (int8_t *)p->zz, (float *)p->aux0,
+                            (float *)p->aux1, (int *)p->b, g0, g1);
+        }
+        break;
+    }
+    case PS_ROW:  /* a row at a time, n wide: a1 & 1: y = x + z; a1 & 2: s (row stride a3) = rms_norm(that sum, or
+                   * x) * w, eps f0; a1 & 4: the norm's row (or the sum's) quantized as PS_QUANT (zz, aux0, aux1, b;
+                   * a0 passes). For narrow rows: one step where two or three were */
+        #pragma omp for schedule(static)
+        for (int r = 0; r < B; r++) {
+            const float *src = (const float *)p->x;
+            size_t ld = (size_t)p->ldx;
+            if (p->a1 & 1) {
+                const float *x = src + (size_t)r * ld, *z = (const float *)p->z + (size_t)r * p->ldz;
+                float *y = (float *)p->y + (size_t)r * p->ldy;
+                for (int i = 0; i < p->n; i++) y[i] = x[i] + z[i];
+                src = (const float *)p->y, ld = (size_t)p->ldy;
+            }
+            if (p->a1 & 2) {
+                rms_norm_row(src + (size_t)r * ld, p->n, (const float *)p->w, p->f0, (float *)p->s + (size_t)r * p->a3);
+                src = (const float *)p->s, ld = (size_t)p->a3;
+            }
+            if (p->a1 & 4)
+                quantize_row_at(src, 0, ld, p->n, p->a0, r, (int8_t *)p->zz, (float *)p->aux0, (float *)p->aux1,
+                                (int *)p->b, 0, p->n / 32);
+        }
+        break;
+    case PS_ADD:  /* y = x + z, n wide */
+    case PS_SWIGLU: {  /* y = silu(x) z, n wide */
+        int n = p->n, chunks = (n + 255) / 256;
+        #pragma omp for schedule(static)
+        for (int rc = 0; rc < B * chunks; rc++) {
+            int r = rc / chunks, c0 = rc % chunks * 256, c1 = c0 + 256 < n ? c0 + 256 : n;
+            const float *x = (const float *)p->x + (size_t)r * p->ldx, *z = (const float *)p->z + (size_t)r * p->ldz;
+            float *y = (float *)p->y + (size_t)r * p->ldy;
+            if (p->op == PS_ADD)
+                for (int i = c0; i < c1; i++) y[i] = x[i] + z[i];
+            else
+                swiglu_span(x, z, y, c0, c1);
+        }
+        break;
+    }
+    }
+}
+
+/* Run a program of n steps for B rows (slots, pos, lens int32 [B]; n_slots / n_ctx: the cache's, to check
+ * them; grp: the most query heads per kv head of its attention steps). -1 on rows outside the cache, -2 when
+ * a thread's scratch cannot be allocated (nothing is run then). */
+int prog_run(const pstep *steps, int n, int B, const int *slots, const int *pos, const int *lens, int n_slots,
+             int n_ctx, int grp) {
+    if (B < 1 || grp < 1 || grp > MAX_GROUP || !attn_rows_ok(B, n_slots, n_ctx, slots, NULL, lens)) return -1;
+    for (int b = 0; b < B; b++)
+        if (pos[b] != lens[b] - 1) return -1;
+    for (int i = 0; i < n; i++)  /* each attention step's tasks: they depend on the rows' lengths alone */
+        if (steps[i].op == PS_ATTN) attn_first(B, steps[i].a0, NULL, lens, (int *)steps[i].b);
+    int fail = 0;
+    #pragma omp parallel
+    {
+        float *sc = attn_scratch(grp, &fail);
+        #pragma omp barrier
+        if (!fail)  /* (read after the barrier: every thread takes the same branch) */
+            for (int i = 0; i < n; i++) pstep_run(steps + i, B, slots, pos, lens, sc);
+        free(sc);
+    }
+    return fail ? -2 : 0;
 }

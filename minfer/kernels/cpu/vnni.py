@@ -123,6 +123,10 @@ def _build(name: str) -> ctypes.CDLL | None:
     so.rope_f32.restype = i
     so.rms_norm.argtypes = [p, i, i, p, ctypes.c_float, p]
     so.rms_norm.restype = i
+    so.swiglu_f32.argtypes = [p, i, p, i, i, i, p, i]
+    so.swiglu_f32.restype = i
+    so.prog_run.argtypes = [p, i, i, p, p, p, i, i, i]  # the decode program (backends/cpu/native.py)
+    so.prog_run.restype = i
     return so
 
 
@@ -131,7 +135,17 @@ def available() -> bool:
 
 
 def _ptr(t: torch.Tensor) -> int:
+    """The address the C kernels read or write: a host tensor's alone (a CUDA or meta tensor's address
+    would be dereferenced on the host: a segfault, not an error)."""
+    _on_host("the cpu C kernels", t)
     return t.data_ptr()
+
+
+def _on_host(what: str, *ts: torch.Tensor | None) -> None:
+    """A typed error unless every tensor given is in host memory: the C kernels read their addresses."""
+    for t in ts:
+        if t is not None and not t.is_cpu:
+            raise UnsupportedError(f"{what} take host tensors, got one on {t.device}")
 
 
 def lut_bytes(qtype: GGMLType) -> torch.Tensor | None:
@@ -264,6 +278,7 @@ class Q4Vnni:
         m, width = x.shape[0], ptrs[4]
         if x.dim() != 2 or x.shape[1] != self.k or m < 1:
             raise UnsupportedError(f"q4_vnni: x must be [m >= 1, {self.k}], got {list(x.shape)}")
+        _on_host("q4_vnni", x)
         y = torch.empty(m, width)
         rc = self._gemm(*ptrs, x.data_ptr(), x.dtype == torch.bfloat16, m, y.data_ptr(), width, passes, self.bits,
                         self._lut)
@@ -301,6 +316,7 @@ class Q4Vnni:
         src = src.contiguous()
         starts = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int32)
         ex = experts.to(torch.int32)
+        _on_host("q4_vnni experts", src, starts, ex)
         y = torch.empty(flat.numel(), stride)
         rc = self._experts(*self._ptrs[:4], stride, n, n_expert, self.k, src.data_ptr(),
                            src.dtype == torch.bfloat16, src.shape[0], starts.data_ptr(), ex.data_ptr(), ex.numel(),
@@ -420,6 +436,7 @@ def attention_decode(q: torch.Tensor, k_layer: torch.Tensor, v_layer: torch.Tens
                                f"{list(slots.shape)}, lens {lens.dtype} {list(lens.shape)}"
                                + ("" if starts is None else f", starts {starts.dtype} {list(starts.shape)}")
                                + ("" if sinks is None else f", sinks {list(sinks.shape)}"))
+    _on_host("attn_decode", q, k_layer, v_layer, slots, lens, starts, sinks)
     out = torch.empty(rows, n_head * hd)
     if so.attn_decode(q.data_ptr(), q.stride(0), k_layer.data_ptr(), v_layer.data_ptr(), n_slots, n_kv, n_ctx, hd,
                       n_head, slots.data_ptr(), None if starts is None else starts.data_ptr(), lens.data_ptr(), rows,
@@ -446,10 +463,29 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     if w.shape != (d,) or w.dtype != torch.float32 or not w.is_contiguous() or x.dtype != torch.float32:
         raise UnsupportedError(f"rms_norm: float32 x [m, d] and w [d]; got x {x.dtype} {list(x.shape)}, w {w.dtype} "
                                f"{list(w.shape)}")
+    _on_host("rms_norm", x, w)
     y = torch.empty(m, d)
     if _library().rms_norm(x.data_ptr(), m, d, w.data_ptr(), eps, y.data_ptr()):
         raise UnsupportedError(f"rms_norm: d must be a multiple of 16, got {d}")
     return y
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of float32 tensors of one shape (2-D rows may be column views: rows strided),
+    libm's expf (q4_vnni.c swiglu_f32; the decode program's SwiGLU step is the same code): a new tensor."""
+    if gate.dtype != torch.float32 or up.dtype != torch.float32 or gate.shape != up.shape or gate.dim() < 1:
+        raise UnsupportedError(f"swiglu: float32 gate and up of one shape, got {gate.dtype} {list(gate.shape)} / "
+                               f"{up.dtype} {list(up.shape)}")
+    shape = gate.shape
+    if gate.dim() != 2 or gate.stride(1) != 1 or up.stride(1) != 1:
+        gate, up = gate.reshape(-1, shape[-1]).contiguous(), up.reshape(-1, shape[-1]).contiguous()
+    _on_host("swiglu", gate, up)
+    m, n = gate.shape
+    out = torch.empty(m, n)
+    if m and n and _library().swiglu_f32(gate.data_ptr(), gate.stride(0), up.data_ptr(), up.stride(0), m, n,
+                                         out.data_ptr(), n):
+        raise UnsupportedError(f"swiglu: [{m}, {n}] with row strides {gate.stride(0)} / {up.stride(0)}")
+    return out.view(shape)
 
 
 def norm_fits(x_dtype: torch.dtype, d: int) -> bool:
@@ -467,6 +503,7 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int, he
     cos, sin = cos.float().contiguous(), sin.float().contiguous()
     if cos.shape != (t, n_rot // 2) or sin.shape != cos.shape:
         raise UnsupportedError(f"rope: cos / sin [{t}, {n_rot // 2}], got {list(cos.shape)} / {list(sin.shape)}")
+    _on_host("rope", x, cos, sin)
     out = torch.empty(t, n_heads * head_dim)
     if t and _library().rope_f32(x.data_ptr(), x.stride(0), t, n_heads, head_dim, n_rot, int(neox), cos.data_ptr(),
                                  sin.data_ptr(), out.data_ptr()):

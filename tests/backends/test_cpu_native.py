@@ -1,0 +1,112 @@
+"""The cpu backend's decode program (backends/cpu/native.py: a decode step as one C call) against the
+per-node path it replaces: the same logits and the same KV cache, bit for bit, on the real SmolLM2 and on
+synthetic qwen2 (biases) and Q4_K_M (stacked parts of two types) models, for one and several rows at
+mixed positions, at one and two threads; graphs it cannot run keep the per-node path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minfer.api import load
+from minfer.backends.base import Batch
+from minfer.kernels.cpu import vnni as cpu_vnni
+
+pytestmark = pytest.mark.skipif(not cpu_vnni.available(), reason="needs the C kernels (AVX2 or AVX512-VNNI)")
+
+PROMPTS = ([1, 504, 3458, 282, 4649, 314, 1345, 30], [1, 9, 12, 55, 7], [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13])
+
+
+def _prefill(be, slots_prompts):
+    for slot, toks in slots_prompts:
+        be.forward(Batch.build([(slot, 0, list(toks))], [len(toks) - 1]))
+
+
+def _decode(be, rows: list[tuple[int, int, int]], native: bool) -> torch.Tensor:
+    """One decode step of rows (slot, position, token), through the program or the per-node path."""
+    keep = be.native_reason
+    if not native:
+        be.native_reason = "off for the comparison"
+    try:
+        return be.forward(Batch.build([(s, p, [t]) for s, p, t in rows], list(range(len(rows))),
+                                      n_decode=len(rows)))
+    finally:
+        be.native_reason = keep
+
+
+def _both_ways(path, steps: int = 4, n_prompts: int = 3, vocab: int | None = None):
+    """Prompts in slots 0.. (per-node) and again in slots n.. (program), then `steps` decode steps of every
+    row together; asserts equal logits and caches each step. Returns how many steps ran natively."""
+    with load(path, "cpu", n_ctx=64, n_slots=2 * n_prompts, progress=False) as m:
+        be = m.engine.backend
+        assert be.native_reason is None, be.native_reason
+        prompts = [[t % (vocab or 10**9) for t in p] for p in PROMPTS[:n_prompts]]
+        _prefill(be, [(i, p) for i, p in enumerate(prompts)] + [(n_prompts + i, p) for i, p in enumerate(prompts)])
+        toks = [p[-1] for p in prompts]
+        for step in range(steps):
+            pos = [len(p) + step for p in prompts]
+            ref = _decode(be, [(i, pos[i], toks[i]) for i in range(n_prompts)], native=False)
+            got = _decode(be, [(n_prompts + i, pos[i], toks[i]) for i in range(n_prompts)], native=True)
+            assert torch.equal(got, ref), f"step {step}: max |d| {(got - ref).abs().max().item()}"
+            for i in range(n_prompts):  # the rows' keys and values, every layer, written where they belong
+                assert torch.equal(be.cache.k[:, n_prompts + i, :, :pos[i] + 1], be.cache.k[:, i, :, :pos[i] + 1])
+                assert torch.equal(be.cache.v[:, n_prompts + i, :, :pos[i] + 1], be.cache.v[:, i, :, :pos[i] + 1])
+            toks = ref.argmax(-1).tolist()
+        return be._program.rows
+
+
+def test_program_equals_the_per_node_path_on_smollm2(smollm2_path):
+    assert _both_ways(smollm2_path, steps=3) == 4  # (3 rows: a program of 4 rows runs them)
+
+
+@pytest.mark.parametrize("preset,quant", [("tiny-qwen2", "q4_0"), ("tiny-llama", "q4_k_m"), ("tiny-llama", "q8_0")])
+def test_program_equals_the_per_node_path_on_synthetic_models(tiny_gguf, preset, quant):
+    """qwen2's q/k/v biases (added in the GEMM's store), Q4_K_M's Q4_K q/k stacked with a Q6_K v (two GEMM
+    steps into one buffer), Q8_0 (8-bit codes)."""
+    assert _both_ways(tiny_gguf(preset, quant), steps=3, vocab=200) == 4
+
+
+def test_program_rows_do_not_depend_on_the_batch_or_the_threads(smollm2_path):
+    """Batch invariance: each row decoded with two others equals it decoded alone (by the same program of 4
+    rows, made for the three: it runs any row count up to its own); one thread equals two."""
+    with load(smollm2_path, "cpu", n_ctx=64, n_slots=4, progress=False) as m:
+        be = m.engine.backend
+        _prefill(be, list(enumerate(PROMPTS)))
+        rows = [(i, len(p), p[-1]) for i, p in enumerate(PROMPTS)]
+        together = _decode(be, rows, native=True)
+        threads = torch.get_num_threads()
+        try:
+            for i, row in enumerate(rows):
+                torch.set_num_threads(1 if i % 2 else max(2, threads))
+                alone = _decode(be, [row], native=True)
+                assert torch.equal(alone[0], together[i]), f"row {i}: {(alone[0] - together[i]).abs().max().item()}"
+        finally:
+            torch.set_num_threads(threads)
+
+
+def test_the_program_follows_the_cache_when_it_is_reallocated(smollm2_path):
+    """A program's steps hold the cache's addresses: allocate() drops them, the next step makes a new one."""
+    with load(smollm2_path, "cpu", n_ctx=64, n_slots=2, progress=False) as m:
+        be = m.engine.backend
+        _prefill(be, [(0, PROMPTS[0])])
+        first = _decode(be, [(0, len(PROMPTS[0]), 30)], native=True)
+        be.allocate(2, 128)
+        assert be._program is None
+        _prefill(be, [(1, PROMPTS[0])])
+        again = _decode(be, [(1, len(PROMPTS[0]), 30)], native=True)
+        assert torch.equal(first, again)
+
+
+def test_graphs_it_cannot_run_keep_the_per_node_path(tiny_gguf, monkeypatch):
+    """gemma3 (embedding scale, sliding windows, GeGLU): the reason names a node, and decode still runs
+    (per node)."""
+    with load(tiny_gguf("tiny-gemma3", "q4_0"), "cpu", n_ctx=64, n_slots=1, progress=False) as m:
+        be = m.engine.backend
+        assert be.native_reason is not None
+        assert be.native_reason.split(":")[0] in {n.name for n in be.graph.nodes}, be.native_reason
+        _prefill(be, [(0, [1, 2, 3])])
+        assert torch.isfinite(_decode(be, [(0, 3, 4)], native=True)).all()
+        assert be._program is None
+    monkeypatch.setenv("MINFER_CPU_NATIVE", "0")
+    with load(tiny_gguf("tiny-llama", "q4_0"), "cpu", n_ctx=64, n_slots=1, progress=False) as m:
+        assert "MINFER_CPU_NATIVE=0" in m.engine.backend.native_reason
