@@ -95,6 +95,12 @@ INL __m128i v_cvtsepi32_epi8(vi a) {  /* 16 int32 -> 16 int8, saturated (int16 f
 }
 INL vi v_broadcast_i32x4(__m128i a) { __m256i t = _mm256_broadcastsi128_si256(a); return vi_of(t, t); }
 INL vi v_shuffle_epi8(vi t, vi a) { return vi_of(_mm256_shuffle_epi8(t.lo, a.lo), _mm256_shuffle_epi8(t.hi, a.hi)); }
+INL vf v_div_ps(vf a, vf b) { return vf_of(_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)); }
+INL vf v_neg_blend_ps(vf g, vf a, vf b) {  /* lane i: b where g's lane i is below zero, else a */
+    const __m256 z = _mm256_setzero_ps();
+    return vf_of(_mm256_blendv_ps(a.lo, b.lo, _mm256_cmp_ps(g.lo, z, _CMP_LT_OQ)),
+                 _mm256_blendv_ps(a.hi, b.hi, _mm256_cmp_ps(g.hi, z, _CMP_LT_OQ)));
+}
 INL vf v_mask_blend_ps(unsigned m, vf a, vf b) {  /* lane i: b where bit i of m is set, else a */
     const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
     __m256i lo = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)(m & 255)), bit), bit);
@@ -200,6 +206,8 @@ typedef __m512i vi;
 #define v_broadcast_i32x4 _mm512_broadcast_i32x4
 #define v_shuffle_epi8 _mm512_shuffle_epi8
 #define v_mask_blend_ps(m, a, b) _mm512_mask_blend_ps((__mmask16)(m), a, b)
+#define v_div_ps _mm512_div_ps
+#define v_neg_blend_ps(g, a, b) _mm512_mask_blend_ps(_mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ), a, b)
 #define v_scalef_ps _mm512_scalef_ps
 #define v_reduce_add_epi32 _mm512_reduce_add_epi32
 #define v_reduce_add_ps _mm512_reduce_add_ps
@@ -1012,9 +1020,24 @@ int rope_f32(const float *x, int ldx, int T, int n_heads, int hd, int n_rot, int
 
 /* ---------------------------------------------------------------- SwiGLU */
 
-/* y = silu(g) u = g / (1 + e^-g) u over columns c0 .. c1 of one row (libm's expf) */
+/* silu(g) u per lane: sigmoid(g) = 1 / (1 + e^-g) for g >= 0, e^g / (1 + e^g) below, from t = e^-|g| (exp_neg) */
+INL vf silu_mul(vf g, vf u) {
+    vf one = v_set1_ps(1.0f), t = exp_neg(v_sub_ps(v_setzero_ps(), v_abs_ps(g)));
+    return v_mul_ps(v_mul_ps(g, v_div_ps(v_neg_blend_ps(g, one, t), v_add_ps(one, t))), u);
+}
+
+/* y = silu(g) u over columns c0 .. c1 of one row, 16 lanes at a time (a short tail through a padded
+ * vector: every element the same lane arithmetic, whatever the span) */
 static inline void swiglu_span(const float *g, const float *u, float *y, int c0, int c1) {
-    for (int i = c0; i < c1; i++) y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    int i = c0;
+    for (; i + 16 <= c1; i += 16) v_storeu_ps(y + i, silu_mul(v_loadu_ps(g + i), v_loadu_ps(u + i)));
+    if (i < c1) {
+        float a[16] = {0}, b[16] = {0}, o[16];
+        memcpy(a, g + i, sizeof(float) * (c1 - i));
+        memcpy(b, u + i, sizeof(float) * (c1 - i));
+        v_storeu_ps(o, silu_mul(v_loadu_ps(a), v_loadu_ps(b)));
+        memcpy(y + i, o, sizeof(float) * (c1 - i));
+    }
 }
 
 /* y [m, n] (row stride ldy) = silu(g) u for g, u [m, n] float32 (row strides ldg, ldu): each
