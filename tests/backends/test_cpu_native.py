@@ -59,10 +59,11 @@ def test_program_equals_the_per_node_path_on_smollm2(smollm2_path):
     assert _both_ways(smollm2_path, steps=3) == 4  # (3 rows: a program of 4 rows runs them)
 
 
-@pytest.mark.parametrize("preset,quant", [("tiny-qwen2", "q4_0"), ("tiny-llama", "q4_k_m"), ("tiny-llama", "q8_0")])
+@pytest.mark.parametrize("preset,quant", [("tiny-qwen2", "q4_0"), ("tiny-llama", "q4_k_m"), ("tiny-llama", "q8_0"),
+                                          ("tiny-qwen3", "q4_0")])
 def test_program_equals_the_per_node_path_on_synthetic_models(tiny_gguf, preset, quant):
     """qwen2's q/k/v biases (added in the GEMM's store), Q4_K_M's Q4_K q/k stacked with a Q6_K v (two GEMM
-    steps into one buffer), Q8_0 (8-bit codes)."""
+    steps into one buffer), Q8_0 (8-bit codes), qwen3's per-head q / k RMSNorms and YaRN RoPE tables."""
     assert _both_ways(tiny_gguf(preset, quant), steps=3, vocab=200) == 4
 
 

@@ -7,7 +7,8 @@ and thread wake-ups whatever the thread count, where llama.cpp's whole step take
 (bench/NOTES.md, 2026-12-04). Here Python fills the embedding rows and the rows' positions, then one
 call runs every node; each step of the program is a work-shared loop ending in the team's barrier.
 
-What it runs: the llama-shaped decode graphs whose every node it knows (token embedding, RMSNorm,
+What it runs: the llama-shaped decode graphs whose every node it knows (token embedding, RMSNorm (qwen3's
+per-head q / k norms too),
 the VNNI matmuls with an optional bias, slices as views, RoPE normal / neox from the backend's
 tables, attention over the cache without a window, soft-cap or sinks, Add, SwiGLU); anything else
 (`unsupported` says what) keeps the per-node path. The steps call the same C kernels as the per-node
@@ -70,8 +71,8 @@ def unsupported(be, node: Node) -> str | None:
     if op == Op.GET_ROWS:
         return None if ("w" in node.weights) == (node.inputs[0] == 0) else "a row gather of a computed value"
     if op == Op.RMS_NORM:
-        if p.get("group") or be.int4_inputs(node) or node.weights["w"] is None:
-            return "a grouped RMSNorm, or one feeding torch's int4 kernels"
+        if be.int4_inputs(node) or (p.get("group") or 16) % 16:
+            return "an RMSNorm feeding torch's int4 kernels, or of groups not a multiple of 16"
         return None
     if op == Op.MATMUL:
         m = be.matrix(node.weights["w"], node.weights.get("b"))
@@ -171,12 +172,12 @@ class DecodeProgram:
                 return
             narrow = last.get("n", 0) <= ROW_FUSE
             if op == PS_QUANT and narrow and kw["k"] == last.get("n") and (
-                    last["op"] == PS_NORM or (last["op"] == PS_ROW and not last["a1"] & 4)):
+                    (last["op"] == PS_NORM and not last.get("a2")) or (last["op"] == PS_ROW and not last["a1"] & 4)):
                 if last["op"] == PS_NORM:  # (a norm alone: the row step without its add)
                     last.update(op=PS_ROW, a1=2, s=last["y"], a3=last["ldy"], y=None)
                 last.update(a1=last["a1"] | 4, **quant)
                 return
-            if op == PS_NORM and last["op"] == PS_ADD and narrow and kw["n"] == last.get("n"):
+            if op == PS_NORM and not kw.get("a2") and last["op"] == PS_ADD and narrow and kw["n"] == last.get("n"):
                 last.update(op=PS_ROW, a1=3, w=kw["w"], f0=kw["f0"], s=kw["y"], a3=kw["ldy"])
                 return
         self._steps.append(dict(op=op, **kw))
@@ -198,8 +199,8 @@ class DecodeProgram:
             x = ins[0]
             w = self._tensor(be.vector(node.weights["w"].name))
             y = self._buffer(x.n)
-            self._step(PS_NORM, n=x.n, ldx=x.ld, ldy=y.shape[1], f0=p["eps"], x=x.ptr, w=w.data_ptr(),
-                       y=y.data_ptr())
+            self._step(PS_NORM, n=x.n, ldx=x.ld, ldy=y.shape[1], f0=p["eps"], a2=p.get("group") or 0, x=x.ptr,
+                       w=w.data_ptr(), y=y.data_ptr())
             return _View(y, 0, x.n)
         if op == Op.MATMUL:
             return self._matmul(node, ins[0], quant)

@@ -1068,12 +1068,17 @@ typedef struct {
 /* rows B; the rows' cache slots, positions and lengths (int32 [B]) for RoPE, the KV write and attention */
 static void pstep_run(const pstep *p, int B, const int *slots, const int *pos, const int *lens, float *sc) {
     switch (p->op) {
-    case PS_NORM:  /* y = rms_norm(x) * w: n wide, eps f0 */
+    case PS_NORM: {  /* y = rms_norm(x) * w: n wide, eps f0; a2 > 0: each run of a2 values normed alone (the
+                      * per-head q / k norms), w of a2 */
+        int g = p->a2 > 0 ? p->a2 : p->n, per = p->n / g;
         #pragma omp for schedule(static)
-        for (int r = 0; r < B; r++)
-            rms_norm_row((const float *)p->x + (size_t)r * p->ldx, p->n, (const float *)p->w, p->f0,
-                         (float *)p->y + (size_t)r * p->ldy);
+        for (int rh = 0; rh < B * per; rh++) {
+            int r = rh / per, h = rh % per;
+            rms_norm_row((const float *)p->x + (size_t)r * p->ldx + (size_t)h * g, g, (const float *)p->w, p->f0,
+                         (float *)p->y + (size_t)r * p->ldy + (size_t)h * g);
+        }
         break;
+    }
     case PS_QUANT: {  /* x's k wide rows -> the activations' scratch (y: q, aux0: d, aux1: sx, z: x16), a0
                        * passes; the rows' groups shared out 8 at a time (a row of one decode row spans threads) */
         int G = p->k / 32, parts = (G + 7) / 8;
