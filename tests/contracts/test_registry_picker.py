@@ -153,6 +153,7 @@ LAUNCHERS = {
     "cpu_mxfp4_vnni2": cpu_vnni.q4_vnni2_mm,
     "cpu_vnni2_moe": cpu_vnni.vnni2_experts_mm,
     "cpu_swiglu": cpu_vnni.swiglu,
+    "cpu_geglu": cpu_vnni.geglu,
 }
 
 

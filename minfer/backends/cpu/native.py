@@ -7,13 +7,13 @@ and thread wake-ups whatever the thread count, where llama.cpp's whole step take
 (bench/NOTES.md, 2026-12-04). Here Python fills the embedding rows and the rows' positions, then one
 call runs every node; each step of the program is a work-shared loop ending in the team's barrier.
 
-What it runs: the llama-shaped decode graphs whose every node it knows (token embedding, RMSNorm (qwen3's
-per-head q / k norms too),
-the VNNI matmuls with an optional bias, slices as views, RoPE normal / neox from the backend's
-tables, attention over the cache without a window, soft-cap or sinks, Add, SwiGLU); anything else
-(`unsupported` says what) keeps the per-node path. The steps call the same C kernels as the per-node
-path (the same tiles, rows and heads, in the same order): a row's numbers are those (SwiGLU's
-exponential is libm's expf, not torch's: ulps) and do not depend on the batch or the thread count.
+What it runs: the decode graphs whose every node it knows (token embedding and its Scale, RMSNorm (qwen3's
+and gemma's per-head q / k norms too), the VNNI matmuls with an optional bias, slices as views, RoPE normal /
+neox from the backend's tables, attention over the cache with or without a sliding window and a soft-cap,
+Add, SwiGLU, GeGLU: llama, qwen2, qwen3, gemma3); anything else (`unsupported` says what: sinks, MoE, SoftCap
+on the logits, the int4 path) keeps the per-node path. The steps call the same C kernels as the per-node
+path (the same tiles, rows and heads, in the same order; SwiGLU and GeGLU are C for both paths): a row's
+numbers are those and do not depend on the batch or the thread count.
 
 Buffers: one per node value, reused once its last reader has run (the graph's liveness), each of
 the program's `rows` rows: a program runs any batch of up to that many decode rows (the row count is
@@ -33,7 +33,8 @@ from ...kernels.cpu import vnni as cpu_vnni
 from ..base import Batch
 from ..rope import rope_key
 
-PS_NORM, PS_QUANT, PS_GEMM, PS_ROPE, PS_KV, PS_ATTN, PS_ADD, PS_SWIGLU, PS_SWIGLU_Q, PS_ROW = range(1, 11)
+PS_NORM, PS_QUANT, PS_GEMM, PS_ROPE, PS_KV, PS_ATTN, PS_ADD, PS_GLU, PS_GLU_Q, PS_ROW, PS_SCALE = range(1, 12)
+GLU = {Op.SWIGLU: 0, Op.GEGLU: 1}  # q4_vnni.c glu_mul's kinds
 ROW_FUSE = 2048  # rows this wide or less: an Add, the RMSNorm of its sum and that norm's int8 pass in one step
 # (a decode row then runs on one thread: cheaper than the two barriers it saves while the row is narrow)
 CHUNK = 128  # keys per attention task (q4_vnni.c CHUNK)
@@ -66,7 +67,7 @@ class _View:
 def unsupported(be, node: Node) -> str | None:
     """Why the program cannot run this node (None: it can)."""
     op, p = node.op, node.params
-    if op in (Op.INPUT, Op.SLICE, Op.ADD, Op.SWIGLU):
+    if op in (Op.INPUT, Op.SLICE, Op.ADD, Op.SWIGLU, Op.GEGLU, Op.SCALE):
         return None
     if op == Op.GET_ROWS:
         return None if ("w" in node.weights) == (node.inputs[0] == 0) else "a row gather of a computed value"
@@ -85,8 +86,8 @@ def unsupported(be, node: Node) -> str | None:
     if op == Op.ROPE:
         return None if p["style"] in ("normal", "neox") else f"RoPE style {p['style']}"
     if op == Op.ATTENTION:
-        if p.get("window") or p.get("softcap") or "sinks" in node.weights:
-            return "attention with a window, a soft-cap or sinks"
+        if "sinks" in node.weights:
+            return "attention with sinks"
         if not cpu_vnni.attention_fits(p["n_head"], p["n_head_kv"], p["head_dim"]):
             return "attention sizes outside the C kernel's"
         return None
@@ -167,8 +168,8 @@ class DecodeProgram:
         out = None if last is None else last.get("s") if last["op"] == PS_ROW and last["a1"] & 2 else last.get("y")
         if out is not None and kw.get("x") == out:
             quant = dict(zz=kw.get("y"), aux0=kw.get("aux0"), aux1=kw.get("aux1"), b=kw.get("z"), a0=kw.get("a0"))
-            if op == PS_QUANT and last["op"] == PS_SWIGLU and last.get("n") % 32 == 0 and kw["k"] == last.get("n"):
-                last.update(op=PS_SWIGLU_Q, **quant)
+            if op == PS_QUANT and last["op"] == PS_GLU and last.get("n") % 32 == 0 and kw["k"] == last.get("n"):
+                last.update(op=PS_GLU_Q, **quant)
                 return
             narrow = last.get("n", 0) <= ROW_FUSE
             if op == PS_QUANT and narrow and kw["k"] == last.get("n") and (
@@ -222,17 +223,24 @@ class DecodeProgram:
             self.grp = max(self.grp, grp)
             first = self._tensor(torch.zeros(self.rows + 1, dtype=torch.int32))
             part = self._tensor(torch.zeros(self.rows * n_kv * math.ceil(self.n_ctx / CHUNK) * grp * (hd + 2)))
+            starts = self._tensor(torch.zeros(self.rows, dtype=torch.int32))  # a window's first keys (prog_run)
             y = self._buffer(n_head * hd)
-            self._step(PS_ATTN, ldx=q.ld, ldy=y.shape[1], a0=n_kv, a1=hd, a2=n_head, a3=self.n_ctx, f0=p["scale"],
-                       x=q.ptr, y=y.data_ptr(), w=kc.data_ptr(), s=vc.data_ptr(), b=first.data_ptr(),
-                       zz=part.data_ptr())
+            self._step(PS_ATTN, ldx=q.ld, ldy=y.shape[1], a0=n_kv, a1=hd, a2=n_head, a3=self.n_ctx,
+                       a4=p.get("window") or 0, f0=p["scale"], f1=p.get("softcap") or 0.0, x=q.ptr, y=y.data_ptr(),
+                       w=kc.data_ptr(), s=vc.data_ptr(), b=first.data_ptr(), zz=part.data_ptr(),
+                       aux0=starts.data_ptr())
             return _View(y, 0, n_head * hd)
-        if op in (Op.ADD, Op.SWIGLU):
+        if op in (Op.ADD, Op.SWIGLU, Op.GEGLU):
             a, b = ins
             y = self._buffer(a.n)
-            self._step(PS_ADD if op == Op.ADD else PS_SWIGLU, n=a.n, ldx=a.ld, ldz=b.ld, ldy=y.shape[1], x=a.ptr,
-                       z=b.ptr, y=y.data_ptr())
+            self._step(PS_ADD if op == Op.ADD else PS_GLU, n=a.n, ldx=a.ld, ldz=b.ld, ldy=y.shape[1], a3=GLU.get(op, 0),
+                       x=a.ptr, z=b.ptr, y=y.data_ptr())
             return _View(y, 0, a.n)
+        if op == Op.SCALE:
+            x = ins[0]
+            y = self._buffer(x.n)
+            self._step(PS_SCALE, n=x.n, ldx=x.ld, ldy=y.shape[1], f0=p["scale"], x=x.ptr, y=y.data_ptr())
+            return _View(y, 0, x.n)
         raise AssertionError(f"native decode: {node.name} should have been refused")  # (program_reason)
 
     def _matmul(self, node: Node, x: _View, quant: dict) -> _View:

@@ -82,18 +82,22 @@ def _slice(be: CPUBackend, node: Node):
     return lambda vals, st: vals[i][..., a:b]
 
 
-def _swiglu(be: CPUBackend, node: Node):
+def _glu(be: CPUBackend, node: Node, c_fn, torch_fn, kernel: str):
     i, j = node.inputs
-    if be.vnni and cpu_vnni.available():  # float32 rows: the C kernel (the decode program's SwiGLU, native.py)
+    if be.vnni and cpu_vnni.available():  # float32 rows: the C kernel (the decode program's own, native.py)
 
         def run_c(vals, st):
             g, u = vals[i], vals[j]
             if g.dtype == torch.float32 and g.dim() == 2 and g.stride(1) == 1 and u.stride(1) == 1:
-                return cpu_vnni.swiglu(g, u)
-            return cpu_ops.swiglu(g, u)
+                return c_fn(g, u)
+            return torch_fn(g, u)
 
-        return dict.fromkeys(KINDS, run_c), dict.fromkeys(KINDS, "cpu_swiglu")
-    return lambda vals, st: cpu_ops.swiglu(vals[i], vals[j])
+        return dict.fromkeys(KINDS, run_c), dict.fromkeys(KINDS, kernel)
+    return lambda vals, st: torch_fn(vals[i], vals[j])
+
+
+def _swiglu(be: CPUBackend, node: Node):
+    return _glu(be, node, cpu_vnni.swiglu, cpu_ops.swiglu, "cpu_swiglu")
 
 
 def _swiglu_oai(be: CPUBackend, node: Node):
@@ -102,8 +106,7 @@ def _swiglu_oai(be: CPUBackend, node: Node):
 
 
 def _geglu(be: CPUBackend, node: Node):
-    i, j = node.inputs
-    return lambda vals, st: cpu_ops.geglu(vals[i], vals[j])
+    return _glu(be, node, cpu_vnni.geglu, cpu_ops.geglu, "cpu_geglu")
 
 
 def _scale(be: CPUBackend, node: Node):

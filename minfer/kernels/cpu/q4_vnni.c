@@ -1018,34 +1018,44 @@ int rope_f32(const float *x, int ldx, int T, int n_heads, int hd, int n_rot, int
     return 0;
 }
 
-/* ---------------------------------------------------------------- SwiGLU */
+/* ---------------------------------------------------------------- SwiGLU, GeGLU */
 
-/* silu(g) u per lane: sigmoid(g) = 1 / (1 + e^-g) for g >= 0, e^g / (1 + e^g) below, from t = e^-|g| (exp_neg) */
-INL vf silu_mul(vf g, vf u) {
-    vf one = v_set1_ps(1.0f), t = exp_neg(v_sub_ps(v_setzero_ps(), v_abs_ps(g)));
-    return v_mul_ps(v_mul_ps(g, v_div_ps(v_neg_blend_ps(g, one, t), v_add_ps(one, t))), u);
+/* sigmoid per lane: 1 / (1 + e^-x) for x >= 0, e^x / (1 + e^x) below, from t = e^-|x| (exp_neg) */
+INL vf sigmoid_v(vf x) {
+    vf one = v_set1_ps(1.0f), t = exp_neg(v_sub_ps(v_setzero_ps(), v_abs_ps(x)));
+    return v_div_ps(v_neg_blend_ps(x, one, t), v_add_ps(one, t));
 }
 
-/* y = silu(g) u over columns c0 .. c1 of one row, 16 lanes at a time (a short tail through a padded
+/* act(g) u per lane: kind 0 silu(g) = g sigmoid(g); kind 1 gelu_tanh(g) = g (1 + tanh(a)) / 2 = g sigmoid(2a),
+ * a = sqrt(2 / pi) (g + 0.044715 g^3) (ggml_gelu's tanh form) */
+INL vf glu_mul(int kind, vf g, vf u) {
+    vf z = g;
+    if (kind) z = v_mul_ps(v_set1_ps(2.0f * 0.7978845608028654f),
+                           v_fmadd_ps(v_mul_ps(v_set1_ps(0.044715f), g), v_mul_ps(g, g), g));
+    return v_mul_ps(v_mul_ps(g, sigmoid_v(z)), u);
+}
+
+/* y = act(g) u over columns c0 .. c1 of one row, 16 lanes at a time (a short tail through a padded
  * vector: every element the same lane arithmetic, whatever the span) */
-static inline void swiglu_span(const float *g, const float *u, float *y, int c0, int c1) {
+static inline void glu_span(int kind, const float *g, const float *u, float *y, int c0, int c1) {
     int i = c0;
-    for (; i + 16 <= c1; i += 16) v_storeu_ps(y + i, silu_mul(v_loadu_ps(g + i), v_loadu_ps(u + i)));
+    for (; i + 16 <= c1; i += 16) v_storeu_ps(y + i, glu_mul(kind, v_loadu_ps(g + i), v_loadu_ps(u + i)));
     if (i < c1) {
         float a[16] = {0}, b[16] = {0}, o[16];
         memcpy(a, g + i, sizeof(float) * (c1 - i));
         memcpy(b, u + i, sizeof(float) * (c1 - i));
-        v_storeu_ps(o, silu_mul(v_loadu_ps(a), v_loadu_ps(b)));
+        v_storeu_ps(o, glu_mul(kind, v_loadu_ps(a), v_loadu_ps(b)));
         memcpy(y + i, o, sizeof(float) * (c1 - i));
     }
 }
 
-/* y [m, n] (row stride ldy) = silu(g) u for g, u [m, n] float32 (row strides ldg, ldu): each
- * element on its own (the decode program's PS_SWIGLU does the same). -1 on bad sizes. */
-int swiglu_f32(const float *g, int ldg, const float *u, int ldu, int m, int n, float *y, int ldy) {
-    if (m < 0 || n < 0 || ldg < n || ldu < n || ldy < n) return -1;
+/* y [m, n] (row stride ldy) = act(g) u for g, u [m, n] float32 (row strides ldg, ldu), act silu (kind 0,
+ * SwiGLU) or gelu_tanh (1, GeGLU): each element on its own (the decode program's PS_GLU steps run the
+ * same code). -1 on bad sizes. */
+int glu_f32(int kind, const float *g, int ldg, const float *u, int ldu, int m, int n, float *y, int ldy) {
+    if (kind < 0 || kind > 1 || m < 0 || n < 0 || ldg < n || ldu < n || ldy < n) return -1;
     #pragma omp parallel for schedule(static) if ((size_t)m * n >= 65536)
-    for (int r = 0; r < m; r++) swiglu_span(g + (size_t)r * ldg, u + (size_t)r * ldu, y + (size_t)r * ldy, 0, n);
+    for (int r = 0; r < m; r++) glu_span(kind, g + (size_t)r * ldg, u + (size_t)r * ldu, y + (size_t)r * ldy, 0, n);
     return 0;
 }
 
@@ -1056,7 +1066,7 @@ int swiglu_f32(const float *g, int ldg, const float *u, int ldu, int m, int n, f
  * to Python and no thread start between them. The steps call the kernels above (the same tiles,
  * rows and heads in the same order), so a row's numbers are what the per-op calls give it and do
  * not depend on the other rows or on the thread count. */
-enum { PS_NORM = 1, PS_QUANT, PS_GEMM, PS_ROPE, PS_KV, PS_ATTN, PS_ADD, PS_SWIGLU, PS_SWIGLU_Q, PS_ROW };
+enum { PS_NORM = 1, PS_QUANT, PS_GEMM, PS_ROPE, PS_KV, PS_ATTN, PS_ADD, PS_GLU, PS_GLU_Q, PS_ROW, PS_SCALE };
 
 typedef struct {
     int op, n, k, ldx, ldy, ldz;   /* widths; row strides in elements */
@@ -1123,20 +1133,21 @@ static void pstep_run(const pstep *p, int B, const int *slots, const int *pos, c
         break;
     }
     case PS_ATTN:  /* y (ldy) = attention of the queries x (ldx) over caches w, s: a0 kv heads, a1 head size, a2
-                    * query heads, a3 n_ctx, scale f0; b: the tasks' first indices [B + 1] (prog_run fills them
-                    * before the team starts), zz: their parts */
+                    * query heads, a3 n_ctx, scale f0, soft-cap f1 (0: none), a4 a sliding window (0: none; aux0:
+                    * the rows' first keys); b: the tasks' first indices [B + 1] (prog_run fills them and the
+                    * window's first keys before the team starts), zz: their parts */
         attn_work((const float *)p->x, p->ldx, (const float *)p->w, (const float *)p->s, p->a0, p->a3, p->a1, p->a2,
-                  slots, NULL, lens, B, p->f0, 0.0f, NULL, (const int *)p->b, (float *)p->zz, sc, (float *)p->y,
-                  p->ldy);
+                  slots, p->a4 > 0 ? (const int *)p->aux0 : NULL, lens, B, p->f0, p->f1, NULL, (const int *)p->b,
+                  (float *)p->zz, sc, (float *)p->y, p->ldy);
         break;
-    case PS_SWIGLU_Q: {  /* PS_SWIGLU, then the result's groups quantized as PS_QUANT (into zz: q, aux0: d, aux1: sx,
-                          * b: x16; a0 passes), 8 groups a work item: one step where two were */
+    case PS_GLU_Q: {  /* PS_GLU, then the result's groups quantized as PS_QUANT (into zz: q, aux0: d, aux1: sx,
+                       * b: x16; a0 passes), 8 groups a work item: one step where two were */
         int G = p->n / 32, parts = (G + 7) / 8;
         #pragma omp for schedule(static)
         for (int rp = 0; rp < B * parts; rp++) {
             int r = rp / parts, g0 = rp % parts * 8, g1 = g0 + 8 < G ? g0 + 8 : G;
-            swiglu_span((const float *)p->x + (size_t)r * p->ldx, (const float *)p->z + (size_t)r * p->ldz,
-                        (float *)p->y + (size_t)r * p->ldy, 32 * g0, 32 * g1);
+            glu_span(p->a3, (const float *)p->x + (size_t)r * p->ldx, (const float *)p->z + (size_t)r * p->ldz,
+                     (float *)p->y + (size_t)r * p->ldy, 32 * g0, 32 * g1);
             quantize_row_at(p->y, 0, (size_t)p->ldy, p->n, p->a0, r, (int8_t *)p->zz, (float *)p->aux0,
                             (float *)p->aux1, (int *)p->b, g0, g1);
         }
@@ -1165,17 +1176,21 @@ static void pstep_run(const pstep *p, int B, const int *slots, const int *pos, c
         }
         break;
     case PS_ADD:  /* y = x + z, n wide */
-    case PS_SWIGLU: {  /* y = silu(x) z, n wide */
+    case PS_SCALE:  /* y = x f0, n wide */
+    case PS_GLU: {  /* y = act(x) z, n wide: a3 0 SwiGLU, 1 GeGLU */
         int n = p->n, chunks = (n + 255) / 256;
         #pragma omp for schedule(static)
         for (int rc = 0; rc < B * chunks; rc++) {
             int r = rc / chunks, c0 = rc % chunks * 256, c1 = c0 + 256 < n ? c0 + 256 : n;
-            const float *x = (const float *)p->x + (size_t)r * p->ldx, *z = (const float *)p->z + (size_t)r * p->ldz;
+            const float *x = (const float *)p->x + (size_t)r * p->ldx;
+            const float *z = p->op == PS_SCALE ? NULL : (const float *)p->z + (size_t)r * p->ldz;
             float *y = (float *)p->y + (size_t)r * p->ldy;
             if (p->op == PS_ADD)
                 for (int i = c0; i < c1; i++) y[i] = x[i] + z[i];
+            else if (p->op == PS_SCALE)
+                for (int i = c0; i < c1; i++) y[i] = x[i] * p->f0;
             else
-                swiglu_span(x, z, y, c0, c1);
+                glu_span(p->a3, x, z, y, c0, c1);
         }
         break;
     }
@@ -1190,8 +1205,12 @@ int prog_run(const pstep *steps, int n, int B, const int *slots, const int *pos,
     if (B < 1 || grp < 1 || grp > MAX_GROUP || !attn_rows_ok(B, n_slots, n_ctx, slots, NULL, lens)) return -1;
     for (int b = 0; b < B; b++)
         if (pos[b] != lens[b] - 1) return -1;
-    for (int i = 0; i < n; i++)  /* each attention step's tasks: they depend on the rows' lengths alone */
-        if (steps[i].op == PS_ATTN) attn_first(B, steps[i].a0, NULL, lens, (int *)steps[i].b);
+    for (int i = 0; i < n; i++)  /* each attention step's first keys and tasks: they depend on the rows' lengths */
+        if (steps[i].op == PS_ATTN) {
+            int *starts = steps[i].a4 > 0 ? (int *)steps[i].aux0 : NULL;
+            for (int b = 0; starts != NULL && b < B; b++) starts[b] = lens[b] > steps[i].a4 ? lens[b] - steps[i].a4 : 0;
+            attn_first(B, steps[i].a0, starts, lens, (int *)steps[i].b);
+        }
     int fail = 0;
     #pragma omp parallel
     {

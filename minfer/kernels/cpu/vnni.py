@@ -123,8 +123,8 @@ def _build(name: str) -> ctypes.CDLL | None:
     so.rope_f32.restype = i
     so.rms_norm.argtypes = [p, i, i, p, ctypes.c_float, p]
     so.rms_norm.restype = i
-    so.swiglu_f32.argtypes = [p, i, p, i, i, i, p, i]
-    so.swiglu_f32.restype = i
+    so.glu_f32.argtypes = [i, p, i, p, i, i, i, p, i]
+    so.glu_f32.restype = i
     so.prog_run.argtypes = [p, i, i, p, p, p, i, i, i]  # the decode program (backends/cpu/native.py)
     so.prog_run.restype = i
     return so
@@ -470,22 +470,35 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return y
 
 
-def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up of float32 tensors of one shape (2-D rows may be column views: rows strided),
-    libm's expf (q4_vnni.c swiglu_f32; the decode program's SwiGLU step is the same code): a new tensor."""
+GLU_KINDS = {"swiglu": 0, "geglu": 1}  # q4_vnni.c glu_f32's kinds: silu, gelu_tanh
+
+
+def _glu(what: str, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """act(gate) * up of float32 tensors of one shape (2-D rows may be column views: rows strided), in C
+    (q4_vnni.c glu_f32; the decode program's GLU steps are the same code): a new tensor."""
     if gate.dtype != torch.float32 or up.dtype != torch.float32 or gate.shape != up.shape or gate.dim() < 1:
-        raise UnsupportedError(f"swiglu: float32 gate and up of one shape, got {gate.dtype} {list(gate.shape)} / "
+        raise UnsupportedError(f"{what}: float32 gate and up of one shape, got {gate.dtype} {list(gate.shape)} / "
                                f"{up.dtype} {list(up.shape)}")
     shape = gate.shape
     if gate.dim() != 2 or gate.stride(1) != 1 or up.stride(1) != 1:
         gate, up = gate.reshape(-1, shape[-1]).contiguous(), up.reshape(-1, shape[-1]).contiguous()
-    _on_host("swiglu", gate, up)
+    _on_host(what, gate, up)
     m, n = gate.shape
     out = torch.empty(m, n)
-    if m and n and _library().swiglu_f32(gate.data_ptr(), gate.stride(0), up.data_ptr(), up.stride(0), m, n,
-                                         out.data_ptr(), n):
-        raise UnsupportedError(f"swiglu: [{m}, {n}] with row strides {gate.stride(0)} / {up.stride(0)}")
+    if m and n and _library().glu_f32(GLU_KINDS[what], gate.data_ptr(), gate.stride(0), up.data_ptr(), up.stride(0),
+                                      m, n, out.data_ptr(), n):
+        raise UnsupportedError(f"{what}: [{m}, {n}] with row strides {gate.stride(0)} / {up.stride(0)}")
     return out.view(shape)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up (`_glu`): g sigmoid(g) u, the sigmoid from exp_neg (cpu_swiglu)."""
+    return _glu("swiglu", gate, up)
+
+
+def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """gelu_tanh(gate) * up (`_glu`): g sigmoid(2a) u, a = sqrt(2 / pi) (g + 0.044715 g^3) (cpu_geglu)."""
+    return _glu("geglu", gate, up)
 
 
 def norm_fits(x_dtype: torch.dtype, d: int) -> bool:
