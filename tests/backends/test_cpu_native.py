@@ -60,11 +60,12 @@ def test_program_equals_the_per_node_path_on_smollm2(smollm2_path):
 
 
 @pytest.mark.parametrize("preset,quant", [("tiny-qwen2", "q4_0"), ("tiny-llama", "q4_k_m"), ("tiny-llama", "q8_0"),
-                                          ("tiny-qwen3", "q4_0"), ("tiny-gemma3", "q4_0")])
+                                          ("tiny-qwen3", "q4_0"), ("tiny-gemma3", "q4_0"), ("tiny-phi3", "q4_0")])
 def test_program_equals_the_per_node_path_on_synthetic_models(tiny_gguf, preset, quant):
     """qwen2's q/k/v biases (added in the GEMM's store), Q4_K_M's Q4_K q/k stacked with a Q6_K v (two GEMM
     steps into one buffer), Q8_0 (8-bit codes), qwen3's per-head q / k RMSNorms and YaRN RoPE tables, gemma3's
-    embedding scale, GeGLU and sliding windows (tiny-gemma3's window is 8: the later steps are past it)."""
+    embedding scale, GeGLU and sliding windows (tiny-gemma3's window is 8: the later steps are past it), phi3's
+    one-tensor q+k+v and gate+up and LongRoPE tables."""
     assert _both_ways(tiny_gguf(preset, quant), steps=3, vocab=200) == 4
 
 
