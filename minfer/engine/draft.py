@@ -75,8 +75,10 @@ class ModelDrafter:
     every drafting sequence of a step at once. The draft model has its own KV cache with one slot
     per engine slot; `held[slot]` is what that slot holds. A proposal first runs the tokens of the
     sequence its slot does not hold yet (its prompt the first time; after that the tokens the
-    engine kept since, from the first one that differs from what the draft fed itself), whose
-    last row gives the first draft token, then one decode step per further draft token, all
+    engine kept since, from the first one that differs from what the draft fed itself) the way the
+    engine ran them (prompt tokens as prompt chunks, generated ones as decode rows: a draft model
+    that is the target then holds the target's very cache and its drafts are all kept), the newest
+    one's row giving the first draft token, then one decode step per further draft token, all
     drafting sequences as rows of one batch."""
 
     def __init__(self, backend: Backend, n_vocab: int, n_slots: int, chunk: int, reader=None):
@@ -88,22 +90,41 @@ class ModelDrafter:
 
     def draft(self, items: list[tuple[Sequence, int]]) -> list[list[int]]:
         drafts: list[list[int]] = [[] for _ in items]
-        last: list[tuple[int, int, list[int]]] = []  # (slot, start, tokens): each sequence's final catch-up piece
+        # Each sequence's tokens its slot does not hold run as the engine ran them: prompt tokens as prompt
+        # chunks, generated ones as decode rows (the engine's own and the rows that check drafts: a prompt
+        # chunk's int8 activations round otherwise, and a near-tie would then pick another token). The
+        # newest token's row gives the first draft.
+        prompts: list[tuple[int, int, list[int]]] = []  # (slot, start, tokens): a prompt's last piece (a row)
+        rows: list[tuple[int, int, list[int]]] = []  # generated tokens, one decode row each
+        firsts: list[tuple[bool, int]] = []  # per item: (from a prompt piece?, index of its row there)
         for seq, _ in items:
             toks, held = seq.tokens, self.held[seq.slot]
             start = next((i for i, (a, b) in enumerate(zip(held, toks, strict=False)) if a != b), min(len(held),
                                                                                                         len(toks)))
             start = min(start, len(toks) - 1)  # (the last token always runs: its row gives the first draft)
-            while len(toks) - start > self.chunk:  # (a long prompt: whole pieces first, no rows returned)
-                self.backend.forward(Batch.build([(seq.slot, start, toks[start:start + self.chunk])], []))
-                start += self.chunk
-            last.append((seq.slot, start, toks[start:]))
+            p_end = min(seq.n_prompt, len(toks))  # prompt tokens: pieces of `chunk`, as the engine cut them
+            while start < p_end:
+                n = min(self.chunk, p_end - start)
+                if start + n == len(toks):  # the piece of the newest token: its last row gives the first draft
+                    prompts.append((seq.slot, start, toks[start:]))
+                    firsts.append((True, len(prompts) - 1))
+                    start = len(toks)
+                    break
+                self.backend.forward(Batch.build([(seq.slot, start, toks[start:start + n])], []))
+                start += n
+            if start < len(toks):  # generated tokens: a decode row each, the newest one's row the draft's
+                rows += [(seq.slot, p, [toks[p]]) for p in range(start, len(toks))]
+                firsts.append((False, len(rows) - 1))
             self.held[seq.slot] = list(toks)
-        ends, n = [], 0
-        for _, _, piece in last:
-            n += len(piece)
-            ends.append(n - 1)
-        picked = self._pick(Batch.build(last, ends))
+        picked_rows = self._pick(Batch.build(rows, list(range(len(rows))), n_decode=len(rows))) if rows else []
+        picked_prompts = []
+        if prompts:
+            ends, n = [], 0
+            for _, _, piece in prompts:
+                n += len(piece)
+                ends.append(n - 1)
+            picked_prompts = self._pick(Batch.build(prompts, ends))
+        picked = [picked_prompts[i] if is_prompt else picked_rows[i] for is_prompt, i in firsts]
         want = [k for _, k in items]
         live = []
         for i, t in enumerate(picked):

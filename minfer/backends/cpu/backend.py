@@ -379,11 +379,12 @@ class CPUBackend(Backend):
 
     def decode_program(self, rows: int) -> DecodeProgram:
         """The decode program that runs `rows` rows: one program runs any row count up to its own, so it is
-        made again only for more rows than it has (a power of two, at most the cache's slots: a few times)."""
+        made again only for more rows than it has (a power of two: a few times; a slot's draft rows make
+        a step of more rows than slots)."""
         prog = self._program
         if prog is None or prog.rows < rows:
             self._program = prog = None  # (the old one's buffers freed first)
-            self._program = prog = DecodeProgram(self, min(self.cache.n_slots, 1 << (rows - 1).bit_length()))
+            self._program = prog = DecodeProgram(self, 1 << (rows - 1).bit_length())
         return prog
 
     def hidden(self, batch: Batch) -> torch.Tensor:
