@@ -59,6 +59,7 @@ class Mutant:
 
 CUDA = "tests/backends/test_cuda_backend.py"
 WGPU = "tests/backends/test_wgpu_backend.py"
+NATIVE = "tests/backends/test_cpu_native.py"  # the decode program against the per-node path, bit for bit
 ORACLE = "tests/models/test_smollm2_oracle.py"
 CONFORMANCE = "tests/contracts/test_conformance.py::test_kernel_conforms_to_its_contract"
 
@@ -107,7 +108,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "minfer/backends/cpu/ops.py",
         "if self.c and x.dtype == torch.float32 and x.dim() == 2:",
         "if self.c and x.dtype == torch.float32 and x.dim() == 2 and x.shape[0] == 1:",
-        ("tests/models/test_batch.py",),
+        ("tests/models/test_batch.py", NATIVE),
         devices=("cpu",),
     ),
     Mutant(
@@ -146,7 +147,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "minfer/backends/cpu/backend.py",
         "self.at = ((batch.row_slots.long() * (n_kv * n_ctx)",
         "self.at = ((((batch.row_slots.long() + 1) % cache.k.shape[1]) * (n_kv * n_ctx)",
-        (ORACLE, "tests/models/test_engine_consistency.py"),
+        (ORACLE, "tests/models/test_engine_consistency.py", NATIVE),
         devices=("cpu",),
     ),
     Mutant(
@@ -160,11 +161,20 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "swiglu_gate_up_swapped",
-        "SwiGLU's gate and up swapped (silu(up) * gate) in the cpu reference op",
-        "minfer/backends/cpu/ops.py",
-        "return F.silu(gate).mul_(up)",
-        "return F.silu(up).mul_(gate)",
-        (ORACLE,),
+        "SwiGLU's gate and up swapped (silu(up) * gate) in the cpu op (the C kernel's call, node by node)",
+        "minfer/backends/cpu/steps.py",
+        "return c_fn(g, u)",
+        "return c_fn(u, g)",
+        (ORACLE, NATIVE),
+        devices=("cpu",),
+    ),
+    Mutant(
+        "native_rope_row_ahead",
+        "the cpu decode program's RoPE one position ahead (q and k turned by the next position's angles)",
+        "minfer/kernels/cpu/q4_vnni.c",
+        "(const float *)p->w + (size_t)pos[t] * half, (const float *)p->s + (size_t)pos[t] * half,",
+        "(const float *)p->w + (size_t)(pos[t] + 1) * half, (const float *)p->s + (size_t)(pos[t] + 1) * half,",
+        (ORACLE, NATIVE),
         devices=("cpu",),
     ),
     Mutant(
