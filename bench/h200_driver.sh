@@ -169,7 +169,7 @@ step cpu
 for th in 4 8 16; do
   for spec in smollm2-135m-q4_1:512 qwen2.5-0.5b-q4_0:512 llama3-8b-q4_k:128; do
     f=$M/${spec%:*}.gguf; p=${spec#*:}
-    minfer_rows $f "cpu-${spec%:*}-t$th" cpu -t $th -p $p -n 32 -r 2 -b ""
+    MINFER_CPU_NATIVE=1 minfer_rows $f "cpu-${spec%:*}-t$th" cpu -t $th -p $p -n 32 -r 2 -b ""
     [ "$PARTS" = cpu ] && [ "${spec%:*}" != llama3-8b-q4_k ] && MINFER_CPU_NATIVE=0 \
       minfer_rows $f "cpu-pernode-${spec%:*}-t$th" cpu -t $th -p 0 -n 32 -r 2 -b ""  # the decode step node by node
     llama_rows $LC $f "cpu-${spec%:*}-t$th" -t $th -p $p -n 32 -r 2

@@ -37,7 +37,7 @@ def _decode(be, rows: list[tuple[int, int, int]], native: bool) -> torch.Tensor:
 def _both_ways(path, steps: int = 4, n_prompts: int = 3, vocab: int | None = None):
     """Prompts in slots 0.. (per-node) and again in slots n.. (program), then `steps` decode steps of every
     row together; asserts equal logits and caches each step. Returns how many steps ran natively."""
-    with load(path, "cpu", n_ctx=64, n_slots=2 * n_prompts, progress=False) as m:
+    with load(path, "cpu", n_ctx=64, n_slots=2 * n_prompts, progress=False, cpu_native=True) as m:
         be = m.engine.backend
         assert be.native_reason is None, be.native_reason
         prompts = [[t % (vocab or 10**9) for t in p] for p in PROMPTS[:n_prompts]]
@@ -72,7 +72,7 @@ def test_program_equals_the_per_node_path_on_synthetic_models(tiny_gguf, preset,
 def test_program_rows_do_not_depend_on_the_batch_or_the_threads(smollm2_path):
     """Batch invariance: each row decoded with two others equals it decoded alone (by the same program of 4
     rows, made for the three: it runs any row count up to its own); one thread equals two."""
-    with load(smollm2_path, "cpu", n_ctx=64, n_slots=4, progress=False) as m:
+    with load(smollm2_path, "cpu", n_ctx=64, n_slots=4, progress=False, cpu_native=True) as m:
         be = m.engine.backend
         _prefill(be, list(enumerate(PROMPTS)))
         rows = [(i, len(p), p[-1]) for i, p in enumerate(PROMPTS)]
@@ -89,7 +89,7 @@ def test_program_rows_do_not_depend_on_the_batch_or_the_threads(smollm2_path):
 
 def test_the_program_follows_the_cache_when_it_is_reallocated(smollm2_path):
     """A program's steps hold the cache's addresses: allocate() drops them, the next step makes a new one."""
-    with load(smollm2_path, "cpu", n_ctx=64, n_slots=2, progress=False) as m:
+    with load(smollm2_path, "cpu", n_ctx=64, n_slots=2, progress=False, cpu_native=True) as m:
         be = m.engine.backend
         _prefill(be, [(0, PROMPTS[0])])
         first = _decode(be, [(0, len(PROMPTS[0]), 30)], native=True)
@@ -102,13 +102,15 @@ def test_the_program_follows_the_cache_when_it_is_reallocated(smollm2_path):
 
 def test_graphs_it_cannot_run_keep_the_per_node_path(tiny_gguf, monkeypatch):
     """gemma2 (its logits' SoftCap): the reason names a node, and decode still runs (per node)."""
-    with load(tiny_gguf("tiny-gemma2", "q4_0"), "cpu", n_ctx=64, n_slots=1, progress=False) as m:
+    with load(tiny_gguf("tiny-gemma2", "q4_0"), "cpu", n_ctx=64, n_slots=1, progress=False, cpu_native=True) as m:
         be = m.engine.backend
         assert be.native_reason is not None
         assert be.native_reason.split(":")[0] in {n.name for n in be.graph.nodes}, be.native_reason
         _prefill(be, [(0, [1, 2, 3])])
         assert torch.isfinite(_decode(be, [(0, 3, 4)], native=True)).all()
         assert be._program is None
-    monkeypatch.setenv("MINFER_CPU_NATIVE", "0")
+    with load(tiny_gguf("tiny-llama", "q4_0"), "cpu", n_ctx=64, n_slots=1, progress=False) as m:  # (opt-in)
+        assert "MINFER_CPU_NATIVE=1" in m.engine.backend.native_reason
+    monkeypatch.setenv("MINFER_CPU_NATIVE", "1")
     with load(tiny_gguf("tiny-llama", "q4_0"), "cpu", n_ctx=64, n_slots=1, progress=False) as m:
-        assert "MINFER_CPU_NATIVE=0" in m.engine.backend.native_reason
+        assert m.engine.backend.native_reason is None
