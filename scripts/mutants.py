@@ -161,11 +161,20 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "swiglu_gate_up_swapped",
-        "SwiGLU's gate and up swapped (silu(up) * gate) in the cpu op (the C kernel's call, node by node)",
+        "SwiGLU's gate and up swapped (silu(up) * gate) in the cpu reference op",
+        "minfer/backends/cpu/ops.py",
+        "return F.silu(gate).mul_(up)",
+        "return F.silu(up).mul_(gate)",
+        (ORACLE,),
+        devices=("cpu",),
+    ),
+    Mutant(
+        "glu_c_gate_up_swapped",
+        "gate and up swapped at the C GLU kernel's call node by node (the decode program's path, MINFER_CPU_NATIVE=1)",
         "minfer/backends/cpu/steps.py",
         "return c_fn(g, u)",
         "return c_fn(u, g)",
-        (ORACLE, NATIVE),
+        (NATIVE,),
         devices=("cpu",),
     ),
     Mutant(

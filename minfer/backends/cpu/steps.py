@@ -84,7 +84,9 @@ def _slice(be: CPUBackend, node: Node):
 
 def _glu(be: CPUBackend, node: Node, c_fn, torch_fn, kernel: str):
     i, j = node.inputs
-    if be.vnni and cpu_vnni.available():  # float32 rows: the C kernel (the decode program's own, native.py)
+    # float32 rows on the C kernel where the decode program runs (native.py: the program's own GLU, so the two
+    # paths give the same bits); otherwise torch's (the numbers of every earlier release)
+    if be.vnni and be.config.cpu_native and cpu_vnni.available():
 
         def run_c(vals, st):
             g, u = vals[i], vals[j]
