@@ -22,7 +22,7 @@ def test_first_prefill_says_it_includes_warm_up(run_cli, tiny_gguf):
 
 def test_one_token_reports_no_decode_rate(run_cli, tiny_gguf):
     rc, _, err = run_cli(["run", "-m", str(tiny_gguf()), "-n", "1", "--temp", "0", "--ignore-eos", "hi"])
-    assert rc == 0 and "0.0 tok/s" not in err
+    assert rc == 0 and not re.search(r"(?<![\d.])0\.0 tok/s", err)  # (a prefill rate such as 790.0 tok/s is fine)
     assert "decode: none (the only token came from the prefill) | generated: 1 " in err
 
 
