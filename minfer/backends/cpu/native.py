@@ -38,7 +38,6 @@ GLU = {Op.SWIGLU: 0, Op.GEGLU: 1}  # q4_vnni.c glu_mul's kinds
 ROW_FUSE = 2048  # rows this wide or less: an Add, the RMSNorm of its sum and that norm's int8 pass in one step
 # (a decode row then runs on one thread: cheaper than the two barriers it saves while the row is narrow)
 CHUNK = 128  # keys per attention task (q4_vnni.c CHUNK)
-MAX_GROUP = 16
 
 
 class _Step(ctypes.Structure):
