@@ -9,6 +9,11 @@
 #                                                       copies /tmp/drv/*.txt into $OUT)
 #   PARTS=cpu bash bench/h200_driver.sh start           only the host CPU's table (llama.cpp's CPU build alone, with
 #                                                       all cores; the three files it needs): ~7 minutes
+#   PARTS=moe bash bench/h200_driver.sh start           only the mixtures of experts (issue 25): the two MoE files,
+#                                                       their GPU tests (and tiny-gpt-oss on the tree at $BASE), the
+#                                                       kernel tables of bench/moe_profile.py, minfer's runs while
+#                                                       llama.cpp's CUDA build runs, then llama.cpp's and the tables
+#                                                       (one round each): ~10 minutes
 #
 # Steps, in order (each one's log in /tmp/drv/<step>.txt; the ratio tables print into /tmp/drv/tables.txt):
 #   setup     wheels into /tmp/pylib; llama.cpp's CUDA and CPU llama-bench / llama-batched-bench built in the
@@ -115,6 +120,40 @@ if [ "$PARTS" = cpu ]; then  # the CPU build alone, every core on it (device_bui
     -k "moe or gpt or swiglu" > $D/gputests.txt 2>&1; tail -3 $D/gputests.txt
   wait; cat $D/synth.txt $D/llama-build.txt
   : > $D/bench.jsonl
+elif [ "$PARTS" = moe ]; then  # minfer's runs while llama.cpp builds (-j12: 4 cores left to the runs), then llama.cpp's
+  (W=/tmp/llama.cpp; [ -d $W ] || tar xzf .anchor/llama-src.tgz -C /tmp
+   cd $W && cmake -S . -B build-cuda -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+     -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 > cmake-cuda.log 2>&1 \
+     && cmake --build build-cuda --target llama-bench llama-batched-bench -j12 > build-cuda.log 2>&1
+   echo "cuda build rc=$? $(since)") > $D/llama-build.txt 2>&1 &
+  (synth qwen3-30b-a3b q4_k_m; synth gpt-oss-20b mxfp4; echo "synth done $(since)") > $D/synth.txt 2>&1 &
+  step gputests
+  MINFER_TEST_DEVICE=cuda timeout 300 python3 -m pytest -q -s -p no:cacheprovider tests/kernels/triton/test_moe.py \
+    tests/contracts/test_conformance.py tests/backends/test_families_gpu.py -k "(moe or mixtral or gpt) and not vulkan" \
+    > $D/gputests.txt 2>&1; grep -E "on cuda:|passed|failed" $D/gputests.txt | tail -8
+  if git rev-parse -q --verify "${BASE:-e393d3d}^{commit}" > /dev/null 2>&1; then  # the same test on the session's start
+    git worktree add -f /tmp/base "${BASE:-e393d3d}" > /dev/null 2>&1
+    (cd /tmp/base && MINFER_TEST_DEVICE=cuda PYTHONPATH=/tmp/base:/tmp/pylib timeout 200 python3 -m pytest -q -s \
+       -p no:cacheprovider tests/backends/test_families_gpu.py -k "cuda-tiny-gpt-oss]" 2>&1 | grep -E "on cuda:|passed|failed" \
+       | sed 's/^/base: /')
+  fi
+  wait_synth() { while ! grep -q "synth done" $D/synth.txt; do sleep 2; done; }
+  wait_synth; cat $D/synth.txt
+  step profile
+  timeout 300 python3 bench/moe_profile.py $M/qwen3-30b-a3b-q4_k_m.gguf --rows 16 --top 10 2>&1 | grep -v USDT \
+    > $D/profile.txt; cat $D/profile.txt
+  : > $D/bench.jsonl
+  step minfer
+  F=$M/qwen3-30b-a3b-q4_k_m.gguf; G=$M/gpt-oss-20b-mxfp4.gguf
+  minfer_rows $F qwen3-30b-a3b cuda -p 512 -n 128 -r 3 -b ""
+  minfer_rows $F qwen3-30b-a3b cuda -p 0 -n 0 -b 16 -r 2
+  minfer_rows $G gpt-oss-20b cuda -p 512 -n 128 -r 3 -b ""
+  step llama; while ! grep -q "build rc" $D/llama-build.txt; do sleep 2; done; cat $D/llama-build.txt
+  llama_rows $LB $F qwen3-30b-a3b -ngl 99 -fa 1 -p 512 -n 128 -r 3
+  batched_rows $F qwen3-30b-a3b 16
+  llama_rows $LB $G gpt-oss-20b -ngl 99 -fa 1 -p 512 -n 128 -r 3
+  table qwen3-30b; table gpt-oss
+  step done; exit 0
 else
   (bash .anchor/device_build.sh cuda cpu > $D/llama-build.txt 2>&1; echo "llama.cpp builds done $(since)") &
   # the big files first, two at a time (disk: ~46 GB of the 64 GiB)

@@ -195,7 +195,8 @@ class Cases:
         for name, n, k, per_slot in (("Q4_K", ff, d, False), ("Q6_K", d, ff, True)):
             info = QUANT_TABLE[by_name(name).type]
             role = "down" if per_slot else "gate"
-            for rows, kernel in ((1, moe.moe_gemv), (16, moe.moe_gemv), (16, moe.moe_mmq), (512, moe.moe_mmq)):
+            for rows, kernel in ((1, moe.moe_gemv), (16, moe.moe_gemv), (16, moe.moe_mmq), (512, moe.moe_mmq),
+                                 (16, moe.moe_mm16), (512, moe.moe_mm16)):
                 io = rows * k * 4 + rows * used * n * 4
                 # the chosen experts' bytes: every expert a batch or a prompt touches (~all at 512 rows)
                 touched = min(e, rows * used)

@@ -77,7 +77,7 @@ def test_every_node_of_every_preset_resolves(headers, preset, quant):
         assert "moe_route_rows" in kernels and "moe_sum_rows" in kernels
         assert ("moe_matmul_f16" if quant in ("f16", "f32") else "moe_gemv") in kernels
         chunk = {k for r in be.plan_rows(512, True) for k in r["kernel"].split("+")}
-        assert quant in ("f16", "f32") or "moe_mmq" in chunk  # prompts: rows grouped by expert
+        assert quant in ("f16", "f32") or "moe_mm16" in chunk  # prompts: rows grouped by expert
 
 
 def test_plan_command_prints_kernels_and_prediction(headers, capsys):

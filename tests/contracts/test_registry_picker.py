@@ -109,6 +109,7 @@ LAUNCHERS = {
     "moe_route_rows": moe.moe_route_rows,
     "moe_gemv": moe.moe_gemv,
     "moe_mmq": moe.moe_mmq,
+    "moe_mm16": moe.moe_mm16,
     "moe_matmul_f16": moe.moe_matmul_f16,
     "moe_sum_rows": moe.moe_sum_rows,
     "sample_rows": sample.sample_rows,

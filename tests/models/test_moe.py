@@ -133,7 +133,7 @@ def test_real_shape_presets_build_their_graphs(preset, kv_type, tmp_path, monkey
         row = {r["name"]: r["kernel"] for r in be.plan_rows(1)}
         chunk = {r["name"]: r["kernel"] for r in be.plan_rows(512, prefill=True)}
     assert row["blk.1.ffn_moe_route"] == "moe_route_rows" and row["blk.1.ffn_moe_out"] == "moe_sum_rows"
-    assert row["blk.1.ffn_moe_down"] == "moe_gemv" and chunk["blk.1.ffn_moe_down"] == "moe_mmq"
+    assert row["blk.1.ffn_moe_down"] == "moe_gemv" and chunk["blk.1.ffn_moe_down"] == "moe_mm16"
 
 
 # ------------------------------------------------------------------------------ MoERoute's reference

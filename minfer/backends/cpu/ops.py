@@ -200,6 +200,7 @@ def moe_route(logits: torch.Tensor, n_used: int, gating: str, norm: bool, scale:
     else:  # "softmax_weight": the logits themselves, the chosen ones softmaxed below
         probs = x
     select = probs if bias is None else probs + bias
+    select = select.nan_to_num(nan=float("-inf"))  # a diverged (NaN) value is never chosen over a number
     ids = torch.argsort(select, dim=-1, descending=True, stable=True)[:, :n_used]
     w = probs.gather(-1, ids)
     if gating == "softmax_weight":

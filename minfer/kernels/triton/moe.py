@@ -27,14 +27,21 @@ one CUDA graph with no host sync, and one launch runs every chosen expert of eve
 - `moe_sum_rows`: the weighted sum of a row's k expert outputs, in slot order (as llama.cpp adds
   its experts' views).
 
-- `moe_mmq`: many rows (decode batches, prompt chunks) grouped by expert: the slots sorted by
-  expert on the device (`moe_align`: torch ops, no host sync, shapes fixed by the row count), each
-  expert's run padded to whole row blocks, and mmq.py's int8 tensor-core kernel in its MOE mode
-  over the blocks (a block of no expert exits at once), so an expert's weights are read once per
-  block of its rows instead of once per slot.
+- `moe_mm16`: many rows (prompt chunks, batches past 32 rows) grouped by expert: the slots sorted
+  by expert on the device (`moe_align`: one one-program kernel, no host sync, shapes fixed by the
+  row count; made once per layer, `aligned`), each expert's run padded to whole row blocks, and
+  per block and column tile the expert's weights dequantized in the kernel to f16 and multiplied
+  on f16 tensor cores (a block of no expert exits at once), so an expert's weights are read once
+  per block of its rows instead of once per slot. Decode rows and batches up to 32 take
+  `moe_gemv` (faster there: one slot's expert rows streamed per program).
+- `moe_mmq`: the same grouping with mmq.py's int8 tensor-core kernel in its MOE mode (x quantized
+  per 32 in the kernel): slower than `moe_mm16` (H200: 1.8 against 0.6 ms for a 512-token prompt's
+  gate), kept for its arithmetic (llama.cpp's 8-bit activations) and picked only when pinned.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 import triton
@@ -53,7 +60,11 @@ from ._common import (
     release_next,
     wait_prior,
 )
-from .mmq import MMQ_CONFIGS, launch_mmq_moe
+from .gemv import _lut_bytes
+from .lut4 import Lut4Packed
+from .mmq import MMQ_CONFIGS, _w_scales, launch_mmq_moe, layout_of
+from .planes import PlanesPacked
+from .q4_0 import Q4_0Packed
 from .qmatmul import GEMV_TYPES, GemvPacked, gemv_default_config, gemv_type, launch_packed, repack_gemv
 
 GATINGS = {"softmax": 0, "sigmoid": 1, "softmax_weight": 2}
@@ -83,13 +94,15 @@ def _route_kernel(l_ptr, b_ptr, w_ptr, id_ptr, E, L_STRIDE, scale, K: tl.constex
         probs = tl.sigmoid(x)
     else:
         probs = x
-    sel = tl.where(ok, probs + tl.load(b_ptr + offs, mask=ok, other=0.0), float("-inf"))
+    sel = probs + tl.load(b_ptr + offs, mask=ok, other=0.0)
+    sel = tl.where(ok & (sel == sel), sel, float("-inf"))  # NaN (a diverged row) never chosen over a number
     slots = tl.arange(0, KB)
     wsel = tl.zeros([KB], dtype=tl.float32)
     isel = tl.zeros([KB], dtype=tl.int32)
     for j in tl.static_range(K):
         best = tl.max(sel, axis=0)
         idx = tl.min(tl.where(sel == best, offs, BLOCK_E), axis=0)  # the lowest index of the largest
+        idx = tl.minimum(idx, E - 1)  # (an id is always an expert: the expert kernels index with it)
         wsel = tl.where(slots == j, tl.sum(tl.where(offs == idx, probs, 0.0), axis=0), wsel)
         isel = tl.where(slots == j, idx, isel)
         sel = tl.where(offs == idx, float("-inf"), sel)
@@ -226,28 +239,85 @@ def moe_gemv(x: torch.Tensor, ids: torch.Tensor, w: GemvPacked | torch.Tensor, n
     return out
 
 
+@triton.jit
+def _align_kernel(id_ptr, sorted_ptr, bexp_ptr, cursor_ptr, S, E, ROWS, NB, BLOCK_M: tl.constexpr, EB: tl.constexpr,
+                  CHUNK: tl.constexpr, PDL: tl.constexpr):
+    """One program: the slots grouped by expert (moe_align's tables). Counts by atomics into
+    `cursor`, each expert's first padded position by a cumsum, then every slot takes the next
+    position of its expert (atomics: the order within an expert is arbitrary, and harmless: a
+    row's products do not depend on the rows sharing its block) and names its block's expert."""
+    release_next(PDL)
+    wait_prior(PDL)
+    eo = tl.arange(0, EB)
+    tl.store(cursor_ptr + eo, tl.zeros([EB], dtype=tl.int32), mask=eo < E)
+    for r0 in range(0, ROWS, CHUNK):
+        r = r0 + tl.arange(0, CHUNK)
+        tl.store(sorted_ptr + r, tl.full([CHUNK], -1, tl.int32), mask=r < ROWS)
+    for b0 in range(0, NB, CHUNK):
+        r = b0 + tl.arange(0, CHUNK)
+        tl.store(bexp_ptr + r, tl.full([CHUNK], 0, tl.int32) + E, mask=r < NB)
+    tl.debug_barrier()
+    for c0 in range(0, S, CHUNK):
+        c = c0 + tl.arange(0, CHUNK)
+        e = tl.minimum(tl.maximum(tl.load(id_ptr + c, mask=c < S, other=0), 0), E - 1)  # memory-safe on any ids
+        tl.atomic_add(cursor_ptr + e, tl.full([CHUNK], 1, tl.int32), mask=c < S, sem="relaxed", scope="cta")
+    tl.debug_barrier()
+    counts = tl.load(cursor_ptr + eo, mask=eo < E, other=0, volatile=True)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    first = tl.cumsum(padded, 0) - padded
+    tl.debug_barrier()
+    tl.store(cursor_ptr + eo, first, mask=eo < E)
+    tl.debug_barrier()
+    for c0 in range(0, S, CHUNK):
+        c = c0 + tl.arange(0, CHUNK)
+        e = tl.minimum(tl.maximum(tl.load(id_ptr + c, mask=c < S, other=0), 0), E - 1)
+        pos = tl.atomic_add(cursor_ptr + e, tl.full([CHUNK], 1, tl.int32), mask=c < S, sem="relaxed", scope="cta")
+        tl.store(sorted_ptr + pos, c, mask=c < S)
+        tl.store(bexp_ptr + pos // BLOCK_M, e, mask=c < S)
+
+
+_ALIGNED: dict = {}  # the last grouping made: (weakref to ids, its version, expert count, block rows) -> tables
+
+
+def aligned(ids: torch.Tensor, n_expert: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """moe_align's tables, made once for a layer's three expert matmuls: gate, up and down take the
+    same router ids tensor (a new one per forward), so the second and third call reuse the tables
+    the first made (in a CUDA graph the one align launch is captured before the gate's). Keyed by
+    the tensor object itself (a weak reference: a freed tensor's address never matches), its
+    version counter (an in-place torch write changes it) and the grouping's sizes; a kernel that
+    rewrote the same tensor's values behind torch's back would defeat it, and none does (the
+    router writes a fresh tensor)."""
+    key = (ids._version, n_expert, block_m, ids.data_ptr())
+    hit = _ALIGNED.get("last")
+    if hit is not None and hit[0]() is ids and hit[1] == key:
+        return hit[2]
+    tables = moe_align(ids, n_expert, block_m)
+    _ALIGNED["last"] = (weakref.ref(ids), key, tables)
+    return tables
+
+
 def moe_align(ids: torch.Tensor, n_expert: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(sorted slots int32 [blocks * block_m], block experts int32 [blocks]): the step's slots
     (t * k + j) grouped by expert, each expert's run padded to whole blocks of block_m (padding
-    -1), the experts in order and their slots in order; blocks past the last used one name
-    expert n_expert (none). blocks = cdiv(slots, block_m) + min(n_expert, slots) bounds any
-    routing, so the shapes depend on the row count alone: torch ops on the device, no host sync
-    (a CUDA graph captures them)."""
-    flat = ids.reshape(-1).long()
-    s, device = flat.numel(), ids.device
-    order = torch.argsort(flat, stable=True)
-    counts = torch.zeros(n_expert, dtype=torch.long, device=device).scatter_add_(0, flat, torch.ones_like(flat))
-    padded = (counts + block_m - 1) // block_m * block_m
-    ends = torch.cumsum(padded, 0)
-    first = ends - padded  # each expert's first position in the padded table
-    seen = torch.cumsum(counts, 0) - counts  # its first position among the sorted slots
-    experts = flat[order]
-    pos = first[experts] + torch.arange(s, device=device) - seen[experts]
+    -1), the experts in order; blocks past the last used one name expert n_expert (none).
+    blocks = cdiv(slots, block_m) + min(n_expert, slots) bounds any routing, so the shapes depend
+    on the row count alone: one one-program kernel (`_align_kernel`), no host sync (a CUDA graph
+    captures it). The order of an expert's slots within its run is not fixed (atomics)."""
+    what = "moe_align"
+    check_tensor(what, "ids", ids, (torch.int32,), ndim=2)
+    check_int(what, "n_expert", n_expert, 1)
+    check_int(what, "block_m", block_m, 1)
+    if not ids.is_contiguous() or n_expert > MAX_EXPERTS:
+        raise UnsupportedError(f"{what}: contiguous ids and at most {MAX_EXPERTS} experts, got {n_expert}")
+    s, device = ids.numel(), ids.device
     n_blocks = cdiv(s, block_m) + min(n_expert, s)
-    sorted_slots = torch.full((n_blocks * block_m,), -1, dtype=torch.int32, device=device)
-    sorted_slots[pos] = order.to(torch.int32)
-    starts = torch.arange(n_blocks, device=device) * block_m
-    block_expert = torch.searchsorted(ends, starts, right=True).to(torch.int32)
+    sorted_slots = torch.empty(n_blocks * block_m, dtype=torch.int32, device=device)
+    block_expert = torch.empty(n_blocks, dtype=torch.int32, device=device)
+    cursor = torch.empty(n_expert, dtype=torch.int32, device=device)
+    if s:
+        _align_kernel[(1,)](ids, sorted_slots, block_expert, cursor, s, n_expert, n_blocks * block_m, n_blocks,
+                            BLOCK_M=block_m, EB=triton.next_power_of_2(n_expert), CHUNK=1024, num_warps=8,
+                            **pdl_args())
     return sorted_slots, block_expert
 
 
@@ -277,6 +347,115 @@ def moe_mmq(x: torch.Tensor, ids: torch.Tensor, w: GemvPacked | torch.Tensor, n:
         table = moe_align(ids, n_expert, cfg["BLOCK_M"])
         launch_mmq_moe(what, x, w, out, n, k, table, xdiv, n_expert, cfg)
         _add_expert_bias(what, out, ids, bias, n)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the grouped expert matmul on f16 tensor cores (prompt chunks, decode batches)
+
+
+@triton.jit
+def _w_tile_f16(lo_rows, hi_rows, d_rows, m_rows, kb0, t0, t1, t2, t3, KB: tl.constexpr, LB: tl.constexpr,
+                HB: tl.constexpr, CENTER: tl.constexpr, MODE: tl.constexpr, LUT: tl.constexpr):
+    """f16 [32 KB, BN]: blocks kb0 .. kb0 + KB - 1 of the tile's rows dequantized (scale * code +
+    offset in f32, rounded once to f16), dot position 32 u + 8 j + s holding the element mmq.py's
+    `_w_codes` puts at 8 j + s of block u. lo_rows, hi_rows, d_rows, m_rows: [BN, 1, 1] pointers."""
+    jw = tl.arange(0, 4 * KB)[None, :, None]  # word 4 u + j of the step
+    s = tl.arange(0, 8)[None, None, :]
+    lo = tl.load(lo_rows + kb0 * 4 + jw).to(tl.int32)  # [BN, 4 KB, 1]
+    if LUT:
+        wa, wb = _lut_bytes(lo, t0, t1, t2, t3)
+        c = (tl.where(s < 4, wa, wb) >> (8 * (s & 3))) & 0xFF
+    elif LB == 8:
+        hi = tl.load(hi_rows + kb0 * 4 + jw).to(tl.int32)
+        c = (tl.where(s < 4, lo, hi) >> (8 * (s & 3))) & 0xFF
+    else:
+        c = (lo >> (LB * s)) & ((1 << LB) - 1)
+        if HB > 0:
+            hi = tl.load(hi_rows + kb0 * 4 + jw).to(tl.int32)
+            c = c | (((hi >> (HB * s)) & ((1 << HB) - 1)) << LB)
+    a0, a1, c0, c1 = _w_scales(d_rows, m_rows, kb0 + jw // 4, True, MODE)  # [BN, 4 KB, 1]
+    HALVES: tl.constexpr = MODE == 3 or MODE == 4
+    AFFINE: tl.constexpr = MODE == 1 or MODE == 2 or MODE == 4
+    if HALVES:  # slots 0..3 are elements 0..15 of the block
+        a0 = tl.where(s < 4, a0, a1)
+        c0 = tl.where(s < 4, c0, c1)
+    w = (c - CENTER).to(tl.float32) * a0
+    if AFFINE:
+        w = w + c0
+    w16 = tl.reshape(w.to(tl.float16), (w.shape[0], 32 * KB))
+    return tl.trans(w16)
+
+
+@triton.jit
+def _mm16_kernel(x_ptr, lo_ptr, hi_ptr, d_ptr, m_ptr, out_ptr, b_ptr, sorted_ptr, bexp_ptr, N, K, NKB, M_STRIDE,
+                 XDIV, NEXP, t0, t1, t2, t3, LB: tl.constexpr, HB: tl.constexpr, CENTER: tl.constexpr,
+                 MODE: tl.constexpr, LUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 KB: tl.constexpr, BIAS: tl.constexpr, PDL: tl.constexpr):
+    # program (i, n): block i of the slots sorted by expert (moe_align), column tile n of its expert
+    release_next(PDL)
+    wait_prior(PDL)
+    expert = tl.load(bexp_ptr + tl.program_id(0))
+    if expert >= NEXP:
+        return
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    slots = tl.load(sorted_ptr + offs_m)
+    x_rows = x_ptr + tl.where(slots >= 0, slots // XDIV, 0).to(tl.int64)[:, None] * K
+    cols = (tl.minimum(offs_n, N - 1).to(tl.int64) + expert.to(tl.int64) * N)[:, None, None]
+    p = tl.arange(0, 32 * KB)
+    r = p % 32
+    if LUT:  # the element at dot position 32 u + 8 j + s (mmq.py's order within each block)
+        xoff = (p // 32) * 32 + 8 * (r % 4) + 4 * ((r % 8) // 4) + r // 8
+    else:
+        xoff = (p // 32) * 32 + 4 * (r % 8) + r // 8
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for kb0 in range(0, NKB, KB):
+        w = _w_tile_f16(lo_ptr + cols * (NKB * 4), hi_ptr + cols * (NKB * 4), d_ptr + cols * NKB,
+                        m_ptr + cols * M_STRIDE, kb0, t0, t1, t2, t3, KB, LB, HB, CENTER, MODE, LUT)
+        x = tl.load(x_rows + kb0 * 32 + xoff[None, :]).to(tl.float16)
+        acc = tl.dot(x, w, acc)
+    if BIAS:  # the block's expert's bias (gpt-oss)
+        acc += tl.load(b_ptr + expert.to(tl.int64) * N + offs_n, mask=offs_n < N, other=0.0)[None, :]
+    mask = (slots[:, None] >= 0) & (offs_n[None, :] < N)
+    tl.store(out_ptr + slots.to(tl.int64)[:, None] * N + offs_n[None, :], acc, mask=mask)
+
+
+def mm16_config(slots: int, n_expert: int, n: int, k: int) -> dict:
+    """The tile of `moe_mm16`: 16 rows by 128 columns, 2 blocks of 32 per K step (1 when K is an
+    odd number of blocks). The H200 sweep (bench/moe_mm16_sweep.py, 2026-12-04: Qwen3-30B-A3B's
+    and gpt-oss-20b's experts, batches of 16 and prompts of 512) found it the fastest of 12 tiles
+    in 7 of 8 cases, prompts included (16 rows beat 32 and 64: the in-kernel dequantization, not
+    the tensor cores, bounds the kernel, and short tiles keep more programs in flight)."""
+    return {"BLOCK_M": 16, "BLOCK_N": 128, "KB": 2 if k % 64 == 0 else 1, "num_warps": 4, "num_stages": 3}
+
+
+def moe_mm16(x: torch.Tensor, ids: torch.Tensor, w: GemvPacked | torch.Tensor, n: int, k: int,
+             qtype: GGMLType | int | str, n_expert: int, out: torch.Tensor | None = None,
+             config: dict | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """moe_gemv's result for many rows, grouped by expert on f16 tensor cores: the step's slots
+    sorted by expert (`moe_align`, on the device), and per block of one expert's rows and column
+    tile, each K step's weights dequantized in the kernel from the GEMV layout (`repack_experts`,
+    no second copy) to f16 and multiplied with the rows (x rounded to f16) into f32 sums; an
+    expert's weights are read once per block of its rows. `config` pins the tile (`mm16_config`'s
+    keys); `bias`: as moe_gemv's, added in the store."""
+    what = "moe_mm16"
+    w, _, (t, used, xdiv), out = _packed_call(what, x, ids, w, n, k, qtype, n_expert, out)
+    check_expert_bias(what, bias, n, n_expert, x)
+    cfg = dict(config) if config is not None else mm16_config(t * used, n_expert, n, k)
+    if k % (32 * cfg["KB"]):
+        raise UnsupportedError(f"{what}: k {k} is not a multiple of {32 * cfg['KB']} (KB {cfg['KB']} blocks of 32)")
+    if t:
+        sorted_slots, block_expert = aligned(ids, n_expert, cfg["BLOCK_M"])
+        hi = w.hi if isinstance(w, PlanesPacked) and w.hi is not None else w.qs
+        m_plane = w.m if not isinstance(w, Q4_0Packed) else w.d
+        lb, hb, center, mode = layout_of(w)
+        lut = isinstance(w, Lut4Packed)
+        t0, t1, t2, t3 = w.table if lut else (0, 0, 0, 0)
+        grid = check_grid(what, (block_expert.numel(), cdiv(n, cfg["BLOCK_N"])))
+        _mm16_kernel[grid](x, w.qs, hi, w.d, m_plane, out, out if bias is None else bias, sorted_slots, block_expert,
+                           n, k, k // 32, m_plane.shape[1], xdiv, n_expert, t0, t1, t2, t3, LB=lb, HB=hb,
+                           CENTER=center, MODE=mode, LUT=lut, BIAS=bias is not None, **cfg, **pdl_args())
     return out
 
 
@@ -375,5 +554,5 @@ def moe_sum_rows(y: torch.Tensor, weights: torch.Tensor, out: torch.Tensor | Non
     return out
 
 
-__all__ = ["GEMV_TYPES", "moe_route_rows", "moe_gemv", "moe_mmq", "moe_align", "moe_matmul_f16", "moe_sum_rows",
-           "repack_experts", "f16_experts"]
+__all__ = ["GEMV_TYPES", "moe_route_rows", "moe_gemv", "moe_mmq", "moe_mm16", "moe_align", "moe_matmul_f16",
+           "moe_sum_rows", "repack_experts", "f16_experts"]

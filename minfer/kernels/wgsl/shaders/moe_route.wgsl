@@ -40,6 +40,7 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {
             let below = v < last_v || (v == last_v && (last_i == 0xffffffffu || e > last_i));
             if (below && (best_i == 0xffffffffu || v > best_v)) { best_v = v; best_i = e; }
         }
+        if (best_i == 0xffffffffu) { best_i = min(j, P.e - 1u); }  // NaN rows: still an expert (the matmuls index with it)
         last_v = best_v;
         last_i = best_i;
         w[j] = prob(logits[base + best_i], mx, inv);

@@ -1,0 +1,148 @@
+"""The MoE kernels beyond their contracts (kernels/triton/moe.py): the router on diverged rows; the
+grouped expert matmul on f16 tensor cores (`moe_mm16`) and its grouping (`moe_align`), against
+float64 math on the reference-decoded experts, for every type it reads: against the exact
+product within f16's rounding, and against the product of x and the weights each rounded to f16
+as the kernel rounds them, within f32 summation (~1e-6), which catches a wrong code, scale,
+offset or element order that the first tolerance would hide (those are >= 1e-2)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minfer.contracts.harness import random_blocks
+from minfer.errors import UnsupportedError
+from minfer.kernels.triton import mmq, moe
+from minfer.quant import reference
+from minfer.quant.types import QUANT_TABLE, GGMLType
+
+TIGHT = 1e-4  # a rare f16 rounding flip of one weight (its f32 dequantization a hair from a tie) stays far below
+
+
+def _experts(t: GGMLType, e: int, n: int, k: int, gen):
+    raw = random_blocks(QUANT_TABLE[t], e * n, k, gen)
+    return raw, reference.dequantize(raw.reshape(-1), t, (e * n, k)).double().view(e, n, k)
+
+
+def _k(t: GGMLType, blocks32: int) -> int:
+    per = QUANT_TABLE[t].block_elems
+    return max(per, blocks32 * 32 // per * per)
+
+
+def _ref(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, bias=None) -> torch.Tensor:
+    xs = x if x.dim() == 3 else x.unsqueeze(1).expand(-1, ids.shape[1], -1)
+    out = torch.einsum("tjk,tjnk->tjn", xs.double(), w[ids.long()])
+    if bias is not None:
+        out = out + bias.double().view(w.shape[0], w.shape[1])[ids.long()]
+    return out
+
+
+def _ids(t: int, used: int, e: int, gen) -> torch.Tensor:
+    ids = torch.stack([torch.randperm(e, generator=gen)[:used] for _ in range(t)]).int()
+    ids.view(-1)[0] = e - 1  # the last expert of the stack, every time
+    return ids
+
+
+@pytest.mark.parametrize("t", mmq.MMQ_TYPES, ids=lambda t: t.name)
+def test_mm16_every_type(t, device, gen, check):
+    e, n, k, tokens, used = 5, 24, _k(t, 8), 6, 2
+    raw, w = _experts(t, e, n, k, gen)
+    x = torch.randn(tokens, k, generator=gen) * torch.rand(tokens, 1, generator=gen)
+    ids = _ids(tokens, used, e, gen)
+    out = check.poisoned((tokens, used, n), torch.float32, device)
+    moe.moe_mm16(x.to(device), ids.to(device), moe.repack_experts(raw.to(device), n, k, t, e), n, k, t, e, out=out,
+                 config={"BLOCK_M": 16, "BLOCK_N": 16, "KB": 2 if k % 64 == 0 else 1, "num_warps": 4})
+    assert check.rel_err(out, _ref(x, ids, w)) < 3e-3  # f16 x and weights: ~5e-4 here (contract: 1e-2)
+    assert check.rel_err(out, _ref(x.half().float(), ids, w.half().double())) < TIGHT
+
+
+@pytest.mark.parametrize("config", [
+    {"BLOCK_M": 16, "BLOCK_N": 32, "KB": 4, "num_warps": 4},
+    {"BLOCK_M": 32, "BLOCK_N": 16, "KB": 1, "num_warps": 4},
+    None,  # mm16_config's choice
+], ids=["bm16-kb4", "bm32-kb1", "default"])
+def test_mm16_runs_longer_than_a_block_per_slot_x_and_bias(config, device, gen, check):
+    """40 tokens over 3 experts (each expert's run spans several blocks, the last one partial),
+    x per slot (the down projection), each expert's bias in the store; columns not a multiple of
+    the tile; twice through the same buffers."""
+    t, e, n, k, tokens, used = GGMLType.Q4_K, 3, 40, 256, 40, 2
+    raw, w = _experts(t, e, n, k, gen)
+    packed = moe.repack_experts(raw.to(device), n, k, t, e)
+    bias = torch.randn(e * n, generator=gen)
+    for _ in range(2):
+        x = torch.randn(tokens, used, k, generator=gen)
+        ids = _ids(tokens, used, e, gen)
+        out = check.poisoned((tokens, used, n), torch.float32, device)
+        moe.moe_mm16(x.to(device), ids.to(device), packed, n, k, t, e, out=out, config=config, bias=bias.to(device))
+        assert check.rel_err(out, _ref(x.half().float(), ids, w.half().double(), bias)) < TIGHT
+
+
+def test_mm16_refuses_and_handles_edges(device, gen):
+    t, e, n, k = GGMLType.Q4_0, 4, 16, 64
+    raw, _ = _experts(t, e, n, k, gen)
+    packed = moe.repack_experts(raw.to(device), n, k, t, e)
+    ids = torch.zeros(2, 2, dtype=torch.int32, device=device)
+    with pytest.raises(UnsupportedError, match="multiple of 128"):
+        moe.moe_mm16(torch.zeros(2, k, device=device), ids, packed, n, k, t, e, config={"BLOCK_M": 16, "BLOCK_N": 16,
+                                                                                         "KB": 4, "num_warps": 4})
+    with pytest.raises(UnsupportedError, match="x must be"):
+        moe.moe_mm16(torch.zeros(3, k, device=device), ids, packed, n, k, t, e)
+    empty = moe.moe_mm16(torch.zeros(0, k, device=device), ids[:0], packed, n, k, t, e)
+    assert empty.shape == (0, 2, n)
+
+
+@pytest.mark.parametrize("tokens, used, e, block_m", [(5, 2, 8, 16), (64, 8, 128, 16), (300, 8, 128, 64),
+                                                      (3, 4, 32, 32)])
+def test_align_groups_every_slot_once_by_expert(tokens, used, e, block_m, device, gen):
+    ids = torch.stack([torch.randperm(e, generator=gen)[:used] for _ in range(tokens)]).int()
+    srt, bexp = (v.cpu() for v in moe.moe_align(ids.to(device), e, block_m))
+    flat = ids.view(-1)
+    assert sorted(srt[srt >= 0].tolist()) == list(range(tokens * used))
+    assert bexp.numel() == -(-tokens * used // block_m) + min(e, tokens * used)
+    for b in range(bexp.numel()):
+        rows = srt[b * block_m:(b + 1) * block_m]
+        if bexp[b] == e:  # a block of no expert: all padding
+            assert (rows < 0).all()
+        else:
+            assert (rows >= 0).any() and (flat[rows[rows >= 0].long()] == bexp[b]).all()
+    used_blocks = bexp[bexp < e]
+    assert (used_blocks[1:] >= used_blocks[:-1]).all() and (bexp[used_blocks.numel():] == e).all()
+
+
+def test_align_is_memory_safe_on_ids_out_of_range(device):
+    """Ids the router cannot make (negative, >= E) are clamped into the table, never written past it."""
+    ids = torch.tensor([[-3, 7], [100, 2]], dtype=torch.int32)
+    srt, bexp = (v.cpu() for v in moe.moe_align(ids.to(device), 4, 16))
+    assert sorted(srt[srt >= 0].tolist()) == [0, 1, 2, 3]
+    assert set(bexp.tolist()) <= {0, 2, 3, 4}
+
+
+@pytest.mark.parametrize("gating", ["softmax", "sigmoid", "softmax_weight"])
+def test_route_names_an_expert_for_a_diverged_row(gating, device):
+    """A row of NaN router logits (a diverged model, a poisoned input) still names k experts in 0..E-1
+    (the expert kernels index the weights with them); a NaN beside numbers is never chosen (softmax
+    spreads one NaN over the whole row)."""
+    logits = torch.full((2, 6), float("nan"))
+    logits[1] = torch.tensor([0.5, float("nan"), 2.0, -1.0, float("nan"), 1.0])
+    _, ids = moe.moe_route_rows(logits.to(device), torch.zeros(6, device=device), 3, gating, True, 1.0)
+    ids = ids.cpu()
+    assert ((ids >= 0) & (ids < 6)).all()
+    if gating != "softmax":
+        assert ids[1].tolist() == [2, 5, 0]
+
+
+def test_a_layers_matmuls_share_one_grouping(device, gen):
+    """`aligned`: the same router ids tensor gives the same tables (gate, up, down of a layer); a new
+    tensor of equal values, an in-place write, or another block size groups again."""
+    ids = _ids(8, 2, 6, gen).to(device)
+    first = moe.aligned(ids, 6, 16)
+    assert moe.aligned(ids, 6, 16) is first
+    assert moe.aligned(ids.clone(), 6, 16) is not first
+    assert moe.aligned(ids, 6, 32) is not first
+    again = moe.aligned(ids, 6, 16)
+    ids[0, 0] = (int(ids[0, 0]) + 1) % 6  # a torch write bumps the version: grouped again, correctly
+    moved = moe.aligned(ids, 6, 16)
+    assert moved is not again
+    srt, bexp = (v.cpu() for v in moved)
+    where = int((srt == 0).nonzero()[0, 0])  # slot 0 sits in a block of its new expert
+    assert int(bexp[where // 16]) == int(ids[0, 0])
