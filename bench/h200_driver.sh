@@ -127,6 +127,7 @@ elif [ "$PARTS" = moe ]; then  # minfer's runs while llama.cpp builds (-j12: 4 c
      && cmake --build build-cuda --target llama-bench llama-batched-bench -j12 > build-cuda.log 2>&1
    echo "cuda build rc=$? $(since)") > $D/llama-build.txt 2>&1 &
   (synth qwen3-30b-a3b q4_k_m; synth gpt-oss-20b mxfp4; echo "synth done $(since)") > $D/synth.txt 2>&1 &
+  [ "${STUDY:-1}" = 0 ] || {  # STUDY=0: the measurements alone (a short device budget)
   step gputests
   MINFER_TEST_DEVICE=cuda timeout 300 python3 -m pytest -q -s -p no:cacheprovider tests/kernels/triton/test_moe.py \
     tests/contracts/test_conformance.py tests/backends/test_families_gpu.py -k "(moe or mixtral or gpt) and not vulkan" \
@@ -137,11 +138,12 @@ elif [ "$PARTS" = moe ]; then  # minfer's runs while llama.cpp builds (-j12: 4 c
        -p no:cacheprovider tests/backends/test_families_gpu.py -k "cuda-tiny-gpt-oss]" 2>&1 | grep -E "on cuda:|passed|failed" \
        | sed 's/^/base: /')
   fi
+  }
   wait_synth() { while ! grep -q "synth done" $D/synth.txt; do sleep 2; done; }
   wait_synth; cat $D/synth.txt
-  step profile
+  [ "${STUDY:-1}" = 0 ] || { step profile
   timeout 300 python3 bench/moe_profile.py $M/qwen3-30b-a3b-q4_k_m.gguf --rows 16 --top 10 2>&1 | grep -v USDT \
-    > $D/profile.txt; cat $D/profile.txt
+    > $D/profile.txt; cat $D/profile.txt; }
   : > $D/bench.jsonl
   step minfer
   F=$M/qwen3-30b-a3b-q4_k_m.gguf; G=$M/gpt-oss-20b-mxfp4.gguf

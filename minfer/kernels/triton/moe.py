@@ -284,10 +284,12 @@ def aligned(ids: torch.Tensor, n_expert: int, block_m: int) -> tuple[torch.Tenso
     same router ids tensor (a new one per forward), so the second and third call reuse the tables
     the first made (in a CUDA graph the one align launch is captured before the gate's). Keyed by
     the tensor object itself (a weak reference: a freed tensor's address never matches), its
-    version counter (an in-place torch write changes it) and the grouping's sizes; a kernel that
-    rewrote the same tensor's values behind torch's back would defeat it, and none does (the
-    router writes a fresh tensor)."""
-    key = (ids._version, n_expert, block_m, ids.data_ptr())
+    version counter outside inference mode (an in-place torch write changes it) and the grouping's
+    sizes; rewriting the same tensor's values in place under inference mode (no counter) or by a
+    kernel behind torch's back would defeat it, and nothing does (the router writes a fresh tensor
+    each forward)."""
+    version = -1 if ids.is_inference() else ids._version  # (inference tensors, the engine's, keep no counter)
+    key = (version, n_expert, block_m, ids.data_ptr())
     hit = _ALIGNED.get("last")
     if hit is not None and hit[0]() is ids and hit[1] == key:
         return hit[2]

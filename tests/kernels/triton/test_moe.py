@@ -146,3 +146,13 @@ def test_a_layers_matmuls_share_one_grouping(device, gen):
     srt, bexp = (v.cpu() for v in moved)
     where = int((srt == 0).nonzero()[0, 0])  # slot 0 sits in a block of its new expert
     assert int(bexp[where // 16]) == int(ids[0, 0])
+
+
+def test_grouping_under_inference_mode(device, gen):
+    """The engine runs under torch.inference_mode, whose tensors keep no version counter: the shared
+    grouping still works there (a crash on the H200 the first time), and a new ids tensor regroups."""
+    with torch.inference_mode():
+        ids = _ids(4, 2, 6, gen).to(device)
+        first = moe.aligned(ids, 6, 16)
+        assert moe.aligned(ids, 6, 16) is first
+        assert moe.aligned(ids.clone(), 6, 16) is not first
