@@ -104,6 +104,7 @@ LAUNCHERS = {
     "attention_sdpa": torch_ops.attention_sdpa,
     "attention_sdpa_q8": torch_ops.attention_sdpa_q8,
     "linear_f16": torch_ops.linear_f16,
+    "linear_f32": torch_ops.linear_f32,
     "row_select": torch_ops.row_select,
     "argmax_rows": torch_ops.argmax_rows,
     "moe_route_rows": moe.moe_route_rows,
@@ -188,12 +189,23 @@ def test_gemv_wins_m1_by_fast_path_though_others_are_admissible(registry):
                                                           ("mmq_q4_0", None), ("linear_f16", None)]
     assert sorted(k.name for k, _ in rejected if k.contract.backend == "CUDA") == sorted([  # the other types'
         "mmq_int4", "mmq_q8_0", "mmq_q6_k", "mmq_planes", "int4_gemv", "q8_0_gemv", "q6_k_gemv", "q5_gemv",
-        "q3_k_gemv", "q2_k_gemv", "lut4_gemv", "mmq_lut4"])
+        "q3_k_gemv", "q2_k_gemv", "lut4_gemv", "mmq_lut4", "linear_f32"])
     ok, rejected = candidates("QMatMul", *_qmatmul_call(8), registry=registry)
     # only linear_f16 has a fast path at 8; the quantized ones (MINFER_MMQ=1's) ranked by cost
     assert [c.kernel.name for c in ok] == ["linear_f16", "q4_0_matmul", "mmq_q4_0"]
     why = ["shape_constraint 'm == 1' is false (m=8)"]
     assert ("q4_0_gemv", why) in [(k.name, reasons) for k, reasons in rejected]
+
+
+@pytest.mark.parametrize("m", [1, 2, 512])
+def test_f32_weights_multiply_in_f32(registry, m):
+    """An F32 weight (a mixture of experts' router) is multiplied in f32 at every row count, as
+    llama.cpp does: f16 operands would flip the router's choice of experts at near-ties; F16 weights
+    keep cuBLAS on f16."""
+    f32 = ({"x": "F32", "w": "F32"}, {"x": (m, 256), "w": (32, 256 * 4)}, {"n": 32, "k": 256, "qtype": "F32"})
+    assert pick("QMatMul", *f32, registry=registry).name == "linear_f32"
+    f16 = ({"x": "F32", "w": "F16"}, {"x": (m, 256), "w": (32, 256 * 2)}, {"n": 32, "k": 256, "qtype": "F16"})
+    assert pick("QMatMul", *f16, registry=registry).name == "linear_f16"
 
 
 @pytest.mark.parametrize("qtype, kernel", [("Q4_0", "q4_0_matmul"), ("Q4K", "mmq_int4"), ("Q4_1", "mmq_int4"),

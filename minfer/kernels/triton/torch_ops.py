@@ -7,6 +7,10 @@
   f16 rather than bf16: the same speed with 3 more mantissa bits (bf16 operands cost ~1 % relative
   error on logits, f16 ~0.25 %); activations past f16's range (65504) would overflow, which the
   matmul inputs of llama/qwen models (normalized rows, SwiGLU outputs) do not reach.
+- `linear_f32`: out = x @ W^T for F32 weights, in f32 (cuBLAS without TF32, on the file's bytes:
+  no copy), as llama.cpp multiplies them. A mixture of experts' router is F32 in every published
+  mix: its logits choose the experts, a discrete choice that f16 rounding flips at near-ties (the
+  prompt path routed otherwise than llama.cpp and than the decode rows, tiny-gpt-oss on the H200).
 - `attention_sdpa`: the Attention op for prompt chunks: k/v written into the cache by minfer's
   `kv_write` kernel, then torch's scaled_dot_product_attention (flash / memory-efficient
   backends) per sequence span over its cached positions, causal.
@@ -67,6 +71,50 @@ def linear_f16(x: torch.Tensor, w: torch.Tensor, n: int, k: int, qtype: GGMLType
         # a row's result does not depend on the rows beside it (a CPU BLAS picks its kernel, and with it the
         # order of a row's sums, by the row count: a decode graph's padded bucket must equal the eager step)
         res = torch.mm(xb.double(), wb.double().t()).float()
+    if out is None:
+        return res
+    make_out(what, out, res.shape, torch.float32, device).copy_(res)
+    return out
+
+
+def f32_weight(w: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str) -> torch.Tensor:
+    """An F32 GGUF weight's [n, k] float32 view (its raw bytes reinterpreted: no copy)."""
+    what = "f32_weight"
+    check_int(what, "n", n, 1)
+    check_int(what, "k", k, 1)
+    if isinstance(w, torch.Tensor) and w.dtype == torch.float32:
+        if tuple(w.shape) != (n, k):
+            raise UnsupportedError(f"{what}: an f32 weight must be [{n}, {k}], got {tuple(w.shape)}")
+        return w
+    if resolve_qtype(what, qtype).type != GGMLType.F32:
+        raise UnsupportedError(f"{what}: reads F32 weights, got {resolve_qtype(what, qtype).name}")
+    check_tensor(what, "w", w, (torch.uint8,))
+    if w.numel() != n * k * 4 or not w.is_contiguous():
+        raise UnsupportedError(f"{what}: an F32 [{n}, {k}] weight is {n * k * 4} contiguous bytes, got {w.numel()}")
+    return w.reshape(-1).view(torch.float32).view(n, k)
+
+
+def linear_f32(x: torch.Tensor, w: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """out [m, n] f32 = x [m, k] @ W^T in f32 for an F32 weight (`f32_weight`'s view): cuBLAS with
+    TF32 off on the GPU; on the CPU (the interpreter's stand-in) summed in float64 and rounded once,
+    so that a row's result does not depend on the rows beside it."""
+    what = "linear_f32"
+    wf = f32_weight(w, n, k, qtype)
+    x2 = x.reshape(1, -1) if x.dim() == 1 else x
+    check_tensor(what, "x", x2, (torch.float32,), ndim=2)
+    if x2.shape[1] != k:
+        raise UnsupportedError(f"{what}: x must be [m, {k}], got {tuple(x.shape)}")
+    device = check_device(what, x=x2, w=wf, out=out)
+    if device.type == "cuda":
+        prior = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False  # (torch's default; held here whatever a caller set)
+        try:
+            res = torch.mm(x2, wf.t())
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = prior
+    else:
+        res = torch.mm(x2.double(), wf.double().t()).float()
     if out is None:
         return res
     make_out(what, out, res.shape, torch.float32, device).copy_(res)
