@@ -53,28 +53,40 @@ def f16_weight(w: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str) -> 
     return dequant(w.reshape(-1), info.type, n, k, out_dtype=torch.float16)
 
 
-def linear_f16(x: torch.Tensor, w: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str,
-                out: torch.Tensor | None = None) -> torch.Tensor:
-    """out [m, n] f32 = f16(x) [m, k] @ W^T: W the `f16_weight` layout (or raw bytes, converted
-    on every call: correct, but a full pass over W each time)."""
-    what = "linear_f16"
-    wb = f16_weight(w, n, k, qtype)
+def _rows_times(what: str, x: torch.Tensor, w: torch.Tensor, k: int, out: torch.Tensor | None) -> torch.Tensor:
+    """out [m, n] f32 = x [m, k] (or [k]) @ w^T with x rounded to w's dtype (f16 or f32): cuBLAS on
+    the GPU (f32 accumulate; TF32 off for f32); on the CPU, the interpreter's stand-in, the same
+    operands summed in f64 and rounded once to f32, so that a row's result does not depend on the
+    rows beside it (a CPU BLAS picks its kernel, and with it the order of a row's sums, by the row
+    count: a decode graph's padded bucket must equal the eager step)."""
     x2 = x.reshape(1, -1) if x.dim() == 1 else x
     check_tensor(what, "x", x2, (torch.float32,), ndim=2)
     if x2.shape[1] != k:
         raise UnsupportedError(f"{what}: x must be [m, {k}], got {tuple(x.shape)}")
-    device = check_device(what, x=x2, w=wb, out=out)
-    xb = x2.to(torch.float16)
-    if device.type == "cuda":
-        res = torch.mm(xb, wb.t(), out_dtype=torch.float32)
-    else:  # the interpreter's CPU stand-in: the same f16 operands, summed in f64 and rounded once to f32, so
-        # a row's result does not depend on the rows beside it (a CPU BLAS picks its kernel, and with it the
-        # order of a row's sums, by the row count: a decode graph's padded bucket must equal the eager step)
-        res = torch.mm(xb.double(), wb.double().t()).float()
+    device = check_device(what, x=x2, w=w, out=out)
+    xw = x2.to(w.dtype)
+    if device.type != "cuda":
+        res = torch.mm(xw.double(), w.double().t()).float()
+    elif w.dtype == torch.float16:
+        res = torch.mm(xw, w.t(), out_dtype=torch.float32)
+    else:
+        prior = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False  # (torch's default; held here whatever a caller set)
+        try:
+            res = torch.mm(xw, w.t())
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = prior
     if out is None:
         return res
     make_out(what, out, res.shape, torch.float32, device).copy_(res)
     return out
+
+
+def linear_f16(x: torch.Tensor, w: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """out [m, n] f32 = f16(x) [m, k] @ W^T: W the `f16_weight` layout (or raw bytes, converted
+    on every call: correct, but a full pass over W each time)."""
+    return _rows_times("linear_f16", x, f16_weight(w, n, k, qtype), k, out)
 
 
 def f32_weight(w: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str) -> torch.Tensor:
@@ -97,28 +109,8 @@ def f32_weight(w: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str) -> 
 def linear_f32(x: torch.Tensor, w: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str,
                out: torch.Tensor | None = None) -> torch.Tensor:
     """out [m, n] f32 = x [m, k] @ W^T in f32 for an F32 weight (`f32_weight`'s view): cuBLAS with
-    TF32 off on the GPU; on the CPU (the interpreter's stand-in) summed in float64 and rounded once,
-    so that a row's result does not depend on the rows beside it."""
-    what = "linear_f32"
-    wf = f32_weight(w, n, k, qtype)
-    x2 = x.reshape(1, -1) if x.dim() == 1 else x
-    check_tensor(what, "x", x2, (torch.float32,), ndim=2)
-    if x2.shape[1] != k:
-        raise UnsupportedError(f"{what}: x must be [m, {k}], got {tuple(x.shape)}")
-    device = check_device(what, x=x2, w=wf, out=out)
-    if device.type == "cuda":
-        prior = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = False  # (torch's default; held here whatever a caller set)
-        try:
-            res = torch.mm(x2, wf.t())
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = prior
-    else:
-        res = torch.mm(x2.double(), wf.double().t()).float()
-    if out is None:
-        return res
-    make_out(what, out, res.shape, torch.float32, device).copy_(res)
-    return out
+    TF32 off on the GPU; the interpreter's stand-in in f64 (as linear_f16's)."""
+    return _rows_times("linear_f32", x, f32_weight(w, n, k, qtype), k, out)
 
 
 def attention_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor,
