@@ -113,3 +113,42 @@ def test_decode_logits_are_bit_identical_alone_and_batched(model16, raw, with_pr
         assert torch.equal(alone, together[slot]), slot
     if with_prefill:
         assert torch.equal(together[8], raw.prefill(eng, 10, prompts[1] * 3)[-1])
+
+
+def test_a_prompt_split_anywhere_gives_the_bits_of_it_whole(model16, raw):
+    """A prompt's rows computed in two chunks (a reused first part, then the rest) equal the rows of one
+    chunk, bit for bit, wherever the split falls: what a slot's cached tokens or the prefix cache leave to
+    compute gets a fresh run's numbers. (Prompt attention as one causal SDPA over the chunk rounded each
+    row by the chunk's shape, 1e-7, which the next matmul's int8 activations made logits ~0.5 apart.)"""
+    import torch
+
+    eng = model16.engine
+    ids = model16.prompt_ids(PROMPTS[8]) + model16.tokenize(" The capital of France is Paris.", add_special=False)
+    whole = raw.prefill(eng, 0, ids)
+    for slot, cut in enumerate((1, 4, 17, 32, 33, len(ids) - 1), start=1):
+        raw.prefill(eng, slot, ids[:cut], rows=[0])
+        rest = raw.prefill(eng, slot, ids[cut:], start=cut)
+        assert torch.equal(rest, whole[cut:]), (cut, float((rest - whole[cut:]).abs().max()))
+    model16.reset()  # (the slots' caches were written behind the scheduler's back)
+
+
+def test_a_prompt_continuing_a_slot_gives_the_text_and_logprobs_of_a_fresh_run(model16):
+    """The leak test_api's streaming test met on a near-tie: Model.logits(ids) leaves a slot holding the
+    prompt, and the next request with that prompt runs only its last token there. Its logprobs (the
+    logits rows, bit for bit) and text are those of the same request run from scratch."""
+    from minfer.engine.params import SamplingParams
+
+    prompt = "The capital of France is"
+    ids = model16.prompt_ids(prompt)
+    params = SamplingParams(max_tokens=12, temperature=0)
+    model16.reset()
+    fresh = model16.engine.add(ids, params, reuse_prefix=False)
+    fresh.logprobs_n = TOP
+    model16.run([fresh])
+    model16.reset()
+    model16.logits(ids)
+    again = model16.submit(prompt, params)
+    again.logprobs_n = TOP
+    model16.run([again])
+    assert again.stats.cached_tokens == len(ids) - 1  # (it did continue the slot)
+    assert again.generated == fresh.generated and again.logprobs == fresh.logprobs

@@ -174,18 +174,7 @@ def _attention(be: CPUBackend, node: Node):
                                              st.lens, n_head, scale, starts, softcap, sinks)
         # a window only matters once some row is `window` positions in (the plain paths before that)
         if softcap or sinks is not None or (window and max(s.end for s in st.batch.spans) > window):
-            slots, pos = st.batch.row_slots.tolist(), st.batch.positions.tolist()
-            k_all, v_all = st.cache.k[layer], st.cache.v[layer]
-            if not softcap and sinks is None:  # one query sees a contiguous run of keys: SDPA over the window's slice
-                qs = q.view(rows, 1, n_head, 1, hd).unbind(0)
-                return torch.cat([cpu_ops.attention_decode(
-                    qs[b], k_all[slots[b], :, max(0, pos[b] + 1 - window):pos[b] + 1].unsqueeze(0),
-                    v_all[slots[b], :, max(0, pos[b] + 1 - window):pos[b] + 1].unsqueeze(0), scale).view(1, -1)
-                    for b in range(rows)])
-            qs = q.view(rows, 1, n_head, hd).unbind(0)
-            return torch.cat([cpu_ops.attention_masked(qs[b], k_all[slots[b], :, :pos[b] + 1],
-                                                       v_all[slots[b], :, :pos[b] + 1], pos[b], scale,
-                                                       window, softcap, sinks) for b in range(rows)])
+            return each_row(q, st)
         if rows == 1:
             keys, values = st.views[0]
             out = cpu_ops.attention_decode(q.view(1, n_head, 1, hd), keys[layer], values[layer], scale)
@@ -194,19 +183,43 @@ def _attention(be: CPUBackend, node: Node):
         return torch.cat([cpu_ops.attention_decode(qs[b], keys[layer], values[layer], scale)
                           for b, (keys, values) in enumerate(st.views)]).view(rows, n_head * hd)
 
+    def each_row(q: torch.Tensor, st: _State) -> torch.Tensor:
+        """Every row alone over its slot's keys up to its position (torch): a row's numbers depend on
+        its own position only, as a decode row's do (the same calls as the decode path's)."""
+        rows = q.shape[0]
+        slots, pos = st.batch.row_slots.tolist(), st.batch.positions.tolist()
+        k_all, v_all = st.cache.k[layer], st.cache.v[layer]
+        if not softcap and sinks is None:  # one query sees a contiguous run of keys: SDPA over the window's slice
+            qs = q.reshape(rows, 1, n_head, 1, hd).unbind(0)
+            return torch.cat([cpu_ops.attention_decode(
+                qs[b], k_all[slots[b], :, max(0, pos[b] + 1 - window) if window else 0:pos[b] + 1].unsqueeze(0),
+                v_all[slots[b], :, max(0, pos[b] + 1 - window) if window else 0:pos[b] + 1].unsqueeze(0),
+                scale).view(1, -1) for b in range(rows)])
+        qs = q.reshape(rows, 1, n_head, hd).unbind(0)
+        return torch.cat([cpu_ops.attention_masked(qs[b], k_all[slots[b], :, :pos[b] + 1],
+                                                   v_all[slots[b], :, :pos[b] + 1], pos[b], scale,
+                                                   window, softcap, sinks) for b in range(rows)])
+
     def prefill(vals, st: _State) -> torch.Tensor:
+        # Each row attends as a decode row at its position would (the C kernel, or one SDPA call per row):
+        # its numbers do not depend on which rows share its chunk or where the chunk starts, so a prompt
+        # whose first part is reused (a slot's cached tokens, prefix-cache blocks) computes the rest with
+        # the bits of a fresh run. (One causal SDPA over the chunk rounds a row by the chunk's shape: 1e-7
+        # there, which the int8 activations of the next matmul turn into logits ~0.5 apart.)
         kc, vc = st.cache.k[layer], st.cache.v[layer]
-        q = vals[q_i].unflatten(-1, (n_head, hd))
         k = vals[k_i].unflatten(-1, (n_kv, hd)).transpose(0, 1)
         v = vals[v_i].unflatten(-1, (n_kv, hd)).transpose(0, 1)
-        out = torch.empty(q.shape[0], n_head * hd)
         for s in st.batch.spans:
             rows = slice(s.offset, s.offset + s.n_tokens)
             kc[s.slot, :, s.start:s.end] = k[:, rows]
             vc[s.slot, :, s.start:s.end] = v[:, rows]
-            w = window if s.end > window else 0  # the window masks nothing before
-            out[rows] = cpu_ops.attention(q[rows], kc[s.slot], vc[s.slot], s.start, scale, w, softcap, sinks)
-        return out
+        q = vals[q_i]
+        if be._c_attention:  # every row in one call (q4_vnni.c attn_decode), as the decode rows
+            lens = st.batch.positions + 1
+            starts = (lens - window).clamp_(min=0) if window else None
+            return cpu_vnni.attention_decode(q, kc, vc, st.batch.row_slots, lens, n_head, scale, starts, softcap,
+                                             sinks)
+        return each_row(q, st)
 
     return {"decode": decode, "prefill": prefill}, None
 
