@@ -33,8 +33,8 @@ package calls os.environ. Switches:
                            (where the CPU has that ISA; the same results bit for bit: kernels/cpu/vnni.py)
 - MINFER_CPU_PROMPT_PASSES=N cpu: a prompt chunk's int8 activation passes on the C kernels: 1 (the default,
                            llama.cpp's int8 activations) or 2 (the decode rows' ~15 bits, ~1.7x the prompt's time)
-- MINFER_CPU_NATIVE=1      cpu: a decode step as one C call (the decode program, backends/cpu/native.py) instead of
-                           node by node from Python; opt-in while a rare greedy difference under load is open
+- MINFER_CPU_NATIVE=0      cpu: a decode step node by node from Python instead of as one C call (the decode program,
+                           backends/cpu/native.py, the default where the graph allows it; the same bits either way)
 - MINFER_CACHE=dir         minfer's cache (`cache_dir()`, EngineConfig.cache_path; default ~/.cache/minfer): the C
                            helpers compiled (kernels/cbuild.py: created 0700; an entry another user owns or others
                            can write is rebuilt, not loaded), models downloaded from URLs (hub.py), the chat's
@@ -224,7 +224,7 @@ class EngineConfig:
     cpu_vnni: bool = True  # cpu: the C kernels (AVX512-VNNI or AVX2 builds) where the CPU has them
     cpu_isa: str = "auto"  # cpu: the C kernels' build (CPU_ISAS; "auto": the best the CPU's flags allow)
     cpu_prompt_passes: int = 1  # cpu: a prompt chunk's int8 activation passes on the C kernels (decode rows: 2)
-    cpu_native: bool = False  # cpu: a decode step as one C call (backends/cpu/native.py) where the graph allows
+    cpu_native: bool = True  # cpu: a decode step as one C call (backends/cpu/native.py) where the graph allows
     cache_dir: str | None = None  # minfer's cache: C helpers, the cpu's prepared weights (None: ~/.cache/minfer)
     wgpu_adapter: str = ""  # vulkan / gpu: the first adapter whose name contains this ("": the best)
     wgpu_subgroups: bool = True  # vulkan / gpu: subgroup reductions where the adapter has them
@@ -288,7 +288,7 @@ class EngineConfig:
             cpu_vnni=env("MINFER_CPU_VNNI", True),
             cpu_isa=env("MINFER_CPU_ISA", "auto").strip().lower() or "auto",
             cpu_prompt_passes=env("MINFER_CPU_PROMPT_PASSES", 1),
-            cpu_native=env("MINFER_CPU_NATIVE", False),
+            cpu_native=env("MINFER_CPU_NATIVE", True),
             cache_dir=env("MINFER_CACHE", "") or None,
             wgpu_adapter=env("MINFER_WGPU_ADAPTER", ""),
             wgpu_subgroups=env("MINFER_WGPU_SUBGROUPS", True),

@@ -109,8 +109,9 @@ def test_graphs_it_cannot_run_keep_the_per_node_path(tiny_gguf, monkeypatch):
         _prefill(be, [(0, [1, 2, 3])])
         assert torch.isfinite(_decode(be, [(0, 3, 4)], native=True)).all()
         assert be._program is None
-    with load(tiny_gguf("tiny-llama", "q4_0"), "cpu", n_ctx=64, n_slots=1, progress=False) as m:  # (opt-in)
-        assert "MINFER_CPU_NATIVE=1" in m.engine.backend.native_reason
-    monkeypatch.setenv("MINFER_CPU_NATIVE", "1")
+    monkeypatch.setenv("MINFER_CPU_NATIVE", "0")  # (on by default: the switch turns it off)
+    with load(tiny_gguf("tiny-llama", "q4_0"), "cpu", n_ctx=64, n_slots=1, progress=False) as m:
+        assert "MINFER_CPU_NATIVE=0" in m.engine.backend.native_reason
+    monkeypatch.delenv("MINFER_CPU_NATIVE", raising=False)
     with load(tiny_gguf("tiny-llama", "q4_0"), "cpu", n_ctx=64, n_slots=1, progress=False) as m:
         assert m.engine.backend.native_reason is None

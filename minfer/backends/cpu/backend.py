@@ -354,7 +354,7 @@ class CPUBackend(Backend):
             for n in self.graph.nodes if n.op == Op.ATTENTION)
         self._ropes = rope_tables(self.graph, n_ctx, lambda w: self.vector(w.name))
         self._program = None  # (its steps hold the old cache's addresses)
-        self.native_reason = ("off (MINFER_CPU_NATIVE=1 turns it on)" if not self.config.cpu_native
+        self.native_reason = ("off (MINFER_CPU_NATIVE=0)" if not self.config.cpu_native
                               else program_reason(self) if self._c_attention else "attention off the C kernel")
 
     # ------------------------------------------------------------------ run
