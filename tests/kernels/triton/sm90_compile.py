@@ -216,6 +216,18 @@ def variants():
             out.append((name, mmq._mmq_kernel, tsig, consts, opts))
             if t.name in ("Q4_K", "Q6_K", "Q4_0"):  # the grouped expert matmul (moe.py moe_mmq): its MOE mode
                 out.append(("moe_" + name, mmq._mmq_kernel, tsig, dict(consts, MOE=True), opts))
+        if t.name in ("Q4_0", "Q4_K", "Q6_K", "Q8_0", "Q2_K", "MXFP4"):  # moe.py moe_mm16: its one tile, per layout
+            cfg = moe.mm16_config(4096, 128, 768, 2048)
+            for bias in (False, True) if t.name == "MXFP4" else (False,):
+                msig = {"x_ptr": "*fp32", "lo_ptr": tsig["lo_ptr"], "hi_ptr": tsig["hi_ptr"], "d_ptr": d_t,
+                        "m_ptr": m_t, "out_ptr": "*fp32", "b_ptr": "*fp32", "sorted_ptr": "*i32", "bexp_ptr": "*i32",
+                        "N": "i32", "K": "i32", "NKB": "i32", "M_STRIDE": "i32", "XDIV": "i32", "NEXP": "i32",
+                        "t0": "i32", "t1": "i32", "t2": "i32", "t3": "i32", "LB": c, "HB": c, "CENTER": c,
+                        "MODE": c, "LUT": c, "BLOCK_M": c, "BLOCK_N": c, "KB": c, "BIAS": c, "PDL": c}
+                mconsts = dict(LB=lb, HB=hb, CENTER=center, MODE=mode, LUT=lut, BIAS=bias, PDL=2,
+                               **{k: cfg[k] for k in ("BLOCK_M", "BLOCK_N", "KB")})
+                out.append((f"moe_mm16[{t.name} bias={bias}]", moe._mm16_kernel, msig, mconsts,
+                            {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}))
 
     sig = {"x_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32", "D": "i32", "stride_x": "i32", "eps": "fp32",
            "BLOCK_D": c, "PDL": c}
@@ -297,6 +309,10 @@ def variants():
     for bias in (False, True):
         out.append((f"moe_matmul_f16[bias={bias}]", moe._f16_kernel, sig,
                     {"BLOCK_N": 64, "BLOCK_K": 256, "BIAS": bias, "PDL": 2}, {"num_warps": 4}))
+    sig = {"id_ptr": "*i32", "sorted_ptr": "*i32", "bexp_ptr": "*i32", "cursor_ptr": "*i32", "S": "i32", "E": "i32",
+           "ROWS": "i32", "NB": "i32", "BLOCK_M": c, "EB": c, "CHUNK": c, "PDL": c}
+    out.append(("moe_align", moe._align_kernel, sig, {"BLOCK_M": 16, "EB": 128, "CHUNK": 1024, "PDL": 2},
+                {"num_warps": 8}))
     sig = {"out_ptr": "*fp32", "id_ptr": "*i32", "b_ptr": "*fp32", "N": "i32", "BLOCK_N": c, "PDL": c}
     out.append(("moe_expert_bias", moe._expert_bias_kernel, sig, {"BLOCK_N": 256, "PDL": 2}, {"num_warps": 4}))
     sig = {"y_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32", "N": "i32", "K": c, "BLOCK_N": c, "PDL": c}
