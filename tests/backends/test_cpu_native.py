@@ -115,3 +115,17 @@ def test_graphs_it_cannot_run_keep_the_per_node_path(tiny_gguf, monkeypatch):
     monkeypatch.delenv("MINFER_CPU_NATIVE", raising=False)
     with load(tiny_gguf("tiny-llama", "q4_0"), "cpu", n_ctx=64, n_slots=1, progress=False) as m:
         assert m.engine.backend.native_reason is None
+
+
+def test_the_switch_changes_no_number(smollm2_path):
+    """MINFER_CPU_NATIVE=0 (EngineConfig.cpu_native=False) runs the same kernels node by node: the same
+    greedy text and logits as the default, prompt and decode (the GLU was torch's there once, and the
+    README's question then took another token at a near-tie)."""
+    outs = []
+    for native in (True, False):
+        with load(smollm2_path, "cpu", n_ctx=128, n_slots=1, progress=False, cpu_native=native) as m:
+            assert (m.engine.backend.native_reason is None) == native
+            text = m.generate("The capital of France is", max_tokens=24, temperature=0.0)
+            outs.append((text, m.logits(m.tokenize("The capital of France is" + text))))
+    assert outs[0][0] == outs[1][0]
+    assert torch.equal(outs[0][1], outs[1][1])

@@ -84,9 +84,9 @@ def _slice(be: CPUBackend, node: Node):
 
 def _glu(be: CPUBackend, node: Node, c_fn, torch_fn, kernel: str):
     i, j = node.inputs
-    # float32 rows on the C kernel where the decode program runs (native.py: the program's own GLU, so the two
-    # paths give the same bits); otherwise torch's (the numbers of every earlier release)
-    if be.vnni and be.config.cpu_native and cpu_vnni.available():
+    # float32 rows on the C kernel (native.py's decode program runs the same one, so the program on or off
+    # gives the same bits); torch's where the C kernels are off (MINFER_CPU_VNNI=0, no AVX2)
+    if be.vnni and cpu_vnni.available():
 
         def run_c(vals, st):
             g, u = vals[i], vals[j]
