@@ -178,6 +178,23 @@ MUTANTS: tuple[Mutant, ...] = (
         devices=("cpu",),
     ),
     Mutant(
+        "mm16_block_reads_next_expert",
+        "the grouped expert matmul on f16 tensor cores reads the next expert's rows for a block (moe_mm16)",
+        "minfer/kernels/triton/moe.py",
+        "cols = (tl.minimum(offs_n, N - 1).to(tl.int64) + expert.to(tl.int64) * N)[:, None, None]",
+        "cols = (tl.minimum(offs_n, N - 1).to(tl.int64) + ((expert + 1) % NEXP).to(tl.int64) * N)[:, None, None]",
+        ("tests/kernels/triton/test_moe.py",),
+    ),
+    Mutant(
+        "moe_grouping_shared_across_layers",
+        "a layer's grouping reused for another ids tensor (moe.py `aligned` keyed by sizes alone)",
+        "minfer/kernels/triton/moe.py",
+        "if hit is not None and hit[0]() is ids and hit[1] == key:",
+        "if hit is not None and hit[1][1:3] == key[1:3]:",
+        ("tests/kernels/triton/test_moe.py",),
+        devices=("cpu",),
+    ),
+    Mutant(
         "native_rope_row_ahead",
         "the cpu decode program's RoPE one position ahead (q and k turned by the next position's angles)",
         "minfer/kernels/cpu/q4_vnni.c",
