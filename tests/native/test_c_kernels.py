@@ -348,6 +348,26 @@ def test_attention_window_softcap_sinks(window, softcap, with_sinks, test_seed):
 
 
 @needs_vnni
+def test_attention_of_many_rows_runs_in_bounded_groups(monkeypatch, test_seed):
+    """A prompt chunk's rows at deep positions would need a scratch of rows x kv heads x key chunks; past
+    ATTN_SCRATCH they go in several calls, each row with the bits it has in one call."""
+    gen = torch.Generator().manual_seed(test_seed)
+    n_slots, n_kv, n_ctx, hd, n_head = 1, 2, 300, 32, 4
+    kc, vc = (torch.randn(n_slots, n_kv, n_ctx, hd, generator=gen) for _ in range(2))
+    lens = torch.arange(300 - 80, 300, dtype=torch.int32)  # 80 rows (past the one-call shortcut of 64)
+    q = torch.randn(len(lens), n_head * hd, generator=gen)
+    slots = torch.zeros(len(lens), dtype=torch.int32)
+    whole = cpu_vnni.attention_decode(q, kc, vc, slots, lens, n_head, hd ** -0.5)
+    task = 4 * (n_head // n_kv) * (hd + 2)
+    assert cpu_vnni._attn_row_groups(lens.tolist(), None, n_kv, task) == [(0, 80)]
+    monkeypatch.setattr(cpu_vnni, "ATTN_SCRATCH", 7 * n_kv * 3 * task)  # 10 rows of 2 key chunks, 7 of 3
+    groups = cpu_vnni._attn_row_groups(lens.tolist(), None, n_kv, task)
+    assert groups[0] == (0, 10) and groups[-1] == (74, 80) and len(groups) == 10
+    assert all(a[1] == b[0] for a, b in zip(groups, groups[1:], strict=False))
+    assert torch.equal(cpu_vnni.attention_decode(q, kc, vc, slots, lens, n_head, hd ** -0.5), whole)
+
+
+@needs_vnni
 def test_attention_refuses_slots_and_lengths_outside_the_cache():
     kc = torch.randn(2, 1, 8, 16)
     q = torch.randn(1, 16)

@@ -126,6 +126,12 @@ class DecodeProgram:
         last = g.consumers_last_use()
         quant: dict[tuple, tuple] = {}
         self.embed = None
+        # one attention scratch for every layer (a step's partial results are read before its barrier): its
+        # tasks' size at the cache's whole context, the largest of the graph's attention nodes
+        attn = [n.params for n in g.nodes if n.op == Op.ATTENTION]
+        self._part = self._tensor(torch.zeros(max(
+            [rows * p["n_head_kv"] * math.ceil(self.n_ctx / CHUNK) * (p["n_head"] // p["n_head_kv"])
+             * (p["head_dim"] + 2) for p in attn] or [1])))
         for node in g.nodes:
             out = self._compile(node, [vals.get(i) for i in node.inputs], quant)
             if out is None:
@@ -221,12 +227,11 @@ class DecodeProgram:
             grp = n_head // n_kv
             self.grp = max(self.grp, grp)
             first = self._tensor(torch.zeros(self.rows + 1, dtype=torch.int32))
-            part = self._tensor(torch.zeros(self.rows * n_kv * math.ceil(self.n_ctx / CHUNK) * grp * (hd + 2)))
             starts = self._tensor(torch.zeros(self.rows, dtype=torch.int32))  # a window's first keys (prog_run)
             y = self._buffer(n_head * hd)
             self._step(PS_ATTN, ldx=q.ld, ldy=y.shape[1], a0=n_kv, a1=hd, a2=n_head, a3=self.n_ctx,
                        a4=p.get("window") or 0, f0=p["scale"], f1=p.get("softcap") or 0.0, x=q.ptr, y=y.data_ptr(),
-                       w=kc.data_ptr(), s=vc.data_ptr(), b=first.data_ptr(), zz=part.data_ptr(),
+                       w=kc.data_ptr(), s=vc.data_ptr(), b=first.data_ptr(), zz=self._part.data_ptr(),
                        aux0=starts.data_ptr())
             return _View(y, 0, n_head * hd)
         if op in (Op.ADD, Op.SWIGLU, Op.GEGLU):

@@ -407,6 +407,25 @@ def attention_fits(n_head: int, n_kv: int, head_dim: int) -> bool:
     return head_dim % 16 == 0 and head_dim <= 256 and n_head % n_kv == 0 and n_head // n_kv <= 16
 
 
+ATTN_CHUNK = 128  # q4_vnni.c's CHUNK: keys per attention task (a row's keys split by its own length only)
+ATTN_SCRATCH = 64 << 20  # bytes of partial results one attn_decode call may hold; more rows go in several calls
+
+
+def _attn_row_groups(lens: list[int], starts: list[int] | None, n_kv: int, task_bytes: int) -> list[tuple[int, int]]:
+    """[r0, r1) row ranges whose attn_decode scratch (n_kv tasks per ATTN_CHUNK keys of each row, task_bytes
+    each) stays within ATTN_SCRATCH (one row at least): a long prompt chunk at a deep position would
+    otherwise allocate gigabytes (512 rows x 8 kv heads x 256 chunks at 32k)."""
+    groups, r0, used = [], 0, 0
+    for r, n in enumerate(lens):
+        size = n_kv * -(-(n - (starts[r] if starts is not None else 0)) // ATTN_CHUNK) * task_bytes
+        if r > r0 and used + size > ATTN_SCRATCH:
+            groups.append((r0, r))
+            r0, used = r, 0
+        used += size
+    groups.append((r0, len(lens)))
+    return groups
+
+
 def attention_decode(q: torch.Tensor, k_layer: torch.Tensor, v_layer: torch.Tensor, slots: torch.Tensor,
                      lens: torch.Tensor, n_head: int, scale: float, starts: torch.Tensor | None = None,
                      softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
@@ -438,10 +457,16 @@ def attention_decode(q: torch.Tensor, k_layer: torch.Tensor, v_layer: torch.Tens
                                + ("" if sinks is None else f", sinks {list(sinks.shape)}"))
     _on_host("attn_decode", q, k_layer, v_layer, slots, lens, starts, sinks)
     out = torch.empty(rows, n_head * hd)
-    if so.attn_decode(q.data_ptr(), q.stride(0), k_layer.data_ptr(), v_layer.data_ptr(), n_slots, n_kv, n_ctx, hd,
-                      n_head, slots.data_ptr(), None if starts is None else starts.data_ptr(), lens.data_ptr(), rows,
-                      scale, softcap, None if sinks is None else sinks.data_ptr(), out.data_ptr()):
-        raise UnsupportedError(f"attn_decode: head_dim {hd} (a multiple of 16 up to 256) and {n_head} query "
+    task_bytes = 4 * (n_head // max(1, n_kv)) * (hd + 2)
+    groups = [(0, rows)] if rows <= 64 else _attn_row_groups(
+        lens.tolist(), None if starts is None else starts.tolist(), n_kv, task_bytes)
+    for r0, r1 in groups:  # (a row's result does not depend on the rows of its call: the same bits in groups)
+        if so.attn_decode(q.data_ptr() + 4 * r0 * q.stride(0), q.stride(0), k_layer.data_ptr(), v_layer.data_ptr(),
+                          n_slots, n_kv, n_ctx, hd, n_head, slots.data_ptr() + 4 * r0,
+                          None if starts is None else starts.data_ptr() + 4 * r0, lens.data_ptr() + 4 * r0, r1 - r0,
+                          scale, softcap, None if sinks is None else sinks.data_ptr(),
+                          out.data_ptr() + 4 * r0 * n_head * hd):
+            raise UnsupportedError(f"attn_decode: head_dim {hd} (a multiple of 16 up to 256) and {n_head} query "
                                f"heads over {n_kv} kv heads (at most 16 per kv head), every slot in 0..{n_slots - 1} "
                                f"and length in 1..{n_ctx} (each start below its length), a finite soft-cap >= 0, "
                                "or no memory")
