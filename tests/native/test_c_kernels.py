@@ -354,7 +354,7 @@ def test_attention_of_many_rows_runs_in_bounded_groups(monkeypatch, test_seed):
     gen = torch.Generator().manual_seed(test_seed)
     n_slots, n_kv, n_ctx, hd, n_head = 1, 2, 300, 32, 4
     kc, vc = (torch.randn(n_slots, n_kv, n_ctx, hd, generator=gen) for _ in range(2))
-    lens = torch.arange(300 - 80, 300, dtype=torch.int32)  # 80 rows (past the one-call shortcut of 64)
+    lens = torch.arange(300 - 80, 300, dtype=torch.int32)  # 80 rows at deep positions
     q = torch.randn(len(lens), n_head * hd, generator=gen)
     slots = torch.zeros(len(lens), dtype=torch.int32)
     whole = cpu_vnni.attention_decode(q, kc, vc, slots, lens, n_head, hd ** -0.5)

@@ -37,7 +37,7 @@ PS_NORM, PS_QUANT, PS_GEMM, PS_ROPE, PS_KV, PS_ATTN, PS_ADD, PS_GLU, PS_GLU_Q, P
 GLU = {Op.SWIGLU: 0, Op.GEGLU: 1}  # q4_vnni.c glu_mul's kinds
 ROW_FUSE = 2048  # rows this wide or less: an Add, the RMSNorm of its sum and that norm's int8 pass in one step
 # (a decode row then runs on one thread: cheaper than the two barriers it saves while the row is narrow)
-CHUNK = 128  # keys per attention task (q4_vnni.c CHUNK)
+CHUNK = cpu_vnni.ATTN_CHUNK  # keys per attention task (q4_vnni.c CHUNK)
 
 
 class _Step(ctypes.Structure):

@@ -191,10 +191,10 @@ def _attention(be: CPUBackend, node: Node):
         k_all, v_all = st.cache.k[layer], st.cache.v[layer]
         if not softcap and sinks is None:  # one query sees a contiguous run of keys: SDPA over the window's slice
             qs = q.reshape(rows, 1, n_head, 1, hd).unbind(0)
-            return torch.cat([cpu_ops.attention_decode(
-                qs[b], k_all[slots[b], :, max(0, pos[b] + 1 - window) if window else 0:pos[b] + 1].unsqueeze(0),
-                v_all[slots[b], :, max(0, pos[b] + 1 - window) if window else 0:pos[b] + 1].unsqueeze(0),
-                scale).view(1, -1) for b in range(rows)])
+            keys = [slice(max(0, p + 1 - window) if window else 0, p + 1) for p in pos]
+            return torch.cat([cpu_ops.attention_decode(qs[b], k_all[slots[b], :, keys[b]].unsqueeze(0),
+                                                       v_all[slots[b], :, keys[b]].unsqueeze(0), scale).view(1, -1)
+                              for b in range(rows)])
         qs = q.reshape(rows, 1, n_head, hd).unbind(0)
         return torch.cat([cpu_ops.attention_masked(qs[b], k_all[slots[b], :, :pos[b] + 1],
                                                    v_all[slots[b], :, :pos[b] + 1], pos[b], scale,

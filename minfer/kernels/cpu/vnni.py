@@ -458,8 +458,9 @@ def attention_decode(q: torch.Tensor, k_layer: torch.Tensor, v_layer: torch.Tens
     _on_host("attn_decode", q, k_layer, v_layer, slots, lens, starts, sinks)
     out = torch.empty(rows, n_head * hd)
     task_bytes = 4 * (n_head // max(1, n_kv)) * (hd + 2)
-    groups = [(0, rows)] if rows <= 64 else _attn_row_groups(
-        lens.tolist(), None if starts is None else starts.tolist(), n_kv, task_bytes)
+    whole = rows * n_kv * -(-n_ctx // ATTN_CHUNK) * task_bytes <= ATTN_SCRATCH  # (any lengths: one call)
+    groups = [(0, rows)] if whole else _attn_row_groups(lens.tolist(), None if starts is None else starts.tolist(),
+                                                        n_kv, task_bytes)
     for r0, r1 in groups:  # (a row's result does not depend on the rows of its call: the same bits in groups)
         if so.attn_decode(q.data_ptr() + 4 * r0 * q.stride(0), q.stride(0), k_layer.data_ptr(), v_layer.data_ptr(),
                           n_slots, n_kv, n_ctx, hd, n_head, slots.data_ptr() + 4 * r0,

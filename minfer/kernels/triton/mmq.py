@@ -74,6 +74,20 @@ MAX_SPLIT = 8
 _MAGIC_I2F = 0x4B400000  # bits of 1.5 * 2^23: int32 i + these bits is the f32 1.5 * 2^23 + i (|i| < 2^22)
 
 
+def kernel_planes(w: GemvPacked) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """(hi, m, consts) of a packed weight for the kernels that read its planes (this file's, moe.py's
+    moe_mm16): the high-bit plane (the code words where there is none), the plane the kernels'
+    `m_ptr` reads, and the layout's constexprs LB, HB, CENTER, MODE, LUT with a lookup type's table
+    words t0..t3 (zeros otherwise)."""
+    hi = w.hi if isinstance(w, PlanesPacked) and w.hi is not None else w.qs
+    m_plane = w.m if not isinstance(w, Q4_0Packed) else w.d
+    lb, hb, center, mode = layout_of(w)
+    lut = isinstance(w, Lut4Packed)
+    table = w.table if lut else (0, 0, 0, 0)
+    return hi, m_plane, dict(LB=lb, HB=hb, CENTER=center, MODE=mode, LUT=lut,
+                             **dict(zip(("t0", "t1", "t2", "t3"), table, strict=True)))
+
+
 def layout_of(w: GemvPacked) -> tuple[int, int, int, int]:
     """(LB, HB, CENTER, MODE) of a packed weight (a lookup type: its table bytes, center 128)."""
     if isinstance(w, Lut4Packed):
@@ -381,14 +395,12 @@ def mmq_matmul(
     check_tensor(what, "x", x, (torch.float32,), ndim=2)
     if x.shape[1] != k:
         raise UnsupportedError(f"{what}: x must be [m, {k}], got {tuple(x.shape)}")
-    hi = w.hi if isinstance(w, PlanesPacked) and w.hi is not None else w.qs
-    m_plane = w.m if not isinstance(w, Q4_0Packed) else w.d
+    hi, m_plane, layout = kernel_planes(w)
     device = check_device(what, x=x, qs=w.qs, hi=hi, d=w.d, m=m_plane, out=out)
     m = x.shape[0]
     out = make_out(what, out, (m, n), torch.float32, device)
     if m == 0:
         return out
-    lb, hb, center, mode = layout_of(w)
     nkb = k // 32
     m_bucket = triton.next_power_of_2(m)  # autotune per power-of-two M, not per prompt length
     if config is None and interpreting():  # nothing to time configs on: the first one pruning keeps
@@ -407,9 +419,7 @@ def mmq_matmul(
         split, _ = _split(m_bucket, n, nkb, meta["BLOCK_M"], meta["BLOCK_N"], meta["KB"])
         return check_grid(what, (cdiv(m, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]), split))
 
-    lut = isinstance(w, Lut4Packed)
-    consts = dict(LB=lb, HB=hb, CENTER=center, MODE=mode, LUT=lut, magic=_MAGIC_I2F,
-                  **dict(zip(("t0", "t1", "t2", "t3"), w.table if lut else (0, 0, 0, 0), strict=True)))
+    consts = dict(layout, magic=_MAGIC_I2F)
     if config is None:
         _mmq_tuned[grid](*args, **moe, **consts)
     else:
@@ -431,17 +441,12 @@ def launch_mmq_moe(what: str, x: torch.Tensor, w: GemvPacked, out: torch.Tensor,
     checked by the caller): `table` = (sorted slots, block experts) of moe.moe_align with
     config["BLOCK_M"]-row blocks; one program per block and column tile, blocks of no expert exit."""
     sorted_slots, block_expert = table
-    hi = w.hi if isinstance(w, PlanesPacked) and w.hi is not None else w.qs
-    m_plane = w.m if not isinstance(w, Q4_0Packed) else w.d
-    lb, hb, center, mode = layout_of(w)
+    hi, m_plane, layout = kernel_planes(w)
     rows = sorted_slots.numel()
     grid = check_grid(what, (cdiv(rows, config["BLOCK_M"]) * cdiv(n, config["BLOCK_N"]),))
-    lut = isinstance(w, Lut4Packed)
-    t0, t1, t2, t3 = w.table if lut else (0, 0, 0, 0)
     _mmq_moe[grid](x, w.qs, hi, w.d, m_plane, out, out, block_expert, rows, n, k, k // 32, m_plane.shape[1],
-                   rows, magic=_MAGIC_I2F, t0=t0, t1=t1, t2=t2, t3=t3, sorted_ptr=sorted_slots,
-                   bexp_ptr=block_expert, XDIV=xdiv, NEXP=n_expert, LB=lb, HB=hb, CENTER=center, MODE=mode, LUT=lut,
-                   MOE=True, **config)
+                   rows, magic=_MAGIC_I2F, sorted_ptr=sorted_slots, bexp_ptr=block_expert, XDIV=xdiv,
+                   NEXP=n_expert, MOE=True, **layout, **config)
 
 
 def mmq_q4_0(x, w, n, k, qtype=GGMLType.Q4_0, out=None, config=None):

@@ -61,10 +61,7 @@ from ._common import (
     wait_prior,
 )
 from .gemv import _lut_bytes
-from .lut4 import Lut4Packed
-from .mmq import MMQ_CONFIGS, _w_scales, launch_mmq_moe, layout_of
-from .planes import PlanesPacked
-from .q4_0 import Q4_0Packed
+from .mmq import MMQ_CONFIGS, _w_scales, kernel_planes, launch_mmq_moe
 from .qmatmul import GEMV_TYPES, GemvPacked, gemv_default_config, gemv_type, launch_packed, repack_gemv
 
 GATINGS = {"softmax": 0, "sigmoid": 1, "softmax_weight": 2}
@@ -449,15 +446,11 @@ def moe_mm16(x: torch.Tensor, ids: torch.Tensor, w: GemvPacked | torch.Tensor, n
         raise UnsupportedError(f"{what}: k {k} is not a multiple of {32 * cfg['KB']} (KB {cfg['KB']} blocks of 32)")
     if t:
         sorted_slots, block_expert = aligned(ids, n_expert, cfg["BLOCK_M"])
-        hi = w.hi if isinstance(w, PlanesPacked) and w.hi is not None else w.qs
-        m_plane = w.m if not isinstance(w, Q4_0Packed) else w.d
-        lb, hb, center, mode = layout_of(w)
-        lut = isinstance(w, Lut4Packed)
-        t0, t1, t2, t3 = w.table if lut else (0, 0, 0, 0)
+        hi, m_plane, layout = kernel_planes(w)
         grid = check_grid(what, (block_expert.numel(), cdiv(n, cfg["BLOCK_N"])))
         _mm16_kernel[grid](x, w.qs, hi, w.d, m_plane, out, out if bias is None else bias, sorted_slots, block_expert,
-                           n, k, k // 32, m_plane.shape[1], xdiv, n_expert, t0, t1, t2, t3, LB=lb, HB=hb,
-                           CENTER=center, MODE=mode, LUT=lut, BIAS=bias is not None, **cfg, **pdl_args())
+                           n, k, k // 32, m_plane.shape[1], xdiv, n_expert, **layout, BIAS=bias is not None, **cfg,
+                           **pdl_args())
     return out
 
 
