@@ -9,6 +9,9 @@
 #                                                       copies /tmp/drv/*.txt into $OUT)
 #   PARTS=cpu bash bench/h200_driver.sh start           only the host CPU's table (llama.cpp's CPU build alone, with
 #                                                       all cores; the three files it needs): ~7 minutes
+#   PARTS=small bash bench/h200_driver.sh start         small decode batches (issue 27): the GEMV's compiled tests,
+#                                                       bench/gemv_rows.py --sweep, the 7B at B=1/2/4/8 against
+#                                                       llama-batched-bench (its CUDA build made meanwhile): ~10 minutes
 #   PARTS=moe bash bench/h200_driver.sh start           only the mixtures of experts (issue 25): the two MoE files,
 #                                                       their GPU tests (and tiny-gpt-oss on the tree at $BASE), the
 #                                                       kernel tables of bench/moe_profile.py, minfer's runs while
@@ -120,6 +123,31 @@ if [ "$PARTS" = cpu ]; then  # the CPU build alone, every core on it (device_bui
     -k "moe or gpt or swiglu" > $D/gputests.txt 2>&1; tail -3 $D/gputests.txt
   wait; cat $D/synth.txt $D/llama-build.txt
   : > $D/bench.jsonl
+elif [ "$PARTS" = small ]; then  # small decode batches (issue 27 item 1): the 7B at B=1/2/4/8 and the GEMV rows
+  (W=/tmp/llama.cpp; [ -d $W ] || tar xzf .anchor/llama-src.tgz -C /tmp
+   cd $W && cmake -S . -B build-cuda -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+     -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 > cmake-cuda.log 2>&1 \
+     && cmake --build build-cuda --target llama-bench llama-batched-bench -j12 > build-cuda.log 2>&1
+   echo "cuda build rc=$? $(since)") > $D/llama-build.txt 2>&1 &
+  (synth qwen2.5-7b q4_0; echo "synth done $(since)") > $D/synth.txt 2>&1 &
+  [ "${STUDY:-1}" = 0 ] || {
+  step gputests
+  MINFER_TEST_DEVICE=cuda timeout 400 python3 -m pytest -q -p no:cacheprovider tests/kernels/triton/test_qmatmul.py \
+    tests/backends/test_cuda_backend.py tests/backends/test_families_gpu.py \
+    -k "small or batched or bucket or mixed or (cuda and gpt)" > $D/gputests.txt 2>&1
+  grep -E "passed|failed|Error" $D/gputests.txt | tail -8
+  step gemv_rows
+  timeout 300 python3 bench/gemv_rows.py --sweep > $D/gemv_rows.txt 2>&1; cat $D/gemv_rows.txt; }
+  while ! grep -q "synth done" $D/synth.txt; do sleep 2; done; cat $D/synth.txt
+  : > $D/bench.jsonl
+  step minfer
+  S=$M/qwen2.5-7b-q4_0.gguf
+  minfer_rows $S qwen2.5-7b cuda -p 512 -n 128 -r 3 -b 1,2,4,8
+  step llama; while ! grep -q "build rc" $D/llama-build.txt; do sleep 2; done; cat $D/llama-build.txt
+  llama_rows $LB $S qwen2.5-7b -ngl 99 -fa 1 -p 512 -n 128 -r 3
+  batched_rows $S qwen2.5-7b 1,2,4,8
+  table qwen2.5-7b
+  step done; exit 0
 elif [ "$PARTS" = moe ]; then  # minfer's runs while llama.cpp builds (-j12: 4 cores left to the runs), then llama.cpp's
   (W=/tmp/llama.cpp; [ -d $W ] || tar xzf .anchor/llama-src.tgz -C /tmp
    cd $W && cmake -S . -B build-cuda -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \

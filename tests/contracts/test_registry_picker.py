@@ -175,25 +175,27 @@ def test_registry_binds_every_launcher(registry):
     assert gemv.revision == registry.kernels["q4_0_matmul"].revision  # one module, one revision
 
 
-@pytest.mark.parametrize("m, expected", [(1, "q4_0_gemv"), (2, "linear_f16"), (512, "linear_f16")])
+@pytest.mark.parametrize("m, expected", [(1, "q4_0_gemv"), (2, "q4_0_gemv"), (8, "q4_0_gemv"), (9, "linear_f16"),
+                                         (512, "linear_f16")])
 def test_qmatmul_routing(registry, m, expected):
-    """One token: the GEMV (fast path). More: cuBLAS on the f16 copy (fast path m > 1), whose
-    tensor-core rate (cost.flop_rate) outweighs its 2-byte weight even where the quantized tiled
-    matmul's own fast path (m >= 64) applies."""
+    """Up to 8 rows: the GEMV (fast path m <= 8, and its 0.56-byte weight against the f16 copy's 2
+    bytes). More: cuBLAS on the f16 copy (fast path m > 1), whose tensor-core rate
+    (cost.flop_rate) outweighs its 2-byte weight even where the quantized tiled matmul's own fast
+    path (m >= 64) applies."""
     assert pick("QMatMul", *_qmatmul_call(m), registry=registry).name == expected
 
 
 def test_gemv_wins_m1_by_fast_path_though_others_are_admissible(registry):
     ok, rejected = candidates("QMatMul", *_qmatmul_call(1), registry=registry)
-    assert [(c.kernel.name, c.fast_path) for c in ok] == [("q4_0_gemv", "m == 1"), ("q4_0_matmul", None),
+    assert [(c.kernel.name, c.fast_path) for c in ok] == [("q4_0_gemv", "m <= 8"), ("q4_0_matmul", None),
                                                           ("mmq_q4_0", None), ("linear_f16", None)]
     assert sorted(k.name for k, _ in rejected if k.contract.backend == "CUDA") == sorted([  # the other types'
         "mmq_int4", "mmq_q8_0", "mmq_q6_k", "mmq_planes", "int4_gemv", "q8_0_gemv", "q6_k_gemv", "q5_gemv",
         "q3_k_gemv", "q2_k_gemv", "lut4_gemv", "mmq_lut4", "linear_f32"])
-    ok, rejected = candidates("QMatMul", *_qmatmul_call(8), registry=registry)
-    # only linear_f16 has a fast path at 8; the quantized ones (MINFER_MMQ=1's) ranked by cost
+    ok, rejected = candidates("QMatMul", *_qmatmul_call(16), registry=registry)
+    # only linear_f16 has a fast path at 16; the quantized ones (MINFER_MMQ=1's) ranked by cost
     assert [c.kernel.name for c in ok] == ["linear_f16", "q4_0_matmul", "mmq_q4_0"]
-    why = ["shape_constraint 'm == 1' is false (m=8)"]
+    why = ["shape_constraint 'm <= 8' is false (m=16)"]
     assert ("q4_0_gemv", why) in [(k.name, reasons) for k, reasons in rejected]
 
 
@@ -213,9 +215,9 @@ def test_f32_weights_multiply_in_f32(registry, m):
                                            ("Q2K", "mmq_planes"), ("IQ4_XS", "mmq_lut4"), ("MXFP4", "mmq_lut4")])
 def test_quantized_many_row_matmuls_rank_mmq_first(registry, qtype, kernel):
     """Among the kernels that read the quantized weight (what MINFER_MMQ=1 keeps), the int8 MMQ
-    ranks first for decode batches and prompt chunks of every type but Q4_0 (the tiled
+    ranks first for decode batches past 8 rows and prompt chunks of every type but Q4_0 (the tiled
     q4_0_matmul: the measured rates); cuBLAS stays ahead of both."""
-    for m in (2, 16, 64, 512):
+    for m in (9, 16, 64, 512):
         ok, _ = candidates("QMatMul", *_qmatmul_call(m, k=1024, qtype=qtype), registry=registry)
         names = [c.kernel.name for c in ok]
         assert names[0] == "linear_f16" and names[1] == kernel
@@ -223,12 +225,14 @@ def test_quantized_many_row_matmuls_rank_mmq_first(registry, qtype, kernel):
 
 def test_k_quants_route_to_their_gemv_then_the_f16_copy(registry):
     assert pick("QMatMul", *_qmatmul_call(1, k=1024, qtype="Q4K"), registry=registry).name == "int4_gemv"
-    assert pick("QMatMul", *_qmatmul_call(8, k=1024, qtype="Q4K"), registry=registry).name == "linear_f16"
+    assert pick("QMatMul", *_qmatmul_call(8, k=1024, qtype="Q4K"), registry=registry).name == "int4_gemv"
+    assert pick("QMatMul", *_qmatmul_call(9, k=1024, qtype="Q4K"), registry=registry).name == "linear_f16"
     gemvs = {"Q8_0": "q8_0_gemv", "Q6K": "q6_k_gemv", "Q5_0": "q5_gemv", "Q5_1": "q5_gemv", "Q5K": "q5_gemv",
              "Q3K": "q3_k_gemv", "Q2K": "q2_k_gemv", "IQ4_NL": "lut4_gemv", "IQ4_XS": "lut4_gemv", "MXFP4": "lut4_gemv"}
-    for qtype, gemv in gemvs.items():  # every type has a decode GEMV now; batches take the f16 copy
-        assert pick("QMatMul", *_qmatmul_call(1, k=1024, qtype=qtype), registry=registry).name == gemv
-        assert pick("QMatMul", *_qmatmul_call(8, k=1024, qtype=qtype), registry=registry).name == "linear_f16"
+    for qtype, gemv in gemvs.items():  # every type has a decode GEMV (up to 8 rows); larger batches take the f16 copy
+        for m in (1, 2, 8):
+            assert pick("QMatMul", *_qmatmul_call(m, k=1024, qtype=qtype), registry=registry).name == gemv
+        assert pick("QMatMul", *_qmatmul_call(9, k=1024, qtype=qtype), registry=registry).name == "linear_f16"
     assert pick("QMatMul", *_qmatmul_call(1, k=1024, qtype="F16"), registry=registry).name == "linear_f16"
 
 

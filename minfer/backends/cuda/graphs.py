@@ -27,6 +27,14 @@ PREFILL_SPANS = 8  # prompts one captured prompt-chunk pass holds (the tile tabl
 PREFILL_OUT = 16  # logits rows one captured prompt-chunk pass returns
 
 
+SMALL_BATCH = 8  # decode batches of 2..8 rows run their own way ("small"): the GEMVs take them (gemv.SMALL_ROWS)
+
+
+def decode_kind(rows: int) -> str:
+    """The way a decode step of `rows` rows runs: one row, a small batch, or a batch (picked at 16 rows)."""
+    return "row" if rows == 1 else ("small" if rows <= SMALL_BATCH else "batch")
+
+
 class State:
     """One pass of the plan: the step's device inputs, the way it runs (`kind`: a decode row, a
     decode batch or a prompt chunk), its row count, the host's (first row, slot, start, rows) per
@@ -37,7 +45,7 @@ class State:
 
     def __init__(self, inputs: dict[str, torch.Tensor], decode: bool, rows: int, spans=None, tiles=None):
         self.inputs, self.rows, self.spans, self.tiles = inputs, rows, spans, tiles
-        self.kind = ("row" if rows == 1 else "batch") if decode else "chunk"
+        self.kind = decode_kind(rows) if decode else "chunk"
         self.aux: dict = {}
 
 

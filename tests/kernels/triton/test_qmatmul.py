@@ -108,8 +108,8 @@ def test_invariants(device, gen):
         q4_0_gemv(x, raw[:-1], 4, 64)
     with pytest.raises(UnsupportedError, match="dtype float32"):
         q4_0_gemv(x.half(), raw, 4, 64)
-    with pytest.raises(UnsupportedError, match="M == 1"):
-        q4_0_gemv(torch.zeros(2, 64, device=device), raw, 4, 64)
+    with pytest.raises(UnsupportedError, match="1 <= m <= 8"):  # more rows than a small batch
+        q4_0_gemv(torch.zeros(9, 64, device=device), raw, 4, 64)
     with pytest.raises(UnsupportedError, match="x must be"):
         q4_0_gemv(torch.zeros(32, device=device), raw, 4, 64)
     packed = repack_q4_0(raw, 4, 64)
@@ -207,8 +207,8 @@ def test_int4_gemv_refuses_what_it_cannot_read(device, gen):
         int4.int4_gemv(x, packed, 4, 256, GGMLType.Q4_1)
     with pytest.raises(UnsupportedError, match="multiple of 256"):
         int4.repack_int4(raw.to(device)[:72], 2, 128, GGMLType.Q4_K)
-    with pytest.raises(UnsupportedError, match="M == 1"):
-        int4.int4_gemv(torch.randn(2, 256, device=device), packed, 4, 256, GGMLType.Q4_K)
+    with pytest.raises(UnsupportedError, match="1 <= m <= 8"):  # more rows than a small batch
+        int4.int4_gemv(torch.randn(9, 256, device=device), packed, 4, 256, GGMLType.Q4_K)
 
 
 # ---- planes GEMVs: Q8_0, Q5_0, Q5_1, Q5_K, Q6_K, Q3_K, Q2_K ----------------------------------
@@ -272,8 +272,8 @@ def test_planes_gemv_refuses_what_it_cannot_read(device, gen):
         planes.repack_planes(raw.to(device)[:105], 1, 128, GGMLType.Q6_K)
     with pytest.raises(UnsupportedError, match="needs 840 bytes"):
         planes.repack_planes(raw.to(device)[:-1], 4, 256, GGMLType.Q6_K)
-    with pytest.raises(UnsupportedError, match="M == 1"):
-        planes.q6_k_gemv(torch.randn(2, 256, device=device), packed, 4, 256)
+    with pytest.raises(UnsupportedError, match="1 <= m <= 8"):  # more rows than a small batch
+        planes.q6_k_gemv(torch.randn(9, 256, device=device), packed, 4, 256)
     with pytest.raises(UnsupportedError, match="PlanesPacked or raw GGUF bytes"):
         planes.q6_k_gemv(x, "weights", 4, 256)
     with pytest.raises(UnsupportedError, match="reads Q8_0, Q5_0"):
@@ -345,3 +345,59 @@ def test_gemv_q8_switch(monkeypatch):
         EngineConfig.from_env()
     with pytest.raises(UnsupportedError, match="0, 1 or 2"):
         gemv.gemv_config(37888, 3584, act_q8=3)
+
+
+# ---- small batches (MB): up to gemv.SMALL_ROWS rows of x against the weight read once ----
+
+
+@pytest.mark.parametrize("qtype, passes", [(GGMLType.Q4_0, 0), (GGMLType.Q4_0, 2), (GGMLType.Q4_K, 0),
+                                           (GGMLType.Q4_K, 1), (GGMLType.Q6_K, 0), (GGMLType.MXFP4, 2)])
+@pytest.mark.parametrize("rows, config", [(2, GEMV_CONFIG), (3, gemv.GemvConfig(r=2, lr=8, wk=1, split=3)),
+                                          (8, gemv.GemvConfig(r=1, lr=8, wk=1, split=2))])
+def test_gemv_small_batches(qtype, passes, rows, config, device, gen, check):
+    """m rows in one launch: each row within f32 rounding of float64 math on the weight (and on its
+    int8 x), and equal bit for bit to that row launched alone on the same tile (the same sums in the
+    same order); the rows of a padded MB (3 -> 4) are not stored past m (poisoned rows stay)."""
+    from minfer.contracts.harness import random_blocks
+    from minfer.kernels.triton.quantize import quantize_act_q8
+    from minfer.quant.types import QUANT_TABLE
+
+    from .test_quantize import decode_act
+
+    n, k = 37, 1024
+    raw = random_blocks(QUANT_TABLE[qtype], n, k, gen).reshape(-1)
+    w = reference.dequantize(raw, qtype, (n, k)).double()
+    packed = qmatmul.repack_gemv(raw.to(device), n, k, qtype)
+    x = torch.randn(rows, k, generator=gen)
+    cfg = gemv.replace(config, q8=passes)
+    out = check.poisoned((rows + 1, n), torch.float32, device)
+    qmatmul.launch_packed("test", x.to(device), packed, out[:rows], cfg)
+    assert torch.isnan(out[rows]).all()  # the row after the batch untouched
+    x_hat = decode_act(*quantize_act_q8(x.to(device), passes), passes) if passes else x.double()
+    assert check.rel_err(out[:rows], x_hat @ w.T) < 1e-5
+    for i in range(rows):
+        alone = check.poisoned((1, n), torch.float32, device)
+        qmatmul.launch_packed("test", x[i:i + 1].to(device), packed, alone, cfg)
+        assert torch.equal(out[i:i + 1], alone), i
+
+
+def test_small_batch_configs_and_bounds(device, gen):
+    """The default tile of m rows keeps the weight's one-row split and K blocks and fits the rows'
+    sums in registers (R x MB within SMALL_LANE_ROWS: the sm_90 compile check finds no spills); more
+    rows than SMALL_ROWS is a typed error, not a silent wrong launch."""
+    for n, k in [(3584, 3584), (37888, 3584), (3584, 18944), (576, 576)]:
+        for affine in (False, True):
+            one = gemv.gemv_config(n, k, affine)
+            for rows in range(2, gemv.SMALL_ROWS + 1):
+                cfg = gemv.small_batch_config(one, rows)
+                mb = 1 << (rows - 1).bit_length()
+                assert (cfg.split, cfg.lr, cfg.wk, cfg.q8) == (one.split, one.lr, one.wk, one.q8)
+                assert cfg.r * mb <= gemv.SMALL_LANE_ROWS[cfg.q8] or cfg.r == 1
+                assert not cfg.prefetch
+            assert gemv.small_batch_config(one, 1) == one
+    raw, _ = _weight(16, 64, gen)
+    packed = repack_q4_0(raw.to(device), 16, 64)
+    with pytest.raises(UnsupportedError, match="1 <= m <= 8"):
+        q4_0_gemv(torch.zeros(gemv.SMALL_ROWS + 1, 64, device=device), packed, 16, 64)
+    with pytest.raises(UnsupportedError, match="x must be"):
+        q4_0_gemv(torch.zeros(2, 32, device=device), packed, 16, 64)
