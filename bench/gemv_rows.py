@@ -1,13 +1,12 @@
 """The decode GEMVs at 1, 2, 4 and 8 rows of x (small batches, issue 27 item 1) on an H200.
 
     python bench/gemv_rows.py            # every projection of the 7B Q4_0 and 8B Q4_K_M decode steps
-    python bench/gemv_rows.py --sweep    # and each rows x R tile beside the default (small_batch_config)
 
-Per projection and row count: the default tile's device µs (a CUDA graph of launches rotating over
-weight copies so W is not in L2: minfer.contracts.judge.graph_replay_us), its share of the copy
-bandwidth (the weight's bytes once), and cuBLAS on the f16 copy (linear_f16, what batches of 2-8
-rows ran before) at the same rows. Also checks, compiled, that each row of a batch equals that row
-launched alone on the same tile, bit for bit (printed: `same`), where the tile keeps the one-row R.
+Per projection and row count: the GEMV's device µs (its one-row tile, each row its own programs side
+by side; a CUDA graph of launches rotating over weight copies so W is not in L2:
+minfer.contracts.judge.graph_replay_us), its share of the copy bandwidth (the weight's bytes once),
+and cuBLAS on the f16 copy (linear_f16, what batches of 2-8 rows ran before) at the same rows. Also
+checks, compiled, that each row of a batch equals that row launched alone, bit for bit (`same`).
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ SHAPES = [  # (model, role, qtype, n, k): the decode step's projections (q+k+v a
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sweep", action="store_true", help="every R of each row count beside the default")
     ap.add_argument("--rows", default="1,2,4,8")
     args = ap.parse_args(argv)
 
@@ -36,7 +34,7 @@ def main(argv: list[str]) -> int:
 
     from minfer.contracts.harness import random_blocks
     from minfer.contracts.judge import graph_replay_us, rotation
-    from minfer.kernels.triton import gemv, qmatmul, torch_ops
+    from minfer.kernels.triton import qmatmul, torch_ops
     from minfer.quant.types import QUANT_TABLE, by_name
 
     dev = "cuda"
@@ -58,10 +56,7 @@ def main(argv: list[str]) -> int:
         one = qmatmul.gemv_default_config(n, k, info.type)
         for rows in rows_list:
             x = torch.randn(rows, k, device=dev)
-            default = gemv.small_batch_config(one, rows)
-            tiles = [default]
-            if args.sweep and rows > 1:
-                tiles += [gemv.replace(default, r=r) for r in (1, 2, 4) if r != default.r]
+            tiles = [one]
             f16_us = graph_replay_us(_rotating(w16s, lambda w, x=x, n=n, k=k: torch_ops.linear_f16(x, w, n, k, "F16")),
                                      len(w16s))
             for cfg in tiles:
@@ -73,11 +68,11 @@ def main(argv: list[str]) -> int:
                     print(f"{model:5} {role:8} {tname:5} {n:6} {k:6} {rows:4} r{cfg.r} {type(e).__name__}: {e}")
                     continue
                 same = ""
-                if rows > 1 and cfg.r == one.r:
+                if rows > 1:
                     qmatmul.launch_packed("bench", x, packs[0], out, cfg)
                     alone = torch.cat([_one(qmatmul, x[i:i + 1], packs[0], cfg, n) for i in range(rows)])
                     same = "yes" if torch.equal(out, alone) else f"NO {float((out - alone).abs().max()):.2e}"
-                tile = f"r{cfg.r} wk{cfg.wk} s{cfg.split} q{cfg.q8}" + ("*" if cfg == default else "")
+                tile = f"r{cfg.r} wk{cfg.wk} s{cfg.split} q{cfg.q8}"
                 pct = 100 * raw.numel() / us / 1e3 / copy_bw
                 print(f"{model:5} {role:8} {tname:5} {n:6} {k:6} {rows:4} {tile:14} {us:8.2f} "
                       f"{pct:7.1f} {us / rows:7.2f} {f16_us:8.2f} {same}", flush=True)

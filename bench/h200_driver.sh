@@ -10,7 +10,7 @@
 #   PARTS=cpu bash bench/h200_driver.sh start           only the host CPU's table (llama.cpp's CPU build alone, with
 #                                                       all cores; the three files it needs): ~7 minutes
 #   PARTS=small bash bench/h200_driver.sh start         small decode batches (issue 27): the GEMV's compiled tests,
-#                                                       bench/gemv_rows.py --sweep, the 7B at B=1/2/4/8 against
+#                                                       bench/gemv_rows.py, the 7B at B=1/2/4/8 against
 #                                                       llama-batched-bench (its CUDA build made meanwhile): ~10 minutes
 #   PARTS=moe bash bench/h200_driver.sh start           only the mixtures of experts (issue 25): the two MoE files,
 #                                                       their GPU tests (and tiny-gpt-oss on the tree at $BASE), the
@@ -137,7 +137,7 @@ elif [ "$PARTS" = small ]; then  # small decode batches (issue 27 item 1): the 7
     -k "small or batched or bucket or mixed or (cuda and gpt)" > $D/gputests.txt 2>&1
   grep -E "passed|failed|Error" $D/gputests.txt | tail -8
   step gemv_rows
-  timeout 300 python3 bench/gemv_rows.py --sweep > $D/gemv_rows.txt 2>&1; cat $D/gemv_rows.txt; }
+  timeout 300 python3 bench/gemv_rows.py > $D/gemv_rows.txt 2>&1; cat $D/gemv_rows.txt; }
   while ! grep -q "synth done" $D/synth.txt; do sleep 2; done; cat $D/synth.txt
   : > $D/bench.jsonl
   step minfer

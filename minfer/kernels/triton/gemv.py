@@ -167,7 +167,7 @@ def _gemv_block(acc, w, d, xp, half_shift, m0, m4, m8, m12):
     part += _nibble(h, 0xF0, m4, 524296.0) * tl.load(xp + 20)
     part += _nibble(h, 0xF00, m8, 32776.0) * tl.load(xp + 24)
     part += _nibble(h, 0xF000, m12, 2056.0) * tl.load(xp + 28)
-    return acc + tl.sum(part, axis=-1, keep_dims=True) * d.to(tl.float32)
+    return acc + tl.sum(part, axis=4, keep_dims=True) * d.to(tl.float32)
 
 
 @triton.jit
@@ -186,7 +186,7 @@ def _gemv_block_affine(acc, w, a, c, xp, half_shift, m0, m4, m8, m12):
     part += _nibble(h, 0xF00, m8, 32768.0) * x24
     part += _nibble(h, 0xF000, m12, 2048.0) * x28
     xs = ((x0 + x4) + (x8 + x12)) + ((x16 + x20) + (x24 + x28))
-    return acc + tl.sum(part, axis=-1, keep_dims=True) * a + tl.sum(xs, axis=-1, keep_dims=True) * c
+    return acc + tl.sum(part, axis=4, keep_dims=True) * a + tl.sum(xs, axis=4, keep_dims=True) * c
 
 
 @triton.jit
@@ -256,11 +256,11 @@ def _planes_block(acc, w, hw, a0, a1, c0, c1, xp, half_shift, hi_shift, magic, L
         up += _code(h, hh, 1, magic, LB, HB, CENTER) * x20
         up += _code(h, hh, 2, magic, LB, HB, CENTER) * x24
         up += _code(h, hh, 3, magic, LB, HB, CENTER) * x28
-    acc += tl.sum(low, axis=-1, keep_dims=True) * a0 + tl.sum(up, axis=-1, keep_dims=True) * a1
+    acc += tl.sum(low, axis=4, keep_dims=True) * a0 + tl.sum(up, axis=4, keep_dims=True) * a1
     if AFFINE:
         xs_low = (x0 + x4) + (x8 + x12)
         xs_up = (x16 + x20) + (x24 + x28)
-        acc += tl.sum(xs_low, axis=-1, keep_dims=True) * c0 + tl.sum(xs_up, axis=-1, keep_dims=True) * c1
+        acc += tl.sum(xs_low, axis=4, keep_dims=True) * c0 + tl.sum(xs_up, axis=4, keep_dims=True) * c1
     return acc
 
 
@@ -329,10 +329,10 @@ def _dp4a_block(acc, lo, hi, a, c, xq, xs, PASSES: tl.constexpr):
     `lo` [.., 4] the unsigned byte codes of elements 8 t + j (byte t of word j), `hi` those of
     elements 8 t + 4 + j: the order of x's code words at xq (see _gemv_block_q8)."""
     p = _dp4a(hi, tl.load(xq + 4), _dp4a(lo, tl.load(xq), tl.zeros_like(lo)))
-    part = tl.load(xs) * tl.sum(p, axis=-1, keep_dims=True).to(tl.float32)
+    part = tl.load(xs) * tl.sum(p, axis=4, keep_dims=True).to(tl.float32)
     if PASSES == 2:
         p2 = _dp4a(hi, tl.load(xq + 12), _dp4a(lo, tl.load(xq + 8), tl.zeros_like(lo)))
-        part += tl.load(xs + 1) * tl.sum(p2, axis=-1, keep_dims=True).to(tl.float32)
+        part += tl.load(xs + 1) * tl.sum(p2, axis=4, keep_dims=True).to(tl.float32)
     return acc + a * part + c * tl.load(xs + 2)
 
 
@@ -398,7 +398,7 @@ def _lut_block(acc, wa, wb, a, xp, magic):
     part += _code(wb, wb, 1, magic, 8, 0, 128) * tl.load(xp + 12)
     part += _code(hb, hb, 0, magic, 8, 0, 128) * tl.load(xp + 20)
     part += _code(hb, hb, 1, magic, 8, 0, 128) * tl.load(xp + 28)
-    return acc + tl.sum(part, axis=-1, keep_dims=True) * a
+    return acc + tl.sum(part, axis=4, keep_dims=True) * a
 
 
 @triton.jit
@@ -453,7 +453,7 @@ def _q4_0_gemv_kernel(
     EVEN_K: tl.constexpr, MODE: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
     PLANES: tl.constexpr, LB: tl.constexpr, HB: tl.constexpr, CENTER: tl.constexpr, EPI: tl.constexpr,
     Q8X: tl.constexpr, LUT: tl.constexpr = False, MOE: tl.constexpr = False, MOE_BIAS: tl.constexpr = False,
-    MB: tl.constexpr = 1,
+    ROWS: tl.constexpr = False,
 ):
     # PLANES (the 5/6/8-bit and 2/3-bit types, `repack_planes`): qs_ptr holds the codes' low LB
     # bits (LB = 4: the nibble words; LB = 2: int16 words of 8 two-bit slots), h_ptr their high
@@ -466,13 +466,20 @@ def _q4_0_gemv_kernel(
     # writes out row s, so one launch runs every expert chosen for every row of the step. MOE_BIAS
     # (gpt-oss's expert biases): e_ptr holds the experts' biases [E * N], row0 + rows of it added in the
     # store (EPI is 0 in MOE mode, so e_ptr is free).
-    # MB > 1 (small batches, EPI 0, not MOE): XROWS <= MB rows of x (row-major, k values / their
-    # int8 records each) against the tile's weights: a leading axis of MB on x, the products and
-    # acc, so each weight word is loaded and converted once for all rows; every reduction runs
-    # along the same axes in the same order as MB = 1, so a row's sums are the one-row kernel's.
+    # ROWS (small decode batches, EPI 0, not MOE): XROWS rows of x, each the one-row GEMV of its own
+    # programs: program_id(0) = tile * XROWS + row, so the rows of a weight tile run side by side and
+    # read it from L2 once DRAM has given it; a row's arithmetic is the one-row kernel's (bit for bit).
     BLOCK_N: tl.constexpr = R * LR
     BLOCK_KB: tl.constexpr = LK * WK
     pid_n = tl.program_id(0)
+    if ROWS:
+        row = pid_n % XROWS
+        pid_n = pid_n // XROWS
+        x_ptr += row.to(tl.int64) * (NKB * 32 if Q8X == 0 else NKB * (8 * Q8X))
+        xs_ptr += row.to(tl.int64) * (NKB * 4)
+        out_ptr += row.to(tl.int64) * N
+        part_ptr += row.to(tl.int64) * NSPLIT * N
+        cnt_ptr += row * tl.cdiv(N, BLOCK_N)
     lk = tl.arange(0, LK)[:, None, None, None, None]
     lr = tl.arange(0, LR)[None, :, None, None, None]
     wk = tl.arange(0, WK)[None, None, :, None, None]
@@ -494,16 +501,8 @@ def _q4_0_gemv_kernel(
     m_rows = m_ptr + rows_ld * M_STRIDE
     # x pointers are broadcast over the rows so the x loads take the layout of the weight tile
     # (no shuffle through shared memory); the compiler loads each x value once per lane.
-    if MB == 1:
-        x_base = x_ptr + j + tl.zeros([1, LR, 1, R, 1], tl.int32)
-        xs_base = xs_ptr + tl.zeros([1, LR, 1, R, 1], tl.int32)  # Q8X > 0: the x blocks' scales
-        acc = tl.zeros([LK, LR, WK, R, 1], dtype=tl.float32)
-    else:  # rows past XROWS re-read the last row (in bounds); their sums are not stored
-        xr = tl.minimum(tl.arange(0, MB), XROWS - 1)[:, None, None, None, None, None]
-        x_row = NKB * 32 if Q8X == 0 else NKB * (8 * Q8X)
-        x_base = x_ptr + xr * x_row + j + tl.zeros([1, 1, LR, 1, R, 1], tl.int32)
-        xs_base = xs_ptr + xr * (NKB * 4) + tl.zeros([1, 1, LR, 1, R, 1], tl.int32)
-        acc = tl.zeros([MB, LK, LR, WK, R, 1], dtype=tl.float32)
+    x_base = x_ptr + j + tl.zeros([1, LR, 1, R, 1], tl.int32)
+    xs_base = xs_ptr + tl.zeros([1, LR, 1, R, 1], tl.int32)  # Q8X > 0: the x blocks' scales
     # per-slot magic numbers 2^(23 - b) for nibbles at bit b = 0, 4, 8, 12 (see _nibble)
     m4 = magic - 0x2000000
     m8 = magic - 0x4000000
@@ -515,6 +514,7 @@ def _q4_0_gemv_kernel(
         kb_lo = 0
         kb_hi = NKB
     release_next(PDL)
+    acc = tl.zeros([LK, LR, WK, R, 1], dtype=tl.float32)
     # Past the end of K the tile re-reads the last block (in bounds, finite) with scale 0: only
     # the scale load is masked, so the x loads stay unpredicated and shared by rows.
     if PREFETCH:
@@ -546,11 +546,9 @@ def _q4_0_gemv_kernel(
                                    hi_shift, magic, m4, m8, m12, t0, t1, t2, t3, MODE, EVEN_K, PLANES, LB, HB, CENTER,
                                    Q8X, LUT)
     release_late(PDL)
-    tot = tl.sum(tl.sum(tl.sum(acc, axis=-1), axis=-2), axis=-3)  # [LR, R] ([MB, LR, R]): j, then WK, then LK
+    tot = tl.sum(tl.sum(tl.sum(acc, axis=4), axis=2), axis=0)  # [LR, R]
     rows = pid_n * BLOCK_N + tl.arange(0, R)[None, :] * LR + tl.arange(0, LR)[:, None]
-    if MB > 1:
-        _gemv_store_rows(out_ptr, part_ptr, cnt_ptr, tot, rows, N, NSPLIT, XROWS, pid_n, MB, SPLIT)
-    elif SPLIT:
+    if SPLIT:
         # Split K: each program stores its partial sums; the last of the row tile's NSPLIT programs
         # to arrive (one acq_rel atomic per program, after a barrier) adds them in split order
         # (deterministic) and resets the counter for the next call.
@@ -569,28 +567,6 @@ def _q4_0_gemv_kernel(
             tot += tl.load(e_ptr + row0 + rows, mask=rows < N, other=0.0)
         _gemv_store(out_ptr, tot, rows, N, pid_n, e_ptr, dst_ptr, fi_ptr, cos_ptr, sin_ptr, pos_ptr, HALF,
                     ck_ptr, cv_ptr, slot_ptr, KSTART, VSTART, HD, LAYER_OFF, S_STRIDE, H_STRIDE, BLOCK_N, EPI)
-
-
-@triton.jit
-def _gemv_store_rows(out_ptr, part_ptr, cnt_ptr, tot, rows, N, NSPLIT, XROWS, pid_n, MB: tl.constexpr,
-                     SPLIT: tl.constexpr):
-    """Store the sums `tot` [MB, LR, R] of a small batch's rows (rows past XROWS dropped): out row
-    m at m * N; split K as in the one-row kernel, the partials of row m, split s at (m * NSPLIT + s) * N."""
-    m = tl.arange(0, MB)[:, None, None]
-    ok = (rows[None] < N) & (m < XROWS)
-    if SPLIT:
-        tl.store(part_ptr + (m * NSPLIT + tl.program_id(1)) * N + rows[None], tot, mask=ok)
-        tl.debug_barrier()
-        arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-        if arrived == NSPLIT - 1:
-            total = tl.zeros(tot.shape, dtype=tl.float32)
-            for s in range(0, NSPLIT):  # L2 reads (.cg): other SMs wrote these
-                total += tl.load(part_ptr + (m * NSPLIT + s) * N + rows[None], mask=ok, other=0.0,
-                                 cache_modifier=".cg")
-            tl.store(out_ptr + m * N + rows[None], total, mask=ok)
-            tl.atomic_xchg(cnt_ptr + pid_n, 0, sem="relaxed", scope="gpu")
-    else:
-        tl.store(out_ptr + m * N + rows[None], tot, mask=ok)
 
 
 @triton.jit
@@ -689,7 +665,7 @@ SMALL_WEIGHTS = 1 << 22  # n * k at or below which a GEMV is latency-bound (Smol
 WIDE_ROWS = 16384  # rows from which the row tiles alone fill the GPU (gate+up, vocab projections)
 
 
-SMALL_ROWS = 8  # the most rows of x one GEMV launch takes (MB: small decode batches)
+SMALL_ROWS = 8  # the most rows of x one GEMV launch takes (small decode batches: the kernel's ROWS mode)
 Q8_MIN_WEIGHTS = 1 << 24  # at or below, f32 activations: the quantize launch costs more than dp4a saves
 ACT_Q8_PASSES = 2  # the default: two passes (one leaves ~5e-3 of error per dot: bench/NOTES.md)
 
@@ -747,23 +723,6 @@ def _gemv_config(n: int, k: int, affine: bool = False) -> GemvConfig:
     return GemvConfig(wk=wk, split=split, **extra) if split >= 2 else GemvConfig(wk=wk, **extra)
 
 
-SMALL_LANE_ROWS = {0: 8, 1: 16, 2: 16}  # weight rows x x rows a lane holds, by int8 activation passes
-
-
-def small_batch_config(cfg: GemvConfig, rows: int) -> GemvConfig:
-    """The tile of a weight whose one-row tile is `cfg` for `rows` (<= SMALL_ROWS) rows of x: the
-    kernel runs next_power_of_2(rows) rows (MB), each lane's sums of R weight rows for every x row in
-    registers, so R shrinks as MB grows (R x MB <= SMALL_LANE_ROWS: f32 x takes 8 registers a block and
-    row, int8 x 2-4; past that ptxas spills, sm_90 compile check); no prefetching (its second set of
-    words costs the registers the rows' sums need), no register cap. Where R is unchanged a row's sums
-    are the one-row kernel's, bit for bit (the same K blocks per lane, split and reduction order)."""
-    if rows <= 1:
-        return cfg
-    mb = triton.next_power_of_2(rows)
-    r = max(1, min(cfg.r, SMALL_LANE_ROWS[cfg.q8] // mb))
-    return replace(cfg, r=r, prefetch=False, maxnreg=None)
-
-
 def _split_plan(cfg: GemvConfig, n: int, k: int) -> tuple[int, int, int]:
     """(K blocks per split, number of splits, row tiles) of `cfg` on an [n, k] weight."""
     nkb = k // Q4_0.block_elems
@@ -780,7 +739,7 @@ def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n:
     LAYER_OFF, S_STRIDE, H_STRIDE) for gemv_fused.py's fused stores; `moe` = (ids, slots, XDIV[, bias]):
     one program column per slot over the experts stacked in w (`n` rows each; moe.py), f32 x, no split;
     `bias` (f32 [E * n], or None): each slot's expert's bias added in the store."""
-    rows = x.shape[0] if x.dim() == 2 else 1
+    rows = 1 if moe is not None or x.dim() == 1 else x.shape[0]  # x rows (MOE: one per slot, its own mode)
     if moe is not None:
         cfg = replace(cfg, split=1, q8=0, prefetch=False)
     elif rows > 1 and epilogue is not None:
@@ -788,7 +747,7 @@ def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n:
     kb_split, nsplit, tiles = _split_plan(cfg, n, k)
     part, counters = out, out  # unused without a split
     if nsplit > 1:
-        part, counters = w.scratch(nsplit * (rows if moe is None else 1), tiles)
+        part, counters = w.scratch(nsplit * rows, tiles * rows)
     nkb = k // Q4_0.block_elems
     hi, lb, hb, center = planes if planes is not None else (w.qs, 4, 0, 0)
     q8 = cfg.q8 if planes is None else 0  # the planes types keep f32 activations
@@ -797,18 +756,17 @@ def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n:
         x, xs = _check_xq(what, xq, rows, k, q8, x.device)
     elif q8:
         x, xs = quantize_act_q8(x.reshape(rows, k), q8)
-    mb = 1 if moe is not None else triton.next_power_of_2(rows)
     epi, *eargs = epilogue if epilogue is not None else (0, out, counters, counters, out, out, counters, 0,
                                                          out, out, counters, 0, 0, 1, 0, 0, 0)
     ids, slots, xdiv, *rest = moe if moe is not None else (counters, nsplit, 1)
     bias = rest[0] if rest else None
     if bias is not None:  # (MOE mode has no epilogue: its pointer carries the biases)
         eargs[0] = bias
-    _q4_0_gemv_kernel[check_grid(what, (tiles, slots))](
+    _q4_0_gemv_kernel[check_grid(what, (tiles * rows, slots))](
         x, w.qs, d_plane, out, part, counters, n, nkb, kb_split, nsplit, _MAGIC_BITS, min(4 * lb, 16), m_plane,
         m_stride, hi, min(4 * hb, 16),  # the shifts to a word's upper slots (byte codes: to slots 2, 3)
-        *eargs, xs, *(lut or (0, 0, 0, 0)), ids, xdiv, rows, MB=mb, MOE=moe is not None, MOE_BIAS=bias is not None,
-        EPI=epi, Q8X=q8, R=cfg.r, LR=cfg.lr,
+        *eargs, xs, *(lut or (0, 0, 0, 0)), ids, xdiv, rows, ROWS=rows > 1, MOE=moe is not None,
+        MOE_BIAS=bias is not None, EPI=epi, Q8X=q8, R=cfg.r, LR=cfg.lr,
         LK=32 // cfg.lr, WK=cfg.wk, SPLIT=nsplit > 1, EVEN_K=nkb % cfg.block_kb == 0 and nkb % kb_split == 0,
         MODE=mode, PREFETCH=cfg.prefetch, num_warps=cfg.wk, maxnreg=cfg.maxnreg, PLANES=planes is not None, LB=lb,
         HB=hb, CENTER=center, LUT=lut is not None, **pdl_args("gemv"),
@@ -829,7 +787,7 @@ def gemv_operands(what: str, x: torch.Tensor, words: torch.Tensor, n: int, k: in
     device = check_device(what, x=x, qs=words, out=out)
     out = make_out(what, out, (rows, n), torch.float32, device)
     if config is None:
-        return out, small_batch_config(default(), rows)
+        return out, default()
     return out, GemvConfig(**config) if isinstance(config, dict) else config
 
 

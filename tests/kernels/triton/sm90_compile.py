@@ -94,9 +94,9 @@ def variants():
            "sin_ptr": "*fp32", "pos_ptr": "*i32", "HALF": "i32", "ck_ptr": "*fp16", "cv_ptr": "*fp16",
            "slot_ptr": "*i32", "KSTART": "i32", "VSTART": "i32", "HD": "i32", "LAYER_OFF": "i64", "S_STRIDE": "i64",
            "H_STRIDE": "i64", "EPI": c, "xs_ptr": "*fp32", "Q8X": c, "t0": "i32", "t1": "i32", "t2": "i32",
-           "t3": "i32", "ids_ptr": "*i32", "XDIV": "i32", "XROWS": "i32", "LUT": c, "MOE": c, "MOE_BIAS": c, "MB": c}
+           "t3": "i32", "ids_ptr": "*i32", "XDIV": "i32", "XROWS": "i32", "LUT": c, "MOE": c, "MOE_BIAS": c, "ROWS": c}
     no_planes = {"PLANES": False, "LB": 4, "HB": 0, "CENTER": 0, "EPI": 0, "LUT": False, "MOE": False,
-                 "MOE_BIAS": False, "MB": 1}
+                 "MOE_BIAS": False, "ROWS": False}
 
     def q8(passes):  # the x operand of a GEMV with int8 activations (passes > 0): code words
         return {"x_ptr": "*i32" if passes else "*fp32"}
@@ -109,15 +109,13 @@ def variants():
                                     maxnreg=gemv.PREFETCH_REGS[mode]), False)]
             variants = [(base, e) for e in ((True, False) if mode == 0 else (False,))] + prefetching
             variants += [(gemv.with_act_q8(base, p), False) for p in (1, 2)]  # the int8 activation forms
-            variants = [(cfg, even, 1) for cfg, even in variants]
-            # small batches (MB rows of x): the production tiles, f32 and two-pass x, at the most rows
-            variants += [(gemv.small_batch_config(cfg, gemv.SMALL_ROWS), False, gemv.SMALL_ROWS)
-                         for cfg in (base, gemv.with_act_q8(base, 2))]
-            for cfg, even, mb in variants:
+            variants = [(cfg, even, False) for cfg, even in variants]
+            variants += [(cfg, False, True) for cfg in (base, gemv.with_act_q8(base, 2))]  # small batches (ROWS)
+            for cfg, even, rows in variants:
                 name = (f"gemv[mode {mode} r{cfg.r} lr{cfg.lr} wk{cfg.wk} split={cfg.split} even={even} "
-                        f"prefetch={cfg.prefetch} q8={cfg.q8}{f' mb={mb}' if mb > 1 else ''}]")
+                        f"prefetch={cfg.prefetch} q8={cfg.q8}{' rows' if rows else ''}]")
                 consts = dict(R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=cfg.split > 1, EVEN_K=even,
-                              MODE=mode, PREFETCH=cfg.prefetch, PDL=True, Q8X=cfg.q8, **dict(no_planes, MB=mb))
+                              MODE=mode, PREFETCH=cfg.prefetch, PDL=True, Q8X=cfg.q8, **dict(no_planes, ROWS=rows))
                 opts = {"num_warps": cfg.wk, "maxnreg": cfg.maxnreg}
                 out.append((name, gemv._q4_0_gemv_kernel, dict(sig, d_ptr=d_t, m_ptr=m_t, **q8(cfg.q8)), consts,
                             opts))
@@ -132,17 +130,11 @@ def variants():
             name = f"planes_gemv[{t.name} wk{cfg.wk} split={cfg.split} prefetch={cfg.prefetch} regs={cfg.maxnreg}]"
             consts = dict(R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=cfg.split > 1, EVEN_K=False,
                           MODE=pt.mode, PREFETCH=cfg.prefetch, PDL=True, PLANES=True, LB=pt.lb, HB=pt.hb,
-                          CENTER=pt.center, EPI=0, Q8X=0, LUT=False, MB=1)
+                          CENTER=pt.center, EPI=0, Q8X=0, LUT=False, ROWS=False)
             planes_sig = dict(sig, qs_ptr=ptr[planes._WORD_DTYPES[pt.lb]], d_ptr=ptr[d_t], m_ptr=ptr[m_t],
                           h_ptr=ptr[planes._WORD_DTYPES[pt.hb]] if pt.hb else ptr[planes._WORD_DTYPES[pt.lb]])
             opts = {"num_warps": cfg.wk, "maxnreg": cfg.maxnreg}
             out.append((name, gemv._q4_0_gemv_kernel, planes_sig, consts, opts))
-            if t in (GGMLType.Q6_K, GGMLType.Q8_0):  # small batches: the most rows
-                small = gemv.small_batch_config(cfg, gemv.SMALL_ROWS)
-                out.append((f"planes_gemv[{t.name} wk{small.wk} split={small.split} mb={gemv.SMALL_ROWS}]",
-                            gemv._q4_0_gemv_kernel, planes_sig, dict(consts, R=small.r, PREFETCH=small.prefetch,
-                                                                      MB=gemv.SMALL_ROWS),
-                            {"num_warps": small.wk, "maxnreg": small.maxnreg}))
     # the lookup types (lut4_gemv): each at the production configs of a wide and a long-K shape, f32 and int8 x
     lut_scales = {0: ("*fp16", "*fp16"), 5: ("*i8", "*fp16"), 6: ("*u8", "*u8")}
     for t in lut4.LUT4_TYPES:
