@@ -12,6 +12,7 @@
 #   PARTS=small bash bench/h200_driver.sh start         small decode batches (issue 27): the GEMV's compiled tests,
 #                                                       bench/gemv_rows.py, the 7B at B=1/2/4/8 against
 #                                                       llama-batched-bench (its CUDA build made meanwhile): ~10 minutes
+#   PARTS=small+cpu bash bench/h200_driver.sh start     both: small, then the host CPU's table (~11 minutes)
 #   PARTS=moe bash bench/h200_driver.sh start           only the mixtures of experts (issue 25): the two MoE files,
 #                                                       their GPU tests (and tiny-gpt-oss on the tree at $BASE), the
 #                                                       kernel tables of bench/moe_profile.py, minfer's runs while
@@ -123,8 +124,17 @@ if [ "$PARTS" = cpu ]; then  # the CPU build alone, every core on it (device_bui
     -k "moe or gpt or swiglu" > $D/gputests.txt 2>&1; tail -3 $D/gputests.txt
   wait; cat $D/synth.txt $D/llama-build.txt
   : > $D/bench.jsonl
-elif [ "$PARTS" = small ]; then  # small decode batches (issue 27 item 1): the 7B at B=1/2/4/8 and the GEMV rows
-  (W=/tmp/llama.cpp; [ -d $W ] || tar xzf .anchor/llama-src.tgz -C /tmp
+elif [ "$PARTS" = small ] || [ "$PARTS" = small+cpu ]; then  # small decode batches (issue 27 item 1): the 7B at
+  # B=1/2/4/8 and the GEMV rows; small+cpu: then the host CPU's table (its llama.cpp build and files made meanwhile)
+  W=/tmp/llama.cpp; [ -d $W ] || tar xzf .anchor/llama-src.tgz -C /tmp
+  [ "$PARTS" = small ] || {
+  (cd $W && cmake -S . -B build-cpu -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
+     -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON > cmake-cpu.log 2>&1 \
+     && cmake --build build-cpu --target llama-bench -j4 > build-cpu.log 2>&1; echo "cpu build rc=$? $(since)") \
+    > $D/llama-build-cpu.txt 2>&1 &
+  (synth smollm2-135m q4_1; synth qwen2.5-0.5b q4_0; synth llama3-8b q4_k; echo "synth done $(since)") \
+    > $D/synth-cpu.txt 2>&1 & }
+  (W=/tmp/llama.cpp
    cd $W && cmake -S . -B build-cuda -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
      -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 > cmake-cuda.log 2>&1 \
      && cmake --build build-cuda --target llama-bench llama-batched-bench -j12 > build-cuda.log 2>&1
@@ -139,6 +149,8 @@ elif [ "$PARTS" = small ]; then  # small decode batches (issue 27 item 1): the 7
   step gemv_rows
   timeout 300 python3 bench/gemv_rows.py > $D/gemv_rows.txt 2>&1; cat $D/gemv_rows.txt; }
   while ! grep -q "synth done" $D/synth.txt; do sleep 2; done; cat $D/synth.txt
+  step check  # 2, 3, 4 rows together against each alone, on the 7B's shapes (the GEMVs' row programs included)
+  timeout 200 python3 bench/small_batch_check.py $M/qwen2.5-7b-q4_0.gguf > $D/check.txt 2>&1; cat $D/check.txt
   : > $D/bench.jsonl
   step minfer
   S=$M/qwen2.5-7b-q4_0.gguf
@@ -147,7 +159,9 @@ elif [ "$PARTS" = small ]; then  # small decode batches (issue 27 item 1): the 7
   llama_rows $LB $S qwen2.5-7b -ngl 99 -fa 1 -p 512 -n 128 -r 3
   batched_rows $S qwen2.5-7b 1,2,4,8
   table qwen2.5-7b
-  step done; exit 0
+  [ "$PARTS" = small ] && { step done; exit 0; }
+  while ! grep -q "build rc" $D/llama-build-cpu.txt; do sleep 2; done; cat $D/llama-build-cpu.txt
+  while ! grep -q "synth done" $D/synth-cpu.txt; do sleep 2; done; cat $D/synth-cpu.txt
 elif [ "$PARTS" = moe ]; then  # minfer's runs while llama.cpp builds (-j12: 4 cores left to the runs), then llama.cpp's
   (W=/tmp/llama.cpp; [ -d $W ] || tar xzf .anchor/llama-src.tgz -C /tmp
    cd $W && cmake -S . -B build-cuda -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
@@ -198,7 +212,7 @@ else
   : > $D/bench.jsonl
 fi
 
-[ "$PARTS" = cpu ] || {
+case $PARTS in cpu|small+cpu) ;; *)
 step moe
 F=$M/qwen3-30b-a3b-q4_k_m.gguf
 for round in 1 2; do
@@ -232,7 +246,7 @@ minfer_rows $S qwen2.5-7b cuda -p 512 -n 128 -r 3 -b 1,2,4,8
 llama_rows $LB $S qwen2.5-7b -ngl 99 -fa 1 -p 512 -n 128 -r 3
 batched_rows $S qwen2.5-7b 1,2,4,8
 table qwen2.5-7b
-}
+;; esac
 
 step cpu
 for th in 4 8 16; do

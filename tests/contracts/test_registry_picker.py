@@ -175,19 +175,24 @@ def test_registry_binds_every_launcher(registry):
     assert gemv.revision == registry.kernels["q4_0_matmul"].revision  # one module, one revision
 
 
-@pytest.mark.parametrize("m, expected", [(1, "q4_0_gemv"), (2, "q4_0_gemv"), (8, "q4_0_gemv"), (9, "linear_f16"),
-                                         (512, "linear_f16")])
-def test_qmatmul_routing(registry, m, expected):
-    """Up to 8 rows: the GEMV (fast path m <= 8, and its 0.56-byte weight against the f16 copy's 2
-    bytes). More: cuBLAS on the f16 copy (fast path m > 1), whose tensor-core rate
-    (cost.flop_rate) outweighs its 2-byte weight even where the quantized tiled matmul's own fast
-    path (m >= 64) applies."""
-    assert pick("QMatMul", *_qmatmul_call(m), registry=registry).name == expected
+@pytest.mark.parametrize("m, n, k, expected", [
+    (1, 1536, 576, "q4_0_gemv"), (2, 1536, 576, "linear_f16"), (512, 1536, 576, "linear_f16"),
+    (2, 37888, 3584, "q4_0_gemv"), (4, 37888, 3584, "q4_0_gemv"), (8, 37888, 3584, "linear_f16"),  # 7B gate+up
+    (2, 4608, 3584, "linear_f16"), (4, 3584, 18944, "q4_0_gemv"), (4, 6144, 4096, "linear_f16")])
+def test_qmatmul_routing(registry, m, n, k, expected):
+    """One token: the GEMV (fast path). A small batch: the GEMV where the H200 measured it ahead of
+    cuBLAS on the f16 copy (its rows side by side, the weight read from L2: 2 rows of a weight past
+    2^24 values, 4 past 5e7; bench/gemv_rows.py), else cuBLAS (fast path m > 1), whose tensor-core
+    rate (cost.flop_rate) outweighs its 2-byte weight even where the quantized tiled matmul's own
+    fast path (m >= 64) applies."""
+    call = {"x": "F32", "w": "Q4_0"}, {"x": (m, k), "w": (n, k // 32 * 18)}, {"n": n, "k": k, "qtype": "Q4_0"}
+    assert pick("QMatMul", *call, registry=registry).name == expected
 
 
 def test_gemv_wins_m1_by_fast_path_though_others_are_admissible(registry):
     ok, rejected = candidates("QMatMul", *_qmatmul_call(1), registry=registry)
-    assert [(c.kernel.name, c.fast_path) for c in ok] == [("q4_0_gemv", "m <= 8"), ("q4_0_matmul", None),
+    gemv_when = "m == 1 || (m <= 2 && n * k > 16777216) || (m <= 4 && n * k >= 50000000)"
+    assert [(c.kernel.name, c.fast_path) for c in ok] == [("q4_0_gemv", gemv_when), ("q4_0_matmul", None),
                                                           ("mmq_q4_0", None), ("linear_f16", None)]
     assert sorted(k.name for k, _ in rejected if k.contract.backend == "CUDA") == sorted([  # the other types'
         "mmq_int4", "mmq_q8_0", "mmq_q6_k", "mmq_planes", "int4_gemv", "q8_0_gemv", "q6_k_gemv", "q5_gemv",
@@ -225,14 +230,15 @@ def test_quantized_many_row_matmuls_rank_mmq_first(registry, qtype, kernel):
 
 def test_k_quants_route_to_their_gemv_then_the_f16_copy(registry):
     assert pick("QMatMul", *_qmatmul_call(1, k=1024, qtype="Q4K"), registry=registry).name == "int4_gemv"
-    assert pick("QMatMul", *_qmatmul_call(8, k=1024, qtype="Q4K"), registry=registry).name == "int4_gemv"
-    assert pick("QMatMul", *_qmatmul_call(9, k=1024, qtype="Q4K"), registry=registry).name == "linear_f16"
+    assert pick("QMatMul", *_qmatmul_call(2, k=1024, qtype="Q4K"), registry=registry).name == "linear_f16"
+    big = {"x": "F32", "w": "Q4K"}, {"x": (2, 4096), "w": (28672, 4096 // 256 * 144)}, {"n": 28672, "k": 4096,
+                                                                                          "qtype": "Q4K"}
+    assert pick("QMatMul", *big, registry=registry).name == "int4_gemv"  # 2 rows of the 8B's gate+up
     gemvs = {"Q8_0": "q8_0_gemv", "Q6K": "q6_k_gemv", "Q5_0": "q5_gemv", "Q5_1": "q5_gemv", "Q5K": "q5_gemv",
              "Q3K": "q3_k_gemv", "Q2K": "q2_k_gemv", "IQ4_NL": "lut4_gemv", "IQ4_XS": "lut4_gemv", "MXFP4": "lut4_gemv"}
-    for qtype, gemv in gemvs.items():  # every type has a decode GEMV (up to 8 rows); larger batches take the f16 copy
-        for m in (1, 2, 8):
-            assert pick("QMatMul", *_qmatmul_call(m, k=1024, qtype=qtype), registry=registry).name == gemv
-        assert pick("QMatMul", *_qmatmul_call(9, k=1024, qtype=qtype), registry=registry).name == "linear_f16"
+    for qtype, gemv in gemvs.items():  # every type has a decode GEMV; batches of small weights take the f16 copy
+        assert pick("QMatMul", *_qmatmul_call(1, k=1024, qtype=qtype), registry=registry).name == gemv
+        assert pick("QMatMul", *_qmatmul_call(2, k=1024, qtype=qtype), registry=registry).name == "linear_f16"
     assert pick("QMatMul", *_qmatmul_call(1, k=1024, qtype="F16"), registry=registry).name == "linear_f16"
 
 

@@ -2,8 +2,8 @@
 
 What runs where is not decided here: graph/fuse.py's rules fuse what this backend's contracts
 accept, and the shared compiler (compile.py, bindings.py) picks every node's kernel for each way
-the backend runs it (`KINDS`: a decode row, a small decode batch of up to 8 rows, a decode batch of
-up to 64, a prompt chunk).
+the backend runs it (`KINDS`: a decode row, decode batches of 2 and of 3-4 rows, of up to 64, a prompt
+chunk).
 This file is the runtime: the weights' GGUF bytes on the device (the compiler lays them out as
 each kernel's contract says), the KV cache (f16 or Q8_0, one extra slot that padded graph rows
 write into), the RoPE tables, and the launches: decode steps replay a CUDA graph captured once
@@ -40,10 +40,10 @@ from ..compile import PLAN_CTX, Call, Compiler, fusion_support
 from ..kv_cache import KVCache, kv_bytes, kv_type
 from ..plan import Plan
 from ..rope import rope_tables
-from .graphs import BUCKETS, PREFILL_BUCKETS, SMALL_BATCH, CudaPicked, DecodeGraph, PrefillGraph, State, decode_kind
+from .graphs import BUCKETS, DECODE_KINDS, PREFILL_BUCKETS, CudaPicked, DecodeGraph, PrefillGraph, State, decode_kind
 
 # ways of running -> the row count kernels are picked for (decode_kind: which a decode step takes)
-KINDS = {"row": 1, "small": SMALL_BATCH, "batch": 16, "chunk": 512}
+KINDS = {**dict(DECODE_KINDS), "batch": 16, "chunk": 512}
 KV_SUPPORTED = ("f16", "q8_0")
 
 

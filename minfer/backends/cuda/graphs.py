@@ -27,12 +27,15 @@ PREFILL_SPANS = 8  # prompts one captured prompt-chunk pass holds (the tile tabl
 PREFILL_OUT = 16  # logits rows one captured prompt-chunk pass returns
 
 
-SMALL_BATCH = 8  # decode batches of 2..8 rows run their own way ("small"): the GEMVs take them (gemv.SMALL_ROWS)
+# the ways a decode step runs by its rows: kernels are picked for each at its row count (backend.KINDS), so a
+# batch of 2 or of 3-4 rows gets the GEMVs where their contracts' fast paths hold (large weights) and cuBLAS
+# elsewhere; from 5 rows the batch way (picked at 16 rows)
+DECODE_KINDS = (("row", 1), ("rows2", 2), ("rows4", 4))
 
 
 def decode_kind(rows: int) -> str:
-    """The way a decode step of `rows` rows runs: one row, a small batch, or a batch (picked at 16 rows)."""
-    return "row" if rows == 1 else ("small" if rows <= SMALL_BATCH else "batch")
+    """The way a decode step of `rows` rows runs (DECODE_KINDS, else "batch")."""
+    return next((kind for kind, most in DECODE_KINDS if rows <= most), "batch")
 
 
 class State:
