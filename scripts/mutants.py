@@ -195,6 +195,17 @@ MUTANTS: tuple[Mutant, ...] = (
         devices=("cpu",),
     ),
     Mutant(
+        "gemv_rows_share_split_counters",
+        "a small batch's rows counting their split-K arrivals on one set of counters (gemv.py ROWS mode "
+        "without its per-row counter offset): a row's last program adds partial sums other rows have not written. "
+        "GPU only: the interpreter runs a tile's split programs one after another, so the counts come out right",
+        "minfer/kernels/triton/gemv.py",
+        "        cnt_ptr += row * tl.cdiv(N, BLOCK_N)\n",
+        "",
+        ("tests/kernels/triton/test_qmatmul.py::test_gemv_small_batches",),
+        devices=("cuda",),
+    ),
+    Mutant(
         "native_rope_row_ahead",
         "the cpu decode program's RoPE one position ahead (q and k turned by the next position's angles)",
         "minfer/kernels/cpu/q4_vnni.c",
