@@ -798,23 +798,125 @@ static inline vf exp_neg(vf x) {
 #define MAX_GROUP 16   /* query heads per kv head */
 #define MAX_HD 256
 #define CHUNK 128      /* keys per task: a row's keys split by its own length only */
-#define AHEAD 4        /* keys' rows prefetched ahead */
+#define AHEAD 4        /* value rows prefetched ahead */
+
+/* The scores of 16 keys at once. Slot s of a block of 16 holds key FOLD_KEY(s); the four folds below
+ * add the slots' 16 lanes each, pairwise, in the order v_reduce_add_ps adds one vector's lanes (lane i +
+ * lane i + 8, then + 4, + 2, + 1: avx512fintrin.h's), and lane l of the result is key l's sum: bit for bit
+ * v_reduce_add_ps of that key's vector, in 15 adds and 30 shuffles (AVX-512) for the 16 keys instead of 16
+ * reductions.
+ * fold8(a, b): lanes 0-7 a's lane i + lane i + 8, lanes 8-15 b's; fold4(c, d) on such vectors: 128-bit
+ * quarters [c.q0 + c.q1, c.q2 + c.q3, d.q0 + d.q1, d.q2 + d.q3]; fold2(e, f), per quarter: [e0 + e2,
+ * e1 + e3, f0 + f2, f1 + f3]; fold1(g, h), per quarter: [g0 + g1, g2 + g3, h0 + h1, h2 + h3]. */
+#define FOLD_KEY(s) (4 * ((s) % 4) + (s) / 4)
+#ifdef MINFER_AVX2
+INL vf v_fold8(vf a, vf b) { return vf_of(_mm256_add_ps(a.hi, a.lo), _mm256_add_ps(b.hi, b.lo)); }
+INL __m256 fold4_8(__m256 lo, __m256 hi) {  /* [lo.q0 + lo.q1, hi.q0 + hi.q1] */
+    return _mm256_add_ps(_mm256_permute2f128_ps(lo, hi, 0x31), _mm256_permute2f128_ps(lo, hi, 0x20));
+}
+INL vf v_fold4(vf c, vf d) { return vf_of(fold4_8(c.lo, c.hi), fold4_8(d.lo, d.hi)); }
+INL __m256 fold2_8(__m256 e, __m256 f) {
+    __m256d a = _mm256_castps_pd(e), b = _mm256_castps_pd(f);
+    return _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(a, b)), _mm256_castpd_ps(_mm256_unpackhi_pd(a, b)));
+}
+INL vf v_fold2(vf e, vf f) { return vf_of(fold2_8(e.lo, f.lo), fold2_8(e.hi, f.hi)); }
+INL __m256 fold1_8(__m256 g, __m256 h) {
+    return _mm256_add_ps(_mm256_shuffle_ps(g, h, _MM_SHUFFLE(2, 0, 2, 0)), _mm256_shuffle_ps(g, h, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+INL vf v_fold1(vf g, vf h) { return vf_of(fold1_8(g.lo, h.lo), fold1_8(g.hi, h.hi)); }
+#else
+INL vf v_fold8(vf a, vf b) {
+    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)), _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)));
+}
+INL vf v_fold4(vf c, vf d) {
+    return _mm512_add_ps(_mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(3, 1, 3, 1)), _mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(2, 0, 2, 0)));
+}
+INL vf v_fold2(vf e, vf f) {
+    __m512d a = _mm512_castps_pd(e), b = _mm512_castps_pd(f);
+    return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+}
+INL vf v_fold1(vf g, vf h) {
+    return _mm512_add_ps(_mm512_shuffle_ps(g, h, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(g, h, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+#endif
+
+/* Half a block's slots (h8: 0 or 8) for one query head q: slot s's vector of products, key row
+ * kb + FOLD_KEY(s) hd times q, summed over q's nv vectors in order (the first a product, then FMAs),
+ * folded to two vectors of 4 slots each (fold8, fold4): 8 independent FMA chains */
+INL void score_half(const float *kb, int hd, int nv, const float *q, int h8, vf *f0, vf *f1) {
+    vf a[8];
+    vf qi = v_loadu_ps(q);
+    for (int s = 0; s < 8; s++) a[s] = v_mul_ps(v_loadu_ps(kb + (size_t)FOLD_KEY(h8 + s) * hd), qi);
+    for (int i = 1; i < nv; i++) {
+        qi = v_loadu_ps(q + 16 * i);
+        for (int s = 0; s < 8; s++) a[s] = v_fmadd_ps(v_loadu_ps(kb + (size_t)FOLD_KEY(h8 + s) * hd + 16 * i), qi, a[s]);
+    }
+    *f0 = v_fold4(v_fold8(a[0], a[1]), v_fold8(a[2], a[3]));
+    *f1 = v_fold4(v_fold8(a[4], a[5]), v_fold8(a[6], a[7]));
+}
+
+/* 16 keys' rows kb [16][hd] against query head q: lane l = v_reduce_add_ps(key l's products) */
+INL vf score16(const float *kb, int hd, int nv, const float *q) {
+    vf c0, c1, c2, c3;
+    score_half(kb, hd, nv, q, 0, &c0, &c1);
+    score_half(kb, hd, nv, q, 8, &c2, &c3);
+    return v_fold1(v_fold2(c0, c1), v_fold2(c2, c3));
+}
+
+/* PV for query heads [j0, j0 + J) and value vectors [i0, i0 + W) (J, W at most 4: the accumulators
+ * stay in registers): o[j][i] = sum over keys l in order of p[j][l] V[l][i], one FMA per key */
+INL void pv_tile(const float *V, int hd, int L, const float *sc, int Lp, int j0, int J, int i0, int W, float *o) {
+    vf acc[4][4];
+    for (int j = 0; j < J; j++)
+        for (int i = 0; i < W; i++) acc[j][i] = v_setzero_ps();
+    for (int l = 0; l < L; l++) {
+        const float *vr = V + (size_t)l * hd + 16 * i0;
+        if (l + AHEAD < L)  /* the cache streams from memory: fetch a later key's row while this one runs */
+            for (int i = 0; i < W; i++) _mm_prefetch((const char *)(vr + (size_t)AHEAD * hd + 16 * i), _MM_HINT_T0);
+        vf vv[4];
+        for (int i = 0; i < W; i++) vv[i] = v_loadu_ps(vr + 16 * i);
+        for (int j = 0; j < J; j++) {
+            vf p = v_set1_ps(sc[(size_t)(j0 + j) * Lp + l]);
+            for (int i = 0; i < W; i++) acc[j][i] = v_fmadd_ps(p, vv[i], acc[j][i]);
+        }
+    }
+    for (int j = 0; j < J; j++)
+        for (int i = 0; i < W; i++) v_storeu_ps(o + (size_t)(j0 + j) * hd + 16 * (i0 + i), acc[j][i]);
+}
+
+#define PV_W(J, W) \
+    case W: pv_tile(V, hd, L, sc, Lp, j0, J, i0, W, o); break;
+#define PV_J(J)                                                                  \
+    case J:                                                                      \
+        switch (W) { PV_W(J, 1) PV_W(J, 2) PV_W(J, 3) default: PV_W(J, 4) }      \
+        break;
 
 /* keys [l0, l1) of one (row, kv head) for its grp query heads: unnormalised weighted values
- * o [grp][hd], the max m [grp] and sum s [grp] of the scores' exponentials */
+ * o [grp][hd], the max m [grp] and sum s [grp] of the scores' exponentials. Each score is
+ * v_reduce_add_ps of the products' vector (q's 16-lane vectors times the key's: a product, then
+ * FMAs in order), times scale, 16 keys at a time (score16); each output lane sums its keys' weighted
+ * values in key order, one FMA a key: a (row, head)'s numbers depend on its q and keys only. */
 static void attn_part(const float *Q, const float *K, const float *V, int l0, int l1, int hd, int grp,
                       float scale, float softcap, float *sc, float *o, float *mx_out, float *sum_out) {
     int nv = hd / 16, L = l1 - l0, Lp = (L + 15) / 16 * 16;
-    for (int l = 0; l < L; l++) {
-        if (l + AHEAD < L)  /* the cache streams from memory: fetch a later key's row while this one runs */
-            for (int i = 0; i < hd; i += 16) _mm_prefetch((const char *)(K + (size_t)(l0 + l + AHEAD) * hd + i), _MM_HINT_T0);
-        vf kv[MAX_HD / 16];
-        for (int i = 0; i < nv; i++) kv[i] = v_loadu_ps(K + (size_t)(l0 + l) * hd + 16 * i);
+    float pad[16 * MAX_HD];  /* a last block's rows, the keys past l1 zero (their scores are dropped) */
+    const vf vscale = v_set1_ps(scale);
+    K += (size_t)l0 * hd;
+    V += (size_t)l0 * hd;
+    for (int l = 0; l < L; l += 16) {
+        const float *kb = K + (size_t)l * hd;
+        if (l + 16 > L) {
+            memcpy(pad, kb, sizeof(float) * (size_t)(L - l) * hd);
+            memset(pad + (size_t)(L - l) * hd, 0, sizeof(float) * (size_t)(l + 16 - L) * hd);
+            kb = pad;
+        } else if (l + 32 <= L) {  /* the cache streams from memory: fetch the next block's rows */
+            for (int i = 0; i < 16 * hd; i += 16) _mm_prefetch((const char *)(kb + 16 * hd + i), _MM_HINT_T0);
+        }
         for (int j = 0; j < grp; j++) {
-            vf acc = v_mul_ps(kv[0], v_loadu_ps(Q + j * hd));
-            for (int i = 1; i < nv; i++) acc = v_fmadd_ps(kv[i], v_loadu_ps(Q + j * hd + 16 * i), acc);
-            float v = v_reduce_add_ps(acc) * scale;
-            sc[(size_t)j * Lp + l] = softcap > 0.0f ? softcap * tanhf(v / softcap) : v;
+            float *s = sc + (size_t)j * Lp + l;
+            v_storeu_ps(s, v_mul_ps(score16(kb, hd, nv, Q + j * hd), vscale));
+            if (softcap > 0.0f)
+                for (int t = 0; t < 16; t++) s[t] = softcap * tanhf(s[t] / softcap);
         }
     }
     for (int j = 0; j < grp; j++) {
@@ -833,22 +935,14 @@ static void attn_part(const float *Q, const float *K, const float *V, int l0, in
         mx_out[j] = m;
         sum_out[j] = v_reduce_add_ps(sum);
     }
-    vf acc[MAX_GROUP][MAX_HD / 16];
-    for (int j = 0; j < grp; j++)
-        for (int i = 0; i < nv; i++) acc[j][i] = v_setzero_ps();
-    for (int l = 0; l < L; l++) {
-        if (l + AHEAD < L)
-            for (int i = 0; i < hd; i += 16) _mm_prefetch((const char *)(V + (size_t)(l0 + l + AHEAD) * hd + i), _MM_HINT_T0);
-        vf vv[MAX_HD / 16];
-        for (int i = 0; i < nv; i++) vv[i] = v_loadu_ps(V + (size_t)(l0 + l) * hd + 16 * i);
-        for (int j = 0; j < grp; j++) {
-            vf p = v_set1_ps(sc[(size_t)j * Lp + l]);
-            for (int i = 0; i < nv; i++) acc[j][i] = v_fmadd_ps(p, vv[i], acc[j][i]);
+    for (int j0 = 0; j0 < grp; j0 += 4)
+        for (int i0 = 0; i0 < nv; i0 += 4) {
+            int J = grp - j0 < 4 ? grp - j0 : 4, W = nv - i0 < 4 ? nv - i0 : 4;
+            switch (J) { PV_J(1) PV_J(2) PV_J(3) default: PV_J(4) }
         }
-    }
-    for (int j = 0; j < grp; j++)
-        for (int i = 0; i < nv; i++) v_storeu_ps(o + j * hd + 16 * i, acc[j][i]);
 }
+#undef PV_J
+#undef PV_W
 
 /* One query row per sequence against its cached keys: q [B, n_head * hd] float32 (row stride
  * ldq), a layer's cache kc, vc [n_slots, n_kv, n_ctx, hd] float32, row b attends keys
@@ -858,7 +952,8 @@ static void attn_part(const float *Q, const float *K, const float *V, int l0, in
  * (NULL: none): head h's logit sinks[h] is one more column of its softmax, with no value row
  * (gpt-oss; ggml_soft_max_add_sinks). Tasks: (row, kv head, chunk of CHUNK keys from starts[b]),
  * merged per (row, kv head) in chunk order: the split depends on the row's own keys only, so a
- * row's arithmetic does not depend on the other rows. hd a multiple of 16, at most 256; n_head /
+ * row's arithmetic does not depend on the other rows (prompt rows run here too, each as the decode
+ * row at its position; attn_part's arithmetic). hd a multiple of 16, at most 256; n_head /
  * n_kv at most 16. Returns -1 on bad sizes or no memory. */
 /* row b's first task first[b] (chunks of CHUNK keys from its start, per kv head); first[B]: the tasks of all rows */
 static int attn_first(int B, int n_kv, const int *starts, const int *lens, int *first) {
@@ -878,11 +973,14 @@ static void attn_work(const float *q, int ldq, const float *kc, const float *vc,
                       float softcap, const float *sinks, const int *first, float *part, float *sc, float *out,
                       int ldo) {
     int grp = n_head / n_kv, per = grp * (hd + 2), T = first[B];
-    #pragma omp for schedule(static)
+    #pragma omp for schedule(dynamic, 4)
     for (int t = 0; t < T; t++) {
         if (sc == NULL) continue;
-        int b = 0;
-        while (first[b + 1] <= t) b++;
+        int b = 0, hi = B - 1;  /* the row of task t: first[b] <= t < first[b + 1] (every row has tasks) */
+        while (b < hi) {
+            int mid = (b + hi + 1) / 2;
+            if (first[mid] <= t) b = mid; else hi = mid - 1;
+        }
         int chunks = (first[b + 1] - first[b]) / n_kv, h = (t - first[b]) / chunks, c = (t - first[b]) % chunks;
         int l0 = (starts != NULL ? starts[b] : 0) + c * CHUNK, l1 = l0 + CHUNK < lens[b] ? l0 + CHUNK : lens[b];
         size_t base = ((size_t)slots[b] * n_kv + h) * n_ctx * hd;
