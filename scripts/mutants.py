@@ -206,6 +206,14 @@ MUTANTS: tuple[Mutant, ...] = (
         devices=("cuda",),
     ),
     Mutant(
+        "gemv_rows_read_row0",
+        "every row of a small decode batch reading x's first row (gemv.py ROWS mode without its x row offset)",
+        "minfer/kernels/triton/gemv.py",
+        "        x_ptr += row.to(tl.int64) * (NKB * 32 if Q8X == 0 else NKB * (8 * Q8X))\n",
+        "",
+        ("tests/backends/test_cuda_backend.py::test_small_batches_run_the_gemv_row_programs",),
+    ),
+    Mutant(
         "native_rope_row_ahead",
         "the cpu decode program's RoPE one position ahead (q and k turned by the next position's angles)",
         "minfer/kernels/cpu/q4_vnni.c",

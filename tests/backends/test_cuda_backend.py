@@ -509,6 +509,48 @@ def test_int8_activations_from_the_norms(tiny_gguf, raw, monkeypatch, quant):
         gemv.gemv_config.cache_clear()
 
 
+def test_small_batches_run_the_gemv_row_programs(tiny_gguf, monkeypatch):
+    """Decode steps of 2 and of 3 rows (the ways rows2 and rows4) on the GEMVs' row programs: the
+    Q4_0 GEMV's fast path widened to the tiny model's weights (on real ones it holds for the large
+    projections only) and every GEMV on int8 x (the threshold lowered), so the RMSNorms write the
+    rows' int8 records and each GEMV reads x [m, k]: every row within the own-kernel tolerance of
+    its step alone (which runs the fused one-row kernels) and with the same argmax."""
+    from dataclasses import replace
+
+    from minfer.backends.cuda import backend as cuda_backend
+    from minfer.contracts.registry import default_registry
+    from minfer.contracts.schema import FastPath
+    from minfer.kernels.triton import gemv
+
+    reg = default_registry()
+    k = reg.kernels["q4_0_gemv"]
+    wide = replace(k, contract=replace(k.contract, caps=replace(k.contract.caps, fast_paths=(
+        FastPath("m <= 4", "this test: the tiny model's weights on the small-batch GEMV"),))))
+    monkeypatch.setattr(cuda_backend, "default_registry", lambda *_: replace(reg, kernels={**reg.kernels,
+                                                                                          "q4_0_gemv": wide}))
+    monkeypatch.setattr(gemv, "Q8_MIN_WEIGHTS", 0)
+    gemv.gemv_config.cache_clear()
+    try:
+        gpu = load(tiny_gguf("tiny-qwen2", "q4_0"), "cuda", n_ctx=64, n_slots=3, progress=False)
+        be = gpu.engine.backend
+        for kind, rows in (("rows2", 2), ("rows4", 4)):
+            picked = {r["kernel"] for r in be.compiler.plan_rows(kind, rows) if "MatMul" in r["op"]}
+            assert picked and all(p.startswith("q4_0_gemv") for p in picked), (kind, picked)
+        seqs = [(0, PROMPT[:5]), (1, PROMPT[2:9]), (2, PROMPT[1:4])]
+        for rows in (2, 3):
+            for slot, toks in seqs:
+                be.forward(Batch.single(toks, 0, slot=slot))
+            step = [(s, len(t), [11 + s]) for s, t in seqs[:rows]]
+            together = be.forward(Batch.build(step, list(range(rows)), n_decode=rows)).cpu()
+            for i, one in enumerate(step):
+                alone = be.forward(Batch.build([one], [0], n_decode=1)).cpu()[0]
+                assert _rel(together[i], alone) < TOL_OWN
+                assert int(together[i].argmax()) == int(alone.argmax())
+    finally:
+        monkeypatch.undo()
+        gemv.gemv_config.cache_clear()
+
+
 # ---------------------------------------------------------------------------------------- CUDA graphs in CI
 class _HostEvent:
     """torch.cuda.Event on the host: every copy has landed when it is recorded (no streams)."""
