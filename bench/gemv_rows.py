@@ -56,26 +56,22 @@ def main(argv: list[str]) -> int:
         one = qmatmul.gemv_default_config(n, k, info.type)
         for rows in rows_list:
             x = torch.randn(rows, k, device=dev)
-            tiles = [one]
+            out = torch.empty(rows, n, device=dev)
             f16_us = graph_replay_us(_rotating(w16s, lambda w, x=x, n=n, k=k: torch_ops.linear_f16(x, w, n, k, "F16")),
                                      len(w16s))
-            for cfg in tiles:
-                out = torch.empty(rows, n, device=dev)
-                try:
-                    us = graph_replay_us(_rotating(packs, lambda p, x=x, out=out, cfg=cfg: qmatmul.launch_packed(
-                        "bench", x, p, out, cfg)), len(packs))
-                except Exception as e:  # a tile that does not compile or launch: say so, go on
-                    print(f"{model:5} {role:8} {tname:5} {n:6} {k:6} {rows:4} r{cfg.r} {type(e).__name__}: {e}")
-                    continue
-                same = ""
-                if rows > 1:
-                    qmatmul.launch_packed("bench", x, packs[0], out, cfg)
-                    alone = torch.cat([_one(qmatmul, x[i:i + 1], packs[0], cfg, n) for i in range(rows)])
-                    same = "yes" if torch.equal(out, alone) else f"NO {float((out - alone).abs().max()):.2e}"
-                tile = f"r{cfg.r} wk{cfg.wk} s{cfg.split} q{cfg.q8}"
-                pct = 100 * raw.numel() / us / 1e3 / copy_bw
-                print(f"{model:5} {role:8} {tname:5} {n:6} {k:6} {rows:4} {tile:14} {us:8.2f} "
-                      f"{pct:7.1f} {us / rows:7.2f} {f16_us:8.2f} {same}", flush=True)
+            us = graph_replay_us(_rotating(packs, lambda p, x=x, out=out, cfg=one: qmatmul.launch_packed(
+                "bench", x, p, out, cfg)), len(packs))
+            same = ""
+            if rows > 1:  # each row against itself launched alone
+                qmatmul.launch_packed("bench", x, packs[0], out, one)
+                alone = torch.empty_like(out)
+                for i in range(rows):
+                    qmatmul.launch_packed("bench", x[i:i + 1], packs[0], alone[i:i + 1], one)
+                same = "yes" if torch.equal(out, alone) else f"NO {float((out - alone).abs().max()):.2e}"
+            tile = f"r{one.r} wk{one.wk} s{one.split} q{one.q8}"
+            pct = 100 * raw.numel() / us / 1e3 / copy_bw
+            print(f"{model:5} {role:8} {tname:5} {n:6} {k:6} {rows:4} {tile:14} {us:8.2f} "
+                  f"{pct:7.1f} {us / rows:7.2f} {f16_us:8.2f} {same}", flush=True)
     return 0
 
 
@@ -87,14 +83,6 @@ def _rotating(operands: list, run):
         op = operands[next(turn) % len(operands)]
         return lambda: run(op)
     return make
-
-
-def _one(qmatmul, x, packed, cfg, n):
-    import torch
-
-    out = torch.empty(1, n, device=x.device)
-    qmatmul.launch_packed("bench", x, packed, out, cfg)
-    return out
 
 
 if __name__ == "__main__":

@@ -18,16 +18,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(argv: list[str]) -> int:
-
     from minfer.api import load
     from minfer.backends.base import Batch
+    from minfer.backends.cuda.graphs import DECODE_KINDS
 
     prompts = [[11 + 7 * i + j for j in range(5 + 3 * i)] for i in range(4)]
     bad = 0
     with load(argv[0], "cuda", n_ctx=256, n_slots=4, progress=False) as m:
         be = m.engine.backend
-        for kind in ("row", "rows2", "rows4"):
-            picked = [r for r in be.compiler.plan_rows(kind, {"row": 1, "rows2": 2, "rows4": 4}[kind])
+        for kind, most in DECODE_KINDS:
+            picked = [r for r in be.compiler.plan_rows(kind, most)
                       if r["layer"] == 0 and "MatMul" in r["op"]]
             print(kind, ", ".join(f"{r['name']}: {r['kernel']}" for r in picked))
         for rows in (2, 3, 4):
