@@ -54,8 +54,9 @@ class Masks:
         """int32 [len(matchers), ceil(n_vocab / 32)] (pinned on cuda): each row's allowed tokens
         under its matcher, all ones where the matcher is None. Computed now, one matcher after
         another in this thread (each call releases the GIL): on the H200's host 16 rows of a
-        length-bounded-string grammar took 5.5 ms so and 8.3 ms through llguidance's parallel
-        executor (bench/NOTES.md, stop 37)."""
+        length-bounded-string grammar take 1.7-1.9 ms with the tokenizer view's slices
+        (engine/grammar.py), under a 7B's 16-row forward (4.9 ms); split over 2-8 threads, or
+        through llguidance's parallel executor, they were no faster (bench/NOTES.md, stops 37, 43)."""
         bits = self._bits(len(matchers), (n_vocab + 31) // 32)
         bits.fill_(-1)
         row_bytes = bits.shape[1] * 4

@@ -5,13 +5,14 @@ errors a bad grammar gives."""
 from __future__ import annotations
 
 import json
+import random
 
 import jsonschema
 import pytest
 import torch
 
 from minfer.api import load, sampling_params
-from minfer.engine.grammar import Grammar, check_grammar
+from minfer.engine.grammar import SLICE_BOUNDS, Grammar, check_grammar, ll_tokenizer
 from minfer.engine.params import SamplingParams
 from minfer.errors import GrammarError, ParamError
 from minfer.kernels.sample import apply_bitmask
@@ -77,3 +78,46 @@ def test_bad_grammars(tiny):
         Grammar.json_schema("{oops")
     with pytest.raises(ParamError, match="logit_bias"):
         SamplingParams(logit_bias={5: 1000.0})
+
+
+BOUNDED = [  # strings whose maxLength lands on, between and beyond the slice bounds, and unbounded ones
+    {"type": "array", "minItems": 100, "items": {"type": "string", "maxLength": 24}},
+    {"type": "array", "minItems": 100, "items": {"type": "string", "maxLength": 3}},
+    {"type": "object", "properties": {"a": {"type": "string", "minLength": 5, "maxLength": 9},
+                                      "b": {"type": "string"}}, "required": ["a", "b"]},
+    {"type": "array", "items": {"type": "string", "pattern": "^[a-z ]{0,40}$"}},
+]
+
+
+def _mask(matcher, n_vocab: int) -> torch.Tensor:
+    out = torch.empty((n_vocab + 31) // 32, dtype=torch.int32)
+    matcher.unsafe_compute_mask_ptr(out.data_ptr(), out.numel() * 4)
+    return out
+
+
+@pytest.mark.parametrize("schema", range(len(BOUNDED)))
+def test_the_slices_change_no_mask(smollm2_model, schema, test_seed):
+    """The tokenizer view's extra slices (short JSON strings, SLICE_BOUNDS) only skip trie walks: along
+    random walks through schemas with bounded and unbounded strings (on the real SmolLM2 vocabulary),
+    every mask equals the one computed with no slices at all."""
+    import llguidance
+
+    assert SLICE_BOUNDS
+    tok = smollm2_model.tokenizer
+    n_vocab = smollm2_model.engine.n_vocab
+    ours = ll_tokenizer(tok, n_vocab)
+    plain = ours.with_slices([])
+    compiled = Grammar.json_schema(BOUNDED[schema]).compiled()
+    rng = random.Random(test_seed * 31 + schema)
+    for walk in range(3):
+        a = llguidance.LLMatcher(ours, compiled, log_level=0)
+        b = llguidance.LLMatcher(plain, compiled, log_level=0)
+        for step in range(40):
+            want, got = _mask(b, n_vocab), _mask(a, n_vocab)
+            assert torch.equal(got, want), (schema, walk, step)
+            words = want.to(torch.int64) & 0xFFFFFFFF
+            allowed = ((words.unsqueeze(1) >> torch.arange(32)) & 1).flatten()[:n_vocab].nonzero().flatten()
+            if len(allowed) == 0 or a.is_stopped():
+                break
+            t = int(allowed[rng.randrange(len(allowed))])
+            assert a.consume_token(t) and b.consume_token(t)
