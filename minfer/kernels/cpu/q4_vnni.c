@@ -28,6 +28,7 @@
  * order whatever the row count or tiling: a row's result does not depend on the other rows.
  */
 #include <immintrin.h>
+#include <omp.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -491,6 +492,13 @@ static void quantize_rows(const void *x, int bf16, int m, int k, int P, int8_t *
 #define MT 4
 #define ROW_BLOCK 64  /* rows of one work item of a many-row product (a multiple of MT) */
 
+/* How far ahead (bytes) a tile's codes and scales are prefetched (0: not at all). A decode GEMM streams its
+ * weights from DRAM once; one core's hardware prefetchers kept ~10 GB/s of it (2-core EPYC, one thread,
+ * 4.9 and 77 MB matrices), 16-22 GB/s with these (bench/NOTES.md, stop 43). Prompts re-read a tile
+ * from L2: the prefetches cost them a few instructions a group. */
+#ifndef W_AHEAD
+#define W_AHEAD 1024
+#endif
 /* bytes of codes per block of 16 columns and group of 32, by code width (4, 5, 6, 8 bits) */
 static inline size_t group_bytes(int bits) { return bits == 8 ? 512 : bits == 6 ? 384 : bits == 5 ? 320 : 256; }
 
@@ -511,6 +519,16 @@ static inline __attribute__((always_inline)) void tile(int rows, int P, int BITS
     for (int g = 0; g < G; g++) {
         vi a[8], b[8];
         const uint8_t *p0 = W0 + (size_t)g * gb, *p1 = W1 + (size_t)g * gb;
+#if W_AHEAD
+        for (size_t o = 0; o < gb; o += 64) {  /* the codes W_AHEAD bytes ahead: a core's stream from DRAM */
+            _mm_prefetch((const char *)(p0 + W_AHEAD + o), _MM_HINT_T0);
+            _mm_prefetch((const char *)(p1 + W_AHEAD + o), _MM_HINT_T0);
+        }
+        if ((g & 1) == 0) {
+            _mm_prefetch((const char *)(S0 + g * sw + W_AHEAD / 8), _MM_HINT_T0);
+            _mm_prefetch((const char *)(S1 + g * sw + W_AHEAD / 8), _MM_HINT_T0);
+        }
+#endif
         if (BITS == 8) {  /* 8-bit codes: the registers as stored */
             for (int c = 0; c < 8; c++) {
                 a[c] = v_loadu_si512(p0 + 64 * c);
@@ -1295,6 +1313,12 @@ static void pstep_run(const pstep *p, int B, const int *slots, const int *pos, c
     }
 }
 
+/* prog_profile(times): each later prog_run writes, from thread 0, the time (omp_get_wtime, s) its team
+ * starts at times[0] and the end of its step i (after the step's barrier) at times[i + 1]; NULL: off.
+ * For bench/studies/cpu_step_profile.py: where a decode step's time goes per step and thread count. */
+static double *prog_times;
+void prog_profile(double *times) { prog_times = times; }
+
 /* Run a program of n steps for B rows (slots, pos, lens int32 [B]; n_slots / n_ctx: the cache's, to check
  * them; grp: the most query heads per kv head of its attention steps). -1 on rows outside the cache, -2 when
  * a thread's scratch cannot be allocated (nothing is run then). */
@@ -1313,9 +1337,14 @@ int prog_run(const pstep *steps, int n, int B, const int *slots, const int *pos,
     #pragma omp parallel
     {
         float *sc = attn_scratch(grp, &fail);
+        double *times = omp_get_thread_num() == 0 ? prog_times : NULL;
         #pragma omp barrier
+        if (times != NULL) times[0] = omp_get_wtime();
         if (!fail)  /* (read after the barrier: every thread takes the same branch) */
-            for (int i = 0; i < n; i++) pstep_run(steps + i, B, slots, pos, lens, sc);
+            for (int i = 0; i < n; i++) {
+                pstep_run(steps + i, B, slots, pos, lens, sc);
+                if (times != NULL) times[i + 1] = omp_get_wtime();
+            }
         free(sc);
     }
     return fail ? -2 : 0;

@@ -127,6 +127,8 @@ def _build(name: str) -> ctypes.CDLL | None:
     so.glu_f32.restype = i
     so.prog_run.argtypes = [p, i, i, p, p, p, i, i, i]  # the decode program (backends/cpu/native.py)
     so.prog_run.restype = i
+    so.prog_profile.argtypes = [p]  # (bench/studies/cpu_step_profile.py)
+    so.prog_profile.restype = None
     return so
 
 

@@ -1,0 +1,113 @@
+"""Where a cpu decode step's time goes, per step of the decode program and per thread count (issue 26:
+decode >= llama.cpp at 4, 8 and 16 threads): q4_vnni.c's `prog_profile` records, from thread 0, the end
+of each program step (after its barrier); the step's time outside `prog_run` (Python: the embedding
+rows, positions, the logits' selection, the engine's sampling and bookkeeping) is the rest of a token.
+
+    python3 bench/studies/cpu_step_profile.py MODEL.gguf [--threads 4,8,16] [--tokens 64] [--ahead BYTES]
+
+`--ahead`: the C kernels rebuilt with q4_vnni.c's W_AHEAD (how far ahead the GEMM tiles prefetch their
+codes; 0: none) for this run, to compare distances.
+
+Prints per thread count: ms a token (engine step, prog_run, outside), then the program's steps summed
+by kind (GEMMs by their n x k), with us a token and the GEMMs' GB/s of packed weight bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from minfer.api import load, sampling_params  # noqa: E402
+from minfer.backends.cpu import native  # noqa: E402
+from minfer.kernels.cpu import vnni  # noqa: E402
+
+KINDS = {native.PS_NORM: "norm", native.PS_QUANT: "quant", native.PS_GEMM: "gemm", native.PS_ROPE: "rope",
+         native.PS_KV: "kv write", native.PS_ATTN: "attention", native.PS_ADD: "add", native.PS_GLU: "glu",
+         native.PS_GLU_Q: "glu+quant", native.PS_ROW: "row (add/norm/quant)", native.PS_SCALE: "scale"}
+
+
+def gemm_bytes(st) -> float:
+    """Packed weight bytes a GEMM step reads: the codes (bits a weight) and a scale (+ zero) per 32."""
+    return st.n * st.k * st.a0 / 8 + st.n * st.k / 32 * (4 if st.zz else 2)
+
+
+def profile(path: str, threads: int, tokens: int) -> None:
+    model = load(path, "cpu", n_slots=1, n_ctx=tokens + 64, threads=threads, progress=False)
+    lib = vnni._library()
+    runs = {"n": 0, "prog": 0.0, "steps": None}
+    real_run = native.DecodeProgram.run
+
+    def run(self, batch):
+        n = len(self._steps)
+        if runs["steps"] is None or len(runs["steps"]) != n:
+            runs.update(steps=[0.0] * n, buf=(ctypes.c_double * (n + 1))(), prog_obj=self)
+        lib.prog_profile(runs["buf"])
+        t = time.perf_counter()
+        out = real_run(self, batch)
+        runs["prog"] += time.perf_counter() - t
+        lib.prog_profile(None)
+        b = runs["buf"]
+        for i in range(n):
+            runs["steps"][i] += b[i + 1] - b[i]
+        runs["n"] += 1
+        return out
+
+    native.DecodeProgram.run = run
+    params = sampling_params(temperature=0, max_tokens=tokens, ignore_eos=True)
+    model.generate("Once upon a time", params=params)  # warm-up
+    runs.update(n=0, prog=0.0, steps=None)
+    seq = model.submit("Once upon a time", params)
+    model.run([seq])
+    native.DecodeProgram.run = real_run
+    st = seq.stats
+    span = st.token_times[-1] - st.token_times[0]
+    n = runs["n"]
+    per_tok = span / (len(seq.generated) - 1) * 1e3
+    prog = runs["prog"] / n * 1e3
+    prog_obj = runs["prog_obj"]
+    steps = prog_obj._array
+    print(f"\n## {Path(path).name}, {threads} threads: {per_tok:.3f} ms a token ({1e3 / per_tok:.0f} tok/s), "
+          f"prog_run {prog:.3f} ms, outside it {per_tok - prog:.3f} ms; {len(steps)} program steps")
+    by_kind: dict[str, list] = defaultdict(lambda: [0, 0.0, 0.0])
+    for i, s in enumerate(steps):
+        kind = KINDS[s.op]
+        key = f"gemm {s.n}x{s.k} ({s.a0}-bit)" if s.op == native.PS_GEMM else kind
+        e = by_kind[key]
+        e[0] += 1
+        e[1] += runs["steps"][i] / n * 1e6
+        e[2] += gemm_bytes(s) if s.op == native.PS_GEMM else 0
+    total = sum(e[1] for e in by_kind.values())
+    print("| step | count | us a token | % of prog_run | GB/s |")
+    print("|---|---:|---:|---:|---:|")
+    for key, (cnt, us, nbytes) in sorted(by_kind.items(), key=lambda kv: -kv[1][1]):
+        gbs = f"{nbytes / us / 1e3:.1f}" if nbytes else ""
+        print(f"| {key} | {cnt} | {us:.1f} | {100 * us / max(total, 1e-9):.1f} | {gbs} |")
+    model.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("--threads", default="4,8,16")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--ahead", type=int, default=None, help="q4_vnni.c's W_AHEAD for this run")
+    args = ap.parse_args()
+    if args.ahead is not None:
+        for isa, (need, flags) in vnni.ISAS.items():
+            vnni.ISAS[isa] = (need, [*flags, f"-DW_AHEAD={args.ahead}"])
+        print(f"W_AHEAD={args.ahead}")
+    torch.set_num_threads(1)  # (the engine sets its own; nothing else here computes)
+    for t in (int(x) for x in args.threads.split(",")):
+        profile(args.model, t, args.tokens)
+
+
+if __name__ == "__main__":
+    main()
