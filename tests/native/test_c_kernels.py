@@ -368,6 +368,39 @@ def test_attention_of_many_rows_runs_in_bounded_groups(monkeypatch, test_seed):
 
 
 @needs_vnni
+@pytest.mark.parametrize("n_kv,grp", [(1, 2), (1, 7), (2, 7), (3, 3), (1, 16)])
+def test_attention_bits_do_not_depend_on_the_threads(n_kv, grp, test_seed):
+    """Where a short row has fewer (kv head, key chunk) units than threads, its query heads go to several
+    tasks: every head's numbers are the same bits at 1, 3 and 16 threads (16: a split in subgroups of one
+    head), with a sliding window, sinks and a soft-cap too, and within the reference's bounds."""
+    gen = torch.Generator().manual_seed(test_seed)
+    n_slots, n_ctx, hd = 2, 200, 64
+    n_head = n_kv * grp
+    kc, vc = (torch.randn(n_slots, n_kv, n_ctx, hd, generator=gen) for _ in range(2))
+    lens = torch.tensor([37, 129, 200], dtype=torch.int32)[: 1 + test_seed % 3]
+    q = torch.randn(len(lens), n_head * hd, generator=gen)
+    slots = torch.tensor([1, 0, 1], dtype=torch.int32)[: len(lens)]
+    starts = (lens - 50).clamp(min=0)
+    sinks = torch.randn(n_head, generator=gen)
+    threads = torch.get_num_threads()
+    try:
+        runs = {}
+        for name, kw in (("plain", {}), ("window", {"starts": starts, "sinks": sinks, "softcap": 20.0})):
+            outs = []
+            for t in (1, 3, 16):
+                torch.set_num_threads(t)
+                outs.append(cpu_vnni.attention_decode(q, kc, vc, slots, lens, n_head, hd ** -0.5, **kw))
+            assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2]), name
+            runs[name] = outs[2]
+        for i in range(len(lens)):
+            s, L = int(slots[i]), int(lens[i])
+            want = cpu_ops.attention_one(q[i].reshape(n_head, hd), kc[s, :, :L], vc[s, :, :L], hd ** -0.5)
+            assert torch.allclose(runs["plain"][i:i + 1], want, atol=5e-6, rtol=1e-5), (n_kv, grp, L)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_vnni
 def test_attention_refuses_slots_and_lengths_outside_the_cache():
     kc = torch.randn(2, 1, 8, 16)
     q = torch.randn(1, 16)

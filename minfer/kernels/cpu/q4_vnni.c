@@ -983,48 +983,55 @@ static int attn_first(int B, int n_kv, const int *starts, const int *lens, int *
     return first[B];
 }
 
-/* Inside a parallel region: every task into `part` (grp * (hd + 2) floats each), then each (row, kv
- * head) merged into out (row stride ldo): two work-shared loops, each ending in the team's barrier.
- * sc: this thread's scores (grp * CHUNK floats; NULL: its tasks are skipped, the caller fails). */
+/* Inside a parallel region: every task into `part` (grp * (hd + 2) floats per (row, kv head, chunk)),
+ * then each (row, query head) merged into out (row stride ldo): two work-shared loops, each ending in
+ * the team's barrier. Where the (row, kv head, chunk) units are fewer than the team's threads (a short
+ * decode row: one chunk per kv head), a unit's query heads go to several tasks (subgroups of gs heads):
+ * a head's numbers are attn_part's for that head whatever its group (its scores, softmax and weighted
+ * values are its own), so the split changes the time only. sc: this thread's scores (grp * CHUNK
+ * floats; NULL: its tasks are skipped, the caller fails). */
 static void attn_work(const float *q, int ldq, const float *kc, const float *vc, int n_kv, int n_ctx, int hd,
                       int n_head, const int *slots, const int *starts, const int *lens, int B, float scale,
                       float softcap, const float *sinks, const int *first, float *part, float *sc, float *out,
                       int ldo) {
-    int grp = n_head / n_kv, per = grp * (hd + 2), T = first[B];
-    #pragma omp for schedule(dynamic, 4)
+    int grp = n_head / n_kv, per = grp * (hd + 2), U = first[B], threads = omp_get_num_threads();
+    int subs = U >= threads ? 1 : (threads + U - 1) / U < grp ? (threads + U - 1) / U : grp;
+    int gs = (grp + subs - 1) / subs;
+    subs = (grp + gs - 1) / gs;
+    int T = U * subs, each = T >= 8 * threads ? 4 : 1;
+    #pragma omp for schedule(dynamic, each)
     for (int t = 0; t < T; t++) {
         if (sc == NULL) continue;
-        int b = 0, hi = B - 1;  /* the row of task t: first[b] <= t < first[b + 1] (every row has tasks) */
+        int u = t / subs, j0 = t % subs * gs, J = grp - j0 < gs ? grp - j0 : gs;
+        int b = 0, hi = B - 1;  /* the row of unit u: first[b] <= u < first[b + 1] (every row has units) */
         while (b < hi) {
             int mid = (b + hi + 1) / 2;
-            if (first[mid] <= t) b = mid; else hi = mid - 1;
+            if (first[mid] <= u) b = mid; else hi = mid - 1;
         }
-        int chunks = (first[b + 1] - first[b]) / n_kv, h = (t - first[b]) / chunks, c = (t - first[b]) % chunks;
+        int chunks = (first[b + 1] - first[b]) / n_kv, h = (u - first[b]) / chunks, c = (u - first[b]) % chunks;
         int l0 = (starts != NULL ? starts[b] : 0) + c * CHUNK, l1 = l0 + CHUNK < lens[b] ? l0 + CHUNK : lens[b];
         size_t base = ((size_t)slots[b] * n_kv + h) * n_ctx * hd;
-        float *pt = part + (size_t)t * per;
-        attn_part(q + (size_t)b * ldq + (size_t)h * grp * hd, kc + base, vc + base, l0, l1, hd, grp, scale,
-                  softcap, sc, pt, pt + grp * hd, pt + grp * hd + grp);
+        float *pt = part + (size_t)u * per;
+        attn_part(q + (size_t)b * ldq + (size_t)(h * grp + j0) * hd, kc + base, vc + base, l0, l1, hd, J, scale,
+                  softcap, sc, pt + (size_t)j0 * hd, pt + grp * hd + j0, pt + grp * hd + grp + j0);
     }
     #pragma omp for schedule(static)
-    for (int bh = 0; bh < B * n_kv; bh++) {
-        int b = bh / n_kv, h = bh % n_kv, chunks = (first[b + 1] - first[b]) / n_kv;
+    for (int bj = 0; bj < B * n_head; bj++) {
+        int b = bj / n_head, h = bj % n_head / grp, j = bj % grp, chunks = (first[b + 1] - first[b]) / n_kv;
         const float *p0 = part + (size_t)(first[b] + h * chunks) * per;
-        float *O = out + (size_t)b * ldo + (size_t)h * grp * hd;
-        for (int j = 0; j < grp; j++) {
-            float M = sinks != NULL ? sinks[h * grp + j] : -INFINITY;
-            for (int c = 0; c < chunks; c++) M = fmaxf(M, p0[(size_t)c * per + grp * hd + j]);
-            float S = sinks != NULL ? expf(sinks[h * grp + j] - M) : 0.0f;
-            for (int i = 0; i < hd; i++) O[j * hd + i] = 0.0f;
-            for (int c = 0; c < chunks; c++) {
-                const float *pc = p0 + (size_t)c * per;
-                float f = chunks == 1 && sinks == NULL ? 1.0f : expf(pc[grp * hd + j] - M);
-                S += f * pc[grp * hd + grp + j];
-                for (int i = 0; i < hd; i++) O[j * hd + i] += f * pc[j * hd + i];
-            }
-            float inv = 1.0f / S;
-            for (int i = 0; i < hd; i++) O[j * hd + i] *= inv;
+        float *O = out + (size_t)b * ldo + (size_t)(h * grp + j) * hd;
+        float M = sinks != NULL ? sinks[h * grp + j] : -INFINITY;
+        for (int c = 0; c < chunks; c++) M = fmaxf(M, p0[(size_t)c * per + grp * hd + j]);
+        float S = sinks != NULL ? expf(sinks[h * grp + j] - M) : 0.0f;
+        for (int i = 0; i < hd; i++) O[i] = 0.0f;
+        for (int c = 0; c < chunks; c++) {
+            const float *pc = p0 + (size_t)c * per;
+            float f = chunks == 1 && sinks == NULL ? 1.0f : expf(pc[grp * hd + j] - M);
+            S += f * pc[grp * hd + grp + j];
+            for (int i = 0; i < hd; i++) O[i] += f * pc[j * hd + i];
         }
+        float inv = 1.0f / S;
+        for (int i = 0; i < hd; i++) O[i] *= inv;
     }
 }
 
