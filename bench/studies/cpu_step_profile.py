@@ -10,6 +10,8 @@ codes; 0: none) for this run, to compare distances.
 
 Prints per thread count: ms a token (engine step, prog_run, outside), then the program's steps summed
 by kind (GEMMs by their n x k), with us a token and the GEMMs' GB/s of packed weight bytes.
+`--prompt N`: instead, one N-token prompt chunk through the per-node plan, each node timed (the trace
+recorder's hook), summed by op (matmuls by weight), with the matmuls' int8 TOP/s.
 """
 
 from __future__ import annotations
@@ -93,12 +95,72 @@ def profile(path: str, threads: int, tokens: int) -> None:
     model.close()
 
 
+class _Nodes:
+    """A recorder for Plan.run: each node's seconds, by node id."""
+
+    def __init__(self):
+        self.seconds: dict[int, float] = defaultdict(float)
+        self.rows: dict[int, int] = {}
+
+    def node(self, nid, out, seconds, kernel=None):
+        self.seconds[nid] += seconds
+        self.rows[nid] = out.shape[0] if out.dim() > 1 else 1
+
+
+def profile_prompt(path: str, threads: int, n: int) -> None:
+    model = load(path, "cpu", n_slots=1, n_ctx=n + 16, threads=threads, progress=False)
+    be = model.engine.backend
+    ids = [(7 * i + 11) % 1000 + 100 for i in range(n)]
+    real_forward = be.forward
+    rec = _Nodes()
+    spent = []
+
+    def forward(batch, recorder=None):
+        t = time.perf_counter()
+        out = real_forward(batch, rec if batch.kind != "decode" else recorder)
+        spent.append(time.perf_counter() - t)
+        return out
+
+    be.forward = forward
+    params = sampling_params(temperature=0, max_tokens=1)
+    for _ in range(2):  # a warm-up, then the measured one
+        rec.seconds.clear()
+        rec.rows.clear()
+        spent.clear()
+        model.reset()
+        model.engine.run([model.engine.add(ids, params)])
+    be.forward = real_forward
+    total = sum(rec.seconds.values())
+    g = be.graph
+    print(f"\n## {Path(path).name}, {threads} threads, a {n}-token prompt: {n / sum(spent):.0f} tok/s "
+          f"({sum(spent) * 1e3:.1f} ms in forward, {total * 1e3:.1f} ms in nodes)")
+    by: dict[str, list] = defaultdict(lambda: [0, 0.0, 0.0])
+    for nid, sec in rec.seconds.items():
+        node = g.nodes[nid]
+        if node.op.name == "MATMUL":
+            m = be.matrix(node.weights["w"], node.weights.get("b"))
+            key, ops = f"matmul {m.n}x{m.k} {'+'.join(m.kernels)}", 2 * m.n * m.k * rec.rows[nid]
+        else:
+            key, ops = node.op.name.lower(), 0
+        e = by[key]
+        e[0] += 1
+        e[1] += sec
+        e[2] += ops
+    print("| node | count | ms | % | TOP/s |")
+    print("|---|---:|---:|---:|---:|")
+    for key, (cnt, sec, ops) in sorted(by.items(), key=lambda kv: -kv[1][1]):
+        tops = f"{ops / sec / 1e12:.2f}" if ops else ""
+        print(f"| {key} | {cnt} | {sec * 1e3:.1f} | {100 * sec / total:.1f} | {tops} |")
+    model.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
     ap.add_argument("--threads", default="4,8,16")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--ahead", type=int, default=None, help="q4_vnni.c's W_AHEAD for this run")
+    ap.add_argument("--prompt", type=int, default=0, help="profile a prompt of this many tokens instead")
     args = ap.parse_args()
     if args.ahead is not None:
         for isa, (need, flags) in vnni.ISAS.items():
@@ -106,7 +168,10 @@ def main() -> None:
         print(f"W_AHEAD={args.ahead}")
     torch.set_num_threads(1)  # (the engine sets its own; nothing else here computes)
     for t in (int(x) for x in args.threads.split(",")):
-        profile(args.model, t, args.tokens)
+        if args.prompt:
+            profile_prompt(args.model, t, args.prompt)
+        else:
+            profile(args.model, t, args.tokens)
 
 
 if __name__ == "__main__":

@@ -191,6 +191,11 @@ class Backend(ABC):
         """Per node with a kernel: what a step of `rows` decode rows (or, `prefill`, a prompt
         chunk of `rows` tokens) runs for it and the cost the picker predicts (`minfer plan`)."""
 
+    def greedy_tokens(self, logits: torch.Tensor) -> list[int]:
+        """Each row's greedy token of logits [R, V] this backend returned (the first of equal maxima,
+        a NaN the largest: torch.argmax's rule); the cpu backend's runs in C."""
+        return torch.argmax(logits, dim=-1).tolist()
+
     def decode_pick(self, batch: Batch, after: Picked | None = None, params: torch.Tensor | None = None) -> Picked:
         """Run a decode step (one token per sequence, out_rows 0..B-1) and pick each row's next
         token: the argmax, or with `params` (int32 [7, B], kernels/sample.py pack_params) the
@@ -204,7 +209,7 @@ class Backend(ABC):
                                 list(range(len(toks))), n_decode=len(toks), device=batch.tokens.device)
         logits = self.forward(batch).float().cpu()
         if params is None:
-            return HostPicked(torch.argmax(logits, dim=-1).tolist())
+            return HostPicked(self.greedy_tokens(logits))
         return HostPicked(sample_rows(logits, params.cpu()).tolist())
 
     def copy_kv(self, src: int, dst: int, n: int) -> None:

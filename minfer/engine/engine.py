@@ -86,7 +86,8 @@ class Engine:
         # the prefix cache reuses KV blocks across slots by copying them (Backend.copy_kv)
         self.scheduler = Scheduler(n_slots, n_ctx, self.config.prefill_chunk, max_batch, prefill_seqs=prefill_seqs,
                                    prefix_block=self.config.prefix_block,
-                                   prefix_cache=self.config.prefix_cache and backend.kv_copy)
+                                   prefix_cache=self.config.prefix_cache and backend.kv_copy,
+                                   argmax=backend.greedy_tokens)
         self.recorder = recorder
         self.steps = 0
         self._ids = itertools.count()

@@ -69,9 +69,10 @@ def _continued(cached: list[int], prompt: list[int]) -> int:
 class Scheduler:
     def __init__(self, n_slots: int, n_ctx: int, prefill_chunk: int, max_batch_tokens: int,
                  device: str | torch.device = "cpu", prefill_seqs: int = 1, prefix_block: int = 32,
-                 prefix_cache: bool = True):
+                 prefix_cache: bool = True, argmax=None):
         """`prefix_block`: the prefix cache's block size, which prompt chunks are aligned to
-        whether the cache is on or not; `prefix_cache`: reuse cached blocks across requests."""
+        whether the cache is on or not; `prefix_cache`: reuse cached blocks across requests;
+        `argmax`: the greedy rows' picks from their logits (Backend.greedy_tokens; default torch's)."""
         if min(n_slots, n_ctx, prefill_chunk) < 1 or max_batch_tokens < n_slots + 1:
             raise MinferError(f"scheduler: slots {n_slots}, context {n_ctx} and prefill chunk {prefill_chunk} must "
                               f"be >= 1 and max_batch_tokens ({max_batch_tokens}) >= slots + 1")
@@ -79,6 +80,7 @@ class Scheduler:
         self.prefill_chunk, self.max_batch_tokens = prefill_chunk, max_batch_tokens
         self.prefill_seqs = max(1, prefill_seqs)
         self.device = device
+        self.argmax = argmax or (lambda logits: logits.argmax(-1).tolist())
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.free: set[int] = set(range(n_slots))
@@ -325,7 +327,7 @@ class Scheduler:
             tokens.update((r, picked[r]) for _, r in live)
             other = []
         elif greedy:
-            picked = (logits if greedy == list(range(logits.shape[0])) else logits[greedy]).argmax(-1).tolist()
+            picked = self.argmax(logits if greedy == list(range(logits.shape[0])) else logits[greedy])
             tokens.update(zip(greedy, picked, strict=True))
         host = dict(zip(other, logits[other].float().cpu(), strict=True)) if other else {}
         rows_of: dict[int, tuple[Sequence, list[int]]] = {}  # a sequence's rows, in order (several: drafts)

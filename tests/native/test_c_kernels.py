@@ -475,3 +475,28 @@ def test_types_table_covers_the_kernel():
     assert set(ids) == set(cpu_vnni.ALL_TYPES)
     assert {t: ids.get(t) for t in TYPES} == {t: int(t) for t in TYPES}
     assert all(quant_info(t).block_elems == (256 if t in K_TYPES else 32) for t in TYPES)
+
+
+@needs_vnni
+def test_argmax_rows_is_torch_argmax(test_seed):
+    """The greedy pick in C (argmax_rows) against torch.argmax: random rows of widths around the 16-lane
+    vectors and a vocabulary's, ties (the first index wins), a NaN (the first NaN wins), +inf / -inf, all
+    -inf, strided rows, a single row with an odd stride; rows of its own output never read back."""
+    gen = torch.Generator().manual_seed(test_seed)
+    for n in (1, 15, 16, 17, 33, 1000, 49152, 151936):
+        x = torch.randn(6, n, generator=gen)
+        if n > 3:
+            x[1, n // 2] = x[1, n // 3] = x[1].max() + 1  # a tie: the earlier wins
+            x[2, n - 1] = float("nan")
+            x[2, n // 2] = float("nan")
+            x[3, n // 3] = float("inf")
+            x[4, -1] = float("-inf")
+        x[5] = float("-inf")
+        assert cpu_vnni.argmax_rows(x) == torch.argmax(x, dim=-1).tolist(), n
+        wide = torch.randn(3, n + 7, generator=gen)[:, 3:3 + n]  # rows strided
+        assert cpu_vnni.argmax_rows(wide) == torch.argmax(wide, dim=-1).tolist(), n
+        one = torch.randn(n, 2, generator=gen)[:, 1].unsqueeze(0).contiguous()
+        assert cpu_vnni.argmax_rows(one) == torch.argmax(one, dim=-1).tolist()
+    assert cpu_vnni.argmax_rows(torch.empty(0, 5)) == []
+    with pytest.raises(UnsupportedError, match="argmax_rows"):
+        cpu_vnni.argmax_rows(torch.randn(3, 5, dtype=torch.float64))

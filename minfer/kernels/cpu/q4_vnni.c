@@ -1083,6 +1083,43 @@ int attn_decode(const float *q, int ldq, const float *kc, const float *vc, int n
     return fail ? -1 : 0;
 }
 
+/* ---------------------------------------------------------------- greedy picks */
+
+/* out[r] = argmax of row r of x [m][n] (row stride ld): the first index of the largest value, a NaN
+ * counting as larger than any number (the first NaN's index): torch.argmax's answer. One vector pass
+ * for the maximum (and whether a NaN, or an infinity's inf - inf, is there), then the first index
+ * holding it; rows with a NaN or an infinity take the scalar rule. -1 on other sizes. */
+int argmax_rows(const float *x, int m, int n, int ld, int64_t *out) {
+    if (m < 0 || n < 1 || ld < n) return -1;
+    for (int r = 0; r < m; r++) {
+        const float *xr = x + (size_t)r * ld;
+        vf mx = v_set1_ps(-INFINITY), odd = v_setzero_ps();
+        int i = 0;
+        for (; i + 16 <= n; i += 16) {
+            vf v = v_loadu_ps(xr + i);
+            mx = v_max_ps(mx, v);
+            odd = v_add_ps(odd, v_sub_ps(v, v));  /* NaN once a NaN or an infinity was seen */
+        }
+        float best = v_reduce_max_ps(mx), bad = v_reduce_add_ps(odd);
+        for (; i < n; i++) {
+            bad += xr[i] - xr[i];
+            if (xr[i] > best) best = xr[i];
+        }
+        int64_t at = -1;
+        if (bad == bad)
+            for (int j = 0; j < n; j++)
+                if (xr[j] == best) { at = j; break; }
+        if (at < 0) {  /* the scalar rule: the first NaN, else the first largest */
+            float b = xr[0];
+            at = 0;
+            for (int j = 1; j < n && b == b; j++)
+                if (xr[j] > b || xr[j] != xr[j]) { b = xr[j]; at = j; }
+        }
+        out[r] = at;
+    }
+    return 0;
+}
+
 /* ---------------------------------------------------------------- RMSNorm */
 
 /* y [m, d] = x / sqrt(mean(x^2) + eps) * w per row (float32, contiguous, d a multiple of 16):
@@ -1101,6 +1138,7 @@ static void rms_norm_row(const float *xr, int d, const float *w, float eps, floa
 
 int rms_norm(const float *x, int m, int d, const float *w, float eps, float *y) {
     if (m < 0 || d < 16 || d % 16) return -1;
+    #pragma omp parallel for schedule(static) if ((size_t)m * d >= 65536)  /* (a row's sums are its own) */
     for (int r = 0; r < m; r++) rms_norm_row(x + (size_t)r * d, d, w, eps, y + (size_t)r * d);
     return 0;
 }
