@@ -86,13 +86,19 @@ def profile(path: str, threads: int, tokens: int) -> None:
         e[0] += 1
         e[1] += runs["steps"][i] / n * 1e6
         e[2] += gemm_bytes(s) if s.op == native.PS_GEMM else 0
-    total = sum(e[1] for e in by_kind.values())
-    print("| step | count | us a token | % of prog_run | GB/s |")
-    print("|---|---:|---:|---:|---:|")
-    for key, (cnt, us, nbytes) in sorted(by_kind.items(), key=lambda kv: -kv[1][1]):
-        gbs = f"{nbytes / us / 1e3:.1f}" if nbytes else ""
-        print(f"| {key} | {cnt} | {us:.1f} | {100 * us / max(total, 1e-9):.1f} | {gbs} |")
+    _table(("step", "us a token", "% of prog_run", "GB/s"), by_kind, 1.0, lambda nbytes, us: nbytes / us / 1e3)
     model.close()
+
+
+def _table(cols: tuple[str, ...], by: dict, scale: float, rate) -> None:
+    """A markdown table of `by` (key -> [count, time, work]), the longest first: the time times `scale`,
+    its share, and rate(work, time) where there is work."""
+    total = max(sum(e[1] for e in by.values()), 1e-12)
+    print(f"| {cols[0]} | count | {' | '.join(cols[1:])} |")
+    print("|---|---:|---:|---:|---:|")
+    for key, (cnt, t, work) in sorted(by.items(), key=lambda kv: -kv[1][1]):
+        r = f"{rate(work, t):.2f}" if work else ""
+        print(f"| {key} | {cnt} | {t * scale:.1f} | {100 * t / total:.1f} | {r} |")
 
 
 class _Nodes:
@@ -146,11 +152,7 @@ def profile_prompt(path: str, threads: int, n: int) -> None:
         e[0] += 1
         e[1] += sec
         e[2] += ops
-    print("| node | count | ms | % | TOP/s |")
-    print("|---|---:|---:|---:|---:|")
-    for key, (cnt, sec, ops) in sorted(by.items(), key=lambda kv: -kv[1][1]):
-        tops = f"{ops / sec / 1e12:.2f}" if ops else ""
-        print(f"| {key} | {cnt} | {sec * 1e3:.1f} | {100 * sec / total:.1f} | {tops} |")
+    _table(("node", "ms", "%", "TOP/s"), by, 1e3, lambda ops, sec: ops / sec / 1e12)
     model.close()
 
 
