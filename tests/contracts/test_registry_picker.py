@@ -156,6 +156,7 @@ LAUNCHERS = {
     "cpu_vnni2_moe": cpu_vnni.vnni2_experts_mm,
     "cpu_swiglu": cpu_vnni.swiglu,
     "cpu_geglu": cpu_vnni.geglu,
+    "cpu_argmax_rows": cpu_vnni.argmax_rows,
 }
 
 

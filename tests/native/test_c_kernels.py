@@ -492,11 +492,11 @@ def test_argmax_rows_is_torch_argmax(test_seed):
             x[3, n // 3] = float("inf")
             x[4, -1] = float("-inf")
         x[5] = float("-inf")
-        assert cpu_vnni.argmax_rows(x) == torch.argmax(x, dim=-1).tolist(), n
+        assert cpu_vnni.argmax_rows(x).tolist() == torch.argmax(x, dim=-1).tolist(), n
         wide = torch.randn(3, n + 7, generator=gen)[:, 3:3 + n]  # rows strided
-        assert cpu_vnni.argmax_rows(wide) == torch.argmax(wide, dim=-1).tolist(), n
+        assert cpu_vnni.argmax_rows(wide).tolist() == torch.argmax(wide, dim=-1).tolist(), n
         one = torch.randn(n, 2, generator=gen)[:, 1].unsqueeze(0).contiguous()
-        assert cpu_vnni.argmax_rows(one) == torch.argmax(one, dim=-1).tolist()
-    assert cpu_vnni.argmax_rows(torch.empty(0, 5)) == []
+        assert cpu_vnni.argmax_rows(one).tolist() == torch.argmax(one, dim=-1).tolist()
+    assert cpu_vnni.argmax_rows(torch.empty(0, 5)).tolist() == []
     with pytest.raises(UnsupportedError, match="argmax_rows"):
         cpu_vnni.argmax_rows(torch.randn(3, 5, dtype=torch.float64))

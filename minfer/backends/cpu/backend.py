@@ -392,7 +392,7 @@ class CPUBackend(Backend):
         few % of a small model's decode token) where the rows are float32 on the host; else torch's."""
         if self.vnni and logits.dim() == 2 and logits.dtype == torch.float32 and logits.device.type == "cpu" \
                 and (logits.stride(1) == 1 or logits.shape[1] == 1) and logits.shape[1] > 0:
-            return cpu_vnni.argmax_rows(logits)
+            return cpu_vnni.argmax_rows(logits).tolist()
         return super().greedy_tokens(logits)
 
     def hidden(self, batch: Batch) -> torch.Tensor:

@@ -1089,7 +1089,7 @@ int attn_decode(const float *q, int ldq, const float *kc, const float *vc, int n
  * counting as larger than any number (the first NaN's index): torch.argmax's answer. One vector pass
  * for the maximum (and whether a NaN, or an infinity's inf - inf, is there), then the first index
  * holding it; rows with a NaN or an infinity take the scalar rule. -1 on other sizes. */
-int argmax_rows(const float *x, int m, int n, int ld, int64_t *out) {
+int argmax_rows(const float *x, int m, int n, int ld, int32_t *out) {
     if (m < 0 || n < 1 || ld < n) return -1;
     for (int r = 0; r < m; r++) {
         const float *xr = x + (size_t)r * ld;
@@ -1105,7 +1105,7 @@ int argmax_rows(const float *x, int m, int n, int ld, int64_t *out) {
             bad += xr[i] - xr[i];
             if (xr[i] > best) best = xr[i];
         }
-        int64_t at = -1;
+        int at = -1;
         if (bad == bad)
             for (int j = 0; j < n; j++)
                 if (xr[j] == best) { at = j; break; }

@@ -500,19 +500,20 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return y
 
 
-def argmax_rows(x: torch.Tensor) -> list[int]:
-    """Each row's argmax of a float32 [m, n] host tensor (rows may be strided), as torch.argmax gives
-    it (the first of equal maxima; a NaN counts as the largest), in C (q4_vnni.c argmax_rows): torch's
-    took ~0.1 ms a row of 151,936 logits here and ~0.37 ms on the H200's 16-core host, a few % of a
-    small model's decode token (bench/NOTES.md, stop 43)."""
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """int32 [m]: each row's argmax of a float32 [m, n] host tensor (rows may be strided), as
+    torch.argmax gives it (the first of equal maxima; a NaN counts as the largest), in C (q4_vnni.c
+    argmax_rows; contract `cpu_argmax_rows`): torch's took ~0.1 ms a row of 151,936 logits here and
+    ~0.37 ms on the H200's 16-core host, a few % of a small model's decode token (bench/NOTES.md, stop 43)."""
     if x.dim() != 2 or x.dtype != torch.float32 or (x.stride(1) != 1 and x.shape[1] > 1) or x.shape[1] < 1:
-        raise UnsupportedError(f"argmax_rows: float32 [m, n] rows of unit stride, got {x.dtype} {list(x.shape)}")
+        raise UnsupportedError(f"argmax_rows: float32 [m, n >= 1] rows of unit stride, got {x.dtype} "
+                               f"{list(x.shape)}")
     _on_host("argmax_rows", x)
-    out = torch.empty(x.shape[0], dtype=torch.int64)
+    out = torch.empty(x.shape[0], dtype=torch.int32)
     ld = x.stride(0) if x.shape[0] > 1 else x.shape[1]  # (a single row's stride may be anything)
     if x.shape[0] and _library().argmax_rows(x.data_ptr(), x.shape[0], x.shape[1], ld, out.data_ptr()):
         raise UnsupportedError(f"argmax_rows: rows of {x.shape[1]} values, stride {x.stride(0)}")
-    return out.tolist()
+    return out
 
 
 GLU_KINDS = {"swiglu": 0, "geglu": 1}  # q4_vnni.c glu_f32's kinds: silu, gelu_tanh
