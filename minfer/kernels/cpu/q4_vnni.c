@@ -102,6 +102,10 @@ INL vf v_neg_blend_ps(vf g, vf a, vf b) {  /* lane i: b where g's lane i is belo
     return vf_of(_mm256_blendv_ps(a.lo, b.lo, _mm256_cmp_ps(g.lo, z, _CMP_LT_OQ)),
                  _mm256_blendv_ps(a.hi, b.hi, _mm256_cmp_ps(g.hi, z, _CMP_LT_OQ)));
 }
+INL unsigned v_eq_mask(vf a, vf b) {  /* bit i: lane i of a equals lane i of b (ordered) */
+    return (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(a.lo, b.lo, _CMP_EQ_OQ))
+           | (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(a.hi, b.hi, _CMP_EQ_OQ)) << 8;
+}
 INL vf v_mask_blend_ps(unsigned m, vf a, vf b) {  /* lane i: b where bit i of m is set, else a */
     const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
     __m256i lo = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)(m & 255)), bit), bit);
@@ -207,6 +211,7 @@ typedef __m512i vi;
 #define v_broadcast_i32x4 _mm512_broadcast_i32x4
 #define v_shuffle_epi8 _mm512_shuffle_epi8
 #define v_mask_blend_ps(m, a, b) _mm512_mask_blend_ps((__mmask16)(m), a, b)
+#define v_eq_mask(a, b) ((unsigned)_mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ))
 #define v_div_ps _mm512_div_ps
 #define v_neg_blend_ps(g, a, b) _mm512_mask_blend_ps(_mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ), a, b)
 #define v_scalef_ps _mm512_scalef_ps
@@ -1087,8 +1092,8 @@ int attn_decode(const float *q, int ldq, const float *kc, const float *vc, int n
 
 /* out[r] = argmax of row r of x [m][n] (row stride ld): the first index of the largest value, a NaN
  * counting as larger than any number (the first NaN's index): torch.argmax's answer. One vector pass
- * for the maximum (and whether a NaN, or an infinity's inf - inf, is there), then the first index
- * holding it; rows with a NaN or an infinity take the scalar rule. -1 on other sizes. */
+ * for the maximum (and whether a NaN, or an infinity's inf - inf, is there), then one for the first
+ * index holding it; rows with a NaN or an infinity take the scalar rule. -1 on other sizes. */
 int argmax_rows(const float *x, int m, int n, int ld, int32_t *out) {
     if (m < 0 || n < 1 || ld < n) return -1;
     for (int r = 0; r < m; r++) {
@@ -1106,9 +1111,16 @@ int argmax_rows(const float *x, int m, int n, int ld, int32_t *out) {
             if (xr[i] > best) best = xr[i];
         }
         int at = -1;
-        if (bad == bad)
-            for (int j = 0; j < n; j++)
-                if (xr[j] == best) { at = j; break; }
+        if (bad == bad) {  /* the first lane holding the maximum, 16 at a time */
+            vf bv = v_set1_ps(best);
+            int j = 0;
+            for (; at < 0 && j + 16 <= n; j += 16) {
+                unsigned hit = v_eq_mask(v_loadu_ps(xr + j), bv);
+                if (hit) at = j + __builtin_ctz(hit);
+            }
+            for (; at < 0 && j < n; j++)
+                if (xr[j] == best) at = j;
+        }
         if (at < 0) {  /* the scalar rule: the first NaN, else the first largest */
             float b = xr[0];
             at = 0;
