@@ -168,7 +168,7 @@ def no_color() -> bool:
 
 
 KV_DTYPES = ("auto", "f32", "f16", "bf16", "q8_0")
-CPU_ISAS = ("auto", "avx512", "avxvnni", "avx2")  # the cpu C kernels' builds (kernels/cpu/vnni.py ISAS)
+CPU_ISAS = ("auto", "amx", "avx512", "avxvnni", "avx2")  # the cpu C kernels' builds (kernels/cpu/vnni.py ISAS)
 MAX_CTX = 1 << 20  # a context beyond a million tokens per sequence is refused before any allocation
 MAX_SLOTS = 1024
 MAX_TP = 64

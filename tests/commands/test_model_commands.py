@@ -76,6 +76,6 @@ def test_bench_reports_the_table_and_json(run_cli, tiny_gguf):
     doc = json.loads(out)
     tg = next(r for r in doc["results"] if r["test"] == "tg4")
     assert rc == 0 and len(tg["runs"]) == 2 and tg["tok_s"] > 0 and tg["gbs"] > 0 and doc["weight_bytes_per_token"] > 0
-    assert doc["cpu_isa"] in ("avx512", "avxvnni", "avx2", "torch") and doc["cpu_prompt_passes"] == 1
+    assert doc["cpu_isa"] in ("amx", "avx512", "avxvnni", "avx2", "torch") and doc["cpu_prompt_passes"] == 1
     rc, _, err = run_cli(["bench", "-m", str(tiny_gguf()), "-r", "0"])
     assert rc == 2 and "-r must be >= 1" in err

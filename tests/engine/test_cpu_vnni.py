@@ -159,7 +159,7 @@ def test_the_isa_switch_reaches_the_backend_and_bad_names_are_refused(monkeypatc
             be = create_backend(EngineConfig.from_env(device="cpu"))
             assert be.cpu_isa == (isa if have else "torch") and be.vnni == have, isa
         monkeypatch.setenv("MINFER_CPU_ISA", "sse9")
-        with pytest.raises(MinferError, match="cpu_isa.*auto, avx512, avxvnni, avx2"):
+        with pytest.raises(MinferError, match="cpu_isa.*auto, amx, avx512, avxvnni, avx2"):
             EngineConfig.from_env(device="cpu")
     finally:
         cpu_vnni.use_isa("auto")

@@ -25,12 +25,14 @@ from minfer.quant.reference import dequantize, quantize
 from minfer.quant.types import GGMLType, quant_info
 
 pytestmark = pytest.mark.native
-ISAS = tuple(cpu_vnni.ISAS)
+# every build (amx, avx512, avxvnni, avx2: cpu_vnni.ISAS) and the amx build with its tile unit emulated in C
+# (cpu_vnni.TEST_ISAS: the AMX path's indexing and float order on any AVX-512 machine)
+ISAS = (*cpu_vnni.ISAS, *cpu_vnni.TEST_ISAS)
 
 
 @pytest.fixture(params=ISAS)
 def isa(request):
-    """Each build of the C kernels (avx512, avxvnni, avx2: cpu_vnni.ISAS) in turn, where this CPU has it."""
+    """Each build of the C kernels (ISAS) in turn, where this CPU has it."""
     with cpu_vnni.isa_forced(request.param) as got:
         if got is None:
             pytest.skip(f"this CPU (or compiler) has no {request.param} build")
@@ -221,13 +223,14 @@ def _activations(m: int, k: int, gen: torch.Generator) -> torch.Tensor:
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_every_isa_build_gives_the_avx512_bits(qtype):
-    """The avx2 and avxvnni builds against the avx512 one on fresh random inputs: the same packed
-    bytes, and torch.equal products for float32 and bfloat16 x, one and two activation passes, row
-    counts across the 4-row tile, and the grouped experts call."""
+    """The amx, avx2 and avxvnni builds (and the emulated amx one) against the avx512 one on fresh random
+    inputs: the same packed bytes, and torch.equal products for float32 and bfloat16 x, one and two
+    activation passes, row counts across the 4-row tile and the amx build's blocks of 32 rows (45: one
+    block + 13 rows on the vector tile; 160: blocks in two work items of 128), and the grouped experts call."""
     others = _builds()
     k = 512 if qtype in K_TYPES else 96
     n, n_expert = 72, 3
-    for seed, m in enumerate((1, 3, 4, 5, 13)):
+    for seed, m in enumerate((1, 3, 4, 5, 13, 45, 160)):
         gen = torch.Generator().manual_seed(1000 + seed)
         raw = _weight(qtype, n, k, seed)
         x = _activations(m, k, gen)

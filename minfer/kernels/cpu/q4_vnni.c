@@ -507,9 +507,38 @@ static void quantize_rows(const void *x, int bf16, int m, int k, int P, int8_t *
 /* bytes of codes per block of 16 columns and group of 32, by code width (4, 5, 6, 8 bits) */
 static inline size_t group_bytes(int bits) { return bits == 8 ? 512 : bits == 6 ? 384 : bits == 5 ? 320 : 256; }
 
+/* The codes of one block of 16 columns and group of 32 (p: its bytes) as vpdpbusd's 8 registers: a[j]
+ * lane c holds column c's codes for k = 4 j .. 4 j + 3 (unsigned bytes). BITS: 4 (LUT: the codes index
+ * `table`, its 16 bytes in every 128-bit lane), 5 and 6 (the 4-bit layout + the high bits' byte planes),
+ * 8 (as stored). */
+INL void unpack_block(int BITS, int LUT, vi table, const uint8_t *p, vi *a) {
+    if (BITS == 8) {
+        for (int c = 0; c < 8; c++) a[c] = v_loadu_si512(p + 64 * c);
+        return;
+    }
+    const vi mask = v_set1_epi8(0x0F);
+    for (int c = 0; c < 4; c++) {
+        vi r = v_loadu_si512(p + 64 * c);
+        a[2 * c] = v_and_si512(r, mask);
+        a[2 * c + 1] = v_and_si512(v_srli_epi16(r, 4), mask);
+    }
+    if (LUT)
+        for (int c = 0; c < 8; c++) a[c] = v_shuffle_epi8(table, a[c]);
+    if (BITS == 5) {  /* bit 4 of register c's codes: bit c of the plane's bytes */
+        const vi m = v_set1_epi8(0x10);
+        vi h = v_loadu_si512(p + 256);
+        for (int c = 0; c < 8; c++) a[c] = v_hi_into(a[c], h, 4 - c, m);
+    } else if (BITS == 6) {  /* bits 4-5 of register c's codes: bits 2 (c % 4), + 1 of plane c / 4 */
+        const vi m = v_set1_epi8(0x30);
+        for (int q = 0; q < 2; q++) {
+            vi h = v_loadu_si512(p + 256 + 64 * q);
+            for (int c = 0; c < 4; c++) a[4 * q + c] = v_hi_into(a[4 * q + c], h, 4 - 2 * c, m);
+        }
+    }
+}
+
 /* rows (<= MT) x 32 columns; X: the rows' quantized activations, P passes of k bytes per row.
- * BITS: 4 (LUT: the codes index `table`, its 16 bytes in every 128-bit lane), 5 and 6 (the 4-bit
- * layout + the high bits' byte planes), 8. Z0 / Z1 NULL: the zero is zm S (the symmetric types). BITS 6
+ * BITS and LUT: unpack_block's. Z0 / Z1 NULL: the zero is zm S (the symmetric types). BITS 6
  * (Q6_K): two scales a group (S0 [G][32]), the zero -32 S applied in integers: per pass and half
  * group, (sum c q) - 32 (sum q) with the halves' sums of q in X16. */
 static inline __attribute__((always_inline)) void tile(int rows, int P, int BITS, int LUT, vi table,
@@ -518,7 +547,6 @@ static inline __attribute__((always_inline)) void tile(int rows, int P, int BITS
         const int8_t *X, const float *dx, const float *sx, const int *X16, int k, float *Y, int ldy) {
     vf acc0[MT], acc1[MT];
     for (int r = 0; r < MT; r++) { acc0[r] = v_setzero_ps(); acc1[r] = v_setzero_ps(); }
-    const vi mask = v_set1_epi8(0x0F);
     const size_t gb = group_bytes(BITS);
     const int sw = BITS == 6 ? 32 : 16;  /* scales per block and group */
     for (int g = 0; g < G; g++) {
@@ -534,42 +562,8 @@ static inline __attribute__((always_inline)) void tile(int rows, int P, int BITS
             _mm_prefetch((const char *)(S1 + g * sw + W_AHEAD / 8), _MM_HINT_T0);
         }
 #endif
-        if (BITS == 8) {  /* 8-bit codes: the registers as stored */
-            for (int c = 0; c < 8; c++) {
-                a[c] = v_loadu_si512(p0 + 64 * c);
-                b[c] = v_loadu_si512(p1 + 64 * c);
-            }
-        } else {
-            for (int c = 0; c < 4; c++) {
-                vi r0 = v_loadu_si512(p0 + 64 * c), r1 = v_loadu_si512(p1 + 64 * c);
-                a[2 * c] = v_and_si512(r0, mask);
-                a[2 * c + 1] = v_and_si512(v_srli_epi16(r0, 4), mask);
-                b[2 * c] = v_and_si512(r1, mask);
-                b[2 * c + 1] = v_and_si512(v_srli_epi16(r1, 4), mask);
-            }
-            if (LUT)
-                for (int c = 0; c < 8; c++) {
-                    a[c] = v_shuffle_epi8(table, a[c]);
-                    b[c] = v_shuffle_epi8(table, b[c]);
-                }
-            if (BITS == 5) {  /* bit 4 of register c's codes: bit c of the plane's bytes */
-                const vi m = v_set1_epi8(0x10);
-                vi h0 = v_loadu_si512(p0 + 256), h1 = v_loadu_si512(p1 + 256);
-                for (int c = 0; c < 8; c++) {
-                    a[c] = v_hi_into(a[c], h0, 4 - c, m);
-                    b[c] = v_hi_into(b[c], h1, 4 - c, m);
-                }
-            } else if (BITS == 6) {  /* bits 4-5 of register c's codes: bits 2 (c % 4), + 1 of plane c / 4 */
-                const vi m = v_set1_epi8(0x30);
-                for (int p = 0; p < 2; p++) {
-                    vi h0 = v_loadu_si512(p0 + 256 + 64 * p), h1 = v_loadu_si512(p1 + 256 + 64 * p);
-                    for (int c = 0; c < 4; c++) {
-                        a[4 * p + c] = v_hi_into(a[4 * p + c], h0, 4 - 2 * c, m);
-                        b[4 * p + c] = v_hi_into(b[4 * p + c], h1, 4 - 2 * c, m);
-                    }
-                }
-            }
-        }
+        unpack_block(BITS, LUT, table, p0, a);
+        unpack_block(BITS, LUT, table, p1, b);
 #if DOT_SHIFT
         if (BITS == 8 || LUT) {  /* codes 0..255 as signed bytes code - 128 (v_dot_s8) */
             const vi top = v_set1_epi8((char)0x80);
@@ -750,6 +744,175 @@ static void gemm_tiles(const layout *L, int NT, int G, const acts *A, int k, int
     }
 }
 
+#if defined(MINFER_AMX) && !defined(MINFER_AVX2)
+/* ---------------------------------------------------------------- the prompt product on AMX tiles
+ * vnni.py's "amx" build (-DMINFER_AMX): q4_gemm's rows in blocks of 32 on the tile unit, where the kernel
+ * grants the process the tile state (amx_init). Per group of 32 weights, TDPBSUD multiplies 16 rows of
+ * int8 activations (A: 16 x 32 bytes, row stride P k) by one block's unpacked codes (B: 8 rows of 64
+ * bytes, unpack_block's registers as stored: row j, dword c = column c's codes for k = 4 j .. 4 j + 3)
+ * into 16 x 16 exact int32 sums: the same integers the vpdpbusd tile makes. Four C tiles (32 rows x 32
+ * columns) go to memory and are scaled and summed in float with tile()'s operations in tile()'s order,
+ * so every output has the bits the vector kernel gives it (and a row's result does not depend on the
+ * other rows). Rows past the last block of 32 run on the vector tile. Tile registers: C 0-3, A 4-5, B 6-7.
+ * -DMINFER_AMX_EMULATE (vnni.py's "amx-emulated", for the tests where the CPU has no AMX): the tile
+ * registers in memory and the five instructions in C, by their definitions in the Intel SDM. */
+#include <sys/syscall.h>
+#include <unistd.h>
+#define AMX_ROWS 128  /* rows of one work item (a multiple of 32): the block's unpacked codes are reused across them */
+typedef struct __attribute__((packed)) {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tilecfg;
+static int amx_ready;
+
+#ifdef MINFER_AMX_EMULATE
+static __thread struct { int rows, colsb; uint8_t d[16][64]; } et[8];
+static void emu_cfg(const tilecfg *c) {
+    for (int t = 0; t < 8; t++) { et[t].rows = c->rows[t]; et[t].colsb = c->colsb[t]; }
+}
+static void emu_load(int t, const void *p, size_t stride) {
+    for (int r = 0; r < et[t].rows; r++) memcpy(et[t].d[r], (const uint8_t *)p + r * stride, et[t].colsb);
+}
+static void emu_store(int t, void *p, size_t stride) {
+    for (int r = 0; r < et[t].rows; r++) memcpy((uint8_t *)p + r * stride, et[t].d[r], et[t].colsb);
+}
+static void emu_dpbsud(int c, int a, int b) {  /* c[m][n] += sum_k a[m][k] (signed) b[k / 4][4 n + k % 4] (unsigned) */
+    for (int m = 0; m < et[c].rows; m++)
+        for (int n = 0; n < et[c].colsb / 4; n++) {
+            int32_t v;
+            memcpy(&v, et[c].d[m] + 4 * n, 4);
+            for (int q = 0; q < et[a].colsb / 4; q++)
+                for (int i = 0; i < 4; i++) v += (int8_t)et[a].d[m][4 * q + i] * (int32_t)et[b].d[q][4 * n + i];
+            memcpy(et[c].d[m] + 4 * n, &v, 4);
+        }
+}
+#define TILE_CFG(c) emu_cfg(c)
+#define TILE_LOAD(t, p, s) emu_load(t, p, s)
+#define TILE_STORE(t, p, s) emu_store(t, p, s)
+#define TILE_ZERO(t) memset(et[t].d, 0, sizeof et[t].d)
+#define TILE_DPBSUD(c, a, b) emu_dpbsud(c, a, b)
+#define TILE_RELEASE() ((void)0)
+int amx_init(void) { return amx_ready = 1; }
+#else
+#define TILE_CFG(c) _tile_loadconfig(c)
+#define TILE_LOAD(t, p, s) _tile_loadd(t, p, s)
+#define TILE_STORE(t, p, s) _tile_stored(t, p, s)
+#define TILE_ZERO(t) _tile_zero(t)
+#define TILE_DPBSUD(c, a, b) _tile_dpbsud(c, a, b)
+#define TILE_RELEASE() _tile_release()
+/* 1 when the kernel grants this process the tile data state (Linux >= 5.16, a CPU with AMX), else 0:
+ * then vnni.py does not use this build */
+int amx_init(void) {
+    amx_ready = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+    return amx_ready;
+}
+#endif
+
+/* group g's sums for 32 rows from r0 x the 32 columns of tile pair t (B: the pair's unpacked codes) into
+ * C [P][4][16][16] int32, through the tile registers */
+static inline void amx_group(const acts *A, int k, int P, int G, int r0, const uint8_t *B, int g, int32_t *C) {
+    for (int pass = 0; pass < P; pass++) {
+        TILE_ZERO(0); TILE_ZERO(1); TILE_ZERO(2); TILE_ZERO(3);
+        TILE_LOAD(4, A->q + ((size_t)r0 * P + pass) * k + g * 32, (size_t)P * k);
+        TILE_LOAD(5, A->q + ((size_t)(r0 + 16) * P + pass) * k + g * 32, (size_t)P * k);
+        TILE_LOAD(6, B + (size_t)g * 512, 64);
+        TILE_LOAD(7, B + (size_t)(G + g) * 512, 64);
+        TILE_DPBSUD(0, 4, 6); TILE_DPBSUD(1, 4, 7); TILE_DPBSUD(2, 5, 6); TILE_DPBSUD(3, 5, 7);
+        int32_t *c = C + (size_t)pass * 1024;
+        TILE_STORE(0, c, 64); TILE_STORE(1, c + 256, 64); TILE_STORE(2, c + 512, 64); TILE_STORE(3, c + 768, 64);
+    }
+}
+
+/* 32 rows from r0 x the 32 columns of tile pair t: B the pair's codes unpacked ([2][G][512] bytes),
+ * C [2][P][4][16][16] int32 and acc [32][32] float scratch. The tile unit runs group g + 1 (into the other
+ * half of C) before the vector unit scales group g's sums: its stores have long landed when they are read. */
+static void amx_rows32(const layout *L, int t, int G, const acts *A, int k, int P, int r0, const uint8_t *B,
+                       int32_t *C, float *acc, float *y, int ldy) {
+    memset(acc, 0, 32 * 32 * sizeof(float));
+    amx_group(A, k, P, G, r0, B, 0, C);
+    for (int g = 0; g < G; g++) {
+        if (g + 1 < G) amx_group(A, k, P, G, r0, B, g + 1, C + (size_t)((g + 1) & 1) * P * 1024);
+        const int32_t *Cg = C + (size_t)(g & 1) * P * 1024;
+        vf s[2], z[2];
+        for (int h = 0; h < 2; h++) {  /* column block h of the pair: tile()'s acc0 (h 0) and acc1 */
+            size_t b = (size_t)(2 * t + h) * G + g;
+            s[h] = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(L->S + b * 16)));
+            z[h] = L->Z != NULL ? v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(L->Z + b * 16)))
+                                : v_mul_ps(s[h], v_set1_ps(L->zm));
+        }
+        for (int r = 0; r < 32; r++) {
+            size_t row = (size_t)r0 + r;
+            vf sv = v_set1_ps(A->sx[row * G + g]);
+            vf a0 = v_loadu_ps(acc + 32 * r), a1 = v_loadu_ps(acc + 32 * r + 16);
+            for (int pass = 0; pass < P; pass++) {
+                const int32_t *cr = Cg + (size_t)pass * 1024 + (r / 16 * 2) * 256 + (r % 16) * 16;
+                vf dv = v_set1_ps(A->d[(row * P + pass) * G + g]);
+                a0 = v_fmadd_ps(v_cvtepi32_ps(_mm512_loadu_si512(cr)), v_mul_ps(s[0], dv), a0);
+                a1 = v_fmadd_ps(v_cvtepi32_ps(_mm512_loadu_si512(cr + 256)), v_mul_ps(s[1], dv), a1);
+            }
+            v_storeu_ps(acc + 32 * r, v_fmadd_ps(z[0], sv, a0));
+            v_storeu_ps(acc + 32 * r + 16, v_fmadd_ps(z[1], sv, a1));
+        }
+    }
+    for (int r = 0; r < 32; r++) memcpy(y + (size_t)(r0 + r) * ldy + 32 * t, acc + 32 * r, 32 * sizeof(float));
+}
+
+/* q4_gemm's product (not BITS 6) with its rows in blocks of 32 on the tile unit, the rest on the vector tile.
+ * Returns -2 when a thread's scratch cannot be allocated (nothing written is then relied on). */
+static int amx_gemm(const layout *L, int NT, int G, const acts *A, int k, int m, int P, float *y, int ldy) {
+    int RB = (m + AMX_ROWS - 1) / AMX_ROWS, fail = 0;
+    const size_t gb = group_bytes(L->bits);
+    #pragma omp parallel
+    {
+        uint8_t *B = aligned_alloc(64, (size_t)G * 1024);
+        int32_t *C = aligned_alloc(64, (size_t)P * 8192);
+        float *acc = aligned_alloc(64, 4096);
+        int mine = B == NULL || C == NULL || acc == NULL;  /* this thread's scratch is missing: its items fail */
+        if (mine) {
+            #pragma omp atomic write
+            fail = 1;
+        }
+        tilecfg cfg;
+        memset(&cfg, 0, sizeof cfg);
+        cfg.palette = 1;
+        for (int i = 0; i < 4; i++) { cfg.rows[i] = 16; cfg.colsb[i] = 64; }  /* C: 16 x 16 int32 */
+        for (int i = 4; i < 6; i++) { cfg.rows[i] = 16; cfg.colsb[i] = 32; }  /* A: 16 rows x 32 k */
+        for (int i = 6; i < 8; i++) { cfg.rows[i] = 8; cfg.colsb[i] = 64; }   /* B: 8 k quads x 16 columns */
+        TILE_CFG(&cfg);
+        int have = -1;  /* the tile pair whose codes B holds (a thread's items: consecutive blocks of one pair) */
+        #pragma omp for schedule(static)
+        for (int item = 0; item < NT * RB; item++) {
+            if (mine) continue;
+            int t = item / RB, r0 = item % RB * AMX_ROWS, r1 = r0 + AMX_ROWS < m ? r0 + AMX_ROWS : m;
+            if (have != t) {
+                for (int h = 0; h < 2; h++)
+                    for (int g = 0; g < G; g++) {
+                        vi a[8];
+                        const uint8_t *p = L->W + ((size_t)(2 * t + h) * G + g) * gb;
+                        switch (L->bits * 2 + (L->lut != NULL)) {
+                            case 9: unpack_block(4, 1, L->table, p, a); break;
+                            case 10: unpack_block(5, 0, L->table, p, a); break;
+                            case 16: unpack_block(8, 0, L->table, p, a); break;
+                            default: unpack_block(4, 0, L->table, p, a); break;
+                        }
+                        for (int c = 0; c < 8; c++) _mm512_storeu_si512(B + ((size_t)h * G + g) * 512 + 64 * c, a[c]);
+                    }
+                have = t;
+            }
+            int r = r0;
+            for (; r + 32 <= r1; r += 32) amx_rows32(L, t, G, A, k, P, r, B, C, acc, y, ldy);
+            for (; r < r1; r += MT)
+                tile_rows(r1 - r < MT ? r1 - r : MT, P, L, (size_t)(2 * t) * G, G, A->q, A->d, A->sx, A->x16, k, r,
+                          y + 32 * t, ldy);
+        }
+        TILE_RELEASE();
+        free(B); free(C); free(acc);
+    }
+    return fail ? -2 : 0;
+}
+#endif
+
 /* y [m, n] float32 (row stride ldy) = x [m, k] @ W^T, n a multiple of 32, activations in P = 1
  * or 2 int8 passes; `lut` (4-bit codes only): the 16-byte table of a lookup type, else NULL.
  * Returns -1 on sizes outside that contract, -2 when the activations' scratch cannot be allocated. */
@@ -760,6 +923,13 @@ int q4_gemm(const uint8_t *W, const uint16_t *S, const uint16_t *Z, float zm, in
     layout L = make_layout(W, S, Z, zm, bits, lut);
     acts A;
     if (quantize_acts(x, bf16, m, k, P, bits, &A)) return -2;
+#if defined(MINFER_AMX) && !defined(MINFER_AVX2)
+    if (amx_ready && m >= 32 && bits != 6) {  /* (Q6_K's two scales a group stay on the vector tile) */
+        int rc = amx_gemm(&L, NT, G, &A, k, m, P, y, ldy);
+        free(A.q);
+        return rc;
+    }
+#endif
     #pragma omp parallel
     gemm_tiles(&L, NT, G, &A, k, m, P, y, ldy, NULL);
     free(A.q);

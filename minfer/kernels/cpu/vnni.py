@@ -2,7 +2,9 @@
 
 The C file is compiled once per machine and ISA with the system C compiler (`cc`, or $CC) into
 minfer's cache directory ($MINFER_CACHE, else ~/.cache/minfer; cbuild.py) and loaded after torch, so its
-OpenMP regions run on torch's own libgomp threads. One source, three builds (`ISAS`): "avx512"
+OpenMP regions run on torch's own libgomp threads. One source, four builds (`ISAS`): "amx" (the
+avx512 build whose prompt products, 32 rows and more, run on the AMX tile unit: Intel Xeon since
+Sapphire Rapids, where the kernel grants the process the tile state), "avx512"
 (AVX512-VNNI), "avxvnni" (AVX2 with the 256-bit AVX-VNNI dot product: Intel client CPUs since
 Alder Lake) and "avx2" (AVX2 + FMA + F16C: AMD Zen 2/3, older Intel) — the AVX2 builds model each
 512-bit register as two 256-bit halves with the same float operations in the same order, so every
@@ -32,12 +34,18 @@ SOURCE = Path(__file__).parent / "q4_vnni.c"
 REVISION_SOURCES = (SOURCE,)  # the contract's revision hash covers the C file
 FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mf16c", "-mfma", "-fopenmp"]
 # ISA -> (the /proc/cpuinfo flags it needs, its compiler flags), best first (the order "auto" tries)
+AMX_FLAGS = [*FLAGS, "-mamx-tile", "-mamx-int8", "-DMINFER_AMX"]
 ISAS = {
+    "amx": ({"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma", "amx_tile", "amx_int8"}, AMX_FLAGS),
     "avx512": ({"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "f16c", "fma"}, FLAGS),
     "avxvnni": ({"avx2", "avx_vnni", "f16c", "fma"},
                 ["-O3", "-mavx2", "-mavxvnni", "-mf16c", "-mfma", "-DMINFER_AVX2", "-fopenmp"]),
     "avx2": ({"avx2", "f16c", "fma"}, ["-O3", "-mavx2", "-mf16c", "-mfma", "-DMINFER_AVX2", "-fopenmp"]),
 }
+# builds for the tests only (use_isa accepts them, "auto" never picks them): the amx build with its tile
+# registers and instructions emulated in C (q4_vnni.c MINFER_AMX_EMULATE), so the AMX path's indexing and
+# float order are checked against the avx512 bits on any AVX-512 machine; slow
+TEST_ISAS = {"amx-emulated": (ISAS["avx512"][0], [*AMX_FLAGS, "-DMINFER_AMX_EMULATE"])}
 _ISA = ["auto"]  # the requested build (use_isa)
 TYPES = {GGMLType.Q4_0: 2, GGMLType.Q4_1: 3, GGMLType.Q4_K: 12}  # ggml type ids the packer reads: 4-bit codes
 # the lookup types: 4-bit codes through a 16-byte table of their values + 128 (vpshufb)
@@ -66,7 +74,7 @@ def _cpu_flags() -> set[str]:
 def use_isa(name: str) -> None:
     """Which build of the C kernels this process runs from now on: "auto" (the first of ISAS the
     CPU has) or one of ISAS (none runs where the CPU lacks it). Weights prepared before keep theirs."""
-    if name != "auto" and name not in ISAS:
+    if name != "auto" and name not in ISAS and name not in TEST_ISAS:
         raise UnsupportedError(f"cpu ISA {name!r}: expected auto or one of {', '.join(ISAS)}")
     _ISA[0] = name
 
@@ -103,11 +111,13 @@ def _library() -> ctypes.CDLL | None:
 @functools.cache
 def _build(name: str) -> ctypes.CDLL | None:
     """The kernel built for ISA `name`, or None where the CPU lacks it or it cannot be built."""
-    need, flags = ISAS[name]
+    need, flags = ISAS[name] if name in ISAS else TEST_ISAS[name]
     if not need <= _cpu_flags():
         return None
     so = build(SOURCE, flags, "using torch's int4 kernel")
     if so is None:
+        return None
+    if "-DMINFER_AMX" in flags and so.amx_init() != 1:  # the kernel did not grant the tile state (or an old kernel)
         return None
     p, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
     for pack in (so.q4_pack, so.q8_pack, so.q56_pack):
