@@ -4,11 +4,11 @@ The C file is compiled once per machine and ISA with the system C compiler (`cc`
 minfer's cache directory ($MINFER_CACHE, else ~/.cache/minfer; cbuild.py) and loaded after torch, so its
 OpenMP regions run on torch's own libgomp threads. One source, four builds (`ISAS`): "amx" (the
 avx512 build whose prompt products, 32 rows and more, run on the AMX tile unit: Intel Xeon since
-Sapphire Rapids, where the kernel grants the process the tile state), "avx512"
+Sapphire Rapids, where the kernel grants the process the tile state; opt-in, OPT_IN), "avx512"
 (AVX512-VNNI), "avxvnni" (AVX2 with the 256-bit AVX-VNNI dot product: Intel client CPUs since
 Alder Lake) and "avx2" (AVX2 + FMA + F16C: AMD Zen 2/3, older Intel) — the AVX2 builds model each
 512-bit register as two 256-bit halves with the same float operations in the same order, so every
-build gives the same bits. `use_isa` picks one ("auto": the best the CPU's flags allow; the
+build gives the same bits. `use_isa` picks one ("auto": the best the CPU's flags allow, OPT_IN aside; the
 backend passes EngineConfig.cpu_isa, MINFER_CPU_ISA); `isa()` says which runs. `available()` says
 whether any can run here (the ISA's CPU flags and a compiler; MINFER_CPU_VNNI=0 turns the backend's
 use off). Where none can, the cpu backend keeps torch's int4 kernel for every type
@@ -42,6 +42,10 @@ ISAS = {
                 ["-O3", "-mavx2", "-mavxvnni", "-mf16c", "-mfma", "-DMINFER_AVX2", "-fopenmp"]),
     "avx2": ({"avx2", "f16c", "fma"}, ["-O3", "-mavx2", "-mf16c", "-mfma", "-DMINFER_AVX2", "-fopenmp"]),
 }
+# builds "auto" does not pick: amx's prompt products were measured faster than avx512's alone on the H200's
+# 16-core Xeon (1.3-1.8x on the widest shapes at 4-16 threads, 0.95x on a 896 x 4864 one), but a whole prompt
+# only for its first form (0.87x); it runs where asked (MINFER_CPU_ISA=amx) until a model's prompt says it wins
+OPT_IN = {"amx"}
 # builds for the tests only (use_isa accepts them, "auto" never picks them): the amx build with its tile
 # registers and instructions emulated in C (q4_vnni.c MINFER_AMX_EMULATE), so the AMX path's indexing and
 # float order are checked against the avx512 bits on any AVX-512 machine; slow
@@ -98,7 +102,7 @@ def isa() -> str | None:
 
 @functools.cache
 def _resolve(requested: str) -> str | None:
-    names = list(ISAS) if requested == "auto" else [requested]
+    names = [n for n in ISAS if n not in OPT_IN] if requested == "auto" else [requested]
     return next((n for n in names if _build(n) is not None), None)
 
 
