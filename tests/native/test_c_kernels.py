@@ -253,6 +253,27 @@ def test_every_isa_build_gives_the_avx512_bits(qtype):
         assert torch.equal(got, want), (isa, qtype.name, "experts")
 
 
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.IQ4_NL],
+                         ids=lambda t: t.name)
+def test_the_amx_units_give_the_avx512_bits(qtype):
+    """The amx builds' work in units of 32 rows x 32 groups (q4_vnni.c amx_rows, the tile unit one unit ahead of
+    the scaling): k over several units with a partial last one, three blocks of 32 rows and a rest on the vector
+    tile, one and two passes: torch.equal with the avx512 build (the emulated tile unit here, the real one where
+    the CPU has it)."""
+    builds = [i for i in ("amx", "amx-emulated") if _on(i, cpu_vnni.isa) == i]
+    if not builds or _on("avx512", cpu_vnni.isa) != "avx512":
+        pytest.skip("needs the avx512 build and an amx one")
+    k = 2304 if qtype in K_TYPES else 2080  # 72 / 65 groups: units of 32, 32, 8 / 32, 32, 1
+    raw = _weight(qtype, 40, k, 5)
+    x = _activations(100, k, torch.Generator().manual_seed(6))
+    ref = _on("avx512", lambda: cpu_vnni.Q4Vnni([(raw, qtype, 40, k)]))
+    for isa in builds:
+        mm = _on(isa, lambda: cpu_vnni.Q4Vnni([(raw, qtype, 40, k)]))
+        for p in (1, 2):
+            a, b = mm(x, p), ref(x, p)
+            assert torch.equal(a, b), (isa, qtype.name, p, float((a - b).abs().max()))
+
+
 def test_every_isa_build_gives_the_avx512_attention_and_norm():
     """Decode attention (chunk edges, padding lanes, 1..16 query heads a kv head, the exponentials'
     underflow) and RMSNorm: torch.equal between the builds."""

@@ -751,14 +751,16 @@ static void gemm_tiles(const layout *L, int NT, int G, const acts *A, int k, int
  * int8 activations (A: 16 x 32 bytes, row stride P k) by one block's unpacked codes (B: 8 rows of 64
  * bytes, unpack_block's registers as stored: row j, dword c = column c's codes for k = 4 j .. 4 j + 3)
  * into 16 x 16 exact int32 sums: the same integers the vpdpbusd tile makes. Four C tiles (32 rows x 32
- * columns) go to memory and are scaled and summed in float with tile()'s operations in tile()'s order,
- * so every output has the bits the vector kernel gives it (and a row's result does not depend on the
- * other rows). Rows past the last block of 32 run on the vector tile. Tile registers: C 0-3, A 4-5, B 6-7.
+ * columns) go to memory, and the vector unit scales and sums them in float with tile()'s operations in
+ * tile()'s order (8 rows' sums in registers across the groups), so every output has the bits the vector
+ * kernel gives it (and a row's result does not depend on the other rows). The two units work a span of
+ * groups apart (amx_rows). Rows past the last block of 32 run on the vector tile. Tile registers: C 0-3, A 4-5, B 6-7.
  * -DMINFER_AMX_EMULATE (vnni.py's "amx-emulated", for the tests where the CPU has no AMX): the tile
  * registers in memory and the five instructions in C, by their definitions in the Intel SDM. */
 #include <sys/syscall.h>
 #include <unistd.h>
 #define AMX_ROWS 128  /* rows of one work item (a multiple of 32): the block's unpacked codes are reused across them */
+#define AMX_KS 32     /* groups of one unit's sums (amx_rows): 2 x AMX_KS x P x 4 KB of int32 a thread, in L2 */
 typedef struct __attribute__((packed)) {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
@@ -809,53 +811,88 @@ int amx_init(void) {
 }
 #endif
 
-/* group g's sums for 32 rows from r0 x the 32 columns of tile pair t (B: the pair's unpacked codes) into
- * C [P][4][16][16] int32, through the tile registers */
-static inline void amx_group(const acts *A, int k, int P, int G, int r0, const uint8_t *B, int g, int32_t *C) {
-    for (int pass = 0; pass < P; pass++) {
-        TILE_ZERO(0); TILE_ZERO(1); TILE_ZERO(2); TILE_ZERO(3);
-        TILE_LOAD(4, A->q + ((size_t)r0 * P + pass) * k + g * 32, (size_t)P * k);
-        TILE_LOAD(5, A->q + ((size_t)(r0 + 16) * P + pass) * k + g * 32, (size_t)P * k);
-        TILE_LOAD(6, B + (size_t)g * 512, 64);
-        TILE_LOAD(7, B + (size_t)(G + g) * 512, 64);
-        TILE_DPBSUD(0, 4, 6); TILE_DPBSUD(1, 4, 7); TILE_DPBSUD(2, 5, 6); TILE_DPBSUD(3, 5, 7);
-        int32_t *c = C + (size_t)pass * 1024;
-        TILE_STORE(0, c, 64); TILE_STORE(1, c + 256, 64); TILE_STORE(2, c + 512, 64); TILE_STORE(3, c + 768, 64);
+/* The tile unit's part: groups [g0, g1) of the 32 rows from r0 x tile pair t's 32 columns (B: the pair's codes
+ * unpacked, [2][G][512] bytes) into C, group g's [P][4][16][16] int32 sums at C + (g - gbase) P 1024 */
+static void amx_sums(const acts *A, int k, int P, int G, int r0, const uint8_t *B, int gbase, int g0, int g1,
+                     int32_t *C) {
+    for (int g = g0; g < g1; g++)
+        for (int pass = 0; pass < P; pass++) {
+            TILE_ZERO(0); TILE_ZERO(1); TILE_ZERO(2); TILE_ZERO(3);
+            TILE_LOAD(4, A->q + ((size_t)r0 * P + pass) * k + g * 32, (size_t)P * k);
+            TILE_LOAD(5, A->q + ((size_t)(r0 + 16) * P + pass) * k + g * 32, (size_t)P * k);
+            TILE_LOAD(6, B + (size_t)g * 512, 64);
+            TILE_LOAD(7, B + (size_t)(G + g) * 512, 64);
+            TILE_DPBSUD(0, 4, 6); TILE_DPBSUD(1, 4, 7); TILE_DPBSUD(2, 5, 6); TILE_DPBSUD(3, 5, 7);
+            int32_t *c = C + ((size_t)(g - gbase) * P + pass) * 1024;
+            TILE_STORE(0, c, 64); TILE_STORE(1, c + 256, 64); TILE_STORE(2, c + 512, 64); TILE_STORE(3, c + 768, 64);
+        }
+}
+
+/* The vector unit's part: groups [g0, g1) (their sums in C from group g0: amx_sums') for rows r0 + 8 s ..
+ * r0 + 8 s + 7 x the pair's 32 columns, added to those rows' running sums in acc [32][32] (kept in registers
+ * across the groups): per output and group, tile()'s operations in tile()'s order (the passes, then the zero) */
+static void amx_scale8(const layout *L, int t, int G, const acts *A, int P, int r0, int s, int g0, int g1,
+                       const int32_t *C, float *acc) {
+    vf a0[8], a1[8];
+    _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) {
+        a0[r] = v_loadu_ps(acc + 32 * (8 * s + r));
+        a1[r] = v_loadu_ps(acc + 32 * (8 * s + r) + 16);
+    }
+    for (int g = g0; g < g1; g++) {
+        size_t b0 = (size_t)(2 * t) * G + g, b1 = b0 + G;
+        vf s0 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(L->S + b0 * 16)));
+        vf s1 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(L->S + b1 * 16)));
+        vf z0, z1;
+        if (L->Z != NULL) {
+            z0 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(L->Z + b0 * 16)));
+            z1 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(L->Z + b1 * 16)));
+        } else {
+            z0 = v_mul_ps(s0, v_set1_ps(L->zm));
+            z1 = v_mul_ps(s1, v_set1_ps(L->zm));
+        }
+        const int32_t *Cg = C + (size_t)(g - g0) * P * 1024;
+        _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) {
+            int rr = 8 * s + r;
+            size_t row = (size_t)r0 + rr;
+            for (int pass = 0; pass < P; pass++) {
+                const int32_t *cr = Cg + (size_t)pass * 1024 + (rr / 16 * 2) * 256 + (rr % 16) * 16;
+                vf dv = v_set1_ps(A->d[(row * P + pass) * G + g]);
+                a0[r] = v_fmadd_ps(v_cvtepi32_ps(_mm512_loadu_si512(cr)), v_mul_ps(s0, dv), a0[r]);
+                a1[r] = v_fmadd_ps(v_cvtepi32_ps(_mm512_loadu_si512(cr + 256)), v_mul_ps(s1, dv), a1[r]);
+            }
+            vf sv = v_set1_ps(A->sx[row * G + g]);
+            a0[r] = v_fmadd_ps(z0, sv, a0[r]);
+            a1[r] = v_fmadd_ps(z1, sv, a1[r]);
+        }
+    }
+    _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) {
+        v_storeu_ps(acc + 32 * (8 * s + r), a0[r]);
+        v_storeu_ps(acc + 32 * (8 * s + r) + 16, a1[r]);
     }
 }
 
-/* 32 rows from r0 x the 32 columns of tile pair t: B the pair's codes unpacked ([2][G][512] bytes),
- * C [2][P][4][16][16] int32 and acc [32][32] float scratch. The tile unit runs group g + 1 (into the other
- * half of C) before the vector unit scales group g's sums: its stores have long landed when they are read. */
-static void amx_rows32(const layout *L, int t, int G, const acts *A, int k, int P, int r0, const uint8_t *B,
-                       int32_t *C, float *acc, float *y, int ldy) {
-    memset(acc, 0, 32 * 32 * sizeof(float));
-    amx_group(A, k, P, G, r0, B, 0, C);
-    for (int g = 0; g < G; g++) {
-        if (g + 1 < G) amx_group(A, k, P, G, r0, B, g + 1, C + (size_t)((g + 1) & 1) * P * 1024);
-        const int32_t *Cg = C + (size_t)(g & 1) * P * 1024;
-        vf s[2], z[2];
-        for (int h = 0; h < 2; h++) {  /* column block h of the pair: tile()'s acc0 (h 0) and acc1 */
-            size_t b = (size_t)(2 * t + h) * G + g;
-            s[h] = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(L->S + b * 16)));
-            z[h] = L->Z != NULL ? v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(L->Z + b * 16)))
-                                : v_mul_ps(s[h], v_set1_ps(L->zm));
+/* rows [r0, r1) (a multiple of 32 of them) x tile pair t. The work goes in units (a block of 32 rows, a span of
+ * AMX_KS groups), in order: while the vector unit scales unit u's sums (its four slices of 8 rows), the tile
+ * unit makes unit u + 1's (a quarter of its groups beside each slice), into the other half of C
+ * ([2][AMX_KS][P][4][256] int32). acc: [32][32] float scratch. */
+static void amx_rows(const layout *L, int t, int G, const acts *A, int k, int P, int r0, int r1, const uint8_t *B,
+                     int32_t *C, float *acc, float *y, int ldy) {
+    int NE = (G + AMX_KS - 1) / AMX_KS, U = (r1 - r0) / 32 * NE;
+    size_t half = (size_t)AMX_KS * P * 1024;
+    if (U > 0) amx_sums(A, k, P, G, r0, B, 0, 0, AMX_KS < G ? AMX_KS : G, C);
+    for (int u = 0; u < U; u++) {
+        int rj = r0 + u / NE * 32, g0 = u % NE * AMX_KS, g1 = g0 + AMX_KS < G ? g0 + AMX_KS : G;
+        int rn = r0 + (u + 1) / NE * 32, n0 = (u + 1) % NE * AMX_KS, n1 = n0 + AMX_KS < G ? n0 + AMX_KS : G;
+        if (g0 == 0) memset(acc, 0, 32 * 32 * sizeof(float));
+        for (int s = 0; s < 4; s++) {
+            if (u + 1 < U)
+                amx_sums(A, k, P, G, rn, B, n0, n0 + (n1 - n0) * s / 4, n0 + (n1 - n0) * (s + 1) / 4,
+                         C + (size_t)((u + 1) & 1) * half);
+            amx_scale8(L, t, G, A, P, rj, s, g0, g1, C + (size_t)(u & 1) * half, acc);
         }
-        for (int r = 0; r < 32; r++) {
-            size_t row = (size_t)r0 + r;
-            vf sv = v_set1_ps(A->sx[row * G + g]);
-            vf a0 = v_loadu_ps(acc + 32 * r), a1 = v_loadu_ps(acc + 32 * r + 16);
-            for (int pass = 0; pass < P; pass++) {
-                const int32_t *cr = Cg + (size_t)pass * 1024 + (r / 16 * 2) * 256 + (r % 16) * 16;
-                vf dv = v_set1_ps(A->d[(row * P + pass) * G + g]);
-                a0 = v_fmadd_ps(v_cvtepi32_ps(_mm512_loadu_si512(cr)), v_mul_ps(s[0], dv), a0);
-                a1 = v_fmadd_ps(v_cvtepi32_ps(_mm512_loadu_si512(cr + 256)), v_mul_ps(s[1], dv), a1);
-            }
-            v_storeu_ps(acc + 32 * r, v_fmadd_ps(z[0], sv, a0));
-            v_storeu_ps(acc + 32 * r + 16, v_fmadd_ps(z[1], sv, a1));
-        }
+        if (g1 == G)
+            for (int r = 0; r < 32; r++) memcpy(y + (size_t)(rj + r) * ldy + 32 * t, acc + 32 * r, 32 * sizeof(float));
     }
-    for (int r = 0; r < 32; r++) memcpy(y + (size_t)(r0 + r) * ldy + 32 * t, acc + 32 * r, 32 * sizeof(float));
 }
 
 /* q4_gemm's product (not BITS 6) with its rows in blocks of 32 on the tile unit, the rest on the vector tile.
@@ -866,7 +903,7 @@ static int amx_gemm(const layout *L, int NT, int G, const acts *A, int k, int m,
     #pragma omp parallel
     {
         uint8_t *B = aligned_alloc(64, (size_t)G * 1024);
-        int32_t *C = aligned_alloc(64, (size_t)P * 8192);
+        int32_t *C = aligned_alloc(64, (size_t)2 * AMX_KS * P * 4096);
         float *acc = aligned_alloc(64, 4096);
         int mine = B == NULL || C == NULL || acc == NULL;  /* this thread's scratch is missing: its items fail */
         if (mine) {
@@ -900,8 +937,8 @@ static int amx_gemm(const layout *L, int NT, int G, const acts *A, int k, int m,
                     }
                 have = t;
             }
-            int r = r0;
-            for (; r + 32 <= r1; r += 32) amx_rows32(L, t, G, A, k, P, r, B, C, acc, y, ldy);
+            int r = r0 + (r1 - r0) / 32 * 32;
+            amx_rows(L, t, G, A, k, P, r0, r, B, C, acc, y, ldy);
             for (; r < r1; r += MT)
                 tile_rows(r1 - r < MT ? r1 - r : MT, P, L, (size_t)(2 * t) * G, G, A->q, A->d, A->sx, A->x16, k, r,
                           y + 32 * t, ldy);
