@@ -78,7 +78,8 @@ def _cpu_flags() -> set[str]:
 
 def use_isa(name: str) -> None:
     """Which build of the C kernels this process runs from now on: "auto" (the first of ISAS the
-    CPU has) or one of ISAS (none runs where the CPU lacks it). Weights prepared before keep theirs."""
+    CPU has, OPT_IN aside) or one of ISAS or TEST_ISAS (none runs where the CPU lacks it). Weights
+    prepared before keep theirs."""
     if name != "auto" and name not in ISAS and name not in TEST_ISAS:
         raise UnsupportedError(f"cpu ISA {name!r}: expected auto or one of {', '.join(ISAS)}")
     _ISA[0] = name
