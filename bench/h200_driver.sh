@@ -29,7 +29,8 @@
 #   batch7b   qwen2.5-7b Q4_0 tg128 and batched decode B=1/2/4/8 against llama-batched-bench           (issue 27)
 #   cpu       the host CPU: SmolLM2-135M Q4_1, Qwen2.5-0.5B Q4_0, Llama-3-8B Q4_K at 4 / 8 / 16 threads,
 #             minfer bench --device cpu against llama.cpp's CPU llama-bench, interleaved; where the CPU has AMX,
-#             the prompts again with MINFER_CPU_ISA=amx (the opt-in build) and their ratios             (issue 26)
+#             the prompts again with MINFER_CPU_ISA=amx (the opt-in build) and llama.cpp's with --repack 0 (no
+#             AMX / repacked layouts), and their ratios                                                  (issue 26)
 set -uo pipefail
 D=/tmp/drv; M=/tmp/models; LB=/tmp/llama.cpp/build-cuda/bin; LC=/tmp/llama.cpp/build-cpu/bin
 export PYTHONPATH=$PWD:/tmp/pylib PYTHONUNBUFFERED=1
@@ -259,6 +260,7 @@ for th in 4 8 16; do
     grep -q -w amx_int8 /proc/cpuinfo && MINFER_CPU_ISA=amx \
       minfer_rows $f "amx-${spec%:*}-t$th" cpu -t $th -p $p -n 0 -r 2 -b ""  # the prompt on the AMX tile unit (opt-in)
     llama_rows $LC $f "cpu-${spec%:*}-t$th" -t $th -p $p -n 32 -r 2
+    [ "$PARTS" = cpu ] && llama_rows $LC $f "norepack-${spec%:*}-t$th" -t $th -p $p -n 0 -r 2 --repack 0  # no AMX / repack
   done
 done
 table cpu-
@@ -270,8 +272,10 @@ for r in rows:
     if r["engine"] == "minfer" and r["file"].startswith("amx-") and r["test"].startswith("pp"):
         base = r["file"].replace("amx-", "cpu-", 1)
         a, l = get.get(("minfer", base, r["test"])), get.get(("llama.cpp", base, r["test"]))
-        print(f"{r['file']:28} {r['test']} amx {r['tok_s']:8.1f}  avx512 {a or 0:8.1f}  llama.cpp {l or 0:8.1f}  "
-              f"amx/avx512 {r['tok_s'] / a if a else 0:.2f}  amx/llama.cpp {r['tok_s'] / l if l else 0:.2f}")
+        nr = get.get(("llama.cpp", r["file"].replace("amx-", "norepack-", 1), r["test"]))
+        print(f"{r['file']:28} {r['test']} amx {r['tok_s']:8.1f}  avx512 {a or 0:8.1f}  llama.cpp {l or 0:8.1f} "
+              f"(--repack 0: {nr or 0:8.1f})  amx/avx512 {r['tok_s'] / a if a else 0:.2f}  "
+              f"amx/llama.cpp {r['tok_s'] / l if l else 0:.2f}")
 PY
 python3 - $D/bench.jsonl >> $D/tables.txt <<'PY'
 import json, sys  # decode as one C call against node by node (MINFER_CPU_NATIVE=0), same run
