@@ -12,10 +12,13 @@ single-token decode steps after it, as tgN), minfer then llama.cpp, so both see 
 machine state. With --batch B, minfer also runs B sequences decoding together (aggregate tok/s).
 Prints the median of each, the ratios minfer / llama.cpp, and minfer's peak RSS.
 
-llama.cpp runs without its extra buffer types unless --llama-extra-bufts: on the 2026-12-02 machine
-(Xeon with AMX in /proc/cpuinfo) its AMX kernels die at their first `ldtilecfg` (general protection
-fault: the sandbox does not grant AMX tile state), and the switch that turns AMX off also turns off
-the repacked Q4_0 / Q4_K layouts (llama_model_params.use_extra_bufts).
+llama.cpp runs as its users get it by default, with its extra buffer types (the repacked Q4_0 / Q4_K
+layouts, its AMX kernels where the CPU has them: llama_model_params.use_extra_bufts), unless
+--llama-extra-bufts off. With the default (auto) its worker first runs a 32-token prompt; where that
+dies (the 2026-12-02 machine: a Xeon with AMX in /proc/cpuinfo whose sandbox does not grant the tile
+state, so llama.cpp's AMX kernels fault at their first `ldtilecfg`) the run goes on without them, and
+the report says which llama.cpp it measured. (Before 2026-12-04 this bench ran without them by
+default: bench/NOTES.md's earlier 2-thread tables are against llama.cpp without its repacked layouts.)
 """
 
 from __future__ import annotations
@@ -51,7 +54,10 @@ if not extra:  # no AMX / repack buffer types (--llama-extra-bufts: the module d
 t0 = time.perf_counter()
 llm = Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=512,
             n_ubatch=512, verbose=False)
-print(json.dumps({"load": time.perf_counter() - t0}), flush=True)
+load = time.perf_counter() - t0
+llm.eval([10 + i for i in range(32)])  # a prompt's kernels once (where the extra buffer types die, they die here)
+llm.reset()
+print(json.dumps({"load": load}), flush=True)
 for line in sys.stdin:
     cmd = json.loads(line)
     ids = [10 + i % 1000 for i in range(cmd["pp"])]
@@ -107,16 +113,31 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--isa", default="auto", help="minfer's C kernel build (EngineConfig.cpu_isa: auto, avx512, "
                     "avxvnni, avx2); pair avx2 with a llama.cpp built for AVX2 only")
-    ap.add_argument("--llama-extra-bufts", action="store_true",
-                    help="let llama.cpp use its extra buffer types (AMX, repacked Q4_0/Q4_K); off by default")
+    ap.add_argument("--llama-extra-bufts", choices=("auto", "on", "off"), default="auto",
+                    help="llama.cpp's extra buffer types (AMX, repacked Q4_0/Q4_K): on (its default), off, or auto: "
+                         "on, unless its worker dies on them (then off)")
     a = ap.parse_args()
     path = Path(a.model) if a.model else default_model_path()
     torch.set_num_threads(a.threads)
 
-    llama = subprocess.Popen([a.llama_python, "-c", LLAMA_WORKER, str(path), str(a.threads), str(a.ctx),
-                              "1" if a.llama_extra_bufts else "0"],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    llama_load = json.loads(llama.stdout.readline())["load"]
+    def start_llama(extra: bool):
+        proc = subprocess.Popen([a.llama_python, "-c", LLAMA_WORKER, str(path), str(a.threads), str(a.ctx),
+                                 "1" if extra else "0"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = proc.stdout.readline()
+        if not line:
+            proc.wait()
+            return None, None
+        return proc, json.loads(line)["load"]
+
+    extra = a.llama_extra_bufts != "off"
+    llama, llama_load = start_llama(extra)
+    if llama is None and a.llama_extra_bufts == "auto":
+        print("llama.cpp's worker died with its extra buffer types (AMX without the tile state?): measuring it "
+              "without them", flush=True)
+        extra = False
+        llama, llama_load = start_llama(extra)
+    if llama is None:
+        raise SystemExit("llama.cpp's worker died before its first round")
     t0 = time.perf_counter()
     slots = max(1, a.batch)
     config = EngineConfig.from_env(n_slots=slots, n_ctx=a.ctx, threads=a.threads, cpu_isa=a.isa)  # (MINFER_* too)
@@ -138,7 +159,7 @@ def main() -> None:
         return statistics.median(r[key] for r in rows)
 
     print(f"model {path.name}, {a.threads} threads, {a.repeats} rounds (median), minfer's C build "
-          f"{cpu_vnni.isa() or 'none'}")
+          f"{cpu_vnni.isa() or 'none'}, llama.cpp {'with' if extra else 'without'} its extra buffer types")
     print(f"load: minfer {minfer_load:.1f} s, llama.cpp {llama_load:.1f} s")
     for key, label in (("pp", f"pp{a.pp}"), ("tg", f"tg{a.tg}")):
         m, ll = med(ours, key), med(theirs, key)
