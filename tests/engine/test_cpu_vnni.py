@@ -165,9 +165,8 @@ def test_the_isa_switch_reaches_the_backend_and_bad_names_are_refused(monkeypatc
         cpu_vnni.use_isa("auto")
 
 
-
 def test_auto_leaves_the_opt_in_builds_to_be_asked_for(monkeypatch):
-    """"auto" takes the first build the machine runs, skipping cpu_vnni.OPT_IN (amx: a whole prompt not yet
+    """`auto` takes the first build the machine runs, skipping cpu_vnni.OPT_IN (amx: a whole prompt not yet
     measured faster); asked for by name, an opt-in build runs where the machine has it."""
     monkeypatch.setattr(cpu_vnni, "_build", lambda name: object())  # a machine where every build runs
     cpu_vnni._resolve.cache_clear()
