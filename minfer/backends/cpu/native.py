@@ -260,7 +260,7 @@ class DecodeProgram:
         for (_, fn), P in zip(runs, passes, strict=True):
             q, d, sx, x16 = self._quantized(x, P, quant)
             w, s, z, zm, n_pad, k = fn._ptrs
-            self._step(PS_GEMM, n=n_pad, k=k, ldy=width, a0=fn.bits, a1=P, f0=zm, x=q, aux0=d, aux1=sx, z=x16,
+            self._step(PS_GEMM, n=n_pad, k=k, ldy=width, a0=fn.cbits, a1=P, f0=zm, x=q, aux0=d, aux1=sx, z=x16,
                        w=w, s=s, zz=z, lut=fn._lut, y=y.data_ptr() + 4 * off,
                        b=None if bias is None else bias.data_ptr() + 4 * off)
             off += n_pad

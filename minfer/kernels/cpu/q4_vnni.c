@@ -57,6 +57,10 @@ INL vf v_set1_ps(float a) { return vf_of(_mm256_set1_ps(a), _mm256_set1_ps(a)); 
 INL vi v_set1_epi8(char a) { return vi_of(_mm256_set1_epi8(a), _mm256_set1_epi8(a)); }
 INL vi v_set1_epi32(int a) { return vi_of(_mm256_set1_epi32(a), _mm256_set1_epi32(a)); }
 INL vf v_loadu_ps(const float *p) { return vf_of(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)); }
+INL vf v_u8_ps(const uint8_t *p) {  /* 16 bytes as 16 floats */
+    return vf_of(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p))),
+                 _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + 8)))));
+}
 INL void v_storeu_ps(float *p, vf a) { _mm256_storeu_ps(p, a.lo); _mm256_storeu_ps(p + 8, a.hi); }
 INL vi v_loadu_si512(const void *p) {
     return vi_of(_mm256_loadu_si256((const __m256i *)p), _mm256_loadu_si256((const __m256i *)p + 1));
@@ -222,6 +226,7 @@ typedef __m512i vi;
 #define v_sub_epi32 _mm512_sub_epi32
 #define v_or_si512 _mm512_or_si512
 #define v_slli_epi16 _mm512_slli_epi16
+INL vf v_u8_ps(const uint8_t *p) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p))); }
 #endif
 
 /* a | the bits `m` of H shifted left by s (right by -s) in 16-bit lanes: a 5- or 6-bit code's high bits
@@ -251,6 +256,18 @@ static void put_group(uint8_t *Wb, uint16_t *Sb, uint16_t *Zb, int col, const ui
 }
 
 static inline float f16(const uint8_t *p) { uint16_t h; memcpy(&h, p, 2); return _cvtsh_ss(h); }
+
+/* The K types' own scales (KM layout, Q4_K and Q5_K): per block of 16 columns and group, SC [32] bytes (the
+ * columns' 6-bit scales, then their mins); per block and super-block of 256, D [32] float16 (the columns' d,
+ * then dmin, the file's bits). The kernel makes S = d sc and Z = -(dmin m), both exact in float32. */
+static void put_kscales(uint8_t *SC, uint16_t *D, int G, int blk, int g, int col, const uint8_t *b, int sc, int mn) {
+    size_t off = (size_t)blk * G + g;
+    SC[off * 32 + col] = (uint8_t)sc;
+    SC[off * 32 + 16 + col] = (uint8_t)mn;
+    uint16_t *Db = D + ((size_t)blk * (G / 8) + g / 8) * 32;
+    memcpy(Db + col, b, 2);
+    memcpy(Db + 16 + col, b + 2, 2);
+}
 
 static void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
     if (j < 4) { *sc = q[j] & 63; *m = q[j + 4] & 63; }
@@ -291,7 +308,9 @@ int q8_pack(const uint8_t *rows, int qtype, int n_rows, int k, int col0, uint8_t
  * Q6_K: a scale per 16 weights, S [n/16][k/32][32] (the group's first 16 k, then its second 16),
  * S = d sc, the zero -32 S applied by the kernel (Z unused). W must start zeroed (the planes are OR-ed). */
 int q56_pack(const uint8_t *rows, int qtype, int n_rows, int k, int col0, uint8_t *W, uint16_t *S, uint16_t *Z) {
-    int G = k / 32;
+    int G = k / 32, km = qtype >> 8, sc = 0, mn = 0;  /* qtype | KM: Q5_K in the KM layout (S: SC bytes, Z: D) */
+    qtype &= 255;
+    if (km && (km != 1 || qtype != 13 || Z == NULL)) return -1;
     int super = qtype == 13 || qtype == 14;
     int row_bytes = qtype == 6 ? G * 22 : qtype == 7 ? G * 24 : qtype == 13 ? k / 256 * 176 : qtype == 14 ? k / 256 * 210
                     : -1;
@@ -317,7 +336,7 @@ int q56_pack(const uint8_t *rows, int qtype, int n_rows, int k, int col0, uint8_
                 z = qtype == 6 ? -16.0f * s : f16(b + 2);
             } else if (qtype == 13) {
                 const uint8_t *b = r + (size_t)(g / 8) * 176;
-                int sub = g % 8, sc, mn;
+                int sub = g % 8;
                 const uint8_t *qh = b + 16, *qs = b + 48 + 32 * (sub / 2);
                 for (int j = 0; j < 32; j++)
                     codes[j] = (uint8_t)((sub % 2 ? qs[j] >> 4 : qs[j] & 15) | (((qh[j] >> sub) & 1) << 4));
@@ -345,7 +364,9 @@ int q56_pack(const uint8_t *rows, int qtype, int n_rows, int k, int col0, uint8_
                     if (qtype == 14) Wb[256 + 64 * (reg / 4) + at] |= (uint8_t)((code >> 4 & 3) << (2 * (reg % 4)));
                     else Wb[256 + at] |= (uint8_t)((code >> 4 & 1) << reg);
                 }
-            if (qtype == 14) {
+            if (km) {
+                put_kscales((uint8_t *)S, Z, G, blk, g, c, r + (size_t)(g / 8) * 176, sc, mn);
+            } else if (qtype == 14) {
                 if (!isfinite(_cvtsh_ss(_cvtss_sh(s, _MM_FROUND_TO_NEAREST_INT)))
                     || !isfinite(_cvtsh_ss(_cvtss_sh(s2, _MM_FROUND_TO_NEAREST_INT))))
                     return -3;
@@ -373,7 +394,9 @@ static inline float e8m0_half(uint8_t e) {
  * layout's n: multiples of 16). Returns -1 on a bad type or size, -3 where a lookup type's scale
  * does not fit float16 (|S|, or 128 |S| where Z is stored, above 65504). */
 int q4_pack(const uint8_t *rows, int qtype, int n_rows, int k, int col0, uint8_t *W, uint16_t *S, uint16_t *Z) {
-    int G = k / 32;
+    int G = k / 32, km = qtype >> 8;  /* qtype | KM: Q4_K in the KM layout (S: SC bytes, Z: D) */
+    qtype &= 255;
+    if (km && (km != 1 || qtype != 12 || Z == NULL)) return -1;
     int super = qtype == 12 || qtype == 23;  /* 256-element super-blocks */
     int row_bytes = qtype == 12 ? k / 256 * 144 : qtype == 23 ? k / 256 * 136 : qtype == 39 ? G * 17
                     : qtype == 2 || qtype == 20 ? G * 18 : G * 20;
@@ -398,6 +421,11 @@ int q4_pack(const uint8_t *rows, int qtype, int n_rows, int k, int col0, uint8_t
                 const uint8_t *qs = b + 16 + 32 * (sub / 2);
                 for (int j = 0; j < 32; j++) codes[j] = sub % 2 ? qs[j] >> 4 : qs[j] & 15;
                 scale_min_k4(sub, b + 4, &sc, &mn);
+                if (km) {
+                    put_nibbles(W + ((size_t)blk * G + g) * 256, c, codes);
+                    put_kscales((uint8_t *)S, Z, G, blk, g, c, b, sc, mn);
+                    continue;
+                }
                 s = f16(b) * (float)sc;
                 z = -(f16(b + 2) * (float)mn);
             } else {  /* the lookup types: codes are table indices, S the scale, Z = -128 S (below) */
@@ -537,11 +565,27 @@ INL void unpack_block(int BITS, int LUT, vi table, const uint8_t *p, vi *a) {
     }
 }
 
+/* Group g's scales and zeros for one block in the KM layout (put_kscales'): S = d sc, Z = -(dmin m) per
+ * column, exact in float32 (d, dmin float16, sc, m < 64); SC: the block's group 0; d, dm: the group's
+ * super-block's d and dmin (k_dmin) */
+INL void k_scales(const uint8_t *SC, vf d, vf dm, int g, vf *s, vf *z) {
+    *s = v_mul_ps(d, v_u8_ps(SC + (size_t)g * 32));
+    *z = v_sub_ps(v_setzero_ps(), v_mul_ps(dm, v_u8_ps(SC + (size_t)g * 32 + 16)));
+}
+
+/* the d and dmin of super-block g / 8 (D: the block's super-block 0) */
+INL void k_dmin(const uint16_t *D, int g, vf *d, vf *dm) {
+    const uint16_t *dd = D + (size_t)(g / 8) * 32;
+    *d = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)dd));
+    *dm = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(dd + 16)));
+}
+
 /* rows (<= MT) x 32 columns; X: the rows' quantized activations, P passes of k bytes per row.
- * BITS and LUT: unpack_block's. Z0 / Z1 NULL: the zero is zm S (the symmetric types). BITS 6
+ * BITS and LUT: unpack_block's. KSC (the KM layout, 4- and 5-bit): S0 / S1 the blocks' SC bytes, Z0 / Z1 their D
+ * (k_scales). Z0 / Z1 NULL: the zero is zm S (the symmetric types). BITS 6
  * (Q6_K): two scales a group (S0 [G][32]), the zero -32 S applied in integers: per pass and half
  * group, (sum c q) - 32 (sum q) with the halves' sums of q in X16. */
-static inline __attribute__((always_inline)) void tile(int rows, int P, int BITS, int LUT, vi table,
+static inline __attribute__((always_inline)) void tile(int rows, int P, int BITS, int LUT, int KSC, vi table,
         const uint8_t *W0, const uint8_t *W1,
         const uint16_t *S0, const uint16_t *S1, const uint16_t *Z0, const uint16_t *Z1, float zm, int G,
         const int8_t *X, const float *dx, const float *sx, const int *X16, int k, float *Y, int ldy) {
@@ -549,8 +593,13 @@ static inline __attribute__((always_inline)) void tile(int rows, int P, int BITS
     for (int r = 0; r < MT; r++) { acc0[r] = v_setzero_ps(); acc1[r] = v_setzero_ps(); }
     const size_t gb = group_bytes(BITS);
     const int sw = BITS == 6 ? 32 : 16;  /* scales per block and group */
+    vf d0 = v_setzero_ps(), dm0 = d0, d1 = d0, dm1 = d0;  /* KSC: the super-block's d and dmin */
     for (int g = 0; g < G; g++) {
         vi a[8], b[8];
+        if (KSC && g % 8 == 0) {
+            k_dmin(Z0, g, &d0, &dm0);
+            k_dmin(Z1, g, &d1, &dm1);
+        }
         const uint8_t *p0 = W0 + (size_t)g * gb, *p1 = W1 + (size_t)g * gb;
 #if W_AHEAD
         for (size_t o = 0; o < gb; o += 64) {  /* the codes W_AHEAD bytes ahead: a core's stream from DRAM */
@@ -573,10 +622,19 @@ static inline __attribute__((always_inline)) void tile(int rows, int P, int BITS
             }
         }
 #endif
-        vf s0 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S0 + g * sw)));
-        vf s1 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S1 + g * sw)));
-        vf s0h = s0, s1h = s1, z0 = s0, z1 = s1;
-        if (BITS == 6) {
+        vf s0, s1, z0, z1;
+        if (KSC) {
+            k_scales((const uint8_t *)S0, d0, dm0, g, &s0, &z0);
+            k_scales((const uint8_t *)S1, d1, dm1, g, &s1, &z1);
+        } else {
+            s0 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S0 + g * sw)));
+            s1 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S1 + g * sw)));
+            z0 = s0;
+            z1 = s1;
+        }
+        vf s0h = s0, s1h = s1;
+        if (KSC) {  /* (the zeros made above) */
+        } else if (BITS == 6) {
             s0h = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S0 + g * sw + 16)));
             s1h = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S1 + g * sw + 16)));
         } else if (Z0 != NULL) {
@@ -662,7 +720,7 @@ typedef struct {
     const uint8_t *W;
     const uint16_t *S, *Z;
     float zm;
-    int bits;
+    int bits, km;  /* km: the KM layout (S: SC bytes, Z: D; the `bits` argument's KM flag) */
     const uint8_t *lut;
     vi table;
 } layout;
@@ -676,23 +734,29 @@ static void tile_rows(int rows, int P, const layout *L, size_t b0, int G, const 
     const uint8_t *W0 = L->W + b0 * gb, *W1 = L->W + (b0 + G) * gb;
     const uint16_t *S0 = L->S + b0 * sw, *S1 = L->S + (b0 + G) * sw;
     const uint16_t *Z0 = L->Z != NULL ? L->Z + b0 * 16 : NULL, *Z1 = L->Z != NULL ? L->Z + (b0 + G) * 16 : NULL;
+    if (L->km) {  /* (b0: a block's group 0) the blocks' SC bytes at the same offsets as S, their D per super-block */
+        Z0 = L->Z + b0 / G * (G / 8) * 32;
+        Z1 = Z0 + (G / 8) * 32;
+    }
     vi table = L->table;
     float zm = L->zm;
-#define TILE(R, PP, BB, LU) tile(R, PP, BB, LU, table, W0, W1, S0, S1, Z0, Z1, zm, G, q + (size_t)r0 * PP * k, \
+#define TILE(R, PP, BB, LU, KS) tile(R, PP, BB, LU, KS, table, W0, W1, S0, S1, Z0, Z1, zm, G, q + (size_t)r0 * PP * k, \
                                  d + (size_t)r0 * PP * G, sx + (size_t)r0 * G, \
                                  x16 != NULL ? x16 + (size_t)r0 * PP * G * 2 : NULL, k, y + (size_t)r0 * ldy, ldy)
-#define ROWS(PP, BB, LU) switch (rows) {    \
-        case 4: TILE(4, PP, BB, LU); break; \
-        case 3: TILE(3, PP, BB, LU); break; \
-        case 2: TILE(2, PP, BB, LU); break; \
-        default: TILE(1, PP, BB, LU); break; \
+#define ROWS(PP, BB, LU, KS) switch (rows) {    \
+        case 4: TILE(4, PP, BB, LU, KS); break; \
+        case 3: TILE(3, PP, BB, LU, KS); break; \
+        case 2: TILE(2, PP, BB, LU, KS); break; \
+        default: TILE(1, PP, BB, LU, KS); break; \
     }
-#define PASSES(BB, LU) if (P == 1) { ROWS(1, BB, LU) } else { ROWS(2, BB, LU) }
+#define PASSES(BB, LU, KS) if (P == 1) { ROWS(1, BB, LU, KS) } else { ROWS(2, BB, LU, KS) }
     switch (L->bits) {
-        case 4: if (L->lut != NULL) { PASSES(4, 1) } else { PASSES(4, 0) } break;
-        case 5: PASSES(5, 0) break;
-        case 6: PASSES(6, 0) break;
-        default: PASSES(8, 0) break;
+        case 4:
+            if (L->lut != NULL) { PASSES(4, 1, 0) } else if (L->km) { PASSES(4, 0, 1) } else { PASSES(4, 0, 0) }
+            break;
+        case 5: if (L->km) { PASSES(5, 0, 1) } else { PASSES(5, 0, 0) } break;
+        case 6: PASSES(6, 0, 0) break;
+        default: PASSES(8, 0, 0) break;
     }
 #undef PASSES
 #undef ROWS
@@ -714,14 +778,19 @@ static int quantize_acts(const void *x, int bf16, int m, int k, int P, int bits,
     return 0;
 }
 
+/* `bits`: the code width, | KM for the K types' own scales (4 and 5 bits, no table, Z: D) */
+#define KM_FLAG 256
 static int layout_ok(int P, int bits, const uint8_t *lut, const uint16_t *Z, float zm) {
+    int km = bits / KM_FLAG;
+    bits %= KM_FLAG;
     return (P == 1 || P == 2) && (bits == 4 || bits == 5 || bits == 6 || bits == 8) && (lut == NULL || bits == 4)
-           && (bits == 6 || Z != NULL || zm != 0.0f);
+           && (bits == 6 || Z != NULL || zm != 0.0f) && (km == 0 || (km == 1 && (bits == 4 || bits == 5)
+                                                                       && lut == NULL && Z != NULL));
 }
 
 static layout make_layout(const uint8_t *W, const uint16_t *S, const uint16_t *Z, float zm, int bits,
                           const uint8_t *lut) {
-    layout L = {W, S, bits == 6 ? NULL : Z, zm, bits, lut,
+    layout L = {W, S, bits % KM_FLAG == 6 ? NULL : Z, zm, bits % KM_FLAG, bits / KM_FLAG, lut,
                 lut != NULL ? v_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lut)) : v_setzero_si512()};
     return L;
 }
@@ -840,10 +909,20 @@ static void amx_scale8(const layout *L, int t, int G, const acts *A, int P, int 
     }
     for (int g = g0; g < g1; g++) {
         size_t b0 = (size_t)(2 * t) * G + g, b1 = b0 + G;
-        vf s0 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(L->S + b0 * 16)));
-        vf s1 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(L->S + b1 * 16)));
-        vf z0, z1;
-        if (L->Z != NULL) {
+        vf s0, s1, z0, z1;
+        if (L->km) {
+            const uint16_t *D0 = L->Z + (size_t)(2 * t) * (G / 8) * 32;
+            vf d, dm;
+            k_dmin(D0, g, &d, &dm);
+            k_scales((const uint8_t *)(L->S + (size_t)(2 * t) * G * 16), d, dm, g, &s0, &z0);
+            k_dmin(D0 + (G / 8) * 32, g, &d, &dm);
+            k_scales((const uint8_t *)(L->S + (size_t)(2 * t + 1) * G * 16), d, dm, g, &s1, &z1);
+        } else {
+            s0 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(L->S + b0 * 16)));
+            s1 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(L->S + b1 * 16)));
+        }
+        if (L->km) {  /* (the zeros made above) */
+        } else if (L->Z != NULL) {
             z0 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(L->Z + b0 * 16)));
             z1 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(L->Z + b1 * 16)));
         } else {
@@ -959,9 +1038,9 @@ int q4_gemm(const uint8_t *W, const uint16_t *S, const uint16_t *Z, float zm, in
     if (!layout_ok(P, bits, lut, Z, zm) || m < 1 || n < 32 || n % 32 || k < 32 || k % 32 || ldy < n) return -1;
     layout L = make_layout(W, S, Z, zm, bits, lut);
     acts A;
-    if (quantize_acts(x, bf16, m, k, P, bits, &A)) return -2;
+    if (quantize_acts(x, bf16, m, k, P, bits % KM_FLAG, &A)) return -2;
 #if defined(MINFER_AMX) && !defined(MINFER_AVX2)
-    if (amx_ready && m >= 32 && bits != 6) {  /* (Q6_K's two scales a group stay on the vector tile) */
+    if (amx_ready && m >= 32 && bits % KM_FLAG != 6) {  /* (Q6_K's two scales a group stay on the vector tile) */
         int rc = amx_gemm(&L, NT, G, &A, k, m, P, y, ldy);
         free(A.q);
         return rc;
@@ -992,7 +1071,7 @@ int q4_gemm_experts(const uint8_t *W, const uint16_t *S, const uint16_t *Z, floa
         if (ex[r] < 0 || ex[r] >= n_expert || rs[r + 1] <= rs[r]) return -1;
     layout L = make_layout(W, S, Z, zm, bits, lut);
     acts A;
-    if (quantize_acts(x, bf16, m, k, P, bits, &A)) return -2;
+    if (quantize_acts(x, bf16, m, k, P, bits % KM_FLAG, &A)) return -2;
     #pragma omp parallel for schedule(dynamic, 1)
     for (int item = 0; item < runs * NT; item++) {
         int r = item / NT, t = item % NT;

@@ -59,6 +59,11 @@ TYPES8 = {GGMLType.Q8_0: 8}  # 8-bit codes: Q8_0 as q + 128 (zero -128 d)
 # 5- and 6-bit codes: the 4-bit layout of their low bits + byte planes of the high bits (q56_pack)
 TYPES5 = {GGMLType.Q5_0: 6, GGMLType.Q5_1: 7, GGMLType.Q5_K: 13}
 TYPES6 = {GGMLType.Q6_K: 14}
+# the K types packed with their own scales (q4_vnni.c's KM layout): per 16 columns and group of 32, the 6-bit
+# scales and mins as bytes (SC, in `s`), per super-block of 256 the file's float16 d and dmin (D, in `z`): 0.578
+# bytes a weight (4-bit) against 0.625 for a float16 scale and zero per 32, and the scales exact in float32
+KM_TYPES = {GGMLType.Q4_K, GGMLType.Q5_K}
+KM_FLAG = 256  # the `bits` argument's flag for that layout (q4_vnni.c KM_FLAG; the packers' qtype too)
 # the symmetric types: zero = ZERO_MULT x scale, computed by the kernel, no Z stored (Q6_K: in integers)
 ZERO_MULT = {GGMLType.Q4_0: -8.0, GGMLType.Q8_0: -128.0, GGMLType.Q5_0: -16.0, GGMLType.IQ4_NL: -128.0,
              GGMLType.IQ4_XS: -128.0, GGMLType.MXFP4: -128.0}
@@ -195,6 +200,8 @@ class Q4Vnni:
     and float16 scales [n'/16, k/32, 16] (Q6_K: 32, one per 16 weights), n' = n rounded up to 32
     (zero columns); zeros [n'/16, k/32, 16] float16, or none where every part's zero is `zm` times
     its scale (ZERO_MULT: the symmetric types); the lookup types' 16-byte table `lut` (else None).
+    Parts all Q4_K or all Q5_K (`km`, KM_TYPES) keep their own scales instead: `s` the 6-bit scales and
+    mins as bytes [n'/16, k/32, 32], `z` the float16 d and dmin [n'/16, k/256, 32].
     `__call__(x)` is y = x @ W^T, float32 [m, n]."""
 
     def __init__(self, parts: list[tuple[torch.Tensor, GGMLType, int, int]], aligned: bool = False):
@@ -218,12 +225,17 @@ class Q4Vnni:
         self.n, self.k = sum(p[2] for p in parts), k
         zms = {ZERO_MULT.get(p[1], 0.0) for p in parts}
         self.zm = zms.pop() if len(zms) == 1 else 0.0  # 0: zeros stored (Q6_K: none either way)
+        self.km = all(p[1] == parts[0][1] for p in parts) and parts[0][1] in KM_TYPES
         n_pad = sum(p[2] + -p[2] % COLS for p in parts) if aligned else self.n + -self.n % COLS
         g = k // 32
         self.w = torch.zeros(n_pad // 16, g, GROUP_BYTES[self.bits], dtype=torch.uint8)  # 16 columns x 32 codes
-        self.s = torch.zeros(n_pad // 16, g, 32 if self.bits == 6 else 16, dtype=torch.float16)
         stored = self.zm == 0.0 and self.bits != 6
-        self.z = torch.zeros(n_pad // 16 if stored else 0, g, 16, dtype=torch.float16)
+        if self.km:  # SC bytes [n'/16, k/32, 32], D float16 [n'/16, k/256, 32]
+            self.s = torch.zeros(n_pad // 16, g, 32, dtype=torch.uint8)
+            self.z = torch.zeros(n_pad // 16, g // 8, 32, dtype=torch.float16)
+        else:
+            self.s = torch.zeros(n_pad // 16, g, 32 if self.bits == 6 else 16, dtype=torch.float16)
+            self.z = torch.zeros(n_pad // 16 if stored else 0, g, 16, dtype=torch.float16)
         at = 0
         for rows, qtype, n, _ in parts:
             rows = rows.contiguous()
@@ -235,7 +247,7 @@ class Q4Vnni:
                                        f"(k a multiple of {info.block_elems}), got {rows.dtype} {list(rows.shape)}")
             pack, ids = ((so.q8_pack, TYPES8) if self.bits == 8 else (so.q56_pack, {**TYPES5, **TYPES6})
                          if self.bits in (5, 6) else (so.q4_pack, {**TYPES, **LUT_TYPES}))
-            done = pack(_ptr(rows), ids[qtype], n, k, at, *ptrs)
+            done = pack(_ptr(rows), ids[qtype] | (KM_FLAG if self.km else 0), n, k, at, *ptrs)
             if done == -3:
                 raise UnsupportedError(f"q4_vnni: a {qtype.name} block scale of this weight (or 128 times it) is "
                                        "beyond float16's 65504, the largest the VNNI layout stores")
@@ -246,7 +258,8 @@ class Q4Vnni:
         self._bind(so)
 
     def _bind(self, so) -> None:
-        self.nbytes = self.w.numel() + 2 * (self.s.numel() + self.z.numel())
+        self.nbytes = self.w.numel() + self.s.numel() * self.s.element_size() + 2 * self.z.numel()
+        self.cbits = self.bits | (KM_FLAG if self.km else 0)  # the kernels' `bits` argument
         self._gemm = so.q4_gemm
         self._experts = so.q4_gemm_experts
         z = _ptr(self.z) if self.z.numel() else None
@@ -256,6 +269,7 @@ class Q4Vnni:
     def state(self) -> dict:
         """The prepared layout as tensors and numbers (backends/cpu/weight_cache.py keeps it on disk)."""
         st = {"w": self.w, "s": self.s, "z": self.z, "zm": self.zm, "n": self.n, "k": self.k, "bits": self.bits,
+              "km": int(self.km),
               "n_pad": self.n_pad}
         if self.lut is not None:
             st["lut"] = self.lut
@@ -271,6 +285,7 @@ class Q4Vnni:
         self.w, self.s, self.z = st["w"].contiguous(), st["s"].contiguous(), st["z"].contiguous()
         self.n, self.k, self.bits, self.n_pad = int(st["n"]), int(st["k"]), int(st["bits"]), int(st["n_pad"])
         self.zm = float(st["zm"])
+        self.km = bool(int(st.get("km", 0)))
         self.lut = st["lut"].contiguous() if "lut" in st else None
         self._bind(so)
         return self
@@ -286,8 +301,8 @@ class Q4Vnni:
         g = self.k // 32
         t0 = col0 // 16  # first block of 16 columns
         w, s, z, zm = self._ptrs[:4]
-        ptrs = (w + t0 * g * self.w.shape[2], s + t0 * g * self.s.shape[2] * 2, z and z + t0 * g * 32, zm, width,
-                self.k)
+        sb, zb = (t.shape[1] * t.shape[2] * t.element_size() for t in (self.s, self.z))  # bytes a block of 16
+        ptrs = (w + t0 * g * self.w.shape[2], s + t0 * sb, z and z + t0 * zb, zm, width, self.k)
         return self._gemm_into(ptrs, x, passes)[:, :n]
 
     def _gemm_into(self, ptrs: tuple, x: torch.Tensor, passes: int) -> torch.Tensor:
@@ -300,7 +315,7 @@ class Q4Vnni:
             raise UnsupportedError(f"q4_vnni: x must be [m >= 1, {self.k}], got {list(x.shape)}")
         _on_host("q4_vnni", x)
         y = torch.empty(m, width)
-        rc = self._gemm(*ptrs, x.data_ptr(), x.dtype == torch.bfloat16, m, y.data_ptr(), width, passes, self.bits,
+        rc = self._gemm(*ptrs, x.data_ptr(), x.dtype == torch.bfloat16, m, y.data_ptr(), width, passes, self.cbits,
                         self._lut)
         if rc == -2:
             raise MemoryError(f"q4_vnni: no memory for {m} x {self.k} quantized activations")
@@ -340,7 +355,7 @@ class Q4Vnni:
         y = torch.empty(flat.numel(), stride)
         rc = self._experts(*self._ptrs[:4], stride, n, n_expert, self.k, src.data_ptr(),
                            src.dtype == torch.bfloat16, src.shape[0], starts.data_ptr(), ex.data_ptr(), ex.numel(),
-                           y.data_ptr(), stride, passes, self.bits, self._lut)
+                           y.data_ptr(), stride, passes, self.cbits, self._lut)
         if rc == -2:
             raise MemoryError(f"q4_vnni experts: no memory for {src.shape[0]} x {self.k} quantized activations")
         if rc:
@@ -360,9 +375,12 @@ class Q4Vnni:
 
 def packed_bytes(n: int, k: int, qtype: GGMLType = GGMLType.Q4_0) -> int:
     """Bytes of a Q4Vnni weight [n, k] of one type: its codes (GROUP_BYTES per 16 columns and group
-    of 32) and float16 scales (Q6_K: two a group) and zeros (none for the symmetric types)."""
+    of 32) and float16 scales (Q6_K: two a group) and zeros (none for the symmetric types); the K types
+    (KM_TYPES) a byte of scale and one of min per column and group, two float16 per column and 256."""
     n_pad, g = n + -n % COLS, k // 32
     bits = _code_kind(qtype)[0]
+    if qtype in KM_TYPES:
+        return n_pad // 16 * g * GROUP_BYTES[bits] + n_pad * g * 2 + n_pad * (g // 8) * 4
     halves = (2 if bits == 6 else 1) + (0 if bits == 6 or qtype in ZERO_MULT else 1)  # float16 per column and group
     return n_pad // 16 * g * GROUP_BYTES[bits] + n_pad * g * 2 * halves
 
