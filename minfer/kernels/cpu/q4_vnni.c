@@ -581,8 +581,9 @@ INL void k_dmin(const uint16_t *D, int g, vf *d, vf *dm) {
 }
 
 /* rows (<= MT) x 32 columns; X: the rows' quantized activations, P passes of k bytes per row.
- * BITS and LUT: unpack_block's. KSC (the KM layout, 4- and 5-bit): S0 / S1 the blocks' SC bytes, Z0 / Z1 their D
- * (k_scales). Z0 / Z1 NULL: the zero is zm S (the symmetric types). BITS 6
+ * BITS and LUT: unpack_block's. KSC (the KM layout, 4- and 5-bit): 1, S0 / S1 the blocks' SC bytes, Z0 / Z1
+ * their D (k_scales); 2, the same scales and zeros made once for the tile's rows (k_prepare), float32 [G][16]
+ * each. Z0 / Z1 NULL: the zero is zm S (the symmetric types). BITS 6
  * (Q6_K): two scales a group (S0 [G][32]), the zero -32 S applied in integers: per pass and half
  * group, (sum c q) - 32 (sum q) with the halves' sums of q in X16. */
 static inline __attribute__((always_inline)) void tile(int rows, int P, int BITS, int LUT, int KSC, vi table,
@@ -596,7 +597,7 @@ static inline __attribute__((always_inline)) void tile(int rows, int P, int BITS
     vf d0 = v_setzero_ps(), dm0 = d0, d1 = d0, dm1 = d0;  /* KSC: the super-block's d and dmin */
     for (int g = 0; g < G; g++) {
         vi a[8], b[8];
-        if (KSC && g % 8 == 0) {
+        if (KSC == 1 && g % 8 == 0) {
             k_dmin(Z0, g, &d0, &dm0);
             k_dmin(Z1, g, &d1, &dm1);
         }
@@ -623,9 +624,14 @@ static inline __attribute__((always_inline)) void tile(int rows, int P, int BITS
         }
 #endif
         vf s0, s1, z0, z1;
-        if (KSC) {
+        if (KSC == 1) {
             k_scales((const uint8_t *)S0, d0, dm0, g, &s0, &z0);
             k_scales((const uint8_t *)S1, d1, dm1, g, &s1, &z1);
+        } else if (KSC == 2) {
+            s0 = v_loadu_ps((const float *)S0 + g * 16);
+            s1 = v_loadu_ps((const float *)S1 + g * 16);
+            z0 = v_loadu_ps((const float *)Z0 + g * 16);
+            z1 = v_loadu_ps((const float *)Z1 + g * 16);
         } else {
             s0 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S0 + g * sw)));
             s1 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S1 + g * sw)));
@@ -725,16 +731,37 @@ typedef struct {
     vi table;
 } layout;
 
+/* The KM layout's scales and zeros of tile pair b0 (its first block's group 0), made once for many rows:
+ * prep [4][G][16] float32 (block 0's S, block 1's, block 0's Z, block 1's), k_scales' values */
+static void k_prepare(const layout *L, size_t b0, int G, float *prep) {
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *SC = (const uint8_t *)(L->S + (b0 + (size_t)h * G) * 16);
+        const uint16_t *D = L->Z + (b0 / G + h) * (G / 8) * 32;
+        vf d = v_setzero_ps(), dm = d, sv, zv;
+        for (int g = 0; g < G; g++) {
+            if (g % 8 == 0) k_dmin(D, g, &d, &dm);
+            k_scales(SC, d, dm, g, &sv, &zv);
+            v_storeu_ps(prep + ((size_t)h * G + g) * 16, sv);
+            v_storeu_ps(prep + ((size_t)(2 + h) * G + g) * 16, zv);
+        }
+    }
+}
+
 /* rows (<= MT) rows from r0 of the quantized activations (q, d, sx, x16: quantize_rows') against the
  * 32 columns of tile pair b0 (the index of its first block's group 0) of layout L, into y + r0 * ldy:
  * tile() with its row count, passes and code width known at compile time (the registers unrolled). */
 static void tile_rows(int rows, int P, const layout *L, size_t b0, int G, const int8_t *q, const float *d,
-                      const float *sx, const int *x16, int k, int r0, float *y, int ldy) {
+                      const float *sx, const int *x16, int k, int r0, float *y, int ldy, const float *prep) {
     size_t gb = group_bytes(L->bits), sw = L->bits == 6 ? 32 : 16;
     const uint8_t *W0 = L->W + b0 * gb, *W1 = L->W + (b0 + G) * gb;
     const uint16_t *S0 = L->S + b0 * sw, *S1 = L->S + (b0 + G) * sw;
     const uint16_t *Z0 = L->Z != NULL ? L->Z + b0 * 16 : NULL, *Z1 = L->Z != NULL ? L->Z + (b0 + G) * 16 : NULL;
-    if (L->km) {  /* (b0: a block's group 0) the blocks' SC bytes at the same offsets as S, their D per super-block */
+    if (L->km && prep != NULL) {  /* the pair's scales and zeros made for many rows (k_prepare) */
+        S0 = (const uint16_t *)prep;
+        S1 = (const uint16_t *)(prep + (size_t)G * 16);
+        Z0 = (const uint16_t *)(prep + (size_t)2 * G * 16);
+        Z1 = (const uint16_t *)(prep + (size_t)3 * G * 16);
+    } else if (L->km) {  /* (b0: a block's group 0) the blocks' SC bytes at the same offsets as S, their D per super-block */
         Z0 = L->Z + b0 / G * (G / 8) * 32;
         Z1 = Z0 + (G / 8) * 32;
     }
@@ -752,9 +779,14 @@ static void tile_rows(int rows, int P, const layout *L, size_t b0, int G, const 
 #define PASSES(BB, LU, KS) if (P == 1) { ROWS(1, BB, LU, KS) } else { ROWS(2, BB, LU, KS) }
     switch (L->bits) {
         case 4:
-            if (L->lut != NULL) { PASSES(4, 1, 0) } else if (L->km) { PASSES(4, 0, 1) } else { PASSES(4, 0, 0) }
+            if (L->lut != NULL) { PASSES(4, 1, 0) }
+            else if (L->km && prep != NULL) { PASSES(4, 0, 2) }
+            else if (L->km) { PASSES(4, 0, 1) }
+            else { PASSES(4, 0, 0) }
             break;
-        case 5: if (L->km) { PASSES(5, 0, 1) } else { PASSES(5, 0, 0) } break;
+        case 5:
+            if (L->km && prep != NULL) { PASSES(5, 0, 2) } else if (L->km) { PASSES(5, 0, 1) } else { PASSES(5, 0, 0) }
+            break;
         case 6: PASSES(6, 0, 0) break;
         default: PASSES(8, 0, 0) break;
     }
@@ -801,16 +833,24 @@ static layout make_layout(const uint8_t *W, const uint16_t *S, const uint16_t *Z
 static void gemm_tiles(const layout *L, int NT, int G, const acts *A, int k, int m, int P, float *y, int ldy,
                        const float *bias) {
     int RB = (m + ROW_BLOCK - 1) / ROW_BLOCK;  /* a prompt's rows in blocks: work for every thread on narrow weights */
+    /* the KM layout over more rows than a tile: the pair's scales made once an item (NULL: in each tile) */
+    float *prep = L->km && m > MT ? malloc(sizeof(float) * 64 * (size_t)G) : NULL;
+    int have = -1;
     #pragma omp for schedule(static)
     for (int item = 0; item < NT * RB; item++) {  /* (a thread's items: consecutive blocks of the same tiles) */
         int t = item / RB, r1 = (item % RB + 1) * ROW_BLOCK < m ? (item % RB + 1) * ROW_BLOCK : m;
+        if (prep != NULL && have != t) {
+            k_prepare(L, (size_t)(2 * t) * G, G, prep);
+            have = t;
+        }
         for (int r0 = item % RB * ROW_BLOCK; r0 < r1; r0 += MT)
             tile_rows(r1 - r0 < MT ? r1 - r0 : MT, P, L, (size_t)(2 * t) * G, G, A->q, A->d, A->sx, A->x16, k, r0,
-                      y + 32 * t, ldy);
+                      y + 32 * t, ldy, prep);
         if (bias != NULL)
             for (int r = item % RB * ROW_BLOCK; r < r1; r++)
                 for (int c = 0; c < 32; c++) y[(size_t)r * ldy + 32 * t + c] += bias[32 * t + c];
     }
+    free(prep);
 }
 
 #if defined(MINFER_AMX) && !defined(MINFER_AVX2)
@@ -901,7 +941,7 @@ static void amx_sums(const acts *A, int k, int P, int G, int r0, const uint8_t *
  * r0 + 8 s + 7 x the pair's 32 columns, added to those rows' running sums in acc [32][32] (kept in registers
  * across the groups): per output and group, tile()'s operations in tile()'s order (the passes, then the zero) */
 static void amx_scale8(const layout *L, int t, int G, const acts *A, int P, int r0, int s, int g0, int g1,
-                       const int32_t *C, float *acc) {
+                       const int32_t *C, float *acc, const float *prep) {
     vf a0[8], a1[8];
     _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) {
         a0[r] = v_loadu_ps(acc + 32 * (8 * s + r));
@@ -910,13 +950,11 @@ static void amx_scale8(const layout *L, int t, int G, const acts *A, int P, int 
     for (int g = g0; g < g1; g++) {
         size_t b0 = (size_t)(2 * t) * G + g, b1 = b0 + G;
         vf s0, s1, z0, z1;
-        if (L->km) {
-            const uint16_t *D0 = L->Z + (size_t)(2 * t) * (G / 8) * 32;
-            vf d, dm;
-            k_dmin(D0, g, &d, &dm);
-            k_scales((const uint8_t *)(L->S + (size_t)(2 * t) * G * 16), d, dm, g, &s0, &z0);
-            k_dmin(D0 + (G / 8) * 32, g, &d, &dm);
-            k_scales((const uint8_t *)(L->S + (size_t)(2 * t + 1) * G * 16), d, dm, g, &s1, &z1);
+        if (L->km) {  /* (k_prepare's, made with the codes) */
+            s0 = v_loadu_ps(prep + (size_t)g * 16);
+            s1 = v_loadu_ps(prep + ((size_t)G + g) * 16);
+            z0 = v_loadu_ps(prep + ((size_t)2 * G + g) * 16);
+            z1 = v_loadu_ps(prep + ((size_t)3 * G + g) * 16);
         } else {
             s0 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(L->S + b0 * 16)));
             s1 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(L->S + b1 * 16)));
@@ -955,7 +993,7 @@ static void amx_scale8(const layout *L, int t, int G, const acts *A, int P, int 
  * unit makes unit u + 1's (a quarter of its groups beside each slice), into the other half of C
  * ([2][AMX_KS][P][4][256] int32). acc: [32][32] float scratch. */
 static void amx_rows(const layout *L, int t, int G, const acts *A, int k, int P, int r0, int r1, const uint8_t *B,
-                     int32_t *C, float *acc, float *y, int ldy) {
+                     int32_t *C, float *acc, float *y, int ldy, const float *prep) {
     int NE = (G + AMX_KS - 1) / AMX_KS, U = (r1 - r0) / 32 * NE;
     size_t half = (size_t)AMX_KS * P * 1024;
     if (U > 0) amx_sums(A, k, P, G, r0, B, 0, 0, AMX_KS < G ? AMX_KS : G, C);
@@ -967,7 +1005,7 @@ static void amx_rows(const layout *L, int t, int G, const acts *A, int k, int P,
             if (u + 1 < U)
                 amx_sums(A, k, P, G, rn, B, n0, n0 + (n1 - n0) * s / 4, n0 + (n1 - n0) * (s + 1) / 4,
                          C + (size_t)((u + 1) & 1) * half);
-            amx_scale8(L, t, G, A, P, rj, s, g0, g1, C + (size_t)(u & 1) * half, acc);
+            amx_scale8(L, t, G, A, P, rj, s, g0, g1, C + (size_t)(u & 1) * half, acc, prep);
         }
         if (g1 == G)
             for (int r = 0; r < 32; r++) memcpy(y + (size_t)(rj + r) * ldy + 32 * t, acc + 32 * r, 32 * sizeof(float));
@@ -984,7 +1022,8 @@ static int amx_gemm(const layout *L, int NT, int G, const acts *A, int k, int m,
         uint8_t *B = aligned_alloc(64, (size_t)G * 1024);
         int32_t *C = aligned_alloc(64, (size_t)2 * AMX_KS * P * 4096);
         float *acc = aligned_alloc(64, 4096);
-        int mine = B == NULL || C == NULL || acc == NULL;  /* this thread's scratch is missing: its items fail */
+        float *prep = L->km ? malloc(sizeof(float) * 64 * (size_t)G) : NULL;  /* the KM layout's scales (k_prepare) */
+        int mine = B == NULL || C == NULL || acc == NULL || (L->km && prep == NULL);  /* this thread's scratch is missing: its items fail */
         if (mine) {
             #pragma omp atomic write
             fail = 1;
@@ -1014,16 +1053,17 @@ static int amx_gemm(const layout *L, int NT, int G, const acts *A, int k, int m,
                         }
                         for (int c = 0; c < 8; c++) _mm512_storeu_si512(B + ((size_t)h * G + g) * 512 + 64 * c, a[c]);
                     }
+                if (prep != NULL) k_prepare(L, (size_t)(2 * t) * G, G, prep);
                 have = t;
             }
             int r = r0 + (r1 - r0) / 32 * 32;
-            amx_rows(L, t, G, A, k, P, r0, r, B, C, acc, y, ldy);
+            amx_rows(L, t, G, A, k, P, r0, r, B, C, acc, y, ldy, prep);
             for (; r < r1; r += MT)
                 tile_rows(r1 - r < MT ? r1 - r : MT, P, L, (size_t)(2 * t) * G, G, A->q, A->d, A->sx, A->x16, k, r,
-                          y + 32 * t, ldy);
+                          y + 32 * t, ldy, prep);
         }
         TILE_RELEASE();
-        free(B); free(C); free(acc);
+        free(B); free(C); free(acc); free(prep);
     }
     return fail ? -2 : 0;
 }
@@ -1078,7 +1118,7 @@ int q4_gemm_experts(const uint8_t *W, const uint16_t *S, const uint16_t *Z, floa
         size_t b0 = ((size_t)ex[r] * stride / 16 + 2 * (size_t)t) * G;
         for (int r0 = rs[r]; r0 < rs[r + 1]; r0 += MT)
             tile_rows(rs[r + 1] - r0 < MT ? rs[r + 1] - r0 : MT, P, &L, b0, G, A.q, A.d, A.sx, A.x16, k, r0,
-                      y + 32 * t, ldy);
+                      y + 32 * t, ldy, NULL);
     }
     free(A.q);
     return 0;
