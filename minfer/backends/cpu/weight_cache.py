@@ -42,7 +42,8 @@ from pathlib import Path
 
 import torch
 
-# 6: Q4_K / Q5_K with their own scales (vnni.py KM_TYPES); 5: the 5-/6-bit codes' high bits in byte planes; 4: 5-/6-bit VNNI codes, no zeros for the symmetric types;
+# 6: Q4_K / Q5_K with their own scales (vnni.py KM_TYPES); 5: the 5-/6-bit codes' high bits in byte planes;
+# 4: 5-/6-bit VNNI codes, no zeros for the symmetric types;
 # 3: the header last (2: first)
 LAYOUT_VERSION = 6
 MAGIC = b"MINFERWC"
