@@ -37,8 +37,11 @@ KINDS = {native.PS_NORM: "norm", native.PS_QUANT: "quant", native.PS_GEMM: "gemm
 
 
 def gemm_bytes(st) -> float:
-    """Packed weight bytes a GEMM step reads: the codes (bits a weight) and a scale (+ zero) per 32."""
-    return st.n * st.k * st.a0 / 8 + st.n * st.k / 32 * (4 if st.zz else 2)
+    """Packed weight bytes a GEMM step reads: the codes (bits a weight) and a float16 scale (+ zero) per 32, or
+    for the K types' own scales (KM layout) a byte of scale and one of min per 32 and a float16 d and dmin per 256."""
+    bits, km, w = st.a0 % vnni.KM_FLAG, st.a0 >= vnni.KM_FLAG, st.n * st.k
+    scales = w / 32 * 2 + w / 256 * 4 if km else w / 32 * (4 if st.zz else 2)
+    return w * bits / 8 + scales
 
 
 def profile(path: str, threads: int, tokens: int) -> None:
@@ -81,7 +84,7 @@ def profile(path: str, threads: int, tokens: int) -> None:
     by_kind: dict[str, list] = defaultdict(lambda: [0, 0.0, 0.0])
     for i, s in enumerate(steps):
         kind = KINDS[s.op]
-        key = f"gemm {s.n}x{s.k} ({s.a0}-bit)" if s.op == native.PS_GEMM else kind
+        key = f"gemm {s.n}x{s.k} ({s.a0 % vnni.KM_FLAG}-bit)" if s.op == native.PS_GEMM else kind
         e = by_kind[key]
         e[0] += 1
         e[1] += runs["steps"][i] / n * 1e6
