@@ -573,6 +573,13 @@ INL void k_scales(const uint8_t *SC, vf d, vf dm, int g, vf *s, vf *z) {
     *z = v_sub_ps(v_setzero_ps(), v_mul_ps(dm, v_u8_ps(SC + (size_t)g * 32 + 16)));
 }
 
+/* Group g's scales and zeros for one block stored as float16 (S, Z: the block's group 0; Z NULL: the zero
+ * is zm S, exactly the float16 a stored Z would hold, zm a power of two) */
+INL void f16_scales(const uint16_t *S, const uint16_t *Z, float zm, int g, vf *s, vf *z) {
+    *s = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S + (size_t)g * 16)));
+    *z = Z != NULL ? v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(Z + (size_t)g * 16))) : v_mul_ps(*s, v_set1_ps(zm));
+}
+
 /* the d and dmin of super-block g / 8 (D: the block's super-block 0) */
 INL void k_dmin(const uint16_t *D, int g, vf *d, vf *dm) {
     const uint16_t *dd = D + (size_t)(g / 8) * 32;
@@ -623,7 +630,7 @@ static inline __attribute__((always_inline)) void tile(int rows, int P, int BITS
             }
         }
 #endif
-        vf s0, s1, z0, z1;
+        vf s0, s1, z0, z1, s0h = v_setzero_ps(), s1h = s0h;  /* BITS 6: a half group's scale each (s, sh) */
         if (KSC == 1) {
             k_scales((const uint8_t *)S0, d0, dm0, g, &s0, &z0);
             k_scales((const uint8_t *)S1, d1, dm1, g, &s1, &z1);
@@ -632,23 +639,16 @@ static inline __attribute__((always_inline)) void tile(int rows, int P, int BITS
             s1 = v_loadu_ps((const float *)S1 + g * 16);
             z0 = v_loadu_ps((const float *)Z0 + g * 16);
             z1 = v_loadu_ps((const float *)Z1 + g * 16);
-        } else {
+        } else if (BITS == 6) {
             s0 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S0 + g * sw)));
             s1 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S1 + g * sw)));
-            z0 = s0;
-            z1 = s1;
-        }
-        vf s0h = s0, s1h = s1;
-        if (KSC) {  /* (the zeros made above) */
-        } else if (BITS == 6) {
             s0h = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S0 + g * sw + 16)));
             s1h = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S1 + g * sw + 16)));
-        } else if (Z0 != NULL) {
-            z0 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(Z0 + g * 16)));
-            z1 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(Z1 + g * 16)));
-        } else {  /* exactly the float16 zm S a stored Z would hold (zm a power of two) */
-            z0 = v_mul_ps(s0, v_set1_ps(zm));
-            z1 = v_mul_ps(s1, v_set1_ps(zm));
+            z0 = s0;  /* (unused: Q6_K's zero is applied in integers) */
+            z1 = s1;
+        } else {
+            f16_scales(S0, Z0, zm, g, &s0, &z0);
+            f16_scales(S1, Z1, zm, g, &s1, &z1);
         }
         for (int r = 0; r < MT; r++) {
             if (r >= rows) break;
@@ -948,7 +948,7 @@ static void amx_scale8(const layout *L, int t, int G, const acts *A, int P, int 
         a1[r] = v_loadu_ps(acc + 32 * (8 * s + r) + 16);
     }
     for (int g = g0; g < g1; g++) {
-        size_t b0 = (size_t)(2 * t) * G + g, b1 = b0 + G;
+        size_t b0 = (size_t)(2 * t) * G, b1 = b0 + G;  /* the pair's blocks' group 0 */
         vf s0, s1, z0, z1;
         if (L->km) {  /* (k_prepare's, made with the codes) */
             s0 = v_loadu_ps(prep + (size_t)g * 16);
@@ -956,16 +956,8 @@ static void amx_scale8(const layout *L, int t, int G, const acts *A, int P, int 
             z0 = v_loadu_ps(prep + ((size_t)2 * G + g) * 16);
             z1 = v_loadu_ps(prep + ((size_t)3 * G + g) * 16);
         } else {
-            s0 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(L->S + b0 * 16)));
-            s1 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(L->S + b1 * 16)));
-        }
-        if (L->km) {  /* (the zeros made above) */
-        } else if (L->Z != NULL) {
-            z0 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(L->Z + b0 * 16)));
-            z1 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(L->Z + b1 * 16)));
-        } else {
-            z0 = v_mul_ps(s0, v_set1_ps(L->zm));
-            z1 = v_mul_ps(s1, v_set1_ps(L->zm));
+            f16_scales(L->S + b0 * 16, L->Z != NULL ? L->Z + b0 * 16 : NULL, L->zm, g, &s0, &z0);
+            f16_scales(L->S + b1 * 16, L->Z != NULL ? L->Z + b1 * 16 : NULL, L->zm, g, &s1, &z1);
         }
         const int32_t *Cg = C + (size_t)(g - g0) * P * 1024;
         _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) {
@@ -1023,7 +1015,8 @@ static int amx_gemm(const layout *L, int NT, int G, const acts *A, int k, int m,
         int32_t *C = aligned_alloc(64, (size_t)2 * AMX_KS * P * 4096);
         float *acc = aligned_alloc(64, 4096);
         float *prep = L->km ? malloc(sizeof(float) * 64 * (size_t)G) : NULL;  /* the KM layout's scales (k_prepare) */
-        int mine = B == NULL || C == NULL || acc == NULL || (L->km && prep == NULL);  /* this thread's scratch is missing: its items fail */
+        /* this thread's scratch is missing: its items fail */
+        int mine = B == NULL || C == NULL || acc == NULL || (L->km && prep == NULL);
         if (mine) {
             #pragma omp atomic write
             fail = 1;
