@@ -103,11 +103,13 @@ def test_matmul_random_shapes():
 
 @needs_vnni
 @pytest.mark.parametrize("passes", [1, 2])
-def test_many_rows_in_blocks_give_each_row_its_own_numbers(passes):
+@pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.Q4_0], ids=lambda t: t.name)
+def test_many_rows_in_blocks_give_each_row_its_own_numbers(passes, qtype):
     """A prompt's rows run in blocks of 64 per work item (q4_vnni.c ROW_BLOCK): a row's result, with a bias
-    too, is the one it gets alone, in every block and at the edges (150 rows: blocks of 64, 64, 22)."""
-    raw = _weight(GGMLType.Q4_K, 64, 256, seed=3)
-    mm = cpu_vnni.Q4Vnni([(raw, GGMLType.Q4_K, 64, 256)])
+    too, is the one it gets alone, in every block and at the edges (150 rows: blocks of 64, 64, 22).
+    Q4_0 at one pass: each row's zero in integers from its own sums of q (tile()'s ZI)."""
+    raw = _weight(qtype, 64, 256, seed=3)
+    mm = cpu_vnni.Q4Vnni([(raw, qtype, 64, 256)])
     x = torch.randn(150, 256, generator=torch.Generator().manual_seed(4))
     y = mm(x, passes)
     for r in (0, 3, 63, 64, 100, 127, 128, 149):

@@ -23,7 +23,8 @@
  * q = round(x / d), d = max|x| / 127, and d * sum q per group for Z (so the result is exactly
  * the weights times the quantized activations: x's rounding is not multiplied by the codes'
  * offset). Then y[r, col] = sum_g (d[r,g] * S[col,g] * sum_t c q + Z[col,g] * d[r,g] sum_t q),
- * the groups in order.
+ * the groups in order; for a symmetric type at P = 1, sum_g d[r,g] * S[col,g] * sum_t (c + zm) q (the
+ * zero in the exact integer sums: tile()'s ZI).
  * Integer dot products are exact, and each output's float sum runs over the groups in one fixed
  * order whatever the row count or tiling: a row's result does not depend on the other rows.
  */
@@ -463,8 +464,8 @@ int q4_pack(const uint8_t *rows, int qtype, int n_rows, int k, int col0, uint8_t
  * and sx [k/32] = sum_p d_p sum q_p; x16 (unless NULL) [P][k/32][2] the sums of q over each half group
  * (the 6-bit codes' zeros). P = 1: x ~ d q. P = 2: the rounding error r = x - d q is
  * quantized again, x ~ d q + d' q' with d' = max|r| / 127 (~15 bits for the pair). */
-static void quantize_row(const void *x, int bf16, int k, int P, int8_t *q, float *d, float *sx, int *x16, int g0,
-                         int g1) {
+static void quantize_row(const void *x, int bf16, int k, int P, int8_t *q, float *d, float *sx, int *x16, int *zq,
+                         int zmi, int g0, int g1) {
     int G = k / 32;
     for (int g = g0; g < g1; g++) {
         vf a, b;
@@ -491,7 +492,9 @@ static void quantize_row(const void *x, int bf16, int k, int P, int8_t *q, float
             _mm_storeu_si128((__m128i *)qr, v_cvtsepi32_epi8(qa));
             _mm_storeu_si128((__m128i *)(qr + 16), v_cvtsepi32_epi8(qb));
             d[(size_t)pass * G + g] = dd;
-            total += dd * (float)v_reduce_add_epi32(v_add_epi32(qa, qb));
+            int sq = v_reduce_add_epi32(v_add_epi32(qa, qb));
+            total += dd * (float)sq;
+            if (zq != NULL) zq[g] = zmi * sq;  /* (P = 1) */
             if (x16 != NULL) {
                 int *h = x16 + ((size_t)pass * G + g) * 2;
                 h[0] = v_reduce_add_epi32(qa);
@@ -506,18 +509,19 @@ static void quantize_row(const void *x, int bf16, int k, int P, int8_t *q, float
 }
 
 /* quantize_row's groups g0 .. g1 - 1 of row r of x [m, k] (row stride ldx elements) into the m-row scratch
- * q, d, sx, x16 (each group on its own: any split of a row's groups gives the same bytes) */
+ * q, d, sx, x16, zq (each group on its own: any split of a row's groups gives the same bytes) */
 static inline void quantize_row_at(const void *x, int bf16, size_t ldx, int k, int P, int r, int8_t *q, float *d,
-                                   float *sx, int *x16, int g0, int g1) {
+                                   float *sx, int *x16, int *zq, int zmi, int g0, int g1) {
     int G = k / 32;
     const void *xr = bf16 ? (const void *)((const uint16_t *)x + (size_t)r * ldx) : (const void *)((const float *)x + (size_t)r * ldx);
     quantize_row(xr, bf16, k, P, q + (size_t)r * P * k, d + (size_t)r * P * G, sx + (size_t)r * G,
-                 x16 != NULL ? x16 + (size_t)r * P * G * 2 : NULL, g0, g1);
+                 x16 != NULL ? x16 + (size_t)r * P * G * 2 : NULL, zq != NULL ? zq + (size_t)r * G : NULL, zmi, g0, g1);
 }
 
-static void quantize_rows(const void *x, int bf16, int m, int k, int P, int8_t *q, float *d, float *sx, int *x16) {
+static void quantize_rows(const void *x, int bf16, int m, int k, int P, int8_t *q, float *d, float *sx, int *x16,
+                          int *zq, int zmi) {
     #pragma omp parallel for schedule(static) if (m >= 16)
-    for (int r = 0; r < m; r++) quantize_row_at(x, bf16, (size_t)k, k, P, r, q, d, sx, x16, 0, k / 32);
+    for (int r = 0; r < m; r++) quantize_row_at(x, bf16, (size_t)k, k, P, r, q, d, sx, x16, zq, zmi, 0, k / 32);
 }
 
 /* ---------------------------------------------------------------- the product */
@@ -592,11 +596,14 @@ INL void k_dmin(const uint16_t *D, int g, vf *d, vf *dm) {
  * their D (k_scales); 2, the same scales and zeros made once for the tile's rows (k_prepare), float32 [G][16]
  * each. Z0 / Z1 NULL: the zero is zm S (the symmetric types). BITS 6
  * (Q6_K): two scales a group (S0 [G][32]), the zero -32 S applied in integers: per pass and half
- * group, (sum c q) - 32 (sum q) with the halves' sums of q in X16. */
-static inline __attribute__((always_inline)) void tile(int rows, int P, int BITS, int LUT, int KSC, vi table,
-        const uint8_t *W0, const uint8_t *W1,
+ * group, (sum c q) - 32 (sum q) with the halves' sums of q in X16. ZI (P = 1, a symmetric type: Z NULL, zm an
+ * integer): that zero in integers too, each group's sums starting at the row's zm sum q (ZQ, [G] a row):
+ * sum (c + zm) q exactly, then one multiply-add a group and no float zero term. */
+static inline __attribute__((always_inline)) void tile(int rows, int P, int BITS, int LUT, int KSC, int ZI,
+        vi table, const uint8_t *W0, const uint8_t *W1,
         const uint16_t *S0, const uint16_t *S1, const uint16_t *Z0, const uint16_t *Z1, float zm, int G,
-        const int8_t *X, const float *dx, const float *sx, const int *X16, int k, float *Y, int ldy) {
+        const int8_t *X, const float *dx, const float *sx, const int *X16, const int *ZQ, int k, float *Y,
+        int ldy) {
     vf acc0[MT], acc1[MT];
     for (int r = 0; r < MT; r++) { acc0[r] = v_setzero_ps(); acc1[r] = v_setzero_ps(); }
     const size_t gb = group_bytes(BITS);
@@ -655,6 +662,10 @@ static inline __attribute__((always_inline)) void tile(int rows, int P, int BITS
             for (int pass = 0; pass < P; pass++) {
                 const int32_t *xq = (const int32_t *)(X + ((size_t)r * P + pass) * k + g * 32);
                 vi i0 = v_setzero_si512(), i1 = v_setzero_si512();
+                if (ZI) {  /* (a load each: no register copy) */
+                    i0 = v_set1_epi32(ZQ[(size_t)r * G + g]);
+                    i1 = v_set1_epi32(ZQ[(size_t)r * G + g]);
+                }
                 vi h0 = v_setzero_si512(), h1 = v_setzero_si512();  /* BITS 6: the second half's */
 #if DOT_SHIFT  /* AVX2 without VNNI */
                 if (BITS == 4 && !LUT) {
@@ -707,7 +718,7 @@ static inline __attribute__((always_inline)) void tile(int rows, int P, int BITS
                     acc1[r] = v_fmadd_ps(v_cvtepi32_ps(i1), v_mul_ps(s1, dv), acc1[r]);
                 }
             }
-            if (BITS != 6) {
+            if (BITS != 6 && !ZI) {
                 vf sv = v_set1_ps(sx[(size_t)r * G + g]);
                 acc0[r] = v_fmadd_ps(z0, sv, acc0[r]);
                 acc1[r] = v_fmadd_ps(z1, sv, acc1[r]);
@@ -751,7 +762,8 @@ static void k_prepare(const layout *L, size_t b0, int G, float *prep) {
  * 32 columns of tile pair b0 (the index of its first block's group 0) of layout L, into y + r0 * ldy:
  * tile() with its row count, passes and code width known at compile time (the registers unrolled). */
 static void tile_rows(int rows, int P, const layout *L, size_t b0, int G, const int8_t *q, const float *d,
-                      const float *sx, const int *x16, int k, int r0, float *y, int ldy, const float *prep) {
+                      const float *sx, const int *x16, const int *zq, int k, int r0, float *y, int ldy,
+                      const float *prep) {
     size_t gb = group_bytes(L->bits), sw = L->bits == 6 ? 32 : 16;
     const uint8_t *W0 = L->W + b0 * gb, *W1 = L->W + (b0 + G) * gb;
     const uint16_t *S0 = L->S + b0 * sw, *S1 = L->S + (b0 + G) * sw;
@@ -767,46 +779,59 @@ static void tile_rows(int rows, int P, const layout *L, size_t b0, int G, const 
     }
     vi table = L->table;
     float zm = L->zm;
-#define TILE(R, PP, BB, LU, KS) tile(R, PP, BB, LU, KS, table, W0, W1, S0, S1, Z0, Z1, zm, G, q + (size_t)r0 * PP * k, \
-                                 d + (size_t)r0 * PP * G, sx + (size_t)r0 * G, \
-                                 x16 != NULL ? x16 + (size_t)r0 * PP * G * 2 : NULL, k, y + (size_t)r0 * ldy, ldy)
-#define ROWS(PP, BB, LU, KS) switch (rows) {    \
-        case 4: TILE(4, PP, BB, LU, KS); break; \
-        case 3: TILE(3, PP, BB, LU, KS); break; \
-        case 2: TILE(2, PP, BB, LU, KS); break; \
-        default: TILE(1, PP, BB, LU, KS); break; \
+#define TILE(R, PP, BB, LU, KS, ZZ) tile(R, PP, BB, LU, KS, ZZ, table, W0, W1, S0, S1, Z0, Z1, zm, G, \
+                                 q + (size_t)r0 * PP * k, d + (size_t)r0 * PP * G, sx + (size_t)r0 * G, \
+                                 x16 != NULL ? x16 + (size_t)r0 * PP * G * 2 : NULL, \
+                                 ZZ ? zq + (size_t)r0 * G : NULL, k, y + (size_t)r0 * ldy, ldy)
+#define ROWS(PP, BB, LU, KS, ZZ) switch (rows) {    \
+        case 4: TILE(4, PP, BB, LU, KS, ZZ); break; \
+        case 3: TILE(3, PP, BB, LU, KS, ZZ); break; \
+        case 2: TILE(2, PP, BB, LU, KS, ZZ); break; \
+        default: TILE(1, PP, BB, LU, KS, ZZ); break; \
     }
-#define PASSES(BB, LU, KS) if (P == 1) { ROWS(1, BB, LU, KS) } else { ROWS(2, BB, LU, KS) }
+#define PASSES(BB, LU, KS) if (P == 1) { ROWS(1, BB, LU, KS, 0) } else { ROWS(2, BB, LU, KS, 0) }
+/* the symmetric types: their prompt rows (P = 1) with the zero in integers where the scratch has zq */
+#define PASSES_ZI(BB, LU) if (zq != NULL) { ROWS(1, BB, LU, 0, 1) } else { PASSES(BB, LU, 0) }
     switch (L->bits) {
         case 4:
-            if (L->lut != NULL) { PASSES(4, 1, 0) }
+            if (L->lut != NULL) { PASSES_ZI(4, 1) }
             else if (L->km && prep != NULL) { PASSES(4, 0, 2) }
             else if (L->km) { PASSES(4, 0, 1) }
+            else if (L->Z == NULL) { PASSES_ZI(4, 0) }
             else { PASSES(4, 0, 0) }
             break;
         case 5:
-            if (L->km && prep != NULL) { PASSES(5, 0, 2) } else if (L->km) { PASSES(5, 0, 1) } else { PASSES(5, 0, 0) }
+            if (L->km && prep != NULL) { PASSES(5, 0, 2) } else if (L->km) { PASSES(5, 0, 1) }
+            else if (L->Z == NULL) { PASSES_ZI(5, 0) } else { PASSES(5, 0, 0) }
             break;
         case 6: PASSES(6, 0, 0) break;
-        default: PASSES(8, 0, 0) break;
+        default: PASSES_ZI(8, 0) break;
     }
+#undef PASSES_ZI
 #undef PASSES
 #undef ROWS
 #undef TILE
 }
 
-/* the activations' scratch: q [m][P][k] int8, d [m][P][G], sx [m][G], x16 [m][P][G][2] (6-bit codes) */
-typedef struct { int8_t *q; float *d, *sx; int *x16; } acts;
+/* the activations' scratch: q [m][P][k] int8, d [m][P][G], sx [m][G], x16 [m][P][G][2] (6-bit codes), zq
+ * [m][G] (a symmetric type's P = 1: zm sum q, tile()'s ZI; else NULL) */
+typedef struct { int8_t *q; float *d, *sx; int *x16, *zq; } acts;
 
-static int quantize_acts(const void *x, int bf16, int m, int k, int P, int bits, acts *A) {
+/* zm of a layout whose prompt rows take their zero in integers (a symmetric type at one pass), else 0 */
+static int zero_int(const layout *L, int P) {
+    return P == 1 && L->Z == NULL && L->bits != 6 && !L->km ? (int)L->zm : 0;
+}
+
+static int quantize_acts(const void *x, int bf16, int m, int k, int P, int bits, int zmi, acts *A) {
     int G = k / 32;
-    size_t nq = ((size_t)m * P * k + 63) / 64 * 64;
-    A->q = malloc(nq + (size_t)m * G * (P + 1) * sizeof(float) + (bits == 6 ? (size_t)m * P * G * 2 * sizeof(int) : 0));
+    size_t nq = ((size_t)m * P * k + 63) / 64 * 64, n16 = bits == 6 ? (size_t)m * P * G * 2 : 0;
+    A->q = malloc(nq + (size_t)m * G * (P + 1) * sizeof(float) + (n16 + (zmi ? (size_t)m * G : 0)) * sizeof(int));
     if (A->q == NULL) return -2;
     A->d = (float *)(A->q + nq);
     A->sx = A->d + (size_t)m * P * G;
     A->x16 = bits == 6 ? (int *)(A->sx + (size_t)m * G) : NULL;
-    quantize_rows(x, bf16, m, k, P, A->q, A->d, A->sx, A->x16);
+    A->zq = zmi ? (int *)(A->sx + (size_t)m * G) + n16 : NULL;
+    quantize_rows(x, bf16, m, k, P, A->q, A->d, A->sx, A->x16, A->zq, zmi);
     return 0;
 }
 
@@ -844,7 +869,7 @@ static void gemm_tiles(const layout *L, int NT, int G, const acts *A, int k, int
             have = t;
         }
         for (int r0 = item % RB * ROW_BLOCK; r0 < r1; r0 += MT)
-            tile_rows(r1 - r0 < MT ? r1 - r0 : MT, P, L, (size_t)(2 * t) * G, G, A->q, A->d, A->sx, A->x16, k, r0,
+            tile_rows(r1 - r0 < MT ? r1 - r0 : MT, P, L, (size_t)(2 * t) * G, G, A->q, A->d, A->sx, A->x16, A->zq, k, r0,
                       y + 32 * t, ldy, prep);
         if (bias != NULL)
             for (int r = item % RB * ROW_BLOCK; r < r1; r++)
@@ -888,13 +913,17 @@ static void emu_load(int t, const void *p, size_t stride) {
 static void emu_store(int t, void *p, size_t stride) {
     for (int r = 0; r < et[t].rows; r++) memcpy((uint8_t *)p + r * stride, et[t].d[r], et[t].colsb);
 }
-static void emu_dpbsud(int c, int a, int b) {  /* c[m][n] += sum_k a[m][k] (signed) b[k / 4][4 n + k % 4] (unsigned) */
+/* c[m][n] += sum_k a[m][k] (signed) b[k / 4][4 n + k % 4] (unsigned; signed where sb: TDPBSSD) */
+static void emu_dpbs(int c, int a, int b, int sb) {
     for (int m = 0; m < et[c].rows; m++)
         for (int n = 0; n < et[c].colsb / 4; n++) {
             int32_t v;
             memcpy(&v, et[c].d[m] + 4 * n, 4);
             for (int q = 0; q < et[a].colsb / 4; q++)
-                for (int i = 0; i < 4; i++) v += (int8_t)et[a].d[m][4 * q + i] * (int32_t)et[b].d[q][4 * n + i];
+                for (int i = 0; i < 4; i++) {
+                    uint8_t w = et[b].d[q][4 * n + i];
+                    v += (int8_t)et[a].d[m][4 * q + i] * (sb ? (int32_t)(int8_t)w : (int32_t)w);
+                }
             memcpy(et[c].d[m] + 4 * n, &v, 4);
         }
 }
@@ -902,7 +931,8 @@ static void emu_dpbsud(int c, int a, int b) {  /* c[m][n] += sum_k a[m][k] (sign
 #define TILE_LOAD(t, p, s) emu_load(t, p, s)
 #define TILE_STORE(t, p, s) emu_store(t, p, s)
 #define TILE_ZERO(t) memset(et[t].d, 0, sizeof et[t].d)
-#define TILE_DPBSUD(c, a, b) emu_dpbsud(c, a, b)
+#define TILE_DPBSUD(c, a, b) emu_dpbs(c, a, b, 0)
+#define TILE_DPBSSD(c, a, b) emu_dpbs(c, a, b, 1)
 #define TILE_RELEASE() ((void)0)
 int amx_init(void) { return amx_ready = 1; }
 #else
@@ -911,6 +941,7 @@ int amx_init(void) { return amx_ready = 1; }
 #define TILE_STORE(t, p, s) _tile_stored(t, p, s)
 #define TILE_ZERO(t) _tile_zero(t)
 #define TILE_DPBSUD(c, a, b) _tile_dpbsud(c, a, b)
+#define TILE_DPBSSD(c, a, b) _tile_dpbssd(c, a, b)
 #define TILE_RELEASE() _tile_release()
 /* 1 when the kernel grants this process the tile data state (Linux >= 5.16, a CPU with AMX), else 0:
  * then vnni.py does not use this build */
@@ -921,7 +952,9 @@ int amx_init(void) {
 #endif
 
 /* The tile unit's part: groups [g0, g1) of the 32 rows from r0 x tile pair t's 32 columns (B: the pair's codes
- * unpacked, [2][G][512] bytes) into C, group g's [P][4][16][16] int32 sums at C + (g - gbase) P 1024 */
+ * unpacked, [2][G][512] bytes) into C, group g's [P][4][16][16] int32 sums at C + (g - gbase) P 1024. With
+ * A's zq (tile()'s ZI) B holds the codes plus zm as signed bytes, and the sums are sum (c + zm) q (TDPBSSD):
+ * the integers the vector tile makes, its zero included. */
 static void amx_sums(const acts *A, int k, int P, int G, int r0, const uint8_t *B, int gbase, int g0, int g1,
                      int32_t *C) {
     for (int g = g0; g < g1; g++)
@@ -931,7 +964,11 @@ static void amx_sums(const acts *A, int k, int P, int G, int r0, const uint8_t *
             TILE_LOAD(5, A->q + ((size_t)(r0 + 16) * P + pass) * k + g * 32, (size_t)P * k);
             TILE_LOAD(6, B + (size_t)g * 512, 64);
             TILE_LOAD(7, B + (size_t)(G + g) * 512, 64);
-            TILE_DPBSUD(0, 4, 6); TILE_DPBSUD(1, 4, 7); TILE_DPBSUD(2, 5, 6); TILE_DPBSUD(3, 5, 7);
+            if (A->zq != NULL) {
+                TILE_DPBSSD(0, 4, 6); TILE_DPBSSD(1, 4, 7); TILE_DPBSSD(2, 5, 6); TILE_DPBSSD(3, 5, 7);
+            } else {
+                TILE_DPBSUD(0, 4, 6); TILE_DPBSUD(1, 4, 7); TILE_DPBSUD(2, 5, 6); TILE_DPBSUD(3, 5, 7);
+            }
             int32_t *c = C + ((size_t)(g - gbase) * P + pass) * 1024;
             TILE_STORE(0, c, 64); TILE_STORE(1, c + 256, 64); TILE_STORE(2, c + 512, 64); TILE_STORE(3, c + 768, 64);
         }
@@ -969,9 +1006,11 @@ static void amx_scale8(const layout *L, int t, int G, const acts *A, int P, int 
                 a0[r] = v_fmadd_ps(v_cvtepi32_ps(_mm512_loadu_si512(cr)), v_mul_ps(s0, dv), a0[r]);
                 a1[r] = v_fmadd_ps(v_cvtepi32_ps(_mm512_loadu_si512(cr + 256)), v_mul_ps(s1, dv), a1[r]);
             }
-            vf sv = v_set1_ps(A->sx[row * G + g]);
-            a0[r] = v_fmadd_ps(z0, sv, a0[r]);
-            a1[r] = v_fmadd_ps(z1, sv, a1[r]);
+            if (A->zq == NULL) {  /* (with zq the zero is in the sums) */
+                vf sv = v_set1_ps(A->sx[row * G + g]);
+                a0[r] = v_fmadd_ps(z0, sv, a0[r]);
+                a1[r] = v_fmadd_ps(z1, sv, a1[r]);
+            }
         }
     }
     _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) {
@@ -1044,6 +1083,8 @@ static int amx_gemm(const layout *L, int NT, int G, const acts *A, int k, int m,
                             case 16: unpack_block(8, 0, L->table, p, a); break;
                             default: unpack_block(4, 0, L->table, p, a); break;
                         }
+                        if (A->zq != NULL)  /* (c + zm: in -128..127, signed bytes) */
+                            for (int c = 0; c < 8; c++) a[c] = _mm512_add_epi8(a[c], _mm512_set1_epi8((char)L->zm));
                         for (int c = 0; c < 8; c++) _mm512_storeu_si512(B + ((size_t)h * G + g) * 512 + 64 * c, a[c]);
                     }
                 if (prep != NULL) k_prepare(L, (size_t)(2 * t) * G, G, prep);
@@ -1052,7 +1093,7 @@ static int amx_gemm(const layout *L, int NT, int G, const acts *A, int k, int m,
             int r = r0 + (r1 - r0) / 32 * 32;
             amx_rows(L, t, G, A, k, P, r0, r, B, C, acc, y, ldy, prep);
             for (; r < r1; r += MT)
-                tile_rows(r1 - r < MT ? r1 - r : MT, P, L, (size_t)(2 * t) * G, G, A->q, A->d, A->sx, A->x16, k, r,
+                tile_rows(r1 - r < MT ? r1 - r : MT, P, L, (size_t)(2 * t) * G, G, A->q, A->d, A->sx, A->x16, A->zq, k, r,
                           y + 32 * t, ldy, prep);
         }
         TILE_RELEASE();
@@ -1071,7 +1112,7 @@ int q4_gemm(const uint8_t *W, const uint16_t *S, const uint16_t *Z, float zm, in
     if (!layout_ok(P, bits, lut, Z, zm) || m < 1 || n < 32 || n % 32 || k < 32 || k % 32 || ldy < n) return -1;
     layout L = make_layout(W, S, Z, zm, bits, lut);
     acts A;
-    if (quantize_acts(x, bf16, m, k, P, bits % KM_FLAG, &A)) return -2;
+    if (quantize_acts(x, bf16, m, k, P, bits % KM_FLAG, zero_int(&L, P), &A)) return -2;
 #if defined(MINFER_AMX) && !defined(MINFER_AVX2)
     if (amx_ready && m >= 32 && bits % KM_FLAG != 6) {  /* (Q6_K's two scales a group stay on the vector tile) */
         int rc = amx_gemm(&L, NT, G, &A, k, m, P, y, ldy);
@@ -1104,13 +1145,13 @@ int q4_gemm_experts(const uint8_t *W, const uint16_t *S, const uint16_t *Z, floa
         if (ex[r] < 0 || ex[r] >= n_expert || rs[r + 1] <= rs[r]) return -1;
     layout L = make_layout(W, S, Z, zm, bits, lut);
     acts A;
-    if (quantize_acts(x, bf16, m, k, P, bits % KM_FLAG, &A)) return -2;
+    if (quantize_acts(x, bf16, m, k, P, bits % KM_FLAG, zero_int(&L, P), &A)) return -2;
     #pragma omp parallel for schedule(dynamic, 1)
     for (int item = 0; item < runs * NT; item++) {
         int r = item / NT, t = item % NT;
         size_t b0 = ((size_t)ex[r] * stride / 16 + 2 * (size_t)t) * G;
         for (int r0 = rs[r]; r0 < rs[r + 1]; r0 += MT)
-            tile_rows(rs[r + 1] - r0 < MT ? rs[r + 1] - r0 : MT, P, &L, b0, G, A.q, A.d, A.sx, A.x16, k, r0,
+            tile_rows(rs[r + 1] - r0 < MT ? rs[r + 1] - r0 : MT, P, &L, b0, G, A.q, A.d, A.sx, A.x16, A.zq, k, r0,
                       y + 32 * t, ldy, NULL);
     }
     free(A.q);
@@ -1588,7 +1629,7 @@ static void pstep_run(const pstep *p, int B, const int *slots, const int *pos, c
         for (int rp = 0; rp < B * parts; rp++) {
             int r = rp / parts, g0 = rp % parts * 8, g1 = g0 + 8 < G ? g0 + 8 : G;
             quantize_row_at(p->x, 0, (size_t)p->ldx, p->k, p->a0, r, (int8_t *)p->y, (float *)p->aux0,
-                            (float *)p->aux1, (int *)p->z, g0, g1);
+                            (float *)p->aux1, (int *)p->z, NULL, 0, g0, g1);
         }
         break;
     }
@@ -1596,7 +1637,7 @@ static void pstep_run(const pstep *p, int B, const int *slots, const int *pos, c
                       * W, S, Z: w, s, zz; zm f0; bits a0; passes a1; lut */
         layout L = make_layout((const uint8_t *)p->w, (const uint16_t *)p->s, (const uint16_t *)p->zz, p->f0, p->a0,
                                (const uint8_t *)p->lut);
-        acts A = {(int8_t *)p->x, (float *)p->aux0, (float *)p->aux1, (int *)p->z};
+        acts A = {(int8_t *)p->x, (float *)p->aux0, (float *)p->aux1, (int *)p->z, NULL};
         gemm_tiles(&L, p->n / 32, p->k / 32, &A, p->k, B, p->a1, (float *)p->y, p->ldy, (const float *)p->b);
         break;
     }
@@ -1641,7 +1682,7 @@ static void pstep_run(const pstep *p, int B, const int *slots, const int *pos, c
             glu_span(p->a3, (const float *)p->x + (size_t)r * p->ldx, (const float *)p->z + (size_t)r * p->ldz,
                      (float *)p->y + (size_t)r * p->ldy, 32 * g0, 32 * g1);
             quantize_row_at(p->y, 0, (size_t)p->ldy, p->n, p->a0, r, (int8_t *)p->zz, (float *)p->aux0,
-                            (float *)p->aux1, (int *)p->b, g0, g1);
+                            (float *)p->aux1, (int *)p->b, NULL, 0, g0, g1);
         }
         break;
     }
@@ -1664,7 +1705,7 @@ static void pstep_run(const pstep *p, int B, const int *slots, const int *pos, c
             }
             if (p->a1 & 4)
                 quantize_row_at(src, 0, ld, p->n, p->a0, r, (int8_t *)p->zz, (float *)p->aux0, (float *)p->aux1,
-                                (int *)p->b, 0, p->n / 32);
+                                (int *)p->b, NULL, 0, 0, p->n / 32);
         }
         break;
     case PS_ADD:  /* y = x + z, n wide */
