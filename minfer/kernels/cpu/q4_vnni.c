@@ -161,18 +161,17 @@ INL vi v_dot_s8(vi acc, vi a, vi x) {  /* signed a x signed x (|x| <= 127): |a| 
     return vi_of(dot8(acc.lo, _mm256_abs_epi8(a.lo), _mm256_sign_epi8(x.lo, a.lo)),
                  dot8(acc.hi, _mm256_abs_epi8(a.hi), _mm256_sign_epi8(x.hi, a.hi)));
 }
-/* `i` + the 4-k dot products of the n registers a[j0 ..] (codes 0..c) with xq[j0 ..]: vpmaddubsw's
- * pair sums (|.| <= 2 c 127) added in int16, exact while n 2 c 127 < 32768 (4-bit codes: 8 registers,
- * 30480; 5-bit: 4, 31496; 6-bit: 2, 32004), then one vpmaddwd */
-INL vi v_dot_run(vi i, const vi *a, const int32_t *xq, int j0, int n) {
-    __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
-    for (int j = j0; j < j0 + n; j++) {
-        __m256i xb = _mm256_set1_epi32(xq[j]);
-        lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(a[j].lo, xb));
-        hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(a[j].hi, xb));
-    }
+/* The 4-k dot products of registers of codes 0..c with x, as vpmaddubsw's pair sums (|.| <= 2 c 127) added
+ * in int16 (t), exact over n registers while n 2 c 127 < 32768 (4-bit codes: 8 registers, 30480; 5-bit: 4,
+ * 31496; 6-bit: 2, 32004: DOT16_RUN), then added to the int32 sums i by one vpmaddwd (v_flush16) */
+#define DOT16_RUN(BITS) ((BITS) == 4 ? 8 : (BITS) == 5 ? 4 : 2)
+INL vi v_dot16(vi t, vi a, vi x) {
+    return vi_of(_mm256_add_epi16(t.lo, _mm256_maddubs_epi16(a.lo, x.lo)),
+                 _mm256_add_epi16(t.hi, _mm256_maddubs_epi16(a.hi, x.hi)));
+}
+INL vi v_flush16(vi i, vi t) {
     const __m256i one = _mm256_set1_epi16(1);
-    return vi_of(_mm256_add_epi32(i.lo, _mm256_madd_epi16(lo, one)), _mm256_add_epi32(i.hi, _mm256_madd_epi16(hi, one)));
+    return vi_of(_mm256_add_epi32(i.lo, _mm256_madd_epi16(t.lo, one)), _mm256_add_epi32(i.hi, _mm256_madd_epi16(t.hi, one)));
 }
 INL int group_sum(const int8_t *x) {  /* the 32 bytes' sum */
     __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_loadu_si256((const __m256i *)x)),
@@ -526,8 +525,23 @@ static void quantize_rows(const void *x, int bf16, int m, int k, int P, int8_t *
 
 /* ---------------------------------------------------------------- the product */
 
+/* A tile's two forms (tile()): PAIRS, a pair of code registers a block unpacked at a time for every row, the
+ * rows' integer sums in registers (prompt rows, AVX-512: the unpacking shared by 6 rows, 4 of Q6_K's two sums
+ * a block); else a group's codes unpacked at once, then the rows one at a time (decode rows: the weights
+ * streamed from memory; and every AVX2 tile: its 16 registers hold no more, and the pair form ran slower
+ * there: bench/NOTES.md stop 45). ROWS_CAP: the most rows of a tile; MT: the largest. */
+#ifdef MINFER_AVX2
+#define PAIRS(P, BITS) 0
+#define PAIRS_MT 1
+#define ROWS_CAP(P, BITS) 4
 #define MT 4
-#define ROW_BLOCK 64  /* rows of one work item of a many-row product (a multiple of MT) */
+#else
+#define PAIRS(P, BITS) ((P) == 1)
+#define PAIRS_MT 6
+#define ROWS_CAP(P, BITS) ((P) == 1 ? ((BITS) == 6 ? 4 : 6) : 4)
+#define MT 6
+#endif
+#define ROW_BLOCK 60  /* rows of one work item of a many-row product (a multiple of MT) */
 
 /* How far ahead (bytes) a tile's codes and scales are prefetched (0: not at all). A decode GEMM streams its
  * weights from DRAM once; one core's hardware prefetchers kept ~10 GB/s of it (2-core EPYC, one thread,
@@ -542,31 +556,37 @@ static inline size_t group_bytes(int bits) { return bits == 8 ? 512 : bits == 6 
 /* The codes of one block of 16 columns and group of 32 (p: its bytes) as vpdpbusd's 8 registers: a[j]
  * lane c holds column c's codes for k = 4 j .. 4 j + 3 (unsigned bytes). BITS: 4 (LUT: the codes index
  * `table`, its 16 bytes in every 128-bit lane), 5 and 6 (the 4-bit layout + the high bits' byte planes),
- * 8 (as stored). */
-INL void unpack_block(int BITS, int LUT, vi table, const uint8_t *p, vi *a) {
+ * 8 (as stored). unpack_pair: registers 2 c and 2 c + 1 of them (k = 8 c .. 8 c + 7) into a[0], a[1]. */
+INL void unpack_pair(int BITS, int LUT, vi table, const uint8_t *p, int c, vi *a) {
     if (BITS == 8) {
-        for (int c = 0; c < 8; c++) a[c] = v_loadu_si512(p + 64 * c);
+        a[0] = v_loadu_si512(p + 128 * c);
+        a[1] = v_loadu_si512(p + 128 * c + 64);
         return;
     }
     const vi mask = v_set1_epi8(0x0F);
-    for (int c = 0; c < 4; c++) {
-        vi r = v_loadu_si512(p + 64 * c);
-        a[2 * c] = v_and_si512(r, mask);
-        a[2 * c + 1] = v_and_si512(v_srli_epi16(r, 4), mask);
+    vi r = v_loadu_si512(p + 64 * c);
+    a[0] = v_and_si512(r, mask);
+    a[1] = v_and_si512(v_srli_epi16(r, 4), mask);
+    if (LUT) {
+        a[0] = v_shuffle_epi8(table, a[0]);
+        a[1] = v_shuffle_epi8(table, a[1]);
     }
-    if (LUT)
-        for (int c = 0; c < 8; c++) a[c] = v_shuffle_epi8(table, a[c]);
-    if (BITS == 5) {  /* bit 4 of register c's codes: bit c of the plane's bytes */
+    if (BITS == 5) {  /* bit 4 of register j's codes: bit j of the plane's bytes */
         const vi m = v_set1_epi8(0x10);
         vi h = v_loadu_si512(p + 256);
-        for (int c = 0; c < 8; c++) a[c] = v_hi_into(a[c], h, 4 - c, m);
-    } else if (BITS == 6) {  /* bits 4-5 of register c's codes: bits 2 (c % 4), + 1 of plane c / 4 */
+        a[0] = v_hi_into(a[0], h, 4 - 2 * c, m);
+        a[1] = v_hi_into(a[1], h, 3 - 2 * c, m);
+    } else if (BITS == 6) {  /* bits 4-5 of register j's codes: bits 2 (j % 4), + 1 of plane j / 4 */
         const vi m = v_set1_epi8(0x30);
-        for (int q = 0; q < 2; q++) {
-            vi h = v_loadu_si512(p + 256 + 64 * q);
-            for (int c = 0; c < 4; c++) a[4 * q + c] = v_hi_into(a[4 * q + c], h, 4 - 2 * c, m);
-        }
+        vi h = v_loadu_si512(p + 256 + 64 * (c / 2));
+        a[0] = v_hi_into(a[0], h, 4 - 2 * (2 * c % 4), m);
+        a[1] = v_hi_into(a[1], h, 4 - 2 * ((2 * c + 1) % 4), m);
     }
+}
+
+INL void unpack_block(int BITS, int LUT, vi table, const uint8_t *p, vi *a) {
+    _Pragma("GCC unroll 4")  /* (constant shifts in v_hi_into) */
+    for (int c = 0; c < 4; c++) unpack_pair(BITS, LUT, table, p, c, a + 2 * c);
 }
 
 /* Group g's scales and zeros for one block in the KM layout (put_kscales'): S = d sc, Z = -(dmin m) per
@@ -591,26 +611,127 @@ INL void k_dmin(const uint16_t *D, int g, vf *d, vf *dm) {
     *dm = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(dd + 16)));
 }
 
-/* rows (<= MT) x 32 columns; X: the rows' quantized activations, P passes of k bytes per row.
+/* One row's and pass's exact sums for code registers 2 c and 2 c + 1 of blocks 0 and 1 (a, b: unpack_pair's):
+ * into i0 / i1 (BITS 6: registers 4-7 into h0 / h1, the second half group's); AVX2 without VNNI through the
+ * 16-bit running sums t0 / t1, flushed at their bound (and the signed codes of BITS 8 and LUT: v_dot_s8). */
+INL void pair_dots(int BITS, int LUT, int c, const vi *a, const vi *b, const int32_t *xq, vi *i0, vi *i1,
+                   vi *h0, vi *h1, vi *t0, vi *t1) {
+    _Pragma("GCC unroll 2")
+    for (int e = 0; e < 2; e++) {
+        int j = 2 * c + e;
+        vi xb = v_set1_epi32(xq[j]);
+#if DOT_SHIFT  /* AVX2 without VNNI */
+        if (BITS == 8 || LUT) {
+            *i0 = v_dot_s8(*i0, a[e], xb);
+            *i1 = v_dot_s8(*i1, b[e], xb);
+        } else {
+            *t0 = v_dot16(*t0, a[e], xb);
+            *t1 = v_dot16(*t1, b[e], xb);
+        }
+        (void)h0; (void)h1;
+#else
+        (void)t0; (void)t1; (void)LUT;
+        if (BITS == 6 && j >= 4) {
+            *h0 = v_dot_u8(*h0, a[e], xb);
+            *h1 = v_dot_u8(*h1, b[e], xb);
+        } else {
+            *i0 = v_dot_u8(*i0, a[e], xb);
+            *i1 = v_dot_u8(*i1, b[e], xb);
+        }
+#endif
+    }
+#if DOT_SHIFT
+    if (!(BITS == 8 || LUT) && (2 * c + 2) % DOT16_RUN(BITS) == 0) {  /* the 16-bit sums' bound */
+        if (BITS == 6 && c >= 2) {
+            *h0 = v_flush16(*h0, *t0);
+            *h1 = v_flush16(*h1, *t1);
+        } else {
+            *i0 = v_flush16(*i0, *t0);
+            *i1 = v_flush16(*i1, *t1);
+        }
+        *t0 = *t1 = v_setzero_si512();
+    }
+#endif
+}
+
+/* tile()'s steps over its locals: the group's scales and zeros (GROUP_SCALES), the 128 sum q of the AVX2
+ * build's signed codes (SHIFTED_SUMS), a pass's exact sums of row r into its float sums A (FOLD_PASS: I,
+ * blocks 0 and 1; H, BITS 6's second halves), then (after the passes) the zero term (FOLD_ZERO) */
+#define GROUP_SCALES() \
+        if (KSC == 1) { \
+            k_scales((const uint8_t *)S0, d0, dm0, g, &s0, &z0); \
+            k_scales((const uint8_t *)S1, d1, dm1, g, &s1, &z1); \
+        } else if (KSC == 2) { \
+            s0 = v_loadu_ps((const float *)S0 + g * 16); \
+            s1 = v_loadu_ps((const float *)S1 + g * 16); \
+            z0 = v_loadu_ps((const float *)Z0 + g * 16); \
+            z1 = v_loadu_ps((const float *)Z1 + g * 16); \
+        } else if (BITS == 6) { \
+            s0 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S0 + g * sw))); \
+            s1 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S1 + g * sw))); \
+            s0h = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S0 + g * sw + 16))); \
+            s1h = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S1 + g * sw + 16))); \
+            z0 = s0;  /* (unused: Q6_K's zero is applied in integers) */ \
+            z1 = s1; \
+        } else { \
+            f16_scales(S0, Z0, zm, g, &s0, &z0); \
+            f16_scales(S1, Z1, zm, g, &s1, &z1); \
+        }
+#if DOT_SHIFT
+#define SHIFTED_SUMS(r, pass, I0, I1) if (BITS == 8 || LUT) {  /* sum (c - 128) q + 128 sum q */           \
+            vi cq = v_set1_epi32(128 * group_sum(X + ((size_t)(r) * P + (pass)) * k + g * 32));          \
+            I0 = v_add_epi32(I0, cq);                                                                     \
+            I1 = v_add_epi32(I1, cq);                                                                     \
+        }
+#else
+#define SHIFTED_SUMS(r, pass, I0, I1)
+#endif
+#define FOLD_PASS(A0, A1, r, pass, I0, I1, H0, H1) {                                                                                  \
+            vf dv = v_set1_ps(dx[((size_t)(r) * P + (pass)) * G + g]);                                       \
+            if (BITS == 6) {  /* sum (c - 32) q per half group, exact in integers */                         \
+                const int *qs = X16 + (((size_t)(r) * P + (pass)) * G + g) * 2;                              \
+                vi z = v_set1_epi32(32 * qs[0]), zh = v_set1_epi32(32 * qs[1]);                              \
+                A0[r] = v_fmadd_ps(v_cvtepi32_ps(v_sub_epi32(I0, z)), v_mul_ps(s0, dv), A0[r]);  \
+                A1[r] = v_fmadd_ps(v_cvtepi32_ps(v_sub_epi32(I1, z)), v_mul_ps(s1, dv), A1[r]);  \
+                A0[r] = v_fmadd_ps(v_cvtepi32_ps(v_sub_epi32(H0, zh)), v_mul_ps(s0h, dv), A0[r]); \
+                A1[r] = v_fmadd_ps(v_cvtepi32_ps(v_sub_epi32(H1, zh)), v_mul_ps(s1h, dv), A1[r]); \
+            } else {                                                                                          \
+                A0[r] = v_fmadd_ps(v_cvtepi32_ps(I0), v_mul_ps(s0, dv), A0[r]);                 \
+                A1[r] = v_fmadd_ps(v_cvtepi32_ps(I1), v_mul_ps(s1, dv), A1[r]);                 \
+            }                                                                                                 \
+        }
+#define FOLD_ZERO(A0, A1, r) if (BITS != 6 && !ZI) {                                                                  \
+            vf sv = v_set1_ps(sx[(size_t)(r) * G + g]);                                                      \
+            A0[r] = v_fmadd_ps(z0, sv, A0[r]);                                                           \
+            A1[r] = v_fmadd_ps(z1, sv, A1[r]);                                                           \
+        }
+
+/* rows (<= ROWS_CAP(P, BITS)) x 32 columns; X: the rows' quantized activations, P passes of k bytes per row.
  * BITS and LUT: unpack_block's. KSC (the KM layout, 4- and 5-bit): 1, S0 / S1 the blocks' SC bytes, Z0 / Z1
  * their D (k_scales); 2, the same scales and zeros made once for the tile's rows (k_prepare), float32 [G][16]
  * each. Z0 / Z1 NULL: the zero is zm S (the symmetric types). BITS 6
  * (Q6_K): two scales a group (S0 [G][32]), the zero -32 S applied in integers: per pass and half
  * group, (sum c q) - 32 (sum q) with the halves' sums of q in X16. ZI (P = 1, a symmetric type: Z NULL, zm an
  * integer): that zero in integers too, each group's sums starting at the row's zm sum q (ZQ, [G] a row):
- * sum (c + zm) q exactly, then one multiply-add a group and no float zero term. */
+ * sum (c + zm) q exactly, then one multiply-add a group and no float zero term.
+ * The integer sums in one of two forms (PAIRS, above): a pair of code registers at a time for every row, or
+ * the group's codes at once and then the rows one by one. Either way each output's sums and float operations
+ * are the same, in the same order: a row's result does not depend on the tile's other rows. */
 static inline __attribute__((always_inline)) void tile(int rows, int P, int BITS, int LUT, int KSC, int ZI,
         vi table, const uint8_t *W0, const uint8_t *W1,
         const uint16_t *S0, const uint16_t *S1, const uint16_t *Z0, const uint16_t *Z1, float zm, int G,
         const int8_t *X, const float *dx, const float *sx, const int *X16, const int *ZQ, int k, float *Y,
         int ldy) {
-    vf acc0[MT], acc1[MT];
-    for (int r = 0; r < MT; r++) { acc0[r] = v_setzero_ps(); acc1[r] = v_setzero_ps(); }
+    vf acc0[MT], acc1[MT], pac0[PAIRS_MT], pac1[PAIRS_MT];  /* the rows' float sums (the PAIRS form's: pac) */
+    _Pragma("GCC unroll 8")
+    for (int r = 0; r < rows; r++) {
+        if (PAIRS(P, BITS)) pac0[r] = pac1[r] = v_setzero_ps();
+        else acc0[r] = acc1[r] = v_setzero_ps();
+    }
     const size_t gb = group_bytes(BITS);
     const int sw = BITS == 6 ? 32 : 16;  /* scales per block and group */
     vf d0 = v_setzero_ps(), dm0 = d0, d1 = d0, dm1 = d0;  /* KSC: the super-block's d and dmin */
     for (int g = 0; g < G; g++) {
-        vi a[8], b[8];
         if (KSC == 1 && g % 8 == 0) {
             k_dmin(Z0, g, &d0, &dm0);
             k_dmin(Z1, g, &d1, &dm1);
@@ -626,111 +747,85 @@ static inline __attribute__((always_inline)) void tile(int rows, int P, int BITS
             _mm_prefetch((const char *)(S1 + g * sw + W_AHEAD / 8), _MM_HINT_T0);
         }
 #endif
-        unpack_block(BITS, LUT, table, p0, a);
-        unpack_block(BITS, LUT, table, p1, b);
+        /* the group's scales and zeros (BITS 6: a half group's scale each, s and sh), made where the sums need
+         * them (GROUP_SCALES) */
+        vf s0 = v_setzero_ps(), s1 = s0, z0 = s0, z1 = s0, s0h = s0, s1h = s0;
 #if DOT_SHIFT
-        if (BITS == 8 || LUT) {  /* codes 0..255 as signed bytes code - 128 (v_dot_s8) */
-            const vi top = v_set1_epi8((char)0x80);
-            for (int c = 0; c < 8; c++) {
-                a[c] = v_xor_si512(a[c], top);
-                b[c] = v_xor_si512(b[c], top);
-            }
-        }
+        const vi top = v_set1_epi8((char)0x80);  /* BITS 8 and LUT: codes 0..255 as signed bytes code - 128 */
 #endif
-        vf s0, s1, z0, z1, s0h = v_setzero_ps(), s1h = s0h;  /* BITS 6: a half group's scale each (s, sh) */
-        if (KSC == 1) {
-            k_scales((const uint8_t *)S0, d0, dm0, g, &s0, &z0);
-            k_scales((const uint8_t *)S1, d1, dm1, g, &s1, &z1);
-        } else if (KSC == 2) {
-            s0 = v_loadu_ps((const float *)S0 + g * 16);
-            s1 = v_loadu_ps((const float *)S1 + g * 16);
-            z0 = v_loadu_ps((const float *)Z0 + g * 16);
-            z1 = v_loadu_ps((const float *)Z1 + g * 16);
-        } else if (BITS == 6) {
-            s0 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S0 + g * sw)));
-            s1 = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S1 + g * sw)));
-            s0h = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S0 + g * sw + 16)));
-            s1h = v_cvtph_ps(_mm256_loadu_si256((const __m256i *)(S1 + g * sw + 16)));
-            z0 = s0;  /* (unused: Q6_K's zero is applied in integers) */
-            z1 = s1;
+        if (PAIRS(P, BITS)) {
+            /* each row's exact sums of the group: i (BITS 6: h, the second half's) for blocks 0 and 1 (AVX2
+             * without VNNI: t, their 16-bit running sums) */
+            vi i0[PAIRS_MT], i1[PAIRS_MT], h0[PAIRS_MT], h1[PAIRS_MT], t0[PAIRS_MT], t1[PAIRS_MT];
+            _Pragma("GCC unroll 8")
+            for (int r = 0; r < rows; r++) {
+                i0[r] = i1[r] = ZI ? v_set1_epi32(ZQ[(size_t)r * G + g]) : v_setzero_si512();
+                h0[r] = h1[r] = t0[r] = t1[r] = v_setzero_si512();
+            }
+            _Pragma("GCC unroll 4")
+            for (int c = 0; c < 4; c++) {
+                vi a[2], b[2];
+                unpack_pair(BITS, LUT, table, p0, c, a);
+                unpack_pair(BITS, LUT, table, p1, c, b);
+#if DOT_SHIFT
+                if (BITS == 8 || LUT)
+                    for (int e = 0; e < 2; e++) {
+                        a[e] = v_xor_si512(a[e], top);
+                        b[e] = v_xor_si512(b[e], top);
+                    }
+#endif
+                _Pragma("GCC unroll 8")
+                for (int r = 0; r < rows; r++)
+                    pair_dots(BITS, LUT, c, a, b, (const int32_t *)(X + (size_t)r * k + g * 32), &i0[r], &i1[r], &h0[r],
+                              &h1[r], &t0[r], &t1[r]);
+            }
+            GROUP_SCALES()
+            _Pragma("GCC unroll 8")
+            for (int r = 0; r < rows; r++) {
+                SHIFTED_SUMS(r, 0, i0[r], i1[r])
+                FOLD_PASS(pac0, pac1, r, 0, i0[r], i1[r], h0[r], h1[r])
+                FOLD_ZERO(pac0, pac1, r)
+            }
         } else {
-            f16_scales(S0, Z0, zm, g, &s0, &z0);
-            f16_scales(S1, Z1, zm, g, &s1, &z1);
-        }
-        for (int r = 0; r < MT; r++) {
-            if (r >= rows) break;
-            for (int pass = 0; pass < P; pass++) {
-                const int32_t *xq = (const int32_t *)(X + ((size_t)r * P + pass) * k + g * 32);
-                vi i0 = v_setzero_si512(), i1 = v_setzero_si512();
-                if (ZI) {  /* (a load each: no register copy) */
-                    i0 = v_set1_epi32(ZQ[(size_t)r * G + g]);
-                    i1 = v_set1_epi32(ZQ[(size_t)r * G + g]);
-                }
-                vi h0 = v_setzero_si512(), h1 = v_setzero_si512();  /* BITS 6: the second half's */
-#if DOT_SHIFT  /* AVX2 without VNNI */
-                if (BITS == 4 && !LUT) {
-                    i0 = v_dot_run(i0, a, xq, 0, 8);
-                    i1 = v_dot_run(i1, b, xq, 0, 8);
-                } else if (BITS == 5) {
-                    for (int j = 0; j < 8; j += 4) {
-                        i0 = v_dot_run(i0, a, xq, j, 4);
-                        i1 = v_dot_run(i1, b, xq, j, 4);
-                    }
-                } else if (BITS == 6) {  /* the group's two halves apart (their scales) */
-                    for (int j = 0; j < 4; j += 2) {
-                        i0 = v_dot_run(i0, a, xq, j, 2);
-                        i1 = v_dot_run(i1, b, xq, j, 2);
-                        h0 = v_dot_run(h0, a, xq, j + 4, 2);
-                        h1 = v_dot_run(h1, b, xq, j + 4, 2);
-                    }
-                } else {  /* the codes were shifted by -128: sum (c - 128) q + 128 sum q */
-                    for (int j = 0; j < 8; j++) {
-                        vi xb = v_set1_epi32(xq[j]);
-                        i0 = v_dot_s8(i0, a[j], xb);
-                        i1 = v_dot_s8(i1, b[j], xb);
-                    }
-                    vi c = v_set1_epi32(128 * group_sum((const int8_t *)xq));
-                    i0 = v_add_epi32(i0, c);
-                    i1 = v_add_epi32(i1, c);
-                }
-#else
-                for (int j = 0; j < 8; j++) {
-                    vi xb = v_set1_epi32(xq[j]);
-                    if (BITS == 6 && j >= 4) {
-                        h0 = v_dot_u8(h0, a[j], xb);
-                        h1 = v_dot_u8(h1, b[j], xb);
-                    } else {
-                        i0 = v_dot_u8(i0, a[j], xb);
-                        i1 = v_dot_u8(i1, b[j], xb);
-                    }
+            vi a[8], b[8];
+            unpack_block(BITS, LUT, table, p0, a);
+            unpack_block(BITS, LUT, table, p1, b);
+#if DOT_SHIFT
+            if (BITS == 8 || LUT)
+                for (int c = 0; c < 8; c++) {
+                    a[c] = v_xor_si512(a[c], top);
+                    b[c] = v_xor_si512(b[c], top);
                 }
 #endif
-                vf dv = v_set1_ps(dx[((size_t)r * P + pass) * G + g]);
-                if (BITS == 6) {  /* sum (c - 32) q per half group, exact in integers */
-                    const int *qs = X16 + (((size_t)r * P + pass) * G + g) * 2;
-                    vi z = v_set1_epi32(32 * qs[0]), zh = v_set1_epi32(32 * qs[1]);
-                    acc0[r] = v_fmadd_ps(v_cvtepi32_ps(v_sub_epi32(i0, z)), v_mul_ps(s0, dv), acc0[r]);
-                    acc1[r] = v_fmadd_ps(v_cvtepi32_ps(v_sub_epi32(i1, z)), v_mul_ps(s1, dv), acc1[r]);
-                    acc0[r] = v_fmadd_ps(v_cvtepi32_ps(v_sub_epi32(h0, zh)), v_mul_ps(s0h, dv), acc0[r]);
-                    acc1[r] = v_fmadd_ps(v_cvtepi32_ps(v_sub_epi32(h1, zh)), v_mul_ps(s1h, dv), acc1[r]);
-                } else {
-                    acc0[r] = v_fmadd_ps(v_cvtepi32_ps(i0), v_mul_ps(s0, dv), acc0[r]);
-                    acc1[r] = v_fmadd_ps(v_cvtepi32_ps(i1), v_mul_ps(s1, dv), acc1[r]);
+            GROUP_SCALES()
+            _Pragma("GCC unroll 1")  /* (a row at a time: its running sums through memory, the codes in registers) */
+            for (int r = 0; r < rows; r++) {
+                _Pragma("GCC unroll 2")
+                for (int pass = 0; pass < P; pass++) {
+                    vi i0 = ZI ? v_set1_epi32(ZQ[(size_t)r * G + g]) : v_setzero_si512(), i1 = i0;
+                    vi h0 = v_setzero_si512(), h1 = h0, t0 = h0, t1 = h0;
+                    _Pragma("GCC unroll 4")
+                    for (int c = 0; c < 4; c++)
+                        pair_dots(BITS, LUT, c, a + 2 * c, b + 2 * c,
+                                  (const int32_t *)(X + ((size_t)r * P + pass) * k + g * 32), &i0, &i1, &h0, &h1,
+                                  &t0, &t1);
+                    SHIFTED_SUMS(r, pass, i0, i1)
+                    FOLD_PASS(acc0, acc1, r, pass, i0, i1, h0, h1)
                 }
-            }
-            if (BITS != 6 && !ZI) {
-                vf sv = v_set1_ps(sx[(size_t)r * G + g]);
-                acc0[r] = v_fmadd_ps(z0, sv, acc0[r]);
-                acc1[r] = v_fmadd_ps(z1, sv, acc1[r]);
+                FOLD_ZERO(acc0, acc1, r)
             }
         }
     }
-    for (int r = 0; r < MT; r++) {
-        if (r >= rows) break;
-        v_storeu_ps(Y + (size_t)r * ldy, acc0[r]);
-        v_storeu_ps(Y + (size_t)r * ldy + 16, acc1[r]);
+    _Pragma("GCC unroll 8")
+    for (int r = 0; r < rows; r++) {
+        v_storeu_ps(Y + (size_t)r * ldy, PAIRS(P, BITS) ? pac0[r] : acc0[r]);
+        v_storeu_ps(Y + (size_t)r * ldy + 16, PAIRS(P, BITS) ? pac1[r] : acc1[r]);
     }
 }
+#undef FOLD_ZERO
+#undef GROUP_SCALES
+#undef FOLD_PASS
+#undef SHIFTED_SUMS
 
 /* One weight's layout for the product: codes W, scales S, zeros Z (NULL: zm S), code width, table */
 typedef struct {
@@ -761,9 +856,9 @@ static void k_prepare(const layout *L, size_t b0, int G, float *prep) {
 /* rows (<= MT) rows from r0 of the quantized activations (q, d, sx, x16: quantize_rows') against the
  * 32 columns of tile pair b0 (the index of its first block's group 0) of layout L, into y + r0 * ldy:
  * tile() with its row count, passes and code width known at compile time (the registers unrolled). */
-static void tile_rows(int rows, int P, const layout *L, size_t b0, int G, const int8_t *q, const float *d,
-                      const float *sx, const int *x16, const int *zq, int k, int r0, float *y, int ldy,
-                      const float *prep) {
+static void tile_rows1(int rows, int P, const layout *L, size_t b0, int G, const int8_t *q, const float *d,
+                       const float *sx, const int *x16, const int *zq, int k, int r0, float *y, int ldy,
+                       const float *prep) {
     size_t gb = group_bytes(L->bits), sw = L->bits == 6 ? 32 : 16;
     const uint8_t *W0 = L->W + b0 * gb, *W1 = L->W + (b0 + G) * gb;
     const uint16_t *S0 = L->S + b0 * sw, *S1 = L->S + (b0 + G) * sw;
@@ -783,10 +878,13 @@ static void tile_rows(int rows, int P, const layout *L, size_t b0, int G, const 
                                  q + (size_t)r0 * PP * k, d + (size_t)r0 * PP * G, sx + (size_t)r0 * G, \
                                  x16 != NULL ? x16 + (size_t)r0 * PP * G * 2 : NULL, \
                                  ZZ ? zq + (size_t)r0 * G : NULL, k, y + (size_t)r0 * ldy, ldy)
+#define RC(R, PP, BB) ((R) < ROWS_CAP(PP, BB) ? (R) : ROWS_CAP(PP, BB))  /* (rows <= cap: the rest unused) */
 #define ROWS(PP, BB, LU, KS, ZZ) switch (rows) {    \
-        case 4: TILE(4, PP, BB, LU, KS, ZZ); break; \
-        case 3: TILE(3, PP, BB, LU, KS, ZZ); break; \
-        case 2: TILE(2, PP, BB, LU, KS, ZZ); break; \
+        case 6: TILE(RC(6, PP, BB), PP, BB, LU, KS, ZZ); break; \
+        case 5: TILE(RC(5, PP, BB), PP, BB, LU, KS, ZZ); break; \
+        case 4: TILE(RC(4, PP, BB), PP, BB, LU, KS, ZZ); break; \
+        case 3: TILE(RC(3, PP, BB), PP, BB, LU, KS, ZZ); break; \
+        case 2: TILE(RC(2, PP, BB), PP, BB, LU, KS, ZZ); break; \
         default: TILE(1, PP, BB, LU, KS, ZZ); break; \
     }
 #define PASSES(BB, LU, KS) if (P == 1) { ROWS(1, BB, LU, KS, 0) } else { ROWS(2, BB, LU, KS, 0) }
@@ -810,7 +908,16 @@ static void tile_rows(int rows, int P, const layout *L, size_t b0, int G, const 
 #undef PASSES_ZI
 #undef PASSES
 #undef ROWS
+#undef RC
 #undef TILE
+}
+
+static void tile_rows(int rows, int P, const layout *L, size_t b0, int G, const int8_t *q, const float *d,
+                      const float *sx, const int *x16, const int *zq, int k, int r0, float *y, int ldy,
+                      const float *prep) {
+    int cap = ROWS_CAP(P, L->bits);
+    for (int r = 0; r < rows; r += cap)
+        tile_rows1(rows - r < cap ? rows - r : cap, P, L, b0, G, q, d, sx, x16, zq, k, r0 + r, y, ldy, prep);
 }
 
 /* the activations' scratch: q [m][P][k] int8, d [m][P][G], sx [m][G], x16 [m][P][G][2] (6-bit codes), zq
