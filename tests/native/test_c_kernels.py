@@ -84,9 +84,10 @@ def _matmul_case(qtype: GGMLType, n: int, k: int, m: int, seed: int, bf16: bool 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_matmul_boundary_shapes(qtype):
     """The contract's edges: the smallest k (32, or 256 for the K types), n one column and one
-    below/above the 32-column tile, m across the 4-row tile (1, 3, 4, 5), bfloat16 input."""
+    below/above the 32-column tile, m across the row tiles (AVX2's 4; AVX-512's 6 prompt rows, Q6_K's 4: 1, 3,
+    4, 5, 6, 7, 8), bfloat16 input."""
     k = 256 if qtype in K_TYPES else 32
-    for i, (n, m) in enumerate([(1, 1), (31, 3), (32, 4), (33, 5), (64, 8)]):
+    for i, (n, m) in enumerate([(1, 1), (31, 3), (32, 4), (33, 5), (40, 6), (48, 7), (64, 8)]):
         _matmul_case(qtype, n, k, m, seed=i)
     _matmul_case(qtype, 16, k, 2, seed=9, bf16=True)
 
@@ -105,14 +106,15 @@ def test_matmul_random_shapes():
 @pytest.mark.parametrize("passes", [1, 2])
 @pytest.mark.parametrize("qtype", [GGMLType.Q4_K, GGMLType.Q4_0], ids=lambda t: t.name)
 def test_many_rows_in_blocks_give_each_row_its_own_numbers(passes, qtype):
-    """A prompt's rows run in blocks of 64 per work item (q4_vnni.c ROW_BLOCK): a row's result, with a bias
-    too, is the one it gets alone, in every block and at the edges (150 rows: blocks of 64, 64, 22).
+    """A prompt's rows run in blocks of 60 per work item (q4_vnni.c ROW_BLOCK), tiles of 6 or 4 rows: a row's
+    result, with a bias too, is the one it gets alone, in every block and tile and at the edges (150 rows:
+    blocks of 60, 60, 30).
     Q4_0 at one pass: each row's zero in integers from its own sums of q (tile()'s ZI)."""
     raw = _weight(qtype, 64, 256, seed=3)
     mm = cpu_vnni.Q4Vnni([(raw, qtype, 64, 256)])
     x = torch.randn(150, 256, generator=torch.Generator().manual_seed(4))
     y = mm(x, passes)
-    for r in (0, 3, 63, 64, 100, 127, 128, 149):
+    for r in (0, 3, 5, 6, 59, 60, 100, 119, 120, 127, 149):
         assert torch.equal(y[r], mm(x[r:r + 1], passes)[0]), r
 
 
@@ -227,12 +229,12 @@ def _activations(m: int, k: int, gen: torch.Generator) -> torch.Tensor:
 def test_every_isa_build_gives_the_avx512_bits(qtype):
     """The amx, avx2 and avxvnni builds (and the emulated amx one) against the avx512 one on fresh random
     inputs: the same packed bytes, and torch.equal products for float32 and bfloat16 x, one and two
-    activation passes, row counts across the 4-row tile and the amx build's blocks of 32 rows (45: one
+    activation passes, row counts across the row tiles (4 and 6) and the amx build's blocks of 32 rows (45: one
     block + 13 rows on the vector tile; 160: blocks in two work items of 128), and the grouped experts call."""
     others = _builds()
     k = 512 if qtype in K_TYPES else 96
     n, n_expert = 72, 3
-    for seed, m in enumerate((1, 3, 4, 5, 13, 45, 160)):
+    for seed, m in enumerate((1, 3, 4, 5, 6, 7, 13, 45, 160)):
         gen = torch.Generator().manual_seed(1000 + seed)
         raw = _weight(qtype, n, k, seed)
         x = _activations(m, k, gen)
