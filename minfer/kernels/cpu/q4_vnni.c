@@ -706,131 +706,6 @@ INL void pair_dots(int BITS, int LUT, int c, const vi *a, const vi *b, const int
             A1[r] = v_fmadd_ps(z1, sv, A1[r]);                                                           \
         }
 
-/* The start of group g (p0, p1: its codes in blocks 0 and 1) in both tile forms: the KM layout's super-block d
- * and dmin (KSC 1), and the prefetches W_AHEAD bytes ahead (a core's stream from DRAM) */
-INL void group_start(int KSC, int g, size_t gb, int sw, const uint8_t *p0, const uint8_t *p1, const uint16_t *S0,
-                     const uint16_t *S1, const uint16_t *Z0, const uint16_t *Z1, vf *d0, vf *dm0, vf *d1, vf *dm1) {
-    if (KSC == 1 && g % 8 == 0) {
-        k_dmin(Z0, g, d0, dm0);
-        k_dmin(Z1, g, d1, dm1);
-    }
-#if W_AHEAD
-    for (size_t o = 0; o < gb; o += 64) {
-        _mm_prefetch((const char *)(p0 + W_AHEAD + o), _MM_HINT_T0);
-        _mm_prefetch((const char *)(p1 + W_AHEAD + o), _MM_HINT_T0);
-    }
-    if ((g & 1) == 0) {
-        _mm_prefetch((const char *)(S0 + g * sw + W_AHEAD / 8), _MM_HINT_T0);
-        _mm_prefetch((const char *)(S1 + g * sw + W_AHEAD / 8), _MM_HINT_T0);
-    }
-#else
-    (void)gb; (void)sw; (void)p0; (void)p1; (void)S0; (void)S1;
-#endif
-}
-
-/* tile()'s parameters (below), for its two forms */
-#define TILE_PARAMS int rows, int P, int BITS, int LUT, int KSC, int ZI, vi table, const uint8_t *W0, \
-        const uint8_t *W1, const uint16_t *S0, const uint16_t *S1, const uint16_t *Z0, const uint16_t *Z1, \
-        float zm, int G, const int8_t *X, const float *dx, const float *sx, const int *X16, const int *ZQ, int k, \
-        float *Y, int ldy
-#define TILE_ARGS rows, P, BITS, LUT, KSC, ZI, table, W0, W1, S0, S1, Z0, Z1, zm, G, X, dx, sx, X16, ZQ, k, Y, ldy
-
-/* tile()'s PAIRS form: a pair of code registers a block unpacked at a time for every row (one pass) */
-static inline __attribute__((always_inline)) void tile_pairs(TILE_PARAMS) {
-    vf acc0[PAIRS_MT], acc1[PAIRS_MT];
-    _Pragma("GCC unroll 8")
-    for (int r = 0; r < rows; r++) acc0[r] = acc1[r] = v_setzero_ps();
-    const size_t gb = group_bytes(BITS);
-    const int sw = BITS == 6 ? 32 : 16;  /* scales per block and group */
-    vf d0 = v_setzero_ps(), dm0 = d0, d1 = d0, dm1 = d0;  /* KSC: the super-block's d and dmin */
-    for (int g = 0; g < G; g++) {
-        const uint8_t *p0 = W0 + (size_t)g * gb, *p1 = W1 + (size_t)g * gb;
-        group_start(KSC, g, gb, sw, p0, p1, S0, S1, Z0, Z1, &d0, &dm0, &d1, &dm1);
-        vf s0 = v_setzero_ps(), s1 = s0, z0 = s0, z1 = s0, s0h = s0, s1h = s0;  /* (GROUP_SCALES) */
-        /* each row's exact sums of the group: i (BITS 6: h, the second half's) for blocks 0 and 1 (AVX2 without
-         * VNNI: t, their 16-bit running sums) */
-        vi i0[PAIRS_MT], i1[PAIRS_MT], h0[PAIRS_MT], h1[PAIRS_MT], t0[PAIRS_MT], t1[PAIRS_MT];
-        _Pragma("GCC unroll 8")
-        for (int r = 0; r < rows; r++) {
-            i0[r] = i1[r] = ZI ? v_set1_epi32(ZQ[(size_t)r * G + g]) : v_setzero_si512();
-            h0[r] = h1[r] = t0[r] = t1[r] = v_setzero_si512();
-        }
-        _Pragma("GCC unroll 4")
-        for (int c = 0; c < 4; c++) {
-            vi a[2], b[2];
-            unpack_pair(BITS, LUT, table, p0, c, a);
-            unpack_pair(BITS, LUT, table, p1, c, b);
-#if DOT_SHIFT
-            if (BITS == 8 || LUT)  /* codes 0..255 as signed bytes code - 128 */
-                for (int e = 0; e < 2; e++) {
-                    a[e] = v_xor_si512(a[e], v_set1_epi8((char)0x80));
-                    b[e] = v_xor_si512(b[e], v_set1_epi8((char)0x80));
-                }
-#endif
-            _Pragma("GCC unroll 8")
-            for (int r = 0; r < rows; r++)
-                pair_dots(BITS, LUT, c, a, b, (const int32_t *)(X + (size_t)r * k + g * 32), &i0[r], &i1[r], &h0[r],
-                          &h1[r], &t0[r], &t1[r]);
-        }
-        GROUP_SCALES()
-        _Pragma("GCC unroll 8")
-        for (int r = 0; r < rows; r++) {
-            SHIFTED_SUMS(r, 0, i0[r], i1[r])
-            FOLD_PASS(acc0, acc1, r, 0, i0[r], i1[r], h0[r], h1[r])
-            FOLD_ZERO(acc0, acc1, r)
-        }
-    }
-    _Pragma("GCC unroll 8")
-    for (int r = 0; r < rows; r++) {
-        v_storeu_ps(Y + (size_t)r * ldy, acc0[r]);
-        v_storeu_ps(Y + (size_t)r * ldy + 16, acc1[r]);
-    }
-}
-
-/* tile()'s other form: a group's codes unpacked at once, then the rows one at a time */
-static inline __attribute__((always_inline)) void tile_whole(TILE_PARAMS) {
-    vf acc0[MT], acc1[MT];
-    for (int r = 0; r < rows; r++) acc0[r] = acc1[r] = v_setzero_ps();
-    const size_t gb = group_bytes(BITS);
-    const int sw = BITS == 6 ? 32 : 16;  /* scales per block and group */
-    vf d0 = v_setzero_ps(), dm0 = d0, d1 = d0, dm1 = d0;  /* KSC: the super-block's d and dmin */
-    for (int g = 0; g < G; g++) {
-        const uint8_t *p0 = W0 + (size_t)g * gb, *p1 = W1 + (size_t)g * gb;
-        group_start(KSC, g, gb, sw, p0, p1, S0, S1, Z0, Z1, &d0, &dm0, &d1, &dm1);
-        vf s0 = v_setzero_ps(), s1 = s0, z0 = s0, z1 = s0, s0h = s0, s1h = s0;  /* (GROUP_SCALES) */
-        vi a[8], b[8];
-        unpack_block(BITS, LUT, table, p0, a);
-        unpack_block(BITS, LUT, table, p1, b);
-#if DOT_SHIFT
-        if (BITS == 8 || LUT)  /* codes 0..255 as signed bytes code - 128 */
-            for (int c = 0; c < 8; c++) {
-                a[c] = v_xor_si512(a[c], v_set1_epi8((char)0x80));
-                b[c] = v_xor_si512(b[c], v_set1_epi8((char)0x80));
-            }
-#endif
-        GROUP_SCALES()
-        _Pragma("GCC unroll 1")  /* (a row at a time: its float sums through memory, the codes in registers) */
-        for (int r = 0; r < rows; r++) {
-            _Pragma("GCC unroll 2")
-            for (int pass = 0; pass < P; pass++) {
-                vi i0 = ZI ? v_set1_epi32(ZQ[(size_t)r * G + g]) : v_setzero_si512(), i1 = i0;
-                vi h0 = v_setzero_si512(), h1 = h0, t0 = h0, t1 = h0;
-                _Pragma("GCC unroll 4")
-                for (int c = 0; c < 4; c++)
-                    pair_dots(BITS, LUT, c, a + 2 * c, b + 2 * c,
-                              (const int32_t *)(X + ((size_t)r * P + pass) * k + g * 32), &i0, &i1, &h0, &h1, &t0, &t1);
-                SHIFTED_SUMS(r, pass, i0, i1)
-                FOLD_PASS(acc0, acc1, r, pass, i0, i1, h0, h1)
-            }
-            FOLD_ZERO(acc0, acc1, r)
-        }
-    }
-    for (int r = 0; r < rows; r++) {
-        v_storeu_ps(Y + (size_t)r * ldy, acc0[r]);
-        v_storeu_ps(Y + (size_t)r * ldy + 16, acc1[r]);
-    }
-}
-
 /* rows (<= ROWS_CAP(P, BITS)) x 32 columns; X: the rows' quantized activations, P passes of k bytes per row.
  * BITS and LUT: unpack_block's. KSC (the KM layout, 4- and 5-bit): 1, S0 / S1 the blocks' SC bytes, Z0 / Z1
  * their D (k_scales); 2, the same scales and zeros made once for the tile's rows (k_prepare), float32 [G][16]
@@ -839,16 +714,114 @@ static inline __attribute__((always_inline)) void tile_whole(TILE_PARAMS) {
  * group, (sum c q) - 32 (sum q) with the halves' sums of q in X16. ZI (P = 1, a symmetric type: Z NULL, zm an
  * integer): that zero in integers too, each group's sums starting at the row's zm sum q (ZQ, [G] a row):
  * sum (c + zm) q exactly, then one multiply-add a group and no float zero term.
- * The integer sums in one of two forms (PAIRS, above): a pair of code registers at a time for every row
- * (tile_pairs), or the group's codes at once and then the rows one by one (tile_whole). Either way each
- * output's sums and float operations are the same, in the same order: a row's result does not depend on the
- * tile's other rows. */
-static inline __attribute__((always_inline)) void tile(TILE_PARAMS) {
-    if (PAIRS(P, BITS)) tile_pairs(TILE_ARGS);
-    else tile_whole(TILE_ARGS);
+ * The integer sums in one of two forms (PAIRS, above): a pair of code registers at a time for every row, or
+ * the group's codes at once and then the rows one by one. Either way each output's sums and float operations
+ * are the same, in the same order: a row's result does not depend on the tile's other rows. */
+static inline __attribute__((always_inline)) void tile(int rows, int P, int BITS, int LUT, int KSC, int ZI,
+        vi table, const uint8_t *W0, const uint8_t *W1,
+        const uint16_t *S0, const uint16_t *S1, const uint16_t *Z0, const uint16_t *Z1, float zm, int G,
+        const int8_t *X, const float *dx, const float *sx, const int *X16, const int *ZQ, int k, float *Y,
+        int ldy) {
+    vf acc0[MT], acc1[MT], pac0[PAIRS_MT], pac1[PAIRS_MT];  /* the rows' float sums (the PAIRS form's: pac) */
+    _Pragma("GCC unroll 8")
+    for (int r = 0; r < rows; r++) {
+        if (PAIRS(P, BITS)) pac0[r] = pac1[r] = v_setzero_ps();
+        else acc0[r] = acc1[r] = v_setzero_ps();
+    }
+    const size_t gb = group_bytes(BITS);
+    const int sw = BITS == 6 ? 32 : 16;  /* scales per block and group */
+    vf d0 = v_setzero_ps(), dm0 = d0, d1 = d0, dm1 = d0;  /* KSC: the super-block's d and dmin */
+    for (int g = 0; g < G; g++) {
+        if (KSC == 1 && g % 8 == 0) {
+            k_dmin(Z0, g, &d0, &dm0);
+            k_dmin(Z1, g, &d1, &dm1);
+        }
+        const uint8_t *p0 = W0 + (size_t)g * gb, *p1 = W1 + (size_t)g * gb;
+#if W_AHEAD
+        for (size_t o = 0; o < gb; o += 64) {  /* the codes W_AHEAD bytes ahead: a core's stream from DRAM */
+            _mm_prefetch((const char *)(p0 + W_AHEAD + o), _MM_HINT_T0);
+            _mm_prefetch((const char *)(p1 + W_AHEAD + o), _MM_HINT_T0);
+        }
+        if ((g & 1) == 0) {
+            _mm_prefetch((const char *)(S0 + g * sw + W_AHEAD / 8), _MM_HINT_T0);
+            _mm_prefetch((const char *)(S1 + g * sw + W_AHEAD / 8), _MM_HINT_T0);
+        }
+#endif
+        /* the group's scales and zeros (BITS 6: a half group's scale each, s and sh), made where the sums need
+         * them (GROUP_SCALES) */
+        vf s0 = v_setzero_ps(), s1 = s0, z0 = s0, z1 = s0, s0h = s0, s1h = s0;
+#if DOT_SHIFT
+        const vi top = v_set1_epi8((char)0x80);  /* BITS 8 and LUT: codes 0..255 as signed bytes code - 128 */
+#endif
+        if (PAIRS(P, BITS)) {
+            /* each row's exact sums of the group: i (BITS 6: h, the second half's) for blocks 0 and 1 (AVX2
+             * without VNNI: t, their 16-bit running sums) */
+            vi i0[PAIRS_MT], i1[PAIRS_MT], h0[PAIRS_MT], h1[PAIRS_MT], t0[PAIRS_MT], t1[PAIRS_MT];
+            _Pragma("GCC unroll 8")
+            for (int r = 0; r < rows; r++) {
+                i0[r] = i1[r] = ZI ? v_set1_epi32(ZQ[(size_t)r * G + g]) : v_setzero_si512();
+                h0[r] = h1[r] = t0[r] = t1[r] = v_setzero_si512();
+            }
+            _Pragma("GCC unroll 4")
+            for (int c = 0; c < 4; c++) {
+                vi a[2], b[2];
+                unpack_pair(BITS, LUT, table, p0, c, a);
+                unpack_pair(BITS, LUT, table, p1, c, b);
+#if DOT_SHIFT
+                if (BITS == 8 || LUT)
+                    for (int e = 0; e < 2; e++) {
+                        a[e] = v_xor_si512(a[e], top);
+                        b[e] = v_xor_si512(b[e], top);
+                    }
+#endif
+                _Pragma("GCC unroll 8")
+                for (int r = 0; r < rows; r++)
+                    pair_dots(BITS, LUT, c, a, b, (const int32_t *)(X + (size_t)r * k + g * 32), &i0[r], &i1[r], &h0[r],
+                              &h1[r], &t0[r], &t1[r]);
+            }
+            GROUP_SCALES()
+            _Pragma("GCC unroll 8")
+            for (int r = 0; r < rows; r++) {
+                SHIFTED_SUMS(r, 0, i0[r], i1[r])
+                FOLD_PASS(pac0, pac1, r, 0, i0[r], i1[r], h0[r], h1[r])
+                FOLD_ZERO(pac0, pac1, r)
+            }
+        } else {
+            vi a[8], b[8];
+            unpack_block(BITS, LUT, table, p0, a);
+            unpack_block(BITS, LUT, table, p1, b);
+#if DOT_SHIFT
+            if (BITS == 8 || LUT)
+                for (int c = 0; c < 8; c++) {
+                    a[c] = v_xor_si512(a[c], top);
+                    b[c] = v_xor_si512(b[c], top);
+                }
+#endif
+            GROUP_SCALES()
+            _Pragma("GCC unroll 1")  /* (a row at a time: its running sums through memory, the codes in registers) */
+            for (int r = 0; r < rows; r++) {
+                _Pragma("GCC unroll 2")
+                for (int pass = 0; pass < P; pass++) {
+                    vi i0 = ZI ? v_set1_epi32(ZQ[(size_t)r * G + g]) : v_setzero_si512(), i1 = i0;
+                    vi h0 = v_setzero_si512(), h1 = h0, t0 = h0, t1 = h0;
+                    _Pragma("GCC unroll 4")
+                    for (int c = 0; c < 4; c++)
+                        pair_dots(BITS, LUT, c, a + 2 * c, b + 2 * c,
+                                  (const int32_t *)(X + ((size_t)r * P + pass) * k + g * 32), &i0, &i1, &h0, &h1,
+                                  &t0, &t1);
+                    SHIFTED_SUMS(r, pass, i0, i1)
+                    FOLD_PASS(acc0, acc1, r, pass, i0, i1, h0, h1)
+                }
+                FOLD_ZERO(acc0, acc1, r)
+            }
+        }
+    }
+    _Pragma("GCC unroll 8")
+    for (int r = 0; r < rows; r++) {
+        v_storeu_ps(Y + (size_t)r * ldy, PAIRS(P, BITS) ? pac0[r] : acc0[r]);
+        v_storeu_ps(Y + (size_t)r * ldy + 16, PAIRS(P, BITS) ? pac1[r] : acc1[r]);
+    }
 }
-#undef TILE_ARGS
-#undef TILE_PARAMS
 #undef FOLD_ZERO
 #undef GROUP_SCALES
 #undef FOLD_PASS
