@@ -30,7 +30,10 @@
 #   cpu       the host CPU: SmolLM2-135M Q4_1, Qwen2.5-0.5B Q4_0, Llama-3-8B Q4_K at 4 / 8 / 16 threads,
 #             minfer bench --device cpu against llama.cpp's CPU llama-bench, interleaved; where the CPU has AMX,
 #             the prompts again with MINFER_CPU_ISA=amx (the opt-in build) and llama.cpp's with --repack 0 (no
-#             AMX / repacked layouts), and their ratios                                                  (issue 26)
+#             AMX / repacked layouts), and their ratios; first, where .old/q4_vnni.c was carried (e.g. `git
+#             show fae6661:minfer/kernels/cpu/q4_vnni.c > .old/q4_vnni.c`, carry ".old" too), that kernel's
+#             products against the tree's on the host's cores (bench/studies/cpu_gemm_versions.py: the same bits,
+#             then timed at 1 / 4 / 16 threads) into /tmp/drv/gemm-versions.txt                         (issue 26)
 set -uo pipefail
 D=/tmp/drv; M=/tmp/models; LB=/tmp/llama.cpp/build-cuda/bin; LC=/tmp/llama.cpp/build-cpu/bin
 export PYTHONPATH=$PWD:/tmp/pylib PYTHONUNBUFFERED=1
@@ -251,6 +254,8 @@ table qwen2.5-7b
 ;; esac
 
 step cpu
+[ -f .old/q4_vnni.c ] && python3 bench/studies/cpu_gemm_versions.py .old/q4_vnni.c --threads 1,4,16 \
+  --types Q4_0,Q4_1,Q4_K,Q6_K,Q8_0 > $D/gemm-versions.txt 2>&1  # (a C tile change on the host's cores)
 for th in 4 8 16; do
   for spec in smollm2-135m-q4_1:512 qwen2.5-0.5b-q4_0:512 llama3-8b-q4_k:128; do
     f=$M/${spec%:*}.gguf; p=${spec#*:}
