@@ -553,14 +553,26 @@ static void quantize_rows(const void *x, int bf16, int m, int k, int P, int8_t *
 /* bytes of codes per block of 16 columns and group of 32, by code width (4, 5, 6, 8 bits) */
 static inline size_t group_bytes(int bits) { return bits == 8 ? 512 : bits == 6 ? 384 : bits == 5 ? 320 : 256; }
 
+/* AVX2 without VNNI: codes above 127 (8-bit, table) as the signed bytes code - 128 that v_dot_s8 takes */
+INL void signed_codes(vi *a) {
+#if DOT_SHIFT
+    a[0] = v_xor_si512(a[0], v_set1_epi8((char)0x80));
+    a[1] = v_xor_si512(a[1], v_set1_epi8((char)0x80));
+#else
+    (void)a;
+#endif
+}
+
 /* The codes of one block of 16 columns and group of 32 (p: its bytes) as vpdpbusd's 8 registers: a[j]
  * lane c holds column c's codes for k = 4 j .. 4 j + 3 (unsigned bytes). BITS: 4 (LUT: the codes index
  * `table`, its 16 bytes in every 128-bit lane), 5 and 6 (the 4-bit layout + the high bits' byte planes),
- * 8 (as stored). unpack_pair: registers 2 c and 2 c + 1 of them (k = 8 c .. 8 c + 7) into a[0], a[1]. */
+ * 8 (as stored; as signed bytes code - 128 with the table's in the AVX2 build without VNNI, signed_codes).
+ * unpack_pair: registers 2 c and 2 c + 1 of them (k = 8 c .. 8 c + 7) into a[0], a[1]. */
 INL void unpack_pair(int BITS, int LUT, vi table, const uint8_t *p, int c, vi *a) {
     if (BITS == 8) {
         a[0] = v_loadu_si512(p + 128 * c);
         a[1] = v_loadu_si512(p + 128 * c + 64);
+        signed_codes(a);
         return;
     }
     const vi mask = v_set1_epi8(0x0F);
@@ -570,6 +582,7 @@ INL void unpack_pair(int BITS, int LUT, vi table, const uint8_t *p, int c, vi *a
     if (LUT) {
         a[0] = v_shuffle_epi8(table, a[0]);
         a[1] = v_shuffle_epi8(table, a[1]);
+        signed_codes(a);
     }
     if (BITS == 5) {  /* bit 4 of register j's codes: bit j of the plane's bytes */
         const vi m = v_set1_epi8(0x10);
@@ -750,9 +763,6 @@ static inline __attribute__((always_inline)) void tile(int rows, int P, int BITS
         /* the group's scales and zeros (BITS 6: a half group's scale each, s and sh), made where the sums need
          * them (GROUP_SCALES) */
         vf s0 = v_setzero_ps(), s1 = s0, z0 = s0, z1 = s0, s0h = s0, s1h = s0;
-#if DOT_SHIFT
-        const vi top = v_set1_epi8((char)0x80);  /* BITS 8 and LUT: codes 0..255 as signed bytes code - 128 */
-#endif
         if (PAIRS(P, BITS)) {
             /* each row's exact sums of the group: i (BITS 6: h, the second half's) for blocks 0 and 1 (AVX2
              * without VNNI: t, their 16-bit running sums) */
@@ -767,13 +777,6 @@ static inline __attribute__((always_inline)) void tile(int rows, int P, int BITS
                 vi a[2], b[2];
                 unpack_pair(BITS, LUT, table, p0, c, a);
                 unpack_pair(BITS, LUT, table, p1, c, b);
-#if DOT_SHIFT
-                if (BITS == 8 || LUT)
-                    for (int e = 0; e < 2; e++) {
-                        a[e] = v_xor_si512(a[e], top);
-                        b[e] = v_xor_si512(b[e], top);
-                    }
-#endif
                 _Pragma("GCC unroll 8")
                 for (int r = 0; r < rows; r++)
                     pair_dots(BITS, LUT, c, a, b, (const int32_t *)(X + (size_t)r * k + g * 32), &i0[r], &i1[r], &h0[r],
@@ -790,13 +793,6 @@ static inline __attribute__((always_inline)) void tile(int rows, int P, int BITS
             vi a[8], b[8];
             unpack_block(BITS, LUT, table, p0, a);
             unpack_block(BITS, LUT, table, p1, b);
-#if DOT_SHIFT
-            if (BITS == 8 || LUT)
-                for (int c = 0; c < 8; c++) {
-                    a[c] = v_xor_si512(a[c], top);
-                    b[c] = v_xor_si512(b[c], top);
-                }
-#endif
             GROUP_SCALES()
             _Pragma("GCC unroll 1")  /* (a row at a time: its running sums through memory, the codes in registers) */
             for (int r = 0; r < rows; r++) {
