@@ -34,6 +34,7 @@
 #             show fae6661:minfer/kernels/cpu/q4_vnni.c > .old/q4_vnni.c`, carry ".old" too), that kernel's
 #             products against the tree's on the host's cores (bench/studies/cpu_gemm_versions.py: the same bits,
 #             then timed at 1 / 4 / 16 threads) into /tmp/drv/gemm-versions.txt                         (issue 26)
+#   moesweep  MOESWEEP=1 (after the cpu part): bench/moe_gemv_sweep.py, the expert GEMV's tiles   (issue 25)
 set -uo pipefail
 D=/tmp/drv; M=/tmp/models; LB=/tmp/llama.cpp/build-cuda/bin; LC=/tmp/llama.cpp/build-cpu/bin
 export PYTHONPATH=$PWD:/tmp/pylib PYTHONUNBUFFERED=1
@@ -291,4 +292,7 @@ for r in rows:
         print(f"{r['file']:28} tg32 one call {r['tok_s']:8.1f}  node by node {per[r['file']]:8.1f}  "
               f"x{r['tok_s'] / per[r['file']]:.2f}")
 PY
+[ "${MOESWEEP:-0}" = 1 ] && { step moesweep  # the expert GEMV's tiles on the GPU, after the host's timings (issue 25)
+  timeout 480 python3 bench/moe_gemv_sweep.py > $D/moe-gemv-sweep.txt 2>&1
+  sed -n '/^--- moe_gemv/,$p' $D/moe-gemv-sweep.txt >> $D/tables.txt; }
 step done

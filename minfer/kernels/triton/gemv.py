@@ -462,8 +462,9 @@ def _q4_0_gemv_kernel(
     # and CENTER are unused.
     # EPI (the fused epilogues of gemv_fused.py; 0: store the rows): e_ptr .. HALF are theirs.
     # MOE (moe.py: the chosen experts of a 3-D expert tensor, stacked as E blocks of N rows):
-    # program_id(1) is a slot s (no split K); it reads expert ids[s]'s N rows, x row s // XDIV and
-    # writes out row s, so one launch runs every expert chosen for every row of the step. MOE_BIAS
+    # program_id(1) is a slot s (no split K); it reads expert ids[s]'s N rows, x row s // XDIV (f32,
+    # or its int8 records with Q8X) and writes out row s, so one launch runs every expert chosen for
+    # every row of the step. MOE_BIAS
     # (gpt-oss's expert biases): e_ptr holds the experts' biases [E * N], row0 + rows of it added in the
     # store (EPI is 0 in MOE mode, so e_ptr is free).
     # ROWS (small decode batches, EPI 0, not MOE): XROWS rows of x, each the one-row GEMV of its own
@@ -489,7 +490,9 @@ def _q4_0_gemv_kernel(
         wait_prior(PDL)
         slot = tl.program_id(1)
         row0 = tl.load(ids_ptr + slot).to(tl.int64) * N
-        x_ptr += (slot // XDIV).to(tl.int64) * (NKB * 32)
+        x_row = (slot // XDIV).to(tl.int64)
+        x_ptr += x_row * (NKB * 32 if Q8X == 0 else NKB * (8 * Q8X))
+        xs_ptr += x_row * (NKB * 4)
         out_ptr += slot.to(tl.int64) * N
     else:
         row0 = 0
@@ -741,7 +744,7 @@ def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n:
     `bias` (f32 [E * n], or None): each slot's expert's bias added in the store."""
     rows = 1 if moe is not None or x.dim() == 1 else x.shape[0]  # x rows (MOE: one per slot, its own mode)
     if moe is not None:
-        cfg = replace(cfg, split=1, q8=0, prefetch=False)
+        cfg = replace(cfg, split=1)  # (the slots are the second program axis)
     elif rows > 1 and epilogue is not None:
         raise UnsupportedError(f"{what}: a fused epilogue runs on one row, got {rows}")
     kb_split, nsplit, tiles = _split_plan(cfg, n, k)
@@ -752,10 +755,11 @@ def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n:
     hi, lb, hb, center = planes if planes is not None else (w.qs, 4, 0, 0)
     q8 = cfg.q8 if planes is None else 0  # the planes types keep f32 activations
     xs = x
+    x_rows = rows if moe is None else x.numel() // k  # (MOE: the rows the slots read, T or T x k used)
     if q8 and xq is not None:
-        x, xs = _check_xq(what, xq, rows, k, q8, x.device)
+        x, xs = _check_xq(what, xq, x_rows, k, q8, x.device)
     elif q8:
-        x, xs = quantize_act_q8(x.reshape(rows, k), q8)
+        x, xs = quantize_act_q8(x.reshape(x_rows, k), q8)
     epi, *eargs = epilogue if epilogue is not None else (0, out, counters, counters, out, out, counters, 0,
                                                          out, out, counters, 0, 0, 1, 0, 0, 0)
     ids, slots, xdiv, *rest = moe if moe is not None else (counters, nsplit, 1)

@@ -42,6 +42,7 @@ one CUDA graph with no host sync, and one launch runs every chosen expert of eve
 from __future__ import annotations
 
 import weakref
+from dataclasses import replace
 
 import torch
 import triton
@@ -60,7 +61,7 @@ from ._common import (
     release_next,
     wait_prior,
 )
-from .gemv import _lut_bytes
+from .gemv import GemvConfig, _lut_bytes
 from .mmq import MMQ_CONFIGS, _w_scales, kernel_planes, launch_mmq_moe
 from .qmatmul import GEMV_TYPES, GemvPacked, gemv_default_config, gemv_type, launch_packed, repack_gemv
 
@@ -220,18 +221,32 @@ def _packed_call(what: str, x, ids, w, n: int, k: int, qtype, n_expert: int, out
     return w, t_type, (t, used, xdiv), make_out(what, out, (t, used, n), torch.float32, device)
 
 
+def moe_gemv_config(n: int, k: int, qtype: GGMLType) -> GemvConfig:
+    """The GEMV tile an expert call launches: the type's own for one [n, k] expert, on f32 x,
+    loading each step's words in the step (the H200 sweep of these, bench/moe_gemv_sweep.py, is
+    what a change here must follow)."""
+    return replace(gemv_default_config(n, k, qtype, act_q8=0), split=1, q8=0, prefetch=False)
+
+
 def moe_gemv(x: torch.Tensor, ids: torch.Tensor, w: GemvPacked | torch.Tensor, n: int, k: int,
              qtype: GGMLType | int | str, n_expert: int, out: torch.Tensor | None = None,
-             bias: torch.Tensor | None = None) -> torch.Tensor:
+             bias: torch.Tensor | None = None, config: GemvConfig | dict | None = None) -> torch.Tensor:
     """out f32 [T, k_used, n]: slot (t, j) = x[t] (x [T, k]) or x[t, j] (x [T, k_used, k]) @ the
     expert ids[t, j]'s [n, k] matrix of `w` (`repack_experts`; raw bytes are repacked per call).
     Ids outside 0..n_expert-1 read out of bounds: the router makes them (moe_route_rows).
-    `bias` f32 [n_expert * n]: each slot's expert's bias added (gpt-oss)."""
+    `bias` f32 [n_expert * n]: each slot's expert's bias added (gpt-oss). `config` pins the tile
+    (a GemvConfig or its fields; split is ignored; q8 > 0 quantizes x's rows to int8 first, for
+    the types with an int8 path); None: `moe_gemv_config`."""
     what = "moe_gemv"
     w, t_type, (t, used, xdiv), out = _packed_call(what, x, ids, w, n, k, qtype, n_expert, out)
     check_expert_bias(what, bias, n, n_expert, x)
+    if config is None:
+        cfg = moe_gemv_config(n, k, t_type)
+    else:
+        cfg = GemvConfig(**config) if isinstance(config, dict) else config
+        if cfg.q8 not in (0, 1, 2):
+            raise UnsupportedError(f"{what}: config q8 must be 0, 1 or 2 passes, got {cfg.q8!r}")
     if t:
-        cfg = gemv_default_config(n, k, t_type, act_q8=0)
         launch_packed(what, x, w, out, cfg, moe=(ids, t * used, xdiv, n, *([] if bias is None else [bias])))
     return out
 
@@ -549,5 +564,5 @@ def moe_sum_rows(y: torch.Tensor, weights: torch.Tensor, out: torch.Tensor | Non
     return out
 
 
-__all__ = ["GEMV_TYPES", "moe_route_rows", "moe_gemv", "moe_mmq", "moe_mm16", "moe_align", "moe_matmul_f16",
-           "moe_sum_rows", "repack_experts", "f16_experts"]
+__all__ = ["GEMV_TYPES", "moe_route_rows", "moe_gemv", "moe_gemv_config", "moe_mmq", "moe_mm16", "moe_align",
+           "moe_matmul_f16", "moe_sum_rows", "repack_experts", "f16_experts"]

@@ -91,6 +91,40 @@ def test_mm16_refuses_and_handles_edges(device, gen):
     assert empty.shape == (0, 2, n)
 
 
+def _q8_bound(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Per output, the most x's int8 records (one pass: scale max|x| / 127 per 32, round to
+    nearest) can move it: sum over k of |w| times half a step of x's block."""
+    xs = x if x.dim() == 3 else x.unsqueeze(1).expand(-1, ids.shape[1], -1)
+    half_step = xs.abs().reshape(*xs.shape[:-1], -1, 32).amax(-1).repeat_interleave(32, -1) / 254
+    return torch.einsum("tjk,tjnk->tjn", half_step.double(), w[ids.long()].abs())
+
+
+@pytest.mark.parametrize("t", [GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.MXFP4, GGMLType.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("config", [
+    {"r": 2, "lr": 4, "wk": 1, "prefetch": True},
+    {"r": 2, "lr": 8, "wk": 2, "q8": 1},
+    {"r": 4, "lr": 4, "wk": 1, "q8": 2, "prefetch": True, "maxnreg": 168},
+], ids=["prefetch", "q8x1", "q8x2-prefetch"])
+def test_gemv_tiles_every_slot_from_its_x_row(t, config, device, gen, check):
+    """moe_gemv on pinned tiles (the sweep's, bench/moe_gemv_sweep.py): prefetching words, x read
+    as int8 records (one and two passes; the planes types keep f32 x), x shared by a row's slots
+    and x per slot; each slot's output within f32 summation of the exact product, or within the
+    int8 records' rounding bound: a slot reading another slot's x row, expert or scales is off
+    by the size of the product."""
+    e, n, k, tokens, used = 6, 20, _k(t, 12), 3, 2
+    raw, w = _experts(t, e, n, k, gen)
+    packed = moe.repack_experts(raw.to(device), n, k, t, e)
+    for per_slot in (False, True):
+        x = torch.randn(tokens, *((used,) if per_slot else ()), k, generator=gen)
+        ids = _ids(tokens, used, e, gen)
+        out = check.poisoned((tokens, used, n), torch.float32, device)
+        moe.moe_gemv(x.to(device), ids.to(device), packed, n, k, t, e, out=out, config=config)
+        got, ref = out.cpu().double(), _ref(x, ids, w)
+        q8 = config.get("q8", 0) and t != GGMLType.Q6_K
+        bound = _q8_bound(x, ids, w) * 1.01 + 1e-4 if q8 else 1e-4 * (1 + ref.abs())
+        assert bool(((got - ref).abs() <= bound).all()), float(((got - ref).abs() - bound).max())
+
+
 @pytest.mark.parametrize("tokens, used, e, block_m", [(5, 2, 8, 16), (64, 8, 128, 16), (300, 8, 128, 64),
                                                       (3, 4, 32, 32)])
 def test_align_groups_every_slot_once_by_expert(tokens, used, e, block_m, device, gen):

@@ -1,0 +1,92 @@
+"""Tile sweep of the expert GEMV (kernels/triton/moe.py moe_gemv: the shared GEMV kernel in MOE
+mode) at Qwen3-30B-A3B's shapes (128 experts, 8 used: gate Q4_K [768, 2048], down Q6_K
+[2048, 768]) and gpt-oss-20b's (32 experts, 4 used, MXFP4 [2880, 2880] gate and down), for one
+decode row and a batch of 16: µs per call (triton.testing.do_bench, median, L2 flushed) of each
+tile, int8 x included (its quantize launch counted in the call), against `moe_gemv_config`'s
+default, with the % of copy bandwidth counting only the chosen experts' bytes. A study script
+(bench/NOTES.md), CUDA only.
+
+    python3 bench/moe_gemv_sweep.py [--copy-gbs 4223]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from minfer.contracts.harness import random_blocks  # noqa: E402
+from minfer.kernels.triton import moe  # noqa: E402
+from minfer.kernels.triton.gemv import GemvConfig  # noqa: E402
+from minfer.kernels.triton.qmatmul import Q8_TYPES  # noqa: E402
+from minfer.quant.types import QUANT_TABLE, by_name  # noqa: E402
+
+SHAPES = [  # (label, type, experts, used, n, k, x per slot)
+    ("qwen3moe gate", "Q4_K", 128, 8, 768, 2048, False),
+    ("qwen3moe down", "Q6_K", 128, 8, 2048, 768, True),
+    ("gpt-oss gate", "MXFP4", 32, 4, 2880, 2880, False),
+    ("gpt-oss down", "MXFP4", 32, 4, 2880, 2880, True),
+]
+TILES = [(2, 4), (4, 4), (2, 8)]  # (rows per lane, lanes along rows)
+WARPS = (1, 2, 4)
+
+
+def us_of(kernel, *args, **kw) -> float:
+    """Median µs of one call (do_bench: L2 flushed between calls)."""
+    return triton.testing.do_bench(lambda: kernel(*args, **kw)) * 1e3
+
+
+def configs(int8_x: bool):
+    for (r, lr), wk, prefetch, q8 in itertools.product(TILES, WARPS, (False, True), (0, 2) if int8_x else (0,)):
+        yield GemvConfig(r=r, lr=lr, wk=wk, prefetch=prefetch, q8=q8, maxnreg=168 if prefetch else 128)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--copy-gbs", type=float, default=4223.0, help="the GPU's copy bandwidth (GB/s) for %% copy")
+    args = ap.parse_args()
+    dev = "cuda"
+    g = torch.Generator(device="cpu").manual_seed(0)
+    summary = []
+    for label, tname, e, used, n, k, per_slot in SHAPES:
+        info = QUANT_TABLE[by_name(tname).type]
+        w = moe.repack_experts(random_blocks(info, e * n, k, g).to(dev), n, k, info.type, e)
+        for rows in (1, 16):
+            x = torch.randn(rows, used, k, device=dev) if per_slot else torch.randn(rows, k, device=dev)
+            ids = torch.stack([torch.randperm(e)[:used] for _ in range(rows)]).int().to(dev)
+            out = torch.empty(rows, used, n, device=dev)
+            call = (x, ids, w, n, k, info.type, e)
+            gb = ids.unique().numel() * info.nbytes(n * k) / 1e9
+            pct = lambda us, gb=gb: 100 * gb / (us * 1e-6) / args.copy_gbs  # noqa: E731
+            us_d = us_of(moe.moe_gemv, *call, out=out)
+            res = []
+            for cfg in configs(info.type in Q8_TYPES):
+                try:
+                    us = us_of(moe.moe_gemv, *call, out=out, config=cfg)
+                except Exception as exc:  # noqa: BLE001  (a tile the compiler refuses: out of resources)
+                    print(f"  {cfg}: {type(exc).__name__}", flush=True)
+                    continue
+                res.append((us, cfg))
+            res.sort(key=lambda r: r[0])
+            d = moe.moe_gemv_config(n, k, info.type)
+            print(f"{label:14} rows {rows:3}: default {us_d:7.1f} us ({pct(us_d):4.1f} % copy) "
+                  f"r{d.r} lr{d.lr} wk{d.wk} pf{int(d.prefetch)} q8 {d.q8}", flush=True)
+            for us, c in res[:5]:
+                print(f"{'':20} {us:7.1f} us ({pct(us):4.1f} %) r{c.r} lr{c.lr} wk{c.wk} pf{int(c.prefetch)} q8 {c.q8}",
+                      flush=True)
+            if res:
+                b = res[0][1]
+                summary.append(f"{label:14} {rows:3} rows  default {us_d:7.1f}  best {res[0][0]:7.1f} "
+                               f"({us_d / res[0][0]:.2f}x, {pct(res[0][0]):4.1f} % copy)  "
+                               f"r{b.r} lr{b.lr} wk{b.wk} pf{int(b.prefetch)} q8 {b.q8}")
+    print("\n".join(["--- moe_gemv: default against the sweep's best"] + summary))
+
+
+if __name__ == "__main__":
+    main()
