@@ -13,6 +13,8 @@
 #                                                       bench/gemv_rows.py, the 7B at B=1/2/4/8 against
 #                                                       llama-batched-bench (its CUDA build made meanwhile): ~10 minutes
 #   PARTS=small+cpu bash bench/h200_driver.sh start     both: small, then the host CPU's table (~11 minutes)
+#   PARTS=moequick bash bench/h200_driver.sh start      the expert GEMV's tile sweep, then qwen3-30b-a3b tg128 and B=16
+#                                                       against llama.cpp (its CUDA build meanwhile): ~6 minutes
 #   PARTS=moe bash bench/h200_driver.sh start           only the mixtures of experts (issue 25): the two MoE files,
 #                                                       their GPU tests (and tiny-gpt-oss on the tree at $BASE), the
 #                                                       kernel tables of bench/moe_profile.py, minfer's runs while
@@ -168,6 +170,27 @@ elif [ "$PARTS" = small ] || [ "$PARTS" = small+cpu ]; then  # small decode batc
   [ "$PARTS" = small ] && { step done; exit 0; }
   while ! grep -q "build rc" $D/llama-build-cpu.txt; do sleep 2; done; cat $D/llama-build-cpu.txt
   while ! grep -q "synth done" $D/synth-cpu.txt; do sleep 2; done; cat $D/synth-cpu.txt
+elif [ "$PARTS" = moequick ]; then  # a short budget: the expert GEMV's tiles, then qwen3moe tg128 and B=16 only
+  (W=/tmp/llama.cpp; [ -d $W ] || tar xzf .anchor/llama-src.tgz -C /tmp
+   cd $W && cmake -S . -B build-cuda -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+     -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 > cmake-cuda.log 2>&1 \
+     && cmake --build build-cuda --target llama-bench llama-batched-bench -j14 > build-cuda.log 2>&1
+   echo "cuda build rc=$? $(since)") > $D/llama-build.txt 2>&1 &
+  (synth qwen3-30b-a3b q4_k_m; echo "synth done $(since)") > $D/synth.txt 2>&1 &
+  step moesweep
+  timeout 300 python3 bench/moe_gemv_sweep.py > $D/moe-gemv-sweep.txt 2>&1
+  sed -n '/^--- moe_gemv/,$p' $D/moe-gemv-sweep.txt >> $D/tables.txt; cat $D/tables.txt
+  while ! grep -q "synth done" $D/synth.txt; do sleep 2; done; cat $D/synth.txt
+  : > $D/bench.jsonl
+  step minfer
+  F=$M/qwen3-30b-a3b-q4_k_m.gguf
+  minfer_rows $F qwen3-30b-a3b cuda -p 0 -n 0 -b 16 -r 2
+  minfer_rows $F qwen3-30b-a3b cuda -p 0 -n 128 -r 3 -b ""
+  step llama; while ! grep -q "build rc" $D/llama-build.txt; do sleep 2; done; cat $D/llama-build.txt
+  batched_rows $F qwen3-30b-a3b 16
+  llama_rows $LB $F qwen3-30b-a3b -ngl 99 -fa 1 -p 0 -n 128 -r 3
+  table qwen3-30b
+  step done; exit 0
 elif [ "$PARTS" = moe ]; then  # minfer's runs while llama.cpp builds (-j12: 4 cores left to the runs), then llama.cpp's
   (W=/tmp/llama.cpp; [ -d $W ] || tar xzf .anchor/llama-src.tgz -C /tmp
    cd $W && cmake -S . -B build-cuda -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \

@@ -1,7 +1,7 @@
 """Tile sweep of the expert GEMV (kernels/triton/moe.py moe_gemv: the shared GEMV kernel in MOE
 mode) at Qwen3-30B-A3B's shapes (128 experts, 8 used: gate Q4_K [768, 2048], down Q6_K
 [2048, 768]) and gpt-oss-20b's (32 experts, 4 used, MXFP4 [2880, 2880] gate and down), for one
-decode row and a batch of 16: µs per call (triton.testing.do_bench, median, L2 flushed) of each
+decode row and a batch of 16: µs per call (replayed in a CUDA graph, median) of each
 tile, int8 x included (its quantize launch counted in the call), against `moe_gemv_config`'s
 default, with the % of copy bandwidth counting only the chosen experts' bytes. A study script
 (bench/NOTES.md), CUDA only.
@@ -37,9 +37,18 @@ TILES = [(2, 4), (4, 4), (2, 8)]  # (rows per lane, lanes along rows)
 WARPS = (1, 2, 4)
 
 
-def us_of(kernel, *args, **kw) -> float:
-    """Median µs of one call (do_bench: L2 flushed between calls)."""
-    return triton.testing.do_bench(lambda: kernel(*args, **kw)) * 1e3
+ID_SETS = 16  # calls a timing cycles through, each with its own experts: 16 x 8 of 128 experts is every one
+
+
+def us_of(kernel, x, id_sets, *args, **kw) -> float:
+    """Median µs of one call, the calls replayed as a CUDA graph (do_bench_cudagraph): the
+    device's time, not the host's ~30 us of Python a launch (plain do_bench measured that at one
+    row, 2026-12-05). A replay makes ID_SETS calls, each on other experts, so one call's experts
+    (7 MB at one qwen3moe row) are out of L2 (50 MB) by the time they come round again."""
+    def calls():
+        for ids in id_sets:
+            kernel(x, ids, *args, **kw)
+    return triton.testing.do_bench_cudagraph(calls) * 1e3 / len(id_sets)
 
 
 def configs(int8_x: bool):
@@ -59,10 +68,11 @@ def main() -> None:
         w = moe.repack_experts(random_blocks(info, e * n, k, g).to(dev), n, k, info.type, e)
         for rows in (1, 16):
             x = torch.randn(rows, used, k, device=dev) if per_slot else torch.randn(rows, k, device=dev)
-            ids = torch.stack([torch.randperm(e)[:used] for _ in range(rows)]).int().to(dev)
+            id_sets = [torch.stack([torch.randperm(e)[:used] for _ in range(rows)]).int().to(dev)
+                       for _ in range(ID_SETS)]
             out = torch.empty(rows, used, n, device=dev)
-            call = (x, ids, w, n, k, info.type, e)
-            gb = ids.unique().numel() * info.nbytes(n * k) / 1e9
+            call = (x, id_sets, w, n, k, info.type, e)
+            gb = sum(ids.unique().numel() for ids in id_sets) / ID_SETS * info.nbytes(n * k) / 1e9
             pct = lambda us, gb=gb: 100 * gb / (us * 1e-6) / args.copy_gbs  # noqa: E731
             us_d = us_of(moe.moe_gemv, *call, out=out)
             res = []
@@ -74,7 +84,7 @@ def main() -> None:
                     continue
                 res.append((us, cfg))
             res.sort(key=lambda r: r[0])
-            d = moe.moe_gemv_config(n, k, info.type)
+            d = moe.moe_gemv_config(n, k, info.type, rows * used)
             print(f"{label:14} rows {rows:3}: default {us_d:7.1f} us ({pct(us_d):4.1f} % copy) "
                   f"r{d.r} lr{d.lr} wk{d.wk} pf{int(d.prefetch)} q8 {d.q8}", flush=True)
             for us, c in res[:5]:

@@ -62,6 +62,7 @@ from ._common import (
     wait_prior,
 )
 from .gemv import GemvConfig, _lut_bytes
+from .lut4 import LUT4_TYPES
 from .mmq import MMQ_CONFIGS, _w_scales, kernel_planes, launch_mmq_moe
 from .qmatmul import GEMV_TYPES, GemvPacked, gemv_default_config, gemv_type, launch_packed, repack_gemv
 
@@ -221,10 +222,19 @@ def _packed_call(what: str, x, ids, w, n: int, k: int, qtype, n_expert: int, out
     return w, t_type, (t, used, xdiv), make_out(what, out, (t, used, n), torch.float32, device)
 
 
-def moe_gemv_config(n: int, k: int, qtype: GGMLType) -> GemvConfig:
-    """The GEMV tile an expert call launches: the type's own for one [n, k] expert, on f32 x,
-    loading each step's words in the step (the H200 sweep of these, bench/moe_gemv_sweep.py, is
-    what a change here must follow)."""
+MANY_SLOTS = 32  # slots (rows x experts used) from which a call takes the batch tile
+
+
+def moe_gemv_config(n: int, k: int, qtype: GGMLType, slots: int = 1) -> GemvConfig:
+    """The GEMV tile an expert call of `slots` slots launches. From MANY_SLOTS: 16 rows a
+    program (4 rows per lane, 4 lanes along rows), one warp, words loaded in the step; int8 x (two
+    passes) for the lookup types, whose f32 path decodes each code through the table per row
+    (H200, bench/moe_gemv_sweep.py at 16 decode rows, 2026-12-05: qwen3moe Q4_K gate 132.7 ->
+    67.4 us, Q6_K down 171.0 -> 75.9, gpt-oss MXFP4 gate 164.0 -> 105.9 and down 161.8 -> 103.3).
+    Fewer: the type's own tile for one [n, k] expert, on f32 x, loading each step's words in the
+    step (the one-row sweep is host-bound: not measured yet)."""
+    if slots >= MANY_SLOTS:
+        return GemvConfig(r=4, lr=4, wk=1, maxnreg=128, q8=2 if qtype in LUT4_TYPES else 0)
     return replace(gemv_default_config(n, k, qtype, act_q8=0), split=1, q8=0, prefetch=False)
 
 
@@ -241,7 +251,7 @@ def moe_gemv(x: torch.Tensor, ids: torch.Tensor, w: GemvPacked | torch.Tensor, n
     w, t_type, (t, used, xdiv), out = _packed_call(what, x, ids, w, n, k, qtype, n_expert, out)
     check_expert_bias(what, bias, n, n_expert, x)
     if config is None:
-        cfg = moe_gemv_config(n, k, t_type)
+        cfg = moe_gemv_config(n, k, t_type, t * used)
     else:
         cfg = GemvConfig(**config) if isinstance(config, dict) else config
         if cfg.q8 not in (0, 1, 2):

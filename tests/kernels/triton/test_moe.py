@@ -104,14 +104,15 @@ def _q8_bound(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tens
     {"r": 2, "lr": 4, "wk": 1, "prefetch": True},
     {"r": 2, "lr": 8, "wk": 2, "q8": 1},
     {"r": 4, "lr": 4, "wk": 1, "q8": 2, "prefetch": True, "maxnreg": 168},
-], ids=["prefetch", "q8x1", "q8x2-prefetch"])
+    None,  # moe_gemv_config's batch tile (17 rows x 2 used >= MANY_SLOTS)
+], ids=["prefetch", "q8x1", "q8x2-prefetch", "default-batch"])
 def test_gemv_tiles_every_slot_from_its_x_row(t, config, device, gen, check):
     """moe_gemv on pinned tiles (the sweep's, bench/moe_gemv_sweep.py): prefetching words, x read
     as int8 records (one and two passes; the planes types keep f32 x), x shared by a row's slots
     and x per slot; each slot's output within f32 summation of the exact product, or within the
     int8 records' rounding bound: a slot reading another slot's x row, expert or scales is off
     by the size of the product."""
-    e, n, k, tokens, used = 6, 20, _k(t, 12), 3, 2
+    e, n, k, tokens, used = 6, 20, _k(t, 12), 3 if config else 17, 2
     raw, w = _experts(t, e, n, k, gen)
     packed = moe.repack_experts(raw.to(device), n, k, t, e)
     for per_slot in (False, True):
@@ -120,7 +121,7 @@ def test_gemv_tiles_every_slot_from_its_x_row(t, config, device, gen, check):
         out = check.poisoned((tokens, used, n), torch.float32, device)
         moe.moe_gemv(x.to(device), ids.to(device), packed, n, k, t, e, out=out, config=config)
         got, ref = out.cpu().double(), _ref(x, ids, w)
-        q8 = config.get("q8", 0) and t != GGMLType.Q6_K
+        q8 = (config or moe.moe_gemv_config(n, k, t, tokens * used).__dict__).get("q8", 0) and t != GGMLType.Q6_K
         bound = _q8_bound(x, ids, w) * 1.01 + 1e-4 if q8 else 1e-4 * (1 + ref.abs())
         assert bool(((got - ref).abs() <= bound).all()), float(((got - ref).abs() - bound).max())
 
