@@ -178,7 +178,7 @@ elif [ "$PARTS" = moequick ]; then  # a short budget: the expert GEMV's tiles, t
    echo "cuda build rc=$? $(since)") > $D/llama-build.txt 2>&1 &
   (synth qwen3-30b-a3b q4_k_m; echo "synth done $(since)") > $D/synth.txt 2>&1 &
   step moesweep
-  timeout 300 python3 bench/moe_gemv_sweep.py > $D/moe-gemv-sweep.txt 2>&1
+  timeout 300 python3 bench/moe_gemv_sweep.py --rows ${SWEEP_ROWS:-1,16} > $D/moe-gemv-sweep.txt 2>&1
   sed -n '/^--- moe_gemv/,$p' $D/moe-gemv-sweep.txt >> $D/tables.txt; cat $D/tables.txt
   while ! grep -q "synth done" $D/synth.txt; do sleep 2; done; cat $D/synth.txt
   : > $D/bench.jsonl

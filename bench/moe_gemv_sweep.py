@@ -6,7 +6,7 @@ tile, int8 x included (its quantize launch counted in the call), against `moe_ge
 default, with the % of copy bandwidth counting only the chosen experts' bytes. A study script
 (bench/NOTES.md), CUDA only.
 
-    python3 bench/moe_gemv_sweep.py [--copy-gbs 4223]
+    python3 bench/moe_gemv_sweep.py [--rows 1,16] [--copy-gbs 4223]
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ def configs(int8_x: bool):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--copy-gbs", type=float, default=4223.0, help="the GPU's copy bandwidth (GB/s) for %% copy")
+    ap.add_argument("--rows", default="1,16", help="decode rows to time, comma-separated")
     args = ap.parse_args()
     dev = "cuda"
     g = torch.Generator(device="cpu").manual_seed(0)
@@ -66,7 +67,7 @@ def main() -> None:
     for label, tname, e, used, n, k, per_slot in SHAPES:
         info = QUANT_TABLE[by_name(tname).type]
         w = moe.repack_experts(random_blocks(info, e * n, k, g).to(dev), n, k, info.type, e)
-        for rows in (1, 16):
+        for rows in (int(v) for v in args.rows.split(",")):
             x = torch.randn(rows, used, k, device=dev) if per_slot else torch.randn(rows, k, device=dev)
             id_sets = [torch.stack([torch.randperm(e)[:used] for _ in range(rows)]).int().to(dev)
                        for _ in range(ID_SETS)]
