@@ -15,6 +15,8 @@
 #   PARTS=small+cpu bash bench/h200_driver.sh start     both: small, then the host CPU's table (~11 minutes)
 #   PARTS=moequick bash bench/h200_driver.sh start      the expert GEMV's tile sweep, then qwen3-30b-a3b tg128 and B=16
 #                                                       against llama.cpp (its CUDA build meanwhile): ~6 minutes
+#   PARTS=moelean BASE=REV bash bench/h200_driver.sh start   the sweep's one-row tiles, then qwen3-30b-a3b B=16 on this
+#                                                       tree, on REV, on this tree again (no llama.cpp): ~4 minutes
 #   PARTS=moe bash bench/h200_driver.sh start           only the mixtures of experts (issue 25): the two MoE files,
 #                                                       their GPU tests (and tiny-gpt-oss on the tree at $BASE), the
 #                                                       kernel tables of bench/moe_profile.py, minfer's runs while
@@ -190,6 +192,20 @@ elif [ "$PARTS" = moequick ]; then  # a short budget: the expert GEMV's tiles, t
   batched_rows $F qwen3-30b-a3b 16
   llama_rows $LB $F qwen3-30b-a3b -ngl 99 -fa 1 -p 0 -n 128 -r 3
   table qwen3-30b
+  step done; exit 0
+elif [ "$PARTS" = moelean ]; then  # the shortest budget: no llama.cpp build; qwen3moe B=16 on this tree and on $BASE
+  (synth qwen3-30b-a3b q4_k_m; echo "synth done $(since)") > $D/synth.txt 2>&1 &
+  git worktree add -f /tmp/base "${BASE:?BASE: the commit to compare}" > /dev/null 2>&1
+  step moesweep
+  timeout 200 python3 bench/moe_gemv_sweep.py --rows ${SWEEP_ROWS:-1} > $D/moe-gemv-sweep.txt 2>&1
+  sed -n '/^--- moe_gemv/,$p' $D/moe-gemv-sweep.txt >> $D/tables.txt; cat $D/tables.txt
+  while ! grep -q "synth done" $D/synth.txt; do sleep 2; done; cat $D/synth.txt
+  : > $D/bench.jsonl
+  step minfer
+  F=$M/qwen3-30b-a3b-q4_k_m.gguf
+  minfer_rows $F qwen3-30b-a3b cuda -p 0 -n 0 -b 16 -r 2
+  (cd /tmp/base && PYTHONPATH=/tmp/base:/tmp/pylib minfer_rows $F "base-qwen3-30b-a3b" cuda -p 0 -n 0 -b 16 -r 2)
+  minfer_rows $F qwen3-30b-a3b cuda -p 0 -n 0 -b 16 -r 2
   step done; exit 0
 elif [ "$PARTS" = moe ]; then  # minfer's runs while llama.cpp builds (-j12: 4 cores left to the runs), then llama.cpp's
   (W=/tmp/llama.cpp; [ -d $W ] || tar xzf .anchor/llama-src.tgz -C /tmp
