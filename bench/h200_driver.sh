@@ -196,16 +196,16 @@ elif [ "$PARTS" = moequick ]; then  # a short budget: the expert GEMV's tiles, t
 elif [ "$PARTS" = moelean ]; then  # the shortest budget: no llama.cpp build; qwen3moe B=16 on this tree and on $BASE
   (synth qwen3-30b-a3b q4_k_m; echo "synth done $(since)") > $D/synth.txt 2>&1 &
   git worktree add -f /tmp/base "${BASE:?BASE: the commit to compare}" > /dev/null 2>&1
-  step moesweep
+  [ "${SWEEP_ROWS:-1}" = 0 ] || { step moesweep
   timeout 200 python3 bench/moe_gemv_sweep.py --rows ${SWEEP_ROWS:-1} > $D/moe-gemv-sweep.txt 2>&1
-  sed -n '/^--- moe_gemv/,$p' $D/moe-gemv-sweep.txt >> $D/tables.txt; cat $D/tables.txt
+  sed -n '/^--- moe_gemv/,$p' $D/moe-gemv-sweep.txt >> $D/tables.txt; cat $D/tables.txt; }
   while ! grep -q "synth done" $D/synth.txt; do sleep 2; done; cat $D/synth.txt
   : > $D/bench.jsonl
   step minfer
   F=$M/qwen3-30b-a3b-q4_k_m.gguf
   minfer_rows $F qwen3-30b-a3b cuda -p 0 -n 0 -b 16 -r 2
   (cd /tmp/base && PYTHONPATH=/tmp/base:/tmp/pylib minfer_rows $F "base-qwen3-30b-a3b" cuda -p 0 -n 0 -b 16 -r 2)
-  minfer_rows $F qwen3-30b-a3b cuda -p 0 -n 0 -b 16 -r 2
+  [ "${SWEEP_ROWS:-1}" = 0 ] || minfer_rows $F qwen3-30b-a3b cuda -p 0 -n 0 -b 16 -r 2
   step done; exit 0
 elif [ "$PARTS" = moe ]; then  # minfer's runs while llama.cpp builds (-j12: 4 cores left to the runs), then llama.cpp's
   (W=/tmp/llama.cpp; [ -d $W ] || tar xzf .anchor/llama-src.tgz -C /tmp
