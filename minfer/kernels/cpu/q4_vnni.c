@@ -874,13 +874,13 @@ static void tile_rows1(int rows, int P, const layout *L, size_t b0, int G, const
                                  q + (size_t)r0 * PP * k, d + (size_t)r0 * PP * G, sx + (size_t)r0 * G, \
                                  x16 != NULL ? x16 + (size_t)r0 * PP * G * 2 : NULL, \
                                  ZZ ? zq + (size_t)r0 * G : NULL, k, y + (size_t)r0 * ldy, ldy)
-#define RC(R, PP, BB) ((R) < ROWS_CAP(PP, BB) ? (R) : ROWS_CAP(PP, BB))  /* (rows <= cap: the rest unused) */
+/* (rows <= ROWS_CAP >= 4, tile_rows' split: a case past the cap is never taken, and compiles to nothing) */
 #define ROWS(PP, BB, LU, KS, ZZ) switch (rows) {    \
-        case 6: TILE(RC(6, PP, BB), PP, BB, LU, KS, ZZ); break; \
-        case 5: TILE(RC(5, PP, BB), PP, BB, LU, KS, ZZ); break; \
-        case 4: TILE(RC(4, PP, BB), PP, BB, LU, KS, ZZ); break; \
-        case 3: TILE(RC(3, PP, BB), PP, BB, LU, KS, ZZ); break; \
-        case 2: TILE(RC(2, PP, BB), PP, BB, LU, KS, ZZ); break; \
+        case 6: if (ROWS_CAP(PP, BB) >= 6) TILE(6, PP, BB, LU, KS, ZZ); break; \
+        case 5: if (ROWS_CAP(PP, BB) >= 5) TILE(5, PP, BB, LU, KS, ZZ); break; \
+        case 4: TILE(4, PP, BB, LU, KS, ZZ); break; \
+        case 3: TILE(3, PP, BB, LU, KS, ZZ); break; \
+        case 2: TILE(2, PP, BB, LU, KS, ZZ); break; \
         default: TILE(1, PP, BB, LU, KS, ZZ); break; \
     }
 #define PASSES(BB, LU, KS) if (P == 1) { ROWS(1, BB, LU, KS, 0) } else { ROWS(2, BB, LU, KS, 0) }
@@ -904,7 +904,6 @@ static void tile_rows1(int rows, int P, const layout *L, size_t b0, int G, const
 #undef PASSES_ZI
 #undef PASSES
 #undef ROWS
-#undef RC
 #undef TILE
 }
 
