@@ -23,7 +23,6 @@ TARGET = ("cuda", 90, 32)
 
 def variants():
     """(name, jit function, signature, constexprs, options) for each variant to compile."""
-    from dataclasses import replace
 
     import torch
     import triton
@@ -149,23 +148,28 @@ def variants():
                 opts = {"num_warps": cfg.wk, "maxnreg": cfg.maxnreg}
                 out.append((name, gemv._q4_0_gemv_kernel, dict(sig, d_ptr=d_t, m_ptr=m_t, **q8(cfg.q8)), consts,
                             opts))
-    # the expert GEMV (moe.py): Qwen3-30B-A3B's gate / up (Q4_K [768, 2048]) and down (Q6_K [2048, 768]), Q4_0
-    for t, (n, k) in [(GGMLType.Q4_K, (768, 2048)), (GGMLType.Q6_K, (2048, 768)), (GGMLType.Q4_0, (768, 2048))]:
-        from minfer.kernels.triton.qmatmul import gemv_default_config
+    # the expert GEMV (moe.py): Qwen3-30B-A3B's gate / up (Q4_K [768, 2048]) and down (Q6_K [2048, 768]), Q4_0,
+    # gpt-oss-20b's MXFP4 [2880, 2880]; moe_gemv_config's one-row tile (8 slots) and batch tile (128 slots)
+    from minfer.kernels.triton.moe import moe_gemv_config
 
-        cfg = replace(gemv_default_config(n, k, t, act_q8=0), split=1, prefetch=False)
-        pt = planes.PLANE_TYPES.get(t)
-        mode = pt.mode if pt else (2 if t == GGMLType.Q4_K else 0)
-        consts = dict(R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=False, EVEN_K=False, MODE=mode,
-                      PREFETCH=False, PDL=True, Q8X=0, **dict(no_planes, MOE=True))
-        tsig = dict(sig, d_ptr=scale_types.get(mode, ("*fp16",))[0], m_ptr=scale_types.get(mode, (0, "*fp16"))[1])
-        if pt:
-            d_t, m_t = plane_dtypes[pt.mode]
-            consts.update(PLANES=True, LB=pt.lb, HB=pt.hb, CENTER=pt.center)
-            tsig = dict(sig, qs_ptr=ptr[planes._WORD_DTYPES[pt.lb]], d_ptr=ptr[d_t], m_ptr=ptr[m_t],
-                        h_ptr=ptr[planes._WORD_DTYPES[pt.hb]] if pt.hb else ptr[planes._WORD_DTYPES[pt.lb]])
-        out.append((f"moe_gemv[{t.name} {n}x{k} r{cfg.r} wk{cfg.wk}]", gemv._q4_0_gemv_kernel, tsig, consts,
-                    {"num_warps": cfg.wk, "maxnreg": cfg.maxnreg}))
+    for t, (n, k) in [(GGMLType.Q4_K, (768, 2048)), (GGMLType.Q6_K, (2048, 768)), (GGMLType.Q4_0, (768, 2048)),
+                      (GGMLType.MXFP4, (2880, 2880))]:
+        for slots in (8, 128):
+            cfg = moe_gemv_config(n, k, t, slots)
+            pt = planes.PLANE_TYPES.get(t)
+            lut = t in lut4.LUT4_TYPES
+            mode = pt.mode if pt else lut4.LUT4_MODES[t] if lut else (2 if t == GGMLType.Q4_K else 0)
+            consts = dict(R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=False, EVEN_K=False, MODE=mode,
+                          PREFETCH=cfg.prefetch, PDL=True, Q8X=cfg.q8, **dict(no_planes, MOE=True, LUT=lut))
+            d_t, m_t = lut_scales[mode] if lut else scale_types.get(mode, ("*fp16", "*fp16"))
+            tsig = dict(sig, d_ptr=d_t, m_ptr=m_t, **q8(cfg.q8))
+            if pt:
+                d_t, m_t = plane_dtypes[pt.mode]
+                consts.update(PLANES=True, LB=pt.lb, HB=pt.hb, CENTER=pt.center)
+                tsig = dict(sig, qs_ptr=ptr[planes._WORD_DTYPES[pt.lb]], d_ptr=ptr[d_t], m_ptr=ptr[m_t],
+                            h_ptr=ptr[planes._WORD_DTYPES[pt.hb]] if pt.hb else ptr[planes._WORD_DTYPES[pt.lb]])
+            out.append((f"moe_gemv[{t.name} {n}x{k} r{cfg.r} lr{cfg.lr} wk{cfg.wk} q8={cfg.q8} slots {slots}]",
+                        gemv._q4_0_gemv_kernel, tsig, consts, {"num_warps": cfg.wk, "maxnreg": cfg.maxnreg}))
     # the fused epilogues (gemv_fused.py): SwiGLU on the gate+up configs, bias + RoPE on the q+k+v ones
     for mode, (d_t, m_t), lut in [(0, ("*fp16", "*fp16"), False), (2, ("*i16", "*i32"), False),
                                   (5, ("*i8", "*fp16"), True)]:  # Q4_0, Q4_K, IQ4_XS
