@@ -15,6 +15,9 @@
 #   PARTS=small+cpu bash bench/h200_driver.sh start     both: small, then the host CPU's table (~11 minutes)
 #   PARTS=moequick bash bench/h200_driver.sh start      the expert GEMV's tile sweep, then qwen3-30b-a3b tg128 and B=16
 #                                                       against llama.cpp (its CUDA build meanwhile): ~6 minutes
+#   PARTS=cpudiag bash bench/h200_driver.sh start       issue 26's two open cells: the Q4_0 product at 2 / 4 / 8 threads,
+#                                                       Qwen2.5-0.5B at 4 / 8 threads x3, unpinned and one thread a
+#                                                       core (OMP_PLACES / OMP_PROC_BIND), against llama.cpp: ~6 min
 #   PARTS=moelean BASE=REV bash bench/h200_driver.sh start   the sweep's one-row tiles, then qwen3-30b-a3b B=16 on this
 #                                                       tree, on REV, on this tree again (no llama.cpp): ~4 minutes
 #   PARTS=moe bash bench/h200_driver.sh start           only the mixtures of experts (issue 25): the two MoE files,
@@ -192,6 +195,31 @@ elif [ "$PARTS" = moequick ]; then  # a short budget: the expert GEMV's tiles, t
   batched_rows $F qwen3-30b-a3b 16
   llama_rows $LB $F qwen3-30b-a3b -ngl 99 -fa 1 -p 0 -n 128 -r 3
   table qwen3-30b
+  step done; exit 0
+elif [ "$PARTS" = cpudiag ]; then  # issue 26's open cells: Qwen2.5-0.5B Q4_0 pp512 at 4 threads (0.79x), tg32 at 8
+  # (0.97x): the Q4_0 product's scaling (2 / 4 / 8 threads, twice), then the model at 4 and 8 threads three times,
+  # unpinned and with libgomp's threads one per core (OMP_PLACES=cores OMP_PROC_BIND=spread), against llama.cpp
+  ([ -x $LC/llama-bench ] && exit 0; W=/tmp/llama.cpp; [ -d $W ] || tar xzf .anchor/llama-src.tgz -C /tmp
+   cd $W && cmake -S . -B build-cpu -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
+     -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON > cmake-cpu.log 2>&1 \
+     && cmake --build build-cpu --target llama-bench -j16 > build-cpu.log 2>&1; echo "cpu build rc=$? $(since)") \
+    > $D/llama-build.txt 2>&1
+  synth qwen2.5-0.5b q4_0; cat $D/llama-build.txt
+  grep -c ^processor /proc/cpuinfo; lscpu -e 2>/dev/null | head -20 > $D/lscpu.txt
+  cp minfer/kernels/cpu/q4_vnni.c /tmp/same_q4_vnni.c
+  step products
+  for rep in 1 2; do python3 bench/studies/cpu_gemm_versions.py /tmp/same_q4_vnni.c --types Q4_0,Q4_1 \
+    --threads 2,4,8 2>&1 | grep " P1 " >> $D/gemm-threads.txt; done; cat $D/gemm-threads.txt
+  : > $D/bench.jsonl
+  step models
+  f=$M/qwen2.5-0.5b-q4_0.gguf
+  for rep in 1 2 3; do for th in 4 8; do
+    minfer_rows $f "cpu-qwen-t$th" cpu -t $th -p 512 -n 32 -r 2 -b ""
+    OMP_PLACES=cores OMP_PROC_BIND=spread minfer_rows $f "pinned-qwen-t$th" cpu -t $th -p 512 -n 32 -r 2 -b ""
+    llama_rows $LC $f "cpu-qwen-t$th" -t $th -p 512 -n 32 -r 2
+    tail -2 $D/bench.jsonl | sed "s/cpu-qwen-t$th/pinned-qwen-t$th/" >> $D/bench.jsonl  # (the same llama.cpp rows)
+  done; done
+  table cpu-qwen; table pinned-qwen
   step done; exit 0
 elif [ "$PARTS" = moelean ]; then  # the shortest budget: no llama.cpp build; qwen3moe B=16 on this tree and on $BASE
   (synth qwen3-30b-a3b q4_k_m; echo "synth done $(since)") > $D/synth.txt 2>&1 &
