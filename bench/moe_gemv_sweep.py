@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 import triton  # noqa: E402
+from moe_mm16_sweep import SHAPES  # noqa: E402  (the same shapes: this script's folder is on the path)
 
 from minfer.contracts.harness import random_blocks  # noqa: E402
 from minfer.kernels.triton import moe  # noqa: E402
@@ -27,12 +28,6 @@ from minfer.kernels.triton.gemv import GemvConfig  # noqa: E402
 from minfer.kernels.triton.qmatmul import Q8_TYPES  # noqa: E402
 from minfer.quant.types import QUANT_TABLE, by_name  # noqa: E402
 
-SHAPES = [  # (label, type, experts, used, n, k, x per slot)
-    ("qwen3moe gate", "Q4_K", 128, 8, 768, 2048, False),
-    ("qwen3moe down", "Q6_K", 128, 8, 2048, 768, True),
-    ("gpt-oss gate", "MXFP4", 32, 4, 2880, 2880, False),
-    ("gpt-oss down", "MXFP4", 32, 4, 2880, 2880, True),
-]
 TILES = [(2, 4), (4, 4), (2, 8)]  # (rows per lane, lanes along rows)
 WARPS = (1, 2)  # (4 warps: in no top five of the 16-row sweep, 2026-12-05)
 
