@@ -120,17 +120,30 @@ for (f, t) in sorted({(f, t) for f, t, _ in rows if f.startswith(sys.argv[2])}):
 PY
 }
 
+# llama.cpp's builds from .anchor's sources (device_build.sh's flags): build_cpu JOBS, build_cuda JOBS (llama-bench,
+# llama-batched-bench); each ends its output with "<kind> build rc=N [T s]"
+llama_src() { W=/tmp/llama.cpp; [ -d $W ] || tar xzf .anchor/llama-src.tgz -C /tmp; cd $W; }
+build_cpu() {
+  ([ -x $LC/llama-bench ] && { echo "cpu build rc=0 (made before)"; exit 0; }; llama_src
+   cmake -S . -B build-cpu -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+     -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON > cmake-cpu.log 2>&1 \
+     && cmake --build build-cpu --target llama-bench -j$1 > build-cpu.log 2>&1; echo "cpu build rc=$? $(since)")
+}
+build_cuda() {
+  (llama_src
+   cmake -S . -B build-cuda -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+     -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 > cmake-cuda.log 2>&1 \
+     && cmake --build build-cuda --target llama-bench llama-batched-bench -j$1 > build-cuda.log 2>&1
+   echo "cuda build rc=$? $(since)")
+}
+
 PARTS=${PARTS:-all}
 step setup
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 grep -m1 "model name" /proc/cpuinfo; nproc; grep -o -w -E "avx512_vnni|avx512f|avx_vnni|amx_tile" /proc/cpuinfo | sort -u | tr '\n' ' '; echo
 for w in .whl/*.whl; do python3 -m zipfile -e "$w" /tmp/pylib; done
 if [ "$PARTS" = cpu ]; then  # the CPU build alone, every core on it (device_build.sh's flags)
-  ([ -x $LC/llama-bench ] && exit 0; W=/tmp/llama.cpp; [ -d $W ] || tar xzf .anchor/llama-src.tgz -C /tmp
-   cd $W && cmake -S . -B build-cpu -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
-     -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON > cmake-cpu.log 2>&1 \
-     && cmake --build build-cpu --target llama-bench -j16 > build-cpu.log 2>&1; echo "cpu build rc=$? $(since)") \
-    > $D/llama-build.txt 2>&1 &
+  build_cpu 16 > $D/llama-build.txt 2>&1 &
   (synth smollm2-135m q4_1; synth qwen2.5-0.5b q4_0; synth llama3-8b q4_k; echo "synth done $(since)") > $D/synth.txt 2>&1 &
   # while it builds (the CPU is busy anyway): the GPU conformance run that segfaulted on the C kernels' cases
   MINFER_TEST_DEVICE=cuda timeout 200 python3 -m pytest -q -p no:cacheprovider tests/contracts/test_conformance.py \
@@ -139,19 +152,12 @@ if [ "$PARTS" = cpu ]; then  # the CPU build alone, every core on it (device_bui
   : > $D/bench.jsonl
 elif [ "$PARTS" = small ] || [ "$PARTS" = small+cpu ]; then  # small decode batches (issue 27 item 1): the 7B at
   # B=1/2/4/8 and the GEMV rows; small+cpu: then the host CPU's table (its llama.cpp build and files made meanwhile)
-  W=/tmp/llama.cpp; [ -d $W ] || tar xzf .anchor/llama-src.tgz -C /tmp
+  (llama_src) # (unpacked once, before the two builds share it)
   [ "$PARTS" = small ] || {
-  (cd $W && cmake -S . -B build-cpu -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
-     -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON > cmake-cpu.log 2>&1 \
-     && cmake --build build-cpu --target llama-bench -j4 > build-cpu.log 2>&1; echo "cpu build rc=$? $(since)") \
-    > $D/llama-build-cpu.txt 2>&1 &
+  build_cpu 4 > $D/llama-build-cpu.txt 2>&1 &
   (synth smollm2-135m q4_1; synth qwen2.5-0.5b q4_0; synth llama3-8b q4_k; echo "synth done $(since)") \
     > $D/synth-cpu.txt 2>&1 & }
-  (W=/tmp/llama.cpp
-   cd $W && cmake -S . -B build-cuda -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-     -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 > cmake-cuda.log 2>&1 \
-     && cmake --build build-cuda --target llama-bench llama-batched-bench -j12 > build-cuda.log 2>&1
-   echo "cuda build rc=$? $(since)") > $D/llama-build.txt 2>&1 &
+  build_cuda 12 > $D/llama-build.txt 2>&1 &
   (synth qwen2.5-7b q4_0; echo "synth done $(since)") > $D/synth.txt 2>&1 &
   [ "${STUDY:-1}" = 0 ] || {
   step gputests
@@ -176,11 +182,7 @@ elif [ "$PARTS" = small ] || [ "$PARTS" = small+cpu ]; then  # small decode batc
   while ! grep -q "build rc" $D/llama-build-cpu.txt; do sleep 2; done; cat $D/llama-build-cpu.txt
   while ! grep -q "synth done" $D/synth-cpu.txt; do sleep 2; done; cat $D/synth-cpu.txt
 elif [ "$PARTS" = moequick ]; then  # a short budget: the expert GEMV's tiles, then qwen3moe tg128 and B=16 only
-  (W=/tmp/llama.cpp; [ -d $W ] || tar xzf .anchor/llama-src.tgz -C /tmp
-   cd $W && cmake -S . -B build-cuda -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-     -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 > cmake-cuda.log 2>&1 \
-     && cmake --build build-cuda --target llama-bench llama-batched-bench -j14 > build-cuda.log 2>&1
-   echo "cuda build rc=$? $(since)") > $D/llama-build.txt 2>&1 &
+  build_cuda 14 > $D/llama-build.txt 2>&1 &
   (synth qwen3-30b-a3b q4_k_m; echo "synth done $(since)") > $D/synth.txt 2>&1 &
   step moesweep
   timeout 300 python3 bench/moe_gemv_sweep.py --rows ${SWEEP_ROWS:-1,16} > $D/moe-gemv-sweep.txt 2>&1
@@ -199,11 +201,7 @@ elif [ "$PARTS" = moequick ]; then  # a short budget: the expert GEMV's tiles, t
 elif [ "$PARTS" = cpudiag ]; then  # issue 26's open cells: Qwen2.5-0.5B Q4_0 pp512 at 4 threads (0.79x), tg32 at 8
   # (0.97x): the Q4_0 product's scaling (2 / 4 / 8 threads, twice), then the model at 4 and 8 threads three times,
   # unpinned and with libgomp's threads one per core (OMP_PLACES=cores OMP_PROC_BIND=spread), against llama.cpp
-  ([ -x $LC/llama-bench ] && exit 0; W=/tmp/llama.cpp; [ -d $W ] || tar xzf .anchor/llama-src.tgz -C /tmp
-   cd $W && cmake -S . -B build-cpu -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
-     -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON > cmake-cpu.log 2>&1 \
-     && cmake --build build-cpu --target llama-bench -j16 > build-cpu.log 2>&1; echo "cpu build rc=$? $(since)") \
-    > $D/llama-build.txt 2>&1
+  build_cpu 16 > $D/llama-build.txt 2>&1
   synth qwen2.5-0.5b q4_0; cat $D/llama-build.txt
   grep -c ^processor /proc/cpuinfo; lscpu -e 2>/dev/null | head -20 > $D/lscpu.txt
   cp minfer/kernels/cpu/q4_vnni.c /tmp/same_q4_vnni.c
@@ -236,11 +234,7 @@ elif [ "$PARTS" = moelean ]; then  # the shortest budget: no llama.cpp build; qw
   [ "${SWEEP_ROWS:-1}" = 0 ] || minfer_rows $F qwen3-30b-a3b cuda -p 0 -n 0 -b 16 -r 2
   step done; exit 0
 elif [ "$PARTS" = moe ]; then  # minfer's runs while llama.cpp builds (-j12: 4 cores left to the runs), then llama.cpp's
-  (W=/tmp/llama.cpp; [ -d $W ] || tar xzf .anchor/llama-src.tgz -C /tmp
-   cd $W && cmake -S . -B build-cuda -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-     -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 > cmake-cuda.log 2>&1 \
-     && cmake --build build-cuda --target llama-bench llama-batched-bench -j12 > build-cuda.log 2>&1
-   echo "cuda build rc=$? $(since)") > $D/llama-build.txt 2>&1 &
+  build_cuda 12 > $D/llama-build.txt 2>&1 &
   (synth qwen3-30b-a3b q4_k_m; synth gpt-oss-20b mxfp4; echo "synth done $(since)") > $D/synth.txt 2>&1 &
   [ "${STUDY:-1}" = 0 ] || {  # STUDY=0: the measurements alone (a short device budget)
   step gputests

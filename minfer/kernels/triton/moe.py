@@ -41,6 +41,7 @@ one CUDA graph with no host sync, and one launch runs every chosen expert of eve
 
 from __future__ import annotations
 
+import functools
 import weakref
 from dataclasses import replace
 
@@ -61,7 +62,7 @@ from ._common import (
     release_next,
     wait_prior,
 )
-from .gemv import GemvConfig, _lut_bytes
+from .gemv import GemvConfig, _lut_bytes, check_act_q8
 from .lut4 import LUT4_TYPES
 from .mmq import MMQ_CONFIGS, _w_scales, kernel_planes, launch_mmq_moe
 from .qmatmul import GEMV_TYPES, GemvPacked, gemv_default_config, gemv_type, launch_packed, repack_gemv
@@ -225,6 +226,7 @@ def _packed_call(what: str, x, ids, w, n: int, k: int, qtype, n_expert: int, out
 MANY_SLOTS = 32  # slots (rows x experts used) from which a call takes the batch tile
 
 
+@functools.lru_cache(maxsize=256)  # (the launcher's host time matters at decode sizes, as gemv_config's)
 def moe_gemv_config(n: int, k: int, qtype: GGMLType, slots: int = 1) -> GemvConfig:
     """The GEMV tile an expert call of `slots` slots launches. From MANY_SLOTS: 16 rows a
     program (4 rows per lane, 4 lanes along rows), one warp, words loaded in the step; int8 x (two
@@ -254,8 +256,7 @@ def moe_gemv(x: torch.Tensor, ids: torch.Tensor, w: GemvPacked | torch.Tensor, n
         cfg = moe_gemv_config(n, k, t_type, t * used)
     else:
         cfg = GemvConfig(**config) if isinstance(config, dict) else config
-        if cfg.q8 not in (0, 1, 2):
-            raise UnsupportedError(f"{what}: config q8 must be 0, 1 or 2 passes, got {cfg.q8!r}")
+        check_act_q8(cfg.q8)
     if t:
         launch_packed(what, x, w, out, cfg, moe=(ids, t * used, xdiv, n, *([] if bias is None else [bias])))
     return out

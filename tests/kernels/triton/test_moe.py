@@ -121,7 +121,8 @@ def test_gemv_tiles_every_slot_from_its_x_row(t, config, device, gen, check):
         out = check.poisoned((tokens, used, n), torch.float32, device)
         moe.moe_gemv(x.to(device), ids.to(device), packed, n, k, t, e, out=out, config=config)
         got, ref = out.cpu().double(), _ref(x, ids, w)
-        q8 = (config or moe.moe_gemv_config(n, k, t, tokens * used).__dict__).get("q8", 0) and t != GGMLType.Q6_K
+        passes = moe.moe_gemv_config(n, k, t, tokens * used).q8 if config is None else config.get("q8", 0)
+        q8 = passes and t != GGMLType.Q6_K
         bound = _q8_bound(x, ids, w) * 1.01 + 1e-4 if q8 else 1e-4 * (1 + ref.abs())
         assert bool(((got - ref).abs() <= bound).all()), float(((got - ref).abs() - bound).max())
 
