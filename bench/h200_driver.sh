@@ -18,8 +18,9 @@
 #   PARTS=cpudiag bash bench/h200_driver.sh start       issue 26's two open cells: the Q4_0 product at 2 / 4 / 8 threads,
 #                                                       Qwen2.5-0.5B at 4 / 8 threads x3, unpinned and one thread a
 #                                                       core (OMP_PLACES / OMP_PROC_BIND), against llama.cpp: ~6 min
-#   PARTS=moelean BASE=REV bash bench/h200_driver.sh start   the sweep's one-row tiles, then qwen3-30b-a3b B=16 on this
-#                                                       tree, on REV, on this tree again (no llama.cpp): ~4 minutes
+#   PARTS=moequick+cpudiag bash bench/h200_driver.sh start   both, one after the other: ~12 minutes
+#   PARTS=moelean bash bench/h200_driver.sh start       the sweep's one-row tiles, then qwen3-30b-a3b B=16 on this tree,
+#                                                       on .old/base (see the mode), on this tree again (no llama.cpp): ~4 min
 #   PARTS=moe bash bench/h200_driver.sh start           only the mixtures of experts (issue 25): the two MoE files,
 #                                                       their GPU tests (and tiny-gpt-oss on the tree at $BASE), the
 #                                                       kernel tables of bench/moe_profile.py, minfer's runs while
@@ -137,6 +138,28 @@ build_cuda() {
    echo "cuda build rc=$? $(since)")
 }
 
+# issue 26's open cells: Qwen2.5-0.5B Q4_0 pp512 at 4 threads (0.79x), tg32 at 8 (0.97x): the Q4_0 product's scaling
+# (2 / 4 / 8 threads, twice), then the model at 4 and 8 threads three times, unpinned and with libgomp's threads one
+# per core (OMP_PLACES=cores OMP_PROC_BIND=spread), against llama.cpp
+cpudiag() {
+  build_cpu 16 > $D/llama-build.txt 2>&1
+  [ "$PARTS" = cpudiag ] && synth qwen2.5-0.5b q4_0; have qwen2.5-0.5b q4_0; cat $D/llama-build.txt
+  grep -c ^processor /proc/cpuinfo; lscpu -e 2>/dev/null | head -20 > $D/lscpu.txt
+  cp minfer/kernels/cpu/q4_vnni.c /tmp/same_q4_vnni.c
+  step products
+  for rep in 1 2; do python3 bench/studies/cpu_gemm_versions.py /tmp/same_q4_vnni.c --types Q4_0,Q4_1 \
+    --threads 2,4,8 2>&1 | grep " P1 " >> $D/gemm-threads.txt; done; cat $D/gemm-threads.txt
+  step models
+  f=$M/qwen2.5-0.5b-q4_0.gguf
+  for rep in 1 2 3; do for th in 4 8; do
+    minfer_rows $f "cpu-qwen-t$th" cpu -t $th -p 512 -n 32 -r 2 -b ""
+    OMP_PLACES=cores OMP_PROC_BIND=spread minfer_rows $f "pinned-qwen-t$th" cpu -t $th -p 512 -n 32 -r 2 -b ""
+    llama_rows $LC $f "cpu-qwen-t$th" -t $th -p 512 -n 32 -r 2
+    tail -2 $D/bench.jsonl | sed "s/cpu-qwen-t$th/pinned-qwen-t$th/" >> $D/bench.jsonl  # (the same llama.cpp rows)
+  done; done
+  table cpu-qwen; table pinned-qwen
+}
+
 PARTS=${PARTS:-all}
 step setup
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -181,8 +204,10 @@ elif [ "$PARTS" = small ] || [ "$PARTS" = small+cpu ]; then  # small decode batc
   [ "$PARTS" = small ] && { step done; exit 0; }
   while ! grep -q "build rc" $D/llama-build-cpu.txt; do sleep 2; done; cat $D/llama-build-cpu.txt
   while ! grep -q "synth done" $D/synth-cpu.txt; do sleep 2; done; cat $D/synth-cpu.txt
-elif [ "$PARTS" = moequick ]; then  # a short budget: the expert GEMV's tiles, then qwen3moe tg128 and B=16 only
+elif [ "$PARTS" = moequick ] || [ "$PARTS" = moequick+cpudiag ]; then  # a short budget: the expert GEMV's tiles,
+  # then qwen3moe tg128 and B=16 only; moequick+cpudiag: then cpudiag (its file made meanwhile)
   build_cuda 14 > $D/llama-build.txt 2>&1 &
+  [ "$PARTS" = moequick ] || (synth qwen2.5-0.5b q4_0 &)
   (synth qwen3-30b-a3b q4_k_m; echo "synth done $(since)") > $D/synth.txt 2>&1 &
   step moesweep
   timeout 300 python3 bench/moe_gemv_sweep.py --rows ${SWEEP_ROWS:-1,16} > $D/moe-gemv-sweep.txt 2>&1
@@ -197,31 +222,15 @@ elif [ "$PARTS" = moequick ]; then  # a short budget: the expert GEMV's tiles, t
   batched_rows $F qwen3-30b-a3b 16
   llama_rows $LB $F qwen3-30b-a3b -ngl 99 -fa 1 -p 0 -n 128 -r 3
   table qwen3-30b
+  [ "$PARTS" = moequick ] || { rm -f $F; step cpudiag; cpudiag; }
   step done; exit 0
-elif [ "$PARTS" = cpudiag ]; then  # issue 26's open cells: Qwen2.5-0.5B Q4_0 pp512 at 4 threads (0.79x), tg32 at 8
-  # (0.97x): the Q4_0 product's scaling (2 / 4 / 8 threads, twice), then the model at 4 and 8 threads three times,
-  # unpinned and with libgomp's threads one per core (OMP_PLACES=cores OMP_PROC_BIND=spread), against llama.cpp
-  build_cpu 16 > $D/llama-build.txt 2>&1
-  synth qwen2.5-0.5b q4_0; cat $D/llama-build.txt
-  grep -c ^processor /proc/cpuinfo; lscpu -e 2>/dev/null | head -20 > $D/lscpu.txt
-  cp minfer/kernels/cpu/q4_vnni.c /tmp/same_q4_vnni.c
-  step products
-  for rep in 1 2; do python3 bench/studies/cpu_gemm_versions.py /tmp/same_q4_vnni.c --types Q4_0,Q4_1 \
-    --threads 2,4,8 2>&1 | grep " P1 " >> $D/gemm-threads.txt; done; cat $D/gemm-threads.txt
-  : > $D/bench.jsonl
-  step models
-  f=$M/qwen2.5-0.5b-q4_0.gguf
-  for rep in 1 2 3; do for th in 4 8; do
-    minfer_rows $f "cpu-qwen-t$th" cpu -t $th -p 512 -n 32 -r 2 -b ""
-    OMP_PLACES=cores OMP_PROC_BIND=spread minfer_rows $f "pinned-qwen-t$th" cpu -t $th -p 512 -n 32 -r 2 -b ""
-    llama_rows $LC $f "cpu-qwen-t$th" -t $th -p 512 -n 32 -r 2
-    tail -2 $D/bench.jsonl | sed "s/cpu-qwen-t$th/pinned-qwen-t$th/" >> $D/bench.jsonl  # (the same llama.cpp rows)
-  done; done
-  table cpu-qwen; table pinned-qwen
-  step done; exit 0
+elif [ "$PARTS" = cpudiag ]; then
+  cpudiag; step done; exit 0
 elif [ "$PARTS" = moelean ]; then  # the shortest budget: no llama.cpp build; qwen3moe B=16 on this tree and on $BASE
   (synth qwen3-30b-a3b q4_k_m; echo "synth done $(since)") > $D/synth.txt 2>&1 &
-  git worktree add -f /tmp/base "${BASE:?BASE: the commit to compare}" > /dev/null 2>&1
+  # the base tree travels as files (the device's copy has no .git): here, before the call,
+  #   rm -rf .old/base && mkdir -p .old/base && git archive REV minfer | tar x -C .old/base   (carry ".old")
+  cp -r .old/base /tmp/base || exit 1
   [ "${SWEEP_ROWS:-1}" = 0 ] || { step moesweep
   timeout 200 python3 bench/moe_gemv_sweep.py --rows ${SWEEP_ROWS:-1} > $D/moe-gemv-sweep.txt 2>&1
   sed -n '/^--- moe_gemv/,$p' $D/moe-gemv-sweep.txt >> $D/tables.txt; cat $D/tables.txt; }
