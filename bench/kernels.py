@@ -203,6 +203,20 @@ class Cases:
                 cases.append(Case(f"{kernel.__name__}[{name}]", f"{rows}x{used} {n}x{k} {model} {role}",
                                   lambda kn=kernel, i=info, r=rows, n=n, k=k, p=per_slot: experts(kn, i, r, n, k, p),
                                   touched * info.nbytes(n * k) + io, 2 * rows * used * n * k))
+
+        def glu_experts(kernel, info, rows):  # gate + up + SwiGLU in one launch, on the stacked layout
+            w = moe.repack_glu_experts(self.quant_bytes(info, 2 * e * ff * d // info.block_elems), ff, d, info.type, e)
+            x, ids, out = self.randn(rows, d), ids_of(rows), torch.empty(rows, used, ff, device=self.device)
+            return lambda: kernel(x, ids, w, ff, d, info.type, e, "swiglu", out=out)
+
+        info = QUANT_TABLE[by_name("Q4_K").type]
+        for rows, kernel in ((1, moe.moe_gemv_glu), (16, moe.moe_gemv_glu), (16, moe.moe_mm16_glu),
+                             (512, moe.moe_mm16_glu)):
+            touched = min(e, rows * used)
+            cases.append(Case(f"{kernel.__name__}[Q4_K]", f"{rows}x{used} 2x{ff}x{d} {model} gate+up",
+                              lambda kn=kernel, r=rows: glu_experts(kn, info, r),
+                              2 * touched * info.nbytes(ff * d) + rows * d * 4 + rows * used * ff * 4,
+                              4 * rows * used * ff * d))
         return cases
 
     def fused(self) -> list[Case]:

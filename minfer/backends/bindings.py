@@ -426,6 +426,23 @@ def _moe_matmul_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, w
     return Bound(lambda vals, st: kernel(x=vals[x], ids=vals[ids], w=laid, **params), [Launch(call, kernel)])
 
 
+def _moe_glu_call(c: Compiler, node: Node) -> Call | None:
+    """MoEMatMulGLU: the stacked gate + up expert weight (k, n, 2 E); None where the two tensors'
+    types differ (the parts then run)."""
+    w = node.weights["w"]
+    k, n, e2 = w.shape
+    t = c.matmul_type(w)
+    if t is None:
+        return None
+    used = node.shape[1]
+    p = node.params
+    params = {"n": n, "k": k, "qtype": t, "n_expert": e2 // 2, "glu": p["glu"], "alpha": p["alpha"],
+              "limit": p["limit"]}
+    needs = frozenset({"expert_bias"}) if "b" in node.weights else frozenset()
+    return Call("MoEMatMulGLU", {"x": "F32", "ids": "I32", "w": quant_info(t).contract_name},
+                lambda r: {"x": (r, k), "ids": (r, used), "w": (e2 * n, k)}, params, needs=needs)
+
+
 def _moe_sum_call(c: Compiler, node: Node) -> Call:
     t_used_n = c.node_of(node.inputs[0]).shape
     used, n = t_used_n[1], t_used_n[2]
@@ -449,6 +466,7 @@ BINDINGS: dict[Op, Binding] = {
     Op.MOE_ROUTE: Binding(_moe_route_call, _moe_route_bind),
     Op.MOE_MATMUL: Binding(_moe_matmul_call, _moe_matmul_bind),
     Op.MOE_SUM: Binding(_moe_sum_call, _moe_sum_bind),
+    Op.MOE_MATMUL_GLU: Binding(_moe_glu_call, _moe_matmul_bind),
     Op.NORM_ADD_RMS_NORM: Binding(_add_rms_norm_call, _add_rms_norm_bind),
     Op.NORM_ROPE: Binding(_norm_rope_call, _norm_rope_bind),
 }

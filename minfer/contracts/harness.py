@@ -837,6 +837,69 @@ def _moe_mm_reads(i: Mapping[str, torch.Tensor], p: Mapping[str, Any]) -> int:
         int(torch.unique(i["ids"]).numel()) * per_expert
 
 
+# MoEMatMulGLU: (tokens, used, experts, n, k, glu, bias); limit 1.5 for swiglu_oai (gpt-oss: 7) so that a tenth of
+# the normal sums clamp; n odd and not a multiple of any tile's half (the GEMV's pair tiles end part-way)
+_MOE_GLU = {"tiny": [(1, 1, 2, 8, 32, "swiglu", False)],
+            "odd": [(2, 2, 3, 9, 64, "swiglu", False), (3, 2, 4, 9, 32, "swiglu_oai", True)],
+            "boundary": [(2, 2, 3, 33, 32, "swiglu", False)]}
+_GLU_PARAMS = {"swiglu": (0.0, 0.0), "swiglu_oai": (1.702, 1.5)}
+
+
+def _glu_setting(size: str, t: int, used: int, e: int, n: int, k: int, glu: str, bias: bool) -> Setting:
+    shapes = {"x": (t, k), "ids": (t, used), "w": (2 * e * n, k)}
+    if bias:
+        shapes["bias"] = (2 * e * n,)
+    alpha, limit = _GLU_PARAMS[glu]
+    return Setting(size, shapes, {"n": n, "k": k, "n_expert": e, "glu": glu, "alpha": alpha, "limit": limit},
+                   ("expert_bias",) if bias else ())
+
+
+def _moe_glu_settings(size: str, q) -> list[Setting]:
+    if q is not None and q.type not in (_MOE_MM_TINY if size == "tiny" else _MOE_MM_ALL):
+        return []
+    return [_glu_setting(size, t, used, e, n, _k_scaled(k, q), glu, bias)
+            for t, used, e, n, k, glu, bias in _MOE_GLU[size]]
+
+
+def _moe_glu_model(name: str, m: ModelDims, q) -> list[Setting]:
+    """A mixture of experts' gate + up projections and SwiGLU at a decode row, a batch of 16, a prompt."""
+    if name not in MOE_MODELS or (q is not None and m.d % q.block_elems):
+        return []
+    e, used, ff = MOE_MODELS[name]
+    return [_glu_setting(name, t, used, e, ff, m.d, "swiglu", False) for t in (1, 16, PREFILL_TOKENS)]
+
+
+def _build_moe_glu(s: Setting, dtypes: dict[str, str], out_dtype: str | None, gen) -> tuple[dict, dict]:
+    """_build_moe_mm's inputs; for swiglu_oai x scaled so that the sums are ~N(0, 1) (random blocks
+    of the k-quant types hold weights of std ~10-50): a tenth of them clamp at limit 1.5."""
+    inputs, params = _build_moe_mm(s, dtypes, out_dtype, gen)
+    if params["glu"] == "swiglu_oai":
+        sums = inputs["x"].double() @ _decode(inputs["w"], dtypes["w"], params["k"]).T
+        inputs["x"] = (inputs["x"] / float(sums.std())).contiguous()
+    return inputs, params
+
+
+def _ref_moe_glu(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[str, str]) -> torch.Tensor:
+    e, n, k = p["n_expert"], p["n"], p["k"]
+    dense = _decode(i["w"], d["w"], k).view(2 * e, n, k)
+    ids = i["ids"].long()
+    x = i["x"].double()
+    g = torch.einsum("tk,tjnk->tjn", x, dense[ids])
+    u = torch.einsum("tk,tjnk->tjn", x, dense[ids + e])
+    if "bias" in i:
+        b = i["bias"].double().view(2 * e, n)
+        g, u = g + b[ids], u + b[ids + e]
+    if p["glu"] == "swiglu_oai":
+        return _swiglu_oai64(g, u, p["alpha"], p["limit"])
+    return _silu64(g) * u
+
+
+def _moe_glu_reads(i: Mapping[str, torch.Tensor], p: Mapping[str, Any]) -> int:
+    """x, the ids and the chosen experts' gate and up bytes, each expert once."""
+    return _moe_mm_reads(i, {**p, "n_expert": 2 * p["n_expert"]}) + \
+        int(torch.unique(i["ids"]).numel()) * (i["w"].numel() * i["w"].element_size() // (2 * p["n_expert"]))
+
+
 _MOE_SUM = {"tiny": [(1, 2, 5)], "odd": [(3, 3, 37)], "boundary": [(5, 8, 257)]}
 
 
@@ -963,5 +1026,6 @@ HARNESS: dict[str, OpHarness] = {
                         lambda i, p, d: i["x"].double().argmax(-1).double()),
     "MoERoute": OpHarness(_route_settings, _route_model, _build_route, _ref_route),
     "MoEMatMul": OpHarness(_moe_mm_settings, _moe_mm_model, _build_moe_mm, _ref_moe_mm, _moe_mm_reads),
+    "MoEMatMulGLU": OpHarness(_moe_glu_settings, _moe_glu_model, _build_moe_glu, _ref_moe_glu, _moe_glu_reads),
     "MoESum": OpHarness(_moe_sum_settings, _moe_sum_model, _build_floats, _ref_moe_sum),
 }

@@ -207,6 +207,15 @@ OPS: dict[str, OpSpec] = {
             "n_expert matrices [n, k] of a 3-D expert tensor (qtype), only the chosen ones read", _moe_matmul,
         ),
         OpSpec(
+            "MoEMatMulGLU", True, ("x", "ids", "w"), ("n", "k", "qtype", "n_expert", "glu", "alpha", "limit"),
+            ("m", "n_used", "slots", "n", "k", "n_expert"),
+            "out[t, j, :] = glu(x[t] @ G[e]^T, x[t] @ U[e]^T), e = ids[t, j]: w stacks the n_expert gate matrices "
+            "G [n, k], then the n_expert up matrices U (qtype), only the chosen ones read; glu 'swiglu' (silu(g) u) "
+            "or 'swiglu_oai' (gpt-oss: g' sigmoid(alpha g') (clamp(u, -limit, limit) + 1), g' = min(g, limit)); "
+            "with expert_bias, `bias` holds 2 n_expert n values (the gate experts', then the up experts'), added "
+            "before the glu: an expert layer's gate and up projections and the GLU after them", _moe_matmul,
+        ),
+        OpSpec(
             "MoESum", False, ("y", "weights"), (), ("rows", "n_used", "n"),
             "out[t, :] = sum over j = 0..n_used-1, in that order, of weights[t, j] * y[t, j, :]",
             lambda s, p: {"rows": s["y"][0], "n_used": s["y"][1], "n": s["y"][2]},

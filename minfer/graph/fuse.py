@@ -20,6 +20,9 @@ for, in at least one way of running; the callback keeps graph/ below contracts/)
   which takes the add and norm where this rule did not fire).
 - `fuse_matmul_swiglu`: a stacked gate+up MatMul and the SwiGLU of its halves -> QMatMulSwiGLU
   (the GeGLU of its halves -> QMatMulGeGLU).
+- `fuse_moe_glu`: an expert layer's gate and up MoEMatMuls (same x, same ids) and the SwiGLU
+  (or gpt-oss's SwiGLUOAI) of their outputs -> MoEMatMulGLU over one weight stacking the gate
+  experts, then the up experts (the two tensors' bytes one after the other: 2 E matrices).
 - `fuse_matmul_rope`: a stacked q+k+v MatMul (with or without bias) and the RoPE of its q and k
   columns -> QMatMulRoPE (exports the rotated columns and the whole output).
 - `fuse_norm_rope`: the per-head RMSNorms of q and k (qwen3, gemma3) and their RoPEs -> NormRoPE
@@ -327,6 +330,40 @@ def fuse_matmul_swiglu(graph: Graph, supports: Supports) -> Graph:
     return _rewrite(graph, fusions) if fusions else graph
 
 
+MOE_GLUS = {Op.SWIGLU: "swiglu", Op.SWIGLU_OAI: "swiglu_oai"}
+
+
+def fuse_moe_glu(graph: Graph, supports: Supports) -> Graph:
+    """Two MoEMatMuls on the same (x, ids) whose outputs only a SwiGLU / SwiGLUOAI reads (gate
+    first), with weights of one shape and biases on both or neither -> MoEMatMulGLU: weight "w"
+    stacks the gate tensor's experts, then the up tensor's (shape (k, n, 2 E)); "b" likewise."""
+    readers = readers_of(graph)
+    by_id = {n.id: n for n in graph.nodes}
+    fusions = {}
+    for sw in graph.nodes:
+        if sw.op not in MOE_GLUS:
+            continue
+        g, u = (by_id[i] for i in sw.inputs)
+        if (g.op != Op.MOE_MATMUL or u.op != Op.MOE_MATMUL or g.id == u.id or g.inputs != u.inputs
+                or readers.get(g.id) != [sw] or readers.get(u.id) != [sw]):
+            continue
+        wg, wu = g.weights["w"], u.weights["w"]
+        if wg.shape != wu.shape or ("b" in g.weights) != ("b" in u.weights):
+            continue
+        k, n, e = wg.shape
+        weights = {"w": WeightRef(_common_name([wg.name, wu.name]), (k, n, 2 * e), (wg, wu))}
+        if "b" in g.weights:
+            bg, bu = g.weights["b"], u.weights["b"]
+            weights["b"] = WeightRef(_common_name([bg.name, bu.name]), (n, 2 * e), (bg, bu))
+        params = {"n_expert": e, "glu": MOE_GLUS[sw.op], "alpha": float(sw.params.get("alpha", 0.0)),
+                  "limit": float(sw.params.get("limit", 0.0))}
+        group = [g, u, sw]
+        fused = _fused(group, Op.MOE_MATMUL_GLU, sw.name + "+experts", g.inputs, (sw.id,), weights, params, sw.shape)
+        if supports(fused, graph):
+            fusions[sw.id] = (fused, group, (sw,))
+    return _rewrite(graph, fusions) if fusions else graph
+
+
 def fuse_matmul_rope(graph: Graph, supports: Supports) -> Graph:
     """A stacked q+k+v MatMul (or one weight holding them, phi3's attn_qkv) whose columns from 0 a
     RoPE rotates (its other readers slices of the rest) -> QMatMulRoPE: exports the rotated columns
@@ -470,8 +507,8 @@ def fuse_int8_x(graph: Graph, supports: Supports) -> Graph:
 
 
 FUSIONS: tuple[Callable[[Graph, Supports], Graph], ...] = (
-    fuse_norm_add_rms_norm, fuse_add_rms_norm, fuse_matmul_swiglu, fuse_matmul_rope, fuse_norm_rope, fuse_kv_write,
-    fuse_int8_x)
+    fuse_norm_add_rms_norm, fuse_add_rms_norm, fuse_matmul_swiglu, fuse_moe_glu, fuse_matmul_rope, fuse_norm_rope,
+    fuse_kv_write, fuse_int8_x)
 
 
 def fuse(graph: Graph, supports: Supports, rules: Iterable[Callable[[Graph, Supports], Graph]] | None = None) -> Graph:

@@ -706,3 +706,39 @@ def test_prefix_cache_copies_blocks_and_decodes_as_without_it(tiny_gguf):
     from .prefix_runs import prefix_cache_runs
 
     prefix_cache_runs(tiny_gguf("tiny-llama", "q4_0", decisive=True), "cuda")
+
+
+@pytest.mark.parametrize("preset, quant, glu", [("tiny-qwen3moe", "q4_k", "swiglu"),
+                                                ("tiny-gpt-oss", "mxfp4", "swiglu_oai")])
+def test_expert_gate_up_and_glu_run_fused(tiny_gguf, raw, monkeypatch, preset, quant, glu):
+    """An expert layer's gate and up matmuls and the GLU after them are one MoEMatMulGLU launch
+    (graph/fuse.py fuse_moe_glu; three launches before): moe_gemv_glu for decode rows and batches,
+    moe_mm16_glu for prompt chunks, on one stacked copy of the two tensors (the parts' own layouts
+    never made); gpt-oss's biases and clamped SwiGLU ride along. The logits over prompt and decode
+    rows equal the unfused kernels' within 1e-5 (the same sums, an ulp of the GLU apart): an up
+    expert read in place of a gate one, or a gate row paired with another up row, moves them ~1e-1."""
+    from minfer.graph import fuse
+
+    path = tiny_gguf(preset, quant)
+    gpu = load(path, "cuda", n_ctx=32, n_slots=1, progress=False)
+    be = gpu.engine.backend
+    n_layer = be.graph.meta["n_layer"]
+    for rows, prefill, kernel in ((1, False, "moe_gemv_glu"), (16, False, "moe_gemv_glu"), (512, True, "moe_mm16_glu")):
+        picked = {r["name"]: r["kernel"] for r in be.plan_rows(rows, prefill)}
+        assert [picked[f"blk.{i}.ffn_moe_{glu}+experts"] for i in range(n_layer)] == [kernel] * n_layer
+        assert not any(n.endswith(("ffn_moe_gate", "ffn_moe_up")) for n in picked)
+    laid = {key[1].name for key in be.compiler._laid}  # (layouts, weight, params): one copy per weight laid out
+    assert "blk.0.ffn_gate_exps.weight+up_exps.weight" in laid and "blk.0.ffn_gate_exps.weight" not in laid
+
+    def logits(model) -> torch.Tensor:
+        out = [model.engine.backend.forward(Batch.single(PROMPT[:7], 0, rows=range(7))).cpu().clone()]
+        steps = enumerate(PROMPT[7:9], start=7)
+        out += [raw.decode(model.engine, 0, t, p).cpu().clone().reshape(1, -1) for p, t in steps]
+        return torch.cat(out)
+
+    fused = logits(gpu)
+    gpu.close()
+    monkeypatch.setattr(fuse, "FUSIONS", tuple(r for r in fuse.FUSIONS if r is not fuse.fuse_moe_glu))
+    plain = load(path, "cuda", n_ctx=32, n_slots=1, progress=False)
+    assert not any(str(n.op) == "MoEMatMulGLU" for n in plain.engine.backend.graph.nodes)
+    assert _rel(fused, logits(plain)) < 1e-5

@@ -448,12 +448,13 @@ def _q4_0_gemv_kernel(
     x_ptr, qs_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, N, NKB, KB_SPLIT, NSPLIT, magic, half_shift, m_ptr, M_STRIDE,
     h_ptr, hi_shift, e_ptr, dst_ptr, fi_ptr, cos_ptr, sin_ptr, pos_ptr, HALF,
     ck_ptr, cv_ptr, slot_ptr, KSTART, VSTART, HD, LAYER_OFF, S_STRIDE, H_STRIDE, xs_ptr, t0, t1, t2, t3, ids_ptr,
-    XDIV, XROWS,
+    XDIV, XROWS, GLU_OFF,
     R: tl.constexpr, LR: tl.constexpr, LK: tl.constexpr, WK: tl.constexpr, SPLIT: tl.constexpr,
     EVEN_K: tl.constexpr, MODE: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
     PLANES: tl.constexpr, LB: tl.constexpr, HB: tl.constexpr, CENTER: tl.constexpr, EPI: tl.constexpr,
     Q8X: tl.constexpr, LUT: tl.constexpr = False, MOE: tl.constexpr = False, MOE_BIAS: tl.constexpr = False,
-    ROWS: tl.constexpr = False,
+    ROWS: tl.constexpr = False, MOE_GLU: tl.constexpr = False, ALPHA: tl.constexpr = 0.0,
+    LIMIT: tl.constexpr = 0.0,
 ):
     # PLANES (the 5/6/8-bit and 2/3-bit types, `repack_planes`): qs_ptr holds the codes' low LB
     # bits (LB = 4: the nibble words; LB = 2: int16 words of 8 two-bit slots), h_ptr their high
@@ -467,6 +468,12 @@ def _q4_0_gemv_kernel(
     # every row of the step. MOE_BIAS
     # (gpt-oss's expert biases): e_ptr holds the experts' biases [E * N], row0 + rows of it added in the
     # store (EPI is 0 in MOE mode, so e_ptr is free).
+    # MOE_GLU (moe.py moe_gemv_glu: an expert's gate and up projections and the GLU after them): w
+    # stacks the E gate experts, then the E up experts (GLU_OFF = E * N / 2 rows further), N / 2 rows
+    # each; N counts both halves, so a program's tile of BLOCK_N rows reads BLOCK_N / 2 gate rows of
+    # expert ids[s] and the same up rows, laid out as gemv_fused.py's pair layout (local row l and
+    # l + BLOCK_N / 2) for the GLU epilogue (EPI 1: SwiGLU; 5: gpt-oss's clamped form, ALPHA and
+    # LIMIT); out row s has N / 2 columns.
     # ROWS (small decode batches, EPI 0, not MOE): XROWS rows of x, each the one-row GEMV of its own
     # programs: program_id(0) = tile * XROWS + row, so the rows of a weight tile run side by side and
     # read it from L2 once DRAM has given it; a row's arithmetic is the one-row kernel's (bit for bit).
@@ -489,14 +496,24 @@ def _q4_0_gemv_kernel(
     if MOE:  # the ids are the router's output: wait for the kernels before this one first
         wait_prior(PDL)
         slot = tl.program_id(1)
-        row0 = tl.load(ids_ptr + slot).to(tl.int64) * N
+        if MOE_GLU:
+            expert_rows = N // 2
+        else:
+            expert_rows = N
+        row0 = tl.load(ids_ptr + slot).to(tl.int64) * expert_rows
         x_row = (slot // XDIV).to(tl.int64)
         x_ptr += x_row * (NKB * 32 if Q8X == 0 else NKB * (8 * Q8X))
         xs_ptr += x_row * (NKB * 4)
-        out_ptr += slot.to(tl.int64) * N
+        out_ptr += slot.to(tl.int64) * expert_rows
     else:
         row0 = 0
-    rows_ld = tl.minimum(pid_n * BLOCK_N + r * LR + lr, N - 1).to(tl.int64) + row0  # clamped loads, masked store
+    if MOE_GLU:  # local row l: gate row (l < BLOCK_N / 2) or up row of pair l mod BLOCK_N / 2
+        HALF_N: tl.constexpr = BLOCK_N // 2
+        lrow = r * LR + lr
+        rows_ld = (tl.minimum(pid_n * HALF_N + lrow % HALF_N, N // 2 - 1).to(tl.int64) + row0
+                   + (lrow // HALF_N).to(tl.int64) * GLU_OFF)
+    else:
+        rows_ld = tl.minimum(pid_n * BLOCK_N + r * LR + lr, N - 1).to(tl.int64) + row0  # clamped loads, masked store
     kb = wk * LK + lk
     w_rows = qs_ptr + rows_ld * (NKB * 4) + j
     h_rows = h_ptr + rows_ld * (NKB * 4) + j
@@ -563,23 +580,34 @@ def _q4_0_gemv_kernel(
             for s in range(0, NSPLIT):  # L2 reads (.cg): other SMs wrote these
                 total += tl.load(part_ptr + s * N + rows, mask=rows < N, other=0.0, cache_modifier=".cg")
             _gemv_store(out_ptr, total, rows, N, pid_n, e_ptr, dst_ptr, fi_ptr, cos_ptr, sin_ptr, pos_ptr, HALF,
-                        ck_ptr, cv_ptr, slot_ptr, KSTART, VSTART, HD, LAYER_OFF, S_STRIDE, H_STRIDE, BLOCK_N, EPI)
+                        ck_ptr, cv_ptr, slot_ptr, KSTART, VSTART, HD, LAYER_OFF, S_STRIDE, H_STRIDE, BLOCK_N, EPI,
+                        ALPHA, LIMIT)
             tl.atomic_xchg(cnt_ptr + pid_n, 0, sem="relaxed", scope="gpu")
     else:
         if MOE_BIAS:
-            tot += tl.load(e_ptr + row0 + rows, mask=rows < N, other=0.0)
+            if MOE_GLU:  # the bias of each local row's gate or up row
+                HALF_B: tl.constexpr = BLOCK_N // 2
+                lrow_b = tl.arange(0, R)[None, :] * LR + tl.arange(0, LR)[:, None]
+                col = pid_n * HALF_B + lrow_b % HALF_B
+                tot += tl.load(e_ptr + row0 + (lrow_b // HALF_B).to(tl.int64) * GLU_OFF + col, mask=col < N // 2,
+                               other=0.0)
+            else:
+                tot += tl.load(e_ptr + row0 + rows, mask=rows < N, other=0.0)
         _gemv_store(out_ptr, tot, rows, N, pid_n, e_ptr, dst_ptr, fi_ptr, cos_ptr, sin_ptr, pos_ptr, HALF,
-                    ck_ptr, cv_ptr, slot_ptr, KSTART, VSTART, HD, LAYER_OFF, S_STRIDE, H_STRIDE, BLOCK_N, EPI)
+                    ck_ptr, cv_ptr, slot_ptr, KSTART, VSTART, HD, LAYER_OFF, S_STRIDE, H_STRIDE, BLOCK_N, EPI,
+                    ALPHA, LIMIT)
 
 
 @triton.jit
 def _gemv_store(out_ptr, tot, rows, N, pid_n, e_ptr, dst_ptr, fi_ptr, cos_ptr, sin_ptr, pos_ptr, HALF,
                 ck_ptr, cv_ptr, slot_ptr, KSTART, VSTART, HD, LAYER_OFF, S_STRIDE, H_STRIDE,
-                BLOCK_N: tl.constexpr, EPI: tl.constexpr):
+                BLOCK_N: tl.constexpr, EPI: tl.constexpr, ALPHA: tl.constexpr = 0.0, LIMIT: tl.constexpr = 0.0):
     """Store a row tile's sums `tot` [LR, R] (tile-local row l = r * LR + lr, rows = its global
-    rows). EPI 0: as they are. EPI 1, 2, 3, 4 (a pair layout, gemv_fused.py: the tile's row l and
+    rows). EPI 0: as they are. EPI 1 to 5 (a pair layout, gemv_fused.py: the tile's row l and
     row l + BLOCK_N / 2 form pair l of the tile; N a multiple of BLOCK_N): 1 (SwiGLU) stores
-    silu(a) * b at column pid_n * BLOCK_N / 2 + l, 4 (GeGLU) gelu_tanh(a) * b there; 2 (RoPE) adds
+    silu(a) * b at column pid_n * BLOCK_N / 2 + l (columns past N / 2 masked), 4 (GeGLU) gelu_tanh(a) * b
+    there, 5 gpt-oss's clamped SwiGLU g sigmoid(ALPHA g) (clamp(b, -LIMIT, LIMIT) + 1), g = min(a, LIMIT)
+    (elementwise.py's order); 2 (RoPE) adds
     the bias e[col] to both, rotates the pair by the angle of frequency fi (cos/sin row of the
     position pos_ptr[0], HALF columns; fi < 0: no rotation) and stores each at its column dst[row];
     3: 2, and the columns from KSTART (keys) and VSTART (values) also into the f16 KV cache at
@@ -592,9 +620,13 @@ def _gemv_store(out_ptr, tot, rows, N, pid_n, e_ptr, dst_ptr, fi_ptr, cos_ptr, s
         a, b = tl.split(tl.permute(flat, (1, 0)))
         pair = pid_n * HB2 + tl.arange(0, HB2)
         if EPI == 1:
-            tl.store(out_ptr + pair, a * tl.sigmoid(a) * b)
+            tl.store(out_ptr + pair, a * tl.sigmoid(a) * b, mask=pair < N // 2)
         elif EPI == 4:
-            tl.store(out_ptr + pair, gelu_tanh(a) * b)
+            tl.store(out_ptr + pair, gelu_tanh(a) * b, mask=pair < N // 2)
+        elif EPI == 5:
+            g = tl.minimum(a, LIMIT)
+            y = g * tl.sigmoid(ALPHA * g) * (tl.minimum(tl.maximum(b, -LIMIT), LIMIT) + 1.0)
+            tl.store(out_ptr + pair, y, mask=pair < N // 2)
         else:
             ra = pid_n * BLOCK_N + tl.arange(0, HB2)
             da = tl.load(dst_ptr + ra)
@@ -739,9 +771,11 @@ def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n:
     """Launch the GEMV kernel; `planes` = (hi plane, LB, HB, CENTER) for the planes types; `lut` =
     the 4 table words of a lookup type (lut4.py);
     `epilogue` = (EPI, e, dst, fi, cos, sin, positions, HALF, cache_k, cache_v, slots, KSTART, VSTART, HD,
-    LAYER_OFF, S_STRIDE, H_STRIDE) for gemv_fused.py's fused stores; `moe` = (ids, slots, XDIV[, bias]):
-    one program column per slot over the experts stacked in w (`n` rows each; moe.py), f32 x, no split;
-    `bias` (f32 [E * n], or None): each slot's expert's bias added in the store."""
+    LAYER_OFF, S_STRIDE, H_STRIDE) for gemv_fused.py's fused stores; `moe` = (ids, slots, XDIV[, bias[,
+    glu_off, alpha, limit]]): one program column per slot over the experts stacked in w (`n` rows each;
+    moe.py), no split; `bias` (f32 [E * n], or None): each slot's expert's bias added in the store;
+    glu_off > 0: the MOE_GLU mode (`n` counts the gate and up rows of an expert, the up experts
+    glu_off rows after the gate ones; the epilogue EPI 1 or 5, alpha and limit the latter's)."""
     rows = 1 if moe is not None or x.dim() == 1 else x.shape[0]  # x rows (MOE: one per slot, its own mode)
     if moe is not None:
         cfg = replace(cfg, split=1)  # (the slots are the second program axis)
@@ -764,13 +798,15 @@ def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n:
                                                          out, out, counters, 0, 0, 1, 0, 0, 0)
     ids, slots, xdiv, *rest = moe if moe is not None else (counters, nsplit, 1)
     bias = rest[0] if rest else None
+    glu_off, alpha, limit = rest[1:4] if len(rest) > 1 else (0, 0.0, 0.0)
     if bias is not None:  # (MOE mode has no epilogue: its pointer carries the biases)
         eargs[0] = bias
     _q4_0_gemv_kernel[check_grid(what, (tiles * rows, slots))](
         x, w.qs, d_plane, out, part, counters, n, nkb, kb_split, nsplit, _MAGIC_BITS, min(4 * lb, 16), m_plane,
         m_stride, hi, min(4 * hb, 16),  # the shifts to a word's upper slots (byte codes: to slots 2, 3)
-        *eargs, xs, *(lut or (0, 0, 0, 0)), ids, xdiv, rows, ROWS=rows > 1, MOE=moe is not None,
-        MOE_BIAS=bias is not None, EPI=epi, Q8X=q8, R=cfg.r, LR=cfg.lr,
+        *eargs, xs, *(lut or (0, 0, 0, 0)), ids, xdiv, rows, glu_off, ROWS=rows > 1, MOE=moe is not None,
+        MOE_BIAS=bias is not None, MOE_GLU=glu_off > 0, ALPHA=float(alpha), LIMIT=float(limit), EPI=epi, Q8X=q8,
+        R=cfg.r, LR=cfg.lr,
         LK=32 // cfg.lr, WK=cfg.wk, SPLIT=nsplit > 1, EVEN_K=nkb % cfg.block_kb == 0 and nkb % kb_split == 0,
         MODE=mode, PREFETCH=cfg.prefetch, num_warps=cfg.wk, maxnreg=cfg.maxnreg, PLANES=planes is not None, LB=lb,
         HB=hb, CENTER=center, LUT=lut is not None, **pdl_args("gemv"),

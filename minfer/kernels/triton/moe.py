@@ -34,6 +34,11 @@ one CUDA graph with no host sync, and one launch runs every chosen expert of eve
   on f16 tensor cores (a block of no expert exits at once), so an expert's weights are read once
   per block of its rows instead of once per slot. Decode rows and batches up to 32 take
   `moe_gemv` (faster there: one slot's expert rows streamed per program).
+- `moe_gemv_glu`, `moe_mm16_glu` (graph/ir.py MoEMatMulGLU): a layer's gate and up expert matmuls and
+  the GLU after them (SwiGLU, or gpt-oss's clamped form with its biases) in one launch, on one packed
+  weight stacking the gate experts, then the up experts (`repack_glu_experts`): the GEMV kernel's
+  MOE_GLU mode (a tile's rows are gate rows and the same up rows; the fused GEMVs' pair epilogue
+  stores the GLU) and moe_mm16's GLU mode (two dots a step on one x tile).
 - `moe_mmq`: the same grouping with mmq.py's int8 tensor-core kernel in its MOE mode (x quantized
   per 32 in the kernel): slower than `moe_mm16` (H200: 1.8 against 0.6 ms for a 512-token prompt's
   gate), kept for its arithmetic (llama.cpp's 8-bit activations) and picked only when pinned.
@@ -262,6 +267,60 @@ def moe_gemv(x: torch.Tensor, ids: torch.Tensor, w: GemvPacked | torch.Tensor, n
     return out
 
 
+# ---------------------------------------------------------------------------------------------
+# an expert's gate and up projections and the GLU after them, in one launch
+
+GLUS = {"swiglu": 1, "swiglu_oai": 5}  # the GEMV / mm16 epilogue of each GLU
+
+
+def repack_glu_experts(w: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str, n_expert: int) -> GemvPacked:
+    """Load layout of a stacked gate + up expert weight: the raw bytes of the n_expert gate matrices
+    [n, k], then of the n_expert up matrices (graph/fuse.py's fused weight) -> one packed GEMV weight
+    of 2 n_expert n rows (`repack_experts` of 2 n_expert experts), which both GLU kernels read."""
+    return repack_experts(w, n, k, qtype, 2 * n_expert)
+
+
+def _glu_call(what: str, x, ids, w, n: int, k: int, qtype, n_expert: int, glu: str, alpha: float, limit: float,
+              out, bias):
+    """(packed w, its type, (T, k used), out) of a GLU expert call, all checked."""
+    if glu not in GLUS:
+        raise UnsupportedError(f"{what}: glu must be one of {sorted(GLUS)}, got {glu!r}")
+    if glu == "swiglu_oai" and not (alpha == alpha and limit > 0):
+        raise UnsupportedError(f"{what}: swiglu_oai needs a number alpha and a positive limit, got {alpha}, {limit}")
+    check_int(what, "n_expert", n_expert, 1)
+    w, t_type, (t, used, _), out = _packed_call(what, x, ids, w, n, k, qtype, 2 * n_expert, out)
+    if x.dim() != 2:
+        raise UnsupportedError(f"{what}: x must be [T, {k}] (each row's x feeds its slots), got {tuple(x.shape)}")
+    check_expert_bias(what, bias, n, 2 * n_expert, x)
+    return w, t_type, (t, used), out
+
+
+def moe_gemv_glu(x: torch.Tensor, ids: torch.Tensor, w: GemvPacked | torch.Tensor, n: int, k: int,
+                 qtype: GGMLType | int | str, n_expert: int, glu: str = "swiglu", alpha: float = 0.0,
+                 limit: float = 0.0, out: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                 config: GemvConfig | dict | None = None) -> torch.Tensor:
+    """out f32 [T, k_used, n]: slot (t, j) = glu(x[t] @ G[e]^T, x[t] @ U[e]^T), e = ids[t, j], G the
+    n_expert gate matrices [n, k] and U the up ones stacked after them in `w` (`repack_glu_experts`;
+    raw bytes are repacked per call); glu "swiglu" (silu(g) u) or "swiglu_oai" (gpt-oss's, alpha and
+    limit). One launch: the GEMV kernel's MOE_GLU mode reads a slot's gate and up rows in one tile and
+    stores the GLU (gemv.py); each sum is moe_gemv's on that row with the same tile. `bias` f32
+    [2 n_expert n] (the gate experts' biases, then the up experts'): added before the GLU. `config`:
+    as moe_gemv's; None: moe_gemv_config of both halves' rows."""
+    what = "moe_gemv_glu"
+    w, t_type, (t, used), out = _glu_call(what, x, ids, w, n, k, qtype, n_expert, glu, alpha, limit, out, bias)
+    if config is None:
+        cfg = moe_gemv_config(2 * n, k, t_type, t * used)
+    else:
+        cfg = GemvConfig(**config) if isinstance(config, dict) else config
+        check_act_q8(cfg.q8)
+    if t:
+        c = w.qs
+        epi = (GLUS[glu], out, c, c, out, out, c, 0, out, out, c, 0, 0, 1, 0, 0, 0)
+        launch_packed(what, x, w, out, cfg, epilogue=epi,
+                      moe=(ids, t * used, used, 2 * n, bias, n_expert * n, alpha, limit))
+    return out
+
+
 @triton.jit
 def _align_kernel(id_ptr, sorted_ptr, bexp_ptr, cursor_ptr, S, E, ROWS, NB, BLOCK_M: tl.constexpr, EB: tl.constexpr,
                   CHUNK: tl.constexpr, PDL: tl.constexpr):
@@ -416,8 +475,12 @@ def _w_tile_f16(lo_rows, hi_rows, d_rows, m_rows, kb0, t0, t1, t2, t3, KB: tl.co
 def _mm16_kernel(x_ptr, lo_ptr, hi_ptr, d_ptr, m_ptr, out_ptr, b_ptr, sorted_ptr, bexp_ptr, N, K, NKB, M_STRIDE,
                  XDIV, NEXP, t0, t1, t2, t3, LB: tl.constexpr, HB: tl.constexpr, CENTER: tl.constexpr,
                  MODE: tl.constexpr, LUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 KB: tl.constexpr, BIAS: tl.constexpr, PDL: tl.constexpr):
-    # program (i, n): block i of the slots sorted by expert (moe_align), column tile n of its expert
+                 KB: tl.constexpr, BIAS: tl.constexpr, PDL: tl.constexpr, GLU_OFF, GLU: tl.constexpr = 0,
+                 ALPHA: tl.constexpr = 0.0, LIMIT: tl.constexpr = 0.0):
+    # program (i, n): block i of the slots sorted by expert (moe_align), column tile n of its expert.
+    # GLU (moe_mm16_glu) 1 (SwiGLU) or 5 (gpt-oss's clamped SwiGLU, ALPHA, LIMIT): the same columns of
+    # the expert's up matrix too (GLU_OFF rows after its gate matrix; biases likewise), one more dot a
+    # step on the same x tile, and the GLU of the two sums stored (elementwise.py's order).
     release_next(PDL)
     wait_prior(PDL)
     expert = tl.load(bexp_ptr + tl.program_id(0))
@@ -434,14 +497,27 @@ def _mm16_kernel(x_ptr, lo_ptr, hi_ptr, d_ptr, m_ptr, out_ptr, b_ptr, sorted_ptr
         xoff = (p // 32) * 32 + 8 * (r % 4) + 4 * ((r % 8) // 4) + r // 8
     else:
         xoff = (p // 32) * 32 + 4 * (r % 8) + r // 8
+    up = cols + GLU_OFF
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for kb0 in range(0, NKB, KB):
         w = _w_tile_f16(lo_ptr + cols * (NKB * 4), hi_ptr + cols * (NKB * 4), d_ptr + cols * NKB,
                         m_ptr + cols * M_STRIDE, kb0, t0, t1, t2, t3, KB, LB, HB, CENTER, MODE, LUT)
         x = tl.load(x_rows + kb0 * 32 + xoff[None, :]).to(tl.float16)
         acc = tl.dot(x, w, acc)
+        if GLU:
+            wu = _w_tile_f16(lo_ptr + up * (NKB * 4), hi_ptr + up * (NKB * 4), d_ptr + up * NKB,
+                             m_ptr + up * M_STRIDE, kb0, t0, t1, t2, t3, KB, LB, HB, CENTER, MODE, LUT)
+            acc_up = tl.dot(x, wu, acc_up)
     if BIAS:  # the block's expert's bias (gpt-oss)
         acc += tl.load(b_ptr + expert.to(tl.int64) * N + offs_n, mask=offs_n < N, other=0.0)[None, :]
+        if GLU:
+            acc_up += tl.load(b_ptr + GLU_OFF + expert.to(tl.int64) * N + offs_n, mask=offs_n < N, other=0.0)[None, :]
+    if GLU == 1:
+        acc = acc * tl.sigmoid(acc) * acc_up
+    elif GLU == 5:
+        g = tl.minimum(acc, LIMIT)
+        acc = g * tl.sigmoid(ALPHA * g) * (tl.minimum(tl.maximum(acc_up, -LIMIT), LIMIT) + 1.0)
     mask = (slots[:, None] >= 0) & (offs_n[None, :] < N)
     tl.store(out_ptr + slots.to(tl.int64)[:, None] * N + offs_n[None, :], acc, mask=mask)
 
@@ -476,7 +552,32 @@ def moe_mm16(x: torch.Tensor, ids: torch.Tensor, w: GemvPacked | torch.Tensor, n
         grid = check_grid(what, (block_expert.numel(), cdiv(n, cfg["BLOCK_N"])))
         _mm16_kernel[grid](x, w.qs, hi, w.d, m_plane, out, out if bias is None else bias, sorted_slots, block_expert,
                            n, k, k // 32, m_plane.shape[1], xdiv, n_expert, **layout, BIAS=bias is not None, **cfg,
-                           **pdl_args())
+                           **pdl_args(), GLU_OFF=0)
+    return out
+
+
+def moe_mm16_glu(x: torch.Tensor, ids: torch.Tensor, w: GemvPacked | torch.Tensor, n: int, k: int,
+                 qtype: GGMLType | int | str, n_expert: int, glu: str = "swiglu", alpha: float = 0.0,
+                 limit: float = 0.0, out: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                 config: dict | None = None) -> torch.Tensor:
+    """moe_gemv_glu's result for many rows, grouped by expert on f16 tensor cores (moe_mm16's
+    kernel in its GLU mode): per block of one expert's rows and column tile, the gate and the up
+    tiles dequantized and multiplied with the same x tile, the GLU of the two sums stored; each
+    sum is moe_mm16's with the same tile. One launch and one x read where moe_mm16 ran two and a
+    SwiGLU kernel ran a third. `config`: mm16_config's keys; `bias`: as moe_gemv_glu's."""
+    what = "moe_mm16_glu"
+    w, _, (t, used), out = _glu_call(what, x, ids, w, n, k, qtype, n_expert, glu, alpha, limit, out, bias)
+    cfg = dict(config) if config is not None else mm16_config(t * used, n_expert, n, k)
+    if k % (32 * cfg["KB"]):
+        raise UnsupportedError(f"{what}: k {k} is not a multiple of {32 * cfg['KB']} (KB {cfg['KB']} blocks of 32)")
+    if t:
+        sorted_slots, block_expert = aligned(ids, n_expert, cfg["BLOCK_M"])
+        hi, m_plane, layout = kernel_planes(w)
+        grid = check_grid(what, (block_expert.numel(), cdiv(n, cfg["BLOCK_N"])))
+        _mm16_kernel[grid](x, w.qs, hi, w.d, m_plane, out, out if bias is None else bias, sorted_slots, block_expert,
+                           n, k, k // 32, m_plane.shape[1], used, n_expert, **layout, BIAS=bias is not None, **cfg,
+                           **pdl_args(), GLU_OFF=n_expert * n, GLU=GLUS[glu], ALPHA=float(alpha),
+                           LIMIT=float(limit))
     return out
 
 

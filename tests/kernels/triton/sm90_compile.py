@@ -93,9 +93,10 @@ def variants():
            "sin_ptr": "*fp32", "pos_ptr": "*i32", "HALF": "i32", "ck_ptr": "*fp16", "cv_ptr": "*fp16",
            "slot_ptr": "*i32", "KSTART": "i32", "VSTART": "i32", "HD": "i32", "LAYER_OFF": "i64", "S_STRIDE": "i64",
            "H_STRIDE": "i64", "EPI": c, "xs_ptr": "*fp32", "Q8X": c, "t0": "i32", "t1": "i32", "t2": "i32",
-           "t3": "i32", "ids_ptr": "*i32", "XDIV": "i32", "XROWS": "i32", "LUT": c, "MOE": c, "MOE_BIAS": c, "ROWS": c}
+           "t3": "i32", "ids_ptr": "*i32", "XDIV": "i32", "XROWS": "i32", "GLU_OFF": "i32", "LUT": c, "MOE": c,
+           "MOE_BIAS": c, "ROWS": c, "MOE_GLU": c, "ALPHA": c, "LIMIT": c}
     no_planes = {"PLANES": False, "LB": 4, "HB": 0, "CENTER": 0, "EPI": 0, "LUT": False, "MOE": False,
-                 "MOE_BIAS": False, "ROWS": False}
+                 "MOE_BIAS": False, "ROWS": False, "MOE_GLU": False, "ALPHA": 0.0, "LIMIT": 0.0}
 
     def q8(passes):  # the x operand of a GEMV with int8 activations (passes > 0): code words
         return {"x_ptr": "*i32" if passes else "*fp32"}
@@ -170,6 +171,15 @@ def variants():
                             h_ptr=ptr[planes._WORD_DTYPES[pt.hb]] if pt.hb else ptr[planes._WORD_DTYPES[pt.lb]])
             out.append((f"moe_gemv[{t.name} {n}x{k} r{cfg.r} lr{cfg.lr} wk{cfg.wk} q8={cfg.q8} slots {slots}]",
                         gemv._q4_0_gemv_kernel, tsig, consts, {"num_warps": cfg.wk, "maxnreg": cfg.maxnreg}))
+            if n != 2048:  # moe_gemv_glu: the gate + up rows of a tile (MOE_GLU) and the GLU in the store
+                oai = t == GGMLType.MXFP4  # (gpt-oss: its biases and clamped SwiGLU)
+                gcfg = moe_gemv_config(2 * n, k, t, slots)
+                gconsts = dict(consts, R=gcfg.r, LR=gcfg.lr, LK=32 // gcfg.lr, WK=gcfg.wk, PREFETCH=gcfg.prefetch,
+                               Q8X=gcfg.q8, MOE_GLU=True, EPI=5 if oai else 1, MOE_BIAS=oai,
+                               ALPHA=1.702 if oai else 0.0, LIMIT=7.0 if oai else 0.0)
+                out.append((f"moe_gemv_glu[{t.name} {n}x{k} r{gcfg.r} lr{gcfg.lr} q8={gcfg.q8} slots {slots}]",
+                            gemv._q4_0_gemv_kernel, dict(tsig, **q8(gcfg.q8)), gconsts,
+                            {"num_warps": gcfg.wk, "maxnreg": gcfg.maxnreg}))
     # the fused epilogues (gemv_fused.py): SwiGLU on the gate+up configs, bias + RoPE on the q+k+v ones
     for mode, (d_t, m_t), lut in [(0, ("*fp16", "*fp16"), False), (2, ("*i16", "*i32"), False),
                                   (5, ("*i8", "*fp16"), True)]:  # Q4_0, Q4_K, IQ4_XS
@@ -229,10 +239,15 @@ def variants():
                         "m_ptr": m_t, "out_ptr": "*fp32", "b_ptr": "*fp32", "sorted_ptr": "*i32", "bexp_ptr": "*i32",
                         "N": "i32", "K": "i32", "NKB": "i32", "M_STRIDE": "i32", "XDIV": "i32", "NEXP": "i32",
                         "t0": "i32", "t1": "i32", "t2": "i32", "t3": "i32", "LB": c, "HB": c, "CENTER": c,
-                        "MODE": c, "LUT": c, "BLOCK_M": c, "BLOCK_N": c, "KB": c, "BIAS": c, "PDL": c}
-                mconsts = dict(LB=lb, HB=hb, CENTER=center, MODE=mode, LUT=lut, BIAS=bias, PDL=2,
-                               **{k: cfg[k] for k in ("BLOCK_M", "BLOCK_N", "KB")})
+                        "MODE": c, "LUT": c, "BLOCK_M": c, "BLOCK_N": c, "KB": c, "BIAS": c, "PDL": c,
+                        "GLU_OFF": "i32", "GLU": c, "ALPHA": c, "LIMIT": c}
+                mconsts = dict(LB=lb, HB=hb, CENTER=center, MODE=mode, LUT=lut, BIAS=bias, PDL=2, GLU=0, ALPHA=0.0,
+                               LIMIT=0.0, **{k: cfg[k] for k in ("BLOCK_M", "BLOCK_N", "KB")})
                 out.append((f"moe_mm16[{t.name} bias={bias}]", moe._mm16_kernel, msig, mconsts,
+                            {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}))
+                # moe_mm16_glu: two dots a step on one x tile, the GLU in the store (gpt-oss's with its biases)
+                glu = dict(GLU=5, ALPHA=1.702, LIMIT=7.0) if bias else dict(GLU=1)
+                out.append((f"moe_mm16_glu[{t.name} bias={bias}]", moe._mm16_kernel, msig, dict(mconsts, **glu),
                             {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}))
 
     sig = {"x_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32", "D": "i32", "stride_x": "i32", "eps": "fp32",

@@ -192,3 +192,64 @@ def test_grouping_under_inference_mode(device, gen):
         first = moe.aligned(ids, 6, 16)
         assert moe.aligned(ids, 6, 16) is first
         assert moe.aligned(ids.clone(), 6, 16) is not first
+
+
+def _glu_chain(kernel, x, ids, packed, n, k, t, e, glu, alpha, limit, bias, config):
+    """The unfused chain the GLU kernels replace: `kernel` (moe_gemv / moe_mm16) on the gate experts
+    and on the up experts of the same stacked weight, then elementwise.py's GLU kernel."""
+    from minfer.kernels.triton import elementwise as ew
+
+    g = kernel(x, ids, packed, n, k, t, 2 * e, bias=bias, config=config)
+    u = kernel(x, ids + e, packed, n, k, t, 2 * e, bias=bias, config=config)
+    return ew.swiglu(g, u) if glu == "swiglu" else ew.swiglu_oai(g, u, alpha, limit)
+
+
+@pytest.mark.parametrize("t", [GGMLType.Q4_K, GGMLType.MXFP4, GGMLType.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("glu, biased", [("swiglu", False), ("swiglu_oai", True)])
+@pytest.mark.parametrize("fused, plain, config", [
+    (moe.moe_gemv_glu, moe.moe_gemv, None),  # moe_gemv_config: the one-expert tile (3 x 2 slots)
+    (moe.moe_gemv_glu, moe.moe_gemv, {"r": 4, "lr": 4, "wk": 1, "q8": 2}),  # the batch tile, int8 x
+    (moe.moe_mm16_glu, moe.moe_mm16, {"BLOCK_M": 16, "BLOCK_N": 16, "KB": 1, "num_warps": 4}),
+], ids=["gemv", "gemv-batch-tile", "mm16"])
+def test_glu_kernels_give_the_chain_they_replace(t, glu, biased, fused, plain, config, device, gen, check):
+    """An expert layer's gate + up + GLU in one launch (moe_gemv_glu, moe_mm16_glu) equals the three
+    launches it replaces, up to an ulp of the GLU; n = 20 ends part-way through a pair tile. Against
+    float64 on the GEMV path within f32 summation (or the int8 records' bound): a slot pairing a gate
+    row with another up row, an up expert read as a gate one or a bias off by one row is off by the
+    size of the product."""
+    e, n, k, tokens, used = 4, 20, _k(t, 8), 3, 2
+    alpha, limit = (1.702, 1.5) if glu == "swiglu_oai" else (0.0, 0.0)
+    raw, w = _experts(t, 2 * e, n, k, gen)  # the gate experts, then the up experts
+    packed = moe.repack_glu_experts(raw.to(device), n, k, t, e)
+    x = torch.randn(tokens, k, generator=gen)
+    ids = _ids(tokens, used, e, gen)
+    bias = torch.randn(2 * e * n, generator=gen) if biased else None
+    dx, dids, dbias = x.to(device), ids.to(device), None if bias is None else bias.to(device)
+    out = check.poisoned((tokens, used, n), torch.float32, device)
+    fused(dx, dids, packed, n, k, t, e, glu, alpha, limit, out=out, bias=dbias, config=config)
+    cfg = config if config is not None or plain is not moe.moe_gemv else moe.moe_gemv_config(2 * n, k, t, tokens * used)
+    chain = _glu_chain(plain, dx, dids, packed, n, k, t, e, glu, alpha, limit, dbias, cfg)
+    assert torch.allclose(out.cpu(), chain.cpu(), rtol=1e-6, atol=1e-6), float((out - chain).abs().max())
+    if plain is moe.moe_gemv:
+        g, u = _ref(x, ids, w, bias), _ref(x, ids + e, w, bias)
+        ref = g * torch.sigmoid(g) * u if glu == "swiglu" else \
+            g.clamp(max=limit) * torch.sigmoid(alpha * g.clamp(max=limit)) * (u.clamp(-limit, limit) + 1)
+        q8 = (config or {}).get("q8", 0) and t != GGMLType.Q6_K
+        assert check.rel_err(out, ref) < (2e-3 if q8 else 1e-5)
+
+
+def test_glu_kernels_refuse_what_they_cannot_run(device, gen):
+    t, e, n, k = GGMLType.Q4_0, 2, 8, 32
+    raw, _ = _experts(t, 2 * e, n, k, gen)
+    packed = moe.repack_glu_experts(raw.to(device), n, k, t, e)
+    ids = torch.zeros(2, 2, dtype=torch.int32, device=device)
+    x = torch.zeros(2, k, device=device)
+    with pytest.raises(UnsupportedError, match="glu must be one of"):
+        moe.moe_gemv_glu(x, ids, packed, n, k, t, e, "geglu")
+    with pytest.raises(UnsupportedError, match="positive limit"):
+        moe.moe_mm16_glu(x, ids, packed, n, k, t, e, "swiglu_oai", 1.702, 0.0)
+    with pytest.raises(UnsupportedError, match=r"x must be \[T, 32\]"):
+        moe.moe_gemv_glu(torch.zeros(2, 2, k, device=device), ids, packed, n, k, t, e)
+    with pytest.raises(UnsupportedError, match=r"need \[16, 32\]"):  # the packed weight holds 2 E matrices: E = 2
+        moe.moe_gemv_glu(x, ids, packed, n, k, t, 1)
+    assert moe.moe_mm16_glu(x[:0], ids[:0], packed, n, k, t, e).shape == (0, 2, n)
