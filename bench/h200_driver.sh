@@ -218,6 +218,13 @@ elif [ "$PARTS" = moequick ] || [ "$PARTS" = moequick+cpudiag ]; then  # a short
   F=$M/qwen3-30b-a3b-q4_k_m.gguf
   minfer_rows $F qwen3-30b-a3b cuda -p 0 -n 0 -b 16 -r 2
   minfer_rows $F qwen3-30b-a3b cuda -p 0 -n 128 -r 3 -b ""
+  if [ -d .anchor/base-tree/minfer ]; then  # the tree before a change, sent inside .anchor (carried): the same rows
+    step base
+    B=$PWD/.anchor/base-tree
+    (cd $B && PYTHONPATH=$B:/tmp/pylib minfer_rows $F base-qwen3-30b-a3b cuda -p 0 -n 0 -b 16 -r 2
+     cd $B && PYTHONPATH=$B:/tmp/pylib minfer_rows $F base-qwen3-30b-a3b cuda -p 0 -n 128 -r 3 -b "")
+    grep base- $D/bench.jsonl >> $D/tables.txt
+  fi
   step llama; while ! grep -q "build rc" $D/llama-build.txt; do sleep 2; done; cat $D/llama-build.txt
   batched_rows $F qwen3-30b-a3b 16
   llama_rows $LB $F qwen3-30b-a3b -ngl 99 -fa 1 -p 0 -n 128 -r 3
