@@ -543,6 +543,15 @@ def moe_mm16(x: torch.Tensor, ids: torch.Tensor, w: GemvPacked | torch.Tensor, n
     what = "moe_mm16"
     w, _, (t, used, xdiv), out = _packed_call(what, x, ids, w, n, k, qtype, n_expert, out)
     check_expert_bias(what, bias, n, n_expert, x)
+    _launch_mm16(what, x, ids, w, n, k, n_expert, (t, used, xdiv), out, config, bias)
+    return out
+
+
+def _launch_mm16(what: str, x, ids, w: GemvPacked, n: int, k: int, n_expert: int, sizes: tuple, out, config, bias,
+                 glu: tuple = (0, 0, 0.0, 0.0)) -> None:
+    """moe_mm16's kernel on checked operands: sizes (T, k used, XDIV); glu (GLU epilogue, the up
+    experts' row offset, alpha, limit) for moe_mm16_glu."""
+    t, used, xdiv = sizes
     cfg = dict(config) if config is not None else mm16_config(t * used, n_expert, n, k)
     if k % (32 * cfg["KB"]):
         raise UnsupportedError(f"{what}: k {k} is not a multiple of {32 * cfg['KB']} (KB {cfg['KB']} blocks of 32)")
@@ -550,10 +559,10 @@ def moe_mm16(x: torch.Tensor, ids: torch.Tensor, w: GemvPacked | torch.Tensor, n
         sorted_slots, block_expert = aligned(ids, n_expert, cfg["BLOCK_M"])
         hi, m_plane, layout = kernel_planes(w)
         grid = check_grid(what, (block_expert.numel(), cdiv(n, cfg["BLOCK_N"])))
+        epi, off, alpha, limit = glu
         _mm16_kernel[grid](x, w.qs, hi, w.d, m_plane, out, out if bias is None else bias, sorted_slots, block_expert,
                            n, k, k // 32, m_plane.shape[1], xdiv, n_expert, **layout, BIAS=bias is not None, **cfg,
-                           **pdl_args(), GLU_OFF=0)
-    return out
+                           **pdl_args(), GLU_OFF=off, GLU=epi, ALPHA=float(alpha), LIMIT=float(limit))
 
 
 def moe_mm16_glu(x: torch.Tensor, ids: torch.Tensor, w: GemvPacked | torch.Tensor, n: int, k: int,
@@ -567,17 +576,8 @@ def moe_mm16_glu(x: torch.Tensor, ids: torch.Tensor, w: GemvPacked | torch.Tenso
     SwiGLU kernel ran a third. `config`: mm16_config's keys; `bias`: as moe_gemv_glu's."""
     what = "moe_mm16_glu"
     w, _, (t, used), out = _glu_call(what, x, ids, w, n, k, qtype, n_expert, glu, alpha, limit, out, bias)
-    cfg = dict(config) if config is not None else mm16_config(t * used, n_expert, n, k)
-    if k % (32 * cfg["KB"]):
-        raise UnsupportedError(f"{what}: k {k} is not a multiple of {32 * cfg['KB']} (KB {cfg['KB']} blocks of 32)")
-    if t:
-        sorted_slots, block_expert = aligned(ids, n_expert, cfg["BLOCK_M"])
-        hi, m_plane, layout = kernel_planes(w)
-        grid = check_grid(what, (block_expert.numel(), cdiv(n, cfg["BLOCK_N"])))
-        _mm16_kernel[grid](x, w.qs, hi, w.d, m_plane, out, out if bias is None else bias, sorted_slots, block_expert,
-                           n, k, k // 32, m_plane.shape[1], used, n_expert, **layout, BIAS=bias is not None, **cfg,
-                           **pdl_args(), GLU_OFF=n_expert * n, GLU=GLUS[glu], ALPHA=float(alpha),
-                           LIMIT=float(limit))
+    _launch_mm16(what, x, ids, w, n, k, n_expert, (t, used, used), out, config, bias,
+                 (GLUS[glu], n_expert * n, alpha, limit))
     return out
 
 
