@@ -186,7 +186,21 @@ class Cases:
             y, w, out = self.randn(rows, used, d), self.randn(rows, used), torch.empty(rows, d, device=self.device)
             return lambda: moe.moe_sum_rows(y, w, out=out)
 
+        def router(kernel, rows):  # the F32 router's logits: gemv_f32 (decode rows) against cuBLAS
+            from minfer.kernels.triton.torch_ops import f32_weight
+
+            w = f32_weight(self.randn(e, d).contiguous().view(torch.uint8).reshape(-1), e, d, "F32")
+            x, out = self.randn(rows, d), torch.empty(rows, e, device=self.device)
+            return lambda: kernel(x, w, e, d, "F32", out=out)
+
+        from minfer.kernels.triton.gemv_f32 import gemv_f32
+        from minfer.kernels.triton.torch_ops import linear_f32
+
         cases = []
+        for rows, kernel in ((1, gemv_f32), (1, linear_f32), (16, gemv_f32), (16, linear_f32)):
+            cases.append(Case(kernel.__name__, f"{rows}x{d} {e}x{d} {model} router",
+                              lambda kn=kernel, r=rows: router(kn, r), e * d * 4 + rows * d * 4 + rows * e * 4,
+                              2 * rows * e * d))
         for rows in (1, 16, 512):
             cases.append(Case("moe_route_rows", f"{rows}x{e} k{used} {model}", lambda r=rows: route(r),
                               rows * e * 4 + rows * used * 8))

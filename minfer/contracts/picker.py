@@ -175,7 +175,9 @@ def candidates(
         fast = next((fp.when for fp in k.contract.caps.fast_paths if _holds(fp.when, env)), None)
         ok.append(Candidate(k, fast, _cost_ns(reg, k, env)))
     ok.sort(key=lambda c: (c.fast_path is None, c.cost_ns))
-    rejected.sort(key=lambda r: (r[0].contract.backend != backend, len(r[1])))  # this backend's nearest first
+    # this backend's nearest first: a kernel for the weight's storage type before one for another type
+    rejected.sort(key=lambda r: (r[0].contract.backend != backend, any(": storage type " in w for w in r[1]),
+                                 len(r[1])))
     return ok, rejected
 
 

@@ -21,6 +21,7 @@ from minfer.kernels.triton import (
     dequant,
     elementwise,
     embed,
+    gemv_f32,
     gemv_fused,
     int4,
     lut4,
@@ -105,6 +106,7 @@ LAUNCHERS = {
     "attention_sdpa_q8": torch_ops.attention_sdpa_q8,
     "linear_f16": torch_ops.linear_f16,
     "linear_f32": torch_ops.linear_f32,
+    "gemv_f32": gemv_f32.gemv_f32,
     "row_select": torch_ops.row_select,
     "argmax_rows": torch_ops.argmax_rows,
     "moe_route_rows": moe.moe_route_rows,
@@ -199,7 +201,7 @@ def test_gemv_wins_m1_by_fast_path_though_others_are_admissible(registry):
                                                           ("mmq_q4_0", None), ("linear_f16", None)]
     assert sorted(k.name for k, _ in rejected if k.contract.backend == "CUDA") == sorted([  # the other types'
         "mmq_int4", "mmq_q8_0", "mmq_q6_k", "mmq_planes", "int4_gemv", "q8_0_gemv", "q6_k_gemv", "q5_gemv",
-        "q3_k_gemv", "q2_k_gemv", "lut4_gemv", "mmq_lut4", "linear_f32"])
+        "q3_k_gemv", "q2_k_gemv", "lut4_gemv", "mmq_lut4", "linear_f32", "gemv_f32"])
     ok, rejected = candidates("QMatMul", *_qmatmul_call(16), registry=registry)
     # only linear_f16 has a fast path at 16; the quantized ones (MINFER_MMQ=1's) ranked by cost
     assert [c.kernel.name for c in ok] == ["linear_f16", "q4_0_matmul", "mmq_q4_0"]
@@ -207,13 +209,15 @@ def test_gemv_wins_m1_by_fast_path_though_others_are_admissible(registry):
     assert ("q4_0_gemv", why) in [(k.name, reasons) for k, reasons in rejected]
 
 
-@pytest.mark.parametrize("m", [1, 2, 512])
-def test_f32_weights_multiply_in_f32(registry, m):
+@pytest.mark.parametrize("m, kernel", [(1, "gemv_f32"), (2, "gemv_f32"), (32, "gemv_f32"), (33, "linear_f32"),
+                                       (512, "linear_f32")])
+def test_f32_weights_multiply_in_f32(registry, m, kernel):
     """An F32 weight (a mixture of experts' router) is multiplied in f32 at every row count, as
-    llama.cpp does: f16 operands would flip the router's choice of experts at near-ties; F16 weights
-    keep cuBLAS on f16."""
+    llama.cpp does: f16 operands would flip the router's choice of experts at near-ties. Up to 32
+    rows by gemv_f32 (one launch, rows independent of each other), past that by cuBLAS; F16
+    weights keep cuBLAS on f16."""
     f32 = ({"x": "F32", "w": "F32"}, {"x": (m, 256), "w": (32, 256 * 4)}, {"n": 32, "k": 256, "qtype": "F32"})
-    assert pick("QMatMul", *f32, registry=registry).name == "linear_f32"
+    assert pick("QMatMul", *f32, registry=registry).name == kernel
     f16 = ({"x": "F32", "w": "F16"}, {"x": (m, 256), "w": (32, 256 * 2)}, {"n": 32, "k": 256, "qtype": "F16"})
     assert pick("QMatMul", *f16, registry=registry).name == "linear_f16"
 

@@ -59,6 +59,14 @@ def variants():
     sig = {"y_ptr": "*fp32", "b_ptr": "*fp32", "d": "i32", "BLOCK_D": c, "PDL": c}
     out.append(("add_bias", elementwise._add_bias_kernel, sig, {"BLOCK_D": elementwise.BIAS_BLOCK, "PDL": 2}, {}))
 
+    from minfer.kernels.triton import gemv_f32
+
+    sig = {"x_ptr": "*fp32", "w_ptr": "*fp32", "out_ptr": "*fp32", "N": "i32", "K": "i32", "BLOCK_N": c, "BLOCK_K": c,
+           "EVEN_K": c, "PDL": c}
+    for n, k in ((128, 2048), (32, 2880)):  # the routers of Qwen3-30B-A3B and gpt-oss-20b
+        consts = {"BLOCK_N": gemv_f32.gemv_block_n(n), "BLOCK_K": gemv_f32.BLOCK_K, "EVEN_K": k % gemv_f32.BLOCK_K == 0,
+                  "PDL": 2}
+        out.append((f"gemv_f32[{n}x{k}]", gemv_f32._gemv_f32_kernel, sig, consts, {"num_warps": 4}))
     storage = {"F32": "*fp32", "F16": "*fp16", "BF16": "*i16"}
     no_fma = {"enable_fp_fusion": False}
     sig_base = {"src_ptr": None, "out_ptr": None, "ids_ptr": "*i32", "n_blocks": "i64",
