@@ -13,7 +13,7 @@
 #                                                       bench/gemv_rows.py, the 7B at B=1/2/4/8 against
 #                                                       llama-batched-bench (its CUDA build made meanwhile): ~10 minutes
 #   PARTS=small+cpu bash bench/h200_driver.sh start     both: small, then the host CPU's table (~11 minutes)
-#   PARTS=moequick bash bench/h200_driver.sh start      the expert GEMV's tile sweep, then qwen3-30b-a3b tg128 and B=16
+#   PARTS=moequick bash bench/h200_driver.sh start      the expert GEMV's tile sweep, then qwen3-30b-a3b pp512, tg128, B=16
 #                                                       against llama.cpp (its CUDA build meanwhile): ~6 minutes
 #   PARTS=cpudiag bash bench/h200_driver.sh start       issue 26's two open cells: the Q4_0 product at 2 / 4 / 8 threads,
 #                                                       Qwen2.5-0.5B at 4 / 8 threads x3, unpinned and one thread a
@@ -217,17 +217,17 @@ elif [ "$PARTS" = moequick ] || [ "$PARTS" = moequick+cpudiag ]; then  # a short
   step minfer
   F=$M/qwen3-30b-a3b-q4_k_m.gguf
   minfer_rows $F qwen3-30b-a3b cuda -p 0 -n 0 -b 16 -r 2
-  minfer_rows $F qwen3-30b-a3b cuda -p 0 -n 128 -r 3 -b ""
+  minfer_rows $F qwen3-30b-a3b cuda -p 512 -n 128 -r 3 -b ""
   if [ -d .anchor/base-tree/minfer ]; then  # the tree before a change, sent inside .anchor (carried): the same rows
     step base
     B=$PWD/.anchor/base-tree
     (cd $B && PYTHONPATH=$B:/tmp/pylib minfer_rows $F base-qwen3-30b-a3b cuda -p 0 -n 0 -b 16 -r 2
-     cd $B && PYTHONPATH=$B:/tmp/pylib minfer_rows $F base-qwen3-30b-a3b cuda -p 0 -n 128 -r 3 -b "")
+     cd $B && PYTHONPATH=$B:/tmp/pylib minfer_rows $F base-qwen3-30b-a3b cuda -p 512 -n 128 -r 3 -b "")
     grep base- $D/bench.jsonl >> $D/tables.txt
   fi
   step llama; while ! grep -q "build rc" $D/llama-build.txt; do sleep 2; done; cat $D/llama-build.txt
   batched_rows $F qwen3-30b-a3b 16
-  llama_rows $LB $F qwen3-30b-a3b -ngl 99 -fa 1 -p 0 -n 128 -r 3
+  llama_rows $LB $F qwen3-30b-a3b -ngl 99 -fa 1 -p 512 -n 128 -r 3
   table qwen3-30b
   [ "$PARTS" = moequick ] || { rm -f $F; step cpudiag; cpudiag; }
   step done; exit 0
