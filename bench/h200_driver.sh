@@ -205,10 +205,14 @@ elif [ "$PARTS" = small ] || [ "$PARTS" = small+cpu ]; then  # small decode batc
   while ! grep -q "build rc" $D/llama-build-cpu.txt; do sleep 2; done; cat $D/llama-build-cpu.txt
   while ! grep -q "synth done" $D/synth-cpu.txt; do sleep 2; done; cat $D/synth-cpu.txt
 elif [ "$PARTS" = moequick ] || [ "$PARTS" = moequick+cpudiag ]; then  # a short budget: the expert GEMV's tiles,
-  # then qwen3moe tg128 and B=16 only; moequick+cpudiag: then cpudiag (its file made meanwhile)
+  # then qwen3moe pp512, tg128 and B=16 only; moequick+cpudiag: then cpudiag (its file made meanwhile)
   build_cuda 14 > $D/llama-build.txt 2>&1 &
   [ "$PARTS" = moequick ] || (synth qwen2.5-0.5b q4_0 &)
   (synth qwen3-30b-a3b q4_k_m; echo "synth done $(since)") > $D/synth.txt 2>&1 &
+  step gputests  # the newest MoE kernels compiled: the GLU fusion, the routers' f32 GEMV
+  MINFER_TEST_DEVICE=cuda timeout 240 python3 -m pytest -q -p no:cacheprovider tests/contracts/test_conformance.py \
+    tests/kernels/triton/test_moe.py tests/kernels/triton/test_gemv_f32.py tests/backends/test_cuda_backend.py \
+    -k "glu or gemv_f32 or expert_gate_up" > $D/gputests.txt 2>&1; tail -3 $D/gputests.txt
   step moesweep
   timeout 300 python3 bench/moe_gemv_sweep.py --rows ${SWEEP_ROWS:-1,16} > $D/moe-gemv-sweep.txt 2>&1
   sed -n '/^--- moe_gemv/,$p' $D/moe-gemv-sweep.txt >> $D/tables.txt; cat $D/tables.txt
