@@ -345,8 +345,8 @@ def fuse_moe_glu(graph: Graph, supports: Supports) -> Graph:
             continue
         g, u = (by_id[i] for i in sw.inputs)
         if (g.op != Op.MOE_MATMUL or u.op != Op.MOE_MATMUL or g.id == u.id or g.inputs != u.inputs
-                or readers.get(g.id) != [sw] or readers.get(u.id) != [sw]):
-            continue
+                or readers.get(g.id) != [sw] or readers.get(u.id) != [sw] or len(by_id[g.inputs[0]].shape) != 2):
+            continue  # (x [T, k]: every chosen expert of a row reads its row)
         wg, wu = g.weights["w"], u.weights["w"]
         if wg.shape != wu.shape or ("b" in g.weights) != ("b" in u.weights):
             continue
