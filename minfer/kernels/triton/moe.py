@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import functools
 import weakref
-from dataclasses import replace
 
 import torch
 import triton
@@ -70,7 +69,8 @@ from ._common import (
 from .gemv import GemvConfig, _lut_bytes, check_act_q8
 from .lut4 import LUT4_TYPES
 from .mmq import MMQ_CONFIGS, _w_scales, kernel_planes, launch_mmq_moe
-from .qmatmul import GEMV_TYPES, GemvPacked, gemv_default_config, gemv_type, launch_packed, repack_gemv
+from .planes import PLANE_TYPES
+from .qmatmul import GEMV_TYPES, GemvPacked, gemv_type, launch_packed, repack_gemv
 
 GATINGS = {"softmax": 0, "sigmoid": 1, "softmax_weight": 2}
 MAX_EXPERTS = 1024
@@ -233,16 +233,21 @@ MANY_SLOTS = 32  # slots (rows x experts used) from which a call takes the batch
 
 @functools.lru_cache(maxsize=256)  # (the launcher's host time matters at decode sizes, as gemv_config's)
 def moe_gemv_config(n: int, k: int, qtype: GGMLType, slots: int = 1) -> GemvConfig:
-    """The GEMV tile an expert call of `slots` slots launches. From MANY_SLOTS: 16 rows a
-    program (4 rows per lane, 4 lanes along rows), one warp, words loaded in the step; int8 x (two
-    passes) for the lookup types, whose f32 path decodes each code through the table per row
-    (H200, bench/moe_gemv_sweep.py at 16 decode rows, 2026-12-05: qwen3moe Q4_K gate 132.7 ->
-    67.4 us, Q6_K down 171.0 -> 75.9, gpt-oss MXFP4 gate 164.0 -> 105.9 and down 161.8 -> 103.3).
-    Fewer: the type's own tile for one [n, k] expert, on f32 x, loading each step's words in the
-    step (the one-row sweep is host-bound: not measured yet)."""
+    """The GEMV tile an expert call of `slots` slots launches (H200, bench/moe_gemv_sweep.py, each
+    call replayed in a CUDA graph, 2026-12-05). From MANY_SLOTS (decode batches): 16 rows a program
+    (4 rows per lane, 4 lanes along rows), one warp, words loaded in the step; int8 x (two passes)
+    for the lookup types, whose f32 path decodes each code through the table per row (16 rows:
+    qwen3moe Q4_K gate 132.7 -> 67.4 us, Q6_K down 171.0 -> 75.9, gpt-oss MXFP4 gate 164.0 -> 105.9
+    and down 161.8 -> 103.3). Fewer (a decode row's 4-8 slots): 16 rows a program on two warps
+    along K, the planes types 2 rows per lane over 8 lanes, the others 4 over 4; the lookup types
+    with int8 x and the next step's words loaded ahead (one row: qwen3moe gate 14.4 -> 7.1 us, down
+    13.0 -> 7.3; gpt-oss gate 20.0 -> 11.4, down 19.9 -> 11.3; the type's one-expert tile before)."""
+    lut = qtype in LUT4_TYPES
     if slots >= MANY_SLOTS:
-        return GemvConfig(r=4, lr=4, wk=1, maxnreg=128, q8=2 if qtype in LUT4_TYPES else 0)
-    return replace(gemv_default_config(n, k, qtype, act_q8=0), split=1, q8=0, prefetch=False)
+        return GemvConfig(r=4, lr=4, wk=1, maxnreg=128, q8=2 if lut else 0)
+    planes = qtype in PLANE_TYPES
+    return GemvConfig(r=2 if planes else 4, lr=8 if planes else 4, wk=2, maxnreg=168 if lut else 128,
+                      prefetch=lut, q8=2 if lut else 0)
 
 
 def moe_gemv(x: torch.Tensor, ids: torch.Tensor, w: GemvPacked | torch.Tensor, n: int, k: int,

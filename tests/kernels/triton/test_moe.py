@@ -104,8 +104,9 @@ def _q8_bound(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tens
     {"r": 2, "lr": 4, "wk": 1, "prefetch": True},
     {"r": 2, "lr": 8, "wk": 2, "q8": 1},
     {"r": 4, "lr": 4, "wk": 1, "q8": 2, "prefetch": True, "maxnreg": 168},
+    "row",  # moe_gemv_config's decode-row tile (3 rows x 2 used < MANY_SLOTS)
     None,  # moe_gemv_config's batch tile (17 rows x 2 used >= MANY_SLOTS)
-], ids=["prefetch", "q8x1", "q8x2-prefetch", "default-batch"])
+], ids=["prefetch", "q8x1", "q8x2-prefetch", "default-row", "default-batch"])
 def test_gemv_tiles_every_slot_from_its_x_row(t, config, device, gen, check):
     """moe_gemv on pinned tiles (the sweep's, bench/moe_gemv_sweep.py): prefetching words, x read
     as int8 records (one and two passes; the planes types keep f32 x), x shared by a row's slots
@@ -113,6 +114,7 @@ def test_gemv_tiles_every_slot_from_its_x_row(t, config, device, gen, check):
     int8 records' rounding bound: a slot reading another slot's x row, expert or scales is off
     by the size of the product."""
     e, n, k, tokens, used = 6, 20, _k(t, 12), 3 if config else 17, 2
+    config = None if config == "row" else config
     raw, w = _experts(t, e, n, k, gen)
     packed = moe.repack_experts(raw.to(device), n, k, t, e)
     for per_slot in (False, True):
@@ -234,7 +236,7 @@ def test_glu_kernels_give_the_chain_they_replace(t, glu, biased, fused, plain, c
         g, u = _ref(x, ids, w, bias), _ref(x, ids + e, w, bias)
         ref = g * torch.sigmoid(g) * u if glu == "swiglu" else \
             g.clamp(max=limit) * torch.sigmoid(alpha * g.clamp(max=limit)) * (u.clamp(-limit, limit) + 1)
-        q8 = (config or {}).get("q8", 0) and t != GGMLType.Q6_K
+        q8 = (cfg["q8"] if isinstance(cfg, dict) else cfg.q8) and t != GGMLType.Q6_K
         assert check.rel_err(out, ref) < (2e-3 if q8 else 1e-5)
 
 
