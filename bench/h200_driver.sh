@@ -19,15 +19,15 @@
 #                                                       Qwen2.5-0.5B at 4 / 8 threads x3, unpinned and one thread a
 #                                                       core (OMP_PLACES / OMP_PROC_BIND), against llama.cpp: ~6 min
 #   PARTS=moequick+cpudiag bash bench/h200_driver.sh start   both, one after the other: ~12 minutes
-#   PARTS=moetg bash bench/h200_driver.sh start         qwen3-30b-a3b pp512 / tg128 / B=16, gpt-oss-20b pp512 / tg128
-#                                                       against llama.cpp (its CUDA build meanwhile): ~7 minutes
 #   PARTS=moelean bash bench/h200_driver.sh start       the sweep's one-row tiles, then qwen3-30b-a3b B=16 on this tree,
 #                                                       on .old/base (see the mode), on this tree again (no llama.cpp): ~4 min
 #   PARTS=moe bash bench/h200_driver.sh start           only the mixtures of experts (issue 25): the two MoE files,
 #                                                       their GPU tests (and tiny-gpt-oss on the tree at $BASE), the
 #                                                       kernel tables of bench/moe_profile.py, minfer's runs while
 #                                                       llama.cpp's CUDA build runs, then llama.cpp's and the tables
-#                                                       (one round each): ~10 minutes
+#                                                       (one round each): ~10 minutes; STUDY=0: the runs and tables
+#                                                       alone (qwen3moe pp512 / tg128 / B=16, gpt-oss pp512 / tg128
+#                                                       against llama.cpp): ~7 minutes
 #
 # Steps, in order (each one's log in /tmp/drv/<step>.txt; the ratio tables print into /tmp/drv/tables.txt):
 #   setup     wheels into /tmp/pylib; llama.cpp's CUDA and CPU llama-bench / llama-batched-bench built in the
@@ -236,25 +236,6 @@ elif [ "$PARTS" = moequick ] || [ "$PARTS" = moequick+cpudiag ]; then  # a short
   llama_rows $LB $F qwen3-30b-a3b -ngl 99 -fa 1 -p 512 -n 128 -r 3
   table qwen3-30b
   [ "$PARTS" = moequick ] || { rm -f $F; step cpudiag; cpudiag; }
-  step done; exit 0
-elif [ "$PARTS" = moetg ]; then  # the shortest budget with llama.cpp: qwen3-30b-a3b pp512 / tg128 / B=16 and
-  # gpt-oss-20b pp512 / tg128, minfer's runs while llama.cpp's CUDA build runs (-j16), then llama.cpp's (~7 min)
-  build_cuda 16 > $D/llama-build.txt 2>&1 &
-  (synth qwen3-30b-a3b q4_k_m; echo "synth done $(since)") > $D/synth.txt 2>&1 &
-  (synth gpt-oss-20b mxfp4; echo "synth done $(since)") > $D/synth-g.txt 2>&1 &
-  : > $D/bench.jsonl
-  while ! grep -q "synth done" $D/synth.txt; do sleep 2; done; cat $D/synth.txt
-  step minfer
-  F=$M/qwen3-30b-a3b-q4_k_m.gguf; G=$M/gpt-oss-20b-mxfp4.gguf
-  minfer_rows $F qwen3-30b-a3b cuda -p 512 -n 128 -r 3 -b ""
-  minfer_rows $F qwen3-30b-a3b cuda -p 0 -n 0 -b 16 -r 2
-  while ! grep -q "synth done" $D/synth-g.txt; do sleep 2; done; cat $D/synth-g.txt
-  minfer_rows $G gpt-oss-20b cuda -p 512 -n 128 -r 3 -b ""
-  step llama; while ! grep -q "build rc" $D/llama-build.txt; do sleep 2; done; cat $D/llama-build.txt
-  llama_rows $LB $F qwen3-30b-a3b -ngl 99 -fa 1 -p 512 -n 128 -r 3
-  batched_rows $F qwen3-30b-a3b 16
-  llama_rows $LB $G gpt-oss-20b -ngl 99 -fa 1 -p 512 -n 128 -r 3
-  table qwen3-30b; table gpt-oss
   step done; exit 0
 elif [ "$PARTS" = cpudiag ]; then
   cpudiag; step done; exit 0
