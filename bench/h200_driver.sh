@@ -216,7 +216,7 @@ elif [ "$PARTS" = moequick ] || [ "$PARTS" = moequick+cpudiag ]; then  # a short
     tests/kernels/triton/test_moe.py tests/kernels/triton/test_gemv_f32.py tests/backends/test_cuda_backend.py \
     -k "glu or gemv_f32 or expert_gate_up" > $D/gputests.txt 2>&1; tail -3 $D/gputests.txt
   step moesweep
-  timeout 300 python3 bench/moe_gemv_sweep.py --rows ${SWEEP_ROWS:-1,16} > $D/moe-gemv-sweep.txt 2>&1
+  timeout 360 python3 bench/moe_gemv_sweep.py --rows ${SWEEP_ROWS:-1,16} --glu > $D/moe-gemv-sweep.txt 2>&1
   sed -n '/^--- moe_gemv/,$p' $D/moe-gemv-sweep.txt >> $D/tables.txt; cat $D/tables.txt
   while ! grep -q "synth done" $D/synth.txt; do sleep 2; done; cat $D/synth.txt
   : > $D/bench.jsonl

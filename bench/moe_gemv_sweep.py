@@ -3,10 +3,11 @@ mode) at Qwen3-30B-A3B's shapes (128 experts, 8 used: gate Q4_K [768, 2048], dow
 [2048, 768]) and gpt-oss-20b's (32 experts, 4 used, MXFP4 [2880, 2880] gate and down), for one
 decode row and a batch of 16: µs per call (replayed in a CUDA graph, median) of each
 tile, int8 x included (its quantize launch counted in the call), against `moe_gemv_config`'s
-default, with the % of copy bandwidth counting only the chosen experts' bytes. A study script
-(bench/NOTES.md), CUDA only.
+default, with the % of copy bandwidth counting only the chosen experts' bytes. With --glu, the gate
+shapes again as the fused gate + up + SwiGLU call (moe_gemv_glu on the stacked gate and up experts:
+twice the bytes, one launch). A study script (bench/NOTES.md), CUDA only.
 
-    python3 bench/moe_gemv_sweep.py [--rows 1,16] [--copy-gbs 4223]
+    python3 bench/moe_gemv_sweep.py [--rows 1,16] [--glu] [--copy-gbs 4223]
 """
 
 from __future__ import annotations
@@ -55,32 +56,38 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--copy-gbs", type=float, default=4223.0, help="the GPU's copy bandwidth (GB/s) for %% copy")
     ap.add_argument("--rows", default="1,16", help="decode rows to time, comma-separated")
+    ap.add_argument("--glu", action="store_true", help="also the gate shapes' fused gate + up + SwiGLU call")
     args = ap.parse_args()
     dev = "cuda"
     g = torch.Generator(device="cpu").manual_seed(0)
     summary = []
-    for label, tname, e, used, n, k, per_slot in SHAPES:
+    cases = [(label, moe.moe_gemv, tname, e, used, n, k, per_slot) for label, tname, e, used, n, k, per_slot in SHAPES]
+    if args.glu:
+        cases += [(label.replace("gate", "gate+up"), moe.moe_gemv_glu, tname, e, used, n, k, per_slot)
+                  for label, tname, e, used, n, k, per_slot in SHAPES if not per_slot]
+    for label, kernel, tname, e, used, n, k, per_slot in cases:
         info = QUANT_TABLE[by_name(tname).type]
-        w = moe.repack_experts(random_blocks(info, e * n, k, g).to(dev), n, k, info.type, e)
+        halves = 2 if kernel is moe.moe_gemv_glu else 1  # (the GLU's weight: the gate experts, then the up ones)
+        w = moe.repack_experts(random_blocks(info, halves * e * n, k, g).to(dev), n, k, info.type, halves * e)
         for rows in (int(v) for v in args.rows.split(",")):
             x = torch.randn(rows, used, k, device=dev) if per_slot else torch.randn(rows, k, device=dev)
             id_sets = [torch.stack([torch.randperm(e)[:used] for _ in range(rows)]).int().to(dev)
                        for _ in range(ID_SETS)]
             out = torch.empty(rows, used, n, device=dev)
             call = (x, id_sets, w, n, k, info.type, e)
-            gb = sum(ids.unique().numel() for ids in id_sets) / ID_SETS * info.nbytes(n * k) / 1e9
+            gb = halves * sum(ids.unique().numel() for ids in id_sets) / ID_SETS * info.nbytes(n * k) / 1e9
             pct = lambda us, gb=gb: 100 * gb / (us * 1e-6) / args.copy_gbs  # noqa: E731
-            us_d = us_of(moe.moe_gemv, *call, out=out)
+            us_d = us_of(kernel, *call, out=out)
             res = []
             for cfg in configs(info.type in Q8_TYPES):
                 try:
-                    us = us_of(moe.moe_gemv, *call, out=out, config=cfg)
+                    us = us_of(kernel, *call, out=out, config=cfg)
                 except Exception as exc:  # noqa: BLE001  (a tile the compiler refuses: out of resources)
                     print(f"  {cfg}: {type(exc).__name__}", flush=True)
                     continue
                 res.append((us, cfg))
             res.sort(key=lambda r: r[0])
-            d = moe.moe_gemv_config(n, k, info.type, rows * used)
+            d = moe.moe_gemv_config(halves * n, k, info.type, rows * used)
             print(f"{label:14} rows {rows:3}: default {us_d:7.1f} us ({pct(us_d):4.1f} % copy) "
                   f"r{d.r} lr{d.lr} wk{d.wk} pf{int(d.prefetch)} q8 {d.q8}", flush=True)
             for us, c in res[:5]:
