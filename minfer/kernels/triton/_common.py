@@ -319,6 +319,15 @@ def gelu_tanh(x):
 
 
 @triton.jit
+def swiglu_oai_f32(g, u, alpha, limit):
+    """gpt-oss's clamped SwiGLU in f32: g' sigmoid(alpha g') (clamp(u, -limit, limit) + 1), g' =
+    min(g, limit) (ggml's swiglu_oai): one function for the elementwise kernel and the fused
+    epilogues, so their bits agree."""
+    gc = tl.minimum(g, limit)
+    return gc * tl.sigmoid(alpha * gc) * (tl.minimum(tl.maximum(u, -limit), limit) + 1.0)
+
+
+@triton.jit
 def e8m0_half(e):
     """2^(e - 128) as f32 for E8M0 exponents e (int32 0..255): ggml_e8m0_to_fp32_half, e < 2 the
     subnormals 2^-128, 2^-127 (MXFP4's scale). Two selects summed (one is 0): the nested select left

@@ -40,6 +40,7 @@ from ._common import (
     release_late,
     release_next,
     rows_view,
+    swiglu_oai_f32,
     tanh,
     wait_prior,
 )
@@ -94,8 +95,7 @@ def _map2_kernel(x_ptr, y_ptr, z_ptr, n, alpha, limit, OP: tl.constexpr, BLOCK: 
     elif OP == "mul":
         z = x * y
     elif OP == "swiglu_oai":
-        g = tl.minimum(x, limit)
-        z = g * tl.sigmoid(alpha * g) * (tl.minimum(tl.maximum(y, -limit), limit) + 1.0)
+        z = swiglu_oai_f32(x, y, alpha, limit)
     else:
         z = x * tl.sigmoid(x) * y
     tl.store(z_ptr + offs, cast_for(z, z_ptr), mask=mask)

@@ -66,6 +66,7 @@ from ._common import (
     pdl_args,
     release_late,
     release_next,
+    swiglu_oai_f32,
     wait_prior,
 )
 from .quantize import quantize_act_q8
@@ -624,9 +625,7 @@ def _gemv_store(out_ptr, tot, rows, N, pid_n, e_ptr, dst_ptr, fi_ptr, cos_ptr, s
         elif EPI == 4:
             tl.store(out_ptr + pair, gelu_tanh(a) * b, mask=pair < N // 2)
         elif EPI == 5:
-            g = tl.minimum(a, LIMIT)
-            y = g * tl.sigmoid(ALPHA * g) * (tl.minimum(tl.maximum(b, -LIMIT), LIMIT) + 1.0)
-            tl.store(out_ptr + pair, y, mask=pair < N // 2)
+            tl.store(out_ptr + pair, swiglu_oai_f32(a, b, ALPHA, LIMIT), mask=pair < N // 2)
         else:
             ra = pid_n * BLOCK_N + tl.arange(0, HB2)
             da = tl.load(dst_ptr + ra)
@@ -763,6 +762,12 @@ def _split_plan(cfg: GemvConfig, n: int, k: int) -> tuple[int, int, int]:
     nkb = k // Q4_0.block_elems
     kb_split = cdiv(cdiv(nkb, cfg.split), cfg.block_kb) * cfg.block_kb
     return kb_split, cdiv(nkb, kb_split), cdiv(n, cfg.block_n)
+
+
+def glu_epilogue(epi: int, out: torch.Tensor, filler: torch.Tensor) -> tuple:
+    """`_launch_gemv`'s epilogue tuple for a GLU store (EPI 1, 4 or 5): only EPI and out matter;
+    `filler` (any int32 tensor) stands in for the RoPE / KV operands it does not read."""
+    return (epi, out, filler, filler, out, out, filler, 0, out, out, filler, 0, 0, 1, 0, 0, 0)
 
 
 def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n: int, k: int, cfg: GemvConfig,

@@ -33,7 +33,7 @@ import torch
 from ...errors import UnsupportedError
 from ...quant.types import GGMLType
 from ._common import check_device, check_tensor, make_out
-from .gemv import ACT_Q8_PASSES
+from .gemv import ACT_Q8_PASSES, glu_epilogue
 from .qmatmul import (
     GemvConfig,
     GemvPacked,
@@ -183,8 +183,7 @@ def _gemv_glu(what: str, epi: int, x, w, n, k, qtype, out, xq) -> torch.Tensor:
     _check_x(what, x, k)
     device = check_device(what, x=x, qs=w.inner.qs, out=out)
     out = make_out(what, out, (1, n // 2), torch.float32, device)
-    c = w.inner.qs
-    launch_packed(what, x, w.inner, out, w.config, (epi, out, c, c, out, out, c, 0, out, out, c, 0, 0, 1, 0, 0, 0), xq)
+    launch_packed(what, x, w.inner, out, w.config, glu_epilogue(epi, out, w.inner.qs), xq)
     return out
 
 

@@ -64,9 +64,10 @@ from ._common import (
     make_out,
     pdl_args,
     release_next,
+    swiglu_oai_f32,
     wait_prior,
 )
-from .gemv import GemvConfig, _lut_bytes, check_act_q8
+from .gemv import GemvConfig, _lut_bytes, check_act_q8, glu_epilogue
 from .lut4 import LUT4_TYPES
 from .mmq import MMQ_CONFIGS, _w_scales, kernel_planes, launch_mmq_moe
 from .planes import PLANE_TYPES
@@ -250,6 +251,15 @@ def moe_gemv_config(n: int, k: int, qtype: GGMLType, slots: int = 1) -> GemvConf
                       prefetch=lut, q8=2 if lut else 0)
 
 
+def _gemv_tile(config: GemvConfig | dict | None, n: int, k: int, qtype: GGMLType, slots: int) -> GemvConfig:
+    """A call's pinned tile (a GemvConfig or its fields; its int8 passes checked), else moe_gemv_config's."""
+    if config is None:
+        return moe_gemv_config(n, k, qtype, slots)
+    cfg = GemvConfig(**config) if isinstance(config, dict) else config
+    check_act_q8(cfg.q8)
+    return cfg
+
+
 def moe_gemv(x: torch.Tensor, ids: torch.Tensor, w: GemvPacked | torch.Tensor, n: int, k: int,
              qtype: GGMLType | int | str, n_expert: int, out: torch.Tensor | None = None,
              bias: torch.Tensor | None = None, config: GemvConfig | dict | None = None) -> torch.Tensor:
@@ -262,11 +272,7 @@ def moe_gemv(x: torch.Tensor, ids: torch.Tensor, w: GemvPacked | torch.Tensor, n
     what = "moe_gemv"
     w, t_type, (t, used, xdiv), out = _packed_call(what, x, ids, w, n, k, qtype, n_expert, out)
     check_expert_bias(what, bias, n, n_expert, x)
-    if config is None:
-        cfg = moe_gemv_config(n, k, t_type, t * used)
-    else:
-        cfg = GemvConfig(**config) if isinstance(config, dict) else config
-        check_act_q8(cfg.q8)
+    cfg = _gemv_tile(config, n, k, t_type, t * used)
     if t:
         launch_packed(what, x, w, out, cfg, moe=(ids, t * used, xdiv, n, *([] if bias is None else [bias])))
     return out
@@ -313,15 +319,9 @@ def moe_gemv_glu(x: torch.Tensor, ids: torch.Tensor, w: GemvPacked | torch.Tenso
     as moe_gemv's; None: moe_gemv_config of both halves' rows."""
     what = "moe_gemv_glu"
     w, t_type, (t, used), out = _glu_call(what, x, ids, w, n, k, qtype, n_expert, glu, alpha, limit, out, bias)
-    if config is None:
-        cfg = moe_gemv_config(2 * n, k, t_type, t * used)
-    else:
-        cfg = GemvConfig(**config) if isinstance(config, dict) else config
-        check_act_q8(cfg.q8)
+    cfg = _gemv_tile(config, 2 * n, k, t_type, t * used)
     if t:
-        c = w.qs
-        epi = (GLUS[glu], out, c, c, out, out, c, 0, out, out, c, 0, 0, 1, 0, 0, 0)
-        launch_packed(what, x, w, out, cfg, epilogue=epi,
+        launch_packed(what, x, w, out, cfg, epilogue=glu_epilogue(GLUS[glu], out, w.qs),
                       moe=(ids, t * used, used, 2 * n, bias, n_expert * n, alpha, limit))
     return out
 
@@ -521,8 +521,7 @@ def _mm16_kernel(x_ptr, lo_ptr, hi_ptr, d_ptr, m_ptr, out_ptr, b_ptr, sorted_ptr
     if GLU == 1:
         acc = acc * tl.sigmoid(acc) * acc_up
     elif GLU == 5:
-        g = tl.minimum(acc, LIMIT)
-        acc = g * tl.sigmoid(ALPHA * g) * (tl.minimum(tl.maximum(acc_up, -LIMIT), LIMIT) + 1.0)
+        acc = swiglu_oai_f32(acc, acc_up, ALPHA, LIMIT)
     mask = (slots[:, None] >= 0) & (offs_n[None, :] < N)
     tl.store(out_ptr + slots.to(tl.int64)[:, None] * N + offs_n[None, :], acc, mask=mask)
 
