@@ -407,7 +407,7 @@ def _moe_matmul_call(c: Compiler, node: Node) -> Call:
     k, n, e = w.shape
     t = c.type_of(w.name)
     x_shape = c.node_of(node.inputs[0]).shape
-    used = node.shape[1]
+    used = c.node_of(node.inputs[1]).shape[1]  # (the ids [T, k used])
     per_slot = len(x_shape) == 3
     params = {"n": n, "k": k, "qtype": t, "n_expert": e}
     needs = frozenset({"expert_bias"}) if "b" in node.weights else frozenset()  # gpt-oss: added in the epilogue
@@ -443,6 +443,22 @@ def _moe_glu_call(c: Compiler, node: Node) -> Call | None:
                 lambda r: {"x": (r, k), "ids": (r, used), "w": (e2 * n, k)}, params, needs=needs)
 
 
+def _moe_matmul_sum_call(c: Compiler, node: Node) -> Call:
+    """MoEMatMulSum: MoEMatMul's call with the router's weights [rows, k used]."""
+    mm = _moe_matmul_call(c, node)
+    used = c.node_of(node.inputs[1]).shape[1]
+    return Call("MoEMatMulSum", {**mm.dtypes, "weights": "F32"},
+                lambda r: {**mm.shapes(r), "weights": (r, used)}, mm.params, needs=mm.needs)
+
+
+def _moe_matmul_sum_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, way: Way) -> Bound:
+    x, ids, wts = node.inputs
+    laid, params = c.laid_out(kernel, node.weights["w"], call.params), call.params
+    bias = {"bias": c.vector(node.weights["b"])} if "b" in node.weights else {}
+    return Bound(lambda vals, st: kernel(x=vals[x], ids=vals[ids], weights=vals[wts], w=laid, **params, **bias),
+                 [Launch(call, kernel)])
+
+
 def _moe_sum_call(c: Compiler, node: Node) -> Call:
     t_used_n = c.node_of(node.inputs[0]).shape
     used, n = t_used_n[1], t_used_n[2]
@@ -467,6 +483,7 @@ BINDINGS: dict[Op, Binding] = {
     Op.MOE_MATMUL: Binding(_moe_matmul_call, _moe_matmul_bind),
     Op.MOE_SUM: Binding(_moe_sum_call, _moe_sum_bind),
     Op.MOE_MATMUL_GLU: Binding(_moe_glu_call, _moe_matmul_bind),
+    Op.MOE_MATMUL_SUM: Binding(_moe_matmul_sum_call, _moe_matmul_sum_bind),
     Op.NORM_ADD_RMS_NORM: Binding(_add_rms_norm_call, _add_rms_norm_bind),
     Op.NORM_ROPE: Binding(_norm_rope_call, _norm_rope_bind),
 }

@@ -23,6 +23,8 @@ for, in at least one way of running; the callback keeps graph/ below contracts/)
 - `fuse_moe_glu`: an expert layer's gate and up MoEMatMuls (same x, same ids) and the SwiGLU
   (or gpt-oss's SwiGLUOAI) of their outputs -> MoEMatMulGLU over one weight stacking the gate
   experts, then the up experts (the two tensors' bytes one after the other: 2 E matrices).
+- `fuse_moe_sum`: an expert layer's down MoEMatMul and the MoESum of its slots (the router's
+  weights) -> MoEMatMulSum.
 - `fuse_matmul_rope`: a stacked q+k+v MatMul (with or without bias) and the RoPE of its q and k
   columns -> QMatMulRoPE (exports the rotated columns and the whole output).
 - `fuse_norm_rope`: the per-head RMSNorms of q and k (qwen3, gemma3) and their RoPEs -> NormRoPE
@@ -364,6 +366,26 @@ def fuse_moe_glu(graph: Graph, supports: Supports) -> Graph:
     return _rewrite(graph, fusions) if fusions else graph
 
 
+def fuse_moe_sum(graph: Graph, supports: Supports) -> Graph:
+    """A MoEMatMul (an expert layer's down projection) whose output only a MoESum reads ->
+    MoEMatMulSum over the same weight(s): inputs (x, ids, the sum's weights)."""
+    readers = readers_of(graph)
+    by_id = {n.id: n for n in graph.nodes}
+    fusions = {}
+    for s in graph.nodes:
+        if s.op != Op.MOE_SUM:
+            continue
+        m = by_id[s.inputs[0]]
+        if m.op != Op.MOE_MATMUL or readers.get(m.id) != [s]:
+            continue
+        group = [m, s]
+        fused = _fused(group, Op.MOE_MATMUL_SUM, m.name + "+sum", (*m.inputs, s.inputs[1]), (s.id,), dict(m.weights),
+                       {"n_expert": m.weights["w"].shape[2]}, s.shape)
+        if supports(fused, graph):
+            fusions[s.id] = (fused, group, (s,))
+    return _rewrite(graph, fusions) if fusions else graph
+
+
 def fuse_matmul_rope(graph: Graph, supports: Supports) -> Graph:
     """A stacked q+k+v MatMul (or one weight holding them, phi3's attn_qkv) whose columns from 0 a
     RoPE rotates (its other readers slices of the rest) -> QMatMulRoPE: exports the rotated columns
@@ -507,8 +529,8 @@ def fuse_int8_x(graph: Graph, supports: Supports) -> Graph:
 
 
 FUSIONS: tuple[Callable[[Graph, Supports], Graph], ...] = (
-    fuse_norm_add_rms_norm, fuse_add_rms_norm, fuse_matmul_swiglu, fuse_moe_glu, fuse_matmul_rope, fuse_norm_rope,
-    fuse_kv_write, fuse_int8_x)
+    fuse_norm_add_rms_norm, fuse_add_rms_norm, fuse_matmul_swiglu, fuse_moe_glu, fuse_moe_sum, fuse_matmul_rope,
+    fuse_norm_rope, fuse_kv_write, fuse_int8_x)
 
 
 def fuse(graph: Graph, supports: Supports, rules: Iterable[Callable[[Graph, Supports], Graph]] | None = None) -> Graph:

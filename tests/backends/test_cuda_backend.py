@@ -742,3 +742,38 @@ def test_expert_gate_up_and_glu_run_fused(tiny_gguf, raw, monkeypatch, preset, q
     plain = load(path, "cuda", n_ctx=32, n_slots=1, progress=False)
     assert not any(str(n.op) == "MoEMatMulGLU" for n in plain.engine.backend.graph.nodes)
     assert _rel(fused, logits(plain)) < 1e-5
+
+
+@pytest.mark.parametrize("preset, quant", [("tiny-qwen3moe", "q4_k"), ("tiny-gpt-oss", "mxfp4")])
+def test_expert_down_and_sum_run_fused_for_decode_rows(tiny_gguf, raw, monkeypatch, preset, quant):
+    """An expert layer's down matmul and the weighted sum of its slots are one MoEMatMulSum launch
+    for decode rows and batches (graph/fuse.py fuse_moe_sum; moe_gemv + moe_sum_rows before), and
+    run as those parts for prompt chunks (moe_mm16, moe_sum_rows: the fused kernel's contract takes
+    up to 32 rows); gpt-oss's down biases ride along. Decode logits equal the unfused graph's bit
+    for bit (the same sums in the same order), so a slot summed twice, a wrong slot's weight or a
+    row's sum in another row would show."""
+    from minfer.graph import fuse
+
+    path = tiny_gguf(preset, quant)
+    gpu = load(path, "cuda", n_ctx=32, n_slots=1, progress=False)
+    be = gpu.engine.backend
+    n_layer = be.graph.meta["n_layer"]
+    for rows, prefill in ((1, False), (16, False)):
+        picked = {r["name"]: r["kernel"] for r in be.plan_rows(rows, prefill)}
+        assert [picked[f"blk.{i}.ffn_moe_down+sum"] for i in range(n_layer)] == ["moe_gemv_sum"] * n_layer
+        assert not any(n.endswith("ffn_moe_out") for n in picked)
+    picked = {r["name"]: r["kernel"] for r in be.plan_rows(512, True)}
+    assert [picked[f"blk.{i}.ffn_moe_down+sum"] for i in range(n_layer)] == ["moe_mm16+moe_sum_rows"] * n_layer
+
+    def logits(model) -> torch.Tensor:
+        out = [model.engine.backend.forward(Batch.single(PROMPT[:7], 0, rows=range(7))).cpu().clone()]
+        steps = enumerate(PROMPT[7:10], start=7)
+        out += [raw.decode(model.engine, 0, t, p).cpu().clone().reshape(1, -1) for p, t in steps]
+        return torch.cat(out)
+
+    fused = logits(gpu)
+    gpu.close()
+    monkeypatch.setattr(fuse, "FUSIONS", tuple(r for r in fuse.FUSIONS if r is not fuse.fuse_moe_sum))
+    plain = load(path, "cuda", n_ctx=32, n_slots=1, progress=False)
+    assert not any(str(n.op) == "MoEMatMulSum" for n in plain.engine.backend.graph.nodes)
+    assert torch.equal(fused, logits(plain))

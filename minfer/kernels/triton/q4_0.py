@@ -51,6 +51,7 @@ from .gemv import (
     ACT_Q8_PASSES,
     Q4_0,
     GemvConfig,
+    MoeLaunch,
     _check_nk,
     _gemv_scratch,
     _launch_gemv,
@@ -169,10 +170,10 @@ def q4_0_gemv(
 
 
 def launch_q4_0(what: str, x: torch.Tensor, w: Q4_0Packed, out: torch.Tensor, cfg: GemvConfig,
-                epilogue: tuple | None = None, xq: tuple | None = None, moe: tuple | None = None) -> None:
+                epilogue: tuple | None = None, xq: tuple | None = None, moe: MoeLaunch | None = None) -> None:
     """Launch the GEMV kernel on a Q4_0Packed weight (x, out checked by the caller; `moe`: gemv.py)."""
-    n = w.n if moe is None else moe[3]
-    _launch_gemv(what, x, w, w.d, w.d, 0, 0, out, n, w.k, cfg, epilogue=epilogue, xq=xq, moe=moe and moe[:3] + moe[4:])
+    n = w.n if moe is None else moe.rows
+    _launch_gemv(what, x, w, w.d, w.d, 0, 0, out, n, w.k, cfg, epilogue=epilogue, xq=xq, moe=moe)
 
 
 # ---------------------------------------------------------------------------------------------
