@@ -25,6 +25,8 @@ for, in at least one way of running; the callback keeps graph/ below contracts/)
   experts, then the up experts (the two tensors' bytes one after the other: 2 E matrices).
 - `fuse_moe_sum`: an expert layer's down MoEMatMul and the MoESum of its slots (the router's
   weights) -> MoEMatMulSum.
+- `fuse_moe_router`: an expert layer's router MatMul (+ its bias) and the MoERoute of its logits
+  -> MoERouter (its value the route's (weights, ids)).
 - `fuse_matmul_rope`: a stacked q+k+v MatMul (with or without bias) and the RoPE of its q and k
   columns -> QMatMulRoPE (exports the rotated columns and the whole output).
 - `fuse_norm_rope`: the per-head RMSNorms of q and k (qwen3, gemma3) and their RoPEs -> NormRoPE
@@ -386,6 +388,28 @@ def fuse_moe_sum(graph: Graph, supports: Supports) -> Graph:
     return _rewrite(graph, fusions) if fusions else graph
 
 
+def fuse_moe_router(graph: Graph, supports: Supports) -> Graph:
+    """A MoERoute whose logits come from a MatMul (+ bias) only it reads -> MoERouter: weights "w"
+    and "b" the matmul's, "sel" the route's selection bias; its value the route's (weights, ids)."""
+    readers = readers_of(graph)
+    by_id = {n.id: n for n in graph.nodes}
+    fusions = {}
+    for r in graph.nodes:
+        if r.op != Op.MOE_ROUTE:
+            continue
+        m = by_id[r.inputs[0]]
+        if m.op != Op.MATMUL or readers.get(m.id) != [r]:
+            continue
+        weights = dict(m.weights)
+        if "b" in r.weights:
+            weights["sel"] = r.weights["b"]
+        group = [m, r]
+        fused = _fused(group, Op.MOE_ROUTER, r.name + "+logits", m.inputs, (r.id,), weights, dict(r.params), r.shape)
+        if supports(fused, graph):
+            fusions[r.id] = (fused, group, (r,))
+    return _rewrite(graph, fusions) if fusions else graph
+
+
 def fuse_matmul_rope(graph: Graph, supports: Supports) -> Graph:
     """A stacked q+k+v MatMul (or one weight holding them, phi3's attn_qkv) whose columns from 0 a
     RoPE rotates (its other readers slices of the rest) -> QMatMulRoPE: exports the rotated columns
@@ -529,8 +553,8 @@ def fuse_int8_x(graph: Graph, supports: Supports) -> Graph:
 
 
 FUSIONS: tuple[Callable[[Graph, Supports], Graph], ...] = (
-    fuse_norm_add_rms_norm, fuse_add_rms_norm, fuse_matmul_swiglu, fuse_moe_glu, fuse_moe_sum, fuse_matmul_rope,
-    fuse_norm_rope, fuse_kv_write, fuse_int8_x)
+    fuse_norm_add_rms_norm, fuse_add_rms_norm, fuse_matmul_swiglu, fuse_moe_glu, fuse_moe_sum, fuse_moe_router,
+    fuse_matmul_rope, fuse_norm_rope, fuse_kv_write, fuse_int8_x)
 
 
 def fuse(graph: Graph, supports: Supports, rules: Iterable[Callable[[Graph, Supports], Graph]] | None = None) -> Graph:

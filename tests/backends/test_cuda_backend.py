@@ -745,13 +745,14 @@ def test_expert_gate_up_and_glu_run_fused(tiny_gguf, raw, monkeypatch, preset, q
 
 
 @pytest.mark.parametrize("preset, quant", [("tiny-qwen3moe", "q4_k"), ("tiny-gpt-oss", "mxfp4")])
-def test_expert_down_and_sum_run_fused_for_decode_rows(tiny_gguf, raw, monkeypatch, preset, quant):
-    """An expert layer's down matmul and the weighted sum of its slots are one MoEMatMulSum launch
-    for decode rows and batches (graph/fuse.py fuse_moe_sum; moe_gemv + moe_sum_rows before), and
-    run as those parts for prompt chunks (moe_mm16, moe_sum_rows: the fused kernel's contract takes
-    up to 32 rows); gpt-oss's down biases ride along. Decode logits equal the unfused graph's bit
-    for bit (the same sums in the same order), so a slot summed twice, a wrong slot's weight or a
-    row's sum in another row would show."""
+def test_expert_router_and_down_sum_run_fused_for_decode_rows(tiny_gguf, raw, monkeypatch, preset, quant):
+    """For decode rows and batches an expert layer's router GEMV (+ gpt-oss's router bias) and its
+    routing are one MoERouter launch (graph/fuse.py fuse_moe_router; gemv_f32 (+ add_bias) +
+    moe_route_rows before), and its down matmul and the weighted sum of its slots one MoEMatMulSum
+    launch (fuse_moe_sum; moe_gemv + moe_sum_rows before); prompt chunks run the parts (the fused
+    kernels' contracts take up to 32 rows). Decode logits equal the unfused graph's bit for bit
+    (the same sums in the same order), so a slot summed twice, a wrong slot's weight, a row's sum in
+    another row, a router bias dropped or a row routed on another row's logits would show."""
     from minfer.graph import fuse
 
     path = tiny_gguf(preset, quant)
@@ -761,9 +762,11 @@ def test_expert_down_and_sum_run_fused_for_decode_rows(tiny_gguf, raw, monkeypat
     for rows, prefill in ((1, False), (16, False)):
         picked = {r["name"]: r["kernel"] for r in be.plan_rows(rows, prefill)}
         assert [picked[f"blk.{i}.ffn_moe_down+sum"] for i in range(n_layer)] == ["moe_gemv_sum"] * n_layer
-        assert not any(n.endswith("ffn_moe_out") for n in picked)
+        assert [picked[f"blk.{i}.ffn_moe_route+logits"] for i in range(n_layer)] == ["moe_route_gemv"] * n_layer
+        assert not any(n.endswith(("ffn_moe_out", "ffn_moe_logits")) for n in picked)
     picked = {r["name"]: r["kernel"] for r in be.plan_rows(512, True)}
     assert [picked[f"blk.{i}.ffn_moe_down+sum"] for i in range(n_layer)] == ["moe_mm16+moe_sum_rows"] * n_layer
+    assert all(picked[f"blk.{i}.ffn_moe_route+logits"].endswith("moe_route_rows") for i in range(n_layer))
 
     def logits(model) -> torch.Tensor:
         out = [model.engine.backend.forward(Batch.single(PROMPT[:7], 0, rows=range(7))).cpu().clone()]
@@ -773,7 +776,8 @@ def test_expert_down_and_sum_run_fused_for_decode_rows(tiny_gguf, raw, monkeypat
 
     fused = logits(gpu)
     gpu.close()
-    monkeypatch.setattr(fuse, "FUSIONS", tuple(r for r in fuse.FUSIONS if r is not fuse.fuse_moe_sum))
+    monkeypatch.setattr(fuse, "FUSIONS", tuple(r for r in fuse.FUSIONS if r not in (fuse.fuse_moe_sum,
+                                                                                   fuse.fuse_moe_router)))
     plain = load(path, "cuda", n_ctx=32, n_slots=1, progress=False)
-    assert not any(str(n.op) == "MoEMatMulSum" for n in plain.engine.backend.graph.nodes)
+    assert not any(str(n.op) in ("MoEMatMulSum", "MoERouter") for n in plain.engine.backend.graph.nodes)
     assert torch.equal(fused, logits(plain))
