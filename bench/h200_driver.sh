@@ -211,13 +211,14 @@ elif [ "$PARTS" = moequick ] || [ "$PARTS" = moequick+cpudiag ]; then  # a short
   build_cuda 14 > $D/llama-build.txt 2>&1 &
   [ "$PARTS" = moequick ] || (synth qwen2.5-0.5b q4_0 &)
   (synth qwen3-30b-a3b q4_k_m; echo "synth done $(since)") > $D/synth.txt 2>&1 &
-  step gputests  # the newest MoE kernels compiled: the GLU fusion, the routers' f32 GEMV
+  step gputests  # the newest MoE kernels compiled: the GLU, down + sum and router + route fusions, the f32 GEMV
   MINFER_TEST_DEVICE=cuda timeout 240 python3 -m pytest -q -p no:cacheprovider tests/contracts/test_conformance.py \
     tests/kernels/triton/test_moe.py tests/kernels/triton/test_gemv_f32.py tests/backends/test_cuda_backend.py \
-    -k "glu or gemv_f32 or expert_gate_up" > $D/gputests.txt 2>&1; tail -3 $D/gputests.txt
-  step moesweep
+    -k "glu or gemv_f32 or expert_gate_up or gemv_sum or route_gemv or router_and_down" > $D/gputests.txt 2>&1
+  tail -3 $D/gputests.txt
+  [ "${SWEEP_ROWS:-1,16}" = 0 ] || { step moesweep  # SWEEP_ROWS=0: no sweep
   timeout 360 python3 bench/moe_gemv_sweep.py --rows ${SWEEP_ROWS:-1,16} --glu > $D/moe-gemv-sweep.txt 2>&1
-  sed -n '/^--- moe_gemv/,$p' $D/moe-gemv-sweep.txt >> $D/tables.txt; cat $D/tables.txt
+  sed -n '/^--- moe_gemv/,$p' $D/moe-gemv-sweep.txt >> $D/tables.txt; cat $D/tables.txt; }
   while ! grep -q "synth done" $D/synth.txt; do sleep 2; done; cat $D/synth.txt
   : > $D/bench.jsonl
   step minfer
