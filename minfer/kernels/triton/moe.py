@@ -117,17 +117,24 @@ def _route_row(x, b_ptr, w_ptr, id_ptr, row, E, scale, K: tl.constexpr, KB: tl.c
     else:
         probs = x
     sel = probs + tl.load(b_ptr + offs, mask=ok, other=0.0)
-    sel = tl.where(ok & (sel == sel), sel, float("-inf"))  # NaN (a diverged row) never chosen over a number
+    sel = tl.where(ok & (sel == sel), sel, float("-inf")) + 0.0  # NaN (a diverged row) never chosen over a
+    # number; -0.0 made +0.0, so zeros tie as equal floats do
+    # One max a pick over int64 keys that order as (sel, then the lower index): the float's bits made
+    # monotone as an int32 (negatives' magnitude bits flipped) in the high word, BLOCK_E - 1 - index in
+    # the low; lanes past E and the experts already chosen hold the smallest key.
+    bits = sel.to(tl.int32, bitcast=True)
+    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    gone = tl.full([BLOCK_E], -(2**63), tl.int64)
+    key = tl.where(ok, (ordered.to(tl.int64) << 32) | (BLOCK_E - 1 - offs).to(tl.int64), gone)
     slots = tl.arange(0, KB)
-    wsel = tl.zeros([KB], dtype=tl.float32)
     isel = tl.zeros([KB], dtype=tl.int32)
     for j in tl.static_range(K):
-        best = tl.max(sel, axis=0)
-        idx = tl.min(tl.where(sel == best, offs, BLOCK_E), axis=0)  # the lowest index of the largest
+        best = tl.max(key, axis=0)
+        idx = BLOCK_E - 1 - (best & 0xFFFFFFFF).to(tl.int32)
         idx = tl.minimum(idx, E - 1)  # (an id is always an expert: the expert kernels index with it)
-        wsel = tl.where(slots == j, tl.sum(tl.where(offs == idx, probs, 0.0), axis=0), wsel)
         isel = tl.where(slots == j, idx, isel)
-        sel = tl.where(offs == idx, float("-inf"), sel)
+        key = tl.where(offs == idx, gone, key)
+    wsel = tl.sum(tl.where(offs[None, :] == isel[:, None], probs[None, :], 0.0), axis=1)  # the chosen's probs
     used = slots < K
     if GATING == 2:  # gpt-oss: the chosen logits softmaxed
         m = tl.max(tl.where(used, wsel, float("-inf")), axis=0)

@@ -169,6 +169,22 @@ def test_route_names_an_expert_for_a_diverged_row(gating, device):
         assert ids[1].tolist() == [2, 5, 0]
 
 
+def test_route_orders_negatives_ties_and_zeros_as_floats(device):
+    """The top-k picks by one max over packed keys (the float's bits made monotone, then the lower
+    index): negatives, ties (the lower index first), -0.0 beside +0.0 (equal), -inf beside numbers
+    and a selection bias that reorders them, all as a stable descending sort of the floats picks."""
+    inf = float("inf")
+    logits = torch.tensor([[-1.0, -2.0, -0.5, -2.0, -1.0, -3.0],
+                           [0.0, -0.0, 0.0, -1e-30, 1e-30, -0.0],
+                           [-inf, 5.0, -inf, 5.0, -7.0, 5.0],
+                           [1.0, 1.0, 1.0, 1.0, 1.0, 1.0]])
+    bias = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.5])
+    for b in (torch.zeros(6), bias):
+        _, ids = moe.moe_route_rows(logits.to(device), b.to(device), 4, "softmax_weight", False, 1.0)
+        want = torch.argsort(logits + b, dim=-1, descending=True, stable=True)[:, :4]
+        assert ids.cpu().long().tolist() == want.tolist()
+
+
 def test_a_layers_matmuls_share_one_grouping(device, gen):
     """`aligned`: the same router ids tensor gives the same tables (gate, up, down of a layer); a new
     tensor of equal values, an in-place write, or another block size groups again."""
