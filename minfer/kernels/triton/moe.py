@@ -594,6 +594,8 @@ def _w_tile_f16(lo_rows, hi_rows, d_rows, m_rows, kb0, t0, t1, t2, t3, KB: tl.co
     elif LB == 8:
         hi = tl.load(hi_rows + kb0 * 4 + jw).to(tl.int32)
         c = (tl.where(s < 4, lo, hi) >> (8 * (s & 3))) & 0xFF
+    elif LB == 4 and HB == 0:
+        c = 0  # (the nibbles go straight into the float below)
     else:
         c = (lo >> (LB * s)) & ((1 << LB) - 1)
         if HB > 0:
@@ -605,7 +607,22 @@ def _w_tile_f16(lo_rows, hi_rows, d_rows, m_rows, kb0, t0, t1, t2, t3, KB: tl.co
     if HALVES:  # slots 0..3 are elements 0..15 of the block
         a0 = tl.where(s < 4, a0, a1)
         c0 = tl.where(s < 4, c0, c1)
-    w = (c - CENTER).to(tl.float32) * a0
+    # code - CENTER as f32 without an int-to-float conversion (16 a clock an SM on Hopper, and 1.1 a weight made
+    # this loop convert-bound): gemv.py's magic-number form, the same bits as the conversion. A code ORed into the
+    # mantissa of 2^23 is 2^23 + c exactly, and 2^23 + CENTER subtracted leaves c - CENTER exactly. The 4-bit
+    # codes skip their shift too: slots 4..7 moved down by one 16-bit shift a word, the nibble at bit b = 0, 4,
+    # 8, 12 ORed in place into 2^(23 - b), whose mantissa unit sits at bit b. sm_90 SASS of the Q4_K loop: no
+    # I2FP (was 72 a thread and K step), shifts 106 -> 26, 162 -> 128 registers.
+    if LB == 4 and HB == 0 and not LUT:
+        b = 4 * (s % 4)
+        magic = 0x4B000000 - (b << 23)  # the bits of 2^(23 - b)
+        src = tl.where(s < 4, lo, lo >> 16)
+        code = ((src & (15 << b)) | magic).to(tl.float32, bitcast=True)
+        w = (code - (magic.to(tl.float32, bitcast=True) + CENTER)) * a0
+    elif LUT or LB == 8:  # byte codes
+        w = ((c | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + CENTER)) * a0
+    else:  # the planes types (5, 6, 3 and 2 bits): converted (the magic form spilled Q6_K's GLU tile, Q2_K's)
+        w = (c - CENTER).to(tl.float32) * a0
     if AFFINE:
         w = w + c0
     w16 = tl.reshape(w.to(tl.float16), (w.shape[0], 32 * KB))
