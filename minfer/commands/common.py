@@ -162,7 +162,8 @@ def _add_sampling(p, n_predict: int) -> None:
                    help=f"subtract penalty x count of a seen token (default {_SP['frequency_penalty']})")
     p.add_argument("--presence-penalty", type=float, default=_SP["presence_penalty"],
                    help=f"subtract penalty once from a seen token (default {_SP['presence_penalty']})")
-    p.add_argument("-s", "--seed", type=int, default=None, help="random seed (default: random)")
+    p.add_argument("-s", "--seed", type=int, default=None,
+                   help="random seed; -1 = random, as llama.cpp (default: random)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-generation tokens")
 
@@ -175,7 +176,8 @@ def sampling(a: argparse.Namespace) -> SamplingParams:
         return SamplingParams(max_tokens=None if a.n_predict == -1 else a.n_predict, temperature=a.temp,
                               top_k=a.top_k, top_p=a.top_p, min_p=a.min_p, repeat_penalty=a.repeat_penalty,
                               repeat_last_n=a.repeat_last_n, frequency_penalty=a.frequency_penalty,
-                              presence_penalty=a.presence_penalty, seed=a.seed, stop=tuple(a.stop),
+                              presence_penalty=a.presence_penalty, seed=None if a.seed == -1 else a.seed,
+                              stop=tuple(a.stop),
                               ignore_eos=a.ignore_eos)
 
 
