@@ -57,7 +57,8 @@ def add_model_args(p: argparse.ArgumentParser, *, slots: bool = False, ctx_help:
     p.add_argument("--prefill-chunk", type=int, default=_EC["prefill_chunk"],
                    help=f"prompt tokens per step (default {_EC['prefill_chunk']})")
     p.add_argument("--kv-cache", default=_EC["kv_dtype"], metavar="TYPE",
-                   help="KV cache type: auto (cpu f32, cuda f16), f32, f16 (default auto)")
+                   help="KV cache type: auto (the backend's: cpu and vulkan f32, cuda f16), f32 (cpu, vulkan), "
+                        "f16 or q8_0 (cuda) (default auto)")
     p.add_argument("--tp", type=int, default=None, metavar="N",
                    help="tensor parallelism: split the model over N ranks (processes; cuda: one GPU each), "
                         "started by this command, or by torchrun (default: torchrun's WORLD_SIZE, else 1)")

@@ -146,3 +146,21 @@ def test_run_cnv_is_a_chat_with_the_prompt_first(run_cli, tiny_gguf):
                          stdin="the cat\n")
     first, second = chat_reference(tiny_gguf(), ["hello", "the cat"], 3)
     assert rc == 0 and out == first + "\n" + second + "\n"
+
+
+def test_kv_cache_help_names_what_each_backend_takes(capsys):
+    """--kv-cache's help lists each backend's KV types (it said "f32, f16" for every backend: f16 is
+    cuda's only, and cuda's q8_0 was not named)."""
+    from minfer.backends.cpu.backend import KV_SUPPORTED as CPU
+    from minfer.backends.cuda.backend import KV_SUPPORTED as CUDA
+    from minfer.backends.vulkan.backend import KV_SUPPORTED as VULKAN
+
+    with pytest.raises(SystemExit):
+        parse("run", "--help")
+    text = " ".join(capsys.readouterr().out.split())
+    start = text.index("--kv-cache TYPE KV cache type:")
+    help_text = text[start:text.index("--tp N", start)]
+    for backend, kinds in (("cpu", CPU), ("vulkan", VULKAN), ("cuda", CUDA)):
+        for kind in kinds:
+            assert kind in help_text and backend in help_text, (backend, kind, help_text)
+    assert "f32 (cpu, vulkan)" in help_text and "f16 or q8_0 (cuda)" in help_text, help_text
