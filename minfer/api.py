@@ -112,6 +112,40 @@ def result_of(seq: Sequence) -> GenerationResult:
                             st.cached_tokens, end - st.arrival)
 
 
+def chat_messages(messages: Messages) -> Messages:
+    """Messages as a chat template reads them, from OpenAI's shapes (what the server takes,
+    server/schema.py `messages_of`): content a string, or a list of text parts joined; None only in
+    an assistant turn of tool calls (then ""); the developer role is system. TemplateError for what
+    the server refuses with a 400. Other keys pass through; the caller's dicts are not changed."""
+    if not isinstance(messages, list):
+        raise TemplateError("messages must be a list of {'role': ..., 'content': ...} dicts")
+    if not messages:
+        raise TemplateError("messages must hold at least one message")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise TemplateError(f"messages[{i}] must be a dict (role, content), got {type(m).__name__}")
+        role, content = m.get("role"), m.get("content")
+        if not isinstance(role, str):
+            raise TemplateError(f"messages[{i}].role must be a string, got {role!r}")
+        if isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                if kind != "text" or not isinstance(part.get("text"), str):
+                    raise TemplateError(f"messages[{i}].content[{j}]: only text parts are supported "
+                                        f"(got type {kind!r})")
+                texts.append(part["text"])
+            content = "".join(texts)
+        if content is None and not (role == "assistant" and m.get("tool_calls")):
+            raise TemplateError(f"messages[{i}].content is missing")
+        if content is not None and not isinstance(content, str):
+            raise TemplateError(f"messages[{i}].content must be a string or a list of text parts, "
+                                f"got {type(content).__name__}")
+        out.append({**m, "role": "system" if role == "developer" else role, "content": content or ""})
+    return out
+
+
 class Prompting:
     """Prompts to token ids with the model's tokenizer and chat template: what needs no weights
     (a Model is one; so is the server's front end, whose engine runs in another process)."""
@@ -129,10 +163,9 @@ class Prompting:
         """Render messages with the model's chat template and tokenize (special tokens parsed).
         A template that already writes BOS does not get a second one. `tools`: OpenAI's tool
         list, for the template's `tools` variable."""
-        if not isinstance(messages, list):
-            raise TemplateError("messages must be a list of {'role': ..., 'content': ...} dicts")
         extra = {"tools": tools} if tools else {}
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **extra)
+        text = self.tokenizer.apply_chat_template(chat_messages(messages), add_generation_prompt=add_generation_prompt,
+                                                  **extra)
         ids = self.tokenizer.encode(text, add_special=True, parse_special=True)
         bos = self.tokenizer.bos_id
         if len(ids) >= 2 and ids[0] == ids[1] == bos:

@@ -57,7 +57,8 @@ def add_model_args(p: argparse.ArgumentParser, *, slots: bool = False, ctx_help:
     p.add_argument("--prefill-chunk", type=int, default=_EC["prefill_chunk"],
                    help=f"prompt tokens per step (default {_EC['prefill_chunk']})")
     p.add_argument("--kv-cache", default=_EC["kv_dtype"], metavar="TYPE",
-                   help="KV cache type: auto (cpu f32, cuda f16), f32, f16 (default auto)")
+                   help="KV cache type: auto (the backend's: cpu and vulkan f32, cuda f16), f32 (cpu, vulkan), "
+                        "f16 or q8_0 (cuda) (default auto)")
     p.add_argument("--tp", type=int, default=None, metavar="N",
                    help="tensor parallelism: split the model over N ranks (processes; cuda: one GPU each), "
                         "started by this command, or by torchrun (default: torchrun's WORLD_SIZE, else 1)")
@@ -162,7 +163,8 @@ def _add_sampling(p, n_predict: int) -> None:
                    help=f"subtract penalty x count of a seen token (default {_SP['frequency_penalty']})")
     p.add_argument("--presence-penalty", type=float, default=_SP["presence_penalty"],
                    help=f"subtract penalty once from a seen token (default {_SP['presence_penalty']})")
-    p.add_argument("-s", "--seed", type=int, default=None, help="random seed (default: random)")
+    p.add_argument("-s", "--seed", type=int, default=None,
+                   help="random seed; -1 = random, as llama.cpp (default: random)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-generation tokens")
 
@@ -175,7 +177,8 @@ def sampling(a: argparse.Namespace) -> SamplingParams:
         return SamplingParams(max_tokens=None if a.n_predict == -1 else a.n_predict, temperature=a.temp,
                               top_k=a.top_k, top_p=a.top_p, min_p=a.min_p, repeat_penalty=a.repeat_penalty,
                               repeat_last_n=a.repeat_last_n, frequency_penalty=a.frequency_penalty,
-                              presence_penalty=a.presence_penalty, seed=a.seed, stop=tuple(a.stop),
+                              presence_penalty=a.presence_penalty, seed=None if a.seed == -1 else a.seed,
+                              stop=tuple(a.stop),
                               ignore_eos=a.ignore_eos)
 
 

@@ -313,7 +313,8 @@ def last_error(log: Path) -> str:
 
 def acquire(a, path: Path, config: EngineConfig, template: str | None, keep_alive_s: float) -> State:
     """A ready resident process for these settings: the running one, else a fresh one (said once
-    on stderr). A state file whose process is gone is removed first."""
+    on stderr, when it has loaded: a model it cannot load is the load's error alone). A state file
+    whose process is gone is removed first."""
     key, options = settings_key(path, config, template)
     file = state_dir() / f"{key}.json"
     with key_lock(key):
@@ -324,10 +325,11 @@ def acquire(a, path: Path, config: EngineConfig, template: str | None, keep_aliv
         started = st is None
         if started:
             st = start(a, path, key, options, keep_alive_s)
+    st = wait_ready(st)
     if started:
         how = "until `minfer stop`" if math.isinf(keep_alive_s) else f"for {format_duration(keep_alive_s)}"
         print(f"minfer: model kept loaded {how}; `minfer stop` to unload", file=sys.stderr, flush=True)
-    return wait_ready(st)
+    return st
 
 
 def drop(st: State) -> None:

@@ -78,6 +78,8 @@ def serve(a: argparse.Namespace) -> int:
         raise MinferError("--max-pending and --max-body-mb must be >= 1")
     if not 0 < a.read_timeout <= 3600:
         raise MinferError(f"--read-timeout must be in (0, 3600] seconds, got {a.read_timeout}")
+    if a.api_key is not None and not a.api_key.strip():  # `--api-key "$KEY"`, KEY unset: no key would be required
+        raise MinferError("--api-key is empty: give the key requests must carry, or leave the flag out for none")
     keep_alive_s = None if a.keep_alive is None else parse_duration(a.keep_alive, "--keep-alive")
     defaults = common.sampling(a)
     total_ctx = a.ctx

@@ -36,6 +36,7 @@ from .writer import TensorSpec, Value, array, write_gguf
 SIGMA = 0.02  # weight std of the synthetic models
 CHUNK_BYTES = 32 << 20  # bytes generated and written at a time
 PROGRESS_MIN_BYTES = 256 << 20  # show a progress bar for files at least this big
+MAX_VOCAB = 1 << 20  # larger vocabularies are refused (real ones: 32k-262k; 2^20 is built in ~20 s)
 
 
 _MATRIX_TYPE = {"q4_0": GGMLType.Q4_0, "q4_1": GGMLType.Q4_1, "q8_0": GGMLType.Q8_0, "q4_k": GGMLType.Q4_K,
@@ -556,7 +557,11 @@ def synth(preset: str, quant: str, out: str | Path, *, seed: int = 0, vocab: int
     if preset not in PRESETS:
         raise UnsupportedError(f"unknown synth preset {preset!r}; choose one of {', '.join(PRESETS)}")
     p = PRESETS[preset]
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise UnsupportedError(f"seed {seed!r}: a weight seed is an integer >= 0")
     if vocab is not None:
+        if int(vocab) > MAX_VOCAB:  # (too small: synth_vocab says what it needs)
+            raise UnsupportedError(f"vocab {vocab} is too large: at most {MAX_VOCAB:,} tokens")
         p = replace(p, vocab=int(vocab))
     if logit_scale != 1.0 and not (p.tiny and math.isfinite(logit_scale) and logit_scale > 0):
         raise UnsupportedError(f"logit_scale {logit_scale!r}: a finite positive factor, for tiny presets only "

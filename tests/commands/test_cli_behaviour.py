@@ -113,3 +113,12 @@ def test_ctrl_c_in_chat_stops_the_reply_not_the_session(tiny_gguf, run_cli, monk
     rc, out, err = run_cli(["chat", "-m", str(tiny_gguf()), "-n", "3", "--temp", "0"], stdin="first\nsecond\n")
     assert rc == 0 and "[stopped]" in err and len(calls) == 2
     assert calls[1][-2] == {"role": "assistant", "content": "partial"}  # the stopped reply stays in the history
+
+
+@pytest.mark.parametrize("key", ["", "  "])
+def test_serve_refuses_an_empty_api_key(run_cli, tmp_path, key):
+    """`--api-key "$KEY"` with KEY unset: one error before anything loads or listens (it served with
+    no key at all, every request let in, while the command line asked for one)."""
+    missing = tmp_path / "no-such-model.gguf"
+    rc, _, err = run_cli(["serve", "-m", str(missing), "--port", "0", "--api-key", key])
+    assert rc == 2 and "--api-key is empty" in err and "no-such-model" not in err, err

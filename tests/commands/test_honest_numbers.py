@@ -79,6 +79,27 @@ def test_batch_errors_keep_the_id_and_share_the_servers_bounds(tiny_gguf, tmp_pa
         assert server is not None and (server in message or message in server), (message, server)
 
 
+def test_batch_reads_messages_as_the_server_does(tiny_gguf, tmp_path):
+    """A batch line's `messages` in OpenAI's shapes: text parts are the text; an empty list, a
+    missing content and an image part are error records with the server's words (an empty list
+    generated 256 tokens from an empty chat, the others were template TypeErrors)."""
+    lines = [{"id": "str", "messages": [{"role": "user", "content": "hi there"}], "max_tokens": 3},
+             {"id": "parts", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi "},
+                                                                      {"type": "text", "text": "there"}]}],
+              "max_tokens": 3},
+             {"id": "empty", "messages": []},
+             {"id": "none", "messages": [{"role": "user", "content": None}]},
+             {"id": "image", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}]
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert main(["batch", "-m", str(tiny_gguf()), "--temp", "0", str(src), str(dst)]) == 0
+    out = {r["id"]: r for r in map(json.loads, dst.read_text().splitlines())}
+    assert out["parts"]["token_ids"] == out["str"]["token_ids"] and out["str"]["completion_tokens"] == 3
+    assert out["empty"]["error"]["message"] == "messages must hold at least one message"
+    assert out["none"]["error"]["message"] == "messages[0].content is missing"
+    assert "only text parts are supported (got type 'image_url')" in out["image"]["error"]["message"]
+
+
 def test_readme_streaming_snippet_ends_its_line(smollm2_path):
     """Run the README's Python API snippet, its print calls recorded: after the streamed pieces
     (end="") comes a print that ends the line, before the batch results print."""

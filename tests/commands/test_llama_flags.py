@@ -74,6 +74,20 @@ def test_version_everywhere(command):
     assert proc.returncode == 0 and proc.stdout.strip() == "minfer 0.1.0"
 
 
+def test_seed_minus_one_is_a_random_seed_as_in_llama_cpp(run_cli, tiny_gguf):
+    """llama.cpp's `-s -1` (its default, "use random seed for -1") is a random seed here too, not an
+    error; below -1 is still one error naming the flag."""
+    from minfer.commands.common import sampling
+
+    assert sampling(parse("run", "-s", "-1", "x")).seed is None
+    assert sampling(parse("serve", "--seed", "-1")).seed is None
+    assert sampling(parse("run", "-s", "7", "x")).seed == 7
+    rc, out, err = run_cli(["run", "-m", str(tiny_gguf()), "-s", "-1", "-n", "3", "hi"])
+    assert rc == 0 and "generated: 3" in err, err
+    rc, _, err = run_cli(["run", "-m", str(tiny_gguf()), "-s", "-2", "-n", "3", "hi"])
+    assert rc == 2 and "-s/--seed must be >= 0" in err, err
+
+
 def test_ngl_is_said_once(run_cli, tiny_gguf):
     rc, _, err = run_cli(["run", "-m", str(tiny_gguf()), "-ngl", "99", "-n", "2", "--temp", "0", "hi"])
     assert rc == 0 and err.count("-ngl 99: minfer runs every layer on --device cpu") == 1
@@ -132,3 +146,21 @@ def test_run_cnv_is_a_chat_with_the_prompt_first(run_cli, tiny_gguf):
                          stdin="the cat\n")
     first, second = chat_reference(tiny_gguf(), ["hello", "the cat"], 3)
     assert rc == 0 and out == first + "\n" + second + "\n"
+
+
+def test_kv_cache_help_names_what_each_backend_takes(capsys):
+    """--kv-cache's help lists each backend's KV types (it said "f32, f16" for every backend: f16 is
+    cuda's only, and cuda's q8_0 was not named)."""
+    from minfer.backends.cpu.backend import KV_SUPPORTED as CPU
+    from minfer.backends.cuda.backend import KV_SUPPORTED as CUDA
+    from minfer.backends.vulkan.backend import KV_SUPPORTED as VULKAN
+
+    with pytest.raises(SystemExit):
+        parse("run", "--help")
+    text = " ".join(capsys.readouterr().out.split())
+    start = text.index("--kv-cache TYPE KV cache type:")
+    help_text = text[start:text.index("--tp N", start)]
+    for backend, kinds in (("cpu", CPU), ("vulkan", VULKAN), ("cuda", CUDA)):
+        for kind in kinds:
+            assert kind in help_text and backend in help_text, (backend, kind, help_text)
+    assert "f32 (cpu, vulkan)" in help_text and "f16 or q8_0 (cuda)" in help_text, help_text

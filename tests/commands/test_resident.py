@@ -232,6 +232,18 @@ def test_keep_alive_zero_and_no_daemon_run_in_process(resident_env, tiny_gguf):
     assert bad.returncode == 2 and "--keep-alive expects a duration" in bad.stderr
 
 
+def test_a_file_that_does_not_load_is_one_error_and_no_kept_loaded_notice(resident_env, tmp_path):
+    """A model the resident process cannot load (not a GGUF file): the run says why, once, and does
+    not claim the model is kept loaded; nothing is left running."""
+    env, pids = resident_env
+    bad = tmp_path / "not-a-model.gguf"
+    bad.write_bytes(b"hello world, not a GGUF file")
+    out = minfer(env, "run", "-m", str(bad), "--keep-alive", KEEP, "-n", "2", "hi", check=False)
+    assert out.returncode == 2 and "expected b'GGUF'" in out.stderr, out.stderr
+    assert NOTICE not in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert states(env["MINFER_CACHE"]) == []
+
+
 def test_the_resident_process_loads_with_the_runs_speculative_settings(tmp_path):
     """`minfer run --spec ... / -md FILE` through a resident process: the process's `serve` command
     line carries the speculative settings, so its engine config is the run's (the settings key

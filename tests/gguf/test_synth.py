@@ -259,6 +259,19 @@ def test_bad_requests_are_typed(tmp_path):
         synth("smollm2-135m", "q4_0", tmp_path / "x.gguf", logit_scale=-2.0)
     with pytest.raises(UnsupportedError, match="logit_scale 0"):
         synth("tiny-llama", "q4_0", tmp_path / "x.gguf", logit_scale=0)
+    with pytest.raises(UnsupportedError, match="seed -1: a weight seed is an integer >= 0"):
+        synth("tiny-llama", "q4_0", tmp_path / "x.gguf", seed=-1)
+    with pytest.raises(UnsupportedError, match="vocab 10000000000 is too large"):  # was: a vocabulary built for ever
+        synth("tiny-llama", "q4_0", tmp_path / "x.gguf", vocab=10**10)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("flags,message", [(["--seed", "-1"], "seed -1: a weight seed is an integer >= 0"),
+                                           (["--vocab", "10000000000"], "vocab 10000000000 is too large")])
+def test_cli_bad_seed_or_vocab_is_one_error_line(tmp_path, capsys, flags, message):
+    assert main(["synth", "tiny-llama", "q4_0", str(tmp_path / "x.gguf"), *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
     assert list(tmp_path.iterdir()) == []
 
 

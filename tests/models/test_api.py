@@ -69,6 +69,33 @@ def test_chat_stops_at_end_of_turn(smollm2_model):
     assert "<|im_end|>" not in reply
 
 
+def test_messages_are_read_as_the_server_reads_them(smollm2_model):
+    """OpenAI-shaped messages (what the server takes) mean the same here: text parts are their text,
+    developer is system, an assistant turn of tool calls may have no content; what the server refuses
+    with a 400 is a TemplateError (were: an empty list generated from an empty chat, content None
+    rendered as the text "None" or a template TypeError, text parts as their Python repr)."""
+    m = smollm2_model
+    plain = m.chat_tokens([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}])
+    parts = [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]
+    assert m.chat_tokens([{"role": "developer", "content": "Be brief."}, {"role": "user", "content": parts}]) == plain
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}
+    assert m.chat_tokens([{"role": "user", "content": "hi"},
+                          {"role": "assistant", "content": None, "tool_calls": [call]},
+                          {"role": "tool", "tool_call_id": "c1", "content": "42"}])
+    for bad, why in [([], "messages must hold at least one message"),
+                     ([{"role": "user", "content": None}], r"messages\[0\]\.content is missing"),
+                     ([{"role": "user"}], r"messages\[0\]\.content is missing"),
+                     ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+                      r"messages\[0\]\.content\[0\]: only text parts are supported \(got type 'image_url'\)"),
+                     ([{"content": "hi"}], r"messages\[0\]\.role must be a string"),
+                     ([{"role": "user", "content": 5}],
+                      r"messages\[0\]\.content must be a string or a list of text parts")]:
+        with pytest.raises(minfer.errors.TemplateError, match=why):
+            m.chat_tokens(bad)
+        with pytest.raises(minfer.errors.TemplateError, match=why):
+            m.generate(bad, max_tokens=2)
+
+
 @pytest.mark.parametrize("bad, param, why", [(dict(temperature=-1.0), "temperature", "must be >= 0.0"),
                                              (dict(top_p=0.0), "top_p", "must be > 0.0"),
                                              (dict(nonsense=1), "nonsense", "is not a sampling parameter")])
