@@ -64,7 +64,8 @@ def check_tokens(tokens: list[int], n_vocab: int, n_ctx: int) -> None:
         raise MinferError(f"token ids {bad[:5]} are outside the vocabulary [0, {n_vocab})")
     if len(tokens) > n_ctx:
         raise ContextOverflowError(f"the prompt has {len(tokens)} tokens but the context holds {n_ctx} "
-                                   "(load the model with a larger n_ctx, or shorten the input)")
+                                   "(load the model with a larger context: n_ctx, or -c/--ctx-size on the command "
+                                   "line; or shorten the input)")
 
 
 class Engine:
