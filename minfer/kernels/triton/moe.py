@@ -581,7 +581,8 @@ def moe_mmq(x: torch.Tensor, ids: torch.Tensor, w: GemvPacked | torch.Tensor, n:
 
 @triton.jit
 def _w_tile_f16(lo_rows, hi_rows, d_rows, m_rows, kb0, t0, t1, t2, t3, KB: tl.constexpr, LB: tl.constexpr,
-                HB: tl.constexpr, CENTER: tl.constexpr, MODE: tl.constexpr, LUT: tl.constexpr):
+                HB: tl.constexpr, CENTER: tl.constexpr, MODE: tl.constexpr, LUT: tl.constexpr,
+                MAGIC: tl.constexpr = True):
     """f16 [32 KB, BN]: blocks kb0 .. kb0 + KB - 1 of the tile's rows dequantized (scale * code +
     offset in f32, rounded once to f16), dot position 32 u + 8 j + s holding the element mmq.py's
     `_w_codes` puts at 8 j + s of block u. lo_rows, hi_rows, d_rows, m_rows: [BN, 1, 1] pointers."""
@@ -619,9 +620,9 @@ def _w_tile_f16(lo_rows, hi_rows, d_rows, m_rows, kb0, t0, t1, t2, t3, KB: tl.co
         src = tl.where(s < 4, lo, lo >> 16)
         code = ((src & (15 << b)) | magic).to(tl.float32, bitcast=True)
         w = (code - (magic.to(tl.float32, bitcast=True) + CENTER)) * a0
-    elif LUT or LB == 8:  # byte codes
+    elif MAGIC:  # byte codes, the 5- and 6-bit codes of one dot a step
         w = ((c | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + CENTER)) * a0
-    else:  # the planes types (5, 6, 3 and 2 bits): converted (the magic form spilled Q6_K's GLU tile, Q2_K's)
+    else:  # converted (the magic form spilled Q6_K's GLU tile and Q2_K's tile: `MAGIC` off there)
         w = (c - CENTER).to(tl.float32) * a0
     if AFFINE:
         w = w + c0
@@ -656,16 +657,17 @@ def _mm16_kernel(x_ptr, lo_ptr, hi_ptr, d_ptr, m_ptr, out_ptr, b_ptr, sorted_ptr
     else:
         xoff = (p // 32) * 32 + 4 * (r % 8) + r // 8
     up = cols + GLU_OFF
+    MAGIC: tl.constexpr = LUT or LB == 8 or (LB == 4 and (HB == 0 or GLU == 0))  # (see _w_tile_f16)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for kb0 in range(0, NKB, KB):
         w = _w_tile_f16(lo_ptr + cols * (NKB * 4), hi_ptr + cols * (NKB * 4), d_ptr + cols * NKB,
-                        m_ptr + cols * M_STRIDE, kb0, t0, t1, t2, t3, KB, LB, HB, CENTER, MODE, LUT)
+                        m_ptr + cols * M_STRIDE, kb0, t0, t1, t2, t3, KB, LB, HB, CENTER, MODE, LUT, MAGIC)
         x = tl.load(x_rows + kb0 * 32 + xoff[None, :]).to(tl.float16)
         acc = tl.dot(x, w, acc)
         if GLU:
             wu = _w_tile_f16(lo_ptr + up * (NKB * 4), hi_ptr + up * (NKB * 4), d_ptr + up * NKB,
-                             m_ptr + up * M_STRIDE, kb0, t0, t1, t2, t3, KB, LB, HB, CENTER, MODE, LUT)
+                             m_ptr + up * M_STRIDE, kb0, t0, t1, t2, t3, KB, LB, HB, CENTER, MODE, LUT, MAGIC)
             acc_up = tl.dot(x, wu, acc_up)
     if BIAS:  # the block's expert's bias (gpt-oss)
         acc += tl.load(b_ptr + expert.to(tl.int64) * N + offs_n, mask=offs_n < N, other=0.0)[None, :]
