@@ -214,7 +214,9 @@ elif [ "$PARTS" = moequick ] || [ "$PARTS" = moequick+cpudiag ]; then  # a short
   step gputests  # the newest MoE kernels compiled: the GLU, down + sum and router + route fusions, the f32 GEMV
   MINFER_TEST_DEVICE=cuda timeout 240 python3 -m pytest -q -p no:cacheprovider tests/contracts/test_conformance.py \
     tests/kernels/triton/test_moe.py tests/kernels/triton/test_gemv_f32.py tests/backends/test_cuda_backend.py \
-    -k "glu or gemv_f32 or expert_gate_up or gemv_sum or route_gemv or router_and_down" > $D/gputests.txt 2>&1
+    tests/kernels/triton/test_families.py \
+    -k "glu or gemv_f32 or expert_gate_up or gemv_sum or route or router_and_down or mm16 or attention_rows" \
+    > $D/gputests.txt 2>&1
   tail -3 $D/gputests.txt
   [ "${SWEEP_ROWS:-1,16}" = 0 ] || { step moesweep  # SWEEP_ROWS=0: no sweep
   timeout 360 python3 bench/moe_gemv_sweep.py --rows ${SWEEP_ROWS:-1,16} --glu > $D/moe-gemv-sweep.txt 2>&1
