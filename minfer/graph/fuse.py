@@ -368,46 +368,41 @@ def fuse_moe_glu(graph: Graph, supports: Supports) -> Graph:
     return _rewrite(graph, fusions) if fusions else graph
 
 
-def fuse_moe_sum(graph: Graph, supports: Supports) -> Graph:
-    """A MoEMatMul (an expert layer's down projection) whose output only a MoESum reads ->
-    MoEMatMulSum over the same weight(s): inputs (x, ids, the sum's weights)."""
+def _fuse_chains(graph: Graph, supports: Supports, producer: Op, consumer: Op,
+                 make: Callable[[Node, Node], Node]) -> Graph:
+    """Each `consumer` node whose first input is a `producer` node only it reads -> `make(p, c)`, the
+    fused node (its graph-id inputs, exporting the consumer), where `supports` says it runs."""
     readers = readers_of(graph)
     by_id = {n.id: n for n in graph.nodes}
     fusions = {}
-    for s in graph.nodes:
-        if s.op != Op.MOE_SUM:
+    for c in graph.nodes:
+        p = by_id[c.inputs[0]] if c.op == consumer else None
+        if p is None or p.op != producer or readers.get(p.id) != [c]:
             continue
-        m = by_id[s.inputs[0]]
-        if m.op != Op.MOE_MATMUL or readers.get(m.id) != [s]:
-            continue
-        group = [m, s]
-        fused = _fused(group, Op.MOE_MATMUL_SUM, m.name + "+sum", (*m.inputs, s.inputs[1]), (s.id,), dict(m.weights),
-                       {"n_expert": m.weights["w"].shape[2]}, s.shape)
+        fused = make(p, c)
         if supports(fused, graph):
-            fusions[s.id] = (fused, group, (s,))
+            fusions[c.id] = (fused, [p, c], (c,))
     return _rewrite(graph, fusions) if fusions else graph
+
+
+def fuse_moe_sum(graph: Graph, supports: Supports) -> Graph:
+    """A MoEMatMul (an expert layer's down projection) whose output only a MoESum reads ->
+    MoEMatMulSum over the same weight(s): inputs (x, ids, the sum's weights)."""
+    def make(m: Node, s: Node) -> Node:
+        return _fused([m, s], Op.MOE_MATMUL_SUM, m.name + "+sum", (*m.inputs, s.inputs[1]), (s.id,), dict(m.weights),
+                      {"n_expert": m.weights["w"].shape[2]}, s.shape)
+
+    return _fuse_chains(graph, supports, Op.MOE_MATMUL, Op.MOE_SUM, make)
 
 
 def fuse_moe_router(graph: Graph, supports: Supports) -> Graph:
     """A MoERoute whose logits come from a MatMul (+ bias) only it reads -> MoERouter: weights "w"
     and "b" the matmul's, "sel" the route's selection bias; its value the route's (weights, ids)."""
-    readers = readers_of(graph)
-    by_id = {n.id: n for n in graph.nodes}
-    fusions = {}
-    for r in graph.nodes:
-        if r.op != Op.MOE_ROUTE:
-            continue
-        m = by_id[r.inputs[0]]
-        if m.op != Op.MATMUL or readers.get(m.id) != [r]:
-            continue
-        weights = dict(m.weights)
-        if "b" in r.weights:
-            weights["sel"] = r.weights["b"]
-        group = [m, r]
-        fused = _fused(group, Op.MOE_ROUTER, r.name + "+logits", m.inputs, (r.id,), weights, dict(r.params), r.shape)
-        if supports(fused, graph):
-            fusions[r.id] = (fused, group, (r,))
-    return _rewrite(graph, fusions) if fusions else graph
+    def make(m: Node, r: Node) -> Node:
+        weights = {**m.weights, **({"sel": r.weights["b"]} if "b" in r.weights else {})}
+        return _fused([m, r], Op.MOE_ROUTER, r.name + "+logits", m.inputs, (r.id,), weights, dict(r.params), r.shape)
+
+    return _fuse_chains(graph, supports, Op.MATMUL, Op.MOE_ROUTE, make)
 
 
 def fuse_matmul_rope(graph: Graph, supports: Supports) -> Graph:

@@ -708,6 +708,13 @@ def test_prefix_cache_copies_blocks_and_decodes_as_without_it(tiny_gguf):
     prefix_cache_runs(tiny_gguf("tiny-llama", "q4_0", decisive=True), "cuda")
 
 
+def _prompt_then_decode_logits(model, raw, end: int) -> torch.Tensor:
+    """The logits of PROMPT's first 7 tokens as one prompt chunk, then of its tokens 7..end-1 decoded one at a time."""
+    out = [model.engine.backend.forward(Batch.single(PROMPT[:7], 0, rows=range(7))).cpu().clone()]
+    out += [raw.decode(model.engine, 0, t, p).cpu().clone().reshape(1, -1) for p, t in enumerate(PROMPT[7:end], 7)]
+    return torch.cat(out)
+
+
 @pytest.mark.parametrize("preset, quant, glu", [("tiny-qwen3moe", "q4_k", "swiglu"),
                                                 ("tiny-gpt-oss", "mxfp4", "swiglu_oai")])
 def test_expert_gate_up_and_glu_run_fused(tiny_gguf, raw, monkeypatch, preset, quant, glu):
@@ -730,18 +737,12 @@ def test_expert_gate_up_and_glu_run_fused(tiny_gguf, raw, monkeypatch, preset, q
     laid = {key[1].name for key in be.compiler._laid}  # (layouts, weight, params): one copy per weight laid out
     assert "blk.0.ffn_gate_exps.weight+up_exps.weight" in laid and "blk.0.ffn_gate_exps.weight" not in laid
 
-    def logits(model) -> torch.Tensor:
-        out = [model.engine.backend.forward(Batch.single(PROMPT[:7], 0, rows=range(7))).cpu().clone()]
-        steps = enumerate(PROMPT[7:9], start=7)
-        out += [raw.decode(model.engine, 0, t, p).cpu().clone().reshape(1, -1) for p, t in steps]
-        return torch.cat(out)
-
-    fused = logits(gpu)
+    fused = _prompt_then_decode_logits(gpu, raw, 9)
     gpu.close()
     monkeypatch.setattr(fuse, "FUSIONS", tuple(r for r in fuse.FUSIONS if r is not fuse.fuse_moe_glu))
     plain = load(path, "cuda", n_ctx=32, n_slots=1, progress=False)
     assert not any(str(n.op) == "MoEMatMulGLU" for n in plain.engine.backend.graph.nodes)
-    assert _rel(fused, logits(plain)) < 1e-5
+    assert _rel(fused, _prompt_then_decode_logits(plain, raw, 9)) < 1e-5
 
 
 @pytest.mark.parametrize("preset, quant", [("tiny-qwen3moe", "q4_k"), ("tiny-gpt-oss", "mxfp4")])
@@ -768,16 +769,10 @@ def test_expert_router_and_down_sum_run_fused_for_decode_rows(tiny_gguf, raw, mo
     assert [picked[f"blk.{i}.ffn_moe_down+sum"] for i in range(n_layer)] == ["moe_mm16+moe_sum_rows"] * n_layer
     assert all(picked[f"blk.{i}.ffn_moe_route+logits"].endswith("moe_route_rows") for i in range(n_layer))
 
-    def logits(model) -> torch.Tensor:
-        out = [model.engine.backend.forward(Batch.single(PROMPT[:7], 0, rows=range(7))).cpu().clone()]
-        steps = enumerate(PROMPT[7:10], start=7)
-        out += [raw.decode(model.engine, 0, t, p).cpu().clone().reshape(1, -1) for p, t in steps]
-        return torch.cat(out)
-
-    fused = logits(gpu)
+    fused = _prompt_then_decode_logits(gpu, raw, 10)
     gpu.close()
     monkeypatch.setattr(fuse, "FUSIONS", tuple(r for r in fuse.FUSIONS if r not in (fuse.fuse_moe_sum,
                                                                                    fuse.fuse_moe_router)))
     plain = load(path, "cuda", n_ctx=32, n_slots=1, progress=False)
     assert not any(str(n.op) in ("MoEMatMulSum", "MoERouter") for n in plain.engine.backend.graph.nodes)
-    assert torch.equal(fused, logits(plain))
+    assert torch.equal(fused, _prompt_then_decode_logits(plain, raw, 10))
