@@ -1,11 +1,5 @@
 // ---- Q4_K block dot: per sub-block j, d * scale_j * sum(q * x) - dmin * min_j * sum(x); each 32-bit
 // load of a 64-element chunk holds 4 low nibbles (sub-block 2c) and 4 high ones (sub-block 2c + 1) ----
-fn nibbles_lo(q: u32) -> vec4<f32> {
-    return vec4<f32>(f32(q & 15u), f32((q >> 8u) & 15u), f32((q >> 16u) & 15u), f32((q >> 24u) & 15u));
-}
-fn nibbles_hi(q: u32) -> vec4<f32> {
-    return vec4<f32>(f32((q >> 4u) & 15u), f32((q >> 12u) & 15u), f32((q >> 20u) & 15u), f32(q >> 28u));
-}
 fn block_dot(wb: u32, xo: u32) -> f32 {
     let d = ldf16(wb);
     let dmin = ldf16(wb + 2u);
@@ -19,8 +13,8 @@ fn block_dot(wb: u32, xo: u32) -> f32 {
             let q = wq[(wb + 16u + 32u * c) / 4u + w];  // 144-byte blocks: the nibbles are 4-aligned
             let a = xq(xo + 64u * c + 4u * w);
             let b = xq(xo + 64u * c + 4u * w + 32u);
-            ql += dot(nibbles_lo(q), a);
-            qh += dot(nibbles_hi(q), b);
+            ql += dot(nibbles(q), a);
+            qh += dot(nibbles(q >> 4u), b);
             xl += a;
             xh += b;
         }

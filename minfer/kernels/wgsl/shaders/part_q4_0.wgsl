@@ -8,13 +8,9 @@ fn word_at(o: u32) -> u32 {
     let b = wq[i + 1u];
     return select(a, (a >> 16u) | (b << 16u), (o & 2u) != 0u);
 }
-fn nib4(q: u32) -> vec4<f32> {
-    let v = (vec4<u32>(q, q >> 8u, q >> 16u, q >> 24u) & vec4<u32>(15u)) | vec4<u32>(0x4B000000u);
-    return bitcast<vec4<f32>>(v) - vec4<f32>(8388616.0);  // 2^23 + 8
-}
 // part_load: the quarter's words (quants, scale bits), part_use: its dot with x (loads-first qmv)
 fn part_load(wb: u32, w: u32) -> vec4<u32> { return vec4<u32>(word_at(wb + 2u + 4u * w), ld16(wb), 0u, 0u); }
 fn part_use(v: vec4<u32>, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
-    return f16_bits(v.y) * (dot(nib4(v.x), xa) + dot(nib4(v.x >> 4u), xb));
+    return f16_bits(v.y) * (dot(nibbles(v.x) - 8.0, xa) + dot(nibbles(v.x >> 4u) - 8.0, xb));
 }
 fn part_dot(wb: u32, w: u32, xa: vec4<f32>, xb: vec4<f32>) -> f32 { return part_use(part_load(wb, w), xa, xb); }

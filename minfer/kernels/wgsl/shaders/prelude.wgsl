@@ -4,6 +4,14 @@
 
 var<workgroup> red: array<f32, WG>;
 
+// The 4 nibbles at bits 0-3 of each byte of q (q >> 4: bits 4-7) as floats 0..15, each ORed into the
+// mantissa of 2^23 and 2^23 subtracted: exact, f32(nibble)'s values without an int-to-float conversion
+// (NVIDIA converts 16 values a clock an SM: a loop's bound where every weight took one).
+fn nibbles(q: u32) -> vec4<f32> {
+    let v = (vec4<u32>(q, q >> 8u, q >> 16u, q >> 24u) & vec4<u32>(15u)) | vec4<u32>(0x4B000000u);
+    return bitcast<vec4<f32>>(v) - vec4<f32>(8388608.0);  // 2^23
+}
+
 // Sum of v over each run of `seg` consecutive invocations (seg a power of two dividing WG);
 // every invocation of the run gets it. Call from workgroup-uniform control flow.
 fn tree_sum(v: f32, seg: u32, lid: u32) -> f32 {

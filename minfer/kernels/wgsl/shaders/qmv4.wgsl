@@ -8,13 +8,10 @@
 // agree bit for bit. The TPR lanes' sums are reduced with seg_sum.
 // qmv_planes.wgsl: the parameters, bindings and grid.
 
-// 4 nibbles (bits 0-3 of each byte) to floats minus 8 by OR-ing into 2^23's mantissa (exact)
-fn nib4(q: u32) -> vec4<f32> {
-    let v = (vec4<u32>(q, q >> 8u, q >> 16u, q >> 24u) & vec4<u32>(15u)) | vec4<u32>(0x4B000000u);
-    return bitcast<vec4<f32>>(v) - vec4<f32>(8388616.0);  // 2^23 + 8
+// word w of a block's quants: low nibbles are elements 4w .. 4w + 3, high ones 16 + 4w .. (prelude's nibbles)
+fn wdot(q: u32, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
+    return dot(nibbles(q) - 8.0, xa) + dot(nibbles(q >> 4u) - 8.0, xb);
 }
-// word w of a block's quants: low nibbles are elements 4w .. 4w + 3, high ones 16 + 4w ..
-fn wdot(q: u32, xa: vec4<f32>, xb: vec4<f32>) -> f32 { return dot(nib4(q), xa) + dot(nib4(q >> 4u), xb); }
 
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wg: vec3<u32>) {
