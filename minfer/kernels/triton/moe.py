@@ -147,6 +147,27 @@ def _route_row(x, b_ptr, w_ptr, id_ptr, row, E, scale, K: tl.constexpr, KB: tl.c
     tl.store(id_ptr + row * K + slots, isel, mask=used)
 
 
+def _check_routing(what: str, e: int, n_used: int, gating: str, **vectors: torch.Tensor) -> None:
+    """Typed errors for a routing the route kernels cannot run: E experts (1..MAX_EXPERTS), n_used of them
+    (1..min(E, MAX_USED)), a known gating, and `vectors` (the biases) contiguous f32 [E]."""
+    check_int(what, "n_used", n_used, 1)
+    if not 1 <= e <= MAX_EXPERTS or not n_used <= min(e, MAX_USED):
+        raise UnsupportedError(f"{what}: 1 <= n_used <= min(E, {MAX_USED}), 1 <= E <= {MAX_EXPERTS}; got E {e}, "
+                               f"n_used {n_used}")
+    if gating not in GATINGS:
+        raise UnsupportedError(f"{what}: gating {gating!r} is not one of {', '.join(GATINGS)}")
+    for name, v in vectors.items():
+        check_tensor(what, name, v, (torch.float32,), ndim=1)
+        if v.shape != (e,) or not v.is_contiguous():
+            raise UnsupportedError(f"{what}: {name} must be contiguous [{e}] (E), got {tuple(v.shape)}")
+
+
+def _route_outputs(what: str, out, t: int, n_used: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights f32 [t, n_used]: `out` or new, ids int32 [t, n_used])."""
+    return (make_out(what, out, (t, n_used), torch.float32, device),
+            torch.empty(t, n_used, dtype=torch.int32, device=device))
+
+
 def moe_route_rows(logits: torch.Tensor, bias: torch.Tensor, n_used: int, gating: str, norm: bool, scale: float,
                    out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights f32 [T, k], ids int32 [T, k]) of router logits f32 [T, E] (rows may be strided):
@@ -154,19 +175,12 @@ def moe_route_rows(logits: torch.Tensor, bias: torch.Tensor, n_used: int, gating
     weights' tensor."""
     what = "moe_route_rows"
     check_tensor(what, "logits", logits, (torch.float32,), ndim=2)
-    check_tensor(what, "bias", bias, (torch.float32,), ndim=1)
     t, e = logits.shape
-    check_int(what, "n_used", n_used, 1)
-    if not 1 <= e <= MAX_EXPERTS or not n_used <= min(e, MAX_USED) or bias.shape != (e,):
-        raise UnsupportedError(f"{what}: 1 <= n_used <= min(E, {MAX_USED}), 1 <= E <= {MAX_EXPERTS} and bias [E]; got "
-                               f"E {e}, n_used {n_used}, bias {tuple(bias.shape)}")
-    if gating not in GATINGS:
-        raise UnsupportedError(f"{what}: gating {gating!r} is not one of {', '.join(GATINGS)}")
-    if logits.stride(1) != 1 or not bias.is_contiguous():
-        raise UnsupportedError(f"{what}: logits rows and bias must be contiguous")
+    _check_routing(what, e, n_used, gating, bias=bias)
+    if logits.stride(1) != 1:
+        raise UnsupportedError(f"{what}: logits rows must be contiguous")
     device = check_device(what, logits=logits, bias=bias, out=out)
-    weights = make_out(what, out, (t, n_used), torch.float32, device)
-    ids = torch.empty(t, n_used, dtype=torch.int32, device=device)
+    weights, ids = _route_outputs(what, out, t, n_used, device)
     if t:
         _route_kernel[check_grid(what, (t,))](
             logits, bias, weights, ids, e, logits.stride(0), float(scale), K=n_used,
@@ -235,22 +249,12 @@ def moe_route_gemv(x: torch.Tensor, w: RouterWeight | torch.Tensor, n: int, k: i
     what = "moe_route_gemv"
     rw = router_weight(w, n, k, qtype)
     check_tensor(what, "x", x, (torch.float32,), ndim=2)
-    for name, v in (("bias", bias), ("sel", sel)):
-        check_tensor(what, name, v, (torch.float32,), ndim=1)
-        if v.shape != (n,) or not v.is_contiguous():
-            raise UnsupportedError(f"{what}: {name} must be contiguous [{n}], got {tuple(v.shape)}")
     t = x.shape[0]
     if x.shape[1] != k or not x.is_contiguous():
         raise UnsupportedError(f"{what}: x must be contiguous [T, {k}], got {tuple(x.shape)}")
-    check_int(what, "n_used", n_used, 1)
-    if not 1 <= n <= MAX_EXPERTS or not n_used <= min(n, MAX_USED):
-        raise UnsupportedError(f"{what}: 1 <= n_used <= min(E, {MAX_USED}), 1 <= E <= {MAX_EXPERTS}; got E {n}, "
-                               f"n_used {n_used}")
-    if gating not in GATINGS:
-        raise UnsupportedError(f"{what}: gating {gating!r} is not one of {', '.join(GATINGS)}")
+    _check_routing(what, n, n_used, gating, bias=bias, sel=sel)
     device = check_device(what, x=x, w=rw.w, bias=bias, sel=sel, out=out)
-    weights = make_out(what, out, (t, n_used), torch.float32, device)
-    ids = torch.empty(t, n_used, dtype=torch.int32, device=device)
+    weights, ids = _route_outputs(what, out, t, n_used, device)
     if t:
         counters = rw.counters if t <= rw.counters.numel() else torch.zeros(t, dtype=torch.int32, device=device)
         logits = torch.empty(t, n, dtype=torch.float32, device=device)
