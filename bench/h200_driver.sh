@@ -221,6 +221,9 @@ elif [ "$PARTS" = moequick ] || [ "$PARTS" = moequick+cpudiag ]; then  # a short
   [ "${SWEEP_ROWS:-1,16}" = 0 ] || { step moesweep  # SWEEP_ROWS=0: no sweep
   timeout 360 python3 bench/moe_gemv_sweep.py --rows ${SWEEP_ROWS:-1,16} --glu > $D/moe-gemv-sweep.txt 2>&1
   sed -n '/^--- moe_gemv/,$p' $D/moe-gemv-sweep.txt >> $D/tables.txt; cat $D/tables.txt; }
+  [ "${MM16SWEEP:-0}" = 1 ] && { step mm16sweep  # MM16SWEEP=1: moe_mm16's prompt tiles, plain and GLU (~4 min)
+  timeout 300 python3 bench/moe_mm16_sweep.py --glu --rows 512 --quick > $D/mm16-sweep.txt 2>&1
+  cat $D/mm16-sweep.txt >> $D/tables.txt; }
   while ! grep -q "synth done" $D/synth.txt; do sleep 2; done; cat $D/synth.txt
   : > $D/bench.jsonl
   step minfer
@@ -250,6 +253,9 @@ elif [ "$PARTS" = moelean ]; then  # the shortest budget: no llama.cpp build; qw
   [ "${SWEEP_ROWS:-1}" = 0 ] || { step moesweep
   timeout 200 python3 bench/moe_gemv_sweep.py --rows ${SWEEP_ROWS:-1} > $D/moe-gemv-sweep.txt 2>&1
   sed -n '/^--- moe_gemv/,$p' $D/moe-gemv-sweep.txt >> $D/tables.txt; cat $D/tables.txt; }
+  [ "${MM16SWEEP:-0}" = 1 ] && { step mm16sweep  # MM16SWEEP=1: moe_mm16's prompt tiles, plain and GLU (~4 min)
+  timeout 300 python3 bench/moe_mm16_sweep.py --glu --rows 512 --quick > $D/mm16-sweep.txt 2>&1
+  cat $D/mm16-sweep.txt >> $D/tables.txt; }
   while ! grep -q "synth done" $D/synth.txt; do sleep 2; done; cat $D/synth.txt
   : > $D/bench.jsonl
   step minfer

@@ -6,7 +6,10 @@ config, and which `mm16_config` picks. `--glu`: the gate shapes again as the fus
 (moe_mm16_glu on the stacked gate and up experts: two dots a step, about twice the registers, so its best
 tile may differ). A study script (bench/NOTES.md), CUDA only.
 
-    python3 bench/moe_mm16_sweep.py [--glu] [--rows 16,512]
+    python3 bench/moe_mm16_sweep.py [--glu] [--rows 16,512] [--quick]
+
+`--quick`: only the 128-column, 2-block tiles (16, 32 and 64 rows; 4 and 8 warps): the compiles are most
+of the sweep's time.
 """
 
 from __future__ import annotations
@@ -64,6 +67,8 @@ def main() -> None:
     args = sys.argv[1:]
     glu = "--glu" in args
     rows_list = [int(r) for r in args[args.index("--rows") + 1].split(",")] if "--rows" in args else [16, 512]
+    if "--quick" in args:
+        CONFIGS[:] = [c for c in CONFIGS if c["BLOCK_N"] == 128 and c["KB"] == 2]
     dev = "cuda"
     g = torch.Generator(device="cpu").manual_seed(0)
     for label, tname, e, used, n, k, per_slot in SHAPES:
