@@ -15,6 +15,7 @@
 #   PARTS=small+cpu bash bench/h200_driver.sh start     both: small, then the host CPU's table (~11 minutes)
 #   PARTS=moequick bash bench/h200_driver.sh start      the expert GEMV's tile sweep, then qwen3-30b-a3b pp512, tg128, B=16
 #                                                       against llama.cpp (its CUDA build meanwhile): ~6 minutes
+#                                                       (SWEEP_ROWS=0: no sweep; MM16SWEEP=1: moe_mm16's prompt tiles too)
 #   PARTS=cpudiag bash bench/h200_driver.sh start       issue 26's two open cells: the Q4_0 product at 2 / 4 / 8 threads,
 #                                                       Qwen2.5-0.5B at 4 / 8 threads x3, unpinned and one thread a
 #                                                       core (OMP_PLACES / OMP_PROC_BIND), against llama.cpp: ~6 min
