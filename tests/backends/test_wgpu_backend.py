@@ -182,6 +182,21 @@ def test_no_matching_adapter_is_a_device_error(monkeypatch):
         Device("vulkan", adapter=adapter)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Mesa's XDG_RUNTIME_DIR message is Linux's")
+def test_no_mesa_error_lines_without_an_xdg_runtime_dir():
+    """In an environment without XDG_RUNTIME_DIR (a container, an ssh session), listing the adapters
+    printed Mesa's "error: XDG_RUNTIME_DIR is invalid or not set" to stderr, several times a run: the
+    process gets a private directory for the run (removed at exit) and stderr stays clean."""
+    code = ("import os; from minfer.kernels.wgpu.device import adapters; "
+            "print(len(adapters('Vulkan')), os.environ['XDG_RUNTIME_DIR'])")
+    env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    found, path = run.stdout.split()
+    assert int(found) >= 1 and "XDG_RUNTIME_DIR" not in run.stderr, run.stderr
+    assert not os.path.exists(path)  # gone with the process
+
+
 # ---- end to end -----------------------------------------------------------------------------------
 
 

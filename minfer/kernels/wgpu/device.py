@@ -26,10 +26,15 @@ contracts validate on any machine).
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
 import math
+import os
+import shutil
 import struct
+import sys
+import tempfile
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +66,18 @@ def _llvm_order() -> None:
         pass
 
 
+def _quiet_mesa() -> None:
+    """A private XDG_RUNTIME_DIR where the environment has none (a headless server, a container, an ssh
+    session without a login manager): Mesa's window-system code, which wgpu's adapter enumeration loads,
+    prints "error: XDG_RUNTIME_DIR is invalid or not set in the environment." to stderr, several times a
+    run, without one, an "error" a user reads as minfer's. The directory (0700, empty) goes at exit."""
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        return
+    path = tempfile.mkdtemp(prefix="minfer-xdg-")  # (mode 0700)
+    os.environ["XDG_RUNTIME_DIR"] = path
+    atexit.register(shutil.rmtree, path, True)
+
+
 def adapters(backend: str | None = None) -> list:
     """wgpu adapters visible to this process (`backend`: "Vulkan", "Metal"... or None for any),
     best first: discrete GPUs, integrated, virtual, then software (lavapipe); Vulkan / Metal before
@@ -70,6 +87,8 @@ def adapters(backend: str | None = None) -> list:
     except ImportError:
         return []
     _llvm_order()
+    if sys.platform.startswith("linux"):
+        _quiet_mesa()
     found = [a for a in wgpu.gpu.enumerate_adapters_sync()
              if backend is None or a.info.get("backend_type") == backend]
     return sorted(found, key=lambda a: (ADAPTER_ORDER.get(a.info.get("adapter_type", "Unknown"), 4),
