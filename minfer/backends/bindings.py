@@ -440,13 +440,16 @@ def _moe_matmul_call(c: Compiler, node: Node) -> Call:
 
 
 def _moe_matmul_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, way: Way) -> Bound:
-    x, ids = node.inputs
+    """MoEMatMul, MoEMatMulGLU and MoEMatMulSum (whose third input is the router's weights)."""
+    x, ids, *wts = node.inputs
     laid, params = c.laid_out(kernel, node.weights["w"], call.params), call.params
-    if "b" in node.weights:  # each chosen expert's bias, [E, n] (GGUF (n, E)) as one f32 vector
-        bias = c.vector(node.weights["b"])
-        return Bound(lambda vals, st: kernel(x=vals[x], ids=vals[ids], w=laid, **params, bias=bias),
+    # each chosen expert's bias, [E, n] (GGUF (n, E)) as one f32 vector
+    bias = {"bias": c.vector(node.weights["b"])} if "b" in node.weights else {}
+    if wts:
+        (w_i,) = wts
+        return Bound(lambda vals, st: kernel(x=vals[x], ids=vals[ids], weights=vals[w_i], w=laid, **params, **bias),
                      [Launch(call, kernel)])
-    return Bound(lambda vals, st: kernel(x=vals[x], ids=vals[ids], w=laid, **params), [Launch(call, kernel)])
+    return Bound(lambda vals, st: kernel(x=vals[x], ids=vals[ids], w=laid, **params, **bias), [Launch(call, kernel)])
 
 
 def _moe_glu_call(c: Compiler, node: Node) -> Call | None:
@@ -474,14 +477,6 @@ def _moe_matmul_sum_call(c: Compiler, node: Node) -> Call:
                 lambda r: {**mm.shapes(r), "weights": (r, used)}, mm.params, needs=mm.needs)
 
 
-def _moe_matmul_sum_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, way: Way) -> Bound:
-    x, ids, wts = node.inputs
-    laid, params = c.laid_out(kernel, node.weights["w"], call.params), call.params
-    bias = {"bias": c.vector(node.weights["b"])} if "b" in node.weights else {}
-    return Bound(lambda vals, st: kernel(x=vals[x], ids=vals[ids], weights=vals[wts], w=laid, **params, **bias),
-                 [Launch(call, kernel)])
-
-
 def _moe_sum_call(c: Compiler, node: Node) -> Call:
     t_used_n = c.node_of(node.inputs[0]).shape
     used, n = t_used_n[1], t_used_n[2]
@@ -506,7 +501,7 @@ BINDINGS: dict[Op, Binding] = {
     Op.MOE_MATMUL: Binding(_moe_matmul_call, _moe_matmul_bind),
     Op.MOE_SUM: Binding(_moe_sum_call, _moe_sum_bind),
     Op.MOE_MATMUL_GLU: Binding(_moe_glu_call, _moe_matmul_bind),
-    Op.MOE_MATMUL_SUM: Binding(_moe_matmul_sum_call, _moe_matmul_sum_bind),
+    Op.MOE_MATMUL_SUM: Binding(_moe_matmul_sum_call, _moe_matmul_bind),
     Op.MOE_ROUTER: Binding(_moe_router_call, _moe_router_bind),
     Op.NORM_ADD_RMS_NORM: Binding(_add_rms_norm_call, _add_rms_norm_bind),
     Op.NORM_ROPE: Binding(_norm_rope_call, _norm_rope_bind),
