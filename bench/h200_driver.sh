@@ -22,6 +22,9 @@
 #   PARTS=moequick+cpudiag bash bench/h200_driver.sh start   both, one after the other: ~12 minutes
 #   PARTS=moelean bash bench/h200_driver.sh start       the sweep's one-row tiles, then qwen3-30b-a3b B=16 on this tree,
 #                                                       on .old/base (see the mode), on this tree again (no llama.cpp): ~4 min
+#   PARTS=moearch bash bench/h200_driver.sh start       stop 48's fusions: their compiled tests, moe_mm16's tiles, then
+#                                                       qwen3moe (and on .anchor/base-tree), gpt-oss-20b, gemma3-1b,
+#                                                       qwen3-8b, one round each against llama.cpp: ~18 minutes
 #   PARTS=moe bash bench/h200_driver.sh start           only the mixtures of experts (issue 25): the two MoE files,
 #                                                       their GPU tests (and tiny-gpt-oss on the tree at $BASE), the
 #                                                       kernel tables of bench/moe_profile.py, minfer's runs while
@@ -243,6 +246,49 @@ elif [ "$PARTS" = moequick ] || [ "$PARTS" = moequick+cpudiag ]; then  # a short
   llama_rows $LB $F qwen3-30b-a3b -ngl 99 -fa 1 -p 512 -n 128 -r 3
   table qwen3-30b
   [ "$PARTS" = moequick ] || { rm -f $F; step cpudiag; cpudiag; }
+  step done; exit 0
+elif [ "$PARTS" = moearch ]; then  # stop 48's fusions measured in one call: their compiled tests, moe_mm16's tiles
+  # (MM16SWEEP=0: none), qwen3moe B=16 / pp512 / tg128 (and on .anchor/base-tree), gpt-oss-20b, gemma3-1b and
+  # qwen3-8b (the attention's combine; gemma3-1b on the base tree too), each one round against llama.cpp: ~18 min
+  build_cuda 14 > $D/llama-build.txt 2>&1 &
+  (synth qwen3-30b-a3b q4_k_m; synth gemma3-1b q4_0; echo "synth done $(since)") > $D/synth.txt 2>&1 &
+  (synth gpt-oss-20b mxfp4; synth qwen3-8b q4_k_m; echo "synth done $(since)") > $D/synth2.txt 2>&1 &
+  step gputests
+  MINFER_TEST_DEVICE=cuda timeout 300 python3 -m pytest -q -p no:cacheprovider tests/contracts/test_conformance.py \
+    tests/kernels/triton/test_moe.py tests/kernels/triton/test_gemv_f32.py tests/backends/test_cuda_backend.py \
+    tests/kernels/triton/test_families.py \
+    -k "glu or gemv_f32 or gemv_sum or route or router_and_down or mm16 or attention_rows or combine" \
+    > $D/gputests.txt 2>&1
+  tail -3 $D/gputests.txt
+  [ "${MM16SWEEP:-1}" = 1 ] && { step mm16sweep
+  timeout 300 python3 bench/moe_mm16_sweep.py --glu --rows 512 --quick > $D/mm16-sweep.txt 2>&1
+  cat $D/mm16-sweep.txt >> $D/tables.txt; }
+  while ! grep -q "synth done" $D/synth.txt; do sleep 2; done; cat $D/synth.txt
+  : > $D/bench.jsonl
+  step minfer
+  F=$M/qwen3-30b-a3b-q4_k_m.gguf; E=$M/gemma3-1b-q4_0.gguf
+  minfer_rows $F qwen3-30b-a3b cuda -p 0 -n 0 -b 16 -r 2
+  minfer_rows $F qwen3-30b-a3b cuda -p 512 -n 128 -r 3 -b ""
+  minfer_rows $E gemma3-1b cuda -p 512 -n 128 -r 3 -b ""
+  if [ -d .anchor/base-tree/minfer ]; then
+    step base
+    B=$PWD/.anchor/base-tree
+    (cd $B && PYTHONPATH=$B:/tmp/pylib minfer_rows $F base-qwen3-30b-a3b cuda -p 0 -n 0 -b 16 -r 2
+     cd $B && PYTHONPATH=$B:/tmp/pylib minfer_rows $F base-qwen3-30b-a3b cuda -p 512 -n 128 -r 3 -b ""
+     cd $B && PYTHONPATH=$B:/tmp/pylib minfer_rows $E base-gemma3-1b cuda -p 512 -n 128 -r 3 -b "")
+    grep base- $D/bench.jsonl >> $D/tables.txt
+  fi
+  while ! grep -q "synth done" $D/synth2.txt; do sleep 2; done; cat $D/synth2.txt
+  G=$M/gpt-oss-20b-mxfp4.gguf; Q=$M/qwen3-8b-q4_k_m.gguf
+  minfer_rows $G gpt-oss-20b cuda -p 512 -n 128 -r 3 -b ""
+  minfer_rows $Q qwen3-8b-q4_k_m cuda -p 512 -n 128 -r 3 -b ""
+  step llama; while ! grep -q "build rc" $D/llama-build.txt; do sleep 2; done; cat $D/llama-build.txt
+  batched_rows $F qwen3-30b-a3b 16
+  llama_rows $LB $F qwen3-30b-a3b -ngl 99 -fa 1 -p 512 -n 128 -r 3
+  llama_rows $LB $G gpt-oss-20b -ngl 99 -fa 1 -p 512 -n 128 -r 3
+  llama_rows $LB $E gemma3-1b -ngl 99 -fa 1 -p 512 -n 128 -r 3
+  llama_rows $LB $Q qwen3-8b-q4_k_m -ngl 99 -fa 1 -p 512 -n 128 -r 3
+  table qwen3-30b; table gpt-oss; table gemma3; table qwen3-8b
   step done; exit 0
 elif [ "$PARTS" = cpudiag ]; then
   cpudiag; step done; exit 0
