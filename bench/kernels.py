@@ -340,6 +340,43 @@ class Cases:
                               io, 0))
             cases.append(Case("rms_norm x2 + rope x2 (unfused)", f"{nq}+{nk}x{hd} {model}",
                               lambda a=nq, b=nk, d=hd: norm_rope_parts(a, b, d), 2 * io, 0))
+        # the attention output and FFN down GEMVs with the residual add and the next norm as their tail
+        # (gemv_add_rms_norm; gemma's post-norm too: gemv_norm_add_rms_norm) beside the GEMV + the norm kernel
+        from minfer.kernels.triton.gemv_fused import gemv_add_rms_norm, gemv_norm_add_rms_norm
+        from minfer.kernels.triton.norm import add_rms_norm, norm_add_rms_norm
+        from minfer.kernels.triton.q4_0 import q4_0_gemv
+        from minfer.kernels.triton.qmatmul import repack_gemv
+        tails = [("tiny", 64, 256, False)] if self.small else [
+            (QWEN7, 3584, 3584, False), (QWEN7, 3584, 18944, False), ("gemma3-1b", 1152, 1152, True),
+            ("gemma3-1b", 1152, 6912, True)]
+
+        def tail_fused(n, k, post):
+            w, x, res = repack_gemv(raw(n, k), n, k, info.type), self.randn(1, k), self.randn(1, n)
+            wn, out = self.randn(n), torch.empty(1, n, device=self.device)
+            if post:
+                return lambda: gemv_norm_add_rms_norm(x, w, res, wn, wn, n, k, info.type, 1e-6, out=out, sum_out=res)
+            return lambda: gemv_add_rms_norm(x, w, res, wn, n, k, info.type, 1e-6, out=out, sum_out=res)
+
+        def tail_parts(n, k, post):
+            w, x, res = repack_gemv(raw(n, k), n, k, info.type), self.randn(1, k), self.randn(1, n)
+            wn, y, out = self.randn(n), torch.empty(1, n, device=self.device), torch.empty(1, n, device=self.device)
+
+            def run():
+                q4_0_gemv(x, w, n, k, out=y)
+                if post:
+                    norm_add_rms_norm(res, y, wn, wn, 1e-6, out=out, sum_out=res)
+                else:
+                    add_rms_norm(res, y, wn, 1e-6, out=out, sum_out=res)
+            return run
+
+        for model, n, k, post in tails:
+            shape, io = f"{n}x{k} {model} {'o' if n == k else 'down'}", 4 * k + 20 * n
+            name = "gemv_norm_add_rms_norm" if post else "gemv_add_rms_norm"
+            cases.append(Case(f"{name}[Q4_0]", shape, lambda n=n, k=k, p=post: tail_fused(n, k, p),
+                              info.nbytes(n * k) + io, 2 * n * k))
+            cases.append(Case(f"q4_0_gemv + {name.removeprefix('gemv_')} (unfused)", shape,
+                              lambda n=n, k=k, p=post: tail_parts(n, k, p), info.nbytes(n * k) + io + 8 * n,
+                              2 * n * k))
         for model, n, k in gu:
             shape, io = f"{n}x{k} {model} gate+up", 4 * (n // 2 + k)
             cases.append(Case("gemv_swiglu[Q4_0]", shape, lambda n=n, k=k: fused_swiglu(n, k),

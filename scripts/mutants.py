@@ -227,6 +227,24 @@ MUTANTS: tuple[Mutant, ...] = (
         devices=("cuda",),
     ),
     Mutant(
+        "norm_tail_first_arriver",
+        "a GEMV's add + norm tail (gemv_add_rms_norm) normalising a row when its first row tile, not its last, has "
+        "stored its sum of squares. GPU only, as attn_combine_first_arriver",
+        "minfer/kernels/triton/gemv.py",
+        "    if arrived == tiles - 1:\n",
+        "    if arrived == 0:\n",
+        ("tests/kernels/triton/test_gemv_fused.py::test_gemv_add_rms_norm",),
+        devices=("cuda",),
+    ),
+    Mutant(
+        "norm_tail_tile_dropped",
+        "a GEMV's add + norm tail leaving out the last row tile's sum of squares",
+        "minfer/kernels/triton/gemv.py",
+        "mask=t0 + c < tiles, other=0.0, cache_modifier=\".cg\")",
+        "mask=t0 + c < tiles - 1, other=0.0, cache_modifier=\".cg\")",
+        ("tests/kernels/triton/test_gemv_fused.py::test_gemv_add_rms_norm",),
+    ),
+    Mutant(
         "router_first_arriver",
         "the router + routing launch (MoERouter) routing a row when its first logit tile, not its last, is in. "
         "GPU only, as attn_combine_first_arriver",

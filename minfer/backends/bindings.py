@@ -385,6 +385,39 @@ def _add_rms_norm_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call,
     return Bound(fn, [Launch(call, kernel)])
 
 
+def _matmul_norm_call(c: Compiler, node: Node) -> Call | None:
+    base = _qmatmul_call(c, node, str(node.op))
+    if base is None:
+        return None
+    k, n = node.weights["w"].shape
+    ws = ("w_y", "w_n") if "w_y" in node.weights else ("w_n",)
+    return Call(str(node.op), {**base.dtypes, "res": "F32", **dict.fromkeys(ws, "F32")},
+                lambda m: {"x": (m, k), "w": (n, k), "res": (m, n), **dict.fromkeys(ws, (n,))},
+                {**base.params, "eps": node.params["eps"]}, base.layouts_of)
+
+
+def _matmul_norm_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, way: Way) -> Bound:
+    """A QMatMul(Norm)AddRMSNorm: (h, RMSNorm(h)) as AddRMSNorm's, h = res + x @ W^T written over
+    res where the kernel works in place; the weight in its plain GEMV layout (the matmul's copy)."""
+    x, res = node.inputs
+    params = call.params
+    laid = c.laid_out(kernel, node.weights["w"], {p: params[p] for p in ("n", "k", "qtype")})
+    ws = {r: c.vector(node.weights[r]) for r in ("w_y", "w_n") if r in node.weights}
+    rt, in_place = c.rt, "residual_in_place" in kernel.contract.caps.also
+    records = _q8_writer(c, node, way, node.shape[-1])
+    pid = c.q8_read(node, way, kernel)
+
+    def fn(vals, st):
+        r = vals[res]
+        h = r if in_place else rt.empty(r.shape)
+        more = {} if records is None else {"q8": records(st, _rows(r))}
+        if pid is not None:
+            more["xq"] = st.aux[pid]
+        return h, kernel(x=vals[x], w=laid, res=r, **ws, **params, sum_out=h, **more)
+
+    return Bound(fn, [Launch(call, kernel)])
+
+
 # ---------------------------------------------------------------------- mixtures of experts
 def _moe_route_call(c: Compiler, node: Node) -> Call:
     p, e = node.params, c.node_of(node.inputs[0]).shape[-1]
@@ -505,4 +538,6 @@ BINDINGS: dict[Op, Binding] = {
     Op.MOE_ROUTER: Binding(_moe_router_call, _moe_router_bind),
     Op.NORM_ADD_RMS_NORM: Binding(_add_rms_norm_call, _add_rms_norm_bind),
     Op.NORM_ROPE: Binding(_norm_rope_call, _norm_rope_bind),
+    Op.MATMUL_ADD_RMS_NORM: Binding(_matmul_norm_call, _matmul_norm_bind),
+    Op.MATMUL_NORM_ADD_RMS_NORM: Binding(_matmul_norm_call, _matmul_norm_bind),
 }
