@@ -257,7 +257,7 @@ elif [ "$PARTS" = moearch ]; then  # stop 48's fusions measured in one call: the
   MINFER_TEST_DEVICE=cuda timeout 300 python3 -m pytest -q -p no:cacheprovider tests/contracts/test_conformance.py \
     tests/kernels/triton/test_moe.py tests/kernels/triton/test_gemv_f32.py tests/backends/test_cuda_backend.py \
     tests/kernels/triton/test_families.py tests/kernels/triton/test_gemv_fused.py \
-    -k "glu or gemv_f32 or gemv_sum or route or router_and_down or mm16 or attention_rows or combine or rms_norm or tail or residual" \
+    -k "glu or gemv_f32 or gemv_sum or route or router_and_down or mm16 or attention_rows or combine or rms_norm or tail or residual or norm_rope" \
     > $D/gputests.txt 2>&1
   tail -3 $D/gputests.txt
   [ "${MM16SWEEP:-1}" = 1 ] && { step mm16sweep

@@ -167,6 +167,13 @@ OPS: dict[str, OpSpec] = {
             "post-norm of the matmul too", _qmatmul,
         ),
         OpSpec(
+            "QMatMulNormRoPE", True, ("x", "w", "w_q", "w_k", "positions", "cos", "sin"),
+            ("n", "k", "qtype", "n_heads", "n_heads_k", "head_dim", "n_rot", "neox", "eps"), ("m", "n", "k"),
+            "out = x @ dequant(w)^T with its first n_heads (q) and next n_heads_k (k) heads RMS-normed with w_q / "
+            "w_k and rotated (RoPE at positions): the q+k+v projection with qwen3's / gemma3's q / k norms and RoPE",
+            _qmatmul,
+        ),
+        OpSpec(
             "RMSNorm", False, ("x", "w"), ("eps", "group"), ("rows", "d", "group"),
             "out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w; with `group` each run of `group` values of a "
             "row on its own, w [group] shared by the runs (qwen3's and gemma3's per-head q / k norms)",

@@ -684,7 +684,9 @@ def test_qk_norms_ropes_and_post_norms_run_fused(tiny_gguf, raw, monkeypatch, pr
     gemma = preset == "tiny-gemma3"
     for rows in (1, 16):
         picked = {r["name"]: r["kernel"] for r in be.plan_rows(rows)}
-        assert [picked[f"blk.{i}.rope_q+k+norm"] for i in range(n_layer)] == ["norm_rope"] * n_layer
+        # a decode row's as the q+k+v GEMV's tail (fuse_matmul_norm_rope), a batch's the parts: a matmul, norm_rope
+        kernels = [picked[f"blk.{i}.attn_q+k+v+norm+rope"] for i in range(n_layer)]
+        assert all(k == "planes_gemv_norm_rope" if rows == 1 else k.endswith("+norm_rope") for k in kernels)
         parts = (".attn_q_norm", ".attn_k_norm", ".rope_q", ".rope_k", ".post_attention_norm")
         assert not any(r["name"].endswith(parts) for r in be.plan_rows(rows))
         fused_norms = [r["name"] for r in be.plan_rows(rows) if r["kernel"].endswith("norm_add_rms_norm")]
@@ -700,7 +702,7 @@ def test_qk_norms_ropes_and_post_norms_run_fused(tiny_gguf, raw, monkeypatch, pr
         return torch.cat(out)
 
     fused = logits(gpu)
-    rules = (fuse.fuse_norm_rope, fuse.fuse_norm_add_rms_norm, fuse.fuse_matmul_norm)
+    rules = (fuse.fuse_norm_rope, fuse.fuse_norm_add_rms_norm, fuse.fuse_matmul_norm, fuse.fuse_matmul_norm_rope)
     monkeypatch.setattr(fuse, "FUSIONS", tuple(r for r in fuse.FUSIONS if r not in rules))
     plain = load(path, "cuda", n_ctx=32, n_slots=1, progress=False)
     assert not any(str(n.op) in ("NormRoPE", "NormAddRMSNorm") for n in plain.engine.backend.graph.nodes)
@@ -735,10 +737,35 @@ def test_residual_adds_and_norms_run_as_gemv_tails(tiny_gguf, raw, monkeypatch, 
 
     fused = _prompt_then_decode_logits(gpu, raw, 10)
     gpu.close()
-    monkeypatch.setattr(fuse, "FUSIONS", tuple(r for r in fuse.FUSIONS if r is not fuse.fuse_matmul_norm))
-    plain = load(path, "cuda", n_ctx=32, n_slots=1, progress=False)
-    assert not any("RMSNorm" in str(n.op) and str(n.op).startswith("QMatMul") for n in plain.engine.backend.graph.nodes)
-    assert _rel(fused, _prompt_then_decode_logits(plain, raw, 10)) < 1e-5
+    plain = _logits_without(path, raw, monkeypatch, (fuse.fuse_matmul_norm,),
+                            ("QMatMulAddRMSNorm", "QMatMulNormAddRMSNorm"), 10)
+    assert _rel(fused, plain) < 1e-5
+
+
+@pytest.mark.parametrize("preset, quant, kernel", [("tiny-qwen3", "q4_0", "q4_0_gemv_norm_rope"),
+                                                   ("tiny-gemma3", "q4_k", "int4_gemv_norm_rope")])
+def test_qk_norms_and_ropes_run_as_the_qkv_gemvs_tail(tiny_gguf, raw, monkeypatch, preset, quant, kernel):
+    """A decode row's q+k+v GEMV takes qwen3's / gemma3's per-head q and k norms and their RoPE as its
+    tail (graph/fuse.py fuse_matmul_norm_rope: one launch where two ran; the last of a head's row
+    tiles norms and rotates it in place); prompt chunks run the parts. Logits over prompt and decode
+    rows equal the unfused graph's within 1e-5 (the same sums and norm_rope's arithmetic): a head
+    rotated at another row's position or with the k weight for a q head, or a head normed before all
+    of its tiles are in, moves them by ~1e-2."""
+    from minfer.graph import fuse
+
+    path = tiny_gguf(preset, quant)
+    gpu = load(path, "cuda", n_ctx=32, n_slots=1, progress=False)
+    be = gpu.engine.backend
+    n_layer = be.graph.meta["n_layer"]
+    picked = {r["name"]: r["kernel"] for r in be.plan_rows(1)}
+    assert [picked.get(f"blk.{i}.attn_q+k+v+norm+rope") for i in range(n_layer)] == [kernel] * n_layer
+    assert not any(name.endswith("rope_q+k+norm") for name in picked)
+    prompt = {r["name"]: r["kernel"] for r in be.plan_rows(512, True)}
+    assert prompt["blk.0.attn_q+k+v+norm+rope"].endswith("+norm_rope")  # (the parts: a matmul, then norm_rope)
+    fused = _prompt_then_decode_logits(gpu, raw, 10)
+    gpu.close()
+    assert _rel(fused, _logits_without(path, raw, monkeypatch, (fuse.fuse_matmul_norm_rope,), ("QMatMulNormRoPE",),
+                                       10)) < 1e-5
 
 
 def test_prefix_cache_copies_blocks_and_decodes_as_without_it(tiny_gguf):
@@ -753,6 +780,17 @@ def _prompt_then_decode_logits(model, raw, end: int) -> torch.Tensor:
     out = [model.engine.backend.forward(Batch.single(PROMPT[:7], 0, rows=range(7))).cpu().clone()]
     out += [raw.decode(model.engine, 0, t, p).cpu().clone().reshape(1, -1) for p, t in enumerate(PROMPT[7:end], 7)]
     return torch.cat(out)
+
+
+def _logits_without(path, raw, monkeypatch, rules: tuple, ops: tuple[str, ...], end: int) -> torch.Tensor:
+    """_prompt_then_decode_logits of the model at `path` loaded with graph/fuse.py's `rules` off (and
+    so no node of `ops` in its graph)."""
+    from minfer.graph import fuse
+
+    monkeypatch.setattr(fuse, "FUSIONS", tuple(r for r in fuse.FUSIONS if r not in rules))
+    plain = load(path, "cuda", n_ctx=32, n_slots=1, progress=False)
+    assert not any(str(n.op) in ops for n in plain.engine.backend.graph.nodes)
+    return _prompt_then_decode_logits(plain, raw, end)
 
 
 @pytest.mark.parametrize("preset, quant, glu", [("tiny-qwen3moe", "q4_k", "swiglu"),
@@ -779,10 +817,7 @@ def test_expert_gate_up_and_glu_run_fused(tiny_gguf, raw, monkeypatch, preset, q
 
     fused = _prompt_then_decode_logits(gpu, raw, 9)
     gpu.close()
-    monkeypatch.setattr(fuse, "FUSIONS", tuple(r for r in fuse.FUSIONS if r is not fuse.fuse_moe_glu))
-    plain = load(path, "cuda", n_ctx=32, n_slots=1, progress=False)
-    assert not any(str(n.op) == "MoEMatMulGLU" for n in plain.engine.backend.graph.nodes)
-    assert _rel(fused, _prompt_then_decode_logits(plain, raw, 9)) < 1e-5
+    assert _rel(fused, _logits_without(path, raw, monkeypatch, (fuse.fuse_moe_glu,), ("MoEMatMulGLU",), 9)) < 1e-5
 
 
 @pytest.mark.parametrize("preset, quant", [("tiny-qwen3moe", "q4_k"), ("tiny-gpt-oss", "mxfp4")])
@@ -811,8 +846,5 @@ def test_expert_router_and_down_sum_run_fused_for_decode_rows(tiny_gguf, raw, mo
 
     fused = _prompt_then_decode_logits(gpu, raw, 10)
     gpu.close()
-    monkeypatch.setattr(fuse, "FUSIONS", tuple(r for r in fuse.FUSIONS if r not in (fuse.fuse_moe_sum,
-                                                                                   fuse.fuse_moe_router)))
-    plain = load(path, "cuda", n_ctx=32, n_slots=1, progress=False)
-    assert not any(str(n.op) in ("MoEMatMulSum", "MoERouter") for n in plain.engine.backend.graph.nodes)
-    assert torch.equal(fused, _prompt_then_decode_logits(plain, raw, 10))
+    assert torch.equal(fused, _logits_without(path, raw, monkeypatch, (fuse.fuse_moe_sum, fuse.fuse_moe_router),
+                                              ("MoEMatMulSum", "MoERouter"), 10))

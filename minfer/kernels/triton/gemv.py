@@ -70,6 +70,7 @@ from ._common import (
     wait_prior,
 )
 from .quantize import act_q8_blocks, quantize_act_q8
+from .rope import norm_rope_head
 
 Q4_0 = QUANT_TABLE[GGMLType.Q4_0]
 _REPACK_CHUNK = 1 << 20  # blocks repacked per step (bounds the int64 temporaries to ~128 MB)
@@ -456,7 +457,7 @@ def _q4_0_gemv_kernel(
     Q8X: tl.constexpr, LUT: tl.constexpr = False, MOE: tl.constexpr = False, MOE_BIAS: tl.constexpr = False,
     ROWS: tl.constexpr = False, MOE_GLU: tl.constexpr = False, ALPHA: tl.constexpr = 0.0,
     LIMIT: tl.constexpr = 0.0, MOE_SUM: tl.constexpr = False, TAIL: tl.constexpr = 0, TAIL_Q8: tl.constexpr = 0,
-    TAIL_CH: tl.constexpr = 256,
+    TAIL_CH: tl.constexpr = 256, NEOX: tl.constexpr = False,
 ):
     # PLANES (the 5/6/8-bit and 2/3-bit types, `repack_planes`): qs_ptr holds the codes' low LB
     # bits (LB = 4: the nibble words; LB = 2: int16 words of 8 two-bit slots), h_ptr their high
@@ -485,8 +486,11 @@ def _q4_0_gemv_kernel(
     # ROWS (small decode batches, EPI 0, not MOE): XROWS rows of x, each the one-row GEMV of its own
     # programs: program_id(0) = tile * XROWS + row, so the rows of a weight tile run side by side and
     # read it from L2 once DRAM has given it; a row's arithmetic is the one-row kernel's (bit for bit).
-    # TAIL (EPI 0, not MOE; gemv_fused.py gemv_add_rms_norm): the residual add and RMSNorm after the
-    # GEMV (`_norm_tail`): out_ptr is the normed output, y never stored whole.
+    # TAIL (EPI 0, not MOE): 1, 2 (gemv_fused.py gemv_add_rms_norm): the residual add and RMSNorm after
+    # the GEMV (`_norm_tail`): out_ptr is the normed output, y never stored whole. 3 (gemv_norm_rope):
+    # y stored, then its first VSTART columns' heads of HD normed (w_q for the heads before KSTART, w_k
+    # after) and rotated in place by the last of each head's row tiles (`_rope_tail`; the epilogue
+    # operands cos_ptr, sin_ptr, pos_ptr, HALF and NEOX give the rotation).
     BLOCK_N: tl.constexpr = R * LR
     BLOCK_KB: tl.constexpr = LK * WK
     pid_n = tl.program_id(0)
@@ -592,13 +596,16 @@ def _q4_0_gemv_kernel(
             for s in range(0, NSPLIT):  # L2 reads (.cg): other SMs wrote these
                 total += tl.load(part_ptr + s * N + rows, mask=rows < N, other=0.0, cache_modifier=".cg")
             tl.atomic_xchg(cnt_ptr + pid_n, 0, sem="relaxed", scope="gpu")
-            if TAIL > 0:
+            if TAIL == 1 or TAIL == 2:
                 _norm_tail(total, rows, N, x_row, pid_n, out_ptr, res_ptr, hs_ptr, nw_ptr, yw_ptr, sc_ptr, nq_ptr,
                            ns_ptr, tc_ptr, eps, BLOCK_N, TAIL, TAIL_Q8, TAIL_CH)
             else:
                 _gemv_store(out_ptr, total, rows, N, pid_n, e_ptr, dst_ptr, fi_ptr, cos_ptr, sin_ptr, pos_ptr, HALF,
                             ck_ptr, cv_ptr, slot_ptr, KSTART, VSTART, HD, LAYER_OFF, S_STRIDE, H_STRIDE, BLOCK_N,
                             EPI, ALPHA, LIMIT)
+                if TAIL == 3:
+                    _rope_tail(out_ptr, pid_n, x_row, nw_ptr, yw_ptr, pos_ptr, cos_ptr, sin_ptr, HALF, HD, KSTART,
+                               VSTART, tc_ptr, eps, BLOCK_N, NEOX, TAIL_CH)
     else:
         if MOE_BIAS:
             if MOE_GLU:  # the bias of each local row's gate or up row
@@ -611,13 +618,16 @@ def _q4_0_gemv_kernel(
                 tot += tl.load(e_ptr + row0 + rows, mask=rows < N, other=0.0)
         if MOE_SUM:
             _moe_sum_store(out_ptr, part_ptr, cnt_ptr, wt_ptr, tot, rows, N, pid_n, slot, XROWS)
-        elif TAIL > 0:
+        elif TAIL == 1 or TAIL == 2:
             _norm_tail(tot, rows, N, x_row, pid_n, out_ptr, res_ptr, hs_ptr, nw_ptr, yw_ptr, sc_ptr, nq_ptr, ns_ptr,
                        tc_ptr, eps, BLOCK_N, TAIL, TAIL_Q8, TAIL_CH)
         else:
             _gemv_store(out_ptr, tot, rows, N, pid_n, e_ptr, dst_ptr, fi_ptr, cos_ptr, sin_ptr, pos_ptr, HALF,
                         ck_ptr, cv_ptr, slot_ptr, KSTART, VSTART, HD, LAYER_OFF, S_STRIDE, H_STRIDE, BLOCK_N, EPI,
                         ALPHA, LIMIT)
+            if TAIL == 3:
+                _rope_tail(out_ptr, pid_n, x_row, nw_ptr, yw_ptr, pos_ptr, cos_ptr, sin_ptr, HALF, HD, KSTART, VSTART,
+                           tc_ptr, eps, BLOCK_N, NEOX, TAIL_CH)
 
 
 @triton.jit
@@ -683,6 +693,28 @@ def _norm_tail(tot, rows, N, row, pid_n, out_ptr, res_ptr, hs_ptr, nw_ptr, yw_pt
                 act_q8_blocks(tl.reshape(o, (NB, 4, 8)), nq_ptr + row64 * nb * (8 * Q8), ns_ptr + row64 * nb * 4, b,
                               b < nb, Q8)
         tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _rope_tail(out_ptr, pid_n, row, wq_ptr, wk_ptr, pos_ptr, cos_ptr, sin_ptr, HALF, HD, KSTART, VSTART, tc_ptr, eps,
+               BLOCK_N: tl.constexpr, NEOX: tl.constexpr, BLOCK_HD: tl.constexpr):
+    """TAIL 3, after row tile pid_n of x row `row` stored its y (out_ptr at that row): a tile of the
+    first VSTART columns (q's heads, then k's from KSTART; HD a multiple of BLOCK_N) arrives on its
+    head's counter (acq_rel, after a barrier); the last of the head's HD / BLOCK_N tiles norms the
+    head (w_q or w_k) and rotates it at the row's position, in place (rope.py norm_rope_head), and
+    resets the counter."""
+    c0 = pid_n * BLOCK_N
+    if c0 < VSTART:
+        head = c0 // HD
+        tl.debug_barrier()
+        cnt = tc_ptr + row * (VSTART // HD) + head
+        arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+        if arrived == HD // BLOCK_N - 1:
+            src = out_ptr + head * HD
+            p = tl.load(pos_ptr + row).to(tl.int64)
+            norm_rope_head(src, src, tl.where(c0 < KSTART, wq_ptr, wk_ptr), p, cos_ptr, sin_ptr, HD, HALF, eps, NEOX,
+                           BLOCK_HD // 2, BLOCK_HD, CG=True)
+            tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -916,15 +948,39 @@ class NormTail:
     q8: tuple | None = None
 
 
+@dataclass(frozen=True)
+class RopeTail:
+    """The TAIL 3 mode of a GEMV launch (gemv_fused.py gemv_norm_rope): y's first `n_heads` (q) and
+    next `n_heads_k` (k) heads of `head_dim` each RMS-normed with `w_q` / `w_k` (`eps`), then rotated
+    at positions[row] (the cos / sin tables [n_ctx, n_rot / 2], neox or normal pairs), in place;
+    the columns after them (v) as the GEMV stores them. Checked by the caller."""
+
+    w_q: torch.Tensor
+    w_k: torch.Tensor
+    positions: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    n_heads: int
+    n_heads_k: int
+    head_dim: int
+    n_rot: int
+    neox: bool
+    eps: float
+
+
+GemvTail = NormTail | RopeTail
+
+
 def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n: int, k: int, cfg: GemvConfig,
                  planes: tuple | None = None, epilogue: tuple | None = None, xq: tuple | None = None,
                  lut: tuple[int, int, int, int] | None = None, moe: MoeLaunch | None = None,
-                 tail: NormTail | None = None):
+                 tail: GemvTail | None = None):
     """Launch the GEMV kernel; `planes` = (hi plane, LB, HB, CENTER) for the planes types; `lut` =
     the 4 table words of a lookup type (lut4.py);
     `epilogue` = (EPI, e, dst, fi, cos, sin, positions, HALF, cache_k, cache_v, slots, KSTART, VSTART, HD,
     LAYER_OFF, S_STRIDE, H_STRIDE) for gemv_fused.py's fused stores; `moe`: the expert mode (MoeLaunch;
-    `n` = its rows); `tail`: the add + RMSNorm after it (NormTail; out is then the normed rows)."""
+    `n` = its rows); `tail`: the add + RMSNorm after it (NormTail; out is then the normed rows), or the
+    q and k heads' norms and RoPE (RopeTail)."""
     rows = 1 if moe is not None or x.dim() == 1 else x.shape[0]  # x rows (MOE: one per slot, its own mode)
     if moe is not None:
         cfg = replace(cfg, split=1)  # (the slots are the second program axis)
@@ -932,8 +988,9 @@ def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n:
         raise UnsupportedError(f"{what}: a fused epilogue runs on one row, got {rows}")
     kb_split, nsplit, tiles = _split_plan(cfg, n, k)
     part, counters = out, out  # unused without a split
-    if nsplit > 1 or tail is not None:  # (a tail's row counters after the row tiles')
-        part, counters = w.scratch(nsplit * rows, tiles * rows + (rows if tail is not None else 0))
+    if nsplit > 1 or tail is not None:  # (a tail's counters after the row tiles': one a row, or a row's head)
+        groups = 0 if tail is None else 1 if isinstance(tail, NormTail) else tail.n_heads + tail.n_heads_k
+        part, counters = w.scratch(nsplit * rows, tiles * rows + rows * groups)
     t = _tail_args(tail, out, counters[tiles * rows:] if tail is not None else counters, rows, n, tiles)
     summed = moe is not None and moe.sum_out is not None
     if summed:  # MOE_SUM: the rows' sums and the arrival counters of their row tiles
@@ -947,8 +1004,8 @@ def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n:
         x, xs = _check_xq(what, xq, x_rows, k, q8, x.device)
     elif q8:
         x, xs = quantize_act_q8(x.reshape(x_rows, k), q8)
-    epi, *eargs = epilogue if epilogue is not None else (0, out, counters, counters, out, out, counters, 0,
-                                                         out, out, counters, 0, 0, 1, 0, 0, 0)
+    epi, *eargs = epilogue or t.epilogue or (0, out, counters, counters, out, out, counters, 0, out, out, counters,
+                                             0, 0, 1, 0, 0, 0)
     m = moe if moe is not None else MoeLaunch(counters, nsplit, 1, n)
     if m.bias is not None:  # (MOE mode has no epilogue: its pointer carries the biases)
         eargs[0] = m.bias
@@ -958,7 +1015,7 @@ def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n:
         m_stride, hi, min(4 * hb, 16),  # the shifts to a word's upper slots (byte codes: to slots 2, 3)
         *eargs, xs, *(lut or (0, 0, 0, 0)), m.ids, m.xdiv, x_rows_arg, m.glu_off,
         m.sum_weights if summed else counters, *t.args, ROWS=rows > 1, MOE=moe is not None, MOE_SUM=summed,
-        TAIL=t.mode, TAIL_Q8=t.q8, TAIL_CH=t.ch,
+        TAIL=t.mode, TAIL_Q8=t.q8, TAIL_CH=t.ch, NEOX=t.neox,
         MOE_BIAS=m.bias is not None, MOE_GLU=m.glu_off > 0, ALPHA=float(m.alpha), LIMIT=float(m.limit), EPI=epi,
         Q8X=q8,
         R=cfg.r, LR=cfg.lr,
@@ -974,18 +1031,28 @@ class _TailArgs:
     mode: int = 0
     q8: int = 0
     ch: int = 256
+    neox: bool = False
+    epilogue: tuple | None = None  # (RopeTail: the rotation's operands in the epilogue's places)
 
 
-def _tail_args(tail: NormTail | None, out: torch.Tensor, row_counters: torch.Tensor, rows: int, n: int,
+def _tail_args(tail: NormTail | RopeTail | None, out: torch.Tensor, counters: torch.Tensor, rows: int, n: int,
                tiles: int) -> _TailArgs:
-    """The kernel's TAIL operands: the NormTail's tensors, a scratch of a row's y and tile sums,
-    the row counters (after the row tiles' in the weight's counters); fillers without a tail."""
+    """The kernel's TAIL operands: the NormTail's tensors, a scratch of a row's y and tile sums, its
+    counters (after the row tiles' in the weight's counters); a RopeTail's weights and rotation;
+    fillers without a tail."""
     if tail is None:
-        return _TailArgs((out, out, out, out, out, out, out, row_counters, 0.0))
+        return _TailArgs((out, out, out, out, out, out, out, counters, 0.0))
+    if isinstance(tail, RopeTail):
+        hd = tail.head_dim
+        kstart, vstart = tail.n_heads * hd, (tail.n_heads + tail.n_heads_k) * hd
+        epilogue = (0, out, counters, counters, tail.cos, tail.sin, tail.positions, tail.n_rot // 2, out, out,
+                    counters, kstart, vstart, hd, 0, 0, 0)
+        return _TailArgs((out, out, tail.w_q, tail.w_k, out, out, out, counters, float(tail.eps)), 3,
+                         ch=triton.next_power_of_2(hd), neox=bool(tail.neox), epilogue=epilogue)
     codes, scales = tail.q8 if tail.q8 is not None else (out, out)
     scratch = torch.empty(rows * (n + tiles), dtype=torch.float32, device=out.device)
     args = (tail.res, tail.sum_out, tail.w, tail.w if tail.w_y is None else tail.w_y, scratch, codes, scales,
-            row_counters, float(tail.eps))
+            counters, float(tail.eps))
     ch = min(1024, max(32, triton.next_power_of_2(n)))
     return _TailArgs(args, 1 if tail.w_y is None else 2, 0 if tail.q8 is None else codes.shape[-1] // 8, ch)
 

@@ -20,8 +20,8 @@ from ._common import (
 from .gemv import (
     ACT_Q8_PASSES,
     GemvConfig,
+    GemvTail,
     MoeLaunch,
-    NormTail,
     _check_nk,
     _gemv_scratch,
     _launch_gemv,
@@ -144,7 +144,7 @@ def int4_gemv(
 
 def launch_int4(what: str, x: torch.Tensor, w: Int4Packed, out: torch.Tensor, cfg: GemvConfig,
                 epilogue: tuple | None = None, xq: tuple | None = None, moe: MoeLaunch | None = None,
-                tail: NormTail | None = None) -> None:
+                tail: GemvTail | None = None) -> None:
     """Launch the GEMV kernel on an Int4Packed weight (x, out checked by the caller; `moe`, `tail`: gemv.py)."""
     n = w.n if moe is None else moe.rows
     _launch_gemv(what, x, w, w.d, w.m, w.m.shape[1], w.mode, out, n, w.k, cfg, epilogue=epilogue, xq=xq,

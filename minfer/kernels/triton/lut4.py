@@ -30,8 +30,8 @@ from .gemv import (
     _REPACK_CHUNK,
     ACT_Q8_PASSES,
     GemvConfig,
+    GemvTail,
     MoeLaunch,
-    NormTail,
     _check_nk,
     _gemv_scratch,
     _launch_gemv,
@@ -218,7 +218,7 @@ def lut4_gemv(
 
 def launch_lut4(what: str, x: torch.Tensor, w: Lut4Packed, out: torch.Tensor, cfg: GemvConfig,
                 epilogue: tuple | None = None, xq: tuple | None = None, moe: MoeLaunch | None = None,
-                tail: NormTail | None = None) -> None:
+                tail: GemvTail | None = None) -> None:
     """Launch the GEMV kernel on a Lut4Packed weight (x, out checked by the caller; `moe`, `tail`: gemv.py)."""
     n = w.n if moe is None else moe.rows
     _launch_gemv(what, x, w, w.d, w.m, w.m.shape[1], w.mode, out, n, w.k, cfg, epilogue=epilogue, xq=xq,

@@ -27,8 +27,8 @@ from .gemv import (
     _REPACK_CHUNK,
     WIDE_ROWS,
     GemvConfig,
+    GemvTail,
     MoeLaunch,
-    NormTail,
     _check_nk,
     _gemv_scratch,
     _launch_gemv,
@@ -320,7 +320,7 @@ def q2_k_gemv(x, w, n, k, qtype=GGMLType.Q2_K, out=None, config=None):
 
 
 def launch_planes(what: str, x: torch.Tensor, w: PlanesPacked, out: torch.Tensor, cfg: GemvConfig,
-                  epilogue: tuple | None = None, moe: MoeLaunch | None = None, tail: NormTail | None = None) -> None:
+                  epilogue: tuple | None = None, moe: MoeLaunch | None = None, tail: GemvTail | None = None) -> None:
     """Launch the GEMV kernel on a PlanesPacked weight (x, out checked by the caller; `moe`, `tail`: gemv.py)."""
     pt = PLANE_TYPES[w.qtype]
     hi = w.hi if w.hi is not None else w.lo

@@ -16,7 +16,7 @@ import torch
 
 from ...errors import UnsupportedError
 from ...quant.types import GGMLType
-from .gemv import ACT_Q8_PASSES, GemvConfig, MoeLaunch, NormTail, gemv_config
+from .gemv import ACT_Q8_PASSES, GemvConfig, GemvTail, MoeLaunch, gemv_config
 from .int4 import INT4_TYPES, Int4Packed, launch_int4, repack_int4
 from .lut4 import LUT4_TYPES, Lut4Packed, launch_lut4, lut4_config, repack_lut4
 from .planes import PLANE_TYPES, PlanesPacked, _plane_type, launch_planes, planes_config, repack_planes
@@ -71,7 +71,7 @@ def gemv_default_config(n: int, k: int, qtype: GGMLType, act_q8: int = ACT_Q8_PA
 
 def launch_packed(what: str, x: torch.Tensor, w: GemvPacked, out: torch.Tensor, cfg: GemvConfig,
                   epilogue: tuple | None = None, xq: tuple | None = None, moe: MoeLaunch | None = None,
-                  tail: NormTail | None = None) -> None:
+                  tail: GemvTail | None = None) -> None:
     """Launch the GEMV kernel on a packed weight of any GEMV type (x, out checked by the caller).
     `xq`: x already quantized (quantize_act_q8's (codes, scales), e.g. by the RMSNorm before it),
     used when the config takes int8 activations of as many passes. `moe`: the expert mode (gemv.py

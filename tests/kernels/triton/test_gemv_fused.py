@@ -15,6 +15,7 @@ from minfer.kernels.triton.gemv_fused import (
     gemv_add_rms_norm,
     gemv_geglu,
     gemv_norm_add_rms_norm,
+    gemv_norm_rope,
     gemv_rope,
     gemv_swiglu,
     repack_rope,
@@ -27,7 +28,7 @@ from minfer.kernels.triton.norm import add_rms_norm
 from minfer.kernels.triton.q4_0 import q4_0_gemv
 from minfer.kernels.triton.qmatmul import gemv_default_config, repack_gemv
 from minfer.kernels.triton.quantize import quantize_act_q8
-from minfer.kernels.triton.rope import rope
+from minfer.kernels.triton.rope import norm_rope, rope
 from minfer.quant import reference
 from minfer.quant.types import GGMLType, quant_info
 
@@ -271,3 +272,77 @@ def test_tail_misuse_is_a_typed_error(device, gen):
         gemv_add_rms_norm(x, packed, torch.zeros(1, n, device=device), w_n, n, k, GGMLType.Q8_0, 1e-6)
     with pytest.raises(UnsupportedError, match="eps"):
         gemv_add_rms_norm(x, packed, torch.zeros(1, n, device=device), w_n, n, k, t, -1.0)
+
+
+# (type, q heads, k heads, head_dim, n_rot, neox, k, rows, pinned config): the split-K 32-row tile (4 tiles a
+# head), the planes' small tile (8 rows: 8 tiles a head) with a partial rotation, 3 rows on 2 K splits
+NORM_ROPE = [(GGMLType.Q4_0, 8, 2, 128, 128, True, 4608, 1, None),
+             (GGMLType.Q6_K, 3, 1, 64, 32, False, 512, 1, None),
+             (GGMLType.Q4_K, 2, 2, 32, 32, True, 512, 3, {"r": 2, "lr": 4, "wk": 2, "split": 2, "maxnreg": None})]
+
+
+@pytest.mark.parametrize("t, nq, nk, hd, n_rot, neox, k, rows, config", NORM_ROPE)
+def test_gemv_norm_rope(t, nq, nk, hd, n_rot, neox, k, rows, config, device, gen, check):
+    """out = y = x @ W^T with its q and k heads RMS-normed (w_q, w_k) and rotated at each row's
+    position, as norm_rope does, v's columns the plain GEMV's; a second call the same bits."""
+    n = (nq + 2 * nk) * hd
+    raw, w = _weight(t, n, k, gen)
+    x = torch.randn(rows, k, generator=gen)
+    w_q, w_k = torch.rand(hd, generator=gen) + 0.5, torch.rand(hd, generator=gen) + 0.5
+    cos, sin = _tables(64, n_rot // 2)
+    pos = torch.randint(0, 64, (rows,), generator=gen, dtype=torch.int32)
+    y = x.double() @ w.T
+    c = (nq + nk) * hd
+    heads = y[:, :c].reshape(rows, nq + nk, hd)
+    normed = heads / torch.sqrt((heads * heads).mean(-1, keepdim=True) + 1e-6) * torch.cat(
+        [w_q.double().expand(nq, hd), w_k.double().expand(nk, hd)])
+    ref = y.clone()
+    for r in range(rows):
+        ref[r, :c] = _rope64(normed[r].reshape(-1), int(pos[r]), cos, sin, nq + nk, hd, n_rot, neox)
+    packed = repack_gemv(raw.to(device), n, k, t)
+    args = (w_q.to(device), w_k.to(device), pos.to(device), cos.to(device), sin.to(device), n, k, t, nq, nk, hd,
+            n_rot, neox, 1e-6)
+    outs = []
+    for _ in range(2):
+        out = check.poisoned((rows, n), torch.float32, device)
+        gemv_norm_rope(x.to(device), packed, *args, out=out, config=config)
+        outs.append(out.cpu().clone())
+    q8x = (config or {}).get("q8", gemv_default_config(n, k, t).q8) if t in Q8_TYPES else 0
+    assert check.rel_err(outs[0], ref) < TOL[q8x]
+    check.same_values(outs[1], outs[0])
+
+
+def test_norm_rope_tail_equals_the_gemv_then_norm_rope(device, gen):
+    """v's columns are the plain GEMV's bit for bit, q's and k's norm_rope's of the same sums."""
+    t, nq, nk, hd, k = GGMLType.Q4_0, 8, 2, 128, 4608
+    n = (nq + 2 * nk) * hd
+    raw, _ = _weight(t, n, k, gen)
+    packed = repack_gemv(raw.to(device), n, k, t)
+    x = torch.randn(1, k, generator=gen).to(device)
+    w_q, w_k = (torch.rand(hd, generator=gen) + 0.5).to(device), (torch.rand(hd, generator=gen) + 0.5).to(device)
+    cos, sin = (v.to(device) for v in _tables(16, hd // 2))
+    pos = torch.tensor([11], dtype=torch.int32, device=device)
+    plain = q4_0_gemv(x, packed, n, k)
+    got = gemv_norm_rope(x, packed, w_q, w_k, pos, cos, sin, n, k, t, nq, nk, hd, hd, True, 1e-6)
+    c = (nq + nk) * hd
+    assert torch.equal(got[:, c:], plain[:, c:])
+    want = norm_rope(plain, w_q, w_k, pos, cos, sin, nq, nk, hd, hd, True, 1e-6)
+    assert torch.allclose(got[:, :c], want, rtol=1e-6, atol=1e-6)
+
+
+def test_norm_rope_tail_misuse_is_a_typed_error(device, gen):
+    t, hd, k = GGMLType.Q4_0, 32, 256
+    n = 4 * hd
+    raw, _ = _weight(t, n, k, gen)
+    packed = repack_gemv(raw.to(device), n, k, t)
+    x, w = torch.randn(1, k, device=device), torch.ones(hd, device=device)
+    cos, sin = (v.to(device) for v in _tables(8, hd // 2))
+    pos = torch.zeros(1, dtype=torch.int32, device=device)
+    with pytest.raises(UnsupportedError, match="do not fit"):
+        gemv_norm_rope(x, packed, w, w, pos, cos, sin, n, k, t, 3, 2, hd, hd, True, 1e-6)  # 5 heads of 4
+    with pytest.raises(UnsupportedError, match="one position a row"):
+        gemv_norm_rope(x, packed, w, w, pos.repeat(2), cos, sin, n, k, t, 2, 1, hd, hd, True, 1e-6)
+    with pytest.raises(UnsupportedError, match="w_k must be"):
+        gemv_norm_rope(x, packed, w, w[:16], pos, cos, sin, n, k, t, 2, 1, hd, hd, True, 1e-6)
+    with pytest.raises(UnsupportedError, match="cos must be"):
+        gemv_norm_rope(x, packed, w, w, pos, cos[:, :4], sin, n, k, t, 2, 1, hd, hd, True, 1e-6)
