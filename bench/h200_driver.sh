@@ -310,6 +310,26 @@ elif [ "$PARTS" = tails ]; then  # a short budget: the GEMV tails' compiled test
   done
   cat $D/bench.jsonl >> $D/tables.txt
   step done; exit 0
+elif [ "$PARTS" = lastarrive ]; then  # the last-arriver fusions against the trees before them, no llama.cpp: qwen3moe
+  # tg128 here, on .anchor/base-tree and on .anchor/base47; gemma3-1b and qwen2.5-0.5b tg128 here and on base-tree
+  (synth gemma3-1b q4_0; synth qwen2.5-0.5b q4_0; echo "synth done $(since)") > $D/synth.txt 2>&1 &
+  (synth qwen3-30b-a3b q4_k_m; echo "synth done $(since)") > $D/synth2.txt 2>&1 &
+  while ! grep -q "synth done" $D/synth.txt; do sleep 2; done
+  : > $D/bench.jsonl
+  step small
+  for f in gemma3-1b-q4_0 qwen2.5-0.5b-q4_0; do for round in 1 2; do
+    minfer_rows $M/$f.gguf $f cuda -p 0 -n 128 -r 3 -b ""
+    (cd .anchor/base-tree && PYTHONPATH=$PWD:/tmp/pylib minfer_rows $M/$f.gguf base-$f cuda -p 0 -n 128 -r 3 -b "")
+  done; done
+  while ! grep -q "synth done" $D/synth2.txt; do sleep 2; done
+  step moe
+  F=$M/qwen3-30b-a3b-q4_k_m.gguf
+  minfer_rows $F qwen3-30b-a3b cuda -p 0 -n 128 -r 2 -b ""
+  for t in base-tree base47; do
+    (cd .anchor/$t && PYTHONPATH=$PWD:/tmp/pylib minfer_rows $F $t-qwen3-30b-a3b cuda -p 0 -n 128 -r 2 -b "")
+  done
+  cat $D/bench.jsonl >> $D/tables.txt
+  step done; exit 0
 elif [ "$PARTS" = cpudiag ]; then
   cpudiag; step done; exit 0
 elif [ "$PARTS" = moelean ]; then  # the shortest budget: no llama.cpp build; qwen3moe B=16 on this tree and on $BASE
