@@ -22,8 +22,9 @@
 #   PARTS=moequick+cpudiag bash bench/h200_driver.sh start   both, one after the other: ~12 minutes
 #   PARTS=moelean bash bench/h200_driver.sh start       the sweep's one-row tiles, then qwen3-30b-a3b B=16 on this tree,
 #                                                       on .old/base (see the mode), on this tree again (no llama.cpp): ~4 min
-#   PARTS=tails bash bench/h200_driver.sh start         the GEMV tails' compiled tests, then gemma3-1b and
-#                                                       qwen2.5-0.5b tg128 here and on .anchor/base-tree: ~5 minutes
+#   PARTS=lastarrive bash bench/h200_driver.sh start    stop 48's last-arriver fusions against the stop-47 tree in
+#                                                       .anchor/base47 (no llama.cpp): qwen3moe, gemma3-1b and
+#                                                       qwen2.5-0.5b tg128, two interleaved rounds: ~5 minutes
 #   PARTS=moearch bash bench/h200_driver.sh start       stop 48's fusions: their compiled tests, moe_mm16's tiles, then
 #                                                       qwen3moe (and on .anchor/base-tree), gpt-oss-20b, gemma3-1b,
 #                                                       qwen3-8b, one round each against llama.cpp: ~18 minutes
@@ -258,8 +259,8 @@ elif [ "$PARTS" = moearch ]; then  # stop 48's fusions measured in one call: the
   step gputests
   MINFER_TEST_DEVICE=cuda timeout 300 python3 -m pytest -q -p no:cacheprovider tests/contracts/test_conformance.py \
     tests/kernels/triton/test_moe.py tests/kernels/triton/test_gemv_f32.py tests/backends/test_cuda_backend.py \
-    tests/kernels/triton/test_families.py tests/kernels/triton/test_gemv_fused.py \
-    -k "glu or gemv_f32 or gemv_sum or route or router_and_down or mm16 or attention_rows or combine or rms_norm or tail or residual or norm_rope" \
+    tests/kernels/triton/test_families.py \
+    -k "glu or gemv_f32 or gemv_sum or route or router_and_down or mm16 or attention_rows or combine" \
     > $D/gputests.txt 2>&1
   tail -3 $D/gputests.txt
   [ "${MM16SWEEP:-1}" = 1 ] && { step mm16sweep
@@ -292,26 +293,9 @@ elif [ "$PARTS" = moearch ]; then  # stop 48's fusions measured in one call: the
   llama_rows $LB $Q qwen3-8b-q4_k_m -ngl 99 -fa 1 -p 512 -n 128 -r 3
   table qwen3-30b; table gpt-oss; table gemma3; table qwen3-8b
   step done; exit 0
-elif [ "$PARTS" = tails ]; then  # a short budget: the GEMV tails' compiled tests (and stop 48's last-arriver ones),
-  # then gemma3-1b and qwen2.5-0.5b tg128 on this tree and on .anchor/base-tree (no llama.cpp): ~5 minutes
-  (synth gemma3-1b q4_0; synth qwen2.5-0.5b q4_0; echo "synth done $(since)") > $D/synth.txt 2>&1 &
-  step gputests
-  MINFER_TEST_DEVICE=cuda timeout 240 python3 -m pytest -q -p no:cacheprovider tests/kernels/triton/test_gemv_fused.py \
-    tests/kernels/triton/test_moe.py tests/kernels/triton/test_families.py \
-    -k "rms_norm or tail or norm_rope or gemv_sum or route or attention_rows" > $D/gputests.txt 2>&1
-  tail -3 $D/gputests.txt
-  while ! grep -q "synth done" $D/synth.txt; do sleep 2; done; cat $D/synth.txt
-  : > $D/bench.jsonl
-  step minfer
-  B=$PWD/.anchor/base-tree
-  for f in gemma3-1b-q4_0 qwen2.5-0.5b-q4_0; do
-    minfer_rows $M/$f.gguf $f cuda -p 0 -n 128 -r 3 -b ""
-    [ -d $B/minfer ] && (cd $B && PYTHONPATH=$B:/tmp/pylib minfer_rows $M/$f.gguf base-$f cuda -p 0 -n 128 -r 3 -b "")
-  done
-  cat $D/bench.jsonl >> $D/tables.txt
-  step done; exit 0
-elif [ "$PARTS" = lastarrive ]; then  # the last-arriver fusions against the trees before them, no llama.cpp: qwen3moe
-  # tg128 here, on .anchor/base-tree and on .anchor/base47; gemma3-1b and qwen2.5-0.5b tg128 here and on base-tree
+elif [ "$PARTS" = lastarrive ]; then  # stop 48's last-arriver fusions (MoERouter, MoEMatMulSum, the attention's
+  # last-split combine) against the tree before them, no llama.cpp: qwen3moe, gemma3-1b and qwen2.5-0.5b tg128 here
+  # and on .anchor/base47 (made before the call: git archive 30669dd minfer | tar x -C .anchor/base47), interleaved
   (synth gemma3-1b q4_0; synth qwen2.5-0.5b q4_0; echo "synth done $(since)") > $D/synth.txt 2>&1 &
   (synth qwen3-30b-a3b q4_k_m; echo "synth done $(since)") > $D/synth2.txt 2>&1 &
   while ! grep -q "synth done" $D/synth.txt; do sleep 2; done
@@ -319,14 +303,14 @@ elif [ "$PARTS" = lastarrive ]; then  # the last-arriver fusions against the tre
   step small
   for f in gemma3-1b-q4_0 qwen2.5-0.5b-q4_0; do for round in 1 2; do
     minfer_rows $M/$f.gguf $f cuda -p 0 -n 128 -r 3 -b ""
-    (cd .anchor/base-tree && PYTHONPATH=$PWD:/tmp/pylib minfer_rows $M/$f.gguf base-$f cuda -p 0 -n 128 -r 3 -b "")
+    (cd .anchor/base47 && PYTHONPATH=$PWD:/tmp/pylib minfer_rows $M/$f.gguf base47-$f cuda -p 0 -n 128 -r 3 -b "")
   done; done
   while ! grep -q "synth done" $D/synth2.txt; do sleep 2; done
   step moe
   F=$M/qwen3-30b-a3b-q4_k_m.gguf
-  minfer_rows $F qwen3-30b-a3b cuda -p 0 -n 128 -r 2 -b ""
-  for t in base-tree base47; do
-    (cd .anchor/$t && PYTHONPATH=$PWD:/tmp/pylib minfer_rows $F $t-qwen3-30b-a3b cuda -p 0 -n 128 -r 2 -b "")
+  for round in 1 2; do
+    minfer_rows $F qwen3-30b-a3b cuda -p 0 -n 128 -r 2 -b ""
+    (cd .anchor/base47 && PYTHONPATH=$PWD:/tmp/pylib minfer_rows $F base47-qwen3-30b-a3b cuda -p 0 -n 128 -r 2 -b "")
   done
   cat $D/bench.jsonl >> $D/tables.txt
   step done; exit 0

@@ -263,8 +263,6 @@ class Cases:
         swiglu), each alone (their sum is what the unfused decode row launched)."""
         from minfer.kernels.triton import elementwise as ew
         from minfer.kernels.triton.gemv_fused import gemv_rope, gemv_swiglu, repack_rope, repack_swiglu
-        from minfer.kernels.triton.q4_0 import q4_0_gemv
-        from minfer.kernels.triton.qmatmul import repack_gemv
         from minfer.kernels.triton.rope import rope
         from minfer.quant.types import QUANT_TABLE, GGMLType
 
@@ -336,78 +334,12 @@ class Cases:
                 rope(nko, pos, cos, sin, nk, hd, hd, True, out=ko)
             return run
 
-        from minfer.kernels.triton.gemv_fused import gemv_norm_rope
-
-        def norm_rope_tail(nq, nk, hd, k):
-            n = (nq + 2 * nk) * hd
-            w, x, wn = repack_gemv(raw(n, k), n, k, info.type), self.randn(1, k), self.randn(hd)
-            cos, sin = self.randn(4096, hd // 2), self.randn(4096, hd // 2)
-            pos = torch.tensor([4000], dtype=torch.int32, device=self.device)
-            out = torch.empty(1, n, device=self.device)
-            return lambda: gemv_norm_rope(x, w, wn, wn, pos, cos, sin, n, k, info.type, nq, nk, hd, hd, True, 1e-6,
-                                          out=out)
-
-        def norm_rope_tail_parts(nq, nk, hd, k):
-            n = (nq + 2 * nk) * hd
-            w, x, wn = repack_gemv(raw(n, k), n, k, info.type), self.randn(1, k), self.randn(hd)
-            cos, sin = self.randn(4096, hd // 2), self.randn(4096, hd // 2)
-            pos = torch.tensor([4000], dtype=torch.int32, device=self.device)
-            y, out = torch.empty(1, n, device=self.device), torch.empty(1, (nq + nk) * hd, device=self.device)
-
-            def run():
-                q4_0_gemv(x, w, n, k, out=y)
-                norm_rope(y, wn, wn, pos, cos, sin, nq, nk, hd, hd, True, 1e-6, out=out)
-            return run
-
         for model, nq, nk, hd in qk:
             io = 12 * (nq + nk) * hd
             cases.append(Case("norm_rope", f"{nq}+{nk}x{hd} {model}", lambda a=nq, b=nk, d=hd: norm_rope_fused(a, b, d),
                               io, 0))
             cases.append(Case("rms_norm x2 + rope x2 (unfused)", f"{nq}+{nk}x{hd} {model}",
                               lambda a=nq, b=nk, d=hd: norm_rope_parts(a, b, d), 2 * io, 0))
-            k = 64 if self.small else {"qwen3-8b": 4096, "gemma3-1b": 1152}[model]  # the q+k+v GEMV with its tail
-            n = (nq + 2 * nk) * hd
-            cases.append(Case("gemv_norm_rope[Q4_0]", f"{n}x{k} {model} qkv",
-                              lambda a=nq, b=nk, d=hd, kk=k: norm_rope_tail(a, b, d, kk),
-                              info.nbytes(n * k) + 4 * k + 8 * n, 2 * n * k))
-            cases.append(Case("q4_0_gemv + norm_rope (unfused)", f"{n}x{k} {model} qkv",
-                              lambda a=nq, b=nk, d=hd, kk=k: norm_rope_tail_parts(a, b, d, kk),
-                              info.nbytes(n * k) + 4 * k + 8 * n + io, 2 * n * k))
-        # the attention output and FFN down GEMVs with the residual add and the next norm as their tail
-        # (gemv_add_rms_norm; gemma's post-norm too: gemv_norm_add_rms_norm) beside the GEMV + the norm kernel
-        from minfer.kernels.triton.gemv_fused import gemv_add_rms_norm, gemv_norm_add_rms_norm
-        from minfer.kernels.triton.norm import add_rms_norm, norm_add_rms_norm
-        tails = [("tiny", 64, 256, False)] if self.small else [
-            (QWEN7, 3584, 3584, False), (QWEN7, 3584, 18944, False), ("gemma3-1b", 1152, 1152, True),
-            ("gemma3-1b", 1152, 6912, True)]
-
-        def tail_fused(n, k, post):
-            w, x, res = repack_gemv(raw(n, k), n, k, info.type), self.randn(1, k), self.randn(1, n)
-            wn, out = self.randn(n), torch.empty(1, n, device=self.device)
-            if post:
-                return lambda: gemv_norm_add_rms_norm(x, w, res, wn, wn, n, k, info.type, 1e-6, out=out, sum_out=res)
-            return lambda: gemv_add_rms_norm(x, w, res, wn, n, k, info.type, 1e-6, out=out, sum_out=res)
-
-        def tail_parts(n, k, post):
-            w, x, res = repack_gemv(raw(n, k), n, k, info.type), self.randn(1, k), self.randn(1, n)
-            wn, y, out = self.randn(n), torch.empty(1, n, device=self.device), torch.empty(1, n, device=self.device)
-
-            def run():
-                q4_0_gemv(x, w, n, k, out=y)
-                if post:
-                    norm_add_rms_norm(res, y, wn, wn, 1e-6, out=out, sum_out=res)
-                else:
-                    add_rms_norm(res, y, wn, 1e-6, out=out, sum_out=res)
-            return run
-
-        for model, n, k, post in tails:
-            shape, io = f"{n}x{k} {model} {'o' if n == k else 'down'}", 4 * k + 20 * n
-            name = "gemv_norm_add_rms_norm" if post else "gemv_add_rms_norm"
-            cases.append(Case(f"{name}[Q4_0]", shape, lambda n=n, k=k, p=post: tail_fused(n, k, p),
-                              info.nbytes(n * k) + io, 2 * n * k))
-            cases.append(Case(f"q4_0_gemv + {name.removeprefix('gemv_')} (unfused)", shape,
-                              lambda n=n, k=k, p=post: tail_parts(n, k, p), info.nbytes(n * k) + io + 8 * n,
-                              2 * n * k))
         for model, n, k in gu:
             shape, io = f"{n}x{k} {model} gate+up", 4 * (n // 2 + k)
             cases.append(Case("gemv_swiglu[Q4_0]", shape, lambda n=n, k=k: fused_swiglu(n, k),

@@ -227,51 +227,6 @@ MUTANTS: tuple[Mutant, ...] = (
         devices=("cuda",),
     ),
     Mutant(
-        "norm_tail_first_arriver",
-        "a GEMV's add + norm tail (gemv_add_rms_norm) normalising a row when its first row tile, not its last, has "
-        "stored its sum of squares. GPU only, as attn_combine_first_arriver",
-        "minfer/kernels/triton/gemv.py",
-        "    if arrived == tiles - 1:\n",
-        "    if arrived == 0:\n",
-        ("tests/kernels/triton/test_gemv_fused.py::test_gemv_add_rms_norm",),
-        devices=("cuda",),
-    ),
-    Mutant(
-        "norm_tail_tile_dropped",
-        "a GEMV's add + norm tail leaving out the last row tile's sum of squares",
-        "minfer/kernels/triton/gemv.py",
-        "mask=t0 + c < tiles, other=0.0, cache_modifier=\".cg\")",
-        "mask=t0 + c < tiles - 1, other=0.0, cache_modifier=\".cg\")",
-        ("tests/kernels/triton/test_gemv_fused.py::test_gemv_add_rms_norm",),
-    ),
-    Mutant(
-        "rope_tail_first_arriver",
-        "the q+k+v GEMV's norm + RoPE tail (gemv_norm_rope) norming a head when its first row tile, not its last, "
-        "has stored. GPU only, as attn_combine_first_arriver",
-        "minfer/kernels/triton/gemv.py",
-        "        if arrived == HD // BLOCK_N - 1:\n",
-        "        if arrived == 0:\n",
-        ("tests/kernels/triton/test_gemv_fused.py::test_gemv_norm_rope",),
-        devices=("cuda",),
-    ),
-    Mutant(
-        "rope_tail_row0_position",
-        "the q+k+v GEMV's norm + RoPE tail rotating every row of a small batch at the first row's position",
-        "minfer/kernels/triton/gemv.py",
-        "            p = tl.load(pos_ptr + row).to(tl.int64)\n",
-        "            p = tl.load(pos_ptr).to(tl.int64)\n",
-        ("tests/kernels/triton/test_gemv_fused.py::test_gemv_norm_rope",),
-    ),
-    Mutant(
-        "rope_tail_k_weight_everywhere",
-        "the q+k+v GEMV's norm + RoPE tail norming the q heads with k's weight",
-        "minfer/kernels/triton/gemv.py",
-        "tl.where(c0 < KSTART, wq_ptr, wk_ptr)",
-        "wk_ptr",
-        ("tests/kernels/triton/test_gemv_fused.py::test_gemv_norm_rope",
-         "tests/backends/test_cuda_backend.py::test_qk_norms_and_ropes_run_as_the_qkv_gemvs_tail"),
-    ),
-    Mutant(
         "router_first_arriver",
         "the router + routing launch (MoERouter) routing a row when its first logit tile, not its last, is in. "
         "GPU only, as attn_combine_first_arriver",

@@ -360,40 +360,6 @@ def _matmul_rope_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, 
     return Bound(fn, [Launch(call, kernel)])
 
 
-def _matmul_norm_rope_call(c: Compiler, node: Node) -> Call | None:
-    base = _qmatmul_call(c, node, "QMatMulNormRoPE")
-    if base is None:
-        return None
-    k, n = node.weights["w"].shape
-    params = {**base.params, **_rope_params(node.params), "n_heads_k": node.params["n_heads_k"],
-              "eps": node.params["eps"]}
-    hd, half = params["head_dim"], params["n_rot"] // 2
-    return Call("QMatMulNormRoPE", {**base.dtypes, "w_q": "F32", "w_k": "F32", "positions": "I32", "cos": "F32",
-                                    "sin": "F32"},
-                lambda r: {"x": (r, k), "w": (n, k), "w_q": (hd,), "w_k": (hd,), "positions": (r,), "cos": (16, half),
-                           "sin": (16, half)}, params, base.layouts_of)
-
-
-def _matmul_norm_rope_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, way: Way) -> Bound:
-    """((rotated q, rotated k), y): NormRoPE's two values, column views of the kernel's one output
-    (q and k normed and rotated in place), and the whole output (v's columns)."""
-    x, pos = node.inputs
-    params, rt, key = call.params, c.rt, rope_key(node)
-    laid = c.laid_out(kernel, node.weights["w"], {p: params[p] for p in ("n", "k", "qtype")})
-    w_q, w_k = c.vector(node.weights["q_norm"]), c.vector(node.weights["k_norm"])
-    nq = params["n_heads"] * params["head_dim"]
-    nqk = nq + params["n_heads_k"] * params["head_dim"]
-    pid = c.q8_read(node, way, kernel)
-
-    def fn(vals, st):
-        cos, sin = rt.rope(key)
-        more = {} if pid is None else {"xq": st.aux[pid]}
-        y = kernel(x=vals[x], w=laid, w_q=w_q, w_k=w_k, positions=vals[pos], cos=cos, sin=sin, **params, **more)
-        return (rt.cols(y, 0, nq), rt.cols(y, nq, nqk)), y
-
-    return Bound(fn, [Launch(call, kernel)])
-
-
 # ---------------------------------------------------------------------- fused norms
 def _add_rms_norm_call(c: Compiler, node: Node) -> Call:
     d, eps = node.shape[-1], node.params["eps"]
@@ -415,39 +381,6 @@ def _add_rms_norm_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call,
         h = x if in_place else rt.empty(x.shape)
         more = {} if records is None else {"q8": records(st, _rows(x))}
         return h, kernel(x=x, y=vals[j], **ws, eps=eps, sum_out=h, **more)
-
-    return Bound(fn, [Launch(call, kernel)])
-
-
-def _matmul_norm_call(c: Compiler, node: Node) -> Call | None:
-    base = _qmatmul_call(c, node, str(node.op))
-    if base is None:
-        return None
-    k, n = node.weights["w"].shape
-    ws = ("w_y", "w_n") if "w_y" in node.weights else ("w_n",)
-    return Call(str(node.op), {**base.dtypes, "res": "F32", **dict.fromkeys(ws, "F32")},
-                lambda m: {"x": (m, k), "w": (n, k), "res": (m, n), **dict.fromkeys(ws, (n,))},
-                {**base.params, "eps": node.params["eps"]}, base.layouts_of)
-
-
-def _matmul_norm_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, way: Way) -> Bound:
-    """A QMatMul(Norm)AddRMSNorm: (h, RMSNorm(h)) as AddRMSNorm's, h = res + x @ W^T written over
-    res where the kernel works in place; the weight in its plain GEMV layout (the matmul's copy)."""
-    x, res = node.inputs
-    params = call.params
-    laid = c.laid_out(kernel, node.weights["w"], {p: params[p] for p in ("n", "k", "qtype")})
-    ws = {r: c.vector(node.weights[r]) for r in ("w_y", "w_n") if r in node.weights}
-    rt, in_place = c.rt, "residual_in_place" in kernel.contract.caps.also
-    records = _q8_writer(c, node, way, node.shape[-1])
-    pid = c.q8_read(node, way, kernel)
-
-    def fn(vals, st):
-        r = vals[res]
-        h = r if in_place else rt.empty(r.shape)
-        more = {} if records is None else {"q8": records(st, _rows(r))}
-        if pid is not None:
-            more["xq"] = st.aux[pid]
-        return h, kernel(x=vals[x], w=laid, res=r, **ws, **params, sum_out=h, **more)
 
     return Bound(fn, [Launch(call, kernel)])
 
@@ -572,7 +505,4 @@ BINDINGS: dict[Op, Binding] = {
     Op.MOE_ROUTER: Binding(_moe_router_call, _moe_router_bind),
     Op.NORM_ADD_RMS_NORM: Binding(_add_rms_norm_call, _add_rms_norm_bind),
     Op.NORM_ROPE: Binding(_norm_rope_call, _norm_rope_bind),
-    Op.MATMUL_ADD_RMS_NORM: Binding(_matmul_norm_call, _matmul_norm_bind),
-    Op.MATMUL_NORM_ADD_RMS_NORM: Binding(_matmul_norm_call, _matmul_norm_bind),
-    Op.MATMUL_NORM_ROPE: Binding(_matmul_norm_rope_call, _matmul_norm_rope_bind),
 }

@@ -65,7 +65,7 @@ def rope_key(node: Node) -> tuple:
 def rope_nodes(graph: Graph):
     """Every node that rotates by RoPE: RoPE nodes and the fused nodes standing for one."""
     for n in graph.nodes:
-        if n.op in (Op.ROPE, Op.MATMUL_ROPE, Op.NORM_ROPE, Op.MATMUL_NORM_ROPE):
+        if n.op in (Op.ROPE, Op.MATMUL_ROPE, Op.NORM_ROPE):
             yield n
 
 

@@ -386,35 +386,6 @@ def _ref_geglu_mm(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mappin
     return _gelu64(y[:, :f]) * y[:, f:]
 
 
-def _mm_norm_setting(size: str, n: int, k: int, post: bool) -> Setting:
-    """One decode row of a GEMV with the residual add and the norm after it (gemma's post-norm: `post`)."""
-    shapes = {"x": (1, k), "w": (n, k), "res": (1, n), **({"w_y": (n,)} if post else {}), "w_n": (n,)}
-    return Setting(size, shapes, {"n": n, "k": k, "eps": 1e-5})
-
-
-def _mm_norm_harness(post: bool) -> OpHarness:
-    """QMatMulAddRMSNorm (post: QMatMulNormAddRMSNorm): the size classes' one-row (m, n, k), and a
-    model's attention output [d, d] and FFN down [d, ffn] projections."""
-    def settings(size: str, q) -> list[Setting]:
-        return [_mm_norm_setting(size, n, k, post) for m, n, k in _mnk_for(size, q) if m == 1]
-
-    def model(name: str, md: ModelDims, q: QuantInfo) -> list[Setting]:
-        return [_mm_norm_setting(name, md.d, k, post) for k in (md.d, md.ffn) if k % q.block_elems == 0]
-
-    def build(s: Setting, dtypes: dict[str, str], out_dtype: str | None, gen) -> tuple[dict, dict]:
-        inputs, params = _build_qmatmul(s, dtypes, out_dtype, gen)
-        inputs.update({name: _randn(shape, "F32", gen) for name, shape in s.shapes.items() if name not in inputs})
-        return inputs, {**params, "eps": s.params["eps"]}
-
-    def reference(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[str, str]) -> torch.Tensor:
-        y = _ref_qmatmul(i, p, d)
-        if post:
-            y = _ref_norm({"x": y, "w": i["w_y"]}, p, d)
-        return _ref_norm({"x": i["res"].double().reshape(y.shape) + y, "w": i["w_n"]}, p, d)
-
-    return OpHarness(settings, model, build, reference)
-
-
 def _qkv_setting(size: str, n: int, k: int, heads: int, hd: int, n_rot: int, neox: bool) -> Setting:
     return Setting(size, {"x": (1, k), "w": (n, k), "b": (n,), "positions": (1,), "cos": (ROPE_CTX, n_rot // 2),
                           "sin": (ROPE_CTX, n_rot // 2)},
@@ -1081,35 +1052,6 @@ def _ref_norm_rope(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mappi
     return _ref_rope(qk, {**p, "n_heads": nq + nk}, d)
 
 
-# the q+k+v GEMV with the q / k norms and RoPE (QMatMulNormRoPE): (q heads, k heads, head_dim, n_rot, neox, k)
-_QKV_NORM = {"tiny": [(2, 1, 8, 8, True, 32)], "odd": [(3, 1, 16, 12, False, 96)],
-             "boundary": [(2, 1, 32, 32, True, _PAST_1024)]}
-
-
-def _qkv_norm_setting(size: str, nq: int, nk: int, hd: int, n_rot: int, neox: bool, k: int) -> Setting:
-    n = (nq + 2 * nk) * hd  # q, k and v heads
-    return Setting(size, {"x": (1, k), "w": (n, k), "w_q": (hd,), "w_k": (hd,), "positions": (1,),
-                          "cos": (ROPE_CTX, n_rot // 2), "sin": (ROPE_CTX, n_rot // 2)},
-                   {"n": n, "k": k, "n_heads": nq, "n_heads_k": nk, "head_dim": hd, "n_rot": n_rot, "neox": neox,
-                    "eps": 1e-6})
-
-
-def _build_qkv_norm(s: Setting, dtypes: dict[str, str], out_dtype: str | None, gen) -> tuple[dict, dict]:
-    inputs, params = _build_qmatmul(s, dtypes, out_dtype, gen)
-    heads, _ = _build_norm_rope(_norm_rope_setting(s.size, 1, s.params["n_heads"], s.params["n_heads_k"],
-                                                   s.params["head_dim"], s.params["n_rot"], s.params["neox"]),
-                                dtypes, out_dtype, gen)
-    inputs.update({name: heads[name] for name in ("w_q", "w_k", "positions", "cos", "sin")})
-    return inputs, {**params, **{name: s.params[name] for name in s.params if name not in ("n", "k")}}
-
-
-def _ref_qkv_norm(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[str, str]) -> torch.Tensor:
-    y = _ref_qmatmul(i, p, d)
-    c = (p["n_heads"] + p["n_heads_k"]) * p["head_dim"]
-    y[:, :c] = _ref_norm_rope({**i, "x": y}, p, d)
-    return y
-
-
 HARNESS: dict[str, OpHarness] = {
     "Add": OpHarness(*_flat("x", "y"), _build_floats, lambda i, p, d: i["x"].double() + i["y"].double()),
     "Mul": OpHarness(*_flat("x", "y"), _build_floats, lambda i, p, d: i["x"].double() * i["y"].double()),
@@ -1142,13 +1084,6 @@ HARNESS: dict[str, OpHarness] = {
     "QMatMulSwiGLU": OpHarness(_swiglu_settings, _swiglu_model, _build_qmatmul, _ref_swiglu_mm, large=_large_gemv),
     "QMatMulGeGLU": OpHarness(_swiglu_settings, _swiglu_model, _build_qmatmul, _ref_geglu_mm, large=_large_gemv),
     "QMatMulRoPE": OpHarness(_rope_mm_settings, _rope_mm_model, _build_rope_mm, _ref_rope_mm, large=_large_rope_mm),
-    "QMatMulAddRMSNorm": _mm_norm_harness(post=False),
-    "QMatMulNormAddRMSNorm": _mm_norm_harness(post=True),
-    "QMatMulNormRoPE": OpHarness(
-        lambda size, q: [_qkv_norm_setting(size, *c[:5], _k_scaled(c[5], q)) for c in _QKV_NORM[size]],
-        lambda name, m, q: [_qkv_norm_setting(name, *QKV_HEADS[name], QKV_HEADS[name][2], True, m.d)]
-        if m.d % q.block_elems == 0 else [],
-        _build_qkv_norm, _ref_qkv_norm),
     "RMSNorm": OpHarness(_norm_settings, _norm_model, _build_floats, _ref_norm),
     "AddRMSNorm": OpHarness(
         lambda size, q: [_with_y(x) for x in _norm_settings(size, q)],

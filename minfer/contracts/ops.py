@@ -156,24 +156,6 @@ OPS: dict[str, OpSpec] = {
             "columns: a fused q+k+v projection with its bias and the rotation of q and k", _qmatmul,
         ),
         OpSpec(
-            "QMatMulAddRMSNorm", True, ("x", "w", "res", "w_n"), ("n", "k", "qtype", "eps"), ("m", "n", "k"),
-            "out = RMSNorm(res + x @ dequant(w)^T) with w_n, the sum stored over res: a matmul (the attention's "
-            "output or the FFN's down projection), the residual add and the next norm", _qmatmul,
-        ),
-        OpSpec(
-            "QMatMulNormAddRMSNorm", True, ("x", "w", "res", "w_y", "w_n"), ("n", "k", "qtype", "eps"),
-            ("m", "n", "k"),
-            "out = RMSNorm(res + RMSNorm(x @ dequant(w)^T) with w_y) with w_n, the sum stored over res: gemma's "
-            "post-norm of the matmul too", _qmatmul,
-        ),
-        OpSpec(
-            "QMatMulNormRoPE", True, ("x", "w", "w_q", "w_k", "positions", "cos", "sin"),
-            ("n", "k", "qtype", "n_heads", "n_heads_k", "head_dim", "n_rot", "neox", "eps"), ("m", "n", "k"),
-            "out = x @ dequant(w)^T with its first n_heads (q) and next n_heads_k (k) heads RMS-normed with w_q / "
-            "w_k and rotated (RoPE at positions): the q+k+v projection with qwen3's / gemma3's q / k norms and RoPE",
-            _qmatmul,
-        ),
-        OpSpec(
             "RMSNorm", False, ("x", "w"), ("eps", "group"), ("rows", "d", "group"),
             "out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w; with `group` each run of `group` values of a "
             "row on its own, w [group] shared by the runs (qwen3's and gemma3's per-head q / k norms)",

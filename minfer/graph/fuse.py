@@ -31,12 +31,6 @@ for, in at least one way of running; the callback keeps graph/ below contracts/)
   columns -> QMatMulRoPE (exports the rotated columns and the whole output).
 - `fuse_norm_rope`: the per-head RMSNorms of q and k (qwen3, gemma3) and their RoPEs -> NormRoPE
   (exports the rotated q and k).
-- `fuse_matmul_norm`: an AddRMSNorm (NormAddRMSNorm) whose y is a bias-free MatMul only it reads
-  (the attention's output projection, the FFN's down) -> QMatMulAddRMSNorm (QMatMulNormAddRMSNorm):
-  the GEMV with the residual add and the next norm as its tail (exports the sum and the normed value).
-- `fuse_matmul_norm_rope`: a NormRoPE whose x is a bias-free MatMul that only it and slices past
-  the normed heads (v) read -> QMatMulNormRoPE: the q+k+v GEMV with the heads' norms and RoPE as
-  its tail (its value: (NormRoPE's (q, k), the matmul's output)).
 - `fuse_kv_write`: an Attention whose k and v come from one QMatMulRoPE: that node writes the
   row's keys and values into the layer's cache (param `kv_layer`) and the Attention skips its
   write (param `kv_written`).
@@ -481,60 +475,6 @@ def fuse_norm_rope(graph: Graph, supports: Supports) -> Graph:
     return _rewrite(graph, fusions) if fusions else graph
 
 
-MATMUL_NORMS = {Op.ADD_RMS_NORM: Op.MATMUL_ADD_RMS_NORM, Op.NORM_ADD_RMS_NORM: Op.MATMUL_NORM_ADD_RMS_NORM}
-
-
-def fuse_matmul_norm(graph: Graph, supports: Supports) -> Graph:
-    """An AddRMSNorm / NormAddRMSNorm whose y (its second input) is a bias-free MatMul that only it
-    reads -> QMatMulAddRMSNorm / QMatMulNormAddRMSNorm: inputs (the matmul's x, the residual),
-    weights w (the matmul's), w_n (the norm's) and w_y (the post-norm's). It exports the norm node's
-    two values, the sum and the normed value: its parts are the matmul, the norm node and a Pick of
-    each of that node's values."""
-    readers = readers_of(graph)
-    by_id = {n.id: n for n in graph.nodes}
-    fusions = {}
-    for an in graph.nodes:
-        op = MATMUL_NORMS.get(an.op)
-        mm = by_id[an.inputs[1]] if op is not None else None
-        if mm is None or mm.op != Op.MATMUL or "b" in mm.weights or readers.get(mm.id) != [an]:
-            continue
-        weights = {"w": mm.weights["w"], **({"w_y": an.weights["w_y"]} if "w_y" in an.weights else {}),
-                   "w_n": an.weights["w"]}
-        fused = _fused([mm, an], op, _common_name([mm.name, an.name]), (mm.inputs[0], an.inputs[0]), (an.id,),
-                       weights, dict(an.params), an.shape)
-        (k,) = fused.exports
-        picks = tuple(Node(k + 1 + i, an.name, Op.PICK, (k,), an.shape, an.dtype, an.layer, {}, {"index": i})
-                      for i in range(an.n_values))
-        fused = replace(fused, parts=fused.parts + picks, exports=tuple(p.id for p in picks))
-        if supports(fused, graph):
-            fusions[an.id] = (fused, [mm, an], (an,))
-    return _rewrite(graph, fusions) if fusions else graph
-
-
-def fuse_matmul_norm_rope(graph: Graph, supports: Supports) -> Graph:
-    """A NormRoPE whose input is a bias-free MatMul read otherwise only by Slices of the columns past
-    its q and k heads (v) -> QMatMulNormRoPE: inputs (the matmul's x, the positions), the matmul's
-    weight and NormRoPE's; its value (NormRoPE's (q, k), the matmul's whole output): the rewriter's
-    Picks stand for the NormRoPE (whose own Picks then read the first) and for the matmul."""
-    readers = readers_of(graph)
-    by_id = {n.id: n for n in graph.nodes}
-    fusions = {}
-    for nr in graph.nodes:
-        mm = by_id[nr.inputs[0]] if nr.op == Op.NORM_ROPE else None
-        if mm is None or mm.op != Op.MATMUL or "b" in mm.weights:
-            continue
-        p = nr.params
-        vstart = (p["n_heads"] + p["n_heads_k"]) * p["head_dim"]
-        others = [r for r in readers.get(mm.id, []) if r.id != nr.id]
-        if not all(r.op == Op.SLICE and r.params["start"] >= vstart for r in others):
-            continue
-        fused = _fused([mm, nr], Op.MATMUL_NORM_ROPE, mm.name + "+norm+rope", (mm.inputs[0], nr.inputs[1]),
-                       (nr.id, mm.id), {**mm.weights, **nr.weights}, dict(p), mm.shape)
-        if supports(fused, graph):
-            fusions[nr.id] = (fused, [mm, nr], (nr, mm))
-    return _rewrite(graph, fusions) if fusions else graph
-
-
 def _view_of(by_id: dict[int, Node], nid: int, op: Op) -> tuple[Node, Node] | None:
     """(the view node, the node it views) when node `nid` is a Slice of a Pick of an `op` node."""
     s = by_id[nid]
@@ -581,10 +521,8 @@ def _with_params(graph: Graph, marks: dict[int, dict]) -> Graph:
     return replace(graph, nodes=tuple(replace(n, params=marks[n.id]) if n.id in marks else n for n in graph.nodes))
 
 
-Q8_PRODUCERS = (Op.RMS_NORM, Op.ADD_RMS_NORM, Op.NORM_ADD_RMS_NORM, Op.SWIGLU, Op.MATMUL_SWIGLU, Op.ATTENTION,
-                Op.MATMUL_ADD_RMS_NORM, Op.MATMUL_NORM_ADD_RMS_NORM)
-Q8_CONSUMERS = (Op.MATMUL, Op.MATMUL_SWIGLU, Op.MATMUL_GEGLU, Op.MATMUL_ROPE, Op.MATMUL_ADD_RMS_NORM,
-                Op.MATMUL_NORM_ADD_RMS_NORM, Op.MATMUL_NORM_ROPE)
+Q8_PRODUCERS = (Op.RMS_NORM, Op.ADD_RMS_NORM, Op.NORM_ADD_RMS_NORM, Op.SWIGLU, Op.MATMUL_SWIGLU, Op.ATTENTION)
+Q8_CONSUMERS = (Op.MATMUL, Op.MATMUL_SWIGLU, Op.MATMUL_GEGLU, Op.MATMUL_ROPE)
 
 
 def fuse_int8_x(graph: Graph, supports: Supports) -> Graph:
@@ -611,7 +549,7 @@ def fuse_int8_x(graph: Graph, supports: Supports) -> Graph:
 
 FUSIONS: tuple[Callable[[Graph, Supports], Graph], ...] = (
     fuse_norm_add_rms_norm, fuse_add_rms_norm, fuse_matmul_swiglu, fuse_moe_glu, fuse_moe_sum, fuse_moe_router,
-    fuse_matmul_rope, fuse_norm_rope, fuse_matmul_norm_rope, fuse_matmul_norm, fuse_kv_write, fuse_int8_x)
+    fuse_matmul_rope, fuse_norm_rope, fuse_kv_write, fuse_int8_x)
 
 
 def fuse(graph: Graph, supports: Supports, rules: Iterable[Callable[[Graph, Supports], Graph]] | None = None) -> Graph:

@@ -252,10 +252,8 @@ def test_every_node_is_picked_through_a_contract(pair):
     assert all(set(k.split("+")) <= registered for k in kernels)
     ops = {r["op"] for r in be.plan_rows()}
     # graph/fuse.py's fused nodes: the q+k+v GEMV with its bias and RoPE, gate+up with its SwiGLU,
-    # every residual add that feeds a norm with that norm and the GEMV before it (the last layer's down
-    # and the output are plain MatMuls)
-    assert ops == {"GetRows", "RMSNorm", "QMatMulRoPE", "Attention", "MatMul", "QMatMulAddRMSNorm", "QMatMulSwiGLU",
-                   "Add"}
+    # every residual add that feeds a norm with that norm
+    assert ops == {"GetRows", "RMSNorm", "QMatMulRoPE", "Attention", "MatMul", "AddRMSNorm", "QMatMulSwiGLU", "Add"}
     by_name = {r["name"]: r["kernel"] for r in be.plan_rows()}
     n_layer = be.graph.meta["n_layer"]
     assert [by_name[f"blk.{i}.attn_q+k+v+rope"] for i in range(n_layer)] == ["gemv_rope"] * n_layer
@@ -269,9 +267,8 @@ def test_every_node_is_picked_through_a_contract(pair):
     batch = {r["name"]: r["kernel"] for r in be.plan_rows(16)}
     assert all(batch[f"blk.{i}.attn_q+k+v+rope"].endswith("+add_bias_f32+rope") for i in range(n_layer))
     assert all(batch[f"blk.{i}.ffn_gate+up+swiglu"].endswith("+swiglu_rows") for i in range(n_layer))
-    adds = [r for r in be.plan_rows() if r["op"] in ("Add", "QMatMulAddRMSNorm")]
-    assert [r["kernel"] for r in adds] == ["int4_gemv_add_rms_norm"] * (len(adds) - 1) + ["add_f32"]
-    assert len(adds) == 2 * n_layer
+    adds = [r for r in be.plan_rows() if r["op"] in ("Add", "AddRMSNorm")]
+    assert [r["kernel"] for r in adds] == ["add_rms_norm"] * (len(adds) - 1) + ["add_f32"]
     norms = [r for r in be.plan_rows() if r["op"] == "RMSNorm"]
     assert len(norms) == 2  # the first layer's (after the embedding) and the output norm
 
@@ -485,12 +482,10 @@ def test_int8_activations_from_the_norms(tiny_gguf, raw, monkeypatch, quant):
         be = gpu.engine.backend
         row = be.compiler.ways()[0]
         names = {n.name for n in be.graph.nodes if n.params.get("q8_out") and be.compiler.q8_link(n, row)}
-        n_layer = be.graph.meta["n_layer"]
-        # the first layer's norm, then the GEMVs with the residual add and the norm as their tail (fuse_matmul_norm)
-        per_layer = {"blk.0.attn_norm"} | {f"blk.{i}.attn_output+ffn_norm" for i in range(n_layer)} | {
-            f"blk.{i}.ffn_down+{i + 1}.attn_norm" for i in range(n_layer - 1)}
+        layers = {n.split(".")[1] for n in names if n.startswith("blk.")}
+        per_layer = {f"blk.{i}.{x}" for i in layers for x in ("attn_norm", "ffn_norm")}
         assert per_layer <= names <= per_layer | {"output_norm"}  # the output's: when its weight is a Q4 type
-        assert n_layer >= 2
+        assert len(layers) >= 2
         raw.prefill(cpu.engine, 0, PROMPT[:5])
         raw.prefill(gpu.engine, 0, PROMPT[:5])
         # two decode steps (three before): every step's every GEMV reads x's int8 form, so one x read in one
@@ -684,15 +679,12 @@ def test_qk_norms_ropes_and_post_norms_run_fused(tiny_gguf, raw, monkeypatch, pr
     gemma = preset == "tiny-gemma3"
     for rows in (1, 16):
         picked = {r["name"]: r["kernel"] for r in be.plan_rows(rows)}
-        # a decode row's as the q+k+v GEMV's tail (fuse_matmul_norm_rope), a batch's the parts: a matmul, norm_rope
-        kernels = [picked[f"blk.{i}.attn_q+k+v+norm+rope"] for i in range(n_layer)]
-        assert all(k == "planes_gemv_norm_rope" if rows == 1 else k.endswith("+norm_rope") for k in kernels)
+        assert [picked[f"blk.{i}.rope_q+k+norm"] for i in range(n_layer)] == ["norm_rope"] * n_layer
         parts = (".attn_q_norm", ".attn_k_norm", ".rope_q", ".rope_k", ".post_attention_norm")
         assert not any(r["name"].endswith(parts) for r in be.plan_rows(rows))
-        fused_norms = [r["name"] for r in be.plan_rows(rows) if r["kernel"].endswith("norm_add_rms_norm")]
+        fused_norms = [r["name"] for r in be.plan_rows(rows) if r["kernel"] == "norm_add_rms_norm"]
         # gemma: every ffn_norm and the next layer's attn_norm take the post-norm before them (the last
-        # layer's sum goes through the output-row selection before the output norm: not fused); a decode
-        # row's as the tail of the GEMV before them (fuse_matmul_norm), a batch's in a kernel of their own
+        # layer's sum goes through the output-row selection before the output norm: not fused)
         assert len(fused_norms) == (2 * n_layer - 1 if gemma else 0)
 
     def logits(model) -> torch.Tensor:
@@ -702,70 +694,11 @@ def test_qk_norms_ropes_and_post_norms_run_fused(tiny_gguf, raw, monkeypatch, pr
         return torch.cat(out)
 
     fused = logits(gpu)
-    rules = (fuse.fuse_norm_rope, fuse.fuse_norm_add_rms_norm, fuse.fuse_matmul_norm, fuse.fuse_matmul_norm_rope)
+    rules = (fuse.fuse_norm_rope, fuse.fuse_norm_add_rms_norm)
     monkeypatch.setattr(fuse, "FUSIONS", tuple(r for r in fuse.FUSIONS if r not in rules))
     plain = load(path, "cuda", n_ctx=32, n_slots=1, progress=False)
     assert not any(str(n.op) in ("NormRoPE", "NormAddRMSNorm") for n in plain.engine.backend.graph.nodes)
     assert _rel(fused, logits(plain)) < 1e-4
-
-
-@pytest.mark.parametrize("preset, quant, kernel", [("tiny-llama", "q4_0", "q4_0_gemv_add_rms_norm"),
-                                                   ("tiny-qwen2", "q4_k", "int4_gemv_add_rms_norm"),
-                                                   ("tiny-gemma3", "q8_0", "planes_gemv_norm_add_rms_norm")])
-def test_residual_adds_and_norms_run_as_gemv_tails(tiny_gguf, raw, monkeypatch, preset, quant, kernel):
-    """A decode row's attention output and FFN down GEMVs take the residual add and the next norm
-    (gemma: its post-norm too) as their tail (graph/fuse.py fuse_matmul_norm: one launch where two
-    ran), with the int8 records of the normed row for the GEMV after it; a prompt chunk runs the
-    parts (the GEMV's place taken by the prompt matmul). Logits over prompt and decode rows equal the
-    unfused graph's within 1e-5 (the sums of squares added per row tile: another order): a tile's sum
-    of squares counted twice or dropped, the residual added twice, another row's residual or the
-    post-norm's weight swapped for the norm's move them by ~1e-2."""
-    from minfer.graph import fuse
-
-    path = tiny_gguf(preset, quant)
-    gpu = load(path, "cuda", n_ctx=32, n_slots=1, progress=False)
-    be = gpu.engine.backend
-    n_layer = be.graph.meta["n_layer"]
-    picked = {r["name"]: r["kernel"] for r in be.plan_rows(1)}
-    tails = [f"blk.{i}.attn_output+ffn_norm" for i in range(n_layer)] + [
-        f"blk.{i}.ffn_down+{i + 1}.attn_norm" for i in range(n_layer - 1)]
-    assert [picked.get(name) for name in tails] == [kernel] * len(tails)
-    parts = [f"blk.{i}.{x}" for i in range(n_layer) for x in ("ffn_norm", "attn_output")]
-    assert not any(name in picked for name in parts + [f"blk.{i}.attn_norm" for i in range(1, n_layer)])
-    prompt = {r["name"]: r["kernel"] for r in be.plan_rows(512, True)}
-    assert "+" in prompt["blk.0.attn_output+ffn_norm"]  # (the parts: a matmul and the add + norm)
-
-    fused = _prompt_then_decode_logits(gpu, raw, 10)
-    gpu.close()
-    plain = _logits_without(path, raw, monkeypatch, (fuse.fuse_matmul_norm,),
-                            ("QMatMulAddRMSNorm", "QMatMulNormAddRMSNorm"), 10)
-    assert _rel(fused, plain) < 1e-5
-
-
-@pytest.mark.parametrize("preset, quant, kernel", [("tiny-qwen3", "q4_0", "q4_0_gemv_norm_rope"),
-                                                   ("tiny-gemma3", "q4_k", "int4_gemv_norm_rope")])
-def test_qk_norms_and_ropes_run_as_the_qkv_gemvs_tail(tiny_gguf, raw, monkeypatch, preset, quant, kernel):
-    """A decode row's q+k+v GEMV takes qwen3's / gemma3's per-head q and k norms and their RoPE as its
-    tail (graph/fuse.py fuse_matmul_norm_rope: one launch where two ran; the last of a head's row
-    tiles norms and rotates it in place); prompt chunks run the parts. Logits over prompt and decode
-    rows equal the unfused graph's within 1e-5 (the same sums and norm_rope's arithmetic): a head
-    rotated at another row's position or with the k weight for a q head, or a head normed before all
-    of its tiles are in, moves them by ~1e-2."""
-    from minfer.graph import fuse
-
-    path = tiny_gguf(preset, quant)
-    gpu = load(path, "cuda", n_ctx=32, n_slots=1, progress=False)
-    be = gpu.engine.backend
-    n_layer = be.graph.meta["n_layer"]
-    picked = {r["name"]: r["kernel"] for r in be.plan_rows(1)}
-    assert [picked.get(f"blk.{i}.attn_q+k+v+norm+rope") for i in range(n_layer)] == [kernel] * n_layer
-    assert not any(name.endswith("rope_q+k+norm") for name in picked)
-    prompt = {r["name"]: r["kernel"] for r in be.plan_rows(512, True)}
-    assert prompt["blk.0.attn_q+k+v+norm+rope"].endswith("+norm_rope")  # (the parts: a matmul, then norm_rope)
-    fused = _prompt_then_decode_logits(gpu, raw, 10)
-    gpu.close()
-    assert _rel(fused, _logits_without(path, raw, monkeypatch, (fuse.fuse_matmul_norm_rope,), ("QMatMulNormRoPE",),
-                                       10)) < 1e-5
 
 
 def test_prefix_cache_copies_blocks_and_decodes_as_without_it(tiny_gguf):
@@ -826,9 +759,11 @@ def test_expert_router_and_down_sum_run_fused_for_decode_rows(tiny_gguf, raw, mo
     routing are one MoERouter launch (graph/fuse.py fuse_moe_router; gemv_f32 (+ add_bias) +
     moe_route_rows before), and its down matmul and the weighted sum of its slots one MoEMatMulSum
     launch (fuse_moe_sum; moe_gemv + moe_sum_rows before); prompt chunks run the parts (the fused
-    kernels' contracts take up to 32 rows). Decode logits equal the unfused graph's bit for bit
-    (the same sums in the same order), so a slot summed twice, a wrong slot's weight, a row's sum in
-    another row, a router bias dropped or a row routed on another row's logits would show."""
+    kernels' contracts take up to 32 rows). Decode logits equal the unfused graph's within 1e-6 (the
+    same sums in the same order: bit for bit under the interpreter, an ulp apart where the compiler
+    contracts the weighted sum's multiply-adds otherwise), so a slot summed twice, a wrong slot's
+    weight, a row's sum in another row, a router bias dropped or a row routed on another row's
+    logits (each ~1e-1) would show."""
     from minfer.graph import fuse
 
     path = tiny_gguf(preset, quant)
@@ -846,5 +781,5 @@ def test_expert_router_and_down_sum_run_fused_for_decode_rows(tiny_gguf, raw, mo
 
     fused = _prompt_then_decode_logits(gpu, raw, 10)
     gpu.close()
-    assert torch.equal(fused, _logits_without(path, raw, monkeypatch, (fuse.fuse_moe_sum, fuse.fuse_moe_router),
-                                              ("MoEMatMulSum", "MoERouter"), 10))
+    assert _rel(fused, _logits_without(path, raw, monkeypatch, (fuse.fuse_moe_sum, fuse.fuse_moe_router),
+                                       ("MoEMatMulSum", "MoERouter"), 10)) < 1e-6

@@ -58,10 +58,10 @@ def test_every_node_of_every_preset_resolves(headers, preset, quant):
         plan = be.plan_rows(rows, prefill)
         assert plan and all(math.isfinite(r["cost_ns"]) and r["cost_ns"] > 0 for r in plan)
     kernels = {k for r in be.plan_rows(1) for k in r["kernel"].split("+")}
-    if quant == "q4_0":  # (alone, or with the residual add and norm as its tail: q4_0_gemv_add_rms_norm)
-        assert any(k.startswith("q4_0_gemv") for k in kernels)
+    if quant == "q4_0":
+        assert "q4_0_gemv" in kernels
     if quant in ("q4_1", "q4_k"):
-        assert any(k.startswith("int4_gemv") for k in kernels)
+        assert "int4_gemv" in kernels
     if quant == "q8_0":  # (a mixture of experts' router is F32 in every mix, as llama.cpp keeps it: linear_f16)
         assert "q8_0_gemv" in kernels and ("linear_f16" not in kernels or PRESETS[preset].n_expert)
     if quant == "q4_k" and preset in BIG:  # their Q6_K output (tied small models: the Q6_K embedding)

@@ -88,9 +88,6 @@ LAUNCHERS = {
     "gemv_swiglu": gemv_fused.gemv_swiglu,
     "gemv_geglu": gemv_fused.gemv_geglu,
     "gemv_rope": gemv_fused.gemv_rope,
-    **{f"{g}_gemv_{v}_rms_norm": fn for g in ("q4_0", "int4", "planes", "lut4")
-       for v, fn in (("add", gemv_fused.gemv_add_rms_norm), ("norm_add", gemv_fused.gemv_norm_add_rms_norm))},
-    **{f"{g}_gemv_norm_rope": gemv_fused.gemv_norm_rope for g in ("q4_0", "int4", "planes", "lut4")},
     "swiglu_rows": elementwise.swiglu_rows,
     "geglu_rows": elementwise.geglu_rows,
     "swiglu_oai": elementwise.swiglu_oai,

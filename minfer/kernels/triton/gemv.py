@@ -69,8 +69,7 @@ from ._common import (
     swiglu_oai_f32,
     wait_prior,
 )
-from .quantize import act_q8_blocks, quantize_act_q8
-from .rope import norm_rope_head
+from .quantize import quantize_act_q8
 
 Q4_0 = QUANT_TABLE[GGMLType.Q4_0]
 _REPACK_CHUNK = 1 << 20  # blocks repacked per step (bounds the int64 temporaries to ~128 MB)
@@ -124,7 +123,7 @@ def _gemv_scratch(n: int, k: int, device, affine: bool = False) -> tuple[torch.T
     """(arrival counters, partial sums) of the default GEMV config's split K, allocated once."""
     split = gemv_config(n, k, affine).split
     partials = torch.empty(split * n if split > 1 else 0, dtype=torch.float32, device=device)
-    return torch.zeros(n + SMALL_ROWS, dtype=torch.int32, device=device), partials  # (+ a norm tail's row counters)
+    return torch.zeros(n, dtype=torch.int32, device=device), partials
 
 
 # ---------------------------------------------------------------------------------------------
@@ -450,14 +449,13 @@ def _q4_0_gemv_kernel(
     x_ptr, qs_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, N, NKB, KB_SPLIT, NSPLIT, magic, half_shift, m_ptr, M_STRIDE,
     h_ptr, hi_shift, e_ptr, dst_ptr, fi_ptr, cos_ptr, sin_ptr, pos_ptr, HALF,
     ck_ptr, cv_ptr, slot_ptr, KSTART, VSTART, HD, LAYER_OFF, S_STRIDE, H_STRIDE, xs_ptr, t0, t1, t2, t3, ids_ptr,
-    XDIV, XROWS, GLU_OFF, wt_ptr, res_ptr, hs_ptr, nw_ptr, yw_ptr, sc_ptr, nq_ptr, ns_ptr, tc_ptr, eps,
+    XDIV, XROWS, GLU_OFF, wt_ptr,
     R: tl.constexpr, LR: tl.constexpr, LK: tl.constexpr, WK: tl.constexpr, SPLIT: tl.constexpr,
     EVEN_K: tl.constexpr, MODE: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
     PLANES: tl.constexpr, LB: tl.constexpr, HB: tl.constexpr, CENTER: tl.constexpr, EPI: tl.constexpr,
     Q8X: tl.constexpr, LUT: tl.constexpr = False, MOE: tl.constexpr = False, MOE_BIAS: tl.constexpr = False,
     ROWS: tl.constexpr = False, MOE_GLU: tl.constexpr = False, ALPHA: tl.constexpr = 0.0,
-    LIMIT: tl.constexpr = 0.0, MOE_SUM: tl.constexpr = False, TAIL: tl.constexpr = 0, TAIL_Q8: tl.constexpr = 0,
-    TAIL_CH: tl.constexpr = 256, NEOX: tl.constexpr = False,
+    LIMIT: tl.constexpr = 0.0, MOE_SUM: tl.constexpr = False,
 ):
     # PLANES (the 5/6/8-bit and 2/3-bit types, `repack_planes`): qs_ptr holds the codes' low LB
     # bits (LB = 4: the nibble words; LB = 2: int16 words of 8 two-bit slots), h_ptr their high
@@ -486,18 +484,11 @@ def _q4_0_gemv_kernel(
     # ROWS (small decode batches, EPI 0, not MOE): XROWS rows of x, each the one-row GEMV of its own
     # programs: program_id(0) = tile * XROWS + row, so the rows of a weight tile run side by side and
     # read it from L2 once DRAM has given it; a row's arithmetic is the one-row kernel's (bit for bit).
-    # TAIL (EPI 0, not MOE): 1, 2 (gemv_fused.py gemv_add_rms_norm): the residual add and RMSNorm after
-    # the GEMV (`_norm_tail`): out_ptr is the normed output, y never stored whole. 3 (gemv_norm_rope):
-    # y stored, then its first VSTART columns' heads of HD normed (w_q for the heads before KSTART, w_k
-    # after) and rotated in place by the last of each head's row tiles (`_rope_tail`; the epilogue
-    # operands cos_ptr, sin_ptr, pos_ptr, HALF and NEOX give the rotation).
     BLOCK_N: tl.constexpr = R * LR
     BLOCK_KB: tl.constexpr = LK * WK
     pid_n = tl.program_id(0)
-    x_row = pid_n * 0  # (x's row: a tensor in every mode)
     if ROWS:
         row = pid_n % XROWS
-        x_row = row
         pid_n = pid_n // XROWS
         x_ptr += row.to(tl.int64) * (NKB * 32 if Q8X == 0 else NKB * (8 * Q8X))
         xs_ptr += row.to(tl.int64) * (NKB * 4)
@@ -595,17 +586,10 @@ def _q4_0_gemv_kernel(
             total = tl.zeros([LR, R], dtype=tl.float32)
             for s in range(0, NSPLIT):  # L2 reads (.cg): other SMs wrote these
                 total += tl.load(part_ptr + s * N + rows, mask=rows < N, other=0.0, cache_modifier=".cg")
+            _gemv_store(out_ptr, total, rows, N, pid_n, e_ptr, dst_ptr, fi_ptr, cos_ptr, sin_ptr, pos_ptr, HALF,
+                        ck_ptr, cv_ptr, slot_ptr, KSTART, VSTART, HD, LAYER_OFF, S_STRIDE, H_STRIDE, BLOCK_N, EPI,
+                        ALPHA, LIMIT)
             tl.atomic_xchg(cnt_ptr + pid_n, 0, sem="relaxed", scope="gpu")
-            if TAIL == 1 or TAIL == 2:
-                _norm_tail(total, rows, N, x_row, pid_n, out_ptr, res_ptr, hs_ptr, nw_ptr, yw_ptr, sc_ptr, nq_ptr,
-                           ns_ptr, tc_ptr, eps, BLOCK_N, TAIL, TAIL_Q8, TAIL_CH)
-            else:
-                _gemv_store(out_ptr, total, rows, N, pid_n, e_ptr, dst_ptr, fi_ptr, cos_ptr, sin_ptr, pos_ptr, HALF,
-                            ck_ptr, cv_ptr, slot_ptr, KSTART, VSTART, HD, LAYER_OFF, S_STRIDE, H_STRIDE, BLOCK_N,
-                            EPI, ALPHA, LIMIT)
-                if TAIL == 3:
-                    _rope_tail(out_ptr, pid_n, x_row, nw_ptr, yw_ptr, pos_ptr, cos_ptr, sin_ptr, HALF, HD, KSTART,
-                               VSTART, tc_ptr, eps, BLOCK_N, NEOX, TAIL_CH)
     else:
         if MOE_BIAS:
             if MOE_GLU:  # the bias of each local row's gate or up row
@@ -618,103 +602,10 @@ def _q4_0_gemv_kernel(
                 tot += tl.load(e_ptr + row0 + rows, mask=rows < N, other=0.0)
         if MOE_SUM:
             _moe_sum_store(out_ptr, part_ptr, cnt_ptr, wt_ptr, tot, rows, N, pid_n, slot, XROWS)
-        elif TAIL == 1 or TAIL == 2:
-            _norm_tail(tot, rows, N, x_row, pid_n, out_ptr, res_ptr, hs_ptr, nw_ptr, yw_ptr, sc_ptr, nq_ptr, ns_ptr,
-                       tc_ptr, eps, BLOCK_N, TAIL, TAIL_Q8, TAIL_CH)
         else:
             _gemv_store(out_ptr, tot, rows, N, pid_n, e_ptr, dst_ptr, fi_ptr, cos_ptr, sin_ptr, pos_ptr, HALF,
                         ck_ptr, cv_ptr, slot_ptr, KSTART, VSTART, HD, LAYER_OFF, S_STRIDE, H_STRIDE, BLOCK_N, EPI,
                         ALPHA, LIMIT)
-            if TAIL == 3:
-                _rope_tail(out_ptr, pid_n, x_row, nw_ptr, yw_ptr, pos_ptr, cos_ptr, sin_ptr, HALF, HD, KSTART, VSTART,
-                           tc_ptr, eps, BLOCK_N, NEOX, TAIL_CH)
-
-
-@triton.jit
-def _norm_tail(tot, rows, N, row, pid_n, out_ptr, res_ptr, hs_ptr, nw_ptr, yw_ptr, sc_ptr, nq_ptr, ns_ptr, tc_ptr, eps,
-               BLOCK_N: tl.constexpr, TAIL: tl.constexpr, Q8: tl.constexpr, CH: tl.constexpr):
-    """TAIL's store of row tile pid_n's final sums `tot` [LR, R] (y's columns `rows`) of x row `row`
-    (out_ptr already at that row): the residual add and RMSNorm after the GEMV, spread over the
-    row's tiles, then finished by the last of them to arrive.
-
-    TAIL 1 (AddRMSNorm): the tile stores h = res + y over its columns of hs (res's own row when
-    in place) and its sum of squares of h into the row's scratch; TAIL 2 (NormAddRMSNorm, gemma's
-    post-norm of y first): it stores y and y's sum of squares there. Then one acq_rel arrival a
-    tile on the row's counter (after a barrier, as split K's); the last arrival adds the tiles'
-    sums in tile order (deterministic) and writes the row: TAIL 2 h = res + RMSNorm(y) * w_y into
-    hs first, then out = RMSNorm(h) * w_n and, with Q8 > 0, out's int8 records (quantize_act_q8's
-    blocks) at nq_ptr / ns_ptr. Resets the counter for the next call.
-
-    The row's scratch at sc_ptr: [N] y values (TAIL 2), then one partial sum a tile."""
-    tiles = tl.cdiv(N, BLOCK_N)
-    m = rows < N  # (the clamped rows past N hold row N - 1's sums: out of the sums of squares)
-    row64 = row.to(tl.int64)
-    sc = sc_ptr + row64 * (N + tiles)
-    if TAIL == 1:
-        h = tl.where(m, tl.load(res_ptr + row64 * N + rows, mask=m, other=0.0) + tot, 0.0)
-        tl.store(hs_ptr + row64 * N + rows, h, mask=m)
-        tl.store(sc + N + pid_n, tl.sum(tl.sum(h * h, axis=1), axis=0))
-    else:
-        yt = tl.where(m, tot, 0.0)
-        tl.store(sc + rows, yt, mask=m)
-        tl.store(sc + N + pid_n, tl.sum(tl.sum(yt * yt, axis=1), axis=0))
-    tl.debug_barrier()
-    cnt = tc_ptr + row
-    arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-    if arrived == tiles - 1:
-        c = tl.arange(0, CH)
-        acc = tl.zeros([CH], dtype=tl.float32)
-        for t0 in range(0, tiles, CH):  # L2 reads (.cg): other SMs wrote these
-            acc += tl.load(sc + N + t0 + c, mask=t0 + c < tiles, other=0.0, cache_modifier=".cg")
-        rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / N + eps)
-        hs = hs_ptr + row64 * N
-        if TAIL == 2:  # h = res + RMSNorm(y) * w_y, and its sum of squares
-            res = res_ptr + row64 * N
-            acc = tl.zeros([CH], dtype=tl.float32)
-            for c0 in range(0, N, CH):
-                mc = c0 + c < N
-                yv = tl.load(sc + c0 + c, mask=mc, other=0.0, cache_modifier=".cg")
-                hv = tl.load(res + c0 + c, mask=mc, other=0.0) + yv * rstd * tl.load(yw_ptr + c0 + c, mask=mc,
-                                                                                      other=0.0)
-                tl.store(hs + c0 + c, hv, mask=mc)
-                acc += hv * hv
-            rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / N + eps)
-            tl.debug_barrier()  # (this program's h stores, read back below by other threads)
-        NB: tl.constexpr = CH // 32
-        blk = tl.arange(0, NB)
-        nb = N // 32
-        for c0 in range(0, N, CH):
-            mc = c0 + c < N
-            o = tl.load(hs + c0 + c, mask=mc, other=0.0, cache_modifier=".cg") * rstd * tl.load(nw_ptr + c0 + c,
-                                                                                              mask=mc, other=0.0)
-            tl.store(out_ptr + c0 + c, o, mask=mc)
-            if Q8 > 0:
-                b = c0 // 32 + blk
-                act_q8_blocks(tl.reshape(o, (NB, 4, 8)), nq_ptr + row64 * nb * (8 * Q8), ns_ptr + row64 * nb * 4, b,
-                              b < nb, Q8)
-        tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
-
-
-@triton.jit
-def _rope_tail(out_ptr, pid_n, row, wq_ptr, wk_ptr, pos_ptr, cos_ptr, sin_ptr, HALF, HD, KSTART, VSTART, tc_ptr, eps,
-               BLOCK_N: tl.constexpr, NEOX: tl.constexpr, BLOCK_HD: tl.constexpr):
-    """TAIL 3, after row tile pid_n of x row `row` stored its y (out_ptr at that row): a tile of the
-    first VSTART columns (q's heads, then k's from KSTART; HD a multiple of BLOCK_N) arrives on its
-    head's counter (acq_rel, after a barrier); the last of the head's HD / BLOCK_N tiles norms the
-    head (w_q or w_k) and rotates it at the row's position, in place (rope.py norm_rope_head), and
-    resets the counter."""
-    c0 = pid_n * BLOCK_N
-    if c0 < VSTART:
-        head = c0 // HD
-        tl.debug_barrier()
-        cnt = tc_ptr + row * (VSTART // HD) + head
-        arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-        if arrived == HD // BLOCK_N - 1:
-            src = out_ptr + head * HD
-            p = tl.load(pos_ptr + row).to(tl.int64)
-            norm_rope_head(src, src, tl.where(c0 < KSTART, wq_ptr, wk_ptr), p, cos_ptr, sin_ptr, HD, HALF, eps, NEOX,
-                           BLOCK_HD // 2, BLOCK_HD, CG=True)
-            tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -932,55 +823,14 @@ class MoeLaunch:
     sum_out: torch.Tensor | None = None
 
 
-@dataclass(frozen=True)
-class NormTail:
-    """The TAIL mode of a GEMV launch (gemv_fused.py gemv_add_rms_norm): with y = the GEMV's
-    output, h = res + y (with `w_y`: res + RMSNorm(y) * w_y) into `sum_out` (res itself where the
-    residual is updated in place), and the launch's out = RMSNorm(h) * w, its int8 records into
-    `q8` = (codes, scales) where given; both norms with `eps`. All f32 [rows, n] / [n], checked by
-    the caller."""
-
-    res: torch.Tensor
-    sum_out: torch.Tensor
-    w: torch.Tensor
-    eps: float
-    w_y: torch.Tensor | None = None
-    q8: tuple | None = None
-
-
-@dataclass(frozen=True)
-class RopeTail:
-    """The TAIL 3 mode of a GEMV launch (gemv_fused.py gemv_norm_rope): y's first `n_heads` (q) and
-    next `n_heads_k` (k) heads of `head_dim` each RMS-normed with `w_q` / `w_k` (`eps`), then rotated
-    at positions[row] (the cos / sin tables [n_ctx, n_rot / 2], neox or normal pairs), in place;
-    the columns after them (v) as the GEMV stores them. Checked by the caller."""
-
-    w_q: torch.Tensor
-    w_k: torch.Tensor
-    positions: torch.Tensor
-    cos: torch.Tensor
-    sin: torch.Tensor
-    n_heads: int
-    n_heads_k: int
-    head_dim: int
-    n_rot: int
-    neox: bool
-    eps: float
-
-
-GemvTail = NormTail | RopeTail
-
-
 def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n: int, k: int, cfg: GemvConfig,
                  planes: tuple | None = None, epilogue: tuple | None = None, xq: tuple | None = None,
-                 lut: tuple[int, int, int, int] | None = None, moe: MoeLaunch | None = None,
-                 tail: GemvTail | None = None):
+                 lut: tuple[int, int, int, int] | None = None, moe: MoeLaunch | None = None):
     """Launch the GEMV kernel; `planes` = (hi plane, LB, HB, CENTER) for the planes types; `lut` =
     the 4 table words of a lookup type (lut4.py);
     `epilogue` = (EPI, e, dst, fi, cos, sin, positions, HALF, cache_k, cache_v, slots, KSTART, VSTART, HD,
     LAYER_OFF, S_STRIDE, H_STRIDE) for gemv_fused.py's fused stores; `moe`: the expert mode (MoeLaunch;
-    `n` = its rows); `tail`: the add + RMSNorm after it (NormTail; out is then the normed rows), or the
-    q and k heads' norms and RoPE (RopeTail)."""
+    `n` = its rows)."""
     rows = 1 if moe is not None or x.dim() == 1 else x.shape[0]  # x rows (MOE: one per slot, its own mode)
     if moe is not None:
         cfg = replace(cfg, split=1)  # (the slots are the second program axis)
@@ -988,10 +838,8 @@ def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n:
         raise UnsupportedError(f"{what}: a fused epilogue runs on one row, got {rows}")
     kb_split, nsplit, tiles = _split_plan(cfg, n, k)
     part, counters = out, out  # unused without a split
-    if nsplit > 1 or tail is not None:  # (a tail's counters after the row tiles': one a row, or a row's head)
-        groups = 0 if tail is None else 1 if isinstance(tail, NormTail) else tail.n_heads + tail.n_heads_k
-        part, counters = w.scratch(nsplit * rows, tiles * rows + rows * groups)
-    t = _tail_args(tail, out, counters[tiles * rows:] if tail is not None else counters, rows, n, tiles)
+    if nsplit > 1:
+        part, counters = w.scratch(nsplit * rows, tiles * rows)
     summed = moe is not None and moe.sum_out is not None
     if summed:  # MOE_SUM: the rows' sums and the arrival counters of their row tiles
         part, counters = moe.sum_out, w.scratch(0, tiles * moe.sum_out.shape[0])[1]
@@ -1004,8 +852,8 @@ def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n:
         x, xs = _check_xq(what, xq, x_rows, k, q8, x.device)
     elif q8:
         x, xs = quantize_act_q8(x.reshape(x_rows, k), q8)
-    epi, *eargs = epilogue or t.epilogue or (0, out, counters, counters, out, out, counters, 0, out, out, counters,
-                                             0, 0, 1, 0, 0, 0)
+    epi, *eargs = epilogue if epilogue is not None else (0, out, counters, counters, out, out, counters, 0,
+                                                         out, out, counters, 0, 0, 1, 0, 0, 0)
     m = moe if moe is not None else MoeLaunch(counters, nsplit, 1, n)
     if m.bias is not None:  # (MOE mode has no epilogue: its pointer carries the biases)
         eargs[0] = m.bias
@@ -1014,8 +862,7 @@ def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n:
         x, w.qs, d_plane, out, part, counters, n, nkb, kb_split, nsplit, _MAGIC_BITS, min(4 * lb, 16), m_plane,
         m_stride, hi, min(4 * hb, 16),  # the shifts to a word's upper slots (byte codes: to slots 2, 3)
         *eargs, xs, *(lut or (0, 0, 0, 0)), m.ids, m.xdiv, x_rows_arg, m.glu_off,
-        m.sum_weights if summed else counters, *t.args, ROWS=rows > 1, MOE=moe is not None, MOE_SUM=summed,
-        TAIL=t.mode, TAIL_Q8=t.q8, TAIL_CH=t.ch, NEOX=t.neox,
+        m.sum_weights if summed else counters, ROWS=rows > 1, MOE=moe is not None, MOE_SUM=summed,
         MOE_BIAS=m.bias is not None, MOE_GLU=m.glu_off > 0, ALPHA=float(m.alpha), LIMIT=float(m.limit), EPI=epi,
         Q8X=q8,
         R=cfg.r, LR=cfg.lr,
@@ -1023,38 +870,6 @@ def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n:
         MODE=mode, PREFETCH=cfg.prefetch, num_warps=cfg.wk, maxnreg=cfg.maxnreg, PLANES=planes is not None, LB=lb,
         HB=hb, CENTER=center, LUT=lut is not None, **pdl_args("gemv"),
     )
-
-
-@dataclass(frozen=True)
-class _TailArgs:
-    args: tuple  # res, hs, nw, yw, sc, nq, ns, tc, eps
-    mode: int = 0
-    q8: int = 0
-    ch: int = 256
-    neox: bool = False
-    epilogue: tuple | None = None  # (RopeTail: the rotation's operands in the epilogue's places)
-
-
-def _tail_args(tail: NormTail | RopeTail | None, out: torch.Tensor, counters: torch.Tensor, rows: int, n: int,
-               tiles: int) -> _TailArgs:
-    """The kernel's TAIL operands: the NormTail's tensors, a scratch of a row's y and tile sums, its
-    counters (after the row tiles' in the weight's counters); a RopeTail's weights and rotation;
-    fillers without a tail."""
-    if tail is None:
-        return _TailArgs((out, out, out, out, out, out, out, counters, 0.0))
-    if isinstance(tail, RopeTail):
-        hd = tail.head_dim
-        kstart, vstart = tail.n_heads * hd, (tail.n_heads + tail.n_heads_k) * hd
-        epilogue = (0, out, counters, counters, tail.cos, tail.sin, tail.positions, tail.n_rot // 2, out, out,
-                    counters, kstart, vstart, hd, 0, 0, 0)
-        return _TailArgs((out, out, tail.w_q, tail.w_k, out, out, out, counters, float(tail.eps)), 3,
-                         ch=triton.next_power_of_2(hd), neox=bool(tail.neox), epilogue=epilogue)
-    codes, scales = tail.q8 if tail.q8 is not None else (out, out)
-    scratch = torch.empty(rows * (n + tiles), dtype=torch.float32, device=out.device)
-    args = (tail.res, tail.sum_out, tail.w, tail.w if tail.w_y is None else tail.w_y, scratch, codes, scales,
-            counters, float(tail.eps))
-    ch = min(1024, max(32, triton.next_power_of_2(n)))
-    return _TailArgs(args, 1 if tail.w_y is None else 2, 0 if tail.q8 is None else codes.shape[-1] // 8, ch)
 
 
 def gemv_operands(what: str, x: torch.Tensor, words: torch.Tensor, n: int, k: int, out: torch.Tensor | None,

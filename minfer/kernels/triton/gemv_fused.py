@@ -5,16 +5,6 @@ where a decode row ran two or three, and one pass over the output instead of thr
     gemv_geglu:  out [1, f]  = gelu_tanh(y[:f]) * y[f:] (gemma's feed-forward; the SwiGLU layout)
     gemv_rope:   out [1, n]  = RoPE(y + b) on the first n_heads * head_dim columns, y + b on the
                  rest,  y = x @ W^T,  W the stacked q+k+v [n, k] (b zero for models without bias)
-    gemv_add_rms_norm:      out [m, n] = RMSNorm(res + y) * w_n,  res + y into the residual,  m <= 8
-    gemv_norm_add_rms_norm: the same with res + RMSNorm(y) * w_y (gemma's post-norm), y = x @ W^T
-    gemv_norm_rope:         out [m, n] = y with its q and k heads RMS-normed per head, then rotated
-                            (qwen3's and gemma3's q / k norms and RoPE; v's columns as they are)
-
-The add + norm ones are a tail, not an epilogue: a row's norm needs all of its columns, so each
-program adds its tile into the residual and stores its sum of squares, and the last of a row's
-programs to finish (gemv.py `_norm_tail`) normalises the row; likewise a head's norm and RoPE
-(`_rope_tail`: the last of the head's tiles). They read the weight in its plain GEMV layout (the
-one copy the GEMV and the prompt matmuls read).
 
 Both run gemv.py's GEMV kernel unchanged up to its store (its tile, K loop, split K and every
 weight type it reads: Q4_0, Q4_1, Q4_K, Q8_0, Q5_0, Q5_1, Q5_K, Q6_K, Q3_K, Q2_K; the lookup types IQ4_NL,
@@ -36,24 +26,22 @@ n must be a multiple of BLOCK_N (a whole number of pair tiles).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
 from ...errors import UnsupportedError
 from ...quant.types import GGMLType
 from ._common import check_device, check_tensor, make_out
-from .gemv import ACT_Q8_PASSES, NormTail, RopeTail, gemv_operands, glu_epilogue
+from .gemv import ACT_Q8_PASSES, glu_epilogue
 from .qmatmul import (
     GemvConfig,
     GemvPacked,
     gemv_default_config,
     gemv_type,
     launch_packed,
-    packed_gemv,
     repack_gemv,
 )
-from .quantize import act_q8_out
 
 EPI_SWIGLU, EPI_ROPE, EPI_ROPE_KV, EPI_GEGLU = 1, 2, 3, 4
 
@@ -257,98 +245,4 @@ def gemv_rope(x: torch.Tensor, w: PairPacked | torch.Tensor, b: torch.Tensor, po
     launch_packed(what, x, w.inner, out, w.config,
                   (EPI_ROPE_KV, b, w.dst, w.fi, cos, sin, positions, half, cache_k, cache_v, row_slots, kstart, vstart,
                    hd, layer * slots * nkv * n_ctx * hd, nkv * n_ctx * hd, n_ctx * hd), xq)
-    return out
-
-
-def gemv_add_rms_norm(x: torch.Tensor, w: GemvPacked | torch.Tensor, res: torch.Tensor, w_n: torch.Tensor, n: int,
-                      k: int, qtype: GGMLType | int | str, eps: float, out: torch.Tensor | None = None, *,
-                      sum_out: torch.Tensor | None = None, q8: tuple | None = None,
-                      xq: tuple | None = None, config: GemvConfig | dict | None = None) -> torch.Tensor:
-    """out [m, n] f32 = RMSNorm(res + x @ W^T) * w_n for m <= 8 decode rows (x f32 [k] or [m, k],
-    res f32 [m, n]), W an [n, k] weight of any GEMV type: its packed GEMV layout (`repack_gemv`)
-    or raw GGUF bytes (repacked per call). The sum res + x @ W^T is stored into `sum_out` (res
-    itself updates the residual in place; None: a buffer of the call's). `q8` = (codes, scales)
-    buffers of quantize_act_q8's shapes: out's int8 records too; `xq`: x's int8 form, made before;
-    `config`: a GemvConfig (or its fields) instead of the type's default (tests)."""
-    return _gemv_tail("gemv_add_rms_norm", x, w, res, None, w_n, n, k, qtype, eps, out, sum_out, q8, xq, config)
-
-
-def gemv_norm_add_rms_norm(x: torch.Tensor, w: GemvPacked | torch.Tensor, res: torch.Tensor, w_y: torch.Tensor,
-                           w_n: torch.Tensor, n: int, k: int, qtype: GGMLType | int | str, eps: float,
-                           out: torch.Tensor | None = None, *, sum_out: torch.Tensor | None = None,
-                           q8: tuple | None = None, xq: tuple | None = None,
-                           config: GemvConfig | dict | None = None) -> torch.Tensor:
-    """gemv_add_rms_norm with gemma's post-norm of the GEMV's output: out = RMSNorm(h) * w_n,
-    h = res + RMSNorm(x @ W^T) * w_y (stored into `sum_out`), both norms with `eps`."""
-    return _gemv_tail("gemv_norm_add_rms_norm", x, w, res, w_y, w_n, n, k, qtype, eps, out, sum_out, q8, xq,
-                      config)
-
-
-def _gemv_tail(what: str, x, w, res, w_y, w_n, n, k, qtype, eps, out, sum_out, q8, xq, config) -> torch.Tensor:
-    t = gemv_type(what, qtype)
-    w = packed_gemv(what, w, n, k, t)
-    out, cfg = gemv_operands(what, x, w.d, n, k, out, config, lambda: gemv_default_config(n, k, t, _act_q8(w)))
-    rows = out.shape[0]
-    for name, v in (("w_n", w_n), ("w_y", w_y)):
-        if v is not None:
-            check_tensor(what, name, v, (torch.float32,), ndim=(1,))
-            if v.numel() != n:
-                raise UnsupportedError(f"{what}: {name} must be [{n}], got {tuple(v.shape)}")
-    check_tensor(what, "res", res, (torch.float32,), ndim=(1, 2))
-    if res.numel() != rows * n:
-        raise UnsupportedError(f"{what}: res must be [{rows}, {n}] (x's rows), got {tuple(res.shape)}")
-    if not (isinstance(eps, float | int) and eps >= 0):
-        raise UnsupportedError(f"{what}: eps must be a number >= 0, got {eps!r}")
-    device = check_device(what, x=x, qs=w.d, res=res, w_n=w_n, w_y=w_y, out=out, sum_out=sum_out)
-    sum_out = make_out(what, sum_out, res.shape, torch.float32, device)
-    if q8 is not None:
-        q8 = act_q8_out(what, q8, rows, n, device)[:2]
-    launch_packed(what, x, w, out, cfg, xq=xq, tail=NormTail(res, sum_out, w_n, float(eps), w_y, q8))
-    return out
-
-
-def _act_q8(w: GemvPacked) -> int:
-    """The int8 activation passes w was packed for (the planes types: none)."""
-    return getattr(w, "act_q8", 0)
-
-
-def gemv_norm_rope(x: torch.Tensor, w: GemvPacked | torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor,
-                   positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n: int, k: int,
-                   qtype: GGMLType | int | str, n_heads: int, n_heads_k: int, head_dim: int, n_rot: int, neox: bool,
-                   eps: float, out: torch.Tensor | None = None, *, xq: tuple | None = None,
-                   config: GemvConfig | dict | None = None) -> torch.Tensor:
-    """out [m, n] f32 = x @ W^T for m <= 8 decode rows, with its first n_heads (q) and next n_heads_k
-    (k) heads of head_dim RMS-normed with w_q / w_k ([head_dim], `eps`) and rotated as rope.norm_rope
-    does, at positions[row] (int32 [m]; cos / sin f32 [n_ctx, n_rot / 2]); the columns after them
-    (v) as the GEMV computes them. W as for gemv_add_rms_norm; head_dim a multiple of the GEMV
-    tile's rows (each head its own tiles)."""
-    what = "gemv_norm_rope"
-    t = gemv_type(what, qtype)
-    w = packed_gemv(what, w, n, k, t)
-    out, cfg = gemv_operands(what, x, w.d, n, k, out, config, lambda: gemv_default_config(n, k, t, _act_q8(w)))
-    rows = out.shape[0]
-    while isinstance(head_dim, int) and head_dim % cfg.block_n and cfg.r > 1:
-        cfg = replace(cfg, r=cfg.r // 2)  # (each head its own row tiles; the layout does not depend on the tile)
-    for name, v in (("n_heads", n_heads), ("n_heads_k", n_heads_k), ("head_dim", head_dim), ("n_rot", n_rot)):
-        if not (isinstance(v, int) and v >= 1):
-            raise UnsupportedError(f"{what}: {name} must be an int >= 1, got {v!r}")
-    if (n_heads + n_heads_k) * head_dim > n or n_rot > head_dim or n_rot % 2 or head_dim % cfg.block_n:
-        raise UnsupportedError(f"{what}: {n_heads} + {n_heads_k} heads of {head_dim} (n_rot {n_rot}, even, at most "
-                               f"head_dim; head_dim a multiple of the {cfg.block_n}-row tile) do not fit {n} columns")
-    for name, v in (("w_q", w_q), ("w_k", w_k)):
-        check_tensor(what, name, v, (torch.float32,), ndim=(1,))
-        if v.numel() != head_dim:
-            raise UnsupportedError(f"{what}: {name} must be [{head_dim}], got {tuple(v.shape)}")
-    check_tensor(what, "positions", positions, (torch.int32,), ndim=(1,))
-    if positions.numel() != rows:
-        raise UnsupportedError(f"{what}: one position a row ({rows}), got {positions.numel()}")
-    for name, table in (("cos", cos), ("sin", sin)):
-        check_tensor(what, name, table, (torch.float32,), ndim=(2,))
-        if table.shape[1] != n_rot // 2:
-            raise UnsupportedError(f"{what}: {name} must be [n_ctx, {n_rot // 2}], got {tuple(table.shape)}")
-    if not (isinstance(eps, float | int) and eps >= 0):
-        raise UnsupportedError(f"{what}: eps must be a number >= 0, got {eps!r}")
-    check_device(what, x=x, qs=w.d, w_q=w_q, w_k=w_k, positions=positions, cos=cos, sin=sin, out=out)
-    launch_packed(what, x, w, out, cfg, xq=xq, tail=RopeTail(w_q, w_k, positions, cos, sin, n_heads, n_heads_k,
-                                                             head_dim, n_rot, bool(neox), float(eps)))
     return out

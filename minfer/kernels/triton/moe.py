@@ -42,7 +42,8 @@ one CUDA graph with no host sync, and one launch runs every chosen expert of eve
 - `moe_gemv_sum` (graph/ir.py MoEMatMulSum, decode rows and batches): a layer's down expert matmul
   and the weighted sum of its slots in one launch: the GEMV kernel's MOE_SUM mode, where the last of
   a row's slots to finish a row tile adds the row's slots (moe_sum_rows' order; split K's
-  last-arriver counters), so it equals moe_gemv then moe_sum_rows bit for bit.
+  last-arriver counters), so it equals moe_gemv then moe_sum_rows (within an ulp compiled: the
+  weighted sum's multiply-adds may be contracted otherwise).
 - `moe_mmq`: the same grouping with mmq.py's int8 tensor-core kernel in its MOE mode (x quantized
   per 32 in the kernel): slower than `moe_mm16` (H200: 1.8 against 0.6 ms for a 512-token prompt's
   gate), kept for its arithmetic (llama.cpp's 8-bit activations) and picked only when pinned.

@@ -51,7 +51,6 @@ from .gemv import (
     ACT_Q8_PASSES,
     Q4_0,
     GemvConfig,
-    GemvTail,
     MoeLaunch,
     _check_nk,
     _gemv_scratch,
@@ -171,11 +170,10 @@ def q4_0_gemv(
 
 
 def launch_q4_0(what: str, x: torch.Tensor, w: Q4_0Packed, out: torch.Tensor, cfg: GemvConfig,
-                epilogue: tuple | None = None, xq: tuple | None = None, moe: MoeLaunch | None = None,
-                tail: GemvTail | None = None) -> None:
-    """Launch the GEMV kernel on a Q4_0Packed weight (x, out checked by the caller; `moe`, `tail`: gemv.py)."""
+                epilogue: tuple | None = None, xq: tuple | None = None, moe: MoeLaunch | None = None) -> None:
+    """Launch the GEMV kernel on a Q4_0Packed weight (x, out checked by the caller; `moe`: gemv.py)."""
     n = w.n if moe is None else moe.rows
-    _launch_gemv(what, x, w, w.d, w.d, 0, 0, out, n, w.k, cfg, epilogue=epilogue, xq=xq, moe=moe, tail=tail)
+    _launch_gemv(what, x, w, w.d, w.d, 0, 0, out, n, w.k, cfg, epilogue=epilogue, xq=xq, moe=moe)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import torch
 
 from ...errors import UnsupportedError
 from ...quant.types import GGMLType
-from .gemv import ACT_Q8_PASSES, GemvConfig, GemvTail, MoeLaunch, gemv_config
+from .gemv import ACT_Q8_PASSES, GemvConfig, MoeLaunch, gemv_config
 from .int4 import INT4_TYPES, Int4Packed, launch_int4, repack_int4
 from .lut4 import LUT4_TYPES, Lut4Packed, launch_lut4, lut4_config, repack_lut4
 from .planes import PLANE_TYPES, PlanesPacked, _plane_type, launch_planes, planes_config, repack_planes
@@ -44,20 +44,6 @@ def repack_gemv(raw: torch.Tensor, n: int, k: int, qtype: GGMLType, act_q8: int 
     return repack_planes(raw, n, k, qtype)
 
 
-def packed_gemv(what: str, w, n: int, k: int, t: GGMLType) -> GemvPacked:
-    """`w` as a packed GEMV weight of type t and shape [n, k]: raw GGUF bytes repacked (per call),
-    a packed one checked against the call."""
-    if isinstance(w, torch.Tensor):
-        w = repack_gemv(w, n, k, t)
-    elif not isinstance(w, (Q4_0Packed, Int4Packed, PlanesPacked, Lut4Packed)):
-        raise UnsupportedError(f"{what}: w must be a packed GEMV weight (Q4_0Packed, Int4Packed, PlanesPacked, "
-                               f"Lut4Packed) or raw GGUF bytes, got {type(w).__name__}")
-    wt = GGMLType.Q4_0 if isinstance(w, Q4_0Packed) else w.qtype
-    if (w.n, w.k, wt) != (n, k, t):
-        raise UnsupportedError(f"{what}: w is a packed {wt.name} [{w.n}, {w.k}], the call says {t.name} [{n}, {k}]")
-    return w
-
-
 def gemv_default_config(n: int, k: int, qtype: GGMLType, act_q8: int = ACT_Q8_PASSES) -> GemvConfig:
     """The config the type's own GEMV launches an [n, k] weight with (`act_q8` as repack_gemv's)."""
     if qtype == GGMLType.Q4_0:
@@ -70,21 +56,19 @@ def gemv_default_config(n: int, k: int, qtype: GGMLType, act_q8: int = ACT_Q8_PA
 
 
 def launch_packed(what: str, x: torch.Tensor, w: GemvPacked, out: torch.Tensor, cfg: GemvConfig,
-                  epilogue: tuple | None = None, xq: tuple | None = None, moe: MoeLaunch | None = None,
-                  tail: GemvTail | None = None) -> None:
+                  epilogue: tuple | None = None, xq: tuple | None = None, moe: MoeLaunch | None = None) -> None:
     """Launch the GEMV kernel on a packed weight of any GEMV type (x, out checked by the caller).
     `xq`: x already quantized (quantize_act_q8's (codes, scales), e.g. by the RMSNorm before it),
     used when the config takes int8 activations of as many passes. `moe`: the expert mode (gemv.py
-    MoeLaunch: w stacks experts; one launch runs every slot's expert, moe.py). `tail`: the residual
-    add and RMSNorm after it (gemv.py NormTail; out the normed rows)."""
+    MoeLaunch: w stacks experts; one launch runs every slot's expert, moe.py)."""
     if isinstance(w, Q4_0Packed):
-        launch_q4_0(what, x, w, out, cfg, epilogue, xq, moe, tail)
+        launch_q4_0(what, x, w, out, cfg, epilogue, xq, moe)
     elif isinstance(w, Int4Packed):
-        launch_int4(what, x, w, out, cfg, epilogue, xq, moe, tail)
+        launch_int4(what, x, w, out, cfg, epilogue, xq, moe)
     elif isinstance(w, Lut4Packed):
-        launch_lut4(what, x, w, out, cfg, epilogue, xq, moe, tail)
+        launch_lut4(what, x, w, out, cfg, epilogue, xq, moe)
     else:
-        launch_planes(what, x, w, out, cfg, epilogue, moe, tail)
+        launch_planes(what, x, w, out, cfg, epilogue, moe)
 
 
 def q8_passes(n: int, k: int, qtype: GGMLType | int | str, act_q8: int = ACT_Q8_PASSES, **_) -> int:

@@ -107,11 +107,13 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch
 
 
 @triton.jit
-def norm_rope_head(src, dst, w_ptr, p, cos_ptr, sin_ptr, HD, HALF, eps, NEOX: tl.constexpr, BLOCK_HALF: tl.constexpr,
-                   BLOCK_HD: tl.constexpr, CG: tl.constexpr = False, PDL: tl.constexpr = False):
-    """One head of HD values at src, RMS-normed with w_ptr's weights and rotated at position p,
-    stored at dst (may be src: every value is loaded before any store). CG: src's values were
-    written by other programs (L2 reads); PDL: release the next kernel before the stores."""
+def _norm_rope_kernel(x_ptr, wq_ptr, wk_ptr, pos_ptr, cos_ptr, sin_ptr, out_ptr, stride_x, N, NQ, HD, HALF, eps,
+                      NEOX: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_HD: tl.constexpr, PDL: tl.constexpr):
+    release_next(PDL)
+    wait_prior(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    p = tl.load(pos_ptr + row).to(tl.int64)
     i = tl.arange(0, BLOCK_HALF)
     mi = i < HALF
     j = tl.arange(0, BLOCK_HD)
@@ -122,37 +124,22 @@ def norm_rope_head(src, dst, w_ptr, p, cos_ptr, sin_ptr, HD, HALF, eps, NEOX: tl
     else:
         ia = 2 * i
         ib = 2 * i + 1
-    if CG:
-        a = tl.load(src + ia, mask=mi, other=0.0, cache_modifier=".cg").to(tl.float32)
-        b = tl.load(src + ib, mask=mi, other=0.0, cache_modifier=".cg").to(tl.float32)
-        t = tl.load(src + j, mask=mj, other=0.0, cache_modifier=".cg").to(tl.float32)
-    else:
-        a = tl.load(src + ia, mask=mi, other=0.0).to(tl.float32)
-        b = tl.load(src + ib, mask=mi, other=0.0).to(tl.float32)
-        t = tl.load(src + j, mask=mj, other=0.0).to(tl.float32)
+    src = x_ptr + row * stride_x + head * HD
+    a = tl.load(src + ia, mask=mi, other=0.0).to(tl.float32)
+    b = tl.load(src + ib, mask=mi, other=0.0).to(tl.float32)
+    t = tl.load(src + j, mask=mj, other=0.0).to(tl.float32)
     rstd = 1.0 / tl.sqrt((tl.sum(a * a, axis=0) + tl.sum(b * b, axis=0) + tl.sum(t * t, axis=0)) / HD + eps)
+    w_ptr = tl.where(head < NQ, wq_ptr, wk_ptr)
     a = a * rstd * tl.load(w_ptr + ia, mask=mi, other=0.0)
     b = b * rstd * tl.load(w_ptr + ib, mask=mi, other=0.0)
     t = t * rstd * tl.load(w_ptr + j, mask=mj, other=0.0)
     c = tl.load(cos_ptr + p * HALF + i, mask=mi, other=0.0)
     s = tl.load(sin_ptr + p * HALF + i, mask=mi, other=0.0)
     release_late(PDL)
+    dst = out_ptr + row * N + head * HD
     tl.store(dst + ia, a * c - b * s, mask=mi)
     tl.store(dst + ib, a * s + b * c, mask=mi)
     tl.store(dst + j, t, mask=mj)
-
-
-@triton.jit
-def _norm_rope_kernel(x_ptr, wq_ptr, wk_ptr, pos_ptr, cos_ptr, sin_ptr, out_ptr, stride_x, N, NQ, HD, HALF, eps,
-                      NEOX: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_HD: tl.constexpr, PDL: tl.constexpr):
-    release_next(PDL)
-    wait_prior(PDL)
-    row = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
-    p = tl.load(pos_ptr + row).to(tl.int64)
-    norm_rope_head(x_ptr + row * stride_x + head * HD, out_ptr + row * N + head * HD,
-                   tl.where(head < NQ, wq_ptr, wk_ptr), p, cos_ptr, sin_ptr, HD, HALF, eps, NEOX, BLOCK_HALF, BLOCK_HD,
-                   PDL=PDL)
 
 
 def norm_rope(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,

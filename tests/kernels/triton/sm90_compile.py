@@ -111,13 +111,9 @@ def variants():
            "slot_ptr": "*i32", "KSTART": "i32", "VSTART": "i32", "HD": "i32", "LAYER_OFF": "i64", "S_STRIDE": "i64",
            "H_STRIDE": "i64", "EPI": c, "xs_ptr": "*fp32", "Q8X": c, "t0": "i32", "t1": "i32", "t2": "i32",
            "t3": "i32", "ids_ptr": "*i32", "XDIV": "i32", "XROWS": "i32", "GLU_OFF": "i32", "wt_ptr": "*fp32", "LUT": c,
-           "MOE": c, "MOE_BIAS": c, "ROWS": c, "MOE_GLU": c, "ALPHA": c, "LIMIT": c, "MOE_SUM": c,
-           "res_ptr": "*fp32", "hs_ptr": "*fp32", "nw_ptr": "*fp32", "yw_ptr": "*fp32", "sc_ptr": "*fp32",
-           "nq_ptr": "*i32", "ns_ptr": "*fp32", "tc_ptr": "*i32", "eps": "fp32", "TAIL": c, "TAIL_Q8": c, "TAIL_CH": c,
-           "NEOX": c}
+           "MOE": c, "MOE_BIAS": c, "ROWS": c, "MOE_GLU": c, "ALPHA": c, "LIMIT": c, "MOE_SUM": c}
     no_planes = {"PLANES": False, "LB": 4, "HB": 0, "CENTER": 0, "EPI": 0, "LUT": False, "MOE": False,
-                 "MOE_BIAS": False, "ROWS": False, "MOE_GLU": False, "ALPHA": 0.0, "LIMIT": 0.0, "MOE_SUM": False,
-                 "TAIL": 0, "TAIL_Q8": 0, "TAIL_CH": 256, "NEOX": False}
+                 "MOE_BIAS": False, "ROWS": False, "MOE_GLU": False, "ALPHA": 0.0, "LIMIT": 0.0, "MOE_SUM": False}
 
     def q8(passes):  # the x operand of a GEMV with int8 activations (passes > 0): code words
         return {"x_ptr": "*i32" if passes else "*fp32"}
@@ -140,30 +136,6 @@ def variants():
                 opts = {"num_warps": cfg.wk, "maxnreg": cfg.maxnreg}
                 out.append((name, gemv._q4_0_gemv_kernel, dict(sig, d_ptr=d_t, m_ptr=m_t, **q8(cfg.q8)), consts,
                             opts))
-    # the GEMVs with the residual add and the norm as their tail (gemv_fused.py gemv_add_rms_norm): a 7B's
-    # attention output [3584, 3584] and down [3584, 18944] (Q4_0, Q4_K), gemma3-1b's (its small tile), with
-    # the next GEMV's int8 records (TAIL_Q8 2) or not, gemma's post-norm (TAIL 2), one row and small batches
-    for mode in (0, 2):
-        d_t, m_t = scale_types[mode]
-        for n, k, tail, tq8, rows in [(3584, 3584, 1, 2, False), (3584, 18944, 1, 2, False), (3584, 18944, 1, 2, True),
-                                      (1152, 1152, 2, 0, False), (1152, 6912, 2, 2, False)]:
-            cfg = gemv.gemv_config(n, k, mode > 0)
-            consts = dict(R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=cfg.split > 1, EVEN_K=False,
-                          MODE=mode, PREFETCH=cfg.prefetch, PDL=True, Q8X=cfg.q8,
-                          **dict(no_planes, ROWS=rows, TAIL=tail, TAIL_Q8=tq8, TAIL_CH=1024))
-            out.append((f"gemv_tail[mode {mode} {n}x{k} tail {tail} q8={cfg.q8}/{tq8}{' rows' if rows else ''}]",
-                        gemv._q4_0_gemv_kernel, dict(sig, d_ptr=d_t, m_ptr=m_t, **q8(cfg.q8)), consts,
-                        {"num_warps": cfg.wk, "maxnreg": cfg.maxnreg}))
-        # the q+k+v GEMV with the q / k heads' norms and RoPE (TAIL 3): qwen3-8b's [6144, 4096] (heads of 128),
-        # gemma3-1b's [1536, 1152] (heads of 256)
-        for n, k, hd in [(6144, 4096, 128), (1536, 1152, 256)]:
-            cfg = gemv.gemv_config(n, k, mode > 0)
-            consts = dict(R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=cfg.split > 1, EVEN_K=False,
-                          MODE=mode, PREFETCH=cfg.prefetch, PDL=True, Q8X=cfg.q8,
-                          **dict(no_planes, TAIL=3, TAIL_CH=hd, NEOX=True))
-            out.append((f"gemv_rope_tail[mode {mode} {n}x{k} hd {hd} q8={cfg.q8}]", gemv._q4_0_gemv_kernel,
-                        dict(sig, d_ptr=d_t, m_ptr=m_t, **q8(cfg.q8)), consts,
-                        {"num_warps": cfg.wk, "maxnreg": cfg.maxnreg}))
     # the planes types (planes_gemv): each type at the production configs of a wide and a long-K shape
     ptr = {torch.int8: "*i8", torch.int16: "*i16", torch.int32: "*i32", torch.float16: "*fp16"}
     plane_dtypes = {0: (torch.float16, torch.float16), 1: (torch.float16, torch.float16),
@@ -175,15 +147,11 @@ def variants():
             name = f"planes_gemv[{t.name} wk{cfg.wk} split={cfg.split} prefetch={cfg.prefetch} regs={cfg.maxnreg}]"
             consts = dict(R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=cfg.split > 1, EVEN_K=False,
                           MODE=pt.mode, PREFETCH=cfg.prefetch, PDL=True, PLANES=True, LB=pt.lb, HB=pt.hb,
-                          CENTER=pt.center, EPI=0, Q8X=0, LUT=False, ROWS=False, TAIL=0, TAIL_Q8=0, TAIL_CH=256,
-                          NEOX=False)
+                          CENTER=pt.center, EPI=0, Q8X=0, LUT=False, ROWS=False)
             planes_sig = dict(sig, qs_ptr=ptr[planes._WORD_DTYPES[pt.lb]], d_ptr=ptr[d_t], m_ptr=ptr[m_t],
                           h_ptr=ptr[planes._WORD_DTYPES[pt.hb]] if pt.hb else ptr[planes._WORD_DTYPES[pt.lb]])
             opts = {"num_warps": cfg.wk, "maxnreg": cfg.maxnreg}
             out.append((name, gemv._q4_0_gemv_kernel, planes_sig, consts, opts))
-            if t in (GGMLType.Q6_K, GGMLType.Q8_0) and k > n:  # a down projection with the add + norm tail
-                out.append((f"planes_gemv_tail[{t.name} {n}x{k}]", gemv._q4_0_gemv_kernel, planes_sig,
-                            dict(consts, TAIL=1, TAIL_Q8=2, TAIL_CH=1024), opts))
     # the lookup types (lut4_gemv): each at the production configs of a wide and a long-K shape, f32 and int8 x
     lut_scales = {0: ("*fp16", "*fp16"), 5: ("*i8", "*fp16"), 6: ("*u8", "*u8")}
     for t in lut4.LUT4_TYPES:

@@ -13,6 +13,7 @@ import torch
 from minfer.contracts.harness import random_blocks
 from minfer.errors import UnsupportedError
 from minfer.kernels.triton import mmq, moe
+from minfer.kernels.triton._common import INTERPRETING
 from minfer.quant import reference
 from minfer.quant.types import QUANT_TABLE, GGMLType
 
@@ -277,8 +278,10 @@ def test_glu_kernels_refuse_what_they_cannot_run(device, gen):
 @pytest.mark.parametrize("config", [None, {"r": 4, "lr": 4, "wk": 1, "q8": 2}], ids=["row-tile", "batch-tile"])
 def test_gemv_sum_gives_the_chain_it_replaces(t, config, device, gen, check):
     """An expert layer's down projection and the weighted sum of its slots in one launch
-    (moe_gemv_sum) equals moe_gemv then moe_sum_rows bit for bit (the last of a row's slots to
-    finish a row tile adds them in slot order), with each slot's own x and expert bias; n = 40 ends
+    (moe_gemv_sum) equals moe_gemv then moe_sum_rows (the last of a row's slots to finish a row tile
+    adds them in slot order): bit for bit under the interpreter, within an ulp compiled (the two
+    kernels' multiply-adds may be contracted differently: 4.8e-7 on values ~4, an H100 run of
+    2026-12-05), with each slot's own x and expert bias; n = 40 ends
     part-way through a row tile; three calls through the same weight, whose arrival counters each
     call must leave at zero; against float64 within f32 summation (or the int8 records' bound): a
     weight of the wrong slot, a slot's sums read from another row or a row's sum landing in another
@@ -298,7 +301,9 @@ def test_gemv_sum_gives_the_chain_it_replaces(t, config, device, gen, check):
         out = check.poisoned((tokens, n), torch.float32, device)
         moe.moe_gemv_sum(dx, dids, dwt, packed, n, k, t, e, out=out, bias=dbias, config=config)
         chain = moe.moe_sum_rows(moe.moe_gemv(dx, dids, packed, n, k, t, e, bias=dbias, config=cfg), dwt)
-        assert torch.equal(out.cpu(), chain.cpu()), float((out - chain).abs().max())
+        if INTERPRETING:
+            assert torch.equal(out.cpu(), chain.cpu()), float((out - chain).abs().max())
+        torch.testing.assert_close(out.cpu(), chain.cpu(), rtol=1e-6, atol=1e-6)
         ref = (_ref(x, ids, w, bias) * weights.double().unsqueeze(-1)).sum(1)
         q8 = (cfg["q8"] if isinstance(cfg, dict) else cfg.q8) and t != GGMLType.Q6_K
         assert check.rel_err(out, ref) < (2e-3 if q8 else 1e-5)

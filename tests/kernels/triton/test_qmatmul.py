@@ -143,7 +143,7 @@ def test_gemv_config_choice():
     mid = gemv.gemv_config(2048, 4096)  # 64 row tiles, 128 blocks: 8 splits of 2 K steps
     packed = repack_q4_0(torch.zeros(2048 * 4096 // 32 * 18, dtype=torch.uint8), 2048, 4096)
     assert mid.split == 8 and gemv._split_plan(mid, 2048, 4096)[1] == 8
-    assert packed.partials.numel() == 8 * 2048 and packed.counters.numel() == 2048 + gemv.SMALL_ROWS
+    assert packed.partials.numel() == 8 * 2048 and packed.counters.numel() == 2048
     # prefetching (f32 activations): the attention projections (few K steps per program) and every
     # affine (Q4_1 / Q4_K) shape
     tile = gemv._gemv_config
