@@ -297,20 +297,21 @@ elif [ "$PARTS" = lastarrive ]; then  # stop 48's last-arriver fusions (MoERoute
   # last-split combine) against the tree before them, no llama.cpp: qwen3moe, gemma3-1b and qwen2.5-0.5b tg128 here
   # and on .anchor/base47 (made before the call: git archive 30669dd minfer | tar x -C .anchor/base47), interleaved
   (synth gemma3-1b q4_0; synth qwen2.5-0.5b q4_0; echo "synth done $(since)") > $D/synth.txt 2>&1 &
-  (synth qwen3-30b-a3b q4_k_m; echo "synth done $(since)") > $D/synth2.txt 2>&1 &
+  [ "${SMALL_ONLY:-0}" = 1 ] || (synth qwen3-30b-a3b q4_k_m; echo "synth done $(since)") > $D/synth2.txt 2>&1 &
   while ! grep -q "synth done" $D/synth.txt; do sleep 2; done
   : > $D/bench.jsonl
   step small
-  for f in gemma3-1b-q4_0 qwen2.5-0.5b-q4_0; do for round in 1 2; do
-    minfer_rows $M/$f.gguf $f cuda -p 0 -n 128 -r 3 -b ""
-    (cd .anchor/base47 && PYTHONPATH=$PWD:/tmp/pylib minfer_rows $M/$f.gguf base47-$f cuda -p 0 -n 128 -r 3 -b "")
+  for f in gemma3-1b-q4_0 qwen2.5-0.5b-q4_0; do for round in 1 2; do  # (tg128 after pp512: the split attention)
+    minfer_rows $M/$f.gguf $f cuda -p 512 -n 128 -r 3 -b ""
+    (cd .anchor/base47 && PYTHONPATH=$PWD:/tmp/pylib minfer_rows $M/$f.gguf base47-$f cuda -p 512 -n 128 -r 3 -b "")
   done; done
+  [ "${SMALL_ONLY:-0}" = 1 ] && { cat $D/bench.jsonl >> $D/tables.txt; step done; exit 0; }  # (~3 minutes)
   while ! grep -q "synth done" $D/synth2.txt; do sleep 2; done
   step moe
   F=$M/qwen3-30b-a3b-q4_k_m.gguf
   for round in 1 2; do
-    minfer_rows $F qwen3-30b-a3b cuda -p 0 -n 128 -r 2 -b ""
-    (cd .anchor/base47 && PYTHONPATH=$PWD:/tmp/pylib minfer_rows $F base47-qwen3-30b-a3b cuda -p 0 -n 128 -r 2 -b "")
+    minfer_rows $F qwen3-30b-a3b cuda -p 512 -n 128 -r 2 -b ""
+    (cd .anchor/base47 && PYTHONPATH=$PWD:/tmp/pylib minfer_rows $F base47-qwen3-30b-a3b cuda -p 512 -n 128 -r 2 -b "")
   done
   cat $D/bench.jsonl >> $D/tables.txt
   step done; exit 0
