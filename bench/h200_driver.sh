@@ -147,6 +147,17 @@ build_cuda() {
    echo "cuda build rc=$? $(since)")
 }
 
+# moe_gputests TIMEOUT: the newest MoE kernels compiled (the GLU, down + sum and router + route fusions, the f32 GEMV,
+# moe_mm16) and the attention's last-split combine: their arrival orders are only testable on a GPU
+moe_gputests() {
+  MINFER_TEST_DEVICE=cuda timeout $1 python3 -m pytest -q -p no:cacheprovider tests/contracts/test_conformance.py \
+    tests/kernels/triton/test_moe.py tests/kernels/triton/test_gemv_f32.py tests/backends/test_cuda_backend.py \
+    tests/kernels/triton/test_families.py \
+    -k "glu or gemv_f32 or expert_gate_up or gemv_sum or route or router_and_down or mm16 or attention_rows or combine" \
+    > $D/gputests.txt 2>&1
+  tail -3 $D/gputests.txt
+}
+
 # issue 26's open cells: Qwen2.5-0.5B Q4_0 pp512 at 4 threads (0.79x), tg32 at 8 (0.97x): the Q4_0 product's scaling
 # (2 / 4 / 8 threads, twice), then the model at 4 and 8 threads three times, unpinned and with libgomp's threads one
 # per core (OMP_PLACES=cores OMP_PROC_BIND=spread), against llama.cpp
@@ -218,13 +229,8 @@ elif [ "$PARTS" = moequick ] || [ "$PARTS" = moequick+cpudiag ]; then  # a short
   build_cuda 14 > $D/llama-build.txt 2>&1 &
   [ "$PARTS" = moequick ] || (synth qwen2.5-0.5b q4_0 &)
   (synth qwen3-30b-a3b q4_k_m; echo "synth done $(since)") > $D/synth.txt 2>&1 &
-  step gputests  # the newest MoE kernels compiled: the GLU, down + sum and router + route fusions, the f32 GEMV
-  MINFER_TEST_DEVICE=cuda timeout 240 python3 -m pytest -q -p no:cacheprovider tests/contracts/test_conformance.py \
-    tests/kernels/triton/test_moe.py tests/kernels/triton/test_gemv_f32.py tests/backends/test_cuda_backend.py \
-    tests/kernels/triton/test_families.py \
-    -k "glu or gemv_f32 or expert_gate_up or gemv_sum or route or router_and_down or mm16 or attention_rows" \
-    > $D/gputests.txt 2>&1
-  tail -3 $D/gputests.txt
+  step gputests
+  moe_gputests 240
   [ "${SWEEP_ROWS:-1,16}" = 0 ] || { step moesweep  # SWEEP_ROWS=0: no sweep
   timeout 360 python3 bench/moe_gemv_sweep.py --rows ${SWEEP_ROWS:-1,16} --glu > $D/moe-gemv-sweep.txt 2>&1
   sed -n '/^--- moe_gemv/,$p' $D/moe-gemv-sweep.txt >> $D/tables.txt; cat $D/tables.txt; }
@@ -257,12 +263,7 @@ elif [ "$PARTS" = moearch ]; then  # stop 48's fusions measured in one call: the
   (synth qwen3-30b-a3b q4_k_m; synth gemma3-1b q4_0; echo "synth done $(since)") > $D/synth.txt 2>&1 &
   (synth gpt-oss-20b mxfp4; synth qwen3-8b q4_k_m; echo "synth done $(since)") > $D/synth2.txt 2>&1 &
   step gputests
-  MINFER_TEST_DEVICE=cuda timeout 300 python3 -m pytest -q -p no:cacheprovider tests/contracts/test_conformance.py \
-    tests/kernels/triton/test_moe.py tests/kernels/triton/test_gemv_f32.py tests/backends/test_cuda_backend.py \
-    tests/kernels/triton/test_families.py \
-    -k "glu or gemv_f32 or gemv_sum or route or router_and_down or mm16 or attention_rows or combine" \
-    > $D/gputests.txt 2>&1
-  tail -3 $D/gputests.txt
+  moe_gputests 300
   [ "${MM16SWEEP:-1}" = 1 ] && { step mm16sweep
   timeout 300 python3 bench/moe_mm16_sweep.py --glu --rows 512 --quick > $D/mm16-sweep.txt 2>&1
   cat $D/mm16-sweep.txt >> $D/tables.txt; }
