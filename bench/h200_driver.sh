@@ -25,6 +25,9 @@
 #   PARTS=lastarrive bash bench/h200_driver.sh start    stop 48's last-arriver fusions against the stop-47 tree in
 #                                                       .anchor/base47 (no llama.cpp): qwen3moe, gemma3-1b and
 #                                                       qwen2.5-0.5b tg128, two interleaved rounds: ~5 minutes
+#   PARTS=fusionab bash bench/h200_driver.sh start      the same fusions one at a time on this tree (bench/studies/
+#                                                       fusion_ab.py): gemma3-1b, qwen2.5-0.5b, then qwen3-30b-a3b
+#                                                       tg128 after pp512, two rounds: ~7 min (SMALL_ONLY=1: ~3)
 #   PARTS=moearch bash bench/h200_driver.sh start       stop 48's fusions: their compiled tests, moe_mm16's tiles, then
 #                                                       qwen3moe (and on .anchor/base-tree), gpt-oss-20b, gemma3-1b,
 #                                                       qwen3-8b, one round each against llama.cpp: ~18 minutes
@@ -87,6 +90,28 @@ d = json.load(sys.stdin)
 for r in d['results']:
     print(json.dumps({'engine': 'minfer', 'file': '$label', 'test': r['test'], 'tok_s': r['tok_s'],
                       'pct': r.get('pct_copy_bw')}))" | tee -a $D/bench.jsonl
+}
+# ab_rows VARIANT FILE LABEL ARGS...: minfer_rows with bench/studies/fusion_ab.py's VARIANT dropped (label LABEL/VARIANT)
+ab_rows() {
+  local v=$1 f=$2 label=$3; shift 3
+  timeout 400 python3 bench/studies/fusion_ab.py "$v" bench -m "$f" --device cuda "$@" --json 2>>$D/errors.txt \
+    | python3 -c "
+import json, sys
+d = json.load(sys.stdin)
+for r in d['results']:
+    print(json.dumps({'variant': '$v', 'file': '$label', 'test': r['test'], 'tok_s': r['tok_s']}))" | tee -a $D/bench.jsonl
+}
+# ab_table: per (file, test, variant) the rounds' tok/s and the change against "all", into tables.txt
+ab_table() {
+  python3 -c "
+import json, collections
+rows = collections.defaultdict(list)
+for line in open('$D/bench.jsonl'):
+    r = json.loads(line); rows[(r['file'], r['test'], r['variant'])].append(r['tok_s'])
+for (f, t, v), xs in sorted(rows.items()):
+    base = max(rows.get((f, t, 'all'), [0])) or 1
+    print(f'{f:18} {t:6} {v:14} ' + ' '.join(f'{x:10.1f}' for x in xs) + f'   best {max(xs) / base - 1:+.1%} vs all')
+" >> $D/tables.txt
 }
 # llama_rows BIN FILE LABEL ARGS...: llama-bench -o json rows
 llama_rows() {
@@ -316,6 +341,24 @@ elif [ "$PARTS" = lastarrive ]; then  # stop 48's last-arriver fusions (MoERoute
   done
   cat $D/bench.jsonl >> $D/tables.txt
   step done; exit 0
+elif [ "$PARTS" = fusionab ]; then  # stop 48's last-arriver fusions one at a time on this tree (bench/studies/
+  # fusion_ab.py drops them), no llama.cpp, no base tree: gemma3-1b and qwen2.5-0.5b (all / attn_combine), then
+  # qwen3-30b-a3b (all / moe_router / moe_sum / attn_combine); tg128 after a 512-token prompt, rounds interleaved
+  (synth gemma3-1b q4_0; synth qwen2.5-0.5b q4_0; echo "synth done $(since)") > $D/synth.txt 2>&1 &
+  [ "${SMALL_ONLY:-0}" = 1 ] || (synth qwen3-30b-a3b q4_k_m; echo "synth done $(since)") > $D/synth2.txt 2>&1 &
+  while ! grep -q "synth done" $D/synth.txt; do sleep 2; done
+  : > $D/bench.jsonl
+  step small
+  for round in 1 2; do for f in gemma3-1b-q4_0 qwen2.5-0.5b-q4_0; do for v in all attn_combine; do
+    ab_rows $v $M/$f.gguf $f -p 512 -n 128 -r 3 -b ""
+  done; done; done
+  [ "${SMALL_ONLY:-0}" = 1 ] && { ab_table; step done; exit 0; }  # (~3 minutes)
+  while ! grep -q "synth done" $D/synth2.txt; do sleep 2; done
+  step moe
+  for round in 1 2; do for v in all moe_router moe_sum attn_combine; do
+    ab_rows $v $M/qwen3-30b-a3b-q4_k_m.gguf qwen3-30b-a3b -p 512 -n 128 -r 2 -b ""
+  done; done
+  ab_table; step done; exit 0
 elif [ "$PARTS" = cpudiag ]; then
   cpudiag; step done; exit 0
 elif [ "$PARTS" = moelean ]; then  # the shortest budget: no llama.cpp build; qwen3moe B=16 on this tree and on $BASE
