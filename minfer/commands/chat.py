@@ -44,7 +44,8 @@ def add_conversation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-cnv", "--conversation", dest="conversation", action="store_true", default=None,
                    help="conversation mode (llama-cli's; `minfer chat` always is, `minfer run -cnv` becomes it)")
     p.add_argument("-no-cnv", "--no-conversation", dest="conversation", action="store_false",
-                   help="not conversation mode (llama-cli's; `minfer run` never is)")
+                   help="not conversation mode (llama-cli's; `minfer run` is one only with -cnv, or with no "
+                        "prompt at a terminal)")
 
 
 class Style:

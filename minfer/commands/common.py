@@ -215,11 +215,21 @@ def follower(a: argparse.Namespace, config: EngineConfig) -> bool:
     return True
 
 
+def prompt_given(a: argparse.Namespace) -> bool:
+    """Whether the command line names a prompt (PROMPT, -p TEXT or -f FILE)."""
+    return (a.prompt, a.prompt_flag, a.file) != (None, None, None)
+
+
 def read_prompt(a: argparse.Namespace) -> str:
-    """The prompt from -p/PROMPT, -f FILE, or stdin for "-" (exactly one of them)."""
+    """The prompt from -p/PROMPT, -f FILE, or stdin for "-" (at most one of them); none named: stdin
+    where it is not a terminal (`echo hi | minfer run`, as Ollama reads a piped prompt)."""
     given = [x for x in (a.prompt, a.prompt_flag) if x is not None]
     if a.file is not None:
         given.append(None)
+    if not given and sys.stdin is not None and not sys.stdin.isatty():
+        given.append("-")
+    if not given:
+        raise MinferError("no prompt: give it as PROMPT, -p TEXT, -f FILE, or - to read stdin (or -cnv to chat)")
     if len(given) != 1:
         raise MinferError("give the prompt once: as PROMPT, -p TEXT, -f FILE, or - to read stdin")
     if a.file is not None:

@@ -19,7 +19,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser("run", help="generate a continuation of a prompt, streamed to stdout",
                        description="Generate text from a prompt (special tokens like <|im_start|> are parsed). "
                                    "Prints prefill and decode tok/s on stderr. With -cnv it is `minfer chat` "
-                                   "(the prompt, if any, is the first message).")
+                                   "(the prompt, if any, is the first message). No prompt: a piped stdin is the "
+                                   "prompt, and at a terminal it is a chat (as `ollama run MODEL`).")
     common.add_model_args(p)
     common.add_sampling_args(p, n_predict=128)
     common.add_chat_args(p)
@@ -43,8 +44,10 @@ def run(a: argparse.Namespace) -> int:
     if common.follower(a, config):
         return 0
     template = common.read_template(a.chat_template)
+    if a.conversation is None and not common.prompt_given(a) and sys.stdin is not None and sys.stdin.isatty():
+        a.conversation = True  # no prompt at a terminal: a chat, as `ollama run MODEL` (-no-cnv: the error)
     if a.conversation:
-        first = common.read_prompt(a) if (a.prompt, a.prompt_flag, a.file) != (None, None, None) else None
+        first = common.read_prompt(a) if common.prompt_given(a) else None
         m = common.load_model(a, config, chat_template=template)
         try:
             chat_command.converse(m, a, params, first=first)

@@ -3,6 +3,7 @@ loads and named in errors, prompts from -p / -f / stdin, warnings, Ctrl-C in cha
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 
@@ -57,6 +58,29 @@ def test_prompt_from_file_flag_and_stdin_agree(tiny_gguf, tmp_path, run_cli):
     assert rc == 2 and "give the prompt once" in err
     rc, _, err = run_cli(common + ["-f", str(tmp_path / "nope.txt")])
     assert rc == 2 and "-f/--file" in err
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_no_prompt_reads_a_piped_stdin_and_chats_at_a_terminal(tiny_gguf, run_cli, monkeypatch, rendered_prompts):
+    """`echo text | minfer run` takes the pipe as its prompt (Ollama's `ollama run`), no chat template;
+    with no prompt at a terminal it is a chat (its first line the user's first message), and -no-cnv
+    there is a typed error."""
+    model = str(tiny_gguf())
+    common = ["run", "-m", model, "-n", "5", "--temp", "0", "--no-daemon"]
+    rc, piped, err = run_cli(common, stdin="hello there")
+    assert rc == 0, err
+    assert piped == run_cli(common + ["hello there"])[1] and piped.strip() and rendered_prompts == []
+    monkeypatch.setattr("sys.stdin", _Terminal("hello there\n"))
+    rc, _, err = run_cli(common)
+    assert rc == 0, err
+    assert len(rendered_prompts) == 1 and "hello there" in rendered_prompts[0]
+    monkeypatch.setattr("sys.stdin", _Terminal(""))
+    rc, _, err = run_cli(common + ["-no-cnv"])
+    assert rc == 2 and "no prompt" in err, err
 
 
 def test_context_past_training_warns(run_cli, tiny_gguf):
