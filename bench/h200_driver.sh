@@ -27,7 +27,8 @@
 #                                                       qwen2.5-0.5b tg128, two interleaved rounds: ~5 minutes
 #   PARTS=fusionab bash bench/h200_driver.sh start      the same fusions one at a time on this tree (bench/studies/
 #                                                       fusion_ab.py): gemma3-1b, qwen2.5-0.5b, then qwen3-30b-a3b
-#                                                       tg128 after pp512, two rounds: ~7 min (SMALL_ONLY=1: ~3)
+#                                                       tg128 after pp512, two rounds: ~7 min (SMALL_ONLY=1: ~3);
+#                                                       first bench/studies/deferred_norm.py (~1 min; DNORM=0: not)
 #   PARTS=moearch bash bench/h200_driver.sh start       stop 48's fusions: their compiled tests, moe_mm16's tiles, then
 #                                                       qwen3moe (and on .anchor/base-tree), gpt-oss-20b, gemma3-1b,
 #                                                       qwen3-8b, one round each against llama.cpp: ~18 minutes
@@ -346,6 +347,8 @@ elif [ "$PARTS" = fusionab ]; then  # stop 48's last-arriver fusions one at a ti
   # qwen3-30b-a3b (all / moe_router / moe_sum / attn_combine); tg128 after a 512-token prompt, rounds interleaved
   (synth gemma3-1b q4_0; synth qwen2.5-0.5b q4_0; echo "synth done $(since)") > $D/synth.txt 2>&1 &
   [ "${SMALL_ONLY:-0}" = 1 ] || (synth qwen3-30b-a3b q4_k_m; echo "synth done $(since)") > $D/synth2.txt 2>&1 &
+  [ "${DNORM:-1}" = 0 ] || { step dnorm  # first, while the files are made: the deferred RMSNorm's chain study
+  timeout 300 python3 bench/studies/deferred_norm.py > $D/dnorm.txt 2>&1; cat $D/dnorm.txt >> $D/tables.txt; }
   while ! grep -q "synth done" $D/synth.txt; do sleep 2; done
   : > $D/bench.jsonl
   step small

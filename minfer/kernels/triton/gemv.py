@@ -449,13 +449,13 @@ def _q4_0_gemv_kernel(
     x_ptr, qs_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, N, NKB, KB_SPLIT, NSPLIT, magic, half_shift, m_ptr, M_STRIDE,
     h_ptr, hi_shift, e_ptr, dst_ptr, fi_ptr, cos_ptr, sin_ptr, pos_ptr, HALF,
     ck_ptr, cv_ptr, slot_ptr, KSTART, VSTART, HD, LAYER_OFF, S_STRIDE, H_STRIDE, xs_ptr, t0, t1, t2, t3, ids_ptr,
-    XDIV, XROWS, GLU_OFF, wt_ptr,
+    XDIV, XROWS, GLU_OFF, wt_ptr, rs_ptr, RS_N, RS_K, RS_EPS,
     R: tl.constexpr, LR: tl.constexpr, LK: tl.constexpr, WK: tl.constexpr, SPLIT: tl.constexpr,
     EVEN_K: tl.constexpr, MODE: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
     PLANES: tl.constexpr, LB: tl.constexpr, HB: tl.constexpr, CENTER: tl.constexpr, EPI: tl.constexpr,
     Q8X: tl.constexpr, LUT: tl.constexpr = False, MOE: tl.constexpr = False, MOE_BIAS: tl.constexpr = False,
     ROWS: tl.constexpr = False, MOE_GLU: tl.constexpr = False, ALPHA: tl.constexpr = 0.0,
-    LIMIT: tl.constexpr = 0.0, MOE_SUM: tl.constexpr = False,
+    LIMIT: tl.constexpr = 0.0, MOE_SUM: tl.constexpr = False, RSTD: tl.constexpr = 0,
 ):
     # PLANES (the 5/6/8-bit and 2/3-bit types, `repack_planes`): qs_ptr holds the codes' low LB
     # bits (LB = 4: the nibble words; LB = 2: int16 words of 8 two-bit slots), h_ptr their high
@@ -481,6 +481,9 @@ def _q4_0_gemv_kernel(
     # of a row tile to arrive (counter cnt_ptr[row * row tiles + tile], acq_rel after a barrier, reset
     # by it) adds the row's slots weighted by wt_ptr [T, XROWS] in slot order (moe_sum_rows' order)
     # into part_ptr's row [T, N].
+    # RSTD > 0 (a deferred RMSNorm, the reader's half: x is h * w of an ADD_NORM store, not yet divided
+    # by h's rms): rs_ptr holds RS_N sums of squares of h (RSTD >= RS_N, a power of two), added in
+    # index order; the row's sums are scaled by 1 / sqrt(their sum / RS_K + RS_EPS) before the store.
     # ROWS (small decode batches, EPI 0, not MOE): XROWS rows of x, each the one-row GEMV of its own
     # programs: program_id(0) = tile * XROWS + row, so the rows of a weight tile run side by side and
     # read it from L2 once DRAM has given it; a row's arithmetic is the one-row kernel's (bit for bit).
@@ -586,6 +589,8 @@ def _q4_0_gemv_kernel(
             total = tl.zeros([LR, R], dtype=tl.float32)
             for s in range(0, NSPLIT):  # L2 reads (.cg): other SMs wrote these
                 total += tl.load(part_ptr + s * N + rows, mask=rows < N, other=0.0, cache_modifier=".cg")
+            if RSTD > 0:
+                total = total * _rstd(rs_ptr, RS_N, RS_K, RS_EPS, RSTD)
             _gemv_store(out_ptr, total, rows, N, pid_n, e_ptr, dst_ptr, fi_ptr, cos_ptr, sin_ptr, pos_ptr, HALF,
                         ck_ptr, cv_ptr, slot_ptr, KSTART, VSTART, HD, LAYER_OFF, S_STRIDE, H_STRIDE, BLOCK_N, EPI,
                         ALPHA, LIMIT)
@@ -600,12 +605,22 @@ def _q4_0_gemv_kernel(
                                other=0.0)
             else:
                 tot += tl.load(e_ptr + row0 + rows, mask=rows < N, other=0.0)
+        if RSTD > 0:
+            tot = tot * _rstd(rs_ptr, RS_N, RS_K, RS_EPS, RSTD)
         if MOE_SUM:
             _moe_sum_store(out_ptr, part_ptr, cnt_ptr, wt_ptr, tot, rows, N, pid_n, slot, XROWS)
         else:
             _gemv_store(out_ptr, tot, rows, N, pid_n, e_ptr, dst_ptr, fi_ptr, cos_ptr, sin_ptr, pos_ptr, HALF,
                         ck_ptr, cv_ptr, slot_ptr, KSTART, VSTART, HD, LAYER_OFF, S_STRIDE, H_STRIDE, BLOCK_N, EPI,
                         ALPHA, LIMIT)
+
+
+@triton.jit
+def _rstd(rs_ptr, RS_N, RS_K, RS_EPS, RSTD: tl.constexpr):
+    """A deferred RMSNorm's 1 / rms: its RS_N row tiles' sums of squares (ADD_NORM stores) in index order."""
+    i = tl.arange(0, RSTD)
+    ss = tl.sum(tl.load(rs_ptr + i, mask=i < RS_N, other=0.0, cache_modifier=".cg"), axis=0)
+    return 1.0 / tl.sqrt(ss / RS_K + RS_EPS)
 
 
 @triton.jit
@@ -643,9 +658,18 @@ def _gemv_store(out_ptr, tot, rows, N, pid_n, e_ptr, dst_ptr, fi_ptr, cos_ptr, s
     the bias e[col] to both, rotates the pair by the angle of frequency fi (cos/sin row of the
     position pos_ptr[0], HALF columns; fi < 0: no rotation) and stores each at its column dst[row];
     3: 2, and the columns from KSTART (keys) and VSTART (values) also into the f16 KV cache at
-    (slot_ptr[0], the position): head (col - start) // HD, dim (col - start) % HD."""
+    (slot_ptr[0], the position): head (col - start) // HD, dim (col - start) % HD. 6 (ADD_NORM, a
+    deferred RMSNorm's writer half): h = e + y stored over e (the residual), h * w (w at cos_ptr, the
+    next norm's weight) to out, and the tile's sum of h^2 to sin_ptr[pid_n] (the reader, RSTD, divides
+    by the rms)."""
     if EPI == 0:
         tl.store(out_ptr + rows, tot, mask=rows < N)
+    elif EPI == 6:  # ADD_NORM: h = res + y over res (e_ptr), h * w (cos_ptr) to out, sum(h^2) of the tile (sin_ptr)
+        m = rows < N
+        h = tl.where(m, tl.load(e_ptr + rows, mask=m, other=0.0) + tot, 0.0)
+        tl.store(e_ptr + rows, h, mask=m)
+        tl.store(out_ptr + rows, h * tl.load(cos_ptr + rows, mask=m, other=0.0), mask=m)
+        tl.store(sin_ptr + pid_n, tl.sum(tl.sum(h * h, axis=1), axis=0))
     else:
         HB2: tl.constexpr = BLOCK_N // 2
         flat = tl.reshape(tl.permute(tot, (1, 0)), (2, HB2))  # [half, l]: local row half * HB2 + l
@@ -823,19 +847,40 @@ class MoeLaunch:
     sum_out: torch.Tensor | None = None
 
 
+def add_norm_epilogue(res: torch.Tensor, w: torch.Tensor, ss: torch.Tensor, out: torch.Tensor,
+                      filler: torch.Tensor) -> tuple:
+    """`_launch_gemv`'s epilogue tuple for EPI 6 (ADD_NORM): the residual `res` (the sum written over
+    it), the next norm's weight `w`, `ss` the row tiles' sums of squares; `filler` (any int32 tensor)
+    stands in for the operands it does not read."""
+    return (6, res, filler, filler, w, ss, filler, 0, out, out, filler, 0, 0, 1, 0, 0, 0)
+
+
+def tiles_of(n: int, cfg: GemvConfig) -> int:
+    """Row tiles of `cfg` on n rows: the sums of squares an ADD_NORM store writes."""
+    return cdiv(n, cfg.block_n)
+
+
 def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n: int, k: int, cfg: GemvConfig,
                  planes: tuple | None = None, epilogue: tuple | None = None, xq: tuple | None = None,
-                 lut: tuple[int, int, int, int] | None = None, moe: MoeLaunch | None = None):
+                 lut: tuple[int, int, int, int] | None = None, moe: MoeLaunch | None = None,
+                 rstd: tuple[torch.Tensor, float] | None = None):
     """Launch the GEMV kernel; `planes` = (hi plane, LB, HB, CENTER) for the planes types; `lut` =
     the 4 table words of a lookup type (lut4.py);
     `epilogue` = (EPI, e, dst, fi, cos, sin, positions, HALF, cache_k, cache_v, slots, KSTART, VSTART, HD,
     LAYER_OFF, S_STRIDE, H_STRIDE) for gemv_fused.py's fused stores; `moe`: the expert mode (MoeLaunch;
-    `n` = its rows)."""
+    `n` = its rows). `rstd` = (ss, eps): x is h * w of an ADD_NORM store (a deferred RMSNorm) whose
+    row tiles' sums of squares of h are ss (f32, 1-D): the sums are divided by h's rms before the store."""
     rows = 1 if moe is not None or x.dim() == 1 else x.shape[0]  # x rows (MOE: one per slot, its own mode)
     if moe is not None:
         cfg = replace(cfg, split=1)  # (the slots are the second program axis)
-    elif rows > 1 and epilogue is not None:
-        raise UnsupportedError(f"{what}: a fused epilogue runs on one row, got {rows}")
+    elif rows > 1 and (epilogue is not None or rstd is not None):
+        raise UnsupportedError(f"{what}: a fused epilogue or a deferred norm runs on one row, got {rows}")
+    if rstd is not None:
+        if moe is not None:
+            raise UnsupportedError(f"{what}: a deferred norm does not run in the expert mode")
+        check_tensor(what, "rstd sums", rstd[0], (torch.float32,), ndim=(1,))
+        check_device(what, x=x, rstd_sums=rstd[0])
+    rs, rs_eps = rstd if rstd is not None else (out, 0.0)
     kb_split, nsplit, tiles = _split_plan(cfg, n, k)
     part, counters = out, out  # unused without a split
     if nsplit > 1:
@@ -862,7 +907,9 @@ def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n:
         x, w.qs, d_plane, out, part, counters, n, nkb, kb_split, nsplit, _MAGIC_BITS, min(4 * lb, 16), m_plane,
         m_stride, hi, min(4 * hb, 16),  # the shifts to a word's upper slots (byte codes: to slots 2, 3)
         *eargs, xs, *(lut or (0, 0, 0, 0)), m.ids, m.xdiv, x_rows_arg, m.glu_off,
-        m.sum_weights if summed else counters, ROWS=rows > 1, MOE=moe is not None, MOE_SUM=summed,
+        m.sum_weights if summed else counters, rs, rs.numel() if rstd else 0, k if rstd else 0, float(rs_eps),
+        RSTD=0 if rstd is None else triton.next_power_of_2(rs.numel()), ROWS=rows > 1, MOE=moe is not None,
+        MOE_SUM=summed,
         MOE_BIAS=m.bias is not None, MOE_GLU=m.glu_off > 0, ALPHA=float(m.alpha), LIMIT=float(m.limit), EPI=epi,
         Q8X=q8,
         R=cfg.r, LR=cfg.lr,

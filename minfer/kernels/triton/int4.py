@@ -142,8 +142,9 @@ def int4_gemv(
 
 
 def launch_int4(what: str, x: torch.Tensor, w: Int4Packed, out: torch.Tensor, cfg: GemvConfig,
-                epilogue: tuple | None = None, xq: tuple | None = None, moe: MoeLaunch | None = None) -> None:
+                epilogue: tuple | None = None, xq: tuple | None = None, moe: MoeLaunch | None = None,
+                rstd: tuple | None = None) -> None:
     """Launch the GEMV kernel on an Int4Packed weight (x, out checked by the caller; `moe`: gemv.py)."""
     n = w.n if moe is None else moe.rows
     _launch_gemv(what, x, w, w.d, w.m, w.m.shape[1], w.mode, out, n, w.k, cfg, epilogue=epilogue, xq=xq,
-                 moe=moe)
+                 moe=moe, rstd=rstd)

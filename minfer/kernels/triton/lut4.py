@@ -216,8 +216,9 @@ def lut4_gemv(
 
 
 def launch_lut4(what: str, x: torch.Tensor, w: Lut4Packed, out: torch.Tensor, cfg: GemvConfig,
-                epilogue: tuple | None = None, xq: tuple | None = None, moe: MoeLaunch | None = None) -> None:
+                epilogue: tuple | None = None, xq: tuple | None = None, moe: MoeLaunch | None = None,
+                rstd: tuple | None = None) -> None:
     """Launch the GEMV kernel on a Lut4Packed weight (x, out checked by the caller; `moe`: gemv.py)."""
     n = w.n if moe is None else moe.rows
     _launch_gemv(what, x, w, w.d, w.m, w.m.shape[1], w.mode, out, n, w.k, cfg, epilogue=epilogue, xq=xq,
-                 lut=w.table, moe=moe)
+                 lut=w.table, moe=moe, rstd=rstd)

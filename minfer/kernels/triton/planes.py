@@ -319,10 +319,10 @@ def q2_k_gemv(x, w, n, k, qtype=GGMLType.Q2_K, out=None, config=None):
 
 
 def launch_planes(what: str, x: torch.Tensor, w: PlanesPacked, out: torch.Tensor, cfg: GemvConfig,
-                  epilogue: tuple | None = None, moe: MoeLaunch | None = None) -> None:
-    """Launch the GEMV kernel on a PlanesPacked weight (x, out checked by the caller; `moe`: gemv.py)."""
+                  epilogue: tuple | None = None, moe: MoeLaunch | None = None, rstd: tuple | None = None) -> None:
+    """Launch the GEMV kernel on a PlanesPacked weight (x, out checked by the caller; `moe`, `rstd`: gemv.py)."""
     pt = PLANE_TYPES[w.qtype]
     hi = w.hi if w.hi is not None else w.lo
     n = w.n if moe is None else moe.rows
     _launch_gemv(what, x, w, w.d, w.m, w.m.shape[1], pt.mode, out, n, w.k, cfg, (hi, pt.lb, pt.hb, pt.center),
-                 epilogue, moe=moe)
+                 epilogue, moe=moe, rstd=rstd)

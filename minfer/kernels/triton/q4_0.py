@@ -170,10 +170,11 @@ def q4_0_gemv(
 
 
 def launch_q4_0(what: str, x: torch.Tensor, w: Q4_0Packed, out: torch.Tensor, cfg: GemvConfig,
-                epilogue: tuple | None = None, xq: tuple | None = None, moe: MoeLaunch | None = None) -> None:
+                epilogue: tuple | None = None, xq: tuple | None = None, moe: MoeLaunch | None = None,
+                rstd: tuple | None = None) -> None:
     """Launch the GEMV kernel on a Q4_0Packed weight (x, out checked by the caller; `moe`: gemv.py)."""
     n = w.n if moe is None else moe.rows
-    _launch_gemv(what, x, w, w.d, w.d, 0, 0, out, n, w.k, cfg, epilogue=epilogue, xq=xq, moe=moe)
+    _launch_gemv(what, x, w, w.d, w.d, 0, 0, out, n, w.k, cfg, epilogue=epilogue, xq=xq, moe=moe, rstd=rstd)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -56,19 +56,21 @@ def gemv_default_config(n: int, k: int, qtype: GGMLType, act_q8: int = ACT_Q8_PA
 
 
 def launch_packed(what: str, x: torch.Tensor, w: GemvPacked, out: torch.Tensor, cfg: GemvConfig,
-                  epilogue: tuple | None = None, xq: tuple | None = None, moe: MoeLaunch | None = None) -> None:
+                  epilogue: tuple | None = None, xq: tuple | None = None, moe: MoeLaunch | None = None,
+                  rstd: tuple | None = None) -> None:
     """Launch the GEMV kernel on a packed weight of any GEMV type (x, out checked by the caller).
     `xq`: x already quantized (quantize_act_q8's (codes, scales), e.g. by the RMSNorm before it),
     used when the config takes int8 activations of as many passes. `moe`: the expert mode (gemv.py
-    MoeLaunch: w stacks experts; one launch runs every slot's expert, moe.py)."""
+    MoeLaunch: w stacks experts; one launch runs every slot's expert, moe.py). `rstd`: x is a deferred
+    RMSNorm's h * w (gemv.py _launch_gemv)."""
     if isinstance(w, Q4_0Packed):
-        launch_q4_0(what, x, w, out, cfg, epilogue, xq, moe)
+        launch_q4_0(what, x, w, out, cfg, epilogue, xq, moe, rstd)
     elif isinstance(w, Int4Packed):
-        launch_int4(what, x, w, out, cfg, epilogue, xq, moe)
+        launch_int4(what, x, w, out, cfg, epilogue, xq, moe, rstd)
     elif isinstance(w, Lut4Packed):
-        launch_lut4(what, x, w, out, cfg, epilogue, xq, moe)
+        launch_lut4(what, x, w, out, cfg, epilogue, xq, moe, rstd)
     else:
-        launch_planes(what, x, w, out, cfg, epilogue, moe)
+        launch_planes(what, x, w, out, cfg, epilogue, moe, rstd)
 
 
 def q8_passes(n: int, k: int, qtype: GGMLType | int | str, act_q8: int = ACT_Q8_PASSES, **_) -> int:
