@@ -111,9 +111,11 @@ def variants():
            "slot_ptr": "*i32", "KSTART": "i32", "VSTART": "i32", "HD": "i32", "LAYER_OFF": "i64", "S_STRIDE": "i64",
            "H_STRIDE": "i64", "EPI": c, "xs_ptr": "*fp32", "Q8X": c, "t0": "i32", "t1": "i32", "t2": "i32",
            "t3": "i32", "ids_ptr": "*i32", "XDIV": "i32", "XROWS": "i32", "GLU_OFF": "i32", "wt_ptr": "*fp32", "LUT": c,
-           "MOE": c, "MOE_BIAS": c, "ROWS": c, "MOE_GLU": c, "ALPHA": c, "LIMIT": c, "MOE_SUM": c}
+           "MOE": c, "MOE_BIAS": c, "ROWS": c, "MOE_GLU": c, "ALPHA": c, "LIMIT": c, "MOE_SUM": c,
+           "rs_ptr": "*fp32", "RS_N": "i32", "RS_K": "i32", "RS_EPS": "fp32", "RSTD": c}
     no_planes = {"PLANES": False, "LB": 4, "HB": 0, "CENTER": 0, "EPI": 0, "LUT": False, "MOE": False,
-                 "MOE_BIAS": False, "ROWS": False, "MOE_GLU": False, "ALPHA": 0.0, "LIMIT": 0.0, "MOE_SUM": False}
+                 "MOE_BIAS": False, "ROWS": False, "MOE_GLU": False, "ALPHA": 0.0, "LIMIT": 0.0, "MOE_SUM": False,
+                 "RSTD": 0}
 
     def q8(passes):  # the x operand of a GEMV with int8 activations (passes > 0): code words
         return {"x_ptr": "*i32" if passes else "*fp32"}
@@ -147,7 +149,7 @@ def variants():
             name = f"planes_gemv[{t.name} wk{cfg.wk} split={cfg.split} prefetch={cfg.prefetch} regs={cfg.maxnreg}]"
             consts = dict(R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=cfg.split > 1, EVEN_K=False,
                           MODE=pt.mode, PREFETCH=cfg.prefetch, PDL=True, PLANES=True, LB=pt.lb, HB=pt.hb,
-                          CENTER=pt.center, EPI=0, Q8X=0, LUT=False, ROWS=False)
+                          CENTER=pt.center, EPI=0, Q8X=0, LUT=False, ROWS=False, RSTD=0)
             planes_sig = dict(sig, qs_ptr=ptr[planes._WORD_DTYPES[pt.lb]], d_ptr=ptr[d_t], m_ptr=ptr[m_t],
                           h_ptr=ptr[planes._WORD_DTYPES[pt.hb]] if pt.hb else ptr[planes._WORD_DTYPES[pt.lb]])
             opts = {"num_warps": cfg.wk, "maxnreg": cfg.maxnreg}
@@ -213,6 +215,16 @@ def variants():
             opts = {"num_warps": cfg.wk, "maxnreg": cfg.maxnreg}
             out.append((name + f" q8={cfg.q8}", gemv._q4_0_gemv_kernel,
                         dict(sig, d_ptr=d_t, m_ptr=m_t, **q8(cfg.q8)), consts, opts))
+    # the deferred RMSNorm's halves (EPI 6 ADD_NORM, RSTD): the small tile and a split one, Q4_0 and Q4_K
+    for mode, (d_t, m_t) in [(0, ("*fp16", "*fp16")), (2, ("*i16", "*i32"))]:
+        for n, k, epi, rstd in [(896, 896, 6, 0), (3584, 3584, 6, 0), (9728, 896, 1, 128), (4608, 3584, 3, 128)]:
+            cfg = gemv._gemv_config(n, k, affine=mode > 0)
+            consts = dict(R=cfg.r, LR=cfg.lr, LK=32 // cfg.lr, WK=cfg.wk, SPLIT=cfg.split > 1, EVEN_K=False,
+                          MODE=mode, PREFETCH=cfg.prefetch, PDL=True, Q8X=0,
+                          **dict(no_planes, EPI=epi, RSTD=rstd))
+            out.append((f"gemv[mode {mode} EPI {epi} RSTD {rstd} {n}x{k} r{cfg.r} split={cfg.split}]",
+                        gemv._q4_0_gemv_kernel, dict(sig, d_ptr=d_t, m_ptr=m_t), consts,
+                        {"num_warps": cfg.wk, "maxnreg": cfg.maxnreg}))
     sig = {"x_ptr": "*fp32", "qs_ptr": "*i32", "d_ptr": "*fp16", "out_ptr": "*fp32", "M": "i32", "N": "i32",
            "K": "i32", "NKB": "i32", "M_BUCKET": "i32", "magic": "i32", "half_shift": "i32", "COMPUTE": c,
            "BLOCK_M": c, "BLOCK_N": c, "BLOCK_K": c, "GROUP_M": c, "EVEN_K": c}
