@@ -346,6 +346,29 @@ class Cases:
                               info.nbytes(n * k) + io, 2 * n * k))
             cases.append(Case("swiglu (unfused)", f"{n // 2} {model}", lambda f=n // 2: swiglu_alone(f), 12 * (n // 2),
                               0))
+        # the deferred RMSNorm's writer (the attention output GEMV + the residual add + the norm's numerator
+        # and its tiles' sums of squares) beside the add_rms_norm kernel it takes out of the chain
+        from minfer.kernels.triton.gemv_fused import add_norm_sums, gemv_add_norm
+        from minfer.kernels.triton.norm import add_rms_norm
+        from minfer.kernels.triton.qmatmul import repack_gemv
+
+        on = [("tiny", 64, 256)] if self.small else [("qwen2.5-0.5b", 896, 896), (QWEN7, 3584, 3584)]
+
+        def add_norm_fused(n, k):
+            w = repack_gemv(raw(n, k), n, k, info.type)
+            x, res, wn = self.randn(k), self.randn(1, n), self.randn(n)
+            out, ss = torch.empty(1, n, device=self.device), torch.empty(add_norm_sums(n, k, info.type),
+                                                                        device=self.device)
+            return lambda: gemv_add_norm(x, w, res, wn, n, k, info.type, out=out, ss=ss)
+
+        def add_rms_norm_alone(n):
+            res, y, wn, out = self.randn(1, n), self.randn(1, n), self.randn(n), torch.empty(1, n, device=self.device)
+            return lambda: add_rms_norm(res, y, wn, 1e-6, out=out, sum_out=res)
+
+        for model, n, k in on:
+            cases.append(Case("gemv_add_norm[Q4_0]", f"{n}x{k} {model} attn_output",
+                              lambda n=n, k=k: add_norm_fused(n, k), info.nbytes(n * k) + 4 * k + 16 * n, 2 * n * k))
+            cases.append(Case("add_rms_norm (taken out)", f"{n} {model}", lambda n=n: add_rms_norm_alone(n), 16 * n, 0))
         return cases
 
     def planes(self) -> list[Case]:

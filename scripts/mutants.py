@@ -299,6 +299,23 @@ MUTANTS: tuple[Mutant, ...] = (
          "tests/engine/test_scheduler.py::test_prompt_logits_are_kept_across_chunks"),
         devices=("cpu",),
     ),
+    # ---- the deferred RMSNorm (stop 50): a reader that forgets the rms, a tile's sum of squares left out
+    Mutant(
+        "deferred_norm_rms_forgotten",
+        "a GEMV reading a deferred RMSNorm's h * w stores its sums undivided by the rms (the split-K path's)",
+        "minfer/kernels/triton/gemv.py",
+        "            if RSTD > 0:\n                total = total * _rstd(rs_ptr, RS_N, RS_K, RS_EPS, RSTD)\n",
+        "",
+        ("tests/kernels/triton/test_gemv_fused.py::test_a_reader_with_rstd_gives_the_gemv_of_the_normed_row",),
+    ),
+    Mutant(
+        "deferred_norm_tile_short",
+        "the rms of a deferred RMSNorm from all but the last row tile's sum of squares",
+        "minfer/kernels/triton/gemv.py",
+        "tl.load(rs_ptr + i, mask=i < RS_N, other=0.0",
+        "tl.load(rs_ptr + i, mask=i < RS_N - 1, other=0.0",
+        (f"{CUDA}::test_a_deferred_rms_norm_runs_for_decode_rows",),
+    ),
 )
 
 

@@ -72,7 +72,7 @@ def step(layers: list[Layer], bufs: dict, deferred: bool) -> None:
                                                   (ly.down, ly.wn[1], ly.qkv, act, bufs["qkv"])):
             if deferred:
                 ss = bufs["ss"][: tiles_of(res.shape[-1], cfg)]
-                launch_packed("o", x, w, xn, cfg, add_norm_epilogue(res, wn, ss, xn, w.qs))
+                launch_packed("o", x, w, xn, cfg, add_norm_epilogue(res, wn, ss, xn, xn.view(torch.int32)))
                 launch_packed("gu", xn, w2, out2, cfg2, rstd=(ss, EPS))
             else:
                 y = bufs["y"]

@@ -9,7 +9,8 @@ that are not node inputs: weights in a kernel's load layout, embedding tables, R
 KV cache, a fused node's several values.
 
 Per-step side values travel in `state.aux` (node id -> value): the int8 records of x a node
-writes for the matmuls that read them (compile.py's q8 pairing).
+writes for the matmuls that read them (compile.py's q8 pairing), a deferred RMSNorm's row tiles'
+sums of squares and eps (its readers' `rstd`).
 """
 
 from __future__ import annotations
@@ -54,6 +55,12 @@ def _q8_writer(c: Compiler, node: Node, way: Way, width: int):
         return rec
 
     return records
+
+
+def _rstd_of(c: Compiler, node: Node, way: Way) -> int | None:
+    """The QMatMulAddNorm id whose (sums of squares, eps) a matmul reads as rstd in `way`, or None."""
+    p = c.rstd_read(node, way)
+    return None if p is None else p.id
 
 
 def _xq(c: Compiler, node: Node, way: Way, kernel: BoundKernel):
@@ -270,9 +277,11 @@ def _matmul_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, way: 
     else:
         launches.append(Launch(call, kernel))
         laid, params = c.laid_out(kernel, w, call.params), call.params
-        pid = c.q8_read(node, way, kernel)
+        pid, nid = c.q8_read(node, way, kernel), _rstd_of(c, node, way)
         if pid is not None:
             fn = lambda vals, st: kernel(x=vals[i], w=laid, **params, xq=st.aux[pid])  # noqa: E731
+        elif nid is not None:
+            fn = lambda vals, st: kernel(x=vals[i], w=laid, **params, rstd=st.aux[nid])  # noqa: E731
         else:
             fn = lambda vals, st: kernel(x=vals[i], w=laid, **params)  # noqa: E731
     add_bias, bias = _with_bias(c, node, way, launches)
@@ -318,9 +327,11 @@ def _swiglu_call(c: Compiler, node: Node) -> Call | None:
 def _swiglu_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, way: Way) -> Bound:
     (i,), params = node.inputs, call.params
     laid = c.laid_out(kernel, node.weights["w"], params)
-    pid = c.q8_read(node, way, kernel)
+    pid, nid = c.q8_read(node, way, kernel), _rstd_of(c, node, way)
     if pid is not None:
         return Bound(lambda vals, st: kernel(x=vals[i], w=laid, **params, xq=st.aux[pid]), [Launch(call, kernel)])
+    if nid is not None:
+        return Bound(lambda vals, st: kernel(x=vals[i], w=laid, **params, rstd=st.aux[nid]), [Launch(call, kernel)])
     return Bound(lambda vals, st: kernel(x=vals[i], w=laid, **params), [Launch(call, kernel)])
 
 
@@ -344,13 +355,15 @@ def _matmul_rope_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, 
     rt = c.rt
     b = c.vector(node.weights["b"]) if "b" in node.weights else (rt.zeros(n) if rt.upload else None)
     key, nqk = rope_key(node), params["n_heads"] * params["head_dim"]
-    pid = c.q8_read(node, way, kernel)
+    pid, nid = c.q8_read(node, way, kernel), _rstd_of(c, node, way)
     kv = "kv_out_f16" in call.needs
     layer, nkv = node.params.get("kv_layer"), node.params.get("n_head_kv")
 
     def fn(vals, st):
         cos, sin = rt.rope(key)
         more = {} if pid is None else {"xq": st.aux[pid]}
+        if nid is not None:
+            more["rstd"] = st.aux[nid]
         if kv:
             ck, cv, li = rt.kv(layer)
             more.update(cache_k=ck, cache_v=cv, row_slots=st.inputs["row_slots"], layer=li, n_head_kv=nkv)
@@ -381,6 +394,36 @@ def _add_rms_norm_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call,
         h = x if in_place else rt.empty(x.shape)
         more = {} if records is None else {"q8": records(st, _rows(x))}
         return h, kernel(x=x, y=vals[j], **ws, eps=eps, sum_out=h, **more)
+
+    return Bound(fn, [Launch(call, kernel)])
+
+
+def _add_norm_call(c: Compiler, node: Node) -> Call | None:
+    base = _qmatmul_call(c, node, "QMatMulAddNorm")
+    if base is None:
+        return None
+    k, n = node.weights["w"].shape
+    return Call("QMatMulAddNorm", {**base.dtypes, "res": "F32", "w_n": "F32"},
+                lambda m: {"x": (m, k), "w": (n, k), "res": (m, n), "w_n": (n,)}, base.params)
+
+
+def _add_norm_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, way: Way) -> Bound:
+    """A deferred RMSNorm (QMatMulAddNorm run whole: compile.py `rstd_link`): (h, h * w_n), h = res +
+    x @ W^T written over res (the rule made sure nothing reads res after); the row tiles' sums of h^2
+    and eps into state.aux for the matmuls that read h * w_n with rstd."""
+    x, res = node.inputs
+    params, rt, nid, eps = call.params, c.rt, node.id, node.params["eps"]
+    laid = c.laid_out(kernel, node.weights["w"], params)
+    w_n = c.vector(node.weights["w_n"])
+    pid = c.q8_read(node, way, kernel)
+
+    def fn(vals, st):
+        h = vals[res]
+        ss = rt.norm_sums(params["n"], params["k"], params["qtype"])
+        more = {} if pid is None else {"xq": st.aux[pid]}
+        out = kernel(x=vals[x], w=laid, res=h, w_n=w_n, **params, ss=ss, **more)
+        st.aux[nid] = (ss, eps)
+        return h, out
 
     return Bound(fn, [Launch(call, kernel)])
 
@@ -505,4 +548,5 @@ BINDINGS: dict[Op, Binding] = {
     Op.MOE_ROUTER: Binding(_moe_router_call, _moe_router_bind),
     Op.NORM_ADD_RMS_NORM: Binding(_add_rms_norm_call, _add_rms_norm_bind),
     Op.NORM_ROPE: Binding(_norm_rope_call, _norm_rope_bind),
+    Op.MATMUL_ADD_NORM: Binding(_add_norm_call, _add_norm_bind),
 }

@@ -11,9 +11,11 @@ contract says (once per layout and weight) and binds the launch. A fused node (g
 runs as its fused kernel where a contract accepts the fused call, and as its parts where none
 does. What a kernel can also do is asked of its contract (`caps.also`, contracts/ops.py
 CAPABILITIES): write its output's int8 records (`q8_out`), read them (`q8_in`), write the KV
-cache from a GEMV's epilogue (`kv_out_f16`), skip an attention's own KV write (`kv_skip`). A
-pairing of two nodes (the records' writer and reader, the KV writer and the attention) is used
-in a way of running only where both ends' kernels have their half.
+cache from a GEMV's epilogue (`kv_out_f16`), skip an attention's own KV write (`kv_skip`), read a
+deferred RMSNorm's h * w and divide by its rms (`rstd_in`). A pairing of two nodes (the records'
+writer and reader, the KV writer and the attention) is used in a way of running only where both
+ends' kernels have their half; a deferred norm (QMatMulAddNorm) runs whole in a way only where
+every reader of its normed value takes rstd there (`rstd_link`), else as its parts.
 
 The compiler keeps, per node and way of running, the launches it bound: `plan_rows` (what
 `minfer plan` shows) and the trace name what runs. A node nothing accepts is a NoKernelError at
@@ -63,6 +65,7 @@ class Runtime(Protocol):
     def cols(self, t: Any, a: int, b: int) -> Any: ...  # columns a:b of a [rows, n] tensor (a view)
     def rope(self, key: tuple) -> tuple[Any, Any]: ...  # (cos, sin) tables, made at allocate
     def q8_records(self, rows: int, k: int, passes: int) -> Any: ...  # x's int8 records, to be filled
+    def norm_sums(self, n: int, k: int, qtype: GGMLType) -> Any: ...  # a deferred norm's tile sums, to be filled
 
 
 def _frozen(v: Any) -> Any:
@@ -171,7 +174,13 @@ class Compiler:
         asked = asked_caps(node)
         for way in self.ways():
             kernel = self.can(node, way, *asked)
-            if kernel is not None and ("q8_in" not in asked or self.q8_passes(node, kernel) > 0):
+            if kernel is None:
+                continue
+            # (the int8 x a matmul reads: int8-record readers must, deferred norms and their readers must not)
+            x_int8 = {"q8_in", "rstd_in"} & set(asked) or node.op == Op.MATMUL_ADD_NORM
+            passes = self.q8_passes(node, kernel) if x_int8 else 0
+            if ("q8_in" not in asked or passes > 0) and not (passes and ("rstd_in" in asked or
+                                                                         node.op == Op.MATMUL_ADD_NORM)):
                 return True
         return False
 
@@ -226,6 +235,38 @@ class Compiler:
             return None
         return p.id
 
+    def rstd_link(self, producer: Node, way: Way) -> bool:
+        """Whether QMatMulAddNorm `producer` runs whole in `way` (its value then h * w, the rms
+        deferred): its kernel accepts the call there and reads x as f32, and every matmul reading the
+        normed value (marked `x_rstd`) has a kernel that takes rstd and reads x as f32. An int8-x GEMV
+        on either side would quantize x in a launch of its own (the kernel saved, spent again; the
+        fused node is no int8-record reader: graph/fuse.py Q8_CONSUMERS). Else it runs as parts."""
+        key = ("rstd", producer.id, way.kind)
+        if key not in self._memo:
+            readers, kernel = self.rstd_readers(producer), self.can(producer, way)
+            ok = bool(readers) and kernel is not None and self.q8_passes(producer, kernel) == 0
+            for r in readers if ok else ():
+                kernel = self.can(r, way, *self._paired_caps(r, way), "rstd_in")
+                ok = ok and kernel is not None and self.q8_passes(r, kernel) == 0
+            self._memo[key] = ok
+        return self._memo[key]
+
+    def rstd_readers(self, producer: Node) -> list[Node]:
+        """The nodes reading `producer`'s normed value (its second Pick): all marked x_rstd by the rule."""
+        out = []
+        for pick in self.readers.get(producer.id, []):
+            if pick.op == Op.PICK and pick.params["index"] == 1:
+                out += self.readers.get(pick.id, [])
+        return out
+
+    def rstd_read(self, reader: Node, way: Way) -> Node | None:
+        """The QMatMulAddNorm whose deferred value `reader` reads in `way` (then with rstd), or None."""
+        if not reader.params.get("x_rstd"):
+            return None
+        pick = self.node_of(reader.inputs[0])
+        p = self.node_of(pick.inputs[0]) if pick is not None and pick.op == Op.PICK else None
+        return p if p is not None and p.op == Op.MATMUL_ADD_NORM and self.rstd_link(p, way) else None
+
     def kv_written(self, rope_node: Node, way: Way) -> bool:
         """Whether QMatMulRoPE `rope_node` writes its attention's keys and values in `way`: it runs
         whole with a kernel that can (`kv_out_f16`, an f16 cache) and the attention's can skip
@@ -255,6 +296,10 @@ class Compiler:
 
     def caps_in(self, node: Node, way: Way) -> tuple[str, ...]:
         """The capabilities `node`'s kernel needs in `way`: the halves of the pairings used there."""
+        return self._paired_caps(node, way) + (("rstd_in",) if self.rstd_read(node, way) is not None else ())
+
+    def _paired_caps(self, node: Node, way: Way) -> tuple[str, ...]:
+        """caps_in's int8-record and KV halves (what a deferred norm's reader needs beside rstd_in)."""
         caps = []
         if node.params.get("q8_out") and self.q8_link(node, way):
             caps.append("q8_out")
@@ -290,6 +335,8 @@ class Compiler:
     def bind(self, node: Node, way: Way) -> Bound:
         """`node` compiled for `way`: its kernel's launch, or a fused node's parts where no kernel
         takes it whole."""
+        if node.op == Op.MATMUL_ADD_NORM and not self.rstd_link(node, way):
+            return self._parts(node, way)
         call = self.call(node).needing(*self.caps_in(node, way))
         choice = self.choose(node, call, way.rows, required=node.op not in FUSED_OPS)
         if choice is None:
@@ -403,6 +450,8 @@ def asked_caps(node: Node) -> tuple[str, ...]:
         caps.append("kv_out_f16")
     if p.get("kv_written"):
         caps.append("kv_skip")
+    if p.get("x_rstd"):
+        caps.append("rstd_in")
     return tuple(caps)
 
 

@@ -386,6 +386,35 @@ def _ref_geglu_mm(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mappin
     return _gelu64(y[:, :f]) * y[:, f:]
 
 
+def _add_norm_setting(size: str, n: int, k: int) -> Setting:
+    return Setting(size, {"x": (1, k), "w": (n, k), "res": (1, n), "w_n": (n,)}, {"n": n, "k": k})
+
+
+def _add_norm_harness() -> OpHarness:
+    """QMatMulAddNorm (a deferred RMSNorm's writer): the size classes' one-row (m, n, k), and a model's
+    attention output [d, d] and FFN down [d, ffn] projections; out = (res + x W^T) * w_n, res
+    overwritten with the sum (its values: the kernel tests, with the tiles' sums of squares)."""
+    def settings(size: str, q) -> list[Setting]:
+        return [_add_norm_setting(size, n, k) for m, n, k in _mnk_for(size, q) if m == 1]
+
+    def model(name: str, md: ModelDims, q: QuantInfo) -> list[Setting]:
+        return [_add_norm_setting(name, md.d, k) for k in (md.d, md.ffn) if k % q.block_elems == 0]
+
+    def build(s: Setting, dtypes: dict[str, str], out_dtype: str | None, gen) -> tuple[dict, dict]:
+        inputs, params = _build_qmatmul(s, dtypes, out_dtype, gen)
+        inputs.update({name: _randn(shape, "F32", gen) for name, shape in s.shapes.items() if name not in inputs})
+        return inputs, params
+
+    def reference(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[str, str]) -> torch.Tensor:
+        y = _ref_qmatmul(i, p, d)
+        return (i["res"].double().reshape(y.shape) + y) * i["w_n"].double()
+
+    def writes(i: Mapping[str, torch.Tensor], p: Mapping[str, Any]) -> dict:
+        return {"res": (torch.ones(i["res"].shape, dtype=torch.bool), None)}
+
+    return OpHarness(settings, model, build, reference, writes=writes)
+
+
 def _qkv_setting(size: str, n: int, k: int, heads: int, hd: int, n_rot: int, neox: bool) -> Setting:
     return Setting(size, {"x": (1, k), "w": (n, k), "b": (n,), "positions": (1,), "cos": (ROPE_CTX, n_rot // 2),
                           "sin": (ROPE_CTX, n_rot // 2)},
@@ -1084,6 +1113,7 @@ HARNESS: dict[str, OpHarness] = {
     "QMatMulSwiGLU": OpHarness(_swiglu_settings, _swiglu_model, _build_qmatmul, _ref_swiglu_mm, large=_large_gemv),
     "QMatMulGeGLU": OpHarness(_swiglu_settings, _swiglu_model, _build_qmatmul, _ref_geglu_mm, large=_large_gemv),
     "QMatMulRoPE": OpHarness(_rope_mm_settings, _rope_mm_model, _build_rope_mm, _ref_rope_mm, large=_large_rope_mm),
+    "QMatMulAddNorm": _add_norm_harness(),
     "RMSNorm": OpHarness(_norm_settings, _norm_model, _build_floats, _ref_norm),
     "AddRMSNorm": OpHarness(
         lambda size, q: [_with_y(x) for x in _norm_settings(size, q)],

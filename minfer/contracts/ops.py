@@ -156,6 +156,12 @@ OPS: dict[str, OpSpec] = {
             "columns: a fused q+k+v projection with its bias and the rotation of q and k", _qmatmul,
         ),
         OpSpec(
+            "QMatMulAddNorm", True, ("x", "w", "res", "w_n"), ("n", "k", "qtype"), ("m", "n", "k"),
+            "a deferred RMSNorm's writer: h = res + x @ dequant(w)^T stored over res, out = h * w_n (the norm's "
+            "numerator; the matmuls after it read it with `rstd_in` and divide by h's rms, from the row tiles' "
+            "sums of h^2 it also writes into `ss`)", _qmatmul,
+        ),
+        OpSpec(
             "RMSNorm", False, ("x", "w"), ("eps", "group"), ("rows", "d", "group"),
             "out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w; with `group` each run of `group` values of a "
             "row on its own, w [group] shared by the runs (qwen3's and gemma3's per-head q / k norms)",
@@ -286,6 +292,9 @@ CAPABILITIES: dict[str, Capability] = {
         Capability("expert_bias", ("bias",), "an expert matmul that adds each chosen expert's bias in its "
                    "epilogue: `bias` f32 [n_expert * n] (expert e's n values at e * n), row ids[t, j] of it "
                    "added to out[t, j] (gpt-oss's ffn_*_exps.bias), the ids read on the device"),
+        Capability("rstd_in", ("rstd",), "a matmul whose x is a deferred RMSNorm's h * w (QMatMulAddNorm's "
+                   "value): `rstd` = (the row tiles' sums of h^2 it wrote, eps), each output divided by "
+                   "sqrt(their sum / k + eps) before the store (and any epilogue)"),
         Capability("residual_in_place", ("sum_out",), "a fused add + norm whose sum `sum_out` may be x itself "
                    "(the residual written over in place)"),
     ]

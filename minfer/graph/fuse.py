@@ -31,6 +31,10 @@ for, in at least one way of running; the callback keeps graph/ below contracts/)
   columns -> QMatMulRoPE (exports the rotated columns and the whole output).
 - `fuse_norm_rope`: the per-head RMSNorms of q and k (qwen3, gemma3) and their RoPEs -> NormRoPE
   (exports the rotated q and k).
+- `fuse_matmul_add_norm`: an AddRMSNorm whose y is a bias-free MatMul only it reads and whose
+  normed value only matmuls read -> QMatMulAddNorm (the GEMV's store adds the residual and writes
+  h * w and its tiles' sums of h^2), the readers marked `x_rstd` (each divides its sums by h's rms):
+  the norm's kernel and its grid-wide wait gone (a deferred RMSNorm).
 - `fuse_kv_write`: an Attention whose k and v come from one QMatMulRoPE: that node writes the
   row's keys and values into the layer's cache (param `kv_layer`) and the Attention skips its
   write (param `kv_written`).
@@ -475,6 +479,44 @@ def fuse_norm_rope(graph: Graph, supports: Supports) -> Graph:
     return _rewrite(graph, fusions) if fusions else graph
 
 
+RSTD_READERS = (Op.MATMUL, Op.MATMUL_SWIGLU, Op.MATMUL_GEGLU, Op.MATMUL_ROPE)
+
+
+def fuse_matmul_add_norm(graph: Graph, supports: Supports) -> Graph:
+    """A deferred RMSNorm: an AddRMSNorm whose y is a bias-free MatMul only it reads, and whose normed
+    value only matmuls read (as their x) -> QMatMulAddNorm, each reader marked `x_rstd`. Its kernel
+    (the GEMV's store) adds the residual and writes h * w and the row tiles' sums of h^2; each reader
+    divides its sums by h's rms: the norm's own kernel, and the grid-wide wait before it, are gone.
+    Inputs (the matmul's x, the residual), weights w (the matmul's) and w_n (the norm's); it exports
+    the AddRMSNorm's two values through its parts (the matmul, the AddRMSNorm, a Pick of each value),
+    which run wherever a way of running cannot take it whole (backends/compile.py `rstd_link`)."""
+    readers = readers_of(graph)
+    by_id = {n.id: n for n in graph.nodes}
+    fusions, marks = {}, {}
+    for an in graph.nodes:
+        mm = by_id[an.inputs[1]] if an.op == Op.ADD_RMS_NORM else None
+        if mm is None or mm.op != Op.MATMUL or "b" in mm.weights or readers.get(mm.id) != [an]:
+            continue
+        picks = {r.id for r in readers.get(an.id, []) if r.op == Op.PICK and r.params["index"] == 1}
+        users = [u for p in picks for u in readers.get(p, [])]
+        if not users or any(u.op not in RSTD_READERS or u.inputs[0] not in picks or picks & set(u.inputs[1:])
+                            for u in users):
+            continue
+        marked = {u.id: {**u.params, "x_rstd": True} for u in users}
+        if not all(supports(replace(u, params=marked[u.id]), graph) for u in users):
+            continue
+        fused = _fused([mm, an], Op.MATMUL_ADD_NORM, _common_name([mm.name, an.name]), (mm.inputs[0], an.inputs[0]),
+                       (an.id,), {"w": mm.weights["w"], "w_n": an.weights["w"]}, dict(an.params), an.shape)
+        (k,) = fused.exports
+        values = tuple(Node(k + 1 + i, an.name, Op.PICK, (k,), an.shape, an.dtype, an.layer, {}, {"index": i})
+                       for i in range(an.n_values))
+        fused = replace(fused, parts=fused.parts + values, exports=tuple(p.id for p in values))
+        if supports(fused, graph):
+            fusions[an.id] = (fused, [mm, an], (an,))
+            marks.update(marked)
+    return _rewrite(_with_params(graph, marks), fusions) if fusions else graph
+
+
 def _view_of(by_id: dict[int, Node], nid: int, op: Op) -> tuple[Node, Node] | None:
     """(the view node, the node it views) when node `nid` is a Slice of a Pick of an `op` node."""
     s = by_id[nid]
@@ -549,7 +591,7 @@ def fuse_int8_x(graph: Graph, supports: Supports) -> Graph:
 
 FUSIONS: tuple[Callable[[Graph, Supports], Graph], ...] = (
     fuse_norm_add_rms_norm, fuse_add_rms_norm, fuse_matmul_swiglu, fuse_moe_glu, fuse_moe_sum, fuse_moe_router,
-    fuse_matmul_rope, fuse_norm_rope, fuse_kv_write, fuse_int8_x)
+    fuse_matmul_rope, fuse_norm_rope, fuse_matmul_add_norm, fuse_kv_write, fuse_int8_x)
 
 
 def fuse(graph: Graph, supports: Supports, rules: Iterable[Callable[[Graph, Supports], Graph]] | None = None) -> Graph:

@@ -253,8 +253,10 @@ def test_every_node_is_picked_through_a_contract(pair):
     assert all(set(k.split("+")) <= registered for k in kernels)
     ops = {r["op"] for r in be.plan_rows()}
     # graph/fuse.py's fused nodes: the q+k+v GEMV with its bias and RoPE, gate+up with its SwiGLU,
-    # every residual add that feeds a norm with that norm
-    assert ops == {"GetRows", "RMSNorm", "QMatMulRoPE", "Attention", "MatMul", "AddRMSNorm", "QMatMulSwiGLU", "Add"}
+    # every residual add that feeds a norm with that norm and the GEMV before it (a deferred norm in
+    # the decode row planned here; batches and prompts run its AddRMSNorm part)
+    assert ops == {"GetRows", "RMSNorm", "QMatMulRoPE", "Attention", "MatMul", "QMatMulAddNorm", "QMatMulSwiGLU",
+                   "Add"}
     by_name = {r["name"]: r["kernel"] for r in be.plan_rows()}
     n_layer = be.graph.meta["n_layer"]
     assert [by_name[f"blk.{i}.attn_q+k+v+rope"] for i in range(n_layer)] == ["gemv_rope"] * n_layer
@@ -787,3 +789,33 @@ def test_expert_router_and_down_sum_run_fused_for_decode_rows(tiny_gguf, raw, mo
     if INTERPRETING:
         assert torch.equal(fused, plain)
     assert _rel(fused, plain) < 1e-6
+
+
+@pytest.mark.parametrize("preset, quant", [("tiny-qwen2", "q4_0"), ("tiny-llama", "q4_k"), ("tiny-qwen3", "q6_k")])
+def test_a_deferred_rms_norm_runs_for_decode_rows(tiny_gguf, raw, monkeypatch, preset, quant):
+    """A decode row's attention output and FFN down GEMVs add the residual and write the next norm's
+    numerator h * w (QMatMulAddNorm, graph/fuse.py fuse_matmul_add_norm); the GEMVs after them (the
+    FFN's gate+up + SwiGLU, the next layer's q+k+v + RoPE or its plain q+k+v) divide by h's rms: the
+    AddRMSNorm kernels are gone from the decode row (two launches a layer fewer). Batches and prompts,
+    whose kernels take no rstd, run the parts. Logits over prompt and decode rows equal the unfused
+    graph's within 1e-5 (the same GEMV sums; the rms applied after the dot instead of before): a norm
+    left undone (~1e0), the wrong row tile's or a missing tile's sum of squares (~1e-2) would show."""
+    from minfer.graph import fuse
+
+    path = tiny_gguf(preset, quant)
+    gpu = load(path, "cuda", n_ctx=32, n_slots=1, progress=False)
+    be = gpu.engine.backend
+    n_layer = be.graph.meta["n_layer"]
+    one = {r["name"]: (r["op"], r["kernel"]) for r in be.plan_rows(1, False)}
+    fused = [name for name, (op, _) in one.items() if op == "QMatMulAddNorm"]
+    assert len(fused) == 2 * n_layer - 1  # (the last layer's down feeds the output norm, an RMSNorm of its own)
+    assert all(one[name][1].endswith("_gemv_add_norm") for name in fused)
+    assert not any(op == "AddRMSNorm" for op, _ in one.values())
+    for rows, prefill in ((2, False), (512, True)):
+        many = {r["name"]: r["kernel"] for r in be.plan_rows(rows, prefill)}
+        assert all("add_rms_norm" in many[name] and "add_norm" not in many[name].replace("add_rms_norm", "")
+                   for name in fused), many
+    got = _prompt_then_decode_logits(gpu, raw, 10)
+    gpu.close()
+    assert _rel(got, _logits_without(path, raw, monkeypatch, (fuse.fuse_matmul_add_norm,), ("QMatMulAddNorm",),
+                                     10)) < 1e-5

@@ -88,6 +88,7 @@ LAUNCHERS = {
     "gemv_swiglu": gemv_fused.gemv_swiglu,
     "gemv_geglu": gemv_fused.gemv_geglu,
     "gemv_rope": gemv_fused.gemv_rope,
+    **{f"{group}_gemv_add_norm": gemv_fused.gemv_add_norm for group in ("q4_0", "int4", "planes", "lut4")},
     "swiglu_rows": elementwise.swiglu_rows,
     "geglu_rows": elementwise.geglu_rows,
     "swiglu_oai": elementwise.swiglu_oai,

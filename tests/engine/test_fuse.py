@@ -53,8 +53,13 @@ def test_every_rule_where_the_backend_runs_it(qwen2):
     # per layer: the q+k+v matmul with its RoPE, gate+up with its SwiGLU
     assert ops.count(Op.MATMUL_ROPE) == ops.count(Op.MATMUL_SWIGLU) == args.n_layer
     assert Op.ROPE not in ops and Op.SWIGLU not in ops
-    # every residual add that feeds a norm (2 per layer but the last one, which feeds the output rows)
-    assert ops.count(Op.ADD_RMS_NORM) == 2 * args.n_layer - 1 and ops.count(Op.ADD) == 1
+    # every residual add that feeds a norm (2 per layer but the last one, which feeds the output rows), with
+    # the GEMV before it, the norm deferred to the GEMVs after it (they read h * w and divide by the rms)
+    assert ops.count(Op.MATMUL_ADD_NORM) == 2 * args.n_layer - 1 and ops.count(Op.ADD) == 1
+    assert Op.ADD_RMS_NORM not in ops
+    an = next(n for n in g.nodes if n.op == Op.MATMUL_ADD_NORM)
+    assert [p.op for p in an.parts] == [Op.MATMUL, Op.ADD_RMS_NORM, Op.PICK, Op.PICK]
+    assert set(an.weights) == {"w", "w_n"}
     qkv = next(n for n in g.nodes if n.op == Op.MATMUL_ROPE)
     assert [p.op for p in qkv.parts] == [Op.MATMUL, Op.SLICE, Op.ROPE]
     assert ("b" in qkv.weights) == qwen2 and qkv.params["n_heads"] == args.n_head + args.n_head_kv
@@ -62,10 +67,13 @@ def test_every_rule_where_the_backend_runs_it(qwen2):
     attn = [n for n in g.nodes if n.op == Op.ATTENTION]
     assert all(a.params["kv_written"] for a in attn)
     assert [n.params["kv_layer"] for n in g.nodes if n.op == Op.MATMUL_ROPE] == list(range(args.n_layer))
-    # int8 x: every matmul whose x a norm (or a fused add + norm) writes
+    # int8 x: the matmuls whose x a norm writes (the first layer's q+k+v, the output) or a SwiGLU (the last
+    # layer's down, a plain MatMul); the others read a deferred norm, or are one (a deferred norm's GEMV reads f32 x)
     producers = {n.name for n in g.nodes if n.params.get("q8_out")}
-    assert "blk.0.attn_norm" in producers and "output_norm" in producers
-    assert all(n.params.get("x_q8") for n in g.nodes if n.op in (Op.MATMUL_ROPE, Op.MATMUL_SWIGLU))
+    assert producers == {"blk.0.attn_norm", "output_norm", f"blk.{args.n_layer - 1}.ffn_gate+up+swiglu"}
+    readers = [n for n in g.nodes if n.op in (Op.MATMUL_ROPE, Op.MATMUL_SWIGLU)]
+    assert all(bool(n.params.get("x_q8")) != bool(n.params.get("x_rstd")) for n in readers)
+    assert [n.name for n in readers if n.params.get("x_q8")] == ["blk.0.attn_q+k+v+rope"]
 
 
 def test_no_rule_fires_where_the_backend_runs_none():
@@ -101,7 +109,7 @@ def test_fused_nodes_keep_the_values_their_readers_need():
     by_src = {}
     for p in picks:
         by_src.setdefault(g.nodes[p.inputs[0]].op, set()).add(p.params["index"])
-    assert by_src == {Op.ADD_RMS_NORM: {0, 1}, Op.MATMUL_ROPE: {0, 1}}
+    assert by_src == {Op.MATMUL_ADD_NORM: {0, 1}, Op.MATMUL_ROPE: {0, 1}}
     assert g.nodes[g.output].name == "output" and g.weights == base.weights
 
 
@@ -152,3 +160,33 @@ def test_phi3s_fused_weights_fuse_as_stacked_ones(tmp_path):
     qkv = next(n for n in g.nodes if n.op == Op.MATMUL_ROPE)
     assert [t.name for t in qkv.weights["w"].tensors] == ["blk.0.attn_qkv.weight"]
     assert all(a.params.get("kv_written") for a in g.nodes if a.op == Op.ATTENTION)
+
+
+def test_a_deferred_norm_fires_only_where_every_reader_divides():
+    """fuse_matmul_add_norm: the attention output / FFN down GEMV + the residual add + the next norm
+    -> QMatMulAddNorm, every matmul reading the normed value marked x_rstd. Not where the backend
+    refuses a reader with x_rstd (its kernels read int8 x, or take no rstd): the AddRMSNorm stays,
+    its readers unmarked; nor where the norm's value feeds anything but a matmul's x."""
+    base = F.optimize(build_graph(ARGS))
+
+    def no_rstd_for_swiglu(node, graph):
+        return not (node.op == Op.MATMUL_SWIGLU and node.params.get("x_rstd"))
+
+    g = F.fuse(base, no_rstd_for_swiglu)
+    _check_well_formed(g)
+    ops = [n.op for n in g.nodes]
+    # the down -> next attn_norm ones fire (their reader: q+k+v), the attention output -> ffn_norm ones do not
+    assert ops.count(Op.MATMUL_ADD_NORM) == ARGS.n_layer - 1 and ops.count(Op.ADD_RMS_NORM) == ARGS.n_layer
+    assert all(n.name.endswith("attn_norm") for n in g.nodes if n.op == Op.MATMUL_ADD_NORM)
+    assert not any(n.params.get("x_rstd") for n in g.nodes if n.op == Op.MATMUL_SWIGLU)
+    assert sum(bool(n.params.get("x_rstd")) for n in g.nodes if n.op == Op.MATMUL_ROPE) == ARGS.n_layer - 1
+    # a reader that is not a matmul (an extra node on the normed value): the rule leaves that norm alone
+    rules = tuple(r for r in F.FUSIONS if r is not F.fuse_matmul_add_norm)
+    pre = F.fuse(base, everything, rules)
+    norm = next(n for n in pre.nodes if n.op == Op.ADD_RMS_NORM)
+    pick = next(n for n in pre.nodes if n.op == Op.PICK and n.inputs == (norm.id,) and n.params["index"] == 1)
+    extra = replace(pick, id=len(pre.nodes), name="extra", op=Op.SCALE, inputs=(pick.id,), params={"scale": 2.0})
+    pre = replace(pre, nodes=(*pre.nodes, extra))
+    after = F.fuse_matmul_add_norm(pre, everything)
+    assert sum(n.op == Op.MATMUL_ADD_NORM for n in after.nodes) == 2 * ARGS.n_layer - 2
+    assert any(n.op == Op.ADD_RMS_NORM and n.name == norm.name for n in after.nodes)

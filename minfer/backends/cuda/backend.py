@@ -35,6 +35,8 @@ from ...graph.ir import Graph, Op, WeightRef
 from ...kernels.sample import KMAX, PARAM_ROWS, apply_bitmask, pack_params
 from ...kernels.triton._common import configure_pdl, interpreting
 from ...kernels.triton.attention import prefill_tiles, q8_row_bytes
+from ...kernels.triton.gemv_fused import add_norm_sums
+from ...quant.types import GGMLType
 from ..base import Backend, Batch, read_vector
 from ..compile import PLAN_CTX, Call, Compiler, fusion_support
 from ..kv_cache import KVCache, kv_bytes, kv_type
@@ -165,6 +167,10 @@ class CUDABackend(Backend):
         """x's int8 records as quantize_act_q8 writes them: (codes, scales)."""
         return (torch.empty(rows, k // 32, 8 * passes, dtype=torch.int32, device=self.device),
                 torch.empty(rows, k // 32, 4, dtype=torch.float32, device=self.device))
+
+    def norm_sums(self, n: int, k: int, qtype: GGMLType):
+        """A deferred RMSNorm's buffer: one f32 per row tile gemv_add_norm's [n, k] GEMV of qtype writes."""
+        return torch.empty(add_norm_sums(n, k, qtype), dtype=torch.float32, device=self.device)
 
     # ------------------------------------------------------------------ memory
     def kv_budget(self) -> int:

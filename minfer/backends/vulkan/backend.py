@@ -173,6 +173,9 @@ class WGPUBackend(Backend):
     def q8_records(self, rows: int, k: int, passes: int) -> VkTensor:
         return vk_quantize.q8_records(self.dev, rows, k, passes)
 
+    def norm_sums(self, n: int, k: int, qtype):
+        raise UnsupportedError("vulkan backend: no deferred RMSNorm (QMatMulAddNorm) kernel")
+
     # ------------------------------------------------------------------ memory
     def kv_budget(self) -> int:
         """What the engine may give the cache when it chooses the slot count: 1 GiB (wgpu does not

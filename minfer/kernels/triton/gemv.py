@@ -878,8 +878,12 @@ def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n:
     if rstd is not None:
         if moe is not None:
             raise UnsupportedError(f"{what}: a deferred norm does not run in the expert mode")
+        if not (isinstance(rstd, tuple) and len(rstd) == 2):
+            raise UnsupportedError(f"{what}: rstd must be (the row tiles' sums of squares, eps), got {rstd!r}")
         check_tensor(what, "rstd sums", rstd[0], (torch.float32,), ndim=(1,))
         check_device(what, x=x, rstd_sums=rstd[0])
+        if not (isinstance(rstd[1], float | int) and rstd[1] >= 0):
+            raise UnsupportedError(f"{what}: rstd's eps must be a number >= 0, got {rstd[1]!r}")
     rs, rs_eps = rstd if rstd is not None else (out, 0.0)
     kb_split, nsplit, tiles = _split_plan(cfg, n, k)
     part, counters = out, out  # unused without a split

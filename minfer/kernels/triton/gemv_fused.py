@@ -5,6 +5,16 @@ where a decode row ran two or three, and one pass over the output instead of thr
     gemv_geglu:  out [1, f]  = gelu_tanh(y[:f]) * y[f:] (gemma's feed-forward; the SwiGLU layout)
     gemv_rope:   out [1, n]  = RoPE(y + b) on the first n_heads * head_dim columns, y + b on the
                  rest,  y = x @ W^T,  W the stacked q+k+v [n, k] (b zero for models without bias)
+    gemv_add_norm: h = res + x @ W^T over res, out [1, n] = h * w_n and each row tile's sum of h^2:
+                 a deferred RMSNorm, which the GEMVs after it finish (`rstd=`: their sums divided by
+                 h's rms before their store); W in its plain GEMV layout (the copy the GEMV reads)
+
+The deferred norm removes the norm's kernel and its grid-wide wait from a decode row (the attention
+output -> AddRMSNorm -> gate+up chain, and down -> AddRMSNorm -> q+k+v): no program waits for another,
+where stop 49's last-arriver tails (the last program finishing the row's norm) measured slower. Its
+value is not RMSNorm(h) until a reader divides: the compiler runs it only where every reader takes
+rstd (backends/compile.py `rstd_link`). H100, bench/studies/deferred_norm.py: the GEMV chains of a
+SmolLM2 step 392 -> 350 us, Qwen2.5-0.5B 445 -> 419 us.
 
 Both run gemv.py's GEMV kernel unchanged up to its store (its tile, K loop, split K and every
 weight type it reads: Q4_0, Q4_1, Q4_K, Q8_0, Q5_0, Q5_1, Q5_K, Q6_K, Q3_K, Q2_K; the lookup types IQ4_NL,
@@ -33,7 +43,7 @@ import torch
 from ...errors import UnsupportedError
 from ...quant.types import GGMLType
 from ._common import check_device, check_tensor, make_out
-from .gemv import ACT_Q8_PASSES, glu_epilogue
+from .gemv import ACT_Q8_PASSES, add_norm_epilogue, gemv_operands, glu_epilogue, tiles_of
 from .qmatmul import (
     GemvConfig,
     GemvPacked,
@@ -159,21 +169,24 @@ def _check_packed(what: str, w: PairPacked, n: int, k: int, t: GGMLType) -> None
 
 
 def gemv_swiglu(x: torch.Tensor, w: PairPacked | torch.Tensor, n: int, k: int, qtype: GGMLType | int | str,
-                out: torch.Tensor | None = None, *, xq: tuple | None = None) -> torch.Tensor:
+                out: torch.Tensor | None = None, *, xq: tuple | None = None,
+                rstd: tuple | None = None) -> torch.Tensor:
     """out [1, n / 2] f32 = silu(x @ Wg^T) * (x @ Wu^T) for one token, W the stacked gate+up
     [n, k] weight: a PairPacked from repack_swiglu, or raw GGUF bytes (laid out per call); `xq`:
-    x's int8 form made before the call (q4_0.q4_0_gemv)."""
-    return _gemv_glu("gemv_swiglu", EPI_SWIGLU, x, w, n, k, qtype, out, xq)
+    x's int8 form made before the call (q4_0.q4_0_gemv); `rstd`: x is a deferred RMSNorm's h * w
+    (gemv_add_norm), the sums divided by h's rms before the SwiGLU (q4_0.q4_0_gemv)."""
+    return _gemv_glu("gemv_swiglu", EPI_SWIGLU, x, w, n, k, qtype, out, xq, rstd)
 
 
 def gemv_geglu(x: torch.Tensor, w: PairPacked | torch.Tensor, n: int, k: int, qtype: GGMLType | int | str,
-               out: torch.Tensor | None = None, *, xq: tuple | None = None) -> torch.Tensor:
+               out: torch.Tensor | None = None, *, xq: tuple | None = None,
+               rstd: tuple | None = None) -> torch.Tensor:
     """out [1, n / 2] f32 = gelu_tanh(x @ Wg^T) * (x @ Wu^T) (gemma's feed-forward), W in the
     SwiGLU pair layout (repack_swiglu); as gemv_swiglu."""
-    return _gemv_glu("gemv_geglu", EPI_GEGLU, x, w, n, k, qtype, out, xq)
+    return _gemv_glu("gemv_geglu", EPI_GEGLU, x, w, n, k, qtype, out, xq, rstd)
 
 
-def _gemv_glu(what: str, epi: int, x, w, n, k, qtype, out, xq) -> torch.Tensor:
+def _gemv_glu(what: str, epi: int, x, w, n, k, qtype, out, xq, rstd) -> torch.Tensor:
     t = gemv_type(what, qtype)
     if not isinstance(w, PairPacked):
         w = repack_swiglu(w, n, k, t)
@@ -183,7 +196,7 @@ def _gemv_glu(what: str, epi: int, x, w, n, k, qtype, out, xq) -> torch.Tensor:
     _check_x(what, x, k)
     device = check_device(what, x=x, qs=w.inner.qs, out=out)
     out = make_out(what, out, (1, n // 2), torch.float32, device)
-    launch_packed(what, x, w.inner, out, w.config, glu_epilogue(epi, out, w.inner.qs), xq)
+    launch_packed(what, x, w.inner, out, w.config, glu_epilogue(epi, out, w.inner.qs), xq, rstd=rstd)
     return out
 
 
@@ -192,7 +205,7 @@ def gemv_rope(x: torch.Tensor, w: PairPacked | torch.Tensor, b: torch.Tensor, po
               head_dim: int, n_rot: int, neox: bool, out: torch.Tensor | None = None, *,
               cache_k: torch.Tensor | None = None, cache_v: torch.Tensor | None = None,
               row_slots: torch.Tensor | None = None, layer: int = 0, n_head_kv: int = 0,
-              xq: tuple | None = None) -> torch.Tensor:
+              xq: tuple | None = None, rstd: tuple | None = None) -> torch.Tensor:
     """out [1, n] f32 = x @ W^T + b for one token, its first n_heads heads rotated by RoPE at
     positions[0] (cos / sin f32 [n_ctx, n_rot / 2] tables); W a PairPacked from repack_rope with
     the same RoPE settings, or raw GGUF bytes (laid out per call).
@@ -201,7 +214,8 @@ def gemv_rope(x: torch.Tensor, w: PairPacked | torch.Tensor, b: torch.Tensor, po
     (the last n_head_kv of the rotated heads) and values (the n_head_kv heads after them) are also
     written into the cache at (layer, row_slots[0], positions[0]): the KV write of the attention
     after it (`attention_rows(..., kv_written=True)` then skips its own). `xq`: x's int8 form made
-    before the call (q4_0.q4_0_gemv)."""
+    before the call (q4_0.q4_0_gemv); `rstd`: x is a deferred RMSNorm's h * w (gemv_add_norm), the
+    sums divided by h's rms before the bias and the rotation."""
     what = "gemv_rope"
     t = gemv_type(what, qtype)
     rope = (n_heads, head_dim, n_rot, bool(neox))
@@ -227,7 +241,7 @@ def gemv_rope(x: torch.Tensor, w: PairPacked | torch.Tensor, b: torch.Tensor, po
     if cache_k is None:
         c = w.dst
         launch_packed(what, x, w.inner, out, w.config, (EPI_ROPE, b, w.dst, w.fi, cos, sin, positions, half, out, out,
-                                                        c, 0, 0, 1, 0, 0, 0), xq)
+                                                        c, 0, 0, 1, 0, 0, 0), xq, rstd=rstd)
         return out
     kstart = (n_heads - n_head_kv) * head_dim
     vstart = n_heads * head_dim
@@ -244,5 +258,45 @@ def gemv_rope(x: torch.Tensor, w: PairPacked | torch.Tensor, b: torch.Tensor, po
     check_device(what, x=x, cache_k=cache_k, cache_v=cache_v, row_slots=row_slots)
     launch_packed(what, x, w.inner, out, w.config,
                   (EPI_ROPE_KV, b, w.dst, w.fi, cos, sin, positions, half, cache_k, cache_v, row_slots, kstart, vstart,
-                   hd, layer * slots * nkv * n_ctx * hd, nkv * n_ctx * hd, n_ctx * hd), xq)
+                   hd, layer * slots * nkv * n_ctx * hd, nkv * n_ctx * hd, n_ctx * hd), xq, rstd=rstd)
+    return out
+
+
+def add_norm_sums(n: int, k: int, qtype: GGMLType | int | str) -> int:
+    """The sums of squares gemv_add_norm writes for an [n, k] weight of `qtype` (its row tiles)."""
+    t = gemv_type("add_norm_sums", qtype)
+    return tiles_of(n, gemv_default_config(n, k, t))
+
+
+def gemv_add_norm(x: torch.Tensor, w: GemvPacked | torch.Tensor, res: torch.Tensor, w_n: torch.Tensor, n: int,
+                  k: int, qtype: GGMLType | int | str, out: torch.Tensor | None = None, *,
+                  ss: torch.Tensor | None = None, xq: tuple | None = None,
+                  config: GemvConfig | dict | None = None) -> torch.Tensor:
+    """A deferred RMSNorm's writer half, for one token: h = res + x @ W^T is stored over res (the
+    residual, f32 [n] or [1, n], updated in place), out [1, n] f32 = h * w_n (the norm's numerator),
+    and `ss` f32 [add_norm_sums(n, k, qtype)] gets each row tile's sum of h^2 (made when None). The
+    GEMV after it reads out as x with rstd=(ss, eps) (q4_0.q4_0_gemv and the fused GEMVs): its
+    sums are then those of RMSNorm(h) * w_n, the norm's one-program-a-row kernel and its grid wait
+    gone. W an [n, k] weight of any GEMV type in its plain GEMV layout (`repack_gemv`: the copy the
+    GEMV and the prompt matmuls read) or raw GGUF bytes; `xq` as for q4_0_gemv; `config` a
+    GemvConfig (or its fields) instead of the type's default (tests: ss then has its tiles)."""
+    what = "gemv_add_norm"
+    t = gemv_type(what, qtype)
+    if isinstance(w, torch.Tensor):
+        w = repack_gemv(w, n, k, t)
+    wt = getattr(w, "qtype", GGMLType.Q4_0)
+    if (w.n, w.k, wt) != (n, k, t):
+        raise UnsupportedError(f"{what}: w is a packed {wt.name} [{w.n}, {w.k}], the call says {t.name} [{n}, {k}]")
+    _check_x(what, x, k)
+    out, cfg = gemv_operands(what, x, w.d, n, k, out, config,
+                             lambda: gemv_default_config(n, k, t, getattr(w, "act_q8", 0)))
+    for name, v in (("res", res), ("w_n", w_n)):
+        check_tensor(what, name, v, (torch.float32,), ndim=(1, 2) if name == "res" else (1,))
+        if v.numel() != n:
+            raise UnsupportedError(f"{what}: {name} must hold n = {n} values, got {tuple(v.shape)}")
+    if not res.is_contiguous():
+        raise UnsupportedError(f"{what}: res must be contiguous (h is written over it)")
+    device = check_device(what, x=x, qs=w.d, res=res, w_n=w_n, out=out, ss=ss)
+    ss = make_out(what, ss, (tiles_of(n, cfg),), torch.float32, device)
+    launch_packed(what, x, w, out, cfg, add_norm_epilogue(res, w_n, ss, out, out.view(torch.int32)), xq)
     return out

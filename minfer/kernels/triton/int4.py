@@ -125,10 +125,11 @@ def int4_gemv(
     config: GemvConfig | dict | None = None,
     *,
     xq: tuple | None = None,
+    rstd: tuple | None = None,
 ) -> torch.Tensor:
     """out [1, n] f32 = x @ W^T for one token, W a Q4_1 or Q4_K [n, k] weight: q4_0_gemv's tile
     and loop with the block's affine scale (w = a * nibble + c); `w` an Int4Packed or raw bytes;
-    `xq` as for q4_0_gemv."""
+    `xq` and `rstd` as for q4_0_gemv."""
     what = "int4_gemv"
     t = _int4_type(what, qtype)
     if not isinstance(w, Int4Packed):
@@ -137,7 +138,7 @@ def int4_gemv(
         raise UnsupportedError(f"{what}: w is a packed {w.qtype.name} [{w.n}, {w.k}], the call says {t.name} "
                                f"[{n}, {k}]")
     out, cfg = gemv_operands(what, x, w.qs, n, k, out, config, lambda: gemv_config(n, k, True, w.act_q8))
-    launch_int4(what, x, w, out, cfg, xq=xq)
+    launch_int4(what, x, w, out, cfg, xq=xq, rstd=rstd)
     return out
 
 

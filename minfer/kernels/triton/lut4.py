@@ -198,9 +198,10 @@ def lut4_gemv(
     config: GemvConfig | dict | None = None,
     *,
     xq: tuple | None = None,
+    rstd: tuple | None = None,
 ) -> torch.Tensor:
     """out [1, n] f32 = x @ W^T for one token, W an IQ4_NL / IQ4_XS / MXFP4 [n, k] weight: a
-    Lut4Packed (fast path) or raw GGUF bytes (repacked per call). `config` and `xq` as q4_0_gemv's."""
+    Lut4Packed (fast path) or raw GGUF bytes (repacked per call). `config`, `xq` and `rstd` as q4_0_gemv's."""
     what = "lut4_gemv"
     t = lut4_type(what, qtype)
     if not isinstance(w, Lut4Packed):
@@ -211,7 +212,7 @@ def lut4_gemv(
         raise UnsupportedError(f"{what}: w is a packed {w.qtype.name} [{w.n}, {w.k}], the call says {t.name} "
                                f"[{n}, {k}]")
     out, cfg = gemv_operands(what, x, w.qs, n, k, out, config, lambda: lut4_config(n, k, w.act_q8))
-    launch_lut4(what, x, w, out, cfg, xq=xq)
+    launch_lut4(what, x, w, out, cfg, xq=xq, rstd=rstd)
     return out
 
 

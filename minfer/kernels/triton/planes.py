@@ -253,11 +253,12 @@ def planes_gemv(
     *,
     what: str = "planes_gemv",
     allowed: tuple[GGMLType, ...] = tuple(PLANE_TYPES),
+    rstd: tuple | None = None,
 ) -> torch.Tensor:
     """out [1, n] f32 = x @ W^T for one token, W a planes-type [n, k] weight (`PLANE_TYPES`):
     q4_0_gemv's tile, loop and split K, each code assembled from its planes exactly in f32 and
     the block's scales (and offsets) applied once per 16- or 32-element sub-block; `w` a
-    PlanesPacked or raw GGUF bytes (repacked per call)."""
+    PlanesPacked or raw GGUF bytes (repacked per call); `rstd` as q4_0_gemv's."""
     t = _plane_type(what, qtype, allowed)
     if not isinstance(w, PlanesPacked):
         if not isinstance(w, torch.Tensor):
@@ -267,7 +268,7 @@ def planes_gemv(
         raise UnsupportedError(f"{what}: w is a packed {w.qtype.name} [{w.n}, {w.k}], the call says {t.name} "
                                f"[{n}, {k}]")
     out, cfg = gemv_operands(what, x, w.lo, n, k, out, config, lambda: planes_config(n, k, t))
-    launch_planes(what, x, w, out, cfg)
+    launch_planes(what, x, w, out, cfg, rstd=rstd)
     return out
 
 
@@ -292,30 +293,30 @@ def planes_config(n: int, k: int, qtype: GGMLType) -> GemvConfig:
 PLANES_REGS = 168
 
 
-def q8_0_gemv(x, w, n, k, qtype=GGMLType.Q8_0, out=None, config=None):
+def q8_0_gemv(x, w, n, k, qtype=GGMLType.Q8_0, out=None, config=None, *, rstd=None):
     """planes_gemv for Q8_0 weights (its contract: 1.0625 bytes per weight)."""
-    return planes_gemv(x, w, n, k, qtype, out, config, what="q8_0_gemv", allowed=(GGMLType.Q8_0,))
+    return planes_gemv(x, w, n, k, qtype, out, config, what="q8_0_gemv", allowed=(GGMLType.Q8_0,), rstd=rstd)
 
 
-def q6_k_gemv(x, w, n, k, qtype=GGMLType.Q6_K, out=None, config=None):
+def q6_k_gemv(x, w, n, k, qtype=GGMLType.Q6_K, out=None, config=None, *, rstd=None):
     """planes_gemv for Q6_K weights (0.82 bytes per weight)."""
-    return planes_gemv(x, w, n, k, qtype, out, config, what="q6_k_gemv", allowed=(GGMLType.Q6_K,))
+    return planes_gemv(x, w, n, k, qtype, out, config, what="q6_k_gemv", allowed=(GGMLType.Q6_K,), rstd=rstd)
 
 
-def q5_gemv(x, w, n, k, qtype, out=None, config=None):
+def q5_gemv(x, w, n, k, qtype, out=None, config=None, *, rstd=None):
     """planes_gemv for the 5-bit types Q5_0, Q5_1, Q5_K (0.69-0.75 bytes per weight)."""
     return planes_gemv(x, w, n, k, qtype, out, config, what="q5_gemv",
-                       allowed=(GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q5_K))
+                       allowed=(GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q5_K), rstd=rstd)
 
 
-def q3_k_gemv(x, w, n, k, qtype=GGMLType.Q3_K, out=None, config=None):
+def q3_k_gemv(x, w, n, k, qtype=GGMLType.Q3_K, out=None, config=None, *, rstd=None):
     """planes_gemv for Q3_K weights (0.43 bytes per weight in the file, 0.45 repacked)."""
-    return planes_gemv(x, w, n, k, qtype, out, config, what="q3_k_gemv", allowed=(GGMLType.Q3_K,))
+    return planes_gemv(x, w, n, k, qtype, out, config, what="q3_k_gemv", allowed=(GGMLType.Q3_K,), rstd=rstd)
 
 
-def q2_k_gemv(x, w, n, k, qtype=GGMLType.Q2_K, out=None, config=None):
+def q2_k_gemv(x, w, n, k, qtype=GGMLType.Q2_K, out=None, config=None, *, rstd=None):
     """planes_gemv for Q2_K weights (0.33 bytes per weight)."""
-    return planes_gemv(x, w, n, k, qtype, out, config, what="q2_k_gemv", allowed=(GGMLType.Q2_K,))
+    return planes_gemv(x, w, n, k, qtype, out, config, what="q2_k_gemv", allowed=(GGMLType.Q2_K,), rstd=rstd)
 
 
 def launch_planes(what: str, x: torch.Tensor, w: PlanesPacked, out: torch.Tensor, cfg: GemvConfig,

@@ -152,6 +152,7 @@ def q4_0_gemv(
     config: GemvConfig | dict | None = None,
     *,
     xq: tuple | None = None,
+    rstd: tuple | None = None,
 ) -> torch.Tensor:
     """out [1, n] f32 = x @ W^T for one token: x f32 [k] or [1, k], W a Q4_0 [n, k] weight.
 
@@ -159,13 +160,15 @@ def q4_0_gemv(
     `GemvConfig` (or its fields as a dict) instead of the shape's default (`gemv_config`).
     Split-K configs use the packed weight's scratch (partial sums, arrival counters): one call
     per weight at a time (calls on one stream are). `xq`: x's int8 form, made before the call
-    (quantize_act_q8 or a fused RMSNorm), used when the config takes int8 activations.
+    (quantize_act_q8 or a fused RMSNorm), used when the config takes int8 activations. `rstd` =
+    (ss, eps): x is a deferred RMSNorm's h * w (gemv_fused.gemv_add_norm, its row tiles' sums of
+    squares ss): out = (x @ W^T) / rms(h), one row.
     """
     what = "q4_0_gemv"
     _check_q4_0(what, qtype)
     w = _packed(what, w, n, k)
     out, cfg = gemv_operands(what, x, w.qs, n, k, out, config, lambda: gemv_config(n, k, False, w.act_q8))
-    launch_q4_0(what, x, w, out, cfg, xq=xq)
+    launch_q4_0(what, x, w, out, cfg, xq=xq, rstd=rstd)
     return out
 
 

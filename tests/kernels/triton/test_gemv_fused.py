@@ -11,11 +11,21 @@ from minfer.backends.cpu import ops as cpu_ops
 from minfer.contracts.harness import random_blocks
 from minfer.errors import UnsupportedError
 from minfer.kernels.triton.elementwise import swiglu
-from minfer.kernels.triton.gemv_fused import gemv_geglu, gemv_rope, gemv_swiglu, repack_rope, repack_swiglu, rope_pairs
+from minfer.kernels.triton.gemv_fused import (
+    add_norm_sums,
+    gemv_add_norm,
+    gemv_geglu,
+    gemv_rope,
+    gemv_swiglu,
+    repack_rope,
+    repack_swiglu,
+    rope_pairs,
+)
 from minfer.kernels.triton.int4 import INT4_TYPES
-from minfer.kernels.triton.lut4 import LUT4_TYPES
+from minfer.kernels.triton.lut4 import LUT4_TYPES, lut4_gemv
+from minfer.kernels.triton.planes import planes_gemv
 from minfer.kernels.triton.q4_0 import q4_0_gemv
-from minfer.kernels.triton.qmatmul import repack_gemv
+from minfer.kernels.triton.qmatmul import gemv_default_config, repack_gemv
 from minfer.kernels.triton.rope import rope
 from minfer.quant import reference
 from minfer.quant.types import GGMLType, quant_info
@@ -180,3 +190,95 @@ def test_gemv_rope_writes_the_rows_keys_and_values_into_the_cache(device, gen):
     with pytest.raises(UnsupportedError, match="do not make"):
         gemv_rope(x, raw.to(device), b, positions, cos, sin, n, k, t, nq + nkv, hd, hd, True, cache_k=ck,
                   cache_v=cv, row_slots=row_slots, layer=layer, n_head_kv=3)
+
+
+# ------------------------------------------------------------------ the deferred RMSNorm (gemv_add_norm + rstd)
+EPS = 1e-5
+
+
+def _add_norm_case(t: GGMLType, n: int, k: int, device, gen, check):
+    """gemv_add_norm on a random [n, k] weight: (h, out, ss, res after) and the float64 h."""
+    raw, w = _weight(t, n, k, gen)
+    x, res, w_n = torch.randn(k, generator=gen), torch.randn(n, generator=gen), torch.rand(n, generator=gen) + 0.5
+    h = res.double() + w @ x.double()
+    r = res.to(device)[None, :].contiguous()
+    out = check.poisoned((1, n), torch.float32, device)
+    ss = check.poisoned((add_norm_sums(n, k, t),), torch.float32, device)
+    gemv_add_norm(x.to(device), raw.to(device), r, w_n.to(device), n, k, t, out=out, ss=ss)
+    return h, w_n, r, out, ss
+
+
+@pytest.mark.parametrize("t, n, k", [(GGMLType.Q4_0, 3584, 4608), (GGMLType.Q4_K, 512, 8448), *SMALL])
+def test_gemv_add_norm_writes_the_sum_its_numerator_and_the_tiles_squares(t, n, k, device, gen, check):
+    """h = res + x W^T over res, out = h * w_n, and the tiles' sums of h^2 add to |h|^2: the split-K
+    32-row tile (a 7B's attention output) and the small tiles, every layout group."""
+    h, w_n, r, out, ss = _add_norm_case(t, n, k, device, gen, check)
+    tol = TOL[1] if t in Q8_TYPES and n * k > 1 << 24 else 1e-5  # x of f32 below 2^24 weights, int8 above
+    assert check.rel_err(r, h[None, :]) < tol
+    assert check.rel_err(out, (h * w_n.double())[None, :]) < tol
+    assert abs(float(ss.double().sum()) / float((h * h).sum()) - 1) < 2 * tol and not ss.isnan().any()
+
+
+def _rmsnormed(h: torch.Tensor, w_n: torch.Tensor) -> torch.Tensor:
+    return h / torch.sqrt((h * h).mean() + EPS) * w_n.double()
+
+
+@pytest.mark.parametrize("t, d, f", [(GGMLType.Q4_0, 256, 384), (GGMLType.Q6_K, 512, 256), (GGMLType.Q4_1, 256, 2304),
+                                     (GGMLType.Q4_0, 2048, 2304)])
+def test_a_reader_with_rstd_gives_the_gemv_of_the_normed_row(t, d, f, device, gen, check):
+    """The attention output's GEMV writes h * w_n and the tiles' squares; the FFN's gate+up (SwiGLU), a
+    q+k+v (RoPE, bias) and a plain GEMV after it read that with rstd: each equals its GEMV of
+    RMSNorm(h) * w_n in float64. The last case's readers split K (2304 x 2048: the last of a row
+    tile's programs to arrive divides the sum)."""
+    h, w_n, _, xn, ss = _add_norm_case(t, d, d, device, gen, check)
+    xr = _rmsnormed(h, w_n)
+    rstd = (ss, EPS)
+    raw, w = _weight(t, f, d, gen)
+    y = w @ xr
+    out = check.poisoned((1, f), torch.float32, device)
+    if d == 2048:
+        assert gemv_default_config(f, d, t).split > 1 and repack_swiglu(raw, f, d, t).config.split > 1
+    if t == GGMLType.Q4_0:
+        q4_0_gemv(xn, repack_gemv(raw.to(device), f, d, t), f, d, out=out, rstd=rstd)
+    elif t == GGMLType.Q6_K:
+        planes_gemv(xn, raw.to(device), f, d, t, out=out, rstd=rstd)
+    else:
+        from minfer.kernels.triton.int4 import int4_gemv
+
+        int4_gemv(xn, raw.to(device), f, d, t, out=out, rstd=rstd)
+    assert check.rel_err(out, y[None, :]) < 1e-5
+    glu = check.poisoned((1, f // 2), torch.float32, device)
+    gemv_swiglu(xn, raw.to(device), f, d, t, out=glu, rstd=rstd)
+    assert check.rel_err(glu, (torch.nn.functional.silu(y[: f // 2]) * y[f // 2:])[None, :]) < 1e-5
+    hd, n_rot = 32, 32
+    n_heads = f // hd - 2
+    b = torch.randn(f, generator=gen)
+    cos, sin = _tables(16, n_rot // 2)
+    rot = check.poisoned((1, f), torch.float32, device)
+    pos = torch.tensor([5], dtype=torch.int32, device=device)
+    gemv_rope(xn, raw.to(device), b.to(device), pos, cos.to(device), sin.to(device), f, d, t, n_heads, hd, n_rot,
+              True, out=rot, rstd=rstd)
+    assert check.rel_err(rot, _rope64(y + b.double(), 5, cos, sin, n_heads, hd, n_rot, True)[None, :]) < 1e-5
+
+
+def test_a_lookup_type_reader_with_rstd(device, gen, check):
+    h, w_n, _, xn, ss = _add_norm_case(GGMLType.IQ4_XS, 256, 256, device, gen, check)
+    raw, w = _weight(GGMLType.IQ4_XS, 128, 256, gen)
+    out = check.poisoned((1, 128), torch.float32, device)
+    lut4_gemv(xn, raw.to(device), 128, 256, GGMLType.IQ4_XS, out=out, rstd=(ss, EPS))
+    assert check.rel_err(out, (w @ _rmsnormed(h, w_n))[None, :]) < 1e-5
+
+
+def test_rstd_is_one_row_and_checked(device, gen):
+    t, n, k = GGMLType.Q4_0, 64, 256
+    raw, _ = _weight(t, n, k, gen)
+    ss = torch.ones(4, device=device)
+    with pytest.raises(UnsupportedError, match="one row"):
+        q4_0_gemv(torch.randn(2, k, device=device), raw.to(device), n, k, rstd=(ss, EPS))
+    with pytest.raises(UnsupportedError, match="eps"):
+        q4_0_gemv(torch.randn(k, device=device), raw.to(device), n, k, rstd=(ss, -1.0))
+    with pytest.raises(UnsupportedError, match="rstd"):
+        q4_0_gemv(torch.randn(k, device=device), raw.to(device), n, k, rstd=ss)
+    with pytest.raises(UnsupportedError, match="res must hold"):
+        gemv_add_norm(torch.randn(k, device=device), raw.to(device), torch.zeros(n + 1, device=device),
+                      torch.ones(n, device=device), n, k, t)
