@@ -234,19 +234,6 @@ class Cases:
             x, ids, out = self.randn(rows, d), ids_of(rows), torch.empty(rows, used, ff, device=self.device)
             return lambda: kernel(x, ids, w, ff, d, info.type, e, "swiglu", out=out)
 
-        def down_sum(info, rows):  # down + the weighted sum of a row's slots in one launch
-            w = moe.repack_experts(self.quant_bytes(info, e * d * ff // info.block_elems), d, ff, info.type, e)
-            x, ids, wt = self.randn(rows, used, ff), ids_of(rows), torch.rand(rows, used, device=self.device)
-            out = torch.empty(rows, d, device=self.device)
-            return lambda: moe.moe_gemv_sum(x, ids, wt, w, d, ff, info.type, e, out=out)
-
-        info6 = QUANT_TABLE[by_name("Q6_K").type]
-        for rows in (1, 16):  # beside moe_gemv[Q6_K] down + moe_sum_rows above: the pair it replaces
-            touched = min(e, rows * used)
-            cases.append(Case("moe_gemv_sum[Q6_K]", f"{rows}x{used} {d}x{ff} {model} down+sum",
-                              lambda r=rows: down_sum(info6, r),
-                              touched * info6.nbytes(d * ff) + rows * used * ff * 4 + 2 * rows * used * d * 4,
-                              2 * rows * used * d * ff))
         info = QUANT_TABLE[by_name("Q4_K").type]
         for rows, kernel in ((1, moe.moe_gemv_glu), (16, moe.moe_gemv_glu), (16, moe.moe_mm16_glu),
                              (512, moe.moe_mm16_glu)):

@@ -217,16 +217,6 @@ MUTANTS: tuple[Mutant, ...] = (
         devices=("cuda",),
     ),
     Mutant(
-        "moe_sum_first_arriver",
-        "an expert layer's down + weighted sum (MOE_SUM) adding a row's slots when its first slot, not its last, "
-        "finishes a row tile. GPU only, as attn_combine_first_arriver",
-        "minfer/kernels/triton/gemv.py",
-        "    if arrived == USED - 1:\n",
-        "    if arrived == 0:\n",
-        ("tests/kernels/triton/test_moe.py::test_gemv_sum_gives_the_chain_it_replaces",),
-        devices=("cuda",),
-    ),
-    Mutant(
         "router_first_arriver",
         "the router + routing launch (MoERouter) routing a row when its first logit tile, not its last, is in. "
         "GPU only, as attn_combine_first_arriver",

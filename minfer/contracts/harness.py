@@ -941,47 +941,6 @@ def _moe_glu_reads(i: Mapping[str, torch.Tensor], p: Mapping[str, Any]) -> int:
         int(torch.unique(i["ids"]).numel()) * (i["w"].numel() * i["w"].element_size() // (2 * p["n_expert"]))
 
 
-# MoEMatMulSum: (tokens, used, experts, n, k, bias): x per slot (the down projection); n not a multiple of a row tile
-_MOE_MM_SUM = {"tiny": [(1, 2, 3, 8, 32, False)], "odd": [(3, 3, 5, 37, 64, False), (2, 2, 3, 9, 32, True)],
-               "boundary": [(2, 2, 3, 33, 32, False)]}
-
-
-def _mm_sum_setting(size: str, t: int, used: int, e: int, n: int, k: int, bias: bool) -> Setting:
-    shapes = {"x": (t, used, k), "ids": (t, used), "weights": (t, used), "w": (e * n, k)}
-    if bias:
-        shapes["bias"] = (e * n,)
-    return Setting(size, shapes, {"n": n, "k": k, "n_expert": e}, ("expert_bias",) if bias else ())
-
-
-def _moe_mm_sum_settings(size: str, q) -> list[Setting]:
-    if q is not None and q.type not in (_MOE_MM_TINY if size == "tiny" else _MOE_MM_ALL):
-        return []
-    return [_mm_sum_setting(size, t, used, e, n, _k_scaled(k, q), bias) for t, used, e, n, k, bias in _MOE_MM_SUM[size]]
-
-
-def _moe_mm_sum_model(name: str, m: ModelDims, q) -> list[Setting]:
-    """A mixture of experts' down projection and weighted sum at a decode row, a batch of 16, a prompt."""
-    if name not in MOE_MODELS or (q is not None and MOE_MODELS[name][2] % q.block_elems):
-        return []
-    e, used, ff = MOE_MODELS[name]
-    return [_mm_sum_setting(name, t, used, e, m.d, ff, False) for t in (1, 16, PREFILL_TOKENS)]
-
-
-def _build_moe_mm_sum(s: Setting, dtypes: dict[str, str], out_dtype: str | None, gen) -> tuple[dict, dict]:
-    """_build_moe_mm's inputs and the router's weights (positive, as softmax's)."""
-    inputs, params = _build_moe_mm(s, dtypes, out_dtype, gen)
-    inputs["weights"] = torch.rand(s.shapes["weights"], generator=gen, device=gen.device)
-    return inputs, params
-
-
-def _ref_moe_mm_sum(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[str, str]) -> torch.Tensor:
-    return (_ref_moe_mm(i, p, d) * i["weights"].double().unsqueeze(-1)).sum(1)
-
-
-def _moe_mm_sum_reads(i: Mapping[str, torch.Tensor], p: Mapping[str, Any]) -> int:
-    return _moe_mm_reads(i, p) + i["weights"].numel() * i["weights"].element_size()
-
-
 _MOE_SUM = {"tiny": [(1, 2, 5)], "odd": [(3, 3, 37)], "boundary": [(5, 8, 257)]}
 
 
@@ -1110,7 +1069,5 @@ HARNESS: dict[str, OpHarness] = {
     "MoERouter": OpHarness(_router_settings, _router_model, _build_router, _ref_router),
     "MoEMatMul": OpHarness(_moe_mm_settings, _moe_mm_model, _build_moe_mm, _ref_moe_mm, _moe_mm_reads),
     "MoEMatMulGLU": OpHarness(_moe_glu_settings, _moe_glu_model, _build_moe_glu, _ref_moe_glu, _moe_glu_reads),
-    "MoEMatMulSum": OpHarness(_moe_mm_sum_settings, _moe_mm_sum_model, _build_moe_mm_sum, _ref_moe_mm_sum,
-                              _moe_mm_sum_reads),
     "MoESum": OpHarness(_moe_sum_settings, _moe_sum_model, _build_floats, _ref_moe_sum),
 }

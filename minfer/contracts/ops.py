@@ -224,13 +224,6 @@ OPS: dict[str, OpSpec] = {
             "before the glu: an expert layer's gate and up projections and the GLU after them", _moe_matmul,
         ),
         OpSpec(
-            "MoEMatMulSum", True, ("x", "ids", "weights", "w"), ("n", "k", "qtype", "n_expert"),
-            ("m", "n_used", "slots", "n", "k", "n_expert"),
-            "out[t, :] = sum over j = 0..n_used-1, in that order, of weights[t, j] * (x[t, j] (x [m, n_used, k]) or "
-            "x[t] (x [m, k]) @ dequant(w)[ids[t, j]]^T (+ bias[ids[t, j]] with expert_bias)): an expert layer's "
-            "down projection (MoEMatMul) and the weighted sum of its slots (MoESum) after it", _moe_matmul,
-        ),
-        OpSpec(
             "MoESum", False, ("y", "weights"), (), ("rows", "n_used", "n"),
             "out[t, :] = sum over j = 0..n_used-1, in that order, of weights[t, j] * y[t, j, :]",
             lambda s, p: {"rows": s["y"][0], "n_used": s["y"][1], "n": s["y"][2]},

@@ -39,11 +39,6 @@ one CUDA graph with no host sync, and one launch runs every chosen expert of eve
   weight stacking the gate experts, then the up experts (`repack_glu_experts`): the GEMV kernel's
   MOE_GLU mode (a tile's rows are gate rows and the same up rows; the fused GEMVs' pair epilogue
   stores the GLU) and moe_mm16's GLU mode (two dots a step on one x tile).
-- `moe_gemv_sum` (graph/ir.py MoEMatMulSum, decode rows and batches): a layer's down expert matmul
-  and the weighted sum of its slots in one launch: the GEMV kernel's MOE_SUM mode, where the last of
-  a row's slots to finish a row tile adds the row's slots (moe_sum_rows' order; split K's
-  last-arriver counters), so it equals moe_gemv then moe_sum_rows (within an ulp compiled: the
-  weighted sum's multiply-adds may be contracted otherwise).
 - `moe_mmq`: the same grouping with mmq.py's int8 tensor-core kernel in its MOE mode (x quantized
   per 32 in the kernel): slower than `moe_mm16` (H200: 1.8 against 0.6 ms for a 512-token prompt's
   gate), kept for its arithmetic (llama.cpp's 8-bit activations) and picked only when pinned.
@@ -390,32 +385,6 @@ def moe_gemv(x: torch.Tensor, ids: torch.Tensor, w: GemvPacked | torch.Tensor, n
     cfg = _gemv_tile(config, n, k, t_type, t * used)
     if t:
         launch_packed(what, x, w, out, cfg, moe=MoeLaunch(ids, t * used, xdiv, n, bias))
-    return out
-
-
-def moe_gemv_sum(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w: GemvPacked | torch.Tensor, n: int,
-                 k: int, qtype: GGMLType | int | str, n_expert: int, out: torch.Tensor | None = None,
-                 bias: torch.Tensor | None = None, config: GemvConfig | dict | None = None) -> torch.Tensor:
-    """out f32 [T, n] = sum over j = 0..k_used-1, in that order, of weights[t, j] * (x[t, j] @ the
-    expert ids[t, j]'s [n, k] matrix of `w`, + its bias): moe_gemv then moe_sum_rows (graph/ir.py
-    MoEMatMulSum: an expert layer's down projection and its weighted sum) in one launch. The GEMV
-    kernel's MOE_SUM mode: each program stores its slot's sums as moe_gemv does, and the last of a
-    row's slots to finish a row tile adds the row's slots (moe_sum_rows' expression and order), so
-    the result is the two kernels' bit for bit. x: [T, k_used, k] (each slot its own x, the GLU's
-    output) or [T, k]. `weights` f32 [T, k_used] (the router's); `bias`, `config`: as moe_gemv's."""
-    what = "moe_gemv_sum"
-    w, t_type, (t, used, xdiv), slots_out = _packed_call(what, x, ids, w, n, k, qtype, n_expert, None)
-    check_expert_bias(what, bias, n, n_expert, x)
-    check_tensor(what, "weights", weights, (torch.float32,), ndim=2)
-    if tuple(weights.shape) != (t, used) or not weights.is_contiguous():
-        raise UnsupportedError(f"{what}: weights must be contiguous [{t}, {used}] (the ids' shape), got "
-                               f"{tuple(weights.shape)}")
-    device = check_device(what, x=x, weights=weights, out=out)
-    out = make_out(what, out, (t, n), torch.float32, device)
-    cfg = _gemv_tile(config, n, k, t_type, t * used)
-    if t:
-        launch_packed(what, x, w, slots_out, cfg, moe=MoeLaunch(ids, t * used, xdiv, n, bias, sum_weights=weights,
-                                                                 sum_out=out))
     return out
 
 
@@ -840,6 +809,5 @@ def moe_sum_rows(y: torch.Tensor, weights: torch.Tensor, out: torch.Tensor | Non
     return out
 
 
-__all__ = ["GEMV_TYPES", "moe_route_rows", "moe_route_gemv", "router_weight", "moe_gemv", "moe_gemv_sum",
-           "moe_gemv_config", "moe_mmq", "moe_mm16", "moe_align", "moe_matmul_f16", "moe_sum_rows", "repack_experts",
-           "f16_experts"]
+__all__ = ["GEMV_TYPES", "moe_route_rows", "moe_route_gemv", "router_weight", "moe_gemv", "moe_gemv_config",
+           "moe_mmq", "moe_mm16", "moe_align", "moe_matmul_f16", "moe_sum_rows", "repack_experts", "f16_experts"]

@@ -110,12 +110,11 @@ def variants():
            "sin_ptr": "*fp32", "pos_ptr": "*i32", "HALF": "i32", "ck_ptr": "*fp16", "cv_ptr": "*fp16",
            "slot_ptr": "*i32", "KSTART": "i32", "VSTART": "i32", "HD": "i32", "LAYER_OFF": "i64", "S_STRIDE": "i64",
            "H_STRIDE": "i64", "EPI": c, "xs_ptr": "*fp32", "Q8X": c, "t0": "i32", "t1": "i32", "t2": "i32",
-           "t3": "i32", "ids_ptr": "*i32", "XDIV": "i32", "XROWS": "i32", "GLU_OFF": "i32", "wt_ptr": "*fp32", "LUT": c,
-           "MOE": c, "MOE_BIAS": c, "ROWS": c, "MOE_GLU": c, "ALPHA": c, "LIMIT": c, "MOE_SUM": c,
-           "rs_ptr": "*fp32", "RS_N": "i32", "RS_K": "i32", "RS_EPS": "fp32", "RSTD": c}
+           "t3": "i32", "ids_ptr": "*i32", "XDIV": "i32", "XROWS": "i32", "GLU_OFF": "i32", "LUT": c, "MOE": c,
+           "MOE_BIAS": c, "ROWS": c, "MOE_GLU": c, "ALPHA": c, "LIMIT": c, "rs_ptr": "*fp32", "RS_N": "i32",
+           "RS_K": "i32", "RS_EPS": "fp32", "RSTD": c}
     no_planes = {"PLANES": False, "LB": 4, "HB": 0, "CENTER": 0, "EPI": 0, "LUT": False, "MOE": False,
-                 "MOE_BIAS": False, "ROWS": False, "MOE_GLU": False, "ALPHA": 0.0, "LIMIT": 0.0, "MOE_SUM": False,
-                 "RSTD": 0}
+                 "MOE_BIAS": False, "ROWS": False, "MOE_GLU": False, "ALPHA": 0.0, "LIMIT": 0.0, "RSTD": 0}
 
     def q8(passes):  # the x operand of a GEMV with int8 activations (passes > 0): code words
         return {"x_ptr": "*i32" if passes else "*fp32"}
@@ -190,10 +189,6 @@ def variants():
                             h_ptr=ptr[planes._WORD_DTYPES[pt.hb]] if pt.hb else ptr[planes._WORD_DTYPES[pt.lb]])
             out.append((f"moe_gemv[{t.name} {n}x{k} r{cfg.r} lr{cfg.lr} wk{cfg.wk} q8={cfg.q8} slots {slots}]",
                         gemv._q4_0_gemv_kernel, tsig, consts, {"num_warps": cfg.wk, "maxnreg": cfg.maxnreg}))
-            if n != 768:  # moe_gemv_sum: the down projection and the weighted sum of a row's slots (MOE_SUM)
-                out.append((f"moe_gemv_sum[{t.name} {n}x{k} r{cfg.r} lr{cfg.lr} q8={cfg.q8} slots {slots}]",
-                            gemv._q4_0_gemv_kernel, tsig, dict(consts, MOE_SUM=True, MOE_BIAS=t == GGMLType.MXFP4),
-                            {"num_warps": cfg.wk, "maxnreg": cfg.maxnreg}))
             if n != 2048:  # moe_gemv_glu: the gate + up rows of a tile (MOE_GLU) and the GLU in the store
                 oai = t == GGMLType.MXFP4  # (gpt-oss: its biases and clamped SwiGLU)
                 gcfg = moe_gemv_config(2 * n, k, t, slots)
