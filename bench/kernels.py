@@ -201,17 +201,6 @@ class Cases:
             cases.append(Case(kernel.__name__, f"{rows}x{d} {e}x{d} {model} router",
                               lambda kn=kernel, r=rows: router(kn, r), e * d * 4 + rows * d * 4 + rows * e * 4,
                               2 * rows * e * d))
-        def route_gemv(rows):  # the router's GEMV and the routing in one launch (decode rows)
-            from minfer.kernels.triton.torch_ops import f32_weight
-
-            w = moe.router_weight(f32_weight(self.randn(e, d).contiguous(), e, d, "F32"), e, d, "F32")
-            x, z = self.randn(rows, d), torch.zeros(e, device=self.device)
-            return lambda: moe.moe_route_gemv(x, w, e, d, "F32", z, z, used, "softmax", True, 1.0)
-
-        for rows in (1, 16):  # beside gemv_f32 + moe_route_rows: the pair it replaces
-            cases.append(Case("moe_route_gemv", f"{rows}x{d} {e}x{d} k{used} {model} router+route",
-                              lambda r=rows: route_gemv(r),
-                              e * d * 4 + rows * d * 4 + 2 * rows * e * 4 + rows * used * 8, 2 * rows * e * d))
         for rows in (1, 16, 512):
             cases.append(Case("moe_route_rows", f"{rows}x{e} k{used} {model}", lambda r=rows: route(r),
                               rows * e * 4 + rows * used * 8))

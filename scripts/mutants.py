@@ -217,16 +217,6 @@ MUTANTS: tuple[Mutant, ...] = (
         devices=("cuda",),
     ),
     Mutant(
-        "router_first_arriver",
-        "the router + routing launch (MoERouter) routing a row when its first logit tile, not its last, is in. "
-        "GPU only, as attn_combine_first_arriver",
-        "minfer/kernels/triton/moe.py",
-        "    if arrived == tl.num_programs(0) - 1:\n",
-        "    if arrived == 0:\n",
-        ("tests/kernels/triton/test_moe.py::test_route_gemv_gives_the_pair_it_replaces",),
-        devices=("cuda",),
-    ),
-    Mutant(
         "gemv_rows_read_row0",
         "every row of a small decode batch reading x's first row (gemv.py ROWS mode without its x row offset)",
         "minfer/kernels/triton/gemv.py",

@@ -402,29 +402,6 @@ def _moe_route_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, wa
     return Bound(lambda vals, st: kernel(logits=vals[i], bias=bias, **params), [Launch(call, kernel)])
 
 
-def _moe_router_call(c: Compiler, node: Node) -> Call | None:
-    """MoERouter: the router MatMul's weight (k, E) and MoERoute's params; None where its type is
-    unknown (a fused weight of mixed types: the parts run)."""
-    k, e = node.weights["w"].shape
-    t = c.matmul_type(node.weights["w"])
-    if t is None:
-        return None
-    p = node.params
-    params = {"n": e, "k": k, "qtype": t, "n_used": p["n_used"], "gating": p["gating"], "norm": p["norm"],
-              "scale": p["scale"]}
-    return Call("MoERouter", {"x": "F32", "w": quant_info(t).contract_name, "bias": "F32", "sel": "F32"},
-                lambda r: {"x": (r, k), "w": (e, k), "bias": (e,), "sel": (e,)}, params)
-
-
-def _moe_router_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, way: Way) -> Bound:
-    """(weights, ids); the router's bias and the selection bias are zeros where the file has none."""
-    (x,), params = node.inputs, call.params
-    laid, e, rt = c.laid_out(kernel, node.weights["w"], params), params["n"], c.rt
-    bias, sel = ((c.vector(node.weights[r]) if r in node.weights else (rt.zeros(e) if rt.upload else None))
-                 for r in ("b", "sel"))
-    return Bound(lambda vals, st: kernel(x=vals[x], w=laid, bias=bias, sel=sel, **params), [Launch(call, kernel)])
-
-
 def _moe_matmul_call(c: Compiler, node: Node) -> Call:
     w = node.weights["w"]
     k, n, e = w.shape
@@ -490,7 +467,6 @@ BINDINGS: dict[Op, Binding] = {
     Op.MOE_MATMUL: Binding(_moe_matmul_call, _moe_matmul_bind),
     Op.MOE_SUM: Binding(_moe_sum_call, _moe_sum_bind),
     Op.MOE_MATMUL_GLU: Binding(_moe_glu_call, _moe_matmul_bind),
-    Op.MOE_ROUTER: Binding(_moe_router_call, _moe_router_bind),
     Op.NORM_ADD_RMS_NORM: Binding(_add_rms_norm_call, _add_rms_norm_bind),
     Op.NORM_ROPE: Binding(_norm_rope_call, _norm_rope_bind),
 }

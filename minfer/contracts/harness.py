@@ -775,47 +775,6 @@ def _ref_route(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[s
     return w * p["scale"], ids.to(torch.int32)
 
 
-# MoERouter: (rows, experts, k, used, gating, norm, scale, biases): the router's GEMV and the routing
-_ROUTER = {"tiny": [(1, 8, 32, 2, "softmax", True, 1.0, False)],
-           "odd": [(3, 37, 96, 5, "sigmoid", False, 2.5, True)],
-           "boundary": [(5, 128, 288, 8, "softmax_weight", True, 1.0, True)]}
-
-
-def _router_setting(size: str, t: int, e: int, k: int, used: int, gating: str, norm: bool, scale: float,
-                    biased: bool) -> Setting:
-    return Setting(size, {"x": (t, k), "w": (e, k), "bias": (e,), "sel": (e,)},
-                   {"n": e, "k": k, "n_used": used, "gating": gating, "norm": norm, "scale": scale, "biased": biased})
-
-
-def _router_settings(size: str, q) -> list[Setting]:
-    return [_router_setting(size, *case) for case in _ROUTER[size]]
-
-
-def _router_model(name: str, m: ModelDims, q) -> list[Setting]:
-    """A mixture of experts' router and routing at a decode row and a decode batch of 16."""
-    if name not in MOE_MODELS:
-        return []
-    e, used, _ = MOE_MODELS[name]
-    return [_router_setting(name, t, e, m.d, used, "softmax", True, 1.0, False) for t in (1, 16)]
-
-
-def _build_router(s: Setting, dtypes: dict[str, str], out_dtype: str | None, gen) -> tuple[dict, dict]:
-    """x, the F32 router's bytes, its bias and the selection bias (zeros unless the setting has biases)."""
-    info = by_name(dtypes["w"])
-    (t, k), e = s.shapes["x"], s.params["n"]
-    biased = float(s.params["biased"])
-    inputs = {"x": _randn((t, k), dtypes["x"], gen), "w": random_blocks(info, e, k, gen),
-              "bias": torch.randn(e, generator=gen, device=gen.device) * biased,
-              "sel": torch.randn(e, generator=gen, device=gen.device) * 0.3 * biased}
-    params = {key: v for key, v in s.params.items() if key != "biased"}
-    return inputs, {**params, "qtype": info.type}
-
-
-def _ref_router(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[str, str]) -> tuple:
-    logits = i["x"].double() @ _decode(i["w"], d["w"], p["k"]).T + i["bias"].double()
-    return _ref_route({"logits": logits, "bias": i["sel"]}, p, d)
-
-
 # (tokens, used, experts, n, k, x per slot): x [T, k] feeds every chosen expert (gate, up), x [T, used, k] one each
 # (small: under the Triton interpreter a program costs per step, and one launch runs tokens x used of them)
 _MOE_MM = {"tiny": [(1, 1, 2, 8, 32, False)], "odd": [(2, 3, 5, 7, 96, True)],
@@ -1066,7 +1025,6 @@ HARNESS: dict[str, OpHarness] = {
     "Argmax": OpHarness(_argmax_settings, _argmax_model, _build_argmax,
                         lambda i, p, d: i["x"].double().argmax(-1).double()),
     "MoERoute": OpHarness(_route_settings, _route_model, _build_route, _ref_route),
-    "MoERouter": OpHarness(_router_settings, _router_model, _build_router, _ref_router),
     "MoEMatMul": OpHarness(_moe_mm_settings, _moe_mm_model, _build_moe_mm, _ref_moe_mm, _moe_mm_reads),
     "MoEMatMulGLU": OpHarness(_moe_glu_settings, _moe_glu_model, _build_moe_glu, _ref_moe_glu, _moe_glu_reads),
     "MoESum": OpHarness(_moe_sum_settings, _moe_sum_model, _build_floats, _ref_moe_sum),

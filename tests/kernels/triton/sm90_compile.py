@@ -67,15 +67,6 @@ def variants():
         consts = {"BLOCK_N": gemv_f32.gemv_block_n(n), "BLOCK_K": gemv_f32.BLOCK_K, "EVEN_K": k % gemv_f32.BLOCK_K == 0,
                   "PDL": 2}
         out.append((f"gemv_f32[{n}x{k}]", gemv_f32._gemv_f32_kernel, sig, consts, {"num_warps": 4}))
-    from minfer.kernels.triton import moe as moe_k
-
-    rsig = {"x_ptr": "*fp32", "w_ptr": "*fp32", "rb_ptr": "*fp32", "l_ptr": "*fp32", "cnt_ptr": "*i32",
-            "b_ptr": "*fp32", "wt_ptr": "*fp32", "id_ptr": "*i32", "E": "i32", "KDIM": "i32", "scale": "fp32",
-            "BLOCK_N": c, "BLOCK_K": c, "EVEN_K": c, "K": c, "KB": c, "BLOCK_E": c, "GATING": c, "NORM": c, "PDL": c}
-    for n, k, used, gating in ((128, 2048, 8, 0), (32, 2880, 4, 2)):  # moe_route_gemv: the two routers, routed
-        consts = {"BLOCK_N": gemv_f32.gemv_block_n(n), "BLOCK_K": gemv_f32.BLOCK_K, "EVEN_K": k % gemv_f32.BLOCK_K == 0,
-                  "K": used, "KB": used, "BLOCK_E": n, "GATING": gating, "NORM": gating == 0, "PDL": 2}
-        out.append((f"moe_route_gemv[{n}x{k} k{used}]", moe_k._router_kernel, rsig, consts, {"num_warps": 4}))
     storage = {"F32": "*fp32", "F16": "*fp16", "BF16": "*i16"}
     no_fma = {"enable_fp_fusion": False}
     sig_base = {"src_ptr": None, "out_ptr": None, "ids_ptr": "*i32", "n_blocks": "i64",
