@@ -206,17 +206,6 @@ MUTANTS: tuple[Mutant, ...] = (
         devices=("cuda",),
     ),
     Mutant(
-        "attn_combine_first_arriver",
-        "the split decode attention combined by the first split program of a (row, kv head) to arrive, not the "
-        "last: it reads partial sums other splits have not written. GPU only (the interpreter runs the splits one "
-        "after another and the last one combines again, correctly)",
-        "minfer/kernels/triton/attention.py",
-        "            if arrived == NSPLIT - 1:\n",
-        "            if arrived == 0:\n",
-        ("tests/kernels/triton/test_families.py::test_attention_rows_last_split_combines_as_the_combine_kernel",),
-        devices=("cuda",),
-    ),
-    Mutant(
         "gemv_rows_read_row0",
         "every row of a small decode batch reading x's first row (gemv.py ROWS mode without its x row offset)",
         "minfer/kernels/triton/gemv.py",

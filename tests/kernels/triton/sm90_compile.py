@@ -305,21 +305,16 @@ def variants():
     sig = {"q_ptr": "*fp32", "ck_ptr": "*fp16", "cv_ptr": "*fp16", "slot_ptr": "*i32", "pos_ptr": "*i32",
            "out_ptr": "*fp32", "po_ptr": "*fp32", "pml_ptr": "*fp32", "sink_ptr": "*fp32", "stride_q": "i32",
            "layer_off": "i64", "S_STRIDE": "i64", "H_STRIDE": "i64", "scale": "fp32", "G": "i32", "N_HEAD": "i32",
-           "HD": "i32", "RS": "i32", "SPLIT_LEN": "i32", "NSPLIT": "i32", "window": "i32", "softcap": "fp32",
-           "cnt_ptr": "*i32", "GP": c, "BLOCK_D": c, "BLOCK_N": c, "SPLIT": c, "Q8": c, "CAP": c, "SINK": c, "PDL": c,
-           "COMBINE": c, "SP": c, "SPA": c}
-    # (the last but one: gpt-oss's head of 64 with its sinks; split + combine: the last split program combines, 8
-    # splits of a 4,096 context: 7B's head of 128, gemma3's of 256, gpt-oss's sinks)
-    for hd, split, q8, sink, combine in ((64, False, False, False, False), (128, True, False, False, False),
-                                         (128, False, True, False, False), (64, False, False, True, False),
-                                         (128, True, False, False, True), (256, True, False, False, True),
-                                         (64, True, False, True, True), (128, True, True, False, True)):
+           "HD": "i32", "RS": "i32", "SPLIT_LEN": "i32", "NSPLIT": "i32", "window": "i32", "softcap": "fp32", "GP": c,
+           "BLOCK_D": c, "BLOCK_N": c, "SPLIT": c, "Q8": c, "CAP": c, "SINK": c, "PDL": c}
+    # (the last: gpt-oss's head of 64 with its sinks)
+    for hd, split, q8, sink in ((64, False, False, False), (128, True, False, False), (128, False, True, False),
+                                (64, False, False, True)):
         cache = "*i8" if q8 else "*fp16"
-        out.append((f"attention_rows[hd{hd} split={split} q8={q8} sink={sink} combine={combine}]",
-                    attention._attn_rows_kernel, dict(sig, ck_ptr=cache, cv_ptr=cache),
+        out.append((f"attention_rows[hd{hd} split={split} q8={q8} sink={sink}]", attention._attn_rows_kernel,
+                    dict(sig, ck_ptr=cache, cv_ptr=cache),
                     {"GP": 16, "BLOCK_D": hd, "BLOCK_N": attention.block_n(hd, q8), "SPLIT": split, "Q8": q8,
-                     "CAP": False, "SINK": sink, "PDL": 2, "COMBINE": combine, "SP": 8,
-                     "SPA": attention.COMBINE_SPLITS},
+                     "CAP": False, "SINK": sink, "PDL": 2},
                     {"num_warps": 4}))
     sig = {"q_ptr": "*fp32", "ck_ptr": "*fp16", "cv_ptr": "*fp16", "tiles_ptr": "*i32", "out_ptr": "*fp32",
            "sink_ptr": "*fp32", "stride_q": "i32", "layer_off": "i64", "S_STRIDE": "i64", "H_STRIDE": "i64",
