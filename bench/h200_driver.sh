@@ -22,14 +22,9 @@
 #   PARTS=moequick+cpudiag bash bench/h200_driver.sh start   both, one after the other: ~12 minutes
 #   PARTS=moelean bash bench/h200_driver.sh start       the sweep's one-row tiles, then qwen3-30b-a3b B=16 on this tree,
 #                                                       on .old/base (see the mode), on this tree again (no llama.cpp): ~4 min
-#   PARTS=lastarrive bash bench/h200_driver.sh start    stop 48's last-arriver fusions against the stop-47 tree in
-#                                                       .anchor/base47 (no llama.cpp): qwen3moe, gemma3-1b and
-#                                                       qwen2.5-0.5b tg128, two interleaved rounds: ~5 minutes
-#   PARTS=fusionab bash bench/h200_driver.sh start      the same fusions one at a time on this tree (bench/studies/
-#                                                       fusion_ab.py): gemma3-1b, qwen2.5-0.5b, then qwen3-30b-a3b
-#                                                       tg128 after pp512, two rounds: ~7 min (SMALL_ONLY=1: ~3);
-#                                                       first bench/studies/deferred_norm.py (~1 min; DNORM=0: not)
-#   PARTS=moearch bash bench/h200_driver.sh start       stop 48's fusions: their compiled tests, moe_mm16's tiles, then
+#   PARTS=fusionab bash bench/h200_driver.sh start      the deferred RMSNorm's GEMV chain study alone (bench/studies/
+#                                                       deferred_norm.py, no model files, no llama.cpp): ~1 minute
+#   PARTS=moearch bash bench/h200_driver.sh start       the MoE kernels' compiled tests, moe_mm16's tiles, then
 #                                                       qwen3moe (and on .anchor/base-tree), gpt-oss-20b, gemma3-1b,
 #                                                       qwen3-8b, one round each against llama.cpp: ~18 minutes
 #   PARTS=moe bash bench/h200_driver.sh start           only the mixtures of experts (issue 25): the two MoE files,
@@ -92,28 +87,6 @@ for r in d['results']:
     print(json.dumps({'engine': 'minfer', 'file': '$label', 'test': r['test'], 'tok_s': r['tok_s'],
                       'pct': r.get('pct_copy_bw')}))" | tee -a $D/bench.jsonl
 }
-# ab_rows VARIANT FILE LABEL ARGS...: minfer_rows with bench/studies/fusion_ab.py's VARIANT dropped (label LABEL/VARIANT)
-ab_rows() {
-  local v=$1 f=$2 label=$3; shift 3
-  timeout 400 python3 bench/studies/fusion_ab.py "$v" bench -m "$f" --device cuda "$@" --json 2>>$D/errors.txt \
-    | python3 -c "
-import json, sys
-d = json.load(sys.stdin)
-for r in d['results']:
-    print(json.dumps({'variant': '$v', 'file': '$label', 'test': r['test'], 'tok_s': r['tok_s']}))" | tee -a $D/bench.jsonl
-}
-# ab_table: per (file, test, variant) the rounds' tok/s and the change against "all", into tables.txt
-ab_table() {
-  python3 -c "
-import json, collections
-rows = collections.defaultdict(list)
-for line in open('$D/bench.jsonl'):
-    r = json.loads(line); rows[(r['file'], r['test'], r['variant'])].append(r['tok_s'])
-for (f, t, v), xs in sorted(rows.items()):
-    base = max(rows.get((f, t, 'all'), [0])) or 1
-    print(f'{f:18} {t:6} {v:14} ' + ' '.join(f'{x:10.1f}' for x in xs) + f'   best {max(xs) / base - 1:+.1%} vs all')
-" >> $D/tables.txt
-}
 # llama_rows BIN FILE LABEL ARGS...: llama-bench -o json rows
 llama_rows() {
   local bin=$1 f=$2 label=$3; shift 3
@@ -173,13 +146,13 @@ build_cuda() {
    echo "cuda build rc=$? $(since)")
 }
 
-# moe_gputests TIMEOUT: the newest MoE kernels compiled (the GLU, down + sum and router + route fusions, the f32 GEMV,
-# moe_mm16) and the attention's last-split combine: their arrival orders are only testable on a GPU
+# moe_gputests TIMEOUT: the newest MoE kernels compiled (the GLU fusion, the route's top-k, the f32 GEMV, moe_mm16)
+# and the split decode attention
 moe_gputests() {
   MINFER_TEST_DEVICE=cuda timeout $1 python3 -m pytest -q -p no:cacheprovider tests/contracts/test_conformance.py \
     tests/kernels/triton/test_moe.py tests/kernels/triton/test_gemv_f32.py tests/backends/test_cuda_backend.py \
     tests/kernels/triton/test_families.py \
-    -k "glu or gemv_f32 or expert_gate_up or gemv_sum or route or router_and_down or mm16 or attention_rows or combine" \
+    -k "glu or gemv_f32 or expert_gate_up or route or mm16 or attention_rows" \
     > $D/gputests.txt 2>&1
   tail -3 $D/gputests.txt
 }
@@ -282,9 +255,9 @@ elif [ "$PARTS" = moequick ] || [ "$PARTS" = moequick+cpudiag ]; then  # a short
   table qwen3-30b
   [ "$PARTS" = moequick ] || { rm -f $F; step cpudiag; cpudiag; }
   step done; exit 0
-elif [ "$PARTS" = moearch ]; then  # stop 48's fusions measured in one call: their compiled tests, moe_mm16's tiles
-  # (MM16SWEEP=0: none), qwen3moe B=16 / pp512 / tg128 (and on .anchor/base-tree), gpt-oss-20b, gemma3-1b and
-  # qwen3-8b (the attention's combine; gemma3-1b on the base tree too), each one round against llama.cpp: ~18 min
+elif [ "$PARTS" = moearch ]; then  # one call: the MoE kernels' compiled tests, moe_mm16's tiles (MM16SWEEP=0: none),
+  # qwen3moe B=16 / pp512 / tg128 (and on .anchor/base-tree), gpt-oss-20b, gemma3-1b and qwen3-8b (gemma3-1b on the
+  # base tree too), each one round against llama.cpp: ~18 min
   build_cuda 14 > $D/llama-build.txt 2>&1 &
   (synth qwen3-30b-a3b q4_k_m; synth gemma3-1b q4_0; echo "synth done $(since)") > $D/synth.txt 2>&1 &
   (synth gpt-oss-20b mxfp4; synth qwen3-8b q4_k_m; echo "synth done $(since)") > $D/synth2.txt 2>&1 &
@@ -320,48 +293,11 @@ elif [ "$PARTS" = moearch ]; then  # stop 48's fusions measured in one call: the
   llama_rows $LB $Q qwen3-8b-q4_k_m -ngl 99 -fa 1 -p 512 -n 128 -r 3
   table qwen3-30b; table gpt-oss; table gemma3; table qwen3-8b
   step done; exit 0
-elif [ "$PARTS" = lastarrive ]; then  # stop 48's last-arriver fusions (MoERouter, MoEMatMulSum, the attention's
-  # last-split combine) against the tree before them, no llama.cpp: qwen3moe, gemma3-1b and qwen2.5-0.5b tg128 here
-  # and on .anchor/base47 (made before the call: git archive 30669dd minfer | tar x -C .anchor/base47), interleaved
-  (synth gemma3-1b q4_0; synth qwen2.5-0.5b q4_0; echo "synth done $(since)") > $D/synth.txt 2>&1 &
-  [ "${SMALL_ONLY:-0}" = 1 ] || (synth qwen3-30b-a3b q4_k_m; echo "synth done $(since)") > $D/synth2.txt 2>&1 &
-  while ! grep -q "synth done" $D/synth.txt; do sleep 2; done
-  : > $D/bench.jsonl
-  step small
-  for f in gemma3-1b-q4_0 qwen2.5-0.5b-q4_0; do for round in 1 2; do  # (tg128 after pp512: the split attention)
-    minfer_rows $M/$f.gguf $f cuda -p 512 -n 128 -r 3 -b ""
-    (cd .anchor/base47 && PYTHONPATH=$PWD:/tmp/pylib minfer_rows $M/$f.gguf base47-$f cuda -p 512 -n 128 -r 3 -b "")
-  done; done
-  [ "${SMALL_ONLY:-0}" = 1 ] && { cat $D/bench.jsonl >> $D/tables.txt; step done; exit 0; }  # (~3 minutes)
-  while ! grep -q "synth done" $D/synth2.txt; do sleep 2; done
-  step moe
-  F=$M/qwen3-30b-a3b-q4_k_m.gguf
-  for round in 1 2; do
-    minfer_rows $F qwen3-30b-a3b cuda -p 512 -n 128 -r 2 -b ""
-    (cd .anchor/base47 && PYTHONPATH=$PWD:/tmp/pylib minfer_rows $F base47-qwen3-30b-a3b cuda -p 512 -n 128 -r 2 -b "")
-  done
-  cat $D/bench.jsonl >> $D/tables.txt
+elif [ "$PARTS" = fusionab ]; then  # the deferred RMSNorm's GEMV chain study alone (stop 50's one-at-a-time A/B of
+  # stop 48's last-arriver fusions ran here too: they were removed, bench/NOTES.md stop 50)
+  step dnorm
+  timeout 300 python3 bench/studies/deferred_norm.py > $D/dnorm.txt 2>&1; cat $D/dnorm.txt >> $D/tables.txt
   step done; exit 0
-elif [ "$PARTS" = fusionab ]; then  # stop 48's last-arriver fusions one at a time on this tree (bench/studies/
-  # fusion_ab.py drops them), no llama.cpp, no base tree: gemma3-1b and qwen2.5-0.5b (all / attn_combine), then
-  # qwen3-30b-a3b (all / moe_router / moe_sum / attn_combine); tg128 after a 512-token prompt, rounds interleaved
-  (synth gemma3-1b q4_0; synth qwen2.5-0.5b q4_0; echo "synth done $(since)") > $D/synth.txt 2>&1 &
-  [ "${SMALL_ONLY:-0}" = 1 ] || (synth qwen3-30b-a3b q4_k_m; echo "synth done $(since)") > $D/synth2.txt 2>&1 &
-  [ "${DNORM:-1}" = 0 ] || { step dnorm  # first, while the files are made: the deferred RMSNorm's chain study
-  timeout 300 python3 bench/studies/deferred_norm.py > $D/dnorm.txt 2>&1; cat $D/dnorm.txt >> $D/tables.txt; }
-  while ! grep -q "synth done" $D/synth.txt; do sleep 2; done
-  : > $D/bench.jsonl
-  step small
-  for round in 1 2; do for f in gemma3-1b-q4_0 qwen2.5-0.5b-q4_0; do for v in all attn_combine; do
-    ab_rows $v $M/$f.gguf $f -p 512 -n 128 -r 3 -b ""
-  done; done; done
-  [ "${SMALL_ONLY:-0}" = 1 ] && { ab_table; step done; exit 0; }  # (~3 minutes)
-  while ! grep -q "synth done" $D/synth2.txt; do sleep 2; done
-  step moe
-  for round in 1 2; do for v in all moe_router moe_sum attn_combine; do
-    ab_rows $v $M/qwen3-30b-a3b-q4_k_m.gguf qwen3-30b-a3b -p 512 -n 128 -r 2 -b ""
-  done; done
-  ab_table; step done; exit 0
 elif [ "$PARTS" = cpudiag ]; then
   cpudiag; step done; exit 0
 elif [ "$PARTS" = moelean ]; then  # the shortest budget: no llama.cpp build; qwen3moe B=16 on this tree and on $BASE

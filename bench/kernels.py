@@ -201,17 +201,6 @@ class Cases:
             cases.append(Case(kernel.__name__, f"{rows}x{d} {e}x{d} {model} router",
                               lambda kn=kernel, r=rows: router(kn, r), e * d * 4 + rows * d * 4 + rows * e * 4,
                               2 * rows * e * d))
-        def route_gemv(rows):  # the router's GEMV and the routing in one launch (decode rows)
-            from minfer.kernels.triton.torch_ops import f32_weight
-
-            w = moe.router_weight(f32_weight(self.randn(e, d).contiguous(), e, d, "F32"), e, d, "F32")
-            x, z = self.randn(rows, d), torch.zeros(e, device=self.device)
-            return lambda: moe.moe_route_gemv(x, w, e, d, "F32", z, z, used, "softmax", True, 1.0)
-
-        for rows in (1, 16):  # beside gemv_f32 + moe_route_rows: the pair it replaces
-            cases.append(Case("moe_route_gemv", f"{rows}x{d} {e}x{d} k{used} {model} router+route",
-                              lambda r=rows: route_gemv(r),
-                              e * d * 4 + rows * d * 4 + 2 * rows * e * 4 + rows * used * 8, 2 * rows * e * d))
         for rows in (1, 16, 512):
             cases.append(Case("moe_route_rows", f"{rows}x{e} k{used} {model}", lambda r=rows: route(r),
                               rows * e * 4 + rows * used * 8))
@@ -234,19 +223,6 @@ class Cases:
             x, ids, out = self.randn(rows, d), ids_of(rows), torch.empty(rows, used, ff, device=self.device)
             return lambda: kernel(x, ids, w, ff, d, info.type, e, "swiglu", out=out)
 
-        def down_sum(info, rows):  # down + the weighted sum of a row's slots in one launch
-            w = moe.repack_experts(self.quant_bytes(info, e * d * ff // info.block_elems), d, ff, info.type, e)
-            x, ids, wt = self.randn(rows, used, ff), ids_of(rows), torch.rand(rows, used, device=self.device)
-            out = torch.empty(rows, d, device=self.device)
-            return lambda: moe.moe_gemv_sum(x, ids, wt, w, d, ff, info.type, e, out=out)
-
-        info6 = QUANT_TABLE[by_name("Q6_K").type]
-        for rows in (1, 16):  # beside moe_gemv[Q6_K] down + moe_sum_rows above: the pair it replaces
-            touched = min(e, rows * used)
-            cases.append(Case("moe_gemv_sum[Q6_K]", f"{rows}x{used} {d}x{ff} {model} down+sum",
-                              lambda r=rows: down_sum(info6, r),
-                              touched * info6.nbytes(d * ff) + rows * used * ff * 4 + 2 * rows * used * d * 4,
-                              2 * rows * used * d * ff))
         info = QUANT_TABLE[by_name("Q4_K").type]
         for rows, kernel in ((1, moe.moe_gemv_glu), (16, moe.moe_gemv_glu), (16, moe.moe_mm16_glu),
                              (512, moe.moe_mm16_glu)):

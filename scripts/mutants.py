@@ -206,37 +206,6 @@ MUTANTS: tuple[Mutant, ...] = (
         devices=("cuda",),
     ),
     Mutant(
-        "attn_combine_first_arriver",
-        "the split decode attention combined by the first split program of a (row, kv head) to arrive, not the "
-        "last: it reads partial sums other splits have not written. GPU only (the interpreter runs the splits one "
-        "after another and the last one combines again, correctly)",
-        "minfer/kernels/triton/attention.py",
-        "            if arrived == NSPLIT - 1:\n",
-        "            if arrived == 0:\n",
-        ("tests/kernels/triton/test_families.py::test_attention_rows_last_split_combines_as_the_combine_kernel",),
-        devices=("cuda",),
-    ),
-    Mutant(
-        "moe_sum_first_arriver",
-        "an expert layer's down + weighted sum (MOE_SUM) adding a row's slots when its first slot, not its last, "
-        "finishes a row tile. GPU only, as attn_combine_first_arriver",
-        "minfer/kernels/triton/gemv.py",
-        "    if arrived == USED - 1:\n",
-        "    if arrived == 0:\n",
-        ("tests/kernels/triton/test_moe.py::test_gemv_sum_gives_the_chain_it_replaces",),
-        devices=("cuda",),
-    ),
-    Mutant(
-        "router_first_arriver",
-        "the router + routing launch (MoERouter) routing a row when its first logit tile, not its last, is in. "
-        "GPU only, as attn_combine_first_arriver",
-        "minfer/kernels/triton/moe.py",
-        "    if arrived == tl.num_programs(0) - 1:\n",
-        "    if arrived == 0:\n",
-        ("tests/kernels/triton/test_moe.py::test_route_gemv_gives_the_pair_it_replaces",),
-        devices=("cuda",),
-    ),
-    Mutant(
         "gemv_rows_read_row0",
         "every row of a small decode batch reading x's first row (gemv.py ROWS mode without its x row offset)",
         "minfer/kernels/triton/gemv.py",

@@ -1,17 +1,16 @@
 """One fusion off at a time, on the same tree: runs a `minfer` command (usually `bench`) with the
-named fusions removed. Not a test; a study for the device (bench/h200_driver.sh PARTS=fusionab).
+named graph/fuse.py rules removed. Not a test; a study for the device, run by hand.
 
 Usage: python bench/studies/fusion_ab.py VARIANT minfer-args...
-  VARIANT: "all" (the tree as it is) or a comma list of what to drop:
-    a graph/fuse.py rule by its name without `fuse_` (moe_router, moe_sum, norm_rope, ...), or
-    attn_combine: the split decode attention's last-arriver combine (kernels/triton/attention.py)
-    replaced by its separate combine kernel, as before stop 48.
+  VARIANT: "all" (the tree as it is) or a comma list of the rules to drop, each by its name without
+    `fuse_` (moe_glu, norm_rope, int8_x, ...).
 
-e.g. python bench/studies/fusion_ab.py moe_router,moe_sum bench -m q.gguf --device cuda -p 512 -n 128 --json
+e.g. python bench/studies/fusion_ab.py moe_glu bench -m q.gguf --device cuda -p 512 -n 128 --json
 
-Stop 49 measured a last-arriver tail slower than the kernels it replaced (under CUDA graphs + PDL it
-keeps the grid-wide wait and loses the overlap): this tells which of stop 48's last-arriver fusions
-(MoERouter, MoEMatMulSum, the attention's combine) earn their place, each against the same tree.
+Stop 50 used it (through the device driver, with the attention's last-split combine as a variant
+too) to measure stop 48's last-arriver fusions each against the same tree on an H100: the router +
+routing (moe_router), the down experts + weighted sum (moe_sum) and the combine did not win, and were
+removed (bench/NOTES.md stop 50).
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ import sys
 
 from minfer import cli
 from minfer.graph import fuse
-from minfer.kernels.triton import attention
 
 
 def apply(variant: str) -> None:
@@ -29,12 +27,9 @@ def apply(variant: str) -> None:
         return
     rules = {r.__name__.removeprefix("fuse_"): r for r in fuse.FUSIONS}
     for name in variant.split(","):
-        if name == "attn_combine":
-            attention.COMBINE_MAX_SPLITS = 1  # any split attention then runs the combine kernel
-        elif name in rules:
-            fuse.FUSIONS = tuple(r for r in fuse.FUSIONS if r is not rules[name])
-        else:
-            sys.exit(f"fusion_ab: unknown variant part {name!r}; known: all, attn_combine, {', '.join(rules)}")
+        if name not in rules:
+            sys.exit(f"fusion_ab: unknown variant part {name!r}; known: all, {', '.join(rules)}")
+        fuse.FUSIONS = tuple(r for r in fuse.FUSIONS if r is not rules[name])
 
 
 if __name__ == "__main__":

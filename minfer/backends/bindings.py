@@ -445,35 +445,12 @@ def _moe_route_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, wa
     return Bound(lambda vals, st: kernel(logits=vals[i], bias=bias, **params), [Launch(call, kernel)])
 
 
-def _moe_router_call(c: Compiler, node: Node) -> Call | None:
-    """MoERouter: the router MatMul's weight (k, E) and MoERoute's params; None where its type is
-    unknown (a fused weight of mixed types: the parts run)."""
-    k, e = node.weights["w"].shape
-    t = c.matmul_type(node.weights["w"])
-    if t is None:
-        return None
-    p = node.params
-    params = {"n": e, "k": k, "qtype": t, "n_used": p["n_used"], "gating": p["gating"], "norm": p["norm"],
-              "scale": p["scale"]}
-    return Call("MoERouter", {"x": "F32", "w": quant_info(t).contract_name, "bias": "F32", "sel": "F32"},
-                lambda r: {"x": (r, k), "w": (e, k), "bias": (e,), "sel": (e,)}, params)
-
-
-def _moe_router_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, way: Way) -> Bound:
-    """(weights, ids); the router's bias and the selection bias are zeros where the file has none."""
-    (x,), params = node.inputs, call.params
-    laid, e, rt = c.laid_out(kernel, node.weights["w"], params), params["n"], c.rt
-    bias, sel = ((c.vector(node.weights[r]) if r in node.weights else (rt.zeros(e) if rt.upload else None))
-                 for r in ("b", "sel"))
-    return Bound(lambda vals, st: kernel(x=vals[x], w=laid, bias=bias, sel=sel, **params), [Launch(call, kernel)])
-
-
 def _moe_matmul_call(c: Compiler, node: Node) -> Call:
     w = node.weights["w"]
     k, n, e = w.shape
     t = c.type_of(w.name)
     x_shape = c.node_of(node.inputs[0]).shape
-    used = c.node_of(node.inputs[1]).shape[1]  # (the ids [T, k used])
+    used = node.shape[1]
     per_slot = len(x_shape) == 3
     params = {"n": n, "k": k, "qtype": t, "n_expert": e}
     needs = frozenset({"expert_bias"}) if "b" in node.weights else frozenset()  # gpt-oss: added in the epilogue
@@ -483,16 +460,13 @@ def _moe_matmul_call(c: Compiler, node: Node) -> Call:
 
 
 def _moe_matmul_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, way: Way) -> Bound:
-    """MoEMatMul, MoEMatMulGLU and MoEMatMulSum (whose third input is the router's weights)."""
-    x, ids, *wts = node.inputs
+    x, ids = node.inputs
     laid, params = c.laid_out(kernel, node.weights["w"], call.params), call.params
-    # each chosen expert's bias, [E, n] (GGUF (n, E)) as one f32 vector
-    bias = {"bias": c.vector(node.weights["b"])} if "b" in node.weights else {}
-    if wts:
-        (w_i,) = wts
-        return Bound(lambda vals, st: kernel(x=vals[x], ids=vals[ids], weights=vals[w_i], w=laid, **params, **bias),
+    if "b" in node.weights:  # each chosen expert's bias, [E, n] (GGUF (n, E)) as one f32 vector
+        bias = c.vector(node.weights["b"])
+        return Bound(lambda vals, st: kernel(x=vals[x], ids=vals[ids], w=laid, **params, bias=bias),
                      [Launch(call, kernel)])
-    return Bound(lambda vals, st: kernel(x=vals[x], ids=vals[ids], w=laid, **params, **bias), [Launch(call, kernel)])
+    return Bound(lambda vals, st: kernel(x=vals[x], ids=vals[ids], w=laid, **params), [Launch(call, kernel)])
 
 
 def _moe_glu_call(c: Compiler, node: Node) -> Call | None:
@@ -510,14 +484,6 @@ def _moe_glu_call(c: Compiler, node: Node) -> Call | None:
     needs = frozenset({"expert_bias"}) if "b" in node.weights else frozenset()
     return Call("MoEMatMulGLU", {"x": "F32", "ids": "I32", "w": quant_info(t).contract_name},
                 lambda r: {"x": (r, k), "ids": (r, used), "w": (e2 * n, k)}, params, needs=needs)
-
-
-def _moe_matmul_sum_call(c: Compiler, node: Node) -> Call:
-    """MoEMatMulSum: MoEMatMul's call with the router's weights [rows, k used]."""
-    mm = _moe_matmul_call(c, node)
-    used = c.node_of(node.inputs[1]).shape[1]
-    return Call("MoEMatMulSum", {**mm.dtypes, "weights": "F32"},
-                lambda r: {**mm.shapes(r), "weights": (r, used)}, mm.params, needs=mm.needs)
 
 
 def _moe_sum_call(c: Compiler, node: Node) -> Call:
@@ -544,8 +510,6 @@ BINDINGS: dict[Op, Binding] = {
     Op.MOE_MATMUL: Binding(_moe_matmul_call, _moe_matmul_bind),
     Op.MOE_SUM: Binding(_moe_sum_call, _moe_sum_bind),
     Op.MOE_MATMUL_GLU: Binding(_moe_glu_call, _moe_matmul_bind),
-    Op.MOE_MATMUL_SUM: Binding(_moe_matmul_sum_call, _moe_matmul_bind),
-    Op.MOE_ROUTER: Binding(_moe_router_call, _moe_router_bind),
     Op.NORM_ADD_RMS_NORM: Binding(_add_rms_norm_call, _add_rms_norm_bind),
     Op.NORM_ROPE: Binding(_norm_rope_call, _norm_rope_bind),
     Op.MATMUL_ADD_NORM: Binding(_add_norm_call, _add_norm_bind),

@@ -804,47 +804,6 @@ def _ref_route(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[s
     return w * p["scale"], ids.to(torch.int32)
 
 
-# MoERouter: (rows, experts, k, used, gating, norm, scale, biases): the router's GEMV and the routing
-_ROUTER = {"tiny": [(1, 8, 32, 2, "softmax", True, 1.0, False)],
-           "odd": [(3, 37, 96, 5, "sigmoid", False, 2.5, True)],
-           "boundary": [(5, 128, 288, 8, "softmax_weight", True, 1.0, True)]}
-
-
-def _router_setting(size: str, t: int, e: int, k: int, used: int, gating: str, norm: bool, scale: float,
-                    biased: bool) -> Setting:
-    return Setting(size, {"x": (t, k), "w": (e, k), "bias": (e,), "sel": (e,)},
-                   {"n": e, "k": k, "n_used": used, "gating": gating, "norm": norm, "scale": scale, "biased": biased})
-
-
-def _router_settings(size: str, q) -> list[Setting]:
-    return [_router_setting(size, *case) for case in _ROUTER[size]]
-
-
-def _router_model(name: str, m: ModelDims, q) -> list[Setting]:
-    """A mixture of experts' router and routing at a decode row and a decode batch of 16."""
-    if name not in MOE_MODELS:
-        return []
-    e, used, _ = MOE_MODELS[name]
-    return [_router_setting(name, t, e, m.d, used, "softmax", True, 1.0, False) for t in (1, 16)]
-
-
-def _build_router(s: Setting, dtypes: dict[str, str], out_dtype: str | None, gen) -> tuple[dict, dict]:
-    """x, the F32 router's bytes, its bias and the selection bias (zeros unless the setting has biases)."""
-    info = by_name(dtypes["w"])
-    (t, k), e = s.shapes["x"], s.params["n"]
-    biased = float(s.params["biased"])
-    inputs = {"x": _randn((t, k), dtypes["x"], gen), "w": random_blocks(info, e, k, gen),
-              "bias": torch.randn(e, generator=gen, device=gen.device) * biased,
-              "sel": torch.randn(e, generator=gen, device=gen.device) * 0.3 * biased}
-    params = {key: v for key, v in s.params.items() if key != "biased"}
-    return inputs, {**params, "qtype": info.type}
-
-
-def _ref_router(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[str, str]) -> tuple:
-    logits = i["x"].double() @ _decode(i["w"], d["w"], p["k"]).T + i["bias"].double()
-    return _ref_route({"logits": logits, "bias": i["sel"]}, p, d)
-
-
 # (tokens, used, experts, n, k, x per slot): x [T, k] feeds every chosen expert (gate, up), x [T, used, k] one each
 # (small: under the Triton interpreter a program costs per step, and one launch runs tokens x used of them)
 _MOE_MM = {"tiny": [(1, 1, 2, 8, 32, False)], "odd": [(2, 3, 5, 7, 96, True)],
@@ -968,47 +927,6 @@ def _moe_glu_reads(i: Mapping[str, torch.Tensor], p: Mapping[str, Any]) -> int:
     """x, the ids and the chosen experts' gate and up bytes, each expert once."""
     return _moe_mm_reads(i, {**p, "n_expert": 2 * p["n_expert"]}) + \
         int(torch.unique(i["ids"]).numel()) * (i["w"].numel() * i["w"].element_size() // (2 * p["n_expert"]))
-
-
-# MoEMatMulSum: (tokens, used, experts, n, k, bias): x per slot (the down projection); n not a multiple of a row tile
-_MOE_MM_SUM = {"tiny": [(1, 2, 3, 8, 32, False)], "odd": [(3, 3, 5, 37, 64, False), (2, 2, 3, 9, 32, True)],
-               "boundary": [(2, 2, 3, 33, 32, False)]}
-
-
-def _mm_sum_setting(size: str, t: int, used: int, e: int, n: int, k: int, bias: bool) -> Setting:
-    shapes = {"x": (t, used, k), "ids": (t, used), "weights": (t, used), "w": (e * n, k)}
-    if bias:
-        shapes["bias"] = (e * n,)
-    return Setting(size, shapes, {"n": n, "k": k, "n_expert": e}, ("expert_bias",) if bias else ())
-
-
-def _moe_mm_sum_settings(size: str, q) -> list[Setting]:
-    if q is not None and q.type not in (_MOE_MM_TINY if size == "tiny" else _MOE_MM_ALL):
-        return []
-    return [_mm_sum_setting(size, t, used, e, n, _k_scaled(k, q), bias) for t, used, e, n, k, bias in _MOE_MM_SUM[size]]
-
-
-def _moe_mm_sum_model(name: str, m: ModelDims, q) -> list[Setting]:
-    """A mixture of experts' down projection and weighted sum at a decode row, a batch of 16, a prompt."""
-    if name not in MOE_MODELS or (q is not None and MOE_MODELS[name][2] % q.block_elems):
-        return []
-    e, used, ff = MOE_MODELS[name]
-    return [_mm_sum_setting(name, t, used, e, m.d, ff, False) for t in (1, 16, PREFILL_TOKENS)]
-
-
-def _build_moe_mm_sum(s: Setting, dtypes: dict[str, str], out_dtype: str | None, gen) -> tuple[dict, dict]:
-    """_build_moe_mm's inputs and the router's weights (positive, as softmax's)."""
-    inputs, params = _build_moe_mm(s, dtypes, out_dtype, gen)
-    inputs["weights"] = torch.rand(s.shapes["weights"], generator=gen, device=gen.device)
-    return inputs, params
-
-
-def _ref_moe_mm_sum(i: Mapping[str, torch.Tensor], p: Mapping[str, Any], d: Mapping[str, str]) -> torch.Tensor:
-    return (_ref_moe_mm(i, p, d) * i["weights"].double().unsqueeze(-1)).sum(1)
-
-
-def _moe_mm_sum_reads(i: Mapping[str, torch.Tensor], p: Mapping[str, Any]) -> int:
-    return _moe_mm_reads(i, p) + i["weights"].numel() * i["weights"].element_size()
 
 
 _MOE_SUM = {"tiny": [(1, 2, 5)], "odd": [(3, 3, 37)], "boundary": [(5, 8, 257)]}
@@ -1137,10 +1055,7 @@ HARNESS: dict[str, OpHarness] = {
     "Argmax": OpHarness(_argmax_settings, _argmax_model, _build_argmax,
                         lambda i, p, d: i["x"].double().argmax(-1).double()),
     "MoERoute": OpHarness(_route_settings, _route_model, _build_route, _ref_route),
-    "MoERouter": OpHarness(_router_settings, _router_model, _build_router, _ref_router),
     "MoEMatMul": OpHarness(_moe_mm_settings, _moe_mm_model, _build_moe_mm, _ref_moe_mm, _moe_mm_reads),
     "MoEMatMulGLU": OpHarness(_moe_glu_settings, _moe_glu_model, _build_moe_glu, _ref_moe_glu, _moe_glu_reads),
-    "MoEMatMulSum": OpHarness(_moe_mm_sum_settings, _moe_mm_sum_model, _build_moe_mm_sum, _ref_moe_mm_sum,
-                              _moe_mm_sum_reads),
     "MoESum": OpHarness(_moe_sum_settings, _moe_sum_model, _build_floats, _ref_moe_sum),
 }

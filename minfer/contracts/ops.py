@@ -207,14 +207,6 @@ OPS: dict[str, OpSpec] = {
             lambda s, p: {"rows": _rows_of(s["logits"]), "n_expert": s["logits"][-1], "n_used": p["n_used"]},
         ),
         OpSpec(
-            "MoERouter", True, ("x", "w", "bias", "sel"), ("n", "k", "qtype", "n_used", "gating", "norm", "scale"),
-            ("rows", "n_expert", "n_used", "k"),
-            "(weights, ids) = MoERoute(x @ dequant(w)^T + bias, sel): an expert layer's router (w [n = n_expert, k], "
-            "bias [n] its bias, zeros for none) and the routing of its logits (sel the selection bias, zeros for "
-            "none; gating, top-k, norm, scale as MoERoute)",
-            lambda s, p: {"rows": _rows_of(s["x"]), "n_expert": p["n"], "n_used": p["n_used"], "k": p["k"]},
-        ),
-        OpSpec(
             "MoEMatMul", False, ("x", "ids", "w"), ("n", "k", "qtype", "n_expert"),
             ("m", "n_used", "slots", "n", "k", "n_expert"),
             "out[t, j, :] = x[t] (x [m, k]) or x[t, j] (x [m, n_used, k]) @ dequant(w)[ids[t, j]]^T: w the "
@@ -228,13 +220,6 @@ OPS: dict[str, OpSpec] = {
             "or 'swiglu_oai' (gpt-oss: g' sigmoid(alpha g') (clamp(u, -limit, limit) + 1), g' = min(g, limit)); "
             "with expert_bias, `bias` holds 2 n_expert n values (the gate experts', then the up experts'), added "
             "before the glu: an expert layer's gate and up projections and the GLU after them", _moe_matmul,
-        ),
-        OpSpec(
-            "MoEMatMulSum", True, ("x", "ids", "weights", "w"), ("n", "k", "qtype", "n_expert"),
-            ("m", "n_used", "slots", "n", "k", "n_expert"),
-            "out[t, :] = sum over j = 0..n_used-1, in that order, of weights[t, j] * (x[t, j] (x [m, n_used, k]) or "
-            "x[t] (x [m, k]) @ dequant(w)[ids[t, j]]^T (+ bias[ids[t, j]] with expert_bias)): an expert layer's "
-            "down projection (MoEMatMul) and the weighted sum of its slots (MoESum) after it", _moe_matmul,
         ),
         OpSpec(
             "MoESum", False, ("y", "weights"), (), ("rows", "n_used", "n"),

@@ -23,10 +23,6 @@ for, in at least one way of running; the callback keeps graph/ below contracts/)
 - `fuse_moe_glu`: an expert layer's gate and up MoEMatMuls (same x, same ids) and the SwiGLU
   (or gpt-oss's SwiGLUOAI) of their outputs -> MoEMatMulGLU over one weight stacking the gate
   experts, then the up experts (the two tensors' bytes one after the other: 2 E matrices).
-- `fuse_moe_sum`: an expert layer's down MoEMatMul and the MoESum of its slots (the router's
-  weights) -> MoEMatMulSum.
-- `fuse_moe_router`: an expert layer's router MatMul (+ its bias) and the MoERoute of its logits
-  -> MoERouter (its value the route's (weights, ids)).
 - `fuse_matmul_rope`: a stacked q+k+v MatMul (with or without bias) and the RoPE of its q and k
   columns -> QMatMulRoPE (exports the rotated columns and the whole output).
 - `fuse_norm_rope`: the per-head RMSNorms of q and k (qwen3, gemma3) and their RoPEs -> NormRoPE
@@ -372,43 +368,6 @@ def fuse_moe_glu(graph: Graph, supports: Supports) -> Graph:
     return _rewrite(graph, fusions) if fusions else graph
 
 
-def _fuse_chains(graph: Graph, supports: Supports, producer: Op, consumer: Op,
-                 make: Callable[[Node, Node], Node]) -> Graph:
-    """Each `consumer` node whose first input is a `producer` node only it reads -> `make(p, c)`, the
-    fused node (its graph-id inputs, exporting the consumer), where `supports` says it runs."""
-    readers = readers_of(graph)
-    by_id = {n.id: n for n in graph.nodes}
-    fusions = {}
-    for c in graph.nodes:
-        p = by_id[c.inputs[0]] if c.op == consumer else None
-        if p is None or p.op != producer or readers.get(p.id) != [c]:
-            continue
-        fused = make(p, c)
-        if supports(fused, graph):
-            fusions[c.id] = (fused, [p, c], (c,))
-    return _rewrite(graph, fusions) if fusions else graph
-
-
-def fuse_moe_sum(graph: Graph, supports: Supports) -> Graph:
-    """A MoEMatMul (an expert layer's down projection) whose output only a MoESum reads ->
-    MoEMatMulSum over the same weight(s): inputs (x, ids, the sum's weights)."""
-    def make(m: Node, s: Node) -> Node:
-        return _fused([m, s], Op.MOE_MATMUL_SUM, m.name + "+sum", (*m.inputs, s.inputs[1]), (s.id,), dict(m.weights),
-                      {"n_expert": m.weights["w"].shape[2]}, s.shape)
-
-    return _fuse_chains(graph, supports, Op.MOE_MATMUL, Op.MOE_SUM, make)
-
-
-def fuse_moe_router(graph: Graph, supports: Supports) -> Graph:
-    """A MoERoute whose logits come from a MatMul (+ bias) only it reads -> MoERouter: weights "w"
-    and "b" the matmul's, "sel" the route's selection bias; its value the route's (weights, ids)."""
-    def make(m: Node, r: Node) -> Node:
-        weights = {**m.weights, **({"sel": r.weights["b"]} if "b" in r.weights else {})}
-        return _fused([m, r], Op.MOE_ROUTER, r.name + "+logits", m.inputs, (r.id,), weights, dict(r.params), r.shape)
-
-    return _fuse_chains(graph, supports, Op.MATMUL, Op.MOE_ROUTE, make)
-
-
 def fuse_matmul_rope(graph: Graph, supports: Supports) -> Graph:
     """A stacked q+k+v MatMul (or one weight holding them, phi3's attn_qkv) whose columns from 0 a
     RoPE rotates (its other readers slices of the rest) -> QMatMulRoPE: exports the rotated columns
@@ -590,8 +549,8 @@ def fuse_int8_x(graph: Graph, supports: Supports) -> Graph:
 
 
 FUSIONS: tuple[Callable[[Graph, Supports], Graph], ...] = (
-    fuse_norm_add_rms_norm, fuse_add_rms_norm, fuse_matmul_swiglu, fuse_moe_glu, fuse_moe_sum, fuse_moe_router,
-    fuse_matmul_rope, fuse_norm_rope, fuse_matmul_add_norm, fuse_kv_write, fuse_int8_x)
+    fuse_norm_add_rms_norm, fuse_add_rms_norm, fuse_matmul_swiglu, fuse_moe_glu, fuse_matmul_rope, fuse_norm_rope,
+    fuse_matmul_add_norm, fuse_kv_write, fuse_int8_x)
 
 
 def fuse(graph: Graph, supports: Supports, rules: Iterable[Callable[[Graph, Supports], Graph]] | None = None) -> Graph:

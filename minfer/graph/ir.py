@@ -56,8 +56,6 @@ class Op(StrEnum):
     MATMUL_ADD_NORM = "QMatMulAddNorm"  # AddRMSNorm(a, MatMul(x, w)) with the rms deferred to the matmuls after it
     NORM_ROPE = "NormRoPE"  # (RoPE(RMSNorm per head of q), RoPE(RMSNorm per head of k)): qwen3's / gemma3's q, k
     MOE_MATMUL_GLU = "MoEMatMulGLU"  # glu(gate, up) of an expert layer's gate and up MoEMatMuls (params glu, ...)
-    MOE_MATMUL_SUM = "MoEMatMulSum"  # MoESum(MoEMatMul(x, ids), weights): an expert layer's down and its sum
-    MOE_ROUTER = "MoERouter"  # MoERoute(MatMul(x, w) (+ b)): the router's logits and the routing (a tuple, too)
     # tensor parallelism (parallel/, one graph per rank): run by the plan through a communicator
     ALL_REDUCE = "AllReduce"  # out = the sum of x over the ranks (float32)
     ALL_GATHER = "AllGather"  # out = the ranks' x side by side in the last dim (float32)
@@ -67,8 +65,7 @@ class Op(StrEnum):
 
 PARALLEL_OPS = frozenset({Op.ALL_REDUCE, Op.ALL_GATHER, Op.LOCAL_IDS, Op.MASK_ROWS})
 FUSED_OPS = frozenset({Op.ADD_RMS_NORM, Op.NORM_ADD_RMS_NORM, Op.MATMUL_SWIGLU, Op.MATMUL_GEGLU, Op.MATMUL_ROPE,
-                       Op.NORM_ROPE, Op.MOE_MATMUL_GLU, Op.MOE_MATMUL_SUM, Op.MOE_ROUTER,
-                       Op.MATMUL_ADD_NORM})
+                       Op.NORM_ROPE, Op.MOE_MATMUL_GLU, Op.MATMUL_ADD_NORM})
 
 # Params beyond each op's base set (qwen3, gemma, phi3). A model sets them only where they differ
 # from the base behaviour, so a llama / qwen2 graph carries none of them. The RoPE ones live in the
@@ -158,9 +155,8 @@ class Node:
 
     @property
     def n_values(self) -> int:
-        """How many values the node returns (a fused node with several exports, or a MoERoute /
-        MoERouter: a tuple)."""
-        return 2 if self.op in (Op.MOE_ROUTE, Op.MOE_ROUTER) else max(1, len(self.exports))
+        """How many values the node returns (a fused node with several exports, or MoERoute: a tuple)."""
+        return 2 if self.op == Op.MOE_ROUTE else max(1, len(self.exports))
 
     def renumbered(self, id: int, inputs: tuple[int, ...]) -> Node:
         """This node with another id and inputs: `dataclasses.replace(node, id=, inputs=)` without

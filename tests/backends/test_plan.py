@@ -73,13 +73,10 @@ def test_every_node_of_every_preset_resolves(headers, preset, quant):
         assert {"gemv_geglu", "geglu_rows"} & kernels and (quant != "q4_0" or "gemv_geglu" in kernels)
     if arch == "gemma2":
         assert "softcap_f32" in kernels
-    if PRESETS[preset].n_expert:  # a decode row: the router and routing in one launch, then the chosen experts'
-        # GEMVs: gate + up + GLU in one, down + the weighted sum in one (float experts: f16 copies, then the sum)
-        assert "moe_route_gemv" in kernels and "moe_route_rows" not in kernels
-        assert {"moe_matmul_f16", "moe_sum_rows"} <= kernels if quant in ("f16", "f32") else \
-            {"moe_gemv_glu", "moe_gemv_sum"} <= kernels and "moe_sum_rows" not in kernels
+    if PRESETS[preset].n_expert:  # a decode row: the router, then the chosen experts' GEMVs (or f16 copies)
+        assert "moe_route_rows" in kernels and "moe_sum_rows" in kernels
+        assert ("moe_matmul_f16" if quant in ("f16", "f32") else "moe_gemv") in kernels
         chunk = {k for r in be.plan_rows(512, True) for k in r["kernel"].split("+")}
-        assert {"moe_route_rows", "moe_sum_rows"} <= chunk  # prompts: the fusions' parts
         assert quant in ("f16", "f32") or "moe_mm16" in chunk  # prompts: rows grouped by expert
 
 

@@ -115,8 +115,6 @@ LAUNCHERS = {
     "moe_mmq": moe.moe_mmq,
     "moe_mm16": moe.moe_mm16,
     "moe_gemv_glu": moe.moe_gemv_glu,
-    "moe_gemv_sum": moe.moe_gemv_sum,
-    "moe_route_gemv": moe.moe_route_gemv,
     "moe_mm16_glu": moe.moe_mm16_glu,
     "moe_matmul_f16": moe.moe_matmul_f16,
     "moe_sum_rows": moe.moe_sum_rows,

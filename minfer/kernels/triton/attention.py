@@ -9,11 +9,10 @@ form (a chunk's rows are consecutive positions of one slot).
 `attention_rows` (flash-decoding, Dao et al. 2023): programs (row, kv head, split) walk BLOCK_N
 keys at a time over their split of 0..position; the query heads of one kv head (the GQA group)
 are one [G, head_dim] tile padded to 16 rows, so q.K^T and p.V are tensor-core dots on f16
-inputs with f32 accumulation and an online softmax in f32. With more than one split the splits'
-partial sums are combined by log-sum-exp: by the last split program of a (row, kv head) to arrive
-(up to COMBINE_MAX_SPLITS splits; arrival counters as the split-K GEMV's), else by a second kernel;
-with one split the first kernel writes the output itself. The split count comes from the cache's
-n_ctx (a graph's grid is fixed), and splits past a row's position exit at once.
+inputs with f32 accumulation and an online softmax in f32. With more than one split, a second
+kernel combines the splits' partial sums by log-sum-exp; with one split the first kernel writes
+the output itself. The split count comes from the cache's n_ctx (a graph's grid is fixed), and
+splits past a row's position exit at once.
 
 `attention_prefill` (flash-attention 2, Dao 2023, over the cache): prompt chunks. The rows come
 as spans (consecutive positions of one slot), cut into tiles of up to BLOCK_M rows by
@@ -145,12 +144,8 @@ def _add_sink(sink_ptr, heads, hm, m_i, l_i, acc):
 @triton.jit
 def _attn_rows_kernel(q_ptr, ck_ptr, cv_ptr, slot_ptr, pos_ptr, out_ptr, po_ptr, pml_ptr, sink_ptr, stride_q,
                       layer_off, S_STRIDE, H_STRIDE, scale, G, N_HEAD, HD, RS, SPLIT_LEN, NSPLIT, window, softcap,
-                      cnt_ptr, GP: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                      Q8: tl.constexpr, CAP: tl.constexpr, SINK: tl.constexpr, PDL: tl.constexpr,
-                      COMBINE: tl.constexpr = False, SP: tl.constexpr = 1, SPA: tl.constexpr = 2):
-    # COMBINE (SPLIT): the last of a (row, kv head)'s split programs to arrive (counter cnt_ptr[row * kv heads
-    # + kv head], one acq_rel atomic after a barrier, reset by it: the split-K GEMV's pattern) combines the
-    # group's heads (`_combine_group`), where a second kernel (`_attn_combine_kernel`) did.
+                      GP: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+                      Q8: tl.constexpr, CAP: tl.constexpr, SINK: tl.constexpr, PDL: tl.constexpr):
     release_next(PDL)
     wait_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -181,56 +176,16 @@ def _attn_rows_kernel(q_ptr, ck_ptr, cv_ptr, slot_ptr, pos_ptr, out_ptr, po_ptr,
         m_i, l_i, acc = _softmax_step(q, ck_ptr, cv_ptr, kv_rows, d, kv_m, nm[None, :], m_i, l_i, acc, HD, softcap,
                                       Q8, CAP)
     release_late(PDL)
-    if SPLIT:  # partial sums and (max, sum) per split; the combine kernel, or the last split (COMBINE), finishes
+    if SPLIT:  # partial sums and (max, sum) per split; the combine kernel finishes
         part = (row * N_HEAD + heads).to(tl.int64) * NSPLIT + sp
         tl.store(po_ptr + part[:, None] * HD + d[None, :], acc, mask=gm[:, None] & dm[None, :])
         tl.store(pml_ptr + part * 2, m_i, mask=gm)
         tl.store(pml_ptr + part * 2 + 1, l_i, mask=gm)
-        if COMBINE:
-            tl.debug_barrier()
-            cnt = cnt_ptr + row * tl.num_programs(1) + kvh
-            arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-            if arrived == NSPLIT - 1:
-                _combine_group(po_ptr, pml_ptr, out_ptr, sink_ptr, row, heads, gm, d, dm, N_HEAD, HD, NSPLIT,
-                               first // SPLIT_LEN, last // SPLIT_LEN, SP, SPA, SINK)
-                tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
     else:
         if SINK:
             m_i, l_i, acc = _add_sink(sink_ptr, heads, gm, m_i, l_i, acc)
         o = acc / l_i[:, None]
         tl.store(out_ptr + row * N_HEAD * HD + heads[:, None] * HD + d[None, :], o, mask=gm[:, None] & dm[None, :])
-
-
-@triton.jit
-def _combine_group(po_ptr, pml_ptr, out_ptr, sink_ptr, row, heads, gm, d, dm, N_HEAD, HD, NSPLIT, s_lo, s_hi,
-                   SP: tl.constexpr, SPA: tl.constexpr, SINK: tl.constexpr):
-    """A row's heads `heads` [GP] (`gm` the real ones) combined from their splits' partial sums (the
-    log-sum-exp of `_attn_combine_kernel`, every head of a GQA group in one program): the (max, sum)
-    of all NSPLIT splits at once ([GP, SP]), then the sums of the splits s_lo..s_hi, the ones that
-    hold keys (the others weigh nothing), SPA at a time. Reads are L2 reads (.cg): other SMs wrote them."""
-    s = tl.arange(0, SP)
-    base = (row * N_HEAD + heads).to(tl.int64) * NSPLIT  # [GP]
-    ms = gm[:, None] & (s < NSPLIT)[None, :]
-    m = tl.load(pml_ptr + (base[:, None] + s[None, :]) * 2, mask=ms, other=float("-inf"), cache_modifier=".cg")
-    l_s = tl.load(pml_ptr + (base[:, None] + s[None, :]) * 2 + 1, mask=ms, other=0.0, cache_modifier=".cg")
-    mx = tl.max(m, axis=1)  # finite: the split of the row's own position holds a key
-    if SINK:  # each head's sink logit joins the max and the denominator (no value)
-        sk = tl.load(sink_ptr + heads, mask=gm, other=0.0)
-        mx = tl.maximum(mx, sk)
-    den = tl.sum(l_s * tl.where(m > float("-inf"), tl.exp(m - mx[:, None]), 0.0), axis=1)
-    if SINK:
-        den += tl.exp(sk - mx)
-    num = tl.zeros([heads.shape[0], d.shape[0]], tl.float32)
-    for s0 in range(s_lo, s_hi + 1, SPA):
-        sa = s0 + tl.arange(0, SPA)
-        ma = gm[:, None] & (sa <= s_hi)[None, :]
-        m_a = tl.load(pml_ptr + (base[:, None] + sa[None, :]) * 2, mask=ma, other=float("-inf"), cache_modifier=".cg")
-        w_a = tl.where(m_a > float("-inf"), tl.exp(m_a - mx[:, None]), 0.0)  # [GP, SPA]
-        o = tl.load(po_ptr + (base[:, None, None] + sa[None, :, None]) * HD + d[None, None, :],
-                    mask=ma[:, :, None] & dm[None, None, :], other=0.0, cache_modifier=".cg")
-        num += tl.sum(o * w_a[:, :, None], axis=1)
-    tl.store(out_ptr + row * N_HEAD * HD + heads[:, None] * HD + d[None, :], num / den[:, None],
-             mask=gm[:, None] & dm[None, :])
 
 
 @triton.jit
@@ -401,27 +356,6 @@ def block_n(head_dim: int, q8: bool = False) -> int:
     return BLOCK_N // 4 if q8 else BLOCK_N // 2
 
 
-COMBINE_MAX_SPLITS = 16  # up to this many splits (contexts to 8,192) the last split program combines them
-COMBINE_SPLITS = 2  # splits it adds at a time (a [head group, 2, head_dim] tile: 32-64 registers a thread)
-COMBINE_COUNTERS = 1 << 16  # (row, kv head) arrival counters, one set a device: 256 KB
-_COUNTERS: dict = {}
-
-
-def _combine_counters(device, n: int) -> torch.Tensor | None:
-    """The device's zeroed (row, kv head) arrival counters (made once, outside any graph capture: the
-    capture's eager warm-up runs first), or None where n exceed them or none exist yet under capture (the
-    combine kernel then runs). Each call's last arrivers reset theirs, and the kernels of one stream
-    never overlap (a PDL launch waits for the one before), so every layer's attention shares them."""
-    if n > COMBINE_COUNTERS:
-        return None
-    c = _COUNTERS.get(device)
-    if c is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        c = _COUNTERS[device] = torch.zeros(COMBINE_COUNTERS, dtype=torch.int32, device=device)
-    return c
-
-
 def split_plan(n_ctx: int) -> tuple[int, int]:
     """(keys per split, splits) for a cache of n_ctx positions."""
     split_len = max(SPLIT_LEN, cdiv(n_ctx, MAX_SPLITS))
@@ -476,21 +410,17 @@ def _attention_rows(what, cache_dtype, q, k, v, cache_k, cache_v, row_slots, pos
     gp = max(16, triton.next_power_of_2(g))
     block_d = max(16, triton.next_power_of_2(hd))
     po = pml = out  # unused with one split
-    counters, combine = positions, False
     if nsplit > 1:
         po = torch.empty(rows * n_head * nsplit * hd, dtype=torch.float32, device=device)
         pml = torch.empty(rows * n_head * nsplit * 2, dtype=torch.float32, device=device)
-        counters = _combine_counters(device, rows * nkv)
-        combine = counters is not None and nsplit <= COMBINE_MAX_SPLITS
-        counters = counters if combine else positions
     _attn_rows_kernel[check_grid(what, (rows, nkv, nsplit))](
         q2, cache_k, cache_v, row_slots, positions, out, po, pml, out if sinks is None else sinks, q2.stride(0),
         layer * n_slots * nkv * n_ctx * rs,
         nkv * n_ctx * rs, n_ctx * rs, float(scale), g, n_head, hd, rs, split_len, nsplit, int(window),
-        float(softcap) or 1.0, counters, GP=gp, BLOCK_D=block_d, BLOCK_N=block_n(hd, cache_dtype == torch.int8),
+        float(softcap) or 1.0, GP=gp, BLOCK_D=block_d, BLOCK_N=block_n(hd, cache_dtype == torch.int8),
         SPLIT=nsplit > 1, Q8=cache_dtype == torch.int8, CAP=softcap > 0, SINK=sinks is not None, num_warps=4,
-        COMBINE=combine, SP=triton.next_power_of_2(nsplit), SPA=COMBINE_SPLITS, **pdl_args())
-    if nsplit > 1 and not combine:
+        **pdl_args())
+    if nsplit > 1:
         _attn_combine_kernel[check_grid(what, (rows, n_head))](
             po, pml, out, out if sinks is None else sinks, n_head, hd, nsplit, SP=triton.next_power_of_2(nsplit),
             BLOCK_D=block_d, SINK=sinks is not None, num_warps=1, **pdl_args())

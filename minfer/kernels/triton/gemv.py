@@ -449,13 +449,13 @@ def _q4_0_gemv_kernel(
     x_ptr, qs_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, N, NKB, KB_SPLIT, NSPLIT, magic, half_shift, m_ptr, M_STRIDE,
     h_ptr, hi_shift, e_ptr, dst_ptr, fi_ptr, cos_ptr, sin_ptr, pos_ptr, HALF,
     ck_ptr, cv_ptr, slot_ptr, KSTART, VSTART, HD, LAYER_OFF, S_STRIDE, H_STRIDE, xs_ptr, t0, t1, t2, t3, ids_ptr,
-    XDIV, XROWS, GLU_OFF, wt_ptr, rs_ptr, RS_N, RS_K, RS_EPS,
+    XDIV, XROWS, GLU_OFF, rs_ptr, RS_N, RS_K, RS_EPS,
     R: tl.constexpr, LR: tl.constexpr, LK: tl.constexpr, WK: tl.constexpr, SPLIT: tl.constexpr,
     EVEN_K: tl.constexpr, MODE: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
     PLANES: tl.constexpr, LB: tl.constexpr, HB: tl.constexpr, CENTER: tl.constexpr, EPI: tl.constexpr,
     Q8X: tl.constexpr, LUT: tl.constexpr = False, MOE: tl.constexpr = False, MOE_BIAS: tl.constexpr = False,
     ROWS: tl.constexpr = False, MOE_GLU: tl.constexpr = False, ALPHA: tl.constexpr = 0.0,
-    LIMIT: tl.constexpr = 0.0, MOE_SUM: tl.constexpr = False, RSTD: tl.constexpr = 0,
+    LIMIT: tl.constexpr = 0.0, RSTD: tl.constexpr = 0,
 ):
     # PLANES (the 5/6/8-bit and 2/3-bit types, `repack_planes`): qs_ptr holds the codes' low LB
     # bits (LB = 4: the nibble words; LB = 2: int16 words of 8 two-bit slots), h_ptr their high
@@ -475,12 +475,6 @@ def _q4_0_gemv_kernel(
     # expert ids[s] and the same up rows, laid out as gemv_fused.py's pair layout (local row l and
     # l + BLOCK_N / 2) for the GLU epilogue (EPI 1: SwiGLU; 5: gpt-oss's clamped form, ALPHA and
     # LIMIT); out row s has N / 2 columns.
-    # MOE_SUM (moe.py moe_gemv_sum: an expert layer's down projection and the weighted sum of its
-    # slots, MoESum): out_ptr is the slots' buffer [T * XROWS, N] (XROWS: the slots of a row), each
-    # program stores its slot's sums there as MOE mode does; then the last of a row's XROWS programs
-    # of a row tile to arrive (counter cnt_ptr[row * row tiles + tile], acq_rel after a barrier, reset
-    # by it) adds the row's slots weighted by wt_ptr [T, XROWS] in slot order (moe_sum_rows' order)
-    # into part_ptr's row [T, N].
     # RSTD > 0 (a deferred RMSNorm, the reader's half: x is h * w of an ADD_NORM store, not yet divided
     # by h's rms): rs_ptr holds RS_N sums of squares of h (RSTD >= RS_N, a power of two), added in
     # index order; the row's sums are scaled by 1 / sqrt(their sum / RS_K + RS_EPS) before the store.
@@ -607,12 +601,9 @@ def _q4_0_gemv_kernel(
                 tot += tl.load(e_ptr + row0 + rows, mask=rows < N, other=0.0)
         if RSTD > 0:
             tot = tot * _rstd(rs_ptr, RS_N, RS_K, RS_EPS, RSTD)
-        if MOE_SUM:
-            _moe_sum_store(out_ptr, part_ptr, cnt_ptr, wt_ptr, tot, rows, N, pid_n, slot, XROWS)
-        else:
-            _gemv_store(out_ptr, tot, rows, N, pid_n, e_ptr, dst_ptr, fi_ptr, cos_ptr, sin_ptr, pos_ptr, HALF,
-                        ck_ptr, cv_ptr, slot_ptr, KSTART, VSTART, HD, LAYER_OFF, S_STRIDE, H_STRIDE, BLOCK_N, EPI,
-                        ALPHA, LIMIT)
+        _gemv_store(out_ptr, tot, rows, N, pid_n, e_ptr, dst_ptr, fi_ptr, cos_ptr, sin_ptr, pos_ptr, HALF,
+                    ck_ptr, cv_ptr, slot_ptr, KSTART, VSTART, HD, LAYER_OFF, S_STRIDE, H_STRIDE, BLOCK_N, EPI,
+                    ALPHA, LIMIT)
 
 
 @triton.jit
@@ -621,28 +612,6 @@ def _rstd(rs_ptr, RS_N, RS_K, RS_EPS, RSTD: tl.constexpr):
     i = tl.arange(0, RSTD)
     ss = tl.sum(tl.load(rs_ptr + i, mask=i < RS_N, other=0.0, cache_modifier=".cg"), axis=0)
     return 1.0 / tl.sqrt(ss / RS_K + RS_EPS)
-
-
-@triton.jit
-def _moe_sum_store(y_ptr, out_ptr, cnt_ptr, wt_ptr, tot, rows, N, pid_n, slot, USED):
-    """MOE_SUM's store: slot `slot`'s sums `tot` [LR, R] into its row of the slots' buffer (y_ptr
-    already at that row); the last of its row's USED slots to arrive at this row tile (one acq_rel
-    atomic a program, after a barrier, like split K's) adds the row's slots, weighted by wt_ptr
-    [T, USED], in slot order (moe_sum_rows' expression and order) into out_ptr's row, and resets
-    the counter for the next call."""
-    tl.store(y_ptr + rows, tot, mask=rows < N)
-    tl.debug_barrier()
-    tok = slot // USED
-    cnt = cnt_ptr + tok * tl.num_programs(0) + pid_n
-    arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-    if arrived == USED - 1:
-        first = tok * USED
-        y_rows = y_ptr + (first - slot).to(tl.int64) * N + rows
-        acc = tl.load(y_rows, mask=rows < N, other=0.0, cache_modifier=".cg") * tl.load(wt_ptr + first)
-        for j in range(1, USED):  # L2 reads (.cg): other SMs wrote these
-            acc += tl.load(y_rows + j * N, mask=rows < N, other=0.0, cache_modifier=".cg") * tl.load(wt_ptr + first + j)
-        tl.store(out_ptr + tok.to(tl.int64) * N + rows, acc, mask=rows < N)
-        tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -831,9 +800,7 @@ class MoeLaunch:
     program column per slot (of `slots`) reads expert ids[s]'s rows and x row s // xdiv (no split).
     `bias` (f32 [E * rows]): each slot's expert's bias added in the store. `glu_off` > 0: the MOE_GLU
     mode (`rows` counts the gate and up rows of an expert, the up experts glu_off rows after the gate
-    ones; the epilogue EPI 1 or 5, `alpha` and `limit` the latter's). `sum_out` (f32 [T, rows]) with
-    `sum_weights` (f32 [T, used]): the MOE_SUM mode, each row's slots weighted and added into it (the
-    launch's out is then the slots' buffer)."""
+    ones; the epilogue EPI 1 or 5, `alpha` and `limit` the latter's)."""
 
     ids: torch.Tensor
     slots: int
@@ -843,8 +810,6 @@ class MoeLaunch:
     glu_off: int = 0
     alpha: float = 0.0
     limit: float = 0.0
-    sum_weights: torch.Tensor | None = None
-    sum_out: torch.Tensor | None = None
 
 
 def add_norm_epilogue(res: torch.Tensor, w: torch.Tensor, ss: torch.Tensor, out: torch.Tensor,
@@ -889,9 +854,6 @@ def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n:
     part, counters = out, out  # unused without a split
     if nsplit > 1:
         part, counters = w.scratch(nsplit * rows, tiles * rows)
-    summed = moe is not None and moe.sum_out is not None
-    if summed:  # MOE_SUM: the rows' sums and the arrival counters of their row tiles
-        part, counters = moe.sum_out, w.scratch(0, tiles * moe.sum_out.shape[0])[1]
     nkb = k // Q4_0.block_elems
     hi, lb, hb, center = planes if planes is not None else (w.qs, 4, 0, 0)
     q8 = cfg.q8 if planes is None else 0  # the planes types keep f32 activations
@@ -906,14 +868,12 @@ def _launch_gemv(what, x, w, d_plane, m_plane, m_stride: int, mode: int, out, n:
     m = moe if moe is not None else MoeLaunch(counters, nsplit, 1, n)
     if m.bias is not None:  # (MOE mode has no epilogue: its pointer carries the biases)
         eargs[0] = m.bias
-    x_rows_arg = m.sum_weights.shape[1] if summed else rows  # (MOE_SUM: the slots of a row)
     _q4_0_gemv_kernel[check_grid(what, (tiles * rows, m.slots))](
         x, w.qs, d_plane, out, part, counters, n, nkb, kb_split, nsplit, _MAGIC_BITS, min(4 * lb, 16), m_plane,
         m_stride, hi, min(4 * hb, 16),  # the shifts to a word's upper slots (byte codes: to slots 2, 3)
-        *eargs, xs, *(lut or (0, 0, 0, 0)), m.ids, m.xdiv, x_rows_arg, m.glu_off,
-        m.sum_weights if summed else counters, rs, rs.numel() if rstd else 0, k if rstd else 0, float(rs_eps),
+        *eargs, xs, *(lut or (0, 0, 0, 0)), m.ids, m.xdiv, rows, m.glu_off, rs, rs.numel() if rstd else 0,
+        k if rstd else 0, float(rs_eps),
         RSTD=0 if rstd is None else triton.next_power_of_2(rs.numel()), ROWS=rows > 1, MOE=moe is not None,
-        MOE_SUM=summed,
         MOE_BIAS=m.bias is not None, MOE_GLU=m.glu_off > 0, ALPHA=float(m.alpha), LIMIT=float(m.limit), EPI=epi,
         Q8X=q8,
         R=cfg.r, LR=cfg.lr,

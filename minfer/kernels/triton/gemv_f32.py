@@ -36,11 +36,12 @@ MAX_ROWS = 32  # the rows it is for (the contract's fast path); more run too, on
 
 
 @triton.jit
-def f32_row_tile(x_ptr, w_ptr, row, rows, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                 PDL: tl.constexpr):
-    """The sums [BLOCK_N] of W's `rows` (clamped for loads) against x row `row`: each lane its
-    columns over the K steps in f32, then the tile reduced along K (the order fixed by N and K).
-    Waits for the kernel before (x is its output) after setting up."""
+def _gemv_f32_kernel(x_ptr, w_ptr, out_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     EVEN_K: tl.constexpr, PDL: tl.constexpr):
+    release_next(PDL)
+    pid_n = tl.program_id(0)
+    row = tl.program_id(1).to(tl.int64)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     w_rows = w_ptr + tl.minimum(rows, N - 1).to(tl.int64)[:, None] * K  # clamped loads, masked store
     cols = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
@@ -54,17 +55,7 @@ def f32_row_tile(x_ptr, w_ptr, row, rows, N, K, BLOCK_N: tl.constexpr, BLOCK_K: 
             w = tl.load(w_rows + c[None, :], mask=(c < K)[None, :], other=0.0)
             x = tl.load(x_ptr + row * K + c, mask=c < K, other=0.0)
         acc += w * x[None, :]
-    return tl.sum(acc, axis=1)
-
-
-@triton.jit
-def _gemv_f32_kernel(x_ptr, w_ptr, out_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     EVEN_K: tl.constexpr, PDL: tl.constexpr):
-    release_next(PDL)
-    row = tl.program_id(1).to(tl.int64)
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    tot = f32_row_tile(x_ptr, w_ptr, row, rows, N, K, BLOCK_N, BLOCK_K, EVEN_K, PDL)
-    tl.store(out_ptr + row * N + rows, tot, mask=rows < N)
+    tl.store(out_ptr + row * N + rows, tl.sum(acc, axis=1), mask=rows < N)
 
 
 def gemv_block_n(n: int) -> int:

@@ -39,11 +39,6 @@ one CUDA graph with no host sync, and one launch runs every chosen expert of eve
   weight stacking the gate experts, then the up experts (`repack_glu_experts`): the GEMV kernel's
   MOE_GLU mode (a tile's rows are gate rows and the same up rows; the fused GEMVs' pair epilogue
   stores the GLU) and moe_mm16's GLU mode (two dots a step on one x tile).
-- `moe_gemv_sum` (graph/ir.py MoEMatMulSum, decode rows and batches): a layer's down expert matmul
-  and the weighted sum of its slots in one launch: the GEMV kernel's MOE_SUM mode, where the last of
-  a row's slots to finish a row tile adds the row's slots (moe_sum_rows' order; split K's
-  last-arriver counters), so it equals moe_gemv then moe_sum_rows (within an ulp compiled: the
-  weighted sum's multiply-adds may be contracted otherwise).
 - `moe_mmq`: the same grouping with mmq.py's int8 tensor-core kernel in its MOE mode (x quantized
   per 32 in the kernel): slower than `moe_mm16` (H200: 1.8 against 0.6 ms for a 512-token prompt's
   gate), kept for its arithmetic (llama.cpp's 8-bit activations) and picked only when pinned.
@@ -53,7 +48,6 @@ from __future__ import annotations
 
 import functools
 import weakref
-from dataclasses import dataclass
 
 import torch
 import triton
@@ -74,13 +68,10 @@ from ._common import (
     wait_prior,
 )
 from .gemv import GemvConfig, MoeLaunch, _lut_bytes, check_act_q8, glu_epilogue
-from .gemv_f32 import BLOCK_K as F32_BLOCK_K
-from .gemv_f32 import f32_row_tile, gemv_block_n
 from .lut4 import LUT4_TYPES
 from .mmq import MMQ_CONFIGS, _w_scales, kernel_planes, launch_mmq_moe
 from .planes import PLANE_TYPES
 from .qmatmul import GEMV_TYPES, GemvPacked, gemv_type, launch_packed, repack_gemv
-from .torch_ops import f32_weight
 
 GATINGS = {"softmax": 0, "sigmoid": 1, "softmax_weight": 2}
 MAX_EXPERTS = 1024
@@ -99,16 +90,8 @@ def _route_kernel(l_ptr, b_ptr, w_ptr, id_ptr, E, L_STRIDE, scale, K: tl.constex
     wait_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_E)
-    x = tl.load(l_ptr + row * L_STRIDE + offs, mask=offs < E, other=0.0).to(tl.float32)
-    _route_row(x, b_ptr, w_ptr, id_ptr, row, E, scale, K, KB, BLOCK_E, GATING, NORM)
-
-
-@triton.jit
-def _route_row(x, b_ptr, w_ptr, id_ptr, row, E, scale, K: tl.constexpr, KB: tl.constexpr, BLOCK_E: tl.constexpr,
-               GATING: tl.constexpr, NORM: tl.constexpr):
-    """Row `row`'s routing from its logits x [BLOCK_E] (E of them): the k weights and ids stored."""
-    offs = tl.arange(0, BLOCK_E)
     ok = offs < E
+    x = tl.load(l_ptr + row * L_STRIDE + offs, mask=ok, other=0.0).to(tl.float32)
     if GATING == 0:
         m = tl.max(tl.where(ok, x, float("-inf")), axis=0)
         ex = tl.where(ok, tl.exp(x - m), 0.0)
@@ -187,83 +170,6 @@ def moe_route_rows(logits: torch.Tensor, bias: torch.Tensor, n_used: int, gating
             logits, bias, weights, ids, e, logits.stride(0), float(scale), K=n_used,
             KB=triton.next_power_of_2(n_used), BLOCK_E=triton.next_power_of_2(e), GATING=GATINGS[gating],
             NORM=bool(norm), num_warps=4, **pdl_args())
-    return weights, ids
-
-
-# ---------------------------------------------------------------------------------------------
-# the router's GEMV and the routing in one launch (decode rows and batches)
-
-ROUTER_ROWS = 32  # the rows a RouterWeight's own arrival counters serve (the contract's m <= 32)
-
-
-@dataclass(frozen=True)
-class RouterWeight:
-    """Load layout of an F32 router weight for `moe_route_gemv`: its [E, K] float32 view (the GGUF
-    bytes, no copy) and one arrival counter per row (int32, zero; each call's last arriver resets
-    its row's)."""
-
-    w: torch.Tensor
-    counters: torch.Tensor
-
-
-def router_weight(w, n: int, k: int, qtype: GGMLType | int | str) -> RouterWeight:
-    """Load layout: an F32 router weight's raw bytes (or its f32 view) -> RouterWeight."""
-    if isinstance(w, RouterWeight):
-        return w
-    view = f32_weight(w, n, k, qtype)
-    return RouterWeight(view, torch.zeros(ROUTER_ROWS, dtype=torch.int32, device=view.device))
-
-
-@triton.jit
-def _router_kernel(x_ptr, w_ptr, rb_ptr, l_ptr, cnt_ptr, b_ptr, wt_ptr, id_ptr, E, KDIM, scale,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, K: tl.constexpr,
-                   KB: tl.constexpr, BLOCK_E: tl.constexpr, GATING: tl.constexpr, NORM: tl.constexpr,
-                   PDL: tl.constexpr):
-    # program (j, r): gemv_f32's tile j of row r's logits (+ the router's bias rb), stored to l; the
-    # last of row r's programs to arrive (one acq_rel atomic a program after a barrier, as split K's)
-    # routes the row (moe_route_rows' arithmetic: b the selection bias, K the experts used) and resets
-    # the row's counter.
-    release_next(PDL)
-    row = tl.program_id(1).to(tl.int64)
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    logits = f32_row_tile(x_ptr, w_ptr, row, rows, E, KDIM, BLOCK_N, BLOCK_K, EVEN_K, PDL)
-    logits += tl.load(rb_ptr + rows, mask=rows < E, other=0.0)
-    tl.store(l_ptr + row * E + rows, logits, mask=rows < E)
-    tl.debug_barrier()
-    arrived = tl.atomic_add(cnt_ptr + row, 1, sem="acq_rel", scope="gpu")
-    if arrived == tl.num_programs(0) - 1:
-        offs = tl.arange(0, BLOCK_E)
-        x = tl.load(l_ptr + row * E + offs, mask=offs < E, other=0.0, cache_modifier=".cg")  # other SMs wrote these
-        _route_row(x, b_ptr, wt_ptr, id_ptr, row, E, scale, K, KB, BLOCK_E, GATING, NORM)
-        tl.atomic_xchg(cnt_ptr + row, 0, sem="relaxed", scope="gpu")
-
-
-def moe_route_gemv(x: torch.Tensor, w: RouterWeight | torch.Tensor, n: int, k: int, qtype: GGMLType | int | str,
-                   bias: torch.Tensor, sel: torch.Tensor, n_used: int, gating: str, norm: bool, scale: float,
-                   out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights f32 [T, k used], ids int32 [T, k used]) = moe_route_rows(gemv_f32(x, W) + bias, sel, ...):
-    graph/ir.py MoERouter, an expert layer's router (F32 W [n = E, k], `router_weight`; `bias` f32
-    [E] its bias, zeros for none) and its routing (`sel` f32 [E] the selection bias, zeros for none)
-    in one launch: each program computes gemv_f32's tile of a row's logits, and the last of the
-    row's programs to finish routes the row, so the logits and the choice are the two kernels' bit
-    for bit. `out`: the weights' tensor."""
-    what = "moe_route_gemv"
-    rw = router_weight(w, n, k, qtype)
-    check_tensor(what, "x", x, (torch.float32,), ndim=2)
-    t = x.shape[0]
-    if x.shape[1] != k or not x.is_contiguous():
-        raise UnsupportedError(f"{what}: x must be contiguous [T, {k}], got {tuple(x.shape)}")
-    _check_routing(what, n, n_used, gating, bias=bias, sel=sel)
-    device = check_device(what, x=x, w=rw.w, bias=bias, sel=sel, out=out)
-    weights, ids = _route_outputs(what, out, t, n_used, device)
-    if t:
-        counters = rw.counters if t <= rw.counters.numel() else torch.zeros(t, dtype=torch.int32, device=device)
-        logits = torch.empty(t, n, dtype=torch.float32, device=device)
-        bn = gemv_block_n(n)
-        _router_kernel[check_grid(what, (cdiv(n, bn), t))](
-            x, rw.w, bias, logits, counters, sel, weights, ids, n, k, float(scale), BLOCK_N=bn,
-            BLOCK_K=F32_BLOCK_K, EVEN_K=k % F32_BLOCK_K == 0, K=n_used, KB=triton.next_power_of_2(n_used),
-            BLOCK_E=triton.next_power_of_2(n), GATING=GATINGS[gating], NORM=bool(norm), num_warps=4, **pdl_args())
     return weights, ids
 
 
@@ -390,32 +296,6 @@ def moe_gemv(x: torch.Tensor, ids: torch.Tensor, w: GemvPacked | torch.Tensor, n
     cfg = _gemv_tile(config, n, k, t_type, t * used)
     if t:
         launch_packed(what, x, w, out, cfg, moe=MoeLaunch(ids, t * used, xdiv, n, bias))
-    return out
-
-
-def moe_gemv_sum(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w: GemvPacked | torch.Tensor, n: int,
-                 k: int, qtype: GGMLType | int | str, n_expert: int, out: torch.Tensor | None = None,
-                 bias: torch.Tensor | None = None, config: GemvConfig | dict | None = None) -> torch.Tensor:
-    """out f32 [T, n] = sum over j = 0..k_used-1, in that order, of weights[t, j] * (x[t, j] @ the
-    expert ids[t, j]'s [n, k] matrix of `w`, + its bias): moe_gemv then moe_sum_rows (graph/ir.py
-    MoEMatMulSum: an expert layer's down projection and its weighted sum) in one launch. The GEMV
-    kernel's MOE_SUM mode: each program stores its slot's sums as moe_gemv does, and the last of a
-    row's slots to finish a row tile adds the row's slots (moe_sum_rows' expression and order), so
-    the result is the two kernels' bit for bit. x: [T, k_used, k] (each slot its own x, the GLU's
-    output) or [T, k]. `weights` f32 [T, k_used] (the router's); `bias`, `config`: as moe_gemv's."""
-    what = "moe_gemv_sum"
-    w, t_type, (t, used, xdiv), slots_out = _packed_call(what, x, ids, w, n, k, qtype, n_expert, None)
-    check_expert_bias(what, bias, n, n_expert, x)
-    check_tensor(what, "weights", weights, (torch.float32,), ndim=2)
-    if tuple(weights.shape) != (t, used) or not weights.is_contiguous():
-        raise UnsupportedError(f"{what}: weights must be contiguous [{t}, {used}] (the ids' shape), got "
-                               f"{tuple(weights.shape)}")
-    device = check_device(what, x=x, weights=weights, out=out)
-    out = make_out(what, out, (t, n), torch.float32, device)
-    cfg = _gemv_tile(config, n, k, t_type, t * used)
-    if t:
-        launch_packed(what, x, w, slots_out, cfg, moe=MoeLaunch(ids, t * used, xdiv, n, bias, sum_weights=weights,
-                                                                 sum_out=out))
     return out
 
 
@@ -840,6 +720,5 @@ def moe_sum_rows(y: torch.Tensor, weights: torch.Tensor, out: torch.Tensor | Non
     return out
 
 
-__all__ = ["GEMV_TYPES", "moe_route_rows", "moe_route_gemv", "router_weight", "moe_gemv", "moe_gemv_sum",
-           "moe_gemv_config", "moe_mmq", "moe_mm16", "moe_align", "moe_matmul_f16", "moe_sum_rows", "repack_experts",
-           "f16_experts"]
+__all__ = ["GEMV_TYPES", "moe_route_rows", "moe_gemv", "moe_gemv_config", "moe_mmq", "moe_mm16", "moe_align",
+           "moe_matmul_f16", "moe_sum_rows", "repack_experts", "f16_experts"]

@@ -67,15 +67,6 @@ def variants():
         consts = {"BLOCK_N": gemv_f32.gemv_block_n(n), "BLOCK_K": gemv_f32.BLOCK_K, "EVEN_K": k % gemv_f32.BLOCK_K == 0,
                   "PDL": 2}
         out.append((f"gemv_f32[{n}x{k}]", gemv_f32._gemv_f32_kernel, sig, consts, {"num_warps": 4}))
-    from minfer.kernels.triton import moe as moe_k
-
-    rsig = {"x_ptr": "*fp32", "w_ptr": "*fp32", "rb_ptr": "*fp32", "l_ptr": "*fp32", "cnt_ptr": "*i32",
-            "b_ptr": "*fp32", "wt_ptr": "*fp32", "id_ptr": "*i32", "E": "i32", "KDIM": "i32", "scale": "fp32",
-            "BLOCK_N": c, "BLOCK_K": c, "EVEN_K": c, "K": c, "KB": c, "BLOCK_E": c, "GATING": c, "NORM": c, "PDL": c}
-    for n, k, used, gating in ((128, 2048, 8, 0), (32, 2880, 4, 2)):  # moe_route_gemv: the two routers, routed
-        consts = {"BLOCK_N": gemv_f32.gemv_block_n(n), "BLOCK_K": gemv_f32.BLOCK_K, "EVEN_K": k % gemv_f32.BLOCK_K == 0,
-                  "K": used, "KB": used, "BLOCK_E": n, "GATING": gating, "NORM": gating == 0, "PDL": 2}
-        out.append((f"moe_route_gemv[{n}x{k} k{used}]", moe_k._router_kernel, rsig, consts, {"num_warps": 4}))
     storage = {"F32": "*fp32", "F16": "*fp16", "BF16": "*i16"}
     no_fma = {"enable_fp_fusion": False}
     sig_base = {"src_ptr": None, "out_ptr": None, "ids_ptr": "*i32", "n_blocks": "i64",
@@ -110,12 +101,11 @@ def variants():
            "sin_ptr": "*fp32", "pos_ptr": "*i32", "HALF": "i32", "ck_ptr": "*fp16", "cv_ptr": "*fp16",
            "slot_ptr": "*i32", "KSTART": "i32", "VSTART": "i32", "HD": "i32", "LAYER_OFF": "i64", "S_STRIDE": "i64",
            "H_STRIDE": "i64", "EPI": c, "xs_ptr": "*fp32", "Q8X": c, "t0": "i32", "t1": "i32", "t2": "i32",
-           "t3": "i32", "ids_ptr": "*i32", "XDIV": "i32", "XROWS": "i32", "GLU_OFF": "i32", "wt_ptr": "*fp32", "LUT": c,
-           "MOE": c, "MOE_BIAS": c, "ROWS": c, "MOE_GLU": c, "ALPHA": c, "LIMIT": c, "MOE_SUM": c,
-           "rs_ptr": "*fp32", "RS_N": "i32", "RS_K": "i32", "RS_EPS": "fp32", "RSTD": c}
+           "t3": "i32", "ids_ptr": "*i32", "XDIV": "i32", "XROWS": "i32", "GLU_OFF": "i32", "LUT": c, "MOE": c,
+           "MOE_BIAS": c, "ROWS": c, "MOE_GLU": c, "ALPHA": c, "LIMIT": c, "rs_ptr": "*fp32", "RS_N": "i32",
+           "RS_K": "i32", "RS_EPS": "fp32", "RSTD": c}
     no_planes = {"PLANES": False, "LB": 4, "HB": 0, "CENTER": 0, "EPI": 0, "LUT": False, "MOE": False,
-                 "MOE_BIAS": False, "ROWS": False, "MOE_GLU": False, "ALPHA": 0.0, "LIMIT": 0.0, "MOE_SUM": False,
-                 "RSTD": 0}
+                 "MOE_BIAS": False, "ROWS": False, "MOE_GLU": False, "ALPHA": 0.0, "LIMIT": 0.0, "RSTD": 0}
 
     def q8(passes):  # the x operand of a GEMV with int8 activations (passes > 0): code words
         return {"x_ptr": "*i32" if passes else "*fp32"}
@@ -190,10 +180,6 @@ def variants():
                             h_ptr=ptr[planes._WORD_DTYPES[pt.hb]] if pt.hb else ptr[planes._WORD_DTYPES[pt.lb]])
             out.append((f"moe_gemv[{t.name} {n}x{k} r{cfg.r} lr{cfg.lr} wk{cfg.wk} q8={cfg.q8} slots {slots}]",
                         gemv._q4_0_gemv_kernel, tsig, consts, {"num_warps": cfg.wk, "maxnreg": cfg.maxnreg}))
-            if n != 768:  # moe_gemv_sum: the down projection and the weighted sum of a row's slots (MOE_SUM)
-                out.append((f"moe_gemv_sum[{t.name} {n}x{k} r{cfg.r} lr{cfg.lr} q8={cfg.q8} slots {slots}]",
-                            gemv._q4_0_gemv_kernel, tsig, dict(consts, MOE_SUM=True, MOE_BIAS=t == GGMLType.MXFP4),
-                            {"num_warps": cfg.wk, "maxnreg": cfg.maxnreg}))
             if n != 2048:  # moe_gemv_glu: the gate + up rows of a tile (MOE_GLU) and the GLU in the store
                 oai = t == GGMLType.MXFP4  # (gpt-oss: its biases and clamped SwiGLU)
                 gcfg = moe_gemv_config(2 * n, k, t, slots)
@@ -319,21 +305,16 @@ def variants():
     sig = {"q_ptr": "*fp32", "ck_ptr": "*fp16", "cv_ptr": "*fp16", "slot_ptr": "*i32", "pos_ptr": "*i32",
            "out_ptr": "*fp32", "po_ptr": "*fp32", "pml_ptr": "*fp32", "sink_ptr": "*fp32", "stride_q": "i32",
            "layer_off": "i64", "S_STRIDE": "i64", "H_STRIDE": "i64", "scale": "fp32", "G": "i32", "N_HEAD": "i32",
-           "HD": "i32", "RS": "i32", "SPLIT_LEN": "i32", "NSPLIT": "i32", "window": "i32", "softcap": "fp32",
-           "cnt_ptr": "*i32", "GP": c, "BLOCK_D": c, "BLOCK_N": c, "SPLIT": c, "Q8": c, "CAP": c, "SINK": c, "PDL": c,
-           "COMBINE": c, "SP": c, "SPA": c}
-    # (the last but one: gpt-oss's head of 64 with its sinks; split + combine: the last split program combines, 8
-    # splits of a 4,096 context: 7B's head of 128, gemma3's of 256, gpt-oss's sinks)
-    for hd, split, q8, sink, combine in ((64, False, False, False, False), (128, True, False, False, False),
-                                         (128, False, True, False, False), (64, False, False, True, False),
-                                         (128, True, False, False, True), (256, True, False, False, True),
-                                         (64, True, False, True, True), (128, True, True, False, True)):
+           "HD": "i32", "RS": "i32", "SPLIT_LEN": "i32", "NSPLIT": "i32", "window": "i32", "softcap": "fp32", "GP": c,
+           "BLOCK_D": c, "BLOCK_N": c, "SPLIT": c, "Q8": c, "CAP": c, "SINK": c, "PDL": c}
+    # (the last: gpt-oss's head of 64 with its sinks)
+    for hd, split, q8, sink in ((64, False, False, False), (128, True, False, False), (128, False, True, False),
+                                (64, False, False, True)):
         cache = "*i8" if q8 else "*fp16"
-        out.append((f"attention_rows[hd{hd} split={split} q8={q8} sink={sink} combine={combine}]",
-                    attention._attn_rows_kernel, dict(sig, ck_ptr=cache, cv_ptr=cache),
+        out.append((f"attention_rows[hd{hd} split={split} q8={q8} sink={sink}]", attention._attn_rows_kernel,
+                    dict(sig, ck_ptr=cache, cv_ptr=cache),
                     {"GP": 16, "BLOCK_D": hd, "BLOCK_N": attention.block_n(hd, q8), "SPLIT": split, "Q8": q8,
-                     "CAP": False, "SINK": sink, "PDL": 2, "COMBINE": combine, "SP": 8,
-                     "SPA": attention.COMBINE_SPLITS},
+                     "CAP": False, "SINK": sink, "PDL": 2},
                     {"num_warps": 4}))
     sig = {"q_ptr": "*fp32", "ck_ptr": "*fp16", "cv_ptr": "*fp16", "tiles_ptr": "*i32", "out_ptr": "*fp32",
            "sink_ptr": "*fp32", "stride_q": "i32", "layer_off": "i64", "S_STRIDE": "i64", "H_STRIDE": "i64",

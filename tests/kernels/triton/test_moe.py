@@ -13,7 +13,6 @@ import torch
 from minfer.contracts.harness import random_blocks
 from minfer.errors import UnsupportedError
 from minfer.kernels.triton import mmq, moe
-from minfer.kernels.triton._common import INTERPRETING
 from minfer.quant import reference
 from minfer.quant.types import QUANT_TABLE, GGMLType
 
@@ -273,99 +272,3 @@ def test_glu_kernels_refuse_what_they_cannot_run(device, gen):
         moe.moe_gemv_glu(x, ids, packed, n, k, t, 1)
     assert moe.moe_mm16_glu(x[:0], ids[:0], packed, n, k, t, e).shape == (0, 2, n)
 
-
-@pytest.mark.parametrize("t", [GGMLType.Q6_K, GGMLType.Q4_K, GGMLType.MXFP4], ids=lambda t: t.name)
-@pytest.mark.parametrize("config", [None, {"r": 4, "lr": 4, "wk": 1, "q8": 2}], ids=["row-tile", "batch-tile"])
-def test_gemv_sum_gives_the_chain_it_replaces(t, config, device, gen, check):
-    """An expert layer's down projection and the weighted sum of its slots in one launch
-    (moe_gemv_sum) equals moe_gemv then moe_sum_rows (the last of a row's slots to finish a row tile
-    adds them in slot order): bit for bit under the interpreter, within an ulp compiled (the two
-    kernels' multiply-adds may be contracted differently: 4.8e-7 on values ~4, an H100 run of
-    2026-12-05), with each slot's own x and expert bias; n = 40 ends
-    part-way through a row tile; three calls through the same weight, whose arrival counters each
-    call must leave at zero; against float64 within f32 summation (or the int8 records' bound): a
-    weight of the wrong slot, a slot's sums read from another row or a row's sum landing in another
-    row is off by the size of a slot's product (the arrival order is the GPU's to test: the
-    interpreter runs programs one at a time)."""
-    e, n, k, tokens, used = 5, 40, _k(t, 8), 3, 3
-    raw, w = _experts(t, e, n, k, gen)
-    packed = moe.repack_experts(raw.to(device), n, k, t, e)
-    bias = torch.randn(e * n, generator=gen) if t == GGMLType.MXFP4 else None
-    dbias = None if bias is None else bias.to(device)
-    cfg = config if config is not None else moe.moe_gemv_config(n, k, t, tokens * used)
-    for _ in range(3):
-        x = torch.randn(tokens, used, k, generator=gen)
-        ids = _ids(tokens, used, e, gen)
-        weights = torch.rand(tokens, used, generator=gen)
-        dx, dids, dwt = x.to(device), ids.to(device), weights.to(device)
-        out = check.poisoned((tokens, n), torch.float32, device)
-        moe.moe_gemv_sum(dx, dids, dwt, packed, n, k, t, e, out=out, bias=dbias, config=config)
-        chain = moe.moe_sum_rows(moe.moe_gemv(dx, dids, packed, n, k, t, e, bias=dbias, config=cfg), dwt)
-        if INTERPRETING:
-            assert torch.equal(out.cpu(), chain.cpu()), float((out - chain).abs().max())
-        torch.testing.assert_close(out.cpu(), chain.cpu(), rtol=1e-6, atol=1e-6)
-        ref = (_ref(x, ids, w, bias) * weights.double().unsqueeze(-1)).sum(1)
-        q8 = (cfg["q8"] if isinstance(cfg, dict) else cfg.q8) and t != GGMLType.Q6_K
-        assert check.rel_err(out, ref) < (2e-3 if q8 else 1e-5)
-    assert not packed.counters.any()  # every counter reset by its last arriver
-
-
-def test_gemv_sum_refuses_what_it_cannot_run(device, gen):
-    t, e, n, k = GGMLType.Q4_0, 2, 8, 32
-    raw, _ = _experts(t, e, n, k, gen)
-    packed = moe.repack_experts(raw.to(device), n, k, t, e)
-    ids = torch.zeros(2, 2, dtype=torch.int32, device=device)
-    x = torch.zeros(2, 2, k, device=device)
-    with pytest.raises(UnsupportedError, match=r"weights must be contiguous \[2, 2\]"):
-        moe.moe_gemv_sum(x, ids, torch.zeros(2, 3, device=device), packed, n, k, t, e)
-    with pytest.raises(UnsupportedError, match="weights"):
-        moe.moe_gemv_sum(x, ids, torch.zeros(2, 2, dtype=torch.float16, device=device), packed, n, k, t, e)
-    assert moe.moe_gemv_sum(x[:0], ids[:0], torch.zeros(0, 2, device=device), packed, n, k, t, e).shape == (0, n)
-
-
-@pytest.mark.parametrize("e, used, k, gating, norm, biased", [
-    (128, 8, 256, "softmax", True, False),  # qwen3moe's router (128 experts: 64 programs a row)
-    (32, 4, 96, "softmax_weight", False, True),  # gpt-oss's (its router bias; K not a multiple of the step)
-    (7, 2, 32, "sigmoid", True, True),  # fewer experts than a tile's rows
-])
-def test_route_gemv_gives_the_pair_it_replaces(e, used, k, gating, norm, biased, device, gen):
-    """The router's GEMV and the routing in one launch (moe_route_gemv) give gemv_f32 (+ the router
-    bias) then moe_route_rows bit for bit: the same logits, weights and ids; rows 1 and 5 (a decode
-    row, a batch), three calls on one RouterWeight whose counters each call leaves at zero, and a
-    selection bias on the biased cases. Another row's logits read, a tile's logits missing or its bias
-    dropped changes the ids or weights; the arrival order itself is the GPU's to test (the
-    interpreter runs programs one at a time, so a row routed early is routed again, correctly, last)."""
-    from minfer.kernels.triton.gemv_f32 import gemv_f32
-
-    w = torch.randn(e, k, generator=gen)
-    rw = moe.router_weight(w.contiguous().view(torch.uint8).reshape(-1).to(device), e, k, "F32")
-    bias = torch.randn(e, generator=gen) * biased
-    sel = torch.randn(e, generator=gen) * 0.3 * biased
-    for rows in (1, 5, 5):
-        x = torch.randn(rows, k, generator=gen)
-        dx, db, ds = x.to(device), bias.to(device), sel.to(device)
-        got_w, got_ids = moe.moe_route_gemv(dx, rw, e, k, "F32", db, ds, used, gating, norm, 1.5)
-        logits = gemv_f32(dx, rw.w, e, k, "F32") + db
-        want_w, want_ids = moe.moe_route_rows(logits, ds, used, gating, norm, 1.5)
-        assert torch.equal(got_ids.cpu(), want_ids.cpu()) and torch.equal(got_w.cpu(), want_w.cpu())
-        assert not rw.counters.any()
-        ref = (x.double() @ w.double().T + bias.double())  # float64: the choice is the true top-k
-        probs = torch.softmax(ref, -1) if gating == "softmax" else torch.sigmoid(ref) if gating == "sigmoid" else ref
-        top = torch.argsort(probs + sel.double(), dim=-1, descending=True, stable=True)[:, :used]
-        assert torch.equal(got_ids.cpu().long(), top)
-
-
-def test_route_gemv_refuses_what_it_cannot_run(device, gen):
-    e, k = 8, 32
-    raw = torch.randn(e, k, generator=gen).view(torch.uint8).reshape(-1).to(device)
-    x, z = torch.zeros(2, k, device=device), torch.zeros(e, device=device)
-    with pytest.raises(UnsupportedError, match="gating"):
-        moe.moe_route_gemv(x, raw, e, k, "F32", z, z, 2, "relu", True, 1.0)
-    with pytest.raises(UnsupportedError, match=r"sel must be contiguous \[8\]"):
-        moe.moe_route_gemv(x, raw, e, k, "F32", z, z[:4], 2, "softmax", True, 1.0)
-    with pytest.raises(UnsupportedError, match="n_used"):
-        moe.moe_route_gemv(x, raw, e, k, "F32", z, z, 9, "softmax", True, 1.0)
-    with pytest.raises(UnsupportedError, match="F32"):
-        moe.moe_route_gemv(x, raw, e, k, "F16", z, z, 2, "softmax", True, 1.0)
-    got = moe.moe_route_gemv(x[:0], raw, e, k, "F32", z, z, 2, "softmax", True, 1.0)
-    assert got[0].shape == got[1].shape == (0, 2)
