@@ -22,8 +22,9 @@
 #   PARTS=moequick+cpudiag bash bench/h200_driver.sh start   both, one after the other: ~12 minutes
 #   PARTS=moelean bash bench/h200_driver.sh start       the sweep's one-row tiles, then qwen3-30b-a3b B=16 on this tree,
 #                                                       on .old/base (see the mode), on this tree again (no llama.cpp): ~4 min
-#   PARTS=fusionab bash bench/h200_driver.sh start      the deferred RMSNorm's GEMV chain study alone (bench/studies/
-#                                                       deferred_norm.py, no model files, no llama.cpp): ~1 minute
+#   PARTS=dnorm bash bench/h200_driver.sh start         the deferred RMSNorm (QMatMulAddNorm): its compiled tests,
+#                                                       bench/studies/deferred_norm.py, then SmolLM2 and Qwen2.5-0.5B
+#                                                       tg128 with and without it, and llama.cpp's: ~9 minutes
 #   PARTS=moearch bash bench/h200_driver.sh start       the MoE kernels' compiled tests, moe_mm16's tiles, then
 #                                                       qwen3moe (and on .anchor/base-tree), gpt-oss-20b, gemma3-1b,
 #                                                       qwen3-8b, one round each against llama.cpp: ~18 minutes
@@ -293,10 +294,35 @@ elif [ "$PARTS" = moearch ]; then  # one call: the MoE kernels' compiled tests, 
   llama_rows $LB $Q qwen3-8b-q4_k_m -ngl 99 -fa 1 -p 512 -n 128 -r 3
   table qwen3-30b; table gpt-oss; table gemma3; table qwen3-8b
   step done; exit 0
-elif [ "$PARTS" = fusionab ]; then  # the deferred RMSNorm's GEMV chain study alone (stop 50's one-at-a-time A/B of
-  # stop 48's last-arriver fusions ran here too: they were removed, bench/NOTES.md stop 50)
-  step dnorm
+elif [ "$PARTS" = dnorm ]; then  # the deferred RMSNorm (QMatMulAddNorm): its compiled tests, the chain study, then
+  # SmolLM2 and Qwen2.5-0.5B tg128 with it and without it (bench/studies/fusion_ab.py drops the rule), interleaved,
+  # and llama.cpp's (its CUDA build meanwhile, -j12) on the same files: ~9 minutes
+  build_cuda 12 > $D/llama-build.txt 2>&1 &
+  (synth smollm2-135m q4_1; synth qwen2.5-0.5b q4_0; echo "synth done $(since)") > $D/synth.txt 2>&1 &
+  step gputests
+  MINFER_TEST_DEVICE=cuda timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/triton/test_gemv_fused.py \
+    tests/backends/test_cuda_backend.py -k "add_norm or rstd or deferred" > $D/gputests.txt 2>&1; tail -3 $D/gputests.txt
+  step study
   timeout 300 python3 bench/studies/deferred_norm.py > $D/dnorm.txt 2>&1; cat $D/dnorm.txt >> $D/tables.txt
+  while ! grep -q "synth done" $D/synth.txt; do sleep 2; done
+  : > $D/bench.jsonl
+  step models
+  for round in 1 2; do for f in smollm2-135m-q4_1 qwen2.5-0.5b-q4_0; do
+    minfer_rows $M/$f.gguf $f cuda -p 512 -n 128 -r 3 -b ""
+    timeout 400 python3 bench/studies/fusion_ab.py matmul_add_norm bench -m $M/$f.gguf --device cuda -p 512 -n 128 \
+      -r 3 -b "" --json 2>>$D/errors.txt | python3 -c "
+import json, sys
+for r in json.load(sys.stdin)['results']:
+    print(json.dumps({'engine': 'minfer', 'file': 'no-dnorm-$f', 'test': r['test'], 'tok_s': r['tok_s']}))" \
+      | tee -a $D/bench.jsonl
+  done; done
+  wait; cat $D/llama-build.txt
+  for f in smollm2-135m-q4_1 qwen2.5-0.5b-q4_0; do
+    llama_rows $LB $M/$f.gguf $f -ngl 99 -fa 1 -p 512 -n 128 -r 3
+    grep "\"llama.cpp\", \"file\": \"$f\"" $D/bench.jsonl | sed "s/\"file\": \"$f\"/\"file\": \"no-dnorm-$f\"/" \
+      >> $D/bench.jsonl  # (the same llama.cpp rows beside the runs without the deferred norm)
+  done
+  table smollm2; table qwen2.5; table no-dnorm
   step done; exit 0
 elif [ "$PARTS" = cpudiag ]; then
   cpudiag; step done; exit 0
