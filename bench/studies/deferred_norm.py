@@ -7,8 +7,10 @@ tails stop 49 measured slower kept one). Not a test; prints µs a step per varia
 
     python bench/studies/deferred_norm.py            # CUDA only, ~1 minute on an H200
 
-A step: the layers' chains captured in one CUDA graph (PDL as the engine launches), distinct weights per
-layer (random blocks in the model's shapes: they do not fit in L2), replayed; median of the rounds.
+A step: the layers' chains, distinct weights per layer (random blocks in the model's shapes: they do not
+fit in L2), timed by the judge's graph replay (minfer.contracts.judge.graph_replay_us: GRAPH_CALLS steps in one
+CUDA graph, PDL as the engine launches); median of the rounds. (Stop 50's H100 numbers came from 036bcee's
+version of this script: one step a graph, replayed 50 times.)
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a check
 import torch  # noqa: E402
 
 from minfer.contracts.harness import random_blocks  # noqa: E402
+from minfer.contracts.judge import graph_replay_us  # noqa: E402
 from minfer.kernels.triton.gemv import add_norm_epilogue, tiles_of  # noqa: E402
 from minfer.kernels.triton.norm import add_rms_norm  # noqa: E402
 from minfer.kernels.triton.qmatmul import gemv_default_config, launch_packed, repack_gemv  # noqa: E402
@@ -81,28 +84,6 @@ def step(layers: list[Layer], bufs: dict, deferred: bool) -> None:
                 launch_packed("gu", xn, w2, out2, cfg2)
 
 
-def time_graph(fn, reps: int = 50) -> float:
-    """Device µs of one replay of a graph capturing fn (median of reps, CUDA events)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(1000.0 * a.elapsed_time(b))
-    return statistics.median(times)
-
-
 def main() -> None:
     gen = torch.Generator().manual_seed(0)
     if "--smoke" in sys.argv:  # the interpreter on the cpu: two small layers, A against B only
@@ -117,8 +98,8 @@ def main() -> None:
         bufs = buffers(d, f, nqkv, "cuda", gen)
         rows = []
         for rnd in range(3):
-            a = time_graph(lambda ly=layers, bu=bufs: step(ly, bu, False))
-            b = time_graph(lambda ly=layers, bu=bufs: step(ly, bu, True))
+            a = graph_replay_us(lambda ly=layers, bu=bufs: lambda: step(ly, bu, False), 1)
+            b = graph_replay_us(lambda ly=layers, bu=bufs: lambda: step(ly, bu, True), 1)
             rows.append((a, b))
             print(f"{name:14} {rnd:5d} {a:15.1f} {b:12.1f} {b / a:6.3f}")
         a, b = (statistics.median(r[i] for r in rows) for i in (0, 1))
