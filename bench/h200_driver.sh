@@ -139,8 +139,9 @@ build_cpu() {
      -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON > cmake-cpu.log 2>&1 \
      && cmake --build build-cpu --target llama-bench -j$1 > build-cpu.log 2>&1; echo "cpu build rc=$? $(since)")
 }
-build_cuda() {
-  (llama_src
+build_cuda() {  # (skipped where an earlier part on this machine built it: parts can follow each other warm)
+  ([ -x $LB/llama-bench ] && [ -x $LB/llama-batched-bench ] && { echo "cuda build rc=0 (made before)"; exit 0; }
+   llama_src
    cmake -S . -B build-cuda -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
      -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 > cmake-cuda.log 2>&1 \
      && cmake --build build-cuda --target llama-bench llama-batched-bench -j$1 > build-cuda.log 2>&1
