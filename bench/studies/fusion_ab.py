@@ -10,7 +10,8 @@ e.g. python bench/studies/fusion_ab.py moe_glu bench -m q.gguf --device cuda -p 
 Stop 50 used it (through the device driver, with the attention's last-split combine as a variant
 too) to measure stop 48's last-arriver fusions each against the same tree on an H100: the router +
 routing (moe_router), the down experts + weighted sum (moe_sum) and the combine did not win, and were
-removed (bench/NOTES.md stop 50).
+removed (bench/NOTES.md stop 50). The device driver's PARTS=dnorm uses it to run models without the
+deferred RMSNorm (matmul_add_norm) beside the tree as it is.
 """
 
 from __future__ import annotations
