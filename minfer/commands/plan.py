@@ -64,10 +64,12 @@ def plan(a: argparse.Namespace) -> int:
     launches = sum(len(r["kernel"].split("+")) for r in rows)  # "a+b": a node that runs two kernels
     print(f"{path.name}: {what}, {launches} kernel launches")
     shown = rows if a.by_node else [r for r in rows if r["layer"] in (None, 0)]
+    widths = [max([w] + [len(r[key]) for r in shown]) for key, w in (("name", 28), ("op", 10), ("kernel", 28))]
     for r in shown:
         layer = "-" if r["layer"] is None else r["layer"]
         mark = "" if r["measured"] else " (contract)"
-        print(f"  {r['name']:28} {r['op']:10} L{layer:<3} {r['kernel']:28} {r['cost_ns'] / 1e3:9.2f} µs{mark}")
+        print(f"  {r['name']:{widths[0]}} {r['op']:{widths[1]}} L{layer:<3} {r['kernel']:{widths[2]}} "
+              f"{r['cost_ns'] / 1e3:9.2f} µs{mark}")
     if not a.by_node and len(shown) < len(rows):
         print(f"  ... {len(rows) - len(shown)} more (layers 1..; --by-node lists them)")
     print("by kernel:")
