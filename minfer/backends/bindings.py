@@ -415,13 +415,11 @@ def _add_norm_bind(c: Compiler, node: Node, kernel: BoundKernel, call: Call, way
     params, rt, nid, eps = call.params, c.rt, node.id, node.params["eps"]
     laid = c.laid_out(kernel, node.weights["w"], params)
     w_n = c.vector(node.weights["w_n"])
-    pid = c.q8_read(node, way, kernel)
 
-    def fn(vals, st):
+    def fn(vals, st):  # (its x is f32: rstd_link runs it whole only there)
         h = vals[res]
         ss = rt.norm_sums(params["n"], params["k"], params["qtype"])
-        more = {} if pid is None else {"xq": st.aux[pid]}
-        out = kernel(x=vals[x], w=laid, res=h, w_n=w_n, **params, ss=ss, **more)
+        out = kernel(x=vals[x], w=laid, res=h, w_n=w_n, **params, ss=ss)
         st.aux[nid] = (ss, eps)
         return h, out
 

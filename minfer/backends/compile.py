@@ -176,12 +176,13 @@ class Compiler:
             kernel = self.can(node, way, *asked)
             if kernel is None:
                 continue
-            # (the int8 x a matmul reads: int8-record readers must, deferred norms and their readers must not)
-            x_int8 = {"q8_in", "rstd_in"} & set(asked) or node.op == Op.MATMUL_ADD_NORM
-            passes = self.q8_passes(node, kernel) if x_int8 else 0
-            if ("q8_in" not in asked or passes > 0) and not (passes and ("rstd_in" in asked or
-                                                                         node.op == Op.MATMUL_ADD_NORM)):
-                return True
+            # int8-record readers must read int8 x; deferred norms and their readers must read f32 x
+            f32_only = "rstd_in" in asked or node.op == Op.MATMUL_ADD_NORM
+            if "q8_in" in asked or f32_only:
+                passes = self.q8_passes(node, kernel)
+                if ("q8_in" in asked and passes == 0) or (f32_only and passes > 0):
+                    continue
+            return True
         return False
 
     # ------------------------------------------------------------------ pairings, decided per way of running

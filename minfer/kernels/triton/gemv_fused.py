@@ -50,6 +50,7 @@ from .qmatmul import (
     gemv_default_config,
     gemv_type,
     launch_packed,
+    packed_gemv,
     repack_gemv,
 )
 
@@ -282,11 +283,7 @@ def gemv_add_norm(x: torch.Tensor, w: GemvPacked | torch.Tensor, res: torch.Tens
     GemvConfig (or its fields) instead of the type's default (tests: ss then has its tiles)."""
     what = "gemv_add_norm"
     t = gemv_type(what, qtype)
-    if isinstance(w, torch.Tensor):
-        w = repack_gemv(w, n, k, t)
-    wt = getattr(w, "qtype", GGMLType.Q4_0)
-    if (w.n, w.k, wt) != (n, k, t):
-        raise UnsupportedError(f"{what}: w is a packed {wt.name} [{w.n}, {w.k}], the call says {t.name} [{n}, {k}]")
+    w = packed_gemv(what, w, n, k, t)
     _check_x(what, x, k)
     out, cfg = gemv_operands(what, x, w.d, n, k, out, config,
                              lambda: gemv_default_config(n, k, t, getattr(w, "act_q8", 0)))

@@ -56,11 +56,11 @@ from ...errors import UnsupportedError
 from ...quant.types import GGMLType
 from ._common import cdiv, check_device, check_grid, check_tensor, e8m0_half, grouped_tile, interpreting, make_out
 from .gemv import _lut_bytes
-from .int4 import INT4_TYPES, Int4Packed
+from .int4 import INT4_TYPES
 from .lut4 import LUT4_TYPES, Lut4Packed
 from .planes import PLANE_TYPES, PlanesPacked, _plane_type
 from .q4_0 import Q4_0Packed
-from .qmatmul import GemvPacked, repack_gemv
+from .qmatmul import GemvPacked, packed_gemv
 
 # the types this kernel reads (every GEMV type), and (LB, HB, CENTER, MODE) of their layouts: the
 # codes' low / high bits in the words (planes.PlaneType), the center symmetric types subtract,
@@ -364,16 +364,7 @@ def _scratch_size(m: int, m_bucket: int, n: int, nkb: int, pinned: tuple | None)
 
 
 def _packed(what: str, w, n: int, k: int, qtype) -> GemvPacked:
-    t = _plane_type(what, qtype, MMQ_TYPES)
-    if isinstance(w, torch.Tensor):
-        w = repack_gemv(w, n, k, t)
-    elif not isinstance(w, (Q4_0Packed, Int4Packed, PlanesPacked, Lut4Packed)):
-        raise UnsupportedError(f"{what}: w must be a packed GEMV weight (Q4_0Packed, Int4Packed, PlanesPacked, "
-                               f"Lut4Packed) or raw GGUF bytes, got {type(w).__name__}")
-    wt = GGMLType.Q4_0 if isinstance(w, Q4_0Packed) else w.qtype
-    if (w.n, w.k, wt) != (n, k, t):
-        raise UnsupportedError(f"{what}: w is a packed {wt.name} [{w.n}, {w.k}], the call says {t.name} [{n}, {k}]")
-    return w
+    return packed_gemv(what, w, n, k, _plane_type(what, qtype, MMQ_TYPES))
 
 
 def mmq_matmul(

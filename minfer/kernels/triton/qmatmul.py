@@ -44,6 +44,20 @@ def repack_gemv(raw: torch.Tensor, n: int, k: int, qtype: GGMLType, act_q8: int 
     return repack_planes(raw, n, k, qtype)
 
 
+def packed_gemv(what: str, w, n: int, k: int, t: GGMLType) -> GemvPacked:
+    """`w` as a packed GEMV weight of type `t` and shape [n, k]: raw GGUF bytes repacked, a packed one
+    checked (the launchers that read the plain GEMV layout: mmq, gemv_fused.gemv_add_norm)."""
+    if isinstance(w, torch.Tensor):
+        return repack_gemv(w, n, k, t)
+    if not isinstance(w, (Q4_0Packed, Int4Packed, PlanesPacked, Lut4Packed)):
+        raise UnsupportedError(f"{what}: w must be a packed GEMV weight (Q4_0Packed, Int4Packed, PlanesPacked, "
+                               f"Lut4Packed) or raw GGUF bytes, got {type(w).__name__}")
+    wt = GGMLType.Q4_0 if isinstance(w, Q4_0Packed) else w.qtype
+    if (w.n, w.k, wt) != (n, k, t):
+        raise UnsupportedError(f"{what}: w is a packed {wt.name} [{w.n}, {w.k}], the call says {t.name} [{n}, {k}]")
+    return w
+
+
 def gemv_default_config(n: int, k: int, qtype: GGMLType, act_q8: int = ACT_Q8_PASSES) -> GemvConfig:
     """The config the type's own GEMV launches an [n, k] weight with (`act_q8` as repack_gemv's)."""
     if qtype == GGMLType.Q4_0:
