@@ -271,15 +271,15 @@ def add_norm_sums(n: int, k: int, qtype: GGMLType | int | str) -> int:
 
 def gemv_add_norm(x: torch.Tensor, w: GemvPacked | torch.Tensor, res: torch.Tensor, w_n: torch.Tensor, n: int,
                   k: int, qtype: GGMLType | int | str, out: torch.Tensor | None = None, *,
-                  ss: torch.Tensor | None = None, xq: tuple | None = None,
-                  config: GemvConfig | dict | None = None) -> torch.Tensor:
+                  ss: torch.Tensor | None = None, config: GemvConfig | dict | None = None) -> torch.Tensor:
     """A deferred RMSNorm's writer half, for one token: h = res + x @ W^T is stored over res (the
     residual, f32 [n] or [1, n], updated in place), out [1, n] f32 = h * w_n (the norm's numerator),
     and `ss` f32 [add_norm_sums(n, k, qtype)] gets each row tile's sum of h^2 (made when None). The
     GEMV after it reads out as x with rstd=(ss, eps) (q4_0.q4_0_gemv and the fused GEMVs): its
     sums are then those of RMSNorm(h) * w_n, the norm's one-program-a-row kernel and its grid wait
     gone. W an [n, k] weight of any GEMV type in its plain GEMV layout (`repack_gemv`: the copy the
-    GEMV and the prompt matmuls read) or raw GGUF bytes; `xq` as for q4_0_gemv; `config` a
+    GEMV and the prompt matmuls read) or raw GGUF bytes; x f32 (the compiler runs it only where its
+    GEMV reads x as f32, so it writes no int8 records of it and reads none); `config` a
     GemvConfig (or its fields) instead of the type's default (tests: ss then has its tiles)."""
     what = "gemv_add_norm"
     t = gemv_type(what, qtype)
@@ -295,5 +295,5 @@ def gemv_add_norm(x: torch.Tensor, w: GemvPacked | torch.Tensor, res: torch.Tens
         raise UnsupportedError(f"{what}: res must be contiguous (h is written over it)")
     device = check_device(what, x=x, qs=w.d, res=res, w_n=w_n, out=out, ss=ss)
     ss = make_out(what, ss, (tiles_of(n, cfg),), torch.float32, device)
-    launch_packed(what, x, w, out, cfg, add_norm_epilogue(res, w_n, ss, out, out.view(torch.int32)), xq)
+    launch_packed(what, x, w, out, cfg, add_norm_epilogue(res, w_n, ss, out, out.view(torch.int32)))
     return out
