@@ -438,9 +438,6 @@ def fuse_norm_rope(graph: Graph, supports: Supports) -> Graph:
     return _rewrite(graph, fusions) if fusions else graph
 
 
-RSTD_READERS = (Op.MATMUL, Op.MATMUL_SWIGLU, Op.MATMUL_GEGLU, Op.MATMUL_ROPE)
-
-
 def fuse_matmul_add_norm(graph: Graph, supports: Supports) -> Graph:
     """A deferred RMSNorm: an AddRMSNorm whose y is a bias-free MatMul only it reads, and whose normed
     value only matmuls read (as their x) -> QMatMulAddNorm, each reader marked `x_rstd`. Its kernel
@@ -524,6 +521,7 @@ def _with_params(graph: Graph, marks: dict[int, dict]) -> Graph:
 
 Q8_PRODUCERS = (Op.RMS_NORM, Op.ADD_RMS_NORM, Op.NORM_ADD_RMS_NORM, Op.SWIGLU, Op.MATMUL_SWIGLU, Op.ATTENTION)
 Q8_CONSUMERS = (Op.MATMUL, Op.MATMUL_SWIGLU, Op.MATMUL_GEGLU, Op.MATMUL_ROPE)
+RSTD_READERS = Q8_CONSUMERS  # the GEMVs that read x in a form made for them: int8 records, or a deferred norm's h * w
 
 
 def fuse_int8_x(graph: Graph, supports: Supports) -> Graph:
