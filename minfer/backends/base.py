@@ -76,11 +76,11 @@ class Batch:
         if any(not 0 <= r < len(tokens) for r in out_rows):
             raise MinferError(f"batch: output rows {out_rows} outside 0..{len(tokens) - 1}")
 
-        def t(xs: list[int]) -> torch.Tensor:
-            return torch.tensor(xs, dtype=torch.int32, device=device)
-
-        return cls(t(tokens), t(positions), t(row_slots), t([s.slot for s in made]), t([s.start for s in made]),
-                   t([s.n_tokens for s in made]), t(out_rows), tuple(made), n_decode)
+        cols = (tokens, positions, row_slots, [s.slot for s in made], [s.start for s in made],
+                [s.n_tokens for s in made], out_rows)
+        # one tensor made, the seven fields its slices (a decode step's host work: one construction, not seven)
+        flat = torch.tensor([v for c in cols for v in c], dtype=torch.int32, device=device)
+        return cls(*flat.split([len(c) for c in cols]), tuple(made), n_decode)
 
     @classmethod
     def single(cls, tokens: list[int], start: int, slot: int = 0, rows: range | None = None,

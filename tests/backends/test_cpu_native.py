@@ -10,6 +10,7 @@ import torch
 
 from minfer.api import load
 from minfer.backends.base import Batch
+from minfer.backends.cpu import native as prog
 from minfer.kernels.cpu import vnni as cpu_vnni
 
 pytestmark = pytest.mark.skipif(not cpu_vnni.available(), reason="needs the C kernels (AVX2 or AVX512-VNNI)")
@@ -34,13 +35,13 @@ def _decode(be, rows: list[tuple[int, int, int]], native: bool) -> torch.Tensor:
         be.native_reason = keep
 
 
-def _both_ways(path, steps: int = 4, n_prompts: int = 3, vocab: int | None = None):
+def _both_ways(path, steps: int = 4, n_prompts: int = 3, vocab: int | None = None, prompts=PROMPTS, n_ctx: int = 64):
     """Prompts in slots 0.. (per-node) and again in slots n.. (program), then `steps` decode steps of every
-    row together; asserts equal logits and caches each step. Returns how many steps ran natively."""
-    with load(path, "cpu", n_ctx=64, n_slots=2 * n_prompts, progress=False, cpu_native=True) as m:
+    row together; asserts equal logits and caches each step. Returns how many rows the program was made for."""
+    with load(path, "cpu", n_ctx=n_ctx, n_slots=2 * n_prompts, progress=False, cpu_native=True) as m:
         be = m.engine.backend
         assert be.native_reason is None, be.native_reason
-        prompts = [[t % (vocab or 10**9) for t in p] for p in PROMPTS[:n_prompts]]
+        prompts = [[t % (vocab or 10**9) for t in p] for p in prompts[:n_prompts]]
         _prefill(be, [(i, p) for i, p in enumerate(prompts)] + [(n_prompts + i, p) for i, p in enumerate(prompts)])
         toks = [p[-1] for p in prompts]
         for step in range(steps):
@@ -57,6 +58,31 @@ def _both_ways(path, steps: int = 4, n_prompts: int = 3, vocab: int | None = Non
 
 def test_program_equals_the_per_node_path_on_smollm2(smollm2_path):
     assert _both_ways(smollm2_path, steps=3) == 4  # (3 rows: a program of 4 rows runs them)
+
+
+def test_program_equals_the_per_node_path_past_one_attention_chunk(smollm2_path):
+    """Rows past CHUNK keys: attention's tasks are merged in a second loop, which quantizes each merged head for
+    the output projection (the int8 pass folded into the attention step); rows of one chunk each skip the merge
+    and quantize in their tasks. Rows of both kinds together, then each kind alone."""
+    long = [(7 * i + 3) % 4000 + 1 for i in range(cpu_vnni.ATTN_CHUNK + 21)]
+    longer = [(11 * i + 5) % 4000 + 1 for i in range(2 * cpu_vnni.ATTN_CHUNK + 40)]
+    assert _both_ways(smollm2_path, steps=2, prompts=(long, PROMPTS[0], longer), n_ctx=512) == 4
+    assert _both_ways(smollm2_path, steps=2, n_prompts=2, prompts=(long, longer), n_ctx=512) == 2
+
+
+def test_the_program_folds_the_kv_write_and_the_attention_outputs_int8_pass(smollm2_path):
+    """SmolLM2's layer is 9 steps: the norm row, q+k+v, RoPE with the KV write, attention with its output's
+    int8 pass, o, the add + norm row, gate+up, GLU with its int8 pass, down (11 before these two folds)."""
+    with load(smollm2_path, "cpu", n_ctx=64, n_slots=1, progress=False, cpu_native=True) as m:
+        be = m.engine.backend
+        _prefill(be, [(0, PROMPTS[0])])
+        _decode(be, [(0, len(PROMPTS[0]), 30)], native=True)
+        steps, n_layer = be._program._steps, be.graph.meta["n_layer"]
+        ops = [s["op"] for s in steps]
+        assert prog.PS_KV not in ops and prog.PS_QUANT not in ops, ops
+        assert sum(s["op"] == prog.PS_ROPE and s["kv_n"] == 3 for s in steps) == n_layer
+        assert sum(s["op"] == prog.PS_ATTN and s["q8"] is not None and s["qp"] == 2 for s in steps) == n_layer
+        assert len(steps) == 9 * n_layer + 2  # (+ the output norm row and the vocabulary's GEMM)
 
 
 @pytest.mark.parametrize("preset,quant", [("tiny-qwen2", "q4_0"), ("tiny-llama", "q4_k_m"), ("tiny-llama", "q8_0"),

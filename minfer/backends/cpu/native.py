@@ -43,7 +43,10 @@ CHUNK = cpu_vnni.ATTN_CHUNK  # keys per attention task (q4_vnni.c CHUNK)
 class _Step(ctypes.Structure):
     _fields_ = ([(f, ctypes.c_int) for f in ("op", "n", "k", "ldx", "ldy", "ldz", "a0", "a1", "a2", "a3", "a4", "a5")]
                 + [("f0", ctypes.c_float), ("f1", ctypes.c_float)]
-                + [(f, ctypes.c_void_p) for f in ("x", "y", "z", "w", "s", "zz", "b", "lut", "aux0", "aux1")])
+                + [(f, ctypes.c_void_p) for f in ("x", "y", "z", "w", "s", "zz", "b", "lut", "aux0", "aux1")]
+                + [("qp", ctypes.c_int)] + [(f, ctypes.c_void_p) for f in ("q8", "q8d", "q8s", "q816")]
+                + [(f, ctypes.c_int) for f in ("kv_head", "kv_n", "kv_ctx")]
+                + [(f, ctypes.c_void_p) for f in ("kv_v", "kv_k", "kv_vc")] + [("kv_ldv", ctypes.c_int)])
 
 
 class _View:
@@ -104,6 +107,31 @@ def program_reason(be) -> str | None:
     return None
 
 
+def _fold_kv(last: dict, op: int, kw: dict) -> bool:
+    """A KV write of keys a RoPE step just turned goes into that step (q4_vnni.c PS_ROPE's kv_* fields: the
+    item that turns a key head writes it to the cache, kv_n more items copy the values): one barrier less."""
+    if op != PS_KV or last["op"] != PS_ROPE or last.get("kv_n"):
+        return False
+    hd, at = last["a1"], kw["x"] - last["y"]
+    if kw["a1"] != hd or kw["ldx"] != last["ldy"] or at % (4 * hd) or not 0 <= at // (4 * hd) <= last["a0"] - kw["a0"]:
+        return False
+    last.update(kv_head=at // (4 * hd), kv_n=kw["a0"], kv_ctx=kw["a2"], kv_v=kw["z"], kv_ldv=kw["ldz"], kv_k=kw["w"],
+                kv_vc=kw["s"])
+    return True
+
+
+def _fold_attn_quant(last: dict, op: int, kw: dict) -> bool:
+    """The int8 pass of an attention step's output goes into that step (PS_ATTN's q8 fields: each head's groups
+    quantized as the head is finished), where heads are whole groups of 32: one step and barrier less."""
+    if op != PS_QUANT or last["op"] != PS_ATTN or last.get("q8") or kw["x"] != last["y"]:
+        return False
+    hd, width = last["a1"], last["a1"] * last["a2"]
+    if hd % 32 or kw["k"] != width or kw["ldx"] != last["ldy"]:
+        return False
+    last.update(q8=kw["y"], q8d=kw["aux0"], q8s=kw["aux1"], q816=kw["z"], qp=kw["a0"])
+    return True
+
+
 class DecodeProgram:
     """The graph's decode step for up to `rows` rows as one `prog_run` call (the module docstring)."""
 
@@ -117,8 +145,6 @@ class DecodeProgram:
         self.grp = 1
         cache = be.cache
         self.n_slots, self.n_ctx = cache.n_slots, cache.n_ctx
-        self.slots = torch.zeros(rows, dtype=torch.int32)
-        self.pos = torch.zeros(rows, dtype=torch.int32)
         self.lens = torch.ones(rows, dtype=torch.int32)
         vals: dict[int, _View] = {}
         root: dict[int, int] = {}  # node id -> the node whose buffer its value is (a slice's: its source's)
@@ -170,6 +196,8 @@ class DecodeProgram:
         """Append a step, or fold it into the one before where that one writes what it reads (the same bits:
         each element, row or group is computed by the same code, only the barrier between them goes)."""
         last = self._steps[-1] if self._steps else None
+        if last is not None and (_fold_kv(last, op, kw) or _fold_attn_quant(last, op, kw)):
+            return
         out = None if last is None else last.get("s") if last["op"] == PS_ROW and last["a1"] & 2 else last.get("y")
         if out is not None and kw.get("x") == out:
             quant = dict(zz=kw.get("y"), aux0=kw.get("aux0"), aux1=kw.get("aux1"), b=kw.get("z"), a0=kw.get("a0"))
@@ -289,11 +317,10 @@ class DecodeProgram:
         if not 0 < b <= self.rows:
             raise ValueError(f"decode program of {self.rows} rows: a batch of {b}")
         self.embed[:b].copy_(self.table(batch.tokens.long()))
-        self.slots[:b].copy_(batch.row_slots)
-        self.pos[:b].copy_(batch.positions)
-        torch.add(self.pos[:b], 1, out=self.lens[:b])
-        rc = self._run(self._array, len(self._steps), b, self.slots.data_ptr(), self.pos.data_ptr(),
-                       self.lens.data_ptr(), self.n_slots, self.n_ctx, self.grp)
+        slots, pos = (t if t.dtype == torch.int32 and t.is_contiguous() else t.to(torch.int32).contiguous()
+                      for t in (batch.row_slots, batch.positions))  # (Batch.build's are: read in place)
+        rc = self._run(self._array, len(self._steps), b, slots.data_ptr(), pos.data_ptr(), self.lens.data_ptr(),
+                       self.n_slots, self.n_ctx, self.grp)  # (lens: filled by prog_run, pos + 1)
         if rc:  # (batch.check ran first: rows outside the cache cannot come here; -2 is a thread's scratch)
             raise MemoryError(f"decode program: prog_run returned {rc}")
         return self.logits.buf[:b, :self.n_vocab].index_select(0, batch.out_rows.long())

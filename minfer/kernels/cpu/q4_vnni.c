@@ -1456,12 +1456,19 @@ static int attn_first(int B, int n_kv, const int *starts, const int *lens, int *
  * decode row: one chunk per kv head), a unit's query heads go to several tasks (subgroups of gs heads):
  * a head's numbers are attn_part's for that head whatever its group (its scores, softmax and weighted
  * values are its own), so the split changes the time only. sc: this thread's scores (grp * CHUNK
- * floats; NULL: its tasks are skipped, the caller fails). */
+ * floats; NULL: its tasks are skipped, the caller fails).
+ * Where every row has one chunk a kv head (rows of at most CHUNK keys) and no sinks, the tasks write
+ * their heads into out and normalise them there, and the merge loop (and its barrier) is skipped: the
+ * merge of one chunk is (0 + 1 * o) / (0 + 1 * s), written so, the same bits.
+ * qy (NULL: none): each finished head's groups of 32 also quantized as quantize_row (P passes) into the
+ * rows' int8 scratch qy, qd, qs, q16 of rows n_head * hd wide (hd a multiple of 32): the step after needs
+ * no pass of its own. A group's bytes are its own, so the split by heads gives quantize_rows' bytes. */
 static void attn_work(const float *q, int ldq, const float *kc, const float *vc, int n_kv, int n_ctx, int hd,
                       int n_head, const int *slots, const int *starts, const int *lens, int B, float scale,
                       float softcap, const float *sinks, const int *first, float *part, float *sc, float *out,
-                      int ldo) {
+                      int ldo, int8_t *qy, float *qd, float *qs, int *q16, int P) {
     int grp = n_head / n_kv, per = grp * (hd + 2), U = first[B], threads = omp_get_num_threads();
+    int direct = U == B * n_kv && sinks == NULL, width = n_head * hd;
     int subs = U >= threads ? 1 : (threads + U - 1) / U < grp ? (threads + U - 1) / U : grp;
     int gs = (grp + subs - 1) / subs;
     subs = (grp + gs - 1) / gs;
@@ -1479,9 +1486,18 @@ static void attn_work(const float *q, int ldq, const float *kc, const float *vc,
         int l0 = (starts != NULL ? starts[b] : 0) + c * CHUNK, l1 = l0 + CHUNK < lens[b] ? l0 + CHUNK : lens[b];
         size_t base = ((size_t)slots[b] * n_kv + h) * n_ctx * hd;
         float *pt = part + (size_t)u * per;
+        float *o = direct ? out + (size_t)b * ldo + (size_t)(h * grp + j0) * hd : pt + (size_t)j0 * hd;
         attn_part(q + (size_t)b * ldq + (size_t)(h * grp + j0) * hd, kc + base, vc + base, l0, l1, hd, J, scale,
-                  softcap, sc, pt + (size_t)j0 * hd, pt + grp * hd + j0, pt + grp * hd + grp + j0);
+                  softcap, sc, o, pt + grp * hd + j0, pt + grp * hd + grp + j0);
+        for (int j = 0; direct && j < J; j++) {  /* the one-chunk merge in place */
+            float *O = o + (size_t)j * hd, inv = 1.0f / (0.0f + 1.0f * pt[grp * hd + grp + j0 + j]);
+            for (int i = 0; i < hd; i++) O[i] = (0.0f + 1.0f * O[i]) * inv;
+            if (qy != NULL)
+                quantize_row_at(out, 0, (size_t)ldo, width, P, b, qy, qd, qs, q16, NULL, 0,
+                                (h * grp + j0 + j) * hd / 32, (h * grp + j0 + j + 1) * hd / 32);
+        }
     }
+    if (direct) return;
     #pragma omp for schedule(static)
     for (int bj = 0; bj < B * n_head; bj++) {
         int b = bj / n_head, h = bj % n_head / grp, j = bj % grp, chunks = (first[b + 1] - first[b]) / n_kv;
@@ -1499,6 +1515,9 @@ static void attn_work(const float *q, int ldq, const float *kc, const float *vc,
         }
         float inv = 1.0f / S;
         for (int i = 0; i < hd; i++) O[i] *= inv;
+        if (qy != NULL)
+            quantize_row_at(out, 0, (size_t)ldo, width, P, b, qy, qd, qs, q16, NULL, 0, (h * grp + j) * hd / 32,
+                            (h * grp + j + 1) * hd / 32);
     }
 }
 
@@ -1542,7 +1561,7 @@ int attn_decode(const float *q, int ldq, const float *kc, const float *vc, int n
     {
         float *sc = attn_scratch(grp, &fail);
         attn_work(q, ldq, kc, vc, n_kv, n_ctx, hd, n_head, slots, starts, lens, B, scale, softcap, sinks, first, part,
-                  sc, out, n_head * hd);
+                  sc, out, n_head * hd, NULL, NULL, NULL, NULL, 0);
         free(sc);
     }
     free(part);
@@ -1708,7 +1727,17 @@ typedef struct {
     int a0, a1, a2, a3, a4, a5;    /* the step's integers (below) */
     float f0, f1;
     void *x, *y, *z, *w, *s, *zz, *b, *lut, *aux0, *aux1;
+    int qp;                        /* PS_ATTN: its output's int8 pass (qp passes) folded in: */
+    void *q8, *q8d, *q8s, *q816;   /* the scratch q, d, sx, x16 (q8 NULL: none) */
+    int kv_head, kv_n, kv_ctx;     /* PS_ROPE: the KV write folded in (kv_n > 0; below) */
+    void *kv_v, *kv_k, *kv_vc;     /* (the values' source, the layer's key and value caches) */
+    int kv_ldv;
 } pstep;
+
+/* head h's hd values of a row at (slot, position) into a layer's cache [n_slots][n_kv][n_ctx][hd] */
+static inline void kv_write(float *cache, const float *src, int slot, int pos, int h, int n_kv, int n_ctx, int hd) {
+    memcpy(cache + (((size_t)slot * n_kv + h) * n_ctx + pos) * hd, src, sizeof(float) * hd);
+}
 
 /* rows B; the rows' cache slots, positions and lengths (int32 [B]) for RoPE, the KV write and attention */
 static void pstep_run(const pstep *p, int B, const int *slots, const int *pos, const int *lens, float *sc) {
@@ -1744,14 +1773,24 @@ static void pstep_run(const pstep *p, int B, const int *slots, const int *pos, c
         break;
     }
     case PS_ROPE: {  /* y (contiguous heads, ldy) = x (ldx) turned: a0 heads of a1, a2 rotated, a3 neox; cos /
-                      * sin tables w, s [n_ctx][a2 / 2] read at the rows' positions */
-        int heads = p->a0, hd = p->a1, half = p->a2 / 2;
+                      * sin tables w, s [n_ctx][a2 / 2] read at the rows' positions. kv_n > 0: PS_KV folded in,
+                      * its keys the turned heads kv_head .. kv_head + kv_n - 1 (written to the cache kv_k by the
+                      * item that turned them), its values (kv_v, row stride kv_ldv) kv_n more items */
+        int heads = p->a0, hd = p->a1, half = p->a2 / 2, n_kv = p->kv_n, items = heads + n_kv;
         #pragma omp for schedule(static)
-        for (int th = 0; th < B * heads; th++) {
-            int t = th / heads, h = th % heads;
-            rope_head((const float *)p->x + (size_t)t * p->ldx + (size_t)h * hd, hd, p->a2, p->a3,
-                      (const float *)p->w + (size_t)pos[t] * half, (const float *)p->s + (size_t)pos[t] * half,
-                      (float *)p->y + (size_t)t * p->ldy + (size_t)h * hd);
+        for (int th = 0; th < B * items; th++) {
+            int t = th / items, h = th % items;
+            if (h < heads) {
+                float *out = (float *)p->y + (size_t)t * p->ldy + (size_t)h * hd;
+                rope_head((const float *)p->x + (size_t)t * p->ldx + (size_t)h * hd, hd, p->a2, p->a3,
+                          (const float *)p->w + (size_t)pos[t] * half, (const float *)p->s + (size_t)pos[t] * half,
+                          out);
+                if (h - p->kv_head >= 0 && h - p->kv_head < n_kv)  /* a key: into the cache as turned */
+                    kv_write((float *)p->kv_k, out, slots[t], pos[t], h - p->kv_head, n_kv, p->kv_ctx, hd);
+            } else {  /* a value */
+                kv_write((float *)p->kv_vc, (const float *)p->kv_v + (size_t)t * p->kv_ldv + (size_t)(h - heads) * hd,
+                         slots[t], pos[t], h - heads, n_kv, p->kv_ctx, hd);
+            }
         }
         break;
     }
@@ -1761,9 +1800,10 @@ static void pstep_run(const pstep *p, int B, const int *slots, const int *pos, c
         #pragma omp for schedule(static)
         for (int bh = 0; bh < B * n_kv; bh++) {
             int b = bh / n_kv, h = bh % n_kv;
-            size_t at = (((size_t)slots[b] * n_kv + h) * n_ctx + pos[b]) * hd;
-            memcpy((float *)p->w + at, (const float *)p->x + (size_t)b * p->ldx + (size_t)h * hd, sizeof(float) * hd);
-            memcpy((float *)p->s + at, (const float *)p->z + (size_t)b * p->ldz + (size_t)h * hd, sizeof(float) * hd);
+            kv_write((float *)p->w, (const float *)p->x + (size_t)b * p->ldx + (size_t)h * hd, slots[b], pos[b], h, n_kv,
+                     n_ctx, hd);
+            kv_write((float *)p->s, (const float *)p->z + (size_t)b * p->ldz + (size_t)h * hd, slots[b], pos[b], h, n_kv,
+                     n_ctx, hd);
         }
         break;
     }
@@ -1773,7 +1813,8 @@ static void pstep_run(const pstep *p, int B, const int *slots, const int *pos, c
                     * window's first keys before the team starts), zz: their parts */
         attn_work((const float *)p->x, p->ldx, (const float *)p->w, (const float *)p->s, p->a0, p->a3, p->a1, p->a2,
                   slots, p->a4 > 0 ? (const int *)p->aux0 : NULL, lens, B, p->f0, p->f1, NULL, (const int *)p->b,
-                  (float *)p->zz, sc, (float *)p->y, p->ldy);
+                  (float *)p->zz, sc, (float *)p->y, p->ldy, (int8_t *)p->q8, (float *)p->q8d, (float *)p->q8s,
+                  (int *)p->q816, p->qp);
         break;
     case PS_GLU_Q: {  /* PS_GLU, then the result's groups quantized as PS_QUANT (into zz: q, aux0: d, aux1: sx,
                        * b: x16; a0 passes), 8 groups a work item: one step where two were */
@@ -1838,14 +1879,14 @@ static void pstep_run(const pstep *p, int B, const int *slots, const int *pos, c
 static double *prog_times;
 void prog_profile(double *times) { prog_times = times; }
 
-/* Run a program of n steps for B rows (slots, pos, lens int32 [B]; n_slots / n_ctx: the cache's, to check
- * them; grp: the most query heads per kv head of its attention steps). -1 on rows outside the cache, -2 when
+/* Run a program of n steps for B rows (slots, pos int32 [B]; lens int32 [B]: filled with pos + 1, the rows'
+ * key counts; n_slots / n_ctx: the cache's, to check them; grp: the most query heads per kv head of its attention steps). -1 on rows outside the cache, -2 when
  * a thread's scratch cannot be allocated (nothing is run then). */
-int prog_run(const pstep *steps, int n, int B, const int *slots, const int *pos, const int *lens, int n_slots,
+int prog_run(const pstep *steps, int n, int B, const int *slots, const int *pos, int *lens, int n_slots,
              int n_ctx, int grp) {
-    if (B < 1 || grp < 1 || grp > MAX_GROUP || !attn_rows_ok(B, n_slots, n_ctx, slots, NULL, lens)) return -1;
-    for (int b = 0; b < B; b++)
-        if (pos[b] != lens[b] - 1) return -1;
+    if (B < 1 || grp < 1 || grp > MAX_GROUP) return -1;
+    for (int b = 0; b < B; b++) lens[b] = pos[b] + 1;  /* (a decode row attends its keys up to its own) */
+    if (!attn_rows_ok(B, n_slots, n_ctx, slots, NULL, lens)) return -1;
     for (int i = 0; i < n; i++)  /* each attention step's first keys and tasks: they depend on the rows' lengths */
         if (steps[i].op == PS_ATTN) {
             int *starts = steps[i].a4 > 0 ? (int *)steps[i].aux0 : NULL;
