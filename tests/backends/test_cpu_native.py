@@ -70,19 +70,22 @@ def test_program_equals_the_per_node_path_past_one_attention_chunk(smollm2_path)
     assert _both_ways(smollm2_path, steps=2, n_prompts=2, prompts=(long, longer), n_ctx=512) == 2
 
 
-def test_the_program_folds_the_kv_write_and_the_attention_outputs_int8_pass(smollm2_path):
-    """SmolLM2's layer is 9 steps: the norm row, q+k+v, RoPE with the KV write, attention with its output's
-    int8 pass, o, the add + norm row, gate+up, GLU with its int8 pass, down (11 before these two folds)."""
+def test_the_program_folds_its_light_steps_into_their_producers(smollm2_path):
+    """SmolLM2's layer is 8 steps: the norm row, q+k+v, RoPE with the KV write, attention with its output's
+    int8 pass, o, the add + norm row, gate+up with its SwiGLU and that one's int8 pass, down (11 before the
+    folds of the KV write, attention's int8 pass and the GLU)."""
     with load(smollm2_path, "cpu", n_ctx=64, n_slots=1, progress=False, cpu_native=True) as m:
         be = m.engine.backend
         _prefill(be, [(0, PROMPTS[0])])
         _decode(be, [(0, len(PROMPTS[0]), 30)], native=True)
         steps, n_layer = be._program._steps, be.graph.meta["n_layer"]
         ops = [s["op"] for s in steps]
-        assert prog.PS_KV not in ops and prog.PS_QUANT not in ops, ops
+        assert not {prog.PS_KV, prog.PS_QUANT, prog.PS_GLU, prog.PS_GLU_Q} & set(ops), ops
         assert sum(s["op"] == prog.PS_ROPE and s["kv_n"] == 3 for s in steps) == n_layer
         assert sum(s["op"] == prog.PS_ATTN and s["q8"] is not None and s["qp"] == 2 for s in steps) == n_layer
-        assert len(steps) == 9 * n_layer + 2  # (+ the output norm row and the vocabulary's GEMM)
+        glu = [s for s in steps if s["op"] == prog.PS_GEMM and s.get("g_out")]
+        assert len(glu) == n_layer and all(s["n"] == 3072 and s["q8"] is not None for s in glu)
+        assert len(steps) == 8 * n_layer + 2  # (+ the output norm row and the vocabulary's GEMM)
 
 
 @pytest.mark.parametrize("preset,quant", [("tiny-qwen2", "q4_0"), ("tiny-llama", "q4_k_m"), ("tiny-llama", "q8_0"),

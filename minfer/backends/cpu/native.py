@@ -46,7 +46,8 @@ class _Step(ctypes.Structure):
                 + [(f, ctypes.c_void_p) for f in ("x", "y", "z", "w", "s", "zz", "b", "lut", "aux0", "aux1")]
                 + [("qp", ctypes.c_int)] + [(f, ctypes.c_void_p) for f in ("q8", "q8d", "q8s", "q816")]
                 + [(f, ctypes.c_int) for f in ("kv_head", "kv_n", "kv_ctx")]
-                + [(f, ctypes.c_void_p) for f in ("kv_v", "kv_k", "kv_vc")] + [("kv_ldv", ctypes.c_int)])
+                + [(f, ctypes.c_void_p) for f in ("kv_v", "kv_k", "kv_vc")] + [("kv_ldv", ctypes.c_int)]
+                + [(f, ctypes.c_int) for f in ("g_kind", "g_ld")] + [("g_out", ctypes.c_void_p)])
 
 
 class _View:
@@ -120,13 +121,32 @@ def _fold_kv(last: dict, op: int, kw: dict) -> bool:
     return True
 
 
-def _fold_attn_quant(last: dict, op: int, kw: dict) -> bool:
-    """The int8 pass of an attention step's output goes into that step (PS_ATTN's q8 fields: each head's groups
-    quantized as the head is finished), where heads are whole groups of 32: one step and barrier less."""
-    if op != PS_QUANT or last["op"] != PS_ATTN or last.get("q8") or kw["x"] != last["y"]:
+def _fold_glu(last: dict, op: int, kw: dict) -> bool:
+    """A GLU of the two halves of the GEMM step just before (gate+up, one step over both) goes into that step
+    (PS_GEMM's g_* fields: the item of each output group runs its gate tile and its up tile, then their GLU):
+    one step and barrier less; its int8 pass follows it in (`_fold_quant`)."""
+    if op != PS_GLU or last["op"] != PS_GEMM or last.get("g_out") or kw["x"] != last["y"]:
         return False
-    hd, width = last["a1"], last["a1"] * last["a2"]
-    if hd % 32 or kw["k"] != width or kw["ldx"] != last["ldy"]:
+    half = last["n"] // 2
+    if half % 32 or kw["n"] != half or kw["z"] != last["y"] + 4 * half or not kw["ldx"] == kw["ldz"] == last["ldy"]:
+        return False
+    last.update(g_kind=kw["a3"], g_out=kw["y"], g_ld=kw["ldy"])
+    return True
+
+
+def _fold_quant(last: dict, op: int, kw: dict) -> bool:
+    """The int8 pass of the step just before's output goes into that step (the q8 fields) where its items
+    finish whole groups of 32: an attention step (each head's groups once the head is done; head_dim a
+    multiple of 32) or a GEMM with its GLU folded in (each item's group). One step and barrier less."""
+    if op != PS_QUANT or last.get("q8"):
+        return False
+    if last["op"] == PS_ATTN:
+        out, ld, width, whole = last["y"], last["ldy"], last["a1"] * last["a2"], last["a1"] % 32 == 0
+    elif last["op"] == PS_GEMM and last.get("g_out"):
+        out, ld, width, whole = last["g_out"], last["g_ld"], last["n"] // 2, True
+    else:
+        return False
+    if not whole or kw["x"] != out or kw["k"] != width or kw["ldx"] != ld:
         return False
     last.update(q8=kw["y"], q8d=kw["aux0"], q8s=kw["aux1"], q816=kw["z"], qp=kw["a0"])
     return True
@@ -196,7 +216,7 @@ class DecodeProgram:
         """Append a step, or fold it into the one before where that one writes what it reads (the same bits:
         each element, row or group is computed by the same code, only the barrier between them goes)."""
         last = self._steps[-1] if self._steps else None
-        if last is not None and (_fold_kv(last, op, kw) or _fold_attn_quant(last, op, kw)):
+        if last is not None and any(fold(last, op, kw) for fold in (_fold_kv, _fold_glu, _fold_quant)):
             return
         out = None if last is None else last.get("s") if last["op"] == PS_ROW and last["a1"] & 2 else last.get("y")
         if out is not None and kw.get("x") == out:

@@ -954,30 +954,65 @@ static layout make_layout(const uint8_t *W, const uint16_t *S, const uint16_t *Z
     return L;
 }
 
+/* The decode program's gate+up GEMM with its GLU folded in (PS_GEMM's g_* fields): act(gate) up of the
+ * output's two halves (gate: columns 0 .. 16 NT, up: the rest) into out (row stride ldo), and its int8 pass
+ * (q NULL: none; P passes) into the scratch q, d, sx, x16 of rows 16 NT wide. */
+typedef struct { int kind, ldo, P; float *out; int8_t *q; float *d, *sx; int *x16; } glu_epi;
+static inline void glu_span(int kind, const float *g, const float *u, float *y, int c0, int c1);
+
 /* Inside a parallel region: the NT column tiles of y [m, 32 NT] (row stride ldy) shared by the team
  * (a work-shared loop, ending in its barrier), every row of a tile in groups of MT; `bias` (NULL:
- * none) added to each output after its sum, as y + b. */
+ * none) added to each output after its sum, as y + b. E (NULL: none): each thread runs the gate tiles
+ * of its share of the output groups, then their up tiles (t + NT / 2), then the GLU of those columns and
+ * their groups' int8 pass (glu_span's and quantize_row's code per group: the bytes PS_GLU_Q gives), so
+ * no step and barrier follow; the team's barrier ends it. */
+static void gemm_items(const layout *L, int G, const acts *A, int k, int m, int P, float *y, int ldy,
+                       const float *bias, int item, int tile, float *prep, int *have);
+
 static void gemm_tiles(const layout *L, int NT, int G, const acts *A, int k, int m, int P, float *y, int ldy,
-                       const float *bias) {
+                       const float *bias, const glu_epi *E) {
     int RB = (m + ROW_BLOCK - 1) / ROW_BLOCK;  /* a prompt's rows in blocks: work for every thread on narrow weights */
     /* the KM layout over more rows than a tile: the pair's scales made once an item (NULL: in each tile) */
     float *prep = L->km && m > MT ? malloc(sizeof(float) * 64 * (size_t)G) : NULL;
     int have = -1;
-    #pragma omp for schedule(static)
-    for (int item = 0; item < NT * RB; item++) {  /* (a thread's items: consecutive blocks of the same tiles) */
-        int t = item / RB, r1 = (item % RB + 1) * ROW_BLOCK < m ? (item % RB + 1) * ROW_BLOCK : m;
-        if (prep != NULL && have != t) {
-            k_prepare(L, (size_t)(2 * t) * G, G, prep);
-            have = t;
-        }
-        for (int r0 = item % RB * ROW_BLOCK; r0 < r1; r0 += MT)
-            tile_rows(r1 - r0 < MT ? r1 - r0 : MT, P, L, (size_t)(2 * t) * G, G, A->q, A->d, A->sx, A->x16, A->zq, k, r0,
-                      y + 32 * t, ldy, prep);
-        if (bias != NULL)
-            for (int r = item % RB * ROW_BLOCK; r < r1; r++)
-                for (int c = 0; c < 32; c++) y[(size_t)r * ldy + 32 * t + c] += bias[32 * t + c];
+    if (E == NULL) {
+        #pragma omp for schedule(static)
+        for (int item = 0; item < NT * RB; item++)  /* (a thread's items: consecutive blocks of the same tiles) */
+            gemm_items(L, G, A, k, m, P, y, ldy, bias, item, item / RB, prep, &have);
+    } else {  /* a thread's share of the groups as the static schedule splits them: its gate tiles, its up tiles
+               * (each a stream through W, as the tiles' prefetch expects), then their GLU and int8 pass */
+        int half = NT / 2, nth = omp_get_num_threads(), tid = omp_get_thread_num();
+        int lo = (int)((long)half * RB * tid / nth), hi = (int)((long)half * RB * (tid + 1) / nth);
+        for (int part = 0; part < 2; part++)
+            for (int item = lo; item < hi; item++)
+                gemm_items(L, G, A, k, m, P, y, ldy, bias, item, item / RB + part * half, prep, &have);
+        for (int item = lo; item < hi; item++)
+            for (int r = item % RB * ROW_BLOCK, g = item / RB; r < m && r < (item % RB + 1) * ROW_BLOCK; r++) {
+                const float *yr = y + (size_t)r * ldy;
+                glu_span(E->kind, yr, yr + 32 * half, E->out + (size_t)r * E->ldo, 32 * g, 32 * g + 32);
+                if (E->q != NULL)
+                    quantize_row_at(E->out, 0, (size_t)E->ldo, 32 * half, E->P, r, E->q, E->d, E->sx, E->x16, NULL, 0,
+                                    g, g + 1);
+            }
+        #pragma omp barrier
     }
     free(prep);
+}
+
+/* gemm_tiles' item: column tile `tile` for row block item % RB (its rows in groups of MT), + bias */
+static void gemm_items(const layout *L, int G, const acts *A, int k, int m, int P, float *y, int ldy,
+                       const float *bias, int item, int tile, float *prep, int *have) {
+    int RB = (m + ROW_BLOCK - 1) / ROW_BLOCK, r1 = (item % RB + 1) * ROW_BLOCK < m ? (item % RB + 1) * ROW_BLOCK : m;
+    if (prep != NULL && *have != tile) {
+        k_prepare(L, (size_t)(2 * tile) * G, G, prep);
+        *have = tile;
+    }
+    for (int r0 = item % RB * ROW_BLOCK; r0 < r1; r0 += MT)
+        tile_rows(r1 - r0 < MT ? r1 - r0 : MT, P, L, (size_t)(2 * tile) * G, G, A->q, A->d, A->sx, A->x16, A->zq, k, r0,
+                  y + 32 * tile, ldy, prep);
+    if (bias != NULL)
+        for (int r = item % RB * ROW_BLOCK; r < r1; r++)
+            for (int c = 0; c < 32; c++) y[(size_t)r * ldy + 32 * tile + c] += bias[32 * tile + c];
 }
 
 #if defined(MINFER_AMX) && !defined(MINFER_AVX2)
@@ -1223,7 +1258,7 @@ int q4_gemm(const uint8_t *W, const uint16_t *S, const uint16_t *Z, float zm, in
     }
 #endif
     #pragma omp parallel
-    gemm_tiles(&L, NT, G, &A, k, m, P, y, ldy, NULL);
+    gemm_tiles(&L, NT, G, &A, k, m, P, y, ldy, NULL, NULL);
     free(A.q);
     return 0;
 }
@@ -1732,6 +1767,8 @@ typedef struct {
     int kv_head, kv_n, kv_ctx;     /* PS_ROPE: the KV write folded in (kv_n > 0; below) */
     void *kv_v, *kv_k, *kv_vc;     /* (the values' source, the layer's key and value caches) */
     int kv_ldv;
+    int g_kind, g_ld;              /* PS_GEMM: the GLU of its two halves folded in (g_out NULL: none; below), */
+    void *g_out;                   /* with its int8 pass where q8 is set (qp passes) */
 } pstep;
 
 /* head h's hd values of a row at (slot, position) into a layer's cache [n_slots][n_kv][n_ctx][hd] */
@@ -1765,11 +1802,15 @@ static void pstep_run(const pstep *p, int B, const int *slots, const int *pos, c
         break;
     }
     case PS_GEMM: {  /* y (ldy) = the scratch's rows (x: q, aux0: d, aux1: sx, z: x16) @ W^T (+ b): n columns,
-                      * W, S, Z: w, s, zz; zm f0; bits a0; passes a1; lut */
+                      * W, S, Z: w, s, zz; zm f0; bits a0; passes a1; lut. g_out: PS_GLU (kind g_kind) of y's two
+                      * halves into g_out (row stride g_ld), and with q8 its int8 pass as PS_GLU_Q's */
         layout L = make_layout((const uint8_t *)p->w, (const uint16_t *)p->s, (const uint16_t *)p->zz, p->f0, p->a0,
                                (const uint8_t *)p->lut);
         acts A = {(int8_t *)p->x, (float *)p->aux0, (float *)p->aux1, (int *)p->z, NULL};
-        gemm_tiles(&L, p->n / 32, p->k / 32, &A, p->k, B, p->a1, (float *)p->y, p->ldy, (const float *)p->b);
+        glu_epi E = {p->g_kind, p->g_ld, p->qp, (float *)p->g_out, (int8_t *)p->q8, (float *)p->q8d, (float *)p->q8s,
+                     (int *)p->q816};
+        gemm_tiles(&L, p->n / 32, p->k / 32, &A, p->k, B, p->a1, (float *)p->y, p->ldy, (const float *)p->b,
+                   p->g_out != NULL ? &E : NULL);
         break;
     }
     case PS_ROPE: {  /* y (contiguous heads, ldy) = x (ldx) turned: a0 heads of a1, a2 rotated, a3 neox; cos /
