@@ -22,6 +22,8 @@
 #   PARTS=moequick+cpudiag bash bench/h200_driver.sh start   both, one after the other: ~12 minutes
 #   PARTS=moelean bash bench/h200_driver.sh start       the sweep's one-row tiles, then qwen3-30b-a3b B=16 on this tree,
 #                                                       on .old/base (see the mode), on this tree again (no llama.cpp): ~4 min
+#   PARTS=cpudec bash bench/h200_driver.sh start        the host CPU's small-model decode (tg32, 4 / 8 / 16 threads):
+#                                                       this tree, $BASE's (.anchor/base-cpu) and llama.cpp's: ~4 min
 #   PARTS=dnorm bash bench/h200_driver.sh start         the deferred RMSNorm (QMatMulAddNorm): its compiled tests,
 #                                                       bench/studies/deferred_norm.py, then SmolLM2 and Qwen2.5-0.5B
 #                                                       tg128 with and without it, and llama.cpp's: ~9 minutes
@@ -324,6 +326,34 @@ for r in json.load(sys.stdin)['results']:
       >> $D/bench.jsonl  # (the same llama.cpp rows beside the runs without the deferred norm)
   done
   table smollm2; table qwen2.5; table no-dnorm
+  step done; exit 0
+elif [ "$PARTS" = cpudec ]; then  # the host CPU's small-model decode: this tree against $BASE's (the base tree
+  # carried under .anchor, `git archive REV minfer | tar x -C .anchor/base-cpu`) and llama.cpp's CPU build, tg32 of
+  # SmolLM2-135M Q4_1 and Qwen2.5-0.5B Q4_0 at 4 / 8 / 16 threads, one round interleaved (~4 minutes)
+  BASE=${BASE:-.anchor/base-cpu}
+  build_cpu 16 > $D/llama-build.txt 2>&1 &
+  (synth smollm2-135m q4_1; synth qwen2.5-0.5b q4_0; echo "synth done $(since)") > $D/synth.txt 2>&1 &
+  wait; cat $D/synth.txt $D/llama-build.txt
+  : > $D/bench.jsonl
+  for th in 4 8 16; do
+    for spec in smollm2-135m-q4_1 qwen2.5-0.5b-q4_0; do
+      f=$M/$spec.gguf
+      minfer_rows $f "cpu-$spec-t$th" cpu -t $th -p 0 -n 32 -r 3 -b ""
+      (cd $BASE && PYTHONPATH=$PWD:/tmp/pylib minfer_rows $f "base-$spec-t$th" cpu -t $th -p 0 -n 32 -r 3 -b "")
+      llama_rows $LC $f "cpu-$spec-t$th" -t $th -p 0 -n 32 -r 3
+    done
+  done
+  table cpu-
+  python3 - $D/bench.jsonl >> $D/tables.txt <<'PY'
+import json, sys  # this tree and the base tree against llama.cpp, same run
+rows = [json.loads(x) for x in open(sys.argv[1])]
+get = {(r["engine"], r["file"]): r["tok_s"] for r in rows}
+for (eng, f), v in get.items():
+    if eng == "minfer" and f.startswith("cpu-"):
+        b, l = get.get(("minfer", f.replace("cpu-", "base-", 1))) or 0, get.get(("llama.cpp", f)) or 0
+        print(f"{f:30} tg32 this tree {v:7.1f}  base {b:7.1f}  llama.cpp {l:7.1f}  tree/base x{v / b if b else 0:.3f}"
+              f"  tree/llama {v / l if l else 0:.2f}  base/llama {b / l if l else 0:.2f}")
+PY
   step done; exit 0
 elif [ "$PARTS" = cpudiag ]; then
   cpudiag; step done; exit 0
