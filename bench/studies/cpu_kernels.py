@@ -7,6 +7,8 @@ Not a test. Usage:  python bench/studies/cpu_kernels.py [torch|vnni|cold|attenti
              SmolLM2 layer shapes (the weights stay in cache between repeats).
 - cold:      one- and two-pass decode rows streaming weights that do not fit in cache.
 - attention: the C decode attention against a loop of SDPA calls, L = 64 and 540, B = 1 and 8.
+- embed:     a decode step's token embedding row, embed_rows (C) against the reference's torch decoder, SmolLM2's
+             Q8_0 [49152, 576] and Qwen2.5-0.5B's Q4_0 [151936, 896] tables, warm and after 64 MB streamed.
 Prints medians; quote them only from a quiet machine (bench/NOTES.md).
 """
 
@@ -97,9 +99,39 @@ def attention() -> None:
             print(f"decode attention L={length} B={b}: C {tc * 1e6:.1f} us, SDPA loop {ts * 1e6:.1f} us")
 
 
+def embed() -> None:
+    from minfer.quant.reference import dequantize
+    from minfer.quant.types import quant_info
+
+    flush = torch.empty(16 << 20)  # 64 MB: streamed between calls, as a decode step's weights would be
+    for qtype, rows, width in ((GGMLType.Q8_0, 49152, 576), (GGMLType.Q4_0, 151936, 896)):
+        raw = torch.randint(0, 256, (rows, quant_info(qtype).nbytes(width)), dtype=torch.uint8)
+        raw[:, 1] &= 0x3B  # (finite float16 scales)
+        for cold in (False, True):
+            def c(cold=cold, raw=raw, qtype=qtype, width=width):
+                if cold:
+                    flush.add_(1.0)
+                ids = torch.randint(0, rows, (1,), dtype=torch.int32)
+                t = time.perf_counter()
+                cpu_vnni.embed_rows(raw, qtype, ids, width)
+                return time.perf_counter() - t
+
+            def ref(cold=cold, raw=raw, qtype=qtype, width=width):
+                if cold:
+                    flush.add_(1.0)
+                ids = torch.randint(0, rows, (1,))
+                t = time.perf_counter()
+                dequantize(raw.index_select(0, ids), qtype, (1, width))
+                return time.perf_counter() - t
+
+            tc, tr = (statistics.median(f() for _ in range(200)) for f in (c, ref))
+            print(f"embedding row {qtype.name} [{rows}, {width}] {'cold' if cold else 'warm'}: C {tc * 1e6:.1f} us, "
+                  f"reference {tr * 1e6:.1f} us")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", nargs="*", default=["torch", "vnni", "cold", "attention"])
+    ap.add_argument("what", nargs="*", default=["torch", "vnni", "cold", "attention", "embed"])
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -107,7 +139,7 @@ def main() -> None:
         raise SystemExit("the C kernels do not run here (AVX512-VNNI and a C compiler needed)")
     with torch.inference_mode():
         for w in a.what:
-            {"torch": torch_options, "vnni": vnni_vs_int4, "cold": cold, "attention": attention}[w]()
+            {"torch": torch_options, "vnni": vnni_vs_int4, "cold": cold, "attention": attention, "embed": embed}[w]()
 
 
 if __name__ == "__main__":

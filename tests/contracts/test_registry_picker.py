@@ -162,6 +162,7 @@ LAUNCHERS = {
     "cpu_swiglu": cpu_vnni.swiglu,
     "cpu_geglu": cpu_vnni.geglu,
     "cpu_argmax_rows": cpu_vnni.argmax_rows,
+    "cpu_embed_rows": cpu_vnni.embed_rows,
 }
 
 

@@ -528,3 +528,48 @@ def test_argmax_rows_is_torch_argmax(test_seed):
     assert cpu_vnni.argmax_rows(torch.empty(0, 5)).tolist() == []
     with pytest.raises(UnsupportedError, match="argmax_rows"):
         cpu_vnni.argmax_rows(torch.randn(3, 5, dtype=torch.float64))
+
+
+EMBED_BLOCK_TYPES = (GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q8_0)
+
+
+def _embed_table(qtype: GGMLType, n_rows: int, width: int, seed: int) -> torch.Tensor:
+    """uint8 [n_rows, row_bytes] of random rows: random codes, float16 scales of both signs (a zero code then
+    decodes to a signed zero), mins where the type has them; float rows of normal values."""
+    if qtype == GGMLType.BF16:
+        vals = torch.randn(n_rows, width, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+        return vals.view(torch.uint8).reshape(n_rows, -1).contiguous()
+    rng = np.random.default_rng(seed)
+    info = quant_info(qtype)
+    blocks = random_blocks(rng, qtype, n_rows * width // info.block_elems)
+    if qtype in EMBED_BLOCK_TYPES:
+        signs = rng.random(blocks.shape[0]) < 0.5
+        blocks[signs, 1] |= 0x80  # the scale's sign bit (float16, little-endian: byte 1)
+    return torch.from_numpy(np.ascontiguousarray(blocks)).reshape(n_rows, -1).contiguous()
+
+
+@needs_vnni
+@pytest.mark.parametrize("qtype", sorted(cpu_vnni.EMBED_TYPES, key=int))
+def test_embed_rows_are_the_references_bits(qtype, test_seed):
+    """A token embedding's rows in C (embed_rows) against quant/reference.py's dequantize, bit for bit (signed
+    zeros too): fresh random rows of every type it takes, ids repeated, first and last, into a poisoned output;
+    widths of one block and of a model's; typed errors for an id outside the rows, a row size of another width,
+    a type it does not take."""
+    for width in (32, 576):
+        n_rows = 37
+        raw = _embed_table(qtype, n_rows, width, test_seed + width)
+        ids = torch.tensor([n_rows - 1, 0, 5, 5, 17], dtype=torch.int32)
+        out = torch.full((len(ids), width), float("nan"))
+        got = cpu_vnni.embed_rows(raw, qtype, ids, width, out=out)
+        want = dequantize(raw.index_select(0, ids.long()), qtype, (len(ids), width))
+        assert got is out
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (qtype.name, width)
+        assert torch.equal(cpu_vnni.embed_rows(raw, qtype, ids.long(), width), want)  # (int64 ids, a new tensor)
+    with pytest.raises(IndexError, match="row 37 outside 0..36"):
+        cpu_vnni.embed_rows(raw, qtype, torch.tensor([1, 37]), width)
+    with pytest.raises(IndexError, match="row -1"):
+        cpu_vnni.embed_rows(raw, qtype, torch.tensor([-1]), width)
+    with pytest.raises(UnsupportedError, match="whole rows of 544"):
+        cpu_vnni.embed_rows(raw, qtype, torch.tensor([0]), 544)
+    with pytest.raises(UnsupportedError, match="Q4_K is not one of"):
+        cpu_vnni.embed_rows(raw, GGMLType.Q4_K, torch.tensor([0]), width)

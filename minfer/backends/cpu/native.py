@@ -336,7 +336,7 @@ class DecodeProgram:
         b = batch.n_tokens
         if not 0 < b <= self.rows:
             raise ValueError(f"decode program of {self.rows} rows: a batch of {b}")
-        self.embed[:b].copy_(self.table(batch.tokens.long()))
+        self.table.into(batch.tokens, self.embed[:b])
         slots, pos = (t if t.dtype == torch.int32 and t.is_contiguous() else t.to(torch.int32).contiguous()
                       for t in (batch.row_slots, batch.positions))  # (Batch.build's are: read in place)
         rc = self._run(self._array, len(self._steps), b, slots.data_ptr(), pos.data_ptr(), self.lens.data_ptr(),

@@ -327,6 +327,17 @@ class EmbeddingTable:
         self.qtype = info.ggml_type
         self.width = info.torch_shape[-1]
         self.raw = raw_rows(reader, info)
+        # the C decoder where it runs and takes the type (the reference's bits; a decode step's row in ~1 us)
+        self.native = cpu_vnni.available() and self.qtype in cpu_vnni.EMBED_TYPES and self.raw.is_contiguous()
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
-        return decode_rows(self.raw.index_select(0, ids), self.qtype, self.width)
+        if self.native:
+            return cpu_vnni.embed_rows(self.raw, self.qtype, ids, self.width)
+        return decode_rows(self.raw.index_select(0, ids.long()), self.qtype, self.width)
+
+    def into(self, ids: torch.Tensor, out: torch.Tensor) -> None:
+        """The rows of `ids` written into `out` (float32 [len(ids), width], contiguous)."""
+        if self.native:
+            cpu_vnni.embed_rows(self.raw, self.qtype, ids, self.width, out=out)
+        else:
+            out.copy_(self(ids))

@@ -276,6 +276,18 @@ static void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
 
 static void scale_min_k4(int j, const uint8_t *q, int *sc, int *m);
 
+/* the 32 codes of a Q4_0 (qtype 2), Q4_1 (3), Q5_0 (6) or Q5_1 (7) block b, in the file's element order:
+ * 0..15 (the low nibbles then the high ones), plus the fifth bits of qh for the 5-bit types */
+static void block_codes(int qtype, const uint8_t *b, uint8_t codes[32]) {
+    const uint8_t *qs = b + (qtype == 2 ? 2 : qtype == 3 ? 4 : qtype == 6 ? 6 : 8);
+    uint32_t qh = 0;
+    if (qtype == 6 || qtype == 7) memcpy(&qh, b + (qtype == 6 ? 2 : 4), 4);
+    for (int j = 0; j < 16; j++) {
+        codes[j] = (uint8_t)((qs[j] & 15) | (((qh >> j) & 1) << 4));
+        codes[j + 16] = (uint8_t)((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
+    }
+}
+
 /* 8-bit codes: Q8_0 (qtype 8) u = q + 128, S = d, zero -128 d (Z: where stored). Layout W
  * [n/16][k/32][512]: byte 4*col + t of chunk j (64 bytes) is the code of (col, k = 4j + t). */
 int q8_pack(const uint8_t *rows, int qtype, int n_rows, int k, int col0, uint8_t *W, uint16_t *S, uint16_t *Z) {
@@ -324,14 +336,7 @@ int q56_pack(const uint8_t *rows, int qtype, int n_rows, int k, int col0, uint8_
             float s = 0.0f, z = 0.0f, s2 = 0.0f;
             if (qtype == 6 || qtype == 7) {
                 const uint8_t *b = r + (size_t)g * (qtype == 6 ? 22 : 24);
-                int o = qtype == 6 ? 2 : 4;
-                uint32_t qh;
-                memcpy(&qh, b + o, 4);
-                const uint8_t *qs = b + o + 4;
-                for (int j = 0; j < 16; j++) {
-                    codes[j] = (uint8_t)((qs[j] & 15) | (((qh >> j) & 1) << 4));
-                    codes[j + 16] = (uint8_t)((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
-                }
+                block_codes(qtype, b, codes);
                 s = f16(b);
                 z = qtype == 6 ? -16.0f * s : f16(b + 2);
             } else if (qtype == 13) {
@@ -411,8 +416,7 @@ int q4_pack(const uint8_t *rows, int qtype, int n_rows, int k, int col0, uint8_t
             float s, z;
             if (qtype == 2 || qtype == 3) {
                 const uint8_t *b = r + (size_t)g * (qtype == 2 ? 18 : 20);
-                const uint8_t *qs = b + (qtype == 2 ? 2 : 4);
-                for (int j = 0; j < 16; j++) { codes[j] = qs[j] & 15; codes[j + 16] = qs[j] >> 4; }
+                block_codes(qtype, b, codes);
                 s = f16(b);
                 z = qtype == 2 ? -8.0f * s : f16(b + 2);
             } else if (qtype == 12) {
@@ -1602,6 +1606,67 @@ int attn_decode(const float *q, int ldq, const float *kc, const float *vc, int n
     free(part);
     free(first);
     return fail ? -1 : 0;
+}
+
+/* ---------------------------------------------------------------- embedding rows */
+
+/* bytes of `width` values of a type embed_rows decodes (-1: another type, or width not whole blocks) */
+static long embed_row_bytes(int qtype, int width) {
+    if (qtype == 0) return 4L * width;
+    if (qtype == 1 || qtype == 30) return 2L * width;
+    if (width % 32) return -1;
+    int blk = qtype == 2 ? 18 : qtype == 3 ? 20 : qtype == 6 ? 22 : qtype == 7 ? 24 : qtype == 8 ? 34 : 0;
+    return blk ? (long)blk * (width / 32) : -1;
+}
+
+/* out [n][width] float32 = rows ids[0 .. n) of a tensor's raw rows [n_rows][row_bytes]: F32 (qtype 0), F16 (1),
+ * BF16 (30), Q4_0 (2), Q4_1 (3), Q5_0 (6), Q5_1 (7), Q8_0 (8), decoded as quant/reference.py's dequantize
+ * (every value a code times the block's float16 scale, plus its float16 min for Q4_1 / Q5_1: the product is
+ * exact in float32, so the bits are the reference's whatever the rounding order). A token's embedding row
+ * each decode step: the reference's torch ops took 50-100 us a row on a cold cache. -1 on another type or
+ * row size, -2 on an id outside 0 .. n_rows - 1 (rows before it written). */
+int embed_rows(const uint8_t *raw, long n_rows, long row_bytes, int qtype, const int32_t *ids, int n, int width,
+               float *out) {
+    if (n < 0 || width < 1 || embed_row_bytes(qtype, width) != row_bytes) return -1;
+    uint8_t codes[32];
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= n_rows) return -2;
+        const uint8_t *r = raw + (size_t)ids[i] * row_bytes;
+        float *o = out + (size_t)i * width;
+        if (qtype == 0) {
+            memcpy(o, r, sizeof(float) * width);
+        } else if (qtype == 1 || qtype == 30) {
+            for (int j = 0; j < width; j++) {
+                uint16_t h;
+                memcpy(&h, r + 2 * j, 2);
+                if (qtype == 1) {
+                    o[j] = _cvtsh_ss(h);
+                } else {
+                    uint32_t bits = (uint32_t)h << 16;
+                    memcpy(o + j, &bits, 4);
+                }
+            }
+        } else {
+            int blk = (int)(row_bytes / (width / 32));
+            for (int g = 0; g < width / 32; g++) {
+                const uint8_t *b = r + (size_t)g * blk;
+                float d = f16(b), *og = o + 32 * g;
+                if (qtype == 8) {
+                    for (int j = 0; j < 32; j++) og[j] = (float)(int8_t)b[2 + j] * d;
+                    continue;
+                }
+                block_codes(qtype, b, codes);
+                if (qtype == 3 || qtype == 7) {  /* code d + min */
+                    float m = f16(b + 2);
+                    for (int j = 0; j < 32; j++) og[j] = (float)codes[j] * d + m;
+                } else {  /* (code - center) d: a zero code stays the reference's signed zero */
+                    int center = qtype == 2 ? 8 : 16;
+                    for (int j = 0; j < 32; j++) og[j] = (float)(codes[j] - center) * d;
+                }
+            }
+        }
+    }
+    return 0;
 }
 
 /* ---------------------------------------------------------------- greedy picks */

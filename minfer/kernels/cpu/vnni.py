@@ -152,6 +152,8 @@ def _build(name: str) -> ctypes.CDLL | None:
     so.prog_profile.restype = None
     so.argmax_rows.argtypes = [p, i, i, i, p]
     so.argmax_rows.restype = i
+    so.embed_rows.argtypes = [p, ctypes.c_long, ctypes.c_long, i, p, i, i, p]
+    so.embed_rows.restype = i
     return so
 
 
@@ -547,6 +549,45 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     ld = x.stride(0) if x.shape[0] > 1 else x.shape[1]  # (a single row's stride may be anything)
     if x.shape[0] and _library().argmax_rows(x.data_ptr(), x.shape[0], x.shape[1], ld, out.data_ptr()):
         raise UnsupportedError(f"argmax_rows: rows of {x.shape[1]} values, stride {x.stride(0)}")
+    return out
+
+
+# the types embed_rows decodes (q4_vnni.c embed_rows): every value a code times a float16 scale (+ a float16 min)
+EMBED_TYPES = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0,
+                         GGMLType.Q5_1, GGMLType.Q8_0})
+
+
+def embed_rows(weight_u8: torch.Tensor, qtype: GGMLType | int, ids: torch.Tensor, n_embd: int,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """float32 [n_ids, n_embd]: rows `ids` of the [n_rows, n_embd] table stored as `qtype` in `weight_u8`
+    (contiguous uint8, a whole number of rows: the file's bytes), decoded in C (q4_vnni.c embed_rows; contract
+    `cpu_embed_rows`) with the bits of quant/reference.py's dequantize, for the EMBED_TYPES: a decode step's
+    token embedding, where the reference's torch ops took 50-100 us a row (bench/NOTES.md, stop 51). `ids`:
+    integer ids, any shape (flattened). `out`: where to write (float32 [n_ids, n_embd], contiguous). Typed
+    errors: another type, rows of another size, an id outside the rows (IndexError, as a gather's)."""
+    info = quant_info(qtype)
+    if info.type not in EMBED_TYPES:
+        raise UnsupportedError(f"embed_rows: {info.name} is not one of {sorted(t.name for t in EMBED_TYPES)}")
+    row_bytes = info.nbytes(n_embd) if n_embd % info.block_elems == 0 else 0
+    if (weight_u8.dtype != torch.uint8 or not weight_u8.is_contiguous() or not row_bytes
+            or weight_u8.numel() % row_bytes):
+        raise UnsupportedError(f"embed_rows: the table must be contiguous uint8 of whole rows of {n_embd} "
+                               f"{info.name} values, got {weight_u8.dtype} {list(weight_u8.shape)}")
+    ids = ids.reshape(-1).to(torch.int32).contiguous()
+    n_rows = weight_u8.numel() // row_bytes
+    if out is None:
+        out = torch.empty(ids.numel(), n_embd)
+    elif out.dtype != torch.float32 or out.shape != (ids.numel(), n_embd) or not out.is_contiguous():
+        raise UnsupportedError(f"embed_rows: out must be contiguous float32 [{ids.numel()}, {n_embd}], got "
+                               f"{out.dtype} {list(out.shape)}")
+    _on_host("embed_rows", weight_u8, ids, out)
+    rc = _library().embed_rows(weight_u8.data_ptr(), n_rows, row_bytes, int(info.type), ids.data_ptr(), ids.numel(),
+                               n_embd, out.data_ptr()) if ids.numel() else 0
+    if rc == -2:
+        bad = ids[(ids < 0) | (ids >= n_rows)][0].item()
+        raise IndexError(f"embed_rows: row {bad} outside 0..{n_rows - 1}")
+    if rc:
+        raise UnsupportedError(f"embed_rows: rows of {row_bytes} bytes are not {n_embd} {info.name} values")
     return out
 
 
