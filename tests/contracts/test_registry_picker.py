@@ -163,6 +163,7 @@ LAUNCHERS = {
     "cpu_geglu": cpu_vnni.geglu,
     "cpu_argmax_rows": cpu_vnni.argmax_rows,
     "cpu_embed_rows": cpu_vnni.embed_rows,
+    "cpu_attention": cpu_vnni.attention,
 }
 
 

@@ -514,6 +514,56 @@ def attention_decode(q: torch.Tensor, k_layer: torch.Tensor, v_layer: torch.Tens
     return out
 
 
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor,
+              row_slots: torch.Tensor, positions: torch.Tensor, layer: int, n_head: int, n_head_kv: int,
+              head_dim: int, scale: float, spans=None, tiles=None, out: torch.Tensor | None = None,
+              window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """The Attention op on the C kernel (contract `cpu_attention`): each row's k, v written at (slot, position)
+    of the layer's float32 cache [layers, slots, n_head_kv, n_ctx, head_dim], then `attention_decode` of its q
+    over positions 0..position of its slot (the last `window` of them where window > 0; scores soft-capped
+    where softcap > 0; `sinks` [n_head] one more softmax column each). Prompt rows are decode rows at their
+    positions (a row's keys are the step's and the cache's below it). `spans` / `tiles` (the GPU kernels'
+    host-side tables) are not used. The cpu backend calls attention_decode itself (its KV write is a step of
+    its own); this is the op's form the contract checks."""
+    what = "cpu_attention"
+    if (cache_k.dim() != 5 or cache_v.shape != cache_k.shape or cache_k.dtype != torch.float32
+            or cache_v.dtype != torch.float32 or not cache_k.is_contiguous() or not cache_v.is_contiguous()
+            or cache_k.shape[2] != n_head_kv or cache_k.shape[4] != head_dim or not 0 <= layer < cache_k.shape[0]):
+        raise UnsupportedError(f"{what}: contiguous float32 caches [layers, slots, {n_head_kv}, n_ctx, {head_dim}] "
+                               f"with layer {layer} in them, got {cache_k.dtype} {list(cache_k.shape)} / "
+                               f"{cache_v.dtype} {list(cache_v.shape)}")
+    rows = q.shape[0]
+    if (q.shape != (rows, n_head * head_dim) or k.shape != (rows, n_head_kv * head_dim) or v.shape != k.shape
+            or row_slots.shape != (rows,) or positions.shape != (rows,) or row_slots.dtype != torch.int32
+            or positions.dtype != torch.int32):
+        raise UnsupportedError(f"{what}: q [{rows}, {n_head} * {head_dim}], k and v [{rows}, {n_head_kv} * "
+                               f"{head_dim}], int32 row_slots and positions [{rows}]; got q {list(q.shape)}, k "
+                               f"{list(k.shape)}, v {list(v.shape)}, row_slots {row_slots.dtype} "
+                               f"{list(row_slots.shape)}, positions {positions.dtype} {list(positions.shape)}")
+    if not attention_fits(n_head, n_head_kv, head_dim) or window < 0:
+        raise UnsupportedError(f"{what}: head_dim {head_dim} (a multiple of 16 up to 256), {n_head} query heads "
+                               f"over {n_head_kv} kv heads (at most 16 each), window {window} >= 0")
+    n_slots, n_ctx = cache_k.shape[1], cache_k.shape[3]
+    if rows and (int(row_slots.min()) < 0 or int(row_slots.max()) >= n_slots or int(positions.min()) < 0
+                 or int(positions.max()) >= n_ctx):
+        raise UnsupportedError(f"{what}: every slot in 0..{n_slots - 1} and position in 0..{n_ctx - 1}")
+    if out is None:
+        out = torch.empty(rows, n_head * head_dim)
+    elif out.dtype != torch.float32 or out.shape != (rows, n_head * head_dim) or not out.is_contiguous():
+        raise UnsupportedError(f"{what}: out must be contiguous float32 [{rows}, {n_head * head_dim}], got "
+                               f"{out.dtype} {list(out.shape)}")
+    if not rows:
+        return out
+    slots, pos = row_slots.long(), positions.long()
+    cache_k[layer][slots, :, pos] = k.reshape(rows, n_head_kv, head_dim).float()
+    cache_v[layer][slots, :, pos] = v.reshape(rows, n_head_kv, head_dim).float()
+    lens = (positions + 1).contiguous()
+    starts = (lens - window).clamp_(min=0).contiguous() if window else None
+    out.copy_(attention_decode(q.float(), cache_k[layer], cache_v[layer], row_slots.contiguous(), lens, n_head,
+                               scale, starts, softcap, sinks))
+    return out
+
+
 def q4_vnni2_mm(x: torch.Tensor, w, n: int, k: int, qtype: GGMLType | int | str,
                 out: torch.Tensor | None = None) -> torch.Tensor:
     """q4_vnni_mm with the activations in two int8 passes (cpu_q4_vnni2: decode rows)."""
