@@ -164,6 +164,8 @@ LAUNCHERS = {
     "cpu_argmax_rows": cpu_vnni.argmax_rows,
     "cpu_embed_rows": cpu_vnni.embed_rows,
     "cpu_attention": cpu_vnni.attention,
+    "cpu_rms_norm": cpu_vnni.rms_norm,
+    "cpu_rope": cpu_vnni.rope_at,
 }
 
 
@@ -268,8 +270,11 @@ def test_no_kernel_names_op_dtypes_shapes_and_nearest(registry):
     assert "mmq_int4: x: dtype F16 not in ['F32']" in msg  # the nearest: only x's dtype is wrong
     with pytest.raises(NoKernelError, match=r"divisible\(k, 32\)' is false \(k=100\)"):
         pick("QMatMul", *_qmatmul_call(4, k=100), registry=registry)
-    with pytest.raises(NoKernelError, match="backend CUDA, not CPU"):  # no cpu contract for RMSNorm
-        pick("RMSNorm", ["F32", "F32"], [(4, 576), (576,)], {"eps": 1e-5}, backend="CPU", registry=registry)
+    with pytest.raises(NoKernelError, match="backend CUDA, not CPU"):  # no cpu contract for AddRMSNorm
+        pick("AddRMSNorm", ["F32", "F32", "F32"], [(4, 576), (4, 576), (576,)], {"eps": 1e-5}, backend="CPU",
+             registry=registry)
+    assert pick("RMSNorm", ["F32", "F32"], [(4, 576), (576,)], {"eps": 1e-5}, backend="CPU",
+                registry=registry).name == "cpu_rms_norm"
     # the contracts rank the VNNI kernel first (the cpu backend drops it where it cannot run)
     assert pick("QMatMul", *_qmatmul_call(4), backend="CPU", registry=registry).name == "cpu_q4_vnni"
     ok, _ = candidates("QMatMul", *_qmatmul_call(4), backend="CPU", registry=registry)

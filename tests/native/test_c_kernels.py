@@ -197,7 +197,7 @@ def test_pack_refuses_bad_sizes_in_c():
     assert so.q4_gemm(p, p, p, 0.0, 32, 32, p, 0, 1, p, 32, 1, 8, p) == -1  # a table with 8-bit codes
     assert so.q4_gemm(p, p, None, 0.0, 32, 32, p, 0, 1, p, 32, 1, 4, None) == -1  # no zeros and no zero multiple
     assert so.q4_gemm(p, p, p, 0.0, 32, 32, p, 0, 1, p, 32, 1, 7, None) == -1  # no 7-bit codes
-    assert so.rms_norm(p, 1, 8, p, 1e-5, p) == -1
+    assert so.rms_norm(p, 1, 0, p, 1e-5, p) == -1  # rows of no values
     assert so.rope_f32(p, 8, 1, 1, 8, 9, 0, p, p, p) == -1  # an odd rotated width
 
 
@@ -444,14 +444,18 @@ def test_attention_refuses_slots_and_lengths_outside_the_cache():
 
 
 @needs_vnni
-@pytest.mark.parametrize("m,d", [(1, 16), (3, 48), (7, 4096), (0, 16)])
+@pytest.mark.parametrize("m,d", [(1, 16), (3, 48), (7, 4096), (0, 16), (2, 24), (3, 1), (1, 4099)])
 def test_rms_norm_shapes(m, d):
+    """Rows of whole 16-lane vectors and rows with a tail (24, 1, 4099 values), against float64; a row with a
+    tail keeps its vectors' bits (the first 16 values of a 24-wide row are normed by the same lanes)."""
     x, w = torch.randn(m, d), torch.randn(d)
     got = cpu_vnni.rms_norm(x, w, 1e-5)
     want = x.double() / torch.sqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-5) * w.double()
     assert torch.allclose(got.double(), want, atol=1e-5, rtol=1e-5)
-    with pytest.raises(UnsupportedError):
-        cpu_vnni.rms_norm(torch.randn(2, 24), torch.randn(24), 1e-5)
+    with pytest.raises(UnsupportedError, match="rows of at least one value"):
+        cpu_vnni.rms_norm(torch.randn(2, 0), torch.randn(0), 1e-5)
+    with pytest.raises(UnsupportedError, match="group"):
+        cpu_vnni.rms_norm(torch.randn(2, 24), torch.randn(16), 1e-5, group=16)
 
 
 # ---------------------------------------------------------------- kernels/wgpu/replay.c

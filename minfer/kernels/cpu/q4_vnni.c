@@ -1719,18 +1719,22 @@ int argmax_rows(const float *x, int m, int n, int ld, int32_t *out) {
  * each row's sum of squares in 16 lanes, then the lanes in a fixed order. -1 on other sizes. */
 static void rms_norm_row(const float *xr, int d, const float *w, float eps, float *yr) {
     vf acc = v_setzero_ps();
-    for (int i = 0; i < d; i += 16) {
+    int d16 = d / 16 * 16;
+    for (int i = 0; i < d16; i += 16) {
         vf v = v_loadu_ps(xr + i);
         acc = v_fmadd_ps(v, v, acc);
     }
-    float inv = 1.0f / sqrtf(v_reduce_add_ps(acc) / (float)d + eps);
+    float ss = v_reduce_add_ps(acc);
+    for (int i = d16; i < d; i++) ss += xr[i] * xr[i];  /* (a row not of whole vectors: its tail after the lanes) */
+    float inv = 1.0f / sqrtf(ss / (float)d + eps);
     vf s = v_set1_ps(inv);
-    for (int i = 0; i < d; i += 16)
+    for (int i = 0; i < d16; i += 16)
         v_storeu_ps(yr + i, v_mul_ps(v_mul_ps(v_loadu_ps(xr + i), s), v_loadu_ps(w + i)));
+    for (int i = d16; i < d; i++) yr[i] = xr[i] * inv * w[i];
 }
 
 int rms_norm(const float *x, int m, int d, const float *w, float eps, float *y) {
-    if (m < 0 || d < 16 || d % 16) return -1;
+    if (m < 0 || d < 1) return -1;
     #pragma omp parallel for schedule(static) if ((size_t)m * d >= 65536)  /* (a row's sums are its own) */
     for (int r = 0; r < m; r++) rms_norm_row(x + (size_t)r * d, d, w, eps, y + (size_t)r * d);
     return 0;

@@ -570,9 +570,17 @@ def q4_vnni2_mm(x: torch.Tensor, w, n: int, k: int, qtype: GGMLType | int | str,
     return q4_vnni_mm(x, w, n, k, qtype, out, passes=2)
 
 
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """x / sqrt(mean(x^2) + eps) * w over the rows of a float32 [m, d] (q4_vnni.c rms_norm;
-    d a multiple of 16, `norm_fits`): one call, each row on its own."""
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor | None = None,
+             group: int | None = None) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) * w over the rows of a float32 [m, d] or [d] (q4_vnni.c rms_norm, 16 lanes
+    then a row's tail; contract `cpu_rms_norm`): one call, each row on its own. `group`: each run
+    of `group` values of a row normed on its own, w [group] (the per-head q / k norms). `out`: its result
+    copied there (float32 of x's shape); else a new tensor of x's shape."""
+    shape = x.shape
+    if x.dim() not in (1, 2) or shape[-1] < 1 or (group and shape[-1] % group):
+        raise UnsupportedError(f"rms_norm: x [d] or [rows, d], rows of at least one value, d a multiple of group "
+                               f"{group}; got {list(shape)}")
+    x = x.reshape(-1, group or shape[-1])
     if not x.is_contiguous():
         x = x.contiguous()
     m, d = x.shape
@@ -582,8 +590,13 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     _on_host("rms_norm", x, w)
     y = torch.empty(m, d)
     if _library().rms_norm(x.data_ptr(), m, d, w.data_ptr(), eps, y.data_ptr()):
-        raise UnsupportedError(f"rms_norm: d must be a multiple of 16, got {d}")
-    return y
+        raise UnsupportedError(f"rms_norm: rows of at least one value, got {d}")
+    y = y.view(shape)
+    if out is None:
+        return y
+    if out.dtype != torch.float32 or out.shape != shape:
+        raise UnsupportedError(f"rms_norm: out must be float32 {list(shape)}, got {out.dtype} {list(out.shape)}")
+    return out.copy_(y)
 
 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
@@ -674,6 +687,24 @@ def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 def norm_fits(x_dtype: torch.dtype, d: int) -> bool:
     return x_dtype == torch.float32 and d % 16 == 0
+
+
+def rope_at(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int,
+            head_dim: int, n_rot: int, neox: bool, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The RoPE op on the C kernel (contract `cpu_rope`): `rope` with each row's cos / sin taken from the
+    tables [n_ctx, n_rot / 2] at its position (int32 [rows], each in 0..n_ctx - 1). `out`: the result copied
+    there (float32 [rows, n_heads * head_dim])."""
+    if positions.dim() != 1 or positions.shape[0] != x.shape[0] or positions.dtype not in (torch.int32, torch.int64):
+        raise UnsupportedError(f"rope: integer positions [{x.shape[0]}], got {positions.dtype} {list(positions.shape)}")
+    if x.shape[0] and (int(positions.min()) < 0 or int(positions.max()) >= cos.shape[0]):
+        raise UnsupportedError(f"rope: positions in 0..{cos.shape[0] - 1} (the tables' rows)")
+    pos = positions.long()
+    y = rope(x, cos[pos], sin[pos], n_heads, head_dim, n_rot, neox)
+    if out is None:
+        return y
+    if out.dtype != torch.float32 or out.shape != y.shape:
+        raise UnsupportedError(f"rope: out must be float32 {list(y.shape)}, got {out.dtype} {list(out.shape)}")
+    return out.copy_(y)
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int, head_dim: int, n_rot: int,
