@@ -328,7 +328,7 @@ class EmbeddingTable:
         self.width = info.torch_shape[-1]
         self.raw = raw_rows(reader, info)
         # the C decoder where it runs and takes the type (the reference's bits; a decode step's row in ~1 us)
-        self.native = cpu_vnni.available() and self.qtype in cpu_vnni.EMBED_TYPES and self.raw.is_contiguous()
+        self.native = cpu_vnni.available() and self.qtype in cpu_vnni.EMBED_TYPES  # (raw_rows: contiguous)
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         if self.native:
