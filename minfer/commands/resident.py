@@ -49,6 +49,7 @@ from ..errors import MinferError
 STATE_FORMAT = 1  # bump when the state file's fields change meaning
 CONNECT_TIMEOUT_S = 5.0
 STOP_WAIT_S = 15.0  # `minfer stop`: how long a process has to exit after SIGTERM before SIGKILL
+KILL_WAIT_S = 5.0  # and after SIGKILL, how long its exit may take before stop reports failure
 
 
 def state_dir(create: bool = False) -> Path:
@@ -342,19 +343,26 @@ def drop(st: State) -> None:
 
 def stop(st: State, wait_s: float = STOP_WAIT_S) -> bool:
     """SIGTERM the process (uvicorn's shutdown: the engine stops, the state file goes), SIGKILL
-    after wait_s; True when it is gone."""
+    after wait_s; True when it is gone. A pid whose command line does not name the state file is
+    not signalled (a stale file; the pid may be someone else's now). Once the process is known to
+    be ours, "gone" means the pid itself is gone or a zombie: an exiting process's command line
+    reads empty before it has finished exiting, so the marker alone would call it gone early."""
+    if not st.alive():
+        st.remove()
+        return True
     with contextlib.suppress(ProcessLookupError):
         os.kill(st.pid, signal.SIGTERM)
-    t0 = time.monotonic()
-    while st.alive():
-        if time.monotonic() - t0 > wait_s:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(st.pid, signal.SIGKILL)
-            time.sleep(0.1)
-            break
+    deadline = time.monotonic() + wait_s
+    while process_alive(st.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
+    if process_alive(st.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(st.pid, signal.SIGKILL)
+        deadline = time.monotonic() + KILL_WAIT_S
+        while process_alive(st.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
     st.remove()
-    return not st.alive()
+    return not process_alive(st.pid)
 
 
 # ---------------------------------------------------------------------- the run

@@ -260,3 +260,48 @@ def test_the_resident_process_loads_with_the_runs_speculative_settings(tmp_path)
         want, got = engine_config(a), engine_config(served)
         assert (got.spec, got.draft_max, got.draft_ngram_min, got.draft_model) == \
             (want.spec, want.draft_max, want.draft_ngram_min, want.draft_model) and want.spec
+
+
+def _child(state_file: Path, on_term: str) -> subprocess.Popen:
+    """A process whose command line names state_file (as a resident process's does); on SIGTERM
+    it runs on_term ("exit slowly": sleeps 0.5 s, then exits; "ignore": keeps running)."""
+    handler = {"exit slowly": "lambda *_: (time.sleep(0.5), sys.exit(0))", "ignore": "signal.SIG_IGN"}[on_term]
+    code = (f"import signal, sys, time; signal.signal(signal.SIGTERM, {handler}); "
+            "print('up', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(state_file)], stdout=subprocess.PIPE)
+    assert proc.stdout.readline() == b"up\n"
+    return proc
+
+
+def test_stop_returns_only_once_the_pid_is_gone(tmp_path, monkeypatch):
+    """`minfer stop` says "stopped" only when the process has exited, not when its command line
+    stops naming the state file: an exiting process's /proc cmdline reads empty before it is gone
+    (CI once saw a pid alive after "stopped 2"). Here the marker check turns False at SIGTERM
+    while the process takes 0.5 s to exit; a process that ignores SIGTERM is killed; a pid that
+    does not name the state file is never signalled."""
+    from minfer.commands import resident
+
+    file = tmp_path / "k.json"
+    file.write_text(json.dumps({"format": resident.STATE_FORMAT, "pid": 0}))
+    slow = _child(file, "exit slowly")
+    st = resident.State(file, {"pid": slow.pid})
+    real_alive, termed = resident.State.alive, []
+    monkeypatch.setattr(resident.State, "alive", lambda self: not termed and real_alive(self))
+    real_kill = os.kill
+    monkeypatch.setattr(resident.os, "kill", lambda pid, sig: (sig and termed.append(sig), real_kill(pid, sig)))
+    t0 = time.monotonic()
+    assert resident.stop(st, wait_s=10)
+    assert time.monotonic() - t0 >= 0.4 and slow.wait(timeout=5) == 0 and termed == [signal.SIGTERM]
+    monkeypatch.undo()
+
+    stubborn = _child(file, "ignore")
+    assert resident.stop(resident.State(file, {"pid": stubborn.pid}), wait_s=0.3)
+    assert stubborn.wait(timeout=5) == -signal.SIGKILL
+
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert resident.stop(resident.State(file, {"pid": stranger.pid}), wait_s=0.3)
+        assert stranger.poll() is None  # not ours: untouched
+    finally:
+        stranger.kill()
+        stranger.wait()
