@@ -158,3 +158,42 @@ def test_the_switch_changes_no_number(smollm2_path):
             outs.append((text, m.logits(m.tokenize("The capital of France is" + text))))
     assert outs[0][0] == outs[1][0]
     assert torch.equal(outs[0][1], outs[1][1])
+
+
+def test_threads_off_their_cores_change_no_number(smollm2_path):
+    """The program's steps hand out their items from counters and end when the items are done (q4_vnni.c
+    TEAM_FOR), so a thread the kernel keeps off its core is not waited for. With three times as many threads
+    as cores and two busy processes beside them (threads join late, skip steps whose items are taken, stop
+    mid-step), eight steps of three rows give the one-thread program's logits and caches, bit for bit."""
+    import os
+    import subprocess
+    import sys
+
+    def run(threads: int) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+        with load(smollm2_path, "cpu", n_ctx=64, n_slots=3, progress=False, cpu_native=True) as m:
+            be = m.engine.backend
+            keep = torch.get_num_threads()
+            torch.set_num_threads(threads)
+            try:
+                _prefill(be, list(enumerate(PROMPTS)))
+                toks, out = [p[-1] for p in PROMPTS], []
+                for step in range(8):
+                    logits = _decode(be, [(i, len(p) + step, toks[i]) for i, p in enumerate(PROMPTS)], native=True)
+                    out.append(logits)
+                    toks = logits.argmax(-1).tolist()
+                return out, be.cache.k.clone(), be.cache.v.clone()
+            finally:
+                torch.set_num_threads(keep)
+
+    want = run(1)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        got = run(3 * cores)
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    for step, (a, b) in enumerate(zip(got[0], want[0], strict=True)):
+        assert torch.equal(a, b), f"step {step}: max |d| {(a - b).abs().max().item()}"
+    assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])

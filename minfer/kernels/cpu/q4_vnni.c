@@ -34,6 +34,95 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <x86intrin.h>
+#ifdef __linux__
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+/* ---------------------------------------------------------------- the decode program's work sharing
+ * Inside prog_run (the decode step as one call) the work-shared loops of the steps hand out their items one
+ * at a time from a counter (TEAM_FOR), and a loop ends when all its items are done, not when every thread
+ * has arrived: a thread that the kernel takes off its core (another busy process; a laptop's slow core) holds
+ * up at most the item it has, and the others do the rest. Its own loops it then passes through, finding
+ * their items taken. (libgomp's static split and barrier make the team wait for the late thread at every
+ * one of a token's ~240 steps: SmolLM2 at 2 threads beside one busy process ran 349 -> 23 tok/s, llama.cpp
+ * 97 -> 4.) A waiter spins ~TEAM_SPIN_TICKS of the time stamp counter, then sleeps on a futex, so an idle
+ * core lets the kernel run the late thread there. Which thread runs an item changes no number: each item's
+ * arithmetic is its own, as under the static split. Outside prog_run the same loops are libgomp's work-shared
+ * loops, as before. */
+#ifndef TEAM_SPIN_TICKS
+#define TEAM_SPIN_TICKS 150000
+#endif
+typedef struct { atomic_int next, done, sleepers; char pad[64 - 3 * sizeof(atomic_int)]; } team_ctr;
+static __thread team_ctr *team;  /* inside prog_run: the program's loop counters, in the order every thread meets
+                                  * its loops (this thread's next one), else NULL */
+
+/* the first of the next `chunk` items of a loop of n (-1: none left); `mine`: the items this thread has claimed */
+static inline int team_claim(team_ctr *c, int n, int chunk, int *mine) {
+    if (atomic_load_explicit(&c->next, memory_order_relaxed) >= n) return -1;  /* (no write where all are taken) */
+    int i = atomic_fetch_add_explicit(&c->next, chunk, memory_order_relaxed);
+    if (i >= n) return -1;
+    *mine += n - i < chunk ? n - i : chunk;
+    return i;
+}
+
+/* this thread's `mine` items of the loop done; wait until all n are (the items' writes then visible) */
+static void team_done(team_ctr *c, int n, int mine) {
+    if (mine > 0 && atomic_fetch_add(&c->done, mine) + mine == n) {
+        if (atomic_load(&c->sleepers) > 0) {
+#ifdef __linux__
+            syscall(SYS_futex, &c->done, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+#endif
+        }
+        return;
+    }
+    unsigned long long t0 = __rdtsc();
+    for (int d; (d = atomic_load_explicit(&c->done, memory_order_acquire)) < n;) {
+        if (__rdtsc() - t0 < TEAM_SPIN_TICKS) {
+            _mm_pause();
+            continue;
+        }
+#ifdef __linux__
+        atomic_fetch_add(&c->sleepers, 1);
+        syscall(SYS_futex, &c->done, FUTEX_WAIT_PRIVATE, d, NULL, NULL, 0);  /* (at once if done moved from d) */
+        atomic_fetch_sub(&c->sleepers, 1);
+#else
+        sched_yield();
+#endif
+    }
+}
+
+/* for (int i = 0; i < n; i++) BODY as a work-shared loop ending when all its items are done: inside prog_run
+ * the team's counters, CHUNK consecutive items a claim, else `#pragma SCHED` (a string: "omp for
+ * schedule(static)") with its barrier */
+#define TEAM_FOR(i, n, CHUNK, SCHED, ...) do {                                       \
+        const int team_n_ = (n);                                                     \
+        if (team != NULL) {                                                          \
+            team_ctr *team_c_ = team++;                                              \
+            int team_mine_ = 0, team_k_ = (CHUNK) > 0 ? (CHUNK) : 1;                 \
+            for (int team_i_; (team_i_ = team_claim(team_c_, team_n_, team_k_, &team_mine_)) >= 0;) \
+                for (int i = team_i_; i < team_i_ + team_k_ && i < team_n_; i++) {  \
+                    __VA_ARGS__                                                      \
+                }                                                                    \
+            team_done(team_c_, team_n_, team_mine_);                                 \
+        } else {                                                                     \
+            _Pragma(SCHED)                                                           \
+            for (int i = 0; i < team_n_; i++) {                                      \
+                __VA_ARGS__                                                          \
+            }                                                                        \
+        }                                                                            \
+    } while (0)
+#define TEAM_LOOPS_PER_STEP 2  /* the most TEAM_FOR loops one program step meets (attention's two) */
+#ifndef TEAM_GEMM_SPLIT
+#define TEAM_GEMM_SPLIT 1  /* a GEMM's claims a thread's share: 1, the static split's runs of tiles when all are on time */
+#endif
+/* a claim of light items: a thread's even share (one claim each where every thread is on its core) */
+#define TEAM_SHARE(n) (((n) + omp_get_num_threads() - 1) / omp_get_num_threads())
 
 /* ---------------------------------------------------------------- the vector layer
  * The kernels below are written on 16-lane vectors: vf (16 float32) and vi (512 bits of integers),
@@ -965,7 +1054,8 @@ typedef struct { int kind, ldo, P; float *out; int8_t *q; float *d, *sx; int *x1
 static inline void glu_span(int kind, const float *g, const float *u, float *y, int c0, int c1);
 
 /* Inside a parallel region: the NT column tiles of y [m, 32 NT] (row stride ldy) shared by the team
- * (a work-shared loop, ending in its barrier), every row of a tile in groups of MT; `bias` (NULL:
+ * (each thread a share as the static schedule splits them, ending in the team's barrier; inside prog_run
+ * claimed from the step's counter: TEAM_FOR's rules), every row of a tile in groups of MT; `bias` (NULL:
  * none) added to each output after its sum, as y + b. E (NULL: none): each thread runs the gate tiles
  * of its share of the output groups, then their up tiles (t + NT / 2), then the GLU of those columns and
  * their groups' int8 pass (glu_span's and quantize_row's code per group: the bytes PS_GLU_Q gives), so
@@ -973,31 +1063,45 @@ static inline void glu_span(int kind, const float *g, const float *u, float *y, 
 static void gemm_items(const layout *L, int G, const acts *A, int k, int m, int P, float *y, int ldy,
                        const float *bias, int item, int tile, float *prep, int *have);
 
+/* gemm_tiles' items [lo, hi): without E, column tile item / RB's row block item % RB; with E, the gate tiles of
+ * those groups, then their up tiles (each a stream through W, as the tiles' prefetch expects), then their GLU
+ * and int8 pass */
+static void gemm_range(const layout *L, int NT, int G, const acts *A, int k, int m, int P, float *y, int ldy,
+                       const float *bias, const glu_epi *E, int RB, int lo, int hi, float *prep, int *have) {
+    if (E == NULL) {
+        for (int item = lo; item < hi; item++)
+            gemm_items(L, G, A, k, m, P, y, ldy, bias, item, item / RB, prep, have);
+        return;
+    }
+    int half = NT / 2;
+    for (int part = 0; part < 2; part++)
+        for (int item = lo; item < hi; item++)
+            gemm_items(L, G, A, k, m, P, y, ldy, bias, item, item / RB + part * half, prep, have);
+    for (int item = lo; item < hi; item++)
+        for (int r = item % RB * ROW_BLOCK, g = item / RB; r < m && r < (item % RB + 1) * ROW_BLOCK; r++) {
+            const float *yr = y + (size_t)r * ldy;
+            glu_span(E->kind, yr, yr + 32 * half, E->out + (size_t)r * E->ldo, 32 * g, 32 * g + 32);
+            if (E->q != NULL)
+                quantize_row_at(E->out, 0, (size_t)E->ldo, 32 * half, E->P, r, E->q, E->d, E->sx, E->x16, NULL, 0,
+                                g, g + 1);
+        }
+}
+
 static void gemm_tiles(const layout *L, int NT, int G, const acts *A, int k, int m, int P, float *y, int ldy,
                        const float *bias, const glu_epi *E) {
     int RB = (m + ROW_BLOCK - 1) / ROW_BLOCK;  /* a prompt's rows in blocks: work for every thread on narrow weights */
     /* the KM layout over more rows than a tile: the pair's scales made once an item (NULL: in each tile) */
     float *prep = L->km && m > MT ? malloc(sizeof(float) * 64 * (size_t)G) : NULL;
-    int have = -1;
-    if (E == NULL) {
-        #pragma omp for schedule(static)
-        for (int item = 0; item < NT * RB; item++)  /* (a thread's items: consecutive blocks of the same tiles) */
-            gemm_items(L, G, A, k, m, P, y, ldy, bias, item, item / RB, prep, &have);
-    } else {  /* a thread's share of the groups as the static schedule splits them: its gate tiles, its up tiles
-               * (each a stream through W, as the tiles' prefetch expects), then their GLU and int8 pass */
-        int half = NT / 2, nth = omp_get_num_threads(), tid = omp_get_thread_num();
-        int lo = (int)((long)half * RB * tid / nth), hi = (int)((long)half * RB * (tid + 1) / nth);
-        for (int part = 0; part < 2; part++)
-            for (int item = lo; item < hi; item++)
-                gemm_items(L, G, A, k, m, P, y, ldy, bias, item, item / RB + part * half, prep, &have);
-        for (int item = lo; item < hi; item++)
-            for (int r = item % RB * ROW_BLOCK, g = item / RB; r < m && r < (item % RB + 1) * ROW_BLOCK; r++) {
-                const float *yr = y + (size_t)r * ldy;
-                glu_span(E->kind, yr, yr + 32 * half, E->out + (size_t)r * E->ldo, 32 * g, 32 * g + 32);
-                if (E->q != NULL)
-                    quantize_row_at(E->out, 0, (size_t)E->ldo, 32 * half, E->P, r, E->q, E->d, E->sx, E->x16, NULL, 0,
-                                    g, g + 1);
-            }
+    int have = -1, n = (E == NULL ? NT : NT / 2) * RB, nth = omp_get_num_threads(), tid = omp_get_thread_num();
+    if (team != NULL) {  /* inside prog_run: runs of TEAM_GEMM_SPLIT claims a thread's share */
+        team_ctr *c = team++;
+        int chunk = (n + TEAM_GEMM_SPLIT * nth - 1) / (TEAM_GEMM_SPLIT * nth), mine = 0;
+        for (int lo; (lo = team_claim(c, n, chunk, &mine)) >= 0;)
+            gemm_range(L, NT, G, A, k, m, P, y, ldy, bias, E, RB, lo, lo + chunk < n ? lo + chunk : n, prep, &have);
+        team_done(c, n, mine);
+    } else {  /* a thread's share as the static schedule splits it (consecutive blocks of the same tiles) */
+        gemm_range(L, NT, G, A, k, m, P, y, ldy, bias, E, RB, (int)((long)n * tid / nth),
+                   (int)((long)n * (tid + 1) / nth), prep, &have);
         #pragma omp barrier
     }
     free(prep);
@@ -1512,8 +1616,7 @@ static void attn_work(const float *q, int ldq, const float *kc, const float *vc,
     int gs = (grp + subs - 1) / subs;
     subs = (grp + gs - 1) / gs;
     int T = U * subs, each = T >= 8 * threads ? 4 : 1;
-    #pragma omp for schedule(dynamic, each)
-    for (int t = 0; t < T; t++) {
+    TEAM_FOR(t, T, 1, "omp for schedule(dynamic, each)",
         if (sc == NULL) continue;
         int u = t / subs, j0 = t % subs * gs, J = grp - j0 < gs ? grp - j0 : gs;
         int b = 0, hi = B - 1;  /* the row of unit u: first[b] <= u < first[b + 1] (every row has units) */
@@ -1535,10 +1638,9 @@ static void attn_work(const float *q, int ldq, const float *kc, const float *vc,
                 quantize_row_at(out, 0, (size_t)ldo, width, P, b, qy, qd, qs, q16, NULL, 0,
                                 (h * grp + j0 + j) * hd / 32, (h * grp + j0 + j + 1) * hd / 32);
         }
-    }
+    );
     if (direct) return;
-    #pragma omp for schedule(static)
-    for (int bj = 0; bj < B * n_head; bj++) {
+    TEAM_FOR(bj, B * n_head, TEAM_SHARE(team_n_), "omp for schedule(static)",
         int b = bj / n_head, h = bj % n_head / grp, j = bj % grp, chunks = (first[b + 1] - first[b]) / n_kv;
         const float *p0 = part + (size_t)(first[b] + h * chunks) * per;
         float *O = out + (size_t)b * ldo + (size_t)(h * grp + j) * hd;
@@ -1557,7 +1659,7 @@ static void attn_work(const float *q, int ldq, const float *kc, const float *vc,
         if (qy != NULL)
             quantize_row_at(out, 0, (size_t)ldo, width, P, b, qy, qd, qs, q16, NULL, 0, (h * grp + j) * hd / 32,
                             (h * grp + j + 1) * hd / 32);
-    }
+    );
 }
 
 /* a thread's attention scores (grp * CHUNK floats), or NULL with *fail set */
@@ -1851,23 +1953,21 @@ static void pstep_run(const pstep *p, int B, const int *slots, const int *pos, c
     case PS_NORM: {  /* y = rms_norm(x) * w: n wide, eps f0; a2 > 0: each run of a2 values normed alone (the
                       * per-head q / k norms), w of a2 */
         int g = p->a2 > 0 ? p->a2 : p->n, per = p->n / g;
-        #pragma omp for schedule(static)
-        for (int rh = 0; rh < B * per; rh++) {
+        TEAM_FOR(rh, B * per, TEAM_SHARE(team_n_), "omp for schedule(static)",
             int r = rh / per, h = rh % per;
             rms_norm_row((const float *)p->x + (size_t)r * p->ldx + (size_t)h * g, g, (const float *)p->w, p->f0,
                          (float *)p->y + (size_t)r * p->ldy + (size_t)h * g);
-        }
+        );
         break;
     }
     case PS_QUANT: {  /* x's k wide rows -> the activations' scratch (y: q, aux0: d, aux1: sx, z: x16), a0
                        * passes; the rows' groups shared out 8 at a time (a row of one decode row spans threads) */
         int G = p->k / 32, parts = (G + 7) / 8;
-        #pragma omp for schedule(static)
-        for (int rp = 0; rp < B * parts; rp++) {
+        TEAM_FOR(rp, B * parts, TEAM_SHARE(team_n_), "omp for schedule(static)",
             int r = rp / parts, g0 = rp % parts * 8, g1 = g0 + 8 < G ? g0 + 8 : G;
             quantize_row_at(p->x, 0, (size_t)p->ldx, p->k, p->a0, r, (int8_t *)p->y, (float *)p->aux0,
                             (float *)p->aux1, (int *)p->z, NULL, 0, g0, g1);
-        }
+        );
         break;
     }
     case PS_GEMM: {  /* y (ldy) = the scratch's rows (x: q, aux0: d, aux1: sx, z: x16) @ W^T (+ b): n columns,
@@ -1887,8 +1987,7 @@ static void pstep_run(const pstep *p, int B, const int *slots, const int *pos, c
                       * its keys the turned heads kv_head .. kv_head + kv_n - 1 (written to the cache kv_k by the
                       * item that turned them), its values (kv_v, row stride kv_ldv) kv_n more items */
         int heads = p->a0, hd = p->a1, half = p->a2 / 2, n_kv = p->kv_n, items = heads + n_kv;
-        #pragma omp for schedule(static)
-        for (int th = 0; th < B * items; th++) {
+        TEAM_FOR(th, B * items, TEAM_SHARE(team_n_), "omp for schedule(static)",
             int t = th / items, h = th % items;
             if (h < heads) {
                 float *out = (float *)p->y + (size_t)t * p->ldy + (size_t)h * hd;
@@ -1901,20 +2000,19 @@ static void pstep_run(const pstep *p, int B, const int *slots, const int *pos, c
                 kv_write((float *)p->kv_vc, (const float *)p->kv_v + (size_t)t * p->kv_ldv + (size_t)(h - heads) * hd,
                          slots[t], pos[t], h - heads, n_kv, p->kv_ctx, hd);
             }
-        }
+        );
         break;
     }
     case PS_KV: {  /* the rows' keys x (ldx) and values z (ldz), a0 kv heads of a1, into the layer's caches w, s
                     * [n_slots][a0][a2][a1] at (slot, position) */
         int n_kv = p->a0, hd = p->a1, n_ctx = p->a2;
-        #pragma omp for schedule(static)
-        for (int bh = 0; bh < B * n_kv; bh++) {
+        TEAM_FOR(bh, B * n_kv, TEAM_SHARE(team_n_), "omp for schedule(static)",
             int b = bh / n_kv, h = bh % n_kv;
             kv_write((float *)p->w, (const float *)p->x + (size_t)b * p->ldx + (size_t)h * hd, slots[b], pos[b], h, n_kv,
                      n_ctx, hd);
             kv_write((float *)p->s, (const float *)p->z + (size_t)b * p->ldz + (size_t)h * hd, slots[b], pos[b], h, n_kv,
                      n_ctx, hd);
-        }
+        );
         break;
     }
     case PS_ATTN:  /* y (ldy) = attention of the queries x (ldx) over caches w, s: a0 kv heads, a1 head size, a2
@@ -1929,21 +2027,19 @@ static void pstep_run(const pstep *p, int B, const int *slots, const int *pos, c
     case PS_GLU_Q: {  /* PS_GLU, then the result's groups quantized as PS_QUANT (into zz: q, aux0: d, aux1: sx,
                        * b: x16; a0 passes), 8 groups a work item: one step where two were */
         int G = p->n / 32, parts = (G + 7) / 8;
-        #pragma omp for schedule(static)
-        for (int rp = 0; rp < B * parts; rp++) {
+        TEAM_FOR(rp, B * parts, TEAM_SHARE(team_n_), "omp for schedule(static)",
             int r = rp / parts, g0 = rp % parts * 8, g1 = g0 + 8 < G ? g0 + 8 : G;
             glu_span(p->a3, (const float *)p->x + (size_t)r * p->ldx, (const float *)p->z + (size_t)r * p->ldz,
                      (float *)p->y + (size_t)r * p->ldy, 32 * g0, 32 * g1);
             quantize_row_at(p->y, 0, (size_t)p->ldy, p->n, p->a0, r, (int8_t *)p->zz, (float *)p->aux0,
                             (float *)p->aux1, (int *)p->b, NULL, 0, g0, g1);
-        }
+        );
         break;
     }
     case PS_ROW:  /* a row at a time, n wide: a1 & 1: y = x + z; a1 & 2: s (row stride a3) = rms_norm(that sum, or
                    * x) * w, eps f0; a1 & 4: the norm's row (or the sum's) quantized as PS_QUANT (zz, aux0, aux1, b;
                    * a0 passes). For narrow rows: one step where two or three were */
-        #pragma omp for schedule(static)
-        for (int r = 0; r < B; r++) {
+        TEAM_FOR(r, B, TEAM_SHARE(team_n_), "omp for schedule(static)",
             const float *src = (const float *)p->x;
             size_t ld = (size_t)p->ldx;
             if (p->a1 & 1) {
@@ -1959,14 +2055,13 @@ static void pstep_run(const pstep *p, int B, const int *slots, const int *pos, c
             if (p->a1 & 4)
                 quantize_row_at(src, 0, ld, p->n, p->a0, r, (int8_t *)p->zz, (float *)p->aux0, (float *)p->aux1,
                                 (int *)p->b, NULL, 0, 0, p->n / 32);
-        }
+        );
         break;
     case PS_ADD:  /* y = x + z, n wide */
     case PS_SCALE:  /* y = x f0, n wide */
     case PS_GLU: {  /* y = act(x) z, n wide: a3 0 SwiGLU, 1 GeGLU */
         int n = p->n, chunks = (n + 255) / 256;
-        #pragma omp for schedule(static)
-        for (int rc = 0; rc < B * chunks; rc++) {
+        TEAM_FOR(rc, B * chunks, TEAM_SHARE(team_n_), "omp for schedule(static)",
             int r = rc / chunks, c0 = rc % chunks * 256, c1 = c0 + 256 < n ? c0 + 256 : n;
             const float *x = (const float *)p->x + (size_t)r * p->ldx;
             const float *z = p->op == PS_SCALE ? NULL : (const float *)p->z + (size_t)r * p->ldz;
@@ -1977,7 +2072,7 @@ static void pstep_run(const pstep *p, int B, const int *slots, const int *pos, c
                 for (int i = c0; i < c1; i++) y[i] = x[i] * p->f0;
             else
                 glu_span(p->a3, x, z, y, c0, c1);
-        }
+        );
         break;
     }
     }
@@ -2003,19 +2098,34 @@ int prog_run(const pstep *steps, int n, int B, const int *slots, const int *pos,
             for (int b = 0; starts != NULL && b < B; b++) starts[b] = lens[b] > steps[i].a4 ? lens[b] - steps[i].a4 : 0;
             attn_first(B, steps[i].a0, starts, lens, (int *)steps[i].b);
         }
-    int fail = 0;
-    #pragma omp parallel
-    {
-        float *sc = attn_scratch(grp, &fail);
-        double *times = omp_get_thread_num() == 0 ? prog_times : NULL;
-        #pragma omp barrier
-        if (times != NULL) times[0] = omp_get_wtime();
-        if (!fail)  /* (read after the barrier: every thread takes the same branch) */
-            for (int i = 0; i < n; i++) {
-                pstep_run(steps + i, B, slots, pos, lens, sc);
-                if (times != NULL) times[i + 1] = omp_get_wtime();
-            }
-        free(sc);
+    /* the steps' loop counters (TEAM_FOR) and one more for the team's end, each on its own cache line, zeroed;
+     * the threads' attention scores. Made before the team starts: a thread starts its steps without waiting for
+     * the others (one the kernel has not run yet joins late, and finds the items of the steps before taken) */
+    size_t n_ctr = (size_t)n * TEAM_LOOPS_PER_STEP + 1, per_sc = (size_t)grp * CHUNK;
+    int nth = omp_get_max_threads();
+    team_ctr *ctrs = aligned_alloc(64, sizeof(team_ctr) * n_ctr);
+    float *scs = malloc(sizeof(float) * per_sc * (size_t)nth);
+    if (ctrs == NULL || scs == NULL) {
+        free(ctrs);
+        free(scs);
+        return -2;
     }
-    return fail ? -2 : 0;
+    memset(ctrs, 0, sizeof(team_ctr) * n_ctr);
+    #pragma omp parallel num_threads(nth)
+    {
+        double *times = omp_get_thread_num() == 0 ? prog_times : NULL;
+        if (times != NULL) times[0] = omp_get_wtime();
+        team = ctrs;
+        for (int i = 0; i < n; i++) {
+            pstep_run(steps + i, B, slots, pos, lens, scs + per_sc * (size_t)omp_get_thread_num());
+            if (times != NULL) times[i + 1] = omp_get_wtime();  /* (thread 0 has seen the step's items done) */
+        }
+        /* every thread checks in (spinning, then asleep) before libgomp's own barrier ends the region: its
+         * spin (GOMP_SPINCOUNT) would hold the core a late thread needs */
+        team_done(ctrs + n_ctr - 1, omp_get_num_threads(), 1);
+        team = NULL;
+    }
+    free(ctrs);
+    free(scs);
+    return 0;
 }
