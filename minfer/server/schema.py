@@ -26,7 +26,7 @@ import dataclasses
 import json
 from typing import Annotated
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from ..engine.grammar import Grammar
 from ..engine.logprobs import MAX_TOP_LOGPROBS
@@ -82,6 +82,18 @@ STOP = {"minLength": 1, "maxLength": MAX_STOP_CHARS, "maxItems": MAX_STOPS,
 
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_absent(cls, data):
+        """OpenAI's API reads an optional field sent as null as absent (`"n": null`, `"stream": null`,
+        `"logprobs": null`, `"echo": null`: clients that serialize their unset options send them),
+        so such a field takes its default; a required field stays null for the type check to refuse."""
+        if isinstance(data, dict):
+            fields = cls.model_fields
+            data = {k: v for k, v in data.items()
+                    if not (v is None and k in fields and not fields[k].is_required())}
+        return data
 
 
 class StreamOptions(_Strict):
