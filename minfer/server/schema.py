@@ -28,6 +28,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
+from ..api import ROLES
 from ..engine.grammar import Grammar
 from ..engine.logprobs import MAX_TOP_LOGPROBS
 from ..engine.params import (
@@ -45,7 +46,6 @@ from .tools import MAX_TOOLS
 
 MAX_MESSAGES = 2048
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
-ROLES = ("system", "developer", "user", "assistant", "tool")  # developer is rendered as system
 MAX_N = 16  # choices per request
 
 
