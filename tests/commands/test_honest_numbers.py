@@ -56,6 +56,14 @@ def test_n_past_the_context_warns(run_cli, tiny_gguf):
     assert rc == 0 and "warning" not in err
 
 
+def test_prompt_past_the_context_is_one_error_and_no_warning(run_cli, tiny_gguf):
+    """A prompt longer than the context is the context error alone (was: first a warning that
+    'at most 0' tokens follow from '32 - 301 of prompt', then the error)."""
+    rc, _, err = run_cli(["run", "-m", str(tiny_gguf()), "-c", "32", "--temp", "0", "hello " * 300])
+    assert rc == 2 and "warning" not in err, err
+    assert re.search(r"the prompt has \d+ tokens but the context holds 32", err), err
+
+
 def test_batch_errors_keep_the_id_and_share_the_servers_bounds(tiny_gguf, tmp_path, capsys):
     from minfer.server.schema import CompletionRequest, max_tokens_of, sampling_params
 
