@@ -76,6 +76,20 @@ def _open_in(path: Path):
         raise MinferError(f"cannot read {path}: {e.strerror or e}") from None
 
 
+def _check_not_input(out: Path, inp: Path) -> None:
+    """Refuse an output that is the input file (by name, link or hard link): opening it for
+    writing would empty the requests before one was read."""
+    if "-" in (str(out), str(inp)):
+        return
+    try:
+        same = out.samefile(inp)
+    except OSError:  # the output does not exist yet (or cannot be looked at: opening it says why)
+        same = False
+    if same:
+        raise MinferError(f"the output {out} is the input file: writing it would erase the requests; "
+                          "give another OUT.jsonl")
+
+
 def _open_out(path: Path):
     if str(path) == "-":
         return sys.stdout
@@ -94,6 +108,7 @@ def batch(a: argparse.Namespace) -> int:
     if common.follower(a, config):
         return 0
     template = common.read_template(a.chat_template)
+    _check_not_input(a.output, a.input)
     src = _open_in(a.input)
     m = common.load_model(a, config, chat_template=template)
     out = _open_out(a.output)

@@ -166,3 +166,16 @@ def test_progress_bars_only_on_a_terminal(tiny_gguf, tmp_path):
     piped = _batch_stderr(tiny_gguf, tmp_path, on_terminal=False)
     assert "minfer batch: 2 requests" in piped and not bar.search(piped)  # a pipe: the summary, no bar
     assert bar.search(_batch_stderr(tiny_gguf, tmp_path, on_terminal=True))  # a terminal: the bar
+
+
+def test_batch_refuses_to_write_over_its_input(run_cli, tiny_gguf, tmp_path):
+    """OUT.jsonl naming the input file (itself, or a link to it) is an error before anything is
+    written (was: the input emptied by opening it for writing, then '0 requests')."""
+    src = tmp_path / "in.jsonl"
+    text = json.dumps({"prompt": "hi", "max_tokens": 2}) + "\n"
+    src.write_text(text)
+    (tmp_path / "link.jsonl").symlink_to(src)
+    for out in (src, tmp_path / "." / "in.jsonl", tmp_path / "link.jsonl"):
+        rc, _, err = run_cli(["batch", "-m", str(tiny_gguf()), str(src), str(out)])
+        assert rc == 2 and "is the input file" in err, err
+        assert src.read_text() == text
