@@ -80,6 +80,7 @@ class Engine:
         self.backend = backend
         self.args, self.graph, self.weights = args, graph, weights
         self.n_vocab, self.n_ctx, self.n_slots = n_vocab, n_ctx, n_slots
+        self.closed = False  # close() ran: no more requests
         self.tokenizer = tokenizer
         self.eog_ids = frozenset(tokenizer.eot_ids) if tokenizer is not None else frozenset()
         max_batch = self.config.max_batch_tokens or n_slots + self.config.prefill_chunk
@@ -149,6 +150,8 @@ class Engine:
         """Queue a sequence. `logit_rows`: prompt positions whose logits to keep (a contiguous range);
         `reuse_prefix`: may start from the tokens a free slot holds (chat turns). `pooling`: an
         embedding of the prompt pooled so (engine/pooling.py; `Sequence.embedding()` when finished)."""
+        if self.closed:
+            raise MinferError("the model is closed (close() released it): load it again to run requests")
         if pooling is not None:
             check_pooling(pooling)
             params = SamplingParams(max_tokens=0)
@@ -293,7 +296,9 @@ class Engine:
         self.backend.warmup()
 
     def close(self) -> None:
-        """Write the trace, if any; stop the other ranks of a tensor-parallel group. Idempotent."""
+        """Write the trace, if any; stop the other ranks of a tensor-parallel group. Idempotent.
+        A closed engine takes no more requests (`add`: a MinferError)."""
+        self.closed = True
         if self.recorder is not None:
             self.recorder.close()
         self.masks.close()

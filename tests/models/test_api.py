@@ -120,3 +120,16 @@ def test_prompt_longer_than_a_chunk(tiny_gguf):
         seq = m.engine.add(ids, minfer.api.SamplingParams(temperature=0, max_tokens=3))
         m.run([seq])
         assert seq.finish_reason == "length" and len(seq.generated) == 3
+
+
+def test_a_closed_model_refuses_requests(tiny_gguf):
+    """After close() a request is a MinferError that says the model is closed (was: the cpu backend
+    went on generating, the vulkan one failed with 'allocate() the KV cache before running a step')."""
+    m = minfer.api.load(tiny_gguf(), progress=False, n_ctx=32, n_slots=1)
+    assert m.generate("hi", max_tokens=2, temperature=0)
+    m.close()
+    m.close()  # idempotent
+    for call in (lambda: m.generate("hi", max_tokens=2), lambda: m.logits([1, 2]), lambda: m.embed(["hi"])):
+        with pytest.raises(minfer.errors.MinferError, match="the model is closed"):
+            call()
+    assert m.tokenize("hi")  # what needs no weights still works
