@@ -447,11 +447,13 @@ def read_stream(resp: http.client.HTTPResponse) -> GenerationStats:
 
 def run(a, config: EngineConfig, params, prompt: str, template: str | None, keep_alive_s: float) -> bool:
     """`minfer run PROMPT` through a resident process; False when it cannot take the run (no
-    such model file: the in-process path reports it as it always has)."""
+    such model file: the in-process path reports it as it always has; a --temp past what an HTTP
+    request may ask, OpenAI's range: the in-process run takes any)."""
+    from ..engine.params import MAX_REQUEST_TEMPERATURE
     from .common import model_path, print_stats
 
     path = model_path(a)
-    if not path.is_file():
+    if not path.is_file() or params.temperature > MAX_REQUEST_TEMPERATURE:
         return False
     for attempt in range(2):  # (a second try only after a process that did not answer)
         st = acquire(a, path, config, template, keep_alive_s)

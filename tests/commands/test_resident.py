@@ -232,6 +232,17 @@ def test_keep_alive_zero_and_no_daemon_run_in_process(resident_env, tiny_gguf):
     assert bad.returncode == 2 and "--keep-alive expects a duration" in bad.stderr
 
 
+def test_a_temperature_past_the_http_range_runs_in_process(resident_env, tiny_gguf):
+    """--temp 5 is a valid run flag (the in-process run samples at it); the resident process's HTTP
+    API takes at most 2.0, so the run goes in process instead (was: 'temperature must be <= 2.0')."""
+    env, _ = resident_env
+    model = ["-m", str(tiny_gguf("tiny-llama", "q4_k")), "-n", "2", "-s", "1", "--temp", "5", "hi"]
+    out = minfer(env, "run", *model, "--keep-alive", KEEP, check=False)
+    assert out.returncode == 0 and "generated: 2" in out.stderr, out.stderr
+    assert out.stdout == minfer(env, "run", *model, "--no-daemon").stdout
+    assert states(env["MINFER_CACHE"]) == []
+
+
 def test_a_file_that_does_not_load_is_one_error_and_no_kept_loaded_notice(resident_env, tmp_path):
     """A model the resident process cannot load (not a GGUF file): the run says why, once, and does
     not claim the model is kept loaded; nothing is left running."""
