@@ -154,6 +154,7 @@ class Engine:
             raise MinferError("the model is closed (close() released it): load it again to run requests")
         if pooling is not None:
             check_pooling(pooling)
+            self.backend.check_hidden()
             params = SamplingParams(max_tokens=0)
             logit_rows, reuse_prefix = pooling_rows(len(prompt), pooling) if prompt else None, False
         prompt = [int(t) if isinstance(t, numbers.Integral) and not isinstance(t, bool) else t for t in prompt]

@@ -136,3 +136,35 @@ def test_a_failing_loop_tells_its_requests_and_says_error(tiny_gguf):
     assert err["message"] == "the engine loop failed: RuntimeError: simulated loop bug", err
     assert loop.state == "error" and health.status_code == 503 and health.json() == {"status": "error"}
     assert after.status_code == 503, after.text
+
+
+def test_an_embedding_the_backend_cannot_compute_fails_alone(tiny_gguf, monkeypatch):
+    """A backend without embeddings (vulkan's: Backend.hidden not overridden) refuses an embedding
+    request when it is queued, and only that request gets the error; a generation running beside
+    it finishes (was: the embedding's step raised, and the loop failed every request in flight)."""
+    from minfer.api import Model
+    from minfer.backends.base import Backend
+    from minfer.engine.params import SamplingParams
+    from minfer.server.loop import ServingLoop
+
+    model = Model(tiny_gguf("tiny-llama", "f32"), n_ctx=64, n_slots=2, progress=False)
+    monkeypatch.setattr(type(model.engine.backend), "hidden", Backend.hidden)
+    loop = ServingLoop(model.engine)
+    try:
+        loop.add("gen", [1, 2, 3], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True), None)
+        loop.step()
+        loop.add("emb", [4, 5, 6], SamplingParams(max_tokens=0), None, pooling="mean")
+        for _ in range(40):
+            if not loop.busy():
+                break
+            loop.step()
+    finally:
+        model.close()
+    events = {}
+    for key, ev in loop.out:
+        events.setdefault(key, []).append(ev)
+    assert [ev[1] for ev in events["emb"] if ev[0] == "error"] == [
+        "the cpu backend does not compute embeddings (cpu and cuda do)"]
+    assert not [ev for ev in events["gen"] if ev[0] == "error"], events["gen"]
+    done = [ev for ev in events["gen"] if ev[0] == "done"]
+    assert done and done[0][1] == "length" and done[0][2]["completion_tokens"] == 12
