@@ -12,6 +12,7 @@ are read and queued as slots free up, so an input of any length streams through.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
@@ -127,11 +128,15 @@ def batch(a: argparse.Namespace) -> int:
         return rec
 
     def write_ready(i: int) -> int:
-        """Write the finished records from index i on, in order; the first index not yet written."""
-        while i in pending and isinstance(pending[i], dict):
-            out.write(json.dumps(pending.pop(i), ensure_ascii=False) + "\n")
-            i += 1
-        out.flush()
+        """Write the finished records from index i on, in order; the first index not yet written.
+        Flushed each time, so closing the file has nothing left to write."""
+        try:
+            while i in pending and isinstance(pending[i], dict):
+                out.write(json.dumps(pending.pop(i), ensure_ascii=False) + "\n")
+                i += 1
+            out.flush()
+        except OSError as e:  # a full disk, a closed pipe
+            raise MinferError(f"cannot write {a.output}: {e.strerror or e}") from None
         return i
 
     def fill() -> bool:
@@ -182,7 +187,8 @@ def batch(a: argparse.Namespace) -> int:
     finally:
         bar.close()
         if out is not sys.stdout:
-            out.close()
+            with contextlib.suppress(OSError):  # (only what a failed write left: that error is raised)
+                out.close()
         common.close_model(m, config)
     dt = time.perf_counter() - t0
     print(f"minfer batch: {n_read} requests ({n_err} errors), {n_tokens} tokens generated in {dt:.1f} s "

@@ -179,3 +179,12 @@ def test_batch_refuses_to_write_over_its_input(run_cli, tiny_gguf, tmp_path):
         rc, _, err = run_cli(["batch", "-m", str(tiny_gguf()), str(src), str(out)])
         assert rc == 2 and "is the input file" in err, err
         assert src.read_text() == text
+
+
+def test_batch_output_that_cannot_be_written_is_one_error(run_cli, tiny_gguf, tmp_path):
+    """A full disk (/dev/full: every write fails with ENOSPC) is the typed error naming OUT.jsonl
+    (was: an OSError traceback from the flush, then another from closing the file)."""
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"prompt": "hi", "max_tokens": 2}) + "\n")
+    rc, _, err = run_cli(["batch", "-m", str(tiny_gguf()), str(src), "/dev/full"])
+    assert rc == 2 and "cannot write /dev/full: No space left on device" in err, err
