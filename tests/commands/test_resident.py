@@ -243,6 +243,23 @@ def test_a_temperature_past_the_http_range_runs_in_process(resident_env, tiny_gg
     assert states(env["MINFER_CACHE"]) == []
 
 
+def test_a_closed_stdout_ends_the_run_quietly_as_in_process(resident_env, tiny_gguf):
+    """stdout closed under the run (`minfer run ... | head -c 3`): the resident run ends as the
+    in-process one does, exit 0 and no error (was: exit 2, 'the resident process ended the request:
+    [Errno 32] Broken pipe', blaming the process for the client's own pipe)."""
+    env, _ = resident_env
+    model = ["-m", str(tiny_gguf("tiny-llama", "q4_k")), "-n", "20", "--ignore-eos", "--temp", "0", "hi"]
+    for flags in (["--no-daemon"], ["--keep-alive", KEEP], ["--keep-alive", KEEP]):  # in process, start, connect
+        r, w = os.pipe()
+        os.close(r)  # the reader is gone before the first byte: the first write fails, every time
+        try:
+            out = subprocess.run([sys.executable, "-m", "minfer", "run", *model, *flags], stdout=w,
+                                 stderr=subprocess.PIPE, text=True, env=env, timeout=300)
+        finally:
+            os.close(w)
+        assert out.returncode == 0 and "error" not in out.stderr, (flags, out.stderr)
+
+
 def test_a_file_that_does_not_load_is_one_error_and_no_kept_loaded_notice(resident_env, tmp_path):
     """A model the resident process cannot load (not a GGUF file): the run says why, once, and does
     not claim the model is kept loaded; nothing is left running."""
