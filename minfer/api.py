@@ -295,7 +295,7 @@ class Model(Prompting):
             raise MinferError("generate: pass either params= or sampling keywords, not both")
         params = params or sampling_params(json_schema, **sampling)
         ids = self.prompt_ids(prompt)
-        self.engine.check_tokens(ids)  # errors now, not at the first piece
+        self.engine.check_tokens(ids, params)  # errors now, not at the first piece
 
         def pieces() -> Iterator[str]:
             first = self.engine.steps == 0

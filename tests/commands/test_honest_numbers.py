@@ -62,6 +62,16 @@ def test_prompt_past_the_context_is_one_error_and_no_warning(run_cli, tiny_gguf)
     rc, _, err = run_cli(["run", "-m", str(tiny_gguf()), "-c", "32", "--temp", "0", "hello " * 300])
     assert rc == 2 and "warning" not in err, err
     assert re.search(r"the prompt has \d+ tokens but the context holds 32", err), err
+    # a prompt that fills the context exactly: the error the resident process's server gives (was, in
+    # process: 'at most 0 generated', then one token generated past the context's end anyway)
+    from minfer.api import load
+
+    with load(tiny_gguf(), progress=False) as m:
+        n = len(m.tokenize("hello hello hello"))
+    rc, out, err = run_cli(["run", "-m", str(tiny_gguf()), "-c", str(n), "--no-daemon", "--temp", "0",
+                            "hello hello hello"])
+    assert rc == 2 and "warning" not in err and out == "", err
+    assert f"the prompt has {n} tokens and the context holds {n}: no room to generate" in err, err
 
 
 def test_batch_errors_keep_the_id_and_share_the_servers_bounds(tiny_gguf, tmp_path, capsys):
