@@ -228,8 +228,9 @@ def test_keep_alive_zero_and_no_daemon_run_in_process(resident_env, tiny_gguf):
         out = minfer(env, "run", *model, *flags)
         assert NOTICE not in out.stderr and "one-time warm-up" in out.stderr  # the process's own first step
     assert states(env["MINFER_CACHE"]) == []
-    bad = minfer(env, "run", *model, "--keep-alive", "soon", check=False)
-    assert bad.returncode == 2 and "--keep-alive expects a duration" in bad.stderr
+    for flags in ([], ["--no-daemon"], ["-cnv"]):  # checked wherever it would not apply too (was: ignored there)
+        bad = minfer(env, "run", *model, "--keep-alive", "soon", *flags, check=False)
+        assert bad.returncode == 2 and "--keep-alive expects a duration" in bad.stderr, (flags, bad.stderr)
 
 
 def test_a_temperature_past_the_http_range_runs_in_process(resident_env, tiny_gguf):
