@@ -168,3 +168,34 @@ def test_an_embedding_the_backend_cannot_compute_fails_alone(tiny_gguf, monkeypa
     assert not [ev for ev in events["gen"] if ev[0] == "error"], events["gen"]
     done = [ev for ev in events["gen"] if ev[0] == "done"]
     assert done and done[0][1] == "length" and done[0][2]["completion_tokens"] == 12
+
+
+def test_a_request_larger_than_max_pending_is_a_400_not_a_retry_later(tiny_gguf):
+    """`n` choices or embedding inputs beyond --max-pending can never be admitted: a 400 naming the
+    field (was: 503 'overloaded ... retry later', forever; at the default 1024, an embeddings request
+    of 1025..2048 inputs, which the schema allows)."""
+    from minfer.api import Model
+
+    model = Model(tiny_gguf("tiny-llama", "f32"), n_ctx=64, n_slots=2, progress=False)
+    loop = EngineThread(lambda: model, Metrics())
+    app = create_app(loop, model_id="tiny", metrics=loop.metrics, max_pending=2)
+    loop.start()
+    assert loop.ready.wait(30) and loop.state == "ok"
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            body = {"prompt": [1, 2, 3], "max_tokens": 2, "temperature": 0}
+            return [await c.post("/v1/completions", json={**body, "n": 3}),
+                    await c.post("/v1/embeddings", json={"input": ["a", "b", "c"]}),
+                    await c.post("/v1/completions", json={**body, "n": 2})]
+
+    try:
+        with ThreadPoolExecutor(1) as ex:
+            too_many_n, too_many_inputs, fits = ex.submit(asyncio.run, go()).result(60)
+    finally:
+        loop.stop()
+    for r, param in ((too_many_n, "n"), (too_many_inputs, "input")):
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == param, r.text
+        assert "admits at most 2 at once (--max-pending)" in err["message"], r.text
+    assert fits.status_code == 200 and len(fits.json()["choices"]) == 2
