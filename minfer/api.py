@@ -46,6 +46,7 @@ from .tokenizer import Tokenizer
 
 Messages = list[dict]
 Prompt = str | Messages
+ROLES = ("system", "developer", "user", "assistant", "tool")  # a message's roles; developer is rendered as system
 
 
 def load(path: str | os.PathLike | None = None, device: str = "cpu", *, progress: bool = True,
@@ -128,6 +129,8 @@ def chat_messages(messages: Messages) -> Messages:
         role, content = m.get("role"), m.get("content")
         if not isinstance(role, str):
             raise TemplateError(f"messages[{i}].role must be a string, got {role!r}")
+        if role not in ROLES:
+            raise TemplateError(f"messages[{i}].role {role!r} is not one of {', '.join(ROLES)}")
         if isinstance(content, list):
             texts = []
             for j, part in enumerate(content):
@@ -292,7 +295,7 @@ class Model(Prompting):
             raise MinferError("generate: pass either params= or sampling keywords, not both")
         params = params or sampling_params(json_schema, **sampling)
         ids = self.prompt_ids(prompt)
-        self.engine.check_tokens(ids)  # errors now, not at the first piece
+        self.engine.check_tokens(ids, params)  # errors now, not at the first piece
 
         def pieces() -> Iterator[str]:
             first = self.engine.steps == 0

@@ -11,6 +11,13 @@ class MinferError(Exception):
     """Base class of every error minfer raises on purpose."""
 
 
+def printable(text: str) -> str:
+    """`text` with every character that is not printable (control characters: NUL, ESC, newlines)
+    written as its Python escape, so a name read from a file can be shown on a terminal: a hostile
+    key or tensor name must not move the cursor, recolour or retitle it."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 class InsufficientMemoryError(MinferError):
     """A model (or its KV cache) needs more memory than the machine has available; raised before
     anything large is allocated."""
@@ -28,7 +35,7 @@ class GGUFError(MinferError):
         self.field = field
         self.offset = offset
         self.reason = reason
-        super().__init__(f"GGUF: {field} at byte {offset}: {reason}")
+        super().__init__(f"GGUF: {printable(field)} at byte {offset}: {printable(reason)}")
 
 
 class MetadataError(MinferError):

@@ -6,6 +6,7 @@ import json
 from collections import Counter
 from typing import Any
 
+from .errors import printable
 from .gguf.reader import GGUFReader
 from .models.support import SUPPORT, support
 
@@ -76,14 +77,19 @@ def _fmt_count(n: int) -> str:
     return str(n)
 
 
+def _show(x: Any) -> str:
+    """A value read from the file, as the terminal may show it (control characters escaped)."""
+    return printable(str(x))
+
+
 def render_text(s: dict[str, Any], tensors: list[dict[str, Any]] | None) -> str:
     tok = s["tokenizer"]
     mix = ", ".join(f"{k} ×{v}" for k, v in s["quant_mix"].items())
     specials = ", ".join(f"{k}={v['id']} {v['text']!r}" for k, v in tok["special_tokens"].items())
     lines = [
-        f"file           {s['file']} ({s['file_bytes'] / 2**20:.1f} MiB, GGUF v{s['gguf_version']})",
-        f"name           {s['name']}",
-        f"architecture   {s['architecture']}",
+        f"file           {_show(s['file'])} ({s['file_bytes'] / 2**20:.1f} MiB, GGUF v{s['gguf_version']})",
+        f"name           {_show(s['name'])}",
+        f"architecture   {_show(s['architecture'])}",
         "backends       " + (" · ".join(f"{b} {v}" for b, v in s["backends"].items()) if s["backends"] else
                              f"none: not a supported architecture ({', '.join(SUPPORT)})"),
         f"layers         {s['n_layers']}   d_model {s['n_embd']}   d_ff {s['n_ff']}   "
@@ -94,16 +100,17 @@ def render_text(s: dict[str, Any], tensors: list[dict[str, Any]] | None) -> str:
         f"parameters     {_fmt_count(s['n_params'])} ({s['n_params']:,})",
         f"tensors        {s['n_tensors']} ({s['tensor_bytes'] / 2**20:.1f} MiB)",
         f"quant mix      {mix}",
-        f"tokenizer      {tok['model']} (pre: {tok['pre']}), {tok['n_vocab']} tokens, add_bos={tok['add_bos']}",
+        f"tokenizer      {_show(tok['model'])} (pre: {_show(tok['pre'])}), {tok['n_vocab']} tokens, "
+        f"add_bos={tok['add_bos']}",
         f"special tokens {specials or '-'}",
         f"chat template  {'yes' if s['chat_template'] else 'no'}",
     ]
     if tensors is not None:
-        w = max((len(t["name"]) for t in tensors), default=4)
+        w = max((len(_show(t["name"])) for t in tensors), default=4)
         lines.append("")
         lines.append(f"{'name':<{w}}  {'shape':<20} {'type':<6} {'bytes':>12}")
         for t in tensors:
-            lines.append(f"{t['name']:<{w}}  {str(t['shape']):<20} {t['type']:<6} {t['bytes']:>12,}")
+            lines.append(f"{_show(t['name']):<{w}}  {str(t['shape']):<20} {t['type']:<6} {t['bytes']:>12,}")
     return "\n".join(lines)
 
 

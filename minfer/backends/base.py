@@ -180,7 +180,14 @@ class Backend(ABC):
     def hidden(self, batch: Batch) -> torch.Tensor:
         """float32 [R, n_embd]: the final hidden state (after the output norm) of the batch's
         out_rows, for embeddings; writes the step's keys/values like `forward`."""
-        raise UnsupportedError(f"the {self.name} backend does not compute embeddings (cpu and cuda do)")
+        self.check_hidden()
+        raise AssertionError("unreachable: check_hidden raises where hidden is not overridden")
+
+    def check_hidden(self) -> None:
+        """UnsupportedError unless this backend computes `hidden` (overrides it): the engine asks
+        when an embedding is queued, so that request fails alone, not the step it would share."""
+        if type(self).hidden is Backend.hidden:
+            raise UnsupportedError(f"the {self.name} backend does not compute embeddings (cpu and cuda do)")
 
     @abstractmethod
     def trace_graph(self) -> list[dict]:

@@ -12,6 +12,7 @@ are read and queued as slots free up, so an input of any length streams through.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
@@ -76,6 +77,20 @@ def _open_in(path: Path):
         raise MinferError(f"cannot read {path}: {e.strerror or e}") from None
 
 
+def _check_not_input(out: Path, inp: Path) -> None:
+    """Refuse an output that is the input file (by name, link or hard link): opening it for
+    writing would empty the requests before one was read."""
+    if "-" in (str(out), str(inp)):
+        return
+    try:
+        same = out.samefile(inp)
+    except OSError:  # the output does not exist yet (or cannot be looked at: opening it says why)
+        same = False
+    if same:
+        raise MinferError(f"the output {out} is the input file: writing it would erase the requests; "
+                          "give another OUT.jsonl")
+
+
 def _open_out(path: Path):
     if str(path) == "-":
         return sys.stdout
@@ -94,6 +109,7 @@ def batch(a: argparse.Namespace) -> int:
     if common.follower(a, config):
         return 0
     template = common.read_template(a.chat_template)
+    _check_not_input(a.output, a.input)
     src = _open_in(a.input)
     m = common.load_model(a, config, chat_template=template)
     out = _open_out(a.output)
@@ -112,11 +128,15 @@ def batch(a: argparse.Namespace) -> int:
         return rec
 
     def write_ready(i: int) -> int:
-        """Write the finished records from index i on, in order; the first index not yet written."""
-        while i in pending and isinstance(pending[i], dict):
-            out.write(json.dumps(pending.pop(i), ensure_ascii=False) + "\n")
-            i += 1
-        out.flush()
+        """Write the finished records from index i on, in order; the first index not yet written.
+        Flushed each time, so closing the file has nothing left to write."""
+        try:
+            while i in pending and isinstance(pending[i], dict):
+                out.write(json.dumps(pending.pop(i), ensure_ascii=False) + "\n")
+                i += 1
+            out.flush()
+        except OSError as e:  # a full disk, a closed pipe
+            raise MinferError(f"cannot write {a.output}: {e.strerror or e}") from None
         return i
 
     def fill() -> bool:
@@ -167,7 +187,8 @@ def batch(a: argparse.Namespace) -> int:
     finally:
         bar.close()
         if out is not sys.stdout:
-            out.close()
+            with contextlib.suppress(OSError):  # (only what a failed write left: that error is raised)
+                out.close()
         common.close_model(m, config)
     dt = time.perf_counter() - t0
     print(f"minfer batch: {n_read} requests ({n_err} errors), {n_tokens} tokens generated in {dt:.1f} s "

@@ -171,7 +171,10 @@ def bench(a: argparse.Namespace) -> int:
 
     from ..errors import MinferError
 
-    sizes = [int(x) for x in a.batch.split(",") if x.strip()] if a.batch else []
+    try:
+        sizes = [int(x) for x in a.batch.split(",") if x.strip()] if a.batch else []
+    except ValueError:
+        raise MinferError(f"-b/--batch takes batch sizes separated by commas (e.g. 1,4,16), got {a.batch!r}") from None
     if a.repetitions < 1 or a.n_prompt < 0 or a.n_gen < 0 or any(b < 1 for b in sizes):
         raise MinferError("-r must be >= 1, -p and -n >= 0, and -b sizes >= 1")
     if not 0.0 <= a.temperature <= 100.0:

@@ -333,7 +333,10 @@ def warn_context(m, params, prompt) -> None:
 
 
 def context_warning(max_tokens: int, n_ctx: int, n_prompt: int) -> None:
-    """The warning of warn_context: -n asks for more tokens than the context leaves."""
+    """The warning of warn_context: -n asks for more tokens than the context leaves. None for a
+    prompt that leaves no room at all: the context error that follows says so."""
+    if n_prompt >= n_ctx:
+        return
     print(f"minfer: warning: -n/--n-predict {max_tokens} is more than the context leaves: "
           f"{n_ctx} tokens (-c/--ctx-size) - {n_prompt} of prompt = at most {max(n_ctx - n_prompt, 0)} generated",
           file=sys.stderr)

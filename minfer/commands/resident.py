@@ -419,8 +419,11 @@ def retry_within_context(client: Client, prompt: str, params, body: dict, warn):
 
 
 def read_stream(resp: http.client.HTTPResponse) -> GenerationStats:
-    """Write each chunk's text to stdout as it comes; the stats from the last chunks."""
+    """Write each chunk's text to stdout as it comes; the stats from the last chunks. A failure
+    to write stdout (a closed pipe: `minfer run ... | head`) is raised as it is, as the
+    in-process run raises it, not blamed on the resident process."""
     finish = usage = timings = None
+    stdout_error = None
     try:
         for line in resp:
             if not line.startswith(b"data: "):
@@ -433,13 +436,21 @@ def read_stream(resp: http.client.HTTPResponse) -> GenerationStats:
                 raise MinferError(error_message(obj, 500))
             for choice in obj.get("choices") or ():
                 if choice.get("text"):
-                    sys.stdout.write(choice["text"])
-                    sys.stdout.flush()
+                    try:
+                        sys.stdout.write(choice["text"])
+                        sys.stdout.flush()
+                    except OSError as e:  # stdout's, not the connection's
+                        stdout_error = e
+                        break
                 finish = choice.get("finish_reason") or finish
+            if stdout_error is not None:
+                break
             if obj.get("usage"):
                 usage, timings = obj["usage"], obj.get("timings")
     except (ConnectionError, OSError, http.client.HTTPException) as e:
         raise MinferError(f"the resident process ended the request: {e}") from None
+    if stdout_error is not None:
+        raise stdout_error
     if usage is None or timings is None:
         raise MinferError("the resident process ended the request before its end (see `minfer ps`)")
     return GenerationStats.of_timings(usage, timings, finish)
@@ -447,11 +458,13 @@ def read_stream(resp: http.client.HTTPResponse) -> GenerationStats:
 
 def run(a, config: EngineConfig, params, prompt: str, template: str | None, keep_alive_s: float) -> bool:
     """`minfer run PROMPT` through a resident process; False when it cannot take the run (no
-    such model file: the in-process path reports it as it always has)."""
+    such model file: the in-process path reports it as it always has; a --temp past what an HTTP
+    request may ask, OpenAI's range: the in-process run takes any)."""
+    from ..engine.params import MAX_REQUEST_TEMPERATURE
     from .common import model_path, print_stats
 
     path = model_path(a)
-    if not path.is_file():
+    if not path.is_file() or params.temperature > MAX_REQUEST_TEMPERATURE:
         return False
     for attempt in range(2):  # (a second try only after a process that did not answer)
         st = acquire(a, path, config, template, keep_alive_s)

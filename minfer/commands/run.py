@@ -44,6 +44,7 @@ def run(a: argparse.Namespace) -> int:
     if common.follower(a, config):
         return 0
     template = common.read_template(a.chat_template)
+    keep_s = keep_alive(a.keep_alive)  # (checked even where it does not apply: every flag is, before the load)
     if a.conversation is None and not common.prompt_given(a) and sys.stdin is not None and sys.stdin.isatty():
         a.conversation = True  # no prompt at a terminal: a chat, as `ollama run MODEL` (-no-cnv: the error)
     if a.conversation:
@@ -54,7 +55,7 @@ def run(a: argparse.Namespace) -> int:
         finally:
             common.close_model(m, config)
         return 0
-    keep_s = 0.0 if a.no_daemon else keep_alive(a.keep_alive)
+    keep_s = 0.0 if a.no_daemon else keep_s
     prompt = common.read_prompt(a)
     if keep_s > 0 and config.trace_path is None and config.tp == 1 and dist_env() is None:
         from . import resident

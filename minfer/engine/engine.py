@@ -80,6 +80,7 @@ class Engine:
         self.backend = backend
         self.args, self.graph, self.weights = args, graph, weights
         self.n_vocab, self.n_ctx, self.n_slots = n_vocab, n_ctx, n_slots
+        self.closed = False  # close() ran: no more requests
         self.tokenizer = tokenizer
         self.eog_ids = frozenset(tokenizer.eot_ids) if tokenizer is not None else frozenset()
         max_batch = self.config.max_batch_tokens or n_slots + self.config.prefill_chunk
@@ -140,22 +141,31 @@ class Engine:
                    recorder=recorder, args=args, graph=graph, weights=view, draft_model=drafter)
 
     # ------------------------------------------------------------------ requests
-    def check_tokens(self, tokens: list[int]) -> None:
-        """Typed errors for an empty prompt, ids outside the vocabulary, or a prompt past the context."""
+    def check_tokens(self, tokens: list[int], params: SamplingParams | None = None) -> None:
+        """Typed errors for an empty prompt, ids outside the vocabulary, or a prompt past the context;
+        with `params` of a generation (max_tokens not 0), also a prompt that fills the context: no
+        room for a token (the server's and llama-server's rule: prompt + generated <= n_ctx)."""
         check_tokens(tokens, self.n_vocab, self.n_ctx)
+        if params is not None and params.max_tokens != 0 and len(tokens) >= self.n_ctx:
+            raise ContextOverflowError(f"the prompt has {len(tokens)} tokens and the context holds {self.n_ctx}: "
+                                       "no room to generate (load the model with a larger context: n_ctx, or "
+                                       "-c/--ctx-size on the command line; or shorten the input)")
 
     def add(self, prompt: list[int], params: SamplingParams | None = None, *, logit_rows: range | None = None,
             reuse_prefix: bool = True, pooling: str | None = None) -> Sequence:
         """Queue a sequence. `logit_rows`: prompt positions whose logits to keep (a contiguous range);
         `reuse_prefix`: may start from the tokens a free slot holds (chat turns). `pooling`: an
         embedding of the prompt pooled so (engine/pooling.py; `Sequence.embedding()` when finished)."""
+        if self.closed:
+            raise MinferError("the model is closed (close() released it): load it again to run requests")
         if pooling is not None:
             check_pooling(pooling)
+            self.backend.check_hidden()
             params = SamplingParams(max_tokens=0)
             logit_rows, reuse_prefix = pooling_rows(len(prompt), pooling) if prompt else None, False
         prompt = [int(t) if isinstance(t, numbers.Integral) and not isinstance(t, bool) else t for t in prompt]
-        self.check_tokens(prompt)
         params = params or SamplingParams()
+        self.check_tokens(prompt, params)
         if logit_rows is not None and (logit_rows.step != 1 or (
                 len(logit_rows) and not 0 <= logit_rows.start < logit_rows.stop <= len(prompt))):
             raise MinferError(f"logit rows {logit_rows} are not a contiguous range inside 0..{len(prompt)}")
@@ -293,7 +303,9 @@ class Engine:
         self.backend.warmup()
 
     def close(self) -> None:
-        """Write the trace, if any; stop the other ranks of a tensor-parallel group. Idempotent."""
+        """Write the trace, if any; stop the other ranks of a tensor-parallel group. Idempotent.
+        A closed engine takes no more requests (`add`: a MinferError)."""
+        self.closed = True
         if self.recorder is not None:
             self.recorder.close()
         self.masks.close()

@@ -180,8 +180,12 @@ def create_app(engine: EngineHost, *, model_id: str, metrics: Metrics, api_key: 
                      model_path=model_path, slots=metrics.sequences)
 
     # ------------------------------------------------------------------ generation
-    def check_room(n: int) -> None:
-        """A 503 when n more jobs would pass --max-pending."""
+    def check_room(n: int, param: str) -> None:
+        """A 400 when the request alone needs more jobs than --max-pending admits (`param` asks for
+        them: no retry could succeed); a 503 when n more jobs would pass it now."""
+        if n > max_pending:
+            raise APIError(400, f"{param} asks for {n} sequences; this server admits at most {max_pending} at once "
+                           "(--max-pending)", param=param)
         if len(pending) + n > max_pending:
             raise APIError(503, f"the server is at its limit of {max_pending} requests in flight; retry later",
                            code="overloaded")
@@ -215,7 +219,7 @@ def create_app(engine: EngineHost, *, model_id: str, metrics: Metrics, api_key: 
             items = schema.embedding_inputs(req)
             ids = await run_in_threadpool(_embedding_ids, m, items)
             how = req.pooling or pooling or default_pooling(m.reader.metadata)
-            check_room(len(ids))
+            check_room(len(ids), "input")
         except APIError as e:
             metrics.request(endpoint, e.status)
             return JSONResponse(e.body(), status_code=e.status)
@@ -285,7 +289,7 @@ def create_app(engine: EngineHost, *, model_id: str, metrics: Metrics, api_key: 
                 ids = await run_in_threadpool(_completion_ids, m, req.prompt, req.suffix)
             check_context(len(ids), max_tokens, m.n_ctx)
             log.debug("%s: %d prompt tokens, %s, n %d", endpoint, len(ids), params, req.n)
-            check_room(req.n)
+            check_room(req.n, "n")
         except APIError as e:
             metrics.request(endpoint, e.status)
             return JSONResponse(e.body(), status_code=e.status)

@@ -26,8 +26,9 @@ import dataclasses
 import json
 from typing import Annotated
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
+from ..api import ROLES
 from ..engine.grammar import Grammar
 from ..engine.logprobs import MAX_TOP_LOGPROBS
 from ..engine.params import (
@@ -45,7 +46,6 @@ from .tools import MAX_TOOLS
 
 MAX_MESSAGES = 2048
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
-ROLES = ("system", "developer", "user", "assistant", "tool")  # developer is rendered as system
 MAX_N = 16  # choices per request
 
 
@@ -82,6 +82,18 @@ STOP = {"minLength": 1, "maxLength": MAX_STOP_CHARS, "maxItems": MAX_STOPS,
 
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_absent(cls, data):
+        """OpenAI's API reads an optional field sent as null as absent (`"n": null`, `"stream": null`,
+        `"logprobs": null`, `"echo": null`: clients that serialize their unset options send them),
+        so such a field takes its default; a required field stays null for the type check to refuse."""
+        if isinstance(data, dict):
+            fields = cls.model_fields
+            data = {k: v for k, v in data.items()
+                    if not (v is None and k in fields and not fields[k].is_required())}
+        return data
 
 
 class StreamOptions(_Strict):

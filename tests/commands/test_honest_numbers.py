@@ -56,6 +56,24 @@ def test_n_past_the_context_warns(run_cli, tiny_gguf):
     assert rc == 0 and "warning" not in err
 
 
+def test_prompt_past_the_context_is_one_error_and_no_warning(run_cli, tiny_gguf):
+    """A prompt longer than the context is the context error alone (was: first a warning that
+    'at most 0' tokens follow from '32 - 301 of prompt', then the error)."""
+    rc, _, err = run_cli(["run", "-m", str(tiny_gguf()), "-c", "32", "--temp", "0", "hello " * 300])
+    assert rc == 2 and "warning" not in err, err
+    assert re.search(r"the prompt has \d+ tokens but the context holds 32", err), err
+    # a prompt that fills the context exactly: the error the resident process's server gives (was, in
+    # process: 'at most 0 generated', then one token generated past the context's end anyway)
+    from minfer.api import load
+
+    with load(tiny_gguf(), progress=False) as m:
+        n = len(m.tokenize("hello hello hello"))
+    rc, out, err = run_cli(["run", "-m", str(tiny_gguf()), "-c", str(n), "--no-daemon", "--temp", "0",
+                            "hello hello hello"])
+    assert rc == 2 and "warning" not in err and out == "", err
+    assert f"the prompt has {n} tokens and the context holds {n}: no room to generate" in err, err
+
+
 def test_batch_errors_keep_the_id_and_share_the_servers_bounds(tiny_gguf, tmp_path, capsys):
     from minfer.server.schema import CompletionRequest, max_tokens_of, sampling_params
 
@@ -158,3 +176,25 @@ def test_progress_bars_only_on_a_terminal(tiny_gguf, tmp_path):
     piped = _batch_stderr(tiny_gguf, tmp_path, on_terminal=False)
     assert "minfer batch: 2 requests" in piped and not bar.search(piped)  # a pipe: the summary, no bar
     assert bar.search(_batch_stderr(tiny_gguf, tmp_path, on_terminal=True))  # a terminal: the bar
+
+
+def test_batch_refuses_to_write_over_its_input(run_cli, tiny_gguf, tmp_path):
+    """OUT.jsonl naming the input file (itself, or a link to it) is an error before anything is
+    written (was: the input emptied by opening it for writing, then '0 requests')."""
+    src = tmp_path / "in.jsonl"
+    text = json.dumps({"prompt": "hi", "max_tokens": 2}) + "\n"
+    src.write_text(text)
+    (tmp_path / "link.jsonl").symlink_to(src)
+    for out in (src, tmp_path / "." / "in.jsonl", tmp_path / "link.jsonl"):
+        rc, _, err = run_cli(["batch", "-m", str(tiny_gguf()), str(src), str(out)])
+        assert rc == 2 and "is the input file" in err, err
+        assert src.read_text() == text
+
+
+def test_batch_output_that_cannot_be_written_is_one_error(run_cli, tiny_gguf, tmp_path):
+    """A full disk (/dev/full: every write fails with ENOSPC) is the typed error naming OUT.jsonl
+    (was: an OSError traceback from the flush, then another from closing the file)."""
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"prompt": "hi", "max_tokens": 2}) + "\n")
+    rc, _, err = run_cli(["batch", "-m", str(tiny_gguf()), str(src), "/dev/full"])
+    assert rc == 2 and "cannot write /dev/full: No space left on device" in err, err

@@ -79,3 +79,5 @@ def test_bench_reports_the_table_and_json(run_cli, tiny_gguf):
     assert doc["cpu_isa"] in ("amx", "avx512", "avxvnni", "avx2", "torch") and doc["cpu_prompt_passes"] == 1
     rc, _, err = run_cli(["bench", "-m", str(tiny_gguf()), "-r", "0"])
     assert rc == 2 and "-r must be >= 1" in err
+    rc, _, err = run_cli(["bench", "-m", str(tiny_gguf()), "-b", "1,abc"])  # was: a ValueError traceback
+    assert rc == 2 and "-b/--batch takes batch sizes separated by commas" in err and "'1,abc'" in err

@@ -228,8 +228,37 @@ def test_keep_alive_zero_and_no_daemon_run_in_process(resident_env, tiny_gguf):
         out = minfer(env, "run", *model, *flags)
         assert NOTICE not in out.stderr and "one-time warm-up" in out.stderr  # the process's own first step
     assert states(env["MINFER_CACHE"]) == []
-    bad = minfer(env, "run", *model, "--keep-alive", "soon", check=False)
-    assert bad.returncode == 2 and "--keep-alive expects a duration" in bad.stderr
+    for flags in ([], ["--no-daemon"], ["-cnv"]):  # checked wherever it would not apply too (was: ignored there)
+        bad = minfer(env, "run", *model, "--keep-alive", "soon", *flags, check=False)
+        assert bad.returncode == 2 and "--keep-alive expects a duration" in bad.stderr, (flags, bad.stderr)
+
+
+def test_a_temperature_past_the_http_range_runs_in_process(resident_env, tiny_gguf):
+    """--temp 5 is a valid run flag (the in-process run samples at it); the resident process's HTTP
+    API takes at most 2.0, so the run goes in process instead (was: 'temperature must be <= 2.0')."""
+    env, _ = resident_env
+    model = ["-m", str(tiny_gguf("tiny-llama", "q4_k")), "-n", "2", "-s", "1", "--temp", "5", "hi"]
+    out = minfer(env, "run", *model, "--keep-alive", KEEP, check=False)
+    assert out.returncode == 0 and "generated: 2" in out.stderr, out.stderr
+    assert out.stdout == minfer(env, "run", *model, "--no-daemon").stdout
+    assert states(env["MINFER_CACHE"]) == []
+
+
+def test_a_closed_stdout_ends_the_run_quietly_as_in_process(resident_env, tiny_gguf):
+    """stdout closed under the run (`minfer run ... | head -c 3`): the resident run ends as the
+    in-process one does, exit 0 and no error (was: exit 2, 'the resident process ended the request:
+    [Errno 32] Broken pipe', blaming the process for the client's own pipe)."""
+    env, _ = resident_env
+    model = ["-m", str(tiny_gguf("tiny-llama", "q4_k")), "-n", "20", "--ignore-eos", "--temp", "0", "hi"]
+    for flags in (["--no-daemon"], ["--keep-alive", KEEP], ["--keep-alive", KEEP]):  # in process, start, connect
+        r, w = os.pipe()
+        os.close(r)  # the reader is gone before the first byte: the first write fails, every time
+        try:
+            out = subprocess.run([sys.executable, "-m", "minfer", "run", *model, *flags], stdout=w,
+                                 stderr=subprocess.PIPE, text=True, env=env, timeout=300)
+        finally:
+            os.close(w)
+        assert out.returncode == 0 and "error" not in out.stderr, (flags, out.stderr)
 
 
 def test_a_file_that_does_not_load_is_one_error_and_no_kept_loaded_notice(resident_env, tmp_path):

@@ -128,6 +128,21 @@ def test_context_end_is_length():
         eng.add(list(range(1, 8)))
 
 
+def test_a_prompt_that_fills_the_context_has_no_room_to_generate():
+    """A generation whose prompt fills the context is refused as the server refuses it (was: one
+    token sampled past the end, prompt + generated = n_ctx + 1); scoring it (max_tokens 0) runs."""
+    eng, _ = make(n_ctx=6)
+    for max_tokens in (None, 1, 4):
+        with pytest.raises(ContextOverflowError, match="6 tokens and the context holds 6: no room to generate"):
+            eng.add([1, 2, 3, 4, 5, 6], SamplingParams(max_tokens=max_tokens, **GREEDY))
+    seq = eng.add([1, 2, 3, 4, 5, 6], SamplingParams(max_tokens=0), logit_rows=range(6))
+    eng.run([seq])
+    assert seq.finished and len(seq.tokens) == 6 and len(seq.generated) == 0
+    seq = eng.add([1, 2, 3, 4, 5], SamplingParams(max_tokens=None, **GREEDY))
+    eng.run([seq])
+    assert len(seq.generated) == 1 and len(seq.tokens) == 6 and seq.finish_reason == "length"
+
+
 def test_bad_prompts_are_typed_errors():
     eng, _ = make()
     with pytest.raises(MinferError, match="empty"):

@@ -291,3 +291,32 @@ def test_reading_a_closed_file_is_a_typed_error(tmp_path):
     r.close()
     with pytest.raises(GGUFError, match="is closed"):
         r.tensor_bytes("t")
+
+
+# -------------------------------------------------------------------- names shown on a terminal
+ESC_KEY = "general.\x1b]0;owned\x07\x1b[2J\nname"  # retitle the terminal, clear it, break the line
+
+
+def test_error_field_with_control_characters_is_escaped(tmp_path):
+    """A hostile key reaches the error message (and the terminal) with its control characters
+    escaped, not as raw bytes; the exception keeps the raw field for programs."""
+    path = tmp_path / "bad.gguf"
+    path.write_bytes(raw_kv(ESC_KEY, 99, b""))
+    with pytest.raises(GGUFError) as info:
+        GGUFReader(path)
+    e = info.value
+    assert e.field == f"{ESC_KEY}.type"
+    assert str(e).isprintable(), str(e)
+    assert r"general.\x1b]0;owned\x07\x1b[2J\nname.type" in str(e)
+
+
+def test_inspect_text_escapes_control_characters(tmp_path):
+    from minfer.inspect import inspect_file
+
+    hb = H(1, 2).kv(0, "general.architecture", string("llama\x1b[31m")).kv(1, "general.name", string(ESC_KEY))
+    hb.tensor_info(0, "tok\x1b[2Jen", [8], F32, 0).pad(32)
+    path = tmp_path / "names.gguf"
+    path.write_bytes(hb.bytes() + b"\0" * 64)
+    out = inspect_file(path, tensors=True)
+    assert all(line.isprintable() for line in out.splitlines()), out
+    assert r"general.\x1b]0;owned\x07\x1b[2J\nname" in out and r"tok\x1b[2Jen" in out

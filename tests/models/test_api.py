@@ -73,7 +73,8 @@ def test_messages_are_read_as_the_server_reads_them(smollm2_model):
     """OpenAI-shaped messages (what the server takes) mean the same here: text parts are their text,
     developer is system, an assistant turn of tool calls may have no content; what the server refuses
     with a 400 is a TemplateError (were: an empty list generated from an empty chat, content None
-    rendered as the text "None" or a template TypeError, text parts as their Python repr)."""
+    rendered as the text "None" or a template TypeError, text parts as their Python repr, an unknown
+    role rendered as it came)."""
     m = smollm2_model
     plain = m.chat_tokens([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}])
     parts = [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]
@@ -88,6 +89,8 @@ def test_messages_are_read_as_the_server_reads_them(smollm2_model):
                      ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
                       r"messages\[0\]\.content\[0\]: only text parts are supported \(got type 'image_url'\)"),
                      ([{"content": "hi"}], r"messages\[0\]\.role must be a string"),
+                     ([{"role": "user", "content": "hi"}, {"role": "wizard", "content": "hi"}],
+                      r"messages\[1\]\.role 'wizard' is not one of system, developer, user, assistant, tool"),
                      ([{"role": "user", "content": 5}],
                       r"messages\[0\]\.content must be a string or a list of text parts")]:
         with pytest.raises(minfer.errors.TemplateError, match=why):
@@ -117,3 +120,16 @@ def test_prompt_longer_than_a_chunk(tiny_gguf):
         seq = m.engine.add(ids, minfer.api.SamplingParams(temperature=0, max_tokens=3))
         m.run([seq])
         assert seq.finish_reason == "length" and len(seq.generated) == 3
+
+
+def test_a_closed_model_refuses_requests(tiny_gguf):
+    """After close() a request is a MinferError that says the model is closed (was: the cpu backend
+    went on generating, the vulkan one failed with 'allocate() the KV cache before running a step')."""
+    m = minfer.api.load(tiny_gguf(), progress=False, n_ctx=32, n_slots=1)
+    assert m.generate("hi", max_tokens=2, temperature=0)
+    m.close()
+    m.close()  # idempotent
+    for call in (lambda: m.generate("hi", max_tokens=2), lambda: m.logits([1, 2]), lambda: m.embed(["hi"])):
+        with pytest.raises(minfer.errors.MinferError, match="the model is closed"):
+            call()
+    assert m.tokenize("hi")  # what needs no weights still works

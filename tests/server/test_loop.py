@@ -136,3 +136,66 @@ def test_a_failing_loop_tells_its_requests_and_says_error(tiny_gguf):
     assert err["message"] == "the engine loop failed: RuntimeError: simulated loop bug", err
     assert loop.state == "error" and health.status_code == 503 and health.json() == {"status": "error"}
     assert after.status_code == 503, after.text
+
+
+def test_an_embedding_the_backend_cannot_compute_fails_alone(tiny_gguf, monkeypatch):
+    """A backend without embeddings (vulkan's: Backend.hidden not overridden) refuses an embedding
+    request when it is queued, and only that request gets the error; a generation running beside
+    it finishes (was: the embedding's step raised, and the loop failed every request in flight)."""
+    from minfer.api import Model
+    from minfer.backends.base import Backend
+    from minfer.engine.params import SamplingParams
+    from minfer.server.loop import ServingLoop
+
+    model = Model(tiny_gguf("tiny-llama", "f32"), n_ctx=64, n_slots=2, progress=False)
+    monkeypatch.setattr(type(model.engine.backend), "hidden", Backend.hidden)
+    loop = ServingLoop(model.engine)
+    try:
+        loop.add("gen", [1, 2, 3], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True), None)
+        loop.step()
+        loop.add("emb", [4, 5, 6], SamplingParams(max_tokens=0), None, pooling="mean")
+        for _ in range(40):
+            if not loop.busy():
+                break
+            loop.step()
+    finally:
+        model.close()
+    events = {}
+    for key, ev in loop.out:
+        events.setdefault(key, []).append(ev)
+    assert [ev[1] for ev in events["emb"] if ev[0] == "error"] == [
+        "the cpu backend does not compute embeddings (cpu and cuda do)"]
+    assert not [ev for ev in events["gen"] if ev[0] == "error"], events["gen"]
+    done = [ev for ev in events["gen"] if ev[0] == "done"]
+    assert done and done[0][1] == "length" and done[0][2]["completion_tokens"] == 12
+
+
+def test_a_request_larger_than_max_pending_is_a_400_not_a_retry_later(tiny_gguf):
+    """`n` choices or embedding inputs beyond --max-pending can never be admitted: a 400 naming the
+    field (was: 503 'overloaded ... retry later', forever; at the default 1024, an embeddings request
+    of 1025..2048 inputs, which the schema allows)."""
+    from minfer.api import Model
+
+    model = Model(tiny_gguf("tiny-llama", "f32"), n_ctx=64, n_slots=2, progress=False)
+    loop = EngineThread(lambda: model, Metrics())
+    app = create_app(loop, model_id="tiny", metrics=loop.metrics, max_pending=2)
+    loop.start()
+    assert loop.ready.wait(30) and loop.state == "ok"
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            body = {"prompt": [1, 2, 3], "max_tokens": 2, "temperature": 0}
+            return [await c.post("/v1/completions", json={**body, "n": 3}),
+                    await c.post("/v1/embeddings", json={"input": ["a", "b", "c"]}),
+                    await c.post("/v1/completions", json={**body, "n": 2})]
+
+    try:
+        with ThreadPoolExecutor(1) as ex:
+            too_many_n, too_many_inputs, fits = ex.submit(asyncio.run, go()).result(60)
+    finally:
+        loop.stop()
+    for r, param in ((too_many_n, "n"), (too_many_inputs, "input")):
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == param, r.text
+        assert "admits at most 2 at once (--max-pending)" in err["message"], r.text
+    assert fits.status_code == 200 and len(fits.json()["choices"]) == 2
