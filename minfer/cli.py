@@ -9,6 +9,7 @@ under the usage of the subcommand it was given to (argparse hands leftovers up t
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import sys
 
@@ -53,7 +54,30 @@ def main(argv: list[str] | None = None) -> int:
         print("minfer: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
+        _drop_stdout()
         return 0
+    except OSError as e:  # a write failed (stdout on a full disk, a terminal gone): one line, not a traceback
+        if e.errno not in _WRITE_ERRORS or e.filename is not None:  # (opening a named file: its own typed errors)
+            raise
+        _drop_stdout()
+        print(f"minfer: error: cannot write: {e.strerror or e}", file=sys.stderr)
+        return 1
+
+
+_WRITE_ERRORS = {errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG}
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush at exit does not fail again with
+    what the error line already said."""
+    import os
+
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

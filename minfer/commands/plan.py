@@ -34,7 +34,8 @@ def plan(a: argparse.Namespace) -> int:
     from ..errors import MinferError
 
     if a.device not in ("cuda", "cpu"):
-        raise MinferError(f"--device {a.device}: the cuda and cpu backends choose kernels through contracts")
+        raise MinferError(f"--device {a.device}: `minfer plan` covers the cuda and cpu backends "
+                          "(the vulkan backend picks its kernels through contracts too, when it loads a model)")
     if a.batch < 1 or a.prefill < 0:
         raise MinferError("-b must be >= 1 and --prefill >= 0")
     from ..config import EngineConfig

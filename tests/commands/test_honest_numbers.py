@@ -198,3 +198,22 @@ def test_batch_output_that_cannot_be_written_is_one_error(run_cli, tiny_gguf, tm
     src.write_text(json.dumps({"prompt": "hi", "max_tokens": 2}) + "\n")
     rc, _, err = run_cli(["batch", "-m", str(tiny_gguf()), str(src), "/dev/full"])
     assert rc == 2 and "cannot write /dev/full: No space left on device" in err, err
+
+
+def test_output_that_cannot_be_written_is_one_line_and_exit_1(tiny_gguf):
+    """`minfer inspect FILE > /dev/full` and `minfer run ... > /dev/full` (every write fails with ENOSPC):
+    one error line on stderr and exit 1 (was: an OSError traceback, then the interpreter's own at exit)."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "MINFER_CACHE": str(Path(tiny_gguf()).parent / "cache")}
+    path = str(tiny_gguf())
+    for argv in (["inspect", path], ["run", "--no-daemon", "-m", path, "-n", "4", "--temp", "0", "hi"]):
+        with open("/dev/full", "w") as full:
+            out = subprocess.run([sys.executable, "-m", "minfer", *argv], stdout=full, stderr=subprocess.PIPE,
+                                 env=env, text=True, timeout=300)
+        assert out.returncode == 1, out.stderr[-2000:]
+        assert "Traceback" not in out.stderr and "Exception ignored" not in out.stderr, out.stderr[-2000:]
+        assert "minfer: error: cannot write: No space left on device" in out.stderr, out.stderr
