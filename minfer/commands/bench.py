@@ -180,6 +180,12 @@ def bench(a: argparse.Namespace) -> int:
     if not 0.0 <= a.temperature <= 100.0:
         raise MinferError(f"--temperature must be in 0..100, got {a.temperature}")
     n_ctx = max(a.n_prompt, 16 + a.n_gen, 256 if sizes else 0, 64)
+    need = max(a.n_prompt, 16 + a.n_gen if a.n_gen else 0, 256 if sizes else 0)  # (the tests' contexts)
+    if a.ctx and a.ctx < need:  # said before the model loads
+        raise MinferError(f"-c/--ctx-size {a.ctx} is too small for these tests: -p {a.n_prompt} needs {a.n_prompt}, "
+                          f"-n {a.n_gen} needs {16 + a.n_gen} (a 16-token prompt first)"
+                          + (", batched decode 256 (128 + 128 a sequence)" if sizes else "")
+                          + "; leave -c out to size it for them")
     config = common.engine_config(a, n_ctx=a.ctx or n_ctx, n_slots=max(sizes + [1]))
     if common.follower(a, config):
         return 0

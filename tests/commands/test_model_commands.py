@@ -81,3 +81,5 @@ def test_bench_reports_the_table_and_json(run_cli, tiny_gguf):
     assert rc == 2 and "-r must be >= 1" in err
     rc, _, err = run_cli(["bench", "-m", str(tiny_gguf()), "-b", "1,abc"])  # was: a ValueError traceback
     assert rc == 2 and "-b/--batch takes batch sizes separated by commas" in err and "'1,abc'" in err
+    rc, out, err = run_cli(["bench", "-m", "/nonexistent/never-loaded.gguf", "-p", "8", "-n", "4", "-c", "4"])
+    assert rc == 2 and "-c/--ctx-size 4 is too small for these tests" in err and out == ""  # before any load
