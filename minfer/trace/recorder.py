@@ -100,6 +100,7 @@ class TraceRecorder:
             raise MinferError("trace: heatmap_max, top_k and heatmap_every must be >= 1, "
                               "heatmap_first and heatmap_budget >= 0")
         self.path = Path(path)
+        self._check_writable()  # now, not after the run it records
         self.settings = {"heatmap_max": heatmap_max, "top_k": top_k, "heatmap_first": heatmap_first,
                          "heatmap_every": heatmap_every, "heatmap_budget": heatmap_budget}
         self.model_info = dict(model_info or {})
@@ -240,6 +241,20 @@ class TraceRecorder:
         self.close()
 
     # -- internals --------------------------------------------------------------------------------
+
+    def _check_writable(self) -> None:
+        """A path the trace cannot be written to is a MinferError when the recorder is made: the
+        temp file `close` writes is made and removed here (its folder made as close makes it)."""
+        if self.path.is_dir():
+            raise MinferError(f"trace: cannot write {self.path}: it is a directory")
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "w", encoding="utf-8"):
+                pass
+            tmp.unlink()
+        except OSError as e:
+            raise MinferError(f"trace: cannot write {self.path}: {e.strerror or e}") from None
 
     def _check_open(self) -> None:
         if self._closed:

@@ -238,12 +238,20 @@ def test_bad_graph_is_rejected(tmp_path, graph, match):
         TraceRecorder(tmp_path / "t.json").set_graph(graph)
 
 
-def test_unwritable_path_is_a_typed_error(tmp_path):
+def test_unwritable_path_is_a_typed_error_before_the_run(tmp_path):
+    """A path the trace cannot go to (under a file, a directory itself) is refused when the recorder is
+    made, before the run it would record (was: at close, after the whole run). A good path leaves no file
+    until close writes it."""
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    rec = TraceRecorder(blocker / "t.json")
-    with pytest.raises(MinferError, match="cannot write"):
-        rec.close()
+    for bad, why in ((blocker / "t.json", "cannot write"), (tmp_path, "it is a directory")):
+        with pytest.raises(MinferError, match=why):
+            TraceRecorder(bad)
+    good = tmp_path / "sub" / "t.json"
+    rec = TraceRecorder(good)
+    assert not good.exists() and list(good.parent.iterdir()) == []
+    rec.close()
+    assert good.exists()
 
 
 @pytest.mark.parametrize("content,match", [
