@@ -45,10 +45,10 @@
 #endif
 
 /* ---------------------------------------------------------------- the decode program's work sharing
- * Inside prog_run (the decode step as one call) the work-shared loops of the steps hand out their items one
- * at a time from a counter (TEAM_FOR), and a loop ends when all its items are done, not when every thread
- * has arrived: a thread that the kernel takes off its core (another busy process; a laptop's slow core) holds
- * up at most the item it has, and the others do the rest. Its own loops it then passes through, finding
+ * Inside prog_run (the decode step as one call) the work-shared loops of the steps hand out their items from
+ * a counter (TEAM_FOR; a claim is a thread's even share, or one item), and a loop ends when all its items are
+ * done, not when every thread has arrived: a thread that the kernel takes off its core (another busy process;
+ * a laptop's slow core) holds up at most the items it has claimed, and the others do the rest. Its own loops it then passes through, finding
  * their items taken. (libgomp's static split and barrier make the team wait for the late thread at every
  * one of a token's ~240 steps: SmolLM2 at 2 threads beside one busy process ran 349 -> 23 tok/s, llama.cpp
  * 97 -> 4.) A waiter spins ~TEAM_SPIN_TICKS of the time stamp counter, then sleeps on a futex, so an idle
@@ -69,6 +69,12 @@ static inline int team_claim(team_ctr *c, int n, int chunk, int *mine) {
     if (i >= n) return -1;
     *mine += n - i < chunk ? n - i : chunk;
     return i;
+}
+
+/* a thread's even share of n items (at least 1) */
+static inline int team_share(int n) {
+    int nth = omp_get_num_threads(), k = (n + nth - 1) / nth;
+    return k > 0 ? k : 1;
 }
 
 /* this thread's `mine` items of the loop done; wait until all n are (the items' writes then visible) */
@@ -98,13 +104,14 @@ static void team_done(team_ctr *c, int n, int mine) {
 }
 
 /* for (int i = 0; i < n; i++) BODY as a work-shared loop ending when all its items are done: inside prog_run
- * the team's counters, CHUNK consecutive items a claim, else `#pragma SCHED` (a string: "omp for
+ * the team's counters, CHUNK consecutive items a claim (0: a thread's even share: one claim each, the static
+ * split's runs, where every thread is on its core), else `#pragma SCHED` (a string: "omp for
  * schedule(static)") with its barrier */
 #define TEAM_FOR(i, n, CHUNK, SCHED, ...) do {                                       \
         const int team_n_ = (n);                                                     \
         if (team != NULL) {                                                          \
             team_ctr *team_c_ = team++;                                              \
-            int team_mine_ = 0, team_k_ = (CHUNK) > 0 ? (CHUNK) : 1;                 \
+            int team_mine_ = 0, team_k_ = (CHUNK) > 0 ? (CHUNK) : team_share(team_n_); \
             for (int team_i_; (team_i_ = team_claim(team_c_, team_n_, team_k_, &team_mine_)) >= 0;) \
                 for (int i = team_i_; i < team_i_ + team_k_ && i < team_n_; i++) {  \
                     __VA_ARGS__                                                      \
@@ -118,11 +125,6 @@ static void team_done(team_ctr *c, int n, int mine) {
         }                                                                            \
     } while (0)
 #define TEAM_LOOPS_PER_STEP 2  /* the most TEAM_FOR loops one program step meets (attention's two) */
-#ifndef TEAM_GEMM_SPLIT
-#define TEAM_GEMM_SPLIT 1  /* a GEMM's claims a thread's share: 1, the static split's runs of tiles when all are on time */
-#endif
-/* a claim of light items: a thread's even share (one claim each where every thread is on its core) */
-#define TEAM_SHARE(n) (((n) + omp_get_num_threads() - 1) / omp_get_num_threads())
 
 /* ---------------------------------------------------------------- the vector layer
  * The kernels below are written on 16-lane vectors: vf (16 float32) and vi (512 bits of integers),
@@ -1093,9 +1095,9 @@ static void gemm_tiles(const layout *L, int NT, int G, const acts *A, int k, int
     /* the KM layout over more rows than a tile: the pair's scales made once an item (NULL: in each tile) */
     float *prep = L->km && m > MT ? malloc(sizeof(float) * 64 * (size_t)G) : NULL;
     int have = -1, n = (E == NULL ? NT : NT / 2) * RB, nth = omp_get_num_threads(), tid = omp_get_thread_num();
-    if (team != NULL) {  /* inside prog_run: runs of TEAM_GEMM_SPLIT claims a thread's share */
+    if (team != NULL) {  /* inside prog_run: a claim is a thread's share (a run of tiles, one stream through W) */
         team_ctr *c = team++;
-        int chunk = (n + TEAM_GEMM_SPLIT * nth - 1) / (TEAM_GEMM_SPLIT * nth), mine = 0;
+        int chunk = team_share(n), mine = 0;
         for (int lo; (lo = team_claim(c, n, chunk, &mine)) >= 0;)
             gemm_range(L, NT, G, A, k, m, P, y, ldy, bias, E, RB, lo, lo + chunk < n ? lo + chunk : n, prep, &have);
         team_done(c, n, mine);
@@ -1640,7 +1642,7 @@ static void attn_work(const float *q, int ldq, const float *kc, const float *vc,
         }
     );
     if (direct) return;
-    TEAM_FOR(bj, B * n_head, TEAM_SHARE(team_n_), "omp for schedule(static)",
+    TEAM_FOR(bj, B * n_head, 0, "omp for schedule(static)",
         int b = bj / n_head, h = bj % n_head / grp, j = bj % grp, chunks = (first[b + 1] - first[b]) / n_kv;
         const float *p0 = part + (size_t)(first[b] + h * chunks) * per;
         float *O = out + (size_t)b * ldo + (size_t)(h * grp + j) * hd;
@@ -1953,7 +1955,7 @@ static void pstep_run(const pstep *p, int B, const int *slots, const int *pos, c
     case PS_NORM: {  /* y = rms_norm(x) * w: n wide, eps f0; a2 > 0: each run of a2 values normed alone (the
                       * per-head q / k norms), w of a2 */
         int g = p->a2 > 0 ? p->a2 : p->n, per = p->n / g;
-        TEAM_FOR(rh, B * per, TEAM_SHARE(team_n_), "omp for schedule(static)",
+        TEAM_FOR(rh, B * per, 0, "omp for schedule(static)",
             int r = rh / per, h = rh % per;
             rms_norm_row((const float *)p->x + (size_t)r * p->ldx + (size_t)h * g, g, (const float *)p->w, p->f0,
                          (float *)p->y + (size_t)r * p->ldy + (size_t)h * g);
@@ -1963,7 +1965,7 @@ static void pstep_run(const pstep *p, int B, const int *slots, const int *pos, c
     case PS_QUANT: {  /* x's k wide rows -> the activations' scratch (y: q, aux0: d, aux1: sx, z: x16), a0
                        * passes; the rows' groups shared out 8 at a time (a row of one decode row spans threads) */
         int G = p->k / 32, parts = (G + 7) / 8;
-        TEAM_FOR(rp, B * parts, TEAM_SHARE(team_n_), "omp for schedule(static)",
+        TEAM_FOR(rp, B * parts, 0, "omp for schedule(static)",
             int r = rp / parts, g0 = rp % parts * 8, g1 = g0 + 8 < G ? g0 + 8 : G;
             quantize_row_at(p->x, 0, (size_t)p->ldx, p->k, p->a0, r, (int8_t *)p->y, (float *)p->aux0,
                             (float *)p->aux1, (int *)p->z, NULL, 0, g0, g1);
@@ -1987,7 +1989,7 @@ static void pstep_run(const pstep *p, int B, const int *slots, const int *pos, c
                       * its keys the turned heads kv_head .. kv_head + kv_n - 1 (written to the cache kv_k by the
                       * item that turned them), its values (kv_v, row stride kv_ldv) kv_n more items */
         int heads = p->a0, hd = p->a1, half = p->a2 / 2, n_kv = p->kv_n, items = heads + n_kv;
-        TEAM_FOR(th, B * items, TEAM_SHARE(team_n_), "omp for schedule(static)",
+        TEAM_FOR(th, B * items, 0, "omp for schedule(static)",
             int t = th / items, h = th % items;
             if (h < heads) {
                 float *out = (float *)p->y + (size_t)t * p->ldy + (size_t)h * hd;
@@ -2006,7 +2008,7 @@ static void pstep_run(const pstep *p, int B, const int *slots, const int *pos, c
     case PS_KV: {  /* the rows' keys x (ldx) and values z (ldz), a0 kv heads of a1, into the layer's caches w, s
                     * [n_slots][a0][a2][a1] at (slot, position) */
         int n_kv = p->a0, hd = p->a1, n_ctx = p->a2;
-        TEAM_FOR(bh, B * n_kv, TEAM_SHARE(team_n_), "omp for schedule(static)",
+        TEAM_FOR(bh, B * n_kv, 0, "omp for schedule(static)",
             int b = bh / n_kv, h = bh % n_kv;
             kv_write((float *)p->w, (const float *)p->x + (size_t)b * p->ldx + (size_t)h * hd, slots[b], pos[b], h, n_kv,
                      n_ctx, hd);
@@ -2027,7 +2029,7 @@ static void pstep_run(const pstep *p, int B, const int *slots, const int *pos, c
     case PS_GLU_Q: {  /* PS_GLU, then the result's groups quantized as PS_QUANT (into zz: q, aux0: d, aux1: sx,
                        * b: x16; a0 passes), 8 groups a work item: one step where two were */
         int G = p->n / 32, parts = (G + 7) / 8;
-        TEAM_FOR(rp, B * parts, TEAM_SHARE(team_n_), "omp for schedule(static)",
+        TEAM_FOR(rp, B * parts, 0, "omp for schedule(static)",
             int r = rp / parts, g0 = rp % parts * 8, g1 = g0 + 8 < G ? g0 + 8 : G;
             glu_span(p->a3, (const float *)p->x + (size_t)r * p->ldx, (const float *)p->z + (size_t)r * p->ldz,
                      (float *)p->y + (size_t)r * p->ldy, 32 * g0, 32 * g1);
@@ -2039,7 +2041,7 @@ static void pstep_run(const pstep *p, int B, const int *slots, const int *pos, c
     case PS_ROW:  /* a row at a time, n wide: a1 & 1: y = x + z; a1 & 2: s (row stride a3) = rms_norm(that sum, or
                    * x) * w, eps f0; a1 & 4: the norm's row (or the sum's) quantized as PS_QUANT (zz, aux0, aux1, b;
                    * a0 passes). For narrow rows: one step where two or three were */
-        TEAM_FOR(r, B, TEAM_SHARE(team_n_), "omp for schedule(static)",
+        TEAM_FOR(r, B, 0, "omp for schedule(static)",
             const float *src = (const float *)p->x;
             size_t ld = (size_t)p->ldx;
             if (p->a1 & 1) {
@@ -2061,7 +2063,7 @@ static void pstep_run(const pstep *p, int B, const int *slots, const int *pos, c
     case PS_SCALE:  /* y = x f0, n wide */
     case PS_GLU: {  /* y = act(x) z, n wide: a3 0 SwiGLU, 1 GeGLU */
         int n = p->n, chunks = (n + 255) / 256;
-        TEAM_FOR(rc, B * chunks, TEAM_SHARE(team_n_), "omp for schedule(static)",
+        TEAM_FOR(rc, B * chunks, 0, "omp for schedule(static)",
             int r = rc / chunks, c0 = rc % chunks * 256, c1 = c0 + 256 < n ? c0 + 256 : n;
             const float *x = (const float *)p->x + (size_t)r * p->ldx;
             const float *z = p->op == PS_SCALE ? NULL : (const float *)p->z + (size_t)r * p->ldz;
