@@ -59,6 +59,8 @@ def main() -> None:
         old = cbuild.build(args.old, vnni.ISAS[args.isa][1], "no old build") if new is not None else None
         if new is None or old is None:
             raise SystemExit(f"no {args.isa} build here")
+        if "-DMINFER_AMX" in vnni.ISAS[args.isa][1] and old.amx_init() != 1:  # (else its prompts take the vector tile)
+            raise SystemExit("the old amx build got no tile state")
         old.q4_gemm.argtypes = new.q4_gemm.argtypes
         bad = cases = 0
         for qtype in types:

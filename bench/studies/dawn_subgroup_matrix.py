@@ -9,18 +9,18 @@ backend is written on it:
 
 1. which configurations the adapter lists (M, N, K, component and result types, subgroup sizes);
 2. for each f16 -> f32 and i8 -> i32 configuration: a plain tiled product C[m, n] = A[m, k] . B[n, k]^T (the
-   prefill's x . W^T, B loaded column-major), checked against numpy on a small case, then timed at 4096^3 in two
-   forms: each subgroup loading its tiles straight from the storage buffers ("global"), and a workgroup staging
+   prefill's x . W^T, B loaded column-major), checked against numpy on a small case, then timed at 2048^3 (--size)
+   in two forms: each subgroup loading its tiles straight from the storage buffers ("global"), and a workgroup staging
    its A and B panels in workgroup memory first ("shared"). TFLOP/s (TOP/s for i8) by wall clock over
    `--reps` dispatches in one submission.
 
 For scale: the vulkan backend's tiled prefill runs ~19 TFLOP/s-equivalent on the 7B (pp512 1,278 tok/s) and
 llama.cpp's Vulkan build with NV_coopmat2 ~170 (11,111 tok/s); the H200's dense f16 tensor-core peak is ~990.
 
-Run (the GPU machine has no network: carry the wheels, made here with
-`pip download --no-deps -d .whl wgpudawn==0.32.0.4 cffi pycparser numpy`, and carry ".whl"):
-    python3 -m venv /tmp/dawn && /tmp/dawn/bin/pip install --no-index --find-links .whl wgpudawn numpy
-    /tmp/dawn/bin/python bench/studies/dawn_subgroup_matrix.py [--size 4096] [--reps 20]
+Run on the GPU machine (no network, no Vulkan loader): carry ".gl" (the loader's .deb, bench/vulkan_h200.sh's header)
+and ".whl" (here: `pip download --no-deps -d .whl wgpudawn==0.32.0.4 cffi pycparser` for Python 3.12), then
+    . bench/vulkan_env.sh; timeout 200 python3 bench/studies/dawn_subgroup_matrix.py [--size 2048] [--reps 5]
+(vulkan_env.sh unpacks the loader, points it at NVIDIA's ICD and unzips the wheels into /tmp/pylib.)
 `--null`: Dawn's Null backend (no GPU: the shaders are parsed and validated only, nothing runs; this machine's
 check that the WGSL below is well formed).
 """
@@ -161,7 +161,8 @@ def run_case(wgpu, device, cfg: dict, variant: str, sg_size: int, size: tuple[in
     ba = device.create_buffer_with_data(data=a.tobytes(), usage=usage.STORAGE)
     bb = device.create_buffer_with_data(data=b.tobytes(), usage=usage.STORAGE)
     bc = device.create_buffer(size=m * n * 4, usage=usage.STORAGE | usage.COPY_SRC)
-    bd = device.create_buffer_with_data(data=np.array([m, n, k, 0], np.uint32).tobytes(), usage=usage.UNIFORM)
+    bd = device.create_buffer_with_data(data=np.array([m, n, k, 0], np.uint32).tobytes(),
+                                     usage=usage.UNIFORM | usage.COPY_SRC)  # (read back: the wait below)
     group = device.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[
         {"binding": i, "resource": {"buffer": buf, "offset": 0, "size": buf.size}}
         for i, buf in enumerate((ba, bb, bc, bd))])
@@ -194,8 +195,8 @@ def run_case(wgpu, device, cfg: dict, variant: str, sg_size: int, size: tuple[in
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--size", type=int, default=4096, help="m = n = k of the timed product")
-    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--size", type=int, default=2048, help="m = n = k of the timed product")
+    ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--null", action="store_true", help="Dawn's Null backend: compile the shaders only")
     args = ap.parse_args()
     if args.null:
@@ -214,14 +215,14 @@ def main() -> None:
                       "configs": configs}, indent=1))
     feats = [f for f in FEATURES if f in adapter.features]
     device = adapter.request_device_sync(required_features=feats)
-    sg_size = 32 if args.null else int(info["subgroup_max_size"] or 32)  # (NVIDIA's: 32)
     if args.null:  # the Null adapter lists no configurations: the ones NVIDIA's driver is expected to give
         configs = [{"component_type": "f16", "result_component_type": "f32", "m": 16, "n": 16, "k": 16},
                    {"component_type": "i8", "result_component_type": "i32", "m": 16, "n": 16, "k": 32}]
-    rows = []
+    print("\n| configuration | result |\n|---|---|", flush=True)
     for cfg in configs:
         if cfg["component_type"] not in TYPES or cfg["result_component_type"] != TYPES[cfg["component_type"]][1]:
             continue
+        sg_size = int(cfg.get("min_subgroup_size") or 32)  # (the configuration's; NVIDIA's: 32)
         r, c = block(cfg)
         small = (2 * r, 2 * c, 4 * cfg["k"])
         big = tuple(-(-args.size // q) * q for q in (r, c, cfg["k"]))
@@ -230,17 +231,16 @@ def main() -> None:
             try:
                 if args.null:
                     run_case(wgpu, device, cfg, variant, sg_size, small, 1, False, True)
-                    rows.append((name, "WGSL accepted (Null backend: not run)"))
-                    continue
-                ok = run_case(wgpu, device, cfg, variant, sg_size, small, 1, True, False)
-                perf = run_case(wgpu, device, cfg, variant, sg_size, big, args.reps, False, False)
-                rows.append((name, f"check max|err| {ok['max_abs_err']:.3g} (max |ref| {ok['max_ref']:.3g}); "
-                                   f"{big[0]}x{big[1]}x{big[2]}: {perf['us']:.0f} us, {perf['tflops']:.1f} T/s"))
+                    res = "WGSL accepted (Null backend: not run)"
+                else:  # the check first (printed on its own: a slow or hung timing below still leaves it)
+                    ok = run_case(wgpu, device, cfg, variant, sg_size, small, 1, True, False)
+                    print(f"| {name} | check max|err| {ok['max_abs_err']:.3g} (max |ref| {ok['max_ref']:.3g}); "
+                          f"{small[0]}x{small[1]}x{small[2]}: {ok['us']:.0f} us |", flush=True)
+                    perf = run_case(wgpu, device, cfg, variant, sg_size, big, args.reps, False, False)
+                    res = f"{big[0]}x{big[1]}x{big[2]}: {perf['us']:.0f} us, {perf['tflops']:.1f} T/s"
             except Exception as e:  # noqa: BLE001 (a probe: every failure is a finding to print)
-                rows.append((name, f"FAILED: {type(e).__name__}: {str(e)[:300]}"))
-    print("\n| configuration | result |\n|---|---|")
-    for name, res in rows:
-        print(f"| {name} | {res} |")
+                res = f"FAILED: {type(e).__name__}: {str(e)[:300]}"
+            print(f"| {name} | {res} |", flush=True)
 
 
 if __name__ == "__main__":
