@@ -58,7 +58,18 @@
 #ifndef TEAM_SPIN_TICKS
 #define TEAM_SPIN_TICKS 150000
 #endif
-typedef struct { atomic_int next, done, sleepers; char pad[64 - 3 * sizeof(atomic_int)]; } team_ctr;
+/* a loop's counters, each on a cache line of its own (and 256 bytes a loop: the adjacent-line prefetcher's pairs
+ * apart too): the claims' `next`; the end check-ins' `done`, which only the threads' one add each touches; and
+ * `over`, which the last to check in sets and the waiters poll (a check-in does not take the polled line from 15
+ * pollers, and a claim does not take either) */
+typedef struct {
+    atomic_int next;
+    char pad0[64 - sizeof(atomic_int)];
+    atomic_int done;
+    char pad1[64 - sizeof(atomic_int)];
+    atomic_int over, sleepers;
+    char pad2[128 - 2 * sizeof(atomic_int)];
+} team_ctr;
 static __thread team_ctr *team;  /* inside prog_run: the program's loop counters, in the order every thread meets
                                   * its loops (this thread's next one), else NULL */
 
@@ -77,25 +88,29 @@ static inline int team_share(int n) {
     return k > 0 ? k : 1;
 }
 
-/* this thread's `mine` items of the loop done; wait until all n are (the items' writes then visible) */
+/* this thread's `mine` items of the loop done; wait until all n are (the items' writes then visible: each
+ * check-in's add releases its thread's writes, the last one's acquires them all and its store of `over` releases
+ * them to the waiters) */
 static void team_done(team_ctr *c, int n, int mine) {
+    if (n <= 0) return;  /* (no items: nothing to wait for, and no check-in would set `over`) */
     if (mine > 0 && atomic_fetch_add(&c->done, mine) + mine == n) {
+        atomic_store(&c->over, 1);  /* (seq_cst: ordered before the sleepers' read, as their add before the wait) */
         if (atomic_load(&c->sleepers) > 0) {
 #ifdef __linux__
-            syscall(SYS_futex, &c->done, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+            syscall(SYS_futex, &c->over, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 #endif
         }
         return;
     }
     unsigned long long t0 = __rdtsc();
-    for (int d; (d = atomic_load_explicit(&c->done, memory_order_acquire)) < n;) {
+    while (atomic_load_explicit(&c->over, memory_order_acquire) == 0) {
         if (__rdtsc() - t0 < TEAM_SPIN_TICKS) {
             _mm_pause();
             continue;
         }
 #ifdef __linux__
         atomic_fetch_add(&c->sleepers, 1);
-        syscall(SYS_futex, &c->done, FUTEX_WAIT_PRIVATE, d, NULL, NULL, 0);  /* (at once if done moved from d) */
+        syscall(SYS_futex, &c->over, FUTEX_WAIT_PRIVATE, 0, NULL, NULL, 0);  /* (at once if `over` is set) */
         atomic_fetch_sub(&c->sleepers, 1);
 #else
         sched_yield();
@@ -2100,12 +2115,12 @@ int prog_run(const pstep *steps, int n, int B, const int *slots, const int *pos,
             for (int b = 0; starts != NULL && b < B; b++) starts[b] = lens[b] > steps[i].a4 ? lens[b] - steps[i].a4 : 0;
             attn_first(B, steps[i].a0, starts, lens, (int *)steps[i].b);
         }
-    /* the steps' loop counters (TEAM_FOR) and one more for the team's end, each on its own cache line, zeroed;
+    /* the steps' loop counters (TEAM_FOR) and one more for the team's end, each on cache lines of its own, zeroed;
      * the threads' attention scores. Made before the team starts: a thread starts its steps without waiting for
      * the others (one the kernel has not run yet joins late, and finds the items of the steps before taken) */
     size_t n_ctr = (size_t)n * TEAM_LOOPS_PER_STEP + 1, per_sc = (size_t)grp * CHUNK;
     int nth = omp_get_max_threads();
-    team_ctr *ctrs = aligned_alloc(64, sizeof(team_ctr) * n_ctr);
+    team_ctr *ctrs = aligned_alloc(128, sizeof(team_ctr) * n_ctr);  /* (128: the adjacent-line prefetcher's pairs) */
     float *scs = malloc(sizeof(float) * per_sc * (size_t)nth);
     if (ctrs == NULL || scs == NULL) {
         free(ctrs);
