@@ -24,6 +24,7 @@
 #                                                       on .old/base (see the mode), on this tree again (no llama.cpp): ~4 min
 #   PARTS=cpudec bash bench/h200_driver.sh start        the host CPU's small-model decode (tg32, 4 / 8 / 16 threads):
 #                                                       this tree, $BASE's (.anchor/base-cpu) and llama.cpp's: ~4 min
+#                                                       (PARTS=cpudec+cpu: then the host CPU's table, ~10 min in all)
 #   PARTS=dnorm bash bench/h200_driver.sh start         the deferred RMSNorm (QMatMulAddNorm): its compiled tests,
 #                                                       bench/studies/deferred_norm.py, then SmolLM2 and Qwen2.5-0.5B
 #                                                       tg128 with and without it, and llama.cpp's: ~9 minutes
@@ -327,12 +328,14 @@ for r in json.load(sys.stdin)['results']:
   done
   table smollm2; table qwen2.5; table no-dnorm
   step done; exit 0
-elif [ "$PARTS" = cpudec ]; then  # the host CPU's small-model decode: this tree against $BASE's (the base tree
-  # carried under .anchor, `git archive REV minfer | tar x -C .anchor/base-cpu`) and llama.cpp's CPU build, tg32 of
-  # SmolLM2-135M Q4_1 and Qwen2.5-0.5B Q4_0 at 4 / 8 / 16 threads, one round interleaved (~4 minutes)
+elif [ "$PARTS" = cpudec ] || [ "$PARTS" = cpudec+cpu ]; then  # the host CPU's small-model decode: this tree
+  # against $BASE's (the base tree carried under .anchor, `git archive REV minfer | tar x -C .anchor/base-cpu`) and
+  # llama.cpp's CPU build, tg32 of SmolLM2-135M Q4_1 and Qwen2.5-0.5B Q4_0 at 4 / 8 / 16 threads, one round
+  # interleaved (~4 minutes); cpudec+cpu: then the host CPU's table (the cpu part below, ~6 more minutes)
   BASE=${BASE:-.anchor/base-cpu}
   build_cpu 16 > $D/llama-build.txt 2>&1 &
-  (synth smollm2-135m q4_1; synth qwen2.5-0.5b q4_0; echo "synth done $(since)") > $D/synth.txt 2>&1 &
+  (synth smollm2-135m q4_1; synth qwen2.5-0.5b q4_0; [ "$PARTS" = cpudec ] || synth llama3-8b q4_k
+   echo "synth done $(since)") > $D/synth.txt 2>&1 &
   wait; cat $D/synth.txt $D/llama-build.txt
   : > $D/bench.jsonl
   for th in 4 8 16; do
@@ -354,7 +357,8 @@ for (eng, f), v in get.items():
         print(f"{f:30} tg32 this tree {v:7.1f}  base {b:7.1f}  llama.cpp {l:7.1f}  tree/base x{v / b if b else 0:.3f}"
               f"  tree/llama {v / l if l else 0:.2f}  base/llama {b / l if l else 0:.2f}")
 PY
-  step done; exit 0
+  [ "$PARTS" = cpudec ] && { step done; exit 0; }
+  mv $D/bench.jsonl $D/bench-cpudec.jsonl; : > $D/bench.jsonl  # (the table below: its own rows)
 elif [ "$PARTS" = cpudiag ]; then
   cpudiag; step done; exit 0
 elif [ "$PARTS" = moelean ]; then  # the shortest budget: no llama.cpp build; qwen3moe B=16 on this tree and on $BASE
@@ -422,7 +426,7 @@ else
   : > $D/bench.jsonl
 fi
 
-case $PARTS in cpu|small+cpu) ;; *)
+case $PARTS in cpu|small+cpu|cpudec+cpu) ;; *)
 step moe
 F=$M/qwen3-30b-a3b-q4_k_m.gguf
 for round in 1 2; do
