@@ -43,9 +43,9 @@ ISAS = {
     "avx2": ({"avx2", "f16c", "fma"}, ["-O3", "-mavx2", "-mf16c", "-mfma", "-DMINFER_AVX2", "-fopenmp"]),
 }
 # builds "auto" does not pick: amx's prompt products (an earlier form, 99cc752) ran 1.3-1.8x avx512's alone on
-# the H200's 16-core Xeon on the widest shapes at 4-16 threads but 0.95x on a 896 x 4864 one, and a whole prompt
-# was measured only for its first form (0.87x); the form here (8 rows' sums in registers, the units a span of
-# groups apart) is unmeasured. It runs where asked (MINFER_CPU_ISA=amx) until a model's prompt says it wins.
+# the H200's 16-core Xeon on the widest shapes at 4-16 threads but 0.95x on a 896 x 4864 one; whole prompts with
+# the form here (8 rows' sums in registers, the units a span of groups apart) ran 0.54-1.25x avx512 on two
+# 16-core hosts (bench/NOTES.md stops 51, 53). It runs where asked (MINFER_CPU_ISA=amx).
 OPT_IN = {"amx"}
 # builds for the tests only (use_isa accepts them, "auto" never picks them): the amx build with its tile
 # registers and instructions emulated in C (q4_vnni.c MINFER_AMX_EMULATE), so the AMX path's indexing and
