@@ -33,7 +33,8 @@ from minfer.kernels.cpu import vnni  # noqa: E402
 
 KINDS = {native.PS_NORM: "norm", native.PS_QUANT: "quant", native.PS_GEMM: "gemm", native.PS_ROPE: "rope",
          native.PS_KV: "kv write", native.PS_ATTN: "attention", native.PS_ADD: "add", native.PS_GLU: "glu",
-         native.PS_GLU_Q: "glu+quant", native.PS_ROW: "row (add/norm/quant)", native.PS_SCALE: "scale"}
+         native.PS_GLU_Q: "glu+quant", native.PS_ROW: "row (add/norm/quant)", native.PS_SCALE: "scale",
+         native.PS_PICK: "greedy pick"}
 
 
 def gemm_bytes(st) -> float:
@@ -48,15 +49,14 @@ def profile(path: str, threads: int, tokens: int) -> None:
     model = load(path, "cpu", n_slots=1, n_ctx=tokens + 64, threads=threads, progress=False)
     lib = vnni._library()
     runs = {"n": 0, "prog": 0.0, "steps": None}
-    real_run = native.DecodeProgram.run
+    real_run = native.DecodeProgram._call  # (run's and pick's call: the greedy pick is the program's last step)
 
-    def run(self, batch):
-        n = len(self._steps)
+    def run(self, batch, n):
         if runs["steps"] is None or len(runs["steps"]) != n:
             runs.update(steps=[0.0] * n, buf=(ctypes.c_double * (n + 1))(), prog_obj=self)
         lib.prog_profile(runs["buf"])
         t = time.perf_counter()
-        out = real_run(self, batch)
+        out = real_run(self, batch, n)
         runs["prog"] += time.perf_counter() - t
         lib.prog_profile(None)
         b = runs["buf"]
@@ -65,20 +65,20 @@ def profile(path: str, threads: int, tokens: int) -> None:
         runs["n"] += 1
         return out
 
-    native.DecodeProgram.run = run
+    native.DecodeProgram._call = run
     params = sampling_params(temperature=0, max_tokens=tokens, ignore_eos=True)
     model.generate("Once upon a time", params=params)  # warm-up
     runs.update(n=0, prog=0.0, steps=None)
     seq = model.submit("Once upon a time", params)
     model.run([seq])
-    native.DecodeProgram.run = real_run
+    native.DecodeProgram._call = real_run
     st = seq.stats
     span = st.token_times[-1] - st.token_times[0]
     n = runs["n"]
     per_tok = span / (len(seq.generated) - 1) * 1e3
     prog = runs["prog"] / n * 1e3
     prog_obj = runs["prog_obj"]
-    steps = prog_obj._array
+    steps = prog_obj._array[:len(runs["steps"])]  # (the steps the calls ran: the pick where the engine picked)
     print(f"\n## {Path(path).name}, {threads} threads: {per_tok:.3f} ms a token ({1e3 / per_tok:.0f} tok/s), "
           f"prog_run {prog:.3f} ms, outside it {per_tok - prog:.3f} ms; {len(steps)} program steps")
     by_kind: dict[str, list] = defaultdict(lambda: [0, 0.0, 0.0])

@@ -155,8 +155,9 @@ class Backend(ABC):
     name: str
     kv_itemsize: float  # bytes per cached key/value element (17/16 for a Q8_0 cache)
     prefill_seqs: int  # prompts the scheduler may chunk into one step (1: rows independent of the batch)
-    device_pick: bool = False  # decode_pick picks tokens on the device: the engine queues step N+1 before reading N
+    device_pick: bool = False  # decode_pick picks the tokens in the backend (and, with queues_ahead, on the device)
     masked_pick: bool = False  # decode_pick(masked=True): the pick waits for the rows' grammar bitmasks (`pick(bits)`)
+    queues_ahead: bool = True  # with device_pick: step N+1 queued before N is read (False: each step read at once)
     kv_copy: bool = False  # copy_kv works: the engine's prefix cache may reuse blocks across slots
     graph: Graph | None = None
 

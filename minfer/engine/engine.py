@@ -16,6 +16,9 @@ host's work on step N (reading its tokens, stop strings, text) then runs while t
 step N+1, and the GPU does not wait for the host between steps. At most one step is in flight
 after `step()` returns; it is read by the next call. A sequence that ends by an end token or a
 stop string has run one speculative row past its end, which changes nothing it returns.
+The cpu backend picks in the backend too (greedy rows inside its decode program, where the logits
+are still in the threads' caches) but queues nothing ahead (`queues_ahead`): on the host there is
+nothing to overlap, and a step ahead would only hold each token back by one step.
 A sequence with a grammar overlaps the same way on a backend with `masked_pick` (cuda): step N+1's
 forward is queued before step N's tokens are read; once they are, the grammars advance, the
 masks of step N+1 are computed on the host while its forward runs on the device, and its pick
@@ -210,7 +213,7 @@ class Engine:
                 return self._run(plan)
             launched = self._queue(plan)
             self.steps += 1
-        nxt = self.scheduler.continue_decode(plan)
+        nxt = self.scheduler.continue_decode(plan) if self.backend.queues_ahead else None
         if nxt is not None:  # queued behind `plan` on the device before its tokens are read
             self._inflight = (nxt, self._queue(nxt, after=launched))
             self.steps += 1

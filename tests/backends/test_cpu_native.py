@@ -85,7 +85,7 @@ def test_the_program_folds_its_light_steps_into_their_producers(smollm2_path):
         assert sum(s["op"] == prog.PS_ATTN and s["q8"] is not None and s["qp"] == 2 for s in steps) == n_layer
         glu = [s for s in steps if s["op"] == prog.PS_GEMM and s.get("g_out")]
         assert len(glu) == n_layer and all(s["n"] == 3072 and s["q8"] is not None for s in glu)
-        assert len(steps) == 8 * n_layer + 2  # (+ the output norm row and the vocabulary's GEMM)
+        assert len(steps) == 8 * n_layer + 3  # (+ the output norm row, the vocabulary's GEMM and the greedy pick)
 
 
 @pytest.mark.parametrize("preset,quant", [("tiny-qwen2", "q4_0"), ("tiny-llama", "q4_k_m"), ("tiny-llama", "q8_0"),
@@ -197,3 +197,51 @@ def test_threads_off_their_cores_change_no_number(smollm2_path):
     for step, (a, b) in enumerate(zip(got[0], want[0], strict=True)):
         assert torch.equal(a, b), f"step {step}: max |d| {(a - b).abs().max().item()}"
     assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+
+
+def test_the_program_pick_is_torch_argmax():
+    """The program's greedy pick (PS_PICK: each part of PICK_COLS columns its first maximum, then the parts in column
+    order) against torch.argmax on crafted rows: the maximum in a later part, a tie across parts (the first wins), a
+    NaN after a larger number (the first NaN wins), two NaNs, every value -inf, a maximum in the short last part;
+    at one and three threads."""
+    n = 3 * prog.PICK_COLS + 17
+    parts = -(-n // prog.PICK_COLS)
+    x = torch.randn(6, n, generator=torch.Generator().manual_seed(3))
+    x[0, 2 * prog.PICK_COLS + 5] = 9.0
+    x[1, 7] = x[1, prog.PICK_COLS + 3] = x[1, 3 * prog.PICK_COLS + 1] = 8.0
+    x[2, 10] = 50.0
+    x[2, prog.PICK_COLS + 9] = float("nan")
+    x[3, 2 * prog.PICK_COLS] = x[3, 20] = float("nan")
+    x[4] = float("-inf")
+    x[5, n - 1] = 7.0
+    want = x.argmax(-1).tolist()
+    assert want == [2 * prog.PICK_COLS + 5, 7, prog.PICK_COLS + 9, 20, 0, n - 1]
+    out = torch.full((6,), -1, dtype=torch.int32)
+    pv, pi = torch.zeros(6 * parts), torch.zeros(6 * parts, dtype=torch.int32)
+    step = prog._Step(op=prog.PS_PICK, n=n, ldx=n, a0=parts, x=x.data_ptr(), y=out.data_ptr(), z=pv.data_ptr(),
+                      w=pi.data_ptr())
+    steps = (prog._Step * 1)(step)
+    zeros = torch.zeros(6, dtype=torch.int32)
+    lens = torch.ones(6, dtype=torch.int32)
+    for threads in (1, 3):
+        torch.set_num_threads(threads)
+        out.fill_(-1)
+        assert cpu_vnni._library().prog_run(steps, 1, 6, zeros.data_ptr(), zeros.data_ptr(), lens.data_ptr(), 1, 8,
+                                            1) == 0
+        assert out.tolist() == want, threads
+
+
+def test_decode_pick_gives_the_forward_logits_argmax(smollm2_path):
+    """The backend's decode_pick (the program with its pick) picks what the argmax of forward's logits picks, for
+    one and three rows, and the engine's greedy text is the same with the pick and without it (per-node path)."""
+    with load(smollm2_path, "cpu", n_ctx=64, n_slots=3, progress=False, cpu_native=True) as m:
+        be = m.engine.backend
+        _prefill(be, [(i, p) for i, p in enumerate(PROMPTS)])
+        for rows in ([(0, len(PROMPTS[0]), 42)], [(i, len(p), p[-1]) for i, p in enumerate(PROMPTS)]):
+            batch = Batch.build([(s, p, [t]) for s, p, t in rows], list(range(len(rows))), n_decode=len(rows))
+            picked = be.decode_pick(batch).tokens()
+            assert picked == be.forward(batch).argmax(-1).tolist()
+        params = dict(max_tokens=24, temperature=0)
+        with_pick = m.generate("The capital of France is", **params)
+        be.native_reason = "off: the per-node path and the host's pick"
+        assert m.generate("The capital of France is", **params) == with_pick

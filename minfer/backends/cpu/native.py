@@ -33,7 +33,8 @@ from ...kernels.cpu import vnni as cpu_vnni
 from ..base import Batch
 from ..rope import rope_key
 
-PS_NORM, PS_QUANT, PS_GEMM, PS_ROPE, PS_KV, PS_ATTN, PS_ADD, PS_GLU, PS_GLU_Q, PS_ROW, PS_SCALE = range(1, 12)
+PS_NORM, PS_QUANT, PS_GEMM, PS_ROPE, PS_KV, PS_ATTN, PS_ADD, PS_GLU, PS_GLU_Q, PS_ROW, PS_SCALE, PS_PICK = range(1, 13)
+PICK_COLS = 4096  # the greedy pick's columns a work item (PS_PICK: each part's maximum, then the parts in order)
 GLU = {Op.SWIGLU: 0, Op.GEGLU: 1}  # q4_vnni.c glu_mul's kinds
 ROW_FUSE = 2048  # rows this wide or less: an Add, the RMSNorm of its sum and that norm's int8 pass in one step
 # (a decode row then runs on one thread: cheaper than the two barriers it saves while the row is narrow)
@@ -195,6 +196,13 @@ class DecodeProgram:
                         self._free.setdefault(buf.shape[1], []).append(buf)
                         quant = {key: v for key, v in quant.items() if key[0] is not buf}
         self.logits = vals[g.output]
+        # the greedy pick, a last step that `run` leaves out and `pick` runs: each row's argmax by the team while
+        # the logits are in its caches (read cold by the caller, a 152k-token row took 0.1-0.2 ms to copy alone)
+        parts = max(1, math.ceil(self.n_vocab / PICK_COLS))
+        self.picked = self._tensor(torch.zeros(rows, dtype=torch.int32))
+        pv, pi = self._tensor(torch.zeros(rows * parts)), self._tensor(torch.zeros(rows * parts, dtype=torch.int32))
+        self._steps.append(dict(op=PS_PICK, n=self.n_vocab, ldx=self.logits.ld, a0=parts, x=self.logits.ptr,
+                                y=self.picked.data_ptr(), z=pv.data_ptr(), w=pi.data_ptr()))
         arr = (_Step * len(self._steps))(*(_Step(**st) for st in self._steps))
         self._array = arr
         self._run = cpu_vnni._library().prog_run
@@ -333,14 +341,24 @@ class DecodeProgram:
     # ------------------------------------------------------------------ run
     def run(self, batch: Batch) -> torch.Tensor:
         """Logits [R, n_vocab] float32 of the batch's out_rows (a decode batch of at most `rows` rows)."""
+        b = self._call(batch, len(self._steps) - 1)  # (without the pick)
+        return self.logits.buf[:b, :self.n_vocab].index_select(0, batch.out_rows.long())
+
+    def pick(self, batch: Batch) -> list[int]:
+        """Each row's greedy token (the argmax of its logits, `argmax_rows`' answer), for a decode batch whose
+        out_rows are its rows in order: the logits stay in the program's buffer."""
+        b = self._call(batch, len(self._steps))
+        return self.picked[:b].tolist()
+
+    def _call(self, batch: Batch, n_steps: int) -> int:
         b = batch.n_tokens
         if not 0 < b <= self.rows:
             raise ValueError(f"decode program of {self.rows} rows: a batch of {b}")
         self.table.into(batch.tokens, self.embed[:b])
         slots, pos = (t if t.dtype == torch.int32 and t.is_contiguous() else t.to(torch.int32).contiguous()
                       for t in (batch.row_slots, batch.positions))  # (Batch.build's are: read in place)
-        rc = self._run(self._array, len(self._steps), b, slots.data_ptr(), pos.data_ptr(), self.lens.data_ptr(),
+        rc = self._run(self._array, n_steps, b, slots.data_ptr(), pos.data_ptr(), self.lens.data_ptr(),
                        self.n_slots, self.n_ctx, self.grp)  # (lens: filled by prog_run, pos + 1)
         if rc:  # (batch.check ran first: rows outside the cache cannot come here; -2 is a thread's scratch)
             raise MemoryError(f"decode program: prog_run returned {rc}")
-        return self.logits.buf[:b, :self.n_vocab].index_select(0, batch.out_rows.long())
+        return b

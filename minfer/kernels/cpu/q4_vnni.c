@@ -1943,7 +1943,7 @@ int glu_f32(int kind, const float *g, int ldg, const float *u, int ldu, int m, i
  * to Python and no thread start between them. The steps call the kernels above (the same tiles,
  * rows and heads in the same order), so a row's numbers are what the per-op calls give it and do
  * not depend on the other rows or on the thread count. */
-enum { PS_NORM = 1, PS_QUANT, PS_GEMM, PS_ROPE, PS_KV, PS_ATTN, PS_ADD, PS_GLU, PS_GLU_Q, PS_ROW, PS_SCALE };
+enum { PS_NORM = 1, PS_QUANT, PS_GEMM, PS_ROPE, PS_KV, PS_ATTN, PS_ADD, PS_GLU, PS_GLU_Q, PS_ROW, PS_SCALE, PS_PICK };
 
 typedef struct {
     int op, n, k, ldx, ldy, ldz;   /* widths; row strides in elements */
@@ -2074,6 +2074,29 @@ static void pstep_run(const pstep *p, int B, const int *slots, const int *pos, c
                                 (int *)p->b, NULL, 0, 0, p->n / 32);
         );
         break;
+    case PS_PICK: {  /* y int32 [B] = each row's argmax of x (ldx) over n columns, argmax_rows' answer (the first
+                      * largest, a NaN the largest): a0 parts of the columns, each part's first maximum (z: its value,
+                      * w: its index) by the threads while the logits are in their caches, then each row's parts
+                      * in column order (a later part wins only with a larger value, or with the first NaN) */
+        int parts = p->a0, n = p->n, per = (n + parts - 1) / parts;
+        float *pv = (float *)p->z;
+        int32_t *pi = (int32_t *)p->w;
+        TEAM_FOR(rp, B * parts, 0, "omp for schedule(static)",
+            int r = rp / parts, c0 = rp % parts * per, c1 = c0 + per < n ? c0 + per : n;
+            const float *xr = (const float *)p->x + (size_t)r * p->ldx;
+            int32_t at = 0;
+            if (c1 > c0) argmax_rows(xr + c0, 1, c1 - c0, c1 - c0, &at);
+            pi[rp] = c0 + at;
+            pv[rp] = c1 > c0 ? xr[c0 + at] : -INFINITY;  /* (an empty part never wins: parts < n / per) */
+        );
+        TEAM_FOR(r, B, 0, "omp for schedule(static)",
+            int best = r * parts;
+            for (int q = best + 1; q < (r + 1) * parts && pv[best] == pv[best]; q++)
+                if (pv[q] != pv[q] || pv[q] > pv[best]) best = q;
+            ((int32_t *)p->y)[r] = pi[best];
+        );
+        break;
+    }
     case PS_ADD:  /* y = x + z, n wide */
     case PS_SCALE:  /* y = x f0, n wide */
     case PS_GLU: {  /* y = act(x) z, n wide: a3 0 SwiGLU, 1 GeGLU */
