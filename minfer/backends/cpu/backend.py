@@ -369,7 +369,7 @@ class CPUBackend(Backend):
         with torch.inference_mode():  # no autograd bookkeeping: a third less per-op overhead
             parts = batch.split()
             c_attn = self._c_attention
-            if len(parts) == 1 and batch.kind == "decode" and recorder is None and self.native_reason is None:
+            if recorder is None and self._on_program(batch):
                 return self.decode_program(batch.n_tokens).run(batch)
             if len(parts) == 1:
                 return self.plan.run(_State(batch, cache, batch.kind == "decode", c_attn), recorder)
@@ -383,13 +383,16 @@ class CPUBackend(Backend):
         """Backend.decode_pick: greedy rows (no `params`) through the decode program with its pick, so the
         logits are read by the team that wrote them and never copied out (0.1-0.2 ms a token of a 152k
         vocabulary); anything else the default's way (forward, then the host's pick)."""
-        if params is None and after is None and batch.kind == "decode" and self.cache is not None \
-                and self.native_reason is None \
+        if params is None and after is None and self.cache is not None and self._on_program(batch) \
                 and batch.out_rows.tolist() == list(range(batch.n_tokens)):
             batch.check(self.cache.n_slots, self.cache.n_ctx)
             with torch.inference_mode():
                 return HostPicked(self.decode_program(batch.n_tokens).pick(batch))
         return super().decode_pick(batch, after, params)
+
+    def _on_program(self, batch: Batch) -> bool:
+        """Whether `batch` runs as one decode program call: decode rows only (one part), a program for this graph."""
+        return batch.kind == "decode" and self.native_reason is None
 
     def decode_program(self, rows: int) -> DecodeProgram:
         """The decode program that runs `rows` rows: one program runs any row count up to its own, so it is
